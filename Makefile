@@ -1,0 +1,53 @@
+# Thin wrapper around CMake. Each target installs what is missing (scripts/install-deps),
+# configures and builds, then does its job.
+#
+#   make train   build and run the main job
+#   make test    build and pass the tests (ctest), plus the sanitizer/fuzz build
+#   make bench   build and run the benchmarks (bench/), writing bench/results/*.json
+#   make clean   remove the build folders
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_ARGS ?=
+CTEST_ARGS ?=
+
+.PHONY: all build deps-train deps-test deps-bench train test test-main test-asan bench clean
+
+all: build
+
+deps-%:
+	@scripts/install-deps $*
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j$(JOBS)
+
+train: deps-train
+	@$(MAKE) --no-print-directory build
+	./$(BUILD)/ringtrain info
+
+# The main build (with the CUDA backend where the toolkit is present; GPU tests skip
+# without a device), then a clang build with AddressSanitizer + UBSan that runs the
+# unit and fuzz tests again.
+test: deps-test
+	@$(MAKE) --no-print-directory test-main
+	@$(MAKE) --no-print-directory test-asan
+
+test-main: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
+
+test-asan:
+	@test -f $(ASAN_BUILD)/CMakeCache.txt || CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug \
+	    -DRINGTRAIN_CUDA=OFF -DRINGTRAIN_SANITIZE=address,undefined -DRINGTRAIN_FUZZ=ON $(CMAKE_ARGS)
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+	cd $(ASAN_BUILD) && ctest --output-on-failure -j$(JOBS) -L 'unit|fuzz' $(CTEST_ARGS)
+
+bench: deps-bench
+	@$(MAKE) --no-print-directory build
+	bench/run
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

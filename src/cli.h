@@ -1,0 +1,26 @@
+/* Subcommands of the `ringtrain` executable. Each area that has a command line
+ * defines its entry point here and adds one row to the table in src/main.c.
+ * Return value: the process exit code (0 ok, 1 failure, 2 usage error). */
+#ifndef RT_CLI_H
+#define RT_CLI_H
+
+typedef struct rt_command {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv); /* argv[0] is the command name */
+} rt_command;
+
+/* Shared helpers for subcommands. */
+int rt_cli_is_help(const char *arg); /* "-h" or "--help" */
+/* Print the error recorded on this thread, "ringtrain: error: ...", and return 1. */
+int rt_cli_fail(void);
+/* Dispatch argv[1] among `cmds`; prints `usage` (and the list) on --help or unknown. */
+int rt_cli_dispatch(const char *prog, const rt_command *cmds, int n, int argc, char **argv);
+
+/* ---- entry points (defined by their areas) ---- */
+int rt_cmd_info(int argc, char **argv);
+int rt_cmd_data(int argc, char **argv);       /* src/data */
+int rt_cmd_bench_comm(int argc, char **argv); /* src/dist */
+int rt_cmd_bench_loader(int argc, char **argv); /* src/data */
+
+#endif

@@ -1,0 +1,98 @@
+/* Devices (cpu | cuda): memory, copies, memset, streams, events, pinned host memory.
+ *
+ * One interface for both backends so that layers, optimizers and the communicator call
+ * the same functions whatever the device. On the CPU a stream is a no-op ordering
+ * token and an event records a host timestamp; on CUDA they are cudaStream_t and
+ * cudaEvent_t. Every function works in a build without CUDA: CUDA requests then fail
+ * with RT_ERR_UNSUPPORTED ("built without CUDA") instead of crashing.
+ */
+#ifndef RT_DEVICE_H
+#define RT_DEVICE_H
+
+#include "core/status.h"
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum rt_device_kind { RT_DEVICE_CPU = 0, RT_DEVICE_CUDA = 1 } rt_device_kind;
+
+typedef struct rt_device {
+    rt_device_kind kind;
+    int index; /* GPU ordinal; 0 for the CPU */
+} rt_device;
+
+static inline rt_device rt_device_cpu(void) { return (rt_device){RT_DEVICE_CPU, 0}; }
+static inline rt_device rt_device_cuda(int index) { return (rt_device){RT_DEVICE_CUDA, index}; }
+static inline bool rt_device_is_cuda(rt_device d) { return d.kind == RT_DEVICE_CUDA; }
+static inline bool rt_device_equal(rt_device a, rt_device b) { return a.kind == b.kind && a.index == b.index; }
+
+/* "cpu" or "cuda:N" into buf; returns buf. */
+const char *rt_device_str(rt_device d, char *buf, size_t n);
+
+/* True when the library was built with the CUDA backend. */
+bool rt_cuda_built(void);
+
+/* Number of usable GPUs. With none (no driver, no device, or a build without CUDA)
+ * returns RT_ERR_NODEVICE and a message that gives the driver's reason. */
+rt_status rt_cuda_device_count(int *count);
+
+/* Device name, compute capability, memory, for `ringtrain info` (GPU `index`). */
+typedef struct rt_cuda_device_info {
+    char name[256];
+    int major, minor;
+    size_t total_mem;
+    int multiprocessors;
+    int driver_version, runtime_version;
+} rt_cuda_device_info;
+rt_status rt_cuda_device_info_get(int index, rt_cuda_device_info *info);
+
+/* Choose the device from a config value: "auto" (CUDA if a GPU answers, else CPU and
+ * one log line saying why), "cpu", "cuda" or "cuda:N". For "auto"/"cuda" the GPU is
+ * local_rank % device_count (ranks may share a GPU: a warning). Makes it current. */
+rt_status rt_device_select(const char *want, int local_rank, rt_device *out);
+
+/* Make `d` the current device of the calling thread (no-op on the CPU). */
+rt_status rt_device_set_current(rt_device d);
+
+/* Memory. CPU allocations are 64-byte aligned. rt_free(NULL) is a no-op. */
+rt_status rt_malloc(rt_device d, size_t nbytes, void **out);
+void rt_free(rt_device d, void *p);
+
+/* Host memory for transfers: page-locked when a CUDA device is usable (so copies can be
+ * asynchronous), plain aligned memory otherwise. *pinned says which it got. */
+rt_status rt_host_alloc(size_t nbytes, bool want_pinned, void **out, bool *pinned);
+void rt_host_free(void *p, bool pinned);
+
+typedef struct rt_stream rt_stream;
+typedef struct rt_event rt_event;
+
+/* Copy n bytes between any two devices (host<->host, host<->device, device<->device).
+ * With a CUDA stream the copy is asynchronous on it; with NULL it is synchronous. */
+rt_status rt_memcpy(void *dst, rt_device dst_dev, const void *src, rt_device src_dev, size_t nbytes,
+                    rt_stream *stream);
+rt_status rt_memset(rt_device d, void *p, int value, size_t nbytes, rt_stream *stream);
+
+rt_status rt_stream_create(rt_device d, rt_stream **out);
+void rt_stream_destroy(rt_stream *s);
+rt_status rt_stream_sync(rt_stream *s);
+/* The native handle (cudaStream_t) or NULL on the CPU. */
+void *rt_stream_native(rt_stream *s);
+
+rt_status rt_event_create(rt_device d, rt_event **out);
+void rt_event_destroy(rt_event *e);
+rt_status rt_event_record(rt_event *e, rt_stream *s);
+rt_status rt_event_sync(rt_event *e);
+/* Make stream `s` wait for event `e` (GPU-side; no host sync). */
+rt_status rt_stream_wait_event(rt_stream *s, rt_event *e);
+/* Milliseconds between two recorded events; *ready false (and RT_OK) if the later one
+ * has not completed yet, so timing never forces a sync. */
+rt_status rt_event_elapsed_ms(rt_event *start, rt_event *end, float *ms, bool *ready);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

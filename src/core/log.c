@@ -1,0 +1,67 @@
+#include "core/log.h"
+
+#include "core/status.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+static atomic_int g_level = -1;
+
+int rt_log_parse_level(const char *text, rt_log_level *out) {
+    static const char *names[] = {"error", "warn", "info", "debug", "trace"};
+    if (!text || !*text) return -1;
+    for (int i = 0; i < 5; i++) {
+        if (strcasecmp(text, names[i]) == 0 || (text[0] == '0' + i && text[1] == '\0')) {
+            *out = (rt_log_level)i;
+            return 0;
+        }
+    }
+    if (strcasecmp(text, "warning") == 0) {
+        *out = RT_LOG_WARN;
+        return 0;
+    }
+    return -1;
+}
+
+rt_log_level rt_log_get_level(void) {
+    int lv = atomic_load(&g_level);
+    if (lv < 0) {
+        rt_log_level parsed = RT_LOG_INFO;
+        const char *env = getenv("RINGTRAIN_LOG_LEVEL");
+        if (env && rt_log_parse_level(env, &parsed) != 0) {
+            fprintf(stderr, "[ringtrain] W RINGTRAIN_LOG_LEVEL='%s' is not one of error|warn|info|debug|trace; using info\n", env);
+            parsed = RT_LOG_INFO;
+        }
+        int expected = -1;
+        atomic_compare_exchange_strong(&g_level, &expected, (int)parsed);
+        lv = atomic_load(&g_level);
+    }
+    return (rt_log_level)lv;
+}
+
+void rt_log_set_level(rt_log_level level) { atomic_store(&g_level, (int)level); }
+
+void rt_log(rt_log_level level, const char *fmt, ...) {
+    if (level > rt_log_get_level()) return;
+    static const char tag[] = "EWIDT";
+    char line[4096];
+    int rank = rt_get_rank();
+    int n = rank >= 0 ? snprintf(line, sizeof line, "[ringtrain rank %d] %c ", rank, tag[level])
+                      : snprintf(line, sizeof line, "[ringtrain] %c ", tag[level]);
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+    if (len > sizeof line - 2) len = sizeof line - 2;
+    if (len == 0 || line[len - 1] != '\n') line[len++] = '\n';
+    /* one write(2) per line: atomic with respect to other threads and processes */
+    ssize_t w = write(STDERR_FILENO, line, len);
+    (void)w;
+}

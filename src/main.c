@@ -1,0 +1,94 @@
+/* The `ringtrain` command: train | eval | launch | bench | report | info | data.
+ *
+ * main() is the only place that decides to exit: library code returns an rt_status and
+ * records a message, and the command prints it. */
+#include "cli.h"
+#include "core/info.h"
+#include "core/log.h"
+#include "core/status.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int rt_cli_is_help(const char *arg) { return arg && (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0); }
+
+int rt_cli_fail(void) {
+    fprintf(stderr, "ringtrain: error: %s\n", *rt_error_message() ? rt_error_message() : "unknown error");
+    return 1;
+}
+
+static void list_commands(FILE *out, const rt_command *cmds, int n) {
+    for (int i = 0; i < n; i++) fprintf(out, "  %-10s %s\n", cmds[i].name, cmds[i].summary);
+}
+
+int rt_cli_dispatch(const char *prog, const rt_command *cmds, int n, int argc, char **argv) {
+    if (argc < 2 || rt_cli_is_help(argv[1])) {
+        FILE *out = argc < 2 ? stderr : stdout;
+        fprintf(out, "usage: %s COMMAND [options]\n\ncommands:\n", prog);
+        list_commands(out, cmds, n);
+        fprintf(out, "\n'%s COMMAND --help' shows a command's options.\n", prog);
+        return argc < 2 ? 2 : 0;
+    }
+    for (int i = 0; i < n; i++)
+        if (strcmp(argv[1], cmds[i].name) == 0) return cmds[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "%s: unknown command '%s'\n\ncommands:\n", prog, argv[1]);
+    list_commands(stderr, cmds, n);
+    return 2;
+}
+
+int rt_cmd_info(int argc, char **argv) {
+    if (argc > 1) {
+        if (rt_cli_is_help(argv[1])) {
+            printf("usage: ringtrain info [--json]\n\n"
+                   "Print the version, git commit, build features, library versions (CUDA, cuDNN,\n"
+                   "cuBLAS, NCCL, OpenBLAS, libyaml, zlib) and the devices found now. With no GPU it\n"
+                   "says why (the driver's reason) and exits 0.\n\n"
+                   "  --json   one JSON object instead (as written into benchmark results)\n");
+            return 0;
+        }
+        if (strcmp(argv[1], "--json") == 0) {
+            rt_info_json(stdout);
+            printf("\n");
+            return 0;
+        }
+        fprintf(stderr, "ringtrain info: unknown option '%s' (try --help)\n", argv[1]);
+        return 2;
+    }
+    rt_info_print(stdout);
+    return 0;
+}
+
+static const rt_command k_bench[] = {
+#ifdef RT_DIST_BUILT
+    {"comm", "collectives: time, algbw, busbw per size and algorithm (nccl-tests style)", rt_cmd_bench_comm},
+#endif
+#ifdef RT_DATA_BUILT
+    {"loader", "data loader throughput (images/s)", rt_cmd_bench_loader},
+#endif
+    {NULL, NULL, NULL},
+};
+
+static int cmd_bench(int argc, char **argv) {
+    int n = (int)(sizeof k_bench / sizeof k_bench[0]) - 1;
+    if (n == 0) {
+        fprintf(stderr, "ringtrain bench: no benchmarks built yet\n");
+        return 2;
+    }
+    return rt_cli_dispatch("ringtrain bench", k_bench, n, argc, argv);
+}
+
+static const rt_command k_commands[] = {
+    {"info", "version, build features, library versions and devices", rt_cmd_info},
+#ifdef RT_DATA_BUILT
+    {"data", "inspect datasets and the distributed sampler", rt_cmd_data},
+#endif
+    {"bench", "benchmarks (ringtrain bench --help)", cmd_bench},
+};
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
+        printf("ringtrain %s\n", rt_version_string());
+        return 0;
+    }
+    return rt_cli_dispatch("ringtrain", k_commands, (int)(sizeof k_commands / sizeof k_commands[0]), argc, argv);
+}

@@ -1,0 +1,102 @@
+/* Error records: location, failing call, rank, trace frames, thread-locality. */
+#include "test_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+static rt_status leaf(int x) {
+    RT_REQUIRE(x > 0, RT_ERR_INVALID, "x must be positive, got %d", x);
+    return RT_OK;
+}
+static rt_status middle(int x) {
+    RT_CHECK(leaf(x));
+    return RT_OK;
+}
+static rt_status top(int x) {
+    RT_CHECK(middle(x));
+    return RT_OK;
+}
+
+static void test_propagation(void **state) {
+    (void)state;
+    rt_error_clear();
+    assert_int_equal(top(1), RT_OK);
+    assert_int_equal(top(-3), RT_ERR_INVALID);
+    const char *m = rt_error_message();
+    assert_non_null(strstr(m, "x must be positive, got -3"));
+    assert_non_null(strstr(m, "tests/core/test_status.c:"));
+    assert_non_null(strstr(m, "x > 0")); /* the failing condition */
+    assert_non_null(strstr(m, "from tests/core/test_status.c"));
+    assert_non_null(strstr(m, "leaf(x)"));
+    assert_non_null(strstr(m, "middle(x)"));
+    assert_int_equal(rt_error_status(), RT_ERR_INVALID);
+    rt_error_clear();
+    assert_string_equal(rt_error_message(), "");
+}
+
+static void test_rank_prefix(void **state) {
+    (void)state;
+    rt_set_rank(3);
+    (void)RT_ERROR(RT_ERR_PEER, "peer %d closed", 2);
+    assert_true(strncmp(rt_error_message(), "rank 3: peer 2 closed", 21) == 0);
+    rt_set_rank(-1);
+    (void)RT_ERROR(RT_ERR_PEER, "x");
+    assert_true(strncmp(rt_error_message(), "x (", 3) == 0);
+}
+
+static rt_status open_missing(void) {
+    RT_CHECK_SYS(open("/nonexistent/ringtrain", 0));
+    return RT_OK;
+}
+
+static void test_sys(void **state) {
+    (void)state;
+    assert_int_equal(open_missing(), RT_ERR_SYS);
+    assert_non_null(strstr(rt_error_message(), strerror(ENOENT)));
+    assert_non_null(strstr(rt_error_message(), "open(\"/nonexistent/ringtrain\", 0)"));
+}
+
+static void *thread_fn(void *arg) {
+    int id = (int)(intptr_t)arg;
+    for (int i = 0; i < 1000; i++) {
+        (void)RT_ERROR(RT_ERR_IO, "thread %d iteration %d", id, i);
+        char want[64];
+        snprintf(want, sizeof want, "thread %d iteration %d", id, i);
+        if (strncmp(rt_error_message(), want, strlen(want)) != 0) return (void *)1;
+    }
+    return NULL;
+}
+
+static void test_thread_local(void **state) {
+    (void)state;
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, thread_fn, (void *)(intptr_t)i);
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        assert_null(r);
+    }
+}
+
+static void test_save_restore(void **state) {
+    (void)state;
+    (void)RT_ERROR(RT_ERR_TIMEOUT, "waited too long");
+    rt_error_record rec;
+    rt_error_save(&rec);
+    rt_error_clear();
+    assert_int_equal(rt_error_restore(&rec), RT_ERR_TIMEOUT);
+    assert_non_null(strstr(rt_error_message(), "waited too long"));
+    assert_string_equal(rt_status_name(RT_ERR_TIMEOUT), "RT_ERR_TIMEOUT");
+    assert_string_equal(rt_status_name((rt_status)999), "RT_ERR_UNKNOWN");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_propagation), cmocka_unit_test(test_rank_prefix), cmocka_unit_test(test_sys),
+        cmocka_unit_test(test_thread_local), cmocka_unit_test(test_save_restore),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
