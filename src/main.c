@@ -65,6 +65,9 @@ static const rt_command k_bench[] = {
 #ifdef RT_DATA_BUILT
     {"loader", "data loader throughput (images/s)", rt_cmd_bench_loader},
 #endif
+#ifdef RT_MODEL_BUILT
+    {"model", "training-step throughput of a model on this device (images/s)", rt_cmd_bench_model},
+#endif
     {NULL, NULL, NULL},
 };
 
