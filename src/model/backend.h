@@ -1,0 +1,97 @@
+/* The backend interface: one table of functions per device kind.
+ *
+ * layers.c validates arguments and calls ctx->ops->..., so a backend only implements
+ * the arithmetic. The CPU backend (src/model/cpu/, rt_model_backend_cpu) is always
+ * built; the CUDA backend (src/model/cuda/, rt_model_backend_cuda) is built with
+ * RT_HAVE_CUDA and picked by rt_model_ctx_create for a cuda device. Every entry has the
+ * semantics documented for the matching rt_* function in layers.h (same argument
+ * order, pointers on the context's device, work enqueued on ctx->stream).
+ *
+ * Contract for a backend:
+ *  - ctx_init runs once and may allocate (handles, streams, scratch); it stores its
+ *    state in ctx->backend; ctx_release frees it.
+ *  - *_prepare runs once per layer (after the parameter arenas exist) and may allocate
+ *    per-layer state into l->priv (released by *_release) and report the workspace it
+ *    needs; the workspace itself is ctx->work (ctx->work_bytes), shared by all layers.
+ *  - forward/backward entries must not allocate and (on CUDA) must not synchronise
+ *    with the host. Optional entries may be NULL only where noted.
+ *  - parameters, activations and gradients are in PyTorch's layouts at this interface
+ *    (a backend may convert internally, e.g. to NHWC, if it converts back).
+ */
+#ifndef RT_MODEL_BACKEND_H
+#define RT_MODEL_BACKEND_H
+
+#include "model/layers.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rt_model_backend {
+    const char *name; /* "cpu", "cuda" */
+
+    rt_status (*ctx_init)(rt_model_ctx *ctx);
+    void (*ctx_release)(rt_model_ctx *ctx);
+
+    rt_status (*conv2d_prepare)(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
+    void (*conv2d_release)(rt_model_ctx *ctx, rt_conv2d *l);
+    rt_status (*conv2d_forward)(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y);
+    rt_status (*conv2d_backward)(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+                                 bool accumulate);
+
+    rt_status (*batchnorm2d_prepare)(rt_model_ctx *ctx, rt_batchnorm2d *l, int max_n);
+    void (*batchnorm2d_release)(rt_model_ctx *ctx, rt_batchnorm2d *l);
+    rt_status (*batchnorm2d_forward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
+                                     bool training);
+    rt_status (*batchnorm2d_backward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
+                                      const float *dy, float *dx, bool accumulate);
+
+    rt_status (*relu_forward)(rt_model_ctx *ctx, size_t count, const float *x, float *y);
+    rt_status (*relu_backward)(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx);
+
+    rt_status (*maxpool2d_prepare)(rt_model_ctx *ctx, rt_maxpool2d *l, int max_n);
+    void (*maxpool2d_release)(rt_model_ctx *ctx, rt_maxpool2d *l);
+    rt_status (*maxpool2d_forward)(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y);
+    rt_status (*maxpool2d_backward)(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
+                                    const float *dy, float *dx);
+
+    rt_status (*avgpool_forward)(rt_model_ctx *ctx, int n, int c, int hw, const float *x, float *y);
+    rt_status (*avgpool_backward)(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, float *dx);
+
+    rt_status (*linear_prepare)(rt_model_ctx *ctx, rt_linear *l, int max_n, size_t *workspace);
+    void (*linear_release)(rt_model_ctx *ctx, rt_linear *l);
+    rt_status (*linear_forward)(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, float *y);
+    rt_status (*linear_backward)(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy, float *dx);
+
+    /* dropout: the backend fills l->mask for the draw starting at l->counter (the
+     * caller advances the counter afterwards) and applies it. */
+    rt_status (*dropout_forward)(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y);
+    rt_status (*dropout_backward)(rt_model_ctx *ctx, rt_dropout *l, int n, const float *dy, float *dx);
+
+    /* y = a + b; dx += dy; plain copy (flatten, eval dropout) */
+    rt_status (*add_forward)(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y);
+    rt_status (*add_backward)(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
+    rt_status (*copy)(rt_model_ctx *ctx, size_t count, const float *x, float *y);
+
+    rt_status (*softmax_xent)(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels,
+                              float *loss, float *dlogits);
+    rt_status (*log_softmax_forward)(rt_model_ctx *ctx, int n, int k, const float *x, float *y);
+    rt_status (*log_softmax_backward)(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy, float *dx);
+    rt_status (*nll_loss)(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+                          float *dlogp);
+} rt_model_backend;
+
+/* The CPU backend (src/model/cpu/): im2col + OpenBLAS sgemm, a pthread pool of
+ * ctx->threads workers. */
+extern const rt_model_backend rt_model_backend_cpu;
+
+#ifdef RT_HAVE_CUDA
+/* The CUDA backend (src/model/cuda/): cuDNN, cuBLAS and a few kernels. */
+extern const rt_model_backend rt_model_backend_cuda;
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

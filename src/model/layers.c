@@ -1,0 +1,302 @@
+/* Layers: shape set-up, argument checks, and dispatch to the device's backend.
+ *
+ * The arithmetic lives in the backends (cpu/, cuda/); this file only makes sure every
+ * backend sees valid arguments, so a wrong call gets one clear error whatever the
+ * device. */
+#include "model/layers.h"
+
+#include "model/backend.h"
+
+#include <math.h>
+
+#define OPS(ctx, fn)                                                                                        \
+    do {                                                                                                    \
+        if (!(ctx)->ops->fn)                                                                                \
+            RT_FAIL(RT_ERR_UNSUPPORTED, "the %s model backend has no " #fn, (ctx)->ops->name);             \
+    } while (0)
+
+#define REQUIRE_N(n) RT_REQUIRE((n) > 0, RT_ERR_INVALID, "batch size %d (expected > 0)", (n))
+
+static rt_status vec(rt_tensor *t, rt_dtype dtype, int64_t n) {
+    return rt_tensor_init(t, dtype, 1, (int64_t[]){n}, rt_device_cpu());
+}
+
+/* ---- setup ---------------------------------------------------------------------- */
+
+rt_status rt_conv2d_init(rt_conv2d *l, int in_c, int out_c, int in_h, int in_w, int k, int stride, int pad,
+                         bool has_bias) {
+    *l = (rt_conv2d){0};
+    RT_REQUIRE(in_c > 0 && out_c > 0 && in_h > 0 && in_w > 0, RT_ERR_INVALID,
+               "conv2d %d->%d channels on %dx%d input (all must be > 0)", in_c, out_c, in_h, in_w);
+    RT_REQUIRE(k > 0 && stride > 0 && pad >= 0, RT_ERR_INVALID, "conv2d kernel %d stride %d pad %d", k, stride, pad);
+    RT_REQUIRE(in_h + 2 * pad >= k && in_w + 2 * pad >= k, RT_ERR_INVALID,
+               "conv2d kernel %d larger than the padded %dx%d input", k, in_h + 2 * pad, in_w + 2 * pad);
+    l->in_c = in_c;
+    l->out_c = out_c;
+    l->in_h = in_h;
+    l->in_w = in_w;
+    l->k = k;
+    l->stride = stride;
+    l->pad = pad;
+    l->has_bias = has_bias;
+    l->out_h = (in_h + 2 * pad - k) / stride + 1;
+    l->out_w = (in_w + 2 * pad - k) / stride + 1;
+    RT_CHECK(rt_tensor_init(&l->weight, RT_F32, 4, (int64_t[]){out_c, in_c, k, k}, rt_device_cpu()));
+    l->dweight = l->weight;
+    if (has_bias) {
+        RT_CHECK(vec(&l->bias, RT_F32, out_c));
+        l->dbias = l->bias;
+    }
+    return RT_OK;
+}
+
+rt_status rt_batchnorm2d_init(rt_batchnorm2d *l, int c, int h, int w) {
+    *l = (rt_batchnorm2d){0};
+    RT_REQUIRE(c > 0 && h > 0 && w > 0, RT_ERR_INVALID, "batchnorm2d of %dx%dx%d", c, h, w);
+    l->c = c;
+    l->h = h;
+    l->w = w;
+    l->eps = 1e-5f;
+    l->momentum = 0.1f;
+    RT_CHECK(vec(&l->weight, RT_F32, c));
+    RT_CHECK(vec(&l->bias, RT_F32, c));
+    l->dweight = l->weight;
+    l->dbias = l->bias;
+    RT_CHECK(vec(&l->running_mean, RT_F32, c));
+    RT_CHECK(vec(&l->running_var, RT_F32, c));
+    RT_CHECK(rt_tensor_init(&l->num_batches_tracked, RT_I64, 0, NULL, rt_device_cpu()));
+    return RT_OK;
+}
+
+rt_status rt_maxpool2d_init(rt_maxpool2d *l, int c, int in_h, int in_w, int k, int stride, int pad) {
+    *l = (rt_maxpool2d){0};
+    RT_REQUIRE(c > 0 && in_h > 0 && in_w > 0 && k > 0 && stride > 0 && pad >= 0 && 2 * pad <= k, RT_ERR_INVALID,
+               "maxpool2d k %d stride %d pad %d on %dx%dx%d (pad must be <= k/2)", k, stride, pad, c, in_h, in_w);
+    RT_REQUIRE(in_h + 2 * pad >= k && in_w + 2 * pad >= k, RT_ERR_INVALID, "maxpool2d kernel %d larger than %dx%d",
+               k, in_h + 2 * pad, in_w + 2 * pad);
+    l->c = c;
+    l->in_h = in_h;
+    l->in_w = in_w;
+    l->k = k;
+    l->stride = stride;
+    l->pad = pad;
+    l->out_h = (in_h + 2 * pad - k) / stride + 1;
+    l->out_w = (in_w + 2 * pad - k) / stride + 1;
+    return RT_OK;
+}
+
+rt_status rt_linear_init(rt_linear *l, int in_f, int out_f) {
+    *l = (rt_linear){0};
+    RT_REQUIRE(in_f > 0 && out_f > 0, RT_ERR_INVALID, "linear %d -> %d", in_f, out_f);
+    l->in_f = in_f;
+    l->out_f = out_f;
+    RT_CHECK(rt_tensor_init(&l->weight, RT_F32, 2, (int64_t[]){out_f, in_f}, rt_device_cpu()));
+    RT_CHECK(vec(&l->bias, RT_F32, out_f));
+    l->dweight = l->weight;
+    l->dbias = l->bias;
+    return RT_OK;
+}
+
+rt_status rt_dropout_init(rt_dropout *l, float p, bool channelwise, int c, int h, int w, uint64_t seed,
+                          uint64_t subseq) {
+    *l = (rt_dropout){0};
+    RT_REQUIRE(p >= 0.0f && p < 1.0f, RT_ERR_INVALID, "dropout p = %g (expected 0 <= p < 1)", (double)p);
+    RT_REQUIRE(c > 0 && h > 0 && w > 0, RT_ERR_INVALID, "dropout of %dx%dx%d", c, h, w);
+    l->p = p;
+    l->channelwise = channelwise;
+    l->features = c * h * w;
+    l->plane = channelwise ? h * w : 1;
+    l->seed = seed;
+    l->subseq = subseq;
+    return RT_OK;
+}
+
+rt_status rt_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace) {
+    *workspace = 0;
+    REQUIRE_N(max_n);
+    return ctx->ops->conv2d_prepare ? ctx->ops->conv2d_prepare(ctx, l, max_n, workspace) : RT_OK;
+}
+rt_status rt_batchnorm2d_prepare(rt_model_ctx *ctx, rt_batchnorm2d *l, int max_n) {
+    REQUIRE_N(max_n);
+    return ctx->ops->batchnorm2d_prepare ? ctx->ops->batchnorm2d_prepare(ctx, l, max_n) : RT_OK;
+}
+rt_status rt_maxpool2d_prepare(rt_model_ctx *ctx, rt_maxpool2d *l, int max_n) {
+    REQUIRE_N(max_n);
+    return ctx->ops->maxpool2d_prepare ? ctx->ops->maxpool2d_prepare(ctx, l, max_n) : RT_OK;
+}
+rt_status rt_linear_prepare(rt_model_ctx *ctx, rt_linear *l, int max_n, size_t *workspace) {
+    *workspace = 0;
+    REQUIRE_N(max_n);
+    return ctx->ops->linear_prepare ? ctx->ops->linear_prepare(ctx, l, max_n, workspace) : RT_OK;
+}
+void rt_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l) {
+    if (l->priv && ctx->ops->conv2d_release) ctx->ops->conv2d_release(ctx, l);
+    l->priv = NULL;
+}
+void rt_batchnorm2d_release(rt_model_ctx *ctx, rt_batchnorm2d *l) {
+    if (l->priv && ctx->ops->batchnorm2d_release) ctx->ops->batchnorm2d_release(ctx, l);
+    l->priv = NULL;
+}
+void rt_maxpool2d_release(rt_model_ctx *ctx, rt_maxpool2d *l) {
+    if (l->priv && ctx->ops->maxpool2d_release) ctx->ops->maxpool2d_release(ctx, l);
+    l->priv = NULL;
+}
+void rt_linear_release(rt_model_ctx *ctx, rt_linear *l) {
+    if (l->priv && ctx->ops->linear_release) ctx->ops->linear_release(ctx, l);
+    l->priv = NULL;
+}
+
+/* ---- forward / backward --------------------------------------------------------- */
+
+static rt_status need_params(const rt_tensor *t, const char *what) {
+    RT_REQUIRE(rt_tensor_data(t) != NULL, RT_ERR_INVALID, "%s has no storage (place it in an allocated arena)", what);
+    return RT_OK;
+}
+
+rt_status rt_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+    REQUIRE_N(n);
+    RT_REQUIRE(x && y, RT_ERR_INVALID, "conv2d forward: NULL input or output");
+    RT_CHECK(need_params(&l->weight, "conv2d weight"));
+    OPS(ctx, conv2d_forward);
+    return ctx->ops->conv2d_forward(ctx, l, n, x, y);
+}
+
+rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+                             bool accumulate) {
+    REQUIRE_N(n);
+    RT_REQUIRE(x && dy, RT_ERR_INVALID, "conv2d backward: NULL input or output gradient");
+    RT_CHECK(need_params(&l->dweight, "conv2d weight gradient"));
+    OPS(ctx, conv2d_backward);
+    return ctx->ops->conv2d_backward(ctx, l, n, x, dy, dx, accumulate);
+}
+
+rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
+                                 bool training) {
+    REQUIRE_N(n);
+    RT_REQUIRE(x && y && x != y, RT_ERR_INVALID, "batchnorm2d forward: NULL or aliased input/output");
+    RT_CHECK(need_params(&l->weight, "batchnorm2d weight"));
+    RT_CHECK(need_params(&l->running_var, "batchnorm2d running_var"));
+    RT_REQUIRE(!training || (l->save_mean && l->save_invstd), RT_ERR_INVALID,
+               "batchnorm2d training forward without save_mean/save_invstd buffers");
+    RT_REQUIRE(!training || (int64_t)n * l->h * l->w > 1, RT_ERR_INVALID,
+               "batchnorm2d training needs more than one value per channel (n %d, %dx%d)", n, l->h, l->w);
+    OPS(ctx, batchnorm2d_forward);
+    return ctx->ops->batchnorm2d_forward(ctx, l, n, x, y, training);
+}
+
+rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
+                                  float *dx, bool accumulate) {
+    REQUIRE_N(n);
+    RT_REQUIRE(x && dy && dx, RT_ERR_INVALID, "batchnorm2d backward: NULL argument");
+    RT_CHECK(need_params(&l->dweight, "batchnorm2d weight gradient"));
+    OPS(ctx, batchnorm2d_backward);
+    return ctx->ops->batchnorm2d_backward(ctx, l, n, x, dy, dx, accumulate);
+}
+
+rt_status rt_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
+    OPS(ctx, relu_forward);
+    return ctx->ops->relu_forward(ctx, count, x, y);
+}
+rt_status rt_relu_backward(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx) {
+    OPS(ctx, relu_backward);
+    return ctx->ops->relu_backward(ctx, count, y, dy, dx);
+}
+
+rt_status rt_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y) {
+    REQUIRE_N(n);
+    OPS(ctx, maxpool2d_forward);
+    return ctx->ops->maxpool2d_forward(ctx, l, n, x, y);
+}
+rt_status rt_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
+                                const float *dy, float *dx) {
+    REQUIRE_N(n);
+    OPS(ctx, maxpool2d_backward);
+    return ctx->ops->maxpool2d_backward(ctx, l, n, x, y, dy, dx);
+}
+
+rt_status rt_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const float *x, float *y) {
+    REQUIRE_N(n);
+    RT_REQUIRE(c > 0 && hw > 0, RT_ERR_INVALID, "avgpool of %d channels x %d", c, hw);
+    OPS(ctx, avgpool_forward);
+    return ctx->ops->avgpool_forward(ctx, n, c, hw, x, y);
+}
+rt_status rt_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, float *dx) {
+    REQUIRE_N(n);
+    RT_REQUIRE(c > 0 && hw > 0, RT_ERR_INVALID, "avgpool of %d channels x %d", c, hw);
+    OPS(ctx, avgpool_backward);
+    return ctx->ops->avgpool_backward(ctx, n, c, hw, dy, dx);
+}
+
+rt_status rt_linear_forward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, float *y) {
+    REQUIRE_N(n);
+    RT_CHECK(need_params(&l->weight, "linear weight"));
+    OPS(ctx, linear_forward);
+    return ctx->ops->linear_forward(ctx, l, n, x, y);
+}
+rt_status rt_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy, float *dx) {
+    REQUIRE_N(n);
+    RT_CHECK(need_params(&l->dweight, "linear weight gradient"));
+    OPS(ctx, linear_backward);
+    return ctx->ops->linear_backward(ctx, l, n, x, dy, dx);
+}
+
+rt_status rt_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y, bool training) {
+    REQUIRE_N(n);
+    size_t count = (size_t)n * (size_t)l->features;
+    if (!training || l->p == 0.0f) return x == y ? RT_OK : rt_flatten_forward(ctx, count, x, y);
+    RT_REQUIRE(l->mask, RT_ERR_INVALID, "dropout training forward without a mask buffer");
+    OPS(ctx, dropout_forward);
+    RT_CHECK(ctx->ops->dropout_forward(ctx, l, n, x, y));
+    l->counter += count / (size_t)l->plane;
+    return RT_OK;
+}
+rt_status rt_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *dy, float *dx) {
+    REQUIRE_N(n);
+    if (l->p == 0.0f) return dx == dy ? RT_OK : rt_flatten_forward(ctx, (size_t)n * (size_t)l->features, dy, dx);
+    OPS(ctx, dropout_backward);
+    return ctx->ops->dropout_backward(ctx, l, n, dy, dx);
+}
+
+rt_status rt_flatten_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
+    if (x == y) return RT_OK;
+    OPS(ctx, copy);
+    return ctx->ops->copy(ctx, count, x, y);
+}
+rt_status rt_flatten_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx) {
+    return rt_flatten_forward(ctx, count, dy, dx);
+}
+
+rt_status rt_add_forward(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y) {
+    OPS(ctx, add_forward);
+    return ctx->ops->add_forward(ctx, count, a, b, y);
+}
+rt_status rt_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx) {
+    OPS(ctx, add_backward);
+    return ctx->ops->add_backward(ctx, count, dy, dx);
+}
+
+rt_status rt_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels, float *loss,
+                          float *dlogits) {
+    REQUIRE_N(n);
+    RT_REQUIRE(k > 0 && logits && labels && loss, RT_ERR_INVALID, "softmax_xent: %d classes or NULL argument", k);
+    OPS(ctx, softmax_xent);
+    return ctx->ops->softmax_xent(ctx, n, k, logits, labels, loss, dlogits);
+}
+rt_status rt_log_softmax_forward(rt_model_ctx *ctx, int n, int k, const float *x, float *y) {
+    REQUIRE_N(n);
+    RT_REQUIRE(k > 0, RT_ERR_INVALID, "log_softmax over %d classes", k);
+    OPS(ctx, log_softmax_forward);
+    return ctx->ops->log_softmax_forward(ctx, n, k, x, y);
+}
+rt_status rt_log_softmax_backward(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy, float *dx) {
+    REQUIRE_N(n);
+    OPS(ctx, log_softmax_backward);
+    return ctx->ops->log_softmax_backward(ctx, n, k, y, dy, dx);
+}
+rt_status rt_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+                      float *dlogp) {
+    REQUIRE_N(n);
+    RT_REQUIRE(k > 0 && logp && labels && loss, RT_ERR_INVALID, "nll_loss: %d classes or NULL argument", k);
+    OPS(ctx, nll_loss);
+    return ctx->ops->nll_loss(ctx, n, k, logp, labels, loss, dlogp);
+}

@@ -1,0 +1,178 @@
+/* Layers: descriptors and forward/backward for every layer kind.
+ *
+ * A layer descriptor holds its hyper-parameters, the spatial size of its input (fixed
+ * when the model is built) and its parameters as rt_tensor views into the model's
+ * parameter arena, with the gradients at the same offsets in the gradient arena. The
+ * batch size `n` is given per call (n <= the max batch the model was built for).
+ *
+ * All data pointers are on ctx->device, in PyTorch's layouts: activations NCHW
+ * (N, C, H, W), conv weights OIHW, linear weights (out, in). Each function dispatches
+ * through ctx->ops to the CPU (src/model/cpu/) or CUDA (src/model/cuda/) backend;
+ * see backend.h for the contract every backend implements.
+ *
+ * Gradient conventions:
+ *  - parameter gradients are WRITTEN (not accumulated): a backward pass overwrites them,
+ *    so no zero_grad is needed between steps;
+ *  - input gradients are written, or added to what is there when `accumulate` is true
+ *    (residual connections); dx == NULL means "not needed" (the first layer);
+ *  - relu and the elementwise ops may run in place (y == x, dx == dy).
+ */
+#ifndef RT_MODEL_LAYERS_H
+#define RT_MODEL_LAYERS_H
+
+#include "core/tensor.h"
+#include "model/ctx.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- descriptors -------------------------------------------------------------------- */
+
+typedef struct rt_conv2d {
+    int in_c, out_c;     /* channels */
+    int in_h, in_w;      /* input spatial size */
+    int out_h, out_w;    /* derived: (in + 2*pad - k) / stride + 1 */
+    int k, stride, pad;  /* square kernel k x k */
+    bool has_bias;
+    rt_tensor weight, dweight; /* (out_c, in_c, k, k) */
+    rt_tensor bias, dbias;     /* (out_c); unset when !has_bias */
+    void *priv;                /* backend state (cuDNN descriptors, chosen algorithms) */
+} rt_conv2d;
+
+typedef struct rt_batchnorm2d {
+    int c, h, w;
+    float eps;      /* 1e-5 */
+    float momentum; /* 0.1: running = (1 - m) * running + m * batch (unbiased var) */
+    rt_tensor weight, dweight, bias, dbias; /* (c) */
+    rt_tensor running_mean, running_var;    /* (c) f32, in the buffer arena */
+    rt_tensor num_batches_tracked;          /* () i64, in the buffer arena */
+    float *save_mean, *save_invstd;         /* (c) each, on the device: the batch mean and
+                                               1/sqrt(var + eps) of the last training forward */
+    void *priv;
+} rt_batchnorm2d;
+
+typedef struct rt_maxpool2d {
+    int c, in_h, in_w, out_h, out_w;
+    int k, stride, pad; /* padding counts as -inf; first maximum wins (PyTorch's CPU rule) */
+    void *priv;
+} rt_maxpool2d;
+
+typedef struct rt_linear {
+    int in_f, out_f;
+    rt_tensor weight, dweight; /* (out_f, in_f) */
+    rt_tensor bias, dbias;     /* (out_f) */
+    void *priv;
+} rt_linear;
+
+typedef struct rt_dropout {
+    float p;          /* drop probability in [0, 1) */
+    bool channelwise; /* Dropout2d: one draw per (sample, channel), else per element */
+    int features;     /* elements per sample: c*h*w */
+    int plane;        /* elements per channel (h*w) when channelwise, else 1 */
+    uint64_t seed, subseq; /* Philox stream of this layer */
+    uint64_t counter;      /* draws used so far; advances by n*features/plane each forward */
+    float *mask;           /* (max_n, features/plane) on the device: 0 or 1/(1-p) */
+} rt_dropout;
+
+/* ---- setup (not in the hot loop) ---------------------------------------------------- */
+
+/* Fill in derived sizes and tensor shapes (no storage yet). */
+rt_status rt_conv2d_init(rt_conv2d *l, int in_c, int out_c, int in_h, int in_w, int k, int stride, int pad,
+                         bool has_bias);
+rt_status rt_batchnorm2d_init(rt_batchnorm2d *l, int c, int h, int w);
+rt_status rt_maxpool2d_init(rt_maxpool2d *l, int c, int in_h, int in_w, int k, int stride, int pad);
+rt_status rt_linear_init(rt_linear *l, int in_f, int out_f);
+rt_status rt_dropout_init(rt_dropout *l, float p, bool channelwise, int c, int h, int w, uint64_t seed,
+                          uint64_t subseq);
+
+/* Let the backend prepare a layer for batches of up to max_n (cuDNN descriptors and
+ * algorithm choice; CPU: nothing) and report the workspace it needs. Called once per
+ * layer after the arenas are allocated; the model reserves the largest workspace. */
+rt_status rt_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
+rt_status rt_batchnorm2d_prepare(rt_model_ctx *ctx, rt_batchnorm2d *l, int max_n);
+rt_status rt_maxpool2d_prepare(rt_model_ctx *ctx, rt_maxpool2d *l, int max_n);
+rt_status rt_linear_prepare(rt_model_ctx *ctx, rt_linear *l, int max_n, size_t *workspace);
+/* Free what prepare made (l->priv). */
+void rt_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l);
+void rt_batchnorm2d_release(rt_model_ctx *ctx, rt_batchnorm2d *l);
+void rt_maxpool2d_release(rt_model_ctx *ctx, rt_maxpool2d *l);
+void rt_linear_release(rt_model_ctx *ctx, rt_linear *l);
+
+/* ---- forward / backward ------------------------------------------------------------- */
+
+/* conv2d: x (n, in_c, in_h, in_w) -> y (n, out_c, out_h, out_w) */
+rt_status rt_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y);
+/* writes dweight (and dbias); dx (n, in_c, in_h, in_w) written or accumulated, or NULL */
+rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+                             bool accumulate);
+
+/* batchnorm2d: training uses batch statistics, saves mean/invstd and updates the
+ * running statistics and num_batches_tracked; evaluation uses the running statistics.
+ * x, y (n, c, h, w); y may not alias x. */
+rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
+                                 bool training);
+/* Backward of a training forward (uses save_mean/save_invstd): writes dweight, dbias,
+ * and dx (written or accumulated). */
+rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
+                                  float *dx, bool accumulate);
+
+/* relu over `count` elements; y may be x. Backward from the output: dx = dy * (y > 0);
+ * dx may be dy. */
+rt_status rt_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y);
+rt_status rt_relu_backward(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx);
+
+/* maxpool2d: x (n, c, in_h, in_w) -> y (n, c, out_h, out_w). Backward routes dy to the
+ * (first) maximum of each window; dx written. */
+rt_status rt_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y);
+rt_status rt_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
+                                const float *dy, float *dx);
+
+/* global average pooling + flatten: x (n, c, hw) -> y (n, c); backward dx written */
+rt_status rt_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const float *x, float *y);
+rt_status rt_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, float *dx);
+
+/* linear: x (n, in_f) -> y (n, out_f) = x W^T + b; backward writes dweight, dbias and
+ * dx (written, or NULL) */
+rt_status rt_linear_forward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, float *y);
+rt_status rt_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy, float *dx);
+
+/* dropout: training draws a fresh mask from the layer's Philox stream (element i of
+ * the draw is rt_philox_uniform_at(seed, subseq, counter + i) < p -> dropped) and
+ * scales kept values by 1/(1-p); evaluation (or p == 0) copies. y may be x.
+ * Backward: dx = dy * mask (dx may be dy). */
+rt_status rt_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y, bool training);
+rt_status rt_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *dy, float *dx);
+
+/* flatten (n, c, h, w) -> (n, c*h*w): NCHW is already row-major per sample, so this is
+ * a view; forward/backward copy only when the pointers differ. */
+rt_status rt_flatten_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y);
+rt_status rt_flatten_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
+
+/* residual add: y = a + b (y may be a or b). Its backward is the identity into both
+ * inputs, done by the callers with `accumulate`; rt_add_backward adds dy into dx. */
+rt_status rt_add_forward(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y);
+rt_status rt_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
+
+/* softmax cross-entropy, mean over the batch: logits (n, k), labels (n) int32 in [0, k)
+ * on the device. Writes the mean loss to *loss (one float on the device) and
+ * dlogits = (softmax - onehot) / n. A label out of range is an error on the CPU; on
+ * CUDA it is counted and reported by the next host-side check. */
+rt_status rt_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels, float *loss,
+                          float *dlogits);
+/* log-softmax over the last dim: x (n, k) -> y (n, k); backward from the output:
+ * dx = dy - exp(y) * sum(dy) */
+rt_status rt_log_softmax_forward(rt_model_ctx *ctx, int n, int k, const float *x, float *y);
+rt_status rt_log_softmax_backward(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy, float *dx);
+/* negative log likelihood of log-probabilities, mean over the batch:
+ * *loss = -mean(logp[i, labels[i]]); dlogp = -onehot / n */
+rt_status rt_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+                      float *dlogp);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,144 @@
+/* Models: ResNet18/34 (torchvision layout) and the PyTorch distributed tutorial's Net.
+ *
+ * A model owns three arenas on the context's device: parameters, gradients (same
+ * offsets as the parameters) and buffers (BN running statistics, num_batches_tracked),
+ * plus its activations, allocated once for `max_batch` images. The parameter table
+ * lists every state_dict entry with torchvision's name, in torchvision's order, so a
+ * checkpoint of the parameters and buffers loads into torchvision with strict=True.
+ *
+ * Parameters are placed in forward order; backward finishes them in reverse, so the
+ * gradient arena completes from its end toward its start. After each block's backward,
+ * the grad-ready callback is told which byte range [begin, end) of the gradient arena
+ * is now final: the ranges arrive in decreasing order, are contiguous and together
+ * cover the whole arena (padding included), which is what a bucketed all-reduce needs.
+ * On CUDA the callback runs when the block's work has been enqueued on ctx->stream
+ * (record an event there to wait for it); on the CPU the gradients are already written.
+ *
+ * The hot loop (forward, loss, backward) does not allocate.
+ */
+#ifndef RT_MODEL_MODEL_H
+#define RT_MODEL_MODEL_H
+
+#include "core/tensor.h"
+#include "model/ctx.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum rt_model_arch { RT_ARCH_RESNET18 = 0, RT_ARCH_RESNET34, RT_ARCH_NET } rt_model_arch;
+typedef enum rt_stem { RT_STEM_IMAGENET = 0, RT_STEM_CIFAR } rt_stem;
+
+typedef struct rt_model_config {
+    rt_model_arch arch;
+    int in_channels;  /* 1 (MNIST) or 3 (CIFAR); Net: 1 */
+    int in_h, in_w;   /* input image size; Net: 28x28 */
+    int num_classes;  /* Net: 10 */
+    rt_stem stem;     /* ResNet: imagenet (7x7/2 conv + 3x3/2 maxpool) or cifar (3x3/1 conv) */
+    int width;        /* ResNet base channels (64 = torchvision) */
+    int max_batch;    /* activations are allocated for this many images */
+    float dropout;    /* Net: drop probability of both dropouts (0.5 in the tutorial); -1 = default */
+} rt_model_config;
+
+/* Defaults: resnet34, 1x28x28, 10 classes, imagenet stem, width 64, max_batch 64. */
+void rt_model_config_default(rt_model_config *cfg);
+/* "resnet18" | "resnet34" | "net" and "imagenet" | "cifar"; -1 if unknown */
+int rt_model_arch_parse(const char *text, rt_model_arch *out);
+int rt_stem_parse(const char *text, rt_stem *out);
+const char *rt_model_arch_name(rt_model_arch a);
+const char *rt_stem_name(rt_stem s);
+
+typedef enum rt_param_kind {
+    RT_PARAM_WEIGHT = 0, /* conv and linear weights: weight decay applies */
+    RT_PARAM_BIAS,       /* conv and linear biases */
+    RT_PARAM_BN_WEIGHT,  /* batch-norm gamma */
+    RT_PARAM_BN_BIAS,    /* batch-norm beta */
+    RT_PARAM_BUFFER,     /* running_mean, running_var, num_batches_tracked: not trained */
+} rt_param_kind;
+
+typedef struct rt_param {
+    char name[64];      /* torchvision's state_dict key: "layer2.0.downsample.1.running_var" */
+    rt_param_kind kind;
+    rt_tensor value;    /* in the parameter arena (buffers: in the buffer arena) */
+    rt_tensor grad;     /* same offset in the gradient arena; grad.arena == NULL for buffers */
+    int block;          /* index of the block that owns it (see rt_model_block_count) */
+} rt_param;
+
+static inline bool rt_param_trainable(const rt_param *p) { return p->kind != RT_PARAM_BUFFER; }
+/* Weight decay: weights only (not biases, not BN parameters), the usual exclusion. */
+static inline bool rt_param_decays(const rt_param *p) { return p->kind == RT_PARAM_WEIGHT; }
+
+typedef struct rt_model rt_model;
+
+/* Build a model on ctx->device (the context must outlive it): plans and allocates the
+ * arenas and activations, prepares every layer, reserves the workspace. The weights
+ * are zero until rt_model_init_weights or rt_model_load. */
+rt_status rt_model_create(const rt_model_config *cfg, rt_model_ctx *ctx, rt_model **out);
+void rt_model_destroy(rt_model *m);
+
+/* Initialise like torchvision from `seed` (identical on every rank and device): convs
+ * kaiming_normal_(fan_out, relu) in ResNet, PyTorch's Conv2d/Linear default
+ * (U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias) elsewhere, BN weight 1,
+ * bias 0, running mean 0, var 1, num_batches_tracked 0. Parameter i of the table draws
+ * from Philox subsequence i. Also seeds the dropout layers from `seed`. */
+rt_status rt_model_init_weights(rt_model *m, uint64_t seed);
+/* Seed of the dropout masks (e.g. seed + rank); resets their counters. */
+void rt_model_set_dropout_seed(rt_model *m, uint64_t seed);
+
+const rt_model_config *rt_model_config_of(const rt_model *m);
+rt_model_ctx *rt_model_context(const rt_model *m);
+
+/* The parameter table: every state_dict entry in torchvision's order. */
+int rt_model_param_count(const rt_model *m);
+const rt_param *rt_model_param(const rt_model *m, int i);
+/* NULL when no entry has that name */
+const rt_param *rt_model_param_find(const rt_model *m, const char *name);
+rt_arena *rt_model_params(rt_model *m);  /* trainable parameters */
+rt_arena *rt_model_grads(rt_model *m);   /* gradients, same layout */
+rt_arena *rt_model_buffers(rt_model *m); /* BN buffers */
+int64_t rt_model_num_parameters(const rt_model *m); /* trainable elements */
+
+/* Blocks are the units of the grad-ready callback: ResNet: 0 = stem (conv1, bn1), then
+ * every BasicBlock in order, last = fc; Net: conv1, conv2, fc1, fc2. */
+int rt_model_block_count(const rt_model *m);
+
+/* Forward pass of n <= max_batch images x (n, in_channels, in_h, in_w) on the device.
+ * training: batch-norm batch statistics (running statistics updated) and dropout on;
+ * else running statistics and no dropout. */
+rt_status rt_model_forward(rt_model *m, const float *x, int n, bool training);
+/* The output of the last forward, (n, num_classes) on the device: logits for ResNet,
+ * log-probabilities for Net. */
+const float *rt_model_output(const rt_model *m);
+
+/* Loss of the last forward against labels (n) int32 on the device: cross-entropy of the
+ * logits (ResNet) or NLL of the log-probabilities (Net), mean over the batch. Also
+ * computes the output gradient for rt_model_backward. The value stays on the device
+ * until rt_model_loss_value (which synchronises). */
+rt_status rt_model_loss(rt_model *m, const int32_t *labels);
+rt_status rt_model_loss_value(rt_model *m, float *loss);
+
+/* Called after each block's backward: grads [begin, end) bytes of the gradient arena
+ * are final. Return non-OK to abort the backward pass with that status. */
+typedef rt_status (*rt_grad_ready_fn)(void *user, int block, size_t begin, size_t end);
+
+/* Backward of the last training forward + loss: writes (not accumulates) every
+ * parameter gradient. `ready` may be NULL. */
+rt_status rt_model_backward(rt_model *m, rt_grad_ready_fn ready, void *user);
+
+/* Convenience: forward (training) + loss + backward; *loss on the host if non-NULL. */
+rt_status rt_model_train_step(rt_model *m, const float *x, const int32_t *labels, int n, rt_grad_ready_fn ready,
+                              void *user, float *loss);
+
+/* State dict in safetensors with torchvision's names (parameters and buffers), as
+ * torch.save(model.state_dict()) would hold it: loads with strict=True. Loading checks
+ * that every name is present with the right dtype and shape, and no extra names. */
+rt_status rt_model_save(rt_model *m, const char *path);
+rt_status rt_model_load(rt_model *m, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
