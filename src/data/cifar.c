@@ -1,0 +1,33 @@
+/* CIFAR-10 binary batches; see cifar.h. */
+#include "data/cifar.h"
+
+#include <string.h>
+
+rt_status rt_cifar_count(const uint8_t *buf, size_t len, const char *name, int num_classes, int64_t *n) {
+    *n = 0;
+    if (len == 0) RT_FAIL(RT_ERR_FORMAT, "%s: empty file: expected 3073-byte CIFAR-10 records", name);
+    if (len % RT_CIFAR_RECORD != 0) {
+        size_t whole = len / RT_CIFAR_RECORD;
+        RT_FAIL(RT_ERR_FORMAT,
+                "%s: truncated data: %zu bytes is not a whole number of %d-byte records (expected %zu bytes for %zu "
+                "records, the last has %zu bytes)",
+                name, len, RT_CIFAR_RECORD, (whole + 1) * RT_CIFAR_RECORD, whole + 1, len % RT_CIFAR_RECORD);
+    }
+    size_t count = len / RT_CIFAR_RECORD;
+    for (size_t i = 0; i < count; i++) {
+        uint8_t label = buf[i * RT_CIFAR_RECORD];
+        if (label >= num_classes)
+            RT_FAIL(RT_ERR_FORMAT, "%s: label out of range: record %zu (byte offset %zu) has label %u, expected 0..%d",
+                    name, i, i * RT_CIFAR_RECORD, label, num_classes - 1);
+    }
+    *n = (int64_t)count;
+    return RT_OK;
+}
+
+void rt_cifar_unpack(const uint8_t *buf, int64_t n, uint8_t *images, uint8_t *labels) {
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *rec = buf + (size_t)i * RT_CIFAR_RECORD;
+        labels[i] = rec[0];
+        memcpy(images + (size_t)i * RT_CIFAR_IMAGE, rec + 1, RT_CIFAR_IMAGE);
+    }
+}

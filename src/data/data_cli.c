@@ -1,0 +1,342 @@
+/* Command line of the data area: `ringtrain data info|sampler` and `ringtrain bench loader`.
+ *
+ * `data info` loads a dataset the way training would and prints what it found;
+ * `data sampler` prints the indices one rank would get in one epoch, a debugging aid
+ * for DistributedSampler questions; `bench loader` measures the loader's throughput
+ * on synthetic 28x28 and 32x32 data with augmentation, one worker thread.
+ */
+#include "cli.h"
+#include "core/timer.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "data/sampler.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --name VALUE or --name=VALUE at argv[*i]; advances *i past the value. */
+static int opt_value(const char *prog, int argc, char **argv, int *i, const char *name, const char **val) {
+    size_t n = strlen(name);
+    const char *a = argv[*i];
+    if (strncmp(a, name, n) != 0) return 0;
+    if (a[n] == '=') {
+        *val = a + n + 1;
+        return 1;
+    }
+    if (a[n] != '\0') return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "%s: option %s needs a value (try --help)\n", prog, name);
+        return -1;
+    }
+    *val = argv[++*i];
+    return 1;
+}
+
+static int parse_i64(const char *prog, const char *what, const char *text, int64_t lo, int64_t hi, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || !end || end == text || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "%s: %s '%s': expected an integer in %" PRId64 "..%" PRId64 "\n", prog, what, text, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_u64(const char *prog, const char *what, const char *text, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    if (text[0] == '-') {
+        fprintf(stderr, "%s: %s '%s': expected a non-negative integer\n", prog, what, text);
+        return -1;
+    }
+    unsigned long long v = strtoull(text, &end, 0);
+    if (errno || !end || end == text || *end != '\0') {
+        fprintf(stderr, "%s: %s '%s': expected a non-negative integer\n", prog, what, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* ---- data info ------------------------------------------------------------------------ */
+
+static int cmd_info(int argc, char **argv) {
+    const char *prog = "ringtrain data info";
+    const char *path = NULL, *split = "train", *kind_s = "auto";
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int r;
+        if (rt_cli_is_help(argv[i])) {
+            printf("usage: ringtrain data info [PATH] [--split train|test] [--kind auto|mnist|fashion-mnist|cifar10]\n\n"
+                   "Load a dataset as training would and print its format, sample count, image shape,\n"
+                   "class histogram and pixel mean/std (of pixel/255, per channel). PATH is a folder of\n"
+                   "IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]: MNIST, Fashion-MNIST)\n"
+                   "or CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin); default\n"
+                   "%s (Debian package dataset-fashion-mnist).\n\n"
+                   "  --split train|test   which split (default train)\n"
+                   "  --kind K             auto (default: detect from the files), mnist, fashion-mnist, cifar10\n",
+                   RT_DATASET_DEFAULT_PATH);
+            return 0;
+        }
+        if ((r = opt_value(prog, argc, argv, &i, "--split", &v)) != 0) {
+            if (r < 0) return 2;
+            if (strcmp(v, "train") != 0 && strcmp(v, "test") != 0) {
+                fprintf(stderr, "%s: --split '%s': expected train or test\n", prog, v);
+                return 2;
+            }
+            split = v;
+        } else if ((r = opt_value(prog, argc, argv, &i, "--kind", &v)) != 0) {
+            if (r < 0) return 2;
+            kind_s = v;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "%s: unknown option '%s' (try --help)\n", prog, argv[i]);
+            return 2;
+        } else if (path) {
+            fprintf(stderr, "%s: more than one PATH ('%s', '%s')\n", prog, path, argv[i]);
+            return 2;
+        } else {
+            path = argv[i];
+        }
+    }
+    rt_dataset_kind kind;
+    if (rt_dataset_kind_parse(kind_s, &kind) != RT_OK) {
+        fprintf(stderr, "%s: --kind: %s\n", prog, rt_error_message());
+        return 2;
+    }
+    rt_dataset ds;
+    if (rt_dataset_load(path, split, kind, &ds) != RT_OK) return rt_cli_fail();
+    int64_t hist[256];
+    rt_dataset_histogram(&ds, hist);
+    double mean[RT_DATASET_MAX_C], sd[RT_DATASET_MAX_C];
+    rt_dataset_pixel_stats(&ds, mean, sd);
+    printf("path:       %s\n", ds.path);
+    printf("dataset:    %s\n", ds.name);
+    printf("format:     %s\n", ds.format);
+    printf("split:      %s\n", ds.split);
+    printf("samples:    %" PRId64 "\n", ds.n);
+    printf("image:      %d x %d x %d (C x H x W), uint8\n", ds.c, ds.h, ds.w);
+    printf("classes:    %d\n", ds.num_classes);
+    printf("histogram:  class  count\n");
+    for (int k = 0; k < ds.num_classes; k++) printf("            %5d  %" PRId64 "\n", k, hist[k]);
+    printf("pixel mean:");
+    for (int ch = 0; ch < ds.c; ch++) printf(" %.4f", mean[ch]);
+    printf("   (measured, of pixel/255)\npixel std: ");
+    for (int ch = 0; ch < ds.c; ch++) printf(" %.4f", sd[ch]);
+    printf("\nnormalise:  mean");
+    for (int ch = 0; ch < ds.c; ch++) printf(" %.4f", (double)ds.mean[ch]);
+    printf(" std");
+    for (int ch = 0; ch < ds.c; ch++) printf(" %.4f", (double)ds.std[ch]);
+    printf("   (the loader's constants for %s)\n", ds.name);
+    rt_dataset_free(&ds);
+    return 0;
+}
+
+/* ---- data sampler --------------------------------------------------------------------- */
+
+static int cmd_sampler(int argc, char **argv) {
+    const char *prog = "ringtrain data sampler";
+    int64_t world = -1, rank = -1, epoch = -1, n = -1;
+    uint64_t seed = 0;
+    bool shuffle = true, drop_last = false;
+    rt_sampler_mode mode = RT_SAMPLER_DISTRIBUTED;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int r;
+        if (rt_cli_is_help(argv[i])) {
+            printf("usage: ringtrain data sampler --world-size W --rank R --epoch E [--seed S] [--no-shuffle]\n"
+                   "                              [--drop-last] [--mode distributed|partition|eval] N\n\n"
+                   "Print the dataset indices rank R of W gets in epoch E from a sampler over N samples,\n"
+                   "one per line, in order. The default mode is PyTorch's DistributedSampler (shuffle by\n"
+                   "seed + epoch; without --drop-last the list is padded to a multiple of W by wrapping\n"
+                   "around to its start; rank R takes every W-th index from R). With --no-shuffle the\n"
+                   "output equals torch.utils.data.distributed.DistributedSampler's.\n\n"
+                   "  --world-size W  number of ranks (>= 1)\n"
+                   "  --rank R        0..W-1\n"
+                   "  --epoch E       epoch (>= 0), as sampler.set_epoch(E)\n"
+                   "  --seed S        shuffle seed (default 0)\n"
+                   "  --no-shuffle    keep 0..N-1 in order\n"
+                   "  --drop-last     drop the tail instead of padding\n"
+                   "  --mode M        distributed (default), partition (the tutorial's fixed split into W\n"
+                   "                  equal parts of a seeded permutation), eval (every sample exactly\n"
+                   "                  once across ranks, no padding)\n");
+            return 0;
+        }
+        if ((r = opt_value(prog, argc, argv, &i, "--world-size", &v)) != 0) {
+            if (r < 0 || parse_i64(prog, "--world-size", v, 1, INT_MAX, &world)) return 2;
+        } else if ((r = opt_value(prog, argc, argv, &i, "--rank", &v)) != 0) {
+            if (r < 0 || parse_i64(prog, "--rank", v, 0, INT_MAX, &rank)) return 2;
+        } else if ((r = opt_value(prog, argc, argv, &i, "--epoch", &v)) != 0) {
+            if (r < 0 || parse_i64(prog, "--epoch", v, 0, INT64_MAX, &epoch)) return 2;
+        } else if ((r = opt_value(prog, argc, argv, &i, "--seed", &v)) != 0) {
+            if (r < 0 || parse_u64(prog, "--seed", v, &seed)) return 2;
+        } else if ((r = opt_value(prog, argc, argv, &i, "--mode", &v)) != 0) {
+            if (r < 0) return 2;
+            if (rt_sampler_mode_parse(v, &mode) != RT_OK) {
+                fprintf(stderr, "%s: --mode '%s': expected distributed, partition or eval\n", prog, v);
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--no-shuffle") == 0) {
+            shuffle = false;
+        } else if (strcmp(argv[i], "--drop-last") == 0) {
+            drop_last = true;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "%s: unknown option '%s' (try --help)\n", prog, argv[i]);
+            return 2;
+        } else if (n >= 0) {
+            fprintf(stderr, "%s: more than one N ('%s')\n", prog, argv[i]);
+            return 2;
+        } else if (parse_i64(prog, "N", argv[i], 1, (int64_t)1 << 40, &n)) {
+            return 2;
+        }
+    }
+    const char *missing = world < 0 ? "--world-size" : rank < 0 ? "--rank" : epoch < 0 ? "--epoch" : n < 0 ? "N" : NULL;
+    if (missing) {
+        fprintf(stderr, "%s: missing %s (try --help)\n", prog, missing);
+        return 2;
+    }
+    if (rank >= world) {
+        fprintf(stderr, "%s: --rank %" PRId64 ": expected 0..%" PRId64 " (--world-size %" PRId64 ")\n", prog, rank,
+                world - 1, world);
+        return 2;
+    }
+    rt_sampler_config cfg = {mode, n, (int)world, (int)rank, seed, shuffle, drop_last};
+    rt_sampler s;
+    if (rt_sampler_init(&s, &cfg) != RT_OK) return rt_cli_fail();
+    if (rt_sampler_set_epoch(&s, epoch) != RT_OK) {
+        rt_sampler_free(&s);
+        return rt_cli_fail();
+    }
+    int64_t idx;
+    while (rt_sampler_next(&s, &idx)) printf("%" PRId64 "\n", idx);
+    rt_sampler_free(&s);
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
+int rt_cmd_data(int argc, char **argv) {
+    static const rt_command cmds[] = {
+        {"info", "format, sample counts, image shape, class histogram, pixel mean/std of a dataset", cmd_info},
+        {"sampler", "the indices a rank gets from the distributed sampler, one per line", cmd_sampler},
+    };
+    return rt_cli_dispatch("ringtrain data", cmds, (int)(sizeof cmds / sizeof cmds[0]), argc, argv);
+}
+
+/* ---- bench loader --------------------------------------------------------------------- */
+
+typedef struct bench_row {
+    const char *name;
+    int c, h, w;
+    int64_t n;
+    int64_t images;
+    double seconds;
+} bench_row;
+
+static rt_status bench_one(bench_row *row, int batch, int prefetch, int64_t want) {
+    rt_dataset ds;
+    RT_CHECK(rt_dataset_alloc(&ds, row->name, row->n, row->c, row->h, row->w, 10));
+    /* deterministic pseudo-random pixels and labels */
+    uint8_t *img = (uint8_t *)ds.images, *lab = (uint8_t *)ds.labels;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    size_t bytes = (size_t)row->n * rt_dataset_image_bytes(&ds);
+    for (size_t i = 0; i < bytes; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        img[i] = (uint8_t)x;
+    }
+    for (int64_t i = 0; i < row->n; i++) lab[i] = (uint8_t)(i % 10);
+    ds.crop_pad = row->c == 3 ? 4 : 2;
+    ds.hflip_suits = true;
+    rt_loader_config cfg = rt_loader_config_default(&ds);
+    cfg.global_batch = batch;
+    cfg.prefetch = prefetch;
+    cfg.augment = true;
+    rt_loader *l = NULL;
+    rt_status st = rt_loader_create(&cfg, &l);
+    if (st != RT_OK) {
+        rt_dataset_free(&ds);
+        RT_CHECK(st);
+    }
+    /* warm-up: one batch */
+    rt_batch b;
+    RT_CHECK_GOTO(rt_loader_start_epoch(l, 0), st, done);
+    RT_CHECK_GOTO(rt_loader_next(l, &b), st, done);
+    int64_t got = 0, epoch = 0;
+    double sink = 0;
+    rt_timer t;
+    rt_timer_start(&t);
+    while (got < want) {
+        RT_CHECK_GOTO(rt_loader_next(l, &b), st, done);
+        if (b.size == 0) {
+            RT_CHECK_GOTO(rt_loader_start_epoch(l, ++epoch), st, done);
+            continue;
+        }
+        sink += b.images[0];
+        got += b.size;
+    }
+    row->seconds = rt_timer_elapsed_s(&t);
+    row->images = got;
+    if (sink == 12345.678) printf(" ");
+done:
+    rt_loader_destroy(l);
+    rt_dataset_free(&ds);
+    return st;
+}
+
+int rt_cmd_bench_loader(int argc, char **argv) {
+    const char *prog = "ringtrain bench loader";
+    int64_t batch = 256, prefetch = 4, images = 300000;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int r;
+        if (rt_cli_is_help(argv[i])) {
+            printf("usage: ringtrain bench loader [--batch B] [--images N] [--prefetch P] [--json]\n\n"
+                   "Loader throughput (images/s) with one worker thread, on synthetic 1x28x28 (60000\n"
+                   "images, crop padding 2) and 3x32x32 (50000 images, crop padding 4) datasets, with\n"
+                   "augmentation (random crop + horizontal flip) and normalisation, world size 1. The\n"
+                   "consumer only takes the batches, so this is the rate the loader can sustain.\n\n"
+                   "  --batch B      batch size (default 256)\n"
+                   "  --images N     images to time per shape (default 300000)\n"
+                   "  --prefetch P   ring slots (default 4)\n"
+                   "  --json         one JSON object instead of the table\n");
+            return 0;
+        }
+        if ((r = opt_value(prog, argc, argv, &i, "--batch", &v)) != 0) {
+            if (r < 0 || parse_i64(prog, "--batch", v, 1, 1 << 16, &batch)) return 2;
+        } else if ((r = opt_value(prog, argc, argv, &i, "--images", &v)) != 0) {
+            if (r < 0 || parse_i64(prog, "--images", v, 1, (int64_t)1 << 40, &images)) return 2;
+        } else if ((r = opt_value(prog, argc, argv, &i, "--prefetch", &v)) != 0) {
+            if (r < 0 || parse_i64(prog, "--prefetch", v, 2, 64, &prefetch)) return 2;
+        } else if (strcmp(argv[i], "--json") == 0) {
+            json = true;
+        } else {
+            fprintf(stderr, "%s: unknown argument '%s' (try --help)\n", prog, argv[i]);
+            return 2;
+        }
+    }
+    bench_row rows[] = {{"1x28x28", 1, 28, 28, 60000, 0, 0}, {"3x32x32", 3, 32, 32, 50000, 0, 0}};
+    int nrows = (int)(sizeof rows / sizeof rows[0]);
+    for (int i = 0; i < nrows; i++)
+        if (bench_one(&rows[i], (int)batch, (int)prefetch, images) != RT_OK) return rt_cli_fail();
+    if (json) {
+        printf("{\"benchmark\": \"loader\", \"batch\": %" PRId64 ", \"prefetch\": %" PRId64
+               ", \"worker_threads\": 1, \"augment\": true, \"results\": [",
+               batch, prefetch);
+        for (int i = 0; i < nrows; i++)
+            printf("%s{\"shape\": \"%s\", \"dataset_size\": %" PRId64 ", \"images\": %" PRId64
+                   ", \"seconds\": %.6f, \"images_per_s\": %.1f}",
+                   i ? ", " : "", rows[i].name, rows[i].n, rows[i].images, rows[i].seconds,
+                   rows[i].images / rows[i].seconds);
+        printf("]}\n");
+        return 0;
+    }
+    printf("%-8s %6s %10s %9s %12s\n", "shape", "batch", "images", "seconds", "images/s");
+    for (int i = 0; i < nrows; i++)
+        printf("%-8s %6" PRId64 " %10" PRId64 " %9.3f %12.0f\n", rows[i].name, batch, rows[i].images, rows[i].seconds,
+               rows[i].images / rows[i].seconds);
+    return 0;
+}

@@ -1,0 +1,345 @@
+/* Loading MNIST-format and CIFAR-10 datasets into memory; see dataset.h. */
+#include "data/dataset.h"
+
+#include "core/device.h"
+#include "data/bytes.h"
+#include "data/cifar.h"
+#include "data/idx.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define INSTALL_HINT                                                                                                   \
+    "Fashion-MNIST: run scripts/install-deps (Debian package dataset-fashion-mnist, installed at "                     \
+    RT_DATASET_DEFAULT_PATH "); MNIST or CIFAR-10: download it as datasets/README.md says and set data.path to its "  \
+    "folder"
+
+rt_status rt_dataset_kind_parse(const char *text, rt_dataset_kind *out) {
+    static const struct {
+        const char *name;
+        rt_dataset_kind kind;
+    } k[] = {{"auto", RT_DATASET_AUTO},           {"mnist", RT_DATASET_MNIST},
+             {"fashion-mnist", RT_DATASET_FASHION_MNIST}, {"fashion_mnist", RT_DATASET_FASHION_MNIST},
+             {"fashionmnist", RT_DATASET_FASHION_MNIST},  {"cifar10", RT_DATASET_CIFAR10},
+             {"cifar-10", RT_DATASET_CIFAR10}};
+    for (size_t i = 0; text && i < sizeof k / sizeof k[0]; i++)
+        if (strcasecmp(text, k[i].name) == 0) {
+            *out = k[i].kind;
+            return RT_OK;
+        }
+    RT_FAIL(RT_ERR_INVALID, "unknown dataset kind '%s': expected auto, mnist, fashion-mnist or cifar10",
+            text ? text : "(null)");
+}
+
+const char *rt_dataset_kind_name(rt_dataset_kind kind) {
+    switch (kind) {
+    case RT_DATASET_AUTO: return "auto";
+    case RT_DATASET_MNIST: return "mnist";
+    case RT_DATASET_FASHION_MNIST: return "fashion-mnist";
+    case RT_DATASET_CIFAR10: return "cifar10";
+    case RT_DATASET_SYNTHETIC: return "synthetic";
+    }
+    return "?";
+}
+
+/* Normalisation constants and augmentation defaults of the known datasets. */
+static void set_kind(rt_dataset *ds, rt_dataset_kind kind) {
+    ds->kind = kind;
+    snprintf(ds->name, sizeof ds->name, "%s", rt_dataset_kind_name(kind));
+    ds->num_classes = 10;
+    switch (kind) {
+    case RT_DATASET_MNIST:
+        ds->mean[0] = 0.1307f, ds->std[0] = 0.3081f;
+        ds->hflip_suits = false; /* a mirrored digit is another symbol */
+        ds->crop_pad = 2;
+        break;
+    case RT_DATASET_FASHION_MNIST:
+        ds->mean[0] = 0.2860f, ds->std[0] = 0.3530f;
+        ds->hflip_suits = true; /* clothes and shoes face either way */
+        ds->crop_pad = 2;
+        break;
+    case RT_DATASET_CIFAR10: {
+        const float m[3] = {0.4914f, 0.4822f, 0.4465f}, s[3] = {0.2470f, 0.2435f, 0.2616f};
+        memcpy(ds->mean, m, sizeof m);
+        memcpy(ds->std, s, sizeof s);
+        ds->hflip_suits = true;
+        ds->crop_pad = 4;
+        break;
+    }
+    default:
+        for (int i = 0; i < RT_DATASET_MAX_C; i++) ds->mean[i] = 0.5f, ds->std[i] = 0.25f;
+        ds->hflip_suits = false;
+        ds->crop_pad = 0;
+    }
+}
+
+static bool file_exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static rt_status join(char *out, size_t n, const char *dir, const char *file) {
+    int k = snprintf(out, n, "%s/%s", dir, file);
+    if (k < 0 || (size_t)k >= n) RT_FAIL(RT_ERR_INVALID, "path '%s/%s' is too long (max %zu bytes)", dir, file, n - 1);
+    return RT_OK;
+}
+
+/* The first of prefix+{suffixes} that exists in dir; "" if none. */
+static rt_status find_idx(const char *dir, const char *prefix, const char *what, char *out, size_t n) {
+    char names[3][128];
+    /* what is "images-idx3" or "labels-idx1" */
+    snprintf(names[0], sizeof names[0], "%s-%s-ubyte.gz", prefix, what);
+    snprintf(names[1], sizeof names[1], "%s-%s-ubyte", prefix, what);
+    /* the layout some downloaders use: train-images.idx3-ubyte */
+    char dotted[64];
+    snprintf(dotted, sizeof dotted, "%s", what);
+    char *dash = strchr(dotted, '-');
+    if (dash) *dash = '.';
+    snprintf(names[2], sizeof names[2], "%s-%s-ubyte", prefix, dotted);
+    out[0] = '\0';
+    for (int i = 0; i < 3; i++) {
+        RT_CHECK(join(out, n, dir, names[i]));
+        if (file_exists(out)) return RT_OK;
+    }
+    out[0] = '\0';
+    return RT_OK;
+}
+
+static rt_status cifar_dir(const char *path, char *out, size_t n) {
+    char probe[4096];
+    const char *subs[] = {"", "cifar-10-batches-bin"};
+    for (int i = 0; i < 2; i++) {
+        if (i == 0)
+            snprintf(out, n, "%s", path);
+        else
+            RT_CHECK(join(out, n, path, subs[i]));
+        RT_CHECK(join(probe, sizeof probe, out, "data_batch_1.bin"));
+        if (file_exists(probe)) return RT_OK;
+        RT_CHECK(join(probe, sizeof probe, out, "test_batch.bin"));
+        if (file_exists(probe)) return RT_OK;
+    }
+    out[0] = '\0';
+    return RT_OK;
+}
+
+static rt_status load_idx(rt_dataset *ds, const char *img_path, const char *lab_path) {
+    rt_bytes lab = {0}, img = {0};
+    rt_status st = RT_OK;
+    rt_idx li, ii;
+    RT_CHECK_GOTO(rt_bytes_read_maybe_gz(lab_path, RT_DATASET_MAX_FILE, &lab), st, fail);
+    RT_CHECK_GOTO(rt_idx_parse(lab.data, lab.len, lab_path, 1, &li), st, fail);
+    RT_CHECK_GOTO(rt_bytes_read_maybe_gz(img_path, RT_DATASET_MAX_FILE, &img), st, fail);
+    RT_CHECK_GOTO(rt_idx_parse(img.data, img.len, img_path, 3, &ii), st, fail);
+    if (ii.dims[0] != li.dims[0]) {
+        st = RT_ERROR(RT_ERR_FORMAT, "image and label counts differ: %s has %u images but %s has %u labels", img_path,
+                      ii.dims[0], lab_path, li.dims[0]);
+        goto fail;
+    }
+    if (ii.dims[1] > 4096 || ii.dims[2] > 4096) {
+        st = RT_ERROR(RT_ERR_FORMAT, "%s: wrong dimensions: images of %ux%u, expected at most 4096x4096", img_path,
+                      ii.dims[1], ii.dims[2]);
+        goto fail;
+    }
+    for (size_t i = 0; i < li.count; i++)
+        if (li.data[i] >= ds->num_classes) {
+            st = RT_ERROR(RT_ERR_FORMAT, "%s: label out of range: label %u at index %zu (byte offset %zu), expected 0..%d",
+                          lab_path, li.data[i], i, 8 + i, ds->num_classes - 1);
+            goto fail;
+        }
+    ds->n = ii.dims[0];
+    ds->c = 1;
+    ds->h = (int)ii.dims[1];
+    ds->w = (int)ii.dims[2];
+    ds->images = ii.data;
+    ds->labels = li.data;
+    ds->owned_[0] = img.data;
+    ds->owned_[1] = lab.data;
+    return RT_OK;
+fail:
+    rt_bytes_free(&lab);
+    rt_bytes_free(&img);
+    return st;
+}
+
+static rt_status load_cifar(rt_dataset *ds, const char *dir, bool train) {
+    int nfiles = train ? 5 : 1;
+    char paths[5][4096];
+    for (int i = 0; i < nfiles; i++) {
+        char name[32];
+        if (train)
+            snprintf(name, sizeof name, "data_batch_%d.bin", i + 1);
+        else
+            snprintf(name, sizeof name, "test_batch.bin");
+        RT_CHECK(join(paths[i], sizeof paths[i], dir, name));
+        if (!file_exists(paths[i]))
+            RT_FAIL(RT_ERR_IO, "CIFAR-10 %s split: missing file %s (expected %s in %s). " INSTALL_HINT,
+                    train ? "train" : "test", paths[i], train ? "data_batch_1.bin .. data_batch_5.bin" : "test_batch.bin",
+                    dir);
+    }
+    rt_bytes files[5] = {{0}};
+    int64_t counts[5] = {0}, total = 0;
+    rt_status st = RT_OK;
+    for (int i = 0; i < nfiles; i++) {
+        RT_CHECK_GOTO(rt_bytes_read_maybe_gz(paths[i], RT_DATASET_MAX_FILE, &files[i]), st, done);
+        RT_CHECK_GOTO(rt_cifar_count(files[i].data, files[i].len, paths[i], ds->num_classes, &counts[i]), st, done);
+        total += counts[i];
+    }
+    void *img = NULL, *lab = NULL;
+    RT_CHECK_GOTO(rt_malloc(rt_device_cpu(), (size_t)total * RT_CIFAR_IMAGE, &img), st, done);
+    st = rt_malloc(rt_device_cpu(), (size_t)total, &lab);
+    if (st != RT_OK) {
+        rt_free(rt_device_cpu(), img);
+        goto done;
+    }
+    int64_t at = 0;
+    for (int i = 0; i < nfiles; i++) {
+        rt_cifar_unpack(files[i].data, counts[i], (uint8_t *)img + (size_t)at * RT_CIFAR_IMAGE, (uint8_t *)lab + at);
+        at += counts[i];
+    }
+    ds->n = total;
+    ds->c = RT_CIFAR_C;
+    ds->h = RT_CIFAR_H;
+    ds->w = RT_CIFAR_W;
+    ds->images = img;
+    ds->labels = lab;
+    ds->owned_[0] = img;
+    ds->owned_[1] = lab;
+done:
+    for (int i = 0; i < nfiles; i++) rt_bytes_free(&files[i]);
+    return st;
+}
+
+static bool contains_ci(const char *s, const char *sub) {
+    size_t n = strlen(sub);
+    for (; *s; s++)
+        if (strncasecmp(s, sub, n) == 0) return true;
+    return false;
+}
+
+rt_status rt_dataset_load(const char *path, const char *split, rt_dataset_kind kind, rt_dataset *ds) {
+    memset(ds, 0, sizeof *ds);
+    if (!path || !*path) path = RT_DATASET_DEFAULT_PATH;
+    if (!split) split = "train";
+    bool train;
+    if (strcmp(split, "train") == 0)
+        train = true;
+    else if (strcmp(split, "test") == 0)
+        train = false;
+    else
+        RT_FAIL(RT_ERR_INVALID, "split '%s': expected train or test", split);
+    if (strlen(path) >= sizeof ds->path) RT_FAIL(RT_ERR_INVALID, "dataset path is too long (%zu bytes)", strlen(path));
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        RT_FAIL(RT_ERR_IO, "no dataset at '%s': %s. %s", path, strerror(errno), INSTALL_HINT);
+    if (!S_ISDIR(sb.st_mode))
+        RT_FAIL(RT_ERR_INVALID, "dataset path '%s' is not a folder (data.path names the folder holding the files)",
+                path);
+
+    char cdir[4096] = "", img[4096] = "", lab[4096] = "";
+    const char *prefix = train ? "train" : "t10k";
+    if (kind == RT_DATASET_AUTO || kind == RT_DATASET_CIFAR10) RT_CHECK(cifar_dir(path, cdir, sizeof cdir));
+    if (kind != RT_DATASET_CIFAR10) {
+        RT_CHECK(find_idx(path, prefix, "images-idx3", img, sizeof img));
+        RT_CHECK(find_idx(path, prefix, "labels-idx1", lab, sizeof lab));
+    }
+    if (kind == RT_DATASET_AUTO) {
+        if (*img || *lab)
+            kind = contains_ci(path, "fashion") ? RT_DATASET_FASHION_MNIST : RT_DATASET_MNIST;
+        else if (*cdir)
+            kind = RT_DATASET_CIFAR10;
+        else
+            RT_FAIL(RT_ERR_IO,
+                    "no dataset found in '%s': expected %s-images-idx3-ubyte[.gz] and %s-labels-idx1-ubyte[.gz] "
+                    "(MNIST, Fashion-MNIST) or %s (CIFAR-10). %s",
+                    path, prefix, prefix, train ? "data_batch_1.bin .. data_batch_5.bin" : "test_batch.bin",
+                    INSTALL_HINT);
+    }
+    set_kind(ds, kind);
+    snprintf(ds->split, sizeof ds->split, "%s", split);
+    snprintf(ds->path, sizeof ds->path, "%s", path);
+    if (kind == RT_DATASET_CIFAR10) {
+        if (!*cdir)
+            RT_FAIL(RT_ERR_IO, "no CIFAR-10 batches in '%s' (nor in its cifar-10-batches-bin folder): expected %s. %s",
+                    path, train ? "data_batch_1.bin .. data_batch_5.bin" : "test_batch.bin", INSTALL_HINT);
+        RT_CHECK(load_cifar(ds, cdir, train));
+        snprintf(ds->format, sizeof ds->format, "cifar10-binary");
+        return RT_OK;
+    }
+    if (!*img || !*lab)
+        RT_FAIL(RT_ERR_IO, "%s split of %s in '%s': missing %s-%s-ubyte[.gz]. %s", split, ds->name, path, prefix,
+                !*img ? "images-idx3" : "labels-idx1", INSTALL_HINT);
+    RT_CHECK(load_idx(ds, img, lab));
+    snprintf(ds->format, sizeof ds->format, "idx%s", strcmp(img + strlen(img) - 3, ".gz") == 0 ? " (gzip)" : "");
+    return RT_OK;
+}
+
+rt_status rt_dataset_alloc(rt_dataset *ds, const char *name, int64_t n, int c, int h, int w, int num_classes) {
+    memset(ds, 0, sizeof *ds);
+    RT_REQUIRE(n > 0 && c >= 1 && c <= RT_DATASET_MAX_C && h > 0 && w > 0 && h <= 4096 && w <= 4096 &&
+                   num_classes >= 1 && num_classes <= 256,
+               RT_ERR_INVALID, "dataset of %lld images (%d, %d, %d), %d classes: expected n > 0, c 1..3, h, w 1..4096, "
+               "classes 1..256", (long long)n, c, h, w, num_classes);
+    set_kind(ds, RT_DATASET_SYNTHETIC);
+    snprintf(ds->name, sizeof ds->name, "%s", name ? name : "synthetic");
+    snprintf(ds->format, sizeof ds->format, "memory");
+    snprintf(ds->split, sizeof ds->split, "train");
+    ds->n = n, ds->c = c, ds->h = h, ds->w = w, ds->num_classes = num_classes;
+    size_t bytes;
+    RT_REQUIRE(!__builtin_mul_overflow((size_t)n, (size_t)c * h * w, &bytes), RT_ERR_INVALID, "dataset size overflows");
+    void *img = NULL, *lab = NULL;
+    RT_CHECK(rt_malloc(rt_device_cpu(), bytes, &img));
+    rt_status st = rt_malloc(rt_device_cpu(), (size_t)n, &lab);
+    if (st != RT_OK) {
+        rt_free(rt_device_cpu(), img);
+        RT_CHECK(st);
+    }
+    memset(img, 0, bytes);
+    memset(lab, 0, (size_t)n);
+    ds->images = img;
+    ds->labels = lab;
+    ds->owned_[0] = img;
+    ds->owned_[1] = lab;
+    return RT_OK;
+}
+
+void rt_dataset_free(rt_dataset *ds) {
+    if (!ds) return;
+    rt_free(rt_device_cpu(), ds->owned_[0]);
+    rt_free(rt_device_cpu(), ds->owned_[1]);
+    memset(ds, 0, sizeof *ds);
+}
+
+void rt_dataset_pixel_stats(const rt_dataset *ds, double mean[RT_DATASET_MAX_C], double std[RT_DATASET_MAX_C]) {
+    size_t plane = (size_t)ds->h * ds->w;
+    for (int ch = 0; ch < RT_DATASET_MAX_C; ch++) mean[ch] = std[ch] = 0;
+    for (int ch = 0; ch < ds->c && ch < RT_DATASET_MAX_C; ch++) {
+        uint64_t hist[256] = {0};
+        for (int64_t i = 0; i < ds->n; i++) {
+            const uint8_t *p = ds->images + ((size_t)i * ds->c + ch) * plane;
+            for (size_t k = 0; k < plane; k++) hist[p[k]]++;
+        }
+        double cnt = 0, s = 0, s2 = 0;
+        for (int v = 0; v < 256; v++) {
+            double x = v / 255.0;
+            cnt += (double)hist[v];
+            s += (double)hist[v] * x;
+            s2 += (double)hist[v] * x * x;
+        }
+        if (cnt > 0) {
+            mean[ch] = s / cnt;
+            double var = s2 / cnt - mean[ch] * mean[ch];
+            std[ch] = var > 0 ? sqrt(var) : 0;
+        }
+    }
+}
+
+void rt_dataset_histogram(const rt_dataset *ds, int64_t *counts) {
+    for (int k = 0; k < ds->num_classes; k++) counts[k] = 0;
+    for (int64_t i = 0; i < ds->n; i++)
+        if (ds->labels[i] < ds->num_classes) counts[ds->labels[i]]++;
+}

@@ -1,0 +1,79 @@
+/* Datasets in memory: MNIST, Fashion-MNIST (IDX, raw or gzip) and CIFAR-10 (binary).
+ *
+ * A dataset is one split ("train" or "test") of images kept as uint8 NCHW plus one
+ * uint8 label per image, with the per-channel mean/std used to normalise it. It is
+ * loaded whole and validated whole: a malformed file is an error naming the file and
+ * what was wrong, never a partial dataset. The default is Fashion-MNIST from Debian's
+ * dataset-fashion-mnist package (RT_DATASET_DEFAULT_PATH); `data.path` points anywhere
+ * else. See docs/data.md and datasets/README.md.
+ */
+#ifndef RT_DATA_DATASET_H
+#define RT_DATA_DATASET_H
+
+#include "core/status.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RT_DATASET_DEFAULT_PATH "/usr/share/datasets/fashion-mnist"
+#define RT_DATASET_MAX_C 3
+/* Largest inflated IDX file accepted (the MNIST training images are 47 MB). */
+#define RT_DATASET_MAX_FILE ((size_t)1 << 32)
+
+typedef enum rt_dataset_kind {
+    RT_DATASET_AUTO = 0, /* detect from the files: CIFAR-10 batches or IDX files */
+    RT_DATASET_MNIST,
+    RT_DATASET_FASHION_MNIST,
+    RT_DATASET_CIFAR10,
+    RT_DATASET_SYNTHETIC, /* built in memory (tests, benchmarks) */
+} rt_dataset_kind;
+
+typedef struct rt_dataset {
+    rt_dataset_kind kind;
+    char name[32];    /* "fashion-mnist", "mnist", "cifar10", ... */
+    char format[32];  /* "idx (gzip)", "idx", "cifar10-binary", "memory" */
+    char split[8];    /* "train" | "test" */
+    char path[1024];  /* the folder it was loaded from */
+    int64_t n;        /* number of samples */
+    int c, h, w;      /* image shape */
+    int num_classes;
+    const uint8_t *images; /* (n, c, h, w) */
+    const uint8_t *labels; /* (n), each < num_classes */
+    float mean[RT_DATASET_MAX_C], std[RT_DATASET_MAX_C]; /* per channel, of pixel/255 */
+    bool hflip_suits;      /* horizontal flips keep the class (not for digits) */
+    int crop_pad;          /* default padding of the random crop */
+    void *owned_[2];       /* private: the buffers images/labels point into */
+} rt_dataset;
+
+/* "auto" | "mnist" | "fashion-mnist" | "cifar10" (also "fashion_mnist", "cifar-10"). */
+rt_status rt_dataset_kind_parse(const char *text, rt_dataset_kind *out);
+const char *rt_dataset_kind_name(rt_dataset_kind kind);
+
+/* Load split "train" or "test" of the dataset in folder `path` (NULL: the default).
+ * IDX: {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (gzip detected by content);
+ * CIFAR-10: data_batch_1..5.bin / test_batch.bin in `path` or path/cifar-10-batches-bin.
+ * With RT_DATASET_AUTO, IDX data is "fashion-mnist" when the path names it, else "mnist". */
+rt_status rt_dataset_load(const char *path, const char *split, rt_dataset_kind kind, rt_dataset *ds);
+
+/* An empty dataset of n images (c, h, w) owning zeroed buffers the caller fills
+ * (images/labels may be cast to non-const); mean 0.5, std 0.25 until set. */
+rt_status rt_dataset_alloc(rt_dataset *ds, const char *name, int64_t n, int c, int h, int w, int num_classes);
+
+void rt_dataset_free(rt_dataset *ds);
+
+/* Pixel mean/std per channel (of pixel/255) over the whole split, and the class
+ * histogram (counts has num_classes entries). */
+void rt_dataset_pixel_stats(const rt_dataset *ds, double mean[RT_DATASET_MAX_C], double std[RT_DATASET_MAX_C]);
+void rt_dataset_histogram(const rt_dataset *ds, int64_t *counts);
+
+static inline size_t rt_dataset_image_bytes(const rt_dataset *ds) { return (size_t)ds->c * ds->h * ds->w; }
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
