@@ -1,0 +1,302 @@
+/* Optimizer front end: config defaults and validation, state allocation, the step's
+ * scalar coefficients (computed in double exactly as PyTorch's Python code computes
+ * them, then rounded to float as its kernels do), dispatch to the CPU loops over the
+ * decay / no-decay segments of the arena or to the single fused CUDA kernel, and the
+ * state accessors for checkpoints. See optimizer.h and docs/optim.md.
+ */
+#include "optim/optimizer.h"
+#include "optim/optim_kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static const char *const kind_names[RT_OPTIM_KIND_COUNT_] = {"sgd", "adam", "adamw"};
+
+int rt_optim_kind_parse(const char *name, rt_optim_kind *out) {
+    if (!name) return -1;
+    for (int k = 0; k < RT_OPTIM_KIND_COUNT_; k++) {
+        if (strcasecmp(name, kind_names[k]) == 0) {
+            *out = (rt_optim_kind)k;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+const char *rt_optim_kind_name(rt_optim_kind kind) {
+    return (kind >= 0 && kind < RT_OPTIM_KIND_COUNT_) ? kind_names[kind] : "?";
+}
+
+void rt_optim_config_default(rt_optim_config *cfg, rt_optim_kind kind) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->kind = kind;
+    cfg->beta1 = 0.9;
+    cfg->beta2 = 0.999;
+    cfg->eps = 1e-8;
+    if (kind == RT_OPTIM_SGD) {
+        cfg->lr = 0.1;
+    } else {
+        cfg->lr = 1e-3;
+        cfg->weight_decay = kind == RT_OPTIM_ADAMW ? 1e-2 : 0.0;
+    }
+}
+
+static int range_cmp(const void *a, const void *b) {
+    const rt_optim_range *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n) {
+    RT_REQUIRE(cfg != NULL, RT_ERR_INVALID, "optim: config is NULL");
+    RT_REQUIRE(cfg->kind >= 0 && cfg->kind < RT_OPTIM_KIND_COUNT_, RT_ERR_INVALID,
+               "optim.name: unknown optimizer %d (expected sgd, adam or adamw)", (int)cfg->kind);
+    RT_REQUIRE(isfinite(cfg->lr) && cfg->lr >= 0, RT_ERR_INVALID, "optim.lr: %g (expected a finite value >= 0)",
+               cfg->lr);
+    RT_REQUIRE(isfinite(cfg->weight_decay) && cfg->weight_decay >= 0, RT_ERR_INVALID,
+               "optim.weight_decay: %g (expected a finite value >= 0)", cfg->weight_decay);
+    if (cfg->kind == RT_OPTIM_SGD) {
+        RT_REQUIRE(isfinite(cfg->momentum) && cfg->momentum >= 0, RT_ERR_INVALID,
+                   "optim.momentum: %g (expected a finite value >= 0)", cfg->momentum);
+        RT_REQUIRE(isfinite(cfg->dampening), RT_ERR_INVALID, "optim.dampening: %g (expected a finite value)",
+                   cfg->dampening);
+        RT_REQUIRE(!cfg->nesterov || (cfg->momentum > 0 && cfg->dampening == 0), RT_ERR_INVALID,
+                   "optim.nesterov: needs momentum > 0 and dampening = 0 (got momentum %g, dampening %g)",
+                   cfg->momentum, cfg->dampening);
+    } else {
+        RT_REQUIRE(cfg->beta1 >= 0 && cfg->beta1 < 1, RT_ERR_INVALID, "optim.betas[0]: %g (expected 0 <= beta1 < 1)",
+                   cfg->beta1);
+        RT_REQUIRE(cfg->beta2 >= 0 && cfg->beta2 < 1, RT_ERR_INVALID, "optim.betas[1]: %g (expected 0 <= beta2 < 1)",
+                   cfg->beta2);
+        RT_REQUIRE(isfinite(cfg->eps) && cfg->eps >= 0, RT_ERR_INVALID, "optim.eps: %g (expected a finite value >= 0)",
+                   cfg->eps);
+    }
+    RT_REQUIRE(cfg->n_no_decay == 0 || cfg->no_decay != NULL, RT_ERR_INVALID,
+               "optim: %zu no-decay ranges but no array", cfg->n_no_decay);
+    for (size_t i = 0; i < cfg->n_no_decay; i++) {
+        const rt_optim_range *r = &cfg->no_decay[i];
+        RT_REQUIRE(r->offset <= n && r->count <= n - r->offset, RT_ERR_INVALID,
+                   "optim: no-decay range %zu [%zu, +%zu) outside the arena of %zu floats", i, r->offset, r->count, n);
+    }
+    return RT_OK;
+}
+
+static void optimizer_add_state(rt_optimizer *opt, const char *name) { opt->state_name[opt->n_state++] = name; }
+
+rt_status rt_optimizer_init(rt_optimizer *opt, const rt_optim_config *cfg, rt_device device, size_t n) {
+    RT_REQUIRE(opt != NULL, RT_ERR_INVALID, "optim: optimizer is NULL");
+    memset(opt, 0, sizeof *opt);
+    RT_CHECK(rt_optim_config_validate(cfg, n));
+    RT_REQUIRE(n > 0, RT_ERR_INVALID, "optim: empty parameter arena");
+    RT_REQUIRE(n <= SIZE_MAX / sizeof(float), RT_ERR_INVALID, "optim: arena of %zu floats too large", n);
+    if (rt_device_is_cuda(device) && !rt_cuda_built())
+        RT_FAIL(RT_ERR_UNSUPPORTED, "optim: device cuda requested but built without CUDA");
+    opt->cfg = *cfg;
+    opt->device = device;
+    opt->n = n;
+    rt_status st = RT_OK;
+    size_t nr = 0;
+    if (cfg->n_no_decay > 0) {
+        opt->ranges = malloc(cfg->n_no_decay * sizeof *opt->ranges);
+        RT_CHECK_ALLOC(opt->ranges, cfg->n_no_decay * sizeof *opt->ranges);
+        for (size_t i = 0; i < cfg->n_no_decay; i++)
+            if (cfg->no_decay[i].count > 0) opt->ranges[nr++] = cfg->no_decay[i];
+        qsort(opt->ranges, nr, sizeof *opt->ranges, range_cmp);
+        for (size_t i = 1; i < nr; i++) {
+            if (opt->ranges[i].offset < opt->ranges[i - 1].offset + opt->ranges[i - 1].count) {
+                st = RT_ERROR(RT_ERR_INVALID, "optim: no-decay ranges [%zu, +%zu) and [%zu, +%zu) overlap",
+                              opt->ranges[i - 1].offset, opt->ranges[i - 1].count, opt->ranges[i].offset,
+                              opt->ranges[i].count);
+                goto fail;
+            }
+        }
+    }
+    opt->cfg.no_decay = opt->ranges;
+    opt->cfg.n_no_decay = nr;
+
+    if (cfg->kind == RT_OPTIM_SGD) {
+        if (cfg->momentum != 0) optimizer_add_state(opt, "momentum_buffer");
+    } else {
+        optimizer_add_state(opt, "exp_avg");
+        optimizer_add_state(opt, "exp_avg_sq");
+        if (cfg->amsgrad) optimizer_add_state(opt, "max_exp_avg_sq");
+    }
+    for (int i = 0; i < opt->n_state; i++) {
+        RT_CHECK_GOTO(rt_malloc(device, n * sizeof(float), (void **)&opt->state[i]), st, fail);
+        RT_CHECK_GOTO(rt_memset(device, opt->state[i], 0, n * sizeof(float), NULL), st, fail);
+    }
+#ifdef RT_HAVE_CUDA
+    if (rt_device_is_cuda(device) && nr > 0) {
+        /* one bit per element, built here and copied once */
+        size_t words = (n + 31) / 32;
+        uint32_t *mask = malloc(words * sizeof *mask);
+        if (!mask) {
+            st = RT_ERROR(RT_ERR_NOMEM, "optim: out of memory allocating %zu bytes", words * sizeof *mask);
+            goto fail;
+        }
+        memset(mask, 0xff, words * sizeof *mask);
+        for (size_t r = 0; r < nr; r++)
+            for (size_t i = opt->ranges[r].offset; i < opt->ranges[r].offset + opt->ranges[r].count; i++)
+                mask[i >> 5] &= ~(1u << (i & 31));
+        st = rt_malloc(device, words * sizeof(uint32_t), (void **)&opt->decay_mask_dev);
+        if (st == RT_OK) st = rt_memcpy(opt->decay_mask_dev, device, mask, rt_device_cpu(), words * sizeof *mask, NULL);
+        free(mask);
+        if (st != RT_OK) goto fail;
+    }
+#endif
+    return RT_OK;
+fail:
+    rt_optimizer_free(opt);
+    return st;
+}
+
+void rt_optimizer_free(rt_optimizer *opt) {
+    if (!opt) return;
+    for (int i = 0; i < opt->n_state; i++) rt_free(opt->device, opt->state[i]);
+    rt_free(opt->device, opt->decay_mask_dev);
+    free(opt->ranges);
+    memset(opt, 0, sizeof *opt);
+}
+
+/* The float coefficients of one step, from PyTorch 1.13's _single_tensor_sgd/adam/adamw:
+ * Python computes in double; the kernels receive the values rounded to float. */
+static void optimizer_scalars(const rt_optimizer *opt, double lr, int64_t step, rt_optim_scalars *s) {
+    const rt_optim_config *c = &opt->cfg;
+    memset(s, 0, sizeof *s);
+    s->has_wd = c->weight_decay != 0;
+    s->wd = (float)c->weight_decay;
+    if (c->kind == RT_OPTIM_SGD) {
+        s->momentum = c->momentum != 0;
+        s->first = step == 1;
+        s->nesterov = c->nesterov;
+        s->mom = (float)c->momentum;
+        s->damp1 = (float)(1.0 - c->dampening);
+        s->neglr = (float)(-lr);
+        return;
+    }
+    double bc1 = 1.0 - pow(c->beta1, (double)step);
+    double bc2 = 1.0 - pow(c->beta2, (double)step);
+    double step_size = lr / bc1;
+    s->amsgrad = c->amsgrad;
+    s->decoupled = c->kind == RT_OPTIM_ADAMW;
+    s->b1 = (float)c->beta1;
+    s->omb1 = (float)(1.0 - c->beta1);
+    s->b2 = (float)c->beta2;
+    s->omb2 = (float)(1.0 - c->beta2);
+    s->bc2s = (float)sqrt(bc2);
+    s->eps = (float)c->eps;
+    s->negss = (float)(-step_size);
+    s->decay_mul = (float)(1.0 - lr * c->weight_decay);
+}
+
+static void optimizer_cpu_range(const rt_optimizer *opt, float *p, const float *g, size_t off, size_t count,
+                                const rt_optim_scalars *s, int decay) {
+    if (count == 0) return;
+    if (opt->cfg.kind == RT_OPTIM_SGD) {
+        rt_optim_sgd_cpu(p + off, g + off, s->momentum ? opt->state[0] + off : NULL, count, s, decay);
+    } else {
+        rt_optim_adam_cpu(p + off, g + off, opt->state[0] + off, opt->state[1] + off,
+                          s->amsgrad ? opt->state[2] + off : NULL, count, s, decay);
+    }
+}
+
+rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads, double lr, rt_stream *stream) {
+    RT_REQUIRE(opt != NULL && opt->n > 0, RT_ERR_INVALID, "optim: optimizer not initialised");
+    RT_REQUIRE(params != NULL && grads != NULL, RT_ERR_INVALID, "optim: params or grads is NULL");
+    if (lr < 0) lr = opt->cfg.lr;
+    RT_REQUIRE(isfinite(lr), RT_ERR_INVALID, "optim: learning rate %g is not finite", lr);
+    rt_optim_scalars s;
+    int64_t step = opt->steps + 1;
+    optimizer_scalars(opt, lr, step, &s);
+    if (rt_device_is_cuda(opt->device)) {
+#ifdef RT_HAVE_CUDA
+        if (opt->cfg.kind == RT_OPTIM_SGD)
+            RT_CHECK(rt_optim_sgd_cuda(params, grads, s.momentum ? opt->state[0] : NULL, opt->n, &s,
+                                       opt->decay_mask_dev, stream));
+        else
+            RT_CHECK(rt_optim_adam_cuda(params, grads, opt->state[0], opt->state[1], s.amsgrad ? opt->state[2] : NULL,
+                                        opt->n, &s, opt->decay_mask_dev, stream));
+#else
+        RT_FAIL(RT_ERR_UNSUPPORTED, "optim: built without CUDA");
+#endif
+    } else {
+        /* walk the arena: decayed stretches between the excluded ranges */
+        size_t pos = 0;
+        for (size_t i = 0; i < opt->cfg.n_no_decay; i++) {
+            const rt_optim_range *r = &opt->ranges[i];
+            optimizer_cpu_range(opt, params, grads, pos, r->offset - pos, &s, 1);
+            optimizer_cpu_range(opt, params, grads, r->offset, r->count, &s, 0);
+            pos = r->offset + r->count;
+        }
+        optimizer_cpu_range(opt, params, grads, pos, opt->n - pos, &s, 1);
+    }
+    opt->steps = step;
+    return RT_OK;
+}
+
+rt_status rt_optimizer_set_momentum(rt_optimizer *opt, double momentum) {
+    RT_REQUIRE(opt != NULL && opt->n > 0, RT_ERR_INVALID, "optim: optimizer not initialised");
+    if (opt->cfg.kind == RT_OPTIM_SGD) {
+        RT_REQUIRE(opt->cfg.momentum != 0 && isfinite(momentum) && momentum > 0, RT_ERR_INVALID,
+                   "optim.momentum: cannot set %g on an SGD optimizer created with momentum %g", momentum,
+                   opt->cfg.momentum);
+        opt->cfg.momentum = momentum;
+    } else {
+        RT_REQUIRE(momentum >= 0 && momentum < 1, RT_ERR_INVALID, "optim.betas[0]: %g (expected 0 <= beta1 < 1)",
+                   momentum);
+        opt->cfg.beta1 = momentum;
+    }
+    return RT_OK;
+}
+
+int64_t rt_optimizer_get_steps(const rt_optimizer *opt) { return opt ? opt->steps : 0; }
+
+rt_status rt_optimizer_set_steps(rt_optimizer *opt, int64_t steps) {
+    RT_REQUIRE(opt != NULL, RT_ERR_INVALID, "optim: optimizer is NULL");
+    RT_REQUIRE(steps >= 0, RT_ERR_INVALID, "optim: step %lld (expected >= 0)", (long long)steps);
+    opt->steps = steps;
+    return RT_OK;
+}
+
+int rt_optimizer_state_count(const rt_optimizer *opt) { return opt ? opt->n_state : 0; }
+
+rt_status rt_optimizer_state_get(const rt_optimizer *opt, int index, rt_optim_state *out) {
+    RT_REQUIRE(opt != NULL && out != NULL, RT_ERR_INVALID, "optim: NULL argument");
+    RT_REQUIRE(index >= 0 && index < opt->n_state, RT_ERR_INVALID, "optim: state index %d (this %s optimizer has %d)",
+               index, rt_optim_kind_name(opt->cfg.kind), opt->n_state);
+    out->name = opt->state_name[index];
+    out->data = opt->state[index];
+    out->count = opt->n;
+    int64_t shape[1] = {(int64_t)opt->n};
+    RT_CHECK(rt_tensor_init(&out->tensor, RT_F32, 1, shape, opt->device));
+    out->tensor.data = opt->state[index];
+    return RT_OK;
+}
+
+rt_status rt_optimizer_state_find(const rt_optimizer *opt, const char *name, rt_optim_state *out) {
+    RT_REQUIRE(opt != NULL && name != NULL, RT_ERR_INVALID, "optim: NULL argument");
+    for (int i = 0; i < opt->n_state; i++)
+        if (strcmp(opt->state_name[i], name) == 0) return rt_optimizer_state_get(opt, i, out);
+    RT_FAIL(RT_ERR_INVALID, "optim: no state \"%s\" in this %s optimizer%s", name, rt_optim_kind_name(opt->cfg.kind),
+            opt->cfg.kind == RT_OPTIM_SGD ? " (momentum_buffer exists only with momentum > 0)"
+                                          : " (max_exp_avg_sq exists only with amsgrad)");
+}
+
+rt_status rt_optimizer_state_load(rt_optimizer *opt, const char *name, const float *host, size_t count) {
+    rt_optim_state st;
+    RT_CHECK(rt_optimizer_state_find(opt, name, &st));
+    RT_REQUIRE(host != NULL && count == st.count, RT_ERR_INVALID, "optim: state \"%s\" has %zu floats, got %zu", name,
+               st.count, count);
+    RT_CHECK(rt_memcpy(st.data, opt->device, host, rt_device_cpu(), count * sizeof(float), NULL));
+    return RT_OK;
+}
+
+rt_status rt_optimizer_state_save(const rt_optimizer *opt, const char *name, float *host, size_t count) {
+    rt_optim_state st;
+    RT_CHECK(rt_optimizer_state_find(opt, name, &st));
+    RT_REQUIRE(host != NULL && count == st.count, RT_ERR_INVALID, "optim: state \"%s\" has %zu floats, got %zu", name,
+               st.count, count);
+    RT_CHECK(rt_memcpy(host, rt_device_cpu(), st.data, opt->device, count * sizeof(float), NULL));
+    return RT_OK;
+}

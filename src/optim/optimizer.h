@@ -1,0 +1,130 @@
+/* Optimizers over the flat parameter arena: SGD (momentum, dampening, nesterov, weight
+ * decay), Adam (L2 weight decay, amsgrad) and AdamW (decoupled weight decay).
+ *
+ * All parameters live in one arena, the gradients in a second one with the same offsets,
+ * so an optimizer step is one pass over n floats: one fused loop on the CPU and one
+ * kernel launch on CUDA, whatever the number of tensors. The state (momentum buffer,
+ * Adam moments) lives in buffers of the same n floats on the same device, so a
+ * parameter's state is found at the parameter's own offset.
+ *
+ * The arithmetic is PyTorch 1.13's single-tensor implementation (foreach=False) in the
+ * same float32 order, fused multiply-adds where PyTorch's AVX2 kernels use them, scalar
+ * coefficients computed in double and rounded to float as PyTorch does, so trajectories
+ * match torch.optim.SGD/Adam/AdamW to the last bit or nearly; the CUDA kernels use the
+ * same operations with explicit rounding (no contraction), so GPU results equal CPU ones.
+ *
+ * Weight decay can be switched off for element ranges of the arena (batch-norm
+ * parameters and biases, as the model reports them): PyTorch's equivalent is a second
+ * parameter group with weight_decay=0.
+ */
+#ifndef RT_OPTIM_OPTIMIZER_H
+#define RT_OPTIM_OPTIMIZER_H
+
+#include "core/device.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum rt_optim_kind { RT_OPTIM_SGD = 0, RT_OPTIM_ADAM, RT_OPTIM_ADAMW, RT_OPTIM_KIND_COUNT_ } rt_optim_kind;
+
+/* "sgd", "adam", "adamw" (case-insensitive); -1 if unknown. */
+int rt_optim_kind_parse(const char *name, rt_optim_kind *out);
+const char *rt_optim_kind_name(rt_optim_kind kind);
+
+/* A range of the flat arena, in floats: [offset, offset + count). */
+typedef struct rt_optim_range {
+    size_t offset;
+    size_t count;
+} rt_optim_range;
+
+typedef struct rt_optim_config {
+    rt_optim_kind kind;
+    double lr;           /* used by rt_optimizer_step when its lr argument is < 0 */
+    double weight_decay; /* SGD/Adam: added to the gradient (L2); AdamW: param *= 1 - lr*wd */
+    /* SGD */
+    double momentum;  /* 0: plain SGD */
+    double dampening; /* buf = momentum*buf + (1-dampening)*grad (not on the first step) */
+    bool nesterov;    /* needs momentum > 0 and dampening == 0, as in PyTorch */
+    /* Adam / AdamW */
+    double beta1, beta2, eps;
+    bool amsgrad;
+    /* Ranges excluded from weight decay (biases, batch-norm weights and biases). They
+     * may be unsorted and touch each other but must not overlap and must lie inside
+     * the arena. Copied by rt_optimizer_init. */
+    const rt_optim_range *no_decay;
+    size_t n_no_decay;
+} rt_optim_config;
+
+/* PyTorch's defaults for `kind`: SGD lr 0.1 (PyTorch has none), momentum 0;
+ * Adam lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0;
+ * AdamW the same with weight_decay 1e-2. */
+void rt_optim_config_default(rt_optim_config *cfg, rt_optim_kind kind);
+
+/* Check a config against PyTorch's rules (lr >= 0, 0 <= beta < 1, eps >= 0, nesterov
+ * needs momentum > 0 and dampening 0, ...); the error names the field. n is the arena
+ * size in floats the ranges must fit in. */
+rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n);
+
+/* Named state buffers: "momentum_buffer" (SGD with momentum), "exp_avg", "exp_avg_sq",
+ * "max_exp_avg_sq" (Adam/AdamW, the last with amsgrad). PyTorch's names. */
+#define RT_OPTIM_MAX_STATE 3
+
+typedef struct rt_optimizer {
+    rt_optim_config cfg;  /* cfg.no_decay points at the sorted copy below */
+    rt_optim_range *ranges; /* sorted copy of the excluded ranges */
+    rt_device device;
+    size_t n;      /* floats in the arena */
+    int64_t steps; /* optimizer steps taken: PyTorch's state['step'] */
+    int n_state;
+    const char *state_name[RT_OPTIM_MAX_STATE];
+    float *state[RT_OPTIM_MAX_STATE]; /* on `device`, n floats each */
+    uint32_t *decay_mask_dev;         /* CUDA with excluded ranges: bit i = decay element i */
+} rt_optimizer;
+
+/* Set up an optimizer for an arena of n floats on `device` and allocate its state
+ * (zeroed). */
+rt_status rt_optimizer_init(rt_optimizer *opt, const rt_optim_config *cfg, rt_device device, size_t n);
+void rt_optimizer_free(rt_optimizer *opt);
+
+/* One step over the whole arena: params (n floats) updated in place from grads (n
+ * floats), both on the optimizer's device. lr < 0 means cfg.lr. Asynchronous on CUDA
+ * (on `stream`, NULL = the default stream); the CPU ignores the stream. */
+rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads, double lr, rt_stream *stream);
+
+/* Change SGD's momentum or Adam's beta1 between steps (one-cycle momentum cycling). */
+rt_status rt_optimizer_set_momentum(rt_optimizer *opt, double momentum);
+
+/* The step counter (PyTorch's state['step']; for SGD it says whether the momentum
+ * buffer exists yet: 0 = the next step copies the gradient into it). */
+int64_t rt_optimizer_get_steps(const rt_optimizer *opt);
+rt_status rt_optimizer_set_steps(rt_optimizer *opt, int64_t steps);
+
+/* State buffers for checkpoints: name, data (on the optimizer's device) and a 1-D f32
+ * tensor of n elements describing it. A parameter's state is at its arena offset. Save
+ * them with the step counter; load by copying back into `data` (rt_memcpy) and
+ * rt_optimizer_set_steps. */
+typedef struct rt_optim_state {
+    const char *name;
+    float *data;
+    size_t count;
+    rt_tensor tensor;
+} rt_optim_state;
+int rt_optimizer_state_count(const rt_optimizer *opt);
+rt_status rt_optimizer_state_get(const rt_optimizer *opt, int index, rt_optim_state *out);
+/* RT_ERR_INVALID naming the buffer if this optimizer has no such state. */
+rt_status rt_optimizer_state_find(const rt_optimizer *opt, const char *name, rt_optim_state *out);
+/* Copy state buffer `name` from / to host memory (n floats). */
+rt_status rt_optimizer_state_load(rt_optimizer *opt, const char *name, const float *host, size_t count);
+rt_status rt_optimizer_state_save(const rt_optimizer *opt, const char *name, float *host, size_t count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
