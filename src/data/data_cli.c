@@ -145,9 +145,22 @@ static int cmd_sampler(int argc, char **argv) {
     uint64_t seed = 0;
     bool shuffle = true, drop_last = false;
     rt_sampler_mode mode = RT_SAMPLER_DISTRIBUTED;
+    bool options = true; /* until "--" */
     for (int i = 1; i < argc; i++) {
         const char *v;
         int r;
+        if (options && strcmp(argv[i], "--") == 0) {
+            options = false;
+            continue;
+        }
+        if (!options) {
+            if (n >= 0) {
+                fprintf(stderr, "%s: more than one N ('%s')\n", prog, argv[i]);
+                return 2;
+            }
+            if (parse_i64(prog, "N", argv[i], 1, (int64_t)1 << 40, &n)) return 2;
+            continue;
+        }
         if (rt_cli_is_help(argv[i])) {
             printf("usage: ringtrain data sampler --world-size W --rank R --epoch E [--seed S] [--no-shuffle]\n"
                    "                              [--drop-last] [--mode distributed|partition|eval] N\n\n"
