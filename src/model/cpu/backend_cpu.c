@@ -1,6 +1,60 @@
-/* CPU backend table (filled in by the kernels in this folder). */
-#include "model/backend.h"
+/* The CPU backend: context set-up (thread pool, OpenBLAS threads) and the table. */
+#include "model/cpu/cpu_internal.h"
+
+#include <stdlib.h>
+#ifdef RT_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
+    rt_cpu_state *s = calloc(1, sizeof *s);
+    RT_CHECK_ALLOC(s, sizeof *s);
+    rt_status st = rt_pool_create(ctx->threads, &s->pool);
+    if (st != RT_OK) {
+        free(s);
+        rt_error_trace(__FILE__, __LINE__, "rt_pool_create");
+        return st;
+    }
+    ctx->backend = s;
+#ifdef RT_HAVE_OPENBLAS
+    /* sgemm calls are one per layer over the whole batch chunk, so OpenBLAS's own threads
+     * parallelise them; our pool handles im2col and the elementwise layers. */
+    openblas_set_num_threads(ctx->threads);
+#endif
+    return RT_OK;
+}
+
+static void cpu_ctx_release(rt_model_ctx *ctx) {
+    rt_cpu_state *s = ctx->backend;
+    rt_pool_destroy(s->pool);
+    free(s);
+    ctx->backend = NULL;
+}
 
 const rt_model_backend rt_model_backend_cpu = {
     .name = "cpu",
+    .ctx_init = cpu_ctx_init,
+    .ctx_release = cpu_ctx_release,
+    .conv2d_prepare = rt_cpu_conv2d_prepare,
+    .conv2d_forward = rt_cpu_conv2d_forward,
+    .conv2d_backward = rt_cpu_conv2d_backward,
+    .batchnorm2d_forward = rt_cpu_batchnorm2d_forward,
+    .batchnorm2d_backward = rt_cpu_batchnorm2d_backward,
+    .relu_forward = rt_cpu_relu_forward,
+    .relu_backward = rt_cpu_relu_backward,
+    .maxpool2d_forward = rt_cpu_maxpool2d_forward,
+    .maxpool2d_backward = rt_cpu_maxpool2d_backward,
+    .avgpool_forward = rt_cpu_avgpool_forward,
+    .avgpool_backward = rt_cpu_avgpool_backward,
+    .linear_forward = rt_cpu_linear_forward,
+    .linear_backward = rt_cpu_linear_backward,
+    .dropout_forward = rt_cpu_dropout_forward,
+    .dropout_backward = rt_cpu_dropout_backward,
+    .add_forward = rt_cpu_add_forward,
+    .add_backward = rt_cpu_add_backward,
+    .copy = rt_cpu_copy,
+    .softmax_xent = rt_cpu_softmax_xent,
+    .log_softmax_forward = rt_cpu_log_softmax_forward,
+    .log_softmax_backward = rt_cpu_log_softmax_backward,
+    .nll_loss = rt_cpu_nll_loss,
 };

@@ -1,0 +1,46 @@
+/* Private to the CPU backend: its context state and the kernels of each file. */
+#ifndef RT_MODEL_CPU_INTERNAL_H
+#define RT_MODEL_CPU_INTERNAL_H
+
+#include "model/backend.h"
+#include "model/cpu/pool.h"
+
+typedef struct rt_cpu_state {
+    rt_pool *pool;
+} rt_cpu_state;
+
+static inline rt_pool *cpu_pool(rt_model_ctx *ctx) { return ((rt_cpu_state *)ctx->backend)->pool; }
+
+/* conv_cpu.c */
+rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
+rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y);
+rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+                                 bool accumulate);
+
+/* ops_cpu.c */
+rt_status rt_cpu_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
+                                     bool training);
+rt_status rt_cpu_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
+                                      float *dx, bool accumulate);
+rt_status rt_cpu_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y);
+rt_status rt_cpu_relu_backward(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx);
+rt_status rt_cpu_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y);
+rt_status rt_cpu_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
+                                    const float *dy, float *dx);
+rt_status rt_cpu_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const float *x, float *y);
+rt_status rt_cpu_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, float *dx);
+rt_status rt_cpu_linear_forward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, float *y);
+rt_status rt_cpu_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy, float *dx);
+rt_status rt_cpu_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y);
+rt_status rt_cpu_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *dy, float *dx);
+rt_status rt_cpu_add_forward(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y);
+rt_status rt_cpu_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
+rt_status rt_cpu_copy(rt_model_ctx *ctx, size_t count, const float *x, float *y);
+rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels,
+                              float *loss, float *dlogits);
+rt_status rt_cpu_log_softmax_forward(rt_model_ctx *ctx, int n, int k, const float *x, float *y);
+rt_status rt_cpu_log_softmax_backward(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy, float *dx);
+rt_status rt_cpu_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+                          float *dlogp);
+
+#endif

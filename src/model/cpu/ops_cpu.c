@@ -1,0 +1,385 @@
+/* The CPU kernels of every layer but conv2d: batch norm, relu, pooling, linear,
+ * dropout, elementwise ops and the losses. Per-channel and per-image loops run on the
+ * pool; sums are accumulated in double so results do not depend on the thread count. */
+#include "core/philox.h"
+#include "model/cpu/cpu_internal.h"
+#include "model/cpu/gemm.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+/* ---- batch norm ------------------------------------------------------------------- */
+
+typedef struct bn_job {
+    rt_batchnorm2d *l;
+    int n;
+    const float *x, *dy;
+    float *y, *dx;
+    bool training, accumulate;
+} bn_job;
+
+static void bn_forward_task(void *arg, int c) {
+    const bn_job *J = arg;
+    rt_batchnorm2d *l = J->l;
+    const size_t P = (size_t)l->h * l->w, stride = (size_t)l->c * P;
+    const float gamma = ((const float *)rt_tensor_data(&l->weight))[c];
+    const float beta = ((const float *)rt_tensor_data(&l->bias))[c];
+    float *rm = rt_tensor_data(&l->running_mean), *rv = rt_tensor_data(&l->running_var);
+    double mean, invstd;
+    if (J->training) {
+        double s = 0;
+        for (int i = 0; i < J->n; i++) {
+            const float *xp = J->x + i * stride + (size_t)c * P;
+            for (size_t p = 0; p < P; p++) s += xp[p];
+        }
+        const double m = (double)J->n * (double)P;
+        mean = s / m;
+        double ss = 0;
+        for (int i = 0; i < J->n; i++) {
+            const float *xp = J->x + i * stride + (size_t)c * P;
+            for (size_t p = 0; p < P; p++) {
+                double d = xp[p] - mean;
+                ss += d * d;
+            }
+        }
+        double var = ss / m;
+        invstd = 1.0 / sqrt(var + (double)l->eps);
+        l->save_mean[c] = (float)mean;
+        l->save_invstd[c] = (float)invstd;
+        const double mo = l->momentum;
+        rm[c] = (float)((1.0 - mo) * rm[c] + mo * mean);
+        rv[c] = (float)((1.0 - mo) * rv[c] + mo * var * m / (m - 1.0));
+    } else {
+        mean = rm[c];
+        invstd = 1.0 / sqrt((double)rv[c] + (double)l->eps);
+    }
+    const float a = (float)(gamma * invstd), b = (float)(beta - mean * gamma * invstd);
+    for (int i = 0; i < J->n; i++) {
+        const float *xp = J->x + i * stride + (size_t)c * P;
+        float *yp = J->y + i * stride + (size_t)c * P;
+        for (size_t p = 0; p < P; p++) yp[p] = xp[p] * a + b;
+    }
+}
+
+rt_status rt_cpu_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
+                                     bool training) {
+    bn_job J = {.l = l, .n = n, .x = x, .y = y, .training = training};
+    rt_pool_run(cpu_pool(ctx), l->c, bn_forward_task, &J);
+    if (training) ((int64_t *)rt_tensor_data(&l->num_batches_tracked))[0] += 1;
+    return RT_OK;
+}
+
+static void bn_backward_task(void *arg, int c) {
+    const bn_job *J = arg;
+    rt_batchnorm2d *l = J->l;
+    const size_t P = (size_t)l->h * l->w, stride = (size_t)l->c * P;
+    const float gamma = ((const float *)rt_tensor_data(&l->weight))[c];
+    const double mean = l->save_mean[c], invstd = l->save_invstd[c];
+    double sdy = 0, sdyx = 0;
+    for (int i = 0; i < J->n; i++) {
+        const float *xp = J->x + i * stride + (size_t)c * P, *dyp = J->dy + i * stride + (size_t)c * P;
+        for (size_t p = 0; p < P; p++) {
+            sdy += dyp[p];
+            sdyx += dyp[p] * (xp[p] - mean);
+        }
+    }
+    sdyx *= invstd; /* sum dy * xhat */
+    ((float *)rt_tensor_data(&l->dweight))[c] = (float)sdyx;
+    ((float *)rt_tensor_data(&l->dbias))[c] = (float)sdy;
+    const double m = (double)J->n * (double)P;
+    /* dx = gamma*invstd * (dy - sdy/m - xhat * sdyx/m) */
+    const float k = (float)(gamma * invstd), mdy = (float)(sdy / m), mdyx = (float)(sdyx / m);
+    const float fmean = (float)mean, finv = (float)invstd;
+    for (int i = 0; i < J->n; i++) {
+        const float *xp = J->x + i * stride + (size_t)c * P, *dyp = J->dy + i * stride + (size_t)c * P;
+        float *dxp = J->dx + i * stride + (size_t)c * P;
+        if (J->accumulate)
+            for (size_t p = 0; p < P; p++) dxp[p] += k * (dyp[p] - mdy - (xp[p] - fmean) * finv * mdyx);
+        else
+            for (size_t p = 0; p < P; p++) dxp[p] = k * (dyp[p] - mdy - (xp[p] - fmean) * finv * mdyx);
+    }
+}
+
+rt_status rt_cpu_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
+                                      float *dx, bool accumulate) {
+    bn_job J = {.l = l, .n = n, .x = x, .dy = dy, .dx = dx, .accumulate = accumulate};
+    rt_pool_run(cpu_pool(ctx), l->c, bn_backward_task, &J);
+    return RT_OK;
+}
+
+/* ---- elementwise: split into blocks of 64 Ki elements ------------------------------ */
+
+#define EW_BLOCK ((size_t)1 << 16)
+
+typedef struct ew_job {
+    size_t count;
+    const float *a, *b;
+    float *y;
+    int op;
+} ew_job;
+
+enum { EW_RELU, EW_RELU_BW, EW_ADD, EW_ACC, EW_COPY };
+
+static void ew_task(void *arg, int t) {
+    const ew_job *J = arg;
+    size_t lo = (size_t)t * EW_BLOCK, hi = lo + EW_BLOCK < J->count ? lo + EW_BLOCK : J->count;
+    const float *a = J->a, *b = J->b;
+    float *y = J->y;
+    switch (J->op) {
+    case EW_RELU:
+        for (size_t i = lo; i < hi; i++) y[i] = a[i] > 0.0f ? a[i] : 0.0f;
+        break;
+    case EW_RELU_BW: /* a = y (output), b = dy */
+        for (size_t i = lo; i < hi; i++) y[i] = a[i] > 0.0f ? b[i] : 0.0f;
+        break;
+    case EW_ADD:
+        for (size_t i = lo; i < hi; i++) y[i] = a[i] + b[i];
+        break;
+    case EW_ACC:
+        for (size_t i = lo; i < hi; i++) y[i] += a[i];
+        break;
+    case EW_COPY:
+        memmove(y + lo, a + lo, sizeof(float) * (hi - lo));
+        break;
+    }
+}
+
+static rt_status ew_run(rt_model_ctx *ctx, int op, size_t count, const float *a, const float *b, float *y) {
+    ew_job J = {.count = count, .a = a, .b = b, .y = y, .op = op};
+    rt_pool_run(cpu_pool(ctx), (int)((count + EW_BLOCK - 1) / EW_BLOCK), ew_task, &J);
+    return RT_OK;
+}
+
+rt_status rt_cpu_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
+    return ew_run(ctx, EW_RELU, count, x, NULL, y);
+}
+rt_status rt_cpu_relu_backward(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx) {
+    return ew_run(ctx, EW_RELU_BW, count, y, dy, dx);
+}
+rt_status rt_cpu_add_forward(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y) {
+    return ew_run(ctx, EW_ADD, count, a, b, y);
+}
+rt_status rt_cpu_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx) {
+    return ew_run(ctx, EW_ACC, count, dy, NULL, dx);
+}
+rt_status rt_cpu_copy(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
+    /* single task: memmove is only safe for overlapping ranges as one call */
+    memmove(y, x, sizeof(float) * count);
+    (void)ctx;
+    return RT_OK;
+}
+
+/* ---- max pooling: one task per (image, channel) plane ------------------------------ */
+
+typedef struct pool_job {
+    const rt_maxpool2d *l;
+    const float *x, *dy;
+    float *y, *dx;
+} pool_job;
+
+/* index (into the input plane) of the first maximum of window (oh, ow); -1 if the
+ * window only covers padding (cannot happen with pad <= k/2) */
+static inline int window_argmax(const rt_maxpool2d *l, const float *xp, int oh, int ow, float *best) {
+    int h0 = oh * l->stride - l->pad, w0 = ow * l->stride - l->pad;
+    int arg = -1;
+    float m = -INFINITY;
+    for (int i = 0; i < l->k; i++) {
+        int ih = h0 + i;
+        if (ih < 0 || ih >= l->in_h) continue;
+        for (int j = 0; j < l->k; j++) {
+            int iw = w0 + j;
+            if (iw < 0 || iw >= l->in_w) continue;
+            float v = xp[ih * l->in_w + iw];
+            if (arg < 0 || v > m || isnan(v)) { /* PyTorch's CPU rule */
+                m = v;
+                arg = ih * l->in_w + iw;
+            }
+        }
+    }
+    *best = m;
+    return arg;
+}
+
+static void maxpool_fw_task(void *arg, int plane) {
+    const pool_job *J = arg;
+    const rt_maxpool2d *l = J->l;
+    const float *xp = J->x + (size_t)plane * l->in_h * l->in_w;
+    float *yp = J->y + (size_t)plane * l->out_h * l->out_w;
+    for (int oh = 0; oh < l->out_h; oh++)
+        for (int ow = 0; ow < l->out_w; ow++) {
+            float m;
+            (void)window_argmax(l, xp, oh, ow, &m);
+            yp[oh * l->out_w + ow] = m;
+        }
+}
+
+static void maxpool_bw_task(void *arg, int plane) {
+    const pool_job *J = arg;
+    const rt_maxpool2d *l = J->l;
+    const float *xp = J->x + (size_t)plane * l->in_h * l->in_w;
+    const float *dyp = J->dy + (size_t)plane * l->out_h * l->out_w;
+    float *dxp = J->dx + (size_t)plane * l->in_h * l->in_w;
+    memset(dxp, 0, sizeof(float) * (size_t)l->in_h * l->in_w);
+    for (int oh = 0; oh < l->out_h; oh++)
+        for (int ow = 0; ow < l->out_w; ow++) {
+            float m;
+            int a = window_argmax(l, xp, oh, ow, &m);
+            if (a >= 0) dxp[a] += dyp[oh * l->out_w + ow];
+        }
+}
+
+rt_status rt_cpu_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y) {
+    pool_job J = {.l = l, .x = x, .y = y};
+    rt_pool_run(cpu_pool(ctx), n * l->c, maxpool_fw_task, &J);
+    return RT_OK;
+}
+
+rt_status rt_cpu_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
+                                    const float *dy, float *dx) {
+    (void)y;
+    pool_job J = {.l = l, .x = x, .dy = dy, .dx = dx};
+    rt_pool_run(cpu_pool(ctx), n * l->c, maxpool_bw_task, &J);
+    return RT_OK;
+}
+
+/* ---- global average pooling -------------------------------------------------------- */
+
+rt_status rt_cpu_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const float *x, float *y) {
+    (void)ctx;
+    for (size_t i = 0; i < (size_t)n * c; i++) {
+        double s = 0;
+        for (int p = 0; p < hw; p++) s += x[i * hw + p];
+        y[i] = (float)(s / hw);
+    }
+    return RT_OK;
+}
+
+rt_status rt_cpu_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, float *dx) {
+    (void)ctx;
+    const float inv = 1.0f / (float)hw;
+    for (size_t i = 0; i < (size_t)n * c; i++) {
+        float g = dy[i] * inv;
+        for (int p = 0; p < hw; p++) dx[i * hw + p] = g;
+    }
+    return RT_OK;
+}
+
+/* ---- linear ------------------------------------------------------------------------ */
+
+rt_status rt_cpu_linear_forward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, float *y) {
+    (void)ctx;
+    const float *w = rt_tensor_data(&l->weight), *b = rt_tensor_data(&l->bias);
+    for (int i = 0; i < n; i++) memcpy(y + (size_t)i * l->out_f, b, sizeof(float) * (size_t)l->out_f);
+    /* y (n, out) += x (n, in) W^T (in, out) */
+    rt_cpu_sgemm(false, true, n, l->out_f, l->in_f, 1.0f, x, l->in_f, w, l->in_f, 1.0f, y, l->out_f);
+    return RT_OK;
+}
+
+rt_status rt_cpu_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy, float *dx) {
+    (void)ctx;
+    const float *w = rt_tensor_data(&l->weight);
+    float *dw = rt_tensor_data(&l->dweight), *db = rt_tensor_data(&l->dbias);
+    /* dW (out, in) = dy^T (out, n) x (n, in) */
+    rt_cpu_sgemm(true, false, l->out_f, l->in_f, n, 1.0f, dy, l->out_f, x, l->in_f, 0.0f, dw, l->in_f);
+    for (int o = 0; o < l->out_f; o++) {
+        double s = 0;
+        for (int i = 0; i < n; i++) s += dy[(size_t)i * l->out_f + o];
+        db[o] = (float)s;
+    }
+    /* dx (n, in) = dy (n, out) W (out, in) */
+    if (dx) rt_cpu_sgemm(false, false, n, l->in_f, l->out_f, 1.0f, dy, l->out_f, w, l->in_f, 0.0f, dx, l->in_f);
+    return RT_OK;
+}
+
+/* ---- dropout ----------------------------------------------------------------------- */
+
+rt_status rt_cpu_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y) {
+    (void)ctx;
+    const size_t draws = (size_t)n * (size_t)l->features / (size_t)l->plane;
+    const float scale = 1.0f / (1.0f - l->p);
+    for (size_t i = 0; i < draws; i++) {
+        float u = rt_philox_uniform_at(l->seed, l->subseq, l->counter + i);
+        l->mask[i] = u < l->p ? 0.0f : scale;
+    }
+    const size_t count = (size_t)n * (size_t)l->features;
+    for (size_t j = 0; j < count; j++) y[j] = x[j] * l->mask[j / (size_t)l->plane];
+    return RT_OK;
+}
+
+rt_status rt_cpu_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *dy, float *dx) {
+    (void)ctx;
+    const size_t count = (size_t)n * (size_t)l->features;
+    for (size_t j = 0; j < count; j++) dx[j] = dy[j] * l->mask[j / (size_t)l->plane];
+    return RT_OK;
+}
+
+/* ---- losses ------------------------------------------------------------------------ */
+
+static rt_status check_labels(int n, int k, const int32_t *labels) {
+    for (int i = 0; i < n; i++)
+        RT_REQUIRE(labels[i] >= 0 && labels[i] < k, RT_ERR_INVALID, "label %d of sample %d is outside [0, %d)",
+                   labels[i], i, k);
+    return RT_OK;
+}
+
+static double row_logsumexp(const float *x, int k) {
+    float m = -INFINITY;
+    for (int j = 0; j < k; j++) m = x[j] > m ? x[j] : m;
+    double s = 0;
+    for (int j = 0; j < k; j++) s += exp((double)x[j] - m);
+    return m + log(s);
+}
+
+rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels,
+                              float *loss, float *dlogits) {
+    (void)ctx;
+    RT_CHECK(check_labels(n, k, labels));
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        const float *x = logits + (size_t)i * k;
+        double lse = row_logsumexp(x, k);
+        total += lse - x[labels[i]];
+        if (dlogits) {
+            float *d = dlogits + (size_t)i * k;
+            for (int j = 0; j < k; j++) d[j] = (float)((exp((double)x[j] - lse) - (j == labels[i])) / n);
+        }
+    }
+    *loss = (float)(total / n);
+    return RT_OK;
+}
+
+rt_status rt_cpu_log_softmax_forward(rt_model_ctx *ctx, int n, int k, const float *x, float *y) {
+    (void)ctx;
+    for (int i = 0; i < n; i++) {
+        double lse = row_logsumexp(x + (size_t)i * k, k);
+        for (int j = 0; j < k; j++) y[(size_t)i * k + j] = (float)(x[(size_t)i * k + j] - lse);
+    }
+    return RT_OK;
+}
+
+rt_status rt_cpu_log_softmax_backward(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy, float *dx) {
+    (void)ctx;
+    for (int i = 0; i < n; i++) {
+        const float *yr = y + (size_t)i * k, *dyr = dy + (size_t)i * k;
+        float *dxr = dx + (size_t)i * k;
+        double s = 0;
+        for (int j = 0; j < k; j++) s += dyr[j];
+        for (int j = 0; j < k; j++) dxr[j] = (float)(dyr[j] - exp((double)yr[j]) * s);
+    }
+    return RT_OK;
+}
+
+rt_status rt_cpu_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+                          float *dlogp) {
+    (void)ctx;
+    RT_CHECK(check_labels(n, k, labels));
+    double total = 0;
+    for (int i = 0; i < n; i++) total -= logp[(size_t)i * k + labels[i]];
+    *loss = (float)(total / n);
+    if (dlogp) {
+        memset(dlogp, 0, sizeof(float) * (size_t)n * k);
+        for (int i = 0; i < n; i++) dlogp[(size_t)i * k + labels[i]] = -1.0f / (float)n;
+    }
+    return RT_OK;
+}

@@ -1,0 +1,155 @@
+/* The CNN of PyTorch's "Writing Distributed Applications with PyTorch" tutorial
+ * (pytorch.org/tutorials/intermediate/dist_tuto.html), the MNIST example's Net:
+ *
+ *   class Net(nn.Module):
+ *       def __init__(self):
+ *           self.conv1 = nn.Conv2d(1, 10, kernel_size=5)
+ *           self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
+ *           self.conv2_drop = nn.Dropout2d()
+ *           self.fc1 = nn.Linear(320, 50)
+ *           self.fc2 = nn.Linear(50, 10)
+ *       def forward(self, x):
+ *           x = F.relu(F.max_pool2d(self.conv1(x), 2))
+ *           x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
+ *           x = x.view(-1, 320)
+ *           x = F.relu(self.fc1(x))
+ *           x = F.dropout(x, training=self.training)
+ *           x = self.fc2(x)
+ *           return F.log_softmax(x)
+ *
+ * trained with F.nll_loss. Both dropouts have p = 0.5 (config `dropout` overrides;
+ * 0 turns them off, as the reference test does). Shapes for a 1x28x28 input:
+ * conv1 (10,24,24) -> pool (10,12,12) -> conv2 (20,8,8) -> pool (20,4,4) -> 320 -> 50 -> 10.
+ * num_classes replaces the final 10.
+ */
+#include "model/model_impl.h"
+
+#include <stdlib.h>
+
+typedef struct net {
+    rt_conv2d conv1, conv2;
+    rt_maxpool2d pool1, pool2;
+    rt_dropout drop2d, drop;
+    rt_linear fc1, fc2;
+    float *c1, *p1, *c2, *p2, *f1, *z; /* activations */
+    float *g_a, *g_b;                  /* gradient scratch */
+} net;
+
+static rt_status net_prepare(rt_model *m) {
+    net *t = m->arch;
+    RT_CHECK(model_prepare_conv(m, &t->conv1));
+    RT_CHECK(model_prepare_conv(m, &t->conv2));
+    RT_CHECK(rt_maxpool2d_prepare(m->ctx, &t->pool1, m->cfg.max_batch));
+    RT_CHECK(rt_maxpool2d_prepare(m->ctx, &t->pool2, m->cfg.max_batch));
+    RT_CHECK(model_prepare_linear(m, &t->fc1));
+    RT_CHECK(model_prepare_linear(m, &t->fc2));
+    return RT_OK;
+}
+
+static void net_release(rt_model *m) {
+    net *t = m->arch;
+    if (!t) return;
+    rt_conv2d_release(m->ctx, &t->conv1);
+    rt_conv2d_release(m->ctx, &t->conv2);
+    rt_maxpool2d_release(m->ctx, &t->pool1);
+    rt_maxpool2d_release(m->ctx, &t->pool2);
+    rt_linear_release(m->ctx, &t->fc1);
+    rt_linear_release(m->ctx, &t->fc2);
+    free(t);
+    m->arch = NULL;
+}
+
+static void net_seed_dropout(rt_model *m, uint64_t seed) {
+    net *t = m->arch;
+    /* subsequences far above the parameter-init ones */
+    t->drop2d.seed = t->drop.seed = seed;
+    t->drop2d.subseq = 1u << 20;
+    t->drop.subseq = (1u << 20) + 1;
+    t->drop2d.counter = t->drop.counter = 0;
+}
+
+static rt_status net_forward(rt_model *m, const float *x, int n, bool training) {
+    net *t = m->arch;
+    rt_model_ctx *ctx = m->ctx;
+    RT_CHECK(rt_conv2d_forward(ctx, &t->conv1, n, x, t->c1));                  /* (n, 10, 24, 24) */
+    RT_CHECK(rt_maxpool2d_forward(ctx, &t->pool1, n, t->c1, t->p1));           /* (n, 10, 12, 12) */
+    RT_CHECK(rt_relu_forward(ctx, (size_t)n * 1440, t->p1, t->p1));
+    RT_CHECK(rt_conv2d_forward(ctx, &t->conv2, n, t->p1, t->c2));              /* (n, 20, 8, 8) */
+    RT_CHECK(rt_dropout_forward(ctx, &t->drop2d, n, t->c2, t->c2, training));
+    RT_CHECK(rt_maxpool2d_forward(ctx, &t->pool2, n, t->c2, t->p2));           /* (n, 20, 4, 4) */
+    RT_CHECK(rt_relu_forward(ctx, (size_t)n * 320, t->p2, t->p2));
+    RT_CHECK(rt_flatten_forward(ctx, (size_t)n * 320, t->p2, t->p2));          /* (n, 320) */
+    RT_CHECK(rt_linear_forward(ctx, &t->fc1, n, t->p2, t->f1));                /* (n, 50) */
+    RT_CHECK(rt_relu_forward(ctx, (size_t)n * 50, t->f1, t->f1));
+    RT_CHECK(rt_dropout_forward(ctx, &t->drop, n, t->f1, t->f1, training));
+    RT_CHECK(rt_linear_forward(ctx, &t->fc2, n, t->f1, t->z));                 /* (n, k) */
+    RT_CHECK(rt_log_softmax_forward(ctx, n, m->cfg.num_classes, t->z, m->out));
+    return RT_OK;
+}
+
+static rt_status net_backward(rt_model *m, rt_grad_ready_fn ready, void *user) {
+    net *t = m->arch;
+    rt_model_ctx *ctx = m->ctx;
+    const int n = m->last_n, k = m->cfg.num_classes;
+    float *a = t->g_a, *b = t->g_b;
+    RT_CHECK(rt_log_softmax_backward(ctx, n, k, m->out, m->dout, a));          /* dz */
+    RT_CHECK(rt_linear_backward(ctx, &t->fc2, n, t->f1, a, b));                 /* df1 */
+    RT_CHECK(model_block_done(m, 3, ready, user));
+    RT_CHECK(rt_dropout_backward(ctx, &t->drop, n, b, b));
+    RT_CHECK(rt_relu_backward(ctx, (size_t)n * 50, t->f1, b, b));
+    RT_CHECK(rt_linear_backward(ctx, &t->fc1, n, t->p2, b, a));                 /* dp2 (n, 320) */
+    RT_CHECK(model_block_done(m, 2, ready, user));
+    RT_CHECK(rt_flatten_backward(ctx, (size_t)n * 320, a, a));
+    RT_CHECK(rt_relu_backward(ctx, (size_t)n * 320, t->p2, a, a));
+    RT_CHECK(rt_maxpool2d_backward(ctx, &t->pool2, n, t->c2, t->p2, a, b));     /* dc2 (n, 20, 8, 8) */
+    RT_CHECK(rt_dropout_backward(ctx, &t->drop2d, n, b, b));
+    RT_CHECK(rt_conv2d_backward(ctx, &t->conv2, n, t->p1, b, a, false));        /* dp1 (n, 10, 12, 12) */
+    RT_CHECK(model_block_done(m, 1, ready, user));
+    RT_CHECK(rt_relu_backward(ctx, (size_t)n * 1440, t->p1, a, a));
+    RT_CHECK(rt_maxpool2d_backward(ctx, &t->pool1, n, t->c1, t->p1, a, b));     /* dc1 (n, 10, 24, 24) */
+    RT_CHECK(rt_conv2d_backward(ctx, &t->conv1, n, m->input, b, NULL, false));
+    RT_CHECK(model_block_done(m, 0, ready, user));
+    return RT_OK;
+}
+
+static const rt_arch_ops k_net_ops = {
+    .prepare = net_prepare,
+    .forward = net_forward,
+    .backward = net_backward,
+    .seed_dropout = net_seed_dropout,
+    .release = net_release,
+};
+
+rt_status rt_net_build(rt_model *m) {
+    net *t = calloc(1, sizeof *t);
+    RT_CHECK_ALLOC(t, sizeof *t);
+    m->arch = t;
+    m->ops = &k_net_ops;
+    const size_t N = (size_t)m->cfg.max_batch;
+    const float p = m->cfg.dropout < 0.0f ? 0.5f : m->cfg.dropout;
+    RT_CHECK(rt_conv2d_init(&t->conv1, 1, 10, 28, 28, 5, 1, 0, true));
+    RT_CHECK(rt_maxpool2d_init(&t->pool1, 10, 24, 24, 2, 2, 0));
+    RT_CHECK(rt_conv2d_init(&t->conv2, 10, 20, 12, 12, 5, 1, 0, true));
+    RT_CHECK(rt_dropout_init(&t->drop2d, p, true, 20, 8, 8, 0, 0));
+    RT_CHECK(rt_maxpool2d_init(&t->pool2, 20, 8, 8, 2, 2, 0));
+    RT_CHECK(rt_linear_init(&t->fc1, 320, 50));
+    RT_CHECK(rt_dropout_init(&t->drop, p, false, 50, 1, 1, 0, 0));
+    RT_CHECK(rt_linear_init(&t->fc2, 50, m->cfg.num_classes));
+    RT_CHECK(model_add_conv(m, "conv1", 0, &t->conv1));
+    RT_CHECK(model_add_conv(m, "conv2", 1, &t->conv2));
+    RT_CHECK(model_add_linear(m, "fc1", 2, &t->fc1));
+    RT_CHECK(model_add_linear(m, "fc2", 3, &t->fc2));
+    RT_CHECK(model_act(m, N * 5760, &t->c1));
+    RT_CHECK(model_act(m, N * 1440, &t->p1));
+    RT_CHECK(model_act(m, N * 1280, &t->c2));
+    RT_CHECK(model_act(m, N * 320, &t->p2));
+    RT_CHECK(model_act(m, N * 50, &t->f1));
+    RT_CHECK(model_act(m, N * (size_t)m->cfg.num_classes, &t->z));
+    RT_CHECK(model_act(m, N * 20, &t->drop2d.mask));
+    RT_CHECK(model_act(m, N * 50, &t->drop.mask));
+    size_t g = 5760;
+    if ((size_t)m->cfg.num_classes > g) g = (size_t)m->cfg.num_classes;
+    RT_CHECK(model_act(m, N * g, &t->g_a));
+    RT_CHECK(model_act(m, N * g, &t->g_b));
+    return RT_OK;
+}
