@@ -56,6 +56,8 @@ rt_status rt_gunzip(const uint8_t *buf, size_t len, const char *name, size_t max
     if (len < 18) RT_FAIL(RT_ERR_FORMAT, "%s: gzip error: truncated stream (%zu bytes, a gzip member has at least 18)", name, len);
     /* the trailer's ISIZE (size mod 2^32) is a good first guess of the output size */
     size_t cap = (size_t)buf[len - 4] | (size_t)buf[len - 3] << 8 | (size_t)buf[len - 2] << 16 | (size_t)buf[len - 1] << 24;
+    /* deflate expands at most ~1032:1, so a larger ISIZE is a lie (or a multi-member file) */
+    if (cap / 1032 > len) cap = len * 1032;
     if (cap < 4096) cap = 4096;
     if (cap > max_out) cap = max_out > 0 ? max_out : 1;
     void *p = NULL;

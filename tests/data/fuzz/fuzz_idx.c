@@ -21,7 +21,7 @@ static void parse(const uint8_t *buf, size_t len) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (rt_is_gzip(data, size)) {
         rt_bytes out;
-        if (rt_gunzip(data, size, "fuzz.gz", (size_t)1 << 22, &out) == RT_OK) {
+        if (rt_gunzip(data, size, "fuzz.gz", (size_t)1 << 20, &out) == RT_OK) {
             parse(out.data, out.len);
             rt_bytes_free(&out);
         }
