@@ -39,6 +39,8 @@ typedef struct rt_optim_scalars {
 void rt_optim_sgd_cpu(float *params, const float *grads, float *buf, size_t n, const rt_optim_scalars *s, int decay);
 void rt_optim_adam_cpu(float *params, const float *grads, float *m, float *v, float *vmax, size_t n,
                        const rt_optim_scalars *s, int decay);
+/* Tests: force the baseline (non-AVX2) CPU loops, to check both builds agree. */
+void rt_optim_cpu_force_generic(int on);
 /* Sum of squares in double over n floats (8 independent partial sums, fixed order). */
 double rt_optim_sumsq_cpu(const float *x, size_t n);
 void rt_optim_scale_cpu(float *x, size_t n, float coef);

@@ -183,8 +183,11 @@ RT_TARGET_FMA static void adam_fma(float *restrict p, const float *restrict g, f
 RT_TARGET_FMA static double sumsq_fma(const float *restrict x, size_t n) { return sumsq_body(x, n); }
 RT_TARGET_FMA static void scale_fma(float *restrict x, size_t n, float coef) { scale_body(x, n, coef); }
 
+static int force_generic;
+
 static bool have_fma(void) {
     static int cached = -1;
+    if (force_generic) return false;
     if (cached < 0) {
         __builtin_cpu_init();
         cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -192,6 +195,14 @@ static bool have_fma(void) {
     return cached;
 }
 #endif
+
+void rt_optim_cpu_force_generic(int on) {
+#ifdef RT_OPTIM_FMA_VARIANT
+    force_generic = on;
+#else
+    (void)on;
+#endif
+}
 
 void rt_optim_sgd_cpu(float *params, const float *grads, float *buf, size_t n, const rt_optim_scalars *s, int decay) {
     bool wd = decay && s->has_wd;
