@@ -186,13 +186,7 @@ RT_TARGET_FMA static void scale_fma(float *restrict x, size_t n, float coef) { s
 static int force_generic;
 
 static bool have_fma(void) {
-    static int cached = -1;
-    if (force_generic) return false;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return cached;
+    return !force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #endif
 
