@@ -18,21 +18,21 @@ extern "C" {
 #endif
 
 typedef struct rt_optim_scalars {
-    int has_wd;    /* weight decay != 0 (elements in excluded ranges skip it) */
-    int momentum;  /* SGD: momentum != 0 */
-    int first;     /* SGD: first step, buf = d (no dampening) */
-    int nesterov;  /* SGD */
-    int amsgrad;   /* Adam */
-    int decoupled; /* AdamW */
-    float wd;      /* SGD/Adam: d = fma(wd, p, g) */
-    float mom;     /* SGD: buf = fma(damp1, d, buf*mom); nesterov d = fma(mom, buf, d) */
-    float damp1;   /* 1 - dampening */
-    float neglr;   /* SGD: p = fma(neglr, d, p) */
+    int has_wd;               /* weight decay != 0 (elements in excluded ranges skip it) */
+    int momentum;             /* SGD: momentum != 0 */
+    int first;                /* SGD: first step, buf = d (no dampening) */
+    int nesterov;             /* SGD */
+    int amsgrad;              /* Adam */
+    int decoupled;            /* AdamW */
+    float wd;                 /* SGD/Adam: d = fma(wd, p, g) */
+    float mom;                /* SGD: buf = fma(damp1, d, buf*mom); nesterov d = fma(mom, buf, d) */
+    float damp1;              /* 1 - dampening */
+    float neglr;              /* SGD: p = fma(neglr, d, p) */
     float b1, omb1, b2, omb2; /* Adam: m = fma(omb1, g, m*b1); v = fma(omb2*g, g, v*b2) */
-    float bc2s;    /* sqrt(1 - beta2^t) */
-    float eps;     /* denom = sqrt(v)/bc2s + eps */
-    float negss;   /* -lr / (1 - beta1^t): p = p + (negss*m)/denom */
-    float decay_mul; /* AdamW: p = p * (1 - lr*wd) */
+    float bc2s;               /* sqrt(1 - beta2^t) */
+    float eps;                /* denom = sqrt(v)/bc2s + eps */
+    float negss;              /* -lr / (1 - beta1^t): p = p + (negss*m)/denom */
+    float decay_mul;          /* AdamW: p = p * (1 - lr*wd) */
 } rt_optim_scalars;
 
 /* CPU: one contiguous range, `decay` says whether weight decay applies to it. */

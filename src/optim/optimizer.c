@@ -72,8 +72,8 @@ rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n) {
         RT_REQUIRE(isfinite(cfg->eps) && cfg->eps >= 0, RT_ERR_INVALID, "optim.eps: %g (expected a finite value >= 0)",
                    cfg->eps);
     }
-    RT_REQUIRE(cfg->n_no_decay == 0 || cfg->no_decay != NULL, RT_ERR_INVALID,
-               "optim: %zu no-decay ranges but no array", cfg->n_no_decay);
+    RT_REQUIRE(cfg->n_no_decay == 0 || cfg->no_decay != NULL, RT_ERR_INVALID, "optim: %zu no-decay ranges but no array",
+               cfg->n_no_decay);
     for (size_t i = 0; i < cfg->n_no_decay; i++) {
         const rt_optim_range *r = &cfg->no_decay[i];
         RT_REQUIRE(r->offset <= n && r->count <= n - r->offset, RT_ERR_INVALID,
@@ -232,6 +232,21 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
         optimizer_cpu_range(opt, params, grads, pos, opt->n - pos, &s, 1);
     }
     opt->steps = step;
+    return RT_OK;
+}
+
+rt_status rt_optimizer_step_arena(rt_optimizer *opt, rt_arena *params, rt_arena *grads, double lr, rt_stream *stream) {
+    RT_REQUIRE(opt != NULL && params != NULL && grads != NULL, RT_ERR_INVALID, "optim: NULL argument");
+    char a[32], b[32], c[32];
+    RT_REQUIRE(params->base != NULL && grads->base != NULL, RT_ERR_INVALID, "optim: arena not allocated");
+    RT_REQUIRE(params->size == opt->n * sizeof(float) && grads->size == params->size, RT_ERR_INVALID,
+               "optim: arenas of %zu (params) and %zu (grads) bytes for an optimizer of %zu floats", params->size,
+               grads->size, opt->n);
+    RT_REQUIRE(rt_device_equal(params->device, opt->device) && rt_device_equal(grads->device, opt->device),
+               RT_ERR_INVALID, "optim: arenas on %s (params) and %s (grads), optimizer on %s",
+               rt_device_str(params->device, a, sizeof a), rt_device_str(grads->device, b, sizeof b),
+               rt_device_str(opt->device, c, sizeof c));
+    RT_CHECK(rt_optimizer_step(opt, params->base, grads->base, lr, stream));
     return RT_OK;
 }
 

@@ -76,7 +76,7 @@ rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n);
 #define RT_OPTIM_MAX_STATE 3
 
 typedef struct rt_optimizer {
-    rt_optim_config cfg;  /* cfg.no_decay points at the sorted copy below */
+    rt_optim_config cfg;    /* cfg.no_decay points at the sorted copy below */
     rt_optim_range *ranges; /* sorted copy of the excluded ranges */
     rt_device device;
     size_t n;      /* floats in the arena */
@@ -96,6 +96,10 @@ void rt_optimizer_free(rt_optimizer *opt);
  * floats), both on the optimizer's device. lr < 0 means cfg.lr. Asynchronous on CUDA
  * (on `stream`, NULL = the default stream); the CPU ignores the stream. */
 rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads, double lr, rt_stream *stream);
+
+/* The same over whole arenas: both on the optimizer's device and n floats long
+ * (params->size == grads->size == n * sizeof(float)). */
+rt_status rt_optimizer_step_arena(rt_optimizer *opt, rt_arena *params, rt_arena *grads, double lr, rt_stream *stream);
 
 /* Change SGD's momentum or Adam's beta1 between steps (one-cycle momentum cycling). */
 rt_status rt_optimizer_set_momentum(rt_optimizer *opt, double momentum);

@@ -58,7 +58,8 @@ rt_status rt_schedule_validate(const rt_schedule *s) {
                    "optim.warmup_steps: one-cycle has its own warmup (pct_start); set warmup_steps to 0");
     }
     switch (s->kind) {
-    case RT_SCHED_CONSTANT: break;
+    case RT_SCHED_CONSTANT:
+        break;
     case RT_SCHED_STEP:
         RT_REQUIRE(s->step_size > 0, RT_ERR_INVALID, "optim.step_size: %lld (expected > 0)", (long long)s->step_size);
         /* fallthrough */
@@ -98,7 +99,8 @@ rt_status rt_schedule_validate(const rt_schedule *s) {
                        (long long)s->total_steps);
         }
         break;
-    default: break;
+    default:
+        break;
     }
     return RT_OK;
 }
@@ -164,7 +166,8 @@ double rt_schedule_lr(const rt_schedule *s, int64_t iter) {
         pos -= s->warmup_steps; /* SequentialLR: the main schedule restarts at 0 */
     }
     switch (s->kind) {
-    case RT_SCHED_STEP: return base * pow(s->gamma, (double)(pos / s->step_size));
+    case RT_SCHED_STEP:
+        return base * pow(s->gamma, (double)(pos / s->step_size));
     case RT_SCHED_MULTISTEP: {
         int k = 0;
         while (k < s->n_milestones && s->milestones[k] <= pos) k++; /* bisect_right */
@@ -172,7 +175,8 @@ double rt_schedule_lr(const rt_schedule *s, int64_t iter) {
     }
     case RT_SCHED_COSINE:
         return s->eta_min + (base - s->eta_min) * (1 + cos(M_PI * (double)pos / (double)s->t_max)) / 2;
-    default: return base;
+    default:
+        return base;
     }
 }
 

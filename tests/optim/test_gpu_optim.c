@@ -157,8 +157,10 @@ static void test_clip_matches_cpu(void **state) {
     /* the sums differ only in order, so the float coefficients agree (to an ulp at worst) */
     assert_true(fabsf(a.clip_coef - b.clip_coef) <= 1e-6f * a.clip_coef);
     assert_rt_ok(rt_memcpy(back, cpu, g_dev, gpu, bytes, NULL));
-    if (a.clip_coef == b.clip_coef) assert_memory_equal(g, back, bytes);
-    else assert_int_equal(compare("clipped grads", g, back, N), 0);
+    if (a.clip_coef == b.clip_coef)
+        assert_memory_equal(g, back, bytes);
+    else
+        assert_int_equal(compare("clipped grads", g, back, N), 0);
     /* the same norm twice on the GPU: deterministic */
     double n1, n2;
     assert_rt_ok(rt_grad_norm(&cg, g_dev, N, s, &n1));

@@ -14,14 +14,14 @@
 #include <math.h>
 #include <string.h>
 
-#define assert_rt_fails(expr, code, needle)                                                   \
-    do {                                                                                      \
-        rt_status s_ = (expr);                                                                \
-        if (s_ != (code))                                                                     \
-            fail_msg("%s -> %s, expected %s (%s)", #expr, rt_status_name(s_), rt_status_name(code), \
-                     rt_error_message());                                                     \
-        if (!strstr(rt_error_message(), (needle)))                                            \
-            fail_msg("%s: message \"%s\" lacks \"%s\"", #expr, rt_error_message(), (needle)); \
+#define assert_rt_fails(expr, code, needle)                                                                            \
+    do {                                                                                                               \
+        rt_status s_ = (expr);                                                                                         \
+        if (s_ != (code))                                                                                              \
+            fail_msg("%s -> %s, expected %s (%s)", #expr, rt_status_name(s_), rt_status_name(code),                    \
+                     rt_error_message());                                                                              \
+        if (!strstr(rt_error_message(), (needle)))                                                                     \
+            fail_msg("%s: message \"%s\" lacks \"%s\"", #expr, rt_error_message(), (needle));                          \
     } while (0)
 
 static void assert_close(double got, double want, double tol) {
@@ -108,6 +108,28 @@ static void test_sgd_by_hand(void **state) {
     assert_int_equal(rt_optimizer_get_steps(&opt), 2);
     rt_optimizer_free(&opt);
 
+    /* the arena form: sizes and devices are checked */
+    rt_arena pa, ga;
+    rt_arena_init(&pa, rt_device_cpu());
+    rt_arena_init(&ga, rt_device_cpu());
+    size_t o1, o2;
+    assert_rt_ok(rt_arena_push(&pa, 3 * sizeof(float), 64, &o1));
+    assert_rt_ok(rt_arena_push(&ga, 3 * sizeof(float), 64, &o2));
+    assert_rt_ok(rt_arena_alloc(&pa));
+    assert_rt_ok(rt_arena_alloc(&ga));
+    size_t n = pa.size / sizeof(float);
+    rt_optim_config_default(&c, RT_OPTIM_SGD);
+    assert_rt_ok(rt_optimizer_init(&opt, &c, rt_device_cpu(), n));
+    ((float *)pa.base)[0] = 1, ((float *)ga.base)[0] = 2;
+    assert_rt_ok(rt_optimizer_step_arena(&opt, &pa, &ga, 0.5, NULL));
+    assert_true(((float *)pa.base)[0] == 0.0f);
+    rt_optimizer_free(&opt);
+    assert_rt_ok(rt_optimizer_init(&opt, &c, rt_device_cpu(), n + 1));
+    assert_rt_fails(rt_optimizer_step_arena(&opt, &pa, &ga, 0.5, NULL), RT_ERR_INVALID, "arenas of");
+    rt_optimizer_free(&opt);
+    rt_arena_free(&pa);
+    rt_arena_free(&ga);
+
     /* nesterov: step 1 d = g + momentum*buf = g*(1+m) */
     rt_optim_config_default(&c, RT_OPTIM_SGD);
     c.lr = 0.1, c.momentum = 0.5, c.nesterov = true;
@@ -144,8 +166,8 @@ static void test_adam_by_hand(void **state) {
     assert_close(q[0], 0.9, 1e-6);
     assert_close(q[1], -1.9, 1e-6);
     assert_close(q[2], 2.9, 1e-6);
-    assert_close(opt.state[0][0], 0.1 * 0.5, 1e-7);       /* exp_avg = (1-b1) g' */
-    assert_close(opt.state[1][1], 0.001 * 1.0, 1e-7);     /* exp_avg_sq = (1-b2) g'^2 */
+    assert_close(opt.state[0][0], 0.1 * 0.5, 1e-7);   /* exp_avg = (1-b1) g' */
+    assert_close(opt.state[1][1], 0.001 * 1.0, 1e-7); /* exp_avg_sq = (1-b2) g'^2 */
     rt_optimizer_free(&opt);
     /* amsgrad keeps the running max of v: a big gradient then small ones */
     rt_optim_config_default(&c, RT_OPTIM_ADAM);
@@ -408,10 +430,10 @@ static void test_schedule_values(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kind_names),        cmocka_unit_test(test_config_validation),
-        cmocka_unit_test(test_sgd_by_hand),       cmocka_unit_test(test_adam_by_hand),
-        cmocka_unit_test(test_state_accessors),   cmocka_unit_test(test_save_load_exact),
-        cmocka_unit_test(test_cpu_variants_equal), cmocka_unit_test(test_clip),
+        cmocka_unit_test(test_kind_names),          cmocka_unit_test(test_config_validation),
+        cmocka_unit_test(test_sgd_by_hand),         cmocka_unit_test(test_adam_by_hand),
+        cmocka_unit_test(test_state_accessors),     cmocka_unit_test(test_save_load_exact),
+        cmocka_unit_test(test_cpu_variants_equal),  cmocka_unit_test(test_clip),
         cmocka_unit_test(test_schedule_validation), cmocka_unit_test(test_schedule_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

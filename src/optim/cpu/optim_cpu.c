@@ -48,10 +48,12 @@ RT_ALWAYS_INLINE void sgd_body(float *restrict p, const float *restrict g, float
         if (wd) d = fmaf(wdf, p[i], d); /* d_p = d_p.add(param, alpha=weight_decay) */
         if (mom) {
             float b;
-            if (first) b = d;                      /* buf = clone(d_p) */
-            else b = fmaf(damp1, d, buf[i] * m);  /* buf.mul_(momentum).add_(d_p, alpha=1-dampening) */
+            if (first)
+                b = d; /* buf = clone(d_p) */
+            else
+                b = fmaf(damp1, d, buf[i] * m); /* buf.mul_(momentum).add_(d_p, alpha=1-dampening) */
             buf[i] = b;
-            d = nesterov ? fmaf(m, b, d) : b;     /* d_p.add(buf, alpha=momentum) or buf */
+            d = nesterov ? fmaf(m, b, d) : b; /* d_p.add(buf, alpha=momentum) or buf */
         }
         p[i] = fmaf(neglr, d, p[i]); /* param.add_(d_p, alpha=-lr) */
     }
@@ -60,18 +62,27 @@ RT_ALWAYS_INLINE void sgd_body(float *restrict p, const float *restrict g, float
 RT_ALWAYS_INLINE void sgd_all(float *restrict p, const float *restrict g, float *restrict buf, size_t n,
                               const rt_optim_scalars *s, bool wd) {
     if (!s->momentum) {
-        if (wd) sgd_body(p, g, buf, n, s, true, false, false, false);
-        else sgd_body(p, g, buf, n, s, false, false, false, false);
+        if (wd)
+            sgd_body(p, g, buf, n, s, true, false, false, false);
+        else
+            sgd_body(p, g, buf, n, s, false, false, false, false);
     } else if (s->first) {
-        if (wd) sgd_body(p, g, buf, n, s, true, true, true, s->nesterov);
-        else if (s->nesterov) sgd_body(p, g, buf, n, s, false, true, true, true);
-        else sgd_body(p, g, buf, n, s, false, true, true, false);
+        if (wd)
+            sgd_body(p, g, buf, n, s, true, true, true, s->nesterov);
+        else if (s->nesterov)
+            sgd_body(p, g, buf, n, s, false, true, true, true);
+        else
+            sgd_body(p, g, buf, n, s, false, true, true, false);
     } else if (s->nesterov) {
-        if (wd) sgd_body(p, g, buf, n, s, true, true, false, true);
-        else sgd_body(p, g, buf, n, s, false, true, false, true);
+        if (wd)
+            sgd_body(p, g, buf, n, s, true, true, false, true);
+        else
+            sgd_body(p, g, buf, n, s, false, true, false, true);
     } else {
-        if (wd) sgd_body(p, g, buf, n, s, true, true, false, false);
-        else sgd_body(p, g, buf, n, s, false, true, false, false);
+        if (wd)
+            sgd_body(p, g, buf, n, s, true, true, false, false);
+        else
+            sgd_body(p, g, buf, n, s, false, true, false, false);
     }
 }
 
@@ -85,11 +96,13 @@ RT_ALWAYS_INLINE void adam_body(float *restrict p, const float *restrict g, floa
     for (size_t i = 0; i < n; i++) {
         float pi = p[i], gi = g[i];
         if (wd) {
-            if (decoupled) pi = pi * decay_mul; /* param.mul_(1 - lr*weight_decay) */
-            else gi = fmaf(wdf, pi, gi);        /* grad = grad.add(param, alpha=weight_decay) */
+            if (decoupled)
+                pi = pi * decay_mul; /* param.mul_(1 - lr*weight_decay) */
+            else
+                gi = fmaf(wdf, pi, gi); /* grad = grad.add(param, alpha=weight_decay) */
         }
-        float mi = fmaf(omb1, gi, m[i] * b1);        /* exp_avg.mul_(beta1).add_(grad, alpha=1-beta1) */
-        float vi = fmaf(omb2 * gi, gi, v[i] * b2);   /* exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1-beta2) */
+        float mi = fmaf(omb1, gi, m[i] * b1);      /* exp_avg.mul_(beta1).add_(grad, alpha=1-beta1) */
+        float vi = fmaf(omb2 * gi, gi, v[i] * b2); /* exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1-beta2) */
         m[i] = mi;
         v[i] = vi;
         float vh = vi;
@@ -106,14 +119,20 @@ RT_ALWAYS_INLINE void adam_body(float *restrict p, const float *restrict g, floa
 RT_ALWAYS_INLINE void adam_all(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
                                float *restrict vmax, size_t n, const rt_optim_scalars *s, bool wd) {
     if (s->decoupled) {
-        if (s->amsgrad) adam_body(p, g, m, v, vmax, n, s, true, true, true);
-        else adam_body(p, g, m, v, vmax, n, s, true, true, false);
+        if (s->amsgrad)
+            adam_body(p, g, m, v, vmax, n, s, true, true, true);
+        else
+            adam_body(p, g, m, v, vmax, n, s, true, true, false);
     } else if (wd) {
-        if (s->amsgrad) adam_body(p, g, m, v, vmax, n, s, true, false, true);
-        else adam_body(p, g, m, v, vmax, n, s, true, false, false);
+        if (s->amsgrad)
+            adam_body(p, g, m, v, vmax, n, s, true, false, true);
+        else
+            adam_body(p, g, m, v, vmax, n, s, true, false, false);
     } else {
-        if (s->amsgrad) adam_body(p, g, m, v, vmax, n, s, false, false, true);
-        else adam_body(p, g, m, v, vmax, n, s, false, false, false);
+        if (s->amsgrad)
+            adam_body(p, g, m, v, vmax, n, s, false, false, true);
+        else
+            adam_body(p, g, m, v, vmax, n, s, false, false, false);
     }
 }
 
@@ -162,8 +181,10 @@ RT_TARGET_FMA static void adam_fma(float *restrict p, const float *restrict g, f
     for (; i + 8 <= n; i += 8) {
         __m256 pi = _mm256_loadu_ps(p + i), gi = _mm256_loadu_ps(g + i);
         if (wd) {
-            if (decoupled) pi = _mm256_mul_ps(pi, decay_mul);
-            else gi = _mm256_fmadd_ps(vwd, pi, gi);
+            if (decoupled)
+                pi = _mm256_mul_ps(pi, decay_mul);
+            else
+                gi = _mm256_fmadd_ps(vwd, pi, gi);
         }
         __m256 mi = _mm256_fmadd_ps(omb1, gi, _mm256_mul_ps(_mm256_loadu_ps(m + i), b1));
         __m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(omb2, gi), gi, _mm256_mul_ps(_mm256_loadu_ps(v + i), b2));
@@ -185,9 +206,7 @@ RT_TARGET_FMA static void scale_fma(float *restrict x, size_t n, float coef) { s
 
 static int force_generic;
 
-static bool have_fma(void) {
-    return !force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
+static bool have_fma(void) { return !force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #endif
 
 void rt_optim_cpu_force_generic(int on) {

@@ -48,8 +48,10 @@ static __global__ void adam_kernel(float *__restrict__ p, const float *__restric
         float pi = p[i];
         float gi = g[i];
         if (optim_decays(s, mask, i)) {
-            if (s.decoupled) pi = __fmul_rn(pi, s.decay_mul);
-            else gi = __fmaf_rn(s.wd, pi, gi);
+            if (s.decoupled)
+                pi = __fmul_rn(pi, s.decay_mul);
+            else
+                gi = __fmaf_rn(s.wd, pi, gi);
         }
         float mi = __fmaf_rn(s.omb1, gi, __fmul_rn(m[i], s.b1));
         float vi = __fmaf_rn(__fmul_rn(s.omb2, gi), gi, __fmul_rn(v[i], s.b2));
@@ -70,7 +72,7 @@ extern "C" rt_status rt_optim_sgd_cuda(float *params, const float *grads, float 
                                        const rt_optim_scalars *s, const uint32_t *decay_mask, rt_stream *stream) {
     if (n == 0) return RT_OK;
     sgd_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(params, grads, buf, n,
-                                                                                                 *s, decay_mask);
+                                                                                               *s, decay_mask);
     RT_CHECK_LAUNCH();
     return RT_OK;
 }
@@ -108,7 +110,8 @@ static __global__ void sumsq_partial_kernel(const float *__restrict__ x, size_t 
     if (threadIdx.x == 0) partial[blockIdx.x] = t;
 }
 
-static __global__ void sumsq_final_kernel(const double *__restrict__ partial, unsigned count, double *__restrict__ out) {
+static __global__ void sumsq_final_kernel(const double *__restrict__ partial, unsigned count,
+                                          double *__restrict__ out) {
     __shared__ double sh[RT_OPTIM_NORM_BLOCKS];
     double acc = threadIdx.x < count ? partial[threadIdx.x] : 0.0;
     double t = block_sum(acc, sh);
