@@ -66,9 +66,34 @@ static int parse_u64(const char *prog, const char *what, const char *text, uint6
 
 /* ---- data info ------------------------------------------------------------------------ */
 
+static void print_split(const rt_dataset *ds) {
+    int64_t hist[256];
+    rt_dataset_histogram(ds, hist);
+    double mean[RT_DATASET_MAX_C], sd[RT_DATASET_MAX_C];
+    rt_dataset_pixel_stats(ds, mean, sd);
+    printf("path:       %s\n", ds->path);
+    printf("dataset:    %s\n", ds->name);
+    printf("format:     %s\n", ds->format);
+    printf("split:      %s\n", ds->split);
+    printf("samples:    %" PRId64 "\n", ds->n);
+    printf("image:      %d x %d x %d (C x H x W), uint8\n", ds->c, ds->h, ds->w);
+    printf("classes:    %d\n", ds->num_classes);
+    printf("histogram:  class  count\n");
+    for (int k = 0; k < ds->num_classes; k++) printf("            %5d  %" PRId64 "\n", k, hist[k]);
+    printf("pixel mean:");
+    for (int ch = 0; ch < ds->c; ch++) printf(" %.4f", mean[ch]);
+    printf("   (measured, of pixel/255)\npixel std: ");
+    for (int ch = 0; ch < ds->c; ch++) printf(" %.4f", sd[ch]);
+    printf("\nnormalise:  mean");
+    for (int ch = 0; ch < ds->c; ch++) printf(" %.4f", (double)ds->mean[ch]);
+    printf(" std");
+    for (int ch = 0; ch < ds->c; ch++) printf(" %.4f", (double)ds->std[ch]);
+    printf("   (the loader's constants for %s)\n", ds->name);
+}
+
 static int cmd_info(int argc, char **argv) {
     const char *prog = "ringtrain data info";
-    const char *path = NULL, *split = "train", *kind_s = "auto";
+    const char *path = NULL, *split = NULL, *kind_s = "auto";
     for (int i = 1; i < argc; i++) {
         const char *v;
         int r;
@@ -79,7 +104,7 @@ static int cmd_info(int argc, char **argv) {
                    "IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]: MNIST, Fashion-MNIST)\n"
                    "or CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin); default\n"
                    "%s (Debian package dataset-fashion-mnist).\n\n"
-                   "  --split train|test   which split (default train)\n"
+                   "  --split train|test   only this split (default: train, then test when present)\n"
                    "  --kind K             auto (default: detect from the files), mnist, fashion-mnist, cifar10\n",
                    RT_DATASET_DEFAULT_PATH);
             return 0;
@@ -109,31 +134,22 @@ static int cmd_info(int argc, char **argv) {
         fprintf(stderr, "%s: --kind: %s\n", prog, rt_error_message());
         return 2;
     }
-    rt_dataset ds;
-    if (rt_dataset_load(path, split, kind, &ds) != RT_OK) return rt_cli_fail();
-    int64_t hist[256];
-    rt_dataset_histogram(&ds, hist);
-    double mean[RT_DATASET_MAX_C], sd[RT_DATASET_MAX_C];
-    rt_dataset_pixel_stats(&ds, mean, sd);
-    printf("path:       %s\n", ds.path);
-    printf("dataset:    %s\n", ds.name);
-    printf("format:     %s\n", ds.format);
-    printf("split:      %s\n", ds.split);
-    printf("samples:    %" PRId64 "\n", ds.n);
-    printf("image:      %d x %d x %d (C x H x W), uint8\n", ds.c, ds.h, ds.w);
-    printf("classes:    %d\n", ds.num_classes);
-    printf("histogram:  class  count\n");
-    for (int k = 0; k < ds.num_classes; k++) printf("            %5d  %" PRId64 "\n", k, hist[k]);
-    printf("pixel mean:");
-    for (int ch = 0; ch < ds.c; ch++) printf(" %.4f", mean[ch]);
-    printf("   (measured, of pixel/255)\npixel std: ");
-    for (int ch = 0; ch < ds.c; ch++) printf(" %.4f", sd[ch]);
-    printf("\nnormalise:  mean");
-    for (int ch = 0; ch < ds.c; ch++) printf(" %.4f", (double)ds.mean[ch]);
-    printf(" std");
-    for (int ch = 0; ch < ds.c; ch++) printf(" %.4f", (double)ds.std[ch]);
-    printf("   (the loader's constants for %s)\n", ds.name);
-    rt_dataset_free(&ds);
+    /* without --split: both splits, the test split only when present */
+    const char *splits[2] = {split ? split : "train", split ? NULL : "test"};
+    for (int k = 0; k < 2 && splits[k]; k++) {
+        rt_dataset ds;
+        if (rt_dataset_load(path, splits[k], kind, &ds) != RT_OK) {
+            if (k == 1 && rt_error_status() == RT_ERR_IO) {
+                printf("\nsplit test: not found (%s)\n", rt_error_message());
+                rt_error_clear();
+                break;
+            }
+            return rt_cli_fail();
+        }
+        if (k > 0) printf("\n");
+        print_split(&ds);
+        rt_dataset_free(&ds);
+    }
     return 0;
 }
 

@@ -76,6 +76,13 @@ expect 0 '^ +1  2$' data info "$tmp" --split test
 expect 0 'pixel mean: 0.5000' data info "$tmp" --split test
 expect 0 'format: +idx$' data info --split=test "$tmp"
 expect 1 'train-images-idx3-ubyte' data info "$tmp"
+# without --split: train, then test when present
+mkdir -p "$tmp/tr"
+cp "$tmp/t10k-images-idx3-ubyte" "$tmp/tr/train-images-idx3-ubyte"
+cp "$tmp/t10k-labels-idx1-ubyte" "$tmp/tr/train-labels-idx1-ubyte"
+expect 0 'split test: not found' data info "$tmp/tr"
+cp "$tmp/t10k-images-idx3-ubyte" "$tmp/t10k-labels-idx1-ubyte" "$tmp/tr/"
+expect 0 'split: +test' data info "$tmp/tr"
 
 # the real Fashion-MNIST, when installed
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
