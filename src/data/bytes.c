@@ -96,7 +96,11 @@ rt_status rt_gunzip(const uint8_t *buf, size_t len, const char *name, size_t max
         zr = inflate(&zs, Z_NO_FLUSH);
         in_pos += ai - zs.avail_in;
         out_pos += ao - zs.avail_out;
-        if (zr == Z_STREAM_END) break;
+        if (zr == Z_STREAM_END) {
+            /* another gzip member follows (as `cat a.gz b.gz` makes): gzip -d reads on */
+            if (in_pos < len && rt_is_gzip(buf + in_pos, len - in_pos) && inflateReset(&zs) == Z_OK) continue;
+            break;
+        }
         if (zr == Z_BUF_ERROR && in_pos == len) {
             st = RT_ERROR(RT_ERR_FORMAT, "%s: gzip error: truncated stream (ends after %zu compressed bytes, %zu inflated)",
                           name, len, out_pos);

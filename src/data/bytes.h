@@ -31,9 +31,10 @@ bool rt_is_gzip(const uint8_t *buf, size_t len);
 /* The whole file `path` into memory. */
 rt_status rt_bytes_read_file(const char *path, rt_bytes *out);
 
-/* Inflate one gzip stream held in buf (name is used in error messages). The output may
- * not exceed max_out bytes (an error says so); bytes after the end of the stream are an
- * error (no silently ignored data). */
+/* Inflate the gzip data held in buf (one member, or several concatenated as gzip -d
+ * reads them); name is used in error messages. The output may not exceed max_out bytes
+ * (an error says so); other bytes after the last member are an error (no silently
+ * ignored data). */
 rt_status rt_gunzip(const uint8_t *buf, size_t len, const char *name, size_t max_out, rt_bytes *out);
 
 /* rt_bytes_read_file, then rt_gunzip when the content is gzip. */

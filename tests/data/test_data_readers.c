@@ -193,6 +193,23 @@ static void test_gzip_errors(void **state) {
     assert_rt_ok(rt_dataset_load(dir, "train", RT_DATASET_AUTO, &ds));
     check_good(&ds);
     rt_dataset_free(&ds);
+    /* two gzip members, as `cat a.gz b.gz` makes, inflate to both parts */
+    size_t z1l, z2l;
+    unsigned char *z1 = dt_gzip(g_img, 20, &z1l), *z2 = dt_gzip(g_img + 20, g_img_len - 20, &z2l);
+    unsigned char *cat = malloc(z1l + z2l);
+    memcpy(cat, z1, z1l);
+    memcpy(cat + z1l, z2, z2l);
+    dt_write(dir, "train-images-idx3-ubyte.gz", cat, z1l + z2l);
+    assert_rt_ok(rt_dataset_load(dir, "train", RT_DATASET_AUTO, &ds));
+    check_good(&ds);
+    rt_dataset_free(&ds);
+    /* ... but a truncated second member is an error */
+    dt_write(dir, "train-images-idx3-ubyte.gz", cat, z1l + z2l - 5);
+    assert_int_equal(rt_dataset_load(dir, "train", RT_DATASET_AUTO, &ds), RT_ERR_FORMAT);
+    assert_error_has("gzip error");
+    free(cat);
+    free(z1);
+    free(z2);
     /* the inflate limit */
     rt_bytes out;
     assert_int_equal(rt_gunzip(z, zl, "buf", 10, &out), RT_ERR_FORMAT);
