@@ -53,9 +53,12 @@ rt_status rt_gunzip(const uint8_t *buf, size_t len, const char *name, size_t max
     out->data = NULL;
     out->len = 0;
     if (!rt_is_gzip(buf, len)) RT_FAIL(RT_ERR_FORMAT, "%s: not gzip data (no 1f 8b magic)", name);
-    if (len < 18) RT_FAIL(RT_ERR_FORMAT, "%s: gzip error: truncated stream (%zu bytes, a gzip member has at least 18)", name, len);
+    if (len < 18)
+        RT_FAIL(RT_ERR_FORMAT, "%s: gzip error: truncated stream (%zu bytes, a gzip member has at least 18)", name,
+                len);
     /* the trailer's ISIZE (size mod 2^32) is a good first guess of the output size */
-    size_t cap = (size_t)buf[len - 4] | (size_t)buf[len - 3] << 8 | (size_t)buf[len - 2] << 16 | (size_t)buf[len - 1] << 24;
+    size_t cap =
+        (size_t)buf[len - 4] | (size_t)buf[len - 3] << 8 | (size_t)buf[len - 2] << 16 | (size_t)buf[len - 1] << 24;
     /* deflate expands at most ~1032:1, so a larger ISIZE is a lie (or a multi-member file) */
     if (cap / 1032 > len) cap = len * 1032;
     if (cap < 4096) cap = 4096;
@@ -76,7 +79,8 @@ rt_status rt_gunzip(const uint8_t *buf, size_t len, const char *name, size_t max
     for (;;) {
         if (out_pos == cap) {
             if (cap >= max_out) {
-                st = RT_ERROR(RT_ERR_FORMAT, "%s: gzip data inflates to more than %zu bytes (the limit)", name, max_out);
+                st =
+                    RT_ERROR(RT_ERR_FORMAT, "%s: gzip data inflates to more than %zu bytes (the limit)", name, max_out);
                 goto fail;
             }
             size_t ncap = cap > max_out / 2 ? max_out : cap * 2;
@@ -102,8 +106,9 @@ rt_status rt_gunzip(const uint8_t *buf, size_t len, const char *name, size_t max
             break;
         }
         if (zr == Z_BUF_ERROR && in_pos == len) {
-            st = RT_ERROR(RT_ERR_FORMAT, "%s: gzip error: truncated stream (ends after %zu compressed bytes, %zu inflated)",
-                          name, len, out_pos);
+            st = RT_ERROR(RT_ERR_FORMAT,
+                          "%s: gzip error: truncated stream (ends after %zu compressed bytes, %zu inflated)", name, len,
+                          out_pos);
             goto fail;
         }
         if (zr != Z_OK && zr != Z_BUF_ERROR) {

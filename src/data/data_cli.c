@@ -98,15 +98,16 @@ static int cmd_info(int argc, char **argv) {
         const char *v;
         int r;
         if (rt_cli_is_help(argv[i])) {
-            printf("usage: ringtrain data info [PATH] [--split train|test] [--kind auto|mnist|fashion-mnist|cifar10]\n\n"
-                   "Load a dataset as training would and print its format, sample count, image shape,\n"
-                   "class histogram and pixel mean/std (of pixel/255, per channel). PATH is a folder of\n"
-                   "IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]: MNIST, Fashion-MNIST)\n"
-                   "or CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin); default\n"
-                   "%s (Debian package dataset-fashion-mnist).\n\n"
-                   "  --split train|test   only this split (default: train, then test when present)\n"
-                   "  --kind K             auto (default: detect from the files), mnist, fashion-mnist, cifar10\n",
-                   RT_DATASET_DEFAULT_PATH);
+            printf(
+                "usage: ringtrain data info [PATH] [--split train|test] [--kind auto|mnist|fashion-mnist|cifar10]\n\n"
+                "Load a dataset as training would and print its format, sample count, image shape,\n"
+                "class histogram and pixel mean/std (of pixel/255, per channel). PATH is a folder of\n"
+                "IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]: MNIST, Fashion-MNIST)\n"
+                "or CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin); default\n"
+                "%s (Debian package dataset-fashion-mnist).\n\n"
+                "  --split train|test   only this split (default: train, then test when present)\n"
+                "  --kind K             auto (default: detect from the files), mnist, fashion-mnist, cifar10\n",
+                RT_DATASET_DEFAULT_PATH);
             return 0;
         }
         if ((r = opt_value(prog, argc, argv, &i, "--split", &v)) != 0) {

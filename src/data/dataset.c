@@ -15,17 +15,21 @@
 #include <unistd.h>
 
 #define INSTALL_HINT                                                                                                   \
-    "Fashion-MNIST: run scripts/install-deps (Debian package dataset-fashion-mnist, installed at "                     \
-    RT_DATASET_DEFAULT_PATH "); MNIST or CIFAR-10: download it as datasets/README.md says and set data.path to its "  \
+    "Fashion-MNIST: run scripts/install-deps (Debian package dataset-fashion-mnist, installed "                        \
+    "at " RT_DATASET_DEFAULT_PATH                                                                                      \
+    "); MNIST or CIFAR-10: download it as datasets/README.md says and set data.path to its "                           \
     "folder"
 
 rt_status rt_dataset_kind_parse(const char *text, rt_dataset_kind *out) {
     static const struct {
         const char *name;
         rt_dataset_kind kind;
-    } k[] = {{"auto", RT_DATASET_AUTO},           {"mnist", RT_DATASET_MNIST},
-             {"fashion-mnist", RT_DATASET_FASHION_MNIST}, {"fashion_mnist", RT_DATASET_FASHION_MNIST},
-             {"fashionmnist", RT_DATASET_FASHION_MNIST},  {"cifar10", RT_DATASET_CIFAR10},
+    } k[] = {{"auto", RT_DATASET_AUTO},
+             {"mnist", RT_DATASET_MNIST},
+             {"fashion-mnist", RT_DATASET_FASHION_MNIST},
+             {"fashion_mnist", RT_DATASET_FASHION_MNIST},
+             {"fashionmnist", RT_DATASET_FASHION_MNIST},
+             {"cifar10", RT_DATASET_CIFAR10},
              {"cifar-10", RT_DATASET_CIFAR10}};
     for (size_t i = 0; text && i < sizeof k / sizeof k[0]; i++)
         if (strcasecmp(text, k[i].name) == 0) {
@@ -38,11 +42,16 @@ rt_status rt_dataset_kind_parse(const char *text, rt_dataset_kind *out) {
 
 const char *rt_dataset_kind_name(rt_dataset_kind kind) {
     switch (kind) {
-    case RT_DATASET_AUTO: return "auto";
-    case RT_DATASET_MNIST: return "mnist";
-    case RT_DATASET_FASHION_MNIST: return "fashion-mnist";
-    case RT_DATASET_CIFAR10: return "cifar10";
-    case RT_DATASET_SYNTHETIC: return "synthetic";
+    case RT_DATASET_AUTO:
+        return "auto";
+    case RT_DATASET_MNIST:
+        return "mnist";
+    case RT_DATASET_FASHION_MNIST:
+        return "fashion-mnist";
+    case RT_DATASET_CIFAR10:
+        return "cifar10";
+    case RT_DATASET_SYNTHETIC:
+        return "synthetic";
     }
     return "?";
 }
@@ -147,8 +156,9 @@ static rt_status load_idx(rt_dataset *ds, const char *img_path, const char *lab_
     }
     for (size_t i = 0; i < li.count; i++)
         if (li.data[i] >= ds->num_classes) {
-            st = RT_ERROR(RT_ERR_FORMAT, "%s: label out of range: label %u at index %zu (byte offset %zu), expected 0..%d",
-                          lab_path, li.data[i], i, 8 + i, ds->num_classes - 1);
+            st = RT_ERROR(RT_ERR_FORMAT,
+                          "%s: label out of range: label %u at index %zu (byte offset %zu), expected 0..%d", lab_path,
+                          li.data[i], i, 8 + i, ds->num_classes - 1);
             goto fail;
         }
     ds->n = ii.dims[0];
@@ -178,8 +188,8 @@ static rt_status load_cifar(rt_dataset *ds, const char *dir, bool train) {
         RT_CHECK(join(paths[i], sizeof paths[i], dir, name));
         if (!file_exists(paths[i]))
             RT_FAIL(RT_ERR_IO, "CIFAR-10 %s split: missing file %s (expected %s in %s). " INSTALL_HINT,
-                    train ? "train" : "test", paths[i], train ? "data_batch_1.bin .. data_batch_5.bin" : "test_batch.bin",
-                    dir);
+                    train ? "train" : "test", paths[i],
+                    train ? "data_batch_1.bin .. data_batch_5.bin" : "test_batch.bin", dir);
     }
     rt_bytes files[5] = {{0}};
     int64_t counts[5] = {0}, total = 0;
@@ -234,8 +244,7 @@ rt_status rt_dataset_load(const char *path, const char *split, rt_dataset_kind k
         RT_FAIL(RT_ERR_INVALID, "split '%s': expected train or test", split);
     if (strlen(path) >= sizeof ds->path) RT_FAIL(RT_ERR_INVALID, "dataset path is too long (%zu bytes)", strlen(path));
     struct stat sb;
-    if (stat(path, &sb) != 0)
-        RT_FAIL(RT_ERR_IO, "no dataset at '%s': %s. %s", path, strerror(errno), INSTALL_HINT);
+    if (stat(path, &sb) != 0) RT_FAIL(RT_ERR_IO, "no dataset at '%s': %s. %s", path, strerror(errno), INSTALL_HINT);
     if (!S_ISDIR(sb.st_mode))
         RT_FAIL(RT_ERR_INVALID, "dataset path '%s' is not a folder (data.path names the folder holding the files)",
                 path);
@@ -282,8 +291,10 @@ rt_status rt_dataset_alloc(rt_dataset *ds, const char *name, int64_t n, int c, i
     memset(ds, 0, sizeof *ds);
     RT_REQUIRE(n > 0 && c >= 1 && c <= RT_DATASET_MAX_C && h > 0 && w > 0 && h <= 4096 && w <= 4096 &&
                    num_classes >= 1 && num_classes <= 256,
-               RT_ERR_INVALID, "dataset of %lld images (%d, %d, %d), %d classes: expected n > 0, c 1..3, h, w 1..4096, "
-               "classes 1..256", (long long)n, c, h, w, num_classes);
+               RT_ERR_INVALID,
+               "dataset of %lld images (%d, %d, %d), %d classes: expected n > 0, c 1..3, h, w 1..4096, "
+               "classes 1..256",
+               (long long)n, c, h, w, num_classes);
     set_kind(ds, RT_DATASET_SYNTHETIC);
     snprintf(ds->name, sizeof ds->name, "%s", name ? name : "synthetic");
     snprintf(ds->format, sizeof ds->format, "memory");

@@ -34,19 +34,19 @@ typedef enum rt_dataset_kind {
 
 typedef struct rt_dataset {
     rt_dataset_kind kind;
-    char name[32];    /* "fashion-mnist", "mnist", "cifar10", ... */
-    char format[32];  /* "idx (gzip)", "idx", "cifar10-binary", "memory" */
-    char split[8];    /* "train" | "test" */
-    char path[1024];  /* the folder it was loaded from */
-    int64_t n;        /* number of samples */
-    int c, h, w;      /* image shape */
+    char name[32];   /* "fashion-mnist", "mnist", "cifar10", ... */
+    char format[32]; /* "idx (gzip)", "idx", "cifar10-binary", "memory" */
+    char split[8];   /* "train" | "test" */
+    char path[1024]; /* the folder it was loaded from */
+    int64_t n;       /* number of samples */
+    int c, h, w;     /* image shape */
     int num_classes;
-    const uint8_t *images; /* (n, c, h, w) */
-    const uint8_t *labels; /* (n), each < num_classes */
+    const uint8_t *images;                               /* (n, c, h, w) */
+    const uint8_t *labels;                               /* (n), each < num_classes */
     float mean[RT_DATASET_MAX_C], std[RT_DATASET_MAX_C]; /* per channel, of pixel/255 */
-    bool hflip_suits;      /* horizontal flips keep the class (not for digits) */
-    int crop_pad;          /* default padding of the random crop */
-    void *owned_[2];       /* private: the buffers images/labels point into */
+    bool hflip_suits;                                    /* horizontal flips keep the class (not for digits) */
+    int crop_pad;                                        /* default padding of the random crop */
+    void *owned_[2];                                     /* private: the buffers images/labels point into */
 } rt_dataset;
 
 /* "auto" | "mnist" | "fashion-mnist" | "cifar10" (also "fashion_mnist", "cifar-10"). */

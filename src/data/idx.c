@@ -1,11 +1,13 @@
 /* IDX parsing; see idx.h. */
 #include "data/idx.h"
 
-static uint32_t be32(const uint8_t *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
+static uint32_t be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
 
 rt_status rt_idx_parse(const uint8_t *buf, size_t len, const char *name, int want_ndim, rt_idx *out) {
-    RT_REQUIRE(want_ndim >= 1 && want_ndim <= RT_IDX_MAX_DIMS, RT_ERR_INVALID, "want_ndim %d: expected 1..%d", want_ndim,
-               RT_IDX_MAX_DIMS);
+    RT_REQUIRE(want_ndim >= 1 && want_ndim <= RT_IDX_MAX_DIMS, RT_ERR_INVALID, "want_ndim %d: expected 1..%d",
+               want_ndim, RT_IDX_MAX_DIMS);
     if (len < 4)
         RT_FAIL(RT_ERR_FORMAT, "%s: truncated IDX header: expected at least 4 bytes of magic, got %zu", name, len);
     uint32_t magic = be32(buf);
@@ -17,8 +19,8 @@ rt_status rt_idx_parse(const uint8_t *buf, size_t len, const char *name, int wan
         RT_FAIL(RT_ERR_FORMAT, "%s: bad magic 0x%08x: element type 0x%02x, expected 0x08 (unsigned byte)", name, magic,
                 buf[2]);
     if (buf[3] != want_ndim)
-        RT_FAIL(RT_ERR_FORMAT, "%s: wrong dimensions: the file has %d dimensions (magic 0x%08x), expected %d (%s)", name,
-                buf[3], magic, want_ndim, want_ndim == 3 ? "images: count, rows, cols" : "labels: count");
+        RT_FAIL(RT_ERR_FORMAT, "%s: wrong dimensions: the file has %d dimensions (magic 0x%08x), expected %d (%s)",
+                name, buf[3], magic, want_ndim, want_ndim == 3 ? "images: count, rows, cols" : "labels: count");
     size_t header = 4 + 4 * (size_t)want_ndim;
     if (len < header)
         RT_FAIL(RT_ERR_FORMAT, "%s: truncated IDX header: expected %zu bytes, got %zu", name, header, len);

@@ -82,7 +82,8 @@ static rt_status fill(rt_loader *l, int64_t epoch, int64_t b) {
     int64_t *smp = l->slot_samples[slot];
     for (int i = 0; i < size; i++) {
         int64_t s = idx[i];
-        if (s < 0 || s >= ds->n) RT_FAIL(RT_ERR_INTERNAL, "sample index %lld outside 0..%lld", (long long)s, (long long)ds->n - 1);
+        if (s < 0 || s >= ds->n)
+            RT_FAIL(RT_ERR_INTERNAL, "sample index %lld outside 0..%lld", (long long)s, (long long)ds->n - 1);
         smp[i] = s;
         rt_augment_params p;
         if (l->augment) p = rt_augment_params_at(&l->aug, epoch, s);
@@ -149,7 +150,8 @@ rt_status rt_loader_create(const rt_loader_config *cfg, rt_loader **out) {
     RT_REQUIRE(cfg->crop_pad >= -1 && cfg->crop_pad <= ds->h && cfg->crop_pad <= ds->w, RT_ERR_INVALID,
                "loader: crop padding %d: expected -1 (dataset default) or 0..%d", cfg->crop_pad,
                ds->h < ds->w ? ds->h : ds->w);
-    RT_REQUIRE(cfg->hflip >= -1 && cfg->hflip <= 1, RT_ERR_INVALID, "loader: hflip %d: expected -1, 0 or 1", cfg->hflip);
+    RT_REQUIRE(cfg->hflip >= -1 && cfg->hflip <= 1, RT_ERR_INVALID, "loader: hflip %d: expected -1, 0 or 1",
+               cfg->hflip);
 
     rt_loader *l = calloc(1, sizeof *l);
     RT_CHECK_ALLOC(l, sizeof *l);

@@ -80,7 +80,7 @@ rt_status rt_loader_next(rt_loader *l, rt_batch *b);
 rt_loader_state rt_loader_get_state(const rt_loader *l);
 rt_status rt_loader_restore(rt_loader *l, rt_loader_state st);
 
-int rt_loader_batch_size(const rt_loader *l);           /* per rank */
+int rt_loader_batch_size(const rt_loader *l);            /* per rank */
 int64_t rt_loader_batches_per_epoch(const rt_loader *l); /* this rank */
 int64_t rt_loader_samples_per_epoch(const rt_loader *l); /* this rank, after drop_last_batch */
 bool rt_loader_pinned(const rt_loader *l);

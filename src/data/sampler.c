@@ -7,8 +7,8 @@
 #include <string.h>
 
 /* subsequences of the Philox streams used here (seeds are the user's) */
-#define SUBSEQ_EPOCH_PERM 0x53414d50ull     /* distributed: key seed + epoch */
-#define SUBSEQ_PARTITION 0x50415254ull      /* partition: key seed */
+#define SUBSEQ_EPOCH_PERM 0x53414d50ull      /* distributed: key seed + epoch */
+#define SUBSEQ_PARTITION 0x50415254ull       /* partition: key seed */
 #define SUBSEQ_PARTITION_ORDER 0x4f524452ull /* partition: key seed + epoch */
 
 rt_status rt_sampler_mode_parse(const char *text, rt_sampler_mode *out) {
@@ -25,9 +25,12 @@ rt_status rt_sampler_mode_parse(const char *text, rt_sampler_mode *out) {
 
 const char *rt_sampler_mode_name(rt_sampler_mode mode) {
     switch (mode) {
-    case RT_SAMPLER_DISTRIBUTED: return "distributed";
-    case RT_SAMPLER_PARTITION: return "partition";
-    case RT_SAMPLER_EVAL: return "eval";
+    case RT_SAMPLER_DISTRIBUTED:
+        return "distributed";
+    case RT_SAMPLER_PARTITION:
+        return "partition";
+    case RT_SAMPLER_EVAL:
+        return "eval";
     }
     return "?";
 }
@@ -55,7 +58,8 @@ static void iota(int64_t *a, int64_t n) {
 
 rt_status rt_sampler_init(rt_sampler *s, const rt_sampler_config *cfg) {
     memset(s, 0, sizeof *s);
-    RT_REQUIRE(cfg->n > 0, RT_ERR_INVALID, "sampler over %lld samples: expected a non-empty dataset", (long long)cfg->n);
+    RT_REQUIRE(cfg->n > 0, RT_ERR_INVALID, "sampler over %lld samples: expected a non-empty dataset",
+               (long long)cfg->n);
     RT_REQUIRE(cfg->world_size >= 1, RT_ERR_INVALID, "world_size %d: expected >= 1", cfg->world_size);
     RT_REQUIRE(cfg->rank >= 0 && cfg->rank < cfg->world_size, RT_ERR_INVALID, "rank %d: expected 0..%d", cfg->rank,
                cfg->world_size - 1);
@@ -65,7 +69,8 @@ rt_status rt_sampler_init(rt_sampler *s, const rt_sampler_config *cfg) {
     int64_t n = cfg->n, w = cfg->world_size, r = cfg->rank;
     switch (cfg->mode) {
     case RT_SAMPLER_DISTRIBUTED:
-        /* torch: drop_last and N % W != 0 -> ceil((N - W) / W) (= floor(N / W) for N >= W, 0 below), else ceil(N / W) */
+        /* torch: drop_last and N % W != 0 -> ceil((N - W) / W) (= floor(N / W) for N >= W, 0 below), else ceil(N / W)
+         */
         if (cfg->drop_last && n % w != 0)
             s->num_samples = n >= w ? n / w : 0;
         else

@@ -66,10 +66,10 @@ static inline void dt_rm_rf(const char *dir) {
 }
 
 /* Assert that the last error mentions `needle`. */
-#define assert_error_has(needle)                                                                              \
-    do {                                                                                                      \
-        if (!strstr(rt_error_message(), (needle)))                                                            \
-            fail_msg("error message does not contain \"%s\": %s", (needle), rt_error_message());              \
+#define assert_error_has(needle)                                                                                       \
+    do {                                                                                                               \
+        if (!strstr(rt_error_message(), (needle)))                                                                     \
+            fail_msg("error message does not contain \"%s\": %s", (needle), rt_error_message());                       \
     } while (0)
 
 #endif

@@ -181,8 +181,10 @@ static void test_augmentation(void **state) {
                             }
                 assert_true(matches >= 1);
             }
-        if (hflip) assert_true(flipped > 5);
-        else assert_int_equal(flipped, 0);
+        if (hflip)
+            assert_true(flipped > 5);
+        else
+            assert_int_equal(flipped, 0);
         assert_true(shifted > 10);
         rt_loader_destroy(l);
     }
@@ -327,8 +329,10 @@ static void test_drop_last_batch_and_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_eval_normalised_and_complete), cmocka_unit_test(test_rgb_normalisation_int32),
-        cmocka_unit_test(test_augmentation), cmocka_unit_test(test_determinism_and_resume),
+        cmocka_unit_test(test_eval_normalised_and_complete),
+        cmocka_unit_test(test_rgb_normalisation_int32),
+        cmocka_unit_test(test_augmentation),
+        cmocka_unit_test(test_determinism_and_resume),
         cmocka_unit_test(test_drop_last_batch_and_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -33,8 +33,8 @@ static void test_pinned_same_batches(void **state) {
         /* the pinned batch can be copied to the device */
         void *dev = NULL;
         assert_rt_ok(rt_malloc(rt_device_cuda(0), (size_t)b.size * 3 * 64 * sizeof(float), &dev));
-        assert_rt_ok(rt_memcpy(dev, rt_device_cuda(0), b.images, rt_device_cpu(), (size_t)b.size * 3 * 64 * sizeof(float),
-                               NULL));
+        assert_rt_ok(rt_memcpy(dev, rt_device_cuda(0), b.images, rt_device_cpu(),
+                               (size_t)b.size * 3 * 64 * sizeof(float), NULL));
         rt_free(rt_device_cuda(0), dev);
         n++;
     }

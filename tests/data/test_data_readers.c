@@ -20,7 +20,8 @@ static void be32(unsigned char *p, uint32_t v) {
 static size_t make_images(unsigned char *buf, uint32_t n, uint32_t rows, uint32_t cols) {
     be32(buf, 0x00000803);
     be32(buf + 4, n), be32(buf + 8, rows), be32(buf + 12, cols);
-    for (uint32_t i = 0; i < n * rows * cols; i++) buf[16 + i] = (unsigned char)(7 * (i / (rows * cols)) + i % (rows * cols));
+    for (uint32_t i = 0; i < n * rows * cols; i++)
+        buf[16 + i] = (unsigned char)(7 * (i / (rows * cols)) + i % (rows * cols));
     return 16 + (size_t)n * rows * cols;
 }
 static size_t make_labels(unsigned char *buf, uint32_t n) {
@@ -129,7 +130,8 @@ static void test_idx_malformed(void **state) {
         img[2] = 0x0d;
         expect_bad(img, g_img_len, g_lab, g_lab_len, gz, RT_ERR_FORMAT, "train-images-idx3-ubyte", "element type 0x0d");
         /* labels file with the images' magic (3 dims) */
-        expect_bad(g_img, g_img_len, g_img, g_img_len, gz, RT_ERR_FORMAT, "train-labels-idx1-ubyte", "wrong dimensions");
+        expect_bad(g_img, g_img_len, g_img, g_img_len, gz, RT_ERR_FORMAT, "train-labels-idx1-ubyte",
+                   "wrong dimensions");
         /* a zero dimension */
         memcpy(img, g_img, g_img_len);
         be32(img + 8, 0);

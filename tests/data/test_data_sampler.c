@@ -15,8 +15,8 @@ static void init(rt_sampler *s, rt_sampler_mode mode, int64_t n, int w, int r, u
 }
 
 /* All ranks' indices of one epoch counted per dataset index; returns the total. */
-static int64_t count_epoch(rt_sampler_mode mode, int64_t n, int w, uint64_t seed, bool shuffle, bool drop, int64_t epoch,
-                           int64_t *counts, int64_t *len0) {
+static int64_t count_epoch(rt_sampler_mode mode, int64_t n, int w, uint64_t seed, bool shuffle, bool drop,
+                           int64_t epoch, int64_t *counts, int64_t *len0) {
     memset(counts, 0, (size_t)n * sizeof *counts);
     int64_t total = 0;
     for (int r = 0; r < w; r++) {
@@ -224,9 +224,12 @@ static void test_bad_config(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_distributed_coverage), cmocka_unit_test(test_no_shuffle_layout),
-        cmocka_unit_test(test_epochs_and_seeds),     cmocka_unit_test(test_state_roundtrip),
-        cmocka_unit_test(test_partition),            cmocka_unit_test(test_eval),
+        cmocka_unit_test(test_distributed_coverage),
+        cmocka_unit_test(test_no_shuffle_layout),
+        cmocka_unit_test(test_epochs_and_seeds),
+        cmocka_unit_test(test_state_roundtrip),
+        cmocka_unit_test(test_partition),
+        cmocka_unit_test(test_eval),
         cmocka_unit_test(test_bad_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
