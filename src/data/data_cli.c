@@ -55,7 +55,7 @@ static int parse_u64(const char *prog, const char *what, const char *text, uint6
         fprintf(stderr, "%s: %s '%s': expected a non-negative integer\n", prog, what, text);
         return -1;
     }
-    unsigned long long v = strtoull(text, &end, 0);
+    unsigned long long v = strtoull(text, &end, 10);
     if (errno || !end || end == text || *end != '\0') {
         fprintf(stderr, "%s: %s '%s': expected a non-negative integer\n", prog, what, text);
         return -1;
