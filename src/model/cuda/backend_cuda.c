@@ -1,15 +1,336 @@
-/* The CUDA model backend (cuDNN, cuBLAS and a few kernels): the table.
+/* The CUDA model backend: context set-up (cuDNN and cuBLAS handles on ctx->stream),
+ * batch norm (cuDNN), linear layers (cuBLAS), the kernel wrappers, and the table.
  *
- * Placeholder while the real implementation is written: every entry reports
- * RT_ERR_UNSUPPORTED, so a CUDA build links and a cuda model context fails cleanly. */
-#include "model/backend.h"
+ * Convolutions are in conv_cuda.c, the hand-written kernels in kernels_cuda.cu. All
+ * work goes to ctx->stream; forward and backward entries neither allocate nor
+ * synchronise with the host. Activations stay NCHW (PyTorch's layout) end to end.
+ *
+ * Precision (ctx->precision): fp32 forbids tensor cores everywhere (cuDNN
+ * CUDNN_FMA_MATH, cuBLAS CUBLAS_DEFAULT_MATH, which never lowers fp32 to TF32); tf32
+ * allows TF32 tensor cores (cuDNN CUDNN_DEFAULT_MATH, cuBLAS
+ * CUBLAS_TF32_TENSOR_OP_MATH), what PyTorch does with allow_tf32 = True.
+ *
+ * Batch norm: cudnnBatchNormalization* in CUDNN_BATCHNORM_SPATIAL mode with
+ * exponentialAverageFactor = momentum (0.1). cuDNN updates the running variance with
+ * the unbiased batch variance, like PyTorch (whose CUDA batch norm is this cuDNN call),
+ * and its resultSaveMean / resultSaveInvVariance are the batch mean and
+ * 1/sqrt(biased var + eps): exactly l->save_mean / l->save_invstd. num_batches_tracked
+ * (an int64 on the device) is incremented by a one-thread kernel.
+ */
+#include "core/log.h"
+#include "model/cuda/cuda_internal.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+/* cuBLAS workspace given with cublasSetWorkspace (NVIDIA recommends 32 MiB on Hopper),
+ * so cuBLAS never allocates one itself in the middle of a step. */
+#define BLAS_WS_BYTES ((size_t)32 << 20)
+
+rt_status rt_cuda_bind(rt_model_ctx *ctx) {
+    RT_CHECK_CUDA(cudaSetDevice(ctx->device.index));
+    return RT_OK;
+}
+
+static cudaStream_t stream_of(rt_model_ctx *ctx) { return cuda_state(ctx)->stream; }
+
+/* ---- context ------------------------------------------------------------------------ */
+
+static void cuda_ctx_release(rt_model_ctx *ctx) {
+    rt_cuda_state *s = ctx->backend;
+    if (!s) return;
+    (void)cudaSetDevice(ctx->device.index);
+    if (s->dnn) (void)cudnnDestroy(s->dnn);
+    if (s->blas) (void)cublasDestroy(s->blas);
+    if (s->blas_ws) (void)cudaFree(s->blas_ws);
+    if (s->bad_labels) (void)cudaFree(s->bad_labels);
+    free(s);
+    ctx->backend = NULL;
+}
 
 static rt_status cuda_ctx_init(rt_model_ctx *ctx) {
+    RT_REQUIRE(ctx->device.kind == RT_DEVICE_CUDA, RT_ERR_INTERNAL, "CUDA model backend on a non-CUDA device");
+    rt_cuda_state *s = calloc(1, sizeof *s);
+    RT_CHECK_ALLOC(s, sizeof *s);
+    ctx->backend = s; /* released by cuda_ctx_release, also after a failure below */
+    RT_CHECK(rt_cuda_bind(ctx));
+    s->stream = (cudaStream_t)rt_stream_native(ctx->stream);
+    RT_CHECK_CUDNN(cudnnCreate(&s->dnn));
+    RT_CHECK_CUDNN(cudnnSetStream(s->dnn, s->stream));
+    RT_CHECK_CUBLAS(cublasCreate(&s->blas));
+    RT_CHECK_CUBLAS(cublasSetStream(s->blas, s->stream));
+    RT_CHECK_CUBLAS(cublasSetPointerMode(s->blas, CUBLAS_POINTER_MODE_HOST));
+    RT_CHECK_CUBLAS(cublasSetMathMode(s->blas, ctx->precision == RT_PRECISION_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                                    : CUBLAS_DEFAULT_MATH));
+    RT_CHECK_CUDA(cudaMalloc(&s->blas_ws, BLAS_WS_BYTES));
+    s->blas_ws_bytes = BLAS_WS_BYTES;
+    RT_CHECK_CUBLAS(cublasSetWorkspace(s->blas, s->blas_ws, s->blas_ws_bytes));
+    RT_CHECK_CUDA(cudaMalloc((void **)&s->bad_labels, sizeof(int)));
+    RT_CHECK_CUDA(cudaMemsetAsync(s->bad_labels, 0, sizeof(int), s->stream));
+    RT_LOG_DEBUG("model on cuda:%d: cuDNN %zu, cuBLAS, precision %s", ctx->device.index, cudnnGetVersion(),
+                 ctx->precision == RT_PRECISION_TF32 ? "tf32" : "fp32");
+    return RT_OK;
+}
+
+/* ---- batch norm ---------------------------------------------------------------------- */
+
+typedef struct bn_priv {
+    cudnnTensorDescriptor_t param;        /* (1, c, 1, 1) */
+    cudnnTensorDescriptor_t full, spare;  /* (n, c, h, w) for max_n and for spare_n */
+    int max_n, spare_n;
+} bn_priv;
+
+static void cuda_bn_release(rt_model_ctx *ctx, rt_batchnorm2d *l) {
     (void)ctx;
-    RT_FAIL(RT_ERR_UNSUPPORTED, "the CUDA model backend is not implemented yet (use device cpu)");
+    bn_priv *p = l->priv;
+    if (!p) return;
+    if (p->param) (void)cudnnDestroyTensorDescriptor(p->param);
+    if (p->full) (void)cudnnDestroyTensorDescriptor(p->full);
+    if (p->spare) (void)cudnnDestroyTensorDescriptor(p->spare);
+    free(p);
+    l->priv = NULL;
+}
+
+static rt_status bn_prepare(rt_batchnorm2d *l, bn_priv *p, int max_n) {
+    p->max_n = max_n;
+    p->spare_n = -1;
+    RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&p->param));
+    RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&p->full));
+    RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&p->spare));
+    RT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(p->param, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, l->c, 1, 1));
+    RT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(p->full, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, max_n, l->c, l->h, l->w));
+    return RT_OK;
+}
+
+static rt_status cuda_bn_prepare(rt_model_ctx *ctx, rt_batchnorm2d *l, int max_n) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    if (l->priv) cuda_bn_release(ctx, l);
+    bn_priv *p = calloc(1, sizeof *p);
+    RT_CHECK_ALLOC(p, sizeof *p);
+    l->priv = p;
+    rt_status st = bn_prepare(l, p, max_n);
+    if (st != RT_OK) {
+        rt_error_trace(__FILE__, __LINE__, "batchnorm2d prepare");
+        cuda_bn_release(ctx, l);
+        return st;
+    }
+    return RT_OK;
+}
+
+static rt_status bn_desc(rt_batchnorm2d *l, int n, cudnnTensorDescriptor_t *out) {
+    bn_priv *p = l->priv;
+    RT_REQUIRE(p != NULL, RT_ERR_INVALID, "batchnorm2d on cuda: layer not prepared (rt_batchnorm2d_prepare)");
+    RT_REQUIRE(n <= p->max_n, RT_ERR_INVALID, "batchnorm2d: batch %d larger than the prepared %d", n, p->max_n);
+    if (n == p->max_n) {
+        *out = p->full;
+        return RT_OK;
+    }
+    if (p->spare_n != n) {
+        RT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(p->spare, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, l->c, l->h, l->w));
+        p->spare_n = n;
+    }
+    *out = p->spare;
+    return RT_OK;
+}
+
+static rt_status cuda_bn_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
+                                 bool training) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    cudnnTensorDescriptor_t xd;
+    RT_CHECK(bn_desc(l, n, &xd));
+    bn_priv *p = l->priv;
+    cudnnHandle_t h = cuda_state(ctx)->dnn;
+    const float one = 1.0f, zero = 0.0f;
+    if (training) {
+        RT_CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(
+            h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x, xd, y, p->param, rt_tensor_data(&l->weight),
+            rt_tensor_data(&l->bias), (double)l->momentum, rt_tensor_data(&l->running_mean),
+            rt_tensor_data(&l->running_var), (double)l->eps, l->save_mean, l->save_invstd));
+        RT_CHECK_CUDA(rt_cuk_increment_i64(stream_of(ctx), (int64_t *)rt_tensor_data(&l->num_batches_tracked)));
+    } else {
+        RT_CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
+            h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x, xd, y, p->param, rt_tensor_data(&l->weight),
+            rt_tensor_data(&l->bias), rt_tensor_data(&l->running_mean), rt_tensor_data(&l->running_var),
+            (double)l->eps));
+    }
+    return RT_OK;
+}
+
+static rt_status cuda_bn_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
+                                  float *dx, bool accumulate) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    cudnnTensorDescriptor_t xd;
+    RT_CHECK(bn_desc(l, n, &xd));
+    bn_priv *p = l->priv;
+    const float one = 1.0f, zero = 0.0f;
+    /* dx written or accumulated; dweight, dbias written */
+    RT_CHECK_CUDNN(cudnnBatchNormalizationBackward(
+        cuda_state(ctx)->dnn, CUDNN_BATCHNORM_SPATIAL, &one, accumulate ? &one : &zero, &one, &zero, xd, x, xd, dy,
+        xd, dx, p->param, rt_tensor_data(&l->weight), rt_tensor_data(&l->dweight), rt_tensor_data(&l->dbias),
+        (double)l->eps, l->save_mean, l->save_invstd));
+    return RT_OK;
+}
+
+/* ---- linear (cuBLAS, column-major view of row-major data) ---------------------------- */
+
+/* Row-major x (n, in) is column-major x^T (in, n); row-major W (out, in) is column-major
+ * W^T (in, out). So y^T (out, n) = W x^T = op_T(W^T) x^T. */
+static rt_status cuda_linear_forward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, float *y) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    rt_cuda_state *s = cuda_state(ctx);
+    const float one = 1.0f;
+    RT_CHECK_CUDA(rt_cuk_bias_rows(s->stream, n, l->out_f, rt_tensor_data(&l->bias), y));
+    RT_CHECK_CUBLAS(cublasSgemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, l->out_f, n, l->in_f, &one,
+                                rt_tensor_data(&l->weight), l->in_f, x, l->in_f, &one, y, l->out_f));
+    return RT_OK;
+}
+
+static rt_status cuda_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy,
+                                      float *dx) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    rt_cuda_state *s = cuda_state(ctx);
+    const float one = 1.0f, zero = 0.0f;
+    /* dW (out, in) = dy^T x  <=>  column-major dW^T (in, out) = x^T (in, n) dy (n, out) */
+    RT_CHECK_CUBLAS(cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_T, l->in_f, l->out_f, n, &one, x, l->in_f, dy,
+                                l->out_f, &zero, rt_tensor_data(&l->dweight), l->in_f));
+    RT_CHECK_CUDA(rt_cuk_column_sums(s->stream, n, l->out_f, dy, rt_tensor_data(&l->dbias)));
+    /* dx (n, in) = dy W  <=>  column-major dx^T (in, n) = W^T (in, out) dy^T (out, n) */
+    if (dx)
+        RT_CHECK_CUBLAS(cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, l->in_f, n, l->out_f, &one,
+                                    rt_tensor_data(&l->weight), l->in_f, dy, l->out_f, &zero, dx, l->in_f));
+    return RT_OK;
+}
+
+/* ---- kernel wrappers ----------------------------------------------------------------- */
+
+static rt_status cuda_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_relu_forward(stream_of(ctx), count, x, y));
+    return RT_OK;
+}
+
+static rt_status cuda_relu_backward(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_relu_backward(stream_of(ctx), count, y, dy, dx));
+    return RT_OK;
+}
+
+static rt_status cuda_maxpool_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_maxpool_forward(stream_of(ctx), l, n, x, y));
+    return RT_OK;
+}
+
+static rt_status cuda_maxpool_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
+                                       const float *dy, float *dx) {
+    (void)y;
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_maxpool_backward(stream_of(ctx), l, n, x, dy, dx));
+    return RT_OK;
+}
+
+static rt_status cuda_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const float *x, float *y) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_avgpool_forward(stream_of(ctx), n, c, hw, x, y));
+    return RT_OK;
+}
+
+static rt_status cuda_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, float *dx) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_avgpool_backward(stream_of(ctx), n, c, hw, dy, dx));
+    return RT_OK;
+}
+
+static rt_status cuda_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_dropout_forward(stream_of(ctx), l, n, x, y));
+    return RT_OK;
+}
+
+static rt_status cuda_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *dy, float *dx) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_dropout_backward(stream_of(ctx), l, n, dy, dx));
+    return RT_OK;
+}
+
+static rt_status cuda_add_forward(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_add(stream_of(ctx), count, a, b, y));
+    return RT_OK;
+}
+
+static rt_status cuda_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_accumulate(stream_of(ctx), count, dy, dx));
+    return RT_OK;
+}
+
+static rt_status cuda_copy(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
+    if (count == 0 || x == y) return RT_OK;
+    /* cudaMemcpyAsync has no memmove semantics: refuse partial overlap */
+    RT_REQUIRE((uintptr_t)(x + count) <= (uintptr_t)y || (uintptr_t)(y + count) <= (uintptr_t)x, RT_ERR_INVALID,
+               "copy of %zu floats between overlapping device ranges", count);
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(cudaMemcpyAsync(y, x, sizeof(float) * count, cudaMemcpyDeviceToDevice, stream_of(ctx)));
+    return RT_OK;
+}
+
+static rt_status cuda_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels,
+                                   float *loss, float *dlogits) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    rt_cuda_state *s = cuda_state(ctx);
+    RT_CHECK_CUDA(rt_cuk_softmax_xent(s->stream, n, k, logits, labels, loss, dlogits, s->bad_labels));
+    return RT_OK;
+}
+
+static rt_status cuda_log_softmax_forward(rt_model_ctx *ctx, int n, int k, const float *x, float *y) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_log_softmax_forward(stream_of(ctx), n, k, x, y));
+    return RT_OK;
+}
+
+static rt_status cuda_log_softmax_backward(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy,
+                                           float *dx) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_log_softmax_backward(stream_of(ctx), n, k, y, dy, dx));
+    return RT_OK;
+}
+
+static rt_status cuda_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+                               float *dlogp) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    rt_cuda_state *s = cuda_state(ctx);
+    RT_CHECK_CUDA(rt_cuk_nll_loss(s->stream, n, k, logp, labels, loss, dlogp, s->bad_labels));
+    return RT_OK;
 }
 
 const rt_model_backend rt_model_backend_cuda = {
     .name = "cuda",
     .ctx_init = cuda_ctx_init,
+    .ctx_release = cuda_ctx_release,
+    .conv2d_prepare = rt_cuda_conv2d_prepare,
+    .conv2d_release = rt_cuda_conv2d_release,
+    .conv2d_forward = rt_cuda_conv2d_forward,
+    .conv2d_backward = rt_cuda_conv2d_backward,
+    .batchnorm2d_prepare = cuda_bn_prepare,
+    .batchnorm2d_release = cuda_bn_release,
+    .batchnorm2d_forward = cuda_bn_forward,
+    .batchnorm2d_backward = cuda_bn_backward,
+    .relu_forward = cuda_relu_forward,
+    .relu_backward = cuda_relu_backward,
+    .maxpool2d_forward = cuda_maxpool_forward,
+    .maxpool2d_backward = cuda_maxpool_backward,
+    .avgpool_forward = cuda_avgpool_forward,
+    .avgpool_backward = cuda_avgpool_backward,
+    .linear_forward = cuda_linear_forward,
+    .linear_backward = cuda_linear_backward,
+    .dropout_forward = cuda_dropout_forward,
+    .dropout_backward = cuda_dropout_backward,
+    .add_forward = cuda_add_forward,
+    .add_backward = cuda_add_backward,
+    .copy = cuda_copy,
+    .softmax_xent = cuda_softmax_xent,
+    .log_softmax_forward = cuda_log_softmax_forward,
+    .log_softmax_backward = cuda_log_softmax_backward,
+    .nll_loss = cuda_nll_loss,
 };

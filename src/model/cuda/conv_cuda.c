@@ -1,0 +1,379 @@
+/* conv2d on CUDA: cuDNN forward, backward-data and backward-filter (NCHW, fp32).
+ *
+ * Prepare (once per layer, setup time) creates the filter and convolution descriptors
+ * and the x/y tensor descriptors for the largest batch, and chooses the three
+ * algorithms by measurement: cudnnFind*AlgorithmEx runs every candidate on scratch
+ * buffers of the real shapes with a workspace bounded by RT_CUDA_CONV_WS_CAP and the
+ * fastest that succeeds is kept (its workspace is reported to the model, which
+ * reserves the largest over all layers as ctx->work). Identical shapes are measured
+ * once per context (ResNet34 repeats most of its convolutions).
+ *
+ * Precision: fp32 sets CUDNN_FMA_MATH on the convolution descriptors (no tensor cores,
+ * no TF32); tf32 sets CUDNN_DEFAULT_MATH (TF32 tensor cores allowed on sm_80+) and
+ * then each direction's descriptor takes the math type its chosen algorithm was
+ * measured with, as cuDNN recommends.
+ *
+ * Smaller batches (the last partial batch of an epoch): a second set of x/y descriptors
+ * is re-described for that n when it changes (cudnnSetTensor4dDescriptor on existing
+ * descriptors: host only, nothing allocated) and reuses the algorithms measured for the
+ * full batch; if cuDNN rejects one of them for the smaller shape, or it would need more
+ * workspace than ctx->work holds, that direction falls back to the zero-workspace
+ * algorithm (IMPLICIT_GEMM / ALGO_0). Nothing allocates or synchronises in a step.
+ */
+#include "core/log.h"
+#include "model/cuda/cuda_internal.h"
+
+#include <stdlib.h>
+
+typedef struct conv_shape {
+    int n;
+    cudnnTensorDescriptor_t x, y;
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+} conv_shape;
+
+typedef struct conv_priv {
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv_fwd, conv_bwd_data, conv_bwd_filter;
+    cudnnTensorDescriptor_t bias; /* (1, out_c, 1, 1) */
+    conv_shape full, spare;       /* full: max_n; spare: the last other n (-1: none) */
+    int max_n;
+} conv_priv;
+
+static rt_status set_4d(cudnnTensorDescriptor_t d, int n, int c, int h, int w) {
+    RT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+    return RT_OK;
+}
+
+static rt_status shape_create(conv_shape *s) {
+    s->n = -1;
+    RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&s->x));
+    RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&s->y));
+    return RT_OK;
+}
+
+static void shape_destroy(conv_shape *s) {
+    if (s->x) (void)cudnnDestroyTensorDescriptor(s->x);
+    if (s->y) (void)cudnnDestroyTensorDescriptor(s->y);
+    s->x = s->y = NULL;
+}
+
+static rt_status shape_set(conv_shape *s, const rt_conv2d *l, int n) {
+    RT_CHECK(set_4d(s->x, n, l->in_c, l->in_h, l->in_w));
+    RT_CHECK(set_4d(s->y, n, l->out_c, l->out_h, l->out_w));
+    s->n = n;
+    return RT_OK;
+}
+
+void rt_cuda_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l) {
+    (void)ctx;
+    conv_priv *p = l->priv;
+    if (!p) return;
+    shape_destroy(&p->full);
+    shape_destroy(&p->spare);
+    if (p->w) (void)cudnnDestroyFilterDescriptor(p->w);
+    if (p->conv_fwd) (void)cudnnDestroyConvolutionDescriptor(p->conv_fwd);
+    if (p->conv_bwd_data) (void)cudnnDestroyConvolutionDescriptor(p->conv_bwd_data);
+    if (p->conv_bwd_filter) (void)cudnnDestroyConvolutionDescriptor(p->conv_bwd_filter);
+    if (p->bias) (void)cudnnDestroyTensorDescriptor(p->bias);
+    free(p);
+    l->priv = NULL;
+}
+
+static rt_status conv_desc(cudnnConvolutionDescriptor_t *d, const rt_conv2d *l, cudnnMathType_t math) {
+    RT_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(d));
+    /* CROSS_CORRELATION is what PyTorch's Conv2d computes */
+    RT_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(*d, l->pad, l->pad, l->stride, l->stride, 1, 1,
+                                                   CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    RT_CHECK_CUDNN(cudnnSetConvolutionMathType(*d, math));
+    return RT_OK;
+}
+
+/* An algorithm measured under fp32 must not use tensor cores. */
+static bool math_allowed(const rt_model_ctx *ctx, cudnnMathType_t m) {
+    return ctx->precision == RT_PRECISION_TF32 || m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+}
+
+/* ---- measurement --------------------------------------------------------------------- */
+
+typedef struct find_bufs {
+    void *x, *y, *w, *ws;
+    size_t ws_bytes;
+} find_bufs;
+
+static void find_bufs_free(find_bufs *b) {
+    if (b->x) (void)cudaFree(b->x);
+    if (b->y) (void)cudaFree(b->y);
+    if (b->w) (void)cudaFree(b->w);
+    if (b->ws) (void)cudaFree(b->ws);
+    *b = (find_bufs){0};
+}
+
+/* The largest workspace any algorithm of the three directions asks for, capped. */
+static size_t largest_workspace(cudnnHandle_t h, const conv_priv *p) {
+    size_t most = 0, ws;
+    for (int a = 0; a < CUDNN_CONVOLUTION_FWD_ALGO_COUNT; a++)
+        if (cudnnGetConvolutionForwardWorkspaceSize(h, p->full.x, p->w, p->conv_fwd, p->full.y,
+                                                    (cudnnConvolutionFwdAlgo_t)a, &ws) == CUDNN_STATUS_SUCCESS &&
+            ws > most)
+            most = ws;
+    for (int a = 0; a < CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT; a++)
+        if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->full.y, p->conv_bwd_data, p->full.x,
+                                                         (cudnnConvolutionBwdDataAlgo_t)a,
+                                                         &ws) == CUDNN_STATUS_SUCCESS &&
+            ws > most)
+            most = ws;
+    for (int a = 0; a < CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT; a++)
+        if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->full.x, p->full.y, p->conv_bwd_filter, p->w,
+                                                           (cudnnConvolutionBwdFilterAlgo_t)a,
+                                                           &ws) == CUDNN_STATUS_SUCCESS &&
+            ws > most)
+            most = ws;
+    return most < RT_CUDA_CONV_WS_CAP ? most : RT_CUDA_CONV_WS_CAP;
+}
+
+static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, rt_cuda_conv_algos *out) {
+    rt_cuda_state *s = cuda_state(ctx);
+    const size_t xb = sizeof(float) * (size_t)p->max_n * l->in_c * l->in_h * l->in_w;
+    const size_t yb = sizeof(float) * (size_t)p->max_n * l->out_c * l->out_h * l->out_w;
+    const size_t wb = sizeof(float) * (size_t)l->out_c * l->in_c * l->k * l->k;
+    find_bufs b = {0};
+    /* scratch at the real sizes: x doubles as dx, y as dy, w as dw (never the model's
+     * own buffers, so measuring cannot disturb parameters or gradients) */
+    b.ws_bytes = largest_workspace(s->dnn, p);
+    cudaError_t e = cudaMalloc(&b.x, xb);
+    if (e == cudaSuccess) e = cudaMalloc(&b.y, yb);
+    if (e == cudaSuccess) e = cudaMalloc(&b.w, wb);
+    if (e == cudaSuccess && b.ws_bytes) {
+        /* a workspace that does not fit is measured with less (down to none) */
+        while (cudaMalloc(&b.ws, b.ws_bytes) != cudaSuccess && b.ws_bytes > ((size_t)1 << 20)) b.ws_bytes /= 2;
+        (void)cudaGetLastError();
+        if (!b.ws) b.ws_bytes = 0;
+    }
+    if (e == cudaSuccess) e = cudaMemsetAsync(b.x, 0, xb, s->stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(b.y, 0, yb, s->stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(b.w, 0, wb, s->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s->stream);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        find_bufs_free(&b);
+        RT_FAIL(RT_ERR_CUDA, "conv2d %d->%d %dx%d k%d: scratch for the algorithm search (%zu + %zu bytes): %s",
+                l->in_c, l->out_c, l->in_h, l->in_w, l->k, xb, yb, cudaGetErrorString(e));
+    }
+
+    cudnnConvolutionFwdAlgoPerf_t fr[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    cudnnConvolutionBwdDataAlgoPerf_t dr[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t wr[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int nf = 0, nd = 0, nw = 0;
+    cudnnStatus_t cs = cudnnFindConvolutionForwardAlgorithmEx(s->dnn, p->full.x, b.x, p->w, b.w, p->conv_fwd,
+                                                              p->full.y, b.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &nf,
+                                                              fr, b.ws, b.ws_bytes);
+    if (cs == CUDNN_STATUS_SUCCESS)
+        cs = cudnnFindConvolutionBackwardDataAlgorithmEx(s->dnn, p->w, b.w, p->full.y, b.y, p->conv_bwd_data,
+                                                         p->full.x, b.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &nd,
+                                                         dr, b.ws, b.ws_bytes);
+    if (cs == CUDNN_STATUS_SUCCESS)
+        cs = cudnnFindConvolutionBackwardFilterAlgorithmEx(s->dnn, p->full.x, b.x, p->full.y, b.y,
+                                                           p->conv_bwd_filter, p->w, b.w,
+                                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &nw, wr, b.ws,
+                                                           b.ws_bytes);
+    find_bufs_free(&b);
+    if (cs != CUDNN_STATUS_SUCCESS)
+        RT_FAIL(RT_ERR_CUDA, "conv2d %d->%d %dx%d k%d s%d: cuDNN algorithm search: %s", l->in_c, l->out_c, l->in_h,
+                l->in_w, l->k, l->stride, cudnnGetErrorString(cs));
+
+    /* results come sorted by time: keep the fastest usable one; the zero-workspace
+     * algorithms are the fallback if none is */
+    out->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    out->fwd_math = ctx->precision == RT_PRECISION_TF32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    out->fwd_ws = 0;
+    for (int i = 0; i < nf; i++)
+        if (fr[i].status == CUDNN_STATUS_SUCCESS && fr[i].memory <= RT_CUDA_CONV_WS_CAP &&
+            math_allowed(ctx, fr[i].mathType)) {
+            out->fwd = fr[i].algo, out->fwd_math = fr[i].mathType, out->fwd_ws = fr[i].memory;
+            break;
+        }
+    out->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+    out->bwd_data_math = out->fwd_math;
+    out->bwd_data_ws = 0;
+    for (int i = 0; i < nd; i++)
+        if (dr[i].status == CUDNN_STATUS_SUCCESS && dr[i].memory <= RT_CUDA_CONV_WS_CAP &&
+            math_allowed(ctx, dr[i].mathType)) {
+            out->bwd_data = dr[i].algo, out->bwd_data_math = dr[i].mathType, out->bwd_data_ws = dr[i].memory;
+            break;
+        }
+    out->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+    out->bwd_filter_math = out->fwd_math;
+    out->bwd_filter_ws = 0;
+    for (int i = 0; i < nw; i++)
+        if (wr[i].status == CUDNN_STATUS_SUCCESS && wr[i].memory <= RT_CUDA_CONV_WS_CAP &&
+            math_allowed(ctx, wr[i].mathType)) {
+            out->bwd_filter = wr[i].algo, out->bwd_filter_math = wr[i].mathType, out->bwd_filter_ws = wr[i].memory;
+            break;
+        }
+    RT_LOG_DEBUG("conv2d %d->%d %dx%d k%d s%d n%d: fwd algo %d (math %d, %zu B), bwd-data %d (math %d, %zu B), "
+                 "bwd-filter %d (math %d, %zu B)",
+                 l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, p->max_n, (int)out->fwd, (int)out->fwd_math,
+                 out->fwd_ws, (int)out->bwd_data, (int)out->bwd_data_math, out->bwd_data_ws, (int)out->bwd_filter,
+                 (int)out->bwd_filter_math, out->bwd_filter_ws);
+    return RT_OK;
+}
+
+static rt_cuda_conv_algos *cache_find(rt_model_ctx *ctx, const rt_conv2d *l, int n) {
+    rt_cuda_state *s = cuda_state(ctx);
+    for (int i = 0; i < s->nalgos; i++) {
+        rt_cuda_conv_algos *a = &s->algos[i];
+        if (a->in_c == l->in_c && a->out_c == l->out_c && a->in_h == l->in_h && a->in_w == l->in_w && a->k == l->k &&
+            a->stride == l->stride && a->pad == l->pad && a->n == n && a->precision == (int)ctx->precision)
+            return a;
+    }
+    return NULL;
+}
+
+static void cache_put(rt_model_ctx *ctx, const rt_conv2d *l, int n, rt_cuda_conv_algos *a) {
+    rt_cuda_state *s = cuda_state(ctx);
+    a->in_c = l->in_c, a->out_c = l->out_c, a->in_h = l->in_h, a->in_w = l->in_w, a->k = l->k;
+    a->stride = l->stride, a->pad = l->pad, a->n = n, a->precision = (int)ctx->precision;
+    if (s->nalgos < RT_CUDA_ALGO_CACHE) s->algos[s->nalgos++] = *a;
+}
+
+/* ---- prepare ------------------------------------------------------------------------- */
+
+static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int max_n, size_t *workspace) {
+    const cudnnMathType_t math = ctx->precision == RT_PRECISION_TF32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    p->max_n = max_n;
+    RT_CHECK_CUDNN(cudnnCreateFilterDescriptor(&p->w));
+    RT_CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, l->out_c, l->in_c, l->k,
+                                              l->k));
+    RT_CHECK(conv_desc(&p->conv_fwd, l, math));
+    RT_CHECK(conv_desc(&p->conv_bwd_data, l, math));
+    RT_CHECK(conv_desc(&p->conv_bwd_filter, l, math));
+    RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&p->bias));
+    RT_CHECK(set_4d(p->bias, 1, l->out_c, 1, 1));
+    RT_CHECK(shape_create(&p->full));
+    RT_CHECK(shape_create(&p->spare));
+    RT_CHECK(shape_set(&p->full, l, max_n));
+    /* cuDNN must agree on the output shape */
+    int on, oc, oh, ow;
+    RT_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(p->conv_fwd, p->full.x, p->w, &on, &oc, &oh, &ow));
+    RT_REQUIRE(on == max_n && oc == l->out_c && oh == l->out_h && ow == l->out_w, RT_ERR_INTERNAL,
+               "conv2d: cuDNN output %dx%dx%dx%d, expected %dx%dx%dx%d", on, oc, oh, ow, max_n, l->out_c, l->out_h,
+               l->out_w);
+
+    rt_cuda_conv_algos a;
+    rt_cuda_conv_algos *hit = cache_find(ctx, l, max_n);
+    if (hit) {
+        a = *hit;
+    } else {
+        RT_CHECK(find_algos(ctx, l, p, &a));
+        cache_put(ctx, l, max_n, &a);
+    }
+    RT_CHECK_CUDNN(cudnnSetConvolutionMathType(p->conv_fwd, a.fwd_math));
+    RT_CHECK_CUDNN(cudnnSetConvolutionMathType(p->conv_bwd_data, a.bwd_data_math));
+    RT_CHECK_CUDNN(cudnnSetConvolutionMathType(p->conv_bwd_filter, a.bwd_filter_math));
+    p->full.fwd = a.fwd;
+    p->full.bwd_data = a.bwd_data;
+    p->full.bwd_filter = a.bwd_filter;
+    /* the workspace the chosen algorithms need with the final math types */
+    size_t ws = 0, need = 0;
+    RT_CHECK_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(cuda_state(ctx)->dnn, p->full.x, p->w, p->conv_fwd,
+                                                           p->full.y, a.fwd, &ws));
+    need = ws;
+    RT_CHECK_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(cuda_state(ctx)->dnn, p->w, p->full.y,
+                                                                p->conv_bwd_data, p->full.x, a.bwd_data, &ws));
+    if (ws > need) need = ws;
+    RT_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(cuda_state(ctx)->dnn, p->full.x, p->full.y,
+                                                                  p->conv_bwd_filter, p->w, a.bwd_filter, &ws));
+    if (ws > need) need = ws;
+    *workspace = need;
+    return RT_OK;
+}
+
+rt_status rt_cuda_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    if (l->priv) rt_cuda_conv2d_release(ctx, l);
+    conv_priv *p = calloc(1, sizeof *p);
+    RT_CHECK_ALLOC(p, sizeof *p);
+    l->priv = p;
+    rt_status st = conv_prepare(ctx, l, p, max_n, workspace);
+    if (st != RT_OK) {
+        rt_error_trace(__FILE__, __LINE__, "conv2d prepare");
+        rt_cuda_conv2d_release(ctx, l);
+        return st;
+    }
+    return RT_OK;
+}
+
+/* ---- per-step shape ------------------------------------------------------------------ */
+
+/* The descriptors for batch n: the full set, or the spare set re-described for n. */
+static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **out) {
+    conv_priv *p = l->priv;
+    RT_REQUIRE(p != NULL, RT_ERR_INVALID, "conv2d on cuda: layer not prepared (rt_conv2d_prepare)");
+    RT_REQUIRE(n <= p->max_n, RT_ERR_INVALID, "conv2d: batch %d larger than the prepared %d", n, p->max_n);
+    if (n == p->max_n) {
+        *out = &p->full;
+        return RT_OK;
+    }
+    conv_shape *s = &p->spare;
+    if (s->n != n) {
+        cudnnHandle_t h = cuda_state(ctx)->dnn;
+        RT_CHECK(shape_set(s, l, n));
+        size_t ws;
+        s->fwd = p->full.fwd;
+        if (cudnnGetConvolutionForwardWorkspaceSize(h, s->x, p->w, p->conv_fwd, s->y, s->fwd, &ws) !=
+                CUDNN_STATUS_SUCCESS ||
+            ws > ctx->work_bytes)
+            s->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+        s->bwd_data = p->full.bwd_data;
+        if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, s->y, p->conv_bwd_data, s->x, s->bwd_data, &ws) !=
+                CUDNN_STATUS_SUCCESS ||
+            ws > ctx->work_bytes)
+            s->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+        s->bwd_filter = p->full.bwd_filter;
+        if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, s->x, s->y, p->conv_bwd_filter, p->w, s->bwd_filter,
+                                                           &ws) != CUDNN_STATUS_SUCCESS ||
+            ws > ctx->work_bytes)
+            s->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+    }
+    *out = s;
+    return RT_OK;
+}
+
+/* ---- forward / backward -------------------------------------------------------------- */
+
+rt_status rt_cuda_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    conv_shape *s;
+    RT_CHECK(shape_for(ctx, l, n, &s));
+    conv_priv *p = l->priv;
+    cudnnHandle_t h = cuda_state(ctx)->dnn;
+    const float one = 1.0f, zero = 0.0f;
+    RT_CHECK_CUDNN(cudnnConvolutionForward(h, &one, s->x, x, p->w, rt_tensor_data(&l->weight), p->conv_fwd, s->fwd,
+                                           ctx->work, ctx->work_bytes, &zero, s->y, y));
+    if (l->has_bias)
+        RT_CHECK_CUDNN(cudnnAddTensor(h, &one, p->bias, rt_tensor_data(&l->bias), &one, s->y, y));
+    return RT_OK;
+}
+
+rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+                                  bool accumulate) {
+    RT_CHECK(rt_cuda_bind(ctx));
+    conv_shape *s;
+    RT_CHECK(shape_for(ctx, l, n, &s));
+    conv_priv *p = l->priv;
+    cudnnHandle_t h = cuda_state(ctx)->dnn;
+    const float one = 1.0f, zero = 0.0f;
+    /* parameter gradients are written (beta 0) */
+    RT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(h, &one, s->x, x, s->y, dy, p->conv_bwd_filter, s->bwd_filter,
+                                                  ctx->work, ctx->work_bytes, &zero, p->w,
+                                                  rt_tensor_data(&l->dweight)));
+    if (l->has_bias)
+        RT_CHECK_CUDNN(cudnnConvolutionBackwardBias(h, &one, s->y, dy, &zero, p->bias, rt_tensor_data(&l->dbias)));
+    if (dx)
+        RT_CHECK_CUDNN(cudnnConvolutionBackwardData(h, &one, p->w, rt_tensor_data(&l->weight), s->y, dy,
+                                                    p->conv_bwd_data, s->bwd_data, ctx->work, ctx->work_bytes,
+                                                    accumulate ? &one : &zero, s->x, dx));
+    return RT_OK;
+}

@@ -1,0 +1,91 @@
+/* Private to the CUDA model backend: its context state, the per-layer state kept in
+ * l->priv, and the launchers of the kernels in kernels_cuda.cu.
+ *
+ * Included by .c files (compiled by gcc with the CUDA headers) and by the .cu file
+ * (nvcc), so everything here is plain C. */
+#ifndef RT_MODEL_CUDA_INTERNAL_H
+#define RT_MODEL_CUDA_INTERNAL_H
+
+#include "core/cuda/cuda_check.h"
+#include "model/backend.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One measured algorithm choice per convolution shape, shared by identical layers
+ * (ResNet34's layer1 has six identical convolutions: measured once). */
+typedef struct rt_cuda_conv_algos {
+    int in_c, out_c, in_h, in_w, k, stride, pad, n, precision; /* the key */
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    cudnnMathType_t fwd_math, bwd_data_math, bwd_filter_math;
+    size_t fwd_ws, bwd_data_ws, bwd_filter_ws; /* bytes, at batch n */
+} rt_cuda_conv_algos;
+
+#define RT_CUDA_ALGO_CACHE 64
+
+typedef struct rt_cuda_state {
+    cudnnHandle_t dnn;
+    cublasHandle_t blas;
+    cudaStream_t stream;
+    void *blas_ws;      /* cuBLAS workspace (cublasSetWorkspace): no allocation inside cuBLAS */
+    size_t blas_ws_bytes;
+    int *bad_labels;    /* device counter of out-of-range labels seen by the loss kernels */
+    rt_cuda_conv_algos algos[RT_CUDA_ALGO_CACHE];
+    int nalgos;
+} rt_cuda_state;
+
+static inline rt_cuda_state *cuda_state(rt_model_ctx *ctx) { return (rt_cuda_state *)ctx->backend; }
+
+/* Upper bound of the workspace a convolution algorithm may use (cuDNN Find is given at
+ * most this much; faster algorithms that need more are not considered). */
+#define RT_CUDA_CONV_WS_CAP ((size_t)256 << 20)
+
+/* Make the context's GPU current for the calling thread (cheap, no synchronisation). */
+rt_status rt_cuda_bind(rt_model_ctx *ctx);
+
+/* conv_cuda.c */
+rt_status rt_cuda_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
+void rt_cuda_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l);
+rt_status rt_cuda_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y);
+rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+                                  bool accumulate);
+
+/* ---- kernels_cuda.cu: every launcher enqueues on `s` and returns the launch status --- */
+
+cudaError_t rt_cuk_relu_forward(cudaStream_t s, size_t count, const float *x, float *y);
+cudaError_t rt_cuk_relu_backward(cudaStream_t s, size_t count, const float *y, const float *dy, float *dx);
+cudaError_t rt_cuk_add(cudaStream_t s, size_t count, const float *a, const float *b, float *y);
+cudaError_t rt_cuk_accumulate(cudaStream_t s, size_t count, const float *dy, float *dx);
+/* max pooling with the CPU rule (padding -inf, first maximum, NaN wins) */
+cudaError_t rt_cuk_maxpool_forward(cudaStream_t s, const rt_maxpool2d *l, int n, const float *x, float *y);
+cudaError_t rt_cuk_maxpool_backward(cudaStream_t s, const rt_maxpool2d *l, int n, const float *x, const float *dy,
+                                    float *dx);
+cudaError_t rt_cuk_avgpool_forward(cudaStream_t s, int n, int c, int hw, const float *x, float *y);
+cudaError_t rt_cuk_avgpool_backward(cudaStream_t s, int n, int c, int hw, const float *dy, float *dx);
+/* y (n, out) row i = b; db (out) = column sums of dy (n, out) */
+cudaError_t rt_cuk_bias_rows(cudaStream_t s, int n, int out, const float *b, float *y);
+cudaError_t rt_cuk_column_sums(cudaStream_t s, int n, int out, const float *dy, float *db);
+/* dropout: mask (draws) from Philox, y = x * mask[j / plane] */
+cudaError_t rt_cuk_dropout_forward(cudaStream_t s, const rt_dropout *l, int n, const float *x, float *y);
+cudaError_t rt_cuk_dropout_backward(cudaStream_t s, const rt_dropout *l, int n, const float *dy, float *dx);
+/* *counter += 1 (num_batches_tracked) */
+cudaError_t rt_cuk_increment_i64(cudaStream_t s, int64_t *counter);
+/* losses: an out-of-range label adds 1 to *bad and makes the loss (and that row's
+ * gradient) NaN */
+cudaError_t rt_cuk_softmax_xent(cudaStream_t s, int n, int k, const float *logits, const int32_t *labels,
+                                float *loss, float *dlogits, int *bad);
+cudaError_t rt_cuk_log_softmax_forward(cudaStream_t s, int n, int k, const float *x, float *y);
+cudaError_t rt_cuk_log_softmax_backward(cudaStream_t s, int n, int k, const float *y, const float *dy, float *dx);
+cudaError_t rt_cuk_nll_loss(cudaStream_t s, int n, int k, const float *logp, const int32_t *labels, float *loss,
+                            float *dlogp, int *bad);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,374 @@
+/* The CUDA kernels of the model backend: what cuDNN and cuBLAS do not provide in the
+ * form the CPU backend defines (src/model/cpu/ops_cpu.c).
+ *
+ * Elementwise ops (relu, residual add, accumulate), max pooling with the CPU's tie rule
+ * (padding -inf, the first maximum of a window gets the gradient, NaN wins), global
+ * average pooling, the linear layer's bias broadcast and bias gradient, dropout with the
+ * shared Philox stream (core/philox.h compiles for the device: the masks equal the CPU
+ * backend's for the same counter), the BN step counter, and the losses (softmax
+ * cross-entropy, log-softmax, NLL). Each kernel does the CPU loop's arithmetic in the
+ * same order and precision (sums in double where the CPU sums in double), so these ops
+ * agree with the CPU backend to the last bit or nearly; only the convolutions and batch
+ * norm (cuDNN) and the matrix products (cuBLAS) differ by rounding.
+ *
+ * Every launcher enqueues on the given stream and returns cudaGetLastError(); no
+ * launcher allocates or synchronises.
+ */
+#include "core/philox.h"
+#include "model/cuda/cuda_internal.h"
+
+#include <math.h>
+
+#define THREADS 256
+#define REDUCE_THREADS 256
+
+static unsigned grid_for(size_t count) {
+    size_t g = (count + THREADS - 1) / THREADS;
+    if (g > ((size_t)1 << 20)) g = (size_t)1 << 20; /* grid-stride loops cover the rest */
+    return g ? (unsigned)g : 1u;
+}
+
+#define GRID_STRIDE(i, count)                                                                 \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (count);            \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* ---- elementwise ------------------------------------------------------------------- */
+
+static __global__ void relu_fw_kernel(size_t count, const float *x, float *y) {
+    GRID_STRIDE(i, count) {
+        float v = x[i];
+        y[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+static __global__ void relu_bw_kernel(size_t count, const float *y, const float *dy, float *dx) {
+    GRID_STRIDE(i, count) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+}
+
+static __global__ void add_kernel(size_t count, const float *a, const float *b, float *y) {
+    GRID_STRIDE(i, count) { y[i] = __fadd_rn(a[i], b[i]); }
+}
+
+static __global__ void acc_kernel(size_t count, const float *dy, float *dx) {
+    GRID_STRIDE(i, count) { dx[i] = __fadd_rn(dx[i], dy[i]); }
+}
+
+extern "C" cudaError_t rt_cuk_relu_forward(cudaStream_t s, size_t count, const float *x, float *y) {
+    if (count == 0) return cudaSuccess;
+    relu_fw_kernel<<<grid_for(count), THREADS, 0, s>>>(count, x, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_relu_backward(cudaStream_t s, size_t count, const float *y, const float *dy, float *dx) {
+    if (count == 0) return cudaSuccess;
+    relu_bw_kernel<<<grid_for(count), THREADS, 0, s>>>(count, y, dy, dx);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_add(cudaStream_t s, size_t count, const float *a, const float *b, float *y) {
+    if (count == 0) return cudaSuccess;
+    add_kernel<<<grid_for(count), THREADS, 0, s>>>(count, a, b, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_accumulate(cudaStream_t s, size_t count, const float *dy, float *dx) {
+    if (count == 0) return cudaSuccess;
+    acc_kernel<<<grid_for(count), THREADS, 0, s>>>(count, dy, dx);
+    return cudaGetLastError();
+}
+
+/* ---- max pooling ------------------------------------------------------------------- */
+
+typedef struct pool_geom {
+    int in_h, in_w, out_h, out_w, k, stride, pad;
+} pool_geom;
+
+/* index into the input plane of the first maximum of window (oh, ow): the CPU's
+ * window_argmax, line for line */
+static __device__ __forceinline__ int window_argmax(const pool_geom g, const float *xp, int oh, int ow, float *best) {
+    int h0 = oh * g.stride - g.pad, w0 = ow * g.stride - g.pad;
+    int arg = -1;
+    float m = -INFINITY;
+    for (int i = 0; i < g.k; i++) {
+        int ih = h0 + i;
+        if (ih < 0 || ih >= g.in_h) continue;
+        for (int j = 0; j < g.k; j++) {
+            int iw = w0 + j;
+            if (iw < 0 || iw >= g.in_w) continue;
+            float v = xp[ih * g.in_w + iw];
+            if (arg < 0 || v > m || isnan(v)) {
+                m = v;
+                arg = ih * g.in_w + iw;
+            }
+        }
+    }
+    *best = m;
+    return arg;
+}
+
+static __global__ void maxpool_fw_kernel(size_t total, const pool_geom g, const float *x, float *y) {
+    const size_t out_plane = (size_t)g.out_h * g.out_w, in_plane = (size_t)g.in_h * g.in_w;
+    GRID_STRIDE(i, total) {
+        size_t plane = i / out_plane;
+        int r = (int)(i - plane * out_plane);
+        int oh = r / g.out_w, ow = r - oh * g.out_w;
+        float m;
+        (void)window_argmax(g, x + plane * in_plane, oh, ow, &m);
+        y[i] = m;
+    }
+}
+
+/* one thread per input element: gather dy from every window whose first maximum it
+ * is, in the CPU's (oh, ow) order, so the sums are bit-identical */
+static __global__ void maxpool_bw_kernel(size_t total, const pool_geom g, const float *x, const float *dy,
+                                         float *dx) {
+    const size_t out_plane = (size_t)g.out_h * g.out_w, in_plane = (size_t)g.in_h * g.in_w;
+    GRID_STRIDE(i, total) {
+        size_t plane = i / in_plane;
+        int r = (int)(i - plane * in_plane);
+        int ih = r / g.in_w, iw = r - ih * g.in_w;
+        const float *xp = x + plane * in_plane;
+        const float *dyp = dy + plane * out_plane;
+        /* windows with oh*s - pad <= ih <= oh*s - pad + k - 1 */
+        int lo_h = ih + g.pad - g.k + 1, lo_w = iw + g.pad - g.k + 1;
+        int oh0 = lo_h <= 0 ? 0 : (lo_h + g.stride - 1) / g.stride;
+        int ow0 = lo_w <= 0 ? 0 : (lo_w + g.stride - 1) / g.stride;
+        int oh1 = (ih + g.pad) / g.stride, ow1 = (iw + g.pad) / g.stride;
+        if (oh1 > g.out_h - 1) oh1 = g.out_h - 1;
+        if (ow1 > g.out_w - 1) ow1 = g.out_w - 1;
+        float acc = 0.0f;
+        for (int oh = oh0; oh <= oh1; oh++)
+            for (int ow = ow0; ow <= ow1; ow++) {
+                float m;
+                if (window_argmax(g, xp, oh, ow, &m) == r) acc = __fadd_rn(acc, dyp[oh * g.out_w + ow]);
+            }
+        dx[i] = acc;
+    }
+}
+
+static pool_geom geom_of(const rt_maxpool2d *l) {
+    pool_geom g = {l->in_h, l->in_w, l->out_h, l->out_w, l->k, l->stride, l->pad};
+    return g;
+}
+
+extern "C" cudaError_t rt_cuk_maxpool_forward(cudaStream_t s, const rt_maxpool2d *l, int n, const float *x, float *y) {
+    size_t total = (size_t)n * l->c * l->out_h * l->out_w;
+    if (total == 0) return cudaSuccess;
+    maxpool_fw_kernel<<<grid_for(total), THREADS, 0, s>>>(total, geom_of(l), x, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_maxpool_backward(cudaStream_t s, const rt_maxpool2d *l, int n, const float *x,
+                                               const float *dy, float *dx) {
+    size_t total = (size_t)n * l->c * l->in_h * l->in_w;
+    if (total == 0) return cudaSuccess;
+    maxpool_bw_kernel<<<grid_for(total), THREADS, 0, s>>>(total, geom_of(l), x, dy, dx);
+    return cudaGetLastError();
+}
+
+/* ---- global average pooling -------------------------------------------------------- */
+
+static __global__ void avgpool_fw_kernel(size_t planes, int hw, const float *x, float *y) {
+    GRID_STRIDE(i, planes) {
+        const float *xp = x + i * (size_t)hw;
+        double acc = 0;
+        for (int p = 0; p < hw; p++) acc += (double)xp[p];
+        y[i] = (float)(acc / hw);
+    }
+}
+
+static __global__ void avgpool_bw_kernel(size_t total, int hw, float inv, const float *dy, float *dx) {
+    GRID_STRIDE(i, total) { dx[i] = __fmul_rn(dy[i / (size_t)hw], inv); }
+}
+
+extern "C" cudaError_t rt_cuk_avgpool_forward(cudaStream_t s, int n, int c, int hw, const float *x, float *y) {
+    size_t planes = (size_t)n * c;
+    avgpool_fw_kernel<<<grid_for(planes), THREADS, 0, s>>>(planes, hw, x, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_avgpool_backward(cudaStream_t s, int n, int c, int hw, const float *dy, float *dx) {
+    size_t total = (size_t)n * c * hw;
+    avgpool_bw_kernel<<<grid_for(total), THREADS, 0, s>>>(total, hw, 1.0f / (float)hw, dy, dx);
+    return cudaGetLastError();
+}
+
+/* ---- linear: bias broadcast and bias gradient ------------------------------------- */
+
+static __global__ void bias_rows_kernel(size_t total, int out, const float *b, float *y) {
+    GRID_STRIDE(i, total) { y[i] = b[i % (size_t)out]; }
+}
+
+static __global__ void column_sums_kernel(int n, int out, const float *dy, float *db) {
+    GRID_STRIDE(o, (size_t)out) {
+        double acc = 0;
+        for (int i = 0; i < n; i++) acc += (double)dy[(size_t)i * out + o];
+        db[o] = (float)acc;
+    }
+}
+
+extern "C" cudaError_t rt_cuk_bias_rows(cudaStream_t s, int n, int out, const float *b, float *y) {
+    size_t total = (size_t)n * out;
+    bias_rows_kernel<<<grid_for(total), THREADS, 0, s>>>(total, out, b, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_column_sums(cudaStream_t s, int n, int out, const float *dy, float *db) {
+    column_sums_kernel<<<grid_for((size_t)out), THREADS, 0, s>>>(n, out, dy, db);
+    return cudaGetLastError();
+}
+
+/* ---- dropout ----------------------------------------------------------------------- */
+
+static __global__ void dropout_mask_kernel(size_t draws, uint64_t seed, uint64_t subseq, uint64_t counter, float p,
+                                           float scale, float *mask) {
+    GRID_STRIDE(i, draws) {
+        float u = rt_philox_uniform_at(seed, subseq, counter + i);
+        mask[i] = u < p ? 0.0f : scale;
+    }
+}
+
+static __global__ void dropout_apply_kernel(size_t count, size_t plane, const float *mask, const float *x, float *y) {
+    GRID_STRIDE(j, count) { y[j] = __fmul_rn(x[j], mask[j / plane]); }
+}
+
+extern "C" cudaError_t rt_cuk_dropout_forward(cudaStream_t s, const rt_dropout *l, int n, const float *x, float *y) {
+    const size_t count = (size_t)n * (size_t)l->features, plane = (size_t)l->plane;
+    const size_t draws = count / plane;
+    const float scale = 1.0f / (1.0f - l->p); /* the CPU's float expression */
+    if (count == 0) return cudaSuccess;
+    dropout_mask_kernel<<<grid_for(draws), THREADS, 0, s>>>(draws, l->seed, l->subseq, l->counter, l->p, scale,
+                                                             l->mask);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    dropout_apply_kernel<<<grid_for(count), THREADS, 0, s>>>(count, plane, l->mask, x, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_dropout_backward(cudaStream_t s, const rt_dropout *l, int n, const float *dy,
+                                               float *dx) {
+    const size_t count = (size_t)n * (size_t)l->features;
+    if (count == 0) return cudaSuccess;
+    dropout_apply_kernel<<<grid_for(count), THREADS, 0, s>>>(count, (size_t)l->plane, l->mask, dy, dx);
+    return cudaGetLastError();
+}
+
+/* ---- batch-norm step counter ------------------------------------------------------- */
+
+static __global__ void increment_i64_kernel(int64_t *c) { *c += 1; }
+
+extern "C" cudaError_t rt_cuk_increment_i64(cudaStream_t s, int64_t *counter) {
+    increment_i64_kernel<<<1, 1, 0, s>>>(counter);
+    return cudaGetLastError();
+}
+
+/* ---- losses ------------------------------------------------------------------------ */
+
+/* the CPU's row_logsumexp: float max, double sum of exp */
+static __device__ double row_logsumexp(const float *x, int k) {
+    float m = -INFINITY;
+    for (int j = 0; j < k; j++) m = x[j] > m ? x[j] : m;
+    double s = 0;
+    for (int j = 0; j < k; j++) s += exp((double)x[j] - m);
+    return m + log(s);
+}
+
+/* sum of the block's per-thread doubles in shared memory (fixed tree: deterministic) */
+static __device__ double block_sum(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int w = REDUCE_THREADS / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    return sh[0];
+}
+
+/* one block: each thread takes rows t, t+256, ...; the loss is reduced in the block */
+static __global__ void softmax_xent_kernel(int n, int k, const float *logits, const int32_t *labels, float *loss,
+                                           float *dlogits, int *bad) {
+    __shared__ double sh[REDUCE_THREADS];
+    double total = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float *x = logits + (size_t)i * k;
+        int32_t lab = labels[i];
+        if (lab < 0 || lab >= k) {
+            atomicAdd(bad, 1);
+            total += NAN;
+            if (dlogits)
+                for (int j = 0; j < k; j++) dlogits[(size_t)i * k + j] = NAN;
+            continue;
+        }
+        double lse = row_logsumexp(x, k);
+        total += lse - x[lab];
+        if (dlogits) {
+            float *d = dlogits + (size_t)i * k;
+            for (int j = 0; j < k; j++) d[j] = (float)((exp((double)x[j] - lse) - (j == lab ? 1.0 : 0.0)) / n);
+        }
+    }
+    double sum = block_sum(total, sh);
+    if (threadIdx.x == 0) *loss = (float)(sum / n);
+}
+
+extern "C" cudaError_t rt_cuk_softmax_xent(cudaStream_t s, int n, int k, const float *logits, const int32_t *labels,
+                                           float *loss, float *dlogits, int *bad) {
+    softmax_xent_kernel<<<1, REDUCE_THREADS, 0, s>>>(n, k, logits, labels, loss, dlogits, bad);
+    return cudaGetLastError();
+}
+
+static __global__ void log_softmax_fw_kernel(int n, int k, const float *x, float *y) {
+    GRID_STRIDE(r, (size_t)n) {
+        const float *xr = x + r * (size_t)k;
+        float *yr = y + r * (size_t)k;
+        double lse = row_logsumexp(xr, k);
+        for (int j = 0; j < k; j++) yr[j] = (float)(xr[j] - lse);
+    }
+}
+
+static __global__ void log_softmax_bw_kernel(int n, int k, const float *y, const float *dy, float *dx) {
+    GRID_STRIDE(r, (size_t)n) {
+        const float *yr = y + r * (size_t)k, *dyr = dy + r * (size_t)k;
+        float *dxr = dx + r * (size_t)k;
+        double acc = 0;
+        for (int j = 0; j < k; j++) acc += dyr[j];
+        for (int j = 0; j < k; j++) dxr[j] = (float)(dyr[j] - exp((double)yr[j]) * acc);
+    }
+}
+
+extern "C" cudaError_t rt_cuk_log_softmax_forward(cudaStream_t s, int n, int k, const float *x, float *y) {
+    log_softmax_fw_kernel<<<grid_for((size_t)n), THREADS, 0, s>>>(n, k, x, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_log_softmax_backward(cudaStream_t s, int n, int k, const float *y, const float *dy,
+                                                   float *dx) {
+    log_softmax_bw_kernel<<<grid_for((size_t)n), THREADS, 0, s>>>(n, k, y, dy, dx);
+    return cudaGetLastError();
+}
+
+static __global__ void nll_kernel(int n, int k, const float *logp, const int32_t *labels, float *loss, float *dlogp,
+                                  int *bad) {
+    __shared__ double sh[REDUCE_THREADS];
+    double total = 0;
+    const float g = -1.0f / (float)n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        int32_t lab = labels[i];
+        bool ok = lab >= 0 && lab < k;
+        if (!ok) {
+            atomicAdd(bad, 1);
+            total += NAN;
+        } else {
+            total -= logp[(size_t)i * k + lab];
+        }
+        if (dlogp)
+            for (int j = 0; j < k; j++) dlogp[(size_t)i * k + j] = ok ? (j == lab ? g : 0.0f) : NAN;
+    }
+    double sum = block_sum(total, sh);
+    if (threadIdx.x == 0) *loss = (float)(sum / n);
+}
+
+extern "C" cudaError_t rt_cuk_nll_loss(cudaStream_t s, int n, int k, const float *logp, const int32_t *labels,
+                                       float *loss, float *dlogp, int *bad) {
+    nll_kernel<<<1, REDUCE_THREADS, 0, s>>>(n, k, logp, labels, loss, dlogp, bad);
+    return cudaGetLastError();
+}
