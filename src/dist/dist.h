@@ -1,0 +1,143 @@
+/* ringtrain's communicator, modelled on torch.distributed.
+ *
+ * A process group (rt_pg) has a rank and a world size; sub-groups come from a list of
+ * ranks (rt_pg_new_group). Point-to-point: rt_send/rt_recv and the non-blocking
+ * rt_isend/rt_irecv returning a request (rt_wait, rt_test). Collectives: broadcast,
+ * reduce, all_reduce, scatter, gather, all_gather (into one buffer or a list),
+ * reduce_scatter, barrier; ops SUM AVG PRODUCT MIN MAX over f32 f64 i32 i64. Every
+ * collective blocks by default; rt_i* variants return a request. Buffers are host
+ * pointers + element count + dtype (device buffers: see docs/dist.md).
+ *
+ * All ranks of a group must call the same collectives in the same order with the same
+ * sizes (as in torch); a mismatch is detected (every message carries the operation,
+ * the group, a sequence number and its length) and reported as RT_ERR_PEER. Every
+ * blocking call has a timeout (rt_pg_options.timeout_s, default 300 s); a dead peer
+ * or a timeout is an error naming the peer rank and the operation, and breaks the
+ * group (later calls fail at once). Non-member ranks get NULL from rt_pg_new_group.
+ *
+ * Example (the PyTorch tutorial's):
+ *     rt_pg_options o; rt_pg_options_default(&o);      // env:// as under torchrun
+ *     rt_pg *pg; RT_CHECK(rt_pg_init(&o, &pg));
+ *     float t = rt_pg_rank(pg) == 0 ? 1.0f : 0.0f;
+ *     if (rt_pg_rank(pg) == 0) RT_CHECK(rt_send(pg, &t, 1, RT_F32, 1));
+ *     else if (rt_pg_rank(pg) == 1) RT_CHECK(rt_recv(pg, &t, 1, RT_F32, 0));   // t == 1.0
+ */
+#ifndef RT_DIST_DIST_H
+#define RT_DIST_DIST_H
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "dist/reduce.h"
+#include "dist/store.h"
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rt_pg rt_pg;
+typedef struct rt_request rt_request;
+
+typedef enum rt_transport {
+    RT_TRANSPORT_AUTO = 0, /* shm when all ranks share a host, else tcp */
+    RT_TRANSPORT_TCP,
+    RT_TRANSPORT_SHM,
+    RT_TRANSPORT_NCCL, /* device buffers on distinct GPUs (CUDA builds) */
+    RT_TRANSPORT_COUNT_
+} rt_transport;
+
+typedef enum rt_algo {
+    RT_ALGO_RING = 0, /* chunked, pipelined reduce-scatter + all-gather */
+    RT_ALGO_NAIVE,    /* reduce to rank 0, then broadcast */
+    RT_ALGO_RSAG,     /* reduce_scatter, then all_gather, not overlapped */
+    RT_ALGO_NCCL,     /* NCCL's own all-reduce (nccl transport) */
+    RT_ALGO_COUNT_
+} rt_algo;
+
+const char *rt_transport_name(rt_transport t);
+int rt_transport_parse(const char *text, rt_transport *out);
+const char *rt_algo_name(rt_algo a);
+int rt_algo_parse(const char *text, rt_algo *out);
+
+typedef struct rt_pg_options {
+    const char *init_method; /* "env://" (default), "tcp://host:port", "file:///path" */
+    int rank, world_size;    /* -1: from the environment */
+    rt_transport transport;
+    rt_algo algo;     /* all_reduce algorithm */
+    double timeout_s; /* every blocking call; default 300 */
+} rt_pg_options;
+
+void rt_pg_options_default(rt_pg_options *o);
+/* Rendezvous, then connect every pair of ranks. Collective over all ranks. */
+rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out);
+/* World group: says goodbye through the store, closes everything. Sub-group: frees it
+ * (call before destroying the world group). NULL is a no-op. */
+void rt_pg_destroy(rt_pg *pg);
+
+int rt_pg_rank(const rt_pg *pg);
+int rt_pg_size(const rt_pg *pg);
+int rt_pg_local_rank(const rt_pg *pg);
+/* World rank of group rank r. */
+int rt_pg_world_rank(const rt_pg *pg, int r);
+rt_transport rt_pg_transport(const rt_pg *pg);
+rt_algo rt_pg_algo(const rt_pg *pg);
+void rt_pg_set_algo(rt_pg *pg, rt_algo a);
+void rt_pg_set_timeout(rt_pg *pg, double timeout_s);
+/* The rendezvous store (e.g. to exchange the NCCL unique id). */
+rt_store *rt_pg_store(rt_pg *pg);
+
+/* A group of the listed ranks (of `pg`, in that order; new group rank i = ranks[i]).
+ * Every rank of `pg` must call it, in the same order as other new_group calls (as in
+ * torch). Non-members get *out == NULL. Shares the parent's connections. */
+rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out);
+
+/* ---- point-to-point (ranks are group ranks) ---- */
+rt_status rt_send(rt_pg *pg, const void *buf, size_t count, rt_dtype dtype, int dst);
+rt_status rt_recv(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int src);
+rt_status rt_isend(rt_pg *pg, const void *buf, size_t count, rt_dtype dtype, int dst, rt_request **req);
+rt_status rt_irecv(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int src, rt_request **req);
+
+/* Wait for a request and free it (its error, if any, becomes this thread's). */
+rt_status rt_wait(rt_request *req);
+/* *done: finished (still call rt_wait to free it). */
+rt_status rt_test(rt_request *req, bool *done);
+
+/* ---- collectives (blocking; the rt_i* forms return a request) ---- */
+/* In place: buf of count elements, root's contents end up everywhere. */
+rt_status rt_broadcast(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int root);
+/* In place at the root; other ranks' buffers are left unchanged. */
+rt_status rt_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root);
+/* In place; bitwise identical on every rank. Algorithm: the group's (rt_pg_set_algo). */
+rt_status rt_all_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op);
+rt_status rt_all_reduce_algo(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, rt_algo algo);
+/* send (root only): size*count elements, chunk i to rank i; recv: count elements. */
+rt_status rt_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root);
+/* send: count elements; recv (root only): size*count, rank i's at chunk i. */
+rt_status rt_gather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root);
+/* recv: size*count elements on every rank (may contain send at chunk rank). */
+rt_status rt_all_gather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype);
+/* recv_list: size buffers of count elements each. */
+rt_status rt_all_gather_list(rt_pg *pg, const void *send, void *const *recv_list, size_t count, rt_dtype dtype);
+/* send: size*count elements; recv: count elements, the reduction of every rank's chunk `rank`. */
+rt_status rt_reduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op);
+rt_status rt_barrier(rt_pg *pg);
+
+rt_status rt_ibroadcast(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int root, rt_request **req);
+rt_status rt_ireduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root,
+                     rt_request **req);
+rt_status rt_iall_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, rt_request **req);
+rt_status rt_iscatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root,
+                      rt_request **req);
+rt_status rt_igather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root,
+                     rt_request **req);
+rt_status rt_iall_gather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_request **req);
+rt_status rt_ireduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype,
+                             rt_reduce_op op, rt_request **req);
+rt_status rt_ibarrier(rt_pg *pg, rt_request **req);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,509 @@
+/* The progress engine (see engine.h). */
+#include "dist/engine.h"
+
+#include "core/log.h"
+#include "core/timer.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static const char *kind_name(uint16_t k);
+
+rt_status rt_engine_init(rt_engine *e, int rank, int world) {
+    memset(e, 0, sizeof *e);
+    e->rank = rank;
+    e->world = world;
+    e->ch = calloc((size_t)world, sizeof *e->ch);
+    RT_CHECK_ALLOC(e->ch, (size_t)world * sizeof *e->ch);
+    for (int i = 0; i < world; i++) {
+        e->ch[i].peer = i;
+        e->ch[i].fd = -1;
+    }
+    e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (e->evfd < 0) {
+        free(e->ch);
+        return rt_error_sys(__FILE__, __LINE__, "eventfd");
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    return RT_OK;
+}
+
+static void wake_driver(rt_engine *e) {
+    if (e->shm && e->my_bell) rt_shm_bell_ring(e->my_bell);
+    uint64_t one = 1;
+    if (write(e->evfd, &one, sizeof one) < 0) { /* counter full: the driver is awake anyway */
+    }
+}
+
+void rt_engine_destroy(rt_engine *e) {
+    if (!e->ch) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = true;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        wake_driver(e);
+        pthread_join(e->thread, NULL);
+    }
+    for (int i = 0; i < e->world; i++) rt_chan_close(&e->ch[i]);
+    free(e->ch);
+    e->ch = NULL;
+    close(e->evfd);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+}
+
+/* ---- requests ---- */
+
+rt_status rt_req_new(rt_engine *e, const char *opname, int group, double timeout_s, int maxx, rt_request **out) {
+    rt_request *r = calloc(1, sizeof *r);
+    RT_CHECK_ALLOC(r, sizeof *r);
+    if (maxx > 0) {
+        r->x = calloc((size_t)maxx, sizeof *r->x);
+        if (!r->x) {
+            free(r);
+            RT_CHECK_ALLOC(NULL, (size_t)maxx * sizeof(rt_xfer));
+        }
+    }
+    r->eng = e;
+    r->opname = opname;
+    r->group = group;
+    r->capx = maxx;
+    r->timeout_s = timeout_s;
+    *out = r;
+    return RT_OK;
+}
+
+void rt_req_free(rt_request *r) {
+    if (!r) return;
+    free(r->x);
+    free(r->scratch);
+    free(r);
+}
+
+static rt_xfer *add(rt_request *r, int peer) {
+    if (r->nx >= r->capx || peer < 0 || peer >= r->eng->world || peer == r->eng->rank) return NULL;
+    rt_xfer *x = &r->x[r->nx++];
+    memset(x, 0, sizeof *x);
+    x->ch = &r->eng->ch[peer];
+    x->req = r;
+    x->op = -1;
+    return x;
+}
+
+rt_xfer *rt_req_send(rt_request *r, int peer, const void *buf, size_t nbytes, uint16_t kind, uint32_t seq,
+                     const rt_xfer *dep, bool dep_full) {
+    rt_xfer *x = add(r, peer);
+    if (!x) return NULL;
+    x->is_send = true;
+    x->buf = (uint8_t *)buf;
+    x->nbytes = nbytes;
+    x->hdr = (rt_msg_hdr){kind, (uint16_t)r->group, seq, nbytes};
+    rt_msg_hdr_encode(x->hbuf, &x->hdr);
+    x->dep = dep;
+    x->dep_full = dep_full;
+    return x;
+}
+
+rt_xfer *rt_req_recv(rt_request *r, int peer, void *buf, size_t nbytes, uint16_t kind, uint32_t seq, int op,
+                     rt_dtype dtype, int avg_div, const rt_xfer *dep, bool dep_full) {
+    rt_xfer *x = add(r, peer);
+    if (!x) return NULL;
+    x->buf = buf;
+    x->nbytes = nbytes;
+    x->hdr = (rt_msg_hdr){kind, (uint16_t)r->group, seq, nbytes};
+    x->op = op;
+    x->dtype = dtype;
+    x->esize = rt_dtype_size(dtype);
+    if (x->esize == 0 || x->esize > 8) x->esize = 1;
+    x->avg_div = avg_div;
+    x->dep = dep;
+    x->dep_full = dep_full;
+    return x;
+}
+
+rt_status rt_req_post_copy(rt_request *r, void *dst, const void *src, size_t n) {
+    RT_REQUIRE(r->nposts < 4, RT_ERR_INTERNAL, "too many post copies");
+    r->posts[r->nposts++] = (rt_post_copy){dst, src, n};
+    return RT_OK;
+}
+
+/* ---- progress ---- */
+
+static void req_complete(rt_engine *e, rt_request *r, rt_status st, const rt_error_record *err) {
+    if (r->done) return;
+    if (st == RT_OK)
+        for (int i = 0; i < r->nposts; i++)
+            if (r->posts[i].n) memmove(r->posts[i].dst, r->posts[i].src, r->posts[i].n);
+    r->status = st;
+    if (err) r->err = *err;
+    r->done = true;
+    if (r->async) e->nasync--;
+    /* unlink from the active list */
+    for (rt_request **p = &e->active; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            break;
+        }
+    r->next = NULL;
+    pthread_cond_broadcast(&e->cv);
+}
+
+static void xfer_done(rt_engine *e, rt_xfer *x) {
+    x->complete = true;
+    if (--x->req->pending == 0) req_complete(e, x->req, RT_OK, NULL);
+}
+
+static size_t dep_limit(const rt_xfer *x) {
+    if (!x->dep) return x->nbytes;
+    if (x->dep->complete) return x->nbytes;
+    if (x->dep_full) return 0;
+    return x->dep->done < x->nbytes ? x->dep->done : x->nbytes;
+}
+
+static rt_status progress_send(rt_xfer *x, bool *moved_any) {
+    rt_chan *c = x->ch;
+    if (x->hdone < RT_MSG_HDR) {
+        if (x->dep && x->dep_full && !x->dep->complete) return RT_OK;
+        size_t m = 0;
+        RT_CHECK(rt_chan_send(c, x->hbuf + x->hdone, RT_MSG_HDR - x->hdone, &m));
+        x->hdone += m;
+        if (m) *moved_any = true;
+        if (x->hdone < RT_MSG_HDR) return RT_OK;
+    }
+    size_t lim = dep_limit(x);
+    while (x->done < lim) {
+        size_t m = 0;
+        RT_CHECK(rt_chan_send(c, x->buf + x->done, lim - x->done, &m));
+        if (m == 0) break;
+        x->done += m;
+        *moved_any = true;
+    }
+    return RT_OK;
+}
+
+static rt_status bad_header(rt_xfer *x, const rt_msg_hdr *got) {
+    return RT_ERROR(RT_ERR_PEER,
+                    "peer rank %d sent %s (group %u, op #%u, %llu bytes) but this rank expected %s (group %u, op #%u, "
+                    "%llu bytes): the ranks called different operations or sizes",
+                    x->ch->peer, kind_name(got->kind), got->group, got->seq, (unsigned long long)got->nbytes,
+                    kind_name(x->hdr.kind), x->hdr.group, x->hdr.seq, (unsigned long long)x->hdr.nbytes);
+}
+
+static void reduce_into(rt_xfer *x, uint8_t *dst, const uint8_t *src, size_t n_elem) {
+    if (x->avg_div > 0 && x->done + n_elem * x->esize <= x->nbytes)
+        rt_reduce_apply_div(dst, src, n_elem, x->dtype, x->avg_div);
+    else
+        rt_reduce_apply(dst, src, n_elem, x->dtype, (rt_reduce_op)x->op);
+}
+
+static rt_status progress_recv(rt_xfer *x, bool *moved_any) {
+    rt_chan *c = x->ch;
+    if (x->hdone < RT_MSG_HDR) {
+        size_t m = 0;
+        RT_CHECK(rt_chan_recv_into(c, x->hbuf + x->hdone, RT_MSG_HDR - x->hdone, &m));
+        x->hdone += m;
+        if (m) *moved_any = true;
+        if (x->hdone < RT_MSG_HDR) return RT_OK;
+        rt_msg_hdr got;
+        if (rt_msg_hdr_parse(x->hbuf, RT_MSG_HDR, &got) != RT_OK)
+            return RT_ERROR(RT_ERR_PEER, "peer rank %d: %s", c->peer, rt_error_message());
+        if (got.kind != x->hdr.kind || got.group != x->hdr.group || got.seq != x->hdr.seq ||
+            got.nbytes != x->hdr.nbytes)
+            return bad_header(x, &got);
+    }
+    size_t lim = dep_limit(x);
+    if (x->op < 0) {
+        while (x->done < lim) {
+            size_t m = 0;
+            RT_CHECK(rt_chan_recv_into(c, x->buf + x->done, lim - x->done, &m));
+            if (m == 0) break;
+            x->done += m;
+            *moved_any = true;
+        }
+        return RT_OK;
+    }
+    size_t es = x->esize;
+    while (x->done < lim) {
+        const uint8_t *p;
+        size_t avail = 0;
+        RT_CHECK(rt_chan_peek(c, &p, &avail));
+        if (avail == 0) break;
+        *moved_any = true;
+        if (x->part_n || avail < es) { /* an element split across the ring's end or a short read */
+            size_t take = es - x->part_n;
+            if (take > avail) take = avail;
+            memcpy(x->part + x->part_n, p, take);
+            rt_chan_consume(c, take);
+            x->part_n += take;
+            if (x->part_n == es) {
+                reduce_into(x, x->buf + x->done, x->part, 1);
+                x->done += es;
+                x->part_n = 0;
+            }
+            continue;
+        }
+        size_t take = lim - x->done;
+        if (take > avail) take = avail;
+        take -= take % es;
+        reduce_into(x, x->buf + x->done, p, take / es);
+        rt_chan_consume(c, take);
+        x->done += take;
+    }
+    return RT_OK;
+}
+
+/* One pass over all channels. Returns an error on a channel failure. */
+static rt_status progress_pass(rt_engine *e, bool *moved_any) {
+    for (int i = 0; i < e->world; i++) {
+        rt_chan *c = &e->ch[i];
+        while (c->rq_head) {
+            rt_xfer *x = c->rq_head;
+            RT_CHECK(progress_recv(x, moved_any));
+            if (x->hdone < RT_MSG_HDR || x->done < x->nbytes) break;
+            if (x->dep && x->dep_full && !x->dep->complete) break;
+            c->rq_head = x->qnext;
+            if (!c->rq_head) c->rq_tail = NULL;
+            xfer_done(e, x);
+        }
+        while (c->sq_head) {
+            rt_xfer *x = c->sq_head;
+            RT_CHECK(progress_send(x, moved_any));
+            if (x->hdone < RT_MSG_HDR || x->done < x->nbytes) break;
+            c->sq_head = x->qnext;
+            if (!c->sq_head) c->sq_tail = NULL;
+            xfer_done(e, x);
+        }
+    }
+    return RT_OK;
+}
+
+void rt_engine_fail(rt_engine *e) {
+    rt_error_record rec;
+    rt_error_save(&rec);
+    if (!e->broken) {
+        e->broken = true;
+        e->err = rec;
+        /* make the peers fail fast instead of waiting for their timeout */
+        for (int i = 0; i < e->world; i++)
+            if (e->ch[i].fd >= 0) shutdown(e->ch[i].fd, SHUT_RDWR);
+    }
+    while (e->active) req_complete(e, e->active, rec.status, &rec);
+    for (int i = 0; i < e->world; i++) e->ch[i].sq_head = e->ch[i].sq_tail = e->ch[i].rq_head = e->ch[i].rq_tail = NULL;
+}
+
+/* Describe where a request is stuck, for timeout messages. */
+static void fail_timeout(rt_engine *e, rt_request *r) {
+    const rt_xfer *stuck = NULL;
+    for (int i = 0; i < r->nx && !stuck; i++)
+        if (!r->x[i].complete && !r->x[i].is_send) stuck = &r->x[i];
+    for (int i = 0; i < r->nx && !stuck; i++)
+        if (!r->x[i].complete) stuck = &r->x[i];
+    if (stuck)
+        RT_ERROR(RT_ERR_TIMEOUT, "%s timed out after %.1f s waiting for peer rank %d (%s %zu of %zu bytes%s)",
+                 r->opname, r->timeout_s, stuck->ch->peer, stuck->is_send ? "sent" : "received", stuck->done,
+                 stuck->nbytes, stuck->hdone < RT_MSG_HDR ? ", header not yet through" : "");
+    else
+        RT_ERROR(RT_ERR_TIMEOUT, "%s timed out after %.1f s", r->opname, r->timeout_s);
+    rt_engine_fail(e);
+}
+
+/* Liveness of shm peers: their control sockets must stay silent and open. */
+static rt_status check_control(rt_engine *e) {
+    struct pollfd pf[64];
+    int idx[64], n = 0;
+    for (int i = 0; i < e->world; i++) {
+        rt_chan *c = &e->ch[i];
+        if (c->fd < 0 || !(c->sq_head || c->rq_head)) continue;
+        if (n == 64) break;
+        pf[n] = (struct pollfd){c->fd, POLLIN, 0};
+        idx[n++] = i;
+    }
+    if (n == 0 || poll(pf, (nfds_t)n, 0) <= 0) return RT_OK;
+    for (int k = 0; k < n; k++)
+        if (pf[k].revents)
+            return RT_ERROR(RT_ERR_PEER, "peer rank %d closed its connection (the process died or aborted)", idx[k]);
+    return RT_OK;
+}
+
+/* Block until something may have changed (unlocked by the caller). */
+static rt_status wait_activity(rt_engine *e, uint32_t seen, int max_ms) {
+    if (e->shm) {
+        for (int i = 0; i < 2000; i++) {
+            if (atomic_load_explicit(&e->my_bell->seq, memory_order_acquire) != seen) return RT_OK;
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+        for (int i = 0; i < 8; i++) {
+            sched_yield();
+            if (atomic_load_explicit(&e->my_bell->seq, memory_order_acquire) != seen) return RT_OK;
+        }
+        RT_CHECK(check_control(e));
+        rt_shm_bell_wait(e->my_bell, seen, max_ms < 20 ? max_ms : 20);
+        return RT_OK;
+    }
+    struct pollfd pf[65];
+    int n = 0;
+    pf[n++] = (struct pollfd){e->evfd, POLLIN, 0};
+    for (int i = 0; i < e->world && n < 65; i++) {
+        rt_chan *c = &e->ch[i];
+        if (c->fd < 0) continue;
+        short ev = 0;
+        if (c->rq_head) ev |= POLLIN;
+        if (c->sq_head && c->send_blocked) ev |= POLLOUT;
+        if (!ev) continue;
+        pf[n++] = (struct pollfd){c->fd, ev, 0};
+    }
+    int pr = poll(pf, (nfds_t)n, max_ms);
+    if (pr > 0 && pf[0].revents) {
+        uint64_t v;
+        if (read(e->evfd, &v, sizeof v) < 0) { /* already drained */
+        }
+    }
+    for (int i = 0; i < e->world; i++) e->ch[i].send_blocked = false;
+    return RT_OK;
+}
+
+/* Drive until `target` is done (or, with NULL, until nothing is active). mu held. */
+static void drive(rt_engine *e, rt_request *target) {
+    e->driving = true;
+    for (;;) {
+        if (target ? target->done : (e->active == NULL || e->stop)) break;
+        uint32_t seen = e->shm ? atomic_load_explicit(&e->my_bell->seq, memory_order_acquire) : 0;
+        bool moved = false;
+        if (progress_pass(e, &moved) != RT_OK) {
+            rt_engine_fail(e);
+            continue;
+        }
+        if (moved) continue;
+        if (target ? target->done : e->active == NULL) break;
+        uint64_t now = rt_now_ns(), earliest = UINT64_MAX;
+        rt_request *late = NULL;
+        for (rt_request *r = e->active; r; r = r->next)
+            if (r->deadline_ns < earliest) {
+                earliest = r->deadline_ns;
+                late = r;
+            }
+        if (late && now >= earliest) {
+            fail_timeout(e, late);
+            continue;
+        }
+        int ms = 1000;
+        if (late && (earliest - now) / 1000000 + 1 < (uint64_t)ms) ms = (int)((earliest - now) / 1000000 + 1);
+        pthread_mutex_unlock(&e->mu);
+        rt_status st = wait_activity(e, seen, ms);
+        pthread_mutex_lock(&e->mu);
+        if (st != RT_OK) rt_engine_fail(e);
+    }
+    e->driving = false;
+    pthread_cond_broadcast(&e->cv);
+}
+
+static void *progress_main(void *arg) {
+    rt_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    while (!e->stop) {
+        if (e->nasync > 0 && !e->driving && e->active) {
+            drive(e, NULL);
+            continue;
+        }
+        pthread_cond_wait(&e->cv, &e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+rt_status rt_req_submit(rt_request *r, bool async) {
+    rt_engine *e = r->eng;
+    pthread_mutex_lock(&e->mu);
+    if (e->broken) {
+        rt_error_record rec = e->err;
+        pthread_mutex_unlock(&e->mu);
+        rt_error_restore(&rec);
+        return RT_ERROR(rec.status, "%s: the process group is broken by an earlier error: %s", r->opname, rec.msg);
+    }
+    if (async && !e->thread_started) {
+        if (pthread_create(&e->thread, NULL, progress_main, e) != 0) {
+            pthread_mutex_unlock(&e->mu);
+            return rt_error_sys(__FILE__, __LINE__, "pthread_create (progress thread)");
+        }
+        e->thread_started = true;
+    }
+    r->submitted = true;
+    r->async = async;
+    r->deadline_ns = rt_now_ns() + (uint64_t)(r->timeout_s * 1e9);
+    r->pending = r->nx;
+    if (async) e->nasync++;
+    r->next = e->active;
+    e->active = r;
+    for (int i = 0; i < r->nx; i++) {
+        rt_xfer *x = &r->x[i];
+        rt_chan *c = x->ch;
+        if (x->is_send) {
+            if (c->sq_tail)
+                c->sq_tail->qnext = x;
+            else
+                c->sq_head = x;
+            c->sq_tail = x;
+        } else {
+            if (c->rq_tail)
+                c->rq_tail->qnext = x;
+            else
+                c->rq_head = x;
+            c->rq_tail = x;
+        }
+    }
+    if (r->nx == 0) req_complete(e, r, RT_OK, NULL);
+    if (e->driving)
+        wake_driver(e);
+    else if (async)
+        pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return RT_OK;
+}
+
+rt_status rt_req_wait(rt_request *r) {
+    rt_engine *e = r->eng;
+    pthread_mutex_lock(&e->mu);
+    while (!r->done) {
+        if (!e->driving)
+            drive(e, r);
+        else
+            pthread_cond_wait(&e->cv, &e->mu);
+    }
+    rt_status st = r->status;
+    rt_error_record rec = r->err;
+    pthread_mutex_unlock(&e->mu);
+    if (st != RT_OK) rt_error_restore(&rec);
+    return st;
+}
+
+rt_status rt_req_test(rt_request *r, bool *done) {
+    rt_engine *e = r->eng;
+    pthread_mutex_lock(&e->mu);
+    if (!r->done && !e->driving) {
+        bool moved = false;
+        if (progress_pass(e, &moved) != RT_OK) rt_engine_fail(e);
+    }
+    *done = r->done;
+    rt_status st = r->done ? r->status : RT_OK;
+    rt_error_record rec = r->err;
+    pthread_mutex_unlock(&e->mu);
+    if (st != RT_OK) rt_error_restore(&rec);
+    return st;
+}
+
+static const char *kind_name(uint16_t k) {
+    static const char *const names[] = {"?",       "send/recv", "broadcast",      "reduce",  "all_reduce",
+                                        "scatter", "gather",    "all_gather",     "reduce_scatter", "barrier"};
+    return k < sizeof names / sizeof names[0] ? names[k] : "unknown operation";
+}

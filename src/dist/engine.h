@@ -1,0 +1,122 @@
+/* The progress engine: transfers, requests, and who drives them.
+ *
+ * Every operation (a send, a receive, a whole collective) becomes a request holding a
+ * few transfers. A transfer moves one message (a 24-byte header, then the body) over
+ * one channel; a receive either copies the body or reduces it element by element
+ * into the destination as the bytes arrive (in place from the shm ring). A transfer
+ * may depend on another one: it moves only as many bytes as its dependency has
+ * finished (streaming: the ring all-reduce forwards a slice as soon as it is reduced)
+ * or only after it completed (full). Transfers queue per channel and direction in
+ * submission order, so all ranks see the same order on every stream.
+ *
+ * Driving: a blocking call drives progress itself in the calling thread (no thread
+ * hand-off, lowest latency); asynchronous requests are driven by a progress thread
+ * started on first use. Only one thread drives at a time; the others wait on a
+ * condition variable. Every request has a deadline; a timeout or a dead peer breaks
+ * the engine: all pending requests fail with a message naming the peer and the
+ * operation, and all sockets are shut down so that the peers fail fast too.
+ */
+#ifndef RT_DIST_ENGINE_H
+#define RT_DIST_ENGINE_H
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "dist/chan.h"
+#include "dist/reduce.h"
+#include "dist/wire.h"
+
+#include <pthread.h>
+
+typedef struct rt_engine rt_engine;
+typedef struct rt_request rt_request;
+
+struct rt_xfer {
+    rt_chan *ch;
+    rt_request *req;
+    bool is_send;
+    bool complete;
+    uint8_t *buf;
+    size_t nbytes, done;
+    rt_msg_hdr hdr; /* expected (recv) or sent (send) */
+    uint8_t hbuf[RT_MSG_HDR];
+    size_t hdone;
+    /* recv: reduce (op >= 0) or copy (op < 0) */
+    int op;
+    rt_dtype dtype;
+    size_t esize;
+    int avg_div; /* > 0: divide after this final reduction */
+    uint8_t part[8];
+    size_t part_n;
+    /* dependency */
+    const rt_xfer *dep;
+    bool dep_full;
+    rt_xfer *qnext;
+};
+
+typedef struct rt_post_copy {
+    void *dst;
+    const void *src;
+    size_t n;
+} rt_post_copy;
+
+struct rt_request {
+    rt_engine *eng;
+    const char *opname;
+    int group;
+    rt_xfer *x;
+    int nx, capx;
+    int pending;
+    bool done, submitted, async;
+    rt_status status;
+    rt_error_record err;
+    uint64_t deadline_ns;
+    double timeout_s;
+    void *scratch;
+    rt_post_copy posts[4];
+    int nposts;
+    rt_request *next; /* active list */
+};
+
+struct rt_engine {
+    int rank, world;
+    rt_chan *ch; /* [world] */
+    bool shm;
+    rt_shm_bell *my_bell;
+    int evfd;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool driving;
+    rt_request *active;
+    bool broken;
+    rt_error_record err;
+    pthread_t thread;
+    bool thread_started, stop;
+    int nasync; /* async requests not yet complete */
+};
+
+rt_status rt_engine_init(rt_engine *e, int rank, int world);
+void rt_engine_destroy(rt_engine *e);
+
+/* Request building (not yet submitted). */
+/* maxx: the most transfers it will hold (pointers to them stay valid). */
+rt_status rt_req_new(rt_engine *e, const char *opname, int group, double timeout_s, int maxx, rt_request **out);
+void rt_req_free(rt_request *r);
+/* Add a send / receive; returns the transfer (stable pointer), or NULL on no memory
+ * (the request records the error). peer: world rank. */
+rt_xfer *rt_req_send(rt_request *r, int peer, const void *buf, size_t nbytes, uint16_t kind, uint32_t seq,
+                     const rt_xfer *dep, bool dep_full);
+rt_xfer *rt_req_recv(rt_request *r, int peer, void *buf, size_t nbytes, uint16_t kind, uint32_t seq, int op,
+                     rt_dtype dtype, int avg_div, const rt_xfer *dep, bool dep_full);
+rt_status rt_req_post_copy(rt_request *r, void *dst, const void *src, size_t n);
+
+/* Queue the transfers. Async requests are then driven by the progress thread. */
+rt_status rt_req_submit(rt_request *r, bool async);
+/* Wait for completion (driving progress if nobody else does). Does not free. */
+rt_status rt_req_wait(rt_request *r);
+/* Non-blocking: one progress pass if nobody drives; *done says whether it finished. */
+rt_status rt_req_test(rt_request *r, bool *done);
+
+/* Fail the engine with the calling thread's current error. */
+void rt_engine_fail(rt_engine *e);
+
+#endif

@@ -1,0 +1,534 @@
+/* Process groups: init (rendezvous, token, tcp mesh, shm rings), sub-groups,
+ * point-to-point and requests. */
+#include "dist/pg_internal.h"
+
+#include "core/log.h"
+#include "core/timer.h"
+#include "dist/sock.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *const k_transports[RT_TRANSPORT_COUNT_] = {"auto", "tcp", "shm", "nccl"};
+static const char *const k_algos[RT_ALGO_COUNT_] = {"ring", "naive", "rsag", "nccl"};
+
+const char *rt_transport_name(rt_transport t) { return (unsigned)t < RT_TRANSPORT_COUNT_ ? k_transports[t] : "?"; }
+const char *rt_algo_name(rt_algo a) { return (unsigned)a < RT_ALGO_COUNT_ ? k_algos[a] : "?"; }
+int rt_transport_parse(const char *text, rt_transport *out) {
+    for (int i = 0; i < RT_TRANSPORT_COUNT_; i++)
+        if (strcmp(text, k_transports[i]) == 0) {
+            *out = (rt_transport)i;
+            return 0;
+        }
+    return -1;
+}
+int rt_algo_parse(const char *text, rt_algo *out) {
+    for (int i = 0; i < RT_ALGO_COUNT_; i++)
+        if (strcmp(text, k_algos[i]) == 0) {
+            *out = (rt_algo)i;
+            return 0;
+        }
+    return -1;
+}
+
+void rt_pg_options_default(rt_pg_options *o) {
+    memset(o, 0, sizeof *o);
+    o->init_method = "env://";
+    o->rank = -1;
+    o->world_size = -1;
+    o->transport = RT_TRANSPORT_AUTO;
+    o->algo = RT_ALGO_RING;
+    o->timeout_s = 300.0;
+    const char *t = getenv("RINGTRAIN_DIST_TIMEOUT");
+    if (t && atof(t) > 0) o->timeout_s = atof(t);
+}
+
+int rt_pg_rank(const rt_pg *pg) { return pg->rank; }
+int rt_pg_size(const rt_pg *pg) { return pg->size; }
+int rt_pg_local_rank(const rt_pg *pg) { return pg->w->rdzv.local_rank; }
+int rt_pg_world_rank(const rt_pg *pg, int r) { return r >= 0 && r < pg->size ? pg->ranks[r] : -1; }
+rt_transport rt_pg_transport(const rt_pg *pg) { return pg->transport; }
+rt_algo rt_pg_algo(const rt_pg *pg) { return pg->algo; }
+void rt_pg_set_algo(rt_pg *pg, rt_algo a) { pg->algo = a; }
+void rt_pg_set_timeout(rt_pg *pg, double timeout_s) { pg->timeout_s = timeout_s; }
+rt_store *rt_pg_store(rt_pg *pg) { return pg->w->store; }
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Wait until key "<prefix><j>" exists for every rank j, polling; a rank that never
+ * arrives is named. */
+static rt_status wait_ranks(rt_store *st, const char *prefix, int world, double timeout_s, const char *what) {
+    uint64_t deadline = rt_now_ns() + (uint64_t)(timeout_s * 1e9);
+    char *seen = calloc((size_t)world, 1);
+    RT_CHECK_ALLOC(seen, (size_t)world);
+    int delay = 1, left = world;
+    for (;;) {
+        for (int j = 0; j < world; j++) {
+            if (seen[j]) continue;
+            char key[128];
+            snprintf(key, sizeof key, "%s%d", prefix, j);
+            bool ex = false;
+            rt_status s = rt_store_check(st, key, &ex);
+            if (s != RT_OK) {
+                free(seen);
+                return s;
+            }
+            if (ex) {
+                seen[j] = 1;
+                left--;
+            }
+        }
+        if (left == 0) break;
+        if (rt_now_ns() >= deadline) {
+            char list[512] = "";
+            size_t n = 0;
+            for (int j = 0; j < world && n < sizeof list - 16; j++)
+                if (!seen[j]) n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", n ? ", " : "", j);
+            free(seen);
+            return RT_ERROR(RT_ERR_TIMEOUT, "%s: rank%s %s never arrived within %.1f s (world size %d)", what,
+                            left > 1 ? "s" : "", list, timeout_s, world);
+        }
+        sleep_ms(delay);
+        if (delay < 50) delay *= 2;
+    }
+    free(seen);
+    return RT_OK;
+}
+
+static void host_id(char *buf, size_t n) {
+    char host[256] = "", boot[64] = "", ns[64] = "";
+    gethostname(host, sizeof host - 1);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
+        fclose(f);
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    ssize_t l = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+    if (l > 0) ns[l] = '\0';
+    snprintf(buf, n, "%s|%s|%s", host, boot, ns);
+}
+
+/* ---- tcp mesh ---- */
+
+static rt_status mesh_connect(rt_pg_world *w, int lfd, char (*addrs)[80], double timeout_s) {
+    rt_engine *e = &w->eng;
+    uint64_t deadline = rt_now_ns() + (uint64_t)(timeout_s * 1e9);
+    rt_hello me = {.rank = e->rank, .world = e->world};
+    memcpy(me.token, w->token, RT_TOKEN_BYTES);
+    uint8_t hb[RT_HELLO_BYTES], rb[RT_HELLO_BYTES];
+    rt_hello_encode(hb, &me);
+    for (int j = 0; j < e->rank; j++) {
+        char host[64];
+        int port = 0;
+        if (sscanf(addrs[j], "%63s %d", host, &port) != 2)
+            return RT_ERROR(RT_ERR_PEER, "rank %d published a malformed address '%s'", j, addrs[j]);
+        char what[96];
+        snprintf(what, sizeof what, "peer rank %d", j);
+        int fd;
+        RT_CHECK(rt_sock_connect(host, port, deadline, what, &fd));
+        rt_status s = rt_sock_write_all(fd, hb, sizeof hb, deadline, what);
+        if (s == RT_OK) s = rt_sock_read_all(fd, rb, sizeof rb, deadline, what);
+        rt_hello h;
+        if (s == RT_OK) s = rt_hello_parse(rb, sizeof rb, &h);
+        if (s == RT_OK && (memcmp(h.token, w->token, RT_TOKEN_BYTES) != 0 || h.rank != j || h.world != e->world))
+            s = RT_ERROR(RT_ERR_PEER, "the process at %s (rank %d's address) is not rank %d of this job", addrs[j], j,
+                         j);
+        if (s != RT_OK) {
+            close(fd);
+            rt_error_trace(__FILE__, __LINE__, what);
+            return s;
+        }
+        e->ch[j].fd = fd;
+    }
+    int need = e->world - 1 - e->rank;
+    while (need > 0) {
+        int fd;
+        rt_status s = rt_sock_accept(lfd, deadline, &fd);
+        if (s != RT_OK) {
+            char list[256] = "";
+            size_t n = 0;
+            for (int j = e->rank + 1; j < e->world && n < sizeof list - 16; j++)
+                if (e->ch[j].fd < 0) n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", n ? ", " : "", j);
+            return RT_ERROR(RT_ERR_TIMEOUT, "rank(s) %s never connected within %.1f s", list, timeout_s);
+        }
+        rt_hello h;
+        s = rt_sock_read_all(fd, rb, sizeof rb, rt_now_ns() + 5000000000ull < deadline ? rt_now_ns() + 5000000000ull
+                                                                                       : deadline,
+                             "connecting peer");
+        if (s == RT_OK) s = rt_hello_parse(rb, sizeof rb, &h);
+        if (s == RT_OK && memcmp(h.token, w->token, RT_TOKEN_BYTES) != 0)
+            s = RT_ERROR(RT_ERR_PEER, "a peer claiming rank %d presented a wrong job token", (int)h.rank);
+        if (s == RT_OK && (h.world != e->world || h.rank <= e->rank))
+            s = RT_ERROR(RT_ERR_PEER, "a peer claims rank %d of world size %d (expected a rank in %d..%d of %d)",
+                         (int)h.rank, (int)h.world, e->rank + 1, e->world - 1, e->world);
+        if (s == RT_OK && e->ch[h.rank].fd >= 0)
+            s = RT_ERROR(RT_ERR_PEER, "duplicate rank %d: two processes connected as rank %d", (int)h.rank,
+                         (int)h.rank);
+        if (s != RT_OK) { /* not one of ours (or broken): reject it and keep waiting */
+            RT_LOG_WARN("rejected a connection: %s", rt_error_message());
+            close(fd);
+            continue;
+        }
+        s = rt_sock_write_all(fd, hb, sizeof hb, deadline, "connecting peer");
+        if (s != RT_OK) {
+            close(fd);
+            return s;
+        }
+        e->ch[h.rank].fd = fd;
+        need--;
+    }
+    for (int j = 0; j < e->world; j++)
+        if (e->ch[j].fd >= 0) RT_CHECK(rt_sock_set_nonblock(e->ch[j].fd, 1));
+    return RT_OK;
+}
+
+/* ---- shm rings ---- */
+
+static size_t shm_ring_bytes(void) {
+    const char *v = getenv("RINGTRAIN_SHM_RING_BYTES");
+    size_t cap = 1u << 20;
+    if (v && atol(v) >= 4096) {
+        size_t want = (size_t)atol(v);
+        cap = 4096;
+        while (cap < want && cap < (1u << 30)) cap <<= 1;
+    }
+    return cap;
+}
+
+static rt_status shm_map(const char *name, size_t len, bool create, void **out) {
+    int fd = shm_open(name, create ? (O_RDWR | O_CREAT | O_EXCL) : O_RDWR, 0600);
+    if (fd < 0) return RT_ERROR(RT_ERR_SYS, "shm_open(%s): %s", name, strerror(errno));
+    if (create && ftruncate(fd, (off_t)len) < 0) {
+        int er = errno;
+        close(fd);
+        shm_unlink(name);
+        return RT_ERROR(RT_ERR_SYS, "ftruncate(%s, %zu): %s (is /dev/shm big enough?)", name, len, strerror(er));
+    }
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        if (create) shm_unlink(name);
+        return RT_ERROR(RT_ERR_SYS, "mmap(%s, %zu): %s", name, len, strerror(errno));
+    }
+    *out = p;
+    return RT_OK;
+}
+
+/* /dev/shm names: ringtrain-[TAG-]TOKEN-b<rank> (bell) and -p<lo>-<hi> (pair rings).
+ * RINGTRAIN_SHM_TAG (tests) makes them easy to look for. */
+static void shm_name(char *buf, size_t n, const rt_pg_world *w, int a, int b) {
+    const char *tag = getenv("RINGTRAIN_SHM_TAG");
+    char t[48] = "";
+    if (tag && *tag) snprintf(t, sizeof t, "%.40s-", tag);
+    if (b < 0)
+        snprintf(buf, n, "/ringtrain-%s%.16s-b%d", t, w->tokhex, a);
+    else
+        snprintf(buf, n, "/ringtrain-%s%.16s-p%d-%d", t, w->tokhex, a, b);
+}
+
+static void shm_unlink_mine(rt_pg_world *w) {
+    rt_engine *e = &w->eng;
+    char name[128];
+    shm_name(name, sizeof name, w, e->rank, -1);
+    shm_unlink(name);
+    for (int j = e->rank + 1; j < e->world; j++) {
+        shm_name(name, sizeof name, w, e->rank, j);
+        shm_unlink(name);
+    }
+}
+
+static rt_status shm_setup_(rt_pg_world *w, double timeout_s) {
+    rt_engine *e = &w->eng;
+    size_t cap = shm_ring_bytes();
+    size_t seglen = 4096 + 2 * cap;
+    char name[128], key[64];
+    void *p;
+    shm_name(name, sizeof name, w, e->rank, -1);
+    RT_CHECK(shm_map(name, 4096, true, &p));
+    e->my_bell = p;
+    for (int j = e->rank + 1; j < e->world; j++) {
+        shm_name(name, sizeof name, w, e->rank, j);
+        RT_CHECK(shm_map(name, seglen, true, &e->ch[j].seg));
+        e->ch[j].seglen = seglen;
+    }
+    snprintf(key, sizeof key, "rt/shm/c/%d", e->rank);
+    RT_CHECK(rt_store_set(w->store, key, "1", 1));
+    RT_CHECK(wait_ranks(w->store, "rt/shm/c/", e->world, timeout_s, "shm setup"));
+    for (int j = 0; j < e->world; j++) {
+        if (j == e->rank) continue;
+        rt_chan *c = &e->ch[j];
+        shm_name(name, sizeof name, w, j, -1);
+        RT_CHECK(shm_map(name, 4096, false, &p));
+        c->peer_bell = p;
+        if (j < e->rank) {
+            shm_name(name, sizeof name, w, j, e->rank);
+            RT_CHECK(shm_map(name, seglen, false, &c->seg));
+            c->seglen = seglen;
+        }
+        uint8_t *base = c->seg;
+        rt_shm_ring *r0 = (rt_shm_ring *)base, *r1 = (rt_shm_ring *)(base + sizeof(rt_shm_ring));
+        uint8_t *d0 = base + 4096, *d1 = base + 4096 + cap;
+        bool lo = e->rank < j;
+        c->tx = lo ? r0 : r1;
+        c->rx = lo ? r1 : r0;
+        c->txd = lo ? d0 : d1;
+        c->rxd = lo ? d1 : d0;
+        c->cap = cap;
+        c->piece = cap / 4;
+        c->shm = true;
+    }
+    snprintf(key, sizeof key, "rt/shm/m/%d", e->rank);
+    RT_CHECK(rt_store_set(w->store, key, "1", 1));
+    RT_CHECK(wait_ranks(w->store, "rt/shm/m/", e->world, timeout_s, "shm setup"));
+    shm_unlink_mine(w); /* everyone mapped them: no name is left behind */
+    e->shm = true;
+    return RT_OK;
+}
+
+static rt_status shm_setup(rt_pg_world *w, double timeout_s) {
+    rt_status s = shm_setup_(w, timeout_s);
+    if (s != RT_OK) shm_unlink_mine(w);
+    return s;
+}
+
+/* ---- init / destroy ---- */
+
+static void world_free(rt_pg_world *w) {
+    if (w->eng.my_bell) munmap(w->eng.my_bell, 4096);
+    w->eng.my_bell = NULL;
+    rt_engine_destroy(&w->eng);
+    rt_store_close(w->store);
+    rt_store_server_stop(w->server);
+    free(w);
+}
+
+rt_status rt_pg_nccl_init(rt_pg *pg);   /* cuda/nccl.c (CUDA builds) */
+void rt_pg_nccl_destroy(rt_pg_world *w);
+
+static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
+    RT_REQUIRE(o->timeout_s > 0, RT_ERR_INVALID, "dist.timeout_s %.3f must be > 0", o->timeout_s);
+    RT_CHECK(rt_rdzv_parse(o->init_method, o->rank, o->world_size, &w->rdzv));
+    rt_rdzv *r = &w->rdzv;
+    rt_set_rank(r->rank);
+    RT_CHECK(rt_rdzv_connect(r, o->timeout_s, &w->server, &w->store));
+    RT_CHECK(rt_engine_init(&w->eng, r->rank, r->world));
+    /* the per-launch secret that every transport connection must present */
+    if (r->rank == 0) {
+        RT_CHECK(rt_random_bytes(w->token, sizeof w->token));
+        RT_CHECK(rt_store_set(w->store, "rt/token", w->token, sizeof w->token));
+    } else {
+        size_t n = 0;
+        RT_CHECK(rt_store_get(w->store, "rt/token", w->token, sizeof w->token, &n));
+        RT_REQUIRE(n == sizeof w->token, RT_ERR_PEER, "store: token of %zu bytes, expected %d", n, RT_TOKEN_BYTES);
+    }
+    for (int i = 0; i < RT_TOKEN_BYTES; i++) snprintf(w->tokhex + 2 * i, 3, "%02x", w->token[i]);
+    /* our address and host */
+    int lfd = -1, port = 0;
+    const char *ip = rt_store_local_addr(w->store);
+    RT_CHECK(rt_sock_listen(ip, 0, &lfd, &port));
+    char key[64], val[400], hid[300];
+    host_id(hid, sizeof hid);
+    snprintf(key, sizeof key, "rt/host/%d", r->rank);
+    rt_status s = rt_store_set(w->store, key, hid, strlen(hid));
+    snprintf(key, sizeof key, "rt/addr/%d", r->rank);
+    snprintf(val, sizeof val, "%s %d", ip, port);
+    if (s == RT_OK) s = rt_store_set(w->store, key, val, strlen(val));
+    if (s == RT_OK) s = wait_ranks(w->store, "rt/addr/", r->world, o->timeout_s, "rendezvous");
+    char(*addrs)[80] = calloc((size_t)r->world, sizeof *addrs);
+    bool same_host = true;
+    for (int j = 0; s == RT_OK && j < r->world; j++) {
+        size_t n = 0;
+        char other[300] = "";
+        if (!addrs) {
+            s = RT_ERROR(RT_ERR_NOMEM, "out of memory");
+            break;
+        }
+        snprintf(key, sizeof key, "rt/addr/%d", j);
+        s = rt_store_get(w->store, key, addrs[j], sizeof addrs[j] - 1, &n);
+        snprintf(key, sizeof key, "rt/host/%d", j);
+        if (s == RT_OK) s = rt_store_get(w->store, key, other, sizeof other - 1, &n);
+        if (strcmp(other, hid) != 0) same_host = false;
+    }
+    if (s == RT_OK) s = mesh_connect(w, lfd, addrs, o->timeout_s);
+    close(lfd);
+    free(addrs);
+    RT_CHECK(s);
+
+    rt_transport t = o->transport;
+    if (t == RT_TRANSPORT_AUTO) t = same_host && r->world > 1 ? RT_TRANSPORT_SHM : RT_TRANSPORT_TCP;
+    if (t == RT_TRANSPORT_SHM) {
+        RT_REQUIRE(same_host, RT_ERR_INVALID, "transport shm needs all ranks on one host; they are not (use tcp or auto)");
+        if (r->world > 1) RT_CHECK(shm_setup(w, o->timeout_s));
+    }
+    pg->w = w;
+    pg->is_world = true;
+    pg->rank = r->rank;
+    pg->size = r->world;
+    pg->ranks = malloc((size_t)r->world * sizeof *pg->ranks);
+    RT_CHECK_ALLOC(pg->ranks, (size_t)r->world * sizeof(int));
+    for (int i = 0; i < r->world; i++) pg->ranks[i] = i;
+    pg->id = 0;
+    w->next_group = 1;
+    pg->timeout_s = o->timeout_s;
+    pg->algo = o->algo;
+    pg->transport = t;
+    if (t == RT_TRANSPORT_NCCL) RT_CHECK(rt_pg_nccl_init(pg));
+    RT_LOG_DEBUG("process group ready: rank %d of %d, transport %s", r->rank, r->world, rt_transport_name(t));
+    return RT_OK;
+}
+
+rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
+    *out = NULL;
+    rt_pg_world *w = calloc(1, sizeof *w);
+    RT_CHECK_ALLOC(w, sizeof *w);
+    rt_pg *pg = calloc(1, sizeof *pg);
+    if (!pg) {
+        free(w);
+        RT_CHECK_ALLOC(NULL, sizeof *pg);
+    }
+    rt_status s = pg_init_(o, w, pg);
+    if (s != RT_OK) {
+        rt_error_record rec;
+        rt_error_save(&rec);
+        free(pg->ranks);
+        free(pg);
+        world_free(w);
+        rt_error_restore(&rec);
+        rt_error_trace(__FILE__, __LINE__, "rt_pg_init");
+        return s;
+    }
+    *out = pg;
+    return RT_OK;
+}
+
+void rt_pg_destroy(rt_pg *pg) {
+    if (!pg) return;
+    if (pg->is_world) {
+        rt_pg_world *w = pg->w;
+        if (pg->transport == RT_TRANSPORT_NCCL) rt_pg_nccl_destroy(w);
+        /* say goodbye; the store's host waits for everyone before it stops */
+        if (!w->eng.broken && w->store) {
+            int64_t n = 0;
+            if (rt_store_add(w->store, "rt/exit", 1, &n) == RT_OK && w->server) {
+                uint64_t deadline = rt_now_ns() + (uint64_t)(pg->timeout_s * 1e9);
+                int delay = 1;
+                while (n < pg->size && rt_now_ns() < deadline) {
+                    sleep_ms(delay);
+                    if (delay < 50) delay *= 2;
+                    if (rt_store_add(w->store, "rt/exit", 0, &n) != RT_OK) break;
+                }
+            }
+        }
+        world_free(w);
+    }
+    free(pg->ranks);
+    free(pg);
+}
+
+rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
+    *out = NULL;
+    RT_REQUIRE(n >= 1 && n <= pg->size, RT_ERR_INVALID, "new_group: %d ranks (group size %d)", n, pg->size);
+    int id = pg->w->next_group++;
+    RT_REQUIRE(id < 65536, RT_ERR_INVALID, "new_group: too many groups");
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        RT_REQUIRE(ranks[i] >= 0 && ranks[i] < pg->size, RT_ERR_INVALID,
+                   "new_group: rank %d at index %d out of range 0..%d", ranks[i], i, pg->size - 1);
+        for (int k = 0; k < i; k++)
+            RT_REQUIRE(ranks[k] != ranks[i], RT_ERR_INVALID, "new_group: rank %d listed twice", ranks[i]);
+        if (ranks[i] == pg->rank) me = i;
+    }
+    if (me < 0) return RT_OK;
+    rt_pg *g = calloc(1, sizeof *g);
+    RT_CHECK_ALLOC(g, sizeof *g);
+    g->ranks = malloc((size_t)n * sizeof *g->ranks);
+    if (!g->ranks) {
+        free(g);
+        RT_CHECK_ALLOC(NULL, (size_t)n * sizeof(int));
+    }
+    for (int i = 0; i < n; i++) g->ranks[i] = pg->ranks[ranks[i]];
+    g->w = pg->w;
+    g->rank = me;
+    g->size = n;
+    g->id = id;
+    g->timeout_s = pg->timeout_s;
+    g->algo = pg->algo;
+    g->transport = pg->transport;
+    *out = g;
+    return RT_OK;
+}
+
+/* ---- point-to-point ---- */
+
+static rt_status p2p(rt_pg *pg, bool is_send, void *buf, size_t count, rt_dtype dtype, int peer, rt_request **out) {
+    const char *op = is_send ? (out ? "isend" : "send") : (out ? "irecv" : "recv");
+    RT_REQUIRE(peer >= 0 && peer < pg->size && peer != pg->rank, RT_ERR_INVALID,
+               "%s: peer rank %d is not another rank of the group (size %d, this rank %d)", op, peer, pg->size,
+               pg->rank);
+    size_t es = rt_dtype_size(dtype);
+    RT_REQUIRE(es > 0 && count <= RT_MSG_MAX_BYTES / es, RT_ERR_INVALID, "%s: %zu elements of dtype %d", op, count,
+               (int)dtype);
+    RT_REQUIRE(buf || count == 0, RT_ERR_INVALID, "%s: NULL buffer", op);
+    rt_request *r;
+    RT_CHECK(rt_req_new(&pg->w->eng, op, pg->id, pg->timeout_s, 1, &r));
+    int wp = pg->ranks[peer];
+    if (is_send)
+        rt_req_send(r, wp, buf, count * es, RT_K_P2P, 0, NULL, false);
+    else
+        rt_req_recv(r, wp, buf, count * es, RT_K_P2P, 0, -1, dtype, 0, NULL, false);
+    rt_status s = rt_req_submit(r, out != NULL);
+    if (s == RT_OK && !out) s = rt_req_wait(r);
+    if (s != RT_OK || !out) {
+        rt_req_free(r);
+        return s;
+    }
+    *out = r;
+    return RT_OK;
+}
+
+rt_status rt_send(rt_pg *pg, const void *buf, size_t count, rt_dtype dtype, int dst) {
+    return p2p(pg, true, (void *)buf, count, dtype, dst, NULL);
+}
+rt_status rt_recv(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int src) {
+    return p2p(pg, false, buf, count, dtype, src, NULL);
+}
+rt_status rt_isend(rt_pg *pg, const void *buf, size_t count, rt_dtype dtype, int dst, rt_request **req) {
+    *req = NULL;
+    return p2p(pg, true, (void *)buf, count, dtype, dst, req);
+}
+rt_status rt_irecv(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int src, rt_request **req) {
+    *req = NULL;
+    return p2p(pg, false, buf, count, dtype, src, req);
+}
+
+rt_status rt_wait(rt_request *req) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "rt_wait: NULL request");
+    rt_status s = rt_req_wait(req);
+    rt_req_free(req);
+    return s;
+}
+
+rt_status rt_test(rt_request *req, bool *done) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "rt_test: NULL request");
+    return rt_req_test(req, done);
+}
+
+#ifndef RT_HAVE_CUDA
+rt_status rt_pg_nccl_init(rt_pg *pg) {
+    (void)pg;
+    return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
+}
+void rt_pg_nccl_destroy(rt_pg_world *w) { (void)w; }
+#endif

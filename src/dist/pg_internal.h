@@ -1,0 +1,45 @@
+/* Process-group internals shared by pg.c, collectives.c and the nccl transport. */
+#ifndef RT_DIST_PG_INTERNAL_H
+#define RT_DIST_PG_INTERNAL_H
+
+#include "dist/dist.h"
+#include "dist/engine.h"
+#include "dist/rendezvous.h"
+
+enum rt_comm_kind {
+    RT_K_P2P = 1,
+    RT_K_BCAST,
+    RT_K_REDUCE,
+    RT_K_ALLREDUCE,
+    RT_K_SCATTER,
+    RT_K_GATHER,
+    RT_K_ALLGATHER,
+    RT_K_REDUCE_SCATTER,
+    RT_K_BARRIER,
+};
+
+typedef struct rt_pg_world {
+    rt_engine eng;
+    rt_rdzv rdzv;
+    rt_store *store;
+    rt_store_server *server;
+    uint8_t token[RT_TOKEN_BYTES];
+    char tokhex[2 * RT_TOKEN_BYTES + 1];
+    int next_group;
+    char *shm_names[2]; /* unused slots kept for cleanup on error paths */
+    void *nccl;         /* nccl transport state (CUDA builds) */
+} rt_pg_world;
+
+struct rt_pg {
+    rt_pg_world *w;
+    bool is_world;
+    int rank, size; /* in this group */
+    int *ranks;     /* group rank -> world rank */
+    int id;
+    uint32_t seq;
+    double timeout_s;
+    rt_algo algo;
+    rt_transport transport;
+};
+
+#endif

@@ -1,0 +1,224 @@
+/* Rendezvous: init-method parsing, launcher environment variables, store hosting and
+ * connection (see rendezvous.h for the rules). */
+#include "dist/rendezvous.h"
+
+#include "core/log.h"
+#include "core/timer.h"
+#include "dist/sock.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *env(const char *name) {
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+static rt_status parse_int(const char *name, const char *text, int lo, int hi, int *out) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end != '\0' || v < lo || v > hi)
+        return RT_ERROR(RT_ERR_INVALID, "%s='%s' is not an integer in %d..%d", name, text, lo, hi);
+    *out = (int)v;
+    return RT_OK;
+}
+
+static rt_status env_int(const char *name, int lo, int hi, int *out, bool *found) {
+    const char *v = env(name);
+    *found = v != NULL;
+    if (!v) return RT_OK;
+    return parse_int(name, v, lo, hi, out);
+}
+
+rt_status rt_rdzv_parse(const char *init_method, int rank, int world, rt_rdzv *out) {
+    memset(out, 0, sizeof *out);
+    if (!init_method || !*init_method) init_method = "env://";
+    /* rank / world size */
+    static const char *const pairs[][3] = {
+        {"RANK", "WORLD_SIZE", "LOCAL_RANK"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+    };
+    out->rank = rank;
+    out->world = world;
+    out->local_rank = -1;
+    out->rank_source = "arguments";
+    for (int i = 0; i < 3; i++) {
+        bool fr = false, fw = false, fl = false;
+        int r = -1, w = -1, l = -1;
+        RT_CHECK(env_int(pairs[i][0], 0, 1 << 20, &r, &fr));
+        RT_CHECK(env_int(pairs[i][1], 1, 1 << 20, &w, &fw));
+        RT_CHECK(env_int(pairs[i][2], 0, 1 << 20, &l, &fl));
+        if (fr && out->rank < 0) {
+            out->rank = r;
+            out->rank_source = pairs[i][0];
+        }
+        if (fw && out->world < 0) out->world = w;
+        if (fl && out->local_rank < 0) out->local_rank = l;
+    }
+    if (out->rank < 0 || out->world < 0)
+        return RT_ERROR(RT_ERR_INVALID,
+                        "rendezvous: rank/world size unknown: pass them, or set RANK and WORLD_SIZE (torchrun), "
+                        "OMPI_COMM_WORLD_RANK/SIZE (mpirun) or SLURM_PROCID/SLURM_NTASKS (srun)");
+    if (out->world < 1 || out->rank >= out->world)
+        return RT_ERROR(RT_ERR_INVALID, "rendezvous: rank %d out of range for world size %d (from %s)", out->rank,
+                        out->world, out->rank_source);
+    if (out->local_rank < 0) out->local_rank = 0;
+
+    /* job id */
+    const char *job = env("RINGTRAIN_JOB_TOKEN");
+    char buf[256] = "";
+    if (!job) job = env("TORCHELASTIC_RUN_ID");
+    if (!job && env("SLURM_JOB_ID")) {
+        snprintf(buf, sizeof buf, "slurm-%s.%s", env("SLURM_JOB_ID"), env("SLURM_STEP_ID") ? env("SLURM_STEP_ID") : "0");
+        job = buf;
+    }
+    if (!job) job = env("OMPI_MCA_ess_base_jobid");
+    snprintf(out->job, sizeof out->job, "%s", job ? job : "");
+
+    const char *hosted = env("RINGTRAIN_STORE_HOSTED");
+    out->host_store = out->rank == 0 && !(hosted && strcmp(hosted, "1") == 0);
+
+    if (strncmp(init_method, "env://", 6) == 0) {
+        out->kind = RT_RDZV_ENV;
+        const char *addr = env("MASTER_ADDR"), *port = env("MASTER_PORT");
+        if (!addr || !port)
+            return RT_ERROR(RT_ERR_INVALID, "rendezvous env://: MASTER_ADDR and MASTER_PORT must be set (got %s, %s)",
+                            addr ? addr : "unset", port ? port : "unset");
+        snprintf(out->host, sizeof out->host, "%s", addr);
+        RT_CHECK(parse_int("MASTER_PORT", port, 1, 65535, &out->port));
+        const char *agent = env("TORCHELASTIC_USE_AGENT_STORE");
+        if (agent && (strcmp(agent, "True") == 0 || strcmp(agent, "true") == 0 || strcmp(agent, "1") == 0)) {
+            RT_REQUIRE(out->port < 65535, RT_ERR_INVALID, "MASTER_PORT 65535 leaves no port for the store");
+            out->port += 1; /* torchrun's own store holds MASTER_PORT */
+        }
+    } else if (strncmp(init_method, "tcp://", 6) == 0) {
+        out->kind = RT_RDZV_TCP;
+        const char *hp = init_method + 6;
+        const char *colon = strrchr(hp, ':');
+        if (!colon || colon == hp || (size_t)(colon - hp) >= sizeof out->host)
+            return RT_ERROR(RT_ERR_INVALID, "rendezvous '%s': expected tcp://HOST:PORT", init_method);
+        memcpy(out->host, hp, (size_t)(colon - hp));
+        out->host[colon - hp] = '\0';
+        RT_CHECK(parse_int("tcp:// port", colon + 1, 1, 65535, &out->port));
+    } else if (strncmp(init_method, "file://", 7) == 0) {
+        out->kind = RT_RDZV_FILE;
+        const char *p = init_method + 7;
+        RT_REQUIRE(*p && strlen(p) < sizeof out->path, RT_ERR_INVALID, "rendezvous '%s': expected file:///PATH",
+                   init_method);
+        snprintf(out->path, sizeof out->path, "%s", p);
+    } else {
+        return RT_ERROR(RT_ERR_INVALID, "rendezvous: unknown init method '%s' (expected env://, tcp://HOST:PORT or "
+                                        "file:///PATH)",
+                        init_method);
+    }
+    const char *sp = env("RINGTRAIN_STORE_PORT");
+    if (sp && out->kind != RT_RDZV_FILE) RT_CHECK(parse_int("RINGTRAIN_STORE_PORT", sp, 1, 65535, &out->port));
+    return RT_OK;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* file://: rank 0 publishes "host port token". */
+static rt_status file_publish(rt_rdzv *r, int port) {
+    const char *host = env("RINGTRAIN_STORE_ADDR");
+    if (!host) host = env("MASTER_ADDR");
+    if (!host) host = "127.0.0.1";
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", r->path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return RT_ERROR(RT_ERR_IO, "rendezvous file://%s: cannot create %s: %s", r->path, tmp, strerror(errno));
+    char line[600];
+    int n = snprintf(line, sizeof line, "%s %d %s\n", host, port, r->job);
+    bool ok = write(fd, line, (size_t)n) == n && fsync(fd) == 0;
+    close(fd);
+    if (!ok || rename(tmp, r->path) != 0) {
+        unlink(tmp);
+        return RT_ERROR(RT_ERR_IO, "rendezvous file://%s: cannot write it: %s", r->path, strerror(errno));
+    }
+    return RT_OK;
+}
+
+static bool file_read(rt_rdzv *r) {
+    FILE *f = fopen(r->path, "r");
+    if (!f) return false;
+    char host[256], job[256] = "";
+    int port = 0;
+    int n = fscanf(f, "%255s %d %255s", host, &port, job);
+    fclose(f);
+    if (n < 2 || port <= 0 || port > 65535) return false;
+    snprintf(r->host, sizeof r->host, "%s", host);
+    r->port = port;
+    snprintf(r->job, sizeof r->job, "%s", n == 3 ? job : "");
+    return true;
+}
+
+rt_status rt_rdzv_connect(rt_rdzv *r, double timeout_s, rt_store_server **server, rt_store **store) {
+    *server = NULL;
+    *store = NULL;
+    uint64_t deadline = rt_now_ns() + (uint64_t)(timeout_s * 1e9);
+    if (r->kind == RT_RDZV_FILE) {
+        if (r->host_store) {
+            if (!r->job[0]) {
+                uint8_t tok[12];
+                RT_CHECK(rt_random_bytes(tok, sizeof tok));
+                for (int i = 0; i < 12; i++) snprintf(r->job + 2 * i, 3, "%02x", tok[i]);
+            }
+            int port = 0;
+            RT_CHECK(rt_store_server_start(NULL, 0, r->job, r->world, server, &port));
+            rt_status s = file_publish(r, port);
+            if (s != RT_OK) {
+                rt_store_server_stop(*server);
+                *server = NULL;
+                return s;
+            }
+            snprintf(r->host, sizeof r->host, "127.0.0.1");
+            r->port = port;
+        } else {
+            int delay = 10;
+            for (;;) {
+                if (file_read(r)) {
+                    double left = (double)(deadline > rt_now_ns() ? deadline - rt_now_ns() : 0) * 1e-9;
+                    rt_status s = rt_store_connect(r->host, r->port, r->job, r->rank, r->world, left < 1.0 ? left : 1.0,
+                                                   store);
+                    if (s == RT_OK) {
+                        rt_store_set_timeout(*store, timeout_s);
+                        return RT_OK;
+                    }
+                    if (s != RT_ERR_TIMEOUT && s != RT_ERR_PEER) return s;
+                }
+                if (rt_now_ns() >= deadline)
+                    return RT_ERROR(RT_ERR_TIMEOUT,
+                                    "rendezvous file://%s: rank %d found no live store within %.1f s (rank 0 never "
+                                    "arrived?)",
+                                    r->path, r->rank, timeout_s);
+                sleep_ms(delay);
+                if (delay < 500) delay *= 2;
+            }
+        }
+    } else if (r->host_store) {
+        int port = 0;
+        RT_CHECK(rt_store_server_start(NULL, r->port, r->job, r->world, server, &port));
+    }
+    char what[300];
+    snprintf(what, sizeof what, "store at %s:%d", r->host, r->port);
+    rt_status s = rt_store_connect(r->host, r->port, r->job, r->rank, r->world, timeout_s, store);
+    if (s != RT_OK) {
+        if (*server) rt_store_server_stop(*server);
+        *server = NULL;
+        rt_error_trace(__FILE__, __LINE__, what);
+        return s;
+    }
+    (void)deadline;
+    return RT_OK;
+}

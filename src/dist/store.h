@@ -1,0 +1,54 @@
+/* The rendezvous key-value store: a small TCP server (hosted by rank 0 or by a
+ * launcher) and its client.
+ *
+ * Operations: set, get (waits until the key exists), add (atomic counter), check,
+ * wait. Every connection starts with a HELLO frame carrying the job id, the rank and
+ * the world size; the server rejects a different job id, a different world size, a
+ * rank out of range and a rank that already joined, with a reply naming the ranks.
+ * Frames are length-checked (wire.h). Every client call has a deadline.
+ */
+#ifndef RT_DIST_STORE_H
+#define RT_DIST_STORE_H
+
+#include "core/status.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rt_store_server rt_store_server;
+typedef struct rt_store rt_store;
+
+/* Start a server thread listening on host:port (port 0: ephemeral, see *bound_port).
+ * world: expected world size (ranks 0..world-1); job: the job id every client must
+ * present (may be ""). */
+rt_status rt_store_server_start(const char *host, int port, const char *job, int world, rt_store_server **out,
+                                int *bound_port);
+void rt_store_server_stop(rt_store_server *s);
+
+/* Connect (retrying with backoff until timeout_s) and say hello. rank -1: a client
+ * that is not a rank (a launcher), not counted for duplicates. */
+rt_status rt_store_connect(const char *host, int port, const char *job, int rank, int world, double timeout_s,
+                           rt_store **out);
+void rt_store_close(rt_store *st);
+/* Default timeout of get/wait calls (set by rt_store_connect). */
+void rt_store_set_timeout(rt_store *st, double timeout_s);
+
+rt_status rt_store_set(rt_store *st, const char *key, const void *value, size_t n);
+/* Waits until the key exists (or the timeout), copies up to cap bytes; *n = value size. */
+rt_status rt_store_get(rt_store *st, const char *key, void *buf, size_t cap, size_t *n);
+rt_status rt_store_add(rt_store *st, const char *key, int64_t delta, int64_t *total);
+rt_status rt_store_check(rt_store *st, const char *key, bool *exists);
+/* Waits until every key exists. */
+rt_status rt_store_wait(rt_store *st, const char *const *keys, int n);
+/* The local IPv4 address of the connection (the interface that reaches the store). */
+const char *rt_store_local_addr(const rt_store *st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,40 @@
+/* Multi-process test harness: fork N ranks that meet on a free loopback port.
+ *
+ * mp_run forks `world` children; child r calls fn(r, world, port, arg) and exits with
+ * its return value (0 = pass). The parent waits for all of them (killing the rest
+ * after `limit_s` seconds, so a hang fails instead of blocking ctest) and returns the
+ * number of ranks that failed; codes[] gets each exit code (or 128+signal). */
+#ifndef RT_TEST_MP_H
+#define RT_TEST_MP_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/status.h"
+
+typedef int (*mp_fn)(int rank, int world, int port, void *arg);
+
+int mp_free_port(void);
+int mp_run(int world, mp_fn fn, void *arg, double limit_s, int *codes);
+
+/* In children: print and return 1 when a condition fails. */
+#define MP_CHECK(cond, ...)                                                                   \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            fprintf(stderr, "%s:%d: rank check failed: %s: ", __FILE__, __LINE__, #cond);    \
+            fprintf(stderr, __VA_ARGS__);                                                     \
+            fprintf(stderr, "\n");                                                            \
+            return 1;                                                                         \
+        }                                                                                     \
+    } while (0)
+#define MP_OK(expr)                                                                           \
+    do {                                                                                      \
+        rt_status s_ = (expr);                                                                \
+        if (s_ != RT_OK) {                                                                    \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr, rt_status_name(s_), \
+                    rt_error_message());                                                      \
+            return 1;                                                                         \
+        }                                                                                     \
+    } while (0)
+
+#endif
