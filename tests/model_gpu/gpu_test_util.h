@@ -1,0 +1,207 @@
+/* Helpers of the GPU model tests: a CPU and a CUDA context, a seed that changes every
+ * run (printed; RINGTRAIN_TEST_SEED repeats a run), random host data, device buffers
+ * poisoned with NaN before a layer writes them, and the comparison against the CPU
+ * backend.
+ *
+ * Relative error of a result is max_i |gpu_i - cpu_i| / max_i |cpu_i| (the max-norm
+ * error relative to the result's scale); a NaN or infinity in the GPU result where the
+ * CPU has a finite value (e.g. an element the GPU never wrote: it keeps its NaN
+ * poison) counts as an infinite error.
+ *
+ * Transfers use the legacy default stream, and every upload, download and poison is
+ * followed by cudaDeviceSynchronize, so the tests never race the contexts' own
+ * non-blocking streams. */
+#ifndef RT_GPU_TEST_UTIL_H
+#define RT_GPU_TEST_UTIL_H
+
+#include "test_util.h"
+
+#include "core/rng.h"
+#include "model/layers.h"
+#include "model/model.h"
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+#ifdef RT_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+static rt_model_ctx *g_cpu, *g_gpu;
+static uint64_t g_seed;
+static uint64_t g_subseq; /* every random fill draws from a new Philox subsequence */
+
+/* 1e-5 forward, 1e-4 gradients (fp32, the bounds) */
+#define TOL_FWD 1e-5
+#define TOL_GRAD 1e-4
+
+static inline void gt_sync(void) {
+#ifdef RT_HAVE_CUDA
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) fail_msg("cudaDeviceSynchronize: %s", cudaGetErrorString(e));
+#endif
+}
+
+static inline uint64_t gt_pick_seed(void) {
+    const char *env = getenv("RINGTRAIN_TEST_SEED");
+    uint64_t s = 0;
+    if (env && *env) {
+        s = strtoull(env, NULL, 0);
+    } else {
+        FILE *f = fopen("/dev/urandom", "rb");
+        if (!f || fread(&s, sizeof s, 1, f) != 1) s = (uint64_t)time(NULL) * 2654435761u;
+        if (f) fclose(f);
+    }
+    printf("seed %llu (RINGTRAIN_TEST_SEED=%llu repeats this run)\n", (unsigned long long)s, (unsigned long long)s);
+    return s;
+}
+
+static inline rt_model_ctx *gt_ctx(rt_device d, rt_precision prec) {
+    rt_model_ctx *ctx = NULL;
+    rt_model_ctx_options o = {.device = d, .threads = 4, .precision = prec};
+    assert_rt_ok(rt_model_ctx_create(&o, &ctx));
+    return ctx;
+}
+
+/* group setup: both contexts, fp32 */
+static inline int gt_setup(void **state) {
+    (void)state;
+    g_cpu = gt_ctx(rt_device_cpu(), RT_PRECISION_FP32);
+    g_gpu = gt_ctx(rt_device_cuda(0), RT_PRECISION_FP32);
+    return 0;
+}
+static inline int gt_teardown(void **state) {
+    (void)state;
+    rt_model_ctx_destroy(g_gpu);
+    rt_model_ctx_destroy(g_cpu);
+    return 0;
+}
+
+/* ---- host data ------------------------------------------------------------------- */
+
+static inline float *gt_host(size_t n) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p) fail_msg("out of memory (%zu floats)", n);
+    return p;
+}
+static inline float *gt_host_nan(size_t n) {
+    float *p = gt_host(n);
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+    return p;
+}
+static inline float *gt_randn(size_t n, float std) {
+    float *p = gt_host(n);
+    rt_rng r;
+    rt_rng_init(&r, g_seed, ++g_subseq);
+    rt_rng_normal(&r, p, n, 0.0f, std);
+    return p;
+}
+static inline float *gt_uniform(size_t n, float lo, float hi) {
+    float *p = gt_host(n);
+    rt_rng r;
+    rt_rng_init(&r, g_seed, ++g_subseq);
+    rt_rng_uniform_range(&r, p, n, lo, hi);
+    return p;
+}
+static inline int32_t *gt_labels(size_t n, int k) {
+    int32_t *p = malloc((n ? n : 1) * sizeof(int32_t));
+    rt_rng r;
+    rt_rng_init(&r, g_seed, ++g_subseq);
+    for (size_t i = 0; i < n; i++) p[i] = (int32_t)rt_rng_below(&r, (uint64_t)k);
+    return p;
+}
+
+/* ---- device buffers ---------------------------------------------------------------- */
+
+static inline void *gt_dev(size_t bytes) {
+    void *p = NULL;
+    assert_rt_ok(rt_malloc(g_gpu->device, bytes ? bytes : 4, &p));
+    return p;
+}
+static inline void gt_upload(void *dst, const void *src, size_t bytes) {
+    gt_sync();
+    assert_rt_ok(rt_memcpy(dst, g_gpu->device, src, rt_device_cpu(), bytes, NULL));
+    gt_sync();
+}
+static inline void gt_download(void *dst, const void *src, size_t bytes) {
+    gt_sync();
+    assert_rt_ok(rt_memcpy(dst, rt_device_cpu(), src, g_gpu->device, bytes, NULL));
+    gt_sync();
+}
+/* 0xFF bytes: every float is a NaN */
+static inline void gt_poison(void *p, size_t bytes) {
+    gt_sync();
+    assert_rt_ok(rt_memset(g_gpu->device, p, 0xff, bytes, NULL));
+    gt_sync();
+}
+/* device copy of n host floats */
+static inline float *gt_dev_copy(const float *h, size_t n) {
+    float *d = gt_dev(n * sizeof(float));
+    gt_upload(d, h, n * sizeof(float));
+    return d;
+}
+/* device buffer of n floats, NaN */
+static inline float *gt_dev_nan(size_t n) {
+    float *d = gt_dev(n * sizeof(float));
+    gt_poison(d, n * sizeof(float));
+    return d;
+}
+static inline void gt_free(void *d) { rt_free(g_gpu->device, d); }
+
+/* ---- comparison -------------------------------------------------------------------- */
+
+/* max-norm relative error of gpu against cpu (host arrays) */
+static inline double gt_rel_err(const float *cpu, const float *gpu, size_t n, size_t *worst_at) {
+    double scale = 0, err = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)cpu[i]));
+    for (size_t i = 0; i < n; i++) {
+        double d;
+        if (isfinite(cpu[i]) && !isfinite(gpu[i]))
+            d = INFINITY;
+        else if (isnan(cpu[i]) && isnan(gpu[i]))
+            d = 0;
+        else
+            d = fabs((double)gpu[i] - (double)cpu[i]);
+        if (!(d <= err)) {
+            err = d;
+            at = i;
+        }
+    }
+    if (worst_at) *worst_at = at;
+    if (scale == 0) return err; /* all-zero reference: absolute */
+    return err / scale;
+}
+
+/* compare host cpu[] with device gpu_dev[] (n floats) within tol; prints the error */
+static inline double gt_check_dev(const char *what, const float *cpu, const float *gpu_dev, size_t n, double tol) {
+    float *g = gt_host(n);
+    gt_download(g, gpu_dev, n * sizeof(float));
+    size_t at = 0;
+    double e = gt_rel_err(cpu, g, n, &at);
+    printf("  %-40s rel err %.3g (tol %.0e)\n", what, e, tol);
+    if (!(e <= tol))
+        fail_msg("%s: relative error %.3g > %.0e (element %zu: cpu %.9g gpu %.9g, seed %llu)", what, e, tol, at,
+                 (double)cpu[at], (double)g[at], (unsigned long long)g_seed);
+    free(g);
+    return e;
+}
+
+/* bit-exact comparison for the ops whose kernels repeat the CPU arithmetic */
+static inline void gt_check_exact(const char *what, const float *cpu, const float *gpu_dev, size_t n) {
+    float *g = gt_host(n);
+    gt_download(g, gpu_dev, n * sizeof(float));
+    size_t differ = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&cpu[i], &g[i], sizeof(float)) != 0 && !(isnan(cpu[i]) && isnan(g[i]))) {
+            if (!differ) first = i;
+            differ++;
+        }
+    printf("  %-40s %zu of %zu elements differ\n", what, differ, n);
+    if (differ)
+        fail_msg("%s: %zu elements differ from the CPU backend (first %zu: cpu %.9g gpu %.9g, seed %llu)", what,
+                 differ, first, (double)cpu[first], (double)g[first], (unsigned long long)g_seed);
+    free(g);
+}
+
+#endif

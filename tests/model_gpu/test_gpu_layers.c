@@ -1,0 +1,561 @@
+/* Every layer of the CUDA backend against the CPU backend, forward and backward.
+ *
+ * Fresh random inputs and parameters every run (the seed is printed;
+ * RINGTRAIN_TEST_SEED repeats a run), GPU output buffers filled with NaN first so an
+ * element the GPU forgets to write fails the comparison. fp32 bounds: relative
+ * (max-norm) error < 1e-5 forward, < 1e-4 gradients. The ops whose kernels repeat the
+ * CPU arithmetic (relu, add, pooling, dropout, bias gradient) must match bit for bit.
+ * Batch sizes below the prepared maximum are run too (the cuDNN layers keep a second
+ * descriptor set for them). Exits 77 (skipped) where no GPU answers.
+ */
+#include "gpu_test_util.h"
+
+#include <stdlib.h>
+
+/* ---- conv2d ------------------------------------------------------------------------ */
+
+typedef struct conv_pair {
+    rt_conv2d c, g;        /* CPU layer, GPU layer */
+    rt_arena cp, cg, gp, gg; /* params / grads arenas of each */
+} conv_pair;
+
+static void conv_setup(conv_pair *P, int max_n, int in_c, int out_c, int h, int w, int k, int s, int pad, bool bias,
+                       float **h_w, float **h_b) {
+    assert_rt_ok(rt_conv2d_init(&P->c, in_c, out_c, h, w, k, s, pad, bias));
+    P->g = P->c;
+    rt_arena_init(&P->cp, rt_device_cpu());
+    rt_arena_init(&P->cg, rt_device_cpu());
+    rt_arena_init(&P->gp, g_gpu->device);
+    rt_arena_init(&P->gg, g_gpu->device);
+    assert_rt_ok(rt_tensor_place(&P->c.weight, &P->cp));
+    P->c.dweight = rt_tensor_in(&P->c.weight, &P->cg);
+    assert_rt_ok(rt_tensor_place(&P->g.weight, &P->gp));
+    P->g.dweight = rt_tensor_in(&P->g.weight, &P->gg);
+    if (bias) {
+        assert_rt_ok(rt_tensor_place(&P->c.bias, &P->cp));
+        P->c.dbias = rt_tensor_in(&P->c.bias, &P->cg);
+        assert_rt_ok(rt_tensor_place(&P->g.bias, &P->gp));
+        P->g.dbias = rt_tensor_in(&P->g.bias, &P->gg);
+    }
+    P->cg.size = P->cp.size;
+    P->gg.size = P->gp.size;
+    assert_rt_ok(rt_arena_alloc(&P->cp));
+    assert_rt_ok(rt_arena_alloc(&P->cg));
+    assert_rt_ok(rt_arena_alloc(&P->gp));
+    assert_rt_ok(rt_arena_alloc(&P->gg));
+    gt_sync();
+    size_t wn = (size_t)out_c * in_c * k * k;
+    *h_w = gt_randn(wn, (float)(1.0 / sqrt((double)in_c * k * k)));
+    memcpy(rt_tensor_data(&P->c.weight), *h_w, wn * sizeof(float));
+    gt_upload(rt_tensor_data(&P->g.weight), *h_w, wn * sizeof(float));
+    *h_b = NULL;
+    if (bias) {
+        *h_b = gt_randn((size_t)out_c, 0.5f);
+        memcpy(rt_tensor_data(&P->c.bias), *h_b, (size_t)out_c * sizeof(float));
+        gt_upload(rt_tensor_data(&P->g.bias), *h_b, (size_t)out_c * sizeof(float));
+    }
+    size_t ws = 0;
+    assert_rt_ok(rt_conv2d_prepare(g_cpu, &P->c, max_n, &ws));
+    assert_rt_ok(rt_model_ctx_reserve(g_cpu, ws));
+    assert_rt_ok(rt_conv2d_prepare(g_gpu, &P->g, max_n, &ws));
+    assert_rt_ok(rt_model_ctx_reserve(g_gpu, ws));
+}
+
+static void conv_teardown(conv_pair *P) {
+    rt_conv2d_release(g_cpu, &P->c);
+    rt_conv2d_release(g_gpu, &P->g);
+    rt_arena_free(&P->cp);
+    rt_arena_free(&P->cg);
+    rt_arena_free(&P->gp);
+    rt_arena_free(&P->gg);
+}
+
+/* forward, backward (dx written, dx accumulated, dx NULL) at batch n */
+static void conv_run(conv_pair *P, int n, const char *name) {
+    const rt_conv2d *l = &P->c;
+    const size_t xn = (size_t)n * l->in_c * l->in_h * l->in_w, yn = (size_t)n * l->out_c * l->out_h * l->out_w;
+    const size_t wn = (size_t)l->out_c * l->in_c * l->k * l->k;
+    char what[96];
+    float *hx = gt_randn(xn, 1.0f), *hdy = gt_randn(yn, 1.0f), *hdx0 = gt_randn(xn, 1.0f);
+    float *x_dev = gt_dev_copy(hx, xn), *ddy = gt_dev_copy(hdy, yn);
+    float *cy = gt_host_nan(yn), *cdx = gt_host_nan(xn);
+    float *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
+
+    assert_rt_ok(rt_conv2d_forward(g_cpu, &P->c, n, hx, cy));
+    assert_rt_ok(rt_conv2d_forward(g_gpu, &P->g, n, x_dev, gy));
+    snprintf(what, sizeof what, "%s n=%d forward", name, n);
+    gt_check_dev(what, cy, gy, yn, TOL_FWD);
+
+    gt_poison(rt_tensor_data(&P->g.dweight), wn * sizeof(float));
+    if (l->has_bias) gt_poison(rt_tensor_data(&P->g.dbias), (size_t)l->out_c * sizeof(float));
+    assert_rt_ok(rt_conv2d_backward(g_cpu, &P->c, n, hx, hdy, cdx, false));
+    assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, x_dev, ddy, gdx, false));
+    snprintf(what, sizeof what, "%s n=%d dx", name, n);
+    gt_check_dev(what, cdx, gdx, xn, TOL_GRAD);
+    snprintf(what, sizeof what, "%s n=%d dweight", name, n);
+    gt_check_dev(what, rt_tensor_data(&P->c.dweight), rt_tensor_data(&P->g.dweight), wn, TOL_GRAD);
+    if (l->has_bias) {
+        snprintf(what, sizeof what, "%s n=%d dbias", name, n);
+        gt_check_dev(what, rt_tensor_data(&P->c.dbias), rt_tensor_data(&P->g.dbias), (size_t)l->out_c, TOL_GRAD);
+    }
+
+    /* accumulate into a random dx */
+    memcpy(cdx, hdx0, xn * sizeof(float));
+    gt_upload(gdx, hdx0, xn * sizeof(float));
+    gt_poison(rt_tensor_data(&P->g.dweight), wn * sizeof(float));
+    assert_rt_ok(rt_conv2d_backward(g_cpu, &P->c, n, hx, hdy, cdx, true));
+    assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, x_dev, ddy, gdx, true));
+    snprintf(what, sizeof what, "%s n=%d dx accumulated", name, n);
+    gt_check_dev(what, cdx, gdx, xn, TOL_GRAD);
+    snprintf(what, sizeof what, "%s n=%d dweight (again)", name, n);
+    gt_check_dev(what, rt_tensor_data(&P->c.dweight), rt_tensor_data(&P->g.dweight), wn, TOL_GRAD);
+
+    /* no input gradient (the first layer) */
+    gt_poison(rt_tensor_data(&P->g.dweight), wn * sizeof(float));
+    assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, x_dev, ddy, NULL, false));
+    snprintf(what, sizeof what, "%s n=%d dweight (dx NULL)", name, n);
+    gt_check_dev(what, rt_tensor_data(&P->c.dweight), rt_tensor_data(&P->g.dweight), wn, TOL_GRAD);
+
+    free(hx), free(hdy), free(hdx0), free(cy), free(cdx);
+    gt_free(x_dev), gt_free(ddy), gt_free(gy), gt_free(gdx);
+}
+
+static void conv_case(int max_n, int in_c, int out_c, int h, int w, int k, int s, int pad, bool bias) {
+    conv_pair P;
+    float *hw, *hb;
+    conv_setup(&P, max_n, in_c, out_c, h, w, k, s, pad, bias, &hw, &hb);
+    char name[96];
+    snprintf(name, sizeof name, "conv %d->%d %dx%d k%d s%d p%d%s", in_c, out_c, h, w, k, s, pad, bias ? " bias" : "");
+    conv_run(&P, max_n, name);
+    conv_run(&P, max_n - 3, name); /* the second descriptor set */
+    conv_run(&P, max_n, name);     /* and back */
+    conv_teardown(&P);
+    free(hw);
+    free(hb);
+}
+
+static void test_conv2d(void **state) {
+    (void)state;
+    conv_case(8, 1, 16, 28, 28, 7, 2, 3, false);  /* imagenet stem on MNIST */
+    conv_case(8, 3, 16, 32, 32, 3, 1, 1, false);  /* cifar stem */
+    conv_case(6, 16, 16, 7, 7, 3, 1, 1, false);   /* BasicBlock conv */
+    conv_case(6, 16, 32, 7, 7, 3, 2, 1, false);   /* strided, odd size */
+    conv_case(6, 16, 32, 7, 7, 1, 2, 0, false);   /* downsample 1x1/2 */
+    conv_case(5, 32, 32, 1, 1, 3, 1, 1, false);   /* layer4 at 28x28: 1x1 maps */
+    conv_case(7, 1, 10, 28, 28, 5, 1, 0, true);   /* Net conv1 (bias) */
+    conv_case(7, 10, 20, 12, 12, 5, 1, 0, true);  /* Net conv2 (bias) */
+    conv_case(4, 5, 7, 13, 11, 3, 2, 1, true);    /* odd everything */
+}
+
+/* ---- batch norm -------------------------------------------------------------------- */
+
+typedef struct bn_pair {
+    rt_batchnorm2d c, g;
+    rt_arena cp, cg, cb, gp, gg, gb;
+    float *g_save_mean, *g_save_invstd;
+} bn_pair;
+
+static void bn_place(rt_batchnorm2d *l, rt_arena *P, rt_arena *G, rt_arena *B) {
+    assert_rt_ok(rt_tensor_place(&l->weight, P));
+    l->dweight = rt_tensor_in(&l->weight, G);
+    assert_rt_ok(rt_tensor_place(&l->bias, P));
+    l->dbias = rt_tensor_in(&l->bias, G);
+    assert_rt_ok(rt_tensor_place(&l->running_mean, B));
+    assert_rt_ok(rt_tensor_place(&l->running_var, B));
+    assert_rt_ok(rt_tensor_place(&l->num_batches_tracked, B));
+    G->size = P->size;
+    assert_rt_ok(rt_arena_alloc(P));
+    assert_rt_ok(rt_arena_alloc(G));
+    assert_rt_ok(rt_arena_alloc(B));
+}
+
+static void test_batchnorm2d(void **state) {
+    (void)state;
+    const int shapes[][4] = {{8, 16, 7, 7}, {8, 8, 14, 14}, {8, 32, 1, 1}, {4, 5, 3, 5}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int max_n = shapes[si][0], C = shapes[si][1], H = shapes[si][2], W = shapes[si][3];
+        bn_pair P;
+        assert_rt_ok(rt_batchnorm2d_init(&P.c, C, H, W));
+        P.g = P.c;
+        rt_arena_init(&P.cp, rt_device_cpu()), rt_arena_init(&P.cg, rt_device_cpu()),
+            rt_arena_init(&P.cb, rt_device_cpu());
+        rt_arena_init(&P.gp, g_gpu->device), rt_arena_init(&P.gg, g_gpu->device), rt_arena_init(&P.gb, g_gpu->device);
+        bn_place(&P.c, &P.cp, &P.cg, &P.cb);
+        bn_place(&P.g, &P.gp, &P.gg, &P.gb);
+        gt_sync();
+        float *c_save_mean = gt_host_nan((size_t)C), *c_save_invstd = gt_host_nan((size_t)C);
+        P.c.save_mean = c_save_mean, P.c.save_invstd = c_save_invstd;
+        P.g_save_mean = gt_dev_nan((size_t)C), P.g_save_invstd = gt_dev_nan((size_t)C);
+        P.g.save_mean = P.g_save_mean, P.g.save_invstd = P.g_save_invstd;
+        /* parameters and running statistics: random (running_var > 0) */
+        float *hg = gt_uniform((size_t)C, 0.5f, 1.5f), *hb = gt_randn((size_t)C, 0.3f);
+        float *hrm = gt_randn((size_t)C, 0.2f), *hrv = gt_uniform((size_t)C, 0.5f, 2.0f);
+        int64_t nbt = 3;
+        memcpy(rt_tensor_data(&P.c.weight), hg, C * sizeof(float));
+        memcpy(rt_tensor_data(&P.c.bias), hb, C * sizeof(float));
+        memcpy(rt_tensor_data(&P.c.running_mean), hrm, C * sizeof(float));
+        memcpy(rt_tensor_data(&P.c.running_var), hrv, C * sizeof(float));
+        memcpy(rt_tensor_data(&P.c.num_batches_tracked), &nbt, sizeof nbt);
+        gt_upload(rt_tensor_data(&P.g.weight), hg, C * sizeof(float));
+        gt_upload(rt_tensor_data(&P.g.bias), hb, C * sizeof(float));
+        gt_upload(rt_tensor_data(&P.g.running_mean), hrm, C * sizeof(float));
+        gt_upload(rt_tensor_data(&P.g.running_var), hrv, C * sizeof(float));
+        gt_upload(rt_tensor_data(&P.g.num_batches_tracked), &nbt, sizeof nbt);
+        assert_rt_ok(rt_batchnorm2d_prepare(g_cpu, &P.c, max_n));
+        assert_rt_ok(rt_batchnorm2d_prepare(g_gpu, &P.g, max_n));
+
+        const int ns[3] = {max_n, max_n - 1, max_n};
+        for (int ni = 0; ni < 3; ni++) {
+            const int n = ns[ni];
+            const size_t cnt = (size_t)n * C * H * W;
+            char what[96];
+            /* inputs with a per-channel offset and scale, as activations have */
+            float *hx = gt_randn(cnt, 1.0f), *hdy = gt_randn(cnt, 1.0f), *hdx0 = gt_randn(cnt, 1.0f);
+            for (size_t i = 0; i < cnt; i++) {
+                int ch = (int)((i / ((size_t)H * W)) % (size_t)C);
+                hx[i] = hx[i] * (1.0f + 0.1f * (float)ch) + 0.5f * (float)(ch % 3);
+            }
+            float *dx_in = gt_dev_copy(hx, cnt), *ddy = gt_dev_copy(hdy, cnt);
+            float *cy = gt_host_nan(cnt), *cdx = gt_host_nan(cnt);
+            float *gy = gt_dev_nan(cnt), *gdx = gt_dev_nan(cnt);
+            gt_poison(P.g_save_mean, C * sizeof(float));
+            gt_poison(P.g_save_invstd, C * sizeof(float));
+
+            /* training forward: output, saved statistics, running statistics, counter */
+            assert_rt_ok(rt_batchnorm2d_forward(g_cpu, &P.c, n, hx, cy, true));
+            assert_rt_ok(rt_batchnorm2d_forward(g_gpu, &P.g, n, dx_in, gy, true));
+            snprintf(what, sizeof what, "bn %dx%dx%d n=%d train forward", C, H, W, n);
+            gt_check_dev(what, cy, gy, cnt, TOL_FWD);
+            gt_check_dev("  save_mean", c_save_mean, P.g_save_mean, (size_t)C, TOL_FWD);
+            gt_check_dev("  save_invstd", c_save_invstd, P.g_save_invstd, (size_t)C, TOL_FWD);
+            gt_check_dev("  running_mean", rt_tensor_data(&P.c.running_mean), rt_tensor_data(&P.g.running_mean),
+                         (size_t)C, TOL_FWD);
+            gt_check_dev("  running_var (unbiased)", rt_tensor_data(&P.c.running_var),
+                         rt_tensor_data(&P.g.running_var), (size_t)C, TOL_FWD);
+            int64_t gn = -1;
+            gt_download(&gn, rt_tensor_data(&P.g.num_batches_tracked), sizeof gn);
+            assert_int_equal(gn, *(int64_t *)rt_tensor_data(&P.c.num_batches_tracked));
+
+            /* backward, dx written then accumulated */
+            gt_poison(rt_tensor_data(&P.g.dweight), C * sizeof(float));
+            gt_poison(rt_tensor_data(&P.g.dbias), C * sizeof(float));
+            assert_rt_ok(rt_batchnorm2d_backward(g_cpu, &P.c, n, hx, hdy, cdx, false));
+            assert_rt_ok(rt_batchnorm2d_backward(g_gpu, &P.g, n, dx_in, ddy, gdx, false));
+            snprintf(what, sizeof what, "bn %dx%dx%d n=%d dx", C, H, W, n);
+            gt_check_dev(what, cdx, gdx, cnt, TOL_GRAD);
+            gt_check_dev("  dweight", rt_tensor_data(&P.c.dweight), rt_tensor_data(&P.g.dweight), (size_t)C, TOL_GRAD);
+            gt_check_dev("  dbias", rt_tensor_data(&P.c.dbias), rt_tensor_data(&P.g.dbias), (size_t)C, TOL_GRAD);
+            memcpy(cdx, hdx0, cnt * sizeof(float));
+            gt_upload(gdx, hdx0, cnt * sizeof(float));
+            assert_rt_ok(rt_batchnorm2d_backward(g_cpu, &P.c, n, hx, hdy, cdx, true));
+            assert_rt_ok(rt_batchnorm2d_backward(g_gpu, &P.g, n, dx_in, ddy, gdx, true));
+            gt_check_dev("  dx accumulated", cdx, gdx, cnt, TOL_GRAD);
+
+            /* evaluation forward with the (now updated) running statistics */
+            gt_poison(gy, cnt * sizeof(float));
+            assert_rt_ok(rt_batchnorm2d_forward(g_cpu, &P.c, n, hx, cy, false));
+            assert_rt_ok(rt_batchnorm2d_forward(g_gpu, &P.g, n, dx_in, gy, false));
+            snprintf(what, sizeof what, "bn %dx%dx%d n=%d eval forward", C, H, W, n);
+            gt_check_dev(what, cy, gy, cnt, TOL_FWD);
+
+            free(hx), free(hdy), free(hdx0), free(cy), free(cdx);
+            gt_free(dx_in), gt_free(ddy), gt_free(gy), gt_free(gdx);
+        }
+        rt_batchnorm2d_release(g_cpu, &P.c);
+        rt_batchnorm2d_release(g_gpu, &P.g);
+        rt_arena_free(&P.cp), rt_arena_free(&P.cg), rt_arena_free(&P.cb);
+        rt_arena_free(&P.gp), rt_arena_free(&P.gg), rt_arena_free(&P.gb);
+        gt_free(P.g_save_mean), gt_free(P.g_save_invstd);
+        free(c_save_mean), free(c_save_invstd), free(hg), free(hb), free(hrm), free(hrv);
+    }
+}
+
+/* ---- relu, add, copy --------------------------------------------------------------- */
+
+static void test_elementwise(void **state) {
+    (void)state;
+    const size_t n = 100003; /* not a multiple of the block size */
+    float *ha = gt_randn(n, 1.0f), *hb = gt_randn(n, 1.0f);
+    ha[0] = 0.0f, ha[1] = -0.0f; /* relu's edge */
+    float *da = gt_dev_copy(ha, n), *db = gt_dev_copy(hb, n), *dy = gt_dev_nan(n);
+    float *cy = gt_host_nan(n), *cx = gt_host(n);
+
+    assert_rt_ok(rt_relu_forward(g_cpu, n, ha, cy));
+    assert_rt_ok(rt_relu_forward(g_gpu, n, da, dy));
+    gt_check_exact("relu forward", cy, dy, n);
+    /* backward from the output, in place on dy */
+    float *cdx = gt_host(n);
+    memcpy(cdx, hb, n * sizeof(float));
+    float *gdx = gt_dev_copy(hb, n);
+    assert_rt_ok(rt_relu_backward(g_cpu, n, cy, cdx, cdx));
+    assert_rt_ok(rt_relu_backward(g_gpu, n, dy, gdx, gdx));
+    gt_check_exact("relu backward (in place)", cdx, gdx, n);
+    /* relu in place */
+    memcpy(cx, ha, n * sizeof(float));
+    float *gx = gt_dev_copy(ha, n);
+    assert_rt_ok(rt_relu_forward(g_cpu, n, cx, cx));
+    assert_rt_ok(rt_relu_forward(g_gpu, n, gx, gx));
+    gt_check_exact("relu forward (in place)", cx, gx, n);
+
+    gt_poison(dy, n * sizeof(float));
+    assert_rt_ok(rt_add_forward(g_cpu, n, ha, hb, cy));
+    assert_rt_ok(rt_add_forward(g_gpu, n, da, db, dy));
+    gt_check_exact("add forward", cy, dy, n);
+    assert_rt_ok(rt_add_backward(g_cpu, n, ha, cy));
+    assert_rt_ok(rt_add_backward(g_gpu, n, da, dy));
+    gt_check_exact("add backward (accumulate)", cy, dy, n);
+
+    gt_poison(dy, n * sizeof(float));
+    assert_rt_ok(rt_flatten_forward(g_gpu, n, da, dy));
+    gt_check_exact("copy (flatten)", ha, dy, n);
+
+    free(ha), free(hb), free(cy), free(cx), free(cdx);
+    gt_free(da), gt_free(db), gt_free(dy), gt_free(gdx), gt_free(gx);
+}
+
+/* ---- max pooling -------------------------------------------------------------------- */
+
+static void pool_case(int n, int c, int h, int w, int k, int s, int pad, bool ties) {
+    rt_maxpool2d l;
+    assert_rt_ok(rt_maxpool2d_init(&l, c, h, w, k, s, pad));
+    assert_rt_ok(rt_maxpool2d_prepare(g_cpu, &l, n));
+    rt_maxpool2d lg = l;
+    assert_rt_ok(rt_maxpool2d_prepare(g_gpu, &lg, n));
+    const size_t xn = (size_t)n * c * h * w, yn = (size_t)n * c * l.out_h * l.out_w;
+    float *hx = gt_randn(xn, 1.0f), *hdy = gt_randn(yn, 1.0f);
+    if (ties) /* few distinct values: many windows with tied maxima (the first must win) */
+        for (size_t i = 0; i < xn; i++) hx[i] = roundf(hx[i] * 2.0f) * 0.5f;
+    float *dx_in = gt_dev_copy(hx, xn), *ddy = gt_dev_copy(hdy, yn);
+    float *cy = gt_host_nan(yn), *cdx = gt_host_nan(xn), *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
+    char what[96];
+    assert_rt_ok(rt_maxpool2d_forward(g_cpu, &l, n, hx, cy));
+    assert_rt_ok(rt_maxpool2d_forward(g_gpu, &lg, n, dx_in, gy));
+    snprintf(what, sizeof what, "maxpool %dx%d k%d s%d p%d%s forward", h, w, k, s, pad, ties ? " ties" : "");
+    gt_check_exact(what, cy, gy, yn);
+    assert_rt_ok(rt_maxpool2d_backward(g_cpu, &l, n, hx, cy, hdy, cdx));
+    assert_rt_ok(rt_maxpool2d_backward(g_gpu, &lg, n, dx_in, gy, ddy, gdx));
+    snprintf(what, sizeof what, "maxpool %dx%d k%d s%d p%d%s backward", h, w, k, s, pad, ties ? " ties" : "");
+    gt_check_exact(what, cdx, gdx, xn);
+    rt_maxpool2d_release(g_cpu, &l);
+    rt_maxpool2d_release(g_gpu, &lg);
+    free(hx), free(hdy), free(cy), free(cdx);
+    gt_free(dx_in), gt_free(ddy), gt_free(gy), gt_free(gdx);
+}
+
+static void test_maxpool2d(void **state) {
+    (void)state;
+    pool_case(4, 16, 14, 14, 3, 2, 1, false); /* ResNet stem */
+    pool_case(4, 16, 14, 14, 3, 2, 1, true);
+    pool_case(3, 5, 15, 13, 3, 2, 1, true);   /* odd sizes */
+    pool_case(5, 10, 24, 24, 2, 2, 0, false); /* Net */
+    pool_case(5, 10, 24, 24, 2, 2, 0, true);
+    pool_case(2, 3, 9, 9, 3, 1, 1, true);     /* overlapping stride-1 windows */
+}
+
+/* ---- global average pooling -------------------------------------------------------- */
+
+static void test_avgpool(void **state) {
+    (void)state;
+    const int cases[][3] = {{8, 64, 49}, {8, 512, 1}, {5, 32, 16}};
+    for (int ci = 0; ci < 3; ci++) {
+        const int n = cases[ci][0], c = cases[ci][1], hw = cases[ci][2];
+        const size_t xn = (size_t)n * c * hw, yn = (size_t)n * c;
+        float *hx = gt_randn(xn, 1.0f), *hdy = gt_randn(yn, 1.0f);
+        float *dx_in = gt_dev_copy(hx, xn), *ddy = gt_dev_copy(hdy, yn);
+        float *cy = gt_host_nan(yn), *cdx = gt_host_nan(xn), *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
+        assert_rt_ok(rt_avgpool_forward(g_cpu, n, c, hw, hx, cy));
+        assert_rt_ok(rt_avgpool_forward(g_gpu, n, c, hw, dx_in, gy));
+        gt_check_exact("avgpool forward", cy, gy, yn);
+        assert_rt_ok(rt_avgpool_backward(g_cpu, n, c, hw, hdy, cdx));
+        assert_rt_ok(rt_avgpool_backward(g_gpu, n, c, hw, ddy, gdx));
+        gt_check_exact("avgpool backward", cdx, gdx, xn);
+        free(hx), free(hdy), free(cy), free(cdx);
+        gt_free(dx_in), gt_free(ddy), gt_free(gy), gt_free(gdx);
+    }
+}
+
+/* ---- linear ------------------------------------------------------------------------ */
+
+static void linear_case(int max_n, int in_f, int out_f) {
+    rt_linear c, g;
+    rt_arena cp, cg, gp, gg;
+    assert_rt_ok(rt_linear_init(&c, in_f, out_f));
+    g = c;
+    rt_arena_init(&cp, rt_device_cpu()), rt_arena_init(&cg, rt_device_cpu());
+    rt_arena_init(&gp, g_gpu->device), rt_arena_init(&gg, g_gpu->device);
+    assert_rt_ok(rt_tensor_place(&c.weight, &cp));
+    c.dweight = rt_tensor_in(&c.weight, &cg);
+    assert_rt_ok(rt_tensor_place(&c.bias, &cp));
+    c.dbias = rt_tensor_in(&c.bias, &cg);
+    assert_rt_ok(rt_tensor_place(&g.weight, &gp));
+    g.dweight = rt_tensor_in(&g.weight, &gg);
+    assert_rt_ok(rt_tensor_place(&g.bias, &gp));
+    g.dbias = rt_tensor_in(&g.bias, &gg);
+    cg.size = cp.size, gg.size = gp.size;
+    assert_rt_ok(rt_arena_alloc(&cp));
+    assert_rt_ok(rt_arena_alloc(&cg));
+    assert_rt_ok(rt_arena_alloc(&gp));
+    assert_rt_ok(rt_arena_alloc(&gg));
+    gt_sync();
+    const size_t wn = (size_t)out_f * in_f;
+    float *hw = gt_randn(wn, (float)(1.0 / sqrt((double)in_f))), *hb = gt_randn((size_t)out_f, 0.5f);
+    memcpy(rt_tensor_data(&c.weight), hw, wn * sizeof(float));
+    memcpy(rt_tensor_data(&c.bias), hb, out_f * sizeof(float));
+    gt_upload(rt_tensor_data(&g.weight), hw, wn * sizeof(float));
+    gt_upload(rt_tensor_data(&g.bias), hb, out_f * sizeof(float));
+    size_t ws = 0;
+    assert_rt_ok(rt_linear_prepare(g_cpu, &c, max_n, &ws));
+    assert_rt_ok(rt_model_ctx_reserve(g_cpu, ws));
+    assert_rt_ok(rt_linear_prepare(g_gpu, &g, max_n, &ws));
+    assert_rt_ok(rt_model_ctx_reserve(g_gpu, ws));
+    const int ns[2] = {max_n, max_n / 2 + 1};
+    for (int ni = 0; ni < 2; ni++) {
+        const int n = ns[ni];
+        const size_t xn = (size_t)n * in_f, yn = (size_t)n * out_f;
+        char what[96];
+        float *hx = gt_randn(xn, 1.0f), *hdy = gt_randn(yn, 1.0f);
+        float *dx_in = gt_dev_copy(hx, xn), *ddy = gt_dev_copy(hdy, yn);
+        float *cy = gt_host_nan(yn), *cdx = gt_host_nan(xn), *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
+        assert_rt_ok(rt_linear_forward(g_cpu, &c, n, hx, cy));
+        assert_rt_ok(rt_linear_forward(g_gpu, &g, n, dx_in, gy));
+        snprintf(what, sizeof what, "linear %d->%d n=%d forward", in_f, out_f, n);
+        gt_check_dev(what, cy, gy, yn, TOL_FWD);
+        gt_poison(rt_tensor_data(&g.dweight), wn * sizeof(float));
+        gt_poison(rt_tensor_data(&g.dbias), out_f * sizeof(float));
+        assert_rt_ok(rt_linear_backward(g_cpu, &c, n, hx, hdy, cdx));
+        assert_rt_ok(rt_linear_backward(g_gpu, &g, n, dx_in, ddy, gdx));
+        gt_check_dev("  dx", cdx, gdx, xn, TOL_GRAD);
+        gt_check_dev("  dweight", rt_tensor_data(&c.dweight), rt_tensor_data(&g.dweight), wn, TOL_GRAD);
+        gt_check_exact("  dbias", rt_tensor_data(&c.dbias), rt_tensor_data(&g.dbias), (size_t)out_f);
+        gt_poison(rt_tensor_data(&g.dweight), wn * sizeof(float));
+        assert_rt_ok(rt_linear_backward(g_gpu, &g, n, dx_in, ddy, NULL));
+        gt_check_dev("  dweight (dx NULL)", rt_tensor_data(&c.dweight), rt_tensor_data(&g.dweight), wn, TOL_GRAD);
+        free(hx), free(hdy), free(cy), free(cdx);
+        gt_free(dx_in), gt_free(ddy), gt_free(gy), gt_free(gdx);
+    }
+    rt_linear_release(g_cpu, &c);
+    rt_linear_release(g_gpu, &g);
+    rt_arena_free(&cp), rt_arena_free(&cg), rt_arena_free(&gp), rt_arena_free(&gg);
+    free(hw), free(hb);
+}
+
+static void test_linear(void **state) {
+    (void)state;
+    linear_case(8, 512, 10);  /* ResNet fc */
+    linear_case(8, 320, 50);  /* Net fc1 */
+    linear_case(9, 50, 10);   /* Net fc2 */
+    linear_case(33, 129, 67); /* odd sizes */
+}
+
+/* ---- dropout ----------------------------------------------------------------------- */
+
+static void dropout_case(float p, bool channelwise, int n, int c, int h, int w) {
+    rt_dropout lc, lg;
+    const uint64_t seed = g_seed ^ 0x5eedu, subseq = 3;
+    assert_rt_ok(rt_dropout_init(&lc, p, channelwise, c, h, w, seed, subseq));
+    lg = lc;
+    const size_t cnt = (size_t)n * c * h * w, draws = cnt / (size_t)lc.plane;
+    float *cmask = gt_host_nan(draws);
+    lc.mask = cmask;
+    lg.mask = gt_dev_nan(draws);
+    float *hx = gt_randn(cnt, 1.0f), *hdy = gt_randn(cnt, 1.0f);
+    float *dx_in = gt_dev_copy(hx, cnt), *ddy = gt_dev_copy(hdy, cnt);
+    float *cy = gt_host_nan(cnt), *cdx = gt_host_nan(cnt), *gy = gt_dev_nan(cnt), *gdx = gt_dev_nan(cnt);
+    for (int rep = 0; rep < 2; rep++) { /* the second draw continues the counter */
+        char what[96];
+        assert_rt_ok(rt_dropout_forward(g_cpu, &lc, n, hx, cy, true));
+        assert_rt_ok(rt_dropout_forward(g_gpu, &lg, n, dx_in, gy, true));
+        assert_true(lc.counter == lg.counter);
+        snprintf(what, sizeof what, "dropout p=%.2f%s draw %d mask", (double)p, channelwise ? " 2d" : "", rep);
+        gt_check_exact(what, cmask, lg.mask, draws);
+        gt_check_exact("  forward", cy, gy, cnt);
+        assert_rt_ok(rt_dropout_backward(g_cpu, &lc, n, hdy, cdx));
+        assert_rt_ok(rt_dropout_backward(g_gpu, &lg, n, ddy, gdx));
+        gt_check_exact("  backward", cdx, gdx, cnt);
+    }
+    /* evaluation: a copy */
+    gt_poison(gy, cnt * sizeof(float));
+    assert_rt_ok(rt_dropout_forward(g_gpu, &lg, n, dx_in, gy, false));
+    gt_check_exact("  eval forward (copy)", hx, gy, cnt);
+    free(cmask), free(hx), free(hdy), free(cy), free(cdx);
+    gt_free(lg.mask), gt_free(dx_in), gt_free(ddy), gt_free(gy), gt_free(gdx);
+}
+
+static void test_dropout(void **state) {
+    (void)state;
+    dropout_case(0.5f, false, 8, 50, 1, 1);
+    dropout_case(0.5f, true, 8, 20, 8, 8);
+    dropout_case(0.3f, false, 7, 13, 5, 3);
+}
+
+/* ---- losses ------------------------------------------------------------------------ */
+
+static void test_losses(void **state) {
+    (void)state;
+    const int cases[][2] = {{8, 10}, {64, 10}, {300, 7}, {5, 1000}};
+    for (int ci = 0; ci < 4; ci++) {
+        const int n = cases[ci][0], k = cases[ci][1];
+        const size_t nk = (size_t)n * k;
+        char what[96];
+        float *hx = gt_randn(nk, 3.0f), *hdy = gt_randn(nk, 1.0f);
+        int32_t *hl = gt_labels((size_t)n, k);
+        float *dx_in = gt_dev_copy(hx, nk), *ddy = gt_dev_copy(hdy, nk);
+        int32_t *dl = gt_dev((size_t)n * sizeof(int32_t));
+        gt_upload(dl, hl, (size_t)n * sizeof(int32_t));
+        float *cd = gt_host_nan(nk), *gd = gt_dev_nan(nk), *gloss = gt_dev_nan(1), closs = NAN;
+        float *cy = gt_host_nan(nk), *gy = gt_dev_nan(nk);
+
+        assert_rt_ok(rt_softmax_xent(g_cpu, n, k, hx, hl, &closs, cd));
+        assert_rt_ok(rt_softmax_xent(g_gpu, n, k, dx_in, dl, gloss, gd));
+        snprintf(what, sizeof what, "softmax_xent n=%d k=%d loss", n, k);
+        gt_check_dev(what, &closs, gloss, 1, TOL_FWD);
+        gt_check_dev("  dlogits", cd, gd, nk, TOL_GRAD);
+
+        assert_rt_ok(rt_log_softmax_forward(g_cpu, n, k, hx, cy));
+        assert_rt_ok(rt_log_softmax_forward(g_gpu, n, k, dx_in, gy));
+        snprintf(what, sizeof what, "log_softmax n=%d k=%d forward", n, k);
+        gt_check_dev(what, cy, gy, nk, TOL_FWD);
+        gt_poison(gd, nk * sizeof(float));
+        assert_rt_ok(rt_log_softmax_backward(g_cpu, n, k, cy, hdy, cd));
+        assert_rt_ok(rt_log_softmax_backward(g_gpu, n, k, gy, ddy, gd));
+        gt_check_dev("  backward", cd, gd, nk, TOL_GRAD);
+
+        gt_poison(gd, nk * sizeof(float));
+        gt_poison(gloss, sizeof(float));
+        assert_rt_ok(rt_nll_loss(g_cpu, n, k, cy, hl, &closs, cd));
+        assert_rt_ok(rt_nll_loss(g_gpu, n, k, gy, dl, gloss, gd));
+        snprintf(what, sizeof what, "nll_loss n=%d k=%d loss", n, k);
+        gt_check_dev(what, &closs, gloss, 1, TOL_FWD);
+        gt_check_exact("  dlogp", cd, gd, nk);
+
+        free(hx), free(hdy), free(hl), free(cd), free(cy);
+        gt_free(dx_in), gt_free(ddy), gt_free(dl), gt_free(gd), gt_free(gloss), gt_free(gy);
+    }
+    /* a label out of range: the GPU cannot fail the call without a host sync; the loss
+     * comes back NaN */
+    {
+        const int n = 4, k = 10;
+        float *hx = gt_randn((size_t)n * k, 1.0f);
+        int32_t hl[4] = {1, 2, 10, 3};
+        float *dx_in = gt_dev_copy(hx, (size_t)n * k), *gloss = gt_dev_nan(1), loss = 0;
+        int32_t *dl = gt_dev(sizeof hl);
+        gt_upload(dl, hl, sizeof hl);
+        assert_rt_ok(rt_softmax_xent(g_gpu, n, k, dx_in, dl, gloss, NULL));
+        gt_download(&loss, gloss, sizeof loss);
+        printf("  softmax_xent with label 10 of 10 classes: loss %g\n", (double)loss);
+        assert_true(isnan(loss));
+        free(hx);
+        gt_free(dx_in), gt_free(gloss), gt_free(dl);
+    }
+}
+
+int main(void) {
+    RT_SKIP_WITHOUT_GPU();
+    g_seed = gt_pick_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv2d),   cmocka_unit_test(test_batchnorm2d), cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_maxpool2d), cmocka_unit_test(test_avgpool),    cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_dropout),  cmocka_unit_test(test_losses),
+    };
+    return cmocka_run_group_tests(tests, gt_setup, gt_teardown);
+}
