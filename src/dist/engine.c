@@ -262,12 +262,19 @@ static rt_status progress_recv(rt_xfer *x, bool *moved_any) {
 }
 
 /* One pass over all channels. Returns an error on a channel failure. */
+static rt_status in_op(rt_xfer *x, rt_status s) {
+    char msg[sizeof(((rt_error_record *)0)->msg)];
+    snprintf(msg, sizeof msg, "%s", rt_error_message());
+    return RT_ERROR(s, "%s (group %u, op #%u) failed: %s", x->req->opname, x->hdr.group, x->hdr.seq, msg);
+}
+
 static rt_status progress_pass(rt_engine *e, bool *moved_any) {
     for (int i = 0; i < e->world; i++) {
         rt_chan *c = &e->ch[i];
         while (c->rq_head) {
             rt_xfer *x = c->rq_head;
-            RT_CHECK(progress_recv(x, moved_any));
+            rt_status s = progress_recv(x, moved_any);
+            if (s != RT_OK) return in_op(x, s);
             if (x->hdone < RT_MSG_HDR || x->done < x->nbytes) break;
             if (x->dep && x->dep_full && !x->dep->complete) break;
             c->rq_head = x->qnext;
@@ -276,7 +283,8 @@ static rt_status progress_pass(rt_engine *e, bool *moved_any) {
         }
         while (c->sq_head) {
             rt_xfer *x = c->sq_head;
-            RT_CHECK(progress_send(x, moved_any));
+            rt_status s = progress_send(x, moved_any);
+            if (s != RT_OK) return in_op(x, s);
             if (x->hdone < RT_MSG_HDR || x->done < x->nbytes) break;
             c->sq_head = x->qnext;
             if (!c->sq_head) c->sq_tail = NULL;
@@ -291,10 +299,16 @@ void rt_engine_fail(rt_engine *e) {
     rt_error_save(&rec);
     if (!e->broken) {
         e->broken = true;
+        if (e->on_fail) e->on_fail(e->on_fail_ctx, &rec);
         e->err = rec;
         /* make the peers fail fast instead of waiting for their timeout */
         for (int i = 0; i < e->world; i++)
-            if (e->ch[i].fd >= 0) shutdown(e->ch[i].fd, SHUT_RDWR);
+            if (e->ch[i].fd >= 0) {
+                /* shm: the control line carries no data, so one byte says "aborted, not dead" */
+                if (e->shm && send(e->ch[i].fd, "A", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+                }
+                shutdown(e->ch[i].fd, SHUT_RDWR);
+            }
     }
     while (e->active) req_complete(e, e->active, rec.status, &rec);
     for (int i = 0; i < e->world; i++) e->ch[i].sq_head = e->ch[i].sq_tail = e->ch[i].rq_head = e->ch[i].rq_tail = NULL;
@@ -328,9 +342,27 @@ static rt_status check_control(rt_engine *e) {
         idx[n++] = i;
     }
     if (n == 0 || poll(pf, (nfds_t)n, 0) <= 0) return RT_OK;
-    for (int k = 0; k < n; k++)
-        if (pf[k].revents)
-            return RT_ERROR(RT_ERR_PEER, "peer rank %d closed its connection (the process died or aborted)", idx[k]);
+    /* prefer a peer that died (EOF) over one that aborted because of it (an 'A' byte) */
+    int dead = -1, aborted = -1;
+    for (int k = 0; k < n; k++) {
+        if (!pf[k].revents) continue;
+        char b = 0;
+        ssize_t r = recv(pf[k].fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (r == 1 && b == 'A') {
+            if (aborted < 0) aborted = idx[k];
+        } else if (dead < 0) {
+            dead = idx[k];
+        }
+    }
+    int who = dead >= 0 ? dead : aborted;
+    if (who >= 0) {
+        rt_chan *c = &e->ch[who];
+        rt_xfer *x = c->rq_head ? c->rq_head : c->sq_head;
+        return RT_ERROR(RT_ERR_PEER, "%s (group %u, op #%u) failed: peer rank %d %s", x->req->opname, x->hdr.group,
+                        x->hdr.seq, who,
+                        dead >= 0 ? "closed its connection (the process died)"
+                                  : "aborted the operation after an error of its own");
+    }
     return RT_OK;
 }
 

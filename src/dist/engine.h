@@ -92,6 +92,10 @@ struct rt_engine {
     pthread_t thread;
     bool thread_started, stop;
     int nasync; /* async requests not yet complete */
+    /* called once, on the first failure, before the sockets are shut down; may amend
+     * the record (the process group reports it through the store) */
+    void (*on_fail)(void *ctx, rt_error_record *rec);
+    void *on_fail_ctx;
 };
 
 rt_status rt_engine_init(rt_engine *e, int rank, int world);

@@ -317,6 +317,42 @@ static void world_free(rt_pg_world *w) {
 rt_status rt_pg_nccl_init(rt_pg *pg);   /* cuda/nccl.c (CUDA builds) */
 void rt_pg_nccl_destroy(rt_pg_world *w);
 
+/* The first rank to fail reports its error through the store; a rank that fails
+ * later (typically because a failed rank shut its sockets) appends that first report,
+ * so every survivor names the rank that really died. */
+static void report_failure(void *ctx, rt_error_record *rec) {
+    rt_pg_world *w = ctx;
+    if (!w->store) return;
+    rt_error_record mine = *rec;
+    rt_store_set_timeout(w->store, 2.0);
+    int64_t k = 0;
+    if (rt_store_add(w->store, "rt/failures", 1, &k) != RT_OK) {
+        if (!w->server) {
+            size_t len = strlen(rec->msg);
+            snprintf(rec->msg + len, sizeof rec->msg - len,
+                     "\n  and the store (hosted by rank 0 or the launcher) is unreachable: rank 0 probably died");
+        }
+        goto out;
+    }
+    if (k == 1) {
+        char msg[1200];
+        int n = snprintf(msg, sizeof msg, "rank %d: %.1100s", w->eng.rank, mine.msg);
+        rt_store_set(w->store, "rt/failure/first", msg, (size_t)n);
+    } else {
+        char first[1300] = "";
+        size_t n = 0;
+        if (rt_store_get(w->store, "rt/failure/first", first, sizeof first - 1, &n) == RT_OK) {
+            first[n < sizeof first ? n : sizeof first - 1] = '\0';
+            char *nl = strchr(first, '\n');
+            if (nl) *nl = '\0';
+            size_t len = strlen(rec->msg);
+            snprintf(rec->msg + len, sizeof rec->msg - len, "\n  first failure in the group: %s", first);
+        }
+    }
+out:
+    return;
+}
+
 static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     RT_REQUIRE(o->timeout_s > 0, RT_ERR_INVALID, "dist.timeout_s %.3f must be > 0", o->timeout_s);
     RT_CHECK(rt_rdzv_parse(o->init_method, o->rank, o->world_size, &w->rdzv));
@@ -324,6 +360,8 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     rt_set_rank(r->rank);
     RT_CHECK(rt_rdzv_connect(r, o->timeout_s, &w->server, &w->store));
     RT_CHECK(rt_engine_init(&w->eng, r->rank, r->world));
+    w->eng.on_fail = report_failure;
+    w->eng.on_fail_ctx = w;
     /* the per-launch secret that every transport connection must present */
     if (r->rank == 0) {
         RT_CHECK(rt_random_bytes(w->token, sizeof w->token));
@@ -419,10 +457,14 @@ void rt_pg_destroy(rt_pg *pg) {
         rt_pg_world *w = pg->w;
         if (pg->transport == RT_TRANSPORT_NCCL) rt_pg_nccl_destroy(w);
         /* say goodbye; the store's host waits for everyone before it stops */
-        if (!w->eng.broken && w->store) {
+        if (w->store) {
             int64_t n = 0;
+            rt_store_set_timeout(w->store, 5.0);
             if (rt_store_add(w->store, "rt/exit", 1, &n) == RT_OK && w->server) {
-                uint64_t deadline = rt_now_ns() + (uint64_t)(pg->timeout_s * 1e9);
+                /* after a failure some ranks may be dead: wait briefly only, so that the
+                 * survivors can still read the failure report */
+                double wait_s = w->eng.broken ? (pg->timeout_s < 3 ? pg->timeout_s : 3) : pg->timeout_s;
+                uint64_t deadline = rt_now_ns() + (uint64_t)(wait_s * 1e9);
                 int delay = 1;
                 while (n < pg->size && rt_now_ns() < deadline) {
                     sleep_ms(delay);

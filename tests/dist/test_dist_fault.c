@@ -1,0 +1,108 @@
+/* Failures with real processes (label multiproc): a rank killed (SIGKILL) in the middle
+ * of a large all_reduce makes every surviving rank fail with an error that names the
+ * dead rank and the operation, within the timeout (never a hang: the harness kills
+ * hung ranks, which fails the test); no shared-memory segment is left in /dev/shm. */
+#include "../test_util.h"
+#include "dist/dist.h"
+#include "mp.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct cfg {
+    rt_transport transport;
+    char tag[64];
+    int victim;
+} cfg;
+
+static int body(int rank, int world, int port, void *arg) {
+    cfg *c = arg;
+    setenv("RINGTRAIN_SHM_TAG", c->tag, 1);
+    rt_pg_options o;
+    rt_pg_options_default(&o);
+    char method[64];
+    snprintf(method, sizeof method, "tcp://127.0.0.1:%d", port);
+    o.init_method = method;
+    o.rank = rank;
+    o.world_size = world;
+    o.transport = c->transport;
+    o.timeout_s = 8;
+    rt_pg *pg;
+    MP_OK(rt_pg_init(&o, &pg));
+    float small[16];
+    for (int i = 0; i < 16; i++) small[i] = 1.0f;
+    MP_OK(rt_all_reduce(pg, small, 16, RT_F32, RT_OP_SUM));
+    MP_CHECK(small[0] == (float)world, "warm-up all_reduce");
+    size_t n = 8u << 20;
+    float *big = calloc(n, sizeof *big);
+    MP_CHECK(big != NULL, "alloc");
+    if (rank == c->victim) {
+        rt_request *req;
+        MP_OK(rt_iall_reduce(pg, big, n, RT_F32, RT_OP_SUM, &req));
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+        raise(SIGKILL); /* dies mid-operation */
+        return 3;
+    }
+    rt_status s = rt_all_reduce(pg, big, n, RT_F32, RT_OP_SUM);
+    const char *msg = rt_error_message();
+    char want[32];
+    snprintf(want, sizeof want, "rank %d", c->victim);
+    MP_CHECK(s == RT_ERR_PEER || s == RT_ERR_TIMEOUT, "all_reduce with a dead peer returned %s", rt_status_name(s));
+    MP_CHECK(strstr(msg, want) != NULL, "the error does not name the dead %s: %s", want, msg);
+    MP_CHECK(strstr(msg, "all_reduce") != NULL, "the error does not name the operation: %s", msg);
+    fprintf(stderr, "rank %d failed as expected: %s\n", rank, msg);
+    /* later calls fail at once */
+    MP_CHECK(rt_barrier(pg) != RT_OK, "barrier on a broken group succeeded");
+    free(big);
+    rt_pg_destroy(pg);
+    return 0;
+}
+
+static int leftovers(const char *tag) {
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "ringtrain-%s-", tag);
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+            print_error("left behind: /dev/shm/%s\n", e->d_name);
+            n++;
+        }
+    closedir(d);
+    return n;
+}
+
+static void run(rt_transport t, int world, int victim) {
+    cfg c = {.transport = t, .victim = victim};
+    snprintf(c.tag, sizeof c.tag, "test%d", (int)getpid());
+    int codes[4];
+    mp_run(world, body, &c, 60, codes);
+    for (int r = 0; r < world; r++) {
+        if (r == victim)
+            assert_int_equal(codes[r], 128 + SIGKILL);
+        else if (codes[r] != 0)
+            fail_msg("surviving rank %d exited with %d", r, codes[r]);
+    }
+    assert_int_equal(leftovers(c.tag), 0);
+}
+
+static void kill_tcp_3(void **s) { (void)s; run(RT_TRANSPORT_TCP, 3, 2); }
+static void kill_shm_3(void **s) { (void)s; run(RT_TRANSPORT_SHM, 3, 1); }
+static void kill_shm_4_root(void **s) { (void)s; run(RT_TRANSPORT_SHM, 4, 0); }
+static void kill_tcp_4_root(void **s) { (void)s; run(RT_TRANSPORT_TCP, 4, 0); }
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(kill_tcp_3),
+        cmocka_unit_test(kill_shm_3),
+        cmocka_unit_test(kill_shm_4_root),
+        cmocka_unit_test(kill_tcp_4_root),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
