@@ -11,7 +11,9 @@
  * Precision: fp32 sets CUDNN_FMA_MATH on the convolution descriptors (no tensor cores,
  * no TF32); tf32 sets CUDNN_DEFAULT_MATH (TF32 tensor cores allowed on sm_80+) and
  * then each direction's descriptor takes the math type its chosen algorithm was
- * measured with, as cuDNN recommends.
+ * measured with, as cuDNN recommends. fp32 is the exact-comparison mode: it also
+ * passes over FFT, FFT-tiling and non-fused Winograd algorithms, whose transforms
+ * round more than a direct sum (tf32 may use everything).
  *
  * Smaller batches (the last partial batch of an epoch): a second set of x/y descriptors
  * is re-described for that n when it changes (cudnnSetTensor4dDescriptor on existing
@@ -90,9 +92,36 @@ static rt_status conv_desc(cudnnConvolutionDescriptor_t *d, const rt_conv2d *l, 
     return RT_OK;
 }
 
-/* An algorithm measured under fp32 must not use tensor cores. */
-static bool math_allowed(const rt_model_ctx *ctx, cudnnMathType_t m) {
-    return ctx->precision == RT_PRECISION_TF32 || m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+/* Whether a measured result may be used: it succeeded, fits the workspace bound, and
+ * its math is allowed: never fp32 -> fp16 down-conversion; under fp32 no tensor cores
+ * and no transform algorithm with a larger rounding error than a direct sum
+ * (`approx`: FFT, FFT tiling, non-fused Winograd), so fp32 results stay within 1e-5 of
+ * the CPU's. */
+static bool perf_usable(const rt_model_ctx *ctx, cudnnStatus_t status, size_t memory, cudnnMathType_t m,
+                        bool approx) {
+    if (status != CUDNN_STATUS_SUCCESS || memory > RT_CUDA_CONV_WS_CAP) return false;
+    if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
+    if (ctx->precision == RT_PRECISION_TF32) return true;
+    return m != CUDNN_TENSOR_OP_MATH && !approx;
+}
+
+static bool fwd_approx(cudnnConvolutionFwdAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+static bool bwd_data_approx(cudnnConvolutionBwdDataAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+static bool bwd_filter_approx(cudnnConvolutionBwdFilterAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+           a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
+/* The math type a direction's descriptor gets: fp32 always CUDNN_FMA_MATH (the search
+ * ran under it); tf32 the type the algorithm was measured with (cuDNN's advice). */
+static cudnnMathType_t perf_math(const rt_model_ctx *ctx, cudnnMathType_t m) {
+    return ctx->precision == RT_PRECISION_TF32 ? m : CUDNN_FMA_MATH;
 }
 
 /* ---- measurement --------------------------------------------------------------------- */
@@ -189,27 +218,25 @@ static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p,
     out->fwd_math = ctx->precision == RT_PRECISION_TF32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
     out->fwd_ws = 0;
     for (int i = 0; i < nf; i++)
-        if (fr[i].status == CUDNN_STATUS_SUCCESS && fr[i].memory <= RT_CUDA_CONV_WS_CAP &&
-            math_allowed(ctx, fr[i].mathType)) {
-            out->fwd = fr[i].algo, out->fwd_math = fr[i].mathType, out->fwd_ws = fr[i].memory;
+        if (perf_usable(ctx, fr[i].status, fr[i].memory, fr[i].mathType, fwd_approx(fr[i].algo))) {
+            out->fwd = fr[i].algo, out->fwd_math = perf_math(ctx, fr[i].mathType), out->fwd_ws = fr[i].memory;
             break;
         }
     out->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
     out->bwd_data_math = out->fwd_math;
     out->bwd_data_ws = 0;
     for (int i = 0; i < nd; i++)
-        if (dr[i].status == CUDNN_STATUS_SUCCESS && dr[i].memory <= RT_CUDA_CONV_WS_CAP &&
-            math_allowed(ctx, dr[i].mathType)) {
-            out->bwd_data = dr[i].algo, out->bwd_data_math = dr[i].mathType, out->bwd_data_ws = dr[i].memory;
+        if (perf_usable(ctx, dr[i].status, dr[i].memory, dr[i].mathType, bwd_data_approx(dr[i].algo))) {
+            out->bwd_data = dr[i].algo, out->bwd_data_math = perf_math(ctx, dr[i].mathType), out->bwd_data_ws = dr[i].memory;
             break;
         }
     out->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
     out->bwd_filter_math = out->fwd_math;
     out->bwd_filter_ws = 0;
     for (int i = 0; i < nw; i++)
-        if (wr[i].status == CUDNN_STATUS_SUCCESS && wr[i].memory <= RT_CUDA_CONV_WS_CAP &&
-            math_allowed(ctx, wr[i].mathType)) {
-            out->bwd_filter = wr[i].algo, out->bwd_filter_math = wr[i].mathType, out->bwd_filter_ws = wr[i].memory;
+        if (perf_usable(ctx, wr[i].status, wr[i].memory, wr[i].mathType,
+                        bwd_filter_approx(wr[i].algo))) {
+            out->bwd_filter = wr[i].algo, out->bwd_filter_math = perf_math(ctx, wr[i].mathType), out->bwd_filter_ws = wr[i].memory;
             break;
         }
     RT_LOG_DEBUG("conv2d %d->%d %dx%d k%d s%d n%d: fwd algo %d (math %d, %zu B), bwd-data %d (math %d, %zu B), "
