@@ -1,0 +1,167 @@
+/* Rendezvous failures and methods with real processes (label multiproc): a rank that
+ * never arrives, a world-size mismatch, a duplicate rank and a peer of another job
+ * are errors naming the ranks; file:// works; under torchrun's variables
+ * (TORCHELASTIC_USE_AGENT_STORE=True, MASTER_PORT taken by torchrun's store) our
+ * store moves to MASTER_PORT+1; Open MPI and Slurm variables give rank and size. */
+#include "../test_util.h"
+#include "dist/dist.h"
+#include "dist/sock.h"
+#include "mp.h"
+
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct cfg {
+    int mode;
+    char path[256];
+} cfg;
+
+enum { MISSING, WORLD_MISMATCH, DUPLICATE, OTHER_JOB, FILE_INIT, TORCHRUN, OMPI, SLURM };
+
+static int body(int idx, int nproc, int port, void *arg) {
+    cfg *c = arg;
+    rt_pg_options o;
+    rt_pg_options_default(&o);
+    char method[300];
+    snprintf(method, sizeof method, "tcp://127.0.0.1:%d", port);
+    o.init_method = method;
+    o.rank = idx;
+    o.world_size = nproc;
+    o.timeout_s = 3;
+    o.transport = RT_TRANSPORT_TCP;
+    char v[32];
+    switch (c->mode) {
+    case MISSING: o.world_size = nproc + 1; break;                  /* the last rank never starts */
+    case WORLD_MISMATCH: o.world_size = idx == 1 ? 3 : 2; break;     /* rank 1 says 3 */
+    case DUPLICATE: o.world_size = 3; o.rank = idx == 2 ? 1 : idx; break;
+    case OTHER_JOB: setenv("RINGTRAIN_JOB_TOKEN", idx == 1 ? "job-B" : "job-A", 1); break;
+    case FILE_INIT:
+        snprintf(method, sizeof method, "file://%s", c->path);
+        break;
+    case TORCHRUN: /* torchrun's own store holds MASTER_PORT (the parent listens there) */
+        o.init_method = "env://";
+        o.rank = o.world_size = -1;
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        snprintf(v, sizeof v, "%d", port);
+        setenv("MASTER_PORT", v, 1);
+        setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+        snprintf(v, sizeof v, "%d", idx);
+        setenv("RANK", v, 1);
+        snprintf(v, sizeof v, "%d", nproc);
+        setenv("WORLD_SIZE", v, 1);
+        break;
+    case OMPI:
+    case SLURM:
+        o.rank = o.world_size = -1;
+        snprintf(v, sizeof v, "%d", idx);
+        setenv(c->mode == OMPI ? "OMPI_COMM_WORLD_RANK" : "SLURM_PROCID", v, 1);
+        snprintf(v, sizeof v, "%d", nproc);
+        setenv(c->mode == OMPI ? "OMPI_COMM_WORLD_SIZE" : "SLURM_NTASKS", v, 1);
+        setenv(c->mode == OMPI ? "OMPI_COMM_WORLD_LOCAL_RANK" : "SLURM_LOCALID", "0", 1);
+        break;
+    }
+    rt_pg *pg = NULL;
+    rt_status s = rt_pg_init(&o, &pg);
+    const char *m = rt_error_message();
+    switch (c->mode) {
+    case MISSING:
+        MP_CHECK(s == RT_ERR_TIMEOUT, "missing rank: %s", rt_status_name(s));
+        MP_CHECK(strstr(m, "rank 2 never arrived"), "message: %s", m);
+        return 0;
+    case WORLD_MISMATCH:
+        MP_CHECK(s != RT_OK, "world size mismatch accepted");
+        if (idx == 1) MP_CHECK(strstr(m, "world size mismatch") && strstr(m, "rank 1 says 3"), "message: %s", m);
+        if (idx == 0) MP_CHECK(strstr(m, "rank 1 never arrived"), "message: %s", m);
+        return 0;
+    case DUPLICATE:
+        if (s == RT_OK) { /* one of the two rank-1 processes gets in; nobody can finish (rank 2 missing) */
+            rt_pg_destroy(pg);
+            MP_CHECK(0, "init succeeded with a duplicate rank");
+        }
+        MP_CHECK(strstr(m, "duplicate rank 1") || strstr(m, "rank 2 never arrived") || strstr(m, "never connected"),
+                 "message: %s", m);
+        /* exit code 2 marks "I saw the duplicate" for the parent */
+        return strstr(m, "duplicate rank 1") ? 2 : 0;
+    case OTHER_JOB:
+        MP_CHECK(s != RT_OK, "a peer of another job was accepted");
+        if (idx == 1) MP_CHECK(strstr(m, "job id") && strstr(m, "job-B"), "message: %s", m);
+        return 0;
+    default:
+        break;
+    }
+    MP_OK(s);
+    MP_CHECK(rt_pg_rank(pg) == idx && rt_pg_size(pg) == nproc, "rank %d size %d", rt_pg_rank(pg), rt_pg_size(pg));
+    int64_t x = idx + 1;
+    MP_OK(rt_all_reduce(pg, &x, 1, RT_I64, RT_OP_SUM));
+    MP_CHECK(x == (int64_t)nproc * (nproc + 1) / 2, "all_reduce after rendezvous: %lld", (long long)x);
+    rt_pg_destroy(pg);
+    return 0;
+}
+
+static int run(int mode, int nproc, int *codes) {
+    cfg c = {.mode = mode};
+    snprintf(c.path, sizeof c.path, "/tmp/rt-rdzv-%d", (int)getpid());
+    unlink(c.path);
+    int failed = mp_run(nproc, body, &c, 60, codes);
+    unlink(c.path);
+    return failed;
+}
+
+static void missing(void **s) { (void)s; int codes[4]; assert_int_equal(run(MISSING, 2, codes), 0); }
+static void world_mismatch(void **s) { (void)s; int codes[4]; assert_int_equal(run(WORLD_MISMATCH, 2, codes), 0); }
+static void other_job(void **s) { (void)s; int codes[4]; assert_int_equal(run(OTHER_JOB, 2, codes), 0); }
+static void duplicate(void **s) {
+    (void)s;
+    int codes[4];
+    run(DUPLICATE, 3, codes);
+    int saw = 0;
+    for (int i = 0; i < 3; i++) {
+        if (codes[i] == 2) saw++;
+        else if (codes[i] != 0) fail_msg("process %d exited with %d", i, codes[i]);
+    }
+    assert_int_equal(saw, 1);
+}
+static void file_init(void **s) { (void)s; int codes[4]; assert_int_equal(run(FILE_INIT, 3, codes), 0); }
+static void ompi_env(void **s) { (void)s; int codes[4]; assert_int_equal(run(OMPI, 2, codes), 0); }
+static void torchrun_env(void **s) {
+    (void)s;
+    /* occupy MASTER_PORT like torchrun's store; ours must use MASTER_PORT+1 */
+    int fd = -1, port = 0;
+    for (int tries = 0; tries < 20; tries++) {
+        assert_rt_ok(rt_sock_listen("127.0.0.1", 0, &fd, &port));
+        int fd2, p2;
+        if (port < 65535 && rt_sock_listen("127.0.0.1", port + 1, &fd2, &p2) == RT_OK) {
+            close(fd2);
+            break;
+        }
+        close(fd);
+        fd = -1;
+    }
+    assert_true(fd >= 0);
+    cfg c = {.mode = TORCHRUN};
+    /* mp_run picks its own port; run the body directly with ours */
+    int codes[2];
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) _exit(body(r, 2, port, &c));
+    }
+    for (int r = 0; r < 2; r++) {
+        int st;
+        waitpid(pids[r], &st, 0);
+        codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    }
+    close(fd);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(missing),   cmocka_unit_test(world_mismatch), cmocka_unit_test(other_job),
+        cmocka_unit_test(duplicate), cmocka_unit_test(file_init),      cmocka_unit_test(ompi_env),
+        cmocka_unit_test(torchrun_env),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
