@@ -206,6 +206,7 @@ static void rdzv_env(void **s) {
     assert_int_equal(rt_rdzv_parse("file:///tmp/x", -1, -1, &r), RT_ERR_INVALID);
     setenv("SLURM_PROCID", "x", 1);
     assert_int_equal(rt_rdzv_parse("file:///tmp/x", -1, -1, &r), RT_ERR_INVALID);
+    setenv("SLURM_PROCID", "5", 1);
     assert_rt_ok(rt_rdzv_parse("file:///tmp/x", 2, 3, &r)); /* arguments win */
     assert_int_equal(r.rank, 2);
     assert_int_equal(rt_rdzv_parse("tcp://nohostport", 0, 1, &r), RT_ERR_INVALID);
