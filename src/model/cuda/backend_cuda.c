@@ -6,7 +6,8 @@
  * synchronise with the host. Activations stay NCHW (PyTorch's layout) end to end.
  *
  * Precision (ctx->precision): fp32 forbids tensor cores everywhere (cuDNN
- * CUDNN_FMA_MATH, cuBLAS CUBLAS_DEFAULT_MATH, which never lowers fp32 to TF32); tf32
+ * CUDNN_FMA_MATH, cuBLAS CUBLAS_PEDANTIC_MATH: plain fp32 arithmetic throughout; the
+ * linear layers are too small for the mode to cost anything); tf32
  * allows TF32 tensor cores (cuDNN CUDNN_DEFAULT_MATH, cuBLAS
  * CUBLAS_TF32_TENSOR_OP_MATH), what PyTorch does with allow_tf32 = True.
  *
@@ -40,6 +41,13 @@ static void cuda_ctx_release(rt_model_ctx *ctx) {
     rt_cuda_state *s = ctx->backend;
     if (!s) return;
     (void)cudaSetDevice(ctx->device.index);
+    if (s->bad_labels) { /* the loss kernels cannot fail a call without a host sync: say it here */
+        int bad = 0;
+        if (cudaMemcpy(&bad, s->bad_labels, sizeof bad, cudaMemcpyDeviceToHost) == cudaSuccess && bad > 0)
+            RT_LOG_WARN("model on cuda:%d: %d label(s) outside [0, classes) were seen; their losses were NaN",
+                        ctx->device.index, bad);
+        (void)cudaGetLastError();
+    }
     if (s->dnn) (void)cudnnDestroy(s->dnn);
     if (s->blas) (void)cublasDestroy(s->blas);
     if (s->blas_ws) (void)cudaFree(s->blas_ws);
@@ -61,7 +69,7 @@ static rt_status cuda_ctx_init(rt_model_ctx *ctx) {
     RT_CHECK_CUBLAS(cublasSetStream(s->blas, s->stream));
     RT_CHECK_CUBLAS(cublasSetPointerMode(s->blas, CUBLAS_POINTER_MODE_HOST));
     RT_CHECK_CUBLAS(cublasSetMathMode(s->blas, ctx->precision == RT_PRECISION_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                                                    : CUBLAS_DEFAULT_MATH));
+                                                                                    : CUBLAS_PEDANTIC_MATH));
     RT_CHECK_CUDA(cudaMalloc(&s->blas_ws, BLAS_WS_BYTES));
     s->blas_ws_bytes = BLAS_WS_BYTES;
     RT_CHECK_CUBLAS(cublasSetWorkspace(s->blas, s->blas_ws, s->blas_ws_bytes));
