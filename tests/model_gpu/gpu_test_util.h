@@ -199,8 +199,8 @@ static inline void gt_check_exact(const char *what, const float *cpu, const floa
         }
     printf("  %-40s %zu of %zu elements differ\n", what, differ, n);
     if (differ)
-        fail_msg("%s: %zu elements differ from the CPU backend (first %zu: cpu %.9g gpu %.9g, seed %llu)", what,
-                 differ, first, (double)cpu[first], (double)g[first], (unsigned long long)g_seed);
+        fail_msg("%s: %zu elements differ from the CPU backend (first %zu: cpu %.9g gpu %.9g, seed %llu)", what, differ,
+                 first, (double)cpu[first], (double)g[first], (unsigned long long)g_seed);
     free(g);
 }
 

@@ -15,7 +15,7 @@
 /* ---- conv2d ------------------------------------------------------------------------ */
 
 typedef struct conv_pair {
-    rt_conv2d c, g;        /* CPU layer, GPU layer */
+    rt_conv2d c, g;          /* CPU layer, GPU layer */
     rt_arena cp, cg, gp, gg; /* params / grads arenas of each */
 } conv_pair;
 
@@ -136,15 +136,15 @@ static void conv_case(int max_n, int in_c, int out_c, int h, int w, int k, int s
 
 static void test_conv2d(void **state) {
     (void)state;
-    conv_case(8, 1, 16, 28, 28, 7, 2, 3, false);  /* imagenet stem on MNIST */
-    conv_case(8, 3, 16, 32, 32, 3, 1, 1, false);  /* cifar stem */
-    conv_case(6, 16, 16, 7, 7, 3, 1, 1, false);   /* BasicBlock conv */
-    conv_case(6, 16, 32, 7, 7, 3, 2, 1, false);   /* strided, odd size */
-    conv_case(6, 16, 32, 7, 7, 1, 2, 0, false);   /* downsample 1x1/2 */
-    conv_case(5, 32, 32, 1, 1, 3, 1, 1, false);   /* layer4 at 28x28: 1x1 maps */
-    conv_case(7, 1, 10, 28, 28, 5, 1, 0, true);   /* Net conv1 (bias) */
-    conv_case(7, 10, 20, 12, 12, 5, 1, 0, true);  /* Net conv2 (bias) */
-    conv_case(4, 5, 7, 13, 11, 3, 2, 1, true);    /* odd everything */
+    conv_case(8, 1, 16, 28, 28, 7, 2, 3, false); /* imagenet stem on MNIST */
+    conv_case(8, 3, 16, 32, 32, 3, 1, 1, false); /* cifar stem */
+    conv_case(6, 16, 16, 7, 7, 3, 1, 1, false);  /* BasicBlock conv */
+    conv_case(6, 16, 32, 7, 7, 3, 2, 1, false);  /* strided, odd size */
+    conv_case(6, 16, 32, 7, 7, 1, 2, 0, false);  /* downsample 1x1/2 */
+    conv_case(5, 32, 32, 1, 1, 3, 1, 1, false);  /* layer4 at 28x28: 1x1 maps */
+    conv_case(7, 1, 10, 28, 28, 5, 1, 0, true);  /* Net conv1 (bias) */
+    conv_case(7, 10, 20, 12, 12, 5, 1, 0, true); /* Net conv2 (bias) */
+    conv_case(4, 5, 7, 13, 11, 3, 2, 1, true);   /* odd everything */
 }
 
 /* ---- batch norm -------------------------------------------------------------------- */
@@ -230,8 +230,8 @@ static void test_batchnorm2d(void **state) {
             gt_check_dev("  save_invstd", c_save_invstd, P.g_save_invstd, (size_t)C, TOL_FWD);
             gt_check_dev("  running_mean", rt_tensor_data(&P.c.running_mean), rt_tensor_data(&P.g.running_mean),
                          (size_t)C, TOL_FWD);
-            gt_check_dev("  running_var (unbiased)", rt_tensor_data(&P.c.running_var),
-                         rt_tensor_data(&P.g.running_var), (size_t)C, TOL_FWD);
+            gt_check_dev("  running_var (unbiased)", rt_tensor_data(&P.c.running_var), rt_tensor_data(&P.g.running_var),
+                         (size_t)C, TOL_FWD);
             int64_t gn = -1;
             gt_download(&gn, rt_tensor_data(&P.g.num_batches_tracked), sizeof gn);
             assert_int_equal(gn, *(int64_t *)rt_tensor_data(&P.c.num_batches_tracked));
@@ -349,7 +349,7 @@ static void test_maxpool2d(void **state) {
     pool_case(3, 5, 15, 13, 3, 2, 1, true);   /* odd sizes */
     pool_case(5, 10, 24, 24, 2, 2, 0, false); /* Net */
     pool_case(5, 10, 24, 24, 2, 2, 0, true);
-    pool_case(2, 3, 9, 9, 3, 1, 1, true);     /* overlapping stride-1 windows */
+    pool_case(2, 3, 9, 9, 3, 1, 1, true); /* overlapping stride-1 windows */
 }
 
 /* ---- global average pooling -------------------------------------------------------- */
@@ -553,9 +553,9 @@ int main(void) {
     RT_SKIP_WITHOUT_GPU();
     g_seed = gt_pick_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv2d),   cmocka_unit_test(test_batchnorm2d), cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_maxpool2d), cmocka_unit_test(test_avgpool),    cmocka_unit_test(test_linear),
-        cmocka_unit_test(test_dropout),  cmocka_unit_test(test_losses),
+        cmocka_unit_test(test_conv2d),    cmocka_unit_test(test_batchnorm2d), cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_maxpool2d), cmocka_unit_test(test_avgpool),     cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_dropout),   cmocka_unit_test(test_losses),
     };
     return cmocka_run_group_tests(tests, gt_setup, gt_teardown);
 }

@@ -100,8 +100,8 @@ static void step_both(rt_model *mc, rt_model *mg, const batch *b, int n, double 
     assert_rt_ok(rt_model_train_step(mg, b->dx, b->dl, n, NULL, NULL, &lg));
     double e = fabs((double)lg - lc) / fmax(fabs((double)lc), 1e-30);
     printf("  %-28s loss cpu %.7f gpu %.7f rel err %.3g (tol %.0e)\n", label, (double)lc, (double)lg, e, tol);
-    if (!(e <= tol)) fail_msg("%s: loss cpu %.9g gpu %.9g (seed %llu)", label, (double)lc, (double)lg,
-                              (unsigned long long)g_seed);
+    if (!(e <= tol))
+        fail_msg("%s: loss cpu %.9g gpu %.9g (seed %llu)", label, (double)lc, (double)lg, (unsigned long long)g_seed);
     char what[96];
     snprintf(what, sizeof what, "%s output", label);
     gt_check_dev(what, rt_model_output(mc), rt_model_output(mg), (size_t)n * k, tol);
@@ -215,8 +215,8 @@ static void test_tf32_close(void **state) {
     assert_rt_ok(rt_model_train_step(mc, b.hx, b.hl, 4, NULL, NULL, &lc));
     assert_rt_ok(rt_model_train_step(mg, b.dx, b.dl, 4, NULL, NULL, &lg));
     double e = fabs((double)lg - lc) / fabs((double)lc);
-    printf("  tf32 resnet18 cifar: loss cpu fp32 %.6f gpu tf32 %.6f rel err %.3g (tol 2e-2)\n", (double)lc,
-           (double)lg, e);
+    printf("  tf32 resnet18 cifar: loss cpu fp32 %.6f gpu tf32 %.6f rel err %.3g (tol 2e-2)\n", (double)lc, (double)lg,
+           e);
     assert_true(e <= 2e-2);
     /* TF32 has a 10-bit mantissa: gradients within a few percent, and finite */
     compare_tables(mc, mg, 1, 0.1, "tf32 gradients");

@@ -69,7 +69,7 @@ static rt_status cuda_ctx_init(rt_model_ctx *ctx) {
     RT_CHECK_CUBLAS(cublasSetStream(s->blas, s->stream));
     RT_CHECK_CUBLAS(cublasSetPointerMode(s->blas, CUBLAS_POINTER_MODE_HOST));
     RT_CHECK_CUBLAS(cublasSetMathMode(s->blas, ctx->precision == RT_PRECISION_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                                                    : CUBLAS_PEDANTIC_MATH));
+                                                                                   : CUBLAS_PEDANTIC_MATH));
     RT_CHECK_CUDA(cudaMalloc(&s->blas_ws, BLAS_WS_BYTES));
     s->blas_ws_bytes = BLAS_WS_BYTES;
     RT_CHECK_CUBLAS(cublasSetWorkspace(s->blas, s->blas_ws, s->blas_ws_bytes));
@@ -83,8 +83,8 @@ static rt_status cuda_ctx_init(rt_model_ctx *ctx) {
 /* ---- batch norm ---------------------------------------------------------------------- */
 
 typedef struct bn_priv {
-    cudnnTensorDescriptor_t param;        /* (1, c, 1, 1) */
-    cudnnTensorDescriptor_t full, spare;  /* (n, c, h, w) for max_n and for spare_n */
+    cudnnTensorDescriptor_t param;       /* (1, c, 1, 1) */
+    cudnnTensorDescriptor_t full, spare; /* (n, c, h, w) for max_n and for spare_n */
     int max_n, spare_n;
 } bn_priv;
 
@@ -141,8 +141,7 @@ static rt_status bn_desc(rt_batchnorm2d *l, int n, cudnnTensorDescriptor_t *out)
     return RT_OK;
 }
 
-static rt_status cuda_bn_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
-                                 bool training) {
+static rt_status cuda_bn_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
     RT_CHECK(rt_cuda_bind(ctx));
     cudnnTensorDescriptor_t xd;
     RT_CHECK(bn_desc(l, n, &xd));
@@ -173,8 +172,8 @@ static rt_status cuda_bn_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, c
     const float one = 1.0f, zero = 0.0f;
     /* dx written or accumulated; dweight, dbias written */
     RT_CHECK_CUDNN(cudnnBatchNormalizationBackward(
-        cuda_state(ctx)->dnn, CUDNN_BATCHNORM_SPATIAL, &one, accumulate ? &one : &zero, &one, &zero, xd, x, xd, dy,
-        xd, dx, p->param, rt_tensor_data(&l->weight), rt_tensor_data(&l->dweight), rt_tensor_data(&l->dbias),
+        cuda_state(ctx)->dnn, CUDNN_BATCHNORM_SPATIAL, &one, accumulate ? &one : &zero, &one, &zero, xd, x, xd, dy, xd,
+        dx, p->param, rt_tensor_data(&l->weight), rt_tensor_data(&l->dweight), rt_tensor_data(&l->dbias),
         (double)l->eps, l->save_mean, l->save_invstd));
     return RT_OK;
 }
@@ -199,8 +198,8 @@ static rt_status cuda_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, co
     rt_cuda_state *s = cuda_state(ctx);
     const float one = 1.0f, zero = 0.0f;
     /* dW (out, in) = dy^T x  <=>  column-major dW^T (in, out) = x^T (in, n) dy (n, out) */
-    RT_CHECK_CUBLAS(cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_T, l->in_f, l->out_f, n, &one, x, l->in_f, dy,
-                                l->out_f, &zero, rt_tensor_data(&l->dweight), l->in_f));
+    RT_CHECK_CUBLAS(cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_T, l->in_f, l->out_f, n, &one, x, l->in_f, dy, l->out_f,
+                                &zero, rt_tensor_data(&l->dweight), l->in_f));
     RT_CHECK_CUDA(rt_cuk_column_sums(s->stream, n, l->out_f, dy, rt_tensor_data(&l->dbias)));
     /* dx (n, in) = dy W  <=>  column-major dx^T (in, n) = W^T (in, out) dy^T (out, n) */
     if (dx)

@@ -97,8 +97,7 @@ static rt_status conv_desc(cudnnConvolutionDescriptor_t *d, const rt_conv2d *l, 
  * and no transform algorithm with a larger rounding error than a direct sum
  * (`approx`: FFT, FFT tiling, non-fused Winograd), so fp32 results stay within 1e-5 of
  * the CPU's. */
-static bool perf_usable(const rt_model_ctx *ctx, cudnnStatus_t status, size_t memory, cudnnMathType_t m,
-                        bool approx) {
+static bool perf_usable(const rt_model_ctx *ctx, cudnnStatus_t status, size_t memory, cudnnMathType_t m, bool approx) {
     if (status != CUDNN_STATUS_SUCCESS || memory > RT_CUDA_CONV_WS_CAP) return false;
     if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
     if (ctx->precision == RT_PRECISION_TF32) return true;
@@ -176,9 +175,17 @@ static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p,
     if (e == cudaSuccess) e = cudaMalloc(&b.w, wb);
     if (e == cudaSuccess && b.ws_bytes) {
         /* a workspace that does not fit is measured with less (down to none) */
-        while (cudaMalloc(&b.ws, b.ws_bytes) != cudaSuccess && b.ws_bytes > ((size_t)1 << 20)) b.ws_bytes /= 2;
-        (void)cudaGetLastError();
-        if (!b.ws) b.ws_bytes = 0;
+        for (;;) {
+            b.ws = NULL;
+            if (cudaMalloc(&b.ws, b.ws_bytes) == cudaSuccess) break;
+            (void)cudaGetLastError();
+            b.ws = NULL;
+            if (b.ws_bytes <= ((size_t)1 << 20)) {
+                b.ws_bytes = 0;
+                break;
+            }
+            b.ws_bytes /= 2;
+        }
     }
     if (e == cudaSuccess) e = cudaMemsetAsync(b.x, 0, xb, s->stream);
     if (e == cudaSuccess) e = cudaMemsetAsync(b.y, 0, yb, s->stream);
@@ -187,26 +194,25 @@ static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p,
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         find_bufs_free(&b);
-        RT_FAIL(RT_ERR_CUDA, "conv2d %d->%d %dx%d k%d: scratch for the algorithm search (%zu + %zu bytes): %s",
-                l->in_c, l->out_c, l->in_h, l->in_w, l->k, xb, yb, cudaGetErrorString(e));
+        RT_FAIL(RT_ERR_CUDA, "conv2d %d->%d %dx%d k%d: scratch for the algorithm search (%zu + %zu bytes): %s", l->in_c,
+                l->out_c, l->in_h, l->in_w, l->k, xb, yb, cudaGetErrorString(e));
     }
 
     cudnnConvolutionFwdAlgoPerf_t fr[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     cudnnConvolutionBwdDataAlgoPerf_t dr[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     cudnnConvolutionBwdFilterAlgoPerf_t wr[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int nf = 0, nd = 0, nw = 0;
-    cudnnStatus_t cs = cudnnFindConvolutionForwardAlgorithmEx(s->dnn, p->full.x, b.x, p->w, b.w, p->conv_fwd,
-                                                              p->full.y, b.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &nf,
-                                                              fr, b.ws, b.ws_bytes);
+    cudnnStatus_t cs =
+        cudnnFindConvolutionForwardAlgorithmEx(s->dnn, p->full.x, b.x, p->w, b.w, p->conv_fwd, p->full.y, b.y,
+                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &nf, fr, b.ws, b.ws_bytes);
     if (cs == CUDNN_STATUS_SUCCESS)
-        cs = cudnnFindConvolutionBackwardDataAlgorithmEx(s->dnn, p->w, b.w, p->full.y, b.y, p->conv_bwd_data,
-                                                         p->full.x, b.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &nd,
-                                                         dr, b.ws, b.ws_bytes);
+        cs = cudnnFindConvolutionBackwardDataAlgorithmEx(s->dnn, p->w, b.w, p->full.y, b.y, p->conv_bwd_data, p->full.x,
+                                                         b.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &nd, dr, b.ws,
+                                                         b.ws_bytes);
     if (cs == CUDNN_STATUS_SUCCESS)
-        cs = cudnnFindConvolutionBackwardFilterAlgorithmEx(s->dnn, p->full.x, b.x, p->full.y, b.y,
-                                                           p->conv_bwd_filter, p->w, b.w,
-                                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &nw, wr, b.ws,
-                                                           b.ws_bytes);
+        cs = cudnnFindConvolutionBackwardFilterAlgorithmEx(s->dnn, p->full.x, b.x, p->full.y, b.y, p->conv_bwd_filter,
+                                                           p->w, b.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &nw, wr,
+                                                           b.ws, b.ws_bytes);
     find_bufs_free(&b);
     if (cs != CUDNN_STATUS_SUCCESS)
         RT_FAIL(RT_ERR_CUDA, "conv2d %d->%d %dx%d k%d s%d: cuDNN algorithm search: %s", l->in_c, l->out_c, l->in_h,
@@ -227,16 +233,17 @@ static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p,
     out->bwd_data_ws = 0;
     for (int i = 0; i < nd; i++)
         if (perf_usable(ctx, dr[i].status, dr[i].memory, dr[i].mathType, bwd_data_approx(dr[i].algo))) {
-            out->bwd_data = dr[i].algo, out->bwd_data_math = perf_math(ctx, dr[i].mathType), out->bwd_data_ws = dr[i].memory;
+            out->bwd_data = dr[i].algo, out->bwd_data_math = perf_math(ctx, dr[i].mathType),
+            out->bwd_data_ws = dr[i].memory;
             break;
         }
     out->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
     out->bwd_filter_math = out->fwd_math;
     out->bwd_filter_ws = 0;
     for (int i = 0; i < nw; i++)
-        if (perf_usable(ctx, wr[i].status, wr[i].memory, wr[i].mathType,
-                        bwd_filter_approx(wr[i].algo))) {
-            out->bwd_filter = wr[i].algo, out->bwd_filter_math = perf_math(ctx, wr[i].mathType), out->bwd_filter_ws = wr[i].memory;
+        if (perf_usable(ctx, wr[i].status, wr[i].memory, wr[i].mathType, bwd_filter_approx(wr[i].algo))) {
+            out->bwd_filter = wr[i].algo, out->bwd_filter_math = perf_math(ctx, wr[i].mathType),
+            out->bwd_filter_ws = wr[i].memory;
             break;
         }
     RT_LOG_DEBUG("conv2d %d->%d %dx%d k%d s%d n%d: fwd algo %d (math %d, %zu B), bwd-data %d (math %d, %zu B), "
@@ -271,8 +278,8 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
     const cudnnMathType_t math = ctx->precision == RT_PRECISION_TF32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
     p->max_n = max_n;
     RT_CHECK_CUDNN(cudnnCreateFilterDescriptor(&p->w));
-    RT_CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, l->out_c, l->in_c, l->k,
-                                              l->k));
+    RT_CHECK_CUDNN(
+        cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, l->out_c, l->in_c, l->k, l->k));
     RT_CHECK(conv_desc(&p->conv_fwd, l, math));
     RT_CHECK(conv_desc(&p->conv_bwd_data, l, math));
     RT_CHECK(conv_desc(&p->conv_bwd_filter, l, math));
@@ -307,8 +314,8 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
     RT_CHECK_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(cuda_state(ctx)->dnn, p->full.x, p->w, p->conv_fwd,
                                                            p->full.y, a.fwd, &ws));
     need = ws;
-    RT_CHECK_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(cuda_state(ctx)->dnn, p->w, p->full.y,
-                                                                p->conv_bwd_data, p->full.x, a.bwd_data, &ws));
+    RT_CHECK_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(cuda_state(ctx)->dnn, p->w, p->full.y, p->conv_bwd_data,
+                                                                p->full.x, a.bwd_data, &ws));
     if (ws > need) need = ws;
     RT_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(cuda_state(ctx)->dnn, p->full.x, p->full.y,
                                                                   p->conv_bwd_filter, p->w, a.bwd_filter, &ws));
@@ -379,8 +386,7 @@ rt_status rt_cuda_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
     const float one = 1.0f, zero = 0.0f;
     RT_CHECK_CUDNN(cudnnConvolutionForward(h, &one, s->x, x, p->w, rt_tensor_data(&l->weight), p->conv_fwd, s->fwd,
                                            ctx->work, ctx->work_bytes, &zero, s->y, y));
-    if (l->has_bias)
-        RT_CHECK_CUDNN(cudnnAddTensor(h, &one, p->bias, rt_tensor_data(&l->bias), &one, s->y, y));
+    if (l->has_bias) RT_CHECK_CUDNN(cudnnAddTensor(h, &one, p->bias, rt_tensor_data(&l->bias), &one, s->y, y));
     return RT_OK;
 }
 

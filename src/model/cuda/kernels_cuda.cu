@@ -28,9 +28,8 @@ static unsigned grid_for(size_t count) {
     return g ? (unsigned)g : 1u;
 }
 
-#define GRID_STRIDE(i, count)                                                                 \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (count);            \
-         i += (size_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE(i, count)                                                                                          \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (count); i += (size_t)gridDim.x * blockDim.x)
 
 /* ---- elementwise ------------------------------------------------------------------- */
 
@@ -120,8 +119,7 @@ static __global__ void maxpool_fw_kernel(size_t total, const pool_geom g, const 
 
 /* one thread per input element: gather dy from every window whose first maximum it
  * is, in the CPU's (oh, ow) order, so the sums are bit-identical */
-static __global__ void maxpool_bw_kernel(size_t total, const pool_geom g, const float *x, const float *dy,
-                                         float *dx) {
+static __global__ void maxpool_bw_kernel(size_t total, const pool_geom g, const float *x, const float *dy, float *dx) {
     const size_t out_plane = (size_t)g.out_h * g.out_w, in_plane = (size_t)g.in_h * g.in_w;
     GRID_STRIDE(i, total) {
         size_t plane = i / in_plane;
@@ -238,15 +236,14 @@ extern "C" cudaError_t rt_cuk_dropout_forward(cudaStream_t s, const rt_dropout *
     const float scale = 1.0f / (1.0f - l->p); /* the CPU's float expression */
     if (count == 0) return cudaSuccess;
     dropout_mask_kernel<<<grid_for(draws), THREADS, 0, s>>>(draws, l->seed, l->subseq, l->counter, l->p, scale,
-                                                             l->mask);
+                                                            l->mask);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     dropout_apply_kernel<<<grid_for(count), THREADS, 0, s>>>(count, plane, l->mask, x, y);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_dropout_backward(cudaStream_t s, const rt_dropout *l, int n, const float *dy,
-                                               float *dx) {
+extern "C" cudaError_t rt_cuk_dropout_backward(cudaStream_t s, const rt_dropout *l, int n, const float *dy, float *dx) {
     const size_t count = (size_t)n * (size_t)l->features;
     if (count == 0) return cudaSuccess;
     dropout_apply_kernel<<<grid_for(count), THREADS, 0, s>>>(count, (size_t)l->plane, l->mask, dy, dx);
