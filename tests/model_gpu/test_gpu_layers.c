@@ -10,6 +10,10 @@
  */
 #include "gpu_test_util.h"
 
+#ifdef RT_HAVE_CUDA
+#include "model/cuda/bench_cuda.h"
+#endif
+
 #include <stdlib.h>
 
 /* ---- conv2d ------------------------------------------------------------------------ */
@@ -549,13 +553,38 @@ static void test_losses(void **state) {
     }
 }
 
+/* ---- the benchmark's SGD-momentum update ------------------------------------------ */
+
+static void test_bench_sgd(void **state) {
+    (void)state;
+#ifdef RT_HAVE_CUDA
+    const size_t n = 70001;
+    float *w = gt_randn(n, 1.0f), *g = gt_randn(n, 1.0f), *v = gt_randn(n, 0.1f);
+    float *dw = gt_dev_copy(w, n), *dg = gt_dev_copy(g, n), *dv = gt_dev_copy(v, n);
+    for (int step = 0; step < 3; step++) {
+        for (size_t i = 0; i < n; i++) { /* bench.c's loop */
+            v[i] = 0.9f * v[i] + g[i];
+            w[i] -= 0.01f * v[i];
+        }
+        assert_rt_ok(rt_model_cuda_sgd_momentum(g_gpu, dw, dg, dv, n, 0.01f, 0.9f));
+    }
+    gt_check_exact("bench sgd-momentum weights", w, dw, n);
+    gt_check_exact("bench sgd-momentum velocity", v, dv, n);
+    size_t used = 0;
+    assert_rt_ok(rt_model_cuda_mem_used(g_gpu, &used));
+    assert_true(used >= 3 * n * sizeof(float));
+    free(w), free(g), free(v);
+    gt_free(dw), gt_free(dg), gt_free(dv);
+#endif
+}
+
 int main(void) {
     RT_SKIP_WITHOUT_GPU();
     g_seed = gt_pick_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d),    cmocka_unit_test(test_batchnorm2d), cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_maxpool2d), cmocka_unit_test(test_avgpool),     cmocka_unit_test(test_linear),
-        cmocka_unit_test(test_dropout),   cmocka_unit_test(test_losses),
+        cmocka_unit_test(test_dropout),   cmocka_unit_test(test_losses),      cmocka_unit_test(test_bench_sgd),
     };
     return cmocka_run_group_tests(tests, gt_setup, gt_teardown);
 }
