@@ -194,6 +194,18 @@ static rt_status bcast_build(rt_pg *pg, rt_request *r, uint8_t *buf, size_t nb, 
     return RT_OK;
 }
 
+/* Below this many bytes the ring all-reduce becomes one exchange round
+ * (RINGTRAIN_ALLREDUCE_SMALL_BYTES; 0 disables). */
+static size_t small_bytes(void) {
+    static long v = -1;
+    if (v < 0) {
+        const char *s = getenv("RINGTRAIN_ALLREDUCE_SMALL_BYTES");
+        v = s && *s ? atol(s) : 4096;
+        if (v < 0) v = 0;
+    }
+    return (size_t)v;
+}
+
 /* ---- public collectives ---- */
 
 static rt_status all_reduce_(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, rt_algo algo,
@@ -210,6 +222,36 @@ static rt_status all_reduce_(rt_pg *pg, void *buf, size_t count, rt_dtype dtype,
         RT_CHECK(reduce_build(pg, r, buf, count, dtype, op, 0, true, RT_K_ALLREDUCE, seq, &last));
         RT_CHECK(bcast_build(pg, r, buf, count * rt_dtype_size(dtype), 0, true, RT_K_ALLREDUCE, seq,
                              pg->rank == 0 ? last : NULL, pg->rank == 0 ? NULL : last));
+    } else if (algo == RT_ALGO_RING && n > 1 && count * rt_dtype_size(dtype) <= small_bytes()) {
+        /* small buffers: one exchange round (everyone sends its buffer to everyone),
+         * then every rank reduces the n buffers in rank order: latency-bound sizes
+         * pay one message delay instead of 2(n-1), results stay bitwise identical */
+        size_t nb = count * rt_dtype_size(dtype);
+        r->scratch = malloc(nb * (size_t)n + 1);
+        if (!r->scratch) {
+            rt_req_free(r);
+            RT_CHECK_ALLOC(NULL, nb * (size_t)n);
+        }
+        uint8_t *slots = r->scratch;
+        memcpy(slots + (size_t)pg->rank * nb, buf, nb);
+        for (int k = 1; k < n; k++) { /* send to the right first: spreads the load */
+            int peer = MOD(pg->rank + k, n);
+            ADD_OR_FAIL(rt_req_send(r, pg->ranks[peer], slots + (size_t)pg->rank * nb, nb, RT_K_ALLREDUCE, seq, NULL,
+                                    false),
+                        r);
+        }
+        for (int k = 1; k < n; k++) {
+            int peer = MOD(pg->rank - k, n);
+            ADD_OR_FAIL(rt_req_recv(r, pg->ranks[peer], slots + (size_t)peer * nb, nb, RT_K_ALLREDUCE, seq, -1, dtype,
+                                    0, NULL, false),
+                        r);
+        }
+        r->pr_buf = buf;
+        r->pr_slots = slots;
+        r->pr_n = n;
+        r->pr_op = (int)op;
+        r->pr_count = count;
+        r->pr_dtype = dtype;
     } else {
         RT_CHECK(ring_build(pg, r, buf, count, dtype, op, true, true, algo == RT_ALGO_RSAG, RT_K_ALLREDUCE, seq));
     }

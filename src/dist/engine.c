@@ -37,7 +37,7 @@ rt_status rt_engine_init(rt_engine *e, int rank, int world) {
 }
 
 static void wake_driver(rt_engine *e) {
-    if (e->shm && e->my_bell) rt_shm_bell_ring(e->my_bell);
+    if (e->shm && e->my_bell) rt_shm_bell_force(e->my_bell);
     uint64_t one = 1;
     if (write(e->evfd, &one, sizeof one) < 0) { /* counter full: the driver is awake anyway */
     }
@@ -64,15 +64,11 @@ void rt_engine_destroy(rt_engine *e) {
 /* ---- requests ---- */
 
 rt_status rt_req_new(rt_engine *e, const char *opname, int group, double timeout_s, int maxx, rt_request **out) {
-    rt_request *r = calloc(1, sizeof *r);
-    RT_CHECK_ALLOC(r, sizeof *r);
-    if (maxx > 0) {
-        r->x = calloc((size_t)maxx, sizeof *r->x);
-        if (!r->x) {
-            free(r);
-            RT_CHECK_ALLOC(NULL, (size_t)maxx * sizeof(rt_xfer));
-        }
-    }
+    /* one allocation: the request, then its transfers */
+    size_t bytes = sizeof(rt_request) + (size_t)(maxx > 0 ? maxx : 0) * sizeof(rt_xfer);
+    rt_request *r = calloc(1, bytes);
+    RT_CHECK_ALLOC(r, bytes);
+    r->x = maxx > 0 ? (rt_xfer *)(r + 1) : NULL;
     r->eng = e;
     r->opname = opname;
     r->group = group;
@@ -84,7 +80,6 @@ rt_status rt_req_new(rt_engine *e, const char *opname, int group, double timeout
 
 void rt_req_free(rt_request *r) {
     if (!r) return;
-    free(r->x);
     free(r->scratch);
     free(r);
 }
@@ -140,6 +135,13 @@ rt_status rt_req_post_copy(rt_request *r, void *dst, const void *src, size_t n) 
 
 static void req_complete(rt_engine *e, rt_request *r, rt_status st, const rt_error_record *err) {
     if (r->done) return;
+    if (st == RT_OK && r->pr_n > 0) {
+        size_t nb = r->pr_count * rt_dtype_size(r->pr_dtype);
+        memcpy(r->pr_buf, r->pr_slots, nb);
+        for (int k = 1; k < r->pr_n; k++)
+            rt_reduce_apply(r->pr_buf, r->pr_slots + (size_t)k * nb, r->pr_count, r->pr_dtype, (rt_reduce_op)r->pr_op);
+        if (r->pr_op == RT_OP_AVG) rt_reduce_div(r->pr_buf, r->pr_count, r->pr_dtype, r->pr_n);
+    }
     if (st == RT_OK)
         for (int i = 0; i < r->nposts; i++)
             if (r->posts[i].n) memmove(r->posts[i].dst, r->posts[i].src, r->posts[i].n);
@@ -174,9 +176,24 @@ static rt_status progress_send(rt_xfer *x, bool *moved_any) {
     if (x->hdone < RT_MSG_HDR) {
         if (x->dep && x->dep_full && !x->dep->complete) return RT_OK;
         size_t m = 0;
-        RT_CHECK(rt_chan_send(c, x->hbuf + x->hdone, RT_MSG_HDR - x->hdone, &m));
-        x->hdone += m;
-        if (m) *moved_any = true;
+        size_t lim0 = dep_limit(x);
+        if (x->hdone == 0 && lim0 == x->nbytes && x->nbytes <= 4096) {
+            /* a small message: header and body in one publication */
+            RT_CHECK(rt_chan_send2(c, x->hbuf, RT_MSG_HDR, x->buf, x->nbytes, &m));
+            if (m >= RT_MSG_HDR) {
+                x->hdone = RT_MSG_HDR;
+                x->done = m - RT_MSG_HDR;
+                *moved_any = true;
+                if (x->done == x->nbytes) return RT_OK;
+            } else {
+                x->hdone = m;
+                if (m) *moved_any = true;
+            }
+        } else {
+            RT_CHECK(rt_chan_send(c, x->hbuf + x->hdone, RT_MSG_HDR - x->hdone, &m));
+            x->hdone += m;
+            if (m) *moved_any = true;
+        }
         if (x->hdone < RT_MSG_HDR) return RT_OK;
     }
     size_t lim = dep_limit(x);
@@ -366,23 +383,8 @@ static rt_status check_control(rt_engine *e) {
     return RT_OK;
 }
 
-/* Block until something may have changed (unlocked by the caller). */
-static rt_status wait_activity(rt_engine *e, uint32_t seen, int max_ms) {
-    if (e->shm) {
-        for (int i = 0; i < 2000; i++) {
-            if (atomic_load_explicit(&e->my_bell->seq, memory_order_acquire) != seen) return RT_OK;
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        }
-        for (int i = 0; i < 8; i++) {
-            sched_yield();
-            if (atomic_load_explicit(&e->my_bell->seq, memory_order_acquire) != seen) return RT_OK;
-        }
-        RT_CHECK(check_control(e));
-        rt_shm_bell_wait(e->my_bell, seen, max_ms < 20 ? max_ms : 20);
-        return RT_OK;
-    }
+/* tcp: block in poll() until a socket or the wake-up eventfd is ready (unlocked). */
+static void wait_tcp(rt_engine *e, int max_ms) {
     struct pollfd pf[65];
     int n = 0;
     pf[n++] = (struct pollfd){e->evfd, POLLIN, 0};
@@ -402,21 +404,36 @@ static rt_status wait_activity(rt_engine *e, uint32_t seen, int max_ms) {
         }
     }
     for (int i = 0; i < e->world; i++) e->ch[i].send_blocked = false;
-    return RT_OK;
 }
 
-/* Drive until `target` is done (or, with NULL, until nothing is active). mu held. */
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+#define SPIN_PASSES 30 /* progress passes spun (lock held) before yielding */
+#define YIELD_PASSES 2000  /* then passes with sched_yield() between, before sleeping */
+
+/* Drive until `target` is done (or, with NULL, until nothing is active). mu held.
+ * shm: spin on the rings, then yield (2 ranks on 2 cores must not starve each
+ * other), then sleep on the futex bell; tcp: poll(). */
 static void drive(rt_engine *e, rt_request *target) {
     e->driving = true;
+    int idle = 0;
     for (;;) {
         if (target ? target->done : (e->active == NULL || e->stop)) break;
-        uint32_t seen = e->shm ? atomic_load_explicit(&e->my_bell->seq, memory_order_acquire) : 0;
         bool moved = false;
         if (progress_pass(e, &moved) != RT_OK) {
             rt_engine_fail(e);
             continue;
         }
-        if (moved) continue;
+        if (moved) {
+            idle = 0;
+            continue;
+        }
         if (target ? target->done : e->active == NULL) break;
         uint64_t now = rt_now_ns(), earliest = UINT64_MAX;
         rt_request *late = NULL;
@@ -431,10 +448,44 @@ static void drive(rt_engine *e, rt_request *target) {
         }
         int ms = 1000;
         if (late && (earliest - now) / 1000000 + 1 < (uint64_t)ms) ms = (int)((earliest - now) / 1000000 + 1);
-        pthread_mutex_unlock(&e->mu);
-        rt_status st = wait_activity(e, seen, ms);
-        pthread_mutex_lock(&e->mu);
-        if (st != RT_OK) rt_engine_fail(e);
+        if (!e->shm) {
+            pthread_mutex_unlock(&e->mu);
+            wait_tcp(e, ms);
+            pthread_mutex_lock(&e->mu);
+            continue;
+        }
+        idle++;
+        if (idle < SPIN_PASSES) {
+            cpu_relax();
+            continue;
+        }
+        if (idle < SPIN_PASSES + YIELD_PASSES) {
+            pthread_mutex_unlock(&e->mu);
+            sched_yield();
+            pthread_mutex_lock(&e->mu);
+            continue;
+        }
+        /* sleep: announce it, re-check, then wait on the bell */
+        atomic_store_explicit(&e->my_bell->waiting, 1, memory_order_seq_cst);
+        atomic_thread_fence(memory_order_seq_cst);
+        uint32_t seen = atomic_load_explicit(&e->my_bell->seq, memory_order_seq_cst);
+        if (progress_pass(e, &moved) != RT_OK) {
+            atomic_store_explicit(&e->my_bell->waiting, 0, memory_order_relaxed);
+            rt_engine_fail(e);
+            continue;
+        }
+        if (!moved) {
+            rt_status st = check_control(e);
+            if (st == RT_OK) {
+                pthread_mutex_unlock(&e->mu);
+                rt_shm_bell_wait(e->my_bell, seen, ms < 100 ? ms : 100);
+                pthread_mutex_lock(&e->mu);
+            } else {
+                rt_engine_fail(e);
+            }
+        }
+        atomic_store_explicit(&e->my_bell->waiting, 0, memory_order_relaxed);
+        idle = SPIN_PASSES; /* after a sleep, yield a little before sleeping again */
     }
     e->driving = false;
     pthread_cond_broadcast(&e->cv);

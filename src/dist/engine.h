@@ -74,6 +74,12 @@ struct rt_request {
     void *scratch;
     rt_post_copy posts[4];
     int nposts;
+    /* post-reduce (small all-reduce): buf = slot 0 op slot 1 op ... (rank order) */
+    void *pr_buf;
+    const uint8_t *pr_slots;
+    int pr_n, pr_op;
+    size_t pr_count;
+    rt_dtype pr_dtype;
     rt_request *next; /* active list */
 };
 
