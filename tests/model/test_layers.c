@@ -98,6 +98,7 @@ static void check_conv(int n, int in_c, int out_c, int h, int w, int k, int s, i
     free(c.r);
     free(dx);
     free(dx2);
+    rt_conv2d_release(g_ctx, &c.l);
     mt_free(&A);
 }
 
@@ -108,6 +109,8 @@ static void test_conv2d(void **state) {
     check_conv(3, 4, 5, 5, 5, 1, 2, 0, false); /* downsample 1x1/2 */
     check_conv(2, 2, 3, 8, 8, 5, 1, 0, true);  /* Net 5x5 with bias */
     check_conv(2, 3, 2, 4, 4, 3, 2, 1, false); /* 3x3/2 */
+    check_conv(3, 4, 3, 1, 1, 3, 1, 1, false); /* 1x1 input: only the centre tap is live */
+    check_conv(3, 4, 5, 2, 2, 3, 2, 1, true);  /* 2x2 -> 1x1 stride 2: four live taps */
 }
 
 /* a workspace too small for one image is an error, not a crash */
@@ -122,7 +125,12 @@ static void test_conv2d_workspace_error(void **state) {
     mt_alloc(&A);
     float x[3 * 64] = {0}, y[4 * 64];
     assert_int_equal(rt_conv2d_forward(ctx, &l, 1, x, y), RT_ERR_INVALID);
+    assert_non_null(strstr(rt_error_message(), "prepare"));
+    size_t ws;
+    assert_rt_ok(rt_conv2d_prepare(ctx, &l, 1, &ws));
+    assert_int_equal(rt_conv2d_forward(ctx, &l, 1, x, y), RT_ERR_INVALID);
     assert_non_null(strstr(rt_error_message(), "workspace"));
+    rt_conv2d_release(ctx, &l);
     assert_int_equal(rt_conv2d_init(&l, 3, 4, 2, 2, 7, 1, 0, false), RT_ERR_INVALID);
     mt_free(&A);
     rt_model_ctx_destroy(ctx);

@@ -17,9 +17,11 @@ static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
     }
     ctx->backend = s;
 #ifdef RT_HAVE_OPENBLAS
-    /* sgemm calls are one per layer over the whole batch chunk, so OpenBLAS's own threads
-     * parallelise them; our pool handles im2col and the elementwise layers. */
-    openblas_set_num_threads(ctx->threads);
+    /* our pool threads split the batch and each calls a single-threaded sgemm
+     * (conv_cpu.c); OpenBLAS's own threads would only compete with them.
+     * RINGTRAIN_BLAS_THREADS overrides (for measuring the alternative). */
+    const char *bt = getenv("RINGTRAIN_BLAS_THREADS");
+    openblas_set_num_threads(bt && atoi(bt) > 0 ? atoi(bt) : 1);
 #endif
     return RT_OK;
 }
@@ -36,6 +38,7 @@ const rt_model_backend rt_model_backend_cpu = {
     .ctx_init = cpu_ctx_init,
     .ctx_release = cpu_ctx_release,
     .conv2d_prepare = rt_cpu_conv2d_prepare,
+    .conv2d_release = rt_cpu_conv2d_release,
     .conv2d_forward = rt_cpu_conv2d_forward,
     .conv2d_backward = rt_cpu_conv2d_backward,
     .batchnorm2d_forward = rt_cpu_batchnorm2d_forward,

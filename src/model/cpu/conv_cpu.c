@@ -2,121 +2,176 @@
  *
  * Spatial sizes in ResNet at 28x28 get tiny (layer4 is 1x1), so one gemm per image
  * would be a matrix-vector product. Instead a chunk of nb images is unfolded side by
- * side into col (C*k*k, nb*P) (P = out_h*out_w) and multiplied once:
- *   forward   Y (O, nb*P)      = W (O, CKK) x col
- *   backward  dW (O, CKK)     += dY (O, nb*P) x col^T
- *             dcol (CKK, nb*P) = W^T x dY, folded back into dx (col2im)
- * The chunk is as large as the shared workspace allows (col + Y), the whole batch at
- * 28x28. Unfolding, folding and the NCHW <-> (O, nb*P) transposes run on the pool,
- * one task per image; the gemms use OpenBLAS's threads.
+ * side into col (C*T, nb*P) (P = out_h*out_w, T kernel taps) and multiplied once:
+ *   forward   Y (O, nb*P)     = W (O, C*T) x col
+ *   backward  dW (O, C*T)    += dY (O, nb*P) x col^T
+ *             dcol (C*T, nb*P) = W^T x dY, folded back into dx (col2im)
+ *
+ * Dead taps: a kernel tap that only ever reads padding contributes nothing (and gets
+ * a zero gradient). On a 1x1 input a 3x3/p1 conv has one live tap of nine; prepare
+ * finds the live taps and, when some are dead, the layer multiplies a gathered
+ * W (O, C*T_live) instead - 9x less work for ResNet's layer4 at 28x28.
+ *
+ * The chunk is as large as the shared workspace allows, the whole batch at 28x28.
+ * Threads split the batch: in the forward pass each pool thread unfolds its own
+ * images, runs one single-threaded sgemm over their columns and writes its outputs;
+ * in backward dW is split by output-channel rows (full K per thread, no reduction) and
+ * dx by images again. OpenBLAS itself runs single-threaded (backend_cpu.c): measured
+ * faster than OpenBLAS's own threads, which spin in sched_yield between our calls.
  */
 #include "model/cpu/cpu_internal.h"
 #include "model/cpu/gemm.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* Workspace cap per conv: 16 M floats (64 MiB) of col + Y. */
 #define CONV_WS_CAP_FLOATS ((size_t)16 << 20)
+#define MAX_TAPS 64
 
-static size_t per_image_floats(const rt_conv2d *l) {
-    size_t ckk = (size_t)l->in_c * l->k * l->k;
+typedef struct cpu_conv {
+    int ntaps;            /* live taps */
+    bool pruned;          /* ntaps < k*k: use the gathered weights */
+    int ki[MAX_TAPS], kj[MAX_TAPS];
+} cpu_conv;
+
+static size_t fixed_floats(const rt_conv2d *l, const cpu_conv *cc) {
+    return cc->pruned ? (size_t)l->out_c * l->in_c * cc->ntaps : 0;
+}
+static size_t per_image_floats(const rt_conv2d *l, const cpu_conv *cc) {
+    size_t rows = (size_t)l->in_c * cc->ntaps;
     size_t p = (size_t)l->out_h * l->out_w;
-    return (ckk + (size_t)l->out_c) * p;
+    return (rows + (size_t)l->out_c) * p;
+}
+
+/* does tap offset `kk` (0..k-1) read a valid input for some output position? */
+static bool tap_live(int kk, int out, int in, int s, int pad) {
+    for (int o = 0; o < out; o++) {
+        int i = o * s - pad + kk;
+        if (i >= 0 && i < in) return true;
+    }
+    return false;
 }
 
 rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace) {
-    size_t per = per_image_floats(l);
+    RT_REQUIRE(l->k * l->k <= MAX_TAPS, RT_ERR_UNSUPPORTED, "conv2d kernel %dx%d: the CPU backend handles up to %d taps",
+               l->k, l->k, MAX_TAPS);
+    cpu_conv *cc = l->priv;
+    if (!cc) {
+        cc = calloc(1, sizeof *cc);
+        RT_CHECK_ALLOC(cc, sizeof *cc);
+        l->priv = cc;
+    }
+    cc->ntaps = 0;
+    for (int ki = 0; ki < l->k; ki++)
+        for (int kj = 0; kj < l->k; kj++)
+            if (tap_live(ki, l->out_h, l->in_h, l->stride, l->pad) && tap_live(kj, l->out_w, l->in_w, l->stride, l->pad)) {
+                cc->ki[cc->ntaps] = ki;
+                cc->kj[cc->ntaps] = kj;
+                cc->ntaps++;
+            }
+    cc->pruned = cc->ntaps < l->k * l->k;
+    size_t per = per_image_floats(l, cc);
     size_t nb = CONV_WS_CAP_FLOATS / per;
     if (nb < 1) nb = 1;
     if (nb > (size_t)max_n) nb = (size_t)max_n;
-    *workspace = nb * per * sizeof(float);
+    *workspace = (fixed_floats(l, cc) + nb * per) * sizeof(float);
     return RT_OK;
+}
+
+void rt_cpu_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l) {
+    free(l->priv);
+    l->priv = NULL;
 }
 
 typedef struct conv_job {
     const rt_conv2d *l;
+    const cpu_conv *cc;
     int n0;          /* first image of the chunk */
     int nb;          /* images in the chunk */
+    int rows;        /* C * live taps */
     const float *x;  /* (n, C, H, W) whole batch */
-    float *col;      /* (CKK, nb*P) */
+    float *col;      /* (rows, nb*P) */
     float *yt;       /* (O, nb*P) */
     float *y;        /* (n, O, P) whole batch (forward) */
     const float *dy; /* (n, O, P) (backward) */
     float *dx;       /* (n, C, H, W) (backward) */
     const float *bias;
-    bool accumulate;
+    const float *w;  /* (O, rows): the weights or their live-tap gather */
+    float *dw;       /* (O, rows) */
+    bool accumulate, first_chunk;
+    int parts;
 } conv_job;
 
 /* unfold image j of the chunk into columns [j*P, (j+1)*P) of col */
-static void im2col_task(void *arg, int j) {
-    const conv_job *J = arg;
+static void im2col_task(const conv_job *J, int j) {
     const rt_conv2d *l = J->l;
-    const int H = l->in_h, W = l->in_w, OH = l->out_h, OW = l->out_w, k = l->k, s = l->stride, pad = l->pad;
+    const cpu_conv *cc = J->cc;
+    const int H = l->in_h, W = l->in_w, OH = l->out_h, OW = l->out_w, s = l->stride, pad = l->pad;
     const size_t P = (size_t)OH * OW, ld = (size_t)J->nb * P;
     const float *x = J->x + (size_t)(J->n0 + j) * l->in_c * H * W;
     for (int c = 0; c < l->in_c; c++) {
         const float *xc = x + (size_t)c * H * W;
-        for (int ki = 0; ki < k; ki++)
-            for (int kj = 0; kj < k; kj++) {
-                float *row = J->col + ((size_t)(c * k + ki) * k + kj) * ld + (size_t)j * P;
-                for (int oh = 0; oh < OH; oh++) {
-                    int ih = oh * s - pad + ki;
-                    float *out = row + (size_t)oh * OW;
-                    if (ih < 0 || ih >= H) {
-                        memset(out, 0, sizeof(float) * (size_t)OW);
-                        continue;
-                    }
-                    const float *xr = xc + (size_t)ih * W;
-                    if (s == 1) {
-                        /* iw = ow - pad + kj: valid for ow in [lo, hi) */
-                        int lo = pad - kj, hi = W + pad - kj;
-                        if (lo < 0) lo = 0;
-                        if (hi > OW) hi = OW;
-                        if (hi < lo) hi = lo;
-                        for (int ow = 0; ow < lo; ow++) out[ow] = 0.0f;
-                        if (hi > lo) memcpy(out + lo, xr + lo - pad + kj, sizeof(float) * (size_t)(hi - lo));
-                        for (int ow = hi; ow < OW; ow++) out[ow] = 0.0f;
-                    } else {
-                        for (int ow = 0; ow < OW; ow++) {
-                            int iw = ow * s - pad + kj;
-                            out[ow] = (iw >= 0 && iw < W) ? xr[iw] : 0.0f;
-                        }
+        for (int t = 0; t < cc->ntaps; t++) {
+            const int ki = cc->ki[t], kj = cc->kj[t];
+            float *out = J->col + ((size_t)c * cc->ntaps + t) * ld + (size_t)j * P;
+            for (int oh = 0; oh < OH; oh++, out += OW) {
+                int ih = oh * s - pad + ki;
+                if (ih < 0 || ih >= H) {
+                    for (int ow = 0; ow < OW; ow++) out[ow] = 0.0f;
+                    continue;
+                }
+                const float *xr = xc + (size_t)ih * W;
+                if (s == 1) {
+                    /* iw = ow - pad + kj: valid for ow in [lo, hi) */
+                    int lo = pad - kj, hi = W + pad - kj;
+                    if (lo < 0) lo = 0;
+                    if (hi > OW) hi = OW;
+                    if (hi < lo) hi = lo;
+                    const float *src = xr - pad + kj;
+                    for (int ow = 0; ow < lo; ow++) out[ow] = 0.0f;
+                    for (int ow = lo; ow < hi; ow++) out[ow] = src[ow];
+                    for (int ow = hi; ow < OW; ow++) out[ow] = 0.0f;
+                } else {
+                    for (int ow = 0; ow < OW; ow++) {
+                        int iw = ow * s - pad + kj;
+                        out[ow] = (iw >= 0 && iw < W) ? xr[iw] : 0.0f;
                     }
                 }
             }
+        }
     }
 }
 
 /* fold columns of image j back into dx (adds; dx zeroed first unless accumulating) */
-static void col2im_task(void *arg, int j) {
-    const conv_job *J = arg;
+static void col2im_task(const conv_job *J, int j) {
     const rt_conv2d *l = J->l;
-    const int H = l->in_h, W = l->in_w, OH = l->out_h, OW = l->out_w, k = l->k, s = l->stride, pad = l->pad;
+    const cpu_conv *cc = J->cc;
+    const int H = l->in_h, W = l->in_w, OH = l->out_h, OW = l->out_w, s = l->stride, pad = l->pad;
     const size_t P = (size_t)OH * OW, ld = (size_t)J->nb * P;
     float *dx = J->dx + (size_t)(J->n0 + j) * l->in_c * H * W;
     if (!J->accumulate) memset(dx, 0, sizeof(float) * (size_t)l->in_c * H * W);
     for (int c = 0; c < l->in_c; c++) {
         float *dxc = dx + (size_t)c * H * W;
-        for (int ki = 0; ki < k; ki++)
-            for (int kj = 0; kj < k; kj++) {
-                const float *row = J->col + ((size_t)(c * k + ki) * k + kj) * ld + (size_t)j * P;
-                for (int oh = 0; oh < OH; oh++) {
-                    int ih = oh * s - pad + ki;
-                    if (ih < 0 || ih >= H) continue;
-                    float *xr = dxc + (size_t)ih * W;
-                    const float *in = row + (size_t)oh * OW;
-                    for (int ow = 0; ow < OW; ow++) {
-                        int iw = ow * s - pad + kj;
-                        if (iw >= 0 && iw < W) xr[iw] += in[ow];
-                    }
+        for (int t = 0; t < cc->ntaps; t++) {
+            const int ki = cc->ki[t], kj = cc->kj[t];
+            const float *row = J->col + ((size_t)c * cc->ntaps + t) * ld + (size_t)j * P;
+            for (int oh = 0; oh < OH; oh++) {
+                int ih = oh * s - pad + ki;
+                if (ih < 0 || ih >= H) continue;
+                float *xr = dxc + (size_t)ih * W;
+                const float *in = row + (size_t)oh * OW;
+                for (int ow = 0; ow < OW; ow++) {
+                    int iw = ow * s - pad + kj;
+                    if (iw >= 0 && iw < W) xr[iw] += in[ow];
                 }
             }
+        }
     }
 }
 
 /* y[n0+j] (O, P) = yt[:, j*P : (j+1)*P] + bias */
-static void scatter_task(void *arg, int j) {
-    const conv_job *J = arg;
+static void scatter_task(const conv_job *J, int j) {
     const rt_conv2d *l = J->l;
     const size_t P = (size_t)l->out_h * l->out_w, ld = (size_t)J->nb * P;
     float *y = J->y + (size_t)(J->n0 + j) * l->out_c * P;
@@ -124,62 +179,136 @@ static void scatter_task(void *arg, int j) {
         const float *src = J->yt + (size_t)o * ld + (size_t)j * P;
         float *dst = y + (size_t)o * P;
         float b = J->bias ? J->bias[o] : 0.0f;
-        if (J->bias)
-            for (size_t p = 0; p < P; p++) dst[p] = src[p] + b;
-        else
-            memcpy(dst, src, sizeof(float) * P);
+        for (size_t p = 0; p < P; p++) dst[p] = src[p] + b;
     }
 }
 
 /* yt[:, j*P : (j+1)*P] = dy[n0+j] */
-static void gather_task(void *arg, int j) {
-    const conv_job *J = arg;
+static void gather_task(const conv_job *J, int j) {
     const rt_conv2d *l = J->l;
     const size_t P = (size_t)l->out_h * l->out_w, ld = (size_t)J->nb * P;
     const float *dy = J->dy + (size_t)(J->n0 + j) * l->out_c * P;
-    for (int o = 0; o < l->out_c; o++) memcpy(J->yt + (size_t)o * ld + (size_t)j * P, dy + (size_t)o * P, sizeof(float) * P);
+    for (int o = 0; o < l->out_c; o++)
+        memcpy(J->yt + (size_t)o * ld + (size_t)j * P, dy + (size_t)o * P, sizeof(float) * P);
 }
 
-static rt_status chunk_size(rt_model_ctx *ctx, const rt_conv2d *l, int n, int *nb) {
-    size_t per = per_image_floats(l);
-    size_t fit = ctx->work_bytes / sizeof(float) / per;
+static void part_range(int total, int parts, int t, int *lo, int *hi) {
+    *lo = (int)((long)total * t / parts);
+    *hi = (int)((long)total * (t + 1) / parts);
+}
+
+/* forward, one task per thread: unfold its images, one gemm over their columns, scatter */
+static void fwd_part(void *arg, int t) {
+    conv_job *J = arg;
+    const rt_conv2d *l = J->l;
+    const int P = l->out_h * l->out_w, ld = J->nb * P;
+    int lo, hi;
+    part_range(J->nb, J->parts, t, &lo, &hi);
+    if (hi <= lo) return;
+    for (int j = lo; j < hi; j++) im2col_task(J, j);
+    rt_cpu_sgemm(false, false, l->out_c, (hi - lo) * P, J->rows, 1.0f, J->w, J->rows, J->col + (size_t)lo * P, ld,
+                 0.0f, J->yt + (size_t)lo * P, ld);
+    for (int j = lo; j < hi; j++) scatter_task(J, j);
+}
+
+/* backward step 1, per image: dY into (O, ld) layout and unfold x */
+static void bwd_prep(void *arg, int j) {
+    gather_task(arg, j);
+    im2col_task(arg, j);
+}
+
+/* backward step 2, per thread: rows [lo, hi) of dW (O, rows) (+)= dY[lo:hi] (.., ld) x col^T */
+static void bwd_dw_part(void *arg, int t) {
+    conv_job *J = arg;
+    const rt_conv2d *l = J->l;
+    const int ld = J->nb * l->out_h * l->out_w;
+    int lo, hi;
+    part_range(l->out_c, J->parts, t, &lo, &hi);
+    if (hi <= lo) return;
+    rt_cpu_sgemm(false, true, hi - lo, J->rows, ld, 1.0f, J->yt + (size_t)lo * ld, ld, J->col, ld,
+                 J->first_chunk ? 0.0f : 1.0f, J->dw + (size_t)lo * J->rows, J->rows);
+}
+
+/* backward step 3, per thread: dcol for its images (into col, no longer needed) and fold */
+static void bwd_dx_part(void *arg, int t) {
+    conv_job *J = arg;
+    const rt_conv2d *l = J->l;
+    const int P = l->out_h * l->out_w, ld = J->nb * P;
+    int lo, hi;
+    part_range(J->nb, J->parts, t, &lo, &hi);
+    if (hi <= lo) return;
+    rt_cpu_sgemm(true, false, J->rows, (hi - lo) * P, l->out_c, 1.0f, J->w, J->rows, J->yt + (size_t)lo * P, ld, 0.0f,
+                 J->col + (size_t)lo * P, ld);
+    for (int j = lo; j < hi; j++) col2im_task(J, j);
+}
+
+/* Set up the job's buffers in the workspace and the chunk size. */
+static rt_status job_init(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_job *J, int *nbmax, float **wl) {
+    const cpu_conv *cc = l->priv;
+    RT_REQUIRE(cc != NULL, RT_ERR_INVALID, "conv2d %d->%d k%d: not prepared (call rt_conv2d_prepare)", l->in_c,
+               l->out_c, l->k);
+    size_t fixed = fixed_floats(l, cc), per = per_image_floats(l, cc), have = ctx->work_bytes / sizeof(float);
+    size_t fit = have > fixed ? (have - fixed) / per : 0;
     RT_REQUIRE(fit >= 1 && ctx->work, RT_ERR_INVALID,
                "conv2d %d->%d k%d on %dx%d: workspace of %zu bytes is smaller than one image needs (%zu); "
                "call rt_conv2d_prepare and rt_model_ctx_reserve",
-               l->in_c, l->out_c, l->k, l->in_h, l->in_w, ctx->work_bytes, per * sizeof(float));
-    *nb = fit < (size_t)n ? (int)fit : n;
+               l->in_c, l->out_c, l->k, l->in_h, l->in_w, ctx->work_bytes, (fixed + per) * sizeof(float));
+    *nbmax = fit < (size_t)n ? (int)fit : n;
+    memset(J, 0, sizeof *J);
+    J->l = l;
+    J->cc = cc;
+    J->rows = l->in_c * cc->ntaps;
+    *wl = (float *)ctx->work;
+    J->col = *wl + fixed;
     return RT_OK;
 }
 
+/* gather the live taps of W (O, C, k, k) into wl (O, C*T) */
+static void gather_weights(const rt_conv2d *l, const cpu_conv *cc, const float *w, float *wl) {
+    const int kk = l->k * l->k;
+    for (int o = 0; o < l->out_c; o++)
+        for (int c = 0; c < l->in_c; c++)
+            for (int t = 0; t < cc->ntaps; t++)
+                wl[((size_t)o * l->in_c + c) * cc->ntaps + t] =
+                    w[((size_t)o * l->in_c + c) * kk + cc->ki[t] * l->k + cc->kj[t]];
+}
+
+static int parts_for(rt_model_ctx *ctx, int nb) {
+    int T = rt_pool_threads(cpu_pool(ctx));
+    return nb < T ? nb : T;
+}
+
 rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+    conv_job J;
     int nbmax;
-    RT_CHECK(chunk_size(ctx, l, n, &nbmax));
-    const int ckk = l->in_c * l->k * l->k;
+    float *wl;
+    RT_CHECK(job_init(ctx, l, n, &J, &nbmax, &wl));
     const size_t P = (size_t)l->out_h * l->out_w;
     const float *w = rt_tensor_data(&l->weight);
-    rt_pool *pool = cpu_pool(ctx);
+    if (J.cc->pruned) gather_weights(l, J.cc, w, wl);
+    J.w = J.cc->pruned ? wl : w;
+    J.x = x;
+    J.y = y;
+    J.bias = l->has_bias ? rt_tensor_data(&l->bias) : NULL;
+    float *col = J.col;
     for (int n0 = 0; n0 < n; n0 += nbmax) {
-        int nb = n - n0 < nbmax ? n - n0 : nbmax;
-        conv_job J = {.l = l, .n0 = n0, .nb = nb, .x = x, .y = y,
-                      .bias = l->has_bias ? rt_tensor_data(&l->bias) : NULL};
-        J.col = ctx->work;
-        J.yt = J.col + (size_t)ckk * nb * P;
-        rt_pool_run(pool, nb, im2col_task, &J);
-        rt_cpu_sgemm(false, false, l->out_c, nb * (int)P, ckk, 1.0f, w, ckk, J.col, nb * (int)P, 0.0f, J.yt,
-                     nb * (int)P);
-        rt_pool_run(pool, nb, scatter_task, &J);
+        J.n0 = n0;
+        J.nb = n - n0 < nbmax ? n - n0 : nbmax;
+        J.col = col;
+        J.yt = col + (size_t)J.rows * J.nb * P;
+        J.parts = parts_for(ctx, J.nb);
+        rt_pool_run(cpu_pool(ctx), J.parts, fwd_part, &J);
     }
     return RT_OK;
 }
 
 rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
                                  bool accumulate) {
+    conv_job J;
     int nbmax;
-    RT_CHECK(chunk_size(ctx, l, n, &nbmax));
-    const int ckk = l->in_c * l->k * l->k;
+    float *wl;
+    RT_CHECK(job_init(ctx, l, n, &J, &nbmax, &wl));
     const size_t P = (size_t)l->out_h * l->out_w;
-    const float *w = rt_tensor_data(&l->weight);
-    float *dw = rt_tensor_data(&l->dweight);
     rt_pool *pool = cpu_pool(ctx);
     if (l->has_bias) {
         float *db = rt_tensor_data(&l->dbias);
@@ -192,20 +321,45 @@ rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
             db[o] = (float)s;
         }
     }
+    const float *w = rt_tensor_data(&l->weight);
+    float *dw = rt_tensor_data(&l->dweight);
+    /* pruned: wl holds the gathered weights for dx; dW of the live taps accumulates in
+     * the col region's tail is not possible (col is per chunk), so it goes to the
+     * dweight tensor itself through a second gather buffer: dW (O, C*T) is computed
+     * into the front of dweight and spread out afterwards (back to front: in place). */
+    if (J.cc->pruned) gather_weights(l, J.cc, w, wl);
+    J.w = J.cc->pruned ? wl : w;
+    J.dw = dw;
+    J.x = x;
+    J.dy = dy;
+    J.dx = dx;
+    J.accumulate = accumulate;
+    float *col = J.col;
+    int T = rt_pool_threads(pool);
     for (int n0 = 0; n0 < n; n0 += nbmax) {
-        int nb = n - n0 < nbmax ? n - n0 : nbmax;
-        conv_job J = {.l = l, .n0 = n0, .nb = nb, .x = x, .dy = dy, .dx = dx, .accumulate = accumulate};
-        J.col = ctx->work;
-        J.yt = J.col + (size_t)ckk * nb * P;
-        const int ld = nb * (int)P;
-        rt_pool_run(pool, nb, gather_task, &J);
-        rt_pool_run(pool, nb, im2col_task, &J);
-        /* dW (O, CKK) (+)= dY (O, ld) x col^T (ld, CKK) */
-        rt_cpu_sgemm(false, true, l->out_c, ckk, ld, 1.0f, J.yt, ld, J.col, ld, n0 == 0 ? 0.0f : 1.0f, dw, ckk);
+        J.n0 = n0;
+        J.nb = n - n0 < nbmax ? n - n0 : nbmax;
+        J.first_chunk = n0 == 0;
+        J.col = col;
+        J.yt = col + (size_t)J.rows * J.nb * P;
+        rt_pool_run(pool, J.nb, bwd_prep, &J);
+        J.parts = l->out_c < T ? l->out_c : T;
+        rt_pool_run(pool, J.parts, bwd_dw_part, &J);
         if (dx) {
-            /* dcol (CKK, ld) = W^T (CKK, O) x dY (O, ld), into the col buffer */
-            rt_cpu_sgemm(true, false, ckk, ld, l->out_c, 1.0f, w, ckk, J.yt, ld, 0.0f, J.col, ld);
-            rt_pool_run(pool, nb, col2im_task, &J);
+            J.parts = parts_for(ctx, J.nb);
+            rt_pool_run(pool, J.parts, bwd_dx_part, &J);
+        }
+    }
+    if (J.cc->pruned) {
+        /* dw holds (O, C*T) packed at its start; spread to (O, C, k, k) with zeros for
+         * the dead taps, from the last element back so nothing is overwritten early */
+        const int kk = l->k * l->k, nt = J.cc->ntaps;
+        for (long oc = (long)l->out_c * l->in_c - 1; oc >= 0; oc--) {
+            float v[MAX_TAPS];
+            for (int t = 0; t < nt; t++) v[t] = dw[oc * nt + t];
+            float *dst = dw + oc * kk;
+            for (int t = 0; t < kk; t++) dst[t] = 0.0f;
+            for (int t = 0; t < nt; t++) dst[J.cc->ki[t] * l->k + J.cc->kj[t]] = v[t];
         }
     }
     return RT_OK;

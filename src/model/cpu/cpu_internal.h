@@ -13,6 +13,7 @@ static inline rt_pool *cpu_pool(rt_model_ctx *ctx) { return ((rt_cpu_state *)ctx
 
 /* conv_cpu.c */
 rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
+void rt_cpu_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l);
 rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y);
 rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
                                  bool accumulate);
