@@ -8,6 +8,10 @@
  * CPU has a finite value (e.g. an element the GPU never wrote: it keeps its NaN
  * poison) counts as an infinite error.
  *
+ * RINGTRAIN_GPU_TESTS_ON_CPU=1 runs the "GPU" side on a second CPU context instead:
+ * a self-check of the test harness for machines without a GPU (not a GPU test; ctest
+ * never sets it).
+ *
  * Transfers use the legacy default stream, and every upload, download and poison is
  * followed by cudaDeviceSynchronize, so the tests never race the contexts' own
  * non-blocking streams. */
@@ -63,11 +67,27 @@ static inline rt_model_ctx *gt_ctx(rt_device d, rt_precision prec) {
     return ctx;
 }
 
+/* the device of the side under test: cuda:0, or the CPU for the harness self-check */
+static inline bool gt_on_cpu(void) {
+    const char *e = getenv("RINGTRAIN_GPU_TESTS_ON_CPU");
+    return e && strcmp(e, "1") == 0;
+}
+static inline rt_device gt_gpu_device(void) { return gt_on_cpu() ? rt_device_cpu() : rt_device_cuda(0); }
+
+/* main(): skip without a GPU (unless self-checking the harness on the CPU) */
+#define GT_SKIP_WITHOUT_GPU()                                                                                          \
+    do {                                                                                                               \
+        if (gt_on_cpu())                                                                                               \
+            printf("RINGTRAIN_GPU_TESTS_ON_CPU=1: harness self-check, the GPU side runs on the CPU\n");                \
+        else                                                                                                           \
+            RT_SKIP_WITHOUT_GPU();                                                                                     \
+    } while (0)
+
 /* group setup: both contexts, fp32 */
 static inline int gt_setup(void **state) {
     (void)state;
     g_cpu = gt_ctx(rt_device_cpu(), RT_PRECISION_FP32);
-    g_gpu = gt_ctx(rt_device_cuda(0), RT_PRECISION_FP32);
+    g_gpu = gt_ctx(gt_gpu_device(), RT_PRECISION_FP32);
     return 0;
 }
 static inline int gt_teardown(void **state) {
