@@ -33,3 +33,8 @@ extern "C" rt_status rt_model_cuda_mem_used(rt_model_ctx *ctx, size_t *used) {
     *used = total_b - free_b;
     return RT_OK;
 }
+
+extern "C" size_t rt_model_cuda_backend_bytes(rt_model_ctx *ctx) {
+    const rt_cuda_state *s = ctx->device.kind == RT_DEVICE_CUDA ? cuda_state(ctx) : NULL;
+    return s ? s->blas_ws_bytes + sizeof(int) : 0;
+}

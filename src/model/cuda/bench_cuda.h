@@ -15,6 +15,10 @@ extern "C" {
 rt_status rt_model_cuda_sgd_momentum(rt_model_ctx *ctx, float *w, const float *g, float *v, size_t n, float lr,
                                      float mu);
 
+/* Device bytes the CUDA backend of ctx holds besides the model and ctx->work (the
+ * cuBLAS workspace, counters). */
+size_t rt_model_cuda_backend_bytes(rt_model_ctx *ctx);
+
 /* Bytes of ctx's GPU in use (total - free, cudaMemGetInfo): all processes, the CUDA
  * context and library code included; differences between two calls isolate a run. */
 rt_status rt_model_cuda_mem_used(rt_model_ctx *ctx, size_t *used);
