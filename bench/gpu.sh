@@ -57,10 +57,11 @@ fi
 [ -n "$py" ] || echo "gpu.sh: no python with torch (set PYTHON): the PyTorch reference is skipped" >&2
 jpy=${py:-python3} # any python3 assembles the JSON
 
+bench_help=$("$bin" bench model --help 2>&1 || true)
 has_device_opt=0
-"$bin" bench model --help 2>&1 | grep -q -- '--device' && has_device_opt=1
+[[ "$bench_help" == *--device* ]] && has_device_opt=1
 has_precision_opt=0
-"$bin" bench model --help 2>&1 | grep -q -- '--precision' && has_precision_opt=1
+[[ "$bench_help" == *--precision* ]] && has_precision_opt=1
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -70,7 +71,7 @@ sample_peak() {
   local pid=$1 peak=0 v
   while kill -0 "$pid" 2>/dev/null; do
     v=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
-        awk -F', *' -v p="$pid" '$1 == p { print $2 }' | head -n1)
+        awk -F', *' -v p="$pid" '$1 == p && !done { print $2; done = 1 }' || true)
     if [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -gt "$peak" ]; then peak=$v; fi
     sleep 0.2
   done
