@@ -17,14 +17,15 @@
 # python3, then /usr/bin/python3), STEPS (timed steps, default 30), WARMUP (default 5),
 # BATCHES ("128 256"), PRECISIONS ("fp32 tf32"), DEVICE (cuda:0). scripts/gpu-check
 # runs it with --json and embeds the file in bench/results/gpu-<date>-<gpu>.json.
-# Without an NVIDIA GPU it says so and exits 0.
+# Without an NVIDIA GPU it says so and exits 0 (writing a "skipped" JSON only with --json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 json_out=""
+json_asked=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --json) json_out=${2:?--json needs a file}; shift 2 ;;
+    --json) json_out=${2:?--json needs a file}; json_asked=1; shift 2 ;;
     -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -39,11 +40,12 @@ precisions=${PRECISIONS:-"fp32 tf32"}
 device=${DEVICE:-cuda:0}
 gpu_index=${device#cuda:}
 [ "$gpu_index" = "$device" ] && gpu_index=0
-[ -n "$json_out" ] || { mkdir -p bench/results; json_out=bench/results/gpu-$(date -u +%Y%m%d).json; }
+[ -n "$json_out" ] || json_out=bench/results/gpu-$(date -u +%Y%m%d).json
 
 skip() {
   echo "gpu.sh: $1: skipped"
-  printf '{"benchmark": "gpu", "skipped": "%s"}\n' "$1" > "$json_out"
+  # a result file only when asked for one (scripts/gpu-check); bench/run leaves none
+  [ "$json_asked" = 0 ] || printf '{"benchmark": "gpu", "skipped": "%s"}\n' "$1" > "$json_out"
   exit 0
 }
 command -v nvidia-smi >/dev/null 2>&1 || skip "no nvidia-smi (no NVIDIA driver)"
@@ -63,6 +65,7 @@ has_device_opt=0
 has_precision_opt=0
 [[ "$bench_help" == *--precision* ]] && has_precision_opt=1
 
+mkdir -p "$(dirname "$json_out")"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
