@@ -26,7 +26,7 @@ json_asked=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --json) json_out=${2:?--json needs a file}; json_asked=1; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
