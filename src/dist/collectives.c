@@ -16,6 +16,8 @@
 #include <string.h>
 
 #define MOD(a, n) ((((a) % (n)) + (n)) % (n))
+/* base + off, where base may be NULL for empty buffers (NULL + 0 is undefined in C) */
+#define AT(base, off) ((base) ? (uint8_t *)(base) + (off) : (uint8_t *)(base))
 
 static size_t chunk_off(size_t count, int n, int c) {
     size_t base = count / (size_t)n, rem = count % (size_t)n;
@@ -78,11 +80,11 @@ static rt_status ring_build(rt_pg *pg, rt_request *r, uint8_t *buf, size_t count
     if (do_rs) {
         for (int s = 0; s < n - 1; s++) {
             int sc = MOD(me - s - 1, n), rc = MOD(me - s - 2, n);
-            rt_xfer *x = rt_req_send(r, right, buf + chunk_off(count, n, sc) * es, chunk_len(count, n, sc) * es, kind,
+            rt_xfer *x = rt_req_send(r, right, AT(buf, chunk_off(count, n, sc) * es), chunk_len(count, n, sc) * es, kind,
                                      seq, prev, false);
             ADD_OR_FAIL(x, r);
             int div = (s == n - 2 && op == RT_OP_AVG) ? n : 0;
-            rt_xfer *y = rt_req_recv(r, left, buf + chunk_off(count, n, rc) * es, chunk_len(count, n, rc) * es, kind,
+            rt_xfer *y = rt_req_recv(r, left, AT(buf, chunk_off(count, n, rc) * es), chunk_len(count, n, rc) * es, kind,
                                      seq, (int)op, dtype, div, NULL, false);
             ADD_OR_FAIL(y, r);
             prev = y;
@@ -91,10 +93,10 @@ static rt_status ring_build(rt_pg *pg, rt_request *r, uint8_t *buf, size_t count
     if (do_ag) {
         for (int s = 0; s < n - 1; s++) {
             int sc = MOD(me - s, n), rc = MOD(me - s - 1, n);
-            rt_xfer *x = rt_req_send(r, right, buf + chunk_off(count, n, sc) * es, chunk_len(count, n, sc) * es, kind,
+            rt_xfer *x = rt_req_send(r, right, AT(buf, chunk_off(count, n, sc) * es), chunk_len(count, n, sc) * es, kind,
                                      seq, prev, s == 0 && full_gate);
             ADD_OR_FAIL(x, r);
-            rt_xfer *y = rt_req_recv(r, left, buf + chunk_off(count, n, rc) * es, chunk_len(count, n, rc) * es, kind,
+            rt_xfer *y = rt_req_recv(r, left, AT(buf, chunk_off(count, n, rc) * es), chunk_len(count, n, rc) * es, kind,
                                      seq, -1, dtype, 0, NULL, false);
             ADD_OR_FAIL(y, r);
             prev = y;
@@ -233,7 +235,7 @@ static rt_status all_reduce_(rt_pg *pg, void *buf, size_t count, rt_dtype dtype,
             RT_CHECK_ALLOC(NULL, nb * (size_t)n);
         }
         uint8_t *slots = r->scratch;
-        memcpy(slots + (size_t)pg->rank * nb, buf, nb);
+        if (nb) memcpy(slots + (size_t)pg->rank * nb, buf, nb);
         for (int k = 1; k < n; k++) { /* send to the right first: spreads the load */
             int peer = MOD(pg->rank + k, n);
             ADD_OR_FAIL(rt_req_send(r, pg->ranks[peer], slots + (size_t)pg->rank * nb, nb, RT_K_ALLREDUCE, seq, NULL,
@@ -317,7 +319,7 @@ static rt_status scatter_(rt_pg *pg, const void *send, void *recv, size_t count,
     if (pg->rank == root) {
         for (int i = 0; i < pg->size; i++) {
             if (i == root) continue;
-            ADD_OR_FAIL(rt_req_send(r, W(pg, i), (const uint8_t *)send + (size_t)i * nb, nb, RT_K_SCATTER, seq, NULL,
+            ADD_OR_FAIL(rt_req_send(r, W(pg, i), AT(send, (size_t)i * nb), nb, RT_K_SCATTER, seq, NULL,
                                     false),
                         r);
         }
@@ -348,7 +350,7 @@ static rt_status gather_(rt_pg *pg, const void *send, void *recv, size_t count, 
     if (pg->rank == root) {
         for (int i = 0; i < pg->size; i++) {
             if (i == root) continue;
-            ADD_OR_FAIL(rt_req_recv(r, W(pg, i), (uint8_t *)recv + (size_t)i * nb, nb, RT_K_GATHER, seq, -1, dtype, 0,
+            ADD_OR_FAIL(rt_req_recv(r, W(pg, i), AT(recv, (size_t)i * nb), nb, RT_K_GATHER, seq, -1, dtype, 0,
                                     NULL, false),
                         r);
         }
@@ -372,7 +374,7 @@ static rt_status all_gather_(rt_pg *pg, const void *send, void *recv, size_t cou
     RT_CHECK(check_args(pg, "all_gather", send, count, dtype, 0, RT_OP_SUM, 0));
     RT_REQUIRE(recv || count == 0, RT_ERR_INVALID, "all_gather: NULL receive buffer");
     size_t nb = count * rt_dtype_size(dtype);
-    uint8_t *mine = (uint8_t *)recv + (size_t)pg->rank * nb;
+    uint8_t *mine = AT(recv, (size_t)pg->rank * nb);
     if (nb && mine != send) memmove(mine, send, nb);
     rt_request *r;
     RT_CHECK(new_req(pg, "all_gather", 2 * pg->size + 2, &r));
@@ -418,7 +420,7 @@ static rt_status reduce_scatter_(rt_pg *pg, const void *send, void *recv, size_t
         }
         memcpy(r->scratch, send, total);
     }
-    uint8_t *mine = (uint8_t *)r->scratch + (size_t)pg->rank * nb;
+    uint8_t *mine = AT(r->scratch, (size_t)pg->rank * nb);
     if (pg->size == 1 && op == RT_OP_AVG) { /* nothing to add; the division by 1 is a no-op */
     }
     RT_CHECK(ring_build(pg, r, r->scratch, count * (size_t)pg->size, dtype, op, true, false, false,

@@ -101,6 +101,7 @@ rt_xfer *rt_req_send(rt_request *r, int peer, const void *buf, size_t nbytes, ui
     x->is_send = true;
     x->buf = (uint8_t *)buf;
     x->nbytes = nbytes;
+    x->pad = (8 - nbytes % 8) % 8;
     x->hdr = (rt_msg_hdr){kind, (uint16_t)r->group, seq, nbytes};
     rt_msg_hdr_encode(x->hbuf, &x->hdr);
     x->dep = dep;
@@ -114,6 +115,7 @@ rt_xfer *rt_req_recv(rt_request *r, int peer, void *buf, size_t nbytes, uint16_t
     if (!x) return NULL;
     x->buf = buf;
     x->nbytes = nbytes;
+    x->pad = (8 - nbytes % 8) % 8;
     x->hdr = (rt_msg_hdr){kind, (uint16_t)r->group, seq, nbytes};
     x->op = op;
     x->dtype = dtype;
@@ -137,7 +139,7 @@ static void req_complete(rt_engine *e, rt_request *r, rt_status st, const rt_err
     if (r->done) return;
     if (st == RT_OK && r->pr_n > 0) {
         size_t nb = r->pr_count * rt_dtype_size(r->pr_dtype);
-        memcpy(r->pr_buf, r->pr_slots, nb);
+        if (nb) memcpy(r->pr_buf, r->pr_slots, nb);
         for (int k = 1; k < r->pr_n; k++)
             rt_reduce_apply(r->pr_buf, r->pr_slots + (size_t)k * nb, r->pr_count, r->pr_dtype, (rt_reduce_op)r->pr_op);
         if (r->pr_op == RT_OP_AVG) rt_reduce_div(r->pr_buf, r->pr_count, r->pr_dtype, r->pr_n);
@@ -171,24 +173,33 @@ static size_t dep_limit(const rt_xfer *x) {
     return x->dep->done < x->nbytes ? x->dep->done : x->nbytes;
 }
 
+static const uint8_t k_zero[8];
+
 static rt_status progress_send(rt_xfer *x, bool *moved_any) {
     rt_chan *c = x->ch;
     if (x->hdone < RT_MSG_HDR) {
         if (x->dep && x->dep_full && !x->dep->complete) return RT_OK;
         size_t m = 0;
-        size_t lim0 = dep_limit(x);
-        if (x->hdone == 0 && lim0 == x->nbytes && x->nbytes <= 4096) {
-            /* a small message: header and body in one publication */
-            RT_CHECK(rt_chan_send2(c, x->hbuf, RT_MSG_HDR, x->buf, x->nbytes, &m));
-            if (m >= RT_MSG_HDR) {
+        if (x->hdone == 0 && dep_limit(x) == x->nbytes && x->nbytes <= 4096) {
+            /* a small message: header, body and padding in one publication */
+            uint8_t frame[RT_MSG_HDR + 4096 + 8];
+            size_t len = RT_MSG_HDR + x->nbytes + x->pad;
+            memcpy(frame, x->hbuf, RT_MSG_HDR);
+            if (x->nbytes) memcpy(frame + RT_MSG_HDR, x->buf, x->nbytes);
+            memset(frame + RT_MSG_HDR + x->nbytes, 0, x->pad);
+            RT_CHECK(rt_chan_send(c, frame, len, &m));
+            if (m == len) {
                 x->hdone = RT_MSG_HDR;
-                x->done = m - RT_MSG_HDR;
+                x->done = x->nbytes;
+                x->pdone = x->pad;
                 *moved_any = true;
-                if (x->done == x->nbytes) return RT_OK;
-            } else {
-                x->hdone = m;
-                if (m) *moved_any = true;
+                return RT_OK;
             }
+            /* partial (ring nearly full, or a short tcp write): account for what went */
+            if (m) *moved_any = true;
+            x->hdone = m < RT_MSG_HDR ? m : RT_MSG_HDR;
+            if (m > RT_MSG_HDR) x->done = m - RT_MSG_HDR < x->nbytes ? m - RT_MSG_HDR : x->nbytes;
+            if (m > RT_MSG_HDR + x->nbytes) x->pdone = m - RT_MSG_HDR - x->nbytes;
         } else {
             RT_CHECK(rt_chan_send(c, x->hbuf + x->hdone, RT_MSG_HDR - x->hdone, &m));
             x->hdone += m;
@@ -203,6 +214,12 @@ static rt_status progress_send(rt_xfer *x, bool *moved_any) {
         if (m == 0) break;
         x->done += m;
         *moved_any = true;
+    }
+    if (x->done == x->nbytes && x->pdone < x->pad) {
+        size_t m = 0;
+        RT_CHECK(rt_chan_send(c, k_zero, x->pad - x->pdone, &m));
+        x->pdone += m;
+        if (m) *moved_any = true;
     }
     return RT_OK;
 }
@@ -220,6 +237,16 @@ static void reduce_into(rt_xfer *x, uint8_t *dst, const uint8_t *src, size_t n_e
         rt_reduce_apply_div(dst, src, n_elem, x->dtype, x->avg_div);
     else
         rt_reduce_apply(dst, src, n_elem, x->dtype, (rt_reduce_op)x->op);
+}
+
+static rt_status recv_pad(rt_xfer *x, bool *moved_any) {
+    if (x->done < x->nbytes || x->pdone >= x->pad) return RT_OK;
+    uint8_t tmp[8];
+    size_t m = 0;
+    RT_CHECK(rt_chan_recv_into(x->ch, tmp, x->pad - x->pdone, &m));
+    x->pdone += m;
+    if (m) *moved_any = true;
+    return RT_OK;
 }
 
 static rt_status progress_recv(rt_xfer *x, bool *moved_any) {
@@ -246,7 +273,7 @@ static rt_status progress_recv(rt_xfer *x, bool *moved_any) {
             x->done += m;
             *moved_any = true;
         }
-        return RT_OK;
+        return recv_pad(x, moved_any);
     }
     size_t es = x->esize;
     while (x->done < lim) {
@@ -271,11 +298,17 @@ static rt_status progress_recv(rt_xfer *x, bool *moved_any) {
         size_t take = lim - x->done;
         if (take > avail) take = avail;
         take -= take % es;
+        if ((uintptr_t)p % es) { /* misaligned in the tcp staging buffer: bounce */
+            static _Thread_local double bounce[8192];
+            if (take > sizeof bounce) take = sizeof bounce;
+            memcpy(bounce, p, take);
+            p = (const uint8_t *)bounce;
+        }
         reduce_into(x, x->buf + x->done, p, take / es);
         rt_chan_consume(c, take);
         x->done += take;
     }
-    return RT_OK;
+    return recv_pad(x, moved_any);
 }
 
 /* One pass over all channels. Returns an error on a channel failure. */
@@ -292,7 +325,7 @@ static rt_status progress_pass(rt_engine *e, bool *moved_any) {
             rt_xfer *x = c->rq_head;
             rt_status s = progress_recv(x, moved_any);
             if (s != RT_OK) return in_op(x, s);
-            if (x->hdone < RT_MSG_HDR || x->done < x->nbytes) break;
+            if (x->hdone < RT_MSG_HDR || x->done < x->nbytes || x->pdone < x->pad) break;
             if (x->dep && x->dep_full && !x->dep->complete) break;
             c->rq_head = x->qnext;
             if (!c->rq_head) c->rq_tail = NULL;
@@ -302,7 +335,7 @@ static rt_status progress_pass(rt_engine *e, bool *moved_any) {
             rt_xfer *x = c->sq_head;
             rt_status s = progress_send(x, moved_any);
             if (s != RT_OK) return in_op(x, s);
-            if (x->hdone < RT_MSG_HDR || x->done < x->nbytes) break;
+            if (x->hdone < RT_MSG_HDR || x->done < x->nbytes || x->pdone < x->pad) break;
             c->sq_head = x->qnext;
             if (!c->sq_head) c->sq_tail = NULL;
             xfer_done(e, x);

@@ -40,6 +40,7 @@ struct rt_xfer {
     rt_msg_hdr hdr; /* expected (recv) or sent (send) */
     uint8_t hbuf[RT_MSG_HDR];
     size_t hdone;
+    size_t pad, pdone; /* zero bytes after the body: every message is 8-byte aligned in the stream */
     /* recv: reduce (op >= 0) or copy (op < 0) */
     int op;
     rt_dtype dtype;
