@@ -70,18 +70,25 @@ void rt_cuda_host_free(void *p) { cudaFreeHost(p); }
 rt_status rt_cuda_memcpy(void *dst, bool dst_dev, const void *src, bool src_dev, size_t n, void *stream) {
     enum cudaMemcpyKind kind = dst_dev ? (src_dev ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                                        : (src_dev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
-    if (stream)
+    if (stream) {
         RT_CHECK_CUDA(cudaMemcpyAsync(dst, src, n, kind, (cudaStream_t)stream));
-    else
+    } else {
         RT_CHECK_CUDA(cudaMemcpy(dst, src, n, kind));
+        /* cudaMemcpy from pageable memory may return before the DMA lands, and work on
+         * the non-blocking streams does not wait for the legacy stream: finish it, so
+         * "NULL = synchronous" (device.h) holds */
+        RT_CHECK_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+    }
     return RT_OK;
 }
 
 rt_status rt_cuda_memset(void *p, int value, size_t n, void *stream) {
-    if (stream)
+    if (stream) {
         RT_CHECK_CUDA(cudaMemsetAsync(p, value, n, (cudaStream_t)stream));
-    else
+    } else {
         RT_CHECK_CUDA(cudaMemset(p, value, n));
+        RT_CHECK_CUDA(cudaStreamSynchronize(cudaStreamLegacy)); /* cudaMemset is asynchronous */
+    }
     return RT_OK;
 }
 
