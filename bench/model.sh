@@ -21,13 +21,25 @@ have_torch=0
   echo "model.sh: no PyTorch at /usr/bin/python3 (scripts/install-deps bench): reference skipped" >&2
 
 info=$("$bin" info --json)
+# OpenBLAS picks its kernels when it loads; on AVX-512 CPUs it does not know (and where
+# OPENBLAS_CORETYPE=Haswell is set) its SkylakeX kernels are faster: measure both.
+avx512=0
+grep -q avx512bw /proc/cpuinfo && grep -q avx512vl /proc/cpuinfo && avx512=1
 ours="["
+ours512="["
 ref="["
 sep=""
 for b in $batches; do
-  # alternate the two so that machine load drifts hit both alike
+  # interleave the runs so that load drifts on a shared machine hit all of them alike
   o=$("$bin" bench model --json --arch resnet34 --stem imagenet --channels 1 --size 28 --batch "$b" \
-        --threads "$threads" --steps "$steps")
+        --threads "$threads" --steps "$steps" 2>/dev/null)
+  if [ "$avx512" = 1 ]; then
+    o512=$(OPENBLAS_CORETYPE=SkylakeX "$bin" bench model --json --arch resnet34 --stem imagenet --channels 1 \
+             --size 28 --batch "$b" --threads "$threads" --steps "$steps" 2>/dev/null)
+  else
+    o512=null
+  fi
+  ours512="$ours512$sep$o512"
   if [ "$have_torch" = 1 ]; then
     r=$(/usr/bin/python3 bench/model_torch.py --arch resnet34 --stem imagenet --channels 1 --size 28 \
           --batch "$b" --threads "$threads" --steps "$steps")
@@ -39,33 +51,39 @@ for b in $batches; do
   sep=","
 done
 ours="$ours]"
+ours512="$ours512]"
 ref="$ref]"
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 
-/usr/bin/python3 - "$out" "$info" "$ours" "$ref" "$load" <<'PY'
+/usr/bin/python3 - "$out" "$info" "$ours" "$ours512" "$ref" "$load" "${OPENBLAS_CORETYPE:-auto}" <<'PY'
 import json, sys
-out, info, ours, ref, load = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
+out, info, ours, ours512, ref, load, coretype = (sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]),
+                                                 json.loads(sys.argv[4]), json.loads(sys.argv[5]), sys.argv[6], sys.argv[7])
 rows = []
-for o, r in zip(ours, ref):
-    rows.append({"model": "resnet34 1x28x28 imagenet stem", "batch": o["batch"], "threads": o["threads"],
-                 "ringtrain_images_per_s": o["images_per_s"],
-                 "torch_images_per_s": r["images_per_s"] if r else None,
-                 "ratio": round(o["images_per_s"] / r["images_per_s"], 2) if r else None,
-                 "ringtrain_peak_rss_mb": o["peak_rss_mb"], "torch_peak_rss_mb": r["peak_rss_mb"] if r else None})
+for o, o5, r in zip(ours, ours512, ref):
+    for impl, x in ((f"ringtrain (OpenBLAS {coretype})", o), ("ringtrain (OpenBLAS SkylakeX)", o5)):
+        if not x:
+            continue
+        rows.append({"impl": impl, "model": "resnet34 1x28x28 imagenet", "batch": x["batch"], "threads": x["threads"],
+                     "ringtrain_images_per_s": x["images_per_s"],
+                     "torch_images_per_s": r["images_per_s"] if r else None,
+                     "ratio": round(x["images_per_s"] / r["images_per_s"], 2) if r else None,
+                     "ringtrain_peak_rss_mb": x["peak_rss_mb"], "torch_peak_rss_mb": r["peak_rss_mb"] if r else None})
 doc = {"benchmark": "model-cpu",
        "note": "training step = forward + cross-entropy + backward + SGD momentum; ringtrain --threads N vs "
                "torch.set_num_threads(N); each configuration in its own process; load average at the end: " + load +
                " (the machine may be shared with other jobs: compare the ratio, not the absolute numbers)",
-       "info": info, "ringtrain": ours, "torch": ref, "summary": rows}
+       "openblas_coretype_env": coretype,
+       "info": info, "ringtrain": ours, "ringtrain_skylakex": ours512, "torch": ref, "summary": rows}
 with open(out, "w") as f:
     json.dump(doc, f, indent=2)
     f.write("\n")
 print(f"wrote {out}")
-print(f"{'model':<32} {'batch':>5} {'ringtrain img/s':>16} {'torch img/s':>12} {'ratio':>6} {'RSS ours MiB':>13} {'RSS torch MiB':>14}")
+print(f"{'resnet34 1x28x28, imagenet stem':<32} {'batch':>5} {'img/s':>8} {'torch img/s':>12} {'ratio':>6} {'RSS MiB':>8} {'torch RSS MiB':>14}")
 for r in rows:
     tv = f"{r['torch_images_per_s']:.1f}" if r["torch_images_per_s"] else "-"
     ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
     trss = f"{r['torch_peak_rss_mb']:.0f}" if r["torch_peak_rss_mb"] else "-"
-    print(f"{r['model']:<32} {r['batch']:>5} {r['ringtrain_images_per_s']:>16.1f} {tv:>12} {ratio:>6} "
-          f"{r['ringtrain_peak_rss_mb']:>13.0f} {trss:>14}")
+    print(f"{r['impl']:<32} {r['batch']:>5} {r['ringtrain_images_per_s']:>8.1f} {tv:>12} {ratio:>6} "
+          f"{r['ringtrain_peak_rss_mb']:>8.0f} {trss:>14}")
 PY

@@ -111,6 +111,8 @@ static void test_conv2d(void **state) {
     check_conv(2, 3, 2, 4, 4, 3, 2, 1, false); /* 3x3/2 */
     check_conv(3, 4, 3, 1, 1, 3, 1, 1, false); /* 1x1 input: only the centre tap is live */
     check_conv(3, 4, 5, 2, 2, 3, 2, 1, true);  /* 2x2 -> 1x1 stride 2: four live taps */
+    check_conv(3, 4, 5, 2, 2, 3, 1, 1, true);  /* 2x2 -> 2x2: the unrolled dense path */
+    check_conv(2, 3, 4, 2, 3, 3, 1, 1, false); /* 2x3: dense, not square */
 }
 
 /* a workspace too small for one image is an error, not a crash */

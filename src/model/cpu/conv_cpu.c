@@ -32,10 +32,16 @@
 typedef struct cpu_conv {
     int ntaps;            /* live taps */
     bool pruned;          /* ntaps < k*k: use the gathered weights */
+    bool dense;           /* tiny input: multiply by the unrolled (O*OP, C*IP) matrix */
     int ki[MAX_TAPS], kj[MAX_TAPS];
 } cpu_conv;
 
+static size_t dense_floats(const rt_conv2d *l) {
+    return (size_t)l->out_c * l->out_h * l->out_w * (size_t)l->in_c * l->in_h * l->in_w;
+}
+
 static size_t fixed_floats(const rt_conv2d *l, const cpu_conv *cc) {
+    if (cc->dense) return 2 * dense_floats(l); /* W' and dW' */
     return cc->pruned ? (size_t)l->out_c * l->in_c * cc->ntaps : 0;
 }
 static size_t per_image_floats(const rt_conv2d *l, const cpu_conv *cc) {
@@ -71,6 +77,15 @@ rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size
                 cc->ntaps++;
             }
     cc->pruned = cc->ntaps < l->k * l->k;
+    /* Tiny inputs (ResNet's layer3/layer4 at 28x28: 2x2 and 1x1): a conv is a linear map
+     * from the C*IP inputs of an image to its O*OP outputs, and NCHW already stores an
+     * image as that vector. Multiplying by the unrolled matrix costs OP*IP per (o, c)
+     * instead of OP*T with im2col, and needs no im2col at all: use it when IP <= T. */
+    cc->dense = l->in_h * l->in_w <= cc->ntaps && dense_floats(l) <= ((size_t)4 << 20);
+    if (cc->dense) {
+        *workspace = fixed_floats(l, cc) * sizeof(float);
+        return RT_OK;
+    }
     size_t per = per_image_floats(l, cc);
     size_t nb = CONV_WS_CAP_FLOATS / per;
     if (nb < 1) nb = 1;
@@ -278,7 +293,137 @@ static int parts_for(rt_model_ctx *ctx, int nb) {
     return nb < T ? nb : T;
 }
 
+/* ---- dense path for tiny inputs ---------------------------------------------------- */
+
+typedef struct dense_job {
+    const rt_conv2d *l;
+    int n, parts;
+    int rows, cols;      /* O*OP, C*IP */
+    const float *x, *dy, *wd;
+    float *y, *dx, *dwd;
+    const float *bias;
+    bool accumulate;
+} dense_job;
+
+/* W' (O*OP, C*IP) from W (O, C, k, k) (and back: fold dW' into dW) */
+static void dense_unroll(const rt_conv2d *l, const float *w, float *wd, int fold, float *dw) {
+    const int H = l->in_h, W = l->in_w, OH = l->out_h, OW = l->out_w, k = l->k, s = l->stride, pad = l->pad;
+    const size_t OP = (size_t)OH * OW, IP = (size_t)H * W, cols = (size_t)l->in_c * IP, kk = (size_t)k * k;
+    if (!fold)
+        memset(wd, 0, sizeof(float) * (size_t)l->out_c * OP * cols);
+    else
+        memset(dw, 0, sizeof(float) * (size_t)l->out_c * l->in_c * kk);
+    for (int o = 0; o < l->out_c; o++)
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++) {
+                float *row = wd + ((size_t)o * OP + (size_t)oh * OW + ow) * cols;
+                for (int ki = 0; ki < k; ki++) {
+                    int ih = oh * s - pad + ki;
+                    if (ih < 0 || ih >= H) continue;
+                    for (int kj = 0; kj < k; kj++) {
+                        int iw = ow * s - pad + kj;
+                        if (iw < 0 || iw >= W) continue;
+                        for (int c = 0; c < l->in_c; c++) {
+                            size_t wi = ((size_t)o * l->in_c + c) * kk + (size_t)ki * k + kj;
+                            size_t xi = (size_t)c * IP + (size_t)ih * W + iw;
+                            if (!fold)
+                                row[xi] = w[wi];
+                            else
+                                dw[wi] += row[xi];
+                        }
+                    }
+                }
+            }
+}
+
+/* y[lo:hi] (.., O*OP) = x[lo:hi] (.., C*IP) W'^T + bias */
+static void dense_fwd_part(void *arg, int t) {
+    dense_job *D = arg;
+    int lo, hi;
+    part_range(D->n, D->parts, t, &lo, &hi);
+    if (hi <= lo) return;
+    rt_cpu_sgemm(false, true, hi - lo, D->rows, D->cols, 1.0f, D->x + (size_t)lo * D->cols, D->cols, D->wd, D->cols,
+                 0.0f, D->y + (size_t)lo * D->rows, D->rows);
+    if (D->bias) {
+        const size_t OP = (size_t)D->l->out_h * D->l->out_w;
+        for (int i = lo; i < hi; i++)
+            for (int o = 0; o < D->l->out_c; o++) {
+                float *yo = D->y + (size_t)i * D->rows + (size_t)o * OP;
+                for (size_t p = 0; p < OP; p++) yo[p] += D->bias[o];
+            }
+    }
+}
+
+/* rows [lo, hi) of dW' (O*OP, C*IP) = dy^T (.., n) x (n, C*IP) */
+static void dense_dw_part(void *arg, int t) {
+    dense_job *D = arg;
+    int lo, hi;
+    part_range(D->rows, D->parts, t, &lo, &hi);
+    if (hi <= lo) return;
+    rt_cpu_sgemm(true, false, hi - lo, D->cols, D->n, 1.0f, D->dy + lo, D->rows, D->x, D->cols, 0.0f,
+                 D->dwd + (size_t)lo * D->cols, D->cols);
+}
+
+/* dx[lo:hi] (.., C*IP) (+)= dy[lo:hi] (.., O*OP) W' */
+static void dense_dx_part(void *arg, int t) {
+    dense_job *D = arg;
+    int lo, hi;
+    part_range(D->n, D->parts, t, &lo, &hi);
+    if (hi <= lo) return;
+    rt_cpu_sgemm(false, false, hi - lo, D->cols, D->rows, 1.0f, D->dy + (size_t)lo * D->rows, D->rows, D->wd, D->cols,
+                 D->accumulate ? 1.0f : 0.0f, D->dx + (size_t)lo * D->cols, D->cols);
+}
+
+static rt_status dense_init(rt_model_ctx *ctx, rt_conv2d *l, int n, dense_job *D) {
+    size_t need = 2 * dense_floats(l) * sizeof(float);
+    RT_REQUIRE(ctx->work && ctx->work_bytes >= need, RT_ERR_INVALID,
+               "conv2d %d->%d k%d on %dx%d: workspace of %zu bytes is smaller than %zu; call rt_conv2d_prepare and "
+               "rt_model_ctx_reserve",
+               l->in_c, l->out_c, l->k, l->in_h, l->in_w, ctx->work_bytes, need);
+    memset(D, 0, sizeof *D);
+    D->l = l;
+    D->n = n;
+    D->rows = l->out_c * l->out_h * l->out_w;
+    D->cols = l->in_c * l->in_h * l->in_w;
+    D->wd = (float *)ctx->work;
+    D->dwd = (float *)ctx->work + dense_floats(l);
+    return RT_OK;
+}
+
+static rt_status dense_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+    dense_job D;
+    RT_CHECK(dense_init(ctx, l, n, &D));
+    dense_unroll(l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL);
+    D.x = x;
+    D.y = y;
+    D.bias = l->has_bias ? rt_tensor_data(&l->bias) : NULL;
+    D.parts = parts_for(ctx, n);
+    rt_pool_run(cpu_pool(ctx), D.parts, dense_fwd_part, &D);
+    return RT_OK;
+}
+
+static rt_status dense_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+                                bool accumulate) {
+    dense_job D;
+    RT_CHECK(dense_init(ctx, l, n, &D));
+    D.x = x;
+    D.dy = dy;
+    D.dx = dx;
+    D.accumulate = accumulate;
+    int T = rt_pool_threads(cpu_pool(ctx));
+    D.parts = D.rows < T ? D.rows : T;
+    rt_pool_run(cpu_pool(ctx), D.parts, dense_dw_part, &D);
+    dense_unroll(l, NULL, D.dwd, 1, rt_tensor_data(&l->dweight));
+    if (dx) {
+        dense_unroll(l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL);
+        D.parts = parts_for(ctx, n);
+        rt_pool_run(cpu_pool(ctx), D.parts, dense_dx_part, &D);
+    }
+    return RT_OK;
+}
+
 rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+    if (l->priv && ((cpu_conv *)l->priv)->dense) return dense_forward(ctx, l, n, x, y);
     conv_job J;
     int nbmax;
     float *wl;
@@ -305,6 +450,20 @@ rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
 rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
                                  bool accumulate) {
     conv_job J;
+    if (l->priv && ((cpu_conv *)l->priv)->dense) {
+        /* the bias gradient below is shared with the im2col path */
+        if (l->has_bias) {
+            const size_t OP = (size_t)l->out_h * l->out_w;
+            float *db = rt_tensor_data(&l->dbias);
+            for (int o = 0; o < l->out_c; o++) {
+                double sum = 0;
+                for (int i = 0; i < n; i++)
+                    for (size_t p = 0; p < OP; p++) sum += dy[((size_t)i * l->out_c + o) * OP + p];
+                db[o] = (float)sum;
+            }
+        }
+        return dense_backward(ctx, l, n, x, dy, dx, accumulate);
+    }
     int nbmax;
     float *wl;
     RT_CHECK(job_init(ctx, l, n, &J, &nbmax, &wl));
