@@ -305,35 +305,51 @@ typedef struct dense_job {
     bool accumulate;
 } dense_job;
 
-/* W' (O*OP, C*IP) from W (O, C, k, k) (and back: fold dW' into dW) */
-static void dense_unroll(const rt_conv2d *l, const float *w, float *wd, int fold, float *dw) {
+/* W' (O*OP, C*IP) from W (O, C, k, k), or back: fold dW' into dW. One task per output
+ * channel o (its OP rows of W' and its C*k*k weights). */
+typedef struct unroll_job {
+    const rt_conv2d *l;
+    const float *w;
+    float *wd, *dw;
+    int fold;
+} unroll_job;
+
+static void unroll_task(void *arg, int o) {
+    const unroll_job *U = arg;
+    const rt_conv2d *l = U->l;
     const int H = l->in_h, W = l->in_w, OH = l->out_h, OW = l->out_w, k = l->k, s = l->stride, pad = l->pad;
     const size_t OP = (size_t)OH * OW, IP = (size_t)H * W, cols = (size_t)l->in_c * IP, kk = (size_t)k * k;
-    if (!fold)
-        memset(wd, 0, sizeof(float) * (size_t)l->out_c * OP * cols);
+    float *rows = U->wd + (size_t)o * OP * cols;
+    if (!U->fold)
+        memset(rows, 0, sizeof(float) * OP * cols);
     else
-        memset(dw, 0, sizeof(float) * (size_t)l->out_c * l->in_c * kk);
-    for (int o = 0; o < l->out_c; o++)
-        for (int oh = 0; oh < OH; oh++)
-            for (int ow = 0; ow < OW; ow++) {
-                float *row = wd + ((size_t)o * OP + (size_t)oh * OW + ow) * cols;
-                for (int ki = 0; ki < k; ki++) {
-                    int ih = oh * s - pad + ki;
-                    if (ih < 0 || ih >= H) continue;
-                    for (int kj = 0; kj < k; kj++) {
-                        int iw = ow * s - pad + kj;
-                        if (iw < 0 || iw >= W) continue;
-                        for (int c = 0; c < l->in_c; c++) {
-                            size_t wi = ((size_t)o * l->in_c + c) * kk + (size_t)ki * k + kj;
-                            size_t xi = (size_t)c * IP + (size_t)ih * W + iw;
-                            if (!fold)
-                                row[xi] = w[wi];
-                            else
-                                dw[wi] += row[xi];
-                        }
+        memset(U->dw + (size_t)o * l->in_c * kk, 0, sizeof(float) * (size_t)l->in_c * kk);
+    for (int oh = 0; oh < OH; oh++)
+        for (int ow = 0; ow < OW; ow++) {
+            float *row = rows + ((size_t)oh * OW + ow) * cols;
+            for (int ki = 0; ki < k; ki++) {
+                int ih = oh * s - pad + ki;
+                if (ih < 0 || ih >= H) continue;
+                for (int kj = 0; kj < k; kj++) {
+                    int iw = ow * s - pad + kj;
+                    if (iw < 0 || iw >= W) continue;
+                    const size_t woff = (size_t)o * l->in_c * kk + (size_t)ki * k + kj;
+                    const size_t xoff = (size_t)ih * W + iw;
+                    if (!U->fold) {
+                        const float *w = U->w + woff;
+                        for (int c = 0; c < l->in_c; c++) row[(size_t)c * IP + xoff] = w[(size_t)c * kk];
+                    } else {
+                        float *dw = U->dw + woff;
+                        for (int c = 0; c < l->in_c; c++) dw[(size_t)c * kk] += row[(size_t)c * IP + xoff];
                     }
                 }
             }
+        }
+}
+
+static void dense_unroll(rt_model_ctx *ctx, const rt_conv2d *l, const float *w, float *wd, int fold, float *dw) {
+    unroll_job U = {.l = l, .w = w, .wd = wd, .dw = dw, .fold = fold};
+    rt_pool_run(cpu_pool(ctx), l->out_c, unroll_task, &U);
 }
 
 /* y[lo:hi] (.., O*OP) = x[lo:hi] (.., C*IP) W'^T + bias */
@@ -393,7 +409,7 @@ static rt_status dense_init(rt_model_ctx *ctx, rt_conv2d *l, int n, dense_job *D
 static rt_status dense_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
     dense_job D;
     RT_CHECK(dense_init(ctx, l, n, &D));
-    dense_unroll(l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL);
+    dense_unroll(ctx, l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL);
     D.x = x;
     D.y = y;
     D.bias = l->has_bias ? rt_tensor_data(&l->bias) : NULL;
@@ -413,9 +429,9 @@ static rt_status dense_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
     int T = rt_pool_threads(cpu_pool(ctx));
     D.parts = D.rows < T ? D.rows : T;
     rt_pool_run(cpu_pool(ctx), D.parts, dense_dw_part, &D);
-    dense_unroll(l, NULL, D.dwd, 1, rt_tensor_data(&l->dweight));
+    dense_unroll(ctx, l, NULL, D.dwd, 1, rt_tensor_data(&l->dweight));
     if (dx) {
-        dense_unroll(l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL);
+        dense_unroll(ctx, l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL);
         D.parts = parts_for(ctx, n);
         rt_pool_run(cpu_pool(ctx), D.parts, dense_dx_part, &D);
     }
