@@ -40,6 +40,44 @@ static rt_status check_args(rt_pg *pg, const char *op, const void *buf, size_t c
     RT_REQUIRE(buf || count == 0, RT_ERR_INVALID, "%s: NULL buffer", op);
     RT_REQUIRE(root >= 0 && root < pg->size, RT_ERR_INVALID, "%s: root %d out of range 0..%d", op, root,
                pg->size - 1);
+    RT_REQUIRE(pg->buf_device.kind == RT_DEVICE_CPU || pg->transport == RT_TRANSPORT_NCCL, RT_ERR_UNSUPPORTED,
+               "%s: device buffers over %s: only all_reduce and broadcast stage through host memory (or use the "
+               "nccl transport)",
+               op, rt_transport_name(pg->transport));
+    return RT_OK;
+}
+
+/* nccl: the operation runs on the GPU stream and is waited for (with the timeout);
+ * the i* forms get a request that is already complete. */
+static rt_status nccl_run(rt_pg *pg, const char *op, int kind, const void *send, void *recv, size_t count,
+                          rt_dtype dtype, rt_reduce_op rop, int root, rt_request **out) {
+    RT_CHECK(rt_nccl_coll(pg, kind, send, recv, count, dtype, rop, root));
+    if (!out) return RT_OK;
+    rt_request *r;
+    RT_CHECK(rt_req_new(&pg->w->eng, op, pg->id, pg->timeout_s, 0, &r));
+    rt_status s = rt_req_submit(r, false);
+    if (s != RT_OK) {
+        rt_req_free(r);
+        return s;
+    }
+    *out = r;
+    return RT_OK;
+}
+
+/* Device buffers over tcp/shm (ranks sharing one GPU): copy to pinned host memory, run
+ * the host collective, copy back. Blocking only. */
+static rt_status stage_begin(rt_pg *pg, const char *op, void *buf, size_t nb, rt_request **out, void **host) {
+    RT_REQUIRE(out == NULL, RT_ERR_UNSUPPORTED, "%s: asynchronous operations on device buffers need the nccl transport",
+               op);
+    if (pg->stage_bytes < nb) {
+        if (pg->stage) rt_host_free(pg->stage, pg->stage_pinned);
+        pg->stage = NULL;
+        pg->stage_bytes = 0;
+        RT_CHECK(rt_host_alloc(nb, true, &pg->stage, &pg->stage_pinned));
+        pg->stage_bytes = nb;
+    }
+    if (nb) RT_CHECK(rt_memcpy(pg->stage, rt_device_cpu(), buf, pg->buf_device, nb, NULL));
+    *host = pg->stage;
     return RT_OK;
 }
 
@@ -212,6 +250,22 @@ static size_t small_bytes(void) {
 
 static rt_status all_reduce_(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, rt_algo algo,
                              rt_request **out) {
+    if (pg->transport == RT_TRANSPORT_NCCL) {
+        RT_CHECK(check_args(pg, "all_reduce", buf, count, dtype, 1, op, 0));
+        return nccl_run(pg, "all_reduce", RT_K_ALLREDUCE, buf, buf, count, dtype, op, 0, out);
+    }
+    if (pg->buf_device.kind == RT_DEVICE_CUDA) {
+        void *host;
+        size_t nb = count * rt_dtype_size(dtype);
+        RT_CHECK(stage_begin(pg, "all_reduce", buf, nb, out, &host));
+        rt_device d = pg->buf_device;
+        pg->buf_device = rt_device_cpu();
+        rt_status s = all_reduce_(pg, host, count, dtype, op, algo, NULL);
+        pg->buf_device = d;
+        RT_CHECK(s);
+        if (nb) RT_CHECK(rt_memcpy(buf, d, host, rt_device_cpu(), nb, NULL));
+        return RT_OK;
+    }
     RT_CHECK(check_args(pg, "all_reduce", buf, count, dtype, 1, op, 0));
     if (algo == RT_ALGO_NCCL)
         return RT_ERROR(RT_ERR_UNSUPPORTED, "all_reduce: algorithm nccl needs the nccl transport and device buffers");
@@ -274,7 +328,21 @@ rt_status rt_iall_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_
 }
 
 static rt_status broadcast_(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int root, rt_request **out) {
+    if (pg->transport != RT_TRANSPORT_NCCL && pg->buf_device.kind == RT_DEVICE_CUDA) {
+        void *host;
+        size_t nb = count * rt_dtype_size(dtype);
+        RT_CHECK(stage_begin(pg, "broadcast", buf, nb, out, &host));
+        rt_device d = pg->buf_device;
+        pg->buf_device = rt_device_cpu();
+        rt_status s = broadcast_(pg, host, count, dtype, root, NULL);
+        pg->buf_device = d;
+        RT_CHECK(s);
+        if (nb) RT_CHECK(rt_memcpy(buf, d, host, rt_device_cpu(), nb, NULL));
+        return RT_OK;
+    }
     RT_CHECK(check_args(pg, "broadcast", buf, count, dtype, 0, RT_OP_SUM, root));
+    if (pg->transport == RT_TRANSPORT_NCCL)
+        return nccl_run(pg, "broadcast", RT_K_BCAST, buf, buf, count, dtype, RT_OP_SUM, root, out);
     rt_request *r;
     RT_CHECK(new_req(pg, "broadcast", pg->size + 2, &r));
     RT_CHECK(bcast_build(pg, r, buf, count * rt_dtype_size(dtype), root, pg->algo == RT_ALGO_NAIVE, RT_K_BCAST,
@@ -292,6 +360,7 @@ rt_status rt_ibroadcast(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int 
 static rt_status reduce_(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root,
                          rt_request **out) {
     RT_CHECK(check_args(pg, "reduce", buf, count, dtype, 1, op, root));
+    if (pg->transport == RT_TRANSPORT_NCCL) return nccl_run(pg, "reduce", RT_K_REDUCE, buf, buf, count, dtype, op, root, out);
     rt_request *r;
     RT_CHECK(new_req(pg, "reduce", pg->size + 2, &r));
     const rt_xfer *last;
@@ -312,6 +381,8 @@ static rt_status scatter_(rt_pg *pg, const void *send, void *recv, size_t count,
                           rt_request **out) {
     RT_CHECK(check_args(pg, "scatter", recv, count, dtype, 0, RT_OP_SUM, root));
     RT_REQUIRE(pg->rank != root || send || count == 0, RT_ERR_INVALID, "scatter: NULL send buffer at the root");
+    if (pg->transport == RT_TRANSPORT_NCCL)
+        return nccl_run(pg, "scatter", RT_K_SCATTER, send, recv, count, dtype, RT_OP_SUM, root, out);
     size_t nb = count * rt_dtype_size(dtype);
     rt_request *r;
     RT_CHECK(new_req(pg, "scatter", pg->size + 1, &r));
@@ -343,6 +414,8 @@ static rt_status gather_(rt_pg *pg, const void *send, void *recv, size_t count, 
                          rt_request **out) {
     RT_CHECK(check_args(pg, "gather", send, count, dtype, 0, RT_OP_SUM, root));
     RT_REQUIRE(pg->rank != root || recv || count == 0, RT_ERR_INVALID, "gather: NULL receive buffer at the root");
+    if (pg->transport == RT_TRANSPORT_NCCL)
+        return nccl_run(pg, "gather", RT_K_GATHER, send, recv, count, dtype, RT_OP_SUM, root, out);
     size_t nb = count * rt_dtype_size(dtype);
     rt_request *r;
     RT_CHECK(new_req(pg, "gather", pg->size + 1, &r));
@@ -373,6 +446,8 @@ static rt_status all_gather_(rt_pg *pg, const void *send, void *recv, size_t cou
                              rt_request **out) {
     RT_CHECK(check_args(pg, "all_gather", send, count, dtype, 0, RT_OP_SUM, 0));
     RT_REQUIRE(recv || count == 0, RT_ERR_INVALID, "all_gather: NULL receive buffer");
+    if (pg->transport == RT_TRANSPORT_NCCL)
+        return nccl_run(pg, "all_gather", RT_K_ALLGATHER, send, recv, count, dtype, RT_OP_SUM, 0, out);
     size_t nb = count * rt_dtype_size(dtype);
     uint8_t *mine = AT(recv, (size_t)pg->rank * nb);
     if (nb && mine != send) memmove(mine, send, nb);
@@ -393,6 +468,8 @@ rt_status rt_iall_gather(rt_pg *pg, const void *send, void *recv, size_t count, 
 rt_status rt_all_gather_list(rt_pg *pg, const void *send, void *const *recv_list, size_t count, rt_dtype dtype) {
     RT_CHECK(check_args(pg, "all_gather", send, count, dtype, 0, RT_OP_SUM, 0));
     RT_REQUIRE(recv_list != NULL, RT_ERR_INVALID, "all_gather: NULL receive list");
+    RT_REQUIRE(pg->transport != RT_TRANSPORT_NCCL, RT_ERR_UNSUPPORTED,
+               "all_gather (list form) over nccl: use rt_all_gather into one device buffer");
     size_t nb = count * rt_dtype_size(dtype);
     size_t total = nb * (size_t)pg->size;
     uint8_t *tmp = malloc(total ? total : 1);
@@ -409,6 +486,8 @@ static rt_status reduce_scatter_(rt_pg *pg, const void *send, void *recv, size_t
                                  rt_reduce_op op, rt_request **out) {
     RT_CHECK(check_args(pg, "reduce_scatter", send, count, dtype, 1, op, 0));
     RT_REQUIRE(recv || count == 0, RT_ERR_INVALID, "reduce_scatter: NULL receive buffer");
+    if (pg->transport == RT_TRANSPORT_NCCL)
+        return nccl_run(pg, "reduce_scatter", RT_K_REDUCE_SCATTER, send, recv, count, dtype, op, 0, out);
     size_t nb = count * rt_dtype_size(dtype), total = nb * (size_t)pg->size;
     rt_request *r;
     RT_CHECK(new_req(pg, "reduce_scatter", 2 * pg->size + 2, &r));
@@ -441,6 +520,7 @@ rt_status rt_ireduce_scatter(rt_pg *pg, const void *send, void *recv, size_t cou
 /* Everyone tells rank 0, rank 0 answers everyone once all have arrived. */
 static rt_status barrier_(rt_pg *pg, rt_request **out) {
     RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "barrier: NULL process group");
+    if (pg->transport == RT_TRANSPORT_NCCL) return nccl_run(pg, "barrier", RT_K_BARRIER, NULL, NULL, 0, RT_I32, RT_OP_SUM, 0, out);
     rt_request *r;
     RT_CHECK(new_req(pg, "barrier", 2 * pg->size + 2, &r));
     uint32_t seq = ++pg->seq;

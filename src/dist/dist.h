@@ -26,6 +26,7 @@
 #define RT_DIST_DIST_H
 
 #include "core/status.h"
+#include "core/device.h"
 #include "core/tensor.h"
 #include "dist/reduce.h"
 #include "dist/store.h"
@@ -84,6 +85,11 @@ rt_transport rt_pg_transport(const rt_pg *pg);
 rt_algo rt_pg_algo(const rt_pg *pg);
 void rt_pg_set_algo(rt_pg *pg, rt_algo a);
 void rt_pg_set_timeout(rt_pg *pg, double timeout_s);
+/* Where the buffers given to this group's operations live (default: host memory).
+ * With the nccl transport every buffer is a device pointer on the rank's GPU. With
+ * tcp/shm and a CUDA device, all_reduce and broadcast stage through pinned host
+ * memory (ranks sharing one GPU); other operations need host buffers. */
+rt_status rt_pg_set_buffer_device(rt_pg *pg, rt_device d);
 /* The rendezvous store (e.g. to exchange the NCCL unique id). */
 rt_store *rt_pg_store(rt_pg *pg);
 

@@ -106,7 +106,7 @@ static rt_status wait_ranks(rt_store *st, const char *prefix, int world, double 
     return RT_OK;
 }
 
-static void host_id(char *buf, size_t n) {
+void rt_dist_host_id(char *buf, size_t n) {
     char host[256] = "", boot[64] = "", ns[64] = "";
     gethostname(host, sizeof host - 1);
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
@@ -314,8 +314,6 @@ static void world_free(rt_pg_world *w) {
     free(w);
 }
 
-rt_status rt_pg_nccl_init(rt_pg *pg);   /* cuda/nccl.c (CUDA builds) */
-void rt_pg_nccl_destroy(rt_pg_world *w);
 
 /* The first rank to fail reports its error through the store; a rank that fails
  * later (typically because a failed rank shut its sockets) appends that first report,
@@ -377,7 +375,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     const char *ip = rt_store_local_addr(w->store);
     RT_CHECK(rt_sock_listen(ip, 0, &lfd, &port));
     char key[64], val[400], hid[300];
-    host_id(hid, sizeof hid);
+    rt_dist_host_id(hid, sizeof hid);
     snprintf(key, sizeof key, "rt/host/%d", r->rank);
     rt_status s = rt_store_set(w->store, key, hid, strlen(hid));
     snprintf(key, sizeof key, "rt/addr/%d", r->rank);
@@ -475,6 +473,7 @@ void rt_pg_destroy(rt_pg *pg) {
         }
         world_free(w);
     }
+    if (pg->stage) rt_host_free(pg->stage, pg->stage_pinned);
     free(pg->ranks);
     free(pg);
 }
@@ -502,6 +501,7 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
     }
     for (int i = 0; i < n; i++) g->ranks[i] = pg->ranks[ranks[i]];
     g->w = pg->w;
+    g->buf_device = pg->buf_device;
     g->rank = me;
     g->size = n;
     g->id = id;
@@ -524,6 +524,16 @@ static rt_status p2p(rt_pg *pg, bool is_send, void *buf, size_t count, rt_dtype 
                (int)dtype);
     RT_REQUIRE(buf || count == 0, RT_ERR_INVALID, "%s: NULL buffer", op);
     rt_request *r;
+    if (pg->transport == RT_TRANSPORT_NCCL) { /* blocking on the GPU stream; a request that is already done */
+        RT_CHECK(rt_nccl_p2p(pg, is_send, buf, count, dtype, peer));
+        if (!out) return RT_OK;
+        RT_CHECK(rt_req_new(&pg->w->eng, op, pg->id, pg->timeout_s, 0, &r));
+        RT_CHECK(rt_req_submit(r, false));
+        *out = r;
+        return RT_OK;
+    }
+    RT_REQUIRE(pg->buf_device.kind == RT_DEVICE_CPU, RT_ERR_UNSUPPORTED,
+               "%s: device buffers over tcp/shm: only all_reduce and broadcast stage through host memory", op);
     RT_CHECK(rt_req_new(&pg->w->eng, op, pg->id, pg->timeout_s, 1, &r));
     int wp = pg->ranks[peer];
     if (is_send)
@@ -567,10 +577,29 @@ rt_status rt_test(rt_request *req, bool *done) {
     return rt_req_test(req, done);
 }
 
+rt_status rt_pg_set_buffer_device(rt_pg *pg, rt_device d) {
+    RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "NULL process group");
+    RT_REQUIRE(d.kind == RT_DEVICE_CPU || rt_cuda_built(), RT_ERR_UNSUPPORTED,
+               "device buffers: built without CUDA");
+    RT_REQUIRE(pg->transport != RT_TRANSPORT_NCCL || d.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
+               "the nccl transport takes device buffers only");
+    pg->buf_device = d;
+    return RT_OK;
+}
+
 #ifndef RT_HAVE_CUDA
 rt_status rt_pg_nccl_init(rt_pg *pg) {
     (void)pg;
     return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
 }
 void rt_pg_nccl_destroy(rt_pg_world *w) { (void)w; }
+rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t count, rt_dtype dtype,
+                       rt_reduce_op op, int root) {
+    (void)pg, (void)kind, (void)send, (void)recv, (void)count, (void)dtype, (void)op, (void)root;
+    return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
+}
+rt_status rt_nccl_p2p(rt_pg *pg, bool is_send, void *buf, size_t count, rt_dtype dtype, int peer) {
+    (void)pg, (void)is_send, (void)buf, (void)count, (void)dtype, (void)peer;
+    return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
+}
 #endif

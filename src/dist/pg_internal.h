@@ -32,6 +32,10 @@ typedef struct rt_pg_world {
 
 struct rt_pg {
     rt_pg_world *w;
+    rt_device buf_device; /* where collective buffers live (see rt_pg_set_buffer_device) */
+    void *stage;          /* pinned host staging for device buffers over tcp/shm */
+    size_t stage_bytes;
+    bool stage_pinned;
     bool is_world;
     int rank, size; /* in this group */
     int *ranks;     /* group rank -> world rank */
@@ -41,5 +45,17 @@ struct rt_pg {
     rt_algo algo;
     rt_transport transport;
 };
+
+/* Host identity: hostname | boot id | network namespace (ranks with equal ids share
+ * memory). */
+void rt_dist_host_id(char *buf, size_t n);
+
+/* nccl transport (cuda/nccl.c in CUDA builds; stubs in pg.c otherwise). The buffers
+ * are device pointers on the rank's GPU; peers are world ranks (world group only). */
+rt_status rt_pg_nccl_init(rt_pg *pg);
+void rt_pg_nccl_destroy(rt_pg_world *w);
+rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t count, rt_dtype dtype,
+                       rt_reduce_op op, int root);
+rt_status rt_nccl_p2p(rt_pg *pg, bool is_send, void *buf, size_t count, rt_dtype dtype, int peer);
 
 #endif

@@ -1,0 +1,133 @@
+/* Device buffers (label gpu; exit 77 without a GPU). One GPU: two ranks over shm share
+ * it, all_reduce and broadcast of device buffers stage through pinned host memory; the
+ * nccl transport refuses two ranks on one GPU with a message naming them; a one-rank
+ * nccl group runs every collective. Two or more GPUs: two ranks over nccl, all_reduce
+ * AVG, broadcast, all_gather, send/recv of device buffers. Results are checked against
+ * local expectations on the host. CUDA is probed in a child process (a process must not
+ * fork after initialising CUDA). */
+#include "../test_util.h"
+#include "dist/dist.h"
+#include "mp.h"
+
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int probe_gpus(void) {
+    pid_t p = fork();
+    if (p == 0) {
+        int n = 0;
+        _exit(rt_cuda_device_count(&n) == RT_OK ? (n > 100 ? 100 : n) : 0);
+    }
+    int st = 0;
+    waitpid(p, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+}
+
+typedef struct cfg {
+    rt_transport transport;
+    int expect_refusal;
+} cfg;
+
+static int body(int rank, int world, int port, void *arg) {
+    cfg *c = arg;
+    char method[64];
+    snprintf(method, sizeof method, "tcp://127.0.0.1:%d", port);
+    rt_pg_options o;
+    rt_pg_options_default(&o);
+    o.init_method = method;
+    o.rank = rank;
+    o.world_size = world;
+    o.transport = c->transport;
+    o.timeout_s = 60;
+    setenv("LOCAL_RANK", rank ? "1" : "0", 1);
+    rt_pg *pg;
+    rt_status s = rt_pg_init(&o, &pg);
+    if (c->expect_refusal) {
+        MP_CHECK(s == RT_ERR_UNSUPPORTED, "two ranks on one GPU over nccl: %s", rt_status_name(s));
+        MP_CHECK(strstr(rt_error_message(), "share GPU"), "message: %s", rt_error_message());
+        return 0;
+    }
+    MP_OK(s);
+    rt_device dev;
+    MP_OK(rt_device_select("cuda", rank, &dev));
+    MP_OK(rt_pg_set_buffer_device(pg, dev));
+    size_t n = 1000003;
+    float *h = malloc(n * sizeof *h), *d = NULL;
+    MP_CHECK(h != NULL, "alloc");
+    MP_OK(rt_malloc(dev, n * sizeof *h, (void **)&d));
+    for (size_t i = 0; i < n; i++) h[i] = (float)((rank + 1) * (int)(i % 17));
+    MP_OK(rt_memcpy(d, dev, h, rt_device_cpu(), n * sizeof *h, NULL));
+    MP_OK(rt_all_reduce(pg, d, n, RT_F32, RT_OP_SUM));
+    MP_OK(rt_memcpy(h, rt_device_cpu(), d, dev, n * sizeof *h, NULL));
+    for (size_t i = 0; i < n; i++)
+        MP_CHECK(h[i] == (float)(world * (world + 1) / 2 * (int)(i % 17)), "all_reduce [%zu] = %g", i, h[i]);
+    int64_t v = rank == 0 ? 77 : 0, *vd = NULL;
+    MP_OK(rt_malloc(dev, sizeof v, (void **)&vd));
+    MP_OK(rt_memcpy(vd, dev, &v, rt_device_cpu(), sizeof v, NULL));
+    MP_OK(rt_broadcast(pg, vd, 1, RT_I64, 0));
+    MP_OK(rt_memcpy(&v, rt_device_cpu(), vd, dev, sizeof v, NULL));
+    MP_CHECK(v == 77, "broadcast got %lld", (long long)v);
+    if (rt_pg_transport(pg) == RT_TRANSPORT_NCCL) {
+        int32_t me = rank + 5, all[8] = {0}, *md = NULL, *ad = NULL;
+        MP_OK(rt_malloc(dev, sizeof me, (void **)&md));
+        MP_OK(rt_malloc(dev, sizeof all, (void **)&ad));
+        MP_OK(rt_memcpy(md, dev, &me, rt_device_cpu(), sizeof me, NULL));
+        MP_OK(rt_all_gather(pg, md, ad, 1, RT_I32));
+        MP_OK(rt_memcpy(all, rt_device_cpu(), ad, dev, (size_t)world * sizeof me, NULL));
+        for (int k = 0; k < world; k++) MP_CHECK(all[k] == k + 5, "all_gather [%d] = %d", k, all[k]);
+        MP_OK(rt_all_reduce(pg, d, n, RT_F32, RT_OP_AVG));
+        MP_OK(rt_barrier(pg));
+        if (world > 1) {
+            if (rank == 0) MP_OK(rt_send(pg, md, 1, RT_I32, 1));
+            if (rank == 1) {
+                MP_OK(rt_recv(pg, md, 1, RT_I32, 0));
+                MP_OK(rt_memcpy(&me, rt_device_cpu(), md, dev, sizeof me, NULL));
+                MP_CHECK(me == 5, "recv got %d", me);
+            }
+        }
+        rt_free(dev, md);
+        rt_free(dev, ad);
+    }
+    rt_free(dev, d);
+    rt_free(dev, vd);
+    free(h);
+    rt_pg_destroy(pg);
+    return 0;
+}
+
+static int g_gpus;
+
+static void run(rt_transport t, int world, int refusal) {
+    cfg c = {t, refusal};
+    int codes[4];
+    assert_int_equal(mp_run(world, body, &c, 120, codes), 0);
+}
+
+static void shared_gpu_staged(void **s) { (void)s; run(RT_TRANSPORT_SHM, 2, 0); }
+static void nccl_one_rank(void **s) { (void)s; run(RT_TRANSPORT_NCCL, 1, 0); }
+static void nccl_shared_gpu_refused(void **s) {
+    (void)s;
+    if (g_gpus >= 2) skip();
+    run(RT_TRANSPORT_NCCL, 2, 1);
+}
+static void nccl_two_gpus(void **s) {
+    (void)s;
+    if (g_gpus < 2) skip();
+    run(RT_TRANSPORT_NCCL, 2, 0);
+}
+
+int main(void) {
+    g_gpus = probe_gpus();
+    if (g_gpus == 0) {
+        printf("SKIP: no GPU\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(shared_gpu_staged),
+        cmocka_unit_test(nccl_one_rank),
+        cmocka_unit_test(nccl_shared_gpu_refused),
+        cmocka_unit_test(nccl_two_gpus),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
