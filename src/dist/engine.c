@@ -608,7 +608,10 @@ rt_status rt_req_test(rt_request *r, bool *done) {
     pthread_mutex_lock(&e->mu);
     if (!r->done && !e->driving) {
         bool moved = false;
-        if (progress_pass(e, &moved) != RT_OK) rt_engine_fail(e);
+        if (progress_pass(e, &moved) != RT_OK)
+            rt_engine_fail(e);
+        else if (!r->done && rt_now_ns() >= r->deadline_ns)
+            fail_timeout(e, r);
     }
     *done = r->done;
     rt_status st = r->done ? r->status : RT_OK;

@@ -167,6 +167,29 @@ static int body(int rank, int world, int port, void *arg) {
         }
     }
 
+    /* async and blocking interleaved: the blocking call queues behind the async one on
+     * every stream (the progress thread and the caller share the work) */
+    {
+        int64_t *a = calloc(100000, sizeof *a), *b = calloc(5000, sizeof *b);
+        MP_CHECK(a && b, "alloc");
+        for (int i = 0; i < 100000; i++) a[i] = rank + i;
+        for (int i = 0; i < 5000; i++) b[i] = rank * 3 - i;
+        rt_request *ra, *rb;
+        MP_OK(rt_iall_reduce(pg, a, 100000, RT_I64, RT_OP_MAX, &ra));
+        MP_OK(rt_ibroadcast(pg, b, 5000, RT_I64, world - 1, &rb));
+        int64_t c1 = rank;
+        MP_OK(rt_all_reduce(pg, &c1, 1, RT_I64, RT_OP_SUM));
+        MP_CHECK(c1 == (int64_t)world * (world - 1) / 2, "blocking all_reduce between async ones: %lld", (long long)c1);
+        bool done = false;
+        while (!done) MP_OK(rt_test(rb, &done));
+        MP_OK(rt_wait(rb));
+        MP_OK(rt_wait(ra));
+        for (int i = 0; i < 100000; i++) MP_CHECK(a[i] == world - 1 + i, "iall_reduce max [%d]", i);
+        for (int i = 0; i < 5000; i++) MP_CHECK(b[i] == (world - 1) * 3 - i, "ibroadcast [%d]", i);
+        free(a);
+        free(b);
+    }
+
     /* broadcast / reduce from every root, ring (chain) and naive (flat) */
     for (int a = 0; a < 2; a++) {
         rt_pg_set_algo(pg, a == 0 ? RT_ALGO_RING : RT_ALGO_NAIVE);
