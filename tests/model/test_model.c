@@ -349,6 +349,26 @@ static void test_every_layer_used(void **state) {
     }
 }
 
+/* A batch smaller than max_batch (the last batch of an epoch) gives what a model built
+ * for exactly that batch gives. */
+static void test_partial_batch(void **state) {
+    (void)state;
+    float x[5 * 3 * 16 * 16];
+    mt_randn(x, sizeof x / sizeof x[0], 123);
+    int32_t labels[5] = {1, 2, 3, 4, 5};
+    rt_model *a = make(RT_ARCH_RESNET18, RT_STEM_CIFAR, 3, 16, 4, 5);
+    rt_model *b = make(RT_ARCH_RESNET18, RT_STEM_CIFAR, 3, 16, 4, 3);
+    float la, lb;
+    assert_rt_ok(rt_model_train_step(a, x, labels, 3, NULL, NULL, &la));
+    assert_rt_ok(rt_model_train_step(b, x, labels, 3, NULL, NULL, &lb));
+    assert_float_equal(la, lb, 1e-6);
+    for (int i = 0; i < 30; i++) assert_float_equal(rt_model_output(a)[i], rt_model_output(b)[i], 1e-5);
+    const float *ga = rt_model_grads(a)->base, *gb = rt_model_grads(b)->base;
+    for (size_t i = 0; i < rt_model_grads(a)->size / sizeof(float); i++) assert_float_equal(ga[i], gb[i], 1e-4);
+    rt_model_destroy(a);
+    rt_model_destroy(b);
+}
+
 /* ---- save / load ------------------------------------------------------------------------- */
 
 static void test_save_load(void **state) {
@@ -392,7 +412,7 @@ int main(void) {
         cmocka_unit_test(test_names),      cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_init),       cmocka_unit_test(test_grad_ready),
         cmocka_unit_test(test_model_fd),   cmocka_unit_test(test_every_layer_used),
-        cmocka_unit_test(test_save_load),
+        cmocka_unit_test(test_save_load),  cmocka_unit_test(test_partial_batch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
