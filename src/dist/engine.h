@@ -46,7 +46,7 @@ struct rt_xfer {
     rt_dtype dtype;
     size_t esize;
     int avg_div; /* > 0: divide after this final reduction */
-    uint8_t part[8];
+    _Alignas(8) uint8_t part[8]; /* an element split across reads, aligned for the kernels */
     size_t part_n;
     /* dependency */
     const rt_xfer *dep;
