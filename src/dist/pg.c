@@ -372,7 +372,9 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     for (int i = 0; i < RT_TOKEN_BYTES; i++) snprintf(w->tokhex + 2 * i, 3, "%02x", w->token[i]);
     /* our address and host */
     int lfd = -1, port = 0;
-    const char *ip = rt_store_local_addr(w->store);
+    /* the interface that reaches the store, unless RINGTRAIN_ADDR says otherwise */
+    const char *ip = getenv("RINGTRAIN_ADDR");
+    if (!ip || !*ip) ip = rt_store_local_addr(w->store);
     RT_CHECK(rt_sock_listen(ip, 0, &lfd, &port));
     char key[64], val[400], hid[300];
     rt_dist_host_id(hid, sizeof hid);
@@ -395,7 +397,17 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
         s = rt_store_get(w->store, key, addrs[j], sizeof addrs[j] - 1, &n);
         snprintf(key, sizeof key, "rt/host/%d", j);
         if (s == RT_OK) s = rt_store_get(w->store, key, other, sizeof other - 1, &n);
-        if (strcmp(other, hid) != 0) same_host = false;
+        if (strcmp(other, hid) != 0) {
+            same_host = false;
+            /* a loopback address is unreachable from another host (MASTER_ADDR resolving to
+             * 127.0.1.1 through /etc/hosts on the store's host is the usual cause) */
+            if (s == RT_OK && j < r->rank && strncmp(addrs[j], "127.", 4) == 0)
+                s = RT_ERROR(RT_ERR_INVALID,
+                             "rank %d runs on another host but published the loopback address %s: set "
+                             "RINGTRAIN_ADDR to its reachable IP address there (MASTER_ADDR probably resolves to "
+                             "a loopback address on that host)",
+                             j, addrs[j]);
+        }
     }
     if (s == RT_OK) s = mesh_connect(w, lfd, addrs, o->timeout_s);
     close(lfd);
