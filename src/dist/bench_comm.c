@@ -18,6 +18,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,7 @@ typedef struct opts {
     const char *json;
     const char *init;
     bool compare;
+    bool bind;
     double timeout_s;
 } opts;
 
@@ -68,6 +70,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: ringtrain bench comm [options]\n\n"
                "Time collectives per size, nccl-tests style: size, count, time(us), algbw, busbw (GB/s), #wrong.\n\n"
                "  --nproc N            fork N local ranks (default 2); 0: take ranks from the environment\n"
+               "  --no-bind            do not pin forked rank r to CPU r (pinned by default when N <= CPUs,\n"
+               "                       as mpirun binds to cores by default)\n"
                "  --init METHOD        rendezvous without --nproc (default env://)\n"
                "  --transport T        tcp | shm | auto (default shm)\n"
                "  --min-size S         smallest size, e.g. 8, 4K, 1M (default 8)\n"
@@ -327,13 +331,17 @@ static int free_port(void) {
 int rt_cmd_bench_comm(int argc, char **argv) {
     opts o = {.nproc = 2, .transport = RT_TRANSPORT_SHM, .min_size = 8, .max_size = 64u << 20,
               .coll_mask = 1 << C_ALLREDUCE, .algo_mask = 7, .iters = 0, .warmup = 2, .init = "env://",
-              .timeout_s = 120};
+              .timeout_s = 120, .bind = true};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (rt_cli_is_help(a)) {
             usage(stdout);
             return 0;
+        }
+        if (strcmp(a, "--no-bind") == 0) {
+            o.bind = false;
+            continue;
         }
         if (strcmp(a, "--compare") == 0) {
             o.compare = true;
@@ -386,6 +394,13 @@ int rt_cmd_bench_comm(int argc, char **argv) {
         }
         if (pids[r] == 0) {
             if (r != 0 && !freopen("/dev/null", "w", stdout)) _exit(1);
+            long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+            if (o.bind && ncpu > 0 && o.nproc <= ncpu) { /* one core per rank, as mpirun binds by default */
+                cpu_set_t set;
+                CPU_ZERO(&set);
+                CPU_SET(r % ncpu, &set);
+                if (sched_setaffinity(0, sizeof set, &set) != 0) perror("sched_setaffinity");
+            }
             _exit(rank_main(&o, r, port));
         }
     }

@@ -448,6 +448,17 @@ static inline void cpu_relax(void) {
 }
 
 #define SPIN_PASSES 30 /* progress passes spun (lock held) before yielding */
+/* ...and at least this long (RINGTRAIN_SHM_SPIN_US): a peer on the other core answers
+ * within a microsecond, and yielding early hands the core to other processes */
+static uint64_t spin_ns(void) {
+    static int64_t v = -1;
+    if (v < 0) {
+        const char *s = getenv("RINGTRAIN_SHM_SPIN_US");
+        v = (s && *s ? atol(s) : 20) * 1000;
+        if (v < 0) v = 0;
+    }
+    return (uint64_t)v;
+}
 #define YIELD_PASSES 2000  /* then passes with sched_yield() between, before sleeping */
 
 /* Drive until `target` is done (or, with NULL, until nothing is active). mu held.
@@ -456,6 +467,7 @@ static inline void cpu_relax(void) {
 static void drive(rt_engine *e, rt_request *target) {
     e->driving = true;
     int idle = 0;
+    uint64_t spin_start = 0;
     for (;;) {
         if (target ? target->done : (e->active == NULL || e->stop)) break;
         bool moved = false;
@@ -487,11 +499,13 @@ static void drive(rt_engine *e, rt_request *target) {
             pthread_mutex_lock(&e->mu);
             continue;
         }
+        if (idle == 0) spin_start = now;
         idle++;
-        if (idle < SPIN_PASSES) {
+        if (now - spin_start < spin_ns()) {
             cpu_relax();
             continue;
         }
+        if (idle < SPIN_PASSES) idle = SPIN_PASSES;
         if (idle < SPIN_PASSES + YIELD_PASSES) {
             pthread_mutex_unlock(&e->mu);
             sched_yield();
