@@ -11,6 +11,7 @@
 #include "core/timer.h"
 #include "model/model.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,12 +50,42 @@ typedef struct sgd {
     size_t n;
 } sgd;
 
-/* plain SGD with momentum over the whole parameter arena (padding included: harmless) */
-static void sgd_step(sgd *s, float *w, const float *g, float lr, float mu) {
-    for (size_t i = 0; i < s->n; i++) {
-        s->velocity[i] = mu * s->velocity[i] + g[i];
-        w[i] -= lr * s->velocity[i];
+typedef struct sgd_part {
+    sgd *s;
+    float *w;
+    const float *g;
+    float lr, mu;
+    size_t lo, hi;
+} sgd_part;
+
+static void *sgd_run(void *arg) {
+    sgd_part *p = arg;
+    float *v = p->s->velocity;
+    for (size_t i = p->lo; i < p->hi; i++) {
+        v[i] = p->mu * v[i] + p->g[i];
+        p->w[i] -= p->lr * v[i];
     }
+    return NULL;
+}
+
+/* plain SGD with momentum over the whole parameter arena (padding included: harmless),
+ * split over `threads` threads like PyTorch's parallel elementwise kernels */
+static void sgd_step(sgd *s, float *w, const float *g, float lr, float mu, int threads) {
+    sgd_part parts[16];
+    pthread_t tid[16];
+    if (threads > 16) threads = 16;
+    int started = 0;
+    for (int t = 0; t < threads; t++) {
+        parts[t] = (sgd_part){s, w, g, lr, mu, s->n * (size_t)t / (size_t)threads,
+                              s->n * (size_t)(t + 1) / (size_t)threads};
+        if (t > 0 && pthread_create(&tid[t], NULL, sgd_run, &parts[t]) == 0)
+            started |= 1 << t;
+        else if (t > 0)
+            sgd_run(&parts[t]);
+    }
+    sgd_run(&parts[0]);
+    for (int t = 1; t < threads; t++)
+        if (started & (1 << t)) pthread_join(tid[t], NULL);
 }
 
 int rt_cmd_bench_model(int argc, char **argv) {
@@ -159,7 +190,7 @@ int rt_cmd_bench_model(int argc, char **argv) {
                     break;
                 }
                 uint64_t t2 = rt_now_ns();
-                sgd_step(&s, rt_model_params(m)->base, rt_model_grads(m)->base, 0.01f, 0.9f);
+                sgd_step(&s, rt_model_params(m)->base, rt_model_grads(m)->base, 0.01f, 0.9f, threads);
                 uint64_t t3 = rt_now_ns();
                 if (it >= warmup) {
                     t_fwd += rt_ns_to_ms(t1 - t0);

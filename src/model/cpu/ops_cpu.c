@@ -28,22 +28,24 @@ static void bn_forward_task(void *arg, int c) {
     float *rm = rt_tensor_data(&l->running_mean), *rv = rt_tensor_data(&l->running_var);
     double mean, invstd;
     if (J->training) {
-        double s = 0;
+        /* one pass: sum and sum of squares in double (53-bit mantissa: no cancellation
+         * problem for activations of float32 range) */
+        double s = 0, ss = 0;
         for (int i = 0; i < J->n; i++) {
             const float *xp = J->x + i * stride + (size_t)c * P;
-            for (size_t p = 0; p < P; p++) s += xp[p];
+            double s1 = 0, s2 = 0;
+            for (size_t p = 0; p < P; p++) {
+                double v = xp[p];
+                s1 += v;
+                s2 += v * v;
+            }
+            s += s1;
+            ss += s2;
         }
         const double m = (double)J->n * (double)P;
         mean = s / m;
-        double ss = 0;
-        for (int i = 0; i < J->n; i++) {
-            const float *xp = J->x + i * stride + (size_t)c * P;
-            for (size_t p = 0; p < P; p++) {
-                double d = xp[p] - mean;
-                ss += d * d;
-            }
-        }
-        double var = ss / m;
+        double var = ss / m - mean * mean;
+        if (var < 0) var = 0;
         invstd = 1.0 / sqrt(var + (double)l->eps);
         l->save_mean[c] = (float)mean;
         l->save_invstd[c] = (float)invstd;
