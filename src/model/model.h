@@ -73,8 +73,9 @@ static inline bool rt_param_decays(const rt_param *p) { return p->kind == RT_PAR
 typedef struct rt_model rt_model;
 
 /* Build a model on ctx->device (the context must outlive it): plans and allocates the
- * arenas and activations, prepares every layer, reserves the workspace. The weights
- * are zero until rt_model_init_weights or rt_model_load. */
+ * arenas and activations, prepares every layer, reserves the workspace, and
+ * initialises the weights with seed 0 (rt_model_init_weights for another seed,
+ * rt_model_load for saved ones). */
 rt_status rt_model_create(const rt_model_config *cfg, rt_model_ctx *ctx, rt_model **out);
 void rt_model_destroy(rt_model *m);
 
@@ -106,7 +107,8 @@ int rt_model_block_count(const rt_model *m);
 
 /* Forward pass of n <= max_batch images x (n, in_channels, in_h, in_w) on the device.
  * training: batch-norm batch statistics (running statistics updated) and dropout on;
- * else running statistics and no dropout. */
+ * else running statistics and no dropout. x must stay unchanged until the backward of
+ * this forward (conv1's weight gradient reads it). */
 rt_status rt_model_forward(rt_model *m, const float *x, int n, bool training);
 /* The output of the last forward, (n, num_classes) on the device: logits for ResNet,
  * log-probabilities for Net. */
