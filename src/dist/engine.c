@@ -416,7 +416,8 @@ static rt_status check_control(rt_engine *e) {
     return RT_OK;
 }
 
-/* tcp: block in poll() until a socket or the wake-up eventfd is ready (unlocked). */
+/* tcp: block in poll() until a socket or the wake-up eventfd is ready. Called with mu
+ * held: the poll set is built under the lock, the lock is dropped only for poll(). */
 static void wait_tcp(rt_engine *e, int max_ms) {
     struct pollfd pf[65];
     int n = 0;
@@ -430,12 +431,14 @@ static void wait_tcp(rt_engine *e, int max_ms) {
         if (!ev) continue;
         pf[n++] = (struct pollfd){c->fd, ev, 0};
     }
+    pthread_mutex_unlock(&e->mu);
     int pr = poll(pf, (nfds_t)n, max_ms);
     if (pr > 0 && pf[0].revents) {
         uint64_t v;
         if (read(e->evfd, &v, sizeof v) < 0) { /* already drained */
         }
     }
+    pthread_mutex_lock(&e->mu);
     for (int i = 0; i < e->world; i++) e->ch[i].send_blocked = false;
 }
 
@@ -494,9 +497,7 @@ static void drive(rt_engine *e, rt_request *target) {
         int ms = 1000;
         if (late && (earliest - now) / 1000000 + 1 < (uint64_t)ms) ms = (int)((earliest - now) / 1000000 + 1);
         if (!e->shm) {
-            pthread_mutex_unlock(&e->mu);
             wait_tcp(e, ms);
-            pthread_mutex_lock(&e->mu);
             continue;
         }
         if (idle == 0) spin_start = now;
