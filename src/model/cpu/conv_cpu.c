@@ -12,6 +12,9 @@
  * finds the live taps and, when some are dead, the layer multiplies a gathered
  * W (O, C*T_live) instead - 9x less work for ResNet's layer4 at 28x28.
  *
+ * Forward keeps its columns (per layer, allocated by prepare, up to 128 MiB) so that
+ * backward needs no second im2col; RINGTRAIN_CONV_NOCACHE=1 turns that off (to measure).
+ *
  * The chunk is as large as the shared workspace allows, the whole batch at 28x28.
  * Threads split the batch: in the forward pass each pool thread unfolds its own
  * images, runs one single-threaded sgemm over their columns and writes its outputs;
@@ -34,7 +37,15 @@ typedef struct cpu_conv {
     bool pruned;          /* ntaps < k*k: use the gathered weights */
     bool dense;           /* tiny input: multiply by the unrolled (O*OP, C*IP) matrix */
     int ki[MAX_TAPS], kj[MAX_TAPS];
+    /* The columns of the last forward, kept for backward (which then needs no im2col):
+     * (rows, max_n*P), allocated by prepare when it is at most CONV_CACHE_CAP floats. */
+    float *cache;
+    int max_n;
+    const float *cached_x; /* input and batch the cache holds; NULL: stale */
+    int cached_n;
 } cpu_conv;
+
+#define CONV_CACHE_CAP ((size_t)32 << 20)
 
 static size_t dense_floats(const rt_conv2d *l) {
     return (size_t)l->out_c * l->out_h * l->out_w * (size_t)l->in_c * l->in_h * l->in_w;
@@ -45,7 +56,7 @@ static size_t fixed_floats(const rt_conv2d *l, const cpu_conv *cc) {
     return cc->pruned ? (size_t)l->out_c * l->in_c * cc->ntaps : 0;
 }
 static size_t per_image_floats(const rt_conv2d *l, const cpu_conv *cc) {
-    size_t rows = (size_t)l->in_c * cc->ntaps;
+    size_t rows = cc->cache ? 0 : (size_t)l->in_c * cc->ntaps;
     size_t p = (size_t)l->out_h * l->out_w;
     return (rows + (size_t)l->out_c) * p;
 }
@@ -86,8 +97,18 @@ rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size
         *workspace = fixed_floats(l, cc) * sizeof(float);
         return RT_OK;
     }
+    /* keep the forward columns for backward when they fit (whole batch) */
+    size_t cache_floats = (size_t)l->in_c * cc->ntaps * (size_t)max_n * l->out_h * l->out_w;
+    free(cc->cache);
+    cc->cache = NULL;
+    cc->cached_x = NULL;
+    cc->max_n = max_n;
+    if (cache_floats <= CONV_CACHE_CAP && !getenv("RINGTRAIN_CONV_NOCACHE")) {
+        cc->cache = malloc(cache_floats * sizeof(float));
+        RT_CHECK_ALLOC(cc->cache, cache_floats * sizeof(float));
+    }
     size_t per = per_image_floats(l, cc);
-    size_t nb = CONV_WS_CAP_FLOATS / per;
+    size_t nb = cc->cache ? (size_t)max_n : CONV_WS_CAP_FLOATS / per;
     if (nb < 1) nb = 1;
     if (nb > (size_t)max_n) nb = (size_t)max_n;
     *workspace = (fixed_floats(l, cc) + nb * per) * sizeof(float);
@@ -95,6 +116,7 @@ rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size
 }
 
 void rt_cpu_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l) {
+    if (l->priv) free(((cpu_conv *)l->priv)->cache);
     free(l->priv);
     l->priv = NULL;
 }
@@ -226,11 +248,13 @@ static void fwd_part(void *arg, int t) {
     for (int j = lo; j < hi; j++) scatter_task(J, j);
 }
 
-/* backward step 1, per image: dY into (O, ld) layout and unfold x */
+/* backward step 1, per image: dY into (O, ld) layout and unfold x (unless the columns
+ * of the forward are still in the cache) */
 static void bwd_prep(void *arg, int j) {
     gather_task(arg, j);
     im2col_task(arg, j);
 }
+static void bwd_gather(void *arg, int j) { gather_task(arg, j); }
 
 /* backward step 2, per thread: rows [lo, hi) of dW (O, rows) (+)= dY[lo:hi] (.., ld) x col^T */
 static void bwd_dw_part(void *arg, int t) {
@@ -262,6 +286,8 @@ static rt_status job_init(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_job *J, i
     const cpu_conv *cc = l->priv;
     RT_REQUIRE(cc != NULL, RT_ERR_INVALID, "conv2d %d->%d k%d: not prepared (call rt_conv2d_prepare)", l->in_c,
                l->out_c, l->k);
+    RT_REQUIRE(!cc->cache || n <= cc->max_n, RT_ERR_INVALID, "conv2d: batch %d larger than prepared for (%d)", n,
+               cc->max_n);
     size_t fixed = fixed_floats(l, cc), per = per_image_floats(l, cc), have = ctx->work_bytes / sizeof(float);
     size_t fit = have > fixed ? (have - fixed) / per : 0;
     RT_REQUIRE(fit >= 1 && ctx->work, RT_ERR_INVALID,
@@ -269,13 +295,27 @@ static rt_status job_init(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_job *J, i
                "call rt_conv2d_prepare and rt_model_ctx_reserve",
                l->in_c, l->out_c, l->k, l->in_h, l->in_w, ctx->work_bytes, (fixed + per) * sizeof(float));
     *nbmax = fit < (size_t)n ? (int)fit : n;
+    RT_REQUIRE(!cc->cache || *nbmax == n, RT_ERR_INVALID,
+               "conv2d %d->%d k%d: workspace too small for the whole batch of %d", l->in_c, l->out_c, l->k, n);
     memset(J, 0, sizeof *J);
     J->l = l;
     J->cc = cc;
     J->rows = l->in_c * cc->ntaps;
     *wl = (float *)ctx->work;
-    J->col = *wl + fixed;
+    J->col = *wl + fixed; /* without a cache: col then yt; with one: yt only */
     return RT_OK;
+}
+
+/* where col and yt of a chunk of nb images go */
+static void job_chunk(conv_job *J, float *ws, int nb) {
+    const size_t P = (size_t)J->l->out_h * J->l->out_w;
+    if (J->cc->cache) {
+        J->col = J->cc->cache;
+        J->yt = ws;
+    } else {
+        J->col = ws;
+        J->yt = ws + (size_t)J->rows * nb * P;
+    }
 }
 
 /* gather the live taps of W (O, C, k, k) into wl (O, C*T) */
@@ -451,15 +491,20 @@ rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
     J.x = x;
     J.y = y;
     J.bias = l->has_bias ? rt_tensor_data(&l->bias) : NULL;
-    float *col = J.col;
+    float *ws = J.col;
     for (int n0 = 0; n0 < n; n0 += nbmax) {
         J.n0 = n0;
         J.nb = n - n0 < nbmax ? n - n0 : nbmax;
-        J.col = col;
-        J.yt = col + (size_t)J.rows * J.nb * P;
+        job_chunk(&J, ws, J.nb);
         J.parts = parts_for(ctx, J.nb);
         rt_pool_run(cpu_pool(ctx), J.parts, fwd_part, &J);
     }
+    if (J.cc->cache) {
+        cpu_conv *cc = l->priv;
+        cc->cached_x = x;
+        cc->cached_n = n;
+    }
+    (void)P;
     return RT_OK;
 }
 
@@ -509,15 +554,17 @@ rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
     J.dy = dy;
     J.dx = dx;
     J.accumulate = accumulate;
-    float *col = J.col;
+    float *ws = J.col;
     int T = rt_pool_threads(pool);
+    cpu_conv *cc = l->priv;
+    const bool cached = cc->cache && cc->cached_x == x && cc->cached_n == n;
+    cc->cached_x = NULL; /* dcol overwrites the columns below */
     for (int n0 = 0; n0 < n; n0 += nbmax) {
         J.n0 = n0;
         J.nb = n - n0 < nbmax ? n - n0 : nbmax;
         J.first_chunk = n0 == 0;
-        J.col = col;
-        J.yt = col + (size_t)J.rows * J.nb * P;
-        rt_pool_run(pool, J.nb, bwd_prep, &J);
+        job_chunk(&J, ws, J.nb);
+        rt_pool_run(pool, J.nb, cached ? bwd_gather : bwd_prep, &J);
         J.parts = l->out_c < T ? l->out_c : T;
         rt_pool_run(pool, J.parts, bwd_dw_part, &J);
         if (dx) {
