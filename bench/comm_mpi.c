@@ -42,8 +42,8 @@ int main(int argc, char **argv) {
         if (rank == 0) {
             printf("%s  {\"size\": %zu, \"count\": %d, \"time_us\": %.3f, \"algbw_GBps\": %.4f, \"busbw_GBps\": %.4f, "
                    "\"wrong\": %lld}",
-                   first ? "" : ",\n", (size_t)count * sizeof(float), count, worst, algbw,
-                   algbw * 2.0 * (n - 1) / n, total);
+                   first ? "" : ",\n", (size_t)count * sizeof(float), count, worst, algbw, algbw * 2.0 * (n - 1) / n,
+                   total);
             first = 0;
         }
     }

@@ -57,9 +57,12 @@ static int parse_size(const char *s, size_t *out) {
     double v = strtod(s, &end);
     if (end == s || v < 0) return -1;
     double mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1024, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1024.0 * 1024, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'K' || *end == 'k')
+        mul = 1024, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1024.0 * 1024 * 1024, end++;
     if (*end == 'B' || *end == 'b') end++;
     if (*end) return -1;
     *out = (size_t)(v * mul);
@@ -67,22 +70,23 @@ static int parse_size(const char *s, size_t *out) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: ringtrain bench comm [options]\n\n"
-               "Time collectives per size, nccl-tests style: size, count, time(us), algbw, busbw (GB/s), #wrong.\n\n"
-               "  --nproc N            fork N local ranks (default 2); 0: take ranks from the environment\n"
-               "  --no-bind            do not pin forked rank r to CPU r (pinned by default when N <= CPUs,\n"
-               "                       as mpirun binds to cores by default)\n"
-               "  --init METHOD        rendezvous without --nproc (default env://)\n"
-               "  --transport T        tcp | shm | auto (default shm)\n"
-               "  --min-size S         smallest size, e.g. 8, 4K, 1M (default 8)\n"
-               "  --max-size S         largest size (default 64M; nccl-tests go to 256M)\n"
-               "  --collective C,...   all_reduce broadcast reduce all_gather reduce_scatter | all (default all_reduce)\n"
-               "  --algo A,...         ring naive rsag | all (default all; broadcast/reduce: ring=chain, naive=flat)\n"
-               "  --iters N            timed iterations per size (default: by size, 5..200)\n"
-               "  --warmup N           untimed iterations first (default 2)\n"
-               "  --compare            all_reduce vs reduce+broadcast vs reduce_scatter+all_gather side by side\n"
-               "  --json FILE          write all rows (and `ringtrain info --json`) to FILE\n"
-               "  --timeout S          dist timeout (default 120)\n");
+    fprintf(f,
+            "usage: ringtrain bench comm [options]\n\n"
+            "Time collectives per size, nccl-tests style: size, count, time(us), algbw, busbw (GB/s), #wrong.\n\n"
+            "  --nproc N            fork N local ranks (default 2); 0: take ranks from the environment\n"
+            "  --no-bind            do not pin forked rank r to CPU r (pinned by default when N <= CPUs,\n"
+            "                       as mpirun binds to cores by default)\n"
+            "  --init METHOD        rendezvous without --nproc (default env://)\n"
+            "  --transport T        tcp | shm | auto (default shm)\n"
+            "  --min-size S         smallest size, e.g. 8, 4K, 1M (default 8)\n"
+            "  --max-size S         largest size (default 64M; nccl-tests go to 256M)\n"
+            "  --collective C,...   all_reduce broadcast reduce all_gather reduce_scatter | all (default all_reduce)\n"
+            "  --algo A,...         ring naive rsag | all (default all; broadcast/reduce: ring=chain, naive=flat)\n"
+            "  --iters N            timed iterations per size (default: by size, 5..200)\n"
+            "  --warmup N           untimed iterations first (default 2)\n"
+            "  --compare            all_reduce vs reduce+broadcast vs reduce_scatter+all_gather side by side\n"
+            "  --json FILE          write all rows (and `ringtrain info --json`) to FILE\n"
+            "  --timeout S          dist timeout (default 120)\n");
 }
 
 static int parse_list(const char *s, const char *const *names, int n, int *mask) {
@@ -104,10 +108,13 @@ static int parse_list(const char *s, const char *const *names, int n, int *mask)
 
 static double busbw_factor(coll c, int n) {
     switch (c) {
-    case C_ALLREDUCE: return 2.0 * (n - 1) / n;
+    case C_ALLREDUCE:
+        return 2.0 * (n - 1) / n;
     case C_ALLGATHER:
-    case C_REDUCESCATTER: return (double)(n - 1) / n;
-    default: return 1.0;
+    case C_REDUCESCATTER:
+        return (double)(n - 1) / n;
+    default:
+        return 1.0;
     }
 }
 
@@ -122,12 +129,18 @@ static rt_status run_op(rt_pg *pg, coll c, rt_algo a, bufs *B, size_t count) {
     int n = rt_pg_size(pg);
     rt_pg_set_algo(pg, a);
     switch (c) {
-    case C_ALLREDUCE: return rt_all_reduce(pg, B->a, count, RT_F32, RT_OP_SUM);
-    case C_BCAST: return rt_broadcast(pg, B->a, count, RT_F32, 0);
-    case C_REDUCE: return rt_reduce(pg, B->a, count, RT_F32, RT_OP_SUM, 0);
-    case C_ALLGATHER: return rt_all_gather(pg, B->a, B->b, count / (size_t)n, RT_F32);
-    case C_REDUCESCATTER: return rt_reduce_scatter(pg, B->a, B->b, count / (size_t)n, RT_F32, RT_OP_SUM);
-    default: return RT_ERROR(RT_ERR_INVALID, "collective %d", (int)c);
+    case C_ALLREDUCE:
+        return rt_all_reduce(pg, B->a, count, RT_F32, RT_OP_SUM);
+    case C_BCAST:
+        return rt_broadcast(pg, B->a, count, RT_F32, 0);
+    case C_REDUCE:
+        return rt_reduce(pg, B->a, count, RT_F32, RT_OP_SUM, 0);
+    case C_ALLGATHER:
+        return rt_all_gather(pg, B->a, B->b, count / (size_t)n, RT_F32);
+    case C_REDUCESCATTER:
+        return rt_reduce_scatter(pg, B->a, B->b, count / (size_t)n, RT_F32, RT_OP_SUM);
+    default:
+        return RT_ERROR(RT_ERR_INVALID, "collective %d", (int)c);
     }
 }
 
@@ -160,7 +173,8 @@ static long long count_wrong(rt_pg *pg, coll c, bufs *B, size_t count) {
     case C_REDUCESCATTER:
         for (size_t i = 0; i < per; i++) wrong += B->b[i] != pat((size_t)r * per + i) * tri;
         break;
-    default: break;
+    default:
+        break;
     }
     return wrong;
 }
@@ -261,8 +275,10 @@ static int rank_main(const opts *o, int rank, int port) {
                         if (!rows) return 1;
                     }
                     rows[nrows++] = r;
-                    if (o->compare && c == C_ALLREDUCE && ncmp < 3) cmp[ncmp++] = r;
-                    else if (!o->compare) print_row(&r);
+                    if (o->compare && c == C_ALLREDUCE && ncmp < 3)
+                        cmp[ncmp++] = r;
+                    else if (!o->compare)
+                        print_row(&r);
                 }
             }
         }
@@ -286,16 +302,18 @@ static int rank_main(const opts *o, int rank, int port) {
             fprintf(stderr, "ringtrain bench comm: cannot write %s\n", o->json);
             status = 1;
         } else {
-            fprintf(f, "{\"benchmark\": \"comm\", \"nproc\": %d, \"transport\": \"%s\", \"dtype\": \"f32\",\n \"info\": ",
+            fprintf(f,
+                    "{\"benchmark\": \"comm\", \"nproc\": %d, \"transport\": \"%s\", \"dtype\": \"f32\",\n \"info\": ",
                     n, rt_transport_name(rt_pg_transport(pg)));
             rt_info_json(f);
             fprintf(f, ",\n \"rows\": [\n");
             for (int i = 0; i < nrows; i++)
-                fprintf(f,
-                        "  {\"collective\": \"%s\", \"algo\": \"%s\", \"size\": %zu, \"count\": %zu, \"time_us\": %.3f, "
-                        "\"algbw_GBps\": %.4f, \"busbw_GBps\": %.4f, \"wrong\": %lld}%s\n",
-                        k_coll[rows[i].c], rt_algo_name(rows[i].a), rows[i].size, rows[i].count, rows[i].time_us,
-                        rows[i].algbw, rows[i].busbw, rows[i].wrong, i + 1 < nrows ? "," : "");
+                fprintf(
+                    f,
+                    "  {\"collective\": \"%s\", \"algo\": \"%s\", \"size\": %zu, \"count\": %zu, \"time_us\": %.3f, "
+                    "\"algbw_GBps\": %.4f, \"busbw_GBps\": %.4f, \"wrong\": %lld}%s\n",
+                    k_coll[rows[i].c], rt_algo_name(rows[i].a), rows[i].size, rows[i].count, rows[i].time_us,
+                    rows[i].algbw, rows[i].busbw, rows[i].wrong, i + 1 < nrows ? "," : "");
             fprintf(f, " ]}\n");
             fclose(f);
         }
@@ -329,9 +347,17 @@ static int free_port(void) {
 }
 
 int rt_cmd_bench_comm(int argc, char **argv) {
-    opts o = {.nproc = 2, .transport = RT_TRANSPORT_SHM, .min_size = 8, .max_size = 64u << 20,
-              .coll_mask = 1 << C_ALLREDUCE, .algo_mask = 7, .iters = 0, .warmup = 2, .init = "env://",
-              .timeout_s = 120, .bind = true};
+    opts o = {.nproc = 2,
+              .transport = RT_TRANSPORT_SHM,
+              .min_size = 8,
+              .max_size = 64u << 20,
+              .coll_mask = 1 << C_ALLREDUCE,
+              .algo_mask = 7,
+              .iters = 0,
+              .warmup = 2,
+              .init = "env://",
+              .timeout_s = 120,
+              .bind = true};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -355,19 +381,29 @@ int rt_cmd_bench_comm(int argc, char **argv) {
         }
         i++;
         int bad = 0;
-        if (strcmp(a, "--nproc") == 0) bad = (o.nproc = atoi(v)) < 0 || o.nproc > 64;
-        else if (strcmp(a, "--init") == 0) o.init = v;
-        else if (strcmp(a, "--transport") == 0) bad = rt_transport_parse(v, &o.transport) != 0 || o.transport == RT_TRANSPORT_NCCL;
-        else if (strcmp(a, "--min-size") == 0) bad = parse_size(v, &o.min_size) != 0;
-        else if (strcmp(a, "--max-size") == 0) bad = parse_size(v, &o.max_size) != 0 || o.max_size > (4ull << 30);
-        else if (strcmp(a, "--collective") == 0) bad = parse_list(v, k_coll, C_COUNT, &o.coll_mask) != 0;
+        if (strcmp(a, "--nproc") == 0)
+            bad = (o.nproc = atoi(v)) < 0 || o.nproc > 64;
+        else if (strcmp(a, "--init") == 0)
+            o.init = v;
+        else if (strcmp(a, "--transport") == 0)
+            bad = rt_transport_parse(v, &o.transport) != 0 || o.transport == RT_TRANSPORT_NCCL;
+        else if (strcmp(a, "--min-size") == 0)
+            bad = parse_size(v, &o.min_size) != 0;
+        else if (strcmp(a, "--max-size") == 0)
+            bad = parse_size(v, &o.max_size) != 0 || o.max_size > (4ull << 30);
+        else if (strcmp(a, "--collective") == 0)
+            bad = parse_list(v, k_coll, C_COUNT, &o.coll_mask) != 0;
         else if (strcmp(a, "--algo") == 0) {
             static const char *const an[3] = {"ring", "naive", "rsag"};
             bad = parse_list(v, an, 3, &o.algo_mask) != 0;
-        } else if (strcmp(a, "--iters") == 0) bad = (o.iters = atoi(v)) <= 0;
-        else if (strcmp(a, "--warmup") == 0) bad = (o.warmup = atoi(v)) < 0;
-        else if (strcmp(a, "--json") == 0) o.json = v;
-        else if (strcmp(a, "--timeout") == 0) bad = (o.timeout_s = atof(v)) <= 0;
+        } else if (strcmp(a, "--iters") == 0)
+            bad = (o.iters = atoi(v)) <= 0;
+        else if (strcmp(a, "--warmup") == 0)
+            bad = (o.warmup = atoi(v)) < 0;
+        else if (strcmp(a, "--json") == 0)
+            o.json = v;
+        else if (strcmp(a, "--timeout") == 0)
+            bad = (o.timeout_s = atof(v)) <= 0;
         else {
             fprintf(stderr, "ringtrain bench comm: unknown option '%s' (try --help)\n", a);
             return 2;

@@ -47,8 +47,8 @@ typedef struct rt_chan {
     /* shm */
     rt_shm_ring *tx, *rx;
     uint8_t *txd, *rxd;
-    size_t cap;         /* ring capacity (power of two) */
-    size_t piece;       /* bytes published per send step */
+    size_t cap;             /* ring capacity (power of two) */
+    size_t piece;           /* bytes published per send step */
     rt_shm_bell *peer_bell; /* in its own mapping */
     void *seg;
     size_t seglen;

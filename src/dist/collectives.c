@@ -38,8 +38,7 @@ static rt_status check_args(rt_pg *pg, const char *op, const void *buf, size_t c
     RT_REQUIRE(count <= RT_MSG_MAX_BYTES / es / (size_t)pg->size, RT_ERR_INVALID, "%s: %zu elements is too many", op,
                count);
     RT_REQUIRE(buf || count == 0, RT_ERR_INVALID, "%s: NULL buffer", op);
-    RT_REQUIRE(root >= 0 && root < pg->size, RT_ERR_INVALID, "%s: root %d out of range 0..%d", op, root,
-               pg->size - 1);
+    RT_REQUIRE(root >= 0 && root < pg->size, RT_ERR_INVALID, "%s: root %d out of range 0..%d", op, root, pg->size - 1);
     RT_REQUIRE(pg->buf_device.kind == RT_DEVICE_CPU || pg->transport == RT_TRANSPORT_NCCL, RT_ERR_UNSUPPORTED,
                "%s: device buffers over %s: only all_reduce and broadcast stage through host memory (or use the "
                "nccl transport)",
@@ -98,12 +97,12 @@ static rt_status finish(rt_request *r, rt_request **out) {
 }
 
 #define W(pg, r) ((pg)->ranks[MOD((r), (pg)->size)])
-#define ADD_OR_FAIL(x, r)                                                                       \
-    do {                                                                                        \
-        if (!(x)) {                                                                             \
-            rt_req_free(r);                                                                     \
-            return RT_ERROR(RT_ERR_INTERNAL, "transfer table full");                            \
-        }                                                                                       \
+#define ADD_OR_FAIL(x, r)                                                                                              \
+    do {                                                                                                               \
+        if (!(x)) {                                                                                                    \
+            rt_req_free(r);                                                                                            \
+            return RT_ERROR(RT_ERR_INTERNAL, "transfer table full");                                                   \
+        }                                                                                                              \
     } while (0)
 
 /* Ring reduce-scatter (+ optionally all-gather) in place over `count` elements split
@@ -118,8 +117,8 @@ static rt_status ring_build(rt_pg *pg, rt_request *r, uint8_t *buf, size_t count
     if (do_rs) {
         for (int s = 0; s < n - 1; s++) {
             int sc = MOD(me - s - 1, n), rc = MOD(me - s - 2, n);
-            rt_xfer *x = rt_req_send(r, right, AT(buf, chunk_off(count, n, sc) * es), chunk_len(count, n, sc) * es, kind,
-                                     seq, prev, false);
+            rt_xfer *x = rt_req_send(r, right, AT(buf, chunk_off(count, n, sc) * es), chunk_len(count, n, sc) * es,
+                                     kind, seq, prev, false);
             ADD_OR_FAIL(x, r);
             int div = (s == n - 2 && op == RT_OP_AVG) ? n : 0;
             rt_xfer *y = rt_req_recv(r, left, AT(buf, chunk_off(count, n, rc) * es), chunk_len(count, n, rc) * es, kind,
@@ -131,8 +130,8 @@ static rt_status ring_build(rt_pg *pg, rt_request *r, uint8_t *buf, size_t count
     if (do_ag) {
         for (int s = 0; s < n - 1; s++) {
             int sc = MOD(me - s, n), rc = MOD(me - s - 1, n);
-            rt_xfer *x = rt_req_send(r, right, AT(buf, chunk_off(count, n, sc) * es), chunk_len(count, n, sc) * es, kind,
-                                     seq, prev, s == 0 && full_gate);
+            rt_xfer *x = rt_req_send(r, right, AT(buf, chunk_off(count, n, sc) * es), chunk_len(count, n, sc) * es,
+                                     kind, seq, prev, s == 0 && full_gate);
             ADD_OR_FAIL(x, r);
             rt_xfer *y = rt_req_recv(r, left, AT(buf, chunk_off(count, n, rc) * es), chunk_len(count, n, rc) * es, kind,
                                      seq, -1, dtype, 0, NULL, false);
@@ -145,9 +144,8 @@ static rt_status ring_build(rt_pg *pg, rt_request *r, uint8_t *buf, size_t count
 
 /* Reduce to `root`: flat (root receives from everyone, in rank order) or a chain along
  * the ring toward the root. Non-root buffers stay unchanged (chain: a scratch copy). */
-static rt_status reduce_build(rt_pg *pg, rt_request *r, uint8_t *buf, size_t count, rt_dtype dtype,
-                              rt_reduce_op op, int root, bool flat, uint16_t kind, uint32_t seq,
-                              const rt_xfer **last) {
+static rt_status reduce_build(rt_pg *pg, rt_request *r, uint8_t *buf, size_t count, rt_dtype dtype, rt_reduce_op op,
+                              int root, bool flat, uint16_t kind, uint32_t seq, const rt_xfer **last) {
     int n = pg->size, me = pg->rank;
     size_t nb = count * rt_dtype_size(dtype);
     *last = NULL;
@@ -292,9 +290,9 @@ static rt_status all_reduce_(rt_pg *pg, void *buf, size_t count, rt_dtype dtype,
         if (nb) memcpy(slots + (size_t)pg->rank * nb, buf, nb);
         for (int k = 1; k < n; k++) { /* send to the right first: spreads the load */
             int peer = MOD(pg->rank + k, n);
-            ADD_OR_FAIL(rt_req_send(r, pg->ranks[peer], slots + (size_t)pg->rank * nb, nb, RT_K_ALLREDUCE, seq, NULL,
-                                    false),
-                        r);
+            ADD_OR_FAIL(
+                rt_req_send(r, pg->ranks[peer], slots + (size_t)pg->rank * nb, nb, RT_K_ALLREDUCE, seq, NULL, false),
+                r);
         }
         for (int k = 1; k < n; k++) {
             int peer = MOD(pg->rank - k, n);
@@ -360,19 +358,19 @@ rt_status rt_ibroadcast(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int 
 static rt_status reduce_(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root,
                          rt_request **out) {
     RT_CHECK(check_args(pg, "reduce", buf, count, dtype, 1, op, root));
-    if (pg->transport == RT_TRANSPORT_NCCL) return nccl_run(pg, "reduce", RT_K_REDUCE, buf, buf, count, dtype, op, root, out);
+    if (pg->transport == RT_TRANSPORT_NCCL)
+        return nccl_run(pg, "reduce", RT_K_REDUCE, buf, buf, count, dtype, op, root, out);
     rt_request *r;
     RT_CHECK(new_req(pg, "reduce", pg->size + 2, &r));
     const rt_xfer *last;
-    RT_CHECK(reduce_build(pg, r, buf, count, dtype, op, root, pg->algo == RT_ALGO_NAIVE, RT_K_REDUCE, ++pg->seq,
-                          &last));
+    RT_CHECK(
+        reduce_build(pg, r, buf, count, dtype, op, root, pg->algo == RT_ALGO_NAIVE, RT_K_REDUCE, ++pg->seq, &last));
     return finish(r, out);
 }
 rt_status rt_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root) {
     return reduce_(pg, buf, count, dtype, op, root, NULL);
 }
-rt_status rt_ireduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root,
-                     rt_request **req) {
+rt_status rt_ireduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root, rt_request **req) {
     *req = NULL;
     return reduce_(pg, buf, count, dtype, op, root, req);
 }
@@ -390,9 +388,7 @@ static rt_status scatter_(rt_pg *pg, const void *send, void *recv, size_t count,
     if (pg->rank == root) {
         for (int i = 0; i < pg->size; i++) {
             if (i == root) continue;
-            ADD_OR_FAIL(rt_req_send(r, W(pg, i), AT(send, (size_t)i * nb), nb, RT_K_SCATTER, seq, NULL,
-                                    false),
-                        r);
+            ADD_OR_FAIL(rt_req_send(r, W(pg, i), AT(send, (size_t)i * nb), nb, RT_K_SCATTER, seq, NULL, false), r);
         }
         if (nb && (const uint8_t *)send + (size_t)root * nb != recv)
             memmove(recv, (const uint8_t *)send + (size_t)root * nb, nb);
@@ -423,9 +419,8 @@ static rt_status gather_(rt_pg *pg, const void *send, void *recv, size_t count, 
     if (pg->rank == root) {
         for (int i = 0; i < pg->size; i++) {
             if (i == root) continue;
-            ADD_OR_FAIL(rt_req_recv(r, W(pg, i), AT(recv, (size_t)i * nb), nb, RT_K_GATHER, seq, -1, dtype, 0,
-                                    NULL, false),
-                        r);
+            ADD_OR_FAIL(
+                rt_req_recv(r, W(pg, i), AT(recv, (size_t)i * nb), nb, RT_K_GATHER, seq, -1, dtype, 0, NULL, false), r);
         }
         if (nb && (uint8_t *)recv + (size_t)root * nb != send) memmove((uint8_t *)recv + (size_t)root * nb, send, nb);
     } else {
@@ -442,8 +437,7 @@ rt_status rt_igather(rt_pg *pg, const void *send, void *recv, size_t count, rt_d
     return gather_(pg, send, recv, count, dtype, root, req);
 }
 
-static rt_status all_gather_(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype,
-                             rt_request **out) {
+static rt_status all_gather_(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_request **out) {
     RT_CHECK(check_args(pg, "all_gather", send, count, dtype, 0, RT_OP_SUM, 0));
     RT_REQUIRE(recv || count == 0, RT_ERR_INVALID, "all_gather: NULL receive buffer");
     if (pg->transport == RT_TRANSPORT_NCCL)
@@ -482,8 +476,8 @@ rt_status rt_all_gather_list(rt_pg *pg, const void *send, void *const *recv_list
     return s;
 }
 
-static rt_status reduce_scatter_(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype,
-                                 rt_reduce_op op, rt_request **out) {
+static rt_status reduce_scatter_(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
+                                 rt_request **out) {
     RT_CHECK(check_args(pg, "reduce_scatter", send, count, dtype, 1, op, 0));
     RT_REQUIRE(recv || count == 0, RT_ERR_INVALID, "reduce_scatter: NULL receive buffer");
     if (pg->transport == RT_TRANSPORT_NCCL)
@@ -502,17 +496,16 @@ static rt_status reduce_scatter_(rt_pg *pg, const void *send, void *recv, size_t
     uint8_t *mine = AT(r->scratch, (size_t)pg->rank * nb);
     if (pg->size == 1 && op == RT_OP_AVG) { /* nothing to add; the division by 1 is a no-op */
     }
-    RT_CHECK(ring_build(pg, r, r->scratch, count * (size_t)pg->size, dtype, op, true, false, false,
-                        RT_K_REDUCE_SCATTER, ++pg->seq));
+    RT_CHECK(ring_build(pg, r, r->scratch, count * (size_t)pg->size, dtype, op, true, false, false, RT_K_REDUCE_SCATTER,
+                        ++pg->seq));
     if (nb) RT_CHECK(rt_req_post_copy(r, recv, mine, nb));
     return finish(r, out);
 }
-rt_status rt_reduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype,
-                            rt_reduce_op op) {
+rt_status rt_reduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op) {
     return reduce_scatter_(pg, send, recv, count, dtype, op, NULL);
 }
-rt_status rt_ireduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype,
-                             rt_reduce_op op, rt_request **req) {
+rt_status rt_ireduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
+                             rt_request **req) {
     *req = NULL;
     return reduce_scatter_(pg, send, recv, count, dtype, op, req);
 }
@@ -520,7 +513,8 @@ rt_status rt_ireduce_scatter(rt_pg *pg, const void *send, void *recv, size_t cou
 /* Everyone tells rank 0, rank 0 answers everyone once all have arrived. */
 static rt_status barrier_(rt_pg *pg, rt_request **out) {
     RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "barrier: NULL process group");
-    if (pg->transport == RT_TRANSPORT_NCCL) return nccl_run(pg, "barrier", RT_K_BARRIER, NULL, NULL, 0, RT_I32, RT_OP_SUM, 0, out);
+    if (pg->transport == RT_TRANSPORT_NCCL)
+        return nccl_run(pg, "barrier", RT_K_BARRIER, NULL, NULL, 0, RT_I32, RT_OP_SUM, 0, out);
     rt_request *r;
     RT_CHECK(new_req(pg, "barrier", 2 * pg->size + 2, &r));
     uint32_t seq = ++pg->seq;
@@ -531,7 +525,8 @@ static rt_status barrier_(rt_pg *pg, rt_request **out) {
             ADD_OR_FAIL(y, r);
             prev = y;
         }
-        for (int i = 1; i < pg->size; i++) ADD_OR_FAIL(rt_req_send(r, W(pg, i), NULL, 0, RT_K_BARRIER, seq, prev, true), r);
+        for (int i = 1; i < pg->size; i++)
+            ADD_OR_FAIL(rt_req_send(r, W(pg, i), NULL, 0, RT_K_BARRIER, seq, prev, true), r);
     } else {
         rt_xfer *x = rt_req_send(r, W(pg, 0), NULL, 0, RT_K_BARRIER, seq, NULL, false);
         ADD_OR_FAIL(x, r);

@@ -130,16 +130,14 @@ rt_status rt_reduce_scatter(rt_pg *pg, const void *send, void *recv, size_t coun
 rt_status rt_barrier(rt_pg *pg);
 
 rt_status rt_ibroadcast(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int root, rt_request **req);
-rt_status rt_ireduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root,
-                     rt_request **req);
+rt_status rt_ireduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root, rt_request **req);
 rt_status rt_iall_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, rt_request **req);
 rt_status rt_iscatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root,
                       rt_request **req);
-rt_status rt_igather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root,
-                     rt_request **req);
+rt_status rt_igather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root, rt_request **req);
 rt_status rt_iall_gather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_request **req);
-rt_status rt_ireduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype,
-                             rt_reduce_op op, rt_request **req);
+rt_status rt_ireduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
+                             rt_request **req);
 rt_status rt_ibarrier(rt_pg *pg, rt_request **req);
 
 #ifdef __cplusplus

@@ -408,10 +408,9 @@ static rt_status check_control(rt_engine *e) {
     if (who >= 0) {
         rt_chan *c = &e->ch[who];
         rt_xfer *x = c->rq_head ? c->rq_head : c->sq_head;
-        return RT_ERROR(RT_ERR_PEER, "%s (group %u, op #%u) failed: peer rank %d %s", x->req->opname, x->hdr.group,
-                        x->hdr.seq, who,
-                        dead >= 0 ? "closed its connection (the process died)"
-                                  : "aborted the operation after an error of its own");
+        return RT_ERROR(
+            RT_ERR_PEER, "%s (group %u, op #%u) failed: peer rank %d %s", x->req->opname, x->hdr.group, x->hdr.seq, who,
+            dead >= 0 ? "closed its connection (the process died)" : "aborted the operation after an error of its own");
     }
     return RT_OK;
 }
@@ -462,7 +461,7 @@ static uint64_t spin_ns(void) {
     }
     return (uint64_t)v;
 }
-#define YIELD_PASSES 2000  /* then passes with sched_yield() between, before sleeping */
+#define YIELD_PASSES 2000 /* then passes with sched_yield() between, before sleeping */
 
 /* Drive until `target` is done (or, with NULL, until nothing is active). mu held.
  * shm: spin on the rings, then yield (2 ranks on 2 cores must not starve each
@@ -637,7 +636,7 @@ rt_status rt_req_test(rt_request *r, bool *done) {
 }
 
 static const char *kind_name(uint16_t k) {
-    static const char *const names[] = {"?",       "send/recv", "broadcast",      "reduce",  "all_reduce",
-                                        "scatter", "gather",    "all_gather",     "reduce_scatter", "barrier"};
+    static const char *const names[] = {"?",       "send/recv", "broadcast",  "reduce",         "all_reduce",
+                                        "scatter", "gather",    "all_gather", "reduce_scatter", "barrier"};
     return k < sizeof names / sizeof names[0] ? names[k] : "unknown operation";
 }

@@ -45,7 +45,7 @@ struct rt_xfer {
     int op;
     rt_dtype dtype;
     size_t esize;
-    int avg_div; /* > 0: divide after this final reduction */
+    int avg_div;                 /* > 0: divide after this final reduction */
     _Alignas(8) uint8_t part[8]; /* an element split across reads, aligned for the kernels */
     size_t part_n;
     /* dependency */

@@ -164,8 +164,8 @@ static rt_status mesh_connect(rt_pg_world *w, int lfd, char (*addrs)[80], double
             return RT_ERROR(RT_ERR_TIMEOUT, "rank(s) %s never connected within %.1f s", list, timeout_s);
         }
         rt_hello h;
-        s = rt_sock_read_all(fd, rb, sizeof rb, rt_now_ns() + 5000000000ull < deadline ? rt_now_ns() + 5000000000ull
-                                                                                       : deadline,
+        s = rt_sock_read_all(fd, rb, sizeof rb,
+                             rt_now_ns() + 5000000000ull < deadline ? rt_now_ns() + 5000000000ull : deadline,
                              "connecting peer");
         if (s == RT_OK) s = rt_hello_parse(rb, sizeof rb, &h);
         if (s == RT_OK && memcmp(h.token, w->token, RT_TOKEN_BYTES) != 0)
@@ -314,7 +314,6 @@ static void world_free(rt_pg_world *w) {
     free(w);
 }
 
-
 /* The first rank to fail reports its error through the store; a rank that fails
  * later (typically because a failed rank shut its sockets) appends that first report,
  * so every survivor names the rank that really died. */
@@ -417,7 +416,8 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     rt_transport t = o->transport;
     if (t == RT_TRANSPORT_AUTO) t = same_host && r->world > 1 ? RT_TRANSPORT_SHM : RT_TRANSPORT_TCP;
     if (t == RT_TRANSPORT_SHM) {
-        RT_REQUIRE(same_host, RT_ERR_INVALID, "transport shm needs all ranks on one host; they are not (use tcp or auto)");
+        RT_REQUIRE(same_host, RT_ERR_INVALID,
+                   "transport shm needs all ranks on one host; they are not (use tcp or auto)");
         if (r->world > 1) RT_CHECK(shm_setup(w, o->timeout_s));
     }
     pg->w = w;
@@ -591,8 +591,7 @@ rt_status rt_test(rt_request *req, bool *done) {
 
 rt_status rt_pg_set_buffer_device(rt_pg *pg, rt_device d) {
     RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "NULL process group");
-    RT_REQUIRE(d.kind == RT_DEVICE_CPU || rt_cuda_built(), RT_ERR_UNSUPPORTED,
-               "device buffers: built without CUDA");
+    RT_REQUIRE(d.kind == RT_DEVICE_CPU || rt_cuda_built(), RT_ERR_UNSUPPORTED, "device buffers: built without CUDA");
     RT_REQUIRE(pg->transport != RT_TRANSPORT_NCCL || d.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
                "the nccl transport takes device buffers only");
     pg->buf_device = d;
@@ -605,8 +604,8 @@ rt_status rt_pg_nccl_init(rt_pg *pg) {
     return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
 }
 void rt_pg_nccl_destroy(rt_pg_world *w) { (void)w; }
-rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t count, rt_dtype dtype,
-                       rt_reduce_op op, int root) {
+rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
+                       int root) {
     (void)pg, (void)kind, (void)send, (void)recv, (void)count, (void)dtype, (void)op, (void)root;
     return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
 }

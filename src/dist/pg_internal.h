@@ -54,8 +54,8 @@ void rt_dist_host_id(char *buf, size_t n);
  * are device pointers on the rank's GPU; peers are world ranks (world group only). */
 rt_status rt_pg_nccl_init(rt_pg *pg);
 void rt_pg_nccl_destroy(rt_pg_world *w);
-rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t count, rt_dtype dtype,
-                       rt_reduce_op op, int root);
+rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
+                       int root);
 rt_status rt_nccl_p2p(rt_pg *pg, bool is_send, void *buf, size_t count, rt_dtype dtype, int peer);
 
 #endif

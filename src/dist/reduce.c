@@ -21,34 +21,43 @@ int rt_reduce_op_parse(const char *text, rt_reduce_op *out) {
 
 int rt_reduce_dtype_ok(rt_dtype t) { return t == RT_F32 || t == RT_F64 || t == RT_I32 || t == RT_I64; }
 
-#define DEFINE_KERNELS(T, NAME)                                                                \
-    static void NAME##_sum(T *restrict d, const T *restrict s, size_t n) {                     \
-        for (size_t i = 0; i < n; i++) d[i] += s[i];                                            \
-    }                                                                                           \
-    static void NAME##_prod(T *restrict d, const T *restrict s, size_t n) {                    \
-        for (size_t i = 0; i < n; i++) d[i] *= s[i];                                            \
-    }                                                                                           \
-    static void NAME##_min(T *restrict d, const T *restrict s, size_t n) {                     \
-        for (size_t i = 0; i < n; i++) d[i] = s[i] < d[i] ? s[i] : d[i];                        \
-    }                                                                                           \
-    static void NAME##_max(T *restrict d, const T *restrict s, size_t n) {                     \
-        for (size_t i = 0; i < n; i++) d[i] = s[i] > d[i] ? s[i] : d[i];                        \
-    }                                                                                           \
-    static void NAME##_sumdiv(T *restrict d, const T *restrict s, size_t n, T div) {           \
-        for (size_t i = 0; i < n; i++) d[i] = (T)((d[i] + s[i]) / div);                         \
-    }                                                                                           \
-    static void NAME##_div(T *restrict d, size_t n, T div) {                                   \
-        for (size_t i = 0; i < n; i++) d[i] = (T)(d[i] / div);                                  \
-    }                                                                                           \
-    static void NAME##_apply(void *d, const void *s, size_t n, rt_reduce_op op) {              \
-        switch (op) {                                                                           \
-        case RT_OP_SUM:                                                                         \
-        case RT_OP_AVG: NAME##_sum(d, s, n); break;                                             \
-        case RT_OP_PRODUCT: NAME##_prod(d, s, n); break;                                        \
-        case RT_OP_MIN: NAME##_min(d, s, n); break;                                             \
-        case RT_OP_MAX: NAME##_max(d, s, n); break;                                             \
-        default: break;                                                                         \
-        }                                                                                       \
+#define DEFINE_KERNELS(T, NAME)                                                                                        \
+    static void NAME##_sum(T *restrict d, const T *restrict s, size_t n) {                                             \
+        for (size_t i = 0; i < n; i++) d[i] += s[i];                                                                   \
+    }                                                                                                                  \
+    static void NAME##_prod(T *restrict d, const T *restrict s, size_t n) {                                            \
+        for (size_t i = 0; i < n; i++) d[i] *= s[i];                                                                   \
+    }                                                                                                                  \
+    static void NAME##_min(T *restrict d, const T *restrict s, size_t n) {                                             \
+        for (size_t i = 0; i < n; i++) d[i] = s[i] < d[i] ? s[i] : d[i];                                               \
+    }                                                                                                                  \
+    static void NAME##_max(T *restrict d, const T *restrict s, size_t n) {                                             \
+        for (size_t i = 0; i < n; i++) d[i] = s[i] > d[i] ? s[i] : d[i];                                               \
+    }                                                                                                                  \
+    static void NAME##_sumdiv(T *restrict d, const T *restrict s, size_t n, T div) {                                   \
+        for (size_t i = 0; i < n; i++) d[i] = (T)((d[i] + s[i]) / div);                                                \
+    }                                                                                                                  \
+    static void NAME##_div(T *restrict d, size_t n, T div) {                                                           \
+        for (size_t i = 0; i < n; i++) d[i] = (T)(d[i] / div);                                                         \
+    }                                                                                                                  \
+    static void NAME##_apply(void *d, const void *s, size_t n, rt_reduce_op op) {                                      \
+        switch (op) {                                                                                                  \
+        case RT_OP_SUM:                                                                                                \
+        case RT_OP_AVG:                                                                                                \
+            NAME##_sum(d, s, n);                                                                                       \
+            break;                                                                                                     \
+        case RT_OP_PRODUCT:                                                                                            \
+            NAME##_prod(d, s, n);                                                                                      \
+            break;                                                                                                     \
+        case RT_OP_MIN:                                                                                                \
+            NAME##_min(d, s, n);                                                                                       \
+            break;                                                                                                     \
+        case RT_OP_MAX:                                                                                                \
+            NAME##_max(d, s, n);                                                                                       \
+            break;                                                                                                     \
+        default:                                                                                                       \
+            break;                                                                                                     \
+        }                                                                                                              \
     }
 
 DEFINE_KERNELS(float, f32)
@@ -58,30 +67,57 @@ DEFINE_KERNELS(int64_t, i64)
 
 void rt_reduce_apply(void *dst, const void *src, size_t n, rt_dtype t, rt_reduce_op op) {
     switch (t) {
-    case RT_F32: f32_apply(dst, src, n, op); break;
-    case RT_F64: f64_apply(dst, src, n, op); break;
-    case RT_I32: i32_apply(dst, src, n, op); break;
-    case RT_I64: i64_apply(dst, src, n, op); break;
-    default: break;
+    case RT_F32:
+        f32_apply(dst, src, n, op);
+        break;
+    case RT_F64:
+        f64_apply(dst, src, n, op);
+        break;
+    case RT_I32:
+        i32_apply(dst, src, n, op);
+        break;
+    case RT_I64:
+        i64_apply(dst, src, n, op);
+        break;
+    default:
+        break;
     }
 }
 
 void rt_reduce_apply_div(void *dst, const void *src, size_t n, rt_dtype t, int divisor) {
     switch (t) {
-    case RT_F32: f32_sumdiv(dst, src, n, (float)divisor); break;
-    case RT_F64: f64_sumdiv(dst, src, n, (double)divisor); break;
-    case RT_I32: i32_sumdiv(dst, src, n, (int32_t)divisor); break;
-    case RT_I64: i64_sumdiv(dst, src, n, (int64_t)divisor); break;
-    default: break;
+    case RT_F32:
+        f32_sumdiv(dst, src, n, (float)divisor);
+        break;
+    case RT_F64:
+        f64_sumdiv(dst, src, n, (double)divisor);
+        break;
+    case RT_I32:
+        i32_sumdiv(dst, src, n, (int32_t)divisor);
+        break;
+    case RT_I64:
+        i64_sumdiv(dst, src, n, (int64_t)divisor);
+        break;
+    default:
+        break;
     }
 }
 
 void rt_reduce_div(void *dst, size_t n, rt_dtype t, int divisor) {
     switch (t) {
-    case RT_F32: f32_div(dst, n, (float)divisor); break;
-    case RT_F64: f64_div(dst, n, (double)divisor); break;
-    case RT_I32: i32_div(dst, n, (int32_t)divisor); break;
-    case RT_I64: i64_div(dst, n, (int64_t)divisor); break;
-    default: break;
+    case RT_F32:
+        f32_div(dst, n, (float)divisor);
+        break;
+    case RT_F64:
+        f64_div(dst, n, (double)divisor);
+        break;
+    case RT_I32:
+        i32_div(dst, n, (int32_t)divisor);
+        break;
+    case RT_I64:
+        i64_div(dst, n, (int64_t)divisor);
+        break;
+    default:
+        break;
     }
 }

@@ -77,7 +77,8 @@ rt_status rt_rdzv_parse(const char *init_method, int rank, int world, rt_rdzv *o
     char buf[256] = "";
     if (!job) job = env("TORCHELASTIC_RUN_ID");
     if (!job && env("SLURM_JOB_ID")) {
-        snprintf(buf, sizeof buf, "slurm-%s.%s", env("SLURM_JOB_ID"), env("SLURM_STEP_ID") ? env("SLURM_STEP_ID") : "0");
+        snprintf(buf, sizeof buf, "slurm-%s.%s", env("SLURM_JOB_ID"),
+                 env("SLURM_STEP_ID") ? env("SLURM_STEP_ID") : "0");
         job = buf;
     }
     if (!job) job = env("OMPI_MCA_ess_base_jobid");
@@ -115,8 +116,9 @@ rt_status rt_rdzv_parse(const char *init_method, int rank, int world, rt_rdzv *o
                    init_method);
         snprintf(out->path, sizeof out->path, "%s", p);
     } else {
-        return RT_ERROR(RT_ERR_INVALID, "rendezvous: unknown init method '%s' (expected env://, tcp://HOST:PORT or "
-                                        "file:///PATH)",
+        return RT_ERROR(RT_ERR_INVALID,
+                        "rendezvous: unknown init method '%s' (expected env://, tcp://HOST:PORT or "
+                        "file:///PATH)",
                         init_method);
     }
     const char *sp = env("RINGTRAIN_STORE_PORT");
@@ -189,8 +191,8 @@ rt_status rt_rdzv_connect(rt_rdzv *r, double timeout_s, rt_store_server **server
             for (;;) {
                 if (file_read(r)) {
                     double left = (double)(deadline > rt_now_ns() ? deadline - rt_now_ns() : 0) * 1e-9;
-                    rt_status s = rt_store_connect(r->host, r->port, r->job, r->rank, r->world, left < 1.0 ? left : 1.0,
-                                                   store);
+                    rt_status s =
+                        rt_store_connect(r->host, r->port, r->job, r->rank, r->world, left < 1.0 ? left : 1.0, store);
                     if (s == RT_OK) {
                         rt_store_set_timeout(*store, timeout_s);
                         return RT_OK;

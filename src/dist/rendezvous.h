@@ -35,11 +35,11 @@ typedef enum rt_rdzv_kind { RT_RDZV_ENV = 0, RT_RDZV_TCP, RT_RDZV_FILE } rt_rdzv
 typedef struct rt_rdzv {
     rt_rdzv_kind kind;
     int rank, world, local_rank;
-    char host[256]; /* store host (env://, tcp://) */
-    int port;       /* store port */
-    char path[1024];/* file:// */
+    char host[256];  /* store host (env://, tcp://) */
+    int port;        /* store port */
+    char path[1024]; /* file:// */
     char job[256];
-    bool host_store; /* this process hosts the store */
+    bool host_store;         /* this process hosts the store */
     const char *rank_source; /* which variables gave the rank ("RANK", "OMPI_COMM_WORLD_RANK", ...) */
 } rt_rdzv;
 

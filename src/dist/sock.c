@@ -146,8 +146,7 @@ rt_status rt_sock_write_all(int fd, const void *buf, size_t n, uint64_t deadline
             return RT_ERROR(RT_ERR_PEER, "writing to %s: %s", what, strerror(errno));
         struct pollfd pf = {fd, POLLOUT, 0};
         int ms = rt_sock_ms_left(deadline_ns, 1000);
-        if (ms == 0 && rt_now_ns() >= deadline_ns)
-            return RT_ERROR(RT_ERR_TIMEOUT, "timed out writing to %s", what);
+        if (ms == 0 && rt_now_ns() >= deadline_ns) return RT_ERROR(RT_ERR_TIMEOUT, "timed out writing to %s", what);
         poll(&pf, 1, ms);
     }
     return RT_OK;

@@ -95,16 +95,14 @@ void rt_hello_encode(uint8_t out[RT_HELLO_BYTES], const rt_hello *h) {
 }
 
 rt_status rt_hello_parse(const uint8_t *buf, size_t len, rt_hello *out) {
-    if (len != RT_HELLO_BYTES)
-        return RT_ERROR(RT_ERR_FORMAT, "hello: %zu bytes, expected %d", len, RT_HELLO_BYTES);
+    if (len != RT_HELLO_BYTES) return RT_ERROR(RT_ERR_FORMAT, "hello: %zu bytes, expected %d", len, RT_HELLO_BYTES);
     if (get32(buf) != RT_HELLO_MAGIC)
         return RT_ERROR(RT_ERR_FORMAT, "hello: bad magic 0x%08x at offset 0 (not a ringtrain peer)", get32(buf));
     memcpy(out->token, buf + 4, RT_TOKEN_BYTES);
     out->rank = (int32_t)get32(buf + 4 + RT_TOKEN_BYTES);
     out->world = (int32_t)get32(buf + 8 + RT_TOKEN_BYTES);
     if (out->world <= 0 || out->world > (1 << 20) || out->rank < 0 || out->rank >= out->world)
-        return RT_ERROR(RT_ERR_FORMAT, "hello: rank %d / world size %d out of range", (int)out->rank,
-                        (int)out->world);
+        return RT_ERROR(RT_ERR_FORMAT, "hello: rank %d / world size %d out of range", (int)out->rank, (int)out->world);
     return RT_OK;
 }
 

@@ -9,20 +9,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(cond, ...)                                                                      \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            fprintf(stderr, "dist_worker: check failed: " __VA_ARGS__);                       \
-            fprintf(stderr, "\n");                                                            \
-            return 1;                                                                         \
-        }                                                                                     \
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "dist_worker: check failed: " __VA_ARGS__);                                                \
+            fprintf(stderr, "\n");                                                                                     \
+            return 1;                                                                                                  \
+        }                                                                                                              \
     } while (0)
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        if ((expr) != RT_OK) {                                                                \
-            fprintf(stderr, "dist_worker: %s: %s\n", #expr, rt_error_message());              \
-            return 1;                                                                         \
-        }                                                                                     \
+#define OK(expr)                                                                                                       \
+    do {                                                                                                               \
+        if ((expr) != RT_OK) {                                                                                         \
+            fprintf(stderr, "dist_worker: %s: %s\n", #expr, rt_error_message());                                       \
+            return 1;                                                                                                  \
+        }                                                                                                              \
     } while (0)
 
 int main(int argc, char **argv) {
@@ -34,8 +34,9 @@ int main(int argc, char **argv) {
     OK(rt_pg_init(&o, &pg));
     int r = rt_pg_rank(pg), n = rt_pg_size(pg);
     const char *want = getenv("RT_EXPECT_TRANSPORT");
-    if (want) CHECK(strcmp(rt_transport_name(rt_pg_transport(pg)), want) == 0, "transport %s, expected %s",
-                    rt_transport_name(rt_pg_transport(pg)), want);
+    if (want)
+        CHECK(strcmp(rt_transport_name(rt_pg_transport(pg)), want) == 0, "transport %s, expected %s",
+              rt_transport_name(rt_pg_transport(pg)), want);
     size_t count = 1u << 20;
     float *x = malloc(count * sizeof *x);
     CHECK(x != NULL, "alloc");
@@ -43,8 +44,8 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < count; i++) x[i] = (float)((r + 1) * (int)(i % 13));
         OK(rt_all_reduce_algo(pg, x, count, RT_F32, RT_OP_SUM, (rt_algo)a));
         for (size_t i = 0; i < count; i++)
-            CHECK(x[i] == (float)(n * (n + 1) / 2 * (int)(i % 13)), "all_reduce %s [%zu] = %g", rt_algo_name((rt_algo)a),
-                  i, x[i]);
+            CHECK(x[i] == (float)(n * (n + 1) / 2 * (int)(i % 13)), "all_reduce %s [%zu] = %g",
+                  rt_algo_name((rt_algo)a), i, x[i]);
     }
     int64_t v = r == n - 1 ? 4242 : -1;
     OK(rt_broadcast(pg, &v, 1, RT_I64, n - 1));

@@ -18,23 +18,23 @@ int mp_free_port(void);
 int mp_run(int world, mp_fn fn, void *arg, double limit_s, int *codes);
 
 /* In children: print and return 1 when a condition fails. */
-#define MP_CHECK(cond, ...)                                                                   \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            fprintf(stderr, "%s:%d: rank check failed: %s: ", __FILE__, __LINE__, #cond);    \
-            fprintf(stderr, __VA_ARGS__);                                                     \
-            fprintf(stderr, "\n");                                                            \
-            return 1;                                                                         \
-        }                                                                                     \
+#define MP_CHECK(cond, ...)                                                                                            \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "%s:%d: rank check failed: %s: ", __FILE__, __LINE__, #cond);                              \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fprintf(stderr, "\n");                                                                                     \
+            return 1;                                                                                                  \
+        }                                                                                                              \
     } while (0)
-#define MP_OK(expr)                                                                           \
-    do {                                                                                      \
-        rt_status s_ = (expr);                                                                \
-        if (s_ != RT_OK) {                                                                    \
-            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr, rt_status_name(s_), \
-                    rt_error_message());                                                      \
-            return 1;                                                                         \
-        }                                                                                     \
+#define MP_OK(expr)                                                                                                    \
+    do {                                                                                                               \
+        rt_status s_ = (expr);                                                                                         \
+        if (s_ != RT_OK) {                                                                                             \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr, rt_status_name(s_),                    \
+                    rt_error_message());                                                                               \
+            return 1;                                                                                                  \
+        }                                                                                                              \
     } while (0)
 
 #endif

@@ -36,20 +36,34 @@ static double value(int r, size_t i, rt_dtype t, rt_reduce_op op, uint64_t salt)
 
 static void put(void *buf, size_t i, rt_dtype t, double v) {
     switch (t) {
-    case RT_F32: ((float *)buf)[i] = (float)v; break;
-    case RT_F64: ((double *)buf)[i] = v; break;
-    case RT_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case RT_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    default: break;
+    case RT_F32:
+        ((float *)buf)[i] = (float)v;
+        break;
+    case RT_F64:
+        ((double *)buf)[i] = v;
+        break;
+    case RT_I32:
+        ((int32_t *)buf)[i] = (int32_t)v;
+        break;
+    case RT_I64:
+        ((int64_t *)buf)[i] = (int64_t)v;
+        break;
+    default:
+        break;
     }
 }
 static double get(const void *buf, size_t i, rt_dtype t) {
     switch (t) {
-    case RT_F32: return ((const float *)buf)[i];
-    case RT_F64: return ((const double *)buf)[i];
-    case RT_I32: return ((const int32_t *)buf)[i];
-    case RT_I64: return (double)((const int64_t *)buf)[i];
-    default: return 0;
+    case RT_F32:
+        return ((const float *)buf)[i];
+    case RT_F64:
+        return ((const double *)buf)[i];
+    case RT_I32:
+        return ((const int32_t *)buf)[i];
+    case RT_I64:
+        return (double)((const int64_t *)buf)[i];
+    default:
+        return 0;
     }
 }
 
@@ -70,11 +84,24 @@ static double expect(int n, size_t i, rt_dtype t, rt_reduce_op op, uint64_t salt
         } else {
             switch (op) {
             case RT_OP_SUM:
-            case RT_OP_AVG: acc += v; iacc += iv; break;
-            case RT_OP_PRODUCT: acc *= v; iacc *= iv; break;
-            case RT_OP_MIN: acc = v < acc ? v : acc; iacc = iv < iacc ? iv : iacc; break;
-            case RT_OP_MAX: acc = v > acc ? v : acc; iacc = iv > iacc ? iv : iacc; break;
-            default: break;
+            case RT_OP_AVG:
+                acc += v;
+                iacc += iv;
+                break;
+            case RT_OP_PRODUCT:
+                acc *= v;
+                iacc *= iv;
+                break;
+            case RT_OP_MIN:
+                acc = v < acc ? v : acc;
+                iacc = iv < iacc ? iv : iacc;
+                break;
+            case RT_OP_MAX:
+                acc = v > acc ? v : acc;
+                iacc = iv > iacc ? iv : iacc;
+                break;
+            default:
+                break;
             }
         }
         mag += fabs(v);
@@ -202,7 +229,8 @@ static int body(int rank, int world, int port, void *arg) {
                     for (size_t i = 0; i < n; i++) put(buf, i, t, value(rank, i, t, RT_OP_SUM, salt));
                     MP_OK(rt_broadcast(pg, buf, n, t, root));
                     for (size_t i = 0; i < n; i++) {
-                        double e = t == RT_F32 ? (float)value(root, i, t, RT_OP_SUM, salt) : value(root, i, t, RT_OP_SUM, salt);
+                        double e = t == RT_F32 ? (float)value(root, i, t, RT_OP_SUM, salt)
+                                               : value(root, i, t, RT_OP_SUM, salt);
                         MP_CHECK(get(buf, i, t) == e, "broadcast root %d %s [%zu]", root, rt_dtype_name(t), i);
                     }
                     rt_reduce_op op = (rt_reduce_op)(salt % RT_OP_COUNT_);
@@ -330,13 +358,34 @@ static void run(rt_transport t, int world, int large) {
     rmdir(c.dir);
 }
 
-static void tcp_w1(void **s) { (void)s; run(RT_TRANSPORT_TCP, 1, 0); }
-static void tcp_w2(void **s) { (void)s; run(RT_TRANSPORT_TCP, 2, 1); }
-static void tcp_w3(void **s) { (void)s; run(RT_TRANSPORT_TCP, 3, 0); }
-static void tcp_w4(void **s) { (void)s; run(RT_TRANSPORT_TCP, 4, 0); }
-static void shm_w2(void **s) { (void)s; run(RT_TRANSPORT_SHM, 2, 0); }
-static void shm_w3(void **s) { (void)s; run(RT_TRANSPORT_SHM, 3, 1); }
-static void shm_w4(void **s) { (void)s; run(RT_TRANSPORT_SHM, 4, 0); }
+static void tcp_w1(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_TCP, 1, 0);
+}
+static void tcp_w2(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_TCP, 2, 1);
+}
+static void tcp_w3(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_TCP, 3, 0);
+}
+static void tcp_w4(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_TCP, 4, 0);
+}
+static void shm_w2(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_SHM, 2, 0);
+}
+static void shm_w3(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_SHM, 3, 1);
+}
+static void shm_w4(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_SHM, 4, 0);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {

@@ -92,10 +92,22 @@ static void run(rt_transport t, int world, int victim) {
     assert_int_equal(leftovers(c.tag), 0);
 }
 
-static void kill_tcp_3(void **s) { (void)s; run(RT_TRANSPORT_TCP, 3, 2); }
-static void kill_shm_3(void **s) { (void)s; run(RT_TRANSPORT_SHM, 3, 1); }
-static void kill_shm_4_root(void **s) { (void)s; run(RT_TRANSPORT_SHM, 4, 0); }
-static void kill_tcp_4_root(void **s) { (void)s; run(RT_TRANSPORT_TCP, 4, 0); }
+static void kill_tcp_3(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_TCP, 3, 2);
+}
+static void kill_shm_3(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_SHM, 3, 1);
+}
+static void kill_shm_4_root(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_SHM, 4, 0);
+}
+static void kill_tcp_4_root(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_TCP, 4, 0);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {

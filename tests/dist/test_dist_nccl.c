@@ -104,8 +104,14 @@ static void run(rt_transport t, int world, int refusal) {
     assert_int_equal(mp_run(world, body, &c, 120, codes), 0);
 }
 
-static void shared_gpu_staged(void **s) { (void)s; run(RT_TRANSPORT_SHM, 2, 0); }
-static void nccl_one_rank(void **s) { (void)s; run(RT_TRANSPORT_NCCL, 1, 0); }
+static void shared_gpu_staged(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_SHM, 2, 0);
+}
+static void nccl_one_rank(void **s) {
+    (void)s;
+    run(RT_TRANSPORT_NCCL, 1, 0);
+}
 static void nccl_shared_gpu_refused(void **s) {
     (void)s;
     if (g_gpus >= 2) skip();

@@ -207,18 +207,39 @@ static void run(mp_fn fn, rt_transport t, int world, int use_env) {
     assert_int_equal(failed, 0);
 }
 
-static void tutorial_env_2(void **s) { (void)s; run(tutorial, RT_TRANSPORT_AUTO, 2, 1); }
-static void tutorial_tcp_4(void **s) { (void)s; run(tutorial, RT_TRANSPORT_TCP, 4, 0); }
-static void tutorial_shm_4(void **s) { (void)s; run(tutorial, RT_TRANSPORT_SHM, 4, 0); }
-static void tutorial_tcp_3(void **s) { (void)s; run(tutorial, RT_TRANSPORT_TCP, 3, 0); }
-static void mismatch_tcp(void **s) { (void)s; run(mismatch, RT_TRANSPORT_TCP, 2, 0); }
-static void mismatch_shm(void **s) { (void)s; run(mismatch, RT_TRANSPORT_SHM, 2, 0); }
-static void size_mismatch_tcp(void **s) { (void)s; run(size_mismatch, RT_TRANSPORT_TCP, 2, 0); }
+static void tutorial_env_2(void **s) {
+    (void)s;
+    run(tutorial, RT_TRANSPORT_AUTO, 2, 1);
+}
+static void tutorial_tcp_4(void **s) {
+    (void)s;
+    run(tutorial, RT_TRANSPORT_TCP, 4, 0);
+}
+static void tutorial_shm_4(void **s) {
+    (void)s;
+    run(tutorial, RT_TRANSPORT_SHM, 4, 0);
+}
+static void tutorial_tcp_3(void **s) {
+    (void)s;
+    run(tutorial, RT_TRANSPORT_TCP, 3, 0);
+}
+static void mismatch_tcp(void **s) {
+    (void)s;
+    run(mismatch, RT_TRANSPORT_TCP, 2, 0);
+}
+static void mismatch_shm(void **s) {
+    (void)s;
+    run(mismatch, RT_TRANSPORT_SHM, 2, 0);
+}
+static void size_mismatch_tcp(void **s) {
+    (void)s;
+    run(size_mismatch, RT_TRANSPORT_TCP, 2, 0);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(tutorial_env_2), cmocka_unit_test(tutorial_tcp_4), cmocka_unit_test(tutorial_shm_4),
-        cmocka_unit_test(tutorial_tcp_3), cmocka_unit_test(mismatch_tcp),   cmocka_unit_test(mismatch_shm),
+        cmocka_unit_test(tutorial_env_2),    cmocka_unit_test(tutorial_tcp_4), cmocka_unit_test(tutorial_shm_4),
+        cmocka_unit_test(tutorial_tcp_3),    cmocka_unit_test(mismatch_tcp),   cmocka_unit_test(mismatch_shm),
         cmocka_unit_test(size_mismatch_tcp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -32,10 +32,19 @@ static int body(int idx, int nproc, int port, void *arg) {
     o.transport = RT_TRANSPORT_TCP;
     char v[32];
     switch (c->mode) {
-    case MISSING: o.world_size = nproc + 1; break;                  /* the last rank never starts */
-    case WORLD_MISMATCH: o.world_size = idx == 1 ? 3 : 2; break;     /* rank 1 says 3 */
-    case DUPLICATE: o.world_size = 3; o.rank = idx == 2 ? 1 : idx; break;
-    case OTHER_JOB: setenv("RINGTRAIN_JOB_TOKEN", idx == 1 ? "job-B" : "job-A", 1); break;
+    case MISSING:
+        o.world_size = nproc + 1;
+        break; /* the last rank never starts */
+    case WORLD_MISMATCH:
+        o.world_size = idx == 1 ? 3 : 2;
+        break; /* rank 1 says 3 */
+    case DUPLICATE:
+        o.world_size = 3;
+        o.rank = idx == 2 ? 1 : idx;
+        break;
+    case OTHER_JOB:
+        setenv("RINGTRAIN_JOB_TOKEN", idx == 1 ? "job-B" : "job-A", 1);
+        break;
     case FILE_INIT:
         snprintf(method, sizeof method, "file://%s", c->path);
         break;
@@ -109,22 +118,44 @@ static int run(int mode, int nproc, int *codes) {
     return failed;
 }
 
-static void missing(void **s) { (void)s; int codes[4]; assert_int_equal(run(MISSING, 2, codes), 0); }
-static void world_mismatch(void **s) { (void)s; int codes[4]; assert_int_equal(run(WORLD_MISMATCH, 2, codes), 0); }
-static void other_job(void **s) { (void)s; int codes[4]; assert_int_equal(run(OTHER_JOB, 2, codes), 0); }
+static void missing(void **s) {
+    (void)s;
+    int codes[4];
+    assert_int_equal(run(MISSING, 2, codes), 0);
+}
+static void world_mismatch(void **s) {
+    (void)s;
+    int codes[4];
+    assert_int_equal(run(WORLD_MISMATCH, 2, codes), 0);
+}
+static void other_job(void **s) {
+    (void)s;
+    int codes[4];
+    assert_int_equal(run(OTHER_JOB, 2, codes), 0);
+}
 static void duplicate(void **s) {
     (void)s;
     int codes[4];
     run(DUPLICATE, 3, codes);
     int saw = 0;
     for (int i = 0; i < 3; i++) {
-        if (codes[i] == 2) saw++;
-        else if (codes[i] != 0) fail_msg("process %d exited with %d", i, codes[i]);
+        if (codes[i] == 2)
+            saw++;
+        else if (codes[i] != 0)
+            fail_msg("process %d exited with %d", i, codes[i]);
     }
     assert_int_equal(saw, 1);
 }
-static void file_init(void **s) { (void)s; int codes[4]; assert_int_equal(run(FILE_INIT, 3, codes), 0); }
-static void ompi_env(void **s) { (void)s; int codes[4]; assert_int_equal(run(OMPI, 2, codes), 0); }
+static void file_init(void **s) {
+    (void)s;
+    int codes[4];
+    assert_int_equal(run(FILE_INIT, 3, codes), 0);
+}
+static void ompi_env(void **s) {
+    (void)s;
+    int codes[4];
+    assert_int_equal(run(OMPI, 2, codes), 0);
+}
 static void torchrun_env(void **s) {
     (void)s;
     /* occupy MASTER_PORT like torchrun's store; ours must use MASTER_PORT+1 */
@@ -160,8 +191,8 @@ static void torchrun_env(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(missing),   cmocka_unit_test(world_mismatch), cmocka_unit_test(other_job),
-        cmocka_unit_test(duplicate), cmocka_unit_test(file_init),      cmocka_unit_test(ompi_env),
+        cmocka_unit_test(missing),      cmocka_unit_test(world_mismatch), cmocka_unit_test(other_job),
+        cmocka_unit_test(duplicate),    cmocka_unit_test(file_init),      cmocka_unit_test(ompi_env),
         cmocka_unit_test(torchrun_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

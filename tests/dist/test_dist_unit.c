@@ -120,8 +120,9 @@ static void store_roundtrip(void **s) {
         assert_rt_ok(rt_sock_connect("127.0.0.1", port, rt_now_ns() + 2000000000ull, "store", &fd));
         uint8_t junk[64];
         memset(junk, 0x41, sizeof junk);
-        if (k == 1) rt_store_frame_encode(junk, sizeof junk, RT_STORE_SET, 0, "k", 1, NULL, 0), junk[8] = 0xff,
-                                          junk[9] = 0xff, junk[10] = 0xff;
+        if (k == 1)
+            rt_store_frame_encode(junk, sizeof junk, RT_STORE_SET, 0, "k", 1, NULL, 0), junk[8] = 0xff, junk[9] = 0xff,
+                                                                                        junk[10] = 0xff;
         assert_int_equal(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
         char r;
         (void)!read(fd, &r, 1); /* the server answers with an error or closes */
@@ -139,11 +140,25 @@ static void store_roundtrip(void **s) {
 
 static void rdzv_env(void **s) {
     (void)s;
-    const char *vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
-                          "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
-                          "SLURM_LOCALID", "TORCHELASTIC_USE_AGENT_STORE", "RINGTRAIN_STORE_PORT",
-                          "RINGTRAIN_JOB_TOKEN", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID",
-                          "OMPI_MCA_ess_base_jobid", "RINGTRAIN_STORE_HOSTED"};
+    const char *vars[] = {"RANK",
+                          "WORLD_SIZE",
+                          "LOCAL_RANK",
+                          "MASTER_ADDR",
+                          "MASTER_PORT",
+                          "OMPI_COMM_WORLD_RANK",
+                          "OMPI_COMM_WORLD_SIZE",
+                          "OMPI_COMM_WORLD_LOCAL_RANK",
+                          "SLURM_PROCID",
+                          "SLURM_NTASKS",
+                          "SLURM_LOCALID",
+                          "TORCHELASTIC_USE_AGENT_STORE",
+                          "RINGTRAIN_STORE_PORT",
+                          "RINGTRAIN_JOB_TOKEN",
+                          "TORCHELASTIC_RUN_ID",
+                          "SLURM_JOB_ID",
+                          "SLURM_STEP_ID",
+                          "OMPI_MCA_ess_base_jobid",
+                          "RINGTRAIN_STORE_HOSTED"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     rt_rdzv r;
     assert_int_equal(rt_rdzv_parse("env://", -1, -1, &r), RT_ERR_INVALID); /* no rank */

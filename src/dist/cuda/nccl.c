@@ -84,30 +84,46 @@ static rt_status wait_stream(rt_pg *pg, const char *op, uint64_t deadline) {
 
 static rt_status dtype_of(rt_dtype t, ncclDataType_t *out) {
     switch (t) {
-    case RT_F32: *out = ncclFloat32; return RT_OK;
-    case RT_F64: *out = ncclFloat64; return RT_OK;
-    case RT_I32: *out = ncclInt32; return RT_OK;
-    case RT_I64: *out = ncclInt64; return RT_OK;
-    case RT_U8: *out = ncclUint8; return RT_OK;
-    default: return RT_ERROR(RT_ERR_INVALID, "nccl: dtype %d", (int)t);
+    case RT_F32:
+        *out = ncclFloat32;
+        return RT_OK;
+    case RT_F64:
+        *out = ncclFloat64;
+        return RT_OK;
+    case RT_I32:
+        *out = ncclInt32;
+        return RT_OK;
+    case RT_I64:
+        *out = ncclInt64;
+        return RT_OK;
+    case RT_U8:
+        *out = ncclUint8;
+        return RT_OK;
+    default:
+        return RT_ERROR(RT_ERR_INVALID, "nccl: dtype %d", (int)t);
     }
 }
 
 static ncclRedOp_t op_of(rt_reduce_op op) {
     switch (op) {
-    case RT_OP_AVG: return ncclAvg;
-    case RT_OP_PRODUCT: return ncclProd;
-    case RT_OP_MIN: return ncclMin;
-    case RT_OP_MAX: return ncclMax;
-    default: return ncclSum;
+    case RT_OP_AVG:
+        return ncclAvg;
+    case RT_OP_PRODUCT:
+        return ncclProd;
+    case RT_OP_MIN:
+        return ncclMin;
+    case RT_OP_MAX:
+        return ncclMax;
+    default:
+        return ncclSum;
     }
 }
 
-#define NCCL_ENQ(pg, op, expr)                                                                \
-    do {                                                                                      \
-        ncclResult_t rt_r_ = (expr);                                                          \
-        if (rt_r_ != ncclSuccess && rt_r_ != ncclInProgress)                                  \
-            return abort_comm((pg), RT_ERR_CUDA, (op), ncclGetErrorString(rt_r_));            \
+#define NCCL_ENQ(pg, op, expr)                                                                                         \
+    do {                                                                                                               \
+        ncclResult_t rt_r_ = (expr);                                                                                   \
+        if (rt_r_ != ncclSuccess && rt_r_ != ncclInProgress)                                                           \
+            return abort_comm((pg), RT_ERR_CUDA, (op), ncclGetErrorString(rt_r_));                                     \
     } while (0)
 
 rt_status rt_pg_nccl_init(rt_pg *pg) {
@@ -182,10 +198,10 @@ static rt_status precheck(rt_pg *pg, const char *op) {
     return RT_OK;
 }
 
-rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t count, rt_dtype dtype,
-                       rt_reduce_op op, int root) {
-    static const char *const names[] = {"?", "p2p", "broadcast", "reduce", "all_reduce", "scatter", "gather",
-                                        "all_gather", "reduce_scatter", "barrier"};
+rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
+                       int root) {
+    static const char *const names[] = {"?",       "p2p",    "broadcast",  "reduce",         "all_reduce",
+                                        "scatter", "gather", "all_gather", "reduce_scatter", "barrier"};
     const char *name = kind > 0 && kind <= RT_K_BARRIER ? names[kind] : "?";
     RT_CHECK(precheck(pg, name));
     nccl_state *st = st_of(pg);
@@ -195,10 +211,18 @@ rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t
     size_t nb = count * rt_dtype_size(dtype);
     int n = pg->size, me = pg->rank;
     switch (kind) {
-    case RT_K_ALLREDUCE: NCCL_ENQ(pg, name, ncclAllReduce(send, recv, count, dt, op_of(op), st->comm, st->stream)); break;
-    case RT_K_BCAST: NCCL_ENQ(pg, name, ncclBroadcast(send, recv, count, dt, root, st->comm, st->stream)); break;
-    case RT_K_REDUCE: NCCL_ENQ(pg, name, ncclReduce(send, recv, count, dt, op_of(op), root, st->comm, st->stream)); break;
-    case RT_K_ALLGATHER: NCCL_ENQ(pg, name, ncclAllGather(send, recv, count, dt, st->comm, st->stream)); break;
+    case RT_K_ALLREDUCE:
+        NCCL_ENQ(pg, name, ncclAllReduce(send, recv, count, dt, op_of(op), st->comm, st->stream));
+        break;
+    case RT_K_BCAST:
+        NCCL_ENQ(pg, name, ncclBroadcast(send, recv, count, dt, root, st->comm, st->stream));
+        break;
+    case RT_K_REDUCE:
+        NCCL_ENQ(pg, name, ncclReduce(send, recv, count, dt, op_of(op), root, st->comm, st->stream));
+        break;
+    case RT_K_ALLGATHER:
+        NCCL_ENQ(pg, name, ncclAllGather(send, recv, count, dt, st->comm, st->stream));
+        break;
     case RT_K_REDUCE_SCATTER:
         NCCL_ENQ(pg, name, ncclReduceScatter(send, recv, count, dt, op_of(op), st->comm, st->stream));
         break;
@@ -209,7 +233,8 @@ rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t
             for (int i = 0; i < n; i++) {
                 if (i == root) continue;
                 if (kind == RT_K_SCATTER)
-                    NCCL_ENQ(pg, name, ncclSend((const char *)send + (size_t)i * nb, count, dt, i, st->comm, st->stream));
+                    NCCL_ENQ(pg, name,
+                             ncclSend((const char *)send + (size_t)i * nb, count, dt, i, st->comm, st->stream));
                 else
                     NCCL_ENQ(pg, name, ncclRecv((char *)recv + (size_t)i * nb, count, dt, i, st->comm, st->stream));
             }
@@ -228,7 +253,8 @@ rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t
     case RT_K_BARRIER:
         NCCL_ENQ(pg, name, ncclAllReduce(st->flag_dev, st->flag_dev, 1, ncclInt32, ncclSum, st->comm, st->stream));
         break;
-    default: return RT_ERROR(RT_ERR_INVALID, "nccl: operation %d", kind);
+    default:
+        return RT_ERROR(RT_ERR_INVALID, "nccl: operation %d", kind);
     }
     return wait_stream(pg, name, deadline);
 }
