@@ -67,6 +67,10 @@ typedef struct rt_pg_options {
     rt_transport transport;
     rt_algo algo;     /* all_reduce algorithm */
     double timeout_s; /* every blocking call; default 300 */
+    /* where the buffers live (rt_pg_set_buffer_device). With a CUDA device and transport
+     * auto, the group uses nccl when every rank has its own GPU, else shm/tcp with
+     * staging through pinned host memory. Default: the CPU. */
+    rt_device device;
 } rt_pg_options;
 
 void rt_pg_options_default(rt_pg_options *o);

@@ -47,6 +47,7 @@ void rt_pg_options_default(rt_pg_options *o) {
     o->transport = RT_TRANSPORT_AUTO;
     o->algo = RT_ALGO_RING;
     o->timeout_s = 300.0;
+    o->device = rt_device_cpu();
     const char *t = getenv("RINGTRAIN_DIST_TIMEOUT");
     if (t && atof(t) > 0) o->timeout_s = atof(t);
 }
@@ -432,7 +433,26 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     pg->timeout_s = o->timeout_s;
     pg->algo = o->algo;
     pg->transport = t;
-    if (t == RT_TRANSPORT_NCCL) RT_CHECK(rt_pg_nccl_init(pg));
+    pg->buf_device = o->device;
+    if (t == RT_TRANSPORT_NCCL) {
+        RT_REQUIRE(o->device.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
+                   "transport nccl needs device buffers (rt_pg_options.device = cuda)");
+        RT_CHECK(rt_pg_nccl_init(pg));
+    } else if (o->transport == RT_TRANSPORT_AUTO && o->device.kind == RT_DEVICE_CUDA && rt_cuda_built()) {
+        /* auto with GPU buffers: nccl when every rank has its own GPU (the check is the
+         * same on every rank, so they all decide alike), else stage over shm/tcp */
+        rt_status ns = rt_pg_nccl_init(pg);
+        if (ns == RT_OK) {
+            pg->transport = RT_TRANSPORT_NCCL;
+        } else if (ns == RT_ERR_UNSUPPORTED) {
+            RT_LOG_INFO("transport auto: %s; device buffers go through pinned host memory over %s", rt_error_message(),
+                        rt_transport_name(t));
+            rt_pg_nccl_destroy(w);
+            rt_error_clear();
+        } else {
+            return ns;
+        }
+    }
     RT_LOG_DEBUG("process group ready: rank %d of %d, transport %s", r->rank, r->world, rt_transport_name(t));
     return RT_OK;
 }

@@ -24,9 +24,12 @@ static int probe_gpus(void) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
 }
 
+static int g_gpus;
+
 typedef struct cfg {
     rt_transport transport;
     int expect_refusal;
+    int expect_transport; /* -1: any */
 } cfg;
 
 static int body(int rank, int world, int port, void *arg) {
@@ -41,6 +44,9 @@ static int body(int rank, int world, int port, void *arg) {
     o.transport = c->transport;
     o.timeout_s = 60;
     setenv("LOCAL_RANK", rank ? "1" : "0", 1);
+    rt_device dev;
+    MP_OK(rt_device_select("cuda", rank, &dev));
+    o.device = dev;
     rt_pg *pg;
     rt_status s = rt_pg_init(&o, &pg);
     if (c->expect_refusal) {
@@ -49,8 +55,9 @@ static int body(int rank, int world, int port, void *arg) {
         return 0;
     }
     MP_OK(s);
-    rt_device dev;
-    MP_OK(rt_device_select("cuda", rank, &dev));
+    if (c->expect_transport >= 0)
+        MP_CHECK(rt_pg_transport(pg) == (rt_transport)c->expect_transport, "transport %s",
+                 rt_transport_name(rt_pg_transport(pg)));
     MP_OK(rt_pg_set_buffer_device(pg, dev));
     size_t n = 1000003;
     float *h = malloc(n * sizeof *h), *d = NULL;
@@ -96,12 +103,18 @@ static int body(int rank, int world, int port, void *arg) {
     return 0;
 }
 
-static int g_gpus;
-
-static void run(rt_transport t, int world, int refusal) {
-    cfg c = {t, refusal};
+static void run_expect(rt_transport t, int world, int refusal, int expect) {
+    cfg c = {t, refusal, expect};
     int codes[4];
     assert_int_equal(mp_run(world, body, &c, 120, codes), 0);
+}
+
+static void run(rt_transport t, int world, int refusal) { run_expect(t, world, refusal, -1); }
+
+/* transport auto with device buffers: nccl with a GPU per rank, else shm with staging */
+static void auto_picks(void **s) {
+    (void)s;
+    run_expect(RT_TRANSPORT_AUTO, 2, 0, g_gpus >= 2 ? RT_TRANSPORT_NCCL : RT_TRANSPORT_SHM);
 }
 
 static void shared_gpu_staged(void **s) {
@@ -130,10 +143,8 @@ int main(void) {
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(shared_gpu_staged),
-        cmocka_unit_test(nccl_one_rank),
-        cmocka_unit_test(nccl_shared_gpu_refused),
-        cmocka_unit_test(nccl_two_gpus),
+        cmocka_unit_test(shared_gpu_staged), cmocka_unit_test(nccl_one_rank), cmocka_unit_test(nccl_shared_gpu_refused),
+        cmocka_unit_test(nccl_two_gpus),     cmocka_unit_test(auto_picks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
