@@ -349,6 +349,13 @@ void rt_engine_fail(rt_engine *e) {
     rt_error_save(&rec);
     if (!e->broken) {
         e->broken = true;
+        e->fail_peer = -1;
+        for (rt_request *r = e->active; r && e->fail_peer < 0; r = r->next)
+            for (int i = 0; i < r->nx; i++)
+                if (!r->x[i].complete && !r->x[i].is_send) {
+                    e->fail_peer = r->x[i].ch->peer;
+                    break;
+                }
         if (e->on_fail) e->on_fail(e->on_fail_ctx, &rec);
         e->err = rec;
         /* make the peers fail fast instead of waiting for their timeout */

@@ -103,6 +103,7 @@ struct rt_engine {
      * the record (the process group reports it through the store) */
     void (*on_fail)(void *ctx, rt_error_record *rec);
     void *on_fail_ctx;
+    int fail_peer; /* at the failure: the peer of the first unfinished receive (-1: none) */
 };
 
 rt_status rt_engine_init(rt_engine *e, int rank, int world);

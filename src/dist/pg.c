@@ -318,11 +318,58 @@ static void world_free(rt_pg_world *w) {
 /* The first rank to fail reports its error through the store; a rank that fails
  * later (typically because a failed rank shut its sockets) appends that first report,
  * so every survivor names the rank that really died. */
+/* After a timeout: follow "who waits for whom" (each failing rank publishes the peer it
+ * was receiving from) to the first rank that reported nothing within a short grace
+ * period: that rank is stuck or dead, while the peers in between merely wait behind it. */
+static void diagnose_timeout(rt_pg_world *w, double grace_s, char *out, size_t n) {
+    int me = w->eng.rank, cur = w->eng.fail_peer, hops = 0;
+    out[0] = '\0';
+    uint64_t deadline = rt_now_ns() + (uint64_t)(grace_s * 1e9);
+    char chain[256] = "";
+    size_t cl = 0;
+    while (cur >= 0 && cur != me && hops < w->eng.world) {
+        char key[64], val[32] = "";
+        snprintf(key, sizeof key, "rt/waiting/%d", cur);
+        bool ex = false;
+        if (rt_store_check(w->store, key, &ex) != RT_OK) return;
+        if (ex) {
+            size_t len = 0;
+            if (rt_store_get(w->store, key, val, sizeof val - 1, &len) != RT_OK) return;
+            val[len] = '\0';
+            int next = atoi(val);
+            if (cl < sizeof chain - 40)
+                cl += (size_t)snprintf(chain + cl, sizeof chain - cl, "rank %d waits for rank %d; ", cur, next);
+            cur = next;
+            hops++;
+            continue;
+        }
+        if (rt_now_ns() >= deadline) {
+            snprintf(out, n, "%srank %d reported nothing: it is probably stuck or dead", chain, cur);
+            return;
+        }
+        sleep_ms(20);
+    }
+}
+
 static void report_failure(void *ctx, rt_error_record *rec) {
     rt_pg_world *w = ctx;
     if (!w->store) return;
-    rt_error_record mine = *rec;
     rt_store_set_timeout(w->store, 2.0);
+    if (w->eng.fail_peer >= 0) {
+        char key[64], val[32];
+        snprintf(key, sizeof key, "rt/waiting/%d", w->eng.rank);
+        int n = snprintf(val, sizeof val, "%d", w->eng.fail_peer);
+        rt_store_set(w->store, key, val, (size_t)n);
+    }
+    char diag[400] = "";
+    if (rec->status == RT_ERR_TIMEOUT) {
+        diagnose_timeout(w, 2.0, diag, sizeof diag);
+        if (diag[0]) {
+            size_t len = strlen(rec->msg);
+            snprintf(rec->msg + len, sizeof rec->msg - len, "\n  diagnosis: %s", diag);
+        }
+    }
+    rt_error_record mine = *rec;
     int64_t k = 0;
     if (rt_store_add(w->store, "rt/failures", 1, &k) != RT_OK) {
         if (!w->server) {
@@ -333,11 +380,13 @@ static void report_failure(void *ctx, rt_error_record *rec) {
         goto out;
     }
     if (k == 1) {
-        char msg[1200];
-        int n = snprintf(msg, sizeof msg, "rank %d: %.1100s", w->eng.rank, mine.msg);
+        char msg[1600];
+        char *nl = strchr(mine.msg, '\n');
+        if (nl) *nl = '\0';
+        int n = snprintf(msg, sizeof msg, "rank %d: %.1100s%s%.400s", w->eng.rank, mine.msg, diag[0] ? "; " : "", diag);
         rt_store_set(w->store, "rt/failure/first", msg, (size_t)n);
     } else {
-        char first[1300] = "";
+        char first[1700] = "";
         size_t n = 0;
         if (rt_store_get(w->store, "rt/failure/first", first, sizeof first - 1, &n) == RT_OK) {
             first[n < sizeof first ? n : sizeof first - 1] = '\0';

@@ -10,12 +10,14 @@
 #include <signal.h>
 #include <string.h>
 #include <time.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 typedef struct cfg {
     rt_transport transport;
     char tag[64];
     int victim;
+    int stop; /* the victim stops (SIGSTOP) instead of dying: the others time out */
 } cfg;
 
 static int body(int rank, int world, int port, void *arg) {
@@ -29,7 +31,7 @@ static int body(int rank, int world, int port, void *arg) {
     o.rank = rank;
     o.world_size = world;
     o.transport = c->transport;
-    o.timeout_s = 8;
+    o.timeout_s = c->stop ? 3 : 8;
     rt_pg *pg;
     MP_OK(rt_pg_init(&o, &pg));
     float small[16];
@@ -40,14 +42,25 @@ static int body(int rank, int world, int port, void *arg) {
     float *big = calloc(n, sizeof *big);
     MP_CHECK(big != NULL, "alloc");
     if (rank == c->victim) {
+        char pid[32];
+        snprintf(pid, sizeof pid, "%d", (int)getpid());
+        MP_OK(rt_store_set(rt_pg_store(pg), "test/victim", pid, strlen(pid)));
         rt_request *req;
         MP_OK(rt_iall_reduce(pg, big, n, RT_F32, RT_OP_SUM, &req));
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
-        raise(SIGKILL); /* dies mid-operation */
+        raise(c->stop ? SIGSTOP : SIGKILL); /* stops or dies mid-operation */
         return 3;
     }
     rt_status s = rt_all_reduce(pg, big, n, RT_F32, RT_OP_SUM);
+    if (c->stop && rank == 0) { /* the stopped rank never resumes: end it */
+        char pid[32] = "";
+        size_t len = 0;
+        if (rt_store_get(rt_pg_store(pg), "test/victim", pid, sizeof pid - 1, &len) == RT_OK) {
+            pid[len] = '\0';
+            kill((pid_t)atoi(pid), SIGKILL);
+        }
+    }
     const char *msg = rt_error_message();
     char want[32];
     snprintf(want, sizeof want, "rank %d", c->victim);
@@ -78,8 +91,8 @@ static int leftovers(const char *tag) {
     return n;
 }
 
-static void run(rt_transport t, int world, int victim) {
-    cfg c = {.transport = t, .victim = victim};
+static void run_stop(rt_transport t, int world, int victim, int stop) {
+    cfg c = {.transport = t, .victim = victim, .stop = stop};
     snprintf(c.tag, sizeof c.tag, "test%d", (int)getpid());
     int codes[4];
     mp_run(world, body, &c, 60, codes);
@@ -91,6 +104,8 @@ static void run(rt_transport t, int world, int victim) {
     }
     assert_int_equal(leftovers(c.tag), 0);
 }
+
+static void run(rt_transport t, int world, int victim) { run_stop(t, world, victim, 0); }
 
 static void kill_tcp_3(void **s) {
     (void)s;
@@ -109,12 +124,20 @@ static void kill_tcp_4_root(void **s) {
     run(RT_TRANSPORT_TCP, 4, 0);
 }
 
+/* a stopped (not dead) rank: the others time out and name it */
+static void stop_tcp_3(void **s) {
+    (void)s;
+    run_stop(RT_TRANSPORT_TCP, 3, 2, 1);
+}
+static void stop_shm_3(void **s) {
+    (void)s;
+    run_stop(RT_TRANSPORT_SHM, 3, 1, 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(kill_tcp_3),
-        cmocka_unit_test(kill_shm_3),
-        cmocka_unit_test(kill_shm_4_root),
-        cmocka_unit_test(kill_tcp_4_root),
+        cmocka_unit_test(kill_tcp_3),      cmocka_unit_test(kill_shm_3), cmocka_unit_test(kill_shm_4_root),
+        cmocka_unit_test(kill_tcp_4_root), cmocka_unit_test(stop_tcp_3), cmocka_unit_test(stop_shm_3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
