@@ -1,6 +1,12 @@
 /* The CPU kernels of every layer but conv2d: batch norm, relu, pooling, linear,
  * dropout, elementwise ops and the losses. Per-channel and per-image loops run on the
  * pool; sums are accumulated in double so results do not depend on the thread count. */
+/* These loops are the elementwise hot spots; gcc's -O2 cost model does not vectorise
+ * loops that need an aliasing check (in-place ops alias), -O3's does. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("O3")
+#endif
+
 #include "core/philox.h"
 #include "model/cpu/cpu_internal.h"
 #include "model/cpu/gemm.h"
