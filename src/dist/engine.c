@@ -502,11 +502,17 @@ static void drive(rt_engine *e, rt_request *target) {
         }
         int ms = 1000;
         if (late && (earliest - now) / 1000000 + 1 < (uint64_t)ms) ms = (int)((earliest - now) / 1000000 + 1);
-        if (!e->shm) {
+        if (idle == 0) spin_start = now;
+        if (!e->shm) { /* tcp: a few non-blocking passes (a reply is often microseconds away), then poll */
+            if (now - spin_start < spin_ns()) {
+                idle++;
+                cpu_relax();
+                continue;
+            }
             wait_tcp(e, ms);
+            idle = 0;
             continue;
         }
-        if (idle == 0) spin_start = now;
         idle++;
         if (now - spin_start < spin_ns()) {
             cpu_relax();
