@@ -26,7 +26,6 @@ typedef struct rt_pg_world {
     uint8_t token[RT_TOKEN_BYTES];
     char tokhex[2 * RT_TOKEN_BYTES + 1];
     int next_group;
-    char *shm_names[2]; /* unused slots kept for cleanup on error paths */
     void *nccl;         /* nccl transport state (CUDA builds) */
 } rt_pg_world;
 

@@ -4,11 +4,14 @@
  * (TORCHELASTIC_USE_AGENT_STORE=True, MASTER_PORT taken by torchrun's store) our
  * store moves to MASTER_PORT+1; Open MPI and Slurm variables give rank and size. */
 #include "../test_util.h"
+#include "core/timer.h"
 #include "dist/dist.h"
+#include "dist/wire.h"
 #include "dist/sock.h"
 #include "mp.h"
 
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,10 +20,44 @@ typedef struct cfg {
     char path[256];
 } cfg;
 
-enum { MISSING, WORLD_MISMATCH, DUPLICATE, OTHER_JOB, FILE_INIT, TORCHRUN, OMPI, SLURM };
+enum { MISSING, WORLD_MISMATCH, DUPLICATE, OTHER_JOB, FILE_INIT, TORCHRUN, OMPI, SLURM, INTRUDER };
+
+/* A process that knows the store (and the job id) but not the per-launch token connects
+ * to rank 0's transport listener claiming to be rank 1: it must be turned away. */
+static int intruder(int port) {
+    rt_store *st;
+    MP_OK(rt_store_connect("127.0.0.1", port, "", -1, 2, 10, &st));
+    char addr[80] = "", host[64];
+    size_t n = 0;
+    MP_OK(rt_store_get(st, "rt/addr/0", addr, sizeof addr - 1, &n));
+    addr[n] = '\0';
+    int p = 0;
+    MP_CHECK(sscanf(addr, "%63s %d", host, &p) == 2, "address '%s'", addr);
+    int fd;
+    MP_OK(rt_sock_connect(host, p, rt_now_ns() + 5000000000ull, "rank 0", &fd));
+    rt_hello h = {.rank = 1, .world = 2};
+    memset(h.token, 0x5a, sizeof h.token);
+    uint8_t b[RT_HELLO_BYTES];
+    rt_hello_encode(b, &h);
+    MP_OK(rt_sock_write_all(fd, b, sizeof b, rt_now_ns() + 5000000000ull, "rank 0"));
+    uint8_t r[RT_HELLO_BYTES];
+    rt_status s = rt_sock_read_all(fd, r, sizeof r, rt_now_ns() + 10000000000ull, "rank 0");
+    MP_CHECK(s == RT_ERR_PEER, "rank 0 answered a peer with a wrong token (%s)", rt_status_name(s));
+    close(fd);
+    rt_store_close(st);
+    return 0;
+}
 
 static int body(int idx, int nproc, int port, void *arg) {
     cfg *c = arg;
+    if (c->mode == INTRUDER) {
+        if (idx == 2) return intruder(port);
+        nproc = 2;
+        if (idx == 1) { /* give the intruder the first go at rank 0's listener */
+            struct timespec ts = {0, 500000000};
+            nanosleep(&ts, NULL);
+        }
+    }
     rt_pg_options o;
     rt_pg_options_default(&o);
     char method[300];
@@ -151,6 +188,11 @@ static void file_init(void **s) {
     int codes[4];
     assert_int_equal(run(FILE_INIT, 3, codes), 0);
 }
+static void intruder_rejected(void **s) {
+    (void)s;
+    int codes[4];
+    assert_int_equal(run(INTRUDER, 3, codes), 0);
+}
 static void ompi_env(void **s) {
     (void)s;
     int codes[4];
@@ -191,9 +233,9 @@ static void torchrun_env(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(missing),      cmocka_unit_test(world_mismatch), cmocka_unit_test(other_job),
-        cmocka_unit_test(duplicate),    cmocka_unit_test(file_init),      cmocka_unit_test(ompi_env),
-        cmocka_unit_test(torchrun_env),
+        cmocka_unit_test(missing),      cmocka_unit_test(world_mismatch),    cmocka_unit_test(other_job),
+        cmocka_unit_test(duplicate),    cmocka_unit_test(file_init),         cmocka_unit_test(ompi_env),
+        cmocka_unit_test(torchrun_env), cmocka_unit_test(intruder_rejected),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
