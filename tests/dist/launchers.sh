@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
 # The real launchers start dist_worker ranks: torchrun (its own store holds MASTER_PORT,
 # ours moves to MASTER_PORT+1) and Open MPI's mpirun (rank and size from
-# OMPI_COMM_WORLD_*). Exit 77 (skipped) when the launcher is not installed.
+# OMPI_COMM_WORLD_*, rendezvous through a file:// path). Exit 77 (skipped) when the launcher is not installed.
 #
 #   tests/dist/launchers.sh torchrun|mpirun /path/to/dist_worker
 set -u
 mode=$1
 worker=$2
-port=$(( 20000 + ($$ * 7) % 20000 ))
+# two consecutive free ports (torchrun's store takes the first, ours the second)
+port=$(/usr/bin/python3 - <<'PY'
+import socket, random
+for _ in range(200):
+    p = random.randint(20000, 60000)
+    try:
+        socks = []
+        for q in (p, p + 1):
+            s = socket.socket(); s.bind(("127.0.0.1", q)); socks.append(s)
+        for s in socks: s.close()
+        print(p); break
+    except OSError:
+        for s in socks: s.close()
+PY
+)
 export RINGTRAIN_JOB_TOKEN=launcher-$$
 case $mode in
 torchrun)
@@ -19,8 +33,10 @@ torchrun)
   ;;
 mpirun)
   command -v mpirun >/dev/null || { echo "SKIP: no mpirun"; exit 77; }
-  timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" \
-    -x RINGTRAIN_JOB_TOKEN "$worker"
+  # file:// rendezvous: rank 0 hosts the store on an ephemeral port and writes it down
+  rdzv=$(mktemp -u /tmp/rt-mpirun-XXXXXX)
+  trap 'rm -f "$rdzv"' EXIT
+  timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x RINGTRAIN_JOB_TOKEN "$worker" "file://$rdzv"
   ;;
 *) echo "usage: $0 torchrun|mpirun WORKER" >&2; exit 2 ;;
 esac
