@@ -32,16 +32,15 @@ typedef struct jp {
     const char *what; /* file name */
 } jp;
 
-#define JFAIL(p, ...)                                                                              \
-    do {                                                                                           \
-        char m_[256];                                                                              \
-        snprintf(m_, sizeof m_, __VA_ARGS__);                                                      \
-        return RT_ERROR(RT_ERR_FORMAT, "%s: header JSON at byte %zu: %s", (p)->what, (p)->i + 8, m_); \
+#define JFAIL(p, ...)                                                                                                  \
+    do {                                                                                                               \
+        char m_[256];                                                                                                  \
+        snprintf(m_, sizeof m_, __VA_ARGS__);                                                                          \
+        return RT_ERROR(RT_ERR_FORMAT, "%s: header JSON at byte %zu: %s", (p)->what, (p)->i + 8, m_);                  \
     } while (0)
 
 static void ws(jp *p) {
-    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r'))
-        p->i++;
+    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r')) p->i++;
 }
 
 static rt_status expect(jp *p, char c) {
@@ -90,14 +89,30 @@ static rt_status parse_string(jp *p, char **out) {
             }
             char e = p->s[p->i++];
             switch (e) {
-            case '"': cp = '"'; break;
-            case '\\': cp = '\\'; break;
-            case '/': cp = '/'; break;
-            case 'b': cp = '\b'; break;
-            case 'f': cp = '\f'; break;
-            case 'n': cp = '\n'; break;
-            case 'r': cp = '\r'; break;
-            case 't': cp = '\t'; break;
+            case '"':
+                cp = '"';
+                break;
+            case '\\':
+                cp = '\\';
+                break;
+            case '/':
+                cp = '/';
+                break;
+            case 'b':
+                cp = '\b';
+                break;
+            case 'f':
+                cp = '\f';
+                break;
+            case 'n':
+                cp = '\n';
+                break;
+            case 'r':
+                cp = '\r';
+                break;
+            case 't':
+                cp = '\t';
+                break;
             case 'u': {
                 if (p->n - p->i < 4) {
                     free(buf);
@@ -278,8 +293,7 @@ static rt_status parse_tensor(jp *p, rt_st_tensor *t) {
                 char dn[32];
                 snprintf(dn, sizeof dn, "%s", d);
                 free(d);
-                JFAIL(p, "tensor '%s': dtype \"%s\" is not supported (expected F32, F64, I32, I64 or U8)", t->name,
-                      dn);
+                JFAIL(p, "tensor '%s': dtype \"%s\" is not supported (expected F32, F64, I32, I64 or U8)", t->name, dn);
             }
             free(d);
             have_dtype = true;
@@ -332,7 +346,8 @@ static int cmp_name(const void *a, const void *b) {
 static rt_status parse_all(rt_safetensors *st) {
     const unsigned char *b = st->bytes;
     const char *what = st->path;
-    if (st->size < 8) RT_FAIL(RT_ERR_FORMAT, "%s: %zu bytes, too short for a safetensors header length", what, st->size);
+    if (st->size < 8)
+        RT_FAIL(RT_ERR_FORMAT, "%s: %zu bytes, too short for a safetensors header length", what, st->size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
     if (hlen > st->size - 8)
@@ -340,8 +355,8 @@ static rt_status parse_all(rt_safetensors *st) {
                 (unsigned long long)hlen, st->size);
     if (hlen > ST_MAX_HEADER)
         RT_FAIL(RT_ERR_FORMAT, "%s: header length %llu exceeds the 100 MiB limit", what, (unsigned long long)hlen);
-    if (hlen < 2) RT_FAIL(RT_ERR_FORMAT, "%s: header length %llu is too small for a JSON object", what,
-                          (unsigned long long)hlen);
+    if (hlen < 2)
+        RT_FAIL(RT_ERR_FORMAT, "%s: header length %llu is too small for a JSON object", what, (unsigned long long)hlen);
     jp p = {.s = (const char *)b + 8, .n = (size_t)hlen, .i = 0, .what = what};
     const size_t data_size = st->size - 8 - (size_t)hlen;
     const unsigned char *data = b + 8 + hlen;
@@ -403,8 +418,10 @@ static rt_status parse_all(rt_safetensors *st) {
         for (int i = 0; i < st->n; i++) {
             const rt_st_tensor *t = &st->tensors[i];
             if (t->begin != pos)
-                RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': data_offsets begin %zu, expected %zu (tensors must be "
-                        "contiguous and not overlap)", what, t->name, t->begin, pos);
+                RT_FAIL(RT_ERR_FORMAT,
+                        "%s: tensor '%s': data_offsets begin %zu, expected %zu (tensors must be "
+                        "contiguous and not overlap)",
+                        what, t->name, t->begin, pos);
             pos = t->end;
         }
         if (pos != data_size)
@@ -507,12 +524,13 @@ const char *rt_safetensors_meta(const rt_safetensors *st, const char *key) {
 
 static void shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
     size_t u = (size_t)snprintf(buf, n, "[");
-    for (int i = 0; i < ndim && u < n; i++) u += (size_t)snprintf(buf + u, n - u, i ? ", %lld" : "%lld", (long long)shape[i]);
+    for (int i = 0; i < ndim && u < n; i++)
+        u += (size_t)snprintf(buf + u, n - u, i ? ", %lld" : "%lld", (long long)shape[i]);
     if (u < n) snprintf(buf + u, n - u, "]");
 }
 
-rt_status rt_safetensors_get(const rt_safetensors *st, const char *name, rt_dtype dtype, int ndim,
-                             const int64_t *shape, void *dst) {
+rt_status rt_safetensors_get(const rt_safetensors *st, const char *name, rt_dtype dtype, int ndim, const int64_t *shape,
+                             void *dst) {
     const rt_st_tensor *t = rt_safetensors_find(st, name);
     if (!t) RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s' is missing", st->path, name);
     if (t->dtype != dtype)
@@ -732,7 +750,8 @@ rt_status rt_st_writer_write(rt_st_writer *w, const char *path) {
     free(b.s);
     if (s == RT_OK && fsync(fd) != 0) s = RT_ERROR(RT_ERR_IO, "fsync %s: %s", tmp, strerror(errno));
     if (close(fd) != 0 && s == RT_OK) s = RT_ERROR(RT_ERR_IO, "close %s: %s", tmp, strerror(errno));
-    if (s == RT_OK && rename(tmp, path) != 0) s = RT_ERROR(RT_ERR_IO, "rename %s -> %s: %s", tmp, path, strerror(errno));
+    if (s == RT_OK && rename(tmp, path) != 0)
+        s = RT_ERROR(RT_ERR_IO, "rename %s -> %s: %s", tmp, path, strerror(errno));
     if (s != RT_OK) unlink(tmp);
     return s;
 }

@@ -35,8 +35,8 @@ typedef struct rt_st_tensor {
 } rt_st_tensor;
 
 typedef struct rt_safetensors {
-    char path[512];    /* for error messages */
-    int n;             /* tensors, sorted by name */
+    char path[512]; /* for error messages */
+    int n;          /* tensors, sorted by name */
     rt_st_tensor *tensors;
     int n_meta;
     char **meta_keys, **meta_values;
@@ -55,8 +55,8 @@ const char *rt_safetensors_meta(const rt_safetensors *st, const char *key);
 
 /* Copy a tensor's bytes to host memory `dst` after checking that it exists and has
  * exactly this dtype and shape (errors name the file and tensor). */
-rt_status rt_safetensors_get(const rt_safetensors *st, const char *name, rt_dtype dtype, int ndim,
-                             const int64_t *shape, void *dst);
+rt_status rt_safetensors_get(const rt_safetensors *st, const char *name, rt_dtype dtype, int ndim, const int64_t *shape,
+                             void *dst);
 
 /* Writer: collect tensors (host pointers, not copied: keep them alive until write)
  * and metadata, then write the file (to path.tmp, fsync, rename). */

@@ -43,8 +43,8 @@ typedef struct rt_model_backend {
     void (*batchnorm2d_release)(rt_model_ctx *ctx, rt_batchnorm2d *l);
     rt_status (*batchnorm2d_forward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
                                      bool training);
-    rt_status (*batchnorm2d_backward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
-                                      const float *dy, float *dx, bool accumulate);
+    rt_status (*batchnorm2d_backward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
+                                      float *dx, bool accumulate);
 
     rt_status (*relu_forward)(rt_model_ctx *ctx, size_t count, const float *x, float *y);
     rt_status (*relu_backward)(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx);
@@ -73,8 +73,8 @@ typedef struct rt_model_backend {
     rt_status (*add_backward)(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
     rt_status (*copy)(rt_model_ctx *ctx, size_t count, const float *x, float *y);
 
-    rt_status (*softmax_xent)(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels,
-                              float *loss, float *dlogits);
+    rt_status (*softmax_xent)(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels, float *loss,
+                              float *dlogits);
     rt_status (*log_softmax_forward)(rt_model_ctx *ctx, int n, int k, const float *x, float *y);
     rt_status (*log_softmax_backward)(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy, float *dx);
     rt_status (*nll_loss)(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,

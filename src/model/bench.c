@@ -18,27 +18,25 @@
 #include <sys/resource.h>
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: ringtrain bench model [options]\n\n"
-            "Training-step throughput on the CPU: forward, loss, backward and an SGD-momentum update.\n\n"
-            "  --arch NAME      resnet18 | resnet34 | net (default resnet34)\n"
-            "  --stem NAME      imagenet | cifar (default imagenet)\n"
-            "  --channels N     input channels (default 1)\n"
-            "  --size N         input height and width (default 28)\n"
-            "  --width N        ResNet base width (default 64)\n"
-            "  --batch LIST     batch sizes, comma-separated (default 64,128)\n"
-            "  --threads N      CPU threads (default 2)\n"
-            "  --steps N        timed steps per batch size (default 10)\n"
-            "  --warmup N       untimed steps first (default 2)\n"
-            "  --json           one JSON object per batch size instead of the table\n");
+    fprintf(out, "usage: ringtrain bench model [options]\n\n"
+                 "Training-step throughput on the CPU: forward, loss, backward and an SGD-momentum update.\n\n"
+                 "  --arch NAME      resnet18 | resnet34 | net (default resnet34)\n"
+                 "  --stem NAME      imagenet | cifar (default imagenet)\n"
+                 "  --channels N     input channels (default 1)\n"
+                 "  --size N         input height and width (default 28)\n"
+                 "  --width N        ResNet base width (default 64)\n"
+                 "  --batch LIST     batch sizes, comma-separated (default 64,128)\n"
+                 "  --threads N      CPU threads (default 2)\n"
+                 "  --steps N        timed steps per batch size (default 10)\n"
+                 "  --warmup N       untimed steps first (default 2)\n"
+                 "  --json           one JSON object per batch size instead of the table\n");
 }
 
 static int parse_int(const char *opt, const char *v, int lo, int hi, int *out) {
     char *end = NULL;
     long x = v ? strtol(v, &end, 10) : 0;
     if (!v || !*v || *end || x < lo || x > hi) {
-        fprintf(stderr, "ringtrain bench model: %s needs an integer in %d..%d (got '%s')\n", opt, lo, hi,
-                v ? v : "");
+        fprintf(stderr, "ringtrain bench model: %s needs an integer in %d..%d (got '%s')\n", opt, lo, hi, v ? v : "");
         return -1;
     }
     *out = (int)x;
@@ -76,8 +74,8 @@ static void sgd_step(sgd *s, float *w, const float *g, float lr, float mu, int t
     if (threads > 16) threads = 16;
     int started = 0;
     for (int t = 0; t < threads; t++) {
-        parts[t] = (sgd_part){s, w, g, lr, mu, s->n * (size_t)t / (size_t)threads,
-                              s->n * (size_t)(t + 1) / (size_t)threads};
+        parts[t] =
+            (sgd_part){s, w, g, lr, mu, s->n * (size_t)t / (size_t)threads, s->n * (size_t)(t + 1) / (size_t)threads};
         if (t > 0 && pthread_create(&tid[t], NULL, sgd_run, &parts[t]) == 0)
             started |= 1 << t;
         else if (t > 0)
@@ -149,8 +147,8 @@ int rt_cmd_bench_model(int argc, char **argv) {
     rt_model_ctx_options o = {.device = rt_device_cpu(), .threads = threads};
     if (rt_model_ctx_create(&o, &ctx) != RT_OK) return rt_cli_fail();
     if (!json)
-        printf("%-9s %-8s %-9s %5s %7s | %9s %8s %9s %8s %8s\n", "model", "stem", "input", "batch", "threads",
-               "img/s", "step ms", "fwd ms", "bwd ms", "sgd ms");
+        printf("%-9s %-8s %-9s %5s %7s | %9s %8s %9s %8s %8s\n", "model", "stem", "input", "batch", "threads", "img/s",
+               "step ms", "fwd ms", "bwd ms", "sgd ms");
     int status = 0;
     for (int bi = 0; bi < nbatch && status == 0; bi++) {
         int n = batches[bi];
@@ -208,13 +206,13 @@ int rt_cmd_bench_model(int argc, char **argv) {
                            "\"size\": %d, \"batch\": %d, \"threads\": %d, \"steps\": %d, \"images_per_s\": %.2f, "
                            "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
                            "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f}\n",
-                           rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, n,
-                           threads, steps, ips, ms, t_fwd / steps, t_bwd / steps, t_sgd / steps, (double)loss,
+                           rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, n, threads,
+                           steps, ips, ms, t_fwd / steps, t_bwd / steps, t_sgd / steps, (double)loss,
                            ru.ru_maxrss / 1024.0);
                 else
                     printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f\n",
-                           rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, cfg.in_w,
-                           n, threads, ips, ms, t_fwd / steps, t_bwd / steps, t_sgd / steps);
+                           rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, cfg.in_w, n,
+                           threads, ips, ms, t_fwd / steps, t_bwd / steps, t_sgd / steps);
                 fflush(stdout);
             }
         }

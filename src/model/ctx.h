@@ -28,13 +28,13 @@ struct rt_model_backend;
 
 typedef struct rt_model_ctx {
     rt_device device;
-    rt_stream *stream;  /* all layer work is enqueued here (CPU: ordering token) */
-    int threads;        /* CPU backend: worker threads (>= 1) */
+    rt_stream *stream; /* all layer work is enqueued here (CPU: ordering token) */
+    int threads;       /* CPU backend: worker threads (>= 1) */
     rt_precision precision;
-    void *work;         /* workspace on `device`, `work_bytes` long; shared by all layers */
+    void *work; /* workspace on `device`, `work_bytes` long; shared by all layers */
     size_t work_bytes;
     const struct rt_model_backend *ops; /* the backend of `device` */
-    void *backend;      /* backend state: CPU thread pool; cuDNN/cuBLAS handles, ... */
+    void *backend;                      /* backend state: CPU thread pool; cuDNN/cuBLAS handles, ... */
 } rt_model_ctx;
 
 typedef struct rt_model_ctx_options {

@@ -9,10 +9,9 @@
 
 #include <math.h>
 
-#define OPS(ctx, fn)                                                                                        \
-    do {                                                                                                    \
-        if (!(ctx)->ops->fn)                                                                                \
-            RT_FAIL(RT_ERR_UNSUPPORTED, "the %s model backend has no " #fn, (ctx)->ops->name);             \
+#define OPS(ctx, fn)                                                                                                   \
+    do {                                                                                                               \
+        if (!(ctx)->ops->fn) RT_FAIL(RT_ERR_UNSUPPORTED, "the %s model backend has no " #fn, (ctx)->ops->name);        \
     } while (0)
 
 #define REQUIRE_N(n) RT_REQUIRE((n) > 0, RT_ERR_INVALID, "batch size %d (expected > 0)", (n))
@@ -72,8 +71,8 @@ rt_status rt_maxpool2d_init(rt_maxpool2d *l, int c, int in_h, int in_w, int k, i
     *l = (rt_maxpool2d){0};
     RT_REQUIRE(c > 0 && in_h > 0 && in_w > 0 && k > 0 && stride > 0 && pad >= 0 && 2 * pad <= k, RT_ERR_INVALID,
                "maxpool2d k %d stride %d pad %d on %dx%dx%d (pad must be <= k/2)", k, stride, pad, c, in_h, in_w);
-    RT_REQUIRE(in_h + 2 * pad >= k && in_w + 2 * pad >= k, RT_ERR_INVALID, "maxpool2d kernel %d larger than %dx%d",
-               k, in_h + 2 * pad, in_w + 2 * pad);
+    RT_REQUIRE(in_h + 2 * pad >= k && in_w + 2 * pad >= k, RT_ERR_INVALID, "maxpool2d kernel %d larger than %dx%d", k,
+               in_h + 2 * pad, in_w + 2 * pad);
     l->c = c;
     l->in_h = in_h;
     l->in_w = in_w;
@@ -170,8 +169,7 @@ rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float
     return ctx->ops->conv2d_backward(ctx, l, n, x, dy, dx, accumulate);
 }
 
-rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
-                                 bool training) {
+rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
     REQUIRE_N(n);
     RT_REQUIRE(x && y && x != y, RT_ERR_INVALID, "batchnorm2d forward: NULL or aliased input/output");
     RT_CHECK(need_params(&l->weight, "batchnorm2d weight"));

@@ -32,10 +32,10 @@ extern "C" {
 /* ---- descriptors -------------------------------------------------------------------- */
 
 typedef struct rt_conv2d {
-    int in_c, out_c;     /* channels */
-    int in_h, in_w;      /* input spatial size */
-    int out_h, out_w;    /* derived: (in + 2*pad - k) / stride + 1 */
-    int k, stride, pad;  /* square kernel k x k */
+    int in_c, out_c;    /* channels */
+    int in_h, in_w;     /* input spatial size */
+    int out_h, out_w;   /* derived: (in + 2*pad - k) / stride + 1 */
+    int k, stride, pad; /* square kernel k x k */
     bool has_bias;
     rt_tensor weight, dweight; /* (out_c, in_c, k, k) */
     rt_tensor bias, dbias;     /* (out_c); unset when !has_bias */
@@ -44,8 +44,8 @@ typedef struct rt_conv2d {
 
 typedef struct rt_batchnorm2d {
     int c, h, w;
-    float eps;      /* 1e-5 */
-    float momentum; /* 0.1: running = (1 - m) * running + m * batch (unbiased var) */
+    float eps;                              /* 1e-5 */
+    float momentum;                         /* 0.1: running = (1 - m) * running + m * batch (unbiased var) */
     rt_tensor weight, dweight, bias, dbias; /* (c) */
     rt_tensor running_mean, running_var;    /* (c) f32, in the buffer arena */
     rt_tensor num_batches_tracked;          /* () i64, in the buffer arena */
@@ -68,10 +68,10 @@ typedef struct rt_linear {
 } rt_linear;
 
 typedef struct rt_dropout {
-    float p;          /* drop probability in [0, 1) */
-    bool channelwise; /* Dropout2d: one draw per (sample, channel), else per element */
-    int features;     /* elements per sample: c*h*w */
-    int plane;        /* elements per channel (h*w) when channelwise, else 1 */
+    float p;               /* drop probability in [0, 1) */
+    bool channelwise;      /* Dropout2d: one draw per (sample, channel), else per element */
+    int features;          /* elements per sample: c*h*w */
+    int plane;             /* elements per channel (h*w) when channelwise, else 1 */
     uint64_t seed, subseq; /* Philox stream of this layer */
     uint64_t counter;      /* draws used so far; advances by n*features/plane each forward */
     float *mask;           /* (max_n, features/plane) on the device: 0 or 1/(1-p) */
@@ -114,8 +114,7 @@ rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float
 /* batchnorm2d: training uses batch statistics, saves mean/invstd and updates the
  * running statistics and num_batches_tracked; evaluation uses the running statistics.
  * x, y (n, c, h, w); y may not alias x. */
-rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
-                                 bool training);
+rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y, bool training);
 /* Backward of a training forward (uses save_mean/save_invstd): writes dweight, dbias,
  * and dx (written or accumulated). */
 rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,

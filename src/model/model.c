@@ -12,8 +12,14 @@
 #include <string.h>
 
 void rt_model_config_default(rt_model_config *cfg) {
-    *cfg = (rt_model_config){.arch = RT_ARCH_RESNET34, .in_channels = 1, .in_h = 28, .in_w = 28,
-                             .num_classes = 10, .stem = RT_STEM_IMAGENET, .width = 64, .max_batch = 64,
+    *cfg = (rt_model_config){.arch = RT_ARCH_RESNET34,
+                             .in_channels = 1,
+                             .in_h = 28,
+                             .in_w = 28,
+                             .num_classes = 10,
+                             .stem = RT_STEM_IMAGENET,
+                             .width = 64,
+                             .max_batch = 64,
                              .dropout = -1.0f};
 }
 
@@ -113,7 +119,9 @@ rt_status model_prepare_conv(rt_model *m, rt_conv2d *l) {
     RT_CHECK(rt_conv2d_prepare(m->ctx, l, m->cfg.max_batch, &ws));
     return rt_model_ctx_reserve(m->ctx, ws);
 }
-rt_status model_prepare_bn(rt_model *m, rt_batchnorm2d *l) { return rt_batchnorm2d_prepare(m->ctx, l, m->cfg.max_batch); }
+rt_status model_prepare_bn(rt_model *m, rt_batchnorm2d *l) {
+    return rt_batchnorm2d_prepare(m->ctx, l, m->cfg.max_batch);
+}
 rt_status model_prepare_linear(rt_model *m, rt_linear *l) {
     size_t ws = 0;
     RT_CHECK(rt_linear_prepare(m->ctx, l, m->cfg.max_batch, &ws));
@@ -137,16 +145,14 @@ static rt_status check_config(const rt_model_config *c) {
                (int)c->arch);
     RT_REQUIRE(c->max_batch > 0 && c->max_batch <= 1 << 20, RT_ERR_INVALID, "model max_batch %d (expected 1..2^20)",
                c->max_batch);
-    RT_REQUIRE(c->num_classes > 0 && c->num_classes <= 1 << 20, RT_ERR_INVALID, "model num_classes %d",
-               c->num_classes);
-    RT_REQUIRE(c->in_channels > 0 && c->in_channels <= 4096, RT_ERR_INVALID, "model in_channels %d",
-               c->in_channels);
-    RT_REQUIRE(c->in_h > 0 && c->in_w > 0 && c->in_h <= 4096 && c->in_w <= 4096, RT_ERR_INVALID,
-               "model input %dx%d", c->in_h, c->in_w);
+    RT_REQUIRE(c->num_classes > 0 && c->num_classes <= 1 << 20, RT_ERR_INVALID, "model num_classes %d", c->num_classes);
+    RT_REQUIRE(c->in_channels > 0 && c->in_channels <= 4096, RT_ERR_INVALID, "model in_channels %d", c->in_channels);
+    RT_REQUIRE(c->in_h > 0 && c->in_w > 0 && c->in_h <= 4096 && c->in_w <= 4096, RT_ERR_INVALID, "model input %dx%d",
+               c->in_h, c->in_w);
     if (c->arch == RT_ARCH_NET) {
         RT_REQUIRE(c->in_channels == 1 && c->in_h == 28 && c->in_w == 28, RT_ERR_INVALID,
-                   "model net is the MNIST tutorial CNN: input must be 1x28x28 (got %dx%dx%d)", c->in_channels,
-                   c->in_h, c->in_w);
+                   "model net is the MNIST tutorial CNN: input must be 1x28x28 (got %dx%dx%d)", c->in_channels, c->in_h,
+                   c->in_w);
         RT_REQUIRE(c->dropout < 1.0f, RT_ERR_INVALID, "model dropout %g (expected < 1)", (double)c->dropout);
     } else {
         RT_REQUIRE((unsigned)c->stem <= RT_STEM_CIFAR, RT_ERR_INVALID, "model stem %d (expected imagenet|cifar)",
@@ -220,9 +226,7 @@ void rt_model_destroy(rt_model *m) {
 const rt_model_config *rt_model_config_of(const rt_model *m) { return &m->cfg; }
 rt_model_ctx *rt_model_context(const rt_model *m) { return m->ctx; }
 int rt_model_param_count(const rt_model *m) { return m->nparams; }
-const rt_param *rt_model_param(const rt_model *m, int i) {
-    return i >= 0 && i < m->nparams ? &m->table[i] : NULL;
-}
+const rt_param *rt_model_param(const rt_model *m, int i) { return i >= 0 && i < m->nparams ? &m->table[i] : NULL; }
 const rt_param *rt_model_param_find(const rt_model *m, const char *name) {
     for (int i = 0; i < m->nparams; i++)
         if (strcmp(m->table[i].name, name) == 0) return &m->table[i];
@@ -362,9 +366,9 @@ rt_status rt_model_save(rt_model *m, const char *path) {
     RT_CHECK_ALLOC(host, total);
     RT_CHECK_GOTO(rt_model_ctx_sync(m->ctx), st, done);
     RT_CHECK_GOTO(rt_memcpy(host, rt_device_cpu(), m->params.base, m->ctx->device, m->params.size, NULL), st, done);
-    RT_CHECK_GOTO(rt_memcpy(host + m->params.size, rt_device_cpu(), m->buffers.base, m->ctx->device, m->buffers.size,
-                            NULL),
-                  st, done);
+    RT_CHECK_GOTO(
+        rt_memcpy(host + m->params.size, rt_device_cpu(), m->buffers.base, m->ctx->device, m->buffers.size, NULL), st,
+        done);
     RT_CHECK_GOTO(rt_st_writer_create(&w), st, done);
     for (int i = 0; i < m->nparams; i++) {
         const rt_param *p = &m->table[i];

@@ -33,13 +33,13 @@ typedef enum rt_stem { RT_STEM_IMAGENET = 0, RT_STEM_CIFAR } rt_stem;
 
 typedef struct rt_model_config {
     rt_model_arch arch;
-    int in_channels;  /* 1 (MNIST) or 3 (CIFAR); Net: 1 */
-    int in_h, in_w;   /* input image size; Net: 28x28 */
-    int num_classes;  /* Net: 10 */
-    rt_stem stem;     /* ResNet: imagenet (7x7/2 conv + 3x3/2 maxpool) or cifar (3x3/1 conv) */
-    int width;        /* ResNet base channels (64 = torchvision) */
-    int max_batch;    /* activations are allocated for this many images */
-    float dropout;    /* Net: drop probability of both dropouts (0.5 in the tutorial); -1 = default */
+    int in_channels; /* 1 (MNIST) or 3 (CIFAR); Net: 1 */
+    int in_h, in_w;  /* input image size; Net: 28x28 */
+    int num_classes; /* Net: 10 */
+    rt_stem stem;    /* ResNet: imagenet (7x7/2 conv + 3x3/2 maxpool) or cifar (3x3/1 conv) */
+    int width;       /* ResNet base channels (64 = torchvision) */
+    int max_batch;   /* activations are allocated for this many images */
+    float dropout;   /* Net: drop probability of both dropouts (0.5 in the tutorial); -1 = default */
 } rt_model_config;
 
 /* Defaults: resnet34, 1x28x28, 10 classes, imagenet stem, width 64, max_batch 64. */
@@ -59,11 +59,11 @@ typedef enum rt_param_kind {
 } rt_param_kind;
 
 typedef struct rt_param {
-    char name[64];      /* torchvision's state_dict key: "layer2.0.downsample.1.running_var" */
+    char name[64]; /* torchvision's state_dict key: "layer2.0.downsample.1.running_var" */
     rt_param_kind kind;
-    rt_tensor value;    /* in the parameter arena (buffers: in the buffer arena) */
-    rt_tensor grad;     /* same offset in the gradient arena; grad.arena == NULL for buffers */
-    int block;          /* index of the block that owns it (see rt_model_block_count) */
+    rt_tensor value; /* in the parameter arena (buffers: in the buffer arena) */
+    rt_tensor grad;  /* same offset in the gradient arena; grad.arena == NULL for buffers */
+    int block;       /* index of the block that owns it (see rt_model_block_count) */
 } rt_param;
 
 static inline bool rt_param_trainable(const rt_param *p) { return p->kind != RT_PARAM_BUFFER; }
@@ -96,9 +96,9 @@ int rt_model_param_count(const rt_model *m);
 const rt_param *rt_model_param(const rt_model *m, int i);
 /* NULL when no entry has that name */
 const rt_param *rt_model_param_find(const rt_model *m, const char *name);
-rt_arena *rt_model_params(rt_model *m);  /* trainable parameters */
-rt_arena *rt_model_grads(rt_model *m);   /* gradients, same layout */
-rt_arena *rt_model_buffers(rt_model *m); /* BN buffers */
+rt_arena *rt_model_params(rt_model *m);             /* trainable parameters */
+rt_arena *rt_model_grads(rt_model *m);              /* gradients, same layout */
+rt_arena *rt_model_buffers(rt_model *m);            /* BN buffers */
 int64_t rt_model_num_parameters(const rt_model *m); /* trainable elements */
 
 /* Blocks are the units of the grad-ready callback: ResNet: 0 = stem (conv1, bn1), then

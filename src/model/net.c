@@ -71,18 +71,18 @@ static void net_seed_dropout(rt_model *m, uint64_t seed) {
 static rt_status net_forward(rt_model *m, const float *x, int n, bool training) {
     net *t = m->arch;
     rt_model_ctx *ctx = m->ctx;
-    RT_CHECK(rt_conv2d_forward(ctx, &t->conv1, n, x, t->c1));                  /* (n, 10, 24, 24) */
-    RT_CHECK(rt_maxpool2d_forward(ctx, &t->pool1, n, t->c1, t->p1));           /* (n, 10, 12, 12) */
+    RT_CHECK(rt_conv2d_forward(ctx, &t->conv1, n, x, t->c1));        /* (n, 10, 24, 24) */
+    RT_CHECK(rt_maxpool2d_forward(ctx, &t->pool1, n, t->c1, t->p1)); /* (n, 10, 12, 12) */
     RT_CHECK(rt_relu_forward(ctx, (size_t)n * 1440, t->p1, t->p1));
-    RT_CHECK(rt_conv2d_forward(ctx, &t->conv2, n, t->p1, t->c2));              /* (n, 20, 8, 8) */
+    RT_CHECK(rt_conv2d_forward(ctx, &t->conv2, n, t->p1, t->c2)); /* (n, 20, 8, 8) */
     RT_CHECK(rt_dropout_forward(ctx, &t->drop2d, n, t->c2, t->c2, training));
-    RT_CHECK(rt_maxpool2d_forward(ctx, &t->pool2, n, t->c2, t->p2));           /* (n, 20, 4, 4) */
+    RT_CHECK(rt_maxpool2d_forward(ctx, &t->pool2, n, t->c2, t->p2)); /* (n, 20, 4, 4) */
     RT_CHECK(rt_relu_forward(ctx, (size_t)n * 320, t->p2, t->p2));
-    RT_CHECK(rt_flatten_forward(ctx, (size_t)n * 320, t->p2, t->p2));          /* (n, 320) */
-    RT_CHECK(rt_linear_forward(ctx, &t->fc1, n, t->p2, t->f1));                /* (n, 50) */
+    RT_CHECK(rt_flatten_forward(ctx, (size_t)n * 320, t->p2, t->p2)); /* (n, 320) */
+    RT_CHECK(rt_linear_forward(ctx, &t->fc1, n, t->p2, t->f1));       /* (n, 50) */
     RT_CHECK(rt_relu_forward(ctx, (size_t)n * 50, t->f1, t->f1));
     RT_CHECK(rt_dropout_forward(ctx, &t->drop, n, t->f1, t->f1, training));
-    RT_CHECK(rt_linear_forward(ctx, &t->fc2, n, t->f1, t->z));                 /* (n, k) */
+    RT_CHECK(rt_linear_forward(ctx, &t->fc2, n, t->f1, t->z)); /* (n, k) */
     RT_CHECK(rt_log_softmax_forward(ctx, n, m->cfg.num_classes, t->z, m->out));
     return RT_OK;
 }
@@ -92,21 +92,21 @@ static rt_status net_backward(rt_model *m, rt_grad_ready_fn ready, void *user) {
     rt_model_ctx *ctx = m->ctx;
     const int n = m->last_n, k = m->cfg.num_classes;
     float *a = t->g_a, *b = t->g_b;
-    RT_CHECK(rt_log_softmax_backward(ctx, n, k, m->out, m->dout, a));          /* dz */
-    RT_CHECK(rt_linear_backward(ctx, &t->fc2, n, t->f1, a, b));                 /* df1 */
+    RT_CHECK(rt_log_softmax_backward(ctx, n, k, m->out, m->dout, a)); /* dz */
+    RT_CHECK(rt_linear_backward(ctx, &t->fc2, n, t->f1, a, b));       /* df1 */
     RT_CHECK(model_block_done(m, 3, ready, user));
     RT_CHECK(rt_dropout_backward(ctx, &t->drop, n, b, b));
     RT_CHECK(rt_relu_backward(ctx, (size_t)n * 50, t->f1, b, b));
-    RT_CHECK(rt_linear_backward(ctx, &t->fc1, n, t->p2, b, a));                 /* dp2 (n, 320) */
+    RT_CHECK(rt_linear_backward(ctx, &t->fc1, n, t->p2, b, a)); /* dp2 (n, 320) */
     RT_CHECK(model_block_done(m, 2, ready, user));
     RT_CHECK(rt_flatten_backward(ctx, (size_t)n * 320, a, a));
     RT_CHECK(rt_relu_backward(ctx, (size_t)n * 320, t->p2, a, a));
-    RT_CHECK(rt_maxpool2d_backward(ctx, &t->pool2, n, t->c2, t->p2, a, b));     /* dc2 (n, 20, 8, 8) */
+    RT_CHECK(rt_maxpool2d_backward(ctx, &t->pool2, n, t->c2, t->p2, a, b)); /* dc2 (n, 20, 8, 8) */
     RT_CHECK(rt_dropout_backward(ctx, &t->drop2d, n, b, b));
-    RT_CHECK(rt_conv2d_backward(ctx, &t->conv2, n, t->p1, b, a, false));        /* dp1 (n, 10, 12, 12) */
+    RT_CHECK(rt_conv2d_backward(ctx, &t->conv2, n, t->p1, b, a, false)); /* dp1 (n, 10, 12, 12) */
     RT_CHECK(model_block_done(m, 1, ready, user));
     RT_CHECK(rt_relu_backward(ctx, (size_t)n * 1440, t->p1, a, a));
-    RT_CHECK(rt_maxpool2d_backward(ctx, &t->pool1, n, t->c1, t->p1, a, b));     /* dc1 (n, 10, 24, 24) */
+    RT_CHECK(rt_maxpool2d_backward(ctx, &t->pool1, n, t->c1, t->p1, a, b)); /* dc1 (n, 10, 24, 24) */
     RT_CHECK(rt_conv2d_backward(ctx, &t->conv1, n, m->input, b, NULL, false));
     RT_CHECK(model_block_done(m, 0, ready, user));
     return RT_OK;

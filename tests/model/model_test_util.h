@@ -37,8 +37,8 @@ typedef double (*mt_eval_fn)(void *user);
 /* Central differences at `samples` indices of a[0..n) (all when n <= samples) against
  * the analytic gradient g. A sample passes when |num - ana| <= atol + rtol * max|g|.
  * Returns the number of failing samples (printing the first few). */
-static inline int mt_fd_check(const char *what, float *a, const float *g, size_t n, int samples, float eps,
-                              double rtol, double atol, mt_eval_fn eval, void *user) {
+static inline int mt_fd_check(const char *what, float *a, const float *g, size_t n, int samples, float eps, double rtol,
+                              double atol, mt_eval_fn eval, void *user) {
     double gmax = 0;
     for (size_t i = 0; i < n; i++) gmax = fmax(gmax, fabs(g[i]));
     int fails = 0, checked = 0;
@@ -54,8 +54,7 @@ static inline int mt_fd_check(const char *what, float *a, const float *g, size_t
         checked++;
         if (fabs(num - g[i]) > atol + rtol * gmax) {
             if (fails < 5)
-                print_message("%s[%zu]: numeric %.6g analytic %.6g (max |g| %.4g)\n", what, i, num, (double)g[i],
-                              gmax);
+                print_message("%s[%zu]: numeric %.6g analytic %.6g (max |g| %.4g)\n", what, i, num, (double)g[i], gmax);
             fails++;
         }
     }

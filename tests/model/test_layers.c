@@ -247,10 +247,18 @@ typedef struct ew_case {
 static double ew_eval(void *u) {
     ew_case *e = u;
     switch (e->op) {
-    case 0: assert_rt_ok(rt_relu_forward(g_ctx, e->xn, e->x, e->y)); break;
-    case 1: assert_rt_ok(rt_add_forward(g_ctx, e->xn, e->x, e->b, e->y)); break;
-    case 2: assert_rt_ok(rt_avgpool_forward(g_ctx, e->n, e->c, e->hw, e->x, e->y)); break;
-    case 3: assert_rt_ok(rt_flatten_forward(g_ctx, e->xn, e->x, e->y)); break;
+    case 0:
+        assert_rt_ok(rt_relu_forward(g_ctx, e->xn, e->x, e->y));
+        break;
+    case 1:
+        assert_rt_ok(rt_add_forward(g_ctx, e->xn, e->x, e->b, e->y));
+        break;
+    case 2:
+        assert_rt_ok(rt_avgpool_forward(g_ctx, e->n, e->c, e->hw, e->x, e->y));
+        break;
+    case 3:
+        assert_rt_ok(rt_flatten_forward(g_ctx, e->xn, e->x, e->y));
+        break;
     }
     return mt_dot(e->y, e->r, e->yn);
 }
@@ -281,8 +289,12 @@ static void test_elementwise(void **state) {
             assert_rt_ok(rt_add_backward(g_ctx, e.xn, e.r, dx));
             for (size_t i = 0; i < e.xn; i++) dx[i] -= 0.5f;
             break;
-        case 2: assert_rt_ok(rt_avgpool_backward(g_ctx, e.n, e.c, e.hw, e.r, dx)); break;
-        case 3: assert_rt_ok(rt_flatten_backward(g_ctx, e.xn, e.r, dx)); break;
+        case 2:
+            assert_rt_ok(rt_avgpool_backward(g_ctx, e.n, e.c, e.hw, e.r, dx));
+            break;
+        case 3:
+            assert_rt_ok(rt_flatten_backward(g_ctx, e.xn, e.r, dx));
+            break;
         }
         static const char *names[] = {"relu dx", "add da", "avgpool dx", "flatten dx"};
         assert_int_equal(mt_fd_check(names[op], e.x, dx, e.xn, 100, EPS, RTOL, ATOL, ew_eval, &e), 0);
@@ -439,9 +451,8 @@ static void test_dropout(void **state) {
         (void)do_eval(&c);
         assert_int_equal(c.l.counter, cw ? (uint64_t)c.n * C : c.cnt);
         assert_rt_ok(rt_dropout_backward(g_ctx, &c.l, c.n, c.r, dx));
-        assert_int_equal(mt_fd_check(cw ? "dropout2d dx" : "dropout dx", c.x, dx, c.cnt, 216, EPS, RTOL, ATOL,
-                                     do_eval, &c),
-                         0);
+        assert_int_equal(
+            mt_fd_check(cw ? "dropout2d dx" : "dropout dx", c.x, dx, c.cnt, 216, EPS, RTOL, ATOL, do_eval, &c), 0);
         (void)do_eval(&c); /* y at the unperturbed x */
         /* values are 0 or 2x; about half dropped; channelwise drops whole planes */
         size_t dropped = 0;
@@ -492,11 +503,15 @@ static double loss_eval(void *u) {
     loss_case *c = u;
     float loss = 0;
     switch (c->op) {
-    case 0: assert_rt_ok(rt_softmax_xent(g_ctx, c->n, c->k, c->x, c->labels, &loss, c->d)); return loss;
+    case 0:
+        assert_rt_ok(rt_softmax_xent(g_ctx, c->n, c->k, c->x, c->labels, &loss, c->d));
+        return loss;
     case 1:
         assert_rt_ok(rt_log_softmax_forward(g_ctx, c->n, c->k, c->x, c->y));
         return mt_dot(c->y, c->r, (size_t)c->n * c->k);
-    default: assert_rt_ok(rt_nll_loss(g_ctx, c->n, c->k, c->x, c->labels, &loss, c->d)); return loss;
+    default:
+        assert_rt_ok(rt_nll_loss(g_ctx, c->n, c->k, c->x, c->labels, &loss, c->d));
+        return loss;
     }
 }
 
@@ -542,10 +557,10 @@ static void test_losses(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv2d),     cmocka_unit_test(test_conv2d_workspace_error),
+        cmocka_unit_test(test_conv2d),      cmocka_unit_test(test_conv2d_workspace_error),
         cmocka_unit_test(test_batchnorm2d), cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_maxpool2d),  cmocka_unit_test(test_linear),
-        cmocka_unit_test(test_dropout),    cmocka_unit_test(test_losses),
+        cmocka_unit_test(test_maxpool2d),   cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_dropout),     cmocka_unit_test(test_losses),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -409,10 +409,10 @@ static void test_save_load(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_names),      cmocka_unit_test(test_bad_config),
-        cmocka_unit_test(test_init),       cmocka_unit_test(test_grad_ready),
-        cmocka_unit_test(test_model_fd),   cmocka_unit_test(test_every_layer_used),
-        cmocka_unit_test(test_save_load),  cmocka_unit_test(test_partial_batch),
+        cmocka_unit_test(test_names),     cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_init),      cmocka_unit_test(test_grad_ready),
+        cmocka_unit_test(test_model_fd),  cmocka_unit_test(test_every_layer_used),
+        cmocka_unit_test(test_save_load), cmocka_unit_test(test_partial_batch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -199,7 +199,8 @@ static void run_case(const ref_case *rc) {
         free((void *)cond);
         if (c > 0.25) {
             print_message("input %d is ill-conditioned (PyTorch float32 vs float64 uses %.2g of a tolerance); "
-                          "trying another\n", attempt, c);
+                          "trying another\n",
+                          attempt, c);
             rt_safetensors_free(out);
             continue;
         }
@@ -207,7 +208,8 @@ static void run_case(const ref_case *rc) {
         rt_safetensors_free(out);
         if (bad == 0) break;
         print_message("input %d: %d gradients outside 1e-3 (a relu input within rounding of 0 takes the other "
-                      "side in float32); trying another\n", attempt, bad);
+                      "side in float32); trying another\n",
+                      attempt, bad);
     }
     free(x);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

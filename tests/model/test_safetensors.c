@@ -28,7 +28,8 @@ static void expect_bad(const char *json, size_t dlen, const char *needle) {
     rt_status s = rt_safetensors_parse(b, len, "bad.safetensors", &st);
     if (s != RT_ERR_FORMAT) fail_msg("accepted %s (status %s)", json, rt_status_name(s));
     if (!strstr(rt_error_message(), needle)) fail_msg("error for %s lacks '%s': %s", json, needle, rt_error_message());
-    if (!strstr(rt_error_message(), "bad.safetensors")) fail_msg("error does not name the file: %s", rt_error_message());
+    if (!strstr(rt_error_message(), "bad.safetensors"))
+        fail_msg("error does not name the file: %s", rt_error_message());
     assert_null(st);
     free(b);
 }
@@ -138,8 +139,7 @@ static void test_malformed(void **state) {
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 0, "lacks data_offsets");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}", 4, "unexpected or repeated");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "repeated");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,2,3,4,5,6,7,8,9],\"data_offsets\":[0,4]}}", 4,
-               "more than 8");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,2,3,4,5,6,7,8,9],\"data_offsets\":[0,4]}}", 4, "more than 8");
     expect_bad("{\"__metadata__\":{\"k\":1}}", 0, "must be strings");
     /* offsets */
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, "needs 8");
@@ -152,8 +152,7 @@ static void test_malformed(void **state) {
     expect_bad("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
                "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
                2, "appears twice");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]}}", 4,
-               "overflows");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]}}", 4, "overflows");
 }
 
 int main(void) {

@@ -20,8 +20,8 @@ static void blas_hint(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     const char *core = openblas_get_corename();
     if (core && (strcasecmp(core, "haswell") == 0 || strcasecmp(core, "zen") == 0) &&
-        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl"))
         RT_LOG_INFO("OpenBLAS uses its %s kernels on this AVX-512 CPU%s; OPENBLAS_CORETYPE=SkylakeX in the "
                     "environment makes CPU training faster",
                     core, getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE is set)" : "");

@@ -33,9 +33,9 @@
 #define MAX_TAPS 64
 
 typedef struct cpu_conv {
-    int ntaps;            /* live taps */
-    bool pruned;          /* ntaps < k*k: use the gathered weights */
-    bool dense;           /* tiny input: multiply by the unrolled (O*OP, C*IP) matrix */
+    int ntaps;   /* live taps */
+    bool pruned; /* ntaps < k*k: use the gathered weights */
+    bool dense;  /* tiny input: multiply by the unrolled (O*OP, C*IP) matrix */
     int ki[MAX_TAPS], kj[MAX_TAPS];
     /* The columns of the last forward, kept for backward (which then needs no im2col):
      * (rows, max_n*P), allocated by prepare when it is at most CONV_CACHE_CAP floats. */
@@ -71,8 +71,8 @@ static bool tap_live(int kk, int out, int in, int s, int pad) {
 }
 
 rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace) {
-    RT_REQUIRE(l->k * l->k <= MAX_TAPS, RT_ERR_UNSUPPORTED, "conv2d kernel %dx%d: the CPU backend handles up to %d taps",
-               l->k, l->k, MAX_TAPS);
+    RT_REQUIRE(l->k * l->k <= MAX_TAPS, RT_ERR_UNSUPPORTED,
+               "conv2d kernel %dx%d: the CPU backend handles up to %d taps", l->k, l->k, MAX_TAPS);
     cpu_conv *cc = l->priv;
     if (!cc) {
         cc = calloc(1, sizeof *cc);
@@ -82,7 +82,8 @@ rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size
     cc->ntaps = 0;
     for (int ki = 0; ki < l->k; ki++)
         for (int kj = 0; kj < l->k; kj++)
-            if (tap_live(ki, l->out_h, l->in_h, l->stride, l->pad) && tap_live(kj, l->out_w, l->in_w, l->stride, l->pad)) {
+            if (tap_live(ki, l->out_h, l->in_h, l->stride, l->pad) &&
+                tap_live(kj, l->out_w, l->in_w, l->stride, l->pad)) {
                 cc->ki[cc->ntaps] = ki;
                 cc->kj[cc->ntaps] = kj;
                 cc->ntaps++;
@@ -134,8 +135,8 @@ typedef struct conv_job {
     const float *dy; /* (n, O, P) (backward) */
     float *dx;       /* (n, C, H, W) (backward) */
     const float *bias;
-    const float *w;  /* (O, rows): the weights or their live-tap gather */
-    float *dw;       /* (O, rows) */
+    const float *w; /* (O, rows): the weights or their live-tap gather */
+    float *dw;      /* (O, rows) */
     bool accumulate, first_chunk;
     int parts;
 } conv_job;
@@ -243,8 +244,8 @@ static void fwd_part(void *arg, int t) {
     part_range(J->nb, J->parts, t, &lo, &hi);
     if (hi <= lo) return;
     for (int j = lo; j < hi; j++) im2col_task(J, j);
-    rt_cpu_sgemm(false, false, l->out_c, (hi - lo) * P, J->rows, 1.0f, J->w, J->rows, J->col + (size_t)lo * P, ld,
-                 0.0f, J->yt + (size_t)lo * P, ld);
+    rt_cpu_sgemm(false, false, l->out_c, (hi - lo) * P, J->rows, 1.0f, J->w, J->rows, J->col + (size_t)lo * P, ld, 0.0f,
+                 J->yt + (size_t)lo * P, ld);
     for (int j = lo; j < hi; j++) scatter_task(J, j);
 }
 
@@ -338,7 +339,7 @@ static int parts_for(rt_model_ctx *ctx, int nb) {
 typedef struct dense_job {
     const rt_conv2d *l;
     int n, parts;
-    int rows, cols;      /* O*OP, C*IP */
+    int rows, cols; /* O*OP, C*IP */
     const float *x, *dy, *wd;
     float *y, *dx, *dwd;
     const float *bias;

@@ -339,8 +339,8 @@ static double row_logsumexp(const float *x, int k) {
     return m + log(s);
 }
 
-rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels,
-                              float *loss, float *dlogits) {
+rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels, float *loss,
+                              float *dlogits) {
     (void)ctx;
     RT_CHECK(check_labels(n, k, labels));
     double total = 0;
