@@ -16,6 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#ifdef RT_HAVE_CUDA
+#include "model/cuda/bench_cuda.h"
+#endif
 
 static void usage(FILE *out) {
     fprintf(out, "usage: ringtrain bench model [options]\n\n"
@@ -27,6 +30,8 @@ static void usage(FILE *out) {
                  "  --width N        ResNet base width (default 64)\n"
                  "  --batch LIST     batch sizes, comma-separated (default 64,128)\n"
                  "  --threads N      CPU threads (default 2)\n"
+                 "  --device D       cpu | cuda | cuda:N | auto (default cpu)\n"
+                 "  --precision P    fp32 | tf32 (CUDA: tf32 allows tensor cores; default fp32)\n"
                  "  --steps N        timed steps per batch size (default 10)\n"
                  "  --warmup N       untimed steps first (default 2)\n"
                  "  --json           one JSON object per batch size instead of the table\n");
@@ -90,6 +95,8 @@ int rt_cmd_bench_model(int argc, char **argv) {
     rt_model_config cfg;
     rt_model_config_default(&cfg);
     int threads = 2, steps = 10, warmup = 2, json = 0;
+    const char *device_name = "cpu";
+    rt_precision precision = RT_PRECISION_FP32;
     int batches[16] = {64, 128}, nbatch = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -116,6 +123,21 @@ int rt_cmd_bench_model(int argc, char **argv) {
             cfg.in_w = cfg.in_h;
         } else if (strcmp(a, "--width") == 0) {
             if (parse_int(a, v, 1, 1024, &cfg.width)) return 2;
+        } else if (strcmp(a, "--device") == 0) {
+            if (!v) {
+                fprintf(stderr, "ringtrain bench model: --device cpu|cuda|cuda:N|auto\n");
+                return 2;
+            }
+            device_name = v;
+        } else if (strcmp(a, "--precision") == 0) {
+            if (v && strcmp(v, "fp32") == 0)
+                precision = RT_PRECISION_FP32;
+            else if (v && strcmp(v, "tf32") == 0)
+                precision = RT_PRECISION_TF32;
+            else {
+                fprintf(stderr, "ringtrain bench model: --precision fp32|tf32\n");
+                return 2;
+            }
         } else if (strcmp(a, "--threads") == 0) {
             if (parse_int(a, v, 1, 256, &threads)) return 2;
         } else if (strcmp(a, "--steps") == 0) {
@@ -143,8 +165,13 @@ int rt_cmd_bench_model(int argc, char **argv) {
         i++;
     }
 
+    rt_device dev;
+    if (rt_device_select(device_name, 0, &dev) != RT_OK) return rt_cli_fail();
+    const bool gpu = rt_device_is_cuda(dev);
+    char devstr[32];
+    rt_device_str(dev, devstr, sizeof devstr);
     rt_model_ctx *ctx = NULL;
-    rt_model_ctx_options o = {.device = rt_device_cpu(), .threads = threads};
+    rt_model_ctx_options o = {.device = dev, .threads = threads, .precision = precision};
     if (rt_model_ctx_create(&o, &ctx) != RT_OK) return rt_cli_fail();
     if (!json)
         printf("%-9s %-8s %-9s %5s %7s | %9s %8s %9s %8s %8s\n", "model", "stem", "input", "batch", "threads", "img/s",
@@ -154,8 +181,8 @@ int rt_cmd_bench_model(int argc, char **argv) {
         int n = batches[bi];
         cfg.max_batch = n;
         rt_model *m = NULL;
-        float *x = NULL;
-        int32_t *labels = NULL;
+        float *x = NULL, *x_dev = NULL, *v_dev = NULL;
+        int32_t *labels = NULL, *labels_dev = NULL;
         sgd s = {0};
         if (rt_model_create(&cfg, ctx, &m) != RT_OK || rt_model_init_weights(m, 1) != RT_OK) {
             status = rt_cli_fail();
@@ -165,8 +192,8 @@ int rt_cmd_bench_model(int argc, char **argv) {
         x = malloc(xn * sizeof(float));
         labels = malloc((size_t)n * sizeof(int32_t));
         s.n = rt_model_params(m)->size / sizeof(float);
-        s.velocity = calloc(s.n, sizeof(float));
-        if (!x || !labels || !s.velocity) {
+        s.velocity = gpu ? NULL : calloc(s.n, sizeof(float));
+        if (!x || !labels || (!gpu && !s.velocity)) {
             fprintf(stderr, "ringtrain bench model: out of memory\n");
             status = 1;
         } else {
@@ -174,11 +201,26 @@ int rt_cmd_bench_model(int argc, char **argv) {
             rt_rng_init(&rng, 7, 0);
             rt_rng_normal(&rng, x, xn, 0.0f, 1.0f);
             for (int i = 0; i < n; i++) labels[i] = (int32_t)rt_rng_below(&rng, (uint64_t)cfg.num_classes);
+            if (gpu) {
+                /* inputs and the optimizer state live on the GPU, copied once */
+                if (rt_malloc(dev, xn * sizeof(float), (void **)&x_dev) != RT_OK ||
+                    rt_malloc(dev, (size_t)n * sizeof(int32_t), (void **)&labels_dev) != RT_OK ||
+                    rt_malloc(dev, s.n * sizeof(float), (void **)&v_dev) != RT_OK ||
+                    rt_memcpy(x_dev, dev, x, rt_device_cpu(), xn * sizeof(float), NULL) != RT_OK ||
+                    rt_memcpy(labels_dev, dev, labels, rt_device_cpu(), (size_t)n * sizeof(int32_t), NULL) != RT_OK ||
+                    rt_memset(dev, v_dev, 0, s.n * sizeof(float), NULL) != RT_OK)
+                    status = rt_cli_fail();
+            }
+        }
+        if (status == 0) {
+            const float *xin = gpu ? x_dev : x;
+            const int32_t *lin = gpu ? labels_dev : labels;
             double t_fwd = 0, t_bwd = 0, t_sgd = 0, t_all = 0;
             float loss = 0;
             for (int it = 0; it < warmup + steps && status == 0; it++) {
                 uint64_t t0 = rt_now_ns();
-                if (rt_model_forward(m, x, n, true) != RT_OK || rt_model_loss(m, labels) != RT_OK) {
+                if (rt_model_forward(m, xin, n, true) != RT_OK || rt_model_loss(m, lin) != RT_OK ||
+                    (gpu && rt_model_ctx_sync(ctx) != RT_OK)) {
                     status = rt_cli_fail();
                     break;
                 }
@@ -188,7 +230,18 @@ int rt_cmd_bench_model(int argc, char **argv) {
                     break;
                 }
                 uint64_t t2 = rt_now_ns();
-                sgd_step(&s, rt_model_params(m)->base, rt_model_grads(m)->base, 0.01f, 0.9f, threads);
+                if (!gpu) {
+                    sgd_step(&s, rt_model_params(m)->base, rt_model_grads(m)->base, 0.01f, 0.9f, threads);
+                } else {
+#ifdef RT_HAVE_CUDA
+                    if (rt_model_cuda_sgd_momentum(ctx, rt_model_params(m)->base, rt_model_grads(m)->base, v_dev, s.n,
+                                                   0.01f, 0.9f) != RT_OK ||
+                        rt_model_ctx_sync(ctx) != RT_OK) {
+                        status = rt_cli_fail();
+                        break;
+                    }
+#endif
+                }
                 uint64_t t3 = rt_now_ns();
                 if (it >= warmup) {
                     t_fwd += rt_ns_to_ms(t1 - t0);
@@ -202,13 +255,14 @@ int rt_cmd_bench_model(int argc, char **argv) {
                 getrusage(RUSAGE_SELF, &ru);
                 double ms = t_all / steps, ips = n * 1000.0 / ms;
                 if (json)
-                    printf("{\"impl\": \"ringtrain\", \"arch\": \"%s\", \"stem\": \"%s\", \"channels\": %d, "
+                    printf("{\"impl\": \"ringtrain\", \"device\": \"%s\", \"precision\": \"%s\", "
+                           "\"arch\": \"%s\", \"stem\": \"%s\", \"channels\": %d, "
                            "\"size\": %d, \"batch\": %d, \"threads\": %d, \"steps\": %d, \"images_per_s\": %.2f, "
                            "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
                            "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f}\n",
-                           rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, n, threads,
-                           steps, ips, ms, t_fwd / steps, t_bwd / steps, t_sgd / steps, (double)loss,
-                           ru.ru_maxrss / 1024.0);
+                           devstr, precision == RT_PRECISION_TF32 ? "tf32" : "fp32", rt_model_arch_name(cfg.arch),
+                           rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, n, threads, steps, ips, ms, t_fwd / steps,
+                           t_bwd / steps, t_sgd / steps, (double)loss, ru.ru_maxrss / 1024.0);
                 else
                     printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f\n",
                            rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, cfg.in_w, n,
@@ -219,6 +273,9 @@ int rt_cmd_bench_model(int argc, char **argv) {
         free(x);
         free(labels);
         free(s.velocity);
+        rt_free(dev, x_dev);
+        rt_free(dev, labels_dev);
+        rt_free(dev, v_dev);
         rt_model_destroy(m);
     }
     if (!json && status == 0) {
