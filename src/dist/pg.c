@@ -250,18 +250,90 @@ static void shm_unlink_mine(rt_pg_world *w) {
     }
 }
 
-static rt_status shm_setup_(rt_pg_world *w, double timeout_s) {
+/* Segments are anonymous by default: memfd_create() (no name anywhere, so nothing can
+ * be left behind whenever a rank dies), and peers open the creator's descriptor through
+ * /proc/<pid>/fd/<n>. RINGTRAIN_SHM_NAMED=1 uses named shm_open() segments instead
+ * (for systems where /proc of a sibling process cannot be opened); those are unlinked
+ * as soon as every rank has mapped them. */
+static bool shm_named(void) {
+    const char *v = getenv("RINGTRAIN_SHM_NAMED");
+    return v && strcmp(v, "1") == 0;
+}
+
+static rt_status seg_create(rt_pg_world *w, int a, int b, size_t len, void **out, int *fd_keep) {
+    char name[128];
+    shm_name(name, sizeof name, w, a, b);
+    *fd_keep = -1;
+    if (shm_named()) return shm_map(name, len, true, out);
+    int fd = memfd_create(name + 1, MFD_CLOEXEC);
+    if (fd < 0) return RT_ERROR(RT_ERR_SYS, "memfd_create(%s): %s", name + 1, strerror(errno));
+    if (ftruncate(fd, (off_t)len) < 0) {
+        int er = errno;
+        close(fd);
+        return RT_ERROR(RT_ERR_SYS, "ftruncate(memfd %s, %zu): %s", name + 1, len, strerror(er));
+    }
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        int er = errno;
+        close(fd);
+        return RT_ERROR(RT_ERR_SYS, "mmap(memfd %s, %zu): %s", name + 1, len, strerror(er));
+    }
+    char key[64], val[64];
+    snprintf(key, sizeof key, "rt/shm/fd/%d/%d", a, b);
+    int n = snprintf(val, sizeof val, "%d %d", (int)getpid(), fd);
+    rt_status s = rt_store_set(w->store, key, val, (size_t)n);
+    if (s != RT_OK) {
+        munmap(p, len);
+        close(fd);
+        return s;
+    }
+    *out = p;
+    *fd_keep = fd;
+    return RT_OK;
+}
+
+static rt_status seg_open(rt_pg_world *w, int a, int b, size_t len, void **out) {
+    char name[128];
+    shm_name(name, sizeof name, w, a, b);
+    if (shm_named()) return shm_map(name, len, false, out);
+    char key[64], val[64] = "", path[96];
+    size_t n = 0;
+    snprintf(key, sizeof key, "rt/shm/fd/%d/%d", a, b);
+    RT_CHECK(rt_store_get(w->store, key, val, sizeof val - 1, &n));
+    val[n] = '\0';
+    int pid = 0, fdn = -1;
+    RT_REQUIRE(sscanf(val, "%d %d", &pid, &fdn) == 2 && pid > 0 && fdn >= 0, RT_ERR_PEER,
+               "rank %d published a malformed segment '%s'", a, val);
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fdn);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return RT_ERROR(RT_ERR_SYS,
+                        "shm: cannot open rank %d's segment %s: %s (different pid namespaces or a locked-down "
+                        "/proc? set RINGTRAIN_SHM_NAMED=1, or use transport tcp)",
+                        a, path, strerror(errno));
+    struct stat stt;
+    if (fstat(fd, &stt) < 0 || (size_t)stt.st_size != len) {
+        close(fd);
+        return RT_ERROR(RT_ERR_PEER, "shm: rank %d's segment %s has %lld bytes, expected %zu", a, path,
+                        (long long)stt.st_size, len);
+    }
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return RT_ERROR(RT_ERR_SYS, "mmap(%s, %zu): %s", path, len, strerror(errno));
+    *out = p;
+    return RT_OK;
+}
+
+static rt_status shm_setup_(rt_pg_world *w, double timeout_s, int *fds) {
     rt_engine *e = &w->eng;
     size_t cap = shm_ring_bytes();
     size_t seglen = 4096 + 2 * cap;
-    char name[128], key[64];
+    char key[64];
     void *p;
-    shm_name(name, sizeof name, w, e->rank, -1);
-    RT_CHECK(shm_map(name, 4096, true, &p));
+    RT_CHECK(seg_create(w, e->rank, -1, 4096, &p, &fds[e->rank]));
     e->my_bell = p;
     for (int j = e->rank + 1; j < e->world; j++) {
-        shm_name(name, sizeof name, w, e->rank, j);
-        RT_CHECK(shm_map(name, seglen, true, &e->ch[j].seg));
+        RT_CHECK(seg_create(w, e->rank, j, seglen, &e->ch[j].seg, &fds[j]));
         e->ch[j].seglen = seglen;
     }
     snprintf(key, sizeof key, "rt/shm/c/%d", e->rank);
@@ -270,12 +342,10 @@ static rt_status shm_setup_(rt_pg_world *w, double timeout_s) {
     for (int j = 0; j < e->world; j++) {
         if (j == e->rank) continue;
         rt_chan *c = &e->ch[j];
-        shm_name(name, sizeof name, w, j, -1);
-        RT_CHECK(shm_map(name, 4096, false, &p));
+        RT_CHECK(seg_open(w, j, -1, 4096, &p));
         c->peer_bell = p;
         if (j < e->rank) {
-            shm_name(name, sizeof name, w, j, e->rank);
-            RT_CHECK(shm_map(name, seglen, false, &c->seg));
+            RT_CHECK(seg_open(w, j, e->rank, seglen, &c->seg));
             c->seglen = seglen;
         }
         uint8_t *base = c->seg;
@@ -293,14 +363,20 @@ static rt_status shm_setup_(rt_pg_world *w, double timeout_s) {
     snprintf(key, sizeof key, "rt/shm/m/%d", e->rank);
     RT_CHECK(rt_store_set(w->store, key, "1", 1));
     RT_CHECK(wait_ranks(w->store, "rt/shm/m/", e->world, timeout_s, "shm setup"));
-    shm_unlink_mine(w); /* everyone mapped them: no name is left behind */
     e->shm = true;
     return RT_OK;
 }
 
 static rt_status shm_setup(rt_pg_world *w, double timeout_s) {
-    rt_status s = shm_setup_(w, timeout_s);
-    if (s != RT_OK) shm_unlink_mine(w);
+    int *fds = malloc((size_t)w->eng.world * sizeof *fds);
+    RT_CHECK_ALLOC(fds, (size_t)w->eng.world * sizeof(int));
+    for (int i = 0; i < w->eng.world; i++) fds[i] = -1;
+    rt_status s = shm_setup_(w, timeout_s, fds);
+    /* every rank mapped the segments (or setup failed): drop the names and descriptors */
+    if (shm_named()) shm_unlink_mine(w);
+    for (int i = 0; i < w->eng.world; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    free(fds);
     return s;
 }
 

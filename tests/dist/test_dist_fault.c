@@ -17,12 +17,14 @@ typedef struct cfg {
     rt_transport transport;
     char tag[64];
     int victim;
-    int stop; /* the victim stops (SIGSTOP) instead of dying: the others time out */
+    int stop;  /* the victim stops (SIGSTOP) instead of dying: the others time out */
+    int named; /* named shm_open() segments instead of memfds */
 } cfg;
 
 static int body(int rank, int world, int port, void *arg) {
     cfg *c = arg;
     setenv("RINGTRAIN_SHM_TAG", c->tag, 1);
+    if (c->named) setenv("RINGTRAIN_SHM_NAMED", "1", 1);
     rt_pg_options o;
     rt_pg_options_default(&o);
     char method[64];
@@ -91,8 +93,8 @@ static int leftovers(const char *tag) {
     return n;
 }
 
-static void run_stop(rt_transport t, int world, int victim, int stop) {
-    cfg c = {.transport = t, .victim = victim, .stop = stop};
+static void run_full(rt_transport t, int world, int victim, int stop, int named) {
+    cfg c = {.transport = t, .victim = victim, .stop = stop, .named = named};
     snprintf(c.tag, sizeof c.tag, "test%d", (int)getpid());
     int codes[4];
     mp_run(world, body, &c, 60, codes);
@@ -105,7 +107,13 @@ static void run_stop(rt_transport t, int world, int victim, int stop) {
     assert_int_equal(leftovers(c.tag), 0);
 }
 
+static void run_stop(rt_transport t, int world, int victim, int stop) { run_full(t, world, victim, stop, 0); }
 static void run(rt_transport t, int world, int victim) { run_stop(t, world, victim, 0); }
+/* named segments: they must be unlinked by the time the victim dies */
+static void kill_shm_named_3(void **s) {
+    (void)s;
+    run_full(RT_TRANSPORT_SHM, 3, 2, 0, 1);
+}
 
 static void kill_tcp_3(void **s) {
     (void)s;
@@ -137,7 +145,8 @@ static void stop_shm_3(void **s) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kill_tcp_3),      cmocka_unit_test(kill_shm_3), cmocka_unit_test(kill_shm_4_root),
-        cmocka_unit_test(kill_tcp_4_root), cmocka_unit_test(stop_tcp_3), cmocka_unit_test(stop_shm_3),
+        cmocka_unit_test(kill_tcp_4_root), cmocka_unit_test(stop_tcp_3), cmocka_unit_test(kill_shm_named_3),
+        cmocka_unit_test(stop_shm_3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
