@@ -611,20 +611,32 @@ void rt_pg_destroy(rt_pg *pg) {
     if (pg->is_world) {
         rt_pg_world *w = pg->w;
         if (pg->transport == RT_TRANSPORT_NCCL) rt_pg_nccl_destroy(w);
-        /* say goodbye; the store's host waits for everyone before it stops */
+        /* say goodbye; the store's host keeps the store up until every rank said goodbye
+         * or its connection closed (the server marks "rt/left/<rank>") */
         if (w->store) {
-            int64_t n = 0;
+            char key[64];
             rt_store_set_timeout(w->store, 5.0);
-            if (rt_store_add(w->store, "rt/exit", 1, &n) == RT_OK && w->server) {
-                /* after a failure some ranks may be dead: wait briefly only, so that the
-                 * survivors can still read the failure report */
+            snprintf(key, sizeof key, "rt/exit/%d", pg->rank);
+            if (rt_store_set(w->store, key, "1", 1) == RT_OK && w->server) {
+                /* after a failure some ranks may be dead or stuck: wait briefly only, so
+                 * that the survivors can still read the failure report */
                 double wait_s = w->eng.broken ? (pg->timeout_s < 3 ? pg->timeout_s : 3) : pg->timeout_s;
                 uint64_t deadline = rt_now_ns() + (uint64_t)(wait_s * 1e9);
-                int delay = 1;
-                while (n < pg->size && rt_now_ns() < deadline) {
+                int delay = 1, next = 0;
+                while (next < pg->size && rt_now_ns() < deadline) {
+                    bool ex = false, left = false;
+                    snprintf(key, sizeof key, "rt/exit/%d", next);
+                    if (rt_store_check(w->store, key, &ex) != RT_OK) break;
+                    if (!ex) {
+                        snprintf(key, sizeof key, "rt/left/%d", next);
+                        if (rt_store_check(w->store, key, &left) != RT_OK) break;
+                    }
+                    if (ex || left) {
+                        next++;
+                        continue;
+                    }
                     sleep_ms(delay);
                     if (delay < 50) delay *= 2;
-                    if (rt_store_add(w->store, "rt/exit", 0, &n) != RT_OK) break;
                 }
             }
         }

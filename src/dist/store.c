@@ -227,6 +227,11 @@ static int handle(rt_store_server *s, client *c, const rt_store_frame *f) {
 
 static void drop_client(rt_store_server *s, int i) {
     client *c = &s->cl[i];
+    if (c->hello && c->rank >= 0) { /* "rt/left/<rank>": lets the host stop waiting for a rank that is gone */
+        char key[32];
+        snprintf(key, sizeof key, "rt/left/%d", c->rank);
+        kv_set(s, key, (const uint8_t *)"1", 1);
+    }
     close(c->fd);
     free(c->in);
     free(c->waiting_key);

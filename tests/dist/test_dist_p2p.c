@@ -9,6 +9,7 @@
 #include "mp.h"
 
 #include <string.h>
+#include <unistd.h>
 
 typedef struct cfg {
     rt_transport transport;
@@ -198,6 +199,27 @@ static int size_mismatch(int rank, int world, int port, void *arg) {
     return 0;
 }
 
+/* Rank 1 leaves without rt_pg_destroy (a crash after its last operation): rank 0, which
+ * hosts the store, must not wait for its goodbye until the 120 s timeout (the harness
+ * kills ranks after 30 s, which would fail the test). */
+static int exit_without_destroy(int rank, int world, int port, void *arg) {
+    rt_pg *pg;
+    if (init(rank, world, port, arg, 120, &pg)) return 1;
+    MP_OK(rt_barrier(pg));
+    if (rank == 1) _exit(0);
+    rt_pg_destroy(pg);
+    return 0;
+}
+
+static void run_limit(mp_fn fn, rt_transport t, int world, int use_env, double limit_s) {
+    cfg c = {t, use_env};
+    int codes[4];
+    int failed = mp_run(world, fn, &c, limit_s, codes);
+    for (int r = 0; r < world; r++)
+        if (codes[r]) print_error("rank %d exited with %d\n", r, codes[r]);
+    assert_int_equal(failed, 0);
+}
+
 static void run(mp_fn fn, rt_transport t, int world, int use_env) {
     cfg c = {t, use_env};
     int codes[4];
@@ -236,11 +258,16 @@ static void size_mismatch_tcp(void **s) {
     run(size_mismatch, RT_TRANSPORT_TCP, 2, 0);
 }
 
+static void exit_no_destroy(void **s) {
+    (void)s;
+    run_limit(exit_without_destroy, RT_TRANSPORT_SHM, 2, 0, 30);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(tutorial_env_2),    cmocka_unit_test(tutorial_tcp_4), cmocka_unit_test(tutorial_shm_4),
-        cmocka_unit_test(tutorial_tcp_3),    cmocka_unit_test(mismatch_tcp),   cmocka_unit_test(mismatch_shm),
-        cmocka_unit_test(size_mismatch_tcp),
+        cmocka_unit_test(tutorial_env_2),    cmocka_unit_test(tutorial_tcp_4),  cmocka_unit_test(tutorial_shm_4),
+        cmocka_unit_test(tutorial_tcp_3),    cmocka_unit_test(mismatch_tcp),    cmocka_unit_test(mismatch_shm),
+        cmocka_unit_test(size_mismatch_tcp), cmocka_unit_test(exit_no_destroy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
