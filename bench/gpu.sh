@@ -69,16 +69,26 @@ mkdir -p "$(dirname "$json_out")"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# peak nvidia-smi used_memory (MiB) of process $1 while it lives
+# gpu_used: the GPU's memory.used (MiB), for the device-wide fallback
+gpu_used() {
+  nvidia-smi --id="$gpu_index" --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null |
+    awk 'NR == 1 { print $1 + 0 }' || true
+}
+
+# sample_peak PID BASE: while process PID lives, the peak nvidia-smi used_memory of that
+# pid and the peak device-wide memory.used minus BASE (MiB; works where nvidia-smi
+# lists no processes, e.g. in containers: one benchmark process runs at a time)
 sample_peak() {
-  local pid=$1 peak=0 v
+  local pid=$1 base=$2 peak=0 dpeak=0 v d
   while kill -0 "$pid" 2>/dev/null; do
     v=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
         awk -F', *' -v p="$pid" '$1 == p && !done { print $2; done = 1 }' || true)
     if [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -gt "$peak" ]; then peak=$v; fi
+    d=$(gpu_used)
+    if [[ "$d" =~ ^[0-9]+$ ]] && [ $((d - base)) -gt "$dpeak" ]; then dpeak=$((d - base)); fi
     sleep 0.2
   done
-  echo "$peak"
+  echo "$peak $dpeak"
 }
 
 # run_one NAME CMD...: stdout's last JSON line, the exit code and the sampled peak
@@ -86,9 +96,12 @@ sample_peak() {
 run_one() {
   local name=$1 pid rc
   shift
+  local base
+  base=$(gpu_used)
+  [[ "$base" =~ ^[0-9]+$ ]] || base=0
   "$@" > "$tmp/$name.out" 2> "$tmp/$name.err" &
   pid=$!
-  sample_peak "$pid" > "$tmp/$name.mem"
+  sample_peak "$pid" "$base" > "$tmp/$name.mem"
   rc=0
   wait "$pid" || rc=$?
   echo "$rc" > "$tmp/$name.rc"
@@ -156,8 +169,10 @@ def load(name):
         pass
     try:
         with open(os.path.join(tmp, name + ".mem")) as f:
-            mem = int(f.read().strip() or 0)
+            fields = (f.read().split() + ["0", "0"])[:2]
+        mem, dmem = int(fields[0]), int(fields[1])
         res["nvidia_smi_peak_mb"] = mem if mem > 0 else None
+        res["device_used_delta_peak_mb"] = dmem if dmem > 0 else None
     except (OSError, ValueError):
         pass
     return res
@@ -173,8 +188,8 @@ for cfg in configs.split():
             rt_all.append(rt)
             row = {"input": f"{ch}x{hw}x{hw}", "stem": stem, "precision": prec, "batch": int(b),
                    "ringtrain_images_per_s": rt.get("images_per_s"),
-                   "ringtrain_gpu_peak_mb": rt.get("peak_gpu_mb", rt.get("nvidia_smi_peak_mb")),
-                   "ringtrain_nvidia_smi_peak_mb": rt.get("nvidia_smi_peak_mb")}
+                   "ringtrain_gpu_peak_mb": rt.get("peak_gpu_mb"),
+                   "ringtrain_nvidia_smi_peak_mb": rt.get("nvidia_smi_peak_mb") or rt.get("device_used_delta_peak_mb")}
             for mf in ("contiguous", "channels_last"):
                 pt = load(f"pt-{tag}-{mf}") if os.path.exists(os.path.join(tmp, f"pt-{tag}-{mf}.rc")) else {"error": "not run"}
                 pt.update({"tag": f"{tag}-{mf}"})
@@ -183,7 +198,7 @@ for cfg in configs.split():
                 ips = pt.get("images_per_s")
                 row[f"{key}_images_per_s"] = ips
                 row[f"{key}_peak_allocated_mb"] = pt.get("peak_allocated_mb")
-                row[f"{key}_nvidia_smi_peak_mb"] = pt.get("nvidia_smi_peak_mb")
+                row[f"{key}_nvidia_smi_peak_mb"] = pt.get("nvidia_smi_peak_mb") or pt.get("device_used_delta_peak_mb")
                 r = row["ringtrain_images_per_s"]
                 row[f"ratio_vs_{key}"] = round(r / ips, 3) if r and ips else None
             rows.append(row)
@@ -196,9 +211,10 @@ doc = {"benchmark": "gpu",
        "note": "ResNet34 training step (forward, cross-entropy, backward, SGD momentum 0.9) on one random batch; "
                "ringtrain `bench model --device` vs PyTorch eager (cudnn.benchmark=True, same TF32 setting, "
                "contiguous and channels_last), one process per configuration, same GPU, same run. "
-               "ratio = ringtrain images/s / torch images/s. Memory: torch max_memory_allocated, and the peak "
-               "nvidia-smi used_memory of each process (CUDA context included; null where nvidia-smi lists no "
-               "processes, e.g. in containers).",
+               "ratio = ringtrain images/s / torch images/s. Memory: the peak nvidia-smi used_memory of each "
+               "process (CUDA context included), or where nvidia-smi lists no processes (containers) the peak rise "
+               "of the GPU's memory.used during the run; plus torch max_memory_allocated, and ringtrain's own "
+               "count (peak_gpu_mb) when `bench model` reports one.",
        "steps": int(steps), "warmup": int(warmup), "nvidia_smi": nvsmi, "info": info,
        "summary": rows, "ringtrain": rt_all, "torch": pt_all}
 with open(out, "w") as f:
@@ -210,11 +226,13 @@ def fmt(v, spec):
     return format(v, spec) if isinstance(v, (int, float)) else "-".rjust(int(spec.split(".")[0]))
 
 print(f"{'input':<8} {'stem':<8} {'prec':<5} {'batch':>5} | {'ringtrain':>9} {'torch':>9} {'torch_cl':>9} "
-      f"{'ratio':>6} {'r/cl':>6} | {'rt MiB':>7} {'pt alloc':>8} {'pt smi':>7}")
+      f"{'ratio':>6} {'r/cl':>6} | {'rt MiB':>7} {'pt MiB':>7} {'pt alloc':>8}")
 for r in rows:
     print(f"{r['input']:<8} {r['stem']:<8} {r['precision']:<5} {r['batch']:>5} | "
           f"{fmt(r['ringtrain_images_per_s'], '9.0f')} {fmt(r['torch_images_per_s'], '9.0f')} "
           f"{fmt(r['torch_cl_images_per_s'], '9.0f')} {fmt(r['ratio_vs_torch'], '6.2f')} "
-          f"{fmt(r['ratio_vs_torch_cl'], '6.2f')} | {fmt(r['ringtrain_gpu_peak_mb'], '7.0f')} "
-          f"{fmt(r['torch_peak_allocated_mb'], '8.0f')} {fmt(r['torch_nvidia_smi_peak_mb'], '7.0f')}")
+          f"{fmt(r['ratio_vs_torch_cl'], '6.2f')} | {fmt(r['ringtrain_nvidia_smi_peak_mb'], '7.0f')} "
+          f"{fmt(r['torch_nvidia_smi_peak_mb'], '7.0f')} {fmt(r['torch_peak_allocated_mb'], '8.0f')}")
+print("MiB: peak GPU memory of the process (nvidia-smi, CUDA context included); pt alloc: "
+      "torch.cuda.max_memory_allocated")
 PY
