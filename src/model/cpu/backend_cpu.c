@@ -29,6 +29,8 @@ static void blas_hint(void) {
 }
 #endif
 
+static void cpu_ctx_release(rt_model_ctx *ctx);
+
 static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
     rt_cpu_state *s = calloc(1, sizeof *s);
     RT_CHECK_ALLOC(s, sizeof *s);
@@ -39,6 +41,35 @@ static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
         return st;
     }
     ctx->backend = s;
+    const char *conv = getenv("RINGTRAIN_CONV");
+    if (conv && *conv && strcmp(conv, "auto") != 0) {
+        if (strcmp(conv, "im2col") == 0)
+            s->conv = RT_CPU_CONV_IM2COL;
+        else if (strcmp(conv, "dnnl") == 0)
+            s->conv = RT_CPU_CONV_DNNL;
+        else {
+            cpu_ctx_release(ctx);
+            RT_FAIL(RT_ERR_INVALID, "RINGTRAIN_CONV=%s (expected im2col, dnnl or auto)", conv);
+        }
+    }
+#ifdef RT_HAVE_DNNL
+    if (s->conv != RT_CPU_CONV_IM2COL) {
+        st = rt_dnnl_env_create(&s->dnnl);
+        if (st != RT_OK) {
+            if (s->conv == RT_CPU_CONV_DNNL) {
+                cpu_ctx_release(ctx);
+                return st;
+            }
+            RT_LOG_WARN("oneDNN not available (%s): convolutions use im2col + BLAS", rt_error_message());
+            s->dnnl = NULL;
+        }
+    }
+#else
+    if (s->conv == RT_CPU_CONV_DNNL) {
+        cpu_ctx_release(ctx);
+        RT_FAIL(RT_ERR_UNSUPPORTED, "RINGTRAIN_CONV=dnnl: this ringtrain was built without oneDNN (libdnnl-dev)");
+    }
+#endif
 #ifdef RT_HAVE_OPENBLAS
     /* our pool threads split the batch and each calls a single-threaded sgemm
      * (conv_cpu.c); OpenBLAS's own threads would only compete with them.
@@ -52,6 +83,9 @@ static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
 
 static void cpu_ctx_release(rt_model_ctx *ctx) {
     rt_cpu_state *s = ctx->backend;
+#ifdef RT_HAVE_DNNL
+    rt_dnnl_env_destroy(s->dnnl);
+#endif
     rt_pool_destroy(s->pool);
     free(s);
     ctx->backend = NULL;

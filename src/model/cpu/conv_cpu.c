@@ -22,8 +22,11 @@
  * dx by images again. OpenBLAS itself runs single-threaded (backend_cpu.c): measured
  * faster than OpenBLAS's own threads, which spin in sched_yield between our calls.
  */
+#include "model/cpu/conv_dnnl.h"
 #include "model/cpu/cpu_internal.h"
 #include "model/cpu/gemm.h"
+
+#include "core/log.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +46,7 @@ typedef struct cpu_conv {
     int max_n;
     const float *cached_x; /* input and batch the cache holds; NULL: stale */
     int cached_n;
+    rt_dnnl_conv *dnnl; /* oneDNN primitives for batch max_n (conv_dnnl.c), or NULL */
 } cpu_conv;
 
 #define CONV_CACHE_CAP ((size_t)32 << 20)
@@ -70,6 +74,32 @@ static bool tap_live(int kk, int out, int in, int s, int pad) {
     return false;
 }
 
+/* Which implementation runs this layer (RINGTRAIN_CONV, see cpu_internal.h): make the
+ * oneDNN primitives for batch max_n when it is oneDNN. A oneDNN that cannot do the
+ * layer (or fails) leaves it to im2col, unless RINGTRAIN_CONV=dnnl asked for oneDNN. */
+static rt_status conv_choose_dnnl(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv *cc, int max_n, size_t *ws) {
+    *ws = 0;
+#ifdef RT_HAVE_DNNL
+    rt_dnnl_conv_destroy(cc->dnnl);
+    cc->dnnl = NULL;
+    rt_cpu_state *s = ctx->backend;
+    if (s->conv == RT_CPU_CONV_IM2COL || !s->dnnl) return RT_OK; /* (ctx_init failed for dnnl without one) */
+    rt_status st = rt_dnnl_conv_create(s->dnnl, l, max_n, ctx->threads, ws, &cc->dnnl);
+    if (st != RT_OK) {
+        if (s->conv == RT_CPU_CONV_DNNL) return st;
+        RT_LOG_DEBUG("conv2d %d->%d k%d s%d on %dx%d: oneDNN not used (%s); im2col", l->in_c, l->out_c, l->k,
+                     l->stride, l->in_h, l->in_w, rt_error_message());
+        *ws = 0;
+    }
+#else
+    (void)ctx;
+    (void)l;
+    (void)cc;
+    (void)max_n;
+#endif
+    return RT_OK;
+}
+
 rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace) {
     RT_REQUIRE(l->k * l->k <= MAX_TAPS, RT_ERR_UNSUPPORTED,
                "conv2d kernel %dx%d: the CPU backend handles up to %d taps", l->k, l->k, MAX_TAPS);
@@ -89,6 +119,8 @@ rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size
                 cc->ntaps++;
             }
     cc->pruned = cc->ntaps < l->k * l->k;
+    size_t dnnl_ws = 0;
+    RT_CHECK(conv_choose_dnnl(ctx, l, cc, max_n, &dnnl_ws));
     /* Tiny inputs (ResNet's layer3/layer4 at 28x28: 2x2 and 1x1): a conv is a linear map
      * from the C*IP inputs of an image to its O*OP outputs, and NCHW already stores an
      * image as that vector. Multiplying by the unrolled matrix costs OP*IP per (o, c)
@@ -96,6 +128,7 @@ rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size
     cc->dense = l->in_h * l->in_w <= cc->ntaps && dense_floats(l) <= ((size_t)4 << 20);
     if (cc->dense) {
         *workspace = fixed_floats(l, cc) * sizeof(float);
+        if (dnnl_ws > *workspace) *workspace = dnnl_ws;
         return RT_OK;
     }
     /* keep the forward columns for backward when they fit (whole batch) */
@@ -104,7 +137,8 @@ rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size
     cc->cache = NULL;
     cc->cached_x = NULL;
     cc->max_n = max_n;
-    if (cache_floats <= CONV_CACHE_CAP && !getenv("RINGTRAIN_CONV_NOCACHE")) {
+    /* with oneDNN, im2col only runs batches smaller than max_n: no cache for those */
+    if (!cc->dnnl && cache_floats <= CONV_CACHE_CAP && !getenv("RINGTRAIN_CONV_NOCACHE")) {
         cc->cache = malloc(cache_floats * sizeof(float));
         RT_CHECK_ALLOC(cc->cache, cache_floats * sizeof(float));
     }
@@ -113,10 +147,15 @@ rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size
     if (nb < 1) nb = 1;
     if (nb > (size_t)max_n) nb = (size_t)max_n;
     *workspace = (fixed_floats(l, cc) + nb * per) * sizeof(float);
+    if (dnnl_ws > *workspace) *workspace = dnnl_ws;
     return RT_OK;
 }
 
 void rt_cpu_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l) {
+    (void)ctx;
+#ifdef RT_HAVE_DNNL
+    if (l->priv) rt_dnnl_conv_destroy(((cpu_conv *)l->priv)->dnnl);
+#endif
     if (l->priv) free(((cpu_conv *)l->priv)->cache);
     free(l->priv);
     l->priv = NULL;
@@ -480,6 +519,11 @@ static rt_status dense_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
 }
 
 rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+#ifdef RT_HAVE_DNNL
+    cpu_conv *dc = l->priv;
+    if (dc && dc->dnnl && n == rt_dnnl_conv_batch(dc->dnnl))
+        return rt_dnnl_conv_forward(ctx, ((rt_cpu_state *)ctx->backend)->dnnl, dc->dnnl, l, x, y);
+#endif
     if (l->priv && ((cpu_conv *)l->priv)->dense) return dense_forward(ctx, l, n, x, y);
     conv_job J;
     int nbmax;
@@ -511,6 +555,11 @@ rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
 
 rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
                                  bool accumulate) {
+#ifdef RT_HAVE_DNNL
+    cpu_conv *dc = l->priv;
+    if (dc && dc->dnnl && n == rt_dnnl_conv_batch(dc->dnnl))
+        return rt_dnnl_conv_backward(ctx, ((rt_cpu_state *)ctx->backend)->dnnl, dc->dnnl, l, x, dy, dx, accumulate);
+#endif
     conv_job J;
     if (l->priv && ((cpu_conv *)l->priv)->dense) {
         /* the bias gradient below is shared with the im2col path */

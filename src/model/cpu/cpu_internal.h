@@ -3,10 +3,21 @@
 #define RT_MODEL_CPU_INTERNAL_H
 
 #include "model/backend.h"
+#include "model/cpu/conv_dnnl.h"
 #include "model/cpu/pool.h"
+
+/* How convolutions run: environment RINGTRAIN_CONV=im2col | dnnl | auto (the default:
+ * oneDNN where the build has it and it can do the layer, else im2col + OpenBLAS). */
+typedef enum rt_cpu_conv_impl {
+    RT_CPU_CONV_AUTO = 0,
+    RT_CPU_CONV_IM2COL,
+    RT_CPU_CONV_DNNL,
+} rt_cpu_conv_impl;
 
 typedef struct rt_cpu_state {
     rt_pool *pool;
+    rt_cpu_conv_impl conv;
+    rt_dnnl_env *dnnl; /* oneDNN engine and stream; NULL without oneDNN or with im2col */
 } rt_cpu_state;
 
 static inline rt_pool *cpu_pool(rt_model_ctx *ctx) { return ((rt_cpu_state *)ctx->backend)->pool; }

@@ -1,0 +1,487 @@
+/* conv2d through oneDNN primitives (C API), for the CPU backend.
+ *
+ * Per layer, prepare makes up to three stages, each one oneDNN primitive:
+ *   forward          x, W, b        -> y
+ *   backward-weights x, dy          -> dW, db
+ *   backward-data    dy, W          -> dx      (written, or added with a sum reorder)
+ * for a batch of exactly max_n images (oneDNN's CPU convolutions take no run-time batch
+ * size; conv_cpu.c runs smaller batches through im2col instead).
+ *
+ * Layouts: our interface is plain NCHW / OIHW. The primitives are created with
+ * format `any` for activations and weights (RINGTRAIN_DNNL_LAYOUT=plain forces NCHW
+ * activations), so oneDNN picks its blocked layouts (nChw16c on AVX-512) and its JIT
+ * kernels; every argument whose chosen layout differs from ours gets a reorder into or
+ * out of a buffer in the shared workspace (weights too: they change every step, so they
+ * are reordered once per call). Scratchpads are user-managed, also in the workspace.
+ * The stages run one after the other, so each lays out its buffers from offset 0 and
+ * the layer needs the largest stage's bytes. Nothing is allocated after prepare.
+ *
+ * Threads: Debian's oneDNN 2.6 uses the OpenMP runtime (DNNL_CPU_RUNTIME OMP, libgomp).
+ * Before each call the OpenMP thread count of the calling thread is set to
+ * ctx->threads (omp_set_num_threads, looked up at run time: libgomp comes in with
+ * libdnnl and we do not link OpenMP ourselves). The CPU backend's own pool threads
+ * sleep while a oneDNN primitive runs, so the two never compete for cores.
+ */
+#include "model/cpu/conv_dnnl.h"
+#include "model/cpu/cpu_internal.h"
+
+#ifdef RT_HAVE_DNNL
+
+#include "core/log.h"
+
+#include <dlfcn.h>
+#include <dnnl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct rt_dnnl_env {
+    dnnl_engine_t engine;
+    void (*set_threads)(int); /* omp_set_num_threads, or NULL */
+};
+
+#define DN_MAX_ARGS 6
+#define DN_MAX_PARTS 64
+
+typedef struct dn_arg {
+    int arg;                      /* DNNL_ARG_* */
+    bool output;                  /* written by the primitive */
+    dnnl_memory_t user;           /* our plain layout; handle set per call */
+    dnnl_memory_t inner;          /* the primitive's layout in the workspace, or NULL: use `user` */
+    dnnl_primitive_t reorder;     /* input: user -> inner; output: inner -> user; NULL when same layout */
+    dnnl_primitive_t reorder_sum; /* output that may accumulate: inner -> user, adding */
+    size_t off;                   /* of inner in the part's region */
+} dn_arg;
+
+typedef struct dn_stage {
+    dnnl_primitive_t prim;
+    dn_arg args[DN_MAX_ARGS];
+    int nargs;
+    dnnl_memory_t scratch; /* NULL when none */
+    size_t scratch_off;
+    size_t bytes; /* of the part's region this stage uses */
+} dn_stage;
+
+/* One task's share of a layer: images [n0, n0+nb) in forward and backward-data,
+ * output channels [o0, o0+ob) of backward-weights (all images: no reduction). */
+typedef struct dn_part {
+    int n0, nb, o0, ob;
+    dnnl_stream_t stream;
+    dn_stage fwd, bww, bwd;
+    size_t region; /* offset of its buffers in the workspace */
+} dn_part;
+
+struct rt_dnnl_conv {
+    int max_n, nparts;
+    size_t ws; /* workspace bytes of all parts */
+    dn_part part[DN_MAX_PARTS];
+    char impl[3][48]; /* oneDNN implementation names, for the log */
+};
+
+static const char *dn_status_name(dnnl_status_t s) {
+    switch (s) {
+    case dnnl_success: return "success";
+    case dnnl_out_of_memory: return "out_of_memory";
+    case dnnl_invalid_arguments: return "invalid_arguments";
+    case dnnl_unimplemented: return "unimplemented";
+    case dnnl_iterator_ends: return "iterator_ends";
+    case dnnl_runtime_error: return "runtime_error";
+    case dnnl_not_required: return "not_required";
+    default: return "unknown";
+    }
+}
+
+#define DN_CHECK(call)                                                                                       \
+    do {                                                                                                     \
+        dnnl_status_t dn_s_ = (call);                                                                        \
+        if (dn_s_ != dnnl_success)                                                                           \
+            return rt_error_set(dn_s_ == dnnl_unimplemented ? RT_ERR_UNSUPPORTED : RT_ERR_INTERNAL, __FILE__, \
+                                __LINE__, NULL, "oneDNN %s: %s", #call, dn_status_name(dn_s_));              \
+    } while (0)
+
+rt_status rt_dnnl_env_create(rt_dnnl_env **out) {
+    *out = NULL;
+    rt_dnnl_env *e = calloc(1, sizeof *e);
+    RT_CHECK_ALLOC(e, sizeof *e);
+    *(void **)&e->set_threads = dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+    dnnl_status_t s = dnnl_engine_create(&e->engine, dnnl_cpu, 0);
+    if (s != dnnl_success) {
+        free(e);
+        RT_FAIL(RT_ERR_INTERNAL, "oneDNN CPU engine: %s", dn_status_name(s));
+    }
+    *out = e;
+    return RT_OK;
+}
+
+void rt_dnnl_env_destroy(rt_dnnl_env *e) {
+    if (!e) return;
+    if (e->engine) dnnl_engine_destroy(e->engine);
+    free(e);
+}
+
+static void stage_destroy(dn_stage *st) {
+    if (st->prim) dnnl_primitive_destroy(st->prim);
+    for (int i = 0; i < st->nargs; i++) {
+        dn_arg *a = &st->args[i];
+        if (a->user) dnnl_memory_destroy(a->user);
+        if (a->inner) dnnl_memory_destroy(a->inner);
+        if (a->reorder) dnnl_primitive_destroy(a->reorder);
+        if (a->reorder_sum) dnnl_primitive_destroy(a->reorder_sum);
+    }
+    if (st->scratch) dnnl_memory_destroy(st->scratch);
+    memset(st, 0, sizeof *st);
+}
+
+void rt_dnnl_conv_destroy(rt_dnnl_conv *c) {
+    if (!c) return;
+    for (int t = 0; t < c->nparts; t++) {
+        dn_part *p = &c->part[t];
+        stage_destroy(&p->fwd);
+        stage_destroy(&p->bww);
+        stage_destroy(&p->bwd);
+        if (p->stream) dnnl_stream_destroy(p->stream);
+    }
+    free(c);
+}
+
+int rt_dnnl_conv_batch(const rt_dnnl_conv *c) { return c->max_n; }
+
+static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+static rt_status make_reorder(rt_dnnl_env *e, const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to, bool sum,
+                              dnnl_primitive_t *out) {
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t s = dnnl_primitive_attr_create(&attr);
+    if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (s == dnnl_success && sum) {
+        s = dnnl_post_ops_create(&po);
+        if (s == dnnl_success) s = dnnl_post_ops_append_sum(po, 1.0f);
+        if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
+    }
+    if (s == dnnl_success) s = dnnl_reorder_primitive_desc_create(&pd, from, e->engine, to, e->engine, attr);
+    if (s == dnnl_success) {
+        /* we give reorders no scratchpad: one that wants one is not used */
+        const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        if (sp && dnnl_memory_desc_get_size(sp) > 0) s = dnnl_unimplemented;
+    }
+    if (s == dnnl_success) s = dnnl_primitive_create(out, pd);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    RT_REQUIRE(s == dnnl_success, s == dnnl_unimplemented ? RT_ERR_UNSUPPORTED : RT_ERR_INTERNAL,
+               "oneDNN reorder%s: %s", sum ? " with sum" : "", dn_status_name(s));
+    return RT_OK;
+}
+
+/* Add argument `arg` of primitive descriptor pd to the stage: `user` is our layout of
+ * it; an inner buffer and reorders are made when the primitive wants another layout
+ * (or, for an output that may accumulate, always). */
+static rt_status stage_arg(rt_dnnl_env *e, dn_stage *st, const_dnnl_primitive_desc_t pd, int arg,
+                           const dnnl_memory_desc_t *user, bool output, bool may_accumulate) {
+    RT_REQUIRE(st->nargs < DN_MAX_ARGS, RT_ERR_INTERNAL, "too many oneDNN arguments");
+    dn_arg *a = &st->args[st->nargs++];
+    a->arg = arg;
+    a->output = output;
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, arg);
+    RT_REQUIRE(md != NULL, RT_ERR_INTERNAL, "oneDNN: no memory descriptor for argument %d", arg);
+    DN_CHECK(dnnl_memory_create(&a->user, user, e->engine, DNNL_MEMORY_NONE));
+    bool same = dnnl_memory_desc_equal(md, user);
+    if (same && !(output && may_accumulate)) return RT_OK;
+    DN_CHECK(dnnl_memory_create(&a->inner, md, e->engine, DNNL_MEMORY_NONE));
+    a->off = st->bytes;
+    st->bytes = align64(st->bytes + dnnl_memory_desc_get_size(md));
+    if (!same)
+        RT_CHECK(output ? make_reorder(e, md, user, false, &a->reorder) : make_reorder(e, user, md, false, &a->reorder));
+    if (output && may_accumulate) RT_CHECK(make_reorder(e, md, user, true, &a->reorder_sum));
+    return RT_OK;
+}
+
+static rt_status stage_finish(rt_dnnl_env *e, dn_stage *st, const_dnnl_primitive_desc_t pd, char *impl,
+                              size_t impl_len) {
+    const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t sb = sp ? dnnl_memory_desc_get_size(sp) : 0;
+    if (sb > 0) {
+        DN_CHECK(dnnl_memory_create(&st->scratch, sp, e->engine, DNNL_MEMORY_NONE));
+        st->scratch_off = st->bytes;
+        st->bytes = align64(st->bytes + sb);
+    }
+    const char *name = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name) == dnnl_success && name)
+        snprintf(impl, impl_len, "%s", name);
+    DN_CHECK(dnnl_primitive_create(&st->prim, pd));
+    return RT_OK;
+}
+
+/* Run a stage with its buffers at `region`: set the handles, reorder inputs in, run,
+ * reorder outputs out. ptrs[i] is our pointer for args[i]. */
+static dnnl_status_t stage_run(dnnl_stream_t stream, dn_stage *st, char *region, void *const *ptrs, bool accumulate) {
+    dnnl_exec_arg_t ex[DN_MAX_ARGS + 1];
+    int nex = 0;
+    dnnl_status_t s;
+#define DN_RUN(call)                                                                                               \
+    do {                                                                                                           \
+        if ((s = (call)) != dnnl_success) return s;                                                                \
+    } while (0)
+    for (int i = 0; i < st->nargs; i++) {
+        dn_arg *a = &st->args[i];
+        DN_RUN(dnnl_memory_set_data_handle(a->user, ptrs[i]));
+        dnnl_memory_t m = a->user;
+        /* an output written (not added) in our layout goes straight to the user */
+        bool direct = !a->inner || (a->output && !a->reorder && !accumulate);
+        if (!direct) {
+            DN_RUN(dnnl_memory_set_data_handle(a->inner, region + a->off));
+            m = a->inner;
+            if (!a->output) {
+                dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, a->user}, {DNNL_ARG_TO, a->inner}};
+                DN_RUN(dnnl_primitive_execute(a->reorder, stream, 2, r));
+            }
+        }
+        ex[nex++] = (dnnl_exec_arg_t){a->arg, m};
+    }
+    if (st->scratch) {
+        DN_RUN(dnnl_memory_set_data_handle(st->scratch, region + st->scratch_off));
+        ex[nex++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, st->scratch};
+    }
+    DN_RUN(dnnl_primitive_execute(st->prim, stream, nex, ex));
+    for (int i = 0; i < st->nargs; i++) {
+        dn_arg *a = &st->args[i];
+        if (!a->output || !a->inner) continue;
+        dnnl_primitive_t r = accumulate && a->reorder_sum ? a->reorder_sum : a->reorder;
+        if (!r) continue; /* written directly */
+        dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, a->inner}, {DNNL_ARG_TO, a->user}};
+        DN_RUN(dnnl_primitive_execute(r, stream, 2, ra));
+    }
+    return dnnl_stream_wait(stream);
+#undef DN_RUN
+}
+
+static rt_status pd_create(rt_dnnl_env *e, const dnnl_convolution_desc_t *cd, const_dnnl_primitive_desc_t hint,
+                           dnnl_primitive_desc_t *pd) {
+    dnnl_primitive_attr_t attr = NULL;
+    DN_CHECK(dnnl_primitive_attr_create(&attr));
+    dnnl_status_t s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, cd, attr, e->engine, hint);
+    dnnl_primitive_attr_destroy(attr);
+    RT_REQUIRE(s == dnnl_success, s == dnnl_unimplemented ? RT_ERR_UNSUPPORTED : RT_ERR_INTERNAL,
+               "oneDNN convolution primitive descriptor: %s", dn_status_name(s));
+    return RT_OK;
+}
+
+/* The descriptors of a conv of n images and `oc` of the layer's output channels:
+ * ours (plain, dy possibly a channel slice of the whole tensor) and `any`. */
+typedef struct dn_descs {
+    dnnl_memory_desc_t x, y, w, b;          /* ours */
+    dnnl_memory_desc_t x_any, y_any, w_any; /* what the primitives may choose */
+    dnnl_dims_t strides, pad_l, pad_r;
+} dn_descs;
+
+static rt_status make_descs(const rt_conv2d *l, int n, int oc, bool plain, dn_descs *d) {
+    dnnl_dims_t xd = {n, l->in_c, l->in_h, l->in_w}, yd = {n, oc, l->out_h, l->out_w}, wd = {oc, l->in_c, l->k, l->k},
+                bd = {oc};
+    const dnnl_dim_t P = (dnnl_dim_t)l->out_h * l->out_w;
+    dnnl_dims_t ys = {l->out_c * P, P, l->out_w, 1}; /* a channel slice of the whole (n, O, OH, OW) */
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->x, 4, xd, dnnl_f32, dnnl_nchw));
+    DN_CHECK(dnnl_memory_desc_init_by_strides(&d->y, 4, yd, dnnl_f32, ys));
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->w, 4, wd, dnnl_f32, dnnl_oihw));
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->b, 1, bd, dnnl_f32, dnnl_a));
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->x_any, 4, xd, dnnl_f32, plain ? dnnl_nchw : dnnl_format_tag_any));
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->y_any, 4, yd, dnnl_f32, plain ? dnnl_nchw : dnnl_format_tag_any));
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->w_any, 4, wd, dnnl_f32, dnnl_format_tag_any));
+    d->strides[0] = d->strides[1] = l->stride;
+    d->pad_l[0] = d->pad_l[1] = l->pad;
+    /* right padding so that out = (in + pad_l + pad_r - k) / stride + 1 exactly */
+    d->pad_r[0] = (dnnl_dim_t)(l->out_h - 1) * l->stride + l->k - l->in_h - l->pad;
+    d->pad_r[1] = (dnnl_dim_t)(l->out_w - 1) * l->stride + l->k - l->in_w - l->pad;
+    return RT_OK;
+}
+
+#define DN_GOTO(call)                                                                                        \
+    do {                                                                                                     \
+        dnnl_status_t dn_s_ = (call);                                                                        \
+        if (dn_s_ != dnnl_success) {                                                                         \
+            st = rt_error_set(dn_s_ == dnnl_unimplemented ? RT_ERR_UNSUPPORTED : RT_ERR_INTERNAL, __FILE__,   \
+                              __LINE__, NULL, "oneDNN %s: %s", #call, dn_status_name(dn_s_));                \
+            goto out;                                                                                        \
+        }                                                                                                    \
+    } while (0)
+
+/* the stages of one part */
+static rt_status part_build(rt_dnnl_env *e, const rt_conv2d *l, int max_n, bool plain, dn_part *p, rt_dnnl_conv *c) {
+    dn_descs d, dw;
+    RT_CHECK(make_descs(l, p->nb, l->out_c, plain, &d));
+    RT_CHECK(make_descs(l, max_n, p->ob, plain, &dw));
+    dnnl_convolution_desc_t cd;
+    dnnl_primitive_desc_t fpd = NULL, hpd = NULL, wpd = NULL, dpd = NULL;
+    rt_status st = RT_OK;
+    DN_CHECK(dnnl_stream_create(&p->stream, e->engine, dnnl_stream_default_flags));
+
+    DN_CHECK(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &d.x_any, &d.w_any,
+                                                l->has_bias ? &d.b : NULL, &d.y_any, d.strides, d.pad_l, d.pad_r));
+    RT_CHECK(pd_create(e, &cd, NULL, &fpd));
+    RT_CHECK_GOTO(stage_arg(e, &p->fwd, fpd, DNNL_ARG_SRC, &d.x, false, false), st, out);
+    RT_CHECK_GOTO(stage_arg(e, &p->fwd, fpd, DNNL_ARG_WEIGHTS, &d.w, false, false), st, out);
+    if (l->has_bias) RT_CHECK_GOTO(stage_arg(e, &p->fwd, fpd, DNNL_ARG_BIAS, &d.b, false, false), st, out);
+    RT_CHECK_GOTO(stage_arg(e, &p->fwd, fpd, DNNL_ARG_DST, &d.y, true, false), st, out);
+    RT_CHECK_GOTO(stage_finish(e, &p->fwd, fpd, c->impl[0], sizeof c->impl[0]), st, out);
+
+    /* backward-weights of the part's output channels over the whole batch; its forward
+     * descriptor is only the hint oneDNN wants */
+    DN_GOTO(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &dw.x_any,
+                                               &dw.w_any, l->has_bias ? &dw.b : NULL, &dw.y_any, dw.strides, dw.pad_l,
+                                               dw.pad_r));
+    RT_CHECK_GOTO(pd_create(e, &cd, NULL, &hpd), st, out);
+    DN_GOTO(dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &dw.x_any, &dw.w_any,
+                                                        l->has_bias ? &dw.b : NULL, &dw.y_any, dw.strides, dw.pad_l,
+                                                        dw.pad_r));
+    RT_CHECK_GOTO(pd_create(e, &cd, hpd, &wpd), st, out);
+    RT_CHECK_GOTO(stage_arg(e, &p->bww, wpd, DNNL_ARG_SRC, &dw.x, false, false), st, out);
+    RT_CHECK_GOTO(stage_arg(e, &p->bww, wpd, DNNL_ARG_DIFF_DST, &dw.y, false, false), st, out);
+    RT_CHECK_GOTO(stage_arg(e, &p->bww, wpd, DNNL_ARG_DIFF_WEIGHTS, &dw.w, true, false), st, out);
+    if (l->has_bias) RT_CHECK_GOTO(stage_arg(e, &p->bww, wpd, DNNL_ARG_DIFF_BIAS, &dw.b, true, false), st, out);
+    RT_CHECK_GOTO(stage_finish(e, &p->bww, wpd, c->impl[1], sizeof c->impl[1]), st, out);
+
+    DN_GOTO(dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &d.x_any, &d.w_any, &d.y_any,
+                                                     d.strides, d.pad_l, d.pad_r));
+    RT_CHECK_GOTO(pd_create(e, &cd, fpd, &dpd), st, out);
+    RT_CHECK_GOTO(stage_arg(e, &p->bwd, dpd, DNNL_ARG_DIFF_DST, &d.y, false, false), st, out);
+    RT_CHECK_GOTO(stage_arg(e, &p->bwd, dpd, DNNL_ARG_WEIGHTS, &d.w, false, false), st, out);
+    RT_CHECK_GOTO(stage_arg(e, &p->bwd, dpd, DNNL_ARG_DIFF_SRC, &d.x, true, true), st, out);
+    RT_CHECK_GOTO(stage_finish(e, &p->bwd, dpd, c->impl[2], sizeof c->impl[2]), st, out);
+out:
+    if (fpd) dnnl_primitive_desc_destroy(fpd);
+    if (hpd) dnnl_primitive_desc_destroy(hpd);
+    if (wpd) dnnl_primitive_desc_destroy(wpd);
+    if (dpd) dnnl_primitive_desc_destroy(dpd);
+    return st;
+}
+
+static void part_range(int total, int parts, int unit, int t, int *lo, int *len) {
+    int units = total / unit;
+    int a = (int)((long)units * t / parts), b = (int)((long)units * (t + 1) / parts);
+    *lo = a * unit;
+    *len = (t == parts - 1 ? total : b * unit) - *lo;
+}
+
+rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int threads, size_t *workspace,
+                              rt_dnnl_conv **out) {
+    *out = NULL;
+    rt_dnnl_conv *c = calloc(1, sizeof *c);
+    RT_CHECK_ALLOC(c, sizeof *c);
+    c->max_n = max_n;
+    int T = threads;
+    if (T > max_n) T = max_n;
+    if (T > l->out_c) T = l->out_c;
+    if (T > DN_MAX_PARTS) T = DN_MAX_PARTS;
+    if (T < 1) T = 1;
+    /* output channels split in multiples of 16 (oneDNN's AVX-512 block) when they can */
+    const int unit = l->out_c % (16 * T) == 0 ? 16 : 1;
+    const char *lay = getenv("RINGTRAIN_DNNL_LAYOUT");
+    const bool plain = lay && strcmp(lay, "plain") == 0;
+    rt_status st = RT_OK;
+    size_t region = 0;
+    for (int t = 0; t < T && st == RT_OK; t++) {
+        dn_part *p = &c->part[t];
+        c->nparts = t + 1;
+        part_range(max_n, T, 1, t, &p->n0, &p->nb);
+        part_range(l->out_c, T, unit, t, &p->o0, &p->ob);
+        st = part_build(e, l, max_n, plain, p, c);
+        size_t b = p->fwd.bytes;
+        if (p->bww.bytes > b) b = p->bww.bytes;
+        if (p->bwd.bytes > b) b = p->bwd.bytes;
+        p->region = region;
+        region += align64(b);
+    }
+    if (st != RT_OK) {
+        rt_dnnl_conv_destroy(c);
+        return st;
+    }
+    *workspace = c->ws = region;
+    RT_LOG_DEBUG("conv2d %d->%d k%d s%d on %dx%d, batch %d in %d parts: oneDNN %s / %s / %s, workspace %zu bytes",
+                 l->in_c, l->out_c, l->k, l->stride, l->in_h, l->in_w, max_n, T, c->impl[0], c->impl[1], c->impl[2],
+                 region);
+    *out = c;
+    return RT_OK;
+}
+
+typedef struct dn_job {
+    rt_dnnl_env *e;
+    rt_dnnl_conv *c;
+    rt_conv2d *l;
+    int omp_threads;
+    char *ws;
+    const float *x, *dy;
+    float *y, *dx;
+    bool accumulate;
+    int which; /* 0 forward, 1 backward-weights, 2 backward-data */
+    dnnl_status_t status[DN_MAX_PARTS];
+} dn_job;
+
+static void dn_task(void *arg, int t) {
+    dn_job *J = arg;
+    dn_part *p = &J->c->part[t];
+    const rt_conv2d *l = J->l;
+    const size_t xi = (size_t)l->in_c * l->in_h * l->in_w, yi = (size_t)l->out_c * l->out_h * l->out_w;
+    const size_t wo = (size_t)l->in_c * l->k * l->k;
+    if (J->e->set_threads) J->e->set_threads(J->omp_threads);
+    char *region = J->ws + p->region;
+    if (J->which == 0) {
+        void *ptr[4];
+        int i = 0;
+        ptr[i++] = (void *)(J->x + p->n0 * xi);
+        ptr[i++] = rt_tensor_data(&l->weight);
+        if (l->has_bias) ptr[i++] = rt_tensor_data(&l->bias);
+        ptr[i++] = J->y + p->n0 * yi;
+        J->status[t] = stage_run(p->stream, &p->fwd, region, ptr, false);
+    } else if (J->which == 1) {
+        void *ptr[4];
+        int i = 0;
+        ptr[i++] = (void *)J->x;
+        ptr[i++] = (void *)(J->dy + (size_t)p->o0 * l->out_h * l->out_w);
+        ptr[i++] = (float *)rt_tensor_data(&l->dweight) + (size_t)p->o0 * wo;
+        if (l->has_bias) ptr[i++] = (float *)rt_tensor_data(&l->dbias) + p->o0;
+        J->status[t] = stage_run(p->stream, &p->bww, region, ptr, false);
+    } else {
+        void *ptr[3] = {(void *)(J->dy + p->n0 * yi), rt_tensor_data(&l->weight), J->dx + p->n0 * xi};
+        J->status[t] = stage_run(p->stream, &p->bwd, region, ptr, J->accumulate);
+    }
+}
+
+static rt_status dn_run(rt_model_ctx *ctx, dn_job *J) {
+    rt_dnnl_conv *c = J->c;
+    RT_REQUIRE(ctx->work && ctx->work_bytes >= c->ws, RT_ERR_INVALID,
+               "conv2d %d->%d k%d (oneDNN): workspace of %zu bytes is smaller than %zu; call rt_conv2d_prepare and "
+               "rt_model_ctx_reserve",
+               J->l->in_c, J->l->out_c, J->l->k, ctx->work_bytes, c->ws);
+    J->ws = ctx->work;
+    /* one part: oneDNN's own OpenMP threads; several: one of ours per part, each
+     * running its primitive single-threaded */
+    J->omp_threads = c->nparts == 1 ? ctx->threads : 1;
+    rt_pool_run(cpu_pool(ctx), c->nparts, dn_task, J);
+    for (int t = 0; t < c->nparts; t++)
+        RT_REQUIRE(J->status[t] == dnnl_success, RT_ERR_INTERNAL, "conv2d %d->%d k%d: oneDNN %s failed: %s",
+                   J->l->in_c, J->l->out_c, J->l->k, J->which == 0 ? "forward" : J->which == 1 ? "backward-weights"
+                                                                                              : "backward-data",
+                   dn_status_name(J->status[t]));
+    return RT_OK;
+}
+
+rt_status rt_dnnl_conv_forward(rt_model_ctx *ctx, rt_dnnl_env *e, rt_dnnl_conv *c, rt_conv2d *l, const float *x,
+                               float *y) {
+    dn_job J = {.e = e, .c = c, .l = l, .x = x, .y = y, .which = 0};
+    return dn_run(ctx, &J);
+}
+
+rt_status rt_dnnl_conv_backward(rt_model_ctx *ctx, rt_dnnl_env *e, rt_dnnl_conv *c, rt_conv2d *l, const float *x,
+                                const float *dy, float *dx, bool accumulate) {
+    dn_job J = {.e = e, .c = c, .l = l, .x = x, .dy = dy, .which = 1};
+    RT_CHECK(dn_run(ctx, &J));
+    if (!dx) return RT_OK;
+    J.which = 2;
+    J.dx = dx;
+    J.accumulate = accumulate;
+    return dn_run(ctx, &J);
+}
+
+#endif

@@ -1,0 +1,34 @@
+/* conv2d on the CPU through oneDNN (Debian's libdnnl), when the build has it.
+ *
+ * conv_cpu.c owns the layer's state and decides per layer which implementation runs;
+ * this is the oneDNN half: primitives for forward, backward-data and backward-weights
+ * (+bias) made once by prepare for batches of exactly `max_n` images, plain NCHW/OIHW
+ * at the interface. See conv_dnnl.c for the layout and threading choices.
+ */
+#ifndef RT_MODEL_CPU_CONV_DNNL_H
+#define RT_MODEL_CPU_CONV_DNNL_H
+
+#include "model/backend.h"
+
+typedef struct rt_dnnl_conv rt_dnnl_conv;
+typedef struct rt_dnnl_env rt_dnnl_env;
+
+#ifdef RT_HAVE_DNNL
+/* per context: the engine and stream (made by the CPU backend's ctx_init) */
+rt_status rt_dnnl_env_create(rt_dnnl_env **out);
+void rt_dnnl_env_destroy(rt_dnnl_env *e);
+
+/* Make the primitives of layer l for batch max_n, split over `threads` parts;
+ * *workspace: the bytes of ctx->work they need (blocked copies and scratchpads). */
+rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int threads, size_t *workspace,
+                              rt_dnnl_conv **out);
+void rt_dnnl_conv_destroy(rt_dnnl_conv *c);
+int rt_dnnl_conv_batch(const rt_dnnl_conv *c);
+/* n must be the batch the primitives were made for */
+rt_status rt_dnnl_conv_forward(rt_model_ctx *ctx, rt_dnnl_env *e, rt_dnnl_conv *c, rt_conv2d *l, const float *x,
+                               float *y);
+rt_status rt_dnnl_conv_backward(rt_model_ctx *ctx, rt_dnnl_env *e, rt_dnnl_conv *c, rt_conv2d *l, const float *x,
+                                const float *dy, float *dx, bool accumulate);
+#endif
+
+#endif

@@ -1,0 +1,165 @@
+/* The two CPU convolution implementations agree: oneDNN (conv_dnnl.c) against
+ * im2col + BLAS (conv_cpu.c), on random data, forward output and both gradients
+ * (dW, db, dx written and accumulated), for a few shapes: stride 2, padding, 1x1,
+ * bias, a 7x7 stem, tiny spatial sizes, odd channel counts and more threads than
+ * output channels. Each implementation runs in its own context (RINGTRAIN_CONV is read
+ * when a context is created). A batch smaller than the prepared one (which the oneDNN
+ * context runs through im2col) is checked too. Skipped (77) without oneDNN in the build.
+ */
+#include "model_test_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct conv_shape {
+    int in_c, out_c, hw, k, stride, pad;
+    bool bias;
+    int n, threads;
+} conv_shape;
+
+static rt_model_ctx *ctx_with(const char *impl, int threads) {
+    assert_int_equal(setenv("RINGTRAIN_CONV", impl, 1), 0);
+    rt_model_ctx *ctx = mt_ctx(threads);
+    unsetenv("RINGTRAIN_CONV");
+    return ctx;
+}
+
+static void fill(float *p, size_t n) {
+    for (size_t i = 0; i < n; i++) p[i] = 1e30f;
+}
+
+/* max |a - b| / max |b| */
+static double rel_err(const float *a, const float *b, size_t n) {
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return m > 0 ? d / m : d;
+}
+
+typedef struct run_out {
+    float *y, *dx, *dxacc, *dw, *db;
+} run_out;
+
+/* forward, backward (dx written) and backward again (dx accumulated onto `base`) of
+ * batch n on a layer prepared for max_n */
+static void run_impl(const char *impl, const conv_shape *s, int max_n, int n, const float *x, const float *w,
+                     const float *b, const float *dy, const float *base, run_out *o) {
+    rt_model_ctx *ctx = ctx_with(impl, s->threads);
+    rt_conv2d l;
+    mt_arenas A;
+    mt_arenas_init(&A);
+    assert_rt_ok(rt_conv2d_init(&l, s->in_c, s->out_c, s->hw, s->hw, s->k, s->stride, s->pad, s->bias));
+    mt_place(&A, &l.weight, &l.dweight);
+    if (s->bias) mt_place(&A, &l.bias, &l.dbias);
+    mt_alloc(&A);
+    memcpy(rt_tensor_data(&l.weight), w, (size_t)rt_tensor_numel(&l.weight) * 4);
+    if (s->bias) memcpy(rt_tensor_data(&l.bias), b, (size_t)rt_tensor_numel(&l.bias) * 4);
+    size_t ws;
+    assert_rt_ok(rt_conv2d_prepare(ctx, &l, max_n, &ws));
+    assert_rt_ok(rt_model_ctx_reserve(ctx, ws));
+    const size_t xn = (size_t)n * s->in_c * s->hw * s->hw;
+    /* poison what must be written: a buffer left alone would show */
+    fill(o->y, (size_t)n * s->out_c * l.out_h * l.out_w);
+    fill(o->dx, xn);
+    fill(rt_tensor_data(&l.dweight), (size_t)rt_tensor_numel(&l.dweight));
+    if (s->bias) fill(rt_tensor_data(&l.dbias), (size_t)s->out_c);
+    assert_rt_ok(rt_conv2d_forward(ctx, &l, n, x, o->y));
+    assert_rt_ok(rt_conv2d_backward(ctx, &l, n, x, dy, o->dx, false));
+    memcpy(o->dw, rt_tensor_data(&l.dweight), (size_t)rt_tensor_numel(&l.dweight) * 4);
+    if (s->bias) memcpy(o->db, rt_tensor_data(&l.dbias), (size_t)rt_tensor_numel(&l.dbias) * 4);
+    memcpy(o->dxacc, base, xn * sizeof(float));
+    assert_rt_ok(rt_conv2d_forward(ctx, &l, n, x, o->y));
+    assert_rt_ok(rt_conv2d_backward(ctx, &l, n, x, dy, o->dxacc, true));
+    rt_conv2d_release(ctx, &l);
+    mt_free(&A);
+    rt_model_ctx_destroy(ctx);
+}
+
+static void check_shape(const conv_shape *s, int max_n) {
+    const int n = s->n;
+    rt_conv2d l;
+    assert_rt_ok(rt_conv2d_init(&l, s->in_c, s->out_c, s->hw, s->hw, s->k, s->stride, s->pad, s->bias));
+    const size_t xn = (size_t)n * s->in_c * s->hw * s->hw, yn = (size_t)n * s->out_c * l.out_h * l.out_w,
+                 wn = (size_t)s->out_c * s->in_c * s->k * s->k;
+    float *x = malloc(xn * 4), *dy = malloc(yn * 4), *w = malloc(wn * 4), *b = malloc((size_t)s->out_c * 4),
+          *base = malloc(xn * 4);
+    mt_randn(x, xn, 1);
+    mt_randn(dy, yn, 2);
+    mt_randn(w, wn, 3);
+    mt_randn(b, (size_t)s->out_c, 4);
+    mt_randn(base, xn, 5);
+    run_out r[2];
+    for (int i = 0; i < 2; i++) {
+        r[i].y = malloc(yn * 4);
+        r[i].dx = malloc(xn * 4);
+        r[i].dxacc = malloc(xn * 4);
+        r[i].dw = malloc(wn * 4);
+        r[i].db = malloc((size_t)s->out_c * 4);
+    }
+    run_impl("im2col", s, max_n, n, x, w, b, dy, base, &r[0]);
+    run_impl("dnnl", s, max_n, n, x, w, b, dy, base, &r[1]);
+    double ey = rel_err(r[1].y, r[0].y, yn), edx = rel_err(r[1].dx, r[0].dx, xn),
+           edxa = rel_err(r[1].dxacc, r[0].dxacc, xn), edw = rel_err(r[1].dw, r[0].dw, wn),
+           edb = s->bias ? rel_err(r[1].db, r[0].db, (size_t)s->out_c) : 0.0;
+    print_message("conv %d->%d k%d s%d p%d %dx%d%s n=%d (max %d) threads=%d: y %.2e dx %.2e dx+ %.2e dW %.2e db %.2e\n",
+                  s->in_c, s->out_c, s->k, s->stride, s->pad, s->hw, s->hw, s->bias ? " bias" : "", n, max_n,
+                  s->threads, ey, edx, edxa, edw, edb);
+    assert_true(ey < 1e-5);
+    assert_true(edx < 1e-4);
+    assert_true(edxa < 1e-4);
+    assert_true(edw < 1e-4);
+    assert_true(edb < 1e-4);
+    /* the comparison can fail: the outputs are not all zero */
+    assert_true(fabs(r[0].y[0]) + fabs(r[0].y[yn / 2]) + fabs(r[0].dw[0]) > 0);
+    for (int i = 0; i < 2; i++) {
+        free(r[i].y);
+        free(r[i].dx);
+        free(r[i].dxacc);
+        free(r[i].dw);
+        free(r[i].db);
+    }
+    free(x);
+    free(dy);
+    free(w);
+    free(b);
+    free(base);
+}
+
+static const conv_shape shapes[] = {
+    {3, 16, 9, 3, 1, 1, false, 4, 2},    /* 3x3 same padding */
+    {8, 32, 10, 3, 2, 1, true, 5, 2},    /* stride 2, bias, odd batch */
+    {16, 32, 7, 1, 2, 0, false, 4, 2},   /* 1x1 stride 2 (downsample) */
+    {32, 16, 6, 1, 1, 0, true, 3, 2},    /* 1x1 with bias */
+    {1, 16, 28, 7, 2, 3, false, 4, 2},   /* the imagenet stem */
+    {32, 32, 1, 3, 1, 1, false, 6, 2},   /* 1x1 input: only the centre tap lives */
+    {16, 32, 2, 3, 2, 1, false, 4, 3},   /* tiny input, 3 threads */
+    {5, 7, 8, 5, 1, 2, true, 3, 4},      /* odd channels, more threads than work */
+    {1, 10, 28, 5, 1, 0, true, 2, 1},    /* the tutorial Net's conv1, one thread */
+};
+
+static void test_conv_impls_agree(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_shape(&shapes[i], shapes[i].n);
+}
+
+/* prepared for a larger batch than it runs: the oneDNN context falls back to im2col */
+static void test_conv_impls_smaller_batch(void **state) {
+    (void)state;
+    check_shape(&shapes[1], 8);
+    check_shape(&shapes[4], 8);
+}
+
+int main(void) {
+#ifndef RT_HAVE_DNNL
+    printf("built without oneDNN: nothing to compare\n");
+    return 77;
+#else
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv_impls_agree),
+        cmocka_unit_test(test_conv_impls_smaller_batch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+#endif
+}
