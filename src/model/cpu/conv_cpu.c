@@ -79,11 +79,13 @@ static bool tap_live(int kk, int out, int in, int s, int pad) {
 
 /* Which implementation runs this layer (RINGTRAIN_CONV, see cpu_internal.h): make the
  * oneDNN primitives for batch max_n when it is oneDNN. By default (auto) that is every
- * layer except those the dense path below takes (inputs no larger than the kernel's
- * live taps: ResNet34's layer3/layer4 at 28x28, 2x2 and 1x1), where the unrolled
- * matrix measured 1.1-4x faster than oneDNN (e.g. 512->512 3x3 on 1x1, batch 64:
- * 0.3 + 0.7 ms against 1.2 + 3.1 ms forward + backward). A oneDNN that cannot do a
- * layer (or fails) leaves it to im2col, unless RINGTRAIN_CONV=dnnl asked for oneDNN. */
+ * layer except those the dense path below takes with an unrolled matrix W' no larger
+ * than the weights (ResNet34 at 28x28: layer4's 3x3 convs on 1x1 and its first, stride
+ * 2, on 2x2), where it measured 1.5-4x faster than oneDNN (512->512 3x3 on 1x1, batch
+ * 64: 0.3 + 0.8 ms against 1.2 + 3.3 ms forward + backward). Where W' is larger
+ * (layer3's 2x2 convs: 1.8x the weights) writing it each step costs memory traffic and
+ * oneDNN is as fast or a little faster. A oneDNN that cannot do a layer (or fails)
+ * leaves it to im2col, unless RINGTRAIN_CONV=dnnl asked for oneDNN. */
 static rt_status conv_choose_dnnl(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv *cc, int max_n, size_t *ws) {
     *ws = 0;
 #ifdef RT_HAVE_DNNL
@@ -91,7 +93,8 @@ static rt_status conv_choose_dnnl(rt_model_ctx *ctx, const rt_conv2d *l, cpu_con
     cc->dnnl = NULL;
     rt_cpu_state *s = ctx->backend;
     if (s->conv == RT_CPU_CONV_IM2COL || !s->dnnl) return RT_OK; /* (ctx_init failed for dnnl without one) */
-    if (s->conv == RT_CPU_CONV_AUTO && cc->dense) return RT_OK;
+    if (s->conv == RT_CPU_CONV_AUTO && cc->dense && dense_floats(l) <= (size_t)l->out_c * l->in_c * l->k * l->k)
+        return RT_OK;
     rt_status st = rt_dnnl_conv_create(s->dnnl, l, max_n, ctx->threads, ws, &cc->dnnl);
     if (st != RT_OK) {
         if (s->conv == RT_CPU_CONV_DNNL) return st;
@@ -415,25 +418,31 @@ static void unroll_task(void *arg, int o) {
     float *rows = U->wd + (size_t)o * OP * cols;
     /* unroll: the entries not written here are zero since prepare */
     if (U->fold) memset(U->dw + (size_t)o * l->in_c * kk, 0, sizeof(float) * (size_t)l->in_c * kk);
+    /* the (tap, input position) pairs of each output position, then per input channel
+     * c: the k*k weights w[o, c] are contiguous and so is the row segment of c */
+    int tap[MAX_TAPS], xoff[MAX_TAPS];
     for (int oh = 0; oh < OH; oh++)
         for (int ow = 0; ow < OW; ow++) {
-            float *row = rows + ((size_t)oh * OW + ow) * cols;
+            int nt = 0;
             for (int ki = 0; ki < k; ki++) {
                 int ih = oh * s - pad + ki;
                 if (ih < 0 || ih >= H) continue;
                 for (int kj = 0; kj < k; kj++) {
                     int iw = ow * s - pad + kj;
                     if (iw < 0 || iw >= W) continue;
-                    const size_t woff = (size_t)o * l->in_c * kk + (size_t)ki * k + kj;
-                    const size_t xoff = (size_t)ih * W + iw;
-                    if (!U->fold) {
-                        const float *w = U->w + woff;
-                        for (int c = 0; c < l->in_c; c++) row[(size_t)c * IP + xoff] = w[(size_t)c * kk];
-                    } else {
-                        float *dw = U->dw + woff;
-                        for (int c = 0; c < l->in_c; c++) dw[(size_t)c * kk] += row[(size_t)c * IP + xoff];
-                    }
+                    tap[nt] = ki * k + kj;
+                    xoff[nt++] = ih * W + iw;
                 }
+            }
+            float *row = rows + ((size_t)oh * OW + ow) * cols;
+            if (!U->fold) {
+                const float *w = U->w + (size_t)o * l->in_c * kk;
+                for (int c = 0; c < l->in_c; c++, w += kk, row += IP)
+                    for (int t = 0; t < nt; t++) row[xoff[t]] = w[tap[t]];
+            } else {
+                float *dw = U->dw + (size_t)o * l->in_c * kk;
+                for (int c = 0; c < l->in_c; c++, dw += kk, row += IP)
+                    for (int t = 0; t < nt; t++) dw[tap[t]] += row[xoff[t]];
             }
         }
 }

@@ -73,6 +73,7 @@ typedef struct dn_part {
 
 struct rt_dnnl_conv {
     int max_n, nparts;
+    int bww_parts; /* nparts, or 1: backward-weights in part 0 on oneDNN's OpenMP threads */
     size_t ws; /* workspace bytes of all parts */
     dn_part part[DN_MAX_PARTS];
     char impl[3][48]; /* oneDNN implementation names, for the log */
@@ -308,7 +309,8 @@ static rt_status make_descs(const rt_conv2d *l, int n, int oc, bool plain, dn_de
     } while (0)
 
 /* the stages of one part */
-static rt_status part_build(rt_dnnl_env *e, const rt_conv2d *l, int max_n, bool plain, dn_part *p, rt_dnnl_conv *c) {
+static rt_status part_build(rt_dnnl_env *e, const rt_conv2d *l, int max_n, bool plain, bool with_bww, dn_part *p,
+                            rt_dnnl_conv *c) {
     dn_descs d, dw;
     RT_CHECK(make_descs(l, p->nb, l->out_c, plain, &d));
     RT_CHECK(make_descs(l, max_n, p->ob, plain, &dw));
@@ -328,6 +330,7 @@ static rt_status part_build(rt_dnnl_env *e, const rt_conv2d *l, int max_n, bool 
 
     /* backward-weights of the part's output channels over the whole batch; its forward
      * descriptor is only the hint oneDNN wants */
+    if (!with_bww) goto bwd;
     DN_GOTO(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &dw.x_any,
                                                &dw.w_any, l->has_bias ? &dw.b : NULL, &dw.y_any, dw.strides, dw.pad_l,
                                                dw.pad_r));
@@ -341,6 +344,7 @@ static rt_status part_build(rt_dnnl_env *e, const rt_conv2d *l, int max_n, bool 
     RT_CHECK_GOTO(stage_arg(e, &p->bww, wpd, DNNL_ARG_DIFF_WEIGHTS, &dw.w, true, false), st, out);
     if (l->has_bias) RT_CHECK_GOTO(stage_arg(e, &p->bww, wpd, DNNL_ARG_DIFF_BIAS, &dw.b, true, false), st, out);
     RT_CHECK_GOTO(stage_finish(e, &p->bww, wpd, c->impl[1], sizeof c->impl[1]), st, out);
+bwd:
 
     DN_GOTO(dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &d.x_any, &d.w_any, &d.y_any,
                                                      d.strides, d.pad_l, d.pad_r));
@@ -377,6 +381,8 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
     if (T < 1) T = 1;
     /* output channels split in multiples of 16 (oneDNN's AVX-512 block) when they can */
     const int unit = l->out_c % (16 * T) == 0 ? 16 : 1;
+    const char *bw = getenv("RINGTRAIN_DNNL_BWW");
+    c->bww_parts = bw && strcmp(bw, "omp") == 0 ? 1 : T;
     const char *lay = getenv("RINGTRAIN_DNNL_LAYOUT");
     const bool plain = lay && strcmp(lay, "plain") == 0;
     rt_status st = RT_OK;
@@ -385,8 +391,8 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
         dn_part *p = &c->part[t];
         c->nparts = t + 1;
         part_range(max_n, T, 1, t, &p->n0, &p->nb);
-        part_range(l->out_c, T, unit, t, &p->o0, &p->ob);
-        st = part_build(e, l, max_n, plain, p, c);
+        part_range(l->out_c, c->bww_parts, unit, t, &p->o0, &p->ob);
+        st = part_build(e, l, max_n, plain, t < c->bww_parts, p, c);
         size_t b = p->fwd.bytes;
         if (p->bww.bytes > b) b = p->bww.bytes;
         if (p->bwd.bytes > b) b = p->bwd.bytes;
@@ -457,9 +463,10 @@ static rt_status dn_run(rt_model_ctx *ctx, dn_job *J) {
     J->ws = ctx->work;
     /* one part: oneDNN's own OpenMP threads; several: one of ours per part, each
      * running its primitive single-threaded */
-    J->omp_threads = c->nparts == 1 ? ctx->threads : 1;
-    rt_pool_run(cpu_pool(ctx), c->nparts, dn_task, J);
-    for (int t = 0; t < c->nparts; t++)
+    const int parts = J->which == 1 ? c->bww_parts : c->nparts;
+    J->omp_threads = parts == 1 ? ctx->threads : 1;
+    rt_pool_run(cpu_pool(ctx), parts, dn_task, J);
+    for (int t = 0; t < parts; t++)
         RT_REQUIRE(J->status[t] == dnnl_success, RT_ERR_INTERNAL, "conv2d %d->%d k%d: oneDNN %s failed: %s",
                    J->l->in_c, J->l->out_c, J->l->k, J->which == 0 ? "forward" : J->which == 1 ? "backward-weights"
                                                                                               : "backward-data",
