@@ -215,6 +215,7 @@ typedef struct pool_job {
     const rt_maxpool2d *l;
     const float *x, *dy;
     float *y, *dx;
+    int planes; /* n * c */
 } pool_job;
 
 /* index (into the input plane) of the first maximum of window (oh, ow); -1 if the
@@ -240,8 +241,11 @@ static inline int window_argmax(const rt_maxpool2d *l, const float *xp, int oh, 
     return arg;
 }
 
-static void maxpool_fw_task(void *arg, int plane) {
-    const pool_job *J = arg;
+/* tasks of MP_PLANES planes: thousands of one-plane tasks made the shared task
+ * counter a contended cache line */
+#define MP_PLANES 16
+
+static void maxpool_fw_plane(const pool_job *J, int plane) {
     const rt_maxpool2d *l = J->l;
     const float *xp = J->x + (size_t)plane * l->in_h * l->in_w;
     float *yp = J->y + (size_t)plane * l->out_h * l->out_w;
@@ -253,8 +257,7 @@ static void maxpool_fw_task(void *arg, int plane) {
         }
 }
 
-static void maxpool_bw_task(void *arg, int plane) {
-    const pool_job *J = arg;
+static void maxpool_bw_plane(const pool_job *J, int plane) {
     const rt_maxpool2d *l = J->l;
     const float *xp = J->x + (size_t)plane * l->in_h * l->in_w;
     const float *dyp = J->dy + (size_t)plane * l->out_h * l->out_w;
@@ -268,17 +271,26 @@ static void maxpool_bw_task(void *arg, int plane) {
         }
 }
 
+static void maxpool_fw_task(void *arg, int t) {
+    const pool_job *J = arg;
+    for (int p = t * MP_PLANES; p < (t + 1) * MP_PLANES && p < J->planes; p++) maxpool_fw_plane(J, p);
+}
+static void maxpool_bw_task(void *arg, int t) {
+    const pool_job *J = arg;
+    for (int p = t * MP_PLANES; p < (t + 1) * MP_PLANES && p < J->planes; p++) maxpool_bw_plane(J, p);
+}
+
 rt_status rt_cpu_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y) {
-    pool_job J = {.l = l, .x = x, .y = y};
-    rt_pool_run(cpu_pool(ctx), n * l->c, maxpool_fw_task, &J);
+    pool_job J = {.l = l, .x = x, .y = y, .planes = n * l->c};
+    rt_pool_run(cpu_pool(ctx), (J.planes + MP_PLANES - 1) / MP_PLANES, maxpool_fw_task, &J);
     return RT_OK;
 }
 
 rt_status rt_cpu_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
                                     const float *dy, float *dx) {
     (void)y;
-    pool_job J = {.l = l, .x = x, .dy = dy, .dx = dx};
-    rt_pool_run(cpu_pool(ctx), n * l->c, maxpool_bw_task, &J);
+    pool_job J = {.l = l, .x = x, .dy = dy, .dx = dx, .planes = n * l->c};
+    rt_pool_run(cpu_pool(ctx), (J.planes + MP_PLANES - 1) / MP_PLANES, maxpool_bw_task, &J);
     return RT_OK;
 }
 
