@@ -74,6 +74,8 @@ typedef struct dn_part {
 struct rt_dnnl_conv {
     int max_n, nparts;
     int bww_parts; /* nparts, or 1: backward-weights in part 0 on oneDNN's OpenMP threads */
+    bool bww_batch; /* backward-weights split by images (partial dW summed), else by output channels */
+    size_t wfloats, partial_off, partial_stride; /* dW + db floats; partial sums of parts 1.. in the workspace */
     size_t ws; /* workspace bytes of all parts */
     dn_part part[DN_MAX_PARTS];
     char impl[3][48]; /* oneDNN implementation names, for the log */
@@ -313,7 +315,7 @@ static rt_status part_build(rt_dnnl_env *e, const rt_conv2d *l, int max_n, bool 
                             rt_dnnl_conv *c) {
     dn_descs d, dw;
     RT_CHECK(make_descs(l, p->nb, l->out_c, plain, &d));
-    RT_CHECK(make_descs(l, max_n, p->ob, plain, &dw));
+    RT_CHECK(make_descs(l, c->bww_batch ? p->nb : max_n, p->ob, plain, &dw));
     dnnl_convolution_desc_t cd;
     dnnl_primitive_desc_t fpd = NULL, hpd = NULL, wpd = NULL, dpd = NULL;
     rt_status st = RT_OK;
@@ -383,6 +385,12 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
     const int unit = l->out_c % (16 * T) == 0 ? 16 : 1;
     const char *bw = getenv("RINGTRAIN_DNNL_BWW");
     c->bww_parts = bw && strcmp(bw, "omp") == 0 ? 1 : T;
+    /* backward-weights: split by images where the activations outweigh the weights
+     * (ResNet's layer1/layer2: each part then reorders only its own images), else by
+     * output channels (no partial sums of large weights to add up) */
+    c->wfloats = (size_t)l->out_c * l->in_c * l->k * l->k + (l->has_bias ? (size_t)l->out_c : 0);
+    const size_t xfloats = (size_t)max_n * l->in_c * l->in_h * l->in_w;
+    c->bww_batch = c->bww_parts > 1 && (bw && *bw ? strcmp(bw, "batch") == 0 : xfloats > c->wfloats);
     const char *lay = getenv("RINGTRAIN_DNNL_LAYOUT");
     const bool plain = lay && strcmp(lay, "plain") == 0;
     rt_status st = RT_OK;
@@ -391,7 +399,12 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
         dn_part *p = &c->part[t];
         c->nparts = t + 1;
         part_range(max_n, T, 1, t, &p->n0, &p->nb);
-        part_range(l->out_c, c->bww_parts, unit, t, &p->o0, &p->ob);
+        if (c->bww_batch) {
+            p->o0 = 0;
+            p->ob = l->out_c;
+        } else {
+            part_range(l->out_c, c->bww_parts, unit, t, &p->o0, &p->ob);
+        }
         st = part_build(e, l, max_n, plain, t < c->bww_parts, p, c);
         size_t b = p->fwd.bytes;
         if (p->bww.bytes > b) b = p->bww.bytes;
@@ -402,6 +415,11 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
     if (st != RT_OK) {
         rt_dnnl_conv_destroy(c);
         return st;
+    }
+    if (c->bww_batch) {
+        c->partial_off = region;
+        c->partial_stride = align64(c->wfloats * sizeof(float));
+        region += (size_t)(T - 1) * c->partial_stride;
     }
     *workspace = c->ws = region;
     RT_LOG_DEBUG("conv2d %d->%d k%d s%d on %dx%d, batch %d in %d parts: oneDNN %s / %s / %s, workspace %zu bytes",
@@ -440,6 +458,16 @@ static void dn_task(void *arg, int t) {
         if (l->has_bias) ptr[i++] = rt_tensor_data(&l->bias);
         ptr[i++] = J->y + p->n0 * yi;
         J->status[t] = stage_run(p->stream, &p->fwd, region, ptr, false);
+    } else if (J->which == 1 && J->c->bww_batch) {
+        void *ptr[4];
+        int i = 0;
+        float *dw = t == 0 ? rt_tensor_data(&l->dweight)
+                           : (float *)(J->ws + J->c->partial_off + (size_t)(t - 1) * J->c->partial_stride);
+        ptr[i++] = (void *)(J->x + p->n0 * xi);
+        ptr[i++] = (void *)(J->dy + p->n0 * yi);
+        ptr[i++] = dw;
+        if (l->has_bias) ptr[i++] = t == 0 ? (float *)rt_tensor_data(&l->dbias) : dw + (size_t)l->out_c * wo;
+        J->status[t] = stage_run(p->stream, &p->bww, region, ptr, false);
     } else if (J->which == 1) {
         void *ptr[4];
         int i = 0;
@@ -451,6 +479,23 @@ static void dn_task(void *arg, int t) {
     } else {
         void *ptr[3] = {(void *)(J->dy + p->n0 * yi), rt_tensor_data(&l->weight), J->dx + p->n0 * xi};
         J->status[t] = stage_run(p->stream, &p->bwd, region, ptr, J->accumulate);
+    }
+}
+
+/* dW (+ db) += the partial sums of parts 1.. (in part order: deterministic) */
+#define DN_SUM_CHUNK 16384
+static void dn_sum_task(void *arg, int task) {
+    dn_job *J = arg;
+    const rt_dnnl_conv *c = J->c;
+    const rt_conv2d *l = J->l;
+    const size_t nw = (size_t)l->out_c * l->in_c * l->k * l->k;
+    size_t lo = (size_t)task * DN_SUM_CHUNK, hi = lo + DN_SUM_CHUNK < c->wfloats ? lo + DN_SUM_CHUNK : c->wfloats;
+    for (size_t i = lo; i < hi; i++) {
+        float *dst = i < nw ? (float *)rt_tensor_data(&l->dweight) + i : (float *)rt_tensor_data(&l->dbias) + (i - nw);
+        float v = *dst;
+        for (int t = 1; t < c->nparts; t++)
+            v += ((const float *)(J->ws + c->partial_off + (size_t)(t - 1) * c->partial_stride))[i];
+        *dst = v;
     }
 }
 
@@ -471,6 +516,8 @@ static rt_status dn_run(rt_model_ctx *ctx, dn_job *J) {
                    J->l->in_c, J->l->out_c, J->l->k, J->which == 0 ? "forward" : J->which == 1 ? "backward-weights"
                                                                                               : "backward-data",
                    dn_status_name(J->status[t]));
+    if (J->which == 1 && c->bww_batch)
+        rt_pool_run(cpu_pool(ctx), (int)((c->wfloats + DN_SUM_CHUNK - 1) / DN_SUM_CHUNK), dn_sum_task, J);
     return RT_OK;
 }
 
