@@ -3,6 +3,8 @@
 # imagenet stem, SGD momentum, --threads 2) side by side with PyTorch (bench/model_torch.py,
 # torch.set_num_threads(2), the same model, batch and optimizer), batch 64 and 128, in
 # the same run. Each configuration runs in its own process so its peak RSS is its own.
+# Our step also runs with RINGTRAIN_CONV=im2col (the convolutions without oneDNN) and,
+# on AVX-512 CPUs, with OPENBLAS_CORETYPE=SkylakeX.
 # Prints images/s of both, the ratio and peak RSS, and writes
 # bench/results/model-cpu-<YYYYMMDD>.json with `ringtrain info --json`.
 #
@@ -31,6 +33,7 @@ avx512=0
 grep -q avx512bw /proc/cpuinfo && grep -q avx512vl /proc/cpuinfo && avx512=1
 ours="["
 ours512="["
+oursim="["
 ref="["
 sep=""
 for rep in $(seq "$repeat"); do
@@ -45,6 +48,10 @@ for b in $batches; do
     o512=null
   fi
   ours512="$ours512$sep$o512"
+  # the im2col + OpenBLAS convolutions (the fallback without oneDNN), for comparison
+  oim=$(RINGTRAIN_CONV=im2col "$bin" bench model --json --arch resnet34 --stem imagenet --channels 1 --size 28 \
+          --batch "$b" --threads "$threads" --steps "$steps" 2>/dev/null)
+  oursim="$oursim$sep$oim"
   if [ "$have_torch" = 1 ]; then
     r=$(/usr/bin/python3 bench/model_torch.py --arch resnet34 --stem imagenet --channels 1 --size 28 \
           --batch "$b" --threads "$threads" --steps "$steps")
@@ -58,21 +65,24 @@ done
 done
 ours="$ours]"
 ours512="$ours512]"
+oursim="$oursim]"
 ref="$ref]"
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 
-/usr/bin/python3 - "$out" "$info" "$ours" "$ours512" "$ref" "$load" "${OPENBLAS_CORETYPE:-auto}" <<'PY'
+/usr/bin/python3 - "$out" "$info" "$ours" "$ours512" "$ref" "$load" "${OPENBLAS_CORETYPE:-auto}" "$oursim" <<'PY'
 import json, sys
 out, info, ours, ours512, ref, load, coretype = (sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]),
                                                  json.loads(sys.argv[4]), json.loads(sys.argv[5]), sys.argv[6], sys.argv[7])
+oursim = json.loads(sys.argv[8])
 def best(runs, batch):
     runs = [x for x in runs if x and x["batch"] == batch]
     return max(runs, key=lambda x: x["images_per_s"]) if runs else None
 
 rows = []
 for batch in sorted({o["batch"] for o in ours}):
-    o, o5, r = best(ours, batch), best(ours512, batch), best(ref or [], batch)
-    for impl, x in ((f"ringtrain (OpenBLAS {coretype})", o), ("ringtrain (OpenBLAS SkylakeX)", o5)):
+    o, o5, oi, r = best(ours, batch), best(ours512, batch), best(oursim, batch), best(ref or [], batch)
+    for impl, x in ((f"ringtrain (OpenBLAS {coretype})", o), ("ringtrain (OpenBLAS SkylakeX)", o5),
+                    (f"ringtrain im2col ({coretype})", oi)):
         if not x:
             continue
         rows.append({"impl": impl, "model": "resnet34 1x28x28 imagenet", "batch": x["batch"], "threads": x["threads"],
@@ -86,7 +96,10 @@ doc = {"benchmark": "model-cpu",
                "summary = best run of each; load average at the end: " + load +
                " (the machine may be shared with other jobs: compare the ratio, not the absolute numbers)",
        "openblas_coretype_env": coretype,
-       "info": info, "ringtrain": ours, "ringtrain_skylakex": ours512, "torch": ref, "summary": rows}
+       "conv": "ringtrain: RINGTRAIN_CONV=auto (oneDNN where the build has it, dense unrolled matrix for layer4); "
+               "ringtrain im2col: RINGTRAIN_CONV=im2col (im2col + OpenBLAS everywhere)",
+       "info": info, "ringtrain": ours, "ringtrain_skylakex": ours512, "ringtrain_im2col": oursim, "torch": ref,
+       "summary": rows}
 with open(out, "w") as f:
     json.dump(doc, f, indent=2)
     f.write("\n")

@@ -151,6 +151,19 @@ static void test_conv_impls_smaller_batch(void **state) {
     check_shape(&shapes[4], 8);
 }
 
+/* a value RINGTRAIN_CONV does not know is an error naming it, not a silent default */
+static void test_conv_impl_bad_env(void **state) {
+    (void)state;
+    assert_int_equal(setenv("RINGTRAIN_CONV", "fastest", 1), 0);
+    rt_model_ctx *ctx = NULL;
+    rt_model_ctx_options o = {.device = rt_device_cpu(), .threads = 2};
+    rt_status st = rt_model_ctx_create(&o, &ctx);
+    unsetenv("RINGTRAIN_CONV");
+    assert_int_equal(st, RT_ERR_INVALID);
+    assert_null(ctx);
+    assert_non_null(strstr(rt_error_message(), "RINGTRAIN_CONV=fastest"));
+}
+
 int main(void) {
 #ifndef RT_HAVE_DNNL
     printf("built without oneDNN: nothing to compare\n");
@@ -159,6 +172,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_impls_agree),
         cmocka_unit_test(test_conv_impls_smaller_batch),
+        cmocka_unit_test(test_conv_impl_bad_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 #endif
