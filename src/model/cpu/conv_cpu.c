@@ -1,4 +1,8 @@
-/* conv2d on the CPU: im2col + one sgemm per chunk of images.
+/* conv2d on the CPU: im2col + one sgemm per chunk of images, or oneDNN.
+ *
+ * This file owns the layer's CPU state and picks, per layer at prepare time, between
+ * oneDNN (conv_dnnl.c; RINGTRAIN_CONV, see conv_choose_dnnl) and the im2col/dense paths
+ * below, which also run every batch smaller than the one oneDNN was prepared for.
  *
  * Spatial sizes in ResNet at 28x28 get tiny (layer4 is 1x1), so one gemm per image
  * would be a matrix-vector product. Instead a chunk of nb images is unfolded side by

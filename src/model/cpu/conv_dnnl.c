@@ -1,6 +1,6 @@
 /* conv2d through oneDNN primitives (C API), for the CPU backend.
  *
- * Per layer, prepare makes up to three stages, each one oneDNN primitive:
+ * Per layer, prepare makes three stages, each one oneDNN primitive:
  *   forward          x, W, b        -> y
  *   backward-weights x, dy          -> dW, db
  *   backward-data    dy, W          -> dx      (written, or added with a sum reorder)
@@ -9,18 +9,24 @@
  *
  * Layouts: our interface is plain NCHW / OIHW. The primitives are created with
  * format `any` for activations and weights (RINGTRAIN_DNNL_LAYOUT=plain forces NCHW
- * activations), so oneDNN picks its blocked layouts (nChw16c on AVX-512) and its JIT
- * kernels; every argument whose chosen layout differs from ours gets a reorder into or
- * out of a buffer in the shared workspace (weights too: they change every step, so they
- * are reordered once per call). Scratchpads are user-managed, also in the workspace.
- * The stages run one after the other, so each lays out its buffers from offset 0 and
- * the layer needs the largest stage's bytes. Nothing is allocated after prepare.
+ * activations, for measuring), so oneDNN picks its blocked layouts (nChw16c on AVX-512)
+ * and its JIT kernels; every argument whose chosen layout differs from ours gets a
+ * reorder into or out of a buffer in the shared workspace (weights too: they change
+ * every step, so they are reordered once per call). Scratchpads are user-managed, also
+ * in the workspace. Nothing is allocated after prepare.
  *
  * Threads: Debian's oneDNN 2.6 uses the OpenMP runtime (DNNL_CPU_RUNTIME OMP, libgomp).
- * Before each call the OpenMP thread count of the calling thread is set to
- * ctx->threads (omp_set_num_threads, looked up at run time: libgomp comes in with
- * libdnnl and we do not link OpenMP ourselves). The CPU backend's own pool threads
- * sleep while a oneDNN primitive runs, so the two never compete for cores.
+ * Letting OpenMP's threads run next to our pool's oversubscribed the cores (a step ran
+ * up to 8x slower while another process was busy: OpenMP barriers spin on descheduled
+ * threads). Instead a layer is split into one part per pool thread, each part with its
+ * own primitives, memory objects, stream and workspace region, and each pool thread runs
+ * its part single-threaded (omp_set_num_threads(1), looked up at run time: libgomp comes
+ * in with libdnnl and we do not link OpenMP ourselves). Forward and backward-data split
+ * the images; backward-weights splits the images too where the activations outweigh
+ * the weights (each part writes a partial dW, added up in part order afterwards, so the
+ * result does not depend on timing), else the output channels (dy is then a strided
+ * channel slice; no partial sums). RINGTRAIN_DNNL_BWW=omp|oc|batch overrides that (omp:
+ * one part on oneDNN's OpenMP threads), for measuring.
  */
 #include "model/cpu/conv_dnnl.h"
 #include "model/cpu/cpu_internal.h"
