@@ -13,7 +13,8 @@
  * and its JIT kernels; every argument whose chosen layout differs from ours gets a
  * reorder into or out of a buffer in the shared workspace (weights too: they change
  * every step, so they are reordered once per call). Scratchpads are user-managed, also
- * in the workspace. Nothing is allocated after prepare.
+ * in the workspace: no buffer is allocated after prepare (oneDNN's execute call still
+ * makes small bookkeeping allocations of its own; see docs/model.md).
  *
  * Threads: Debian's oneDNN 2.6 uses the OpenMP runtime (DNNL_CPU_RUNTIME OMP, libgomp).
  * Letting OpenMP's threads run next to our pool's oversubscribed the cores (a step ran
