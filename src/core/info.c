@@ -20,12 +20,14 @@
 
 const char *rt_version_string(void) { return RT_VERSION " (" RT_GIT_COMMIT ")"; }
 
+#ifdef RT_HAVE_CUDA
 static void fmt_ver(char *buf, size_t n, int v, int div1, int div2) {
     if (v <= 0)
         snprintf(buf, n, "n/a");
     else
         snprintf(buf, n, "%d.%d.%d", v / div1, (v % div1) / div2, v % div2);
 }
+#endif
 
 typedef struct libs {
     char cuda_rt[32], cuda_drv[32], cudnn[32], cublas[32], nccl[32];
