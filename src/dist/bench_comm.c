@@ -17,6 +17,7 @@
 #include "dist/dist.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
@@ -52,10 +53,12 @@ typedef struct row {
     long long wrong;
 } row;
 
+/* A size in bytes with an optional K/M/G suffix; at most 1 TiB (so the cast below is
+ * defined: inf, nan and 1e30 are refused). */
 static int parse_size(const char *s, size_t *out) {
     char *end;
     double v = strtod(s, &end);
-    if (end == s || v < 0) return -1;
+    if (end == s || !(v >= 0 && v <= 1099511627776.0)) return -1;
     double mul = 1;
     if (*end == 'K' || *end == 'k')
         mul = 1024, end++;
@@ -64,8 +67,18 @@ static int parse_size(const char *s, size_t *out) {
     else if (*end == 'G' || *end == 'g')
         mul = 1024.0 * 1024 * 1024, end++;
     if (*end == 'B' || *end == 'b') end++;
-    if (*end) return -1;
+    if (*end || v * mul > 1099511627776.0) return -1;
     *out = (size_t)(v * mul);
+    return 0;
+}
+
+/* A whole decimal number in lo..hi (atoi took "abc" as 0 and overflowed silently). */
+static int parse_int(const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) return -1;
+    *out = (int)v;
     return 0;
 }
 
@@ -103,7 +116,7 @@ static int parse_list(const char *s, const char *const *names, int n, int *mask)
             if (strcmp(tok, names[i]) == 0) *mask |= 1 << i, found = 1;
         if (!found) return -1;
     }
-    return 0;
+    return *mask ? 0 : -1; /* "," names nothing */
 }
 
 static double busbw_factor(coll c, int n) {
@@ -381,35 +394,47 @@ int rt_cmd_bench_comm(int argc, char **argv) {
         }
         i++;
         int bad = 0;
-        if (strcmp(a, "--nproc") == 0)
-            bad = (o.nproc = atoi(v)) < 0 || o.nproc > 64;
-        else if (strcmp(a, "--init") == 0)
+        const char *want = NULL; /* what a bad value should have been */
+        if (strcmp(a, "--nproc") == 0) {
+            want = "an integer in 0..64";
+            bad = parse_int(v, 0, 64, &o.nproc) != 0;
+        } else if (strcmp(a, "--init") == 0) {
             o.init = v;
-        else if (strcmp(a, "--transport") == 0)
+        } else if (strcmp(a, "--transport") == 0) {
+            want = "tcp, shm or auto";
             bad = rt_transport_parse(v, &o.transport) != 0 || o.transport == RT_TRANSPORT_NCCL;
-        else if (strcmp(a, "--min-size") == 0)
+        } else if (strcmp(a, "--min-size") == 0) {
+            want = "a size in bytes such as 8, 4K, 1M";
             bad = parse_size(v, &o.min_size) != 0;
-        else if (strcmp(a, "--max-size") == 0)
+        } else if (strcmp(a, "--max-size") == 0) {
+            want = "a size in bytes such as 8, 4K, 1M, at most 4G";
             bad = parse_size(v, &o.max_size) != 0 || o.max_size > (4ull << 30);
-        else if (strcmp(a, "--collective") == 0)
+        } else if (strcmp(a, "--collective") == 0) {
+            want = "a comma-separated list of all_reduce broadcast reduce all_gather reduce_scatter, or all";
             bad = parse_list(v, k_coll, C_COUNT, &o.coll_mask) != 0;
-        else if (strcmp(a, "--algo") == 0) {
+        } else if (strcmp(a, "--algo") == 0) {
             static const char *const an[3] = {"ring", "naive", "rsag"};
+            want = "a comma-separated list of ring naive rsag, or all";
             bad = parse_list(v, an, 3, &o.algo_mask) != 0;
-        } else if (strcmp(a, "--iters") == 0)
-            bad = (o.iters = atoi(v)) <= 0;
-        else if (strcmp(a, "--warmup") == 0)
-            bad = (o.warmup = atoi(v)) < 0;
-        else if (strcmp(a, "--json") == 0)
+        } else if (strcmp(a, "--iters") == 0) {
+            want = "an integer in 1..1000000";
+            bad = parse_int(v, 1, 1000000, &o.iters) != 0;
+        } else if (strcmp(a, "--warmup") == 0) {
+            want = "an integer in 0..1000000";
+            bad = parse_int(v, 0, 1000000, &o.warmup) != 0;
+        } else if (strcmp(a, "--json") == 0) {
             o.json = v;
-        else if (strcmp(a, "--timeout") == 0)
-            bad = (o.timeout_s = atof(v)) <= 0;
-        else {
+        } else if (strcmp(a, "--timeout") == 0) {
+            char *end;
+            want = "seconds, above 0 and at most 86400";
+            o.timeout_s = strtod(v, &end);
+            bad = end == v || *end || !(o.timeout_s > 0 && o.timeout_s <= 86400);
+        } else {
             fprintf(stderr, "ringtrain bench comm: unknown option '%s' (try --help)\n", a);
             return 2;
         }
         if (bad) {
-            fprintf(stderr, "ringtrain bench comm: bad value '%s' for %s\n", v, a);
+            fprintf(stderr, "ringtrain bench comm: %s '%s': expected %s\n", a, v, want);
             return 2;
         }
     }
