@@ -21,7 +21,7 @@ static int probe_gpus(void) {
     }
     int st = 0;
     waitpid(p, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1; /* a crashing probe fails the test, never skips it */
 }
 
 static int g_gpus;
@@ -138,6 +138,10 @@ static void nccl_two_gpus(void **s) {
 
 int main(void) {
     g_gpus = probe_gpus();
+    if (g_gpus < 0) {
+        printf("FAIL: the GPU probe (rt_cuda_device_count in a child) crashed\n");
+        return 1;
+    }
     if (g_gpus == 0) {
         printf("SKIP: no GPU\n");
         return 77;
