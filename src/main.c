@@ -37,6 +37,10 @@ int rt_cli_dispatch(const char *prog, const rt_command *cmds, int n, int argc, c
 }
 
 int rt_cmd_info(int argc, char **argv) {
+    if (argc > 2) {
+        fprintf(stderr, "ringtrain info: unexpected argument '%s' (try --help)\n", argv[2]);
+        return 2;
+    }
     if (argc > 1) {
         if (rt_cli_is_help(argv[1])) {
             printf("usage: ringtrain info [--json]\n\n"
