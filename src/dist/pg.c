@@ -477,7 +477,10 @@ out:
 }
 
 static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
-    RT_REQUIRE(o->timeout_s > 0, RT_ERR_INVALID, "dist.timeout_s %.3f must be > 0", o->timeout_s);
+    /* the bound keeps deadline arithmetic ((uint64_t)(timeout_s * 1e9)) defined: inf is refused */
+    RT_REQUIRE(o->timeout_s > 0 && o->timeout_s <= 1e8, RT_ERR_INVALID,
+               "dist.timeout_s %g: expected seconds above 0 and at most 1e8 (RINGTRAIN_DIST_TIMEOUT sets the default)",
+               o->timeout_s);
     RT_CHECK(rt_rdzv_parse(o->init_method, o->rank, o->world_size, &w->rdzv));
     rt_rdzv *r = &w->rdzv;
     rt_set_rank(r->rank);

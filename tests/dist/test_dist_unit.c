@@ -263,10 +263,28 @@ static void reduce_kernels(void **s) {
     assert_int_equal(tr, RT_TRANSPORT_SHM);
 }
 
+/* timeouts that would make the deadline arithmetic undefined are refused up front */
+static void bad_timeout(void **s) {
+    (void)s;
+    const double bad[] = {0.0, -1.0, 1.0 / 0.0, 0.0 / 0.0, 1e30};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rt_pg_options o;
+        rt_pg_options_default(&o);
+        o.init_method = "tcp://127.0.0.1:1";
+        o.rank = 0;
+        o.world_size = 1;
+        o.timeout_s = bad[i];
+        rt_pg *pg = NULL;
+        assert_int_equal(rt_pg_init(&o, &pg), RT_ERR_INVALID);
+        assert_non_null(strstr(rt_error_message(), "dist.timeout_s"));
+        rt_error_clear();
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(store_frames), cmocka_unit_test(hello_and_header), cmocka_unit_test(store_roundtrip),
-        cmocka_unit_test(rdzv_env),     cmocka_unit_test(reduce_kernels),
+        cmocka_unit_test(rdzv_env),     cmocka_unit_test(reduce_kernels),   cmocka_unit_test(bad_timeout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
