@@ -463,8 +463,10 @@ static uint64_t spin_ns(void) {
     static int64_t v = -1;
     if (v < 0) {
         const char *s = getenv("RINGTRAIN_SHM_SPIN_US");
-        v = (s && *s ? atol(s) : 20) * 1000;
-        if (v < 0) v = 0;
+        long us = s && *s ? atol(s) : 20;
+        if (us < 0) us = 0;
+        if (us > 1000000) us = 1000000; /* at most 1 s (and no overflow in the product) */
+        v = (int64_t)us * 1000;
     }
     return (uint64_t)v;
 }
