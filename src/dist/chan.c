@@ -8,7 +8,6 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -103,46 +102,6 @@ rt_status rt_chan_send(rt_chan *c, const void *p, size_t n, size_t *moved) {
     if (w > 0) {
         *moved = (size_t)w;
         c->send_blocked = (size_t)w < n;
-        return RT_OK;
-    }
-    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        c->send_blocked = true;
-        return RT_OK;
-    }
-    return peer_closed(c, "send", w < 0 ? errno : 0);
-}
-
-rt_status rt_chan_send2(rt_chan *c, const void *p1, size_t n1, const void *p2, size_t n2, size_t *moved) {
-    *moved = 0;
-    if (c->shm) {
-        uint64_t head = atomic_load_explicit(&c->tx->head, memory_order_relaxed);
-        uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_acquire);
-        size_t free_b = c->cap - (size_t)(head - tail);
-        if (n1 + n2 > free_b || n1 + n2 > c->piece) return rt_chan_send(c, p1, n1, moved);
-        const uint8_t *parts[2] = {p1, p2};
-        size_t lens[2] = {n1, n2};
-        uint64_t h = head;
-        for (int k = 0; k < 2; k++) {
-            size_t off = (size_t)(h & (c->cap - 1)), n = lens[k];
-            size_t first = c->cap - off < n ? c->cap - off : n;
-            if (first) memcpy(c->txd + off, parts[k], first);
-            if (first < n) memcpy(c->txd, parts[k] + first, n - first);
-            h += n;
-        }
-        atomic_store_explicit(&c->tx->head, h, memory_order_release);
-        rt_shm_bell_ring(c->peer_bell);
-        *moved = n1 + n2;
-        return RT_OK;
-    }
-    struct iovec iov[2] = {{(void *)p1, n1}, {(void *)p2, n2}};
-    struct msghdr mh;
-    memset(&mh, 0, sizeof mh);
-    mh.msg_iov = iov;
-    mh.msg_iovlen = n2 ? 2 : 1;
-    ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w > 0) {
-        *moved = (size_t)w;
-        c->send_blocked = (size_t)w < n1 + n2;
         return RT_OK;
     }
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {

@@ -66,9 +66,6 @@ void rt_chan_consume(rt_chan *c, size_t n);
 rt_status rt_chan_recv_into(rt_chan *c, void *dst, size_t n, size_t *moved);
 void rt_chan_close(rt_chan *c);
 
-/* Move n1 bytes of p1 then n2 of p2 as one publication (a header and a small body). */
-rt_status rt_chan_send2(rt_chan *c, const void *p1, size_t n1, const void *p2, size_t n2, size_t *moved);
-
 /* shm wake-ups (see chan.c): ring after publishing (wakes only a sleeper), force
  * (always wakes: another thread of the same rank submitted work), wait (sleep while
  * seq == seen, at most timeout_ms; the caller set `waiting` and re-checked first). */
