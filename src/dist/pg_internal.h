@@ -26,7 +26,7 @@ typedef struct rt_pg_world {
     uint8_t token[RT_TOKEN_BYTES];
     char tokhex[2 * RT_TOKEN_BYTES + 1];
     int next_group;
-    void *nccl;         /* nccl transport state (CUDA builds) */
+    void *nccl; /* nccl transport state (CUDA builds) */
 } rt_pg_world;
 
 struct rt_pg {

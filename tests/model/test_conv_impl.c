@@ -128,15 +128,15 @@ static void check_shape(const conv_shape *s, int max_n) {
 }
 
 static const conv_shape shapes[] = {
-    {3, 16, 9, 3, 1, 1, false, 4, 2},    /* 3x3 same padding */
-    {8, 32, 10, 3, 2, 1, true, 5, 2},    /* stride 2, bias, odd batch */
-    {16, 32, 7, 1, 2, 0, false, 4, 2},   /* 1x1 stride 2 (downsample) */
-    {32, 16, 6, 1, 1, 0, true, 3, 2},    /* 1x1 with bias */
-    {1, 16, 28, 7, 2, 3, false, 4, 2},   /* the imagenet stem */
-    {32, 32, 1, 3, 1, 1, false, 6, 2},   /* 1x1 input: only the centre tap lives */
-    {16, 32, 2, 3, 2, 1, false, 4, 3},   /* tiny input, 3 threads */
-    {5, 7, 8, 5, 1, 2, true, 3, 4},      /* odd channels, more threads than work */
-    {1, 10, 28, 5, 1, 0, true, 2, 1},    /* the tutorial Net's conv1, one thread */
+    {3, 16, 9, 3, 1, 1, false, 4, 2},  /* 3x3 same padding */
+    {8, 32, 10, 3, 2, 1, true, 5, 2},  /* stride 2, bias, odd batch */
+    {16, 32, 7, 1, 2, 0, false, 4, 2}, /* 1x1 stride 2 (downsample) */
+    {32, 16, 6, 1, 1, 0, true, 3, 2},  /* 1x1 with bias */
+    {1, 16, 28, 7, 2, 3, false, 4, 2}, /* the imagenet stem */
+    {32, 32, 1, 3, 1, 1, false, 6, 2}, /* 1x1 input: only the centre tap lives */
+    {16, 32, 2, 3, 2, 1, false, 4, 3}, /* tiny input, 3 threads */
+    {5, 7, 8, 5, 1, 2, true, 3, 4},    /* odd channels, more threads than work */
+    {1, 10, 28, 5, 1, 0, true, 2, 1},  /* the tutorial Net's conv1, one thread */
 };
 
 static void test_conv_impls_agree(void **state) {

@@ -102,8 +102,8 @@ static rt_status conv_choose_dnnl(rt_model_ctx *ctx, const rt_conv2d *l, cpu_con
     rt_status st = rt_dnnl_conv_create(s->dnnl, l, max_n, ctx->threads, ws, &cc->dnnl);
     if (st != RT_OK) {
         if (s->conv == RT_CPU_CONV_DNNL) return st;
-        RT_LOG_DEBUG("conv2d %d->%d k%d s%d on %dx%d: oneDNN not used (%s); im2col", l->in_c, l->out_c, l->k,
-                     l->stride, l->in_h, l->in_w, rt_error_message());
+        RT_LOG_DEBUG("conv2d %d->%d k%d s%d on %dx%d: oneDNN not used (%s); im2col", l->in_c, l->out_c, l->k, l->stride,
+                     l->in_h, l->in_w, rt_error_message());
         *ws = 0;
     }
 #else

@@ -80,33 +80,41 @@ typedef struct dn_part {
 
 struct rt_dnnl_conv {
     int max_n, nparts;
-    int bww_parts; /* nparts, or 1: backward-weights in part 0 on oneDNN's OpenMP threads */
+    int bww_parts;  /* nparts, or 1: backward-weights in part 0 on oneDNN's OpenMP threads */
     bool bww_batch; /* backward-weights split by images (partial dW summed), else by output channels */
     size_t wfloats, partial_off, partial_stride; /* dW + db floats; partial sums of parts 1.. in the workspace */
-    size_t ws; /* workspace bytes of all parts */
+    size_t ws;                                   /* workspace bytes of all parts */
     dn_part part[DN_MAX_PARTS];
     char impl[3][48]; /* oneDNN implementation names, for the log */
 };
 
 static const char *dn_status_name(dnnl_status_t s) {
     switch (s) {
-    case dnnl_success: return "success";
-    case dnnl_out_of_memory: return "out_of_memory";
-    case dnnl_invalid_arguments: return "invalid_arguments";
-    case dnnl_unimplemented: return "unimplemented";
-    case dnnl_iterator_ends: return "iterator_ends";
-    case dnnl_runtime_error: return "runtime_error";
-    case dnnl_not_required: return "not_required";
-    default: return "unknown";
+    case dnnl_success:
+        return "success";
+    case dnnl_out_of_memory:
+        return "out_of_memory";
+    case dnnl_invalid_arguments:
+        return "invalid_arguments";
+    case dnnl_unimplemented:
+        return "unimplemented";
+    case dnnl_iterator_ends:
+        return "iterator_ends";
+    case dnnl_runtime_error:
+        return "runtime_error";
+    case dnnl_not_required:
+        return "not_required";
+    default:
+        return "unknown";
     }
 }
 
-#define DN_CHECK(call)                                                                                       \
-    do {                                                                                                     \
-        dnnl_status_t dn_s_ = (call);                                                                        \
-        if (dn_s_ != dnnl_success)                                                                           \
-            return rt_error_set(dn_s_ == dnnl_unimplemented ? RT_ERR_UNSUPPORTED : RT_ERR_INTERNAL, __FILE__, \
-                                __LINE__, NULL, "oneDNN %s: %s", #call, dn_status_name(dn_s_));              \
+#define DN_CHECK(call)                                                                                                 \
+    do {                                                                                                               \
+        dnnl_status_t dn_s_ = (call);                                                                                  \
+        if (dn_s_ != dnnl_success)                                                                                     \
+            return rt_error_set(dn_s_ == dnnl_unimplemented ? RT_ERR_UNSUPPORTED : RT_ERR_INTERNAL, __FILE__,          \
+                                __LINE__, NULL, "oneDNN %s: %s", #call, dn_status_name(dn_s_));                        \
     } while (0)
 
 rt_status rt_dnnl_env_create(rt_dnnl_env **out) {
@@ -203,7 +211,8 @@ static rt_status stage_arg(rt_dnnl_env *e, dn_stage *st, const_dnnl_primitive_de
     a->off = st->bytes;
     st->bytes = align64(st->bytes + dnnl_memory_desc_get_size(md));
     if (!same)
-        RT_CHECK(output ? make_reorder(e, md, user, false, &a->reorder) : make_reorder(e, user, md, false, &a->reorder));
+        RT_CHECK(output ? make_reorder(e, md, user, false, &a->reorder)
+                        : make_reorder(e, user, md, false, &a->reorder));
     if (output && may_accumulate) RT_CHECK(make_reorder(e, md, user, true, &a->reorder_sum));
     return RT_OK;
 }
@@ -230,9 +239,9 @@ static dnnl_status_t stage_run(dnnl_stream_t stream, dn_stage *st, char *region,
     dnnl_exec_arg_t ex[DN_MAX_ARGS + 1];
     int nex = 0;
     dnnl_status_t s;
-#define DN_RUN(call)                                                                                               \
-    do {                                                                                                           \
-        if ((s = (call)) != dnnl_success) return s;                                                                \
+#define DN_RUN(call)                                                                                                   \
+    do {                                                                                                               \
+        if ((s = (call)) != dnnl_success) return s;                                                                    \
     } while (0)
     for (int i = 0; i < st->nargs; i++) {
         dn_arg *a = &st->args[i];
@@ -307,14 +316,14 @@ static rt_status make_descs(const rt_conv2d *l, int n, int oc, bool plain, dn_de
     return RT_OK;
 }
 
-#define DN_GOTO(call)                                                                                        \
-    do {                                                                                                     \
-        dnnl_status_t dn_s_ = (call);                                                                        \
-        if (dn_s_ != dnnl_success) {                                                                         \
-            st = rt_error_set(dn_s_ == dnnl_unimplemented ? RT_ERR_UNSUPPORTED : RT_ERR_INTERNAL, __FILE__,   \
-                              __LINE__, NULL, "oneDNN %s: %s", #call, dn_status_name(dn_s_));                \
-            goto out;                                                                                        \
-        }                                                                                                    \
+#define DN_GOTO(call)                                                                                                  \
+    do {                                                                                                               \
+        dnnl_status_t dn_s_ = (call);                                                                                  \
+        if (dn_s_ != dnnl_success) {                                                                                   \
+            st = rt_error_set(dn_s_ == dnnl_unimplemented ? RT_ERR_UNSUPPORTED : RT_ERR_INTERNAL, __FILE__, __LINE__,  \
+                              NULL, "oneDNN %s: %s", #call, dn_status_name(dn_s_));                                    \
+            goto out;                                                                                                  \
+        }                                                                                                              \
     } while (0)
 
 /* the stages of one part */
@@ -519,9 +528,11 @@ static rt_status dn_run(rt_model_ctx *ctx, dn_job *J) {
     J->omp_threads = parts == 1 ? ctx->threads : 1;
     rt_pool_run(cpu_pool(ctx), parts, dn_task, J);
     for (int t = 0; t < parts; t++)
-        RT_REQUIRE(J->status[t] == dnnl_success, RT_ERR_INTERNAL, "conv2d %d->%d k%d: oneDNN %s failed: %s",
-                   J->l->in_c, J->l->out_c, J->l->k, J->which == 0 ? "forward" : J->which == 1 ? "backward-weights"
-                                                                                              : "backward-data",
+        RT_REQUIRE(J->status[t] == dnnl_success, RT_ERR_INTERNAL, "conv2d %d->%d k%d: oneDNN %s failed: %s", J->l->in_c,
+                   J->l->out_c, J->l->k,
+                   J->which == 0   ? "forward"
+                   : J->which == 1 ? "backward-weights"
+                                   : "backward-data",
                    dn_status_name(J->status[t]));
     if (J->which == 1 && c->bww_batch)
         rt_pool_run(cpu_pool(ctx), (int)((c->wfloats + DN_SUM_CHUNK - 1) / DN_SUM_CHUNK), dn_sum_task, J);
