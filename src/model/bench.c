@@ -22,7 +22,7 @@
 
 static void usage(FILE *out) {
     fprintf(out, "usage: ringtrain bench model [options]\n\n"
-                 "Training-step throughput on the CPU: forward, loss, backward and an SGD-momentum update.\n\n"
+                 "Training-step throughput on this device: forward, loss, backward and an SGD-momentum update.\n\n"
                  "  --arch NAME      resnet18 | resnet34 | net (default resnet34)\n"
                  "  --stem NAME      imagenet | cifar (default imagenet)\n"
                  "  --channels N     input channels (default 1)\n"
@@ -153,10 +153,17 @@ int rt_cmd_bench_model(int argc, char **argv) {
             snprintf(buf, sizeof buf, "%s", v);
             nbatch = 0;
             for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-                if (nbatch == 16 || parse_int("--batch", tok, 1, 65536, &batches[nbatch])) return 2;
+                if (nbatch == 16) {
+                    fprintf(stderr, "ringtrain bench model: --batch '%s': expected at most 16 batch sizes\n", v);
+                    return 2;
+                }
+                if (parse_int("--batch", tok, 1, 65536, &batches[nbatch])) return 2;
                 nbatch++;
             }
-            if (nbatch == 0) return 2;
+            if (nbatch == 0) {
+                fprintf(stderr, "ringtrain bench model: --batch '%s': expected batch sizes such as 64,128\n", v);
+                return 2;
+            }
         } else {
             fprintf(stderr, "ringtrain bench model: unknown option '%s'\n\n", a);
             usage(stderr);
