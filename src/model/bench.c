@@ -173,7 +173,11 @@ int rt_cmd_bench_model(int argc, char **argv) {
     }
 
     rt_device dev;
-    if (rt_device_select(device_name, 0, &dev) != RT_OK) return rt_cli_fail();
+    rt_status dst = rt_device_select(device_name, 0, &dev);
+    if (dst != RT_OK) { /* a malformed --device (or cuda:N beyond the GPUs) is a usage error */
+        int rc = rt_cli_fail();
+        return dst == RT_ERR_INVALID ? 2 : rc;
+    }
     const bool gpu = rt_device_is_cuda(dev);
     char devstr[32];
     rt_device_str(dev, devstr, sizeof devstr);
