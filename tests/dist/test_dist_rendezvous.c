@@ -201,17 +201,27 @@ static void ompi_env(void **s) {
 static void torchrun_env(void **s) {
     (void)s;
     /* occupy MASTER_PORT like torchrun's store; ours must use MASTER_PORT+1 */
+    /* Two adjacent free ports, drawn below the ephemeral range (32768+), where the
+     * connections of tests running in parallel take their ports: port+1 next to a
+     * kernel-chosen port was often taken by one of them. */
     int fd = -1, port = 0;
-    for (int tries = 0; tries < 20; tries++) {
-        assert_rt_ok(rt_sock_listen("127.0.0.1", 0, &fd, &port));
-        int fd2, p2;
-        if (port < 65535 && rt_sock_listen("127.0.0.1", port + 1, &fd2, &p2) == RT_OK) {
-            close(fd2);
-            break;
+    unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+    for (int tries = 0; tries < 500 && fd < 0; tries++) {
+        seed = seed * 1103515245u + 12345u;
+        int want = 20000 + (int)((seed >> 8) % 12000);
+        int fd2 = -1, p2;
+        if (rt_sock_listen("127.0.0.1", want, &fd, &port) != RT_OK) {
+            fd = -1;
+            continue;
         }
-        close(fd);
-        fd = -1;
+        if (rt_sock_listen("127.0.0.1", want + 1, &fd2, &p2) == RT_OK) {
+            close(fd2);
+        } else {
+            close(fd);
+            fd = -1;
+        }
     }
+    rt_error_clear();
     assert_true(fd >= 0);
     cfg c = {.mode = TORCHRUN};
     /* mp_run picks its own port; run the body directly with ours */
