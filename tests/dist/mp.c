@@ -78,3 +78,14 @@ int mp_run(int world, mp_fn fn, void *arg, double limit_s, int *codes) {
     }
     return failed;
 }
+
+void mp_pg_options(rt_pg_options *o, char method[MP_METHOD_LEN], int rank, int world, int port,
+                   rt_transport transport, double timeout_s) {
+    rt_pg_options_default(o);
+    snprintf(method, MP_METHOD_LEN, "tcp://127.0.0.1:%d", port);
+    o->init_method = method;
+    o->rank = rank;
+    o->world_size = world;
+    o->transport = transport;
+    o->timeout_s = timeout_s;
+}

@@ -11,11 +11,18 @@
 #include <stdlib.h>
 
 #include "core/status.h"
+#include "dist/dist.h"
 
 typedef int (*mp_fn)(int rank, int world, int port, void *arg);
 
 int mp_free_port(void);
 int mp_run(int world, mp_fn fn, void *arg, double limit_s, int *codes);
+
+/* Default process-group options for rank `rank` of `world` meeting at
+ * tcp://127.0.0.1:port (the string is kept in `method`, which must outlive *o). */
+#define MP_METHOD_LEN 64
+void mp_pg_options(rt_pg_options *o, char method[MP_METHOD_LEN], int rank, int world, int port,
+                   rt_transport transport, double timeout_s);
 
 /* In children: print and return 1 when a condition fails. */
 #define MP_CHECK(cond, ...)                                                                                            \

@@ -139,15 +139,9 @@ static int check_reduced(const void *buf, size_t count, int n, rt_dtype t, rt_re
 
 static int body(int rank, int world, int port, void *arg) {
     cfg *c = arg;
-    char method[64];
-    snprintf(method, sizeof method, "tcp://127.0.0.1:%d", port);
+    char method[MP_METHOD_LEN];
     rt_pg_options o;
-    rt_pg_options_default(&o);
-    o.init_method = method;
-    o.rank = rank;
-    o.world_size = world;
-    o.transport = c->transport;
-    o.timeout_s = 60;
+    mp_pg_options(&o, method, rank, world, port, c->transport, 60);
     rt_pg *pg;
     MP_OK(rt_pg_init(&o, &pg));
     MP_CHECK(rt_pg_rank(pg) == rank && rt_pg_size(pg) == world, "rank/size");

@@ -26,14 +26,8 @@ static int body(int rank, int world, int port, void *arg) {
     setenv("RINGTRAIN_SHM_TAG", c->tag, 1);
     if (c->named) setenv("RINGTRAIN_SHM_NAMED", "1", 1);
     rt_pg_options o;
-    rt_pg_options_default(&o);
-    char method[64];
-    snprintf(method, sizeof method, "tcp://127.0.0.1:%d", port);
-    o.init_method = method;
-    o.rank = rank;
-    o.world_size = world;
-    o.transport = c->transport;
-    o.timeout_s = c->stop ? 3 : 8;
+    char method[MP_METHOD_LEN];
+    mp_pg_options(&o, method, rank, world, port, c->transport, c->stop ? 3 : 8);
     rt_pg *pg;
     MP_OK(rt_pg_init(&o, &pg));
     float small[16];

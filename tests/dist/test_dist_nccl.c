@@ -34,15 +34,9 @@ typedef struct cfg {
 
 static int body(int rank, int world, int port, void *arg) {
     cfg *c = arg;
-    char method[64];
-    snprintf(method, sizeof method, "tcp://127.0.0.1:%d", port);
+    char method[MP_METHOD_LEN];
     rt_pg_options o;
-    rt_pg_options_default(&o);
-    o.init_method = method;
-    o.rank = rank;
-    o.world_size = world;
-    o.transport = c->transport;
-    o.timeout_s = 60;
+    mp_pg_options(&o, method, rank, world, port, c->transport, 60);
     setenv("LOCAL_RANK", rank ? "1" : "0", 1);
     rt_device dev;
     MP_OK(rt_device_select("cuda", rank, &dev));

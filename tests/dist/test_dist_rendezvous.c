@@ -59,14 +59,8 @@ static int body(int idx, int nproc, int port, void *arg) {
         }
     }
     rt_pg_options o;
-    rt_pg_options_default(&o);
-    char method[300];
-    snprintf(method, sizeof method, "tcp://127.0.0.1:%d", port);
-    o.init_method = method;
-    o.rank = idx;
-    o.world_size = nproc;
-    o.timeout_s = 3;
-    o.transport = RT_TRANSPORT_TCP;
+    char method[MP_METHOD_LEN], file_method[300];
+    mp_pg_options(&o, method, idx, nproc, port, RT_TRANSPORT_TCP, 3);
     char v[32];
     switch (c->mode) {
     case MISSING:
@@ -83,7 +77,8 @@ static int body(int idx, int nproc, int port, void *arg) {
         setenv("RINGTRAIN_JOB_TOKEN", idx == 1 ? "job-B" : "job-A", 1);
         break;
     case FILE_INIT:
-        snprintf(method, sizeof method, "file://%s", c->path);
+        snprintf(file_method, sizeof file_method, "file://%s", c->path);
+        o.init_method = file_method;
         break;
     case TORCHRUN: /* torchrun's own store holds MASTER_PORT (the parent listens there) */
         o.init_method = "env://";
