@@ -19,6 +19,19 @@ static inline rt_model_ctx *mt_ctx(int threads) {
     return ctx;
 }
 
+/* A shared 2-thread CPU context for a test file: cmocka group setup/teardown. */
+static rt_model_ctx *g_ctx;
+static inline int mt_group_setup(void **state) {
+    (void)state;
+    g_ctx = mt_ctx(2);
+    return 0;
+}
+static inline int mt_group_teardown(void **state) {
+    (void)state;
+    rt_model_ctx_destroy(g_ctx);
+    return 0;
+}
+
 static inline void mt_randn(float *x, size_t n, uint64_t seed) {
     rt_rng r;
     rt_rng_init(&r, seed, 7);

@@ -21,18 +21,6 @@
 #define RTOL 5e-3
 #define ATOL 1e-3
 
-static rt_model_ctx *g_ctx;
-
-static int setup(void **state) {
-    (void)state;
-    g_ctx = mt_ctx(2);
-    return 0;
-}
-static int teardown(void **state) {
-    (void)state;
-    rt_model_ctx_destroy(g_ctx);
-    return 0;
-}
 
 static float *alloc_f(size_t n) {
     float *p = calloc(n ? n : 1, sizeof(float));
@@ -562,5 +550,5 @@ int main(void) {
         cmocka_unit_test(test_maxpool2d),   cmocka_unit_test(test_linear),
         cmocka_unit_test(test_dropout),     cmocka_unit_test(test_losses),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, mt_group_setup, mt_group_teardown);
 }

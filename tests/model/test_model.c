@@ -5,18 +5,6 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-static rt_model_ctx *g_ctx;
-
-static int setup(void **state) {
-    (void)state;
-    g_ctx = mt_ctx(2);
-    return 0;
-}
-static int teardown(void **state) {
-    (void)state;
-    rt_model_ctx_destroy(g_ctx);
-    return 0;
-}
 
 static rt_model *make(rt_model_arch arch, rt_stem stem, int c, int hw, int width, int batch) {
     rt_model_config cfg;
@@ -414,5 +402,5 @@ int main(void) {
         cmocka_unit_test(test_model_fd),  cmocka_unit_test(test_every_layer_used),
         cmocka_unit_test(test_save_load), cmocka_unit_test(test_partial_batch),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, mt_group_setup, mt_group_teardown);
 }
