@@ -320,6 +320,7 @@ rt_status rt_all_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_r
     return all_reduce_(pg, buf, count, dtype, op, pg->algo, NULL);
 }
 rt_status rt_iall_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, rt_request **req) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
     *req = NULL;
     RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "all_reduce: NULL process group");
     return all_reduce_(pg, buf, count, dtype, op, pg->algo, req);
@@ -351,6 +352,7 @@ rt_status rt_broadcast(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int r
     return broadcast_(pg, buf, count, dtype, root, NULL);
 }
 rt_status rt_ibroadcast(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int root, rt_request **req) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
     *req = NULL;
     return broadcast_(pg, buf, count, dtype, root, req);
 }
@@ -371,6 +373,7 @@ rt_status rt_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduc
     return reduce_(pg, buf, count, dtype, op, root, NULL);
 }
 rt_status rt_ireduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root, rt_request **req) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
     *req = NULL;
     return reduce_(pg, buf, count, dtype, op, root, req);
 }
@@ -402,6 +405,7 @@ rt_status rt_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_d
 }
 rt_status rt_iscatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root,
                       rt_request **req) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
     *req = NULL;
     return scatter_(pg, send, recv, count, dtype, root, req);
 }
@@ -433,6 +437,7 @@ rt_status rt_gather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dt
 }
 rt_status rt_igather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root,
                      rt_request **req) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
     *req = NULL;
     return gather_(pg, send, recv, count, dtype, root, req);
 }
@@ -455,6 +460,7 @@ rt_status rt_all_gather(rt_pg *pg, const void *send, void *recv, size_t count, r
     return all_gather_(pg, send, recv, count, dtype, NULL);
 }
 rt_status rt_iall_gather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_request **req) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
     *req = NULL;
     return all_gather_(pg, send, recv, count, dtype, req);
 }
@@ -506,6 +512,7 @@ rt_status rt_reduce_scatter(rt_pg *pg, const void *send, void *recv, size_t coun
 }
 rt_status rt_ireduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
                              rt_request **req) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
     *req = NULL;
     return reduce_scatter_(pg, send, recv, count, dtype, op, req);
 }
@@ -536,6 +543,7 @@ static rt_status barrier_(rt_pg *pg, rt_request **out) {
 }
 rt_status rt_barrier(rt_pg *pg) { return barrier_(pg, NULL); }
 rt_status rt_ibarrier(rt_pg *pg, rt_request **req) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
     *req = NULL;
     return barrier_(pg, req);
 }

@@ -729,10 +729,12 @@ rt_status rt_recv(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int src) {
     return p2p(pg, false, buf, count, dtype, src, NULL);
 }
 rt_status rt_isend(rt_pg *pg, const void *buf, size_t count, rt_dtype dtype, int dst, rt_request **req) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
     *req = NULL;
     return p2p(pg, true, (void *)buf, count, dtype, dst, req);
 }
 rt_status rt_irecv(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int src, rt_request **req) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
     *req = NULL;
     return p2p(pg, false, buf, count, dtype, src, req);
 }

@@ -281,10 +281,24 @@ static void bad_timeout(void **s) {
     }
 }
 
+/* The asynchronous calls reject a NULL request pointer with an error, not a crash. */
+static void async_null_request(void **state) {
+    (void)state;
+    float buf[4] = {0};
+    assert_int_equal(rt_iall_reduce(NULL, buf, 4, RT_F32, RT_OP_SUM, NULL), RT_ERR_INVALID);
+    assert_non_null(strstr(rt_error_message(), "rt_iall_reduce: NULL request pointer"));
+    assert_int_equal(rt_ibroadcast(NULL, buf, 4, RT_F32, 0, NULL), RT_ERR_INVALID);
+    assert_int_equal(rt_ibarrier(NULL, NULL), RT_ERR_INVALID);
+    assert_int_equal(rt_isend(NULL, buf, 4, RT_F32, 1, NULL), RT_ERR_INVALID);
+    assert_int_equal(rt_irecv(NULL, buf, 4, RT_F32, 1, NULL), RT_ERR_INVALID);
+    rt_error_clear();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(store_frames), cmocka_unit_test(hello_and_header), cmocka_unit_test(store_roundtrip),
         cmocka_unit_test(rdzv_env),     cmocka_unit_test(reduce_kernels),   cmocka_unit_test(bad_timeout),
+        cmocka_unit_test(async_null_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
