@@ -16,8 +16,9 @@ CTEST_ARGS ?=
 
 all: build
 
-deps-%:
-	@scripts/install-deps $*
+# Explicit rules: make skips pattern rules for .PHONY targets, so a `deps-%:` rule never ran.
+deps-train deps-test deps-bench:
+	@scripts/install-deps $(@:deps-%=%)
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
