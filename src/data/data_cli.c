@@ -5,7 +5,7 @@
  * for DistributedSampler questions; `bench loader` measures the loader's throughput
  * on synthetic 28x28 and 32x32 data with augmentation, one worker thread.
  */
-#include "cli.h"
+#include "cli/cli.h"
 #include "core/timer.h"
 #include "data/dataset.h"
 #include "data/loader.h"

@@ -11,6 +11,7 @@
 #define RT_DATA_DATASET_H
 
 #include "core/status.h"
+#include "core/info.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -71,6 +72,9 @@ void rt_dataset_pixel_stats(const rt_dataset *ds, double mean[RT_DATASET_MAX_C],
 void rt_dataset_histogram(const rt_dataset *ds, int64_t *counts);
 
 static inline size_t rt_dataset_image_bytes(const rt_dataset *ds) { return (size_t)ds->c * ds->h * ds->w; }
+
+/* The libraries src/data links (zlib), for `ringtrain info` (core/info.h). */
+int rt_data_lib_versions(rt_lib_version *out, int cap);
 
 #ifdef __cplusplus
 }

@@ -11,7 +11,7 @@
  * (torchrun, mpirun, srun). --compare puts all_reduce, reduce+broadcast and
  * reduce_scatter+all_gather side by side (docs/comm-algorithms.md explains the winner).
  */
-#include "cli.h"
+#include "cli/cli.h"
 #include "core/info.h"
 #include "core/timer.h"
 #include "dist/dist.h"
@@ -318,7 +318,7 @@ static int rank_main(const opts *o, int rank, int port) {
             fprintf(f,
                     "{\"benchmark\": \"comm\", \"nproc\": %d, \"transport\": \"%s\", \"dtype\": \"f32\",\n \"info\": ",
                     n, rt_transport_name(rt_pg_transport(pg)));
-            rt_info_json(f);
+            rt_cli_info_json(f);
             fprintf(f, ",\n \"rows\": [\n");
             for (int i = 0; i < nrows; i++)
                 fprintf(

@@ -26,6 +26,7 @@
 #define RT_DIST_DIST_H
 
 #include "core/status.h"
+#include "core/info.h"
 #include "core/device.h"
 #include "core/tensor.h"
 #include "dist/reduce.h"
@@ -143,6 +144,9 @@ rt_status rt_iall_gather(rt_pg *pg, const void *send, void *recv, size_t count, 
 rt_status rt_ireduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
                              rt_request **req);
 rt_status rt_ibarrier(rt_pg *pg, rt_request **req);
+
+/* The libraries src/dist links (NCCL), for `ringtrain info`. */
+int rt_dist_lib_versions(rt_lib_version *out, int cap);
 
 #ifdef __cplusplus
 }

@@ -6,7 +6,7 @@
  * Prints a table (or one JSON object per batch size with --json) with images/s, the
  * mean time of forward, backward and update, and the process's peak RSS.
  */
-#include "cli.h"
+#include "cli/cli.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "model/model.h"

@@ -20,6 +20,7 @@
 #define RT_MODEL_MODEL_H
 
 #include "core/tensor.h"
+#include "core/info.h"
 #include "model/ctx.h"
 #include <stdbool.h>
 #include <stdint.h>
@@ -138,6 +139,9 @@ rt_status rt_model_train_step(rt_model *m, const float *x, const int32_t *labels
  * that every name is present with the right dtype and shape, and no extra names. */
 rt_status rt_model_save(rt_model *m, const char *path);
 rt_status rt_model_load(rt_model *m, const char *path);
+
+/* The libraries src/model links (cuDNN, cuBLAS, OpenBLAS, oneDNN), for `ringtrain info`. */
+int rt_model_lib_versions(rt_lib_version *out, int cap);
 
 #ifdef __cplusplus
 }

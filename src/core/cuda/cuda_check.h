@@ -1,16 +1,15 @@
-/* Check macros for the CUDA runtime, cuDNN, cuBLAS and NCCL: one family, all
- * do { } while (0), all recording the failing call, file, line and rank and returning
- * RT_ERR_CUDA (RT_ERR_NODEVICE for "no driver / no device"). Include only from
- * CUDA-backend sources (src/<area>/cuda/), which have the CUDA headers. */
+/* Check macros for the CUDA runtime: do { } while (0), recording the failing call,
+ * file, line and rank and returning RT_ERR_CUDA (RT_ERR_NODEVICE for "no driver / no
+ * device"). RT_CHECK_LIB is the family's shape for the libraries above core, which
+ * define their own macros with it in their own cuda/ folders (cuDNN and cuBLAS in
+ * src/model/cuda/lib_check.h, NCCL in src/dist/cuda/nccl.c): core includes and links
+ * no GPU library but the CUDA runtime. Include only from CUDA-backend sources. */
 #ifndef RT_CUDA_CHECK_H
 #define RT_CUDA_CHECK_H
 
 #include "core/status.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <cudnn.h>
-#include <nccl.h>
 
 static inline rt_status rt_cuda_status_of(cudaError_t e) {
     return (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) ? RT_ERR_NODEVICE : RT_ERR_CUDA;
@@ -26,28 +25,14 @@ static inline rt_status rt_cuda_status_of(cudaError_t e) {
         }                                                                                     \
     } while (0)
 
-#define RT_CHECK_CUDNN(expr)                                                                  \
+/* A library call that returns a status: `ok` is the condition on rt_e_ that means
+ * success, `lib` the library's name, `errstr` its function naming a status. */
+#define RT_CHECK_LIB(expr, type, ok, lib, errstr)                                             \
     do {                                                                                      \
-        cudnnStatus_t rt_e_ = (expr);                                                         \
-        if (rt_e_ != CUDNN_STATUS_SUCCESS)                                                    \
-            return rt_error_set(RT_ERR_CUDA, __FILE__, __LINE__, #expr, "cuDNN error %d: %s", \
-                                (int)rt_e_, cudnnGetErrorString(rt_e_));                      \
-    } while (0)
-
-#define RT_CHECK_CUBLAS(expr)                                                                 \
-    do {                                                                                      \
-        cublasStatus_t rt_e_ = (expr);                                                        \
-        if (rt_e_ != CUBLAS_STATUS_SUCCESS)                                                   \
-            return rt_error_set(RT_ERR_CUDA, __FILE__, __LINE__, #expr, "cuBLAS error %d: %s", \
-                                (int)rt_e_, cublasGetStatusString(rt_e_));                    \
-    } while (0)
-
-#define RT_CHECK_NCCL(expr)                                                                   \
-    do {                                                                                      \
-        ncclResult_t rt_e_ = (expr);                                                          \
-        if (rt_e_ != ncclSuccess && rt_e_ != ncclInProgress)                                  \
-            return rt_error_set(RT_ERR_CUDA, __FILE__, __LINE__, #expr, "NCCL error %d: %s", \
-                                (int)rt_e_, ncclGetErrorString(rt_e_));                       \
+        type rt_e_ = (expr);                                                                  \
+        if (!(ok))                                                                            \
+            return rt_error_set(RT_ERR_CUDA, __FILE__, __LINE__, #expr, lib " error %d: %s",  \
+                                (int)rt_e_, errstr(rt_e_));                                   \
     } while (0)
 
 /* Kernel launches: check the launch itself (configuration errors). */

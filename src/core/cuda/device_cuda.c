@@ -145,22 +145,6 @@ rt_status rt_cuda_event_elapsed(void *start, void *end, float *ms, bool *ready) 
     return RT_OK;
 }
 
-int rt_cudnn_version(void) { return (int)cudnnGetVersion(); }
-
-int rt_cublas_version(void) {
-    int major = 0, minor = 0, patch = 0;
-    cublasGetProperty(MAJOR_VERSION, &major);
-    cublasGetProperty(MINOR_VERSION, &minor);
-    cublasGetProperty(PATCH_LEVEL, &patch);
-    return major * 10000 + minor * 100 + patch;
-}
-
-int rt_nccl_version(void) {
-    int v = 0;
-    ncclGetVersion(&v);
-    return v;
-}
-
 int rt_cuda_runtime_version(void) {
     int v = 0;
     cudaRuntimeGetVersion(&v);

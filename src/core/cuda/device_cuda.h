@@ -26,9 +26,6 @@ rt_status rt_cuda_stream_wait_event(void *s, void *e);
 rt_status rt_cuda_event_elapsed(void *start, void *end, float *ms, bool *ready);
 
 /* Library versions for `ringtrain info` (no GPU needed). */
-int rt_cudnn_version(void);
-int rt_cublas_version(void);
-int rt_nccl_version(void);
 int rt_cuda_runtime_version(void);
 int rt_cuda_driver_version(void);
 

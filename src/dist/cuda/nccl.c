@@ -19,6 +19,13 @@
 #include <string.h>
 #include <time.h>
 
+#include <nccl.h>
+
+/* NCCL calls (core's RT_CHECK_LIB shape). ncclInProgress is not an error: a
+ * non-blocking communicator's call that is still running. */
+#define RT_CHECK_NCCL(expr)                                                                                            \
+    RT_CHECK_LIB(expr, ncclResult_t, rt_e_ == ncclSuccess || rt_e_ == ncclInProgress, "NCCL", ncclGetErrorString)
+
 typedef struct nccl_state {
     ncclComm_t comm;
     cudaStream_t stream;

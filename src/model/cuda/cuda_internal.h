@@ -6,7 +6,7 @@
 #ifndef RT_MODEL_CUDA_INTERNAL_H
 #define RT_MODEL_CUDA_INTERNAL_H
 
-#include "core/cuda/cuda_check.h"
+#include "model/cuda/lib_check.h"
 #include "model/backend.h"
 
 #include <stdint.h>

@@ -2,9 +2,8 @@
  *
  * main() is the only place that decides to exit: library code returns an rt_status and
  * records a message, and the command prints it. */
-#include "cli.h"
+#include "cli/cli.h"
 #include "core/info.h"
-#include "core/log.h"
 #include "core/status.h"
 
 #include <stdio.h>
@@ -34,32 +33,6 @@ int rt_cli_dispatch(const char *prog, const rt_command *cmds, int n, int argc, c
     fprintf(stderr, "%s: unknown command '%s'\n\ncommands:\n", prog, argv[1]);
     list_commands(stderr, cmds, n);
     return 2;
-}
-
-int rt_cmd_info(int argc, char **argv) {
-    if (argc > 2) {
-        fprintf(stderr, "ringtrain info: unexpected argument '%s' (try --help)\n", argv[2]);
-        return 2;
-    }
-    if (argc > 1) {
-        if (rt_cli_is_help(argv[1])) {
-            printf("usage: ringtrain info [--json]\n\n"
-                   "Print the version, git commit, build features, library versions (CUDA, cuDNN,\n"
-                   "cuBLAS, NCCL, OpenBLAS, libyaml, zlib) and the devices found now. With no GPU it\n"
-                   "says why (the driver's reason) and exits 0.\n\n"
-                   "  --json   one JSON object instead (as written into benchmark results)\n");
-            return 0;
-        }
-        if (strcmp(argv[1], "--json") == 0) {
-            rt_info_json(stdout);
-            printf("\n");
-            return 0;
-        }
-        fprintf(stderr, "ringtrain info: unknown option '%s' (try --help)\n", argv[1]);
-        return 2;
-    }
-    rt_info_print(stdout);
-    return 0;
 }
 
 static const rt_command k_bench[] = {

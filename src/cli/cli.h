@@ -1,8 +1,11 @@
-/* Subcommands of the `ringtrain` executable. Each area that has a command line
- * defines its entry point here and adds one row to the table in src/main.c.
+/* Subcommands of the `ringtrain` executable: each lives in its own file in src/cli and
+ * has one row in the table in src/cli/main.c. Only src/cli parses command lines and
+ * decides to exit; the areas below expose library functions that the commands call.
  * Return value: the process exit code (0 ok, 1 failure, 2 usage error). */
 #ifndef RT_CLI_H
 #define RT_CLI_H
+
+#include <stdio.h>
 
 typedef struct rt_command {
     const char *name;
@@ -17,7 +20,11 @@ int rt_cli_fail(void);
 /* Dispatch argv[1] among `cmds`; prints `usage` (and the list) on --help or unknown. */
 int rt_cli_dispatch(const char *prog, const rt_command *cmds, int n, int argc, char **argv);
 
-/* ---- entry points (defined by their areas) ---- */
+/* `ringtrain info` as text, and as one JSON object (written into benchmark results). */
+void rt_cli_info_print(FILE *out);
+void rt_cli_info_json(FILE *out);
+
+/* ---- entry points ---- */
 int rt_cmd_info(int argc, char **argv);
 int rt_cmd_data(int argc, char **argv);       /* src/data */
 int rt_cmd_bench_comm(int argc, char **argv); /* src/dist */

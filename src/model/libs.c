@@ -1,0 +1,45 @@
+/* The libraries src/model links, for `ringtrain info`: cuDNN and cuBLAS (CUDA builds),
+ * OpenBLAS, oneDNN (when found). */
+#include "model/model.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include <cblas.h>
+#ifdef RT_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cudnn.h>
+#endif
+#ifdef RT_HAVE_DNNL
+#include <dnnl.h>
+#endif
+
+int rt_model_lib_versions(rt_lib_version *out, int cap) {
+    int n = 0;
+    char v[128];
+#ifdef RT_HAVE_CUDA
+    rt_lib_version_fmt(v, sizeof v, (int)cudnnGetVersion(), 10000, 100);
+    rt_lib_version_add(out, cap, &n, "cuDNN", "cudnn", v);
+    int major = 0, minor = 0, patch = 0;
+    cublasGetProperty(MAJOR_VERSION, &major);
+    cublasGetProperty(MINOR_VERSION, &minor);
+    cublasGetProperty(PATCH_LEVEL, &patch);
+    rt_lib_version_fmt(v, sizeof v, major * 10000 + minor * 100 + patch, 10000, 100);
+    rt_lib_version_add(out, cap, &n, "cuBLAS", "cublas", v);
+#else
+    rt_lib_version_add(out, cap, &n, "cuDNN", "cudnn", "not built");
+    rt_lib_version_add(out, cap, &n, "cuBLAS", "cublas", "not built");
+#endif
+    snprintf(v, sizeof v, "%s", openblas_get_config());
+    size_t len = strlen(v);
+    while (len && v[len - 1] == ' ') v[--len] = '\0';
+    rt_lib_version_add(out, cap, &n, "OpenBLAS", "openblas", v);
+#ifdef RT_HAVE_DNNL
+    const dnnl_version_t *d = dnnl_version();
+    snprintf(v, sizeof v, "%d.%d.%d", d->major, d->minor, d->patch);
+    rt_lib_version_add(out, cap, &n, "oneDNN", "onednn", v);
+#else
+    rt_lib_version_add(out, cap, &n, "oneDNN", "onednn", "not built");
+#endif
+    return n;
+}
