@@ -1,5 +1,6 @@
 /* The progress engine (see engine.h). */
 #include "dist/engine.h"
+#include "core/spin.h"
 
 #include "core/log.h"
 #include "core/timer.h"
@@ -448,13 +449,6 @@ static void wait_tcp(rt_engine *e, int max_ms) {
     for (int i = 0; i < e->world; i++) e->ch[i].send_blocked = false;
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
 
 #define SPIN_PASSES 30 /* progress passes spun (lock held) before yielding */
 /* ...and at least this long (RINGTRAIN_SHM_SPIN_US): a peer on the other core answers
@@ -508,7 +502,7 @@ static void drive(rt_engine *e, rt_request *target) {
         if (!e->shm) { /* tcp: a few non-blocking passes (a reply is often microseconds away), then poll */
             if (now - spin_start < spin_ns()) {
                 idle++;
-                cpu_relax();
+                rt_cpu_relax();
                 continue;
             }
             wait_tcp(e, ms);
@@ -517,7 +511,7 @@ static void drive(rt_engine *e, rt_request *target) {
         }
         idle++;
         if (now - spin_start < spin_ns()) {
-            cpu_relax();
+            rt_cpu_relax();
             continue;
         }
         if (idle < SPIN_PASSES) idle = SPIN_PASSES;

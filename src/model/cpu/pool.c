@@ -7,6 +7,7 @@
  * On a loaded machine the difference is within the noise; RINGTRAIN_POOL_SPIN=0 turns
  * spinning off. */
 #include "model/cpu/pool.h"
+#include "core/spin.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,13 +16,6 @@
 
 #define POOL_SPIN 1000 /* default; RINGTRAIN_POOL_SPIN overrides (0: sleep at once) */
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
 
 struct rt_pool {
     int nthreads; /* including the caller */
@@ -57,7 +51,7 @@ static void *worker_main(void *vp) {
         while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
                !atomic_load_explicit(&p->quit, memory_order_acquire)) {
             if (++spins < p->spin) {
-                cpu_relax();
+                rt_cpu_relax();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
@@ -147,7 +141,7 @@ void rt_pool_run(rt_pool *p, int ntasks, rt_pool_fn fn, void *arg) {
     int spins = 0;
     while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
         if (++spins < p->spin) {
-            cpu_relax();
+            rt_cpu_relax();
             continue;
         }
         pthread_mutex_lock(&p->mu);
