@@ -1,0 +1,763 @@
+/* The training config (config.h): one table of keys, a libyaml reader that walks the
+ * document (section -> key -> value) checking each key against the table, overrides
+ * parsed by the same value parser, and a writer of the resolved config.
+ *
+ * Defaults are text in the table and go through the same parser as the file, so a
+ * default can never be a value the file would refuse. */
+#include "train/config.h"
+
+#include "core/log.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "dist/dist.h"
+#include "model/model.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+/* ---- the key table ------------------------------------------------------------------ */
+
+typedef enum ktype { K_INT, K_FLOAT, K_BOOL, K_STR, K_CHOICE, K_INTLIST, K_FLOATLIST } ktype;
+
+typedef struct key {
+    const char *name; /* "section.key" */
+    ktype type;
+    size_t off;       /* offset of the value in rt_config */
+    size_t size;      /* strings: buffer size; lists: capacity */
+    size_t count_off; /* lists: offset of the int count */
+    const char *def;  /* default, as the file would say it */
+    double lo, hi;    /* numeric range, inclusive */
+    bool allow_auto;  /* "auto" accepted (int: RT_CONFIG_AUTO, float: NaN) */
+    /* K_CHOICE: the accepted values (NULL-terminated), or a parser of the area that
+     * owns the name; either way the error lists what is accepted */
+    const char *const *choices;
+    rt_status (*check)(const char *value);
+    const char *doc;
+} key;
+
+#define F(field) offsetof(rt_config, field)
+#define SZ(field) sizeof(((rt_config *)0)->field)
+#define CAP(field) (sizeof(((rt_config *)0)->field) / sizeof(((rt_config *)0)->field[0]))
+#define INF HUGE_VAL
+#define I64 9.2e18
+
+/* Area parsers return 0 on success (int or rt_status); this turns them into checks. */
+#define AREA_CHECK(fn, T, parse)                                                                                       \
+    static rt_status fn(const char *v) {                                                                               \
+        T out_;                                                                                                        \
+        return parse(v, &out_) == 0 ? RT_OK : RT_ERR_INVALID;                                                          \
+    }
+AREA_CHECK(check_arch, rt_model_arch, rt_model_arch_parse)
+AREA_CHECK(check_dataset, rt_dataset_kind, rt_dataset_kind_parse)
+AREA_CHECK(check_sampler, rt_sampler_mode, rt_sampler_mode_parse)
+AREA_CHECK(check_optim, rt_optim_kind, rt_optim_kind_parse)
+AREA_CHECK(check_sched, rt_sched_kind, rt_sched_kind_parse)
+AREA_CHECK(check_algo, rt_algo, rt_algo_parse)
+AREA_CHECK(check_transport, rt_transport, rt_transport_parse)
+AREA_CHECK(check_level, rt_log_level, rt_log_parse_level)
+static rt_status check_stem(const char *v) {
+    rt_stem s;
+    return strcasecmp(v, "auto") == 0 || rt_stem_parse(v, &s) == 0 ? RT_OK : RT_ERR_INVALID;
+}
+
+static const char *const k_precision[] = {"fp32", "tf32", NULL};
+static const char *const k_interval[] = {"iteration", "epoch", NULL};
+static const char *const k_anneal[] = {"cos", "linear", NULL};
+static const char *const k_progress[] = {"auto", "on", "off", NULL};
+
+/* clang-format off */
+static const key k_keys[] = {
+    /* model */
+    {"model.arch", K_CHOICE, F(model.arch), SZ(model.arch), 0, "resnet34", 0, 0, false, NULL, check_arch,
+     "architecture: resnet18 | resnet34 | net (the PyTorch tutorial's CNN)"},
+    {"model.width", K_INT, F(model.width), 0, 0, "64", 1, 4096, false, NULL, NULL,
+     "ResNet base channels (64 is torchvision's; smaller for quick tests)"},
+    {"model.stem", K_CHOICE, F(model.stem), SZ(model.stem), 0, "auto", 0, 0, false, NULL, check_stem,
+     "ResNet stem: imagenet (7x7/2 conv + max-pool) | cifar (3x3/1 conv) | auto (cifar for 32x32 images)"},
+    {"model.num_classes", K_INT, F(model.num_classes), 0, 0, "auto", 2, 1000000, true, NULL, NULL,
+     "output classes; auto: the dataset's"},
+    {"model.dropout", K_FLOAT, F(model.dropout), 0, 0, "auto", 0, 0.999999, true, NULL, NULL,
+     "Net's dropout probability; auto: the tutorial's (0.25 / 0.5)"},
+    /* data */
+    {"data.kind", K_CHOICE, F(data.kind), SZ(data.kind), 0, "auto", 0, 0, false, NULL, check_dataset,
+     "auto | mnist | fashion-mnist | cifar10 (auto: detected from the files)"},
+    {"data.path", K_STR, F(data.path), SZ(data.path), 0, RT_DATASET_DEFAULT_PATH, 0, 0, false, NULL, NULL,
+     "folder with the IDX files (gzip or raw) or the CIFAR-10 binary batches"},
+    {"data.batch_size", K_INT, F(data.batch_size), 0, 0, "128", 1, 1 << 20, false, NULL, NULL,
+     "global batch over all ranks (each rank takes batch_size / world_size)"},
+    {"data.eval_batch_size", K_INT, F(data.eval_batch_size), 0, 0, "auto", 1, 1 << 20, true, NULL, NULL,
+     "global batch for evaluation; auto: batch_size"},
+    {"data.sampler", K_CHOICE, F(data.sampler), SZ(data.sampler), 0, "distributed", 0, 0, false, NULL, check_sampler,
+     "distributed (PyTorch's DistributedSampler) | partition (contiguous shards)"},
+    {"data.shuffle", K_BOOL, F(data.shuffle), 0, 0, "true", 0, 0, false, NULL, NULL,
+     "shuffle the training set every epoch (seed + epoch)"},
+    {"data.drop_last", K_BOOL, F(data.drop_last), 0, 0, "false", 0, 0, false, NULL, NULL,
+     "sampler drops the tail instead of padding it (DistributedSampler's drop_last)"},
+    {"data.augment", K_BOOL, F(data.augment), 0, 0, "true", 0, 0, false, NULL, NULL,
+     "random crop (and flip where it keeps the class) on training batches"},
+    {"data.crop_pad", K_INT, F(data.crop_pad), 0, 0, "auto", 0, 64, true, NULL, NULL,
+     "padding of the random crop; auto: 2 for 28x28 data, 4 for CIFAR-10"},
+    {"data.hflip", K_INT, F(data.hflip), 0, 0, "auto", 0, 1, true, NULL, NULL,
+     "random horizontal flip: 0 | 1 | auto (off for digits and Fashion-MNIST, on for CIFAR-10)"},
+    {"data.prefetch", K_INT, F(data.prefetch), 0, 0, "4", 2, 64, false, NULL, NULL,
+     "batches prepared ahead by the loader thread"},
+    {"data.train_subset", K_INT, F(data.train_subset), 0, 0, "0", 0, I64, false, NULL, NULL,
+     "use only the first N training samples (0: all)"},
+    {"data.test_subset", K_INT, F(data.test_subset), 0, 0, "0", 0, I64, false, NULL, NULL,
+     "use only the first N test samples (0: all)"},
+    /* optim */
+    {"optim.name", K_CHOICE, F(optim.name), SZ(optim.name), 0, "sgd", 0, 0, false, NULL, check_optim,
+     "sgd | adam | adamw"},
+    {"optim.lr", K_FLOAT, F(optim.lr), 0, 0, "auto", 0, INF, true, NULL, NULL,
+     "base learning rate; auto: 0.1 for sgd, 1e-3 for adam and adamw"},
+    {"optim.momentum", K_FLOAT, F(optim.momentum), 0, 0, "0", 0, 1, false, NULL, NULL, "SGD momentum"},
+    {"optim.dampening", K_FLOAT, F(optim.dampening), 0, 0, "0", 0, 1, false, NULL, NULL, "SGD dampening"},
+    {"optim.nesterov", K_BOOL, F(optim.nesterov), 0, 0, "false", 0, 0, false, NULL, NULL,
+     "SGD Nesterov momentum (needs momentum > 0 and dampening 0)"},
+    {"optim.weight_decay", K_FLOAT, F(optim.weight_decay), 0, 0, "auto", 0, INF, true, NULL, NULL,
+     "L2 (sgd, adam) or decoupled (adamw) weight decay; auto: 0, adamw 1e-2"},
+    {"optim.betas", K_FLOATLIST, F(optim.betas), CAP(optim.betas), F(optim.n_betas), "[0.9, 0.999]", 0, 0.999999999,
+     false, NULL, NULL, "Adam/AdamW betas [beta1, beta2]"},
+    {"optim.eps", K_FLOAT, F(optim.eps), 0, 0, "1e-8", 0, INF, false, NULL, NULL, "Adam/AdamW epsilon"},
+    {"optim.amsgrad", K_BOOL, F(optim.amsgrad), 0, 0, "false", 0, 0, false, NULL, NULL, "Adam/AdamW AMSGrad"},
+    {"optim.no_decay_bn_bias", K_BOOL, F(optim.no_decay_bn_bias), 0, 0, "false", 0, 0, false, NULL, NULL,
+     "no weight decay on batch-norm parameters and biases"},
+    {"optim.clip_grad_norm", K_FLOAT, F(optim.clip_grad_norm), 0, 0, "0", 0, INF, false, NULL, NULL,
+     "clip the global gradient norm to this value (0: off)"},
+    {"optim.schedule", K_CHOICE, F(optim.schedule), SZ(optim.schedule), 0, "constant", 0, 0, false, NULL, check_sched,
+     "constant | step | multistep | cosine | onecycle"},
+    {"optim.interval", K_CHOICE, F(optim.interval), SZ(optim.interval), 0, "iteration", 0, 0, false, k_interval, NULL,
+     "the unit the schedule counts in: iteration | epoch"},
+    {"optim.step_size", K_INT, F(optim.step_size), 0, 0, "1", 1, I64, false, NULL, NULL, "step: decay every N units"},
+    {"optim.gamma", K_FLOAT, F(optim.gamma), 0, 0, "0.1", 0, INF, false, NULL, NULL, "step, multistep: decay factor"},
+    {"optim.milestones", K_INTLIST, F(optim.milestones), CAP(optim.milestones), F(optim.n_milestones), "[]", 0, I64,
+     false, NULL, NULL, "multistep: increasing unit counts where the lr is multiplied by gamma"},
+    {"optim.t_max", K_INT, F(optim.t_max), 0, 0, "auto", 1, I64, true, NULL, NULL,
+     "cosine: period in units after the warmup; auto: the rest of the run"},
+    {"optim.eta_min", K_FLOAT, F(optim.eta_min), 0, 0, "0", 0, INF, false, NULL, NULL, "cosine: final lr"},
+    {"optim.warmup_steps", K_INT, F(optim.warmup_steps), 0, 0, "0", 0, I64, false, NULL, NULL,
+     "linear warmup over the first N units (not with onecycle)"},
+    {"optim.warmup_start_factor", K_FLOAT, F(optim.warmup_start_factor), 0, 0, "0.3333333333333333", 1e-12, 1, false,
+     NULL, NULL, "warmup starts at lr * this factor (LinearLR's start_factor)"},
+    {"optim.max_lr", K_FLOAT, F(optim.max_lr), 0, 0, "auto", 0, INF, true, NULL, NULL, "onecycle: peak lr; auto: lr"},
+    {"optim.total_steps", K_INT, F(optim.total_steps), 0, 0, "auto", 1, I64, true, NULL, NULL,
+     "onecycle: length in units; auto: the run's"},
+    {"optim.pct_start", K_FLOAT, F(optim.pct_start), 0, 0, "0.3", 0, 1, false, NULL, NULL,
+     "onecycle: share of the cycle spent increasing the lr"},
+    {"optim.anneal", K_CHOICE, F(optim.anneal), SZ(optim.anneal), 0, "cos", 0, 0, false, k_anneal, NULL,
+     "onecycle: cos | linear"},
+    {"optim.div_factor", K_FLOAT, F(optim.div_factor), 0, 0, "25", 1e-12, INF, false, NULL, NULL,
+     "onecycle: initial lr = max_lr / div_factor"},
+    {"optim.final_div_factor", K_FLOAT, F(optim.final_div_factor), 0, 0, "1e4", 1e-12, INF, false, NULL, NULL,
+     "onecycle: final lr = initial lr / final_div_factor"},
+    {"optim.three_phase", K_BOOL, F(optim.three_phase), 0, 0, "false", 0, 0, false, NULL, NULL, "onecycle: three phases"},
+    {"optim.cycle_momentum", K_BOOL, F(optim.cycle_momentum), 0, 0, "true", 0, 0, false, NULL, NULL,
+     "onecycle: cycle momentum (SGD) or beta1 (Adam) inversely to the lr"},
+    {"optim.base_momentum", K_FLOAT, F(optim.base_momentum), 0, 0, "0.85", 0, 1, false, NULL, NULL,
+     "onecycle: lowest momentum"},
+    {"optim.max_momentum", K_FLOAT, F(optim.max_momentum), 0, 0, "0.95", 0, 1, false, NULL, NULL,
+     "onecycle: highest momentum"},
+    /* train */
+    {"train.epochs", K_INT, F(train.epochs), 0, 0, "1", 0, 1000000, false, NULL, NULL, "passes over the training set"},
+    {"train.max_steps", K_INT, F(train.max_steps), 0, 0, "0", 0, I64, false, NULL, NULL,
+     "stop after N optimizer steps (0: no limit; smoke runs)"},
+    {"train.eval_every", K_INT, F(train.eval_every), 0, 0, "1", 0, 1000000, false, NULL, NULL,
+     "evaluate every N epochs (0: only at the end; always at the end)"},
+    {"train.seed", K_INT, F(train.seed), 0, 0, "0", 0, I64, false, NULL, NULL,
+     "initialisation, shuffling, augmentation and dropout"},
+    {"train.device", K_STR, F(train.device), SZ(train.device), 0, "auto", 0, 0, false, NULL, NULL,
+     "auto | cpu | cuda | cuda:N (auto: GPU LOCAL_RANK % count when one answers, else the CPU)"},
+    {"train.precision", K_CHOICE, F(train.precision), SZ(train.precision), 0, "fp32", 0, 0, false, k_precision, NULL,
+     "fp32 | tf32 (GPU tensor cores for convolutions and linear layers)"},
+    {"train.threads", K_INT, F(train.threads), 0, 0, "auto", 1, 1024, true, NULL, NULL,
+     "CPU threads per rank; auto: the cores divided among the local ranks"},
+    {"train.skip_nonfinite", K_BOOL, F(train.skip_nonfinite), 0, 0, "false", 0, 0, false, NULL, NULL,
+     "skip a step whose loss or gradient is not finite instead of stopping"},
+    /* dist */
+    {"dist.nproc", K_INT, F(dist.nproc), 0, 0, "auto", 1, 1024, true, NULL, NULL,
+     "ranks on this node; auto: one per local GPU, else 2 on the CPU"},
+    {"dist.nnodes", K_INT, F(dist.nnodes), 0, 0, "1", 1, 65536, false, NULL, NULL, "nodes (torchrun's --nnodes)"},
+    {"dist.node_rank", K_INT, F(dist.node_rank), 0, 0, "0", 0, 65535, false, NULL, NULL,
+     "this node's index (torchrun's --node-rank)"},
+    {"dist.master_addr", K_STR, F(dist.master_addr), SZ(dist.master_addr), 0, "127.0.0.1", 0, 0, false, NULL, NULL,
+     "address of node 0 (torchrun's --master-addr)"},
+    {"dist.master_port", K_INT, F(dist.master_port), 0, 0, "0", 0, 65535, false, NULL, NULL,
+     "port of node 0 (0: a free port, single node only)"},
+    {"dist.algo", K_CHOICE, F(dist.algo), SZ(dist.algo), 0, "ring", 0, 0, false, NULL, check_algo,
+     "gradient all-reduce: ring | naive | rsag | nccl"},
+    {"dist.transport", K_CHOICE, F(dist.transport), SZ(dist.transport), 0, "auto", 0, 0, false, NULL, check_transport,
+     "auto | tcp | shm | nccl (auto: shm on one host, nccl between GPUs, else tcp)"},
+    {"dist.bucket_mb", K_FLOAT, F(dist.bucket_mb), 0, 0, "25", 0, 1e6, false, NULL, NULL,
+     "gradient bucket size in MiB (0: one all-reduce after backward)"},
+    {"dist.first_bucket_mb", K_FLOAT, F(dist.first_bucket_mb), 0, 0, "1", 0, 1e6, false, NULL, NULL,
+     "size of the first bucket, small so communication starts early (DDP's)"},
+    {"dist.check_sync_every", K_INT, F(dist.check_sync_every), 0, 0, "0", 0, I64, false, NULL, NULL,
+     "every N steps check that all ranks hold identical parameters (0: never)"},
+    {"dist.timeout_s", K_FLOAT, F(dist.timeout_s), 0, 0, "300", 0.001, 1e8, false, NULL, NULL,
+     "a peer silent this long is an error naming it"},
+    /* checkpoint */
+    {"checkpoint.dir", K_STR, F(checkpoint.dir), SZ(checkpoint.dir), 0, "auto", 0, 0, false, NULL, NULL,
+     "where ckpt-<step>/ folders go; auto: RUN_DIR/checkpoints"},
+    {"checkpoint.every_steps", K_INT, F(checkpoint.every_steps), 0, 0, "0", 0, I64, false, NULL, NULL,
+     "save every N steps (0: off)"},
+    {"checkpoint.every_epochs", K_INT, F(checkpoint.every_epochs), 0, 0, "1", 0, 1000000, false, NULL, NULL,
+     "save every N epochs (0: off); one is always saved at the end"},
+    {"checkpoint.keep_last", K_INT, F(checkpoint.keep_last), 0, 0, "3", 0, 1000000, false, NULL, NULL,
+     "keep the newest N checkpoints (0: all)"},
+    {"checkpoint.resume", K_STR, F(checkpoint.resume), SZ(checkpoint.resume), 0, "auto", 0, 0, false, NULL, NULL,
+     "auto (the newest complete checkpoint, if any) | none | PATH"},
+    /* log */
+    {"log.dir", K_STR, F(log.dir), SZ(log.dir), 0, "auto", 0, 0, false, NULL, NULL,
+     "the run directory (metrics.jsonl, config.yaml, checkpoints); auto: runs/<config file name>"},
+    {"log.every_steps", K_INT, F(log.every_steps), 0, 0, "50", 1, I64, false, NULL, NULL,
+     "a plain progress line every N steps when the output is not a terminal"},
+    {"log.all_ranks", K_BOOL, F(log.all_ranks), 0, 0, "false", 0, 0, false, NULL, NULL,
+     "every rank writes metrics-rank<R>.jsonl too (to find stragglers)"},
+    {"log.level", K_CHOICE, F(log.level), SZ(log.level), 0, "info", 0, 0, false, NULL, check_level,
+     "error | warn | info | debug | trace"},
+    {"log.progress", K_CHOICE, F(log.progress), SZ(log.progress), 0, "auto", 0, 0, false, k_progress, NULL,
+     "progress bar: auto (on a terminal) | on | off"},
+};
+/* clang-format on */
+enum { N_KEYS = (int)(sizeof k_keys / sizeof k_keys[0]) };
+
+static const char *const k_sections[] = {"model", "data", "optim", "train", "dist", "checkpoint", "log"};
+enum { N_SECTIONS = (int)(sizeof k_sections / sizeof k_sections[0]) };
+
+static const char *const k_type_names[] = {"int", "float", "bool", "string", "choice", "[int]", "[float, float]"};
+
+bool rt_config_key_at(int i, const char **name, const char **type, const char **def, const char **doc) {
+    if (i < 0 || i >= N_KEYS) return false;
+    if (name) *name = k_keys[i].name;
+    if (type) *type = k_type_names[k_keys[i].type];
+    if (def) *def = k_keys[i].def;
+    if (doc) *doc = k_keys[i].doc;
+    return true;
+}
+
+/* ---- "did you mean" ------------------------------------------------------------------ */
+
+static int edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int d[64][64];
+    for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < c)
+                c = d[i - 2][j - 2] + 1; /* transposition */
+            d[i][j] = c;
+        }
+    return d[la][lb];
+}
+
+/* The closest key to `full` ("section.key"), or NULL if none is close. Also tries the
+ * same key name in another section (a key put under the wrong section). */
+static const char *suggest_key(const char *full) {
+    const char *best = NULL;
+    int best_d = 3;
+    const char *dot = strchr(full, '.');
+    for (int i = 0; i < N_KEYS; i++) {
+        int d = edit_distance(full, k_keys[i].name);
+        if (dot && strcmp(dot, strchr(k_keys[i].name, '.')) == 0 && d > 1) d = 1;
+        if (d < best_d) best_d = d, best = k_keys[i].name;
+    }
+    return best;
+}
+
+static const char *suggest_section(const char *s) {
+    const char *best = NULL;
+    int best_d = 3;
+    for (int i = 0; i < N_SECTIONS; i++) {
+        int d = edit_distance(s, k_sections[i]);
+        if (d < best_d) best_d = d, best = k_sections[i];
+    }
+    return best;
+}
+
+static const key *find_key(const char *full) {
+    for (int i = 0; i < N_KEYS; i++)
+        if (strcmp(k_keys[i].name, full) == 0) return &k_keys[i];
+    return NULL;
+}
+
+/* ---- values ------------------------------------------------------------------------ */
+
+/* `where` is "file:line: " or "override 'x=y': " (for the message). */
+static rt_status parse_int(const key *k, const char *where, const char *v, int64_t *out) {
+    if (k->allow_auto && strcasecmp(v, "auto") == 0) {
+        *out = RT_CONFIG_AUTO;
+        return RT_OK;
+    }
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 0);
+    if (end == v || *end || errno)
+        return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not an integer%s", where, k->name, v,
+                        k->allow_auto ? " (or auto)" : "");
+    if ((double)x < k->lo || (double)x > k->hi)
+        return RT_ERROR(RT_ERR_INVALID, "%s%s: %lld is out of range (expected %.0f..%.0f)", where, k->name, x, k->lo,
+                        k->hi);
+    *out = (int64_t)x;
+    return RT_OK;
+}
+
+static rt_status parse_float(const key *k, const char *where, const char *v, double *out) {
+    if (k->allow_auto && strcasecmp(v, "auto") == 0) {
+        *out = NAN;
+        return RT_OK;
+    }
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || errno == ERANGE || !isfinite(x))
+        return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not a finite number%s", where, k->name, v,
+                        k->allow_auto ? " (or auto)" : "");
+    if (x < k->lo || x > k->hi)
+        return RT_ERROR(RT_ERR_INVALID, "%s%s: %g is out of range (expected %g..%g)", where, k->name, x, k->lo, k->hi);
+    *out = x;
+    return RT_OK;
+}
+
+static rt_status parse_bool(const key *k, const char *where, const char *v, bool *out) {
+    static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no", "off", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(v, yes[i]) == 0) return *out = true, RT_OK;
+        if (strcasecmp(v, no[i]) == 0) return *out = false, RT_OK;
+    }
+    return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not a boolean (expected true or false)", where, k->name, v);
+}
+
+static rt_status parse_choice(const key *k, const char *where, const char *v, char *dst) {
+    if (k->choices) {
+        char list[256] = "";
+        for (const char *const *c = k->choices; *c; c++) {
+            if (strcasecmp(v, *c) == 0) {
+                snprintf(dst, k->size, "%s", *c);
+                return RT_OK;
+            }
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", c == k->choices ? "" : " | ", *c);
+        }
+        return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not one of %s", where, k->name, v, list);
+    }
+    /* names are canonical in lower case and matched case-insensitively */
+    char low[RT_CONFIG_PATH_MAX];
+    size_t n = strlen(v);
+    if (n >= k->size || n >= sizeof low) return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is too long", where, k->name, v);
+    for (size_t i = 0; i <= n; i++) low[i] = (char)((v[i] >= 'A' && v[i] <= 'Z') ? v[i] - 'A' + 'a' : v[i]);
+    rt_error_clear();
+    if (k->check(low) != RT_OK) {
+        char why[512] = "";
+        if (rt_error_status() != RT_OK) {
+            snprintf(why, sizeof why, "%s", rt_error_message());
+            char *loc = strstr(why, " (src/");
+            if (loc) *loc = '\0';
+            char *nl = strchr(why, '\n');
+            if (nl) *nl = '\0';
+        }
+        rt_error_clear();
+        return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not accepted%s%s (the key's values: %s)", where, k->name, v,
+                        *why ? ": " : "", why, k->doc);
+    }
+    memcpy(dst, low, n + 1);
+    return RT_OK;
+}
+
+/* Set key k of cfg from a scalar text. */
+static rt_status set_scalar(rt_config *cfg, const key *k, const char *where, const char *v) {
+    char *base = (char *)cfg + k->off;
+    switch (k->type) {
+    case K_INT:
+        return parse_int(k, where, v, (int64_t *)base);
+    case K_FLOAT:
+        return parse_float(k, where, v, (double *)base);
+    case K_BOOL:
+        return parse_bool(k, where, v, (bool *)base);
+    case K_STR:
+        if (!*v) return RT_ERROR(RT_ERR_INVALID, "%s%s: empty (expected a value)", where, k->name);
+        if (strlen(v) >= k->size)
+            return RT_ERROR(RT_ERR_INVALID, "%s%s: %zu characters (at most %zu)", where, k->name, strlen(v),
+                            k->size - 1);
+        snprintf(base, k->size, "%s", v);
+        return RT_OK;
+    case K_CHOICE:
+        return parse_choice(k, where, v, base);
+    case K_INTLIST:
+    case K_FLOATLIST:
+        return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not a list (expected [a, b, ...])", where, k->name, v);
+    }
+    return RT_ERROR(RT_ERR_INTERNAL, "key type %d", (int)k->type);
+}
+
+/* Set a list key from its items (texts). */
+static rt_status set_list(rt_config *cfg, const key *k, const char *where, int n, const char *const *items) {
+    char *base = (char *)cfg + k->off;
+    int *count = (int *)((char *)cfg + k->count_off);
+    if (n > (int)k->size) return RT_ERROR(RT_ERR_INVALID, "%s%s: %d items (at most %zu)", where, k->name, n, k->size);
+    if (k->type == K_FLOATLIST && n != (int)k->size)
+        return RT_ERROR(RT_ERR_INVALID, "%s%s: %d items (expected %zu)", where, k->name, n, k->size);
+    for (int i = 0; i < n; i++) {
+        char sub[96];
+        snprintf(sub, sizeof sub, "%s[%d]", k->name, i);
+        key ki = *k;
+        ki.name = sub;
+        ki.allow_auto = false;
+        if (k->type == K_INTLIST) {
+            RT_CHECK(parse_int(&ki, where, items[i], (int64_t *)base + i));
+            if (i > 0 && ((int64_t *)base)[i] <= ((int64_t *)base)[i - 1])
+                return RT_ERROR(RT_ERR_INVALID, "%s%s: %s after %lld (expected increasing values)", where, sub,
+                                items[i], (long long)((int64_t *)base)[i - 1]);
+        } else {
+            RT_CHECK(parse_float(&ki, where, items[i], (double *)base + i));
+        }
+    }
+    *count = n;
+    return RT_OK;
+}
+
+/* A list written inline as text: "[1, 2, 3]", "1,2,3" or "" / "[]". */
+static rt_status set_list_text(rt_config *cfg, const key *k, const char *where, const char *v) {
+    char buf[1024];
+    if (strlen(v) >= sizeof buf) return RT_ERROR(RT_ERR_INVALID, "%s%s: value too long", where, k->name);
+    snprintf(buf, sizeof buf, "%s", v);
+    char *s = buf;
+    while (*s == ' ') s++;
+    size_t len = strlen(s);
+    while (len && s[len - 1] == ' ') s[--len] = '\0';
+    if (*s == '[') {
+        if (len < 2 || s[len - 1] != ']')
+            return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not a list (expected [a, b, ...])", where, k->name, v);
+        s[len - 1] = '\0';
+        s++;
+    }
+    const char *items[RT_CONFIG_MAX_LIST + 1];
+    int n = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(s, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        while (*t == ' ') t++;
+        size_t tl = strlen(t);
+        while (tl && t[tl - 1] == ' ') t[--tl] = '\0';
+        if (!*t) return RT_ERROR(RT_ERR_INVALID, "%s%s: empty item in '%s'", where, k->name, v);
+        if (n > RT_CONFIG_MAX_LIST)
+            return RT_ERROR(RT_ERR_INVALID, "%s%s: more than %d items", where, k->name, RT_CONFIG_MAX_LIST);
+        items[n++] = t;
+    }
+    return set_list(cfg, k, where, n, items);
+}
+
+static rt_status set_text(rt_config *cfg, const key *k, const char *where, const char *v) {
+    if (k->type == K_INTLIST || k->type == K_FLOATLIST) return set_list_text(cfg, k, where, v);
+    return set_scalar(cfg, k, where, v);
+}
+
+void rt_config_default(rt_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    for (int i = 0; i < N_KEYS; i++) {
+        rt_status s = set_text(cfg, &k_keys[i], "default: ", k_keys[i].def);
+        if (s != RT_OK) { /* a bug in the table: loud in every test */
+            fprintf(stderr, "ringtrain: internal error: %s\n", rt_error_message());
+            abort();
+        }
+    }
+}
+
+/* ---- YAML -------------------------------------------------------------------------- */
+
+static const char *scalar(yaml_node_t *n) { return (const char *)n->data.scalar.value; }
+
+static rt_status parse_section(rt_config *cfg, yaml_document_t *doc, const char *name, const char *sect,
+                               yaml_node_t *map) {
+    char where[RT_CONFIG_PATH_MAX + 32];
+    if (map->type != YAML_MAPPING_NODE) {
+        if (map->type == YAML_SCALAR_NODE && !*scalar(map)) return RT_OK; /* "section:" with nothing under it */
+        return RT_ERROR(RT_ERR_INVALID, "%s:%zu: %s: expected a mapping of keys (key: value)", name,
+                        (size_t)map->start_mark.line + 1, sect);
+    }
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *kn = yaml_document_get_node(doc, p->key), *vn = yaml_document_get_node(doc, p->value);
+        size_t line = (size_t)kn->start_mark.line + 1;
+        snprintf(where, sizeof where, "%s:%zu: ", name, line);
+        if (kn->type != YAML_SCALAR_NODE)
+            return RT_ERROR(RT_ERR_INVALID, "%s%s: a key must be a plain name", where, sect);
+        char full[160];
+        snprintf(full, sizeof full, "%s.%s", sect, scalar(kn));
+        const key *k = find_key(full);
+        if (!k) {
+            const char *s = suggest_key(full);
+            return RT_ERROR(RT_ERR_INVALID, "%s%s: unknown key%s%s%s", where, full, s ? " (did you mean " : "",
+                            s ? s : "", s ? "?)" : " (see docs/config.md)");
+        }
+        /* a key given twice in one section is an error, not a silent override */
+        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++)
+            if (strcmp(scalar(yaml_document_get_node(doc, q->key)), scalar(kn)) == 0)
+                return RT_ERROR(RT_ERR_INVALID, "%s%s: given twice (first on line %zu)", where, full,
+                                (size_t)yaml_document_get_node(doc, q->key)->start_mark.line + 1);
+        snprintf(where, sizeof where, "%s:%zu: ", name, (size_t)vn->start_mark.line + 1);
+        if (vn->type == YAML_SEQUENCE_NODE) {
+            if (k->type != K_INTLIST && k->type != K_FLOATLIST)
+                return RT_ERROR(RT_ERR_INVALID, "%s%s: a list where a single %s is expected", where, full,
+                                k_type_names[k->type]);
+            const char *items[RT_CONFIG_MAX_LIST + 1];
+            int n = 0;
+            for (yaml_node_item_t *it = vn->data.sequence.items.start; it < vn->data.sequence.items.top; it++) {
+                yaml_node_t *in = yaml_document_get_node(doc, *it);
+                if (in->type != YAML_SCALAR_NODE)
+                    return RT_ERROR(RT_ERR_INVALID, "%s%s: list items must be plain values", where, full);
+                if (n > RT_CONFIG_MAX_LIST)
+                    return RT_ERROR(RT_ERR_INVALID, "%s%s: more than %d items", where, full, RT_CONFIG_MAX_LIST);
+                items[n++] = scalar(in);
+            }
+            RT_CHECK(set_list(cfg, k, where, n, items));
+        } else if (vn->type == YAML_SCALAR_NODE) {
+            if (!*scalar(vn) && vn->data.scalar.style == YAML_PLAIN_SCALAR_STYLE)
+                return RT_ERROR(RT_ERR_INVALID, "%s%s: no value (expected a %s)", where, full, k_type_names[k->type]);
+            RT_CHECK(set_text(cfg, k, where, scalar(vn)));
+        } else {
+            return RT_ERROR(RT_ERR_INVALID, "%s%s: a mapping where a %s is expected", where, full,
+                            k_type_names[k->type]);
+        }
+    }
+    return RT_OK;
+}
+
+rt_status rt_config_parse_text(rt_config *cfg, const char *text, size_t len, const char *name) {
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&parser)) return RT_ERROR(RT_ERR_NOMEM, "%s: libyaml parser init", name);
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    if (!yaml_parser_load(&parser, &doc)) {
+        rt_status s =
+            RT_ERROR(RT_ERR_INVALID, "%s:%zu:%zu: YAML syntax: %s%s%s", name, (size_t)parser.problem_mark.line + 1,
+                     (size_t)parser.problem_mark.column + 1, parser.problem ? parser.problem : "error",
+                     parser.context ? " " : "", parser.context ? parser.context : "");
+        yaml_parser_delete(&parser);
+        return s;
+    }
+    rt_status st = RT_OK;
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (!root) goto done; /* an empty file: every default */
+    if (root->type != YAML_MAPPING_NODE) {
+        st = RT_ERROR(RT_ERR_INVALID,
+                      "%s:%zu: expected sections (model:, data:, optim:, train:, dist:, checkpoint:, log:)", name,
+                      (size_t)root->start_mark.line + 1);
+        goto done;
+    }
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top && st == RT_OK; p++) {
+        yaml_node_t *kn = yaml_document_get_node(&doc, p->key), *vn = yaml_document_get_node(&doc, p->value);
+        size_t line = (size_t)kn->start_mark.line + 1;
+        const char *sect = kn->type == YAML_SCALAR_NODE ? scalar(kn) : "";
+        int found = -1;
+        for (int i = 0; i < N_SECTIONS; i++)
+            if (strcmp(sect, k_sections[i]) == 0) found = i;
+        if (found < 0) {
+            const char *s = strchr(sect, '.') ? NULL : suggest_section(sect);
+            if (!s && strchr(sect, '.') && find_key(sect))
+                st = RT_ERROR(RT_ERR_INVALID, "%s:%zu: '%s': write it as a key of its section (%.*s:\\n  %s: ...)",
+                              name, line, sect, (int)(strchr(sect, '.') - sect), sect, strchr(sect, '.') + 1);
+            else
+                st = RT_ERROR(RT_ERR_INVALID,
+                              "%s:%zu: unknown section '%s'%s%s%s (sections: model, data, optim, train, dist, "
+                              "checkpoint, log)",
+                              name, line, sect, s ? " (did you mean " : "", s ? s : "", s ? "?)" : "");
+            break;
+        }
+        for (yaml_node_pair_t *q = root->data.mapping.pairs.start; q < p; q++)
+            if (strcmp(scalar(yaml_document_get_node(&doc, q->key)), sect) == 0) {
+                st = RT_ERROR(RT_ERR_INVALID, "%s:%zu: section '%s' given twice", name, line, sect);
+                goto done;
+            }
+        st = parse_section(cfg, &doc, name, sect, vn);
+    }
+done:
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    return st;
+}
+
+bool rt_config_is_override(const char *arg) {
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg || arg[0] == '-') return false;
+    const char *dot = memchr(arg, '.', (size_t)(eq - arg));
+    const char *slash = memchr(arg, '/', (size_t)(eq - arg));
+    return dot && !slash;
+}
+
+rt_status rt_config_override(rt_config *cfg, const char *assignment) {
+    char where[1200];
+    snprintf(where, sizeof where, "override '%s': ", assignment);
+    const char *eq = strchr(assignment, '=');
+    if (!eq || eq == assignment) return RT_ERROR(RT_ERR_INVALID, "%sexpected section.key=value", where);
+    char full[160];
+    size_t kl = (size_t)(eq - assignment);
+    if (kl >= sizeof full) return RT_ERROR(RT_ERR_INVALID, "%skey too long", where);
+    memcpy(full, assignment, kl);
+    full[kl] = '\0';
+    const key *k = find_key(full);
+    if (!k) {
+        if (!strchr(full, '.'))
+            return RT_ERROR(RT_ERR_INVALID, "%s'%s' names no section (expected section.key=value)", where, full);
+        const char *s = suggest_key(full);
+        return RT_ERROR(RT_ERR_INVALID, "%s%s: unknown key%s%s%s", where, full, s ? " (did you mean " : "", s ? s : "",
+                        s ? "?)" : " (see docs/config.md)");
+    }
+    const char *v = eq + 1;
+    if (!*v && k->type != K_INTLIST)
+        return RT_ERROR(RT_ERR_INVALID, "%s%s: no value (expected a %s)", where, full, k_type_names[k->type]);
+    return set_text(cfg, k, where, v);
+}
+
+static rt_status read_file(const char *path, char **out, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return RT_ERROR(RT_ERR_IO, "config %s: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) {
+        fclose(f);
+        return RT_ERROR(RT_ERR_NOMEM, "config %s: out of memory", path);
+    }
+    for (;;) {
+        if (n == cap) {
+            if (cap >= ((size_t)1 << 24)) {
+                free(buf);
+                fclose(f);
+                return RT_ERROR(RT_ERR_INVALID, "config %s: larger than 16 MiB (not a config file?)", path);
+            }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return RT_ERROR(RT_ERR_NOMEM, "config %s: out of memory", path);
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        return RT_ERROR(RT_ERR_IO, "config %s: read error (is it a directory?)", path);
+    }
+    *out = buf;
+    *len = n;
+    return RT_OK;
+}
+
+rt_status rt_config_load(rt_config *cfg, const char *path, int n_overrides, const char *const *overrides) {
+    rt_config_default(cfg);
+    if (path) {
+        char *text = NULL;
+        size_t len = 0;
+        RT_CHECK(read_file(path, &text, &len));
+        rt_status s = rt_config_parse_text(cfg, text, len, path);
+        free(text);
+        RT_CHECK(s);
+        snprintf(cfg->source, sizeof cfg->source, "%s", path);
+    }
+    for (int i = 0; i < n_overrides; i++) RT_CHECK(rt_config_override(cfg, overrides[i]));
+    return RT_OK;
+}
+
+/* ---- writing ----------------------------------------------------------------------- */
+
+/* A YAML scalar that reads back as the same string. */
+static void write_str(FILE *out, const char *s) {
+    fputc('"', out);
+    for (const char *p = s; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"' || c == '\\')
+            fprintf(out, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(out, "\\x%02x", c);
+        else
+            fputc(c, out);
+    }
+    fputc('"', out);
+}
+
+rt_status rt_config_write(const rt_config *cfg, FILE *out) {
+    const char *cur = "";
+    size_t cur_len = 0;
+    fprintf(out, "# ringtrain resolved config: every key, defaults and overrides applied\n");
+    if (*cfg->source) fprintf(out, "# read from %s\n", cfg->source);
+    for (int i = 0; i < N_KEYS; i++) {
+        const key *k = &k_keys[i];
+        const char *dot = strchr(k->name, '.');
+        size_t sl = (size_t)(dot - k->name);
+        if (cur_len != sl || strncmp(cur, k->name, sl) != 0) {
+            fprintf(out, "%.*s:\n", (int)sl, k->name);
+            cur = k->name;
+            cur_len = sl;
+        }
+        fprintf(out, "  %s: ", dot + 1);
+        const char *base = (const char *)cfg + k->off;
+        switch (k->type) {
+        case K_INT: {
+            int64_t v = *(const int64_t *)base;
+            if (k->allow_auto && v == RT_CONFIG_AUTO)
+                fprintf(out, "auto");
+            else
+                fprintf(out, "%lld", (long long)v);
+            break;
+        }
+        case K_FLOAT: {
+            double v = *(const double *)base;
+            if (isnan(v))
+                fprintf(out, "auto");
+            else
+                fprintf(out, "%.17g", v);
+            break;
+        }
+        case K_BOOL:
+            fprintf(out, "%s", *(const bool *)base ? "true" : "false");
+            break;
+        case K_STR:
+        case K_CHOICE:
+            write_str(out, base);
+            break;
+        case K_INTLIST:
+        case K_FLOATLIST: {
+            int n = *(const int *)((const char *)cfg + k->count_off);
+            fputc('[', out);
+            for (int j = 0; j < n; j++) {
+                if (k->type == K_INTLIST)
+                    fprintf(out, "%s%lld", j ? ", " : "", (long long)((const int64_t *)base)[j]);
+                else
+                    fprintf(out, "%s%.17g", j ? ", " : "", ((const double *)base)[j]);
+            }
+            fputc(']', out);
+            break;
+        }
+        }
+        fputc('\n', out);
+    }
+    return ferror(out) ? RT_ERROR(RT_ERR_IO, "writing the config: %s", strerror(errno)) : RT_OK;
+}
+
+rt_status rt_config_write_file(const rt_config *cfg, const char *path) {
+    char tmp[RT_CONFIG_PATH_MAX + 16];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return RT_ERROR(RT_ERR_IO, "%s: %s", tmp, strerror(errno));
+    rt_status s = rt_config_write(cfg, f);
+    if (fclose(f) != 0 && s == RT_OK) s = RT_ERROR(RT_ERR_IO, "%s: %s", tmp, strerror(errno));
+    if (s == RT_OK && rename(tmp, path) != 0)
+        s = RT_ERROR(RT_ERR_IO, "rename %s -> %s: %s", tmp, path, strerror(errno));
+    if (s != RT_OK) remove(tmp);
+    return s;
+}

@@ -1,0 +1,154 @@
+/* The training config: a YAML file (libyaml) with the sections model, data, optim,
+ * train, dist, checkpoint and log, plus `section.key=value` overrides from the command
+ * line. Every key is one row of a table in config.c (type, default, range, meaning);
+ * docs/config.md documents the same rows, and a test checks that the two agree.
+ *
+ * Errors name the file, the line and the key, and what was expected:
+ *   configs/x.yaml:7: model.archh: unknown key (did you mean model.arch?)
+ *   configs/x.yaml:9: data.batch_size: 'many' is not an integer
+ *   override 'optim.lr=abc': optim.lr: 'abc' is not a number
+ *
+ * Values that depend on others are "auto" in the table (stored as RT_CONFIG_AUTO for
+ * integers, NaN for floats, "auto" for strings) and resolved by the trainer, which then
+ * writes the resolved config (rt_config_write) into the run directory. */
+#ifndef RT_TRAIN_CONFIG_H
+#define RT_TRAIN_CONFIG_H
+
+#include "core/status.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RT_CONFIG_AUTO (-1) /* an integer key left to "auto" */
+#define RT_CONFIG_PATH_MAX 1024
+#define RT_CONFIG_NAME_MAX 64
+#define RT_CONFIG_MAX_LIST 64 /* optim.milestones */
+
+typedef struct rt_config {
+    struct {
+        char arch[RT_CONFIG_NAME_MAX]; /* resnet18 | resnet34 | net */
+        int64_t width;                 /* ResNet base channels (64 = torchvision) */
+        char stem[RT_CONFIG_NAME_MAX]; /* imagenet | cifar | auto (cifar for 32x32 data) */
+        int64_t num_classes;           /* auto: the dataset's */
+        double dropout;                /* Net's dropout; NaN: the architecture's default */
+    } model;
+    struct {
+        char kind[RT_CONFIG_NAME_MAX]; /* auto | mnist | fashion-mnist | cifar10 */
+        char path[RT_CONFIG_PATH_MAX];
+        int64_t batch_size;      /* global, over all ranks */
+        int64_t eval_batch_size; /* auto: batch_size */
+        char sampler[RT_CONFIG_NAME_MAX];
+        bool shuffle;
+        bool drop_last;
+        bool augment;
+        int64_t crop_pad; /* auto: the dataset's */
+        int64_t hflip;    /* auto (-1): the dataset's; 0 off; 1 on */
+        int64_t prefetch;
+        int64_t train_subset; /* 0: every training sample; N: the first N */
+        int64_t test_subset;  /* 0: every test sample; N: the first N */
+    } data;
+    struct {
+        char name[RT_CONFIG_NAME_MAX]; /* sgd | adam | adamw */
+        double lr;                     /* NaN: the optimizer's default */
+        double momentum, dampening;
+        bool nesterov;
+        double weight_decay; /* NaN: the optimizer's default */
+        double betas[2];
+        int n_betas;
+        double eps;
+        bool amsgrad;
+        bool no_decay_bn_bias;
+        double clip_grad_norm; /* 0: off */
+        char schedule[RT_CONFIG_NAME_MAX];
+        char interval[RT_CONFIG_NAME_MAX]; /* iteration | epoch */
+        int64_t step_size;
+        double gamma;
+        int64_t milestones[RT_CONFIG_MAX_LIST];
+        int n_milestones;
+        int64_t t_max; /* auto: the run's length after warmup */
+        double eta_min;
+        int64_t warmup_steps;
+        double warmup_start_factor;
+        double max_lr;       /* NaN: lr */
+        int64_t total_steps; /* auto: the run's length */
+        double pct_start;
+        char anneal[RT_CONFIG_NAME_MAX]; /* cos | linear */
+        double div_factor, final_div_factor;
+        bool three_phase, cycle_momentum;
+        double base_momentum, max_momentum;
+    } optim;
+    struct {
+        int64_t epochs;
+        int64_t max_steps;  /* 0: no limit */
+        int64_t eval_every; /* epochs; 0: only at the end */
+        int64_t seed;
+        char device[RT_CONFIG_NAME_MAX];    /* auto | cpu | cuda | cuda:N */
+        char precision[RT_CONFIG_NAME_MAX]; /* fp32 | tf32 */
+        int64_t threads;                    /* auto: the cores shared by the local ranks */
+        bool skip_nonfinite;
+    } train;
+    struct {
+        int64_t nproc; /* auto: one per local GPU, else 2 on CPU */
+        int64_t nnodes, node_rank;
+        char master_addr[256];
+        int64_t master_port; /* 0: a free port (single node) */
+        char algo[RT_CONFIG_NAME_MAX];
+        char transport[RT_CONFIG_NAME_MAX];
+        double bucket_mb;       /* 0: one all-reduce after backward */
+        double first_bucket_mb; /* DDP's small first bucket */
+        int64_t check_sync_every;
+        double timeout_s;
+    } dist;
+    struct {
+        char dir[RT_CONFIG_PATH_MAX];    /* auto: RUN_DIR/checkpoints */
+        int64_t every_steps;             /* 0: off */
+        int64_t every_epochs;            /* 0: off */
+        int64_t keep_last;               /* 0: keep all */
+        char resume[RT_CONFIG_PATH_MAX]; /* auto | none | PATH */
+    } checkpoint;
+    struct {
+        char dir[RT_CONFIG_PATH_MAX]; /* the run directory; auto: runs/<config file name> */
+        int64_t every_steps;          /* a plain line every N steps when not on a terminal */
+        bool all_ranks;
+        char level[RT_CONFIG_NAME_MAX];    /* error | warn | info | debug | trace */
+        char progress[RT_CONFIG_NAME_MAX]; /* auto | on | off */
+    } log;
+    char source[RT_CONFIG_PATH_MAX]; /* the file it was read from ("" for defaults) */
+} rt_config;
+
+/* Every key at its default. */
+void rt_config_default(rt_config *cfg);
+
+/* Defaults, then the file `path` (NULL: none), then each override "section.key=value"
+ * in order. Errors name the file and line, or the override. */
+rt_status rt_config_load(rt_config *cfg, const char *path, int n_overrides, const char *const *overrides);
+
+/* Parse YAML text (`name` is used in errors) onto cfg (which holds defaults or earlier values). */
+rt_status rt_config_parse_text(rt_config *cfg, const char *text, size_t len, const char *name);
+
+/* Apply one "section.key=value" override. */
+rt_status rt_config_override(rt_config *cfg, const char *assignment);
+
+/* True when `arg` looks like an override (contains '=' before any '/', and a '.'). */
+bool rt_config_is_override(const char *arg);
+
+/* Write every key as YAML, section by section (auto values as "auto"); the output
+ * loads back into an equal config. */
+rt_status rt_config_write(const rt_config *cfg, FILE *out);
+rt_status rt_config_write_file(const rt_config *cfg, const char *path);
+
+/* The key table, for the docs test and `ringtrain train --help`: name ("model.arch"),
+ * type ("int", "float", "bool", "string", "choice", "[int]", "[float, float]"), default
+ * as text, meaning. Returns false past the end. */
+bool rt_config_key_at(int i, const char **name, const char **type, const char **def, const char **doc);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,233 @@
+/* The training config (src/train/config.h): defaults, YAML of every value type, the
+ * documented errors (unknown key with a suggestion, wrong type, out of range, bad
+ * override, missing file, YAML syntax), write -> read round trip, and docs/config.md
+ * listing exactly the keys of the table. */
+#include "test_util.h"
+
+#include "train/config.h"
+
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+static rt_status parse(rt_config *c, const char *yaml) {
+    rt_config_default(c);
+    return rt_config_parse_text(c, yaml, strlen(yaml), "cfg.yaml");
+}
+
+/* The call fails with RT_ERR_INVALID and the message contains every given fragment. */
+static void expect_error(rt_status s, const char *a, const char *b, const char *c) {
+    assert_int_equal(s, RT_ERR_INVALID);
+    const char *m = rt_error_message();
+    const char *parts[3] = {a, b, c};
+    for (int i = 0; i < 3; i++)
+        if (parts[i] && !strstr(m, parts[i])) fail_msg("error '%s' lacks '%s'", m, parts[i]);
+    rt_error_clear();
+}
+
+static void test_defaults(void **state) {
+    (void)state;
+    rt_config c;
+    rt_config_default(&c);
+    assert_string_equal(c.model.arch, "resnet34");
+    assert_int_equal(c.model.width, 64);
+    assert_int_equal(c.model.num_classes, RT_CONFIG_AUTO);
+    assert_true(isnan(c.optim.lr));
+    assert_int_equal(c.data.batch_size, 128);
+    assert_true(c.data.shuffle);
+    assert_string_equal(c.data.path, "/usr/share/datasets/fashion-mnist");
+    assert_true(fabs(c.dist.bucket_mb - 25.0) < 1e-12);
+    assert_int_equal(c.optim.n_betas, 2);
+    assert_true(fabs(c.optim.betas[1] - 0.999) < 1e-15);
+    assert_int_equal(c.optim.n_milestones, 0);
+    assert_int_equal(c.dist.nproc, RT_CONFIG_AUTO);
+    assert_string_equal(c.checkpoint.resume, "auto");
+}
+
+static void test_values(void **state) {
+    (void)state;
+    rt_config c;
+    assert_rt_ok(parse(&c, "model:\n  arch: NET\n  width: 16\n  dropout: 0.25\n"
+                           "data:\n  batch_size: 0x40\n  shuffle: no\n  path: '/tmp/x y'\n"
+                           "optim:\n  name: adamw\n  lr: 3e-4\n  betas: [0.8, 0.99]\n  milestones: [3, 6, 9]\n"
+                           "dist:\n  nproc: 3\n  bucket_mb: 0\n"
+                           "train:\n  max_steps: 5\n"
+                           "log:\n"));
+    assert_string_equal(c.model.arch, "net"); /* names are matched case-insensitively, stored lower-case */
+    assert_int_equal(c.model.width, 16);
+    assert_true(fabs(c.model.dropout - 0.25) < 1e-15);
+    assert_int_equal(c.data.batch_size, 64);
+    assert_false(c.data.shuffle);
+    assert_string_equal(c.data.path, "/tmp/x y");
+    assert_string_equal(c.optim.name, "adamw");
+    assert_true(fabs(c.optim.lr - 3e-4) < 1e-18);
+    assert_true(fabs(c.optim.betas[0] - 0.8) < 1e-15 && fabs(c.optim.betas[1] - 0.99) < 1e-15);
+    assert_int_equal(c.optim.n_milestones, 3);
+    assert_int_equal(c.optim.milestones[2], 9);
+    assert_int_equal(c.dist.nproc, 3);
+    assert_true(c.dist.bucket_mb == 0.0);
+    assert_int_equal(c.train.max_steps, 5);
+    /* untouched keys keep their defaults */
+    assert_int_equal(c.train.epochs, 1);
+    /* an empty document is every default */
+    assert_rt_ok(parse(&c, ""));
+    assert_string_equal(c.model.arch, "resnet34");
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    rt_config c;
+    /* unknown key with suggestion, with file and line */
+    expect_error(parse(&c, "model:\n  arch: net\n  archh: net\n"), "cfg.yaml:3:", "model.archh: unknown key",
+                 "did you mean model.arch?");
+    /* a key under the wrong section points to the right one */
+    expect_error(parse(&c, "data:\n  lr: 0.1\n"), "cfg.yaml:2:", "data.lr", "did you mean optim.lr?");
+    /* unknown section */
+    expect_error(parse(&c, "optimizer:\n  lr: 0.1\n"), "cfg.yaml:1:", "unknown section 'optimizer'", "optim");
+    /* wrong types */
+    expect_error(parse(&c, "data:\n  batch_size: many\n"), "cfg.yaml:2:", "data.batch_size", "not an integer");
+    expect_error(parse(&c, "data:\n  batch_size: 12.5\n"), "data.batch_size", "'12.5' is not an integer", NULL);
+    expect_error(parse(&c, "optim:\n  lr: fast\n"), "optim.lr", "not a finite number", NULL);
+    expect_error(parse(&c, "optim:\n  lr: .nan\n"), "optim.lr", "not a finite number", NULL);
+    expect_error(parse(&c, "data:\n  shuffle: maybe\n"), "data.shuffle", "not a boolean", NULL);
+    expect_error(parse(&c, "data:\n  batch_size: [1, 2]\n"), "cfg.yaml:2:", "data.batch_size", "a list");
+    expect_error(parse(&c, "data:\n  batch_size:\n"), "cfg.yaml:2:", "data.batch_size", "no value");
+    expect_error(parse(&c, "optim:\n  betas: [0.9]\n"), "optim.betas", "1 items (expected 2)", NULL);
+    expect_error(parse(&c, "optim:\n  milestones: [5, 3]\n"), "optim.milestones[1]", "increasing", NULL);
+    /* out of range */
+    expect_error(parse(&c, "model:\n  width: 0\n"), "cfg.yaml:2:", "model.width", "out of range");
+    expect_error(parse(&c, "optim:\n  momentum: 1.5\n"), "optim.momentum", "out of range", NULL);
+    /* a name the owning area does not know */
+    expect_error(parse(&c, "model:\n  arch: resnet35\n"), "cfg.yaml:2:", "model.arch", "resnet35");
+    expect_error(parse(&c, "optim:\n  interval: fortnight\n"), "optim.interval", "iteration | epoch", NULL);
+    /* duplicates are errors, not silent overrides */
+    expect_error(parse(&c, "model:\n  width: 8\n  width: 16\n"), "cfg.yaml:3:", "given twice", "line 2");
+    /* YAML syntax, with line */
+    expect_error(parse(&c, "model:\n  arch: [net\n"), "cfg.yaml:", "YAML syntax", NULL);
+    expect_error(parse(&c, "- a\n- b\n"), "cfg.yaml:1:", "expected sections", NULL);
+    expect_error(parse(&c, "model: 3\n"), "cfg.yaml:1:", "model", "expected a mapping");
+}
+
+static void test_overrides(void **state) {
+    (void)state;
+    rt_config c;
+    rt_config_default(&c);
+    assert_rt_ok(rt_config_override(&c, "optim.lr=0.05"));
+    assert_true(fabs(c.optim.lr - 0.05) < 1e-15);
+    assert_rt_ok(rt_config_override(&c, "optim.milestones=[2,4]"));
+    assert_int_equal(c.optim.n_milestones, 2);
+    assert_rt_ok(rt_config_override(&c, "optim.milestones=7,8,9"));
+    assert_int_equal(c.optim.n_milestones, 3);
+    assert_rt_ok(rt_config_override(&c, "optim.milestones="));
+    assert_int_equal(c.optim.n_milestones, 0);
+    assert_rt_ok(rt_config_override(&c, "data.path=/a=b/c"));
+    assert_string_equal(c.data.path, "/a=b/c");
+    expect_error(rt_config_override(&c, "optim.lr=abc"), "override 'optim.lr=abc'", "optim.lr", "not a finite number");
+    expect_error(rt_config_override(&c, "optim.lrr=1"), "override 'optim.lrr=1'", "did you mean optim.lr?", NULL);
+    expect_error(rt_config_override(&c, "lr=1"), "override 'lr=1'", "names no section", NULL);
+    expect_error(rt_config_override(&c, "model.width="), "override 'model.width='", "no value", NULL);
+    expect_error(rt_config_override(&c, "model.width=-3"), "model.width", "out of range", NULL);
+    assert_true(rt_config_is_override("optim.lr=0.1"));
+    assert_false(rt_config_is_override("configs/a.yaml"));
+    assert_false(rt_config_is_override("runs/x=1/a.yaml"));
+    assert_false(rt_config_is_override("--nproc=2"));
+}
+
+static void test_load_file(void **state) {
+    (void)state;
+    char dir[] = "/tmp/rt-config-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/a.yaml", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("model:\n  arch: net\ntrain:\n  epochs: 3\n", f);
+    fclose(f);
+    rt_config c;
+    const char *ov[] = {"train.epochs=4", "model.width=8"};
+    assert_rt_ok(rt_config_load(&c, path, 2, ov));
+    assert_int_equal(c.train.epochs, 4); /* overrides after the file */
+    assert_string_equal(c.source, path);
+    /* a bad override names itself, even with a good file */
+    const char *bad[] = {"train.epochs=x"};
+    expect_error(rt_config_load(&c, path, 1, bad), "override 'train.epochs=x'", NULL, NULL);
+    /* a missing file is named */
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s/missing.yaml", dir);
+    assert_int_equal(rt_config_load(&c, missing, 0, NULL), RT_ERR_IO);
+    if (!strstr(rt_error_message(), missing) || !strstr(rt_error_message(), "No such file"))
+        fail_msg("%s", rt_error_message());
+    rt_error_clear();
+    /* a directory is not a config */
+    assert_int_equal(rt_config_load(&c, dir, 0, NULL), RT_ERR_IO);
+    rt_error_clear();
+    /* round trip: write the resolved config, read it back, write again: same text and values */
+    rt_config a, b;
+    const char *ov2[] = {"optim.milestones=[3,5]", "optim.lr=0.123456789012345", "data.path=/x\"y"};
+    assert_rt_ok(rt_config_load(&a, path, 3, ov2));
+    char out1[256];
+    snprintf(out1, sizeof out1, "%s/resolved.yaml", dir);
+    assert_rt_ok(rt_config_write_file(&a, out1));
+    assert_rt_ok(rt_config_load(&b, out1, 0, NULL));
+    assert_string_equal(b.model.arch, "net");
+    assert_int_equal(b.train.epochs, 3);
+    assert_int_equal(b.optim.n_milestones, 2);
+    assert_true(b.optim.lr == a.optim.lr);
+    assert_true(isnan(b.model.dropout));
+    assert_string_equal(b.data.path, "/x\"y");
+    char *t1 = NULL, *t2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    FILE *m1 = open_memstream(&t1, &n1), *m2 = open_memstream(&t2, &n2);
+    b.source[0] = a.source[0] = '\0';
+    assert_rt_ok(rt_config_write(&a, m1));
+    assert_rt_ok(rt_config_write(&b, m2));
+    fclose(m1);
+    fclose(m2);
+    assert_string_equal(t1, t2);
+    free(t1);
+    free(t2);
+    unlink(out1);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* docs/config.md has one table row per key ("| `section.key` |") and no row for a key
+ * that does not exist. */
+static void test_docs(void **state) {
+    (void)state;
+    const char *src = getenv("RINGTRAIN_SOURCE_DIR");
+    if (!src) skip();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/docs/config.md", src);
+    FILE *f = fopen(path, "r");
+    if (!f) fail_msg("%s: missing", path);
+    static char doc[1 << 17];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    fclose(f);
+    doc[n] = '\0';
+    const char *name;
+    int keys = 0;
+    for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++, keys++) {
+        char row[128];
+        snprintf(row, sizeof row, "| `%s` |", name);
+        if (!strstr(doc, row)) fail_msg("docs/config.md has no row for %s", name);
+    }
+    int rows = 0;
+    for (const char *p = strstr(doc, "\n| `"); p; p = strstr(p + 1, "\n| `")) {
+        char key[128];
+        if (sscanf(p, "\n| `%127[^`]`", key) != 1) continue;
+        int found = 0;
+        for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++) found |= strcmp(name, key) == 0;
+        if (!found) fail_msg("docs/config.md documents '%s', which is not a key", key);
+        rows++;
+    }
+    assert_int_equal(rows, keys);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),  cmocka_unit_test(test_values),    cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_overrides), cmocka_unit_test(test_load_file), cmocka_unit_test(test_docs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
