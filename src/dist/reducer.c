@@ -1,0 +1,186 @@
+/* The gradient reducer (reducer.h): buckets of whole segments from the end of the
+ * buffer, each started with rt_iall_reduce as soon as all its bytes are reported. */
+#include "dist/reducer.h"
+
+#include "core/timer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct bucket {
+    size_t begin, end; /* bytes of the buffer */
+    size_t ready;      /* bytes reported this step */
+    rt_request *req;   /* in flight */
+    bool started;
+} bucket;
+
+struct rt_reducer {
+    rt_pg *pg;
+    char *buf;
+    size_t total;
+    rt_reducer_options opt;
+    bucket *b;
+    int nb;
+    size_t *bounds; /* the segments, nseg + 1 offsets */
+    bool *seg_ready;
+    int nseg;
+    int next;  /* the next bucket to start: buckets start in order on every rank */
+    bool open; /* between begin and finish */
+    rt_reducer_stats stats;
+};
+
+void rt_reducer_options_default(rt_reducer_options *o) {
+    *o = (rt_reducer_options){
+        .bucket_bytes = (size_t)25 << 20, .first_bucket_bytes = (size_t)1 << 20, .dtype = RT_F32, .op = RT_OP_AVG};
+}
+
+rt_status rt_reducer_create(rt_pg *pg, void *buf, const size_t *bounds, int nseg, const rt_reducer_options *o,
+                            rt_reducer **out) {
+    RT_REQUIRE(pg && buf && bounds && o && out, RT_ERR_INVALID, "rt_reducer_create: NULL argument");
+    RT_REQUIRE(nseg >= 1, RT_ERR_INVALID, "rt_reducer_create: %d segments (expected at least 1)", nseg);
+    size_t es = rt_dtype_size(o->dtype);
+    RT_REQUIRE(es > 0, RT_ERR_INVALID, "rt_reducer_create: dtype %d", (int)o->dtype);
+    RT_REQUIRE(bounds[0] == 0, RT_ERR_INVALID, "rt_reducer_create: bounds[0] = %zu (expected 0)", bounds[0]);
+    for (int i = 0; i < nseg; i++)
+        RT_REQUIRE(bounds[i + 1] > bounds[i] && bounds[i + 1] % es == 0, RT_ERR_INVALID,
+                   "rt_reducer_create: segment %d is [%zu, %zu) (expected ascending multiples of %zu bytes)", i,
+                   bounds[i], bounds[i + 1], es);
+    rt_reducer *r = calloc(1, sizeof *r);
+    RT_CHECK_ALLOC(r, sizeof *r);
+    r->b = calloc((size_t)nseg, sizeof *r->b);
+    r->bounds = malloc(sizeof *r->bounds * (size_t)(nseg + 1));
+    r->seg_ready = calloc((size_t)nseg, sizeof *r->seg_ready);
+    if (!r->b || !r->bounds || !r->seg_ready) {
+        rt_reducer_destroy(r);
+        return RT_ERROR(RT_ERR_NOMEM, "rt_reducer_create: %d segments", nseg);
+    }
+    memcpy(r->bounds, bounds, sizeof *r->bounds * (size_t)(nseg + 1));
+    r->nseg = nseg;
+    r->pg = pg;
+    r->buf = buf;
+    r->total = bounds[nseg];
+    r->opt = *o;
+    if (r->opt.first_bucket_bytes == 0) r->opt.first_bucket_bytes = r->opt.bucket_bytes;
+    if (o->bucket_bytes == 0) {
+        r->b[0] = (bucket){.begin = 0, .end = r->total};
+        r->nb = 1;
+    } else {
+        /* whole segments from the end until the bucket reaches its target */
+        size_t end = r->total;
+        for (int s = nseg - 1; s >= 0; s--) {
+            size_t target = r->nb == 0 ? r->opt.first_bucket_bytes : r->opt.bucket_bytes;
+            if (end - bounds[s] >= target || s == 0) {
+                r->b[r->nb++] = (bucket){.begin = bounds[s], .end = end};
+                end = bounds[s];
+            }
+        }
+    }
+    *out = r;
+    return RT_OK;
+}
+
+void rt_reducer_destroy(rt_reducer *r) {
+    if (!r) return;
+    for (int i = 0; i < r->nb; i++)
+        if (r->b[i].req) (void)rt_wait(r->b[i].req); /* a step abandoned on an error */
+    free(r->b);
+    free(r->bounds);
+    free(r->seg_ready);
+    free(r);
+}
+
+int rt_reducer_bucket_count(const rt_reducer *r) { return r->nb; }
+
+void rt_reducer_bucket_range(const rt_reducer *r, int i, size_t *begin, size_t *end) {
+    *begin = r->b[i].begin;
+    *end = r->b[i].end;
+}
+
+rt_status rt_reducer_begin(rt_reducer *r) {
+    RT_REQUIRE(!r->open, RT_ERR_INVALID, "rt_reducer_begin: the previous step was not finished");
+    for (int i = 0; i < r->nb; i++) {
+        r->b[i].ready = 0;
+        r->b[i].started = false;
+    }
+    memset(r->seg_ready, 0, sizeof *r->seg_ready * (size_t)r->nseg);
+    r->next = 0;
+    r->open = true;
+    memset(&r->stats, 0, sizeof r->stats);
+    r->stats.begin_ns = rt_now_ns();
+    return RT_OK;
+}
+
+static rt_status start(rt_reducer *r, bucket *b) {
+    size_t es = rt_dtype_size(r->opt.dtype);
+    if (r->next == 0) r->stats.first_start_ns = rt_now_ns();
+    RT_CHECK(rt_iall_reduce(r->pg, r->buf + b->begin, (b->end - b->begin) / es, r->opt.dtype, r->opt.op, &b->req));
+    b->started = true;
+    r->next++;
+    return RT_OK;
+}
+
+rt_status rt_reducer_ready(rt_reducer *r, size_t begin, size_t end) {
+    RT_REQUIRE(r->open, RT_ERR_INVALID, "rt_reducer_ready: no step begun (call rt_reducer_begin)");
+    RT_REQUIRE(begin < end && end <= r->total, RT_ERR_INVALID, "rt_reducer_ready: [%zu, %zu) outside [0, %zu)", begin,
+               end, r->total);
+    /* the range is whole segments, none reported before in this step */
+    int lo = 0, hi = r->nseg; /* first segment with bounds[s] >= begin */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (r->bounds[mid] < begin)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    RT_REQUIRE(lo < r->nseg && r->bounds[lo] == begin, RT_ERR_INVALID,
+               "rt_reducer_ready: [%zu, %zu) does not start at a segment boundary", begin, end);
+    for (int s = lo; s < r->nseg && r->bounds[s] < end; s++) {
+        RT_REQUIRE(r->bounds[s + 1] <= end, RT_ERR_INVALID,
+                   "rt_reducer_ready: [%zu, %zu) ends inside segment %d [%zu, %zu)", begin, end, s, r->bounds[s],
+                   r->bounds[s + 1]);
+        RT_REQUIRE(!r->seg_ready[s], RT_ERR_INVALID,
+                   "rt_reducer_ready: segment %d [%zu, %zu) reported twice in one step", s, r->bounds[s],
+                   r->bounds[s + 1]);
+    }
+    for (int s = lo; s < r->nseg && r->bounds[s] < end; s++) r->seg_ready[s] = true;
+    for (int i = 0; i < r->nb; i++) {
+        bucket *b = &r->b[i];
+        size_t a = begin > b->begin ? begin : b->begin, z = end < b->end ? end : b->end;
+        if (a < z) b->ready += z - a;
+    }
+    if (r->opt.bucket_bytes == 0) return RT_OK; /* one all-reduce after backward */
+    /* start, in order, every bucket whose bytes are all ready */
+    while (r->next < r->nb && r->b[r->next].ready == r->b[r->next].end - r->b[r->next].begin)
+        RT_CHECK(start(r, &r->b[r->next]));
+    return RT_OK;
+}
+
+rt_status rt_reducer_finish(rt_reducer *r) {
+    RT_REQUIRE(r->open, RT_ERR_INVALID, "rt_reducer_finish: no step begun");
+    r->stats.finish_call_ns = rt_now_ns();
+    r->stats.buckets_before_finish = r->next;
+    rt_status st = RT_OK;
+    if (r->opt.bucket_bytes != 0)
+        for (int i = r->next; i < r->nb && st == RT_OK; i++)
+            if (r->b[i].ready != r->b[i].end - r->b[i].begin)
+                st = RT_ERROR(RT_ERR_INVALID,
+                              "rt_reducer_finish: bucket %d [%zu, %zu) has %zu of %zu bytes reported ready", i,
+                              r->b[i].begin, r->b[i].end, r->b[i].ready, r->b[i].end - r->b[i].begin);
+    while (st == RT_OK && r->next < r->nb) st = start(r, &r->b[r->next]);
+    for (int i = 0; i < r->nb; i++) {
+        if (!r->b[i].req) continue;
+        rt_status w = rt_wait(r->b[i].req);
+        r->b[i].req = NULL;
+        if (st == RT_OK && w != RT_OK) {
+            rt_error_trace(__FILE__, __LINE__, "all_reduce of a gradient bucket");
+            st = w;
+        }
+    }
+    r->stats.end_ns = rt_now_ns();
+    r->stats.exposed_ms = (double)(r->stats.end_ns - r->stats.finish_call_ns) * 1e-6;
+    r->stats.busy_ms = r->stats.first_start_ns ? (double)(r->stats.end_ns - r->stats.first_start_ns) * 1e-6 : 0;
+    r->open = false;
+    return st;
+}
+
+void rt_reducer_stats_get(const rt_reducer *r, rt_reducer_stats *out) { *out = r->stats; }
