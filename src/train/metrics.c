@@ -1,0 +1,239 @@
+/* Timing logs (metrics.h): metrics.jsonl lines, the per-epoch stage table and the
+ * progress bar / plain progress lines. */
+#include "train/metrics.h"
+
+#include "core/timer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const k_stage_names[RT_STAGE_COUNT_] = {"data", "h2d",   "forward", "backward",
+                                                           "comm", "optim", "step"};
+
+const char *rt_stage_name(rt_stage s) { return (unsigned)s < RT_STAGE_COUNT_ ? k_stage_names[s] : "?"; }
+
+/* ---- metrics.jsonl --------------------------------------------------------------------- */
+
+struct rt_metrics {
+    FILE *f;
+    char path[1024];
+};
+
+rt_status rt_metrics_open(const char *path, bool append, rt_metrics **out) {
+    rt_metrics *m = calloc(1, sizeof *m);
+    RT_CHECK_ALLOC(m, sizeof *m);
+    snprintf(m->path, sizeof m->path, "%s", path);
+    m->f = fopen(path, append ? "a" : "w");
+    if (!m->f) {
+        rt_status s = RT_ERROR(RT_ERR_IO, "%s: %s", path, strerror(errno));
+        free(m);
+        return s;
+    }
+    *out = m;
+    return RT_OK;
+}
+
+void rt_metrics_close(rt_metrics *m) {
+    if (!m) return;
+    if (m->f) fclose(m->f);
+    free(m);
+}
+
+const char *rt_metrics_path(const rt_metrics *m) { return m->path; }
+
+/* JSON has no NaN or infinity: null. */
+static void num(FILE *f, const char *key, double v, bool comma) {
+    if (isfinite(v))
+        fprintf(f, "\"%s\": %.6g%s", key, v, comma ? ", " : "");
+    else
+        fprintf(f, "\"%s\": null%s", key, comma ? ", " : "");
+}
+
+static rt_status flush(rt_metrics *m) {
+    if (fflush(m->f) != 0 || ferror(m->f)) return RT_ERROR(RT_ERR_IO, "%s: %s", m->path, strerror(errno));
+    return RT_OK;
+}
+
+rt_status rt_metrics_step(rt_metrics *m, const rt_step_record *r) {
+    FILE *f = m->f;
+    fprintf(f, "{\"kind\": \"step\", \"step\": %lld, \"epoch\": %lld, \"batch\": %lld, \"rank\": %d, ",
+            (long long)r->step, (long long)r->epoch, (long long)r->batch, r->rank);
+    for (int s = 0; s < RT_STAGE_COUNT_; s++) {
+        char key[32];
+        snprintf(key, sizeof key, "%s_ms", k_stage_names[s]);
+        num(f, key, r->ms[s], true);
+    }
+    num(f, "comm_busy_ms", r->comm_busy_ms, true);
+    fprintf(f, "\"images\": %lld, ", (long long)r->images);
+    num(f, "images_per_s", r->images_per_s, true);
+    num(f, "loss", r->loss, true);
+    num(f, "lr", r->lr, true);
+    num(f, "grad_norm", r->grad_norm, true);
+    num(f, "time_s", r->time_s, true);
+    fprintf(f, "\"skipped\": %s}\n", r->skipped ? "true" : "false");
+    return flush(m);
+}
+
+rt_status rt_metrics_eval(rt_metrics *m, int64_t step, int64_t epoch, double loss, double accuracy, int64_t samples) {
+    fprintf(m->f, "{\"kind\": \"eval\", \"step\": %lld, \"epoch\": %lld, ", (long long)step, (long long)epoch);
+    num(m->f, "loss", loss, true);
+    num(m->f, "accuracy", accuracy, true);
+    fprintf(m->f, "\"samples\": %lld}\n", (long long)samples);
+    return flush(m);
+}
+
+rt_status rt_metrics_line(rt_metrics *m, const char *kind, const char *json_fields) {
+    fprintf(m->f, "{\"kind\": \"%s\"%s%s}\n", kind, json_fields && *json_fields ? ", " : "",
+            json_fields ? json_fields : "");
+    return flush(m);
+}
+
+/* ---- per-epoch stage table ------------------------------------------------------------- */
+
+struct rt_stage_stats {
+    double *ms[RT_STAGE_COUNT_]; /* per step */
+    double *busy;
+    int64_t n, cap;
+    double *scratch;
+};
+
+rt_status rt_stage_stats_create(rt_stage_stats **out) {
+    rt_stage_stats *s = calloc(1, sizeof *s);
+    RT_CHECK_ALLOC(s, sizeof *s);
+    *out = s;
+    return RT_OK;
+}
+
+void rt_stage_stats_destroy(rt_stage_stats *s) {
+    if (!s) return;
+    for (int i = 0; i < RT_STAGE_COUNT_; i++) free(s->ms[i]);
+    free(s->busy);
+    free(s->scratch);
+    free(s);
+}
+
+void rt_stage_stats_reset(rt_stage_stats *s) { s->n = 0; }
+int64_t rt_stage_stats_count(const rt_stage_stats *s) { return s->n; }
+
+rt_status rt_stage_stats_add(rt_stage_stats *s, const rt_step_record *r) {
+    if (s->n == s->cap) { /* grows during the first epoch only */
+        int64_t cap = s->cap ? 2 * s->cap : 1024;
+        for (int i = 0; i <= RT_STAGE_COUNT_; i++) {
+            double **p = i < RT_STAGE_COUNT_ ? &s->ms[i] : &s->busy;
+            double *q = realloc(*p, sizeof *q * (size_t)cap);
+            RT_CHECK_ALLOC(q, sizeof *q * (size_t)cap);
+            *p = q;
+        }
+        double *q = realloc(s->scratch, sizeof *q * (size_t)cap);
+        RT_CHECK_ALLOC(q, sizeof *q * (size_t)cap);
+        s->scratch = q;
+        s->cap = cap;
+    }
+    for (int i = 0; i < RT_STAGE_COUNT_; i++) s->ms[i][s->n] = r->ms[i];
+    s->busy[s->n] = r->comm_busy_ms;
+    s->n++;
+    return RT_OK;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void stats_of(rt_stage_stats *s, const double *v, double *mean, double *p50, double *p95, double *total_s) {
+    *mean = *p50 = *p95 = *total_s = 0;
+    if (s->n == 0) return;
+    double sum = 0;
+    for (int64_t i = 0; i < s->n; i++) sum += v[i];
+    memcpy(s->scratch, v, sizeof *v * (size_t)s->n);
+    qsort(s->scratch, (size_t)s->n, sizeof *s->scratch, cmp_double);
+    /* nearest rank: the smallest value with at least p% of the values at or below it */
+    int64_t i50 = (int64_t)ceil(0.50 * (double)s->n) - 1, i95 = (int64_t)ceil(0.95 * (double)s->n) - 1;
+    *mean = sum / (double)s->n;
+    *p50 = s->scratch[i50 < 0 ? 0 : i50];
+    *p95 = s->scratch[i95 < 0 ? 0 : i95];
+    *total_s = sum * 1e-3;
+}
+
+void rt_stage_stats_get(const rt_stage_stats *s, rt_stage stage, double *mean, double *p50, double *p95,
+                        double *total_s) {
+    stats_of((rt_stage_stats *)s, s->ms[stage], mean, p50, p95, total_s);
+}
+
+void rt_stage_stats_print(const rt_stage_stats *s, FILE *out, const char *title) {
+    double mean, p50, p95, total, step_total;
+    rt_stage_stats_get(s, RT_STAGE_STEP, &mean, &p50, &p95, &step_total);
+    fprintf(out, "%s (%lld steps)\n", title, (long long)s->n);
+    fprintf(out, "  %-9s %9s %9s %9s %9s %7s\n", "stage", "mean ms", "p50", "p95", "total s", "%");
+    for (int i = 0; i < RT_STAGE_COUNT_; i++) {
+        rt_stage_stats_get(s, (rt_stage)i, &mean, &p50, &p95, &total);
+        fprintf(out, "  %-9s %9.2f %9.2f %9.2f %9.2f %6.1f%%\n", k_stage_names[i], mean, p50, p95, total,
+                step_total > 0 ? 100.0 * total / step_total : 0.0);
+    }
+    stats_of((rt_stage_stats *)s, s->busy, &mean, &p50, &p95, &total);
+    fprintf(out, "  %-9s %9.2f %9.2f %9.2f %9.2f %6.1f%%  (all-reduce span, mostly hidden behind backward)\n",
+            "comm busy", mean, p50, p95, total, step_total > 0 ? 100.0 * total / step_total : 0.0);
+}
+
+/* ---- progress ---------------------------------------------------------------------------- */
+
+void rt_progress_init(rt_progress *p, FILE *out, bool tty, int64_t every, int64_t epochs, int64_t per_epoch,
+                      int64_t total, int64_t start_step) {
+    *p = (rt_progress){.out = out,
+                       .tty = tty,
+                       .every = every > 0 ? every : 50,
+                       .epochs = epochs,
+                       .per_epoch = per_epoch,
+                       .total = total,
+                       .start_ns = rt_now_ns(),
+                       .start_step = start_step};
+}
+
+static void fmt_eta(char *buf, size_t n, double s) {
+    if (!isfinite(s) || s < 0) {
+        snprintf(buf, n, "--:--");
+        return;
+    }
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+    else
+        snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+void rt_progress_step(rt_progress *p, const rt_step_record *r) {
+    double el = (double)(rt_now_ns() - p->start_ns) * 1e-9;
+    int64_t done = r->step - p->start_step;
+    double eta = done > 0 ? el / (double)done * (double)(p->total - r->step) : NAN;
+    char etas[32];
+    fmt_eta(etas, sizeof etas, eta);
+    int64_t in_epoch = r->batch + 1;
+    if (p->tty) {
+        int width = 24;
+        int fill = p->per_epoch > 0 ? (int)((double)width * (double)in_epoch / (double)p->per_epoch) : 0;
+        if (fill > width) fill = width;
+        char bar[64];
+        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+        bar[width] = '\0';
+        fprintf(p->out, "\r\033[Kepoch %lld/%lld [%s] %lld/%lld  loss %.4f  %.0f img/s  ETA %s",
+                (long long)r->epoch + 1, (long long)p->epochs, bar, (long long)in_epoch, (long long)p->per_epoch,
+                r->loss, r->images_per_s, etas);
+        fflush(p->out);
+        p->drawn = true;
+    } else if (r->step % p->every == 0 || r->step == p->total) {
+        fprintf(p->out, "epoch %lld/%lld step %lld/%lld (batch %lld/%lld): loss %.4f, lr %.4g, %.0f img/s, ETA %s\n",
+                (long long)r->epoch + 1, (long long)p->epochs, (long long)r->step, (long long)p->total,
+                (long long)in_epoch, (long long)p->per_epoch, r->loss, r->lr, r->images_per_s, etas);
+        fflush(p->out);
+    }
+}
+
+void rt_progress_break(rt_progress *p) {
+    if (p->drawn) {
+        fputc('\n', p->out);
+        fflush(p->out);
+        p->drawn = false;
+    }
+}
