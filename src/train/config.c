@@ -387,6 +387,15 @@ static rt_status set_scalar(rt_config *cfg, const key *k, const char *where, con
         return parse_bool(k, where, v, (bool *)base);
     case K_STR:
         if (!*v) return RT_ERROR(RT_ERR_INVALID, "%s%s: empty (expected a value)", where, k->name);
+        if (strncmp(v, "~/", 2) == 0 && (strstr(k->name, "path") || strstr(k->name, "dir"))) {
+            /* a path written as in a shell: ~/ is $HOME/ */
+            const char *home = getenv("HOME");
+            RT_REQUIRE(home && *home, RT_ERR_INVALID, "%s%s: '%s' starts with ~/ but HOME is not set", where, k->name,
+                       v);
+            RT_REQUIRE(strlen(home) + strlen(v) < k->size, RT_ERR_INVALID, "%s%s: path too long", where, k->name);
+            snprintf(base, k->size, "%s%s", home, v + 1);
+            return RT_OK;
+        }
         if (strlen(v) >= k->size)
             return RT_ERROR(RT_ERR_INVALID, "%s%s: %zu characters (at most %zu)", where, k->name, strlen(v),
                             k->size - 1);

@@ -120,6 +120,9 @@ static void test_overrides(void **state) {
     assert_int_equal(c.optim.n_milestones, 3);
     assert_rt_ok(rt_config_override(&c, "optim.milestones="));
     assert_int_equal(c.optim.n_milestones, 0);
+    setenv("HOME", "/home/u", 1);
+    assert_rt_ok(rt_config_override(&c, "data.path=~/mnist"));
+    assert_string_equal(c.data.path, "/home/u/mnist"); /* ~/ as in a shell */
     assert_rt_ok(rt_config_override(&c, "data.path=/a=b/c"));
     assert_string_equal(c.data.path, "/a=b/c");
     expect_error(rt_config_override(&c, "optim.lr=abc"), "override 'optim.lr=abc'", "optim.lr", "not a finite number");
