@@ -227,10 +227,25 @@ static void test_docs(void **state) {
     assert_int_equal(rows, keys);
 }
 
+/* Every shipped config loads (a renamed key would break them silently otherwise). */
+static void test_shipped_configs(void **state) {
+    (void)state;
+    const char *src = getenv("RINGTRAIN_SOURCE_DIR");
+    if (!src) skip();
+    const char *names[] = {"quickstart", "fashion-mnist-resnet34", "mnist-net", "cifar10-resnet34"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/configs/%s.yaml", src, names[i]);
+        rt_config c;
+        assert_rt_ok(rt_config_load(&c, path, 0, NULL));
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),  cmocka_unit_test(test_values),    cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_overrides), cmocka_unit_test(test_load_file), cmocka_unit_test(test_docs),
+        cmocka_unit_test(test_defaults),        cmocka_unit_test(test_values),    cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_overrides),       cmocka_unit_test(test_load_file), cmocka_unit_test(test_docs),
+        cmocka_unit_test(test_shipped_configs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
