@@ -184,6 +184,9 @@ static const key k_keys[] = {
     /* dist */
     {"dist.nproc", K_INT, F(dist.nproc), 0, 0, "auto", 1, 1024, true, NULL, NULL,
      "ranks on this node; auto: one per local GPU, else 2 on the CPU"},
+    {"dist.init_method", K_STR, F(dist.init_method), SZ(dist.init_method), 0, "env://", 0, 0, false, NULL, NULL,
+     "rendezvous of the ranks: env:// (MASTER_ADDR, MASTER_PORT: torchrun, ringtrain) | tcp://HOST:PORT | "
+     "file:///PATH (e.g. under mpirun)"},
     {"dist.nnodes", K_INT, F(dist.nnodes), 0, 0, "1", 1, 65536, false, NULL, NULL, "nodes (torchrun's --nnodes)"},
     {"dist.node_rank", K_INT, F(dist.node_rank), 0, 0, "0", 0, 65535, false, NULL, NULL,
      "this node's index (torchrun's --node-rank)"},

@@ -93,7 +93,8 @@ typedef struct rt_config {
         bool skip_nonfinite;
     } train;
     struct {
-        int64_t nproc; /* auto: one per local GPU, else 2 on CPU */
+        int64_t nproc;                        /* auto: one per local GPU, else 2 on CPU */
+        char init_method[RT_CONFIG_PATH_MAX]; /* env:// | tcp://HOST:PORT | file:///PATH */
         int64_t nnodes, node_rank;
         char master_addr[256];
         int64_t master_port; /* 0: a free port (single node) */
