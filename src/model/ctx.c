@@ -1,7 +1,7 @@
 /* Model context: picks the backend of the device and owns the shared workspace. */
 #include "model/ctx.h"
 
-#include "model/backend.h"
+#include "model/internal/backend.h"
 
 #include <stdlib.h>
 

@@ -5,7 +5,7 @@
  * layer (im2col columns on the CPU, cuDNN workspace on CUDA), and an opaque pointer the
  * backend keeps its own state in (the CPU thread pool; cuDNN and cuBLAS handles). The
  * backend is chosen from the device when the context is created; layers never test the
- * device themselves (see backend.h). Nothing here allocates after setup.
+ * device themselves (see internal/backend.h). Nothing here allocates after setup.
  */
 #ifndef RT_MODEL_CTX_H
 #define RT_MODEL_CTX_H

@@ -5,7 +5,7 @@
  * device. */
 #include "model/layers.h"
 
-#include "model/backend.h"
+#include "model/internal/backend.h"
 
 #include <math.h>
 

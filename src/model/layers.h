@@ -8,7 +8,7 @@
  * All data pointers are on ctx->device, in PyTorch's layouts: activations NCHW
  * (N, C, H, W), conv weights OIHW, linear weights (out, in). Each function dispatches
  * through ctx->ops to the CPU (src/model/cpu/) or CUDA (src/model/cuda/) backend;
- * see backend.h for the contract every backend implements.
+ * see internal/backend.h for the contract every backend implements.
  *
  * Gradient conventions:
  *  - parameter gradients are WRITTEN (not accumulated): a backward pass overwrites them,

@@ -1,7 +1,7 @@
 /* The model object: arenas, parameter table, initialisation, the forward / loss /
  * backward entry points and state-dict files. The architectures (resnet.c, net.c)
  * register their parameters and activations here and walk their own layers. */
-#include "model/model_impl.h"
+#include "model/internal/model_impl.h"
 
 #include "core/rng.h"
 #include "core/safetensors.h"

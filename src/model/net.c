@@ -22,7 +22,7 @@
  * conv1 (10,24,24) -> pool (10,12,12) -> conv2 (20,8,8) -> pool (20,4,4) -> 320 -> 50 -> 10.
  * num_classes replaces the final 10.
  */
-#include "model/model_impl.h"
+#include "model/internal/model_impl.h"
 
 #include <stdlib.h>
 

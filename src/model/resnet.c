@@ -13,7 +13,7 @@
  * Gradient scratch: two ping-pong buffers for the block input/output gradients and
  * two temporaries inside a block, each as large as the largest activation.
  */
-#include "model/model_impl.h"
+#include "model/internal/model_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -34,10 +34,10 @@ static void cpu_ctx_release(rt_model_ctx *ctx);
 static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
     rt_cpu_state *s = calloc(1, sizeof *s);
     RT_CHECK_ALLOC(s, sizeof *s);
-    rt_status st = rt_pool_create(ctx->threads, &s->pool);
+    rt_status st = rt_threadpool_create(ctx->threads, &s->pool);
     if (st != RT_OK) {
         free(s);
-        rt_error_trace(__FILE__, __LINE__, "rt_pool_create");
+        rt_error_trace(__FILE__, __LINE__, "rt_threadpool_create");
         return st;
     }
     ctx->backend = s;
@@ -86,7 +86,7 @@ static void cpu_ctx_release(rt_model_ctx *ctx) {
 #ifdef RT_HAVE_DNNL
     rt_dnnl_env_destroy(s->dnnl);
 #endif
-    rt_pool_destroy(s->pool);
+    rt_threadpool_destroy(s->pool);
     free(s);
     ctx->backend = NULL;
 }

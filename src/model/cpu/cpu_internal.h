@@ -2,9 +2,9 @@
 #ifndef RT_MODEL_CPU_INTERNAL_H
 #define RT_MODEL_CPU_INTERNAL_H
 
-#include "model/backend.h"
+#include "model/internal/backend.h"
 #include "model/cpu/conv_dnnl.h"
-#include "model/cpu/pool.h"
+#include "model/cpu/threadpool.h"
 
 /* How convolutions run: environment RINGTRAIN_CONV=im2col | dnnl | auto (the default:
  * oneDNN where the build has it and it can do the layer, else im2col + OpenBLAS). */
@@ -15,12 +15,12 @@ typedef enum rt_cpu_conv_impl {
 } rt_cpu_conv_impl;
 
 typedef struct rt_cpu_state {
-    rt_pool *pool;
+    rt_threadpool *pool;
     rt_cpu_conv_impl conv;
     rt_dnnl_env *dnnl; /* oneDNN engine and stream; NULL without oneDNN or with im2col */
 } rt_cpu_state;
 
-static inline rt_pool *cpu_pool(rt_model_ctx *ctx) { return ((rt_cpu_state *)ctx->backend)->pool; }
+static inline rt_threadpool *cpu_pool(rt_model_ctx *ctx) { return ((rt_cpu_state *)ctx->backend)->pool; }
 
 /* conv_cpu.c */
 rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);

@@ -109,7 +109,7 @@ static void bn_forward_task(void *arg, int c) {
 rt_status rt_cpu_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
                                      bool training) {
     bn_job J = {.l = l, .n = n, .x = x, .y = y, .training = training};
-    rt_pool_run(cpu_pool(ctx), l->c, bn_forward_task, &J);
+    rt_threadpool_run(cpu_pool(ctx), l->c, bn_forward_task, &J);
     if (training) ((int64_t *)rt_tensor_data(&l->num_batches_tracked))[0] += 1;
     return RT_OK;
 }
@@ -143,7 +143,7 @@ static void bn_backward_task(void *arg, int c) {
 rt_status rt_cpu_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
                                       float *dx, bool accumulate) {
     bn_job J = {.l = l, .n = n, .x = x, .dy = dy, .dx = dx, .accumulate = accumulate};
-    rt_pool_run(cpu_pool(ctx), l->c, bn_backward_task, &J);
+    rt_threadpool_run(cpu_pool(ctx), l->c, bn_backward_task, &J);
     return RT_OK;
 }
 
@@ -186,7 +186,7 @@ static void ew_task(void *arg, int t) {
 
 static rt_status ew_run(rt_model_ctx *ctx, int op, size_t count, const float *a, const float *b, float *y) {
     ew_job J = {.count = count, .a = a, .b = b, .y = y, .op = op};
-    rt_pool_run(cpu_pool(ctx), (int)((count + EW_BLOCK - 1) / EW_BLOCK), ew_task, &J);
+    rt_threadpool_run(cpu_pool(ctx), (int)((count + EW_BLOCK - 1) / EW_BLOCK), ew_task, &J);
     return RT_OK;
 }
 
@@ -282,7 +282,7 @@ static void maxpool_bw_task(void *arg, int t) {
 
 rt_status rt_cpu_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y) {
     pool_job J = {.l = l, .x = x, .y = y, .planes = n * l->c};
-    rt_pool_run(cpu_pool(ctx), (J.planes + MP_PLANES - 1) / MP_PLANES, maxpool_fw_task, &J);
+    rt_threadpool_run(cpu_pool(ctx), (J.planes + MP_PLANES - 1) / MP_PLANES, maxpool_fw_task, &J);
     return RT_OK;
 }
 
@@ -290,7 +290,7 @@ rt_status rt_cpu_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, c
                                     const float *dy, float *dx) {
     (void)y;
     pool_job J = {.l = l, .x = x, .dy = dy, .dx = dx, .planes = n * l->c};
-    rt_pool_run(cpu_pool(ctx), (J.planes + MP_PLANES - 1) / MP_PLANES, maxpool_bw_task, &J);
+    rt_threadpool_run(cpu_pool(ctx), (J.planes + MP_PLANES - 1) / MP_PLANES, maxpool_bw_task, &J);
     return RT_OK;
 }
 

@@ -7,7 +7,7 @@
 #define RT_MODEL_CUDA_INTERNAL_H
 
 #include "model/cuda/lib_check.h"
-#include "model/backend.h"
+#include "model/internal/backend.h"
 
 #include <stdint.h>
 
