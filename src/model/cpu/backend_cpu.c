@@ -2,6 +2,7 @@
 #include "model/cpu/cpu_internal.h"
 
 #include "core/log.h"
+#include "model/internal/names.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,11 @@ static void blas_hint(void) {
 
 static void cpu_ctx_release(rt_model_ctx *ctx);
 
+static const char *const k_conv_impl_names[RT_CPU_CONV_COUNT_] = {
+    [RT_CPU_CONV_AUTO] = "auto", [RT_CPU_CONV_IM2COL] = "im2col", [RT_CPU_CONV_DNNL] = "dnnl"};
+
+static const char *conv_impl_name(int i) { return k_conv_impl_names[i]; }
+
 static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
     rt_cpu_state *s = calloc(1, sizeof *s);
     RT_CHECK_ALLOC(s, sizeof *s);
@@ -42,15 +48,15 @@ static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
     }
     ctx->backend = s;
     const char *conv = getenv("RINGTRAIN_CONV");
-    if (conv && *conv && strcmp(conv, "auto") != 0) {
-        if (strcmp(conv, "im2col") == 0)
-            s->conv = RT_CPU_CONV_IM2COL;
-        else if (strcmp(conv, "dnnl") == 0)
-            s->conv = RT_CPU_CONV_DNNL;
-        else {
+    if (conv && *conv) {
+        int impl = rt_model_name_find(conv, conv_impl_name, RT_CPU_CONV_COUNT_);
+        if (impl < 0) {
+            char names[64];
             cpu_ctx_release(ctx);
-            RT_FAIL(RT_ERR_INVALID, "RINGTRAIN_CONV=%s (expected im2col, dnnl or auto)", conv);
+            RT_FAIL(RT_ERR_INVALID, "RINGTRAIN_CONV=%s: unknown convolution implementation (expected %s)", conv,
+                    rt_model_name_list(names, sizeof names, conv_impl_name, RT_CPU_CONV_COUNT_));
         }
+        s->conv = (rt_cpu_conv_impl)impl;
     }
 #ifdef RT_HAVE_DNNL
     if (s->conv != RT_CPU_CONV_IM2COL) {

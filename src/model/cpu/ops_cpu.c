@@ -12,6 +12,7 @@
 #include "model/cpu/gemm.h"
 
 #include <float.h>
+#include <inttypes.h>
 #include <math.h>
 #include <string.h>
 
@@ -367,9 +368,9 @@ rt_status rt_cpu_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const
 
 /* ---- losses ------------------------------------------------------------------------ */
 
-static rt_status check_labels(int n, int k, const int32_t *labels) {
+static rt_status check_labels(int n, int k, const int64_t *labels) {
     for (int i = 0; i < n; i++)
-        RT_REQUIRE(labels[i] >= 0 && labels[i] < k, RT_ERR_INVALID, "label %d of sample %d is outside [0, %d)",
+        RT_REQUIRE(labels[i] >= 0 && labels[i] < k, RT_ERR_INVALID, "label %" PRId64 " of sample %d is outside [0, %d)",
                    labels[i], i, k);
     return RT_OK;
 }
@@ -382,7 +383,7 @@ static double row_logsumexp(const float *x, int k) {
     return m + log(s);
 }
 
-rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels, float *loss,
+rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, float *loss,
                               float *dlogits) {
     (void)ctx;
     RT_CHECK(check_labels(n, k, labels));
@@ -421,7 +422,7 @@ rt_status rt_cpu_log_softmax_backward(rt_model_ctx *ctx, int n, int k, const flo
     return RT_OK;
 }
 
-rt_status rt_cpu_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+rt_status rt_cpu_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int64_t *labels, float *loss,
                           float *dlogp) {
     (void)ctx;
     RT_CHECK(check_labels(n, k, labels));
