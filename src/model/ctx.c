@@ -1,26 +1,49 @@
 /* Model context: picks the backend of the device and owns the shared workspace. */
 #include "model/ctx.h"
 
-#include "model/backend.h"
+#include "model/internal/backend.h"
+#include "model/internal/names.h"
 
 #include <stdlib.h>
 
+static const char *const k_precision_names[RT_PRECISION_COUNT_] = {
+    [RT_PRECISION_FP32] = "fp32", [RT_PRECISION_TF32] = "tf32"};
+
+static const char *precision_name(int i) { return k_precision_names[i]; }
+
+rt_status rt_precision_parse(const char *text, rt_precision *out) {
+    int i = 0;
+    rt_status st = rt_model_name_parse("precision", text, precision_name, RT_PRECISION_COUNT_, &i);
+    if (st != RT_OK) return st; /* the message is complete: no trace line */
+    *out = (rt_precision)i;
+    return RT_OK;
+}
+
+const char *rt_precision_name(rt_precision p) { return (unsigned)p < RT_PRECISION_COUNT_ ? k_precision_names[p] : "?"; }
+
+/* The backend of each device kind; NULL where this build has none. */
+static const rt_model_backend *const k_backends[] = {
+    [RT_DEVICE_CPU] = &rt_model_backend_cpu,
+#ifdef RT_HAVE_CUDA
+    [RT_DEVICE_CUDA] = &rt_model_backend_cuda,
+#endif
+};
+
 rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **out) {
     *out = NULL;
-    const rt_model_backend *ops = NULL;
-    if (opts->device.kind == RT_DEVICE_CPU) {
-        ops = &rt_model_backend_cpu;
-    } else {
-#ifdef RT_HAVE_CUDA
-        ops = &rt_model_backend_cuda;
-#else
-        RT_FAIL(RT_ERR_UNSUPPORTED, "model on cuda:%d: this ringtrain was built without CUDA", opts->device.index);
-#endif
+    const size_t nkinds = sizeof k_backends / sizeof k_backends[0];
+    const rt_model_backend *ops = (unsigned)opts->device.kind < nkinds ? k_backends[opts->device.kind] : NULL;
+    if (!ops) {
+        char dev[32];
+        rt_device_str(opts->device, dev, sizeof dev);
+        RT_FAIL(RT_ERR_UNSUPPORTED,
+                "model on %s: no backend for that device in this build (CUDA needs RINGTRAIN_CUDA=ON)", dev);
     }
     RT_REQUIRE(opts->threads >= 0 && opts->threads <= 1024, RT_ERR_INVALID, "threads = %d (expected 0..1024)",
                opts->threads);
-    RT_REQUIRE(opts->precision == RT_PRECISION_FP32 || opts->precision == RT_PRECISION_TF32, RT_ERR_INVALID,
-               "precision %d (expected fp32 or tf32)", (int)opts->precision);
+    char names[64];
+    RT_REQUIRE((unsigned)opts->precision < RT_PRECISION_COUNT_, RT_ERR_INVALID, "precision %d (expected %s)",
+               (int)opts->precision, rt_model_name_list(names, sizeof names, precision_name, RT_PRECISION_COUNT_));
     rt_model_ctx *ctx = calloc(1, sizeof *ctx);
     RT_CHECK_ALLOC(ctx, sizeof *ctx);
     ctx->device = opts->device;

@@ -5,7 +5,7 @@
  * layer (im2col columns on the CPU, cuDNN workspace on CUDA), and an opaque pointer the
  * backend keeps its own state in (the CPU thread pool; cuDNN and cuBLAS handles). The
  * backend is chosen from the device when the context is created; layers never test the
- * device themselves (see backend.h). Nothing here allocates after setup.
+ * device themselves (see internal/backend.h). Nothing here allocates after setup.
  */
 #ifndef RT_MODEL_CTX_H
 #define RT_MODEL_CTX_H
@@ -22,7 +22,13 @@ extern "C" {
 typedef enum rt_precision {
     RT_PRECISION_FP32 = 0, /* exact fp32 everywhere (no tensor cores) */
     RT_PRECISION_TF32 = 1, /* CUDA: allow TF32 tensor cores in conv and matmul */
+    RT_PRECISION_COUNT_
 } rt_precision;
+
+/* "fp32" | "tf32", ASCII case-insensitive; RT_ERR_INVALID naming the accepted names if
+ * unknown (or NULL). rt_precision_name gives the lowercase name ("?" if out of range). */
+rt_status rt_precision_parse(const char *text, rt_precision *out);
+const char *rt_precision_name(rt_precision p);
 
 struct rt_model_backend;
 

@@ -5,7 +5,7 @@
  * device. */
 #include "model/layers.h"
 
-#include "model/backend.h"
+#include "model/internal/backend.h"
 
 #include <math.h>
 
@@ -273,7 +273,7 @@ rt_status rt_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, floa
     return ctx->ops->add_backward(ctx, count, dy, dx);
 }
 
-rt_status rt_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels, float *loss,
+rt_status rt_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, float *loss,
                           float *dlogits) {
     REQUIRE_N(n);
     RT_REQUIRE(k > 0 && logits && labels && loss, RT_ERR_INVALID, "softmax_xent: %d classes or NULL argument", k);
@@ -291,7 +291,7 @@ rt_status rt_log_softmax_backward(rt_model_ctx *ctx, int n, int k, const float *
     OPS(ctx, log_softmax_backward);
     return ctx->ops->log_softmax_backward(ctx, n, k, y, dy, dx);
 }
-rt_status rt_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+rt_status rt_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int64_t *labels, float *loss,
                       float *dlogp) {
     REQUIRE_N(n);
     RT_REQUIRE(k > 0 && logp && labels && loss, RT_ERR_INVALID, "nll_loss: %d classes or NULL argument", k);

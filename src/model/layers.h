@@ -8,7 +8,7 @@
  * All data pointers are on ctx->device, in PyTorch's layouts: activations NCHW
  * (N, C, H, W), conv weights OIHW, linear weights (out, in). Each function dispatches
  * through ctx->ops to the CPU (src/model/cpu/) or CUDA (src/model/cuda/) backend;
- * see backend.h for the contract every backend implements.
+ * see internal/backend.h for the contract every backend implements.
  *
  * Gradient conventions:
  *  - parameter gradients are WRITTEN (not accumulated): a backward pass overwrites them,
@@ -157,11 +157,11 @@ rt_status rt_flatten_backward(rt_model_ctx *ctx, size_t count, const float *dy, 
 rt_status rt_add_forward(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y);
 rt_status rt_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
 
-/* softmax cross-entropy, mean over the batch: logits (n, k), labels (n) int32 in [0, k)
+/* softmax cross-entropy, mean over the batch: logits (n, k), labels (n) int64 in [0, k)
  * on the device. Writes the mean loss to *loss (one float on the device) and
  * dlogits = (softmax - onehot) / n. A label out of range is an error on the CPU; on
  * CUDA it is counted and reported by the next host-side check. */
-rt_status rt_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels, float *loss,
+rt_status rt_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, float *loss,
                           float *dlogits);
 /* log-softmax over the last dim: x (n, k) -> y (n, k); backward from the output:
  * dx = dy - exp(y) * sum(dy) */
@@ -169,7 +169,7 @@ rt_status rt_log_softmax_forward(rt_model_ctx *ctx, int n, int k, const float *x
 rt_status rt_log_softmax_backward(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy, float *dx);
 /* negative log likelihood of log-probabilities, mean over the batch:
  * *loss = -mean(logp[i, labels[i]]); dlogp = -onehot / n */
-rt_status rt_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+rt_status rt_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int64_t *labels, float *loss,
                       float *dlogp);
 
 #ifdef __cplusplus

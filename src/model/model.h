@@ -29,8 +29,9 @@
 extern "C" {
 #endif
 
-typedef enum rt_model_arch { RT_ARCH_RESNET18 = 0, RT_ARCH_RESNET34, RT_ARCH_NET } rt_model_arch;
-typedef enum rt_stem { RT_STEM_IMAGENET = 0, RT_STEM_CIFAR } rt_stem;
+/* Each architecture is one row of the table in arch.c (see docs/model.md). */
+typedef enum rt_model_arch { RT_ARCH_RESNET18 = 0, RT_ARCH_RESNET34, RT_ARCH_NET, RT_ARCH_COUNT_ } rt_model_arch;
+typedef enum rt_stem { RT_STEM_IMAGENET = 0, RT_STEM_CIFAR, RT_STEM_COUNT_ } rt_stem;
 
 typedef struct rt_model_config {
     rt_model_arch arch;
@@ -45,9 +46,10 @@ typedef struct rt_model_config {
 
 /* Defaults: resnet34, 1x28x28, 10 classes, imagenet stem, width 64, max_batch 64. */
 void rt_model_config_default(rt_model_config *cfg);
-/* "resnet18" | "resnet34" | "net" and "imagenet" | "cifar"; -1 if unknown */
-int rt_model_arch_parse(const char *text, rt_model_arch *out);
-int rt_stem_parse(const char *text, rt_stem *out);
+/* "resnet18" | "resnet34" | "net" and "imagenet" | "cifar", ASCII case-insensitive;
+ * RT_ERR_INVALID naming the accepted names if unknown (or NULL). Names are lowercase. */
+rt_status rt_model_arch_parse(const char *text, rt_model_arch *out);
+rt_status rt_stem_parse(const char *text, rt_stem *out);
 const char *rt_model_arch_name(rt_model_arch a);
 const char *rt_stem_name(rt_stem s);
 
@@ -115,11 +117,12 @@ rt_status rt_model_forward(rt_model *m, const float *x, int n, bool training);
  * log-probabilities for Net. */
 const float *rt_model_output(const rt_model *m);
 
-/* Loss of the last forward against labels (n) int32 on the device: cross-entropy of the
+/* Loss of the last forward against labels (n) int64 on the device (the loader's label
+ * type, as in PyTorch): cross-entropy of the
  * logits (ResNet) or NLL of the log-probabilities (Net), mean over the batch. Also
  * computes the output gradient for rt_model_backward. The value stays on the device
  * until rt_model_loss_value (which synchronises). */
-rt_status rt_model_loss(rt_model *m, const int32_t *labels);
+rt_status rt_model_loss(rt_model *m, const int64_t *labels);
 rt_status rt_model_loss_value(rt_model *m, float *loss);
 
 /* Called after each block's backward: grads [begin, end) bytes of the gradient arena
@@ -131,7 +134,7 @@ typedef rt_status (*rt_grad_ready_fn)(void *user, int block, size_t begin, size_
 rt_status rt_model_backward(rt_model *m, rt_grad_ready_fn ready, void *user);
 
 /* Convenience: forward (training) + loss + backward; *loss on the host if non-NULL. */
-rt_status rt_model_train_step(rt_model *m, const float *x, const int32_t *labels, int n, rt_grad_ready_fn ready,
+rt_status rt_model_train_step(rt_model *m, const float *x, const int64_t *labels, int n, rt_grad_ready_fn ready,
                               void *user, float *loss);
 
 /* State dict in safetensors with torchvision's names (parameters and buffers), as

@@ -22,7 +22,7 @@
  * conv1 (10,24,24) -> pool (10,12,12) -> conv2 (20,8,8) -> pool (20,4,4) -> 320 -> 50 -> 10.
  * num_classes replaces the final 10.
  */
-#include "model/model_impl.h"
+#include "model/internal/model_impl.h"
 
 #include <stdlib.h>
 
@@ -37,12 +37,12 @@ typedef struct net {
 
 static rt_status net_prepare(rt_model *m) {
     net *t = m->arch;
-    RT_CHECK(model_prepare_conv(m, &t->conv1));
-    RT_CHECK(model_prepare_conv(m, &t->conv2));
+    RT_CHECK(rt_model_prepare_conv(m, &t->conv1));
+    RT_CHECK(rt_model_prepare_conv(m, &t->conv2));
     RT_CHECK(rt_maxpool2d_prepare(m->ctx, &t->pool1, m->cfg.max_batch));
     RT_CHECK(rt_maxpool2d_prepare(m->ctx, &t->pool2, m->cfg.max_batch));
-    RT_CHECK(model_prepare_linear(m, &t->fc1));
-    RT_CHECK(model_prepare_linear(m, &t->fc2));
+    RT_CHECK(rt_model_prepare_linear(m, &t->fc1));
+    RT_CHECK(rt_model_prepare_linear(m, &t->fc2));
     return RT_OK;
 }
 
@@ -94,37 +94,41 @@ static rt_status net_backward(rt_model *m, rt_grad_ready_fn ready, void *user) {
     float *a = t->g_a, *b = t->g_b;
     RT_CHECK(rt_log_softmax_backward(ctx, n, k, m->out, m->dout, a)); /* dz */
     RT_CHECK(rt_linear_backward(ctx, &t->fc2, n, t->f1, a, b));       /* df1 */
-    RT_CHECK(model_block_done(m, 3, ready, user));
+    RT_CHECK(rt_model_block_done(m, 3, ready, user));
     RT_CHECK(rt_dropout_backward(ctx, &t->drop, n, b, b));
     RT_CHECK(rt_relu_backward(ctx, (size_t)n * 50, t->f1, b, b));
     RT_CHECK(rt_linear_backward(ctx, &t->fc1, n, t->p2, b, a)); /* dp2 (n, 320) */
-    RT_CHECK(model_block_done(m, 2, ready, user));
+    RT_CHECK(rt_model_block_done(m, 2, ready, user));
     RT_CHECK(rt_flatten_backward(ctx, (size_t)n * 320, a, a));
     RT_CHECK(rt_relu_backward(ctx, (size_t)n * 320, t->p2, a, a));
     RT_CHECK(rt_maxpool2d_backward(ctx, &t->pool2, n, t->c2, t->p2, a, b)); /* dc2 (n, 20, 8, 8) */
     RT_CHECK(rt_dropout_backward(ctx, &t->drop2d, n, b, b));
     RT_CHECK(rt_conv2d_backward(ctx, &t->conv2, n, t->p1, b, a, false)); /* dp1 (n, 10, 12, 12) */
-    RT_CHECK(model_block_done(m, 1, ready, user));
+    RT_CHECK(rt_model_block_done(m, 1, ready, user));
     RT_CHECK(rt_relu_backward(ctx, (size_t)n * 1440, t->p1, a, a));
     RT_CHECK(rt_maxpool2d_backward(ctx, &t->pool1, n, t->c1, t->p1, a, b)); /* dc1 (n, 10, 24, 24) */
     RT_CHECK(rt_conv2d_backward(ctx, &t->conv1, n, m->input, b, NULL, false));
-    RT_CHECK(model_block_done(m, 0, ready, user));
+    RT_CHECK(rt_model_block_done(m, 0, ready, user));
     return RT_OK;
 }
 
-static const rt_arch_ops k_net_ops = {
-    .prepare = net_prepare,
-    .forward = net_forward,
-    .backward = net_backward,
-    .seed_dropout = net_seed_dropout,
-    .release = net_release,
-};
+static rt_status net_check(const rt_model_config *c) {
+    RT_REQUIRE(c->in_channels == 1 && c->in_h == 28 && c->in_w == 28, RT_ERR_INVALID,
+               "model net is the MNIST tutorial CNN: input must be 1x28x28 (got %dx%dx%d)", c->in_channels, c->in_h,
+               c->in_w);
+    RT_REQUIRE(c->dropout < 1.0f, RT_ERR_INVALID, "model dropout %g (expected < 1)", (double)c->dropout);
+    return RT_OK;
+}
 
-rt_status rt_net_build(rt_model *m) {
+/* F.nll_loss of the log-probabilities */
+static rt_status net_loss(rt_model *m, const int64_t *labels) {
+    return rt_nll_loss(m->ctx, m->last_n, m->cfg.num_classes, m->out, labels, m->loss_dev, m->dout);
+}
+
+static rt_status net_build(rt_model *m) {
     net *t = calloc(1, sizeof *t);
     RT_CHECK_ALLOC(t, sizeof *t);
     m->arch = t;
-    m->ops = &k_net_ops;
     const size_t N = (size_t)m->cfg.max_batch;
     const float p = m->cfg.dropout < 0.0f ? 0.5f : m->cfg.dropout;
     RT_CHECK(rt_conv2d_init(&t->conv1, 1, 10, 28, 28, 5, 1, 0, true));
@@ -135,21 +139,34 @@ rt_status rt_net_build(rt_model *m) {
     RT_CHECK(rt_linear_init(&t->fc1, 320, 50));
     RT_CHECK(rt_dropout_init(&t->drop, p, false, 50, 1, 1, 0, 0));
     RT_CHECK(rt_linear_init(&t->fc2, 50, m->cfg.num_classes));
-    RT_CHECK(model_add_conv(m, "conv1", 0, &t->conv1));
-    RT_CHECK(model_add_conv(m, "conv2", 1, &t->conv2));
-    RT_CHECK(model_add_linear(m, "fc1", 2, &t->fc1));
-    RT_CHECK(model_add_linear(m, "fc2", 3, &t->fc2));
-    RT_CHECK(model_act(m, N * 5760, &t->c1));
-    RT_CHECK(model_act(m, N * 1440, &t->p1));
-    RT_CHECK(model_act(m, N * 1280, &t->c2));
-    RT_CHECK(model_act(m, N * 320, &t->p2));
-    RT_CHECK(model_act(m, N * 50, &t->f1));
-    RT_CHECK(model_act(m, N * (size_t)m->cfg.num_classes, &t->z));
-    RT_CHECK(model_act(m, N * 20, &t->drop2d.mask));
-    RT_CHECK(model_act(m, N * 50, &t->drop.mask));
+    RT_CHECK(rt_model_add_conv(m, "conv1", 0, &t->conv1));
+    RT_CHECK(rt_model_add_conv(m, "conv2", 1, &t->conv2));
+    RT_CHECK(rt_model_add_linear(m, "fc1", 2, &t->fc1));
+    RT_CHECK(rt_model_add_linear(m, "fc2", 3, &t->fc2));
+    RT_CHECK(rt_model_act(m, N * 5760, &t->c1));
+    RT_CHECK(rt_model_act(m, N * 1440, &t->p1));
+    RT_CHECK(rt_model_act(m, N * 1280, &t->c2));
+    RT_CHECK(rt_model_act(m, N * 320, &t->p2));
+    RT_CHECK(rt_model_act(m, N * 50, &t->f1));
+    RT_CHECK(rt_model_act(m, N * (size_t)m->cfg.num_classes, &t->z));
+    RT_CHECK(rt_model_act(m, N * 20, &t->drop2d.mask));
+    RT_CHECK(rt_model_act(m, N * 50, &t->drop.mask));
     size_t g = 5760;
     if ((size_t)m->cfg.num_classes > g) g = (size_t)m->cfg.num_classes;
-    RT_CHECK(model_act(m, N * g, &t->g_a));
-    RT_CHECK(model_act(m, N * g, &t->g_b));
+    RT_CHECK(rt_model_act(m, N * g, &t->g_a));
+    RT_CHECK(rt_model_act(m, N * g, &t->g_b));
     return RT_OK;
 }
+
+/* the row of the architecture table (arch.c); initialisation is PyTorch's default */
+const rt_model_arch_ops rt_arch_net = {
+    .name = "net",
+    .check = net_check,
+    .build = net_build,
+    .prepare = net_prepare,
+    .forward = net_forward,
+    .loss = net_loss,
+    .backward = net_backward,
+    .seed_dropout = net_seed_dropout,
+    .release = net_release,
+};

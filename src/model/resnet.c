@@ -13,10 +13,28 @@
  * Gradient scratch: two ping-pong buffers for the block input/output gradients and
  * two temporaries inside a block, each as large as the largest activation.
  */
-#include "model/model_impl.h"
+#include "model/internal/model_impl.h"
+#include "model/internal/names.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+/* ---- stems -------------------------------------------------------------------------- */
+
+static const char *const k_stem_names[RT_STEM_COUNT_] = {[RT_STEM_IMAGENET] = "imagenet", [RT_STEM_CIFAR] = "cifar"};
+
+static const char *stem_name(int i) { return k_stem_names[i]; }
+
+rt_status rt_stem_parse(const char *text, rt_stem *out) {
+    int i = 0;
+    rt_status st = rt_model_name_parse("stem", text, stem_name, RT_STEM_COUNT_, &i);
+    if (st != RT_OK) return st; /* the message is complete: no trace line */
+    *out = (rt_stem)i;
+    return RT_OK;
+}
+
+const char *rt_stem_name(rt_stem s) { return (unsigned)s < RT_STEM_COUNT_ ? k_stem_names[s] : "?"; }
 
 typedef struct basic_block {
     rt_conv2d conv1, conv2, ds_conv;
@@ -57,27 +75,27 @@ static rt_status block_plan(rt_model *m, basic_block *b, const char *prefix, int
     b->in_count = chw(in_c, h, w);
     b->out_count = chw(out_c, oh, ow);
     snprintf(name, sizeof name, "%s.conv1", prefix);
-    RT_CHECK(model_add_conv(m, name, block, &b->conv1));
+    RT_CHECK(rt_model_add_conv(m, name, block, &b->conv1));
     snprintf(name, sizeof name, "%s.bn1", prefix);
-    RT_CHECK(model_add_bn(m, name, block, &b->bn1));
+    RT_CHECK(rt_model_add_bn(m, name, block, &b->bn1));
     snprintf(name, sizeof name, "%s.conv2", prefix);
-    RT_CHECK(model_add_conv(m, name, block, &b->conv2));
+    RT_CHECK(rt_model_add_conv(m, name, block, &b->conv2));
     snprintf(name, sizeof name, "%s.bn2", prefix);
-    RT_CHECK(model_add_bn(m, name, block, &b->bn2));
+    RT_CHECK(rt_model_add_bn(m, name, block, &b->bn2));
     if (b->has_ds) {
         RT_CHECK(rt_conv2d_init(&b->ds_conv, in_c, out_c, h, w, 1, stride, 0, false));
         RT_CHECK(rt_batchnorm2d_init(&b->ds_bn, out_c, oh, ow));
         snprintf(name, sizeof name, "%s.downsample.0", prefix);
-        RT_CHECK(model_add_conv(m, name, block, &b->ds_conv));
+        RT_CHECK(rt_model_add_conv(m, name, block, &b->ds_conv));
         snprintf(name, sizeof name, "%s.downsample.1", prefix);
-        RT_CHECK(model_add_bn(m, name, block, &b->ds_bn));
-        RT_CHECK(model_act(m, N * b->out_count, &b->dsc));
-        RT_CHECK(model_act(m, N * b->out_count, &b->dsb));
+        RT_CHECK(rt_model_add_bn(m, name, block, &b->ds_bn));
+        RT_CHECK(rt_model_act(m, N * b->out_count, &b->dsc));
+        RT_CHECK(rt_model_act(m, N * b->out_count, &b->dsb));
     }
-    RT_CHECK(model_act(m, N * b->out_count, &b->c1));
-    RT_CHECK(model_act(m, N * b->out_count, &b->a1));
-    RT_CHECK(model_act(m, N * b->out_count, &b->c2));
-    RT_CHECK(model_act(m, N * b->out_count, &b->out));
+    RT_CHECK(rt_model_act(m, N * b->out_count, &b->c1));
+    RT_CHECK(rt_model_act(m, N * b->out_count, &b->a1));
+    RT_CHECK(rt_model_act(m, N * b->out_count, &b->c2));
+    RT_CHECK(rt_model_act(m, N * b->out_count, &b->out));
     if (b->out_count > *max_act) *max_act = b->out_count;
     if (b->in_count > *max_act) *max_act = b->in_count;
     return RT_OK;
@@ -86,21 +104,21 @@ static rt_status block_plan(rt_model *m, basic_block *b, const char *prefix, int
 static rt_status resnet_prepare(rt_model *m) {
     resnet *r = m->arch;
     if (!r->has_maxpool) r->stem_out = r->stem_a;
-    RT_CHECK(model_prepare_conv(m, &r->conv1));
-    RT_CHECK(model_prepare_bn(m, &r->bn1));
+    RT_CHECK(rt_model_prepare_conv(m, &r->conv1));
+    RT_CHECK(rt_model_prepare_bn(m, &r->bn1));
     if (r->has_maxpool) RT_CHECK(rt_maxpool2d_prepare(m->ctx, &r->maxpool, m->cfg.max_batch));
     for (int i = 0; i < r->nblocks; i++) {
         basic_block *b = &r->blocks[i];
-        RT_CHECK(model_prepare_conv(m, &b->conv1));
-        RT_CHECK(model_prepare_bn(m, &b->bn1));
-        RT_CHECK(model_prepare_conv(m, &b->conv2));
-        RT_CHECK(model_prepare_bn(m, &b->bn2));
+        RT_CHECK(rt_model_prepare_conv(m, &b->conv1));
+        RT_CHECK(rt_model_prepare_bn(m, &b->bn1));
+        RT_CHECK(rt_model_prepare_conv(m, &b->conv2));
+        RT_CHECK(rt_model_prepare_bn(m, &b->bn2));
         if (b->has_ds) {
-            RT_CHECK(model_prepare_conv(m, &b->ds_conv));
-            RT_CHECK(model_prepare_bn(m, &b->ds_bn));
+            RT_CHECK(rt_model_prepare_conv(m, &b->ds_conv));
+            RT_CHECK(rt_model_prepare_bn(m, &b->ds_bn));
         }
     }
-    RT_CHECK(model_prepare_linear(m, &r->fc));
+    RT_CHECK(rt_model_prepare_linear(m, &r->fc));
     return RT_OK;
 }
 
@@ -187,12 +205,12 @@ static rt_status resnet_backward(rt_model *m, rt_grad_ready_fn ready, void *user
     rt_model_ctx *ctx = m->ctx;
     const int n = m->last_n;
     RT_CHECK(rt_linear_backward(ctx, &r->fc, n, r->pooled, m->dout, r->dpooled));
-    RT_CHECK(model_block_done(m, r->nblocks + 1, ready, user));
+    RT_CHECK(rt_model_block_done(m, r->nblocks + 1, ready, user));
     float *g = r->g0, *other = r->g1;
     RT_CHECK(rt_avgpool_backward(ctx, n, r->feat_c, r->feat_hw, r->dpooled, g));
     for (int i = r->nblocks - 1; i >= 0; i--) {
         RT_CHECK(block_backward(ctx, r, &r->blocks[i], n, g, other));
-        RT_CHECK(model_block_done(m, i + 1, ready, user));
+        RT_CHECK(rt_model_block_done(m, i + 1, ready, user));
         float *t = g;
         g = other;
         other = t;
@@ -208,25 +226,33 @@ static rt_status resnet_backward(rt_model *m, rt_grad_ready_fn ready, void *user
     float *gc = ga == r->g0 ? r->g1 : r->g0;
     RT_CHECK(rt_batchnorm2d_backward(ctx, &r->bn1, n, r->stem_c, ga, gc, false));
     RT_CHECK(rt_conv2d_backward(ctx, &r->conv1, n, m->input, gc, NULL, false));
-    RT_CHECK(model_block_done(m, 0, ready, user));
+    RT_CHECK(rt_model_block_done(m, 0, ready, user));
     return RT_OK;
 }
 
-static const rt_arch_ops k_resnet_ops = {
-    .prepare = resnet_prepare,
-    .forward = resnet_forward,
-    .backward = resnet_backward,
-    .release = resnet_release,
-};
+static rt_status resnet_check(const rt_model_config *c) {
+    char list[64];
+    RT_REQUIRE((unsigned)c->stem < RT_STEM_COUNT_, RT_ERR_INVALID, "model stem %d (expected %s)", (int)c->stem,
+               rt_model_name_list(list, sizeof list, stem_name, RT_STEM_COUNT_));
+    RT_REQUIRE(c->width > 0 && c->width <= 4096, RT_ERR_INVALID, "model width %d (expected 1..4096)", c->width);
+    return RT_OK;
+}
 
-rt_status rt_resnet_build(rt_model *m) {
+/* torchvision's ResNet: convolutions kaiming_normal_(mode='fan_out', nonlinearity='relu');
+ * fc keeps PyTorch's Linear default */
+static bool resnet_init_param(const rt_param *p, double fan_in, double fan_out, rt_rng *rng, float *host, size_t n) {
+    if (p->kind != RT_PARAM_WEIGHT || p->value.ndim != 4) return false;
+    rt_rng_normal(rng, host, n, 0.0f, (float)sqrt(2.0 / fan_out));
+    return true;
+}
+
+/* variant: BasicBlocks per stage */
+static rt_status resnet_build(rt_model *m) {
     const rt_model_config *c = &m->cfg;
-    static const int k_layers18[4] = {2, 2, 2, 2}, k_layers34[4] = {3, 4, 6, 3};
-    const int *layers = c->arch == RT_ARCH_RESNET18 ? k_layers18 : k_layers34;
+    const int *layers = m->ops->variant;
     resnet *r = calloc(1, sizeof *r);
     RT_CHECK_ALLOC(r, sizeof *r);
     m->arch = r;
-    m->ops = &k_resnet_ops;
     r->nblocks = layers[0] + layers[1] + layers[2] + layers[3];
     r->blocks = calloc((size_t)r->nblocks, sizeof *r->blocks);
     RT_CHECK_ALLOC(r->blocks, sizeof *r->blocks * (size_t)r->nblocks);
@@ -239,18 +265,18 @@ rt_status rt_resnet_build(rt_model *m) {
         RT_CHECK(rt_conv2d_init(&r->conv1, c->in_channels, w0, c->in_h, c->in_w, 3, 1, 1, false));
     int h = r->conv1.out_h, w = r->conv1.out_w;
     RT_CHECK(rt_batchnorm2d_init(&r->bn1, w0, h, w));
-    RT_CHECK(model_add_conv(m, "conv1", 0, &r->conv1));
-    RT_CHECK(model_add_bn(m, "bn1", 0, &r->bn1));
+    RT_CHECK(rt_model_add_conv(m, "conv1", 0, &r->conv1));
+    RT_CHECK(rt_model_add_bn(m, "bn1", 0, &r->bn1));
     r->stem_c_count = chw(w0, h, w);
-    RT_CHECK(model_act(m, N * r->stem_c_count, &r->stem_c));
-    RT_CHECK(model_act(m, N * r->stem_c_count, &r->stem_a));
+    RT_CHECK(rt_model_act(m, N * r->stem_c_count, &r->stem_c));
+    RT_CHECK(rt_model_act(m, N * r->stem_c_count, &r->stem_a));
     max_act = r->stem_c_count;
     r->has_maxpool = c->stem == RT_STEM_IMAGENET;
     if (r->has_maxpool) {
         RT_CHECK(rt_maxpool2d_init(&r->maxpool, w0, h, w, 3, 2, 1));
         h = r->maxpool.out_h;
         w = r->maxpool.out_w;
-        RT_CHECK(model_act(m, N * chw(w0, h, w), &r->stem_out));
+        RT_CHECK(rt_model_act(m, N * chw(w0, h, w), &r->stem_out));
     } else {
         /* no maxpool: stem_out is stem_a (patched after allocation through the slot) */
         r->stem_out = NULL;
@@ -273,13 +299,23 @@ rt_status rt_resnet_build(rt_model *m) {
     }
     r->feat_c = in_c;
     r->feat_hw = h * w;
-    RT_CHECK(model_act(m, (size_t)N * in_c, &r->pooled));
-    RT_CHECK(model_act(m, (size_t)N * in_c, &r->dpooled));
+    RT_CHECK(rt_model_act(m, (size_t)N * in_c, &r->pooled));
+    RT_CHECK(rt_model_act(m, (size_t)N * in_c, &r->dpooled));
     RT_CHECK(rt_linear_init(&r->fc, in_c, c->num_classes));
-    RT_CHECK(model_add_linear(m, "fc", r->nblocks + 1, &r->fc));
-    RT_CHECK(model_act(m, N * max_act, &r->g0));
-    RT_CHECK(model_act(m, N * max_act, &r->g1));
-    RT_CHECK(model_act(m, N * max_act, &r->t1));
-    RT_CHECK(model_act(m, N * max_act, &r->t2));
+    RT_CHECK(rt_model_add_linear(m, "fc", r->nblocks + 1, &r->fc));
+    RT_CHECK(rt_model_act(m, N * max_act, &r->g0));
+    RT_CHECK(rt_model_act(m, N * max_act, &r->g1));
+    RT_CHECK(rt_model_act(m, N * max_act, &r->t1));
+    RT_CHECK(rt_model_act(m, N * max_act, &r->t2));
     return RT_OK;
 }
+
+static const int k_layers18[4] = {2, 2, 2, 2}, k_layers34[4] = {3, 4, 6, 3};
+
+#define RESNET_OPS                                                                                                     \
+    .check = resnet_check, .build = resnet_build, .prepare = resnet_prepare, .init_param = resnet_init_param,          \
+    .forward = resnet_forward, .backward = resnet_backward, .release = resnet_release
+
+/* rows of the architecture table (arch.c); the loss is the default cross-entropy */
+const rt_model_arch_ops rt_arch_resnet18 = {.name = "resnet18", .variant = k_layers18, RESNET_OPS};
+const rt_model_arch_ops rt_arch_resnet34 = {.name = "resnet34", .variant = k_layers34, RESNET_OPS};

@@ -21,7 +21,6 @@
 #define RTOL 5e-3
 #define ATOL 1e-3
 
-
 static float *alloc_f(size_t n) {
     float *p = calloc(n ? n : 1, sizeof(float));
     assert_non_null(p);
@@ -484,7 +483,7 @@ typedef struct loss_case {
     int op; /* 0 softmax_xent, 1 log_softmax (sum r*y), 2 nll */
     int n, k;
     float *x, *y, *r, *d;
-    int32_t labels[4];
+    int64_t labels[4];
 } loss_case;
 
 static double loss_eval(void *u) {
@@ -531,7 +530,7 @@ static void test_losses(void **state) {
     }
     /* known value: uniform logits give log(k) */
     float z[6] = {0}, d[6], loss;
-    int32_t lab[2] = {1, 2};
+    int64_t lab[2] = {1, 2};
     assert_rt_ok(rt_softmax_xent(g_ctx, 2, 3, z, lab, &loss, d));
     assert_float_equal(loss, log(3.0), 1e-6);
     assert_float_equal(d[1], (1.0 / 3 - 1) / 2, 1e-7);
@@ -540,6 +539,11 @@ static void test_losses(void **state) {
     assert_int_equal(rt_softmax_xent(g_ctx, 2, 3, z, lab, &loss, d), RT_ERR_INVALID);
     assert_non_null(strstr(rt_error_message(), "sample 1"));
     lab[1] = -1;
+    assert_int_equal(rt_nll_loss(g_ctx, 2, 3, z, lab, &loss, d), RT_ERR_INVALID);
+    /* labels are int64 end to end: 2^32 + 1 is out of range, not label 1 */
+    lab[1] = ((int64_t)1 << 32) + 1;
+    assert_int_equal(rt_softmax_xent(g_ctx, 2, 3, z, lab, &loss, d), RT_ERR_INVALID);
+    assert_non_null(strstr(rt_error_message(), "4294967297"));
     assert_int_equal(rt_nll_loss(g_ctx, 2, 3, z, lab, &loss, d), RT_ERR_INVALID);
 }
 

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-
 static rt_model *make(rt_model_arch arch, rt_stem stem, int c, int hw, int width, int batch) {
     rt_model_config cfg;
     rt_model_config_default(&cfg);
@@ -30,7 +29,7 @@ static void shape_is(const rt_model *m, const char *name, int ndim, const int64_
     assert_int_equal(p->kind, kind);
 }
 
-static void test_names(void **state) {
+static void test_name_parse(void **state) {
     (void)state;
     rt_model *m = make(RT_ARCH_RESNET34, RT_STEM_IMAGENET, 1, 28, 64, 2);
     shape_is(m, "conv1.weight", 4, (int64_t[]){64, 1, 7, 7}, RT_PARAM_WEIGHT);
@@ -95,24 +94,80 @@ static void test_bad_config(void **state) {
     rt_model_config_default(&cfg);
     cfg.width = 0;
     assert_int_equal(rt_model_create(&cfg, g_ctx, &m), RT_ERR_INVALID);
-    rt_model_arch a;
-    rt_stem s;
-    assert_int_equal(rt_model_arch_parse("resnet34", &a), 0);
-    assert_int_equal(a, RT_ARCH_RESNET34);
-    assert_int_equal(rt_model_arch_parse("resnet50", &a), -1);
-    assert_int_equal(rt_stem_parse("cifar", &s), 0);
-    assert_int_equal(s, RT_STEM_CIFAR);
+    cfg.width = 64;
+    cfg.arch = RT_ARCH_COUNT_; /* not an architecture */
+    assert_int_equal(rt_model_create(&cfg, g_ctx, &m), RT_ERR_INVALID);
+    cfg.arch = RT_ARCH_RESNET18;
+    cfg.stem = RT_STEM_COUNT_;
+    assert_int_equal(rt_model_create(&cfg, g_ctx, &m), RT_ERR_INVALID);
+    assert_non_null(strstr(rt_error_message(), "expected imagenet | cifar"));
     /* batch larger than built for */
     m = make(RT_ARCH_RESNET18, RT_STEM_CIFAR, 3, 8, 2, 2);
     float x[3 * 3 * 64] = {0};
     assert_int_equal(rt_model_forward(m, x, 3, true), RT_ERR_INVALID);
-    int32_t lab[2] = {0, 1};
+    int64_t lab[2] = {0, 1};
     assert_int_equal(rt_model_backward(m, NULL, NULL), RT_ERR_INVALID);
     assert_rt_ok(rt_model_forward(m, x, 2, false));
     assert_rt_ok(rt_model_loss(m, lab));
     assert_int_equal(rt_model_backward(m, NULL, NULL), RT_ERR_INVALID); /* eval forward */
     rt_model_destroy(m);
 }
+
+/* every name parse of model: each canonical (lowercase) name round-trips, any case is
+ * accepted, an unknown or NULL name is RT_ERR_INVALID listing the accepted names */
+static void test_names(void **state) {
+    (void)state;
+    for (int i = 0; i < RT_ARCH_COUNT_; i++) {
+        const char *name = rt_model_arch_name((rt_model_arch)i);
+        assert_string_not_equal(name, "?"); /* a row in the table for every enum member */
+        rt_model_arch a = RT_ARCH_COUNT_;
+        assert_rt_ok(rt_model_arch_parse(name, &a));
+        assert_int_equal(a, i);
+        for (const char *c = name; *c; c++) assert_false(*c >= 'A' && *c <= 'Z');
+    }
+    assert_string_equal(rt_model_arch_name(RT_ARCH_COUNT_), "?");
+    rt_model_arch a = RT_ARCH_NET;
+    assert_rt_ok(rt_model_arch_parse("ResNet34", &a));
+    assert_int_equal(a, RT_ARCH_RESNET34);
+    assert_int_equal(rt_model_arch_parse("resnet50", &a), RT_ERR_INVALID);
+    assert_int_equal(a, RT_ARCH_RESNET34); /* untouched */
+    assert_non_null(strstr(rt_error_message(), "unknown model arch 'resnet50' (expected resnet18 | resnet34 | net)"));
+    assert_int_equal(rt_model_arch_parse(NULL, &a), RT_ERR_INVALID);
+
+    for (int i = 0; i < RT_STEM_COUNT_; i++) {
+        rt_stem s = RT_STEM_COUNT_;
+        assert_rt_ok(rt_stem_parse(rt_stem_name((rt_stem)i), &s));
+        assert_int_equal(s, i);
+    }
+    rt_stem s = RT_STEM_IMAGENET;
+    assert_rt_ok(rt_stem_parse("CIFAR", &s));
+    assert_int_equal(s, RT_STEM_CIFAR);
+    assert_int_equal(rt_stem_parse("tiny", &s), RT_ERR_INVALID);
+    assert_non_null(strstr(rt_error_message(), "unknown stem 'tiny' (expected imagenet | cifar)"));
+    assert_string_equal(rt_stem_name(RT_STEM_COUNT_), "?");
+
+    for (int i = 0; i < RT_PRECISION_COUNT_; i++) {
+        rt_precision p = RT_PRECISION_COUNT_;
+        assert_rt_ok(rt_precision_parse(rt_precision_name((rt_precision)i), &p));
+        assert_int_equal(p, i);
+    }
+    rt_precision p = RT_PRECISION_FP32;
+    assert_rt_ok(rt_precision_parse("TF32", &p));
+    assert_int_equal(p, RT_PRECISION_TF32);
+    assert_int_equal(rt_precision_parse("fp16", &p), RT_ERR_INVALID);
+    assert_non_null(strstr(rt_error_message(), "unknown precision 'fp16' (expected fp32 | tf32)"));
+    assert_string_equal(rt_precision_name(RT_PRECISION_COUNT_), "?");
+}
+
+/* One label type from the loader to the loss: int64, as PyTorch's. A change of
+ * rt_model_loss's or rt_model_train_step's label type fails to compile here. */
+_Static_assert(_Generic(&rt_model_loss, rt_status (*)(rt_model *, const int64_t *) : 1, default : 0),
+               "rt_model_loss takes int64 labels");
+_Static_assert(_Generic(&rt_model_train_step,
+                        rt_status (*)(rt_model *, const float *, const int64_t *, int, rt_grad_ready_fn, void *,
+                                      float *) : 1,
+                        default : 0),
+               "rt_model_train_step takes int64 labels");
 
 static void test_init(void **state) {
     (void)state;
@@ -183,7 +238,7 @@ static rt_status fail_ready(void *user, int block, size_t begin, size_t end) {
     return block == 3 ? RT_ERROR(RT_ERR_PEER, "reducer gave up at block %d", block) : RT_OK;
 }
 
-static void check_ready(rt_model *m, const float *x, const int32_t *labels, int n) {
+static void check_ready(rt_model *m, const float *x, const int64_t *labels, int n) {
     ready_log L = {.m = m};
     size_t gsize = rt_model_grads(m)->size;
     L.snap = calloc(1, gsize);
@@ -225,7 +280,7 @@ static void test_grad_ready(void **state) {
     (void)state;
     float x[3 * 3 * 16 * 16];
     mt_randn(x, sizeof x / sizeof x[0], 77);
-    int32_t labels[3] = {1, 7, 3};
+    int64_t labels[3] = {1, 7, 3};
     rt_model *m = make(RT_ARCH_RESNET18, RT_STEM_CIFAR, 3, 16, 4, 3);
     check_ready(m, x, labels, 3);
     rt_model_destroy(m);
@@ -241,7 +296,7 @@ static void test_grad_ready(void **state) {
 typedef struct model_case {
     rt_model *m;
     const float *x;
-    const int32_t *labels;
+    const int64_t *labels;
     int n;
 } model_case;
 
@@ -261,7 +316,7 @@ static double model_eval(void *u) {
  * is also piecewise smooth (relu, maxpool kinks): a sample passes within
  * 3e-3 + 3e-2 * max|g| of its tensor, and at most 5% of the samples may fall on a
  * kink. A skipped or wrong gradient breaks far more. */
-static void check_model_fd(rt_model *m, const float *x, const int32_t *labels, int n) {
+static void check_model_fd(rt_model *m, const float *x, const int64_t *labels, int n) {
     model_case c = {.m = m, .x = x, .labels = labels, .n = n};
     assert_rt_ok(rt_model_forward(m, x, n, true));
     assert_rt_ok(rt_model_loss(m, labels));
@@ -287,7 +342,7 @@ static void check_model_fd(rt_model *m, const float *x, const int32_t *labels, i
 
 static void test_model_fd(void **state) {
     (void)state;
-    int32_t labels[3] = {2, 0, 9};
+    int64_t labels[3] = {2, 0, 9};
     float x[3 * 3 * 16 * 16];
     mt_randn(x, sizeof x / sizeof x[0], 88);
     rt_model *m = make(RT_ARCH_RESNET18, RT_STEM_CIFAR, 3, 16, 4, 3);
@@ -343,7 +398,7 @@ static void test_partial_batch(void **state) {
     (void)state;
     float x[5 * 3 * 16 * 16];
     mt_randn(x, sizeof x / sizeof x[0], 123);
-    int32_t labels[5] = {1, 2, 3, 4, 5};
+    int64_t labels[5] = {1, 2, 3, 4, 5};
     rt_model *a = make(RT_ARCH_RESNET18, RT_STEM_CIFAR, 3, 16, 4, 5);
     rt_model *b = make(RT_ARCH_RESNET18, RT_STEM_CIFAR, 3, 16, 4, 3);
     float la, lb;
@@ -397,10 +452,15 @@ static void test_save_load(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_names),     cmocka_unit_test(test_bad_config),
-        cmocka_unit_test(test_init),      cmocka_unit_test(test_grad_ready),
-        cmocka_unit_test(test_model_fd),  cmocka_unit_test(test_every_layer_used),
-        cmocka_unit_test(test_save_load), cmocka_unit_test(test_partial_batch),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_name_parse),
+        cmocka_unit_test(test_init),
+        cmocka_unit_test(test_grad_ready),
+        cmocka_unit_test(test_model_fd),
+        cmocka_unit_test(test_every_layer_used),
+        cmocka_unit_test(test_save_load),
+        cmocka_unit_test(test_partial_batch),
     };
     return cmocka_run_group_tests(tests, mt_group_setup, mt_group_teardown);
 }

@@ -156,9 +156,8 @@ static void run_case(const ref_case *rc) {
     size_t xn = (size_t)n * rc->c * rc->hw * rc->hw;
     float *x = malloc(xn * sizeof(float));
     assert_non_null(x);
-    int32_t labels[16];
-    int64_t labels64[16];
-    for (int i = 0; i < n; i++) labels64[i] = labels[i] = (i * 7 + 3) % k;
+    int64_t labels[16]; /* the type of the loader's labels and of torch's */
+    for (int i = 0; i < n; i++) labels[i] = (i * 7 + 3) % k;
     const char *src = getenv("RINGTRAIN_SOURCE_DIR");
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
@@ -177,7 +176,7 @@ static void run_case(const ref_case *rc) {
         rt_st_writer *w;
         assert_rt_ok(rt_st_writer_create(&w));
         assert_rt_ok(rt_st_writer_add(w, "x", RT_F32, 4, (int64_t[]){n, rc->c, rc->hw, rc->hw}, x));
-        assert_rt_ok(rt_st_writer_add(w, "labels", RT_I64, 1, (int64_t[]){n}, labels64));
+        assert_rt_ok(rt_st_writer_add(w, "labels", RT_I64, 1, (int64_t[]){n}, labels));
         snprintf(path, sizeof path, "%s/input.safetensors", dir);
         assert_rt_ok(rt_st_writer_write(w, path));
         rt_st_writer_free(w);

@@ -123,11 +123,11 @@ static inline float *gt_uniform(size_t n, float lo, float hi) {
     rt_rng_uniform_range(&r, p, n, lo, hi);
     return p;
 }
-static inline int32_t *gt_labels(size_t n, int k) {
-    int32_t *p = malloc((n ? n : 1) * sizeof(int32_t));
+static inline int64_t *gt_labels(size_t n, int k) {
+    int64_t *p = malloc((n ? n : 1) * sizeof(int64_t));
     rt_rng r;
     rt_rng_init(&r, g_seed, ++g_subseq);
-    for (size_t i = 0; i < n; i++) p[i] = (int32_t)rt_rng_below(&r, (uint64_t)k);
+    for (size_t i = 0; i < n; i++) p[i] = (int64_t)rt_rng_below(&r, (uint64_t)k);
     return p;
 }
 

@@ -78,7 +78,7 @@ static double compare_tables(rt_model *mc, rt_model *mg, int which, double tol, 
 
 typedef struct batch {
     float *hx, *dx;
-    int32_t *hl, *dl;
+    int64_t *hl, *dl;
 } batch;
 
 static batch make_batch(const rt_model_config *cfg, int n) {
@@ -87,8 +87,8 @@ static batch make_batch(const rt_model_config *cfg, int n) {
     b.hx = gt_randn(xn, 1.0f);
     b.dx = gt_dev_copy(b.hx, xn);
     b.hl = gt_labels((size_t)n, cfg->num_classes);
-    b.dl = gt_dev((size_t)n * sizeof(int32_t));
-    gt_upload(b.dl, b.hl, (size_t)n * sizeof(int32_t));
+    b.dl = gt_dev((size_t)n * sizeof(int64_t));
+    gt_upload(b.dl, b.hl, (size_t)n * sizeof(int64_t));
     return b;
 }
 static void free_batch(batch *b) {

@@ -2,6 +2,7 @@
 #include "model/cpu/cpu_internal.h"
 
 #include "core/log.h"
+#include "model/internal/names.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -31,26 +32,31 @@ static void blas_hint(void) {
 
 static void cpu_ctx_release(rt_model_ctx *ctx);
 
+static const char *const k_conv_impl_names[RT_CPU_CONV_COUNT_] = {
+    [RT_CPU_CONV_AUTO] = "auto", [RT_CPU_CONV_IM2COL] = "im2col", [RT_CPU_CONV_DNNL] = "dnnl"};
+
+static const char *conv_impl_name(int i) { return k_conv_impl_names[i]; }
+
 static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
     rt_cpu_state *s = calloc(1, sizeof *s);
     RT_CHECK_ALLOC(s, sizeof *s);
-    rt_status st = rt_pool_create(ctx->threads, &s->pool);
+    rt_status st = rt_threadpool_create(ctx->threads, &s->pool);
     if (st != RT_OK) {
         free(s);
-        rt_error_trace(__FILE__, __LINE__, "rt_pool_create");
+        rt_error_trace(__FILE__, __LINE__, "rt_threadpool_create");
         return st;
     }
     ctx->backend = s;
     const char *conv = getenv("RINGTRAIN_CONV");
-    if (conv && *conv && strcmp(conv, "auto") != 0) {
-        if (strcmp(conv, "im2col") == 0)
-            s->conv = RT_CPU_CONV_IM2COL;
-        else if (strcmp(conv, "dnnl") == 0)
-            s->conv = RT_CPU_CONV_DNNL;
-        else {
+    if (conv && *conv) {
+        int impl = rt_model_name_find(conv, conv_impl_name, RT_CPU_CONV_COUNT_);
+        if (impl < 0) {
+            char names[64];
             cpu_ctx_release(ctx);
-            RT_FAIL(RT_ERR_INVALID, "RINGTRAIN_CONV=%s (expected im2col, dnnl or auto)", conv);
+            RT_FAIL(RT_ERR_INVALID, "RINGTRAIN_CONV=%s: unknown convolution implementation (expected %s)", conv,
+                    rt_model_name_list(names, sizeof names, conv_impl_name, RT_CPU_CONV_COUNT_));
         }
+        s->conv = (rt_cpu_conv_impl)impl;
     }
 #ifdef RT_HAVE_DNNL
     if (s->conv != RT_CPU_CONV_IM2COL) {
@@ -86,7 +92,7 @@ static void cpu_ctx_release(rt_model_ctx *ctx) {
 #ifdef RT_HAVE_DNNL
     rt_dnnl_env_destroy(s->dnnl);
 #endif
-    rt_pool_destroy(s->pool);
+    rt_threadpool_destroy(s->pool);
     free(s);
     ctx->backend = NULL;
 }

@@ -389,7 +389,7 @@ static void gather_weights(const rt_conv2d *l, const cpu_conv *cc, const float *
 }
 
 static int parts_for(rt_model_ctx *ctx, int nb) {
-    int T = rt_pool_threads(cpu_pool(ctx));
+    int T = rt_threadpool_threads(cpu_pool(ctx));
     return nb < T ? nb : T;
 }
 
@@ -453,7 +453,7 @@ static void unroll_task(void *arg, int o) {
 
 static void dense_unroll(rt_model_ctx *ctx, const rt_conv2d *l, const float *w, float *wd, int fold, float *dw) {
     unroll_job U = {.l = l, .w = w, .wd = wd, .dw = dw, .fold = fold};
-    rt_pool_run(cpu_pool(ctx), l->out_c, unroll_task, &U);
+    rt_threadpool_run(cpu_pool(ctx), l->out_c, unroll_task, &U);
 }
 
 /* y[lo:hi] (.., O*OP) = x[lo:hi] (.., C*IP) W'^T + bias */
@@ -518,7 +518,7 @@ static rt_status dense_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const flo
     D.y = y;
     D.bias = l->has_bias ? rt_tensor_data(&l->bias) : NULL;
     D.parts = parts_for(ctx, n);
-    rt_pool_run(cpu_pool(ctx), D.parts, dense_fwd_part, &D);
+    rt_threadpool_run(cpu_pool(ctx), D.parts, dense_fwd_part, &D);
     return RT_OK;
 }
 
@@ -530,15 +530,15 @@ static rt_status dense_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
     D.dy = dy;
     D.dx = dx;
     D.accumulate = accumulate;
-    int T = rt_pool_threads(cpu_pool(ctx));
+    int T = rt_threadpool_threads(cpu_pool(ctx));
     D.parts = D.rows < T ? D.rows : T;
-    rt_pool_run(cpu_pool(ctx), D.parts, dense_dw_part, &D);
+    rt_threadpool_run(cpu_pool(ctx), D.parts, dense_dw_part, &D);
     dense_unroll(ctx, l, NULL, D.dwd, 1, rt_tensor_data(&l->dweight));
     if (dx) {
         /* unrolled again: the weights may have changed since the forward */
         dense_unroll(ctx, l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL);
         D.parts = parts_for(ctx, n);
-        rt_pool_run(cpu_pool(ctx), D.parts, dense_dx_part, &D);
+        rt_threadpool_run(cpu_pool(ctx), D.parts, dense_dx_part, &D);
     }
     return RT_OK;
 }
@@ -567,7 +567,7 @@ rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
         J.nb = n - n0 < nbmax ? n - n0 : nbmax;
         job_chunk(&J, ws, J.nb);
         J.parts = parts_for(ctx, J.nb);
-        rt_pool_run(cpu_pool(ctx), J.parts, fwd_part, &J);
+        rt_threadpool_run(cpu_pool(ctx), J.parts, fwd_part, &J);
     }
     if (J.cc->cache) {
         cpu_conv *cc = l->priv;
@@ -604,7 +604,7 @@ rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
     float *wl;
     RT_CHECK(job_init(ctx, l, n, &J, &nbmax, &wl));
     const size_t P = (size_t)l->out_h * l->out_w;
-    rt_pool *pool = cpu_pool(ctx);
+    rt_threadpool *pool = cpu_pool(ctx);
     if (l->has_bias) {
         float *db = rt_tensor_data(&l->dbias);
         for (int o = 0; o < l->out_c; o++) {
@@ -630,7 +630,7 @@ rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
     J.dx = dx;
     J.accumulate = accumulate;
     float *ws = J.col;
-    int T = rt_pool_threads(pool);
+    int T = rt_threadpool_threads(pool);
     cpu_conv *cc = l->priv;
     const bool cached = cc->cache && cc->cached_x == x && cc->cached_n == n;
     cc->cached_x = NULL; /* dcol overwrites the columns below */
@@ -639,12 +639,12 @@ rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
         J.nb = n - n0 < nbmax ? n - n0 : nbmax;
         J.first_chunk = n0 == 0;
         job_chunk(&J, ws, J.nb);
-        rt_pool_run(pool, J.nb, cached ? bwd_gather : bwd_prep, &J);
+        rt_threadpool_run(pool, J.nb, cached ? bwd_gather : bwd_prep, &J);
         J.parts = l->out_c < T ? l->out_c : T;
-        rt_pool_run(pool, J.parts, bwd_dw_part, &J);
+        rt_threadpool_run(pool, J.parts, bwd_dw_part, &J);
         if (dx) {
             J.parts = parts_for(ctx, J.nb);
-            rt_pool_run(pool, J.parts, bwd_dx_part, &J);
+            rt_threadpool_run(pool, J.parts, bwd_dx_part, &J);
         }
     }
     if (J.cc->pruned) {

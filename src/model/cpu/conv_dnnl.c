@@ -526,7 +526,7 @@ static rt_status dn_run(rt_model_ctx *ctx, dn_job *J) {
      * running its primitive single-threaded */
     const int parts = J->which == 1 ? c->bww_parts : c->nparts;
     J->omp_threads = parts == 1 ? ctx->threads : 1;
-    rt_pool_run(cpu_pool(ctx), parts, dn_task, J);
+    rt_threadpool_run(cpu_pool(ctx), parts, dn_task, J);
     for (int t = 0; t < parts; t++)
         RT_REQUIRE(J->status[t] == dnnl_success, RT_ERR_INTERNAL, "conv2d %d->%d k%d: oneDNN %s failed: %s", J->l->in_c,
                    J->l->out_c, J->l->k,
@@ -535,7 +535,7 @@ static rt_status dn_run(rt_model_ctx *ctx, dn_job *J) {
                                    : "backward-data",
                    dn_status_name(J->status[t]));
     if (J->which == 1 && c->bww_batch)
-        rt_pool_run(cpu_pool(ctx), (int)((c->wfloats + DN_SUM_CHUNK - 1) / DN_SUM_CHUNK), dn_sum_task, J);
+        rt_threadpool_run(cpu_pool(ctx), (int)((c->wfloats + DN_SUM_CHUNK - 1) / DN_SUM_CHUNK), dn_sum_task, J);
     return RT_OK;
 }
 

@@ -8,7 +8,7 @@
 #ifndef RT_MODEL_CPU_CONV_DNNL_H
 #define RT_MODEL_CPU_CONV_DNNL_H
 
-#include "model/backend.h"
+#include "model/internal/backend.h"
 
 typedef struct rt_dnnl_conv rt_dnnl_conv;
 typedef struct rt_dnnl_env rt_dnnl_env;

@@ -2,9 +2,9 @@
 #ifndef RT_MODEL_CPU_INTERNAL_H
 #define RT_MODEL_CPU_INTERNAL_H
 
-#include "model/backend.h"
+#include "model/internal/backend.h"
 #include "model/cpu/conv_dnnl.h"
-#include "model/cpu/pool.h"
+#include "model/cpu/threadpool.h"
 
 /* How convolutions run: environment RINGTRAIN_CONV=im2col | dnnl | auto (the default:
  * oneDNN where the build has it and it can do the layer, else im2col + OpenBLAS). */
@@ -12,15 +12,16 @@ typedef enum rt_cpu_conv_impl {
     RT_CPU_CONV_AUTO = 0,
     RT_CPU_CONV_IM2COL,
     RT_CPU_CONV_DNNL,
+    RT_CPU_CONV_COUNT_
 } rt_cpu_conv_impl;
 
 typedef struct rt_cpu_state {
-    rt_pool *pool;
+    rt_threadpool *pool;
     rt_cpu_conv_impl conv;
     rt_dnnl_env *dnnl; /* oneDNN engine and stream; NULL without oneDNN or with im2col */
 } rt_cpu_state;
 
-static inline rt_pool *cpu_pool(rt_model_ctx *ctx) { return ((rt_cpu_state *)ctx->backend)->pool; }
+static inline rt_threadpool *cpu_pool(rt_model_ctx *ctx) { return ((rt_cpu_state *)ctx->backend)->pool; }
 
 /* conv_cpu.c */
 rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
@@ -48,11 +49,11 @@ rt_status rt_cpu_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const
 rt_status rt_cpu_add_forward(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y);
 rt_status rt_cpu_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
 rt_status rt_cpu_copy(rt_model_ctx *ctx, size_t count, const float *x, float *y);
-rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels, float *loss,
+rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, float *loss,
                               float *dlogits);
 rt_status rt_cpu_log_softmax_forward(rt_model_ctx *ctx, int n, int k, const float *x, float *y);
 rt_status rt_cpu_log_softmax_backward(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy, float *dx);
-rt_status rt_cpu_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+rt_status rt_cpu_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int64_t *labels, float *loss,
                           float *dlogp);
 
 #endif

@@ -12,6 +12,7 @@
 #include "model/cpu/gemm.h"
 
 #include <float.h>
+#include <inttypes.h>
 #include <math.h>
 #include <string.h>
 
@@ -109,7 +110,7 @@ static void bn_forward_task(void *arg, int c) {
 rt_status rt_cpu_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
                                      bool training) {
     bn_job J = {.l = l, .n = n, .x = x, .y = y, .training = training};
-    rt_pool_run(cpu_pool(ctx), l->c, bn_forward_task, &J);
+    rt_threadpool_run(cpu_pool(ctx), l->c, bn_forward_task, &J);
     if (training) ((int64_t *)rt_tensor_data(&l->num_batches_tracked))[0] += 1;
     return RT_OK;
 }
@@ -143,7 +144,7 @@ static void bn_backward_task(void *arg, int c) {
 rt_status rt_cpu_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
                                       float *dx, bool accumulate) {
     bn_job J = {.l = l, .n = n, .x = x, .dy = dy, .dx = dx, .accumulate = accumulate};
-    rt_pool_run(cpu_pool(ctx), l->c, bn_backward_task, &J);
+    rt_threadpool_run(cpu_pool(ctx), l->c, bn_backward_task, &J);
     return RT_OK;
 }
 
@@ -186,7 +187,7 @@ static void ew_task(void *arg, int t) {
 
 static rt_status ew_run(rt_model_ctx *ctx, int op, size_t count, const float *a, const float *b, float *y) {
     ew_job J = {.count = count, .a = a, .b = b, .y = y, .op = op};
-    rt_pool_run(cpu_pool(ctx), (int)((count + EW_BLOCK - 1) / EW_BLOCK), ew_task, &J);
+    rt_threadpool_run(cpu_pool(ctx), (int)((count + EW_BLOCK - 1) / EW_BLOCK), ew_task, &J);
     return RT_OK;
 }
 
@@ -282,7 +283,7 @@ static void maxpool_bw_task(void *arg, int t) {
 
 rt_status rt_cpu_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y) {
     pool_job J = {.l = l, .x = x, .y = y, .planes = n * l->c};
-    rt_pool_run(cpu_pool(ctx), (J.planes + MP_PLANES - 1) / MP_PLANES, maxpool_fw_task, &J);
+    rt_threadpool_run(cpu_pool(ctx), (J.planes + MP_PLANES - 1) / MP_PLANES, maxpool_fw_task, &J);
     return RT_OK;
 }
 
@@ -290,7 +291,7 @@ rt_status rt_cpu_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, c
                                     const float *dy, float *dx) {
     (void)y;
     pool_job J = {.l = l, .x = x, .dy = dy, .dx = dx, .planes = n * l->c};
-    rt_pool_run(cpu_pool(ctx), (J.planes + MP_PLANES - 1) / MP_PLANES, maxpool_bw_task, &J);
+    rt_threadpool_run(cpu_pool(ctx), (J.planes + MP_PLANES - 1) / MP_PLANES, maxpool_bw_task, &J);
     return RT_OK;
 }
 
@@ -367,9 +368,9 @@ rt_status rt_cpu_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const
 
 /* ---- losses ------------------------------------------------------------------------ */
 
-static rt_status check_labels(int n, int k, const int32_t *labels) {
+static rt_status check_labels(int n, int k, const int64_t *labels) {
     for (int i = 0; i < n; i++)
-        RT_REQUIRE(labels[i] >= 0 && labels[i] < k, RT_ERR_INVALID, "label %d of sample %d is outside [0, %d)",
+        RT_REQUIRE(labels[i] >= 0 && labels[i] < k, RT_ERR_INVALID, "label %" PRId64 " of sample %d is outside [0, %d)",
                    labels[i], i, k);
     return RT_OK;
 }
@@ -382,7 +383,7 @@ static double row_logsumexp(const float *x, int k) {
     return m + log(s);
 }
 
-rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels, float *loss,
+rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, float *loss,
                               float *dlogits) {
     (void)ctx;
     RT_CHECK(check_labels(n, k, labels));
@@ -421,7 +422,7 @@ rt_status rt_cpu_log_softmax_backward(rt_model_ctx *ctx, int n, int k, const flo
     return RT_OK;
 }
 
-rt_status rt_cpu_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+rt_status rt_cpu_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int64_t *labels, float *loss,
                           float *dlogp) {
     (void)ctx;
     RT_CHECK(check_labels(n, k, labels));

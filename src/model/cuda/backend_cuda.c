@@ -282,7 +282,7 @@ static rt_status cuda_copy(rt_model_ctx *ctx, size_t count, const float *x, floa
     return RT_OK;
 }
 
-static rt_status cuda_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels,
+static rt_status cuda_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels,
                                    float *loss, float *dlogits) {
     RT_CHECK(rt_cuda_bind(ctx));
     rt_cuda_state *s = cuda_state(ctx);
@@ -303,7 +303,7 @@ static rt_status cuda_log_softmax_backward(rt_model_ctx *ctx, int n, int k, cons
     return RT_OK;
 }
 
-static rt_status cuda_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+static rt_status cuda_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int64_t *labels, float *loss,
                                float *dlogp) {
     RT_CHECK(rt_cuda_bind(ctx));
     rt_cuda_state *s = cuda_state(ctx);

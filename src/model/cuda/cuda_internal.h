@@ -7,7 +7,7 @@
 #define RT_MODEL_CUDA_INTERNAL_H
 
 #include "model/cuda/lib_check.h"
-#include "model/backend.h"
+#include "model/internal/backend.h"
 
 #include <stdint.h>
 
@@ -77,11 +77,11 @@ cudaError_t rt_cuk_dropout_backward(cudaStream_t s, const rt_dropout *l, int n, 
 cudaError_t rt_cuk_increment_i64(cudaStream_t s, int64_t *counter);
 /* losses: an out-of-range label adds 1 to *bad and makes the loss (and that row's
  * gradient) NaN */
-cudaError_t rt_cuk_softmax_xent(cudaStream_t s, int n, int k, const float *logits, const int32_t *labels, float *loss,
+cudaError_t rt_cuk_softmax_xent(cudaStream_t s, int n, int k, const float *logits, const int64_t *labels, float *loss,
                                 float *dlogits, int *bad);
 cudaError_t rt_cuk_log_softmax_forward(cudaStream_t s, int n, int k, const float *x, float *y);
 cudaError_t rt_cuk_log_softmax_backward(cudaStream_t s, int n, int k, const float *y, const float *dy, float *dx);
-cudaError_t rt_cuk_nll_loss(cudaStream_t s, int n, int k, const float *logp, const int32_t *labels, float *loss,
+cudaError_t rt_cuk_nll_loss(cudaStream_t s, int n, int k, const float *logp, const int64_t *labels, float *loss,
                             float *dlogp, int *bad);
 
 #ifdef __cplusplus

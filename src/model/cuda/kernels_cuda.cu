@@ -282,13 +282,13 @@ static __device__ double block_sum(double v, double *sh) {
 }
 
 /* one block: each thread takes rows t, t+256, ...; the loss is reduced in the block */
-static __global__ void softmax_xent_kernel(int n, int k, const float *logits, const int32_t *labels, float *loss,
+static __global__ void softmax_xent_kernel(int n, int k, const float *logits, const int64_t *labels, float *loss,
                                            float *dlogits, int *bad) {
     __shared__ double sh[REDUCE_THREADS];
     double total = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float *x = logits + (size_t)i * k;
-        int32_t lab = labels[i];
+        int64_t lab = labels[i];
         if (lab < 0 || lab >= k) {
             atomicAdd(bad, 1);
             total += NAN;
@@ -307,7 +307,7 @@ static __global__ void softmax_xent_kernel(int n, int k, const float *logits, co
     if (threadIdx.x == 0) *loss = (float)(sum / n);
 }
 
-extern "C" cudaError_t rt_cuk_softmax_xent(cudaStream_t s, int n, int k, const float *logits, const int32_t *labels,
+extern "C" cudaError_t rt_cuk_softmax_xent(cudaStream_t s, int n, int k, const float *logits, const int64_t *labels,
                                            float *loss, float *dlogits, int *bad) {
     softmax_xent_kernel<<<1, REDUCE_THREADS, 0, s>>>(n, k, logits, labels, loss, dlogits, bad);
     return cudaGetLastError();
@@ -343,13 +343,13 @@ extern "C" cudaError_t rt_cuk_log_softmax_backward(cudaStream_t s, int n, int k,
     return cudaGetLastError();
 }
 
-static __global__ void nll_kernel(int n, int k, const float *logp, const int32_t *labels, float *loss, float *dlogp,
+static __global__ void nll_kernel(int n, int k, const float *logp, const int64_t *labels, float *loss, float *dlogp,
                                   int *bad) {
     __shared__ double sh[REDUCE_THREADS];
     double total = 0;
     const float g = -1.0f / (float)n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        int32_t lab = labels[i];
+        int64_t lab = labels[i];
         bool ok = lab >= 0 && lab < k;
         if (!ok) {
             atomicAdd(bad, 1);
@@ -364,7 +364,7 @@ static __global__ void nll_kernel(int n, int k, const float *logp, const int32_t
     if (threadIdx.x == 0) *loss = (float)(sum / n);
 }
 
-extern "C" cudaError_t rt_cuk_nll_loss(cudaStream_t s, int n, int k, const float *logp, const int32_t *labels,
+extern "C" cudaError_t rt_cuk_nll_loss(cudaStream_t s, int n, int k, const float *logp, const int64_t *labels,
                                        float *loss, float *dlogp, int *bad) {
     nll_kernel<<<1, REDUCE_THREADS, 0, s>>>(n, k, logp, labels, loss, dlogp, bad);
     return cudaGetLastError();

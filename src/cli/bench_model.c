@@ -1,37 +1,51 @@
 /* `ringtrain bench model`: training-step throughput of a model (images/s).
  *
- * One step is forward + cross-entropy + backward + a plain SGD-with-momentum update
- * (v = mu v + g; w -= lr v, as torch.optim.SGD does), on random data generated once,
- * so the number compares with bench/model_torch.py running the same model in PyTorch.
- * Prints a table (or one JSON object per batch size with --json) with images/s, the
- * mean time of forward, backward and update, and the process's peak RSS.
+ * One step is forward + cross-entropy + backward + src/optim's SGD with momentum
+ * (lr 0.01, momentum 0.9: torch.optim.SGD(lr=0.01, momentum=0.9)), on random data
+ * generated once, so the number compares with bench/model_torch.py running the same
+ * model in PyTorch. On the CPU the update is split over --threads threads (one
+ * optimizer per slice of the parameter arena), like PyTorch's parallel elementwise
+ * kernels. Prints a table (or one JSON object per batch size with --json) with images/s,
+ * the mean time of forward, backward and update, and the process's peak RSS.
  */
 #include "cli/cli.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "model/model.h"
+#include "optim/optimizer.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#ifdef RT_HAVE_CUDA
-#include "model/cuda/bench_cuda.h"
-#endif
+
+/* "a | b | c" from the model's name tables, so the help never drifts from them */
+static void names(FILE *out, int count, const char *(*name_of)(int)) {
+    for (int i = 0; i < count; i++) fprintf(out, "%s%s", i ? " | " : "", name_of(i));
+}
+static const char *arch_name(int i) { return rt_model_arch_name((rt_model_arch)i); }
+static const char *stem_name(int i) { return rt_stem_name((rt_stem)i); }
+static const char *precision_name(int i) { return rt_precision_name((rt_precision)i); }
 
 static void usage(FILE *out) {
     fprintf(out, "usage: ringtrain bench model [options]\n\n"
                  "Training-step throughput on this device: forward, loss, backward and an SGD-momentum update.\n\n"
-                 "  --arch NAME      resnet18 | resnet34 | net (default resnet34)\n"
-                 "  --stem NAME      imagenet | cifar (default imagenet)\n"
+                 "  --arch NAME      ");
+    names(out, RT_ARCH_COUNT_, arch_name);
+    fprintf(out, " (default resnet34)\n"
+                 "  --stem NAME      ");
+    names(out, RT_STEM_COUNT_, stem_name);
+    fprintf(out, " (default imagenet)\n"
                  "  --channels N     input channels (default 1)\n"
                  "  --size N         input height and width (default 28)\n"
                  "  --width N        ResNet base width (default 64)\n"
                  "  --batch LIST     batch sizes, comma-separated (default 64,128)\n"
                  "  --threads N      CPU threads (default 2)\n"
                  "  --device D       cpu | cuda | cuda:N | auto (default cpu)\n"
-                 "  --precision P    fp32 | tf32 (CUDA: tf32 allows tensor cores; default fp32)\n"
+                 "  --precision P    ");
+    names(out, RT_PRECISION_COUNT_, precision_name);
+    fprintf(out, " (CUDA: tf32 allows tensor cores; default fp32)\n"
                  "  --steps N        timed steps per batch size (default 10)\n"
                  "  --warmup N       untimed steps first (default 2)\n"
                  "  --json           one JSON object per batch size instead of the table\n");
@@ -48,47 +62,77 @@ static int parse_int(const char *opt, const char *v, int lo, int hi, int *out) {
     return 0;
 }
 
+/* a name option the model did not accept: its message lists the accepted names */
+static int bad_name(const char *opt) {
+    fprintf(stderr, "ringtrain bench model: %s: %s\n", opt, rt_error_message());
+    return 2;
+}
+
+#define MAX_SGD_PARTS 16
+
+/* SGD with momentum over the whole parameter arena (padding included: harmless): one
+ * rt_optimizer per slice, each slice stepped on its own thread (the first on the caller) */
 typedef struct sgd {
-    float *velocity;
-    size_t n;
+    rt_optimizer part[MAX_SGD_PARTS];
+    size_t lo[MAX_SGD_PARTS];
+    int nparts;
+    rt_stream *stream;
 } sgd;
 
-typedef struct sgd_part {
+typedef struct sgd_job {
     sgd *s;
+    int i;
     float *w;
     const float *g;
-    float lr, mu;
-    size_t lo, hi;
-} sgd_part;
+    rt_status st;
+} sgd_job;
+
+static rt_status sgd_init(sgd *s, rt_device dev, size_t n, int parts, rt_stream *stream) {
+    memset(s, 0, sizeof *s);
+    rt_optim_config oc;
+    rt_optim_config_default(&oc, RT_OPTIM_SGD);
+    oc.lr = 0.01;
+    oc.momentum = 0.9;
+    if (parts > MAX_SGD_PARTS) parts = MAX_SGD_PARTS;
+    if ((size_t)parts > n) parts = n ? (int)n : 1;
+    s->stream = stream;
+    for (int t = 0; t < parts; t++) {
+        s->lo[t] = n * (size_t)t / (size_t)parts;
+        size_t hi = n * (size_t)(t + 1) / (size_t)parts;
+        RT_CHECK(rt_optimizer_init(&s->part[t], &oc, dev, hi - s->lo[t]));
+        s->nparts = t + 1;
+    }
+    return RT_OK;
+}
+
+static void sgd_free(sgd *s) {
+    for (int t = 0; t < s->nparts; t++) rt_optimizer_free(&s->part[t]);
+    s->nparts = 0;
+}
 
 static void *sgd_run(void *arg) {
-    sgd_part *p = arg;
-    float *v = p->s->velocity;
-    for (size_t i = p->lo; i < p->hi; i++) {
-        v[i] = p->mu * v[i] + p->g[i];
-        p->w[i] -= p->lr * v[i];
-    }
+    sgd_job *j = arg;
+    size_t lo = j->s->lo[j->i];
+    j->st = rt_optimizer_step(&j->s->part[j->i], j->w + lo, j->g + lo, -1.0, j->s->stream);
     return NULL;
 }
 
-/* plain SGD with momentum over the whole parameter arena (padding included: harmless),
- * split over `threads` threads like PyTorch's parallel elementwise kernels */
-static void sgd_step(sgd *s, float *w, const float *g, float lr, float mu, int threads) {
-    sgd_part parts[16];
-    pthread_t tid[16];
-    if (threads > 16) threads = 16;
-    int started = 0;
-    for (int t = 0; t < threads; t++) {
-        parts[t] =
-            (sgd_part){s, w, g, lr, mu, s->n * (size_t)t / (size_t)threads, s->n * (size_t)(t + 1) / (size_t)threads};
-        if (t > 0 && pthread_create(&tid[t], NULL, sgd_run, &parts[t]) == 0)
-            started |= 1 << t;
+static rt_status sgd_step(sgd *s, float *w, const float *g) {
+    sgd_job jobs[MAX_SGD_PARTS];
+    pthread_t tid[MAX_SGD_PARTS];
+    bool started[MAX_SGD_PARTS] = {false};
+    for (int t = 0; t < s->nparts; t++) {
+        jobs[t] = (sgd_job){s, t, w, g, RT_OK};
+        if (t > 0 && pthread_create(&tid[t], NULL, sgd_run, &jobs[t]) == 0)
+            started[t] = true;
         else if (t > 0)
-            sgd_run(&parts[t]);
+            sgd_run(&jobs[t]);
     }
-    sgd_run(&parts[0]);
-    for (int t = 1; t < threads; t++)
-        if (started & (1 << t)) pthread_join(tid[t], NULL);
+    sgd_run(&jobs[0]);
+    for (int t = 1; t < s->nparts; t++)
+        if (started[t]) pthread_join(tid[t], NULL);
+    for (int t = 0; t < s->nparts; t++) RT_CHECK(jobs[t].st);
+    return RT_OK;
 }
 
 int rt_cmd_bench_model(int argc, char **argv) {
@@ -107,15 +151,9 @@ int rt_cmd_bench_model(int argc, char **argv) {
             json = 1;
             continue;
         } else if (strcmp(a, "--arch") == 0) {
-            if (!v || rt_model_arch_parse(v, &cfg.arch) != 0) {
-                fprintf(stderr, "ringtrain bench model: --arch resnet18|resnet34|net\n");
-                return 2;
-            }
+            if (rt_model_arch_parse(v, &cfg.arch) != RT_OK) return bad_name(a);
         } else if (strcmp(a, "--stem") == 0) {
-            if (!v || rt_stem_parse(v, &cfg.stem) != 0) {
-                fprintf(stderr, "ringtrain bench model: --stem imagenet|cifar\n");
-                return 2;
-            }
+            if (rt_stem_parse(v, &cfg.stem) != RT_OK) return bad_name(a);
         } else if (strcmp(a, "--channels") == 0) {
             if (parse_int(a, v, 1, 64, &cfg.in_channels)) return 2;
         } else if (strcmp(a, "--size") == 0) {
@@ -130,14 +168,7 @@ int rt_cmd_bench_model(int argc, char **argv) {
             }
             device_name = v;
         } else if (strcmp(a, "--precision") == 0) {
-            if (v && strcmp(v, "fp32") == 0)
-                precision = RT_PRECISION_FP32;
-            else if (v && strcmp(v, "tf32") == 0)
-                precision = RT_PRECISION_TF32;
-            else {
-                fprintf(stderr, "ringtrain bench model: --precision fp32|tf32\n");
-                return 2;
-            }
+            if (rt_precision_parse(v, &precision) != RT_OK) return bad_name(a);
         } else if (strcmp(a, "--threads") == 0) {
             if (parse_int(a, v, 1, 256, &threads)) return 2;
         } else if (strcmp(a, "--steps") == 0) {
@@ -192,8 +223,8 @@ int rt_cmd_bench_model(int argc, char **argv) {
         int n = batches[bi];
         cfg.max_batch = n;
         rt_model *m = NULL;
-        float *x = NULL, *x_dev = NULL, *v_dev = NULL;
-        int32_t *labels = NULL, *labels_dev = NULL;
+        float *x = NULL, *x_dev = NULL;
+        int64_t *labels = NULL, *labels_dev = NULL;
         sgd s = {0};
         if (rt_model_create(&cfg, ctx, &m) != RT_OK || rt_model_init_weights(m, 1) != RT_OK) {
             status = rt_cli_fail();
@@ -201,31 +232,30 @@ int rt_cmd_bench_model(int argc, char **argv) {
         }
         size_t xn = (size_t)n * cfg.in_channels * cfg.in_h * cfg.in_w;
         x = malloc(xn * sizeof(float));
-        labels = malloc((size_t)n * sizeof(int32_t));
-        s.n = rt_model_params(m)->size / sizeof(float);
-        s.velocity = gpu ? NULL : calloc(s.n, sizeof(float));
-        if (!x || !labels || (!gpu && !s.velocity)) {
+        labels = malloc((size_t)n * sizeof(int64_t));
+        const size_t nw = rt_model_params(m)->size / sizeof(float);
+        if (!x || !labels) {
             fprintf(stderr, "ringtrain bench model: out of memory\n");
             status = 1;
+        } else if (sgd_init(&s, dev, nw, gpu ? 1 : threads, ctx->stream) != RT_OK) {
+            status = rt_cli_fail();
         } else {
             rt_rng rng;
             rt_rng_init(&rng, 7, 0);
             rt_rng_normal(&rng, x, xn, 0.0f, 1.0f);
-            for (int i = 0; i < n; i++) labels[i] = (int32_t)rt_rng_below(&rng, (uint64_t)cfg.num_classes);
+            for (int i = 0; i < n; i++) labels[i] = (int64_t)rt_rng_below(&rng, (uint64_t)cfg.num_classes);
             if (gpu) {
-                /* inputs and the optimizer state live on the GPU, copied once */
+                /* inputs live on the GPU (as the optimizer state does), copied once */
                 if (rt_malloc(dev, xn * sizeof(float), (void **)&x_dev) != RT_OK ||
-                    rt_malloc(dev, (size_t)n * sizeof(int32_t), (void **)&labels_dev) != RT_OK ||
-                    rt_malloc(dev, s.n * sizeof(float), (void **)&v_dev) != RT_OK ||
+                    rt_malloc(dev, (size_t)n * sizeof(int64_t), (void **)&labels_dev) != RT_OK ||
                     rt_memcpy(x_dev, dev, x, rt_device_cpu(), xn * sizeof(float), NULL) != RT_OK ||
-                    rt_memcpy(labels_dev, dev, labels, rt_device_cpu(), (size_t)n * sizeof(int32_t), NULL) != RT_OK ||
-                    rt_memset(dev, v_dev, 0, s.n * sizeof(float), NULL) != RT_OK)
+                    rt_memcpy(labels_dev, dev, labels, rt_device_cpu(), (size_t)n * sizeof(int64_t), NULL) != RT_OK)
                     status = rt_cli_fail();
             }
         }
         if (status == 0) {
             const float *xin = gpu ? x_dev : x;
-            const int32_t *lin = gpu ? labels_dev : labels;
+            const int64_t *lin = gpu ? labels_dev : labels;
             double t_fwd = 0, t_bwd = 0, t_sgd = 0, t_all = 0;
             float loss = 0;
             for (int it = 0; it < warmup + steps && status == 0; it++) {
@@ -241,17 +271,10 @@ int rt_cmd_bench_model(int argc, char **argv) {
                     break;
                 }
                 uint64_t t2 = rt_now_ns();
-                if (!gpu) {
-                    sgd_step(&s, rt_model_params(m)->base, rt_model_grads(m)->base, 0.01f, 0.9f, threads);
-                } else {
-#ifdef RT_HAVE_CUDA
-                    if (rt_model_cuda_sgd_momentum(ctx, rt_model_params(m)->base, rt_model_grads(m)->base, v_dev, s.n,
-                                                   0.01f, 0.9f) != RT_OK ||
-                        rt_model_ctx_sync(ctx) != RT_OK) {
-                        status = rt_cli_fail();
-                        break;
-                    }
-#endif
+                if (sgd_step(&s, rt_model_params(m)->base, rt_model_grads(m)->base) != RT_OK ||
+                    (gpu && rt_model_ctx_sync(ctx) != RT_OK)) {
+                    status = rt_cli_fail();
+                    break;
                 }
                 uint64_t t3 = rt_now_ns();
                 if (it >= warmup) {
@@ -271,9 +294,9 @@ int rt_cmd_bench_model(int argc, char **argv) {
                            "\"size\": %d, \"batch\": %d, \"threads\": %d, \"steps\": %d, \"images_per_s\": %.2f, "
                            "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
                            "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f}\n",
-                           devstr, precision == RT_PRECISION_TF32 ? "tf32" : "fp32", rt_model_arch_name(cfg.arch),
-                           rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, n, threads, steps, ips, ms, t_fwd / steps,
-                           t_bwd / steps, t_sgd / steps, (double)loss, ru.ru_maxrss / 1024.0);
+                           devstr, rt_precision_name(precision), rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem),
+                           cfg.in_channels, cfg.in_h, n, threads, steps, ips, ms, t_fwd / steps, t_bwd / steps,
+                           t_sgd / steps, (double)loss, ru.ru_maxrss / 1024.0);
                 else
                     printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f\n",
                            rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, cfg.in_w, n,
@@ -283,10 +306,9 @@ int rt_cmd_bench_model(int argc, char **argv) {
         }
         free(x);
         free(labels);
-        free(s.velocity);
+        sgd_free(&s);
         rt_free(dev, x_dev);
         rt_free(dev, labels_dev);
-        rt_free(dev, v_dev);
         rt_model_destroy(m);
     }
     if (!json && status == 0) {

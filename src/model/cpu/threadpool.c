@@ -6,7 +6,7 @@
  * cores. The caller likewise spins briefly before it sleeps waiting for the workers.
  * On a loaded machine the difference is within the noise; RINGTRAIN_POOL_SPIN=0 turns
  * spinning off. */
-#include "model/cpu/pool.h"
+#include "model/cpu/threadpool.h"
 #include "core/spin.h"
 
 #include <pthread.h>
@@ -16,8 +16,7 @@
 
 #define POOL_SPIN 1000 /* default; RINGTRAIN_POOL_SPIN overrides (0: sleep at once) */
 
-
-struct rt_pool {
+struct rt_threadpool {
     int nthreads; /* including the caller */
     pthread_t *workers;
     pthread_mutex_t mu;
@@ -28,13 +27,13 @@ struct rt_pool {
     int spin;            /* pause iterations before sleeping */
     int sleepers;        /* workers waiting on `wake` (under mu) */
     int caller_sleeping; /* the caller waits on `done` (under mu) */
-    rt_pool_fn fn;
+    rt_threadpool_fn fn;
     void *arg;
     int ntasks;
     atomic_int next;
 };
 
-static void drain(rt_pool *p) {
+static void drain(rt_threadpool *p) {
     for (;;) {
         int t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
         if (t >= p->ntasks) break;
@@ -43,7 +42,7 @@ static void drain(rt_pool *p) {
 }
 
 static void *worker_main(void *vp) {
-    rt_pool *p = vp;
+    rt_threadpool *p = vp;
     uint64_t seen = 0;
     for (;;) {
         uint64_t g;
@@ -75,10 +74,10 @@ static void *worker_main(void *vp) {
     return NULL;
 }
 
-rt_status rt_pool_create(int threads, rt_pool **out) {
+rt_status rt_threadpool_create(int threads, rt_threadpool **out) {
     *out = NULL;
     if (threads < 1) threads = 1;
-    rt_pool *p = calloc(1, sizeof *p);
+    rt_threadpool *p = calloc(1, sizeof *p);
     RT_CHECK_ALLOC(p, sizeof *p);
     p->nthreads = threads;
     const char *spin = getenv("RINGTRAIN_POOL_SPIN");
@@ -96,7 +95,7 @@ rt_status rt_pool_create(int threads, rt_pool **out) {
             int rc = pthread_create(&p->workers[i], NULL, worker_main, p);
             if (rc != 0) {
                 p->nthreads = i + 1;
-                rt_pool_destroy(p);
+                rt_threadpool_destroy(p);
                 RT_FAIL(RT_ERR_SYS, "pthread_create for model worker %d of %d failed (%d)", i + 1, threads, rc);
             }
         }
@@ -105,7 +104,7 @@ rt_status rt_pool_create(int threads, rt_pool **out) {
     return RT_OK;
 }
 
-void rt_pool_destroy(rt_pool *p) {
+void rt_threadpool_destroy(rt_threadpool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     atomic_store_explicit(&p->quit, 1, memory_order_release);
@@ -119,9 +118,9 @@ void rt_pool_destroy(rt_pool *p) {
     free(p);
 }
 
-int rt_pool_threads(const rt_pool *p) { return p ? p->nthreads : 1; }
+int rt_threadpool_threads(const rt_threadpool *p) { return p ? p->nthreads : 1; }
 
-void rt_pool_run(rt_pool *p, int ntasks, rt_pool_fn fn, void *arg) {
+void rt_threadpool_run(rt_threadpool *p, int ntasks, rt_threadpool_fn fn, void *arg) {
     if (ntasks <= 0) return;
     if (!p || p->nthreads == 1 || ntasks == 1) {
         for (int t = 0; t < ntasks; t++) fn(arg, t);

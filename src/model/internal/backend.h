@@ -73,11 +73,11 @@ typedef struct rt_model_backend {
     rt_status (*add_backward)(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
     rt_status (*copy)(rt_model_ctx *ctx, size_t count, const float *x, float *y);
 
-    rt_status (*softmax_xent)(rt_model_ctx *ctx, int n, int k, const float *logits, const int32_t *labels, float *loss,
+    rt_status (*softmax_xent)(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, float *loss,
                               float *dlogits);
     rt_status (*log_softmax_forward)(rt_model_ctx *ctx, int n, int k, const float *x, float *y);
     rt_status (*log_softmax_backward)(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy, float *dx);
-    rt_status (*nll_loss)(rt_model_ctx *ctx, int n, int k, const float *logp, const int32_t *labels, float *loss,
+    rt_status (*nll_loss)(rt_model_ctx *ctx, int n, int k, const float *logp, const int64_t *labels, float *loss,
                           float *dlogp);
 } rt_model_backend;
 

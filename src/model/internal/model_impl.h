@@ -1,0 +1,94 @@
+/* Private to src/model: the inside of rt_model, the row of operations every
+ * architecture fills in, and the setup helpers (params.c) the architectures call.
+ *
+ * Calls go one way:
+ *
+ *   model.c ──> arch.c (the table: one row per rt_model_arch) ──> resnet.c, net.c
+ *      │                                                             │
+ *      └──────────────> params.c (parameters, activations, arenas) <─┘ ──> layers.c
+ *
+ * model.c knows no architecture: it reaches one only through its row (m->ops), and the
+ * architectures never call model.c.
+ */
+#ifndef RT_MODEL_INTERNAL_MODEL_IMPL_H
+#define RT_MODEL_INTERNAL_MODEL_IMPL_H
+
+#include "core/rng.h"
+#include "model/layers.h"
+#include "model/model.h"
+
+/* One architecture. Required: name, build, prepare, forward, backward, release. */
+typedef struct rt_model_arch_ops {
+    const char *name;    /* canonical lowercase name: "resnet34" (parsed case-insensitively) */
+    const void *variant; /* constants the architecture's code reads (ResNet: blocks per stage) */
+    /* Architecture-specific rules for the config (model.c checks the generic ones first).
+     * NULL: none. */
+    rt_status (*check)(const rt_model_config *cfg);
+    /* Plan the model: register the parameters in state_dict order (rt_model_add_*) and
+     * the activations (rt_model_act), keep its state in m->arch. Nothing is allocated
+     * on the device yet. */
+    rt_status (*build)(rt_model *m);
+    /* After the arenas are allocated: prepare the layers, reserve the workspace. */
+    rt_status (*prepare)(rt_model *m);
+    /* Initialise one weight or bias into host[0..n) (fans of the owning weight); return
+     * false to leave it to PyTorch's Conv2d/Linear default. NULL: the default for all. */
+    bool (*init_param)(const rt_param *p, double fan_in, double fan_out, rt_rng *rng, float *host, size_t n);
+    /* Forward into m->out (logits, or what `loss` expects). */
+    rt_status (*forward)(rt_model *m, const float *x, int n, bool training);
+    /* Loss of m->out against the labels into m->loss_dev, gradient into m->dout. NULL:
+     * cross-entropy of logits (rt_softmax_xent). */
+    rt_status (*loss)(rt_model *m, const int64_t *labels);
+    /* Backward from m->dout, telling rt_model_block_done about each finished block. */
+    rt_status (*backward)(rt_model *m, rt_grad_ready_fn ready, void *user);
+    void (*seed_dropout)(rt_model *m, uint64_t seed); /* NULL: no dropout */
+    void (*release)(rt_model *m);                     /* release layer state and free m->arch */
+} rt_model_arch_ops;
+
+/* The row of `arch` (arch.c), NULL when out of range. */
+const rt_model_arch_ops *rt_model_arch_ops_of(rt_model_arch arch);
+
+typedef struct rt_model_act_patch {
+    float **slot;
+    size_t offset;
+} rt_model_act_patch;
+
+struct rt_model {
+    rt_model_config cfg;
+    rt_model_ctx *ctx;
+    rt_arena params, grads, buffers, acts;
+    rt_param *table;
+    int nparams, cap_params;
+    int nblocks;
+    size_t *block_begin; /* grad byte offset where block b starts (nblocks + 1 entries) */
+    rt_model_act_patch *patches;
+    int npatches, cap_patches;
+    const rt_model_arch_ops *ops;
+    void *arch;
+    /* head */
+    float *out;  /* (max_batch, num_classes): logits or log-probabilities */
+    float *dout; /* gradient of the loss w.r.t. out */
+    float *loss_dev;
+    const float *input; /* the last forward's input (kept by the caller until backward) */
+    int last_n;
+    bool last_training, have_loss;
+};
+
+/* ---- params.c: setup helpers. Parameters are registered in state_dict order. ---- */
+rt_status rt_model_add_param(rt_model *m, const char *prefix, const char *suffix, rt_param_kind kind, int block,
+                             rt_tensor *value, rt_tensor *grad);
+rt_status rt_model_add_conv(rt_model *m, const char *prefix, int block, rt_conv2d *l);
+rt_status rt_model_add_bn(rt_model *m, const char *prefix, int block, rt_batchnorm2d *l);
+rt_status rt_model_add_linear(rt_model *m, const char *prefix, int block, rt_linear *l);
+/* plan `nfloats` floats of activation memory; *slot is set by rt_model_arenas_alloc */
+rt_status rt_model_act(rt_model *m, size_t nfloats, float **slot);
+/* allocate the planned arenas, point the activation slots into them and compute the
+ * gradient byte range of each block; rt_model_arenas_free undoes it (and the plan) */
+rt_status rt_model_arenas_alloc(rt_model *m);
+void rt_model_arenas_free(rt_model *m);
+rt_status rt_model_prepare_conv(rt_model *m, rt_conv2d *l);
+rt_status rt_model_prepare_bn(rt_model *m, rt_batchnorm2d *l);
+rt_status rt_model_prepare_linear(rt_model *m, rt_linear *l);
+/* tell the callback that block b's gradients are final */
+rt_status rt_model_block_done(rt_model *m, int b, rt_grad_ready_fn ready, void *user);
+
+#endif
