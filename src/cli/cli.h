@@ -29,6 +29,6 @@ int rt_cmd_info(int argc, char **argv);
 int rt_cmd_data(int argc, char **argv);       /* src/data */
 int rt_cmd_bench_comm(int argc, char **argv); /* src/dist */
 int rt_cmd_bench_loader(int argc, char **argv); /* src/data */
-int rt_cmd_bench_model(int argc, char **argv);  /* src/model */
+int rt_cmd_bench_model(int argc, char **argv);  /* src/cli/bench_model.c */
 
 #endif
