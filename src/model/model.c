@@ -80,6 +80,11 @@ rt_arena *rt_model_params(rt_model *m) { return &m->params; }
 rt_arena *rt_model_grads(rt_model *m) { return &m->grads; }
 rt_arena *rt_model_buffers(rt_model *m) { return &m->buffers; }
 int rt_model_block_count(const rt_model *m) { return m->nblocks; }
+
+void rt_model_block_range(const rt_model *m, int b, size_t *begin, size_t *end) {
+    *begin = m->block_begin[b];
+    *end = m->block_begin[b + 1];
+}
 int64_t rt_model_num_parameters(const rt_model *m) {
     int64_t n = 0;
     for (int i = 0; i < m->nparams; i++)

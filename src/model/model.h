@@ -107,6 +107,10 @@ int64_t rt_model_num_parameters(const rt_model *m); /* trainable elements */
 /* Blocks are the units of the grad-ready callback: ResNet: 0 = stem (conv1, bn1), then
  * every BasicBlock in order, last = fc; Net: conv1, conv2, fc1, fc2. */
 int rt_model_block_count(const rt_model *m);
+/* Bytes [*begin, *end) of the gradient arena that block b writes: the range its
+ * grad-ready callback reports. The blocks tile the arena in order (block 0 at offset 0),
+ * so a gradient reducer can plan its buckets before the first backward. */
+void rt_model_block_range(const rt_model *m, int b, size_t *begin, size_t *end);
 
 /* Forward pass of n <= max_batch images x (n, in_channels, in_h, in_w) on the device.
  * training: batch-norm batch statistics (running statistics updated) and dropout on;

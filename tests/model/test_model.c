@@ -255,6 +255,11 @@ static void check_ready(rt_model *m, const float *x, const int64_t *labels, int 
         assert_int_equal(L.blocks[i], rt_model_block_count(m) - 1 - i);
         assert_int_equal(L.end[i], expect_end);
         assert_true(L.begin[i] < L.end[i]);
+        /* the reported range is the one rt_model_block_range announces */
+        size_t rb, re;
+        rt_model_block_range(m, L.blocks[i], &rb, &re);
+        assert_int_equal(rb, L.begin[i]);
+        assert_int_equal(re, L.end[i]);
         expect_end = L.begin[i];
     }
     assert_int_equal(expect_end, 0);
