@@ -208,7 +208,7 @@ static int cmd_sampler(int argc, char **argv) {
         } else if ((r = opt_value(prog, argc, argv, &i, "--mode", &v)) != 0) {
             if (r < 0) return 2;
             if (rt_sampler_mode_parse(v, &mode) != RT_OK) {
-                fprintf(stderr, "%s: --mode '%s': expected distributed, partition or eval\n", prog, v);
+                fprintf(stderr, "%s: --mode: %s\n", prog, rt_error_message());
                 return 2;
             }
         } else if (strcmp(argv[i], "--no-shuffle") == 0) {

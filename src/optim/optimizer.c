@@ -7,22 +7,23 @@
 #include "optim/optimizer.h"
 #include "optim/optim_kernels.h"
 
+#include "core/names.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 static const char *const kind_names[RT_OPTIM_KIND_COUNT_] = {"sgd", "adam", "adamw"};
 
-int rt_optim_kind_parse(const char *name, rt_optim_kind *out) {
-    if (!name) return -1;
-    for (int k = 0; k < RT_OPTIM_KIND_COUNT_; k++) {
-        if (strcasecmp(name, kind_names[k]) == 0) {
-            *out = (rt_optim_kind)k;
-            return 0;
-        }
+rt_status rt_optim_kind_parse(const char *text, rt_optim_kind *out) {
+    int k = rt_names_find(kind_names, RT_OPTIM_KIND_COUNT_, text);
+    if (k < 0) {
+        char list[64];
+        return RT_ERROR(RT_ERR_INVALID, "unknown optimizer '%s' (expected %s)", text ? text : "(null)",
+                        rt_names_join(kind_names, RT_OPTIM_KIND_COUNT_, list, sizeof list));
     }
-    return -1;
+    *out = (rt_optim_kind)k;
+    return RT_OK;
 }
 
 const char *rt_optim_kind_name(rt_optim_kind kind) {
@@ -50,8 +51,10 @@ static int range_cmp(const void *a, const void *b) {
 
 rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n) {
     RT_REQUIRE(cfg != NULL, RT_ERR_INVALID, "optim: config is NULL");
+    char names[64];
     RT_REQUIRE(cfg->kind >= 0 && cfg->kind < RT_OPTIM_KIND_COUNT_, RT_ERR_INVALID,
-               "optim.name: unknown optimizer %d (expected sgd, adam or adamw)", (int)cfg->kind);
+               "optim.name: unknown optimizer %d (expected %s)", (int)cfg->kind,
+               rt_names_join(kind_names, RT_OPTIM_KIND_COUNT_, names, sizeof names));
     RT_REQUIRE(isfinite(cfg->lr) && cfg->lr >= 0, RT_ERR_INVALID, "optim.lr: %g (expected a finite value >= 0)",
                cfg->lr);
     RT_REQUIRE(isfinite(cfg->weight_decay) && cfg->weight_decay >= 0, RT_ERR_INVALID,

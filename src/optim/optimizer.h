@@ -33,8 +33,8 @@ extern "C" {
 
 typedef enum rt_optim_kind { RT_OPTIM_SGD = 0, RT_OPTIM_ADAM, RT_OPTIM_ADAMW, RT_OPTIM_KIND_COUNT_ } rt_optim_kind;
 
-/* "sgd", "adam", "adamw" (case-insensitive); -1 if unknown. */
-int rt_optim_kind_parse(const char *name, rt_optim_kind *out);
+/* "sgd" | "adam" | "adamw" (case-insensitive); RT_ERR_INVALID naming them otherwise. */
+rt_status rt_optim_kind_parse(const char *text, rt_optim_kind *out);
 const char *rt_optim_kind_name(rt_optim_kind kind);
 
 /* A range of the flat arena, in floats: [offset, offset + count). */
