@@ -83,8 +83,9 @@ typedef struct rt_optimizer {
     int64_t steps; /* optimizer steps taken: PyTorch's state['step'] */
     int n_state;
     const char *state_name[RT_OPTIM_MAX_STATE];
-    float *state[RT_OPTIM_MAX_STATE]; /* on `device`, n floats each */
-    uint32_t *decay_mask_dev;         /* CUDA with excluded ranges: bit i = decay element i */
+    float *state[RT_OPTIM_MAX_STATE];       /* on `device`, n floats each */
+    const struct rt_optim_backend *backend; /* the device kind's functions, picked by rt_optimizer_init */
+    void *backend_state;                    /* the backend's (CUDA: the weight-decay bit mask) */
 } rt_optimizer;
 
 /* Set up an optimizer for an arena of n floats on `device` and allocate its state

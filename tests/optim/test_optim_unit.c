@@ -7,7 +7,7 @@
 
 #include "core/rng.h"
 #include "optim/clip.h"
-#include "optim/optim_kernels.h"
+#include "optim/internal/optim_kernels.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 

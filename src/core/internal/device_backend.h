@@ -80,9 +80,7 @@ struct rt_device_backend {
 };
 
 extern const rt_device_backend rt_device_backend_cpu;
-#ifdef RT_HAVE_CUDA
-extern const rt_device_backend rt_device_backend_cuda;
-#endif
+extern const rt_device_backend rt_device_backend_cuda; /* defined only with RT_HAVE_CUDA */
 
 /* The table of device kind `kind`; NULL when that backend is not built in. */
 const rt_device_backend *rt_device_backend_get(rt_device_kind kind);
