@@ -3,9 +3,9 @@
 
 #include "core/device.h"
 #include "core/names.h"
-#include "data/bytes.h"
-#include "data/cifar.h"
-#include "data/idx.h"
+#include "data/internal/bytes.h"
+#include "data/internal/cifar.h"
+#include "data/internal/idx.h"
 
 #include <errno.h>
 #include <math.h>

@@ -11,7 +11,7 @@
  */
 #include "data/loader.h"
 
-#include "data/augment.h"
+#include "data/internal/augment.h"
 
 #include <pthread.h>
 #include <stdlib.h>

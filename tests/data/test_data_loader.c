@@ -4,7 +4,7 @@
  * loader covers every sample exactly once across ranks. */
 #include "data_test_util.h"
 
-#include "data/augment.h"
+#include "data/internal/augment.h"
 #include "data/loader.h"
 
 #include <math.h>

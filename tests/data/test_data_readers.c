@@ -4,10 +4,10 @@
  * bytes, label out of range, gzip errors, missing files). */
 #include "data_test_util.h"
 
-#include "data/bytes.h"
-#include "data/cifar.h"
+#include "data/internal/bytes.h"
+#include "data/internal/cifar.h"
 #include "data/dataset.h"
-#include "data/idx.h"
+#include "data/internal/idx.h"
 
 enum { N = 5, ROWS = 3, COLS = 4 };
 
