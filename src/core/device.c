@@ -7,6 +7,7 @@
 #include "core/names.h"
 #include "core/timer.h"
 
+#include <ctype.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,13 +27,22 @@ const rt_device_backend *rt_device_backend_get(rt_device_kind kind) {
     return (unsigned)kind < RT_DEVICE_KIND_COUNT_ ? k_backends[kind] : NULL;
 }
 
+rt_status rt_device_kind_built(rt_device_kind kind) {
+    if (rt_device_backend_get(kind)) return RT_OK;
+    if ((unsigned)kind >= RT_DEVICE_KIND_COUNT_) RT_FAIL(RT_ERR_INVALID, "device kind %d is not a device", (int)kind);
+    char upper[16];
+    size_t i = 0;
+    for (; k_kind_names[kind][i] && i + 1 < sizeof upper; i++)
+        upper[i] = (char)toupper((unsigned char)k_kind_names[kind][i]);
+    upper[i] = '\0';
+    RT_FAIL(RT_ERR_UNSUPPORTED, "this ringtrain was built without %s (RINGTRAIN_%s=OFF)", upper, upper);
+}
+
 /* The backend of `kind`, or RT_ERR_UNSUPPORTED saying it is not built in. */
 static rt_status backend_of(rt_device_kind kind, const rt_device_backend **out) {
     *out = rt_device_backend_get(kind);
     if (*out) return RT_OK;
-    if ((unsigned)kind >= RT_DEVICE_KIND_COUNT_) RT_FAIL(RT_ERR_INVALID, "device kind %d is not a device", (int)kind);
-    RT_FAIL(RT_ERR_UNSUPPORTED, "this ringtrain was built without %s (RINGTRAIN_%s=OFF)", k_kind_names[kind],
-            kind == RT_DEVICE_CUDA ? "CUDA" : "?");
+    return rt_device_kind_built(kind);
 }
 
 const char *rt_device_kind_name(rt_device_kind kind) {

@@ -35,6 +35,11 @@ const char *rt_device_str(rt_device d, char *buf, size_t n);
 /* "cpu", "cuda" */
 const char *rt_device_kind_name(rt_device_kind kind);
 
+/* RT_OK when this build has the backend of `kind`; else RT_ERR_UNSUPPORTED saying
+ * "this ringtrain was built without CUDA (RINGTRAIN_CUDA=OFF)". Areas with backend
+ * tables of their own check this before picking theirs. */
+rt_status rt_device_kind_built(rt_device_kind kind);
+
 /* True when the library was built with the CUDA backend. */
 bool rt_cuda_built(void);
 

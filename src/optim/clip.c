@@ -10,10 +10,10 @@ rt_status rt_grad_clip_init(rt_grad_clip *c, rt_device device) {
     RT_REQUIRE(c != NULL, RT_ERR_INVALID, "optim: clipper is NULL");
     memset(c, 0, sizeof *c);
     c->device = device;
+    RT_CHECK(rt_device_kind_built(device.kind));
     const rt_optim_backend *backend = rt_optim_backend_get(device.kind);
-    if (!backend)
-        RT_FAIL(RT_ERR_UNSUPPORTED, "optim: gradient clipping on %s requested but built without it",
-                rt_device_kind_name(device.kind));
+    RT_REQUIRE(backend, RT_ERR_UNSUPPORTED, "optim: no clipping backend for device kind %s",
+               rt_device_kind_name(device.kind));
     RT_CHECK(backend->clip_init(c));
     c->backend = backend;
     return RT_OK;

@@ -104,10 +104,10 @@ rt_status rt_optimizer_init(rt_optimizer *opt, const rt_optim_config *cfg, rt_de
     RT_CHECK(rt_optim_config_validate(cfg, n));
     RT_REQUIRE(n > 0, RT_ERR_INVALID, "optim: empty parameter arena");
     RT_REQUIRE(n <= SIZE_MAX / sizeof(float), RT_ERR_INVALID, "optim: arena of %zu floats too large", n);
+    RT_CHECK(rt_device_kind_built(device.kind));
     const rt_optim_backend *backend = rt_optim_backend_get(device.kind);
-    if (!backend)
-        RT_FAIL(RT_ERR_UNSUPPORTED, "optim: device %s requested but built without it",
-                rt_device_kind_name(device.kind));
+    RT_REQUIRE(backend, RT_ERR_UNSUPPORTED, "optim: no optimizer backend for device kind %s",
+               rt_device_kind_name(device.kind));
     opt->cfg = *cfg;
     opt->device = device;
     opt->n = n;
