@@ -91,6 +91,23 @@ static void print_split(const rt_dataset *ds) {
     printf("   (the loader's constants for %s)\n", ds->name);
 }
 
+/* The kinds --kind accepts, from the dataset kind table: "auto|mnist|..." and
+ * ", mnist, ..." (auto left out) */
+static void kind_lists(char *bar, char *comma, size_t n) {
+    bar[0] = comma[0] = '\0';
+    for (int k = 0; k < RT_DATASET_KIND_COUNT_; k++) {
+        rt_dataset_kind parsed;
+        const char *name = rt_dataset_kind_name((rt_dataset_kind)k);
+        if (rt_dataset_kind_parse(name, &parsed) != RT_OK) { /* built in memory only */
+            rt_error_clear();
+            continue;
+        }
+        size_t lb = strlen(bar), lc = strlen(comma);
+        snprintf(bar + lb, n - lb, "%s%s", lb ? "|" : "", name);
+        if (k != RT_DATASET_AUTO) snprintf(comma + lc, n - lc, ", %s", name);
+    }
+}
+
 static int cmd_info(int argc, char **argv) {
     const char *prog = "ringtrain data info";
     const char *path = NULL, *split = NULL, *kind_s = "auto";
@@ -98,16 +115,17 @@ static int cmd_info(int argc, char **argv) {
         const char *v;
         int r;
         if (rt_cli_is_help(argv[i])) {
-            printf(
-                "usage: ringtrain data info [PATH] [--split train|test] [--kind auto|mnist|fashion-mnist|cifar10]\n\n"
-                "Load a dataset as training would and print its format, sample count, image shape,\n"
-                "class histogram and pixel mean/std (of pixel/255, per channel). PATH is a folder of\n"
-                "IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]: MNIST, Fashion-MNIST)\n"
-                "or CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin); default\n"
-                "%s (Debian package dataset-fashion-mnist).\n\n"
-                "  --split train|test   only this split (default: train, then test when present)\n"
-                "  --kind K             auto (default: detect from the files), mnist, fashion-mnist, cifar10\n",
-                RT_DATASET_DEFAULT_PATH);
+            char bar[128], comma[128];
+            kind_lists(bar, comma, sizeof bar);
+            printf("usage: ringtrain data info [PATH] [--split train|test] [--kind %s]\n\n"
+                   "Load a dataset as training would and print its format, sample count, image shape,\n"
+                   "class histogram and pixel mean/std (of pixel/255, per channel). PATH is a folder of\n"
+                   "IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]: MNIST, Fashion-MNIST)\n"
+                   "or CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin); default\n"
+                   "%s (Debian package dataset-fashion-mnist).\n\n"
+                   "  --split train|test   only this split (default: train, then test when present)\n"
+                   "  --kind K             auto (default: detect from the files)%s\n",
+                   bar, RT_DATASET_DEFAULT_PATH, comma);
             return 0;
         }
         if ((r = opt_value(prog, argc, argv, &i, "--split", &v)) != 0) {
