@@ -4,7 +4,8 @@
  * the same functions whatever the device. On the CPU a stream is a no-op ordering
  * token and an event records a host timestamp; on CUDA they are cudaStream_t and
  * cudaEvent_t. Every function works in a build without CUDA: CUDA requests then fail
- * with RT_ERR_UNSUPPORTED ("built without CUDA") instead of crashing.
+ * with RT_ERR_UNSUPPORTED ("built without CUDA") instead of crashing. Each device kind
+ * is one table of functions (core/internal/device_backend.h; cpu/ and cuda/).
  */
 #ifndef RT_DEVICE_H
 #define RT_DEVICE_H
@@ -17,7 +18,7 @@
 extern "C" {
 #endif
 
-typedef enum rt_device_kind { RT_DEVICE_CPU = 0, RT_DEVICE_CUDA = 1 } rt_device_kind;
+typedef enum rt_device_kind { RT_DEVICE_CPU = 0, RT_DEVICE_CUDA = 1, RT_DEVICE_KIND_COUNT_ } rt_device_kind;
 
 typedef struct rt_device {
     rt_device_kind kind;
@@ -31,6 +32,13 @@ static inline bool rt_device_equal(rt_device a, rt_device b) { return a.kind == 
 
 /* "cpu" or "cuda:N" into buf; returns buf. */
 const char *rt_device_str(rt_device d, char *buf, size_t n);
+/* "cpu", "cuda" */
+const char *rt_device_kind_name(rt_device_kind kind);
+
+/* RT_OK when this build has the backend of `kind`; else RT_ERR_UNSUPPORTED saying
+ * "this ringtrain was built without CUDA (RINGTRAIN_CUDA=OFF)". Areas with backend
+ * tables of their own check this before picking theirs. */
+rt_status rt_device_kind_built(rt_device_kind kind);
 
 /* True when the library was built with the CUDA backend. */
 bool rt_cuda_built(void);
@@ -49,9 +57,19 @@ typedef struct rt_cuda_device_info {
 } rt_cuda_device_info;
 rt_status rt_cuda_device_info_get(int index, rt_cuda_device_info *info);
 
-/* Choose the device from a config value: "auto" (CUDA if a GPU answers, else CPU and
- * one log line saying why), "cpu", "cuda" or "cuda:N". For "auto"/"cuda" the GPU is
- * local_rank % device_count (ranks may share a GPU: a warning). Makes it current. */
+/* The one way to choose a device. `want` is a config or option value, matched
+ * case-insensitively:
+ *   "auto"    cuda:(local_rank % gpu_count) when a GPU answers, else the CPU
+ *   "cpu"     the CPU (asks no GPU driver)
+ *   "cuda"    cuda:(local_rank % gpu_count); RT_ERR_NODEVICE without a GPU
+ *   "cuda:N"  GPU N; RT_ERR_INVALID when N >= gpu_count, RT_ERR_NODEVICE without a GPU
+ * Anything else (NULL included) is RT_ERR_INVALID naming the value and these forms.
+ * local_rank < 0 counts as 0 (LOCAL_RANK unset). rt_device_choose is the rule alone, a
+ * pure function of its arguments (gpu_count <= 0: no GPU); rt_device_select asks the
+ * driver for the count (its reason is in the error when there is none), applies the
+ * rule, warns when ranks share a GPU, logs once when auto falls back to the CPU, and
+ * makes the device current. */
+rt_status rt_device_choose(const char *want, int local_rank, int gpu_count, rt_device *out);
 rt_status rt_device_select(const char *want, int local_rank, rt_device *out);
 
 /* Make `d` the current device of the calling thread (no-op on the CPU). */
@@ -71,8 +89,7 @@ typedef struct rt_event rt_event;
 
 /* Copy n bytes between any two devices (host<->host, host<->device, device<->device).
  * With a CUDA stream the copy is asynchronous on it; with NULL it is synchronous. */
-rt_status rt_memcpy(void *dst, rt_device dst_dev, const void *src, rt_device src_dev, size_t nbytes,
-                    rt_stream *stream);
+rt_status rt_memcpy(void *dst, rt_device dst_dev, const void *src, rt_device src_dev, size_t nbytes, rt_stream *stream);
 rt_status rt_memset(rt_device d, void *p, int value, size_t nbytes, rt_stream *stream);
 
 rt_status rt_stream_create(rt_device d, rt_stream **out);

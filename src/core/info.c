@@ -2,7 +2,7 @@
 #include "core/info.h"
 
 #include "core/build_info.h"
-#include "core/cuda/device_cuda.h"
+#include "core/internal/device_backend.h"
 
 #include <stdio.h>
 
@@ -25,16 +25,9 @@ void rt_lib_version_fmt(char *buf, unsigned long n, int v, int div1, int div2) {
 
 int rt_core_lib_versions(rt_lib_version *out, int cap) {
     int n = 0;
-#ifdef RT_HAVE_CUDA
-    char v[32];
-    rt_lib_version_fmt(v, sizeof v, rt_cuda_runtime_version(), 1000, 10);
-    rt_lib_version_add(out, cap, &n, "CUDA runtime", "cuda_runtime", v);
-    int drv = rt_cuda_driver_version();
-    rt_lib_version_fmt(v, sizeof v, drv, 1000, 10);
-    rt_lib_version_add(out, cap, &n, "CUDA driver", "cuda_driver", drv > 0 ? v : "none");
-#else
+    const rt_device_backend *cuda = rt_device_backend_get(RT_DEVICE_CUDA);
+    if (cuda && cuda->lib_versions) return cuda->lib_versions(out, cap);
     rt_lib_version_add(out, cap, &n, "CUDA runtime", "cuda_runtime", "not built");
     rt_lib_version_add(out, cap, &n, "CUDA driver", "cuda_driver", "not built");
-#endif
     return n;
 }

@@ -1,5 +1,6 @@
 #include "core/log.h"
 
+#include "core/names.h"
 #include "core/status.h"
 
 #include <pthread.h>
@@ -13,29 +14,37 @@
 
 static atomic_int g_level = -1;
 
-int rt_log_parse_level(const char *text, rt_log_level *out) {
-    static const char *names[] = {"error", "warn", "info", "debug", "trace"};
-    if (!text || !*text) return -1;
-    for (int i = 0; i < 5; i++) {
-        if (strcasecmp(text, names[i]) == 0 || (text[0] == '0' + i && text[1] == '\0')) {
-            *out = (rt_log_level)i;
-            return 0;
-        }
-    }
-    if (strcasecmp(text, "warning") == 0) {
-        *out = RT_LOG_WARN;
-        return 0;
-    }
+static const char *const k_level_names[RT_LOG_LEVEL_COUNT_] = {"error", "warn", "info", "debug", "trace"};
+
+/* The level `text` names, or -1 (records no error: rt_log_get_level uses it). */
+static int level_find(const char *text) {
+    int k = rt_names_find(k_level_names, RT_LOG_LEVEL_COUNT_, text);
+    if (k >= 0) return k;
+    if (text && strcasecmp(text, "warning") == 0) return RT_LOG_WARN;
+    if (text && text[0] >= '0' && text[0] < '0' + RT_LOG_LEVEL_COUNT_ && text[1] == '\0') return text[0] - '0';
     return -1;
+}
+
+rt_status rt_log_parse_level(const char *text, rt_log_level *out) {
+    int k = level_find(text);
+    if (k < 0) {
+        char list[64];
+        return RT_ERROR(RT_ERR_INVALID, "unknown log level '%s' (expected %s, or 0-%d)", text ? text : "(null)",
+                        rt_names_join(k_level_names, RT_LOG_LEVEL_COUNT_, list, sizeof list), RT_LOG_LEVEL_COUNT_ - 1);
+    }
+    *out = (rt_log_level)k;
+    return RT_OK;
 }
 
 rt_log_level rt_log_get_level(void) {
     int lv = atomic_load(&g_level);
     if (lv < 0) {
-        rt_log_level parsed = RT_LOG_INFO;
+        int parsed = RT_LOG_INFO;
         const char *env = getenv("RINGTRAIN_LOG_LEVEL");
-        if (env && rt_log_parse_level(env, &parsed) != 0) {
-            fprintf(stderr, "[ringtrain] W RINGTRAIN_LOG_LEVEL='%s' is not one of error|warn|info|debug|trace; using info\n", env);
+        if (env && (parsed = level_find(env)) < 0) {
+            char list[64];
+            fprintf(stderr, "[ringtrain] W RINGTRAIN_LOG_LEVEL='%s' is not one of %s; using info\n", env,
+                    rt_names_join(k_level_names, RT_LOG_LEVEL_COUNT_, list, sizeof list));
             parsed = RT_LOG_INFO;
         }
         int expected = -1;

@@ -7,6 +7,8 @@
 #ifndef RT_LOG_H
 #define RT_LOG_H
 
+#include "core/status.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -17,21 +19,23 @@ typedef enum rt_log_level {
     RT_LOG_INFO = 2,
     RT_LOG_DEBUG = 3,
     RT_LOG_TRACE = 4,
+    RT_LOG_LEVEL_COUNT_
 } rt_log_level;
 
 rt_log_level rt_log_get_level(void);
 void rt_log_set_level(rt_log_level level);
-/* Parse "warn", "2", ... Returns 0 on success, -1 if the text names no level. */
-int rt_log_parse_level(const char *text, rt_log_level *out);
+/* Parse "error" | "warn" | "info" | "debug" | "trace" (case-insensitive; also "warning"
+ * and the numbers 0-4). RT_ERR_INVALID naming the accepted names otherwise. */
+rt_status rt_log_parse_level(const char *text, rt_log_level *out);
 
 void rt_log(rt_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define RT_LOG_ERROR(...) rt_log(RT_LOG_ERROR, __VA_ARGS__)
 #define RT_LOG_WARN(...) rt_log(RT_LOG_WARN, __VA_ARGS__)
 #define RT_LOG_INFO(...) rt_log(RT_LOG_INFO, __VA_ARGS__)
-#define RT_LOG_DEBUG(...)                                                                     \
-    do {                                                                                      \
-        if (rt_log_get_level() >= RT_LOG_DEBUG) rt_log(RT_LOG_DEBUG, __VA_ARGS__);            \
+#define RT_LOG_DEBUG(...)                                                                                              \
+    do {                                                                                                               \
+        if (rt_log_get_level() >= RT_LOG_DEBUG) rt_log(RT_LOG_DEBUG, __VA_ARGS__);                                     \
     } while (0)
 
 #ifdef __cplusplus

@@ -2,6 +2,7 @@
 
 #include <math.h>
 
+#include "core/internal/device_backend.h"
 #include "core/philox.h"
 
 void rt_rng_init(rt_rng *rng, uint64_t seed, uint64_t subseq) {
@@ -62,13 +63,16 @@ uint64_t rt_rng_below(rt_rng *rng, uint64_t bound) {
     }
 }
 
-#ifndef RT_HAVE_CUDA
+/* The GPU draws: the device backend's (core/internal/device_backend.h). */
 rt_status rt_rng_uniform_dev(rt_rng *rng, float *out_dev, size_t n, struct rt_stream *stream) {
-    (void)rng, (void)out_dev, (void)n, (void)stream;
-    RT_FAIL(RT_ERR_UNSUPPORTED, "rt_rng_uniform_dev: this ringtrain was built without CUDA");
+    const rt_device_backend *be = rt_device_backend_get(RT_DEVICE_CUDA);
+    if (!be || !be->rng_uniform)
+        RT_FAIL(RT_ERR_UNSUPPORTED, "rt_rng_uniform_dev: this ringtrain was built without CUDA");
+    return be->rng_uniform(rng, out_dev, n, stream);
 }
+
 rt_status rt_rng_normal_dev(rt_rng *rng, float *out_dev, size_t n, float mean, float std, struct rt_stream *stream) {
-    (void)rng, (void)out_dev, (void)n, (void)mean, (void)std, (void)stream;
-    RT_FAIL(RT_ERR_UNSUPPORTED, "rt_rng_normal_dev: this ringtrain was built without CUDA");
+    const rt_device_backend *be = rt_device_backend_get(RT_DEVICE_CUDA);
+    if (!be || !be->rng_normal) RT_FAIL(RT_ERR_UNSUPPORTED, "rt_rng_normal_dev: this ringtrain was built without CUDA");
+    return be->rng_normal(rng, out_dev, n, mean, std, stream);
 }
-#endif

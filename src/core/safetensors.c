@@ -3,6 +3,8 @@
  * for the format and for what is validated. */
 #include "core/safetensors.h"
 
+#include "core/names.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -290,10 +292,12 @@ static rt_status parse_tensor(jp *p, rt_st_tensor *t) {
                     ok = true;
                 }
             if (!ok) {
-                char dn[32];
+                char dn[32], list[64] = "";
                 snprintf(dn, sizeof dn, "%s", d);
                 free(d);
-                JFAIL(p, "tensor '%s': dtype \"%s\" is not supported (expected F32, F64, I32, I64 or U8)", t->name, dn);
+                for (size_t i = 0; i < sizeof k_st_dtypes / sizeof k_st_dtypes[0]; i++)
+                    rt_names_append(list, sizeof list, k_st_dtypes[i].name);
+                JFAIL(p, "tensor '%s': dtype \"%s\" is not supported (expected %s)", t->name, dn, list);
             }
             free(d);
             have_dtype = true;

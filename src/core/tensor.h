@@ -24,8 +24,10 @@ typedef enum rt_dtype { RT_F32 = 0, RT_F64, RT_I32, RT_I64, RT_U8, RT_DTYPE_COUN
 
 size_t rt_dtype_size(rt_dtype t);
 const char *rt_dtype_name(rt_dtype t); /* "f32", ... */
-/* Parse "f32"/"float32"/"F32" (safetensors names too); -1 if unknown. */
-int rt_dtype_parse(const char *text, rt_dtype *out);
+/* "f32" | "f64" | "i32" | "i64" | "u8", or float32, float, float64, double, int32, int64,
+ * uint8 (case-insensitive: safetensors' "F32" too); RT_ERR_INVALID naming the accepted
+ * names otherwise. */
+rt_status rt_dtype_parse(const char *text, rt_dtype *out);
 
 /* A bump allocator of one device buffer. Plan with rt_arena_push (offsets only), then
  * rt_arena_alloc allocates `size` bytes, zeroed. Offsets are aligned to 64 bytes by

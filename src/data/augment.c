@@ -1,5 +1,5 @@
 /* Normalisation, random crop with padding and horizontal flip; see augment.h. */
-#include "data/augment.h"
+#include "data/internal/augment.h"
 
 #include "core/philox.h"
 

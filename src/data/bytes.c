@@ -1,5 +1,5 @@
 /* Whole files into memory and gzip inflation with zlib; see bytes.h. */
-#include "data/bytes.h"
+#include "data/internal/bytes.h"
 
 #include "core/device.h"
 

@@ -1,5 +1,5 @@
 /* CIFAR-10 binary batches; see cifar.h. */
-#include "data/cifar.h"
+#include "data/internal/cifar.h"
 
 #include <string.h>
 

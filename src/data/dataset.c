@@ -2,9 +2,10 @@
 #include "data/dataset.h"
 
 #include "core/device.h"
-#include "data/bytes.h"
-#include "data/cifar.h"
-#include "data/idx.h"
+#include "core/names.h"
+#include "data/internal/bytes.h"
+#include "data/internal/cifar.h"
+#include "data/internal/idx.h"
 
 #include <errno.h>
 #include <math.h>
@@ -20,71 +21,60 @@
     "); MNIST or CIFAR-10: download it as datasets/README.md says and set data.path to its "                           \
     "folder"
 
+/* Name, normalisation constants and augmentation defaults of each kind, one row each. */
+static const struct kind_info {
+    const char *name;
+    bool parsable; /* accepted by rt_dataset_kind_parse (synthetic sets are built in memory) */
+    float mean[RT_DATASET_MAX_C], std[RT_DATASET_MAX_C];
+    bool hflip_suits; /* horizontal flips keep the class */
+    int crop_pad;
+} k_kinds[RT_DATASET_KIND_COUNT_] = {
+    [RT_DATASET_AUTO] = {"auto", true, {0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}, false, 0},
+    /* a mirrored digit is another symbol */
+    [RT_DATASET_MNIST] = {"mnist", true, {0.1307f}, {0.3081f}, false, 2},
+    /* clothes and shoes face either way */
+    [RT_DATASET_FASHION_MNIST] = {"fashion-mnist", true, {0.2860f}, {0.3530f}, true, 2},
+    [RT_DATASET_CIFAR10] = {"cifar10", true, {0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}, true, 4},
+    [RT_DATASET_SYNTHETIC] = {"synthetic", false, {0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}, false, 0},
+};
+
 rt_status rt_dataset_kind_parse(const char *text, rt_dataset_kind *out) {
     static const struct {
         const char *name;
         rt_dataset_kind kind;
-    } k[] = {{"auto", RT_DATASET_AUTO},
-             {"mnist", RT_DATASET_MNIST},
-             {"fashion-mnist", RT_DATASET_FASHION_MNIST},
-             {"fashion_mnist", RT_DATASET_FASHION_MNIST},
-             {"fashionmnist", RT_DATASET_FASHION_MNIST},
-             {"cifar10", RT_DATASET_CIFAR10},
-             {"cifar-10", RT_DATASET_CIFAR10}};
-    for (size_t i = 0; text && i < sizeof k / sizeof k[0]; i++)
-        if (strcasecmp(text, k[i].name) == 0) {
-            *out = k[i].kind;
+    } aliases[] = {{"fashion_mnist", RT_DATASET_FASHION_MNIST},
+                   {"fashionmnist", RT_DATASET_FASHION_MNIST},
+                   {"cifar-10", RT_DATASET_CIFAR10}};
+    const char *names[RT_DATASET_KIND_COUNT_];
+    for (int k = 0; k < RT_DATASET_KIND_COUNT_; k++) names[k] = k_kinds[k].parsable ? k_kinds[k].name : NULL;
+    int k = rt_names_find(names, RT_DATASET_KIND_COUNT_, text);
+    if (k >= 0) {
+        *out = (rt_dataset_kind)k;
+        return RT_OK;
+    }
+    for (size_t i = 0; text && i < sizeof aliases / sizeof aliases[0]; i++)
+        if (strcasecmp(text, aliases[i].name) == 0) {
+            *out = aliases[i].kind;
             return RT_OK;
         }
-    RT_FAIL(RT_ERR_INVALID, "unknown dataset kind '%s': expected auto, mnist, fashion-mnist or cifar10",
-            text ? text : "(null)");
+    char list[128];
+    return RT_ERROR(RT_ERR_INVALID, "unknown dataset kind '%s' (expected %s)", text ? text : "(null)",
+                    rt_names_join(names, RT_DATASET_KIND_COUNT_, list, sizeof list));
 }
 
 const char *rt_dataset_kind_name(rt_dataset_kind kind) {
-    switch (kind) {
-    case RT_DATASET_AUTO:
-        return "auto";
-    case RT_DATASET_MNIST:
-        return "mnist";
-    case RT_DATASET_FASHION_MNIST:
-        return "fashion-mnist";
-    case RT_DATASET_CIFAR10:
-        return "cifar10";
-    case RT_DATASET_SYNTHETIC:
-        return "synthetic";
-    }
-    return "?";
+    return (unsigned)kind < RT_DATASET_KIND_COUNT_ ? k_kinds[kind].name : "?";
 }
 
-/* Normalisation constants and augmentation defaults of the known datasets. */
 static void set_kind(rt_dataset *ds, rt_dataset_kind kind) {
+    const struct kind_info *k = &k_kinds[(unsigned)kind < RT_DATASET_KIND_COUNT_ ? kind : RT_DATASET_SYNTHETIC];
     ds->kind = kind;
-    snprintf(ds->name, sizeof ds->name, "%s", rt_dataset_kind_name(kind));
+    snprintf(ds->name, sizeof ds->name, "%s", k->name);
     ds->num_classes = 10;
-    switch (kind) {
-    case RT_DATASET_MNIST:
-        ds->mean[0] = 0.1307f, ds->std[0] = 0.3081f;
-        ds->hflip_suits = false; /* a mirrored digit is another symbol */
-        ds->crop_pad = 2;
-        break;
-    case RT_DATASET_FASHION_MNIST:
-        ds->mean[0] = 0.2860f, ds->std[0] = 0.3530f;
-        ds->hflip_suits = true; /* clothes and shoes face either way */
-        ds->crop_pad = 2;
-        break;
-    case RT_DATASET_CIFAR10: {
-        const float m[3] = {0.4914f, 0.4822f, 0.4465f}, s[3] = {0.2470f, 0.2435f, 0.2616f};
-        memcpy(ds->mean, m, sizeof m);
-        memcpy(ds->std, s, sizeof s);
-        ds->hflip_suits = true;
-        ds->crop_pad = 4;
-        break;
-    }
-    default:
-        for (int i = 0; i < RT_DATASET_MAX_C; i++) ds->mean[i] = 0.5f, ds->std[i] = 0.25f;
-        ds->hflip_suits = false;
-        ds->crop_pad = 0;
-    }
+    memcpy(ds->mean, k->mean, sizeof ds->mean);
+    memcpy(ds->std, k->std, sizeof ds->std);
+    ds->hflip_suits = k->hflip_suits;
+    ds->crop_pad = k->crop_pad;
 }
 
 static bool file_exists(const char *p) {

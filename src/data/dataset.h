@@ -31,6 +31,7 @@ typedef enum rt_dataset_kind {
     RT_DATASET_FASHION_MNIST,
     RT_DATASET_CIFAR10,
     RT_DATASET_SYNTHETIC, /* built in memory (tests, benchmarks) */
+    RT_DATASET_KIND_COUNT_
 } rt_dataset_kind;
 
 typedef struct rt_dataset {
@@ -50,7 +51,8 @@ typedef struct rt_dataset {
     void *owned_[2];                                     /* private: the buffers images/labels point into */
 } rt_dataset;
 
-/* "auto" | "mnist" | "fashion-mnist" | "cifar10" (also "fashion_mnist", "cifar-10"). */
+/* "auto" | "mnist" | "fashion-mnist" | "cifar10" (also "fashion_mnist", "fashionmnist",
+ * "cifar-10"; case-insensitive); RT_ERR_INVALID naming them otherwise. */
 rt_status rt_dataset_kind_parse(const char *text, rt_dataset_kind *out);
 const char *rt_dataset_kind_name(rt_dataset_kind kind);
 

@@ -1,5 +1,5 @@
 /* IDX parsing; see idx.h. */
-#include "data/idx.h"
+#include "data/internal/idx.h"
 
 static uint32_t be32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];

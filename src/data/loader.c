@@ -11,7 +11,7 @@
  */
 #include "data/loader.h"
 
-#include "data/augment.h"
+#include "data/internal/augment.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -32,7 +32,7 @@ struct rt_loader {
     void *mem;
     bool pinned;
     float **slot_images;
-    void **slot_labels;
+    int64_t **slot_labels;
     int64_t **slot_samples;
     int *slot_size;
 
@@ -60,7 +60,6 @@ rt_loader_config rt_loader_config_default(const rt_dataset *ds) {
     c.hflip = -1;
     c.prefetch = 4;
     c.device = rt_device_cpu();
-    c.label_dtype = RT_I64;
     return c;
 }
 
@@ -89,10 +88,7 @@ static rt_status fill(rt_loader *l, int64_t epoch, int64_t b) {
         if (l->augment) p = rt_augment_params_at(&l->aug, epoch, s);
         rt_augment_image(ds->images + (size_t)s * l->image_elems, ds->c, ds->h, ds->w, l->lut, l->augment ? &p : NULL,
                          img + (size_t)i * l->image_elems);
-        if (l->cfg.label_dtype == RT_I32)
-            ((int32_t *)l->slot_labels[slot])[i] = ds->labels[s];
-        else
-            ((int64_t *)l->slot_labels[slot])[i] = ds->labels[s];
+        l->slot_labels[slot][i] = ds->labels[s];
     }
     l->slot_size[slot] = size;
     return RT_OK;
@@ -143,8 +139,6 @@ rt_status rt_loader_create(const rt_loader_config *cfg, rt_loader **out) {
     RT_REQUIRE(cfg->global_batch / cfg->world_size <= (1 << 20), RT_ERR_INVALID,
                "loader: per-rank batch %lld: expected at most %d", (long long)(cfg->global_batch / cfg->world_size),
                1 << 20);
-    RT_REQUIRE(cfg->label_dtype == RT_I64 || cfg->label_dtype == RT_I32, RT_ERR_INVALID,
-               "loader: label dtype %s: expected i64 or i32", rt_dtype_name(cfg->label_dtype));
     RT_REQUIRE(cfg->prefetch == 0 || (cfg->prefetch >= 2 && cfg->prefetch <= 64), RT_ERR_INVALID,
                "loader: prefetch %d: expected 2..64 batches (0: default 4)", cfg->prefetch);
     RT_REQUIRE(cfg->crop_pad >= -1 && cfg->crop_pad <= ds->h && cfg->crop_pad <= ds->w, RT_ERR_INVALID,
@@ -198,7 +192,7 @@ rt_status rt_loader_create(const rt_loader_config *cfg, rt_loader **out) {
     for (int s = 0; s < l->depth; s++) {
         uint8_t *base = (uint8_t *)l->mem + (size_t)s * slot_bytes;
         l->slot_images[s] = (float *)base;
-        l->slot_labels[s] = base + img_bytes;
+        l->slot_labels[s] = (int64_t *)(base + img_bytes);
         l->slot_samples[s] = (int64_t *)(base + img_bytes + lab_bytes);
     }
     memset(l->mem, 0, total); /* touch the pages now, not in the first batches */

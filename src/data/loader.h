@@ -3,9 +3,9 @@
  * Each rank gets batches of global_batch / world_size samples, in the order its sampler
  * gives. A worker thread fills a ring of `prefetch` batch slots (float32 NCHW images,
  * normalised with the dataset's mean/std and, for training, randomly cropped and
- * flipped as a pure function of (seed, epoch, sample index); labels as int64 or int32)
- * in host memory that is page-locked when the device is CUDA, so the trainer's
- * host-to-device copy can be asynchronous. All memory is allocated at creation: the
+ * flipped as a pure function of (seed, epoch, sample index); labels as int64, the type
+ * the loss takes, as in PyTorch) in host memory that is page-locked when the device is
+ * CUDA, so the trainer's host-to-device copy can be asynchronous. All memory is allocated at creation: the
  * per-batch path only computes.
  *
  *   rt_loader_start_epoch(l, e);                       // or rt_loader_restore(l, state)
@@ -23,7 +23,6 @@
 
 #include "core/device.h"
 #include "core/status.h"
-#include "core/tensor.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
 
@@ -48,11 +47,10 @@ typedef struct rt_loader_config {
     int hflip;            /* -1: the dataset's default (off for MNIST digits), 0 off, 1 on */
     int prefetch;         /* batch slots in the ring (>= 2; 0: 4) */
     rt_device device;     /* the training device: CUDA -> pinned host memory */
-    rt_dtype label_dtype; /* RT_I64 (default, as torch's cross_entropy wants) or RT_I32 */
 } rt_loader_config;
 
 /* Training defaults for `ds`: distributed, world 1, batch 64, seed 0, shuffle and
- * augmentation on, 4 slots, CPU, int64 labels. */
+ * augmentation on, 4 slots, CPU. */
 rt_loader_config rt_loader_config_default(const rt_dataset *ds);
 
 typedef struct rt_batch {
@@ -60,7 +58,7 @@ typedef struct rt_batch {
     int64_t index;          /* batch number within the epoch */
     int size;               /* samples in this batch; 0 at the end of the epoch */
     float *images;          /* (size, C, H, W) */
-    void *labels;           /* (size) int64_t or int32_t (rt_loader_config.label_dtype) */
+    int64_t *labels;        /* (size) class indices: the type rt_model_loss takes */
     const int64_t *samples; /* (size) dataset indices */
 } rt_batch;
 

@@ -2,6 +2,7 @@
 #include "data/sampler.h"
 
 #include "core/device.h"
+#include "core/names.h"
 #include "core/rng.h"
 
 #include <string.h>
@@ -11,28 +12,21 @@
 #define SUBSEQ_PARTITION 0x50415254ull       /* partition: key seed */
 #define SUBSEQ_PARTITION_ORDER 0x4f524452ull /* partition: key seed + epoch */
 
+static const char *const k_mode_names[RT_SAMPLER_MODE_COUNT_] = {"distributed", "partition", "eval"};
+
 rt_status rt_sampler_mode_parse(const char *text, rt_sampler_mode *out) {
-    if (text && strcmp(text, "distributed") == 0)
-        *out = RT_SAMPLER_DISTRIBUTED;
-    else if (text && strcmp(text, "partition") == 0)
-        *out = RT_SAMPLER_PARTITION;
-    else if (text && strcmp(text, "eval") == 0)
-        *out = RT_SAMPLER_EVAL;
-    else
-        RT_FAIL(RT_ERR_INVALID, "sampler '%s': expected distributed, partition or eval", text ? text : "(null)");
+    int k = rt_names_find(k_mode_names, RT_SAMPLER_MODE_COUNT_, text);
+    if (k < 0) {
+        char list[64];
+        return RT_ERROR(RT_ERR_INVALID, "unknown sampler mode '%s' (expected %s)", text ? text : "(null)",
+                        rt_names_join(k_mode_names, RT_SAMPLER_MODE_COUNT_, list, sizeof list));
+    }
+    *out = (rt_sampler_mode)k;
     return RT_OK;
 }
 
 const char *rt_sampler_mode_name(rt_sampler_mode mode) {
-    switch (mode) {
-    case RT_SAMPLER_DISTRIBUTED:
-        return "distributed";
-    case RT_SAMPLER_PARTITION:
-        return "partition";
-    case RT_SAMPLER_EVAL:
-        return "eval";
-    }
-    return "?";
+    return (unsigned)mode < RT_SAMPLER_MODE_COUNT_ ? k_mode_names[mode] : "?";
 }
 
 rt_sampler_config rt_sampler_config_default(int64_t n) {
@@ -63,8 +57,9 @@ rt_status rt_sampler_init(rt_sampler *s, const rt_sampler_config *cfg) {
     RT_REQUIRE(cfg->world_size >= 1, RT_ERR_INVALID, "world_size %d: expected >= 1", cfg->world_size);
     RT_REQUIRE(cfg->rank >= 0 && cfg->rank < cfg->world_size, RT_ERR_INVALID, "rank %d: expected 0..%d", cfg->rank,
                cfg->world_size - 1);
-    RT_REQUIRE(cfg->mode == RT_SAMPLER_DISTRIBUTED || cfg->mode == RT_SAMPLER_PARTITION || cfg->mode == RT_SAMPLER_EVAL,
-               RT_ERR_INVALID, "sampler mode %d: expected distributed, partition or eval", (int)cfg->mode);
+    char names[64];
+    RT_REQUIRE((unsigned)cfg->mode < RT_SAMPLER_MODE_COUNT_, RT_ERR_INVALID, "sampler mode %d: expected %s",
+               (int)cfg->mode, rt_names_join(k_mode_names, RT_SAMPLER_MODE_COUNT_, names, sizeof names));
     s->cfg = *cfg;
     int64_t n = cfg->n, w = cfg->world_size, r = cfg->rank;
     switch (cfg->mode) {
@@ -84,6 +79,8 @@ rt_status rt_sampler_init(rt_sampler *s, const rt_sampler_config *cfg) {
     case RT_SAMPLER_EVAL:
         s->num_samples = r < n ? (n - r + w - 1) / w : 0;
         s->total_size = n;
+        break;
+    case RT_SAMPLER_MODE_COUNT_: /* rejected above */
         break;
     }
     void *p = NULL;
@@ -128,6 +125,8 @@ rt_status rt_sampler_set_epoch(rt_sampler *s, int64_t epoch) {
         break;
     case RT_SAMPLER_EVAL:
         for (int64_t k = 0; k < m; k++) s->indices[k] = r + k * w;
+        break;
+    case RT_SAMPLER_MODE_COUNT_: /* rejected by rt_sampler_init */
         break;
     }
     s->epoch = epoch;

@@ -29,9 +29,15 @@
 extern "C" {
 #endif
 
-typedef enum rt_sampler_mode { RT_SAMPLER_DISTRIBUTED = 0, RT_SAMPLER_PARTITION, RT_SAMPLER_EVAL } rt_sampler_mode;
+typedef enum rt_sampler_mode {
+    RT_SAMPLER_DISTRIBUTED = 0,
+    RT_SAMPLER_PARTITION,
+    RT_SAMPLER_EVAL,
+    RT_SAMPLER_MODE_COUNT_
+} rt_sampler_mode;
 
-/* "distributed" | "partition" | "eval" */
+/* "distributed" | "partition" | "eval" (case-insensitive); RT_ERR_INVALID naming them
+ * otherwise. */
 rt_status rt_sampler_mode_parse(const char *text, rt_sampler_mode *out);
 const char *rt_sampler_mode_name(rt_sampler_mode mode);
 

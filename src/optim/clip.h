@@ -20,11 +20,11 @@
 extern "C" {
 #endif
 
-/* Scratch for the norm reduction (device partial sums, a pinned host result). */
+/* The device's clipping functions and their scratch for the norm reduction. */
 typedef struct rt_grad_clip {
     rt_device device;
-    double *partial_dev; /* CUDA: per-block partial sums */
-    double *sum_dev;     /* CUDA: the total */
+    const struct rt_optim_backend *backend; /* picked by rt_grad_clip_init */
+    void *scratch;                          /* CUDA: per-block partial sums and the total */
 } rt_grad_clip;
 
 typedef struct rt_grad_stats {

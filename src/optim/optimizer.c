@@ -1,28 +1,40 @@
 /* Optimizer front end: config defaults and validation, state allocation, the step's
  * scalar coefficients (computed in double exactly as PyTorch's Python code computes
- * them, then rounded to float as its kernels do), dispatch to the CPU loops over the
- * decay / no-decay segments of the arena or to the single fused CUDA kernel, and the
- * state accessors for checkpoints. See optimizer.h and docs/optim.md.
+ * them, then rounded to float as its kernels do), the step through the backend table of
+ * the optimizer's device (internal/optim_kernels.h), and the state accessors for
+ * checkpoints. See optimizer.h and docs/optim.md.
  */
 #include "optim/optimizer.h"
-#include "optim/optim_kernels.h"
+#include "optim/internal/optim_kernels.h"
+
+#include "core/names.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 static const char *const kind_names[RT_OPTIM_KIND_COUNT_] = {"sgd", "adam", "adamw"};
 
-int rt_optim_kind_parse(const char *name, rt_optim_kind *out) {
-    if (!name) return -1;
-    for (int k = 0; k < RT_OPTIM_KIND_COUNT_; k++) {
-        if (strcasecmp(name, kind_names[k]) == 0) {
-            *out = (rt_optim_kind)k;
-            return 0;
-        }
+/* The one place where the build decides which backends exist. */
+const rt_optim_backend *rt_optim_backend_get(rt_device_kind kind) {
+    static const rt_optim_backend *const k_backends[RT_DEVICE_KIND_COUNT_] = {
+        [RT_DEVICE_CPU] = &rt_optim_backend_cpu,
+#ifdef RT_HAVE_CUDA
+        [RT_DEVICE_CUDA] = &rt_optim_backend_cuda,
+#endif
+    };
+    return (unsigned)kind < RT_DEVICE_KIND_COUNT_ ? k_backends[kind] : NULL;
+}
+
+rt_status rt_optim_kind_parse(const char *text, rt_optim_kind *out) {
+    int k = rt_names_find(kind_names, RT_OPTIM_KIND_COUNT_, text);
+    if (k < 0) {
+        char list[64];
+        return RT_ERROR(RT_ERR_INVALID, "unknown optimizer '%s' (expected %s)", text ? text : "(null)",
+                        rt_names_join(kind_names, RT_OPTIM_KIND_COUNT_, list, sizeof list));
     }
-    return -1;
+    *out = (rt_optim_kind)k;
+    return RT_OK;
 }
 
 const char *rt_optim_kind_name(rt_optim_kind kind) {
@@ -50,8 +62,10 @@ static int range_cmp(const void *a, const void *b) {
 
 rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n) {
     RT_REQUIRE(cfg != NULL, RT_ERR_INVALID, "optim: config is NULL");
+    char names[64];
     RT_REQUIRE(cfg->kind >= 0 && cfg->kind < RT_OPTIM_KIND_COUNT_, RT_ERR_INVALID,
-               "optim.name: unknown optimizer %d (expected sgd, adam or adamw)", (int)cfg->kind);
+               "optim.name: unknown optimizer %d (expected %s)", (int)cfg->kind,
+               rt_names_join(kind_names, RT_OPTIM_KIND_COUNT_, names, sizeof names));
     RT_REQUIRE(isfinite(cfg->lr) && cfg->lr >= 0, RT_ERR_INVALID, "optim.lr: %g (expected a finite value >= 0)",
                cfg->lr);
     RT_REQUIRE(isfinite(cfg->weight_decay) && cfg->weight_decay >= 0, RT_ERR_INVALID,
@@ -90,8 +104,10 @@ rt_status rt_optimizer_init(rt_optimizer *opt, const rt_optim_config *cfg, rt_de
     RT_CHECK(rt_optim_config_validate(cfg, n));
     RT_REQUIRE(n > 0, RT_ERR_INVALID, "optim: empty parameter arena");
     RT_REQUIRE(n <= SIZE_MAX / sizeof(float), RT_ERR_INVALID, "optim: arena of %zu floats too large", n);
-    if (rt_device_is_cuda(device) && !rt_cuda_built())
-        RT_FAIL(RT_ERR_UNSUPPORTED, "optim: device cuda requested but built without CUDA");
+    RT_CHECK(rt_device_kind_built(device.kind));
+    const rt_optim_backend *backend = rt_optim_backend_get(device.kind);
+    RT_REQUIRE(backend, RT_ERR_UNSUPPORTED, "optim: no optimizer backend for device kind %s",
+               rt_device_kind_name(device.kind));
     opt->cfg = *cfg;
     opt->device = device;
     opt->n = n;
@@ -126,25 +142,8 @@ rt_status rt_optimizer_init(rt_optimizer *opt, const rt_optim_config *cfg, rt_de
         RT_CHECK_GOTO(rt_malloc(device, n * sizeof(float), (void **)&opt->state[i]), st, fail);
         RT_CHECK_GOTO(rt_memset(device, opt->state[i], 0, n * sizeof(float), NULL), st, fail);
     }
-#ifdef RT_HAVE_CUDA
-    if (rt_device_is_cuda(device) && nr > 0) {
-        /* one bit per element, built here and copied once */
-        size_t words = (n + 31) / 32;
-        uint32_t *mask = malloc(words * sizeof *mask);
-        if (!mask) {
-            st = RT_ERROR(RT_ERR_NOMEM, "optim: out of memory allocating %zu bytes", words * sizeof *mask);
-            goto fail;
-        }
-        memset(mask, 0xff, words * sizeof *mask);
-        for (size_t r = 0; r < nr; r++)
-            for (size_t i = opt->ranges[r].offset; i < opt->ranges[r].offset + opt->ranges[r].count; i++)
-                mask[i >> 5] &= ~(1u << (i & 31));
-        st = rt_malloc(device, words * sizeof(uint32_t), (void **)&opt->decay_mask_dev);
-        if (st == RT_OK) st = rt_memcpy(opt->decay_mask_dev, device, mask, rt_device_cpu(), words * sizeof *mask, NULL);
-        free(mask);
-        if (st != RT_OK) goto fail;
-    }
-#endif
+    RT_CHECK_GOTO(backend->init(opt), st, fail);
+    opt->backend = backend; /* from here on rt_optimizer_free releases the backend's part */
     return RT_OK;
 fail:
     rt_optimizer_free(opt);
@@ -153,8 +152,8 @@ fail:
 
 void rt_optimizer_free(rt_optimizer *opt) {
     if (!opt) return;
+    if (opt->backend) opt->backend->release(opt);
     for (int i = 0; i < opt->n_state; i++) rt_free(opt->device, opt->state[i]);
-    rt_free(opt->device, opt->decay_mask_dev);
     free(opt->ranges);
     memset(opt, 0, sizeof *opt);
 }
@@ -190,47 +189,15 @@ static void optimizer_scalars(const rt_optimizer *opt, double lr, int64_t step, 
     s->decay_mul = (float)(1.0 - lr * c->weight_decay);
 }
 
-static void optimizer_cpu_range(const rt_optimizer *opt, float *p, const float *g, size_t off, size_t count,
-                                const rt_optim_scalars *s, int decay) {
-    if (count == 0) return;
-    if (opt->cfg.kind == RT_OPTIM_SGD) {
-        rt_optim_sgd_cpu(p + off, g + off, s->momentum ? opt->state[0] + off : NULL, count, s, decay);
-    } else {
-        rt_optim_adam_cpu(p + off, g + off, opt->state[0] + off, opt->state[1] + off,
-                          s->amsgrad ? opt->state[2] + off : NULL, count, s, decay);
-    }
-}
-
 rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads, double lr, rt_stream *stream) {
-    RT_REQUIRE(opt != NULL && opt->n > 0, RT_ERR_INVALID, "optim: optimizer not initialised");
+    RT_REQUIRE(opt != NULL && opt->n > 0 && opt->backend, RT_ERR_INVALID, "optim: optimizer not initialised");
     RT_REQUIRE(params != NULL && grads != NULL, RT_ERR_INVALID, "optim: params or grads is NULL");
     if (lr < 0) lr = opt->cfg.lr;
     RT_REQUIRE(isfinite(lr), RT_ERR_INVALID, "optim: learning rate %g is not finite", lr);
     rt_optim_scalars s;
     int64_t step = opt->steps + 1;
     optimizer_scalars(opt, lr, step, &s);
-    if (rt_device_is_cuda(opt->device)) {
-#ifdef RT_HAVE_CUDA
-        if (opt->cfg.kind == RT_OPTIM_SGD)
-            RT_CHECK(rt_optim_sgd_cuda(params, grads, s.momentum ? opt->state[0] : NULL, opt->n, &s,
-                                       opt->decay_mask_dev, stream));
-        else
-            RT_CHECK(rt_optim_adam_cuda(params, grads, opt->state[0], opt->state[1], s.amsgrad ? opt->state[2] : NULL,
-                                        opt->n, &s, opt->decay_mask_dev, stream));
-#else
-        RT_FAIL(RT_ERR_UNSUPPORTED, "optim: built without CUDA");
-#endif
-    } else {
-        /* walk the arena: decayed stretches between the excluded ranges */
-        size_t pos = 0;
-        for (size_t i = 0; i < opt->cfg.n_no_decay; i++) {
-            const rt_optim_range *r = &opt->ranges[i];
-            optimizer_cpu_range(opt, params, grads, pos, r->offset - pos, &s, 1);
-            optimizer_cpu_range(opt, params, grads, r->offset, r->count, &s, 0);
-            pos = r->offset + r->count;
-        }
-        optimizer_cpu_range(opt, params, grads, pos, opt->n - pos, &s, 1);
-    }
+    RT_CHECK(opt->backend->step(opt, params, grads, &s, stream));
     opt->steps = step;
     return RT_OK;
 }

@@ -33,8 +33,8 @@ extern "C" {
 
 typedef enum rt_optim_kind { RT_OPTIM_SGD = 0, RT_OPTIM_ADAM, RT_OPTIM_ADAMW, RT_OPTIM_KIND_COUNT_ } rt_optim_kind;
 
-/* "sgd", "adam", "adamw" (case-insensitive); -1 if unknown. */
-int rt_optim_kind_parse(const char *name, rt_optim_kind *out);
+/* "sgd" | "adam" | "adamw" (case-insensitive); RT_ERR_INVALID naming them otherwise. */
+rt_status rt_optim_kind_parse(const char *text, rt_optim_kind *out);
 const char *rt_optim_kind_name(rt_optim_kind kind);
 
 /* A range of the flat arena, in floats: [offset, offset + count). */
@@ -83,8 +83,9 @@ typedef struct rt_optimizer {
     int64_t steps; /* optimizer steps taken: PyTorch's state['step'] */
     int n_state;
     const char *state_name[RT_OPTIM_MAX_STATE];
-    float *state[RT_OPTIM_MAX_STATE]; /* on `device`, n floats each */
-    uint32_t *decay_mask_dev;         /* CUDA with excluded ranges: bit i = decay element i */
+    float *state[RT_OPTIM_MAX_STATE];       /* on `device`, n floats each */
+    const struct rt_optim_backend *backend; /* the device kind's functions, picked by rt_optimizer_init */
+    void *backend_state;                    /* the backend's (CUDA: the weight-decay bit mask) */
 } rt_optimizer;
 
 /* Set up an optimizer for an arena of n floats on `device` and allocate its state

@@ -3,21 +3,22 @@
  * double-precision results agree with it to the last bit or nearly. */
 #include "optim/schedule.h"
 
+#include "core/names.h"
+
 #include <math.h>
 #include <string.h>
-#include <strings.h>
 
 static const char *const sched_names[RT_SCHED_KIND_COUNT_] = {"constant", "step", "multistep", "cosine", "onecycle"};
 
-int rt_sched_kind_parse(const char *name, rt_sched_kind *out) {
-    if (!name) return -1;
-    for (int k = 0; k < RT_SCHED_KIND_COUNT_; k++) {
-        if (strcasecmp(name, sched_names[k]) == 0) {
-            *out = (rt_sched_kind)k;
-            return 0;
-        }
+rt_status rt_sched_kind_parse(const char *text, rt_sched_kind *out) {
+    int k = rt_names_find(sched_names, RT_SCHED_KIND_COUNT_, text);
+    if (k < 0) {
+        char list[128];
+        return RT_ERROR(RT_ERR_INVALID, "unknown schedule '%s' (expected %s)", text ? text : "(null)",
+                        rt_names_join(sched_names, RT_SCHED_KIND_COUNT_, list, sizeof list));
     }
-    return -1;
+    *out = (rt_sched_kind)k;
+    return RT_OK;
 }
 
 const char *rt_sched_kind_name(rt_sched_kind kind) {
@@ -41,9 +42,10 @@ void rt_schedule_default(rt_schedule *s, rt_sched_kind kind, double base_lr) {
 
 rt_status rt_schedule_validate(const rt_schedule *s) {
     RT_REQUIRE(s != NULL, RT_ERR_INVALID, "optim.schedule: NULL");
+    char names[128];
     RT_REQUIRE(s->kind >= 0 && s->kind < RT_SCHED_KIND_COUNT_, RT_ERR_INVALID,
-               "optim.schedule: unknown kind %d (expected constant, step, multistep, cosine or onecycle)",
-               (int)s->kind);
+               "optim.schedule: unknown kind %d (expected %s)", (int)s->kind,
+               rt_names_join(sched_names, RT_SCHED_KIND_COUNT_, names, sizeof names));
     RT_REQUIRE(isfinite(s->base_lr) && s->base_lr >= 0, RT_ERR_INVALID, "optim.lr: %g (expected a finite value >= 0)",
                s->base_lr);
     RT_REQUIRE(!s->per_epoch || s->steps_per_epoch > 0, RT_ERR_INVALID,

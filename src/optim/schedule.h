@@ -29,8 +29,9 @@ typedef enum rt_sched_kind {
     RT_SCHED_KIND_COUNT_
 } rt_sched_kind;
 
-/* "constant", "step", "multistep", "cosine", "onecycle" (case-insensitive); -1 if unknown. */
-int rt_sched_kind_parse(const char *name, rt_sched_kind *out);
+/* "constant" | "step" | "multistep" | "cosine" | "onecycle" (case-insensitive);
+ * RT_ERR_INVALID naming them otherwise. */
+rt_status rt_sched_kind_parse(const char *text, rt_sched_kind *out);
 const char *rt_sched_kind_name(rt_sched_kind kind);
 
 #define RT_SCHED_MAX_MILESTONES 64

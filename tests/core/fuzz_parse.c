@@ -1,4 +1,4 @@
-/* libFuzzer target: the small text parsers of src/core (log levels, dtypes, devices). */
+/* libFuzzer target: the small text parsers of src/core (log levels, dtypes, device names). */
 #include "core/device.h"
 #include "core/log.h"
 #include "core/tensor.h"
@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *text = malloc(size + 1);
@@ -17,7 +18,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     rt_dtype dt;
     (void)rt_dtype_parse(text, &dt);
     rt_device d;
-    if (strncmp(text, "cuda", 4) != 0) (void)rt_device_select(text, 0, &d);
+    for (int count = 0; count < 3; count++) (void)rt_device_choose(text, 1, count, &d);
+    if (strncasecmp(text, "cuda", 4) != 0) (void)rt_device_select(text, 0, &d);
     rt_error_clear();
     free(text);
     return 0;

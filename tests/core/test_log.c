@@ -6,17 +6,29 @@
 #include <string.h>
 #include <unistd.h>
 
+/* `expr` fails with RT_ERR_INVALID and the recorded message contains `needle`. */
+#define assert_invalid_with(expr, needle)                                                                              \
+    do {                                                                                                               \
+        assert_int_equal((expr), RT_ERR_INVALID);                                                                      \
+        if (!strstr(rt_error_message(), (needle)))                                                                     \
+            fail_msg("message \"%s\" lacks \"%s\"", rt_error_message(), (needle));                                     \
+    } while (0)
+
 static void test_parse(void **state) {
     (void)state;
     rt_log_level lv;
-    assert_int_equal(rt_log_parse_level("warn", &lv), 0);
+    assert_rt_ok(rt_log_parse_level("warn", &lv));
     assert_int_equal(lv, RT_LOG_WARN);
-    assert_int_equal(rt_log_parse_level("DEBUG", &lv), 0);
+    assert_rt_ok(rt_log_parse_level("DEBUG", &lv));
     assert_int_equal(lv, RT_LOG_DEBUG);
-    assert_int_equal(rt_log_parse_level("0", &lv), 0);
+    assert_rt_ok(rt_log_parse_level("0", &lv));
     assert_int_equal(lv, RT_LOG_ERROR);
-    assert_int_equal(rt_log_parse_level("loud", &lv), -1);
-    assert_int_equal(rt_log_parse_level("", &lv), -1);
+    assert_rt_ok(rt_log_parse_level("Warning", &lv));
+    assert_int_equal(lv, RT_LOG_WARN);
+    assert_invalid_with(rt_log_parse_level("loud", &lv),
+                        "unknown log level 'loud' (expected error | warn | info | debug | trace");
+    assert_invalid_with(rt_log_parse_level("", &lv), "''");
+    assert_invalid_with(rt_log_parse_level("5", &lv), "'5'");
 }
 
 /* capture stderr into a pipe while running fn */

@@ -1,6 +1,8 @@
 /* Error records: location, failing call, rank, trace frames, thread-locality. */
 #include "test_util.h"
 
+#include "core/names.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -93,10 +95,29 @@ static void test_save_restore(void **state) {
     assert_string_equal(rt_status_name((rt_status)999), "RT_ERR_UNKNOWN");
 }
 
+static void test_names(void **state) {
+    (void)state;
+    static const char *const names[] = {"tcp", NULL, "shm"};
+    assert_int_equal(rt_names_find(names, 3, "SHM"), 2);
+    assert_int_equal(rt_names_find(names, 3, "tcp"), 0);
+    assert_int_equal(rt_names_find(names, 3, "nccl"), -1);
+    assert_int_equal(rt_names_find(names, 3, NULL), -1);
+    assert_int_equal(rt_names_find(names, 3, ""), -1);
+    char buf[32];
+    assert_string_equal(rt_names_join(names, 3, buf, sizeof buf), "tcp | shm");
+    assert_string_equal(rt_names_join(names, 0, buf, sizeof buf), "");
+    assert_string_equal(rt_names_append(buf, sizeof buf, "auto"), "auto");
+    /* a name that does not fit is left out whole, never cut */
+    char small[10] = "";
+    rt_names_join(names, 3, small, sizeof small);
+    assert_string_equal(small, "tcp | shm");
+    assert_string_equal(rt_names_append(small, sizeof small, "x"), "tcp | shm");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_propagation), cmocka_unit_test(test_rank_prefix), cmocka_unit_test(test_sys),
-        cmocka_unit_test(test_thread_local), cmocka_unit_test(test_save_restore),
+        cmocka_unit_test(test_propagation),  cmocka_unit_test(test_rank_prefix),  cmocka_unit_test(test_sys),
+        cmocka_unit_test(test_thread_local), cmocka_unit_test(test_save_restore), cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

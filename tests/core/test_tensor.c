@@ -5,6 +5,14 @@
 
 #include <string.h>
 
+/* `expr` fails with RT_ERR_INVALID and the recorded message contains `needle`. */
+#define assert_invalid_with(expr, needle)                                                                              \
+    do {                                                                                                               \
+        assert_int_equal((expr), RT_ERR_INVALID);                                                                      \
+        if (!strstr(rt_error_message(), (needle)))                                                                     \
+            fail_msg("message \"%s\" lacks \"%s\"", rt_error_message(), (needle));                                     \
+    } while (0)
+
 static void test_descriptor(void **state) {
     (void)state;
     rt_tensor t;
@@ -33,11 +41,15 @@ static void test_descriptor(void **state) {
 static void test_dtypes(void **state) {
     (void)state;
     rt_dtype d;
-    assert_int_equal(rt_dtype_parse("F32", &d), 0);
+    assert_rt_ok(rt_dtype_parse("F32", &d));
     assert_int_equal(d, RT_F32);
-    assert_int_equal(rt_dtype_parse("int64", &d), 0);
+    assert_rt_ok(rt_dtype_parse("int64", &d));
     assert_int_equal(d, RT_I64);
-    assert_int_equal(rt_dtype_parse("bf16", &d), -1);
+    assert_rt_ok(rt_dtype_parse("Float64", &d));
+    assert_int_equal(d, RT_F64);
+    assert_invalid_with(rt_dtype_parse("bf16", &d),
+                        "unknown dtype 'bf16' (expected f32 | f64 | i32 | i64 | u8; or float32");
+    assert_invalid_with(rt_dtype_parse(NULL, &d), "(null)");
     assert_int_equal(rt_dtype_size(RT_F64), 8);
     assert_int_equal(rt_dtype_size(RT_U8), 1);
     assert_string_equal(rt_dtype_name(RT_I32), "i32");

@@ -3,7 +3,7 @@
  * flip choices ringtrain drew, run at test time by /usr/bin/python3. */
 #include "data_test_util.h"
 
-#include "data/augment.h"
+#include "data/internal/augment.h"
 
 #include <math.h>
 

@@ -4,10 +4,10 @@
  * bytes, label out of range, gzip errors, missing files). */
 #include "data_test_util.h"
 
-#include "data/bytes.h"
-#include "data/cifar.h"
+#include "data/internal/bytes.h"
+#include "data/internal/cifar.h"
 #include "data/dataset.h"
-#include "data/idx.h"
+#include "data/internal/idx.h"
 
 enum { N = 5, ROWS = 3, COLS = 4 };
 
@@ -371,8 +371,16 @@ static void test_kind_parse(void **state) {
     assert_int_equal(k, RT_DATASET_FASHION_MNIST);
     assert_rt_ok(rt_dataset_kind_parse("CIFAR10", &k));
     assert_int_equal(k, RT_DATASET_CIFAR10);
+    assert_rt_ok(rt_dataset_kind_parse("Fashion_MNIST", &k));
+    assert_int_equal(k, RT_DATASET_FASHION_MNIST);
     assert_int_equal(rt_dataset_kind_parse("imagenet", &k), RT_ERR_INVALID);
-    assert_error_has("imagenet");
+    assert_error_has("unknown dataset kind 'imagenet' (expected auto | mnist | fashion-mnist | cifar10)");
+    assert_int_equal(rt_dataset_kind_parse("synthetic", &k), RT_ERR_INVALID); /* built in memory, never loaded */
+    assert_int_equal(rt_dataset_kind_parse(NULL, &k), RT_ERR_INVALID);
+    for (int i = 0; i < RT_DATASET_SYNTHETIC; i++) {
+        assert_rt_ok(rt_dataset_kind_parse(rt_dataset_kind_name((rt_dataset_kind)i), &k));
+        assert_int_equal(k, i);
+    }
 }
 
 int main(void) {

@@ -219,7 +219,14 @@ static void test_bad_config(void **state) {
     rt_sampler_mode m;
     assert_rt_ok(rt_sampler_mode_parse("partition", &m));
     assert_int_equal(m, RT_SAMPLER_PARTITION);
+    assert_rt_ok(rt_sampler_mode_parse("EVAL", &m));
+    assert_int_equal(m, RT_SAMPLER_EVAL);
     assert_int_equal(rt_sampler_mode_parse("random", &m), RT_ERR_INVALID);
+    assert_error_has("unknown sampler mode 'random' (expected distributed | partition | eval)");
+    for (int i = 0; i < RT_SAMPLER_MODE_COUNT_; i++) {
+        assert_rt_ok(rt_sampler_mode_parse(rt_sampler_mode_name((rt_sampler_mode)i), &m));
+        assert_int_equal(m, i);
+    }
 }
 
 int main(void) {

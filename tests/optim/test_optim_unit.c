@@ -7,7 +7,7 @@
 
 #include "core/rng.h"
 #include "optim/clip.h"
-#include "optim/optim_kernels.h"
+#include "optim/internal/optim_kernels.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 
@@ -31,16 +31,27 @@ static void assert_close(double got, double want, double tol) {
 static void test_kind_names(void **state) {
     (void)state;
     rt_optim_kind k;
-    assert_int_equal(rt_optim_kind_parse("AdamW", &k), 0);
+    assert_rt_ok(rt_optim_kind_parse("AdamW", &k));
     assert_int_equal(k, RT_OPTIM_ADAMW);
-    assert_int_equal(rt_optim_kind_parse("sgd", &k), 0);
+    assert_rt_ok(rt_optim_kind_parse("sgd", &k));
     assert_int_equal(k, RT_OPTIM_SGD);
-    assert_int_equal(rt_optim_kind_parse("rmsprop", &k), -1);
+    assert_rt_fails(rt_optim_kind_parse("rmsprop", &k), RT_ERR_INVALID,
+                    "unknown optimizer 'rmsprop' (expected sgd | adam | adamw)");
+    assert_rt_fails(rt_optim_kind_parse(NULL, &k), RT_ERR_INVALID, "(null)");
+    for (int i = 0; i < RT_OPTIM_KIND_COUNT_; i++) { /* every name parses back to its kind */
+        assert_rt_ok(rt_optim_kind_parse(rt_optim_kind_name((rt_optim_kind)i), &k));
+        assert_int_equal(k, i);
+    }
     assert_string_equal(rt_optim_kind_name(RT_OPTIM_ADAM), "adam");
     rt_sched_kind s;
-    assert_int_equal(rt_sched_kind_parse("OneCycle", &s), 0);
+    assert_rt_ok(rt_sched_kind_parse("OneCycle", &s));
     assert_int_equal(s, RT_SCHED_ONECYCLE);
-    assert_int_equal(rt_sched_kind_parse("poly", &s), -1);
+    assert_rt_fails(rt_sched_kind_parse("poly", &s), RT_ERR_INVALID,
+                    "unknown schedule 'poly' (expected constant | step | multistep | cosine | onecycle)");
+    for (int i = 0; i < RT_SCHED_KIND_COUNT_; i++) {
+        assert_rt_ok(rt_sched_kind_parse(rt_sched_kind_name((rt_sched_kind)i), &s));
+        assert_int_equal(s, i);
+    }
     assert_string_equal(rt_sched_kind_name(RT_SCHED_MULTISTEP), "multistep");
 }
 

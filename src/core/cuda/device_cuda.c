@@ -1,12 +1,14 @@
-/* CUDA runtime implementation of the device layer (see core/device.h). */
+/* The CUDA device backend (see core/internal/device_backend.h): the CUDA runtime behind
+ * core/device.h. Streams are non-blocking cudaStream_t, events cudaEvent_t. */
+#include "core/internal/device_backend.h"
+
+#include "core/cuda/cuda_check.h"
 #include "core/cuda/device_cuda.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
 
-#include "core/cuda/cuda_check.h"
-
-rt_status rt_cuda_count(int *count) {
+static rt_status cuda_count(int *count) {
     *count = 0;
     cudaError_t e = cudaGetDeviceCount(count);
     if (e != cudaSuccess) {
@@ -26,7 +28,7 @@ rt_status rt_cuda_count(int *count) {
     return RT_OK;
 }
 
-rt_status rt_cuda_info(int index, rt_cuda_device_info *info) {
+static rt_status cuda_info(int index, rt_cuda_device_info *info) {
     struct cudaDeviceProp p;
     RT_CHECK_CUDA(cudaGetDeviceProperties(&p, index));
     snprintf(info->name, sizeof info->name, "%s", p.name);
@@ -39,12 +41,12 @@ rt_status rt_cuda_info(int index, rt_cuda_device_info *info) {
     return RT_OK;
 }
 
-rt_status rt_cuda_set_device(int index) {
+static rt_status cuda_set_device(int index) {
     RT_CHECK_CUDA(cudaSetDevice(index));
     return RT_OK;
 }
 
-rt_status rt_cuda_malloc(int index, size_t nbytes, void **out) {
+static rt_status cuda_malloc(int index, size_t nbytes, void **out) {
     RT_CHECK_CUDA(cudaSetDevice(index));
     cudaError_t e = cudaMalloc(out, nbytes ? nbytes : 1);
     if (e != cudaSuccess) {
@@ -58,16 +60,17 @@ rt_status rt_cuda_malloc(int index, size_t nbytes, void **out) {
     return RT_OK;
 }
 
-void rt_cuda_free(void *p) { cudaFree(p); }
+static void cuda_free(void *p) { cudaFree(p); }
 
-rt_status rt_cuda_host_alloc(size_t nbytes, void **out) {
+static rt_status cuda_host_alloc(size_t nbytes, void **out) {
     RT_CHECK_CUDA(cudaHostAlloc(out, nbytes ? nbytes : 1, cudaHostAllocPortable));
     return RT_OK;
 }
 
-void rt_cuda_host_free(void *p) { cudaFreeHost(p); }
+static void cuda_host_free(void *p) { cudaFreeHost(p); }
 
-rt_status rt_cuda_memcpy(void *dst, bool dst_dev, const void *src, bool src_dev, size_t n, void *stream) {
+static rt_status cuda_memcpy(void *dst, bool dst_dev, const void *src, bool src_dev, size_t n, rt_stream *s) {
+    void *stream = s ? s->native : NULL; /* a CPU stream orders nothing on the GPU */
     enum cudaMemcpyKind kind = dst_dev ? (src_dev ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                                        : (src_dev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
     if (stream) {
@@ -82,7 +85,8 @@ rt_status rt_cuda_memcpy(void *dst, bool dst_dev, const void *src, bool src_dev,
     return RT_OK;
 }
 
-rt_status rt_cuda_memset(void *p, int value, size_t n, void *stream) {
+static rt_status cuda_memset(void *p, int value, size_t n, rt_stream *s) {
+    void *stream = s ? s->native : NULL;
     if (stream) {
         RT_CHECK_CUDA(cudaMemsetAsync(p, value, n, (cudaStream_t)stream));
     } else {
@@ -92,67 +96,98 @@ rt_status rt_cuda_memset(void *p, int value, size_t n, void *stream) {
     return RT_OK;
 }
 
-rt_status rt_cuda_stream_create(int index, void **out) {
-    RT_CHECK_CUDA(cudaSetDevice(index));
+static rt_status cuda_stream_create(rt_stream *st) {
+    RT_CHECK_CUDA(cudaSetDevice(st->dev.index));
     cudaStream_t s;
     RT_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    *out = s;
+    st->native = s;
     return RT_OK;
 }
 
-void rt_cuda_stream_destroy(void *s) { cudaStreamDestroy((cudaStream_t)s); }
+static void cuda_stream_destroy(rt_stream *s) {
+    if (s->native) cudaStreamDestroy((cudaStream_t)s->native);
+}
 
-rt_status rt_cuda_stream_sync(void *s) {
-    RT_CHECK_CUDA(cudaStreamSynchronize((cudaStream_t)s));
+static rt_status cuda_stream_sync(rt_stream *s) {
+    RT_CHECK_CUDA(cudaStreamSynchronize((cudaStream_t)s->native));
     return RT_OK;
 }
 
-rt_status rt_cuda_event_create(int index, void **out) {
-    RT_CHECK_CUDA(cudaSetDevice(index));
+static rt_status cuda_event_create(rt_event *ev) {
+    RT_CHECK_CUDA(cudaSetDevice(ev->dev.index));
     cudaEvent_t e;
     RT_CHECK_CUDA(cudaEventCreate(&e));
-    *out = e;
+    ev->native = e;
     return RT_OK;
 }
 
-void rt_cuda_event_destroy(void *e) { cudaEventDestroy((cudaEvent_t)e); }
+static void cuda_event_destroy(rt_event *e) {
+    if (e->native) cudaEventDestroy((cudaEvent_t)e->native);
+}
 
-rt_status rt_cuda_event_record(void *e, void *s) {
-    RT_CHECK_CUDA(cudaEventRecord((cudaEvent_t)e, (cudaStream_t)s));
+/* on `s` when it is a CUDA stream; a CPU stream (or NULL) records on the default stream */
+static rt_status cuda_event_record(rt_event *e, rt_stream *s) {
+    RT_CHECK_CUDA(cudaEventRecord((cudaEvent_t)e->native, (cudaStream_t)(s ? s->native : NULL)));
     return RT_OK;
 }
 
-rt_status rt_cuda_event_sync(void *e) {
-    RT_CHECK_CUDA(cudaEventSynchronize((cudaEvent_t)e));
+static rt_status cuda_event_sync(rt_event *e) {
+    RT_CHECK_CUDA(cudaEventSynchronize((cudaEvent_t)e->native));
     return RT_OK;
 }
 
-rt_status rt_cuda_stream_wait_event(void *s, void *e) {
-    RT_CHECK_CUDA(cudaStreamWaitEvent((cudaStream_t)s, (cudaEvent_t)e, 0));
+static rt_status cuda_stream_wait_event(rt_stream *s, rt_event *e) {
+    if (!e->native) return RT_OK; /* a CPU event is complete once recorded */
+    RT_CHECK_CUDA(cudaStreamWaitEvent((cudaStream_t)s->native, (cudaEvent_t)e->native, 0));
     return RT_OK;
 }
 
-rt_status rt_cuda_event_elapsed(void *start, void *end, float *ms, bool *ready) {
-    cudaError_t q = cudaEventQuery((cudaEvent_t)end);
+static rt_status cuda_event_elapsed(rt_event *start, rt_event *end, float *ms, bool *ready) {
+    cudaError_t q = cudaEventQuery((cudaEvent_t)end->native);
     if (q == cudaErrorNotReady) {
         (void)cudaGetLastError();
         *ready = false;
         return RT_OK;
     }
     RT_CHECK_CUDA(q);
-    RT_CHECK_CUDA(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end));
+    RT_CHECK_CUDA(cudaEventElapsedTime(ms, (cudaEvent_t)start->native, (cudaEvent_t)end->native));
     *ready = true;
     return RT_OK;
 }
 
-int rt_cuda_runtime_version(void) {
-    int v = 0;
-    cudaRuntimeGetVersion(&v);
-    return v;
+static int cuda_lib_versions(rt_lib_version *out, int cap) {
+    int n = 0, rt = 0, drv = 0;
+    char v[32];
+    cudaRuntimeGetVersion(&rt);
+    rt_lib_version_fmt(v, sizeof v, rt, 1000, 10);
+    rt_lib_version_add(out, cap, &n, "CUDA runtime", "cuda_runtime", v);
+    if (cudaDriverGetVersion(&drv) != cudaSuccess) (void)cudaGetLastError();
+    rt_lib_version_fmt(v, sizeof v, drv, 1000, 10);
+    rt_lib_version_add(out, cap, &n, "CUDA driver", "cuda_driver", drv > 0 ? v : "none");
+    return n;
 }
 
-int rt_cuda_driver_version(void) {
-    int v = 0;
-    if (cudaDriverGetVersion(&v) != cudaSuccess) (void)cudaGetLastError();
-    return v;
-}
+const rt_device_backend rt_device_backend_cuda = {
+    .name = "cuda",
+    .device_count = cuda_count,
+    .device_info = cuda_info,
+    .set_current = cuda_set_device,
+    .malloc = cuda_malloc,
+    .free = cuda_free,
+    .memcpy = cuda_memcpy,
+    .memset = cuda_memset,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_sync = cuda_stream_sync,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_sync = cuda_event_sync,
+    .stream_wait_event = cuda_stream_wait_event,
+    .event_elapsed = cuda_event_elapsed,
+    .rng_uniform = rt_rng_uniform_cuda,
+    .rng_normal = rt_rng_normal_cuda,
+    .lib_versions = cuda_lib_versions,
+};

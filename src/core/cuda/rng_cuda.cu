@@ -1,6 +1,7 @@
 /* GPU draws from the Philox streams of core/rng.h: the same philox.h code as the CPU,
  * one thread per element, so CPU and GPU produce the same numbers. */
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/device_cuda.h"
 #include "core/device.h"
 #include "core/rng.h"
 #include "core/philox.h"
@@ -23,7 +24,7 @@ static unsigned grid_for(size_t n) {
     return g ? (unsigned)g : 1u;
 }
 
-extern "C" rt_status rt_rng_uniform_dev(rt_rng *rng, float *out_dev, size_t n, struct rt_stream *stream) {
+extern "C" rt_status rt_rng_uniform_cuda(rt_rng *rng, float *out_dev, size_t n, rt_stream *stream) {
     if (n == 0) return RT_OK;
     uniform_kernel<<<grid_for(n), 256, 0, (cudaStream_t)rt_stream_native(stream)>>>(out_dev, n, rng->seed, rng->subseq,
                                                                                    rng->offset);
@@ -32,8 +33,8 @@ extern "C" rt_status rt_rng_uniform_dev(rt_rng *rng, float *out_dev, size_t n, s
     return RT_OK;
 }
 
-extern "C" rt_status rt_rng_normal_dev(rt_rng *rng, float *out_dev, size_t n, float mean, float std,
-                                       struct rt_stream *stream) {
+extern "C" rt_status rt_rng_normal_cuda(rt_rng *rng, float *out_dev, size_t n, float mean, float std,
+                                        rt_stream *stream) {
     if (n == 0) return RT_OK;
     normal_kernel<<<grid_for(n), 256, 0, (cudaStream_t)rt_stream_native(stream)>>>(out_dev, n, rng->seed, rng->subseq,
                                                                                   rng->offset, mean, std);

@@ -1,5 +1,6 @@
-/* CPU optimizer loops: SGD and Adam/AdamW over one contiguous stretch of the arena,
- * plus the sum of squares and the scaling used by gradient clipping.
+/* The CPU optimizer backend: SGD and Adam/AdamW loops over one contiguous stretch of
+ * the arena, walked between the weight-decay exclusions, plus the sum of squares and
+ * the scaling used by gradient clipping, and the table (rt_optim_backend_cpu).
  *
  * Each loop is written once (always-inline bodies with the options as constant
  * arguments, so every option combination becomes a branch-free loop) and compiled
@@ -19,7 +20,7 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-#include "optim/optim_kernels.h"
+#include "optim/internal/optim_kernels.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -263,3 +264,68 @@ void rt_optim_scale_cpu(float *x, size_t n, float coef) {
 #endif
     scale_generic(x, n, coef);
 }
+
+/* ---- the backend table ---------------------------------------------------------------- */
+
+static rt_status cpu_init(rt_optimizer *opt) {
+    (void)opt;
+    return RT_OK;
+}
+
+static void cpu_release(rt_optimizer *opt) { (void)opt; }
+
+static void cpu_range(const rt_optimizer *opt, float *p, const float *g, size_t off, size_t count,
+                      const rt_optim_scalars *s, int decay) {
+    if (count == 0) return;
+    if (opt->cfg.kind == RT_OPTIM_SGD) {
+        rt_optim_sgd_cpu(p + off, g + off, s->momentum ? opt->state[0] + off : NULL, count, s, decay);
+    } else {
+        rt_optim_adam_cpu(p + off, g + off, opt->state[0] + off, opt->state[1] + off,
+                          s->amsgrad ? opt->state[2] + off : NULL, count, s, decay);
+    }
+}
+
+/* walk the arena: decayed stretches between the excluded ranges (sorted, disjoint) */
+static rt_status cpu_step(rt_optimizer *opt, float *params, const float *grads, const rt_optim_scalars *s,
+                          rt_stream *stream) {
+    (void)stream;
+    size_t pos = 0;
+    for (size_t i = 0; i < opt->cfg.n_no_decay; i++) {
+        const rt_optim_range *r = &opt->ranges[i];
+        cpu_range(opt, params, grads, pos, r->offset - pos, s, 1);
+        cpu_range(opt, params, grads, r->offset, r->count, s, 0);
+        pos = r->offset + r->count;
+    }
+    cpu_range(opt, params, grads, pos, opt->n - pos, s, 1);
+    return RT_OK;
+}
+
+static rt_status cpu_clip_init(rt_grad_clip *c) {
+    (void)c;
+    return RT_OK;
+}
+
+static void cpu_clip_release(rt_grad_clip *c) { (void)c; }
+
+static rt_status cpu_sumsq(rt_grad_clip *c, const float *x, size_t n, rt_stream *stream, double *sum) {
+    (void)c, (void)stream;
+    *sum = rt_optim_sumsq_cpu(x, n);
+    return RT_OK;
+}
+
+static rt_status cpu_scale(rt_grad_clip *c, float *x, size_t n, float coef, rt_stream *stream) {
+    (void)c, (void)stream;
+    rt_optim_scale_cpu(x, n, coef);
+    return RT_OK;
+}
+
+const rt_optim_backend rt_optim_backend_cpu = {
+    .name = "cpu",
+    .init = cpu_init,
+    .release = cpu_release,
+    .step = cpu_step,
+    .clip_init = cpu_clip_init,
+    .clip_release = cpu_clip_release,
+    .sumsq = cpu_sumsq,
+    .scale = cpu_scale,
+};

@@ -1,6 +1,6 @@
-/* CUDA optimizer kernels: one fused kernel per optimizer over the whole arena (one
+/* The CUDA optimizer backend: one fused kernel per optimizer over the whole arena (one
  * launch per step, however many tensors), the deterministic sum-of-squares reduction
- * for gradient clipping, and the scaling.
+ * for gradient clipping, the scaling, and the table (rt_optim_backend_cuda).
  *
  * The arithmetic is the CPU loops' (cpu/optim_cpu.c) with explicit IEEE rounding
  * intrinsics (__fmaf_rn, __fmul_rn, __fdiv_rn, __fsqrt_rn, ...) so nvcc cannot contract
@@ -9,9 +9,14 @@
  */
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
-#include "optim/optim_kernels.h"
+#include "optim/internal/optim_kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 #define RT_OPTIM_THREADS 256
+/* the norm reduction: a fixed grid of partial sums, then one block adds them in order */
+#define RT_OPTIM_NORM_BLOCKS 512
 
 static unsigned optim_grid(size_t n) {
     size_t g = (n + RT_OPTIM_THREADS - 1) / RT_OPTIM_THREADS;
@@ -68,7 +73,7 @@ static __global__ void adam_kernel(float *__restrict__ p, const float *__restric
     }
 }
 
-extern "C" rt_status rt_optim_sgd_cuda(float *params, const float *grads, float *buf, size_t n,
+static rt_status sgd_cuda(float *params, const float *grads, float *buf, size_t n,
                                        const rt_optim_scalars *s, const uint32_t *decay_mask, rt_stream *stream) {
     if (n == 0) return RT_OK;
     sgd_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(params, grads, buf, n,
@@ -77,7 +82,7 @@ extern "C" rt_status rt_optim_sgd_cuda(float *params, const float *grads, float 
     return RT_OK;
 }
 
-extern "C" rt_status rt_optim_adam_cuda(float *params, const float *grads, float *m, float *v, float *vmax, size_t n,
+static rt_status adam_cuda(float *params, const float *grads, float *m, float *v, float *vmax, size_t n,
                                         const rt_optim_scalars *s, const uint32_t *decay_mask, rt_stream *stream) {
     if (n == 0) return RT_OK;
     adam_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(
@@ -118,7 +123,7 @@ static __global__ void sumsq_final_kernel(const double *__restrict__ partial, un
     if (threadIdx.x == 0) *out = t;
 }
 
-extern "C" rt_status rt_optim_sumsq_cuda(const float *x, size_t n, double *partial_dev, double *out_dev,
+static rt_status sumsq_cuda(const float *x, size_t n, double *partial_dev, double *out_dev,
                                          rt_stream *stream) {
     cudaStream_t st = (cudaStream_t)rt_stream_native(stream);
     sumsq_partial_kernel<<<RT_OPTIM_NORM_BLOCKS, RT_OPTIM_THREADS, 0, st>>>(x, n, partial_dev);
@@ -133,9 +138,80 @@ static __global__ void scale_kernel(float *__restrict__ x, size_t n, float coef)
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] = __fmul_rn(x[i], coef);
 }
 
-extern "C" rt_status rt_optim_scale_cuda(float *x, size_t n, float coef, rt_stream *stream) {
+static rt_status scale_cuda(float *x, size_t n, float coef, rt_stream *stream) {
     if (n == 0) return RT_OK;
     scale_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(x, n, coef);
     RT_CHECK_LAUNCH();
     return RT_OK;
 }
+
+/* ---- the backend table ---------------------------------------------------------------- */
+
+/* With excluded ranges: one bit per element (1 = weight decay applies), built on the host
+ * and copied once; NULL (decay everywhere) without exclusions. */
+static rt_status cuda_init(rt_optimizer *opt) {
+    size_t nr = opt->cfg.n_no_decay;
+    if (nr == 0) return RT_OK;
+    size_t words = (opt->n + 31) / 32;
+    uint32_t *mask = (uint32_t *)malloc(words * sizeof *mask);
+    RT_CHECK_ALLOC(mask, words * sizeof *mask);
+    memset(mask, 0xff, words * sizeof *mask);
+    for (size_t r = 0; r < nr; r++)
+        for (size_t i = opt->ranges[r].offset; i < opt->ranges[r].offset + opt->ranges[r].count; i++)
+            mask[i >> 5] &= ~(1u << (i & 31));
+    void *dev = NULL;
+    rt_status st = rt_malloc(opt->device, words * sizeof(uint32_t), &dev);
+    if (st == RT_OK) st = rt_memcpy(dev, opt->device, mask, rt_device_cpu(), words * sizeof *mask, NULL);
+    free(mask);
+    if (st != RT_OK) {
+        rt_free(opt->device, dev);
+        return st;
+    }
+    opt->backend_state = dev;
+    return RT_OK;
+}
+
+static void cuda_release(rt_optimizer *opt) {
+    rt_free(opt->device, opt->backend_state);
+    opt->backend_state = NULL;
+}
+
+static rt_status cuda_step(rt_optimizer *opt, float *params, const float *grads, const rt_optim_scalars *s,
+                           rt_stream *stream) {
+    const uint32_t *mask = (const uint32_t *)opt->backend_state;
+    if (opt->cfg.kind == RT_OPTIM_SGD)
+        RT_CHECK(sgd_cuda(params, grads, s->momentum ? opt->state[0] : NULL, opt->n, s, mask, stream));
+    else
+        RT_CHECK(adam_cuda(params, grads, opt->state[0], opt->state[1], s->amsgrad ? opt->state[2] : NULL, opt->n, s,
+                           mask, stream));
+    return RT_OK;
+}
+
+/* scratch: RT_OPTIM_NORM_BLOCKS partial sums, then the total */
+static rt_status cuda_clip_init(rt_grad_clip *c) {
+    RT_CHECK(rt_malloc(c->device, (RT_OPTIM_NORM_BLOCKS + 1) * sizeof(double), &c->scratch));
+    return RT_OK;
+}
+
+static void cuda_clip_release(rt_grad_clip *c) {
+    rt_free(c->device, c->scratch);
+    c->scratch = NULL;
+}
+
+static rt_status cuda_sumsq(rt_grad_clip *c, const float *x, size_t n, rt_stream *stream, double *sum) {
+    double *partial = (double *)c->scratch, *total = partial + RT_OPTIM_NORM_BLOCKS;
+    RT_CHECK(sumsq_cuda(x, n, partial, total, stream));
+    RT_CHECK(rt_memcpy(sum, rt_device_cpu(), total, c->device, sizeof *sum, stream));
+    RT_CHECK(rt_stream_sync(stream));
+    return RT_OK;
+}
+
+static rt_status cuda_scale(rt_grad_clip *c, float *x, size_t n, float coef, rt_stream *stream) {
+    (void)c;
+    return scale_cuda(x, n, coef, stream);
+}
+
+/* positional: C++ has no designated initialisers before C++20 (the order of rt_optim_backend) */
+extern "C" const rt_optim_backend rt_optim_backend_cuda = {
+    "cuda", cuda_init, cuda_release, cuda_step, cuda_clip_init, cuda_clip_release, cuda_sumsq, cuda_scale,
+};

@@ -1,5 +1,5 @@
 /* libFuzzer target: the CIFAR-10 batch reader (count + unpack) on arbitrary input. */
-#include "data/cifar.h"
+#include "data/internal/cifar.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* libFuzzer target: the IDX reader on raw and gzip input (as rt_dataset_load reads a
  * file: inflate when it starts with the gzip magic, then parse as images and labels). */
-#include "data/bytes.h"
-#include "data/idx.h"
+#include "data/internal/bytes.h"
+#include "data/internal/idx.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -1,4 +1,5 @@
-/* Command line of the data area: `ringtrain data info|sampler` and `ringtrain bench loader`.
+/* `ringtrain data info|sampler` and `ringtrain bench loader`: the command lines over the
+ * library functions of src/data.
  *
  * `data info` loads a dataset the way training would and prints what it found;
  * `data sampler` prints the indices one rank would get in one epoch, a debugging aid
@@ -6,9 +7,8 @@
  * on synthetic 28x28 and 32x32 data with augmentation, one worker thread.
  */
 #include "cli/cli.h"
-#include "core/timer.h"
 #include "data/dataset.h"
-#include "data/loader.h"
+#include "data/loader_bench.h"
 #include "data/sampler.h"
 
 #include <errno.h>
@@ -91,6 +91,23 @@ static void print_split(const rt_dataset *ds) {
     printf("   (the loader's constants for %s)\n", ds->name);
 }
 
+/* The kinds --kind accepts, from the dataset kind table: "auto|mnist|..." and
+ * ", mnist, ..." (auto left out) */
+static void kind_lists(char *bar, char *comma, size_t n) {
+    bar[0] = comma[0] = '\0';
+    for (int k = 0; k < RT_DATASET_KIND_COUNT_; k++) {
+        rt_dataset_kind parsed;
+        const char *name = rt_dataset_kind_name((rt_dataset_kind)k);
+        if (rt_dataset_kind_parse(name, &parsed) != RT_OK) { /* built in memory only */
+            rt_error_clear();
+            continue;
+        }
+        size_t lb = strlen(bar), lc = strlen(comma);
+        snprintf(bar + lb, n - lb, "%s%s", lb ? "|" : "", name);
+        if (k != RT_DATASET_AUTO) snprintf(comma + lc, n - lc, ", %s", name);
+    }
+}
+
 static int cmd_info(int argc, char **argv) {
     const char *prog = "ringtrain data info";
     const char *path = NULL, *split = NULL, *kind_s = "auto";
@@ -98,16 +115,17 @@ static int cmd_info(int argc, char **argv) {
         const char *v;
         int r;
         if (rt_cli_is_help(argv[i])) {
-            printf(
-                "usage: ringtrain data info [PATH] [--split train|test] [--kind auto|mnist|fashion-mnist|cifar10]\n\n"
-                "Load a dataset as training would and print its format, sample count, image shape,\n"
-                "class histogram and pixel mean/std (of pixel/255, per channel). PATH is a folder of\n"
-                "IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]: MNIST, Fashion-MNIST)\n"
-                "or CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin); default\n"
-                "%s (Debian package dataset-fashion-mnist).\n\n"
-                "  --split train|test   only this split (default: train, then test when present)\n"
-                "  --kind K             auto (default: detect from the files), mnist, fashion-mnist, cifar10\n",
-                RT_DATASET_DEFAULT_PATH);
+            char bar[128], comma[128];
+            kind_lists(bar, comma, sizeof bar);
+            printf("usage: ringtrain data info [PATH] [--split train|test] [--kind %s]\n\n"
+                   "Load a dataset as training would and print its format, sample count, image shape,\n"
+                   "class histogram and pixel mean/std (of pixel/255, per channel). PATH is a folder of\n"
+                   "IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]: MNIST, Fashion-MNIST)\n"
+                   "or CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin); default\n"
+                   "%s (Debian package dataset-fashion-mnist).\n\n"
+                   "  --split train|test   only this split (default: train, then test when present)\n"
+                   "  --kind K             auto (default: detect from the files)%s\n",
+                   bar, RT_DATASET_DEFAULT_PATH, comma);
             return 0;
         }
         if ((r = opt_value(prog, argc, argv, &i, "--split", &v)) != 0) {
@@ -208,7 +226,7 @@ static int cmd_sampler(int argc, char **argv) {
         } else if ((r = opt_value(prog, argc, argv, &i, "--mode", &v)) != 0) {
             if (r < 0) return 2;
             if (rt_sampler_mode_parse(v, &mode) != RT_OK) {
-                fprintf(stderr, "%s: --mode '%s': expected distributed, partition or eval\n", prog, v);
+                fprintf(stderr, "%s: --mode: %s\n", prog, rt_error_message());
                 return 2;
             }
         } else if (strcmp(argv[i], "--no-shuffle") == 0) {
@@ -262,59 +280,8 @@ typedef struct bench_row {
     const char *name;
     int c, h, w;
     int64_t n;
-    int64_t images;
-    double seconds;
+    rt_loader_bench_result r;
 } bench_row;
-
-static rt_status bench_one(bench_row *row, int batch, int prefetch, int64_t want) {
-    rt_dataset ds;
-    RT_CHECK(rt_dataset_alloc(&ds, row->name, row->n, row->c, row->h, row->w, 10));
-    /* deterministic pseudo-random pixels and labels */
-    uint8_t *img = (uint8_t *)ds.images, *lab = (uint8_t *)ds.labels;
-    uint64_t x = 0x9e3779b97f4a7c15ull;
-    size_t bytes = (size_t)row->n * rt_dataset_image_bytes(&ds);
-    for (size_t i = 0; i < bytes; i++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        img[i] = (uint8_t)x;
-    }
-    for (int64_t i = 0; i < row->n; i++) lab[i] = (uint8_t)(i % 10);
-    ds.crop_pad = row->c == 3 ? 4 : 2;
-    ds.hflip_suits = true;
-    rt_loader_config cfg = rt_loader_config_default(&ds);
-    cfg.global_batch = batch;
-    cfg.prefetch = prefetch;
-    cfg.augment = true;
-    rt_loader *l = NULL;
-    rt_status st = rt_loader_create(&cfg, &l);
-    if (st != RT_OK) {
-        rt_dataset_free(&ds);
-        RT_CHECK(st);
-    }
-    /* warm-up: one batch */
-    rt_batch b;
-    RT_CHECK_GOTO(rt_loader_start_epoch(l, 0), st, done);
-    RT_CHECK_GOTO(rt_loader_next(l, &b), st, done);
-    int64_t got = 0, epoch = 0;
-    double sink = 0;
-    rt_timer t;
-    rt_timer_start(&t);
-    while (got < want) {
-        RT_CHECK_GOTO(rt_loader_next(l, &b), st, done);
-        if (b.size == 0) {
-            RT_CHECK_GOTO(rt_loader_start_epoch(l, ++epoch), st, done);
-            continue;
-        }
-        sink += b.images[0];
-        got += b.size;
-    }
-    row->seconds = rt_timer_elapsed_s(&t);
-    row->images = got;
-    if (sink == 12345.678) printf(" ");
-done:
-    rt_loader_destroy(l);
-    rt_dataset_free(&ds);
-    return st;
-}
 
 int rt_cmd_bench_loader(int argc, char **argv) {
     const char *prog = "ringtrain bench loader";
@@ -348,10 +315,12 @@ int rt_cmd_bench_loader(int argc, char **argv) {
             return 2;
         }
     }
-    bench_row rows[] = {{"1x28x28", 1, 28, 28, 60000, 0, 0}, {"3x32x32", 3, 32, 32, 50000, 0, 0}};
+    bench_row rows[] = {{"1x28x28", 1, 28, 28, 60000, {0, 0}}, {"3x32x32", 3, 32, 32, 50000, {0, 0}}};
     int nrows = (int)(sizeof rows / sizeof rows[0]);
-    for (int i = 0; i < nrows; i++)
-        if (bench_one(&rows[i], (int)batch, (int)prefetch, images) != RT_OK) return rt_cli_fail();
+    for (int i = 0; i < nrows; i++) {
+        rt_loader_bench_config cfg = {rows[i].c, rows[i].h, rows[i].w, rows[i].n, (int)batch, (int)prefetch, images};
+        if (rt_loader_bench(&cfg, &rows[i].r) != RT_OK) return rt_cli_fail();
+    }
     if (json) {
         printf("{\"benchmark\": \"loader\", \"batch\": %" PRId64 ", \"prefetch\": %" PRId64
                ", \"worker_threads\": 1, \"augment\": true, \"results\": [",
@@ -359,14 +328,14 @@ int rt_cmd_bench_loader(int argc, char **argv) {
         for (int i = 0; i < nrows; i++)
             printf("%s{\"shape\": \"%s\", \"dataset_size\": %" PRId64 ", \"images\": %" PRId64
                    ", \"seconds\": %.6f, \"images_per_s\": %.1f}",
-                   i ? ", " : "", rows[i].name, rows[i].n, rows[i].images, rows[i].seconds,
-                   rows[i].images / rows[i].seconds);
+                   i ? ", " : "", rows[i].name, rows[i].n, rows[i].r.images, rows[i].r.seconds,
+                   rows[i].r.images / rows[i].r.seconds);
         printf("]}\n");
         return 0;
     }
     printf("%-8s %6s %10s %9s %12s\n", "shape", "batch", "images", "seconds", "images/s");
     for (int i = 0; i < nrows; i++)
-        printf("%-8s %6" PRId64 " %10" PRId64 " %9.3f %12.0f\n", rows[i].name, batch, rows[i].images, rows[i].seconds,
-               rows[i].images / rows[i].seconds);
+        printf("%-8s %6" PRId64 " %10" PRId64 " %9.3f %12.0f\n", rows[i].name, batch, rows[i].r.images,
+               rows[i].r.seconds, rows[i].r.images / rows[i].r.seconds);
     return 0;
 }
