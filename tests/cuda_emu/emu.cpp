@@ -9,15 +9,15 @@
  * races that the memory model leaves open are not explored.
  *
  * Fibers: one per thread slot of a block (up to 1024), each on its own mmap'd stack,
- * started once with makecontext/setcontext and then switched with _setjmp/_longjmp
- * (swapcontext saves the signal mask with a system call at every switch, which made a
- * 512-block reduction take seconds). A fiber loops: wait for a thread, run the kernel
- * body as that thread, mark it done. Switches are annotated for AddressSanitizer.
+ * started once with makecontext/setcontext and then switched with the compiler's
+ * __builtin_setjmp/__builtin_longjmp (swapcontext saves the signal mask with a system
+ * call at every switch, and AddressSanitizer's longjmp interceptor makes another: a
+ * 512-block reduction took seconds). A fiber loops: wait for a thread, run the kernel
+ * body as that thread, mark it done. Switches are annotated for AddressSanitizer, and
+ * the functions that switch are not instrumented by it.
  */
-#undef _FORTIFY_SOURCE /* __longjmp_chk refuses jumps between stacks */
 #include <cuda_runtime.h>
 
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,12 +43,23 @@ thread_local dim3 rt_emu_block_dim, rt_emu_grid_dim;
 
 namespace {
 
+/* __builtin_setjmp's buffer: frame pointer, resume address, stack pointer (+ spare) */
+typedef void *jump_buf[5];
+
+/* the functions that switch stacks: not instrumented by AddressSanitizer (it would
+ * unpoison the stack at every jump, with a system call; nothing is abandoned here) */
+#define RT_EMU_SWITCHES __attribute__((no_sanitize_address, noinline))
+
+/* resume where __builtin_setjmp(jb) was called, making it return 1; never inlined:
+ * __builtin_setjmp and __builtin_longjmp must not be in the same function */
+[[noreturn]] RT_EMU_SWITCHES void jump(jump_buf jb) { __builtin_longjmp(jb, 1); }
+
 enum { MAX_THREADS = 1024, STACK_BYTES = 256 << 10 };
 
 enum fiber_state { IDLE, RUNNABLE, AT_BARRIER, DONE };
 
 struct fiber {
-    jmp_buf jb;  /* where the fiber waits */
+    jump_buf jb; /* where the fiber waits */
     void *stack; /* STACK_BYTES usable, above a guard page */
     fiber_state state;
     uint3 idx;
@@ -59,7 +70,7 @@ struct emu_thread_state {
     cudaError_t last_error = cudaSuccess;
     fiber *fibers = nullptr;
     unsigned nfibers = 0;     /* fibers[0 .. nfibers) are started and wait */
-    jmp_buf sched;            /* where the scheduler waits */
+    jump_buf sched;           /* where the scheduler waits */
     fiber *current = nullptr; /* the fiber running now; NULL outside a launch */
     fiber *starting = nullptr;
     void (*body)(void *) = nullptr;
@@ -100,12 +111,12 @@ inline void after_switch_to_scheduler(void) {
 }
 
 /* from the running fiber f to the scheduler; returns when the scheduler resumes f */
-void fiber_wait(fiber *f) {
-    if (!_setjmp(f->jb)) {
+RT_EMU_SWITCHES void fiber_wait(fiber *f) {
+    if (!__builtin_setjmp(f->jb)) {
 #ifdef RT_EMU_ASAN
         __sanitizer_start_switch_fiber(&f->fake, T.sched_bottom, T.sched_size);
 #endif
-        _longjmp(T.sched, 1);
+        jump(T.sched);
     }
 #ifdef RT_EMU_ASAN
     __sanitizer_finish_switch_fiber(f->fake, &T.sched_bottom, &T.sched_size);
@@ -125,7 +136,7 @@ void fiber_main(void) {
 }
 
 /* start fiber slots up to n: each runs to its first wait */
-void fibers_reserve(unsigned n) {
+RT_EMU_SWITCHES void fibers_reserve(unsigned n) {
     if (!T.fibers) {
         T.fibers = (fiber *)calloc(MAX_THREADS, sizeof(fiber));
         if (!T.fibers) die("out of memory");
@@ -141,7 +152,7 @@ void fibers_reserve(unsigned n) {
         boot.uc_link = nullptr;
         makecontext(&boot, fiber_main, 0);
         T.starting = f;
-        if (!_setjmp(T.sched)) {
+        if (!__builtin_setjmp(T.sched)) {
             before_switch_to_fiber(f);
             setcontext(&boot);
             die("setcontext failed");
@@ -150,12 +161,12 @@ void fibers_reserve(unsigned n) {
     }
 }
 
-void switch_to(fiber *f) {
+RT_EMU_SWITCHES void switch_to(fiber *f) {
     T.current = f;
     rt_emu_thread_idx = f->idx;
-    if (!_setjmp(T.sched)) {
+    if (!__builtin_setjmp(T.sched)) {
         before_switch_to_fiber(f);
-        _longjmp(f->jb, 1);
+        jump(f->jb);
     }
     after_switch_to_scheduler();
     T.current = nullptr;
