@@ -1,4 +1,4 @@
-/* The model backend's own CUDA kernels (src/model/cuda/kernels_cuda.cu, bench_cuda.cu),
+/* The model backend's own CUDA kernels (src/model/cuda/kernels_cuda.cu),
  * compiled as host code through the CUDA emulation, against the CPU backend on the
  * cases of tests/model_gpu/test_gpu_layers.c, plus NaN in max pooling and out-of-range
  * labels in the losses. Sizes are not multiples of the 256-thread blocks, and grids have
@@ -17,7 +17,6 @@
 #include "emu_test_util.h"
 
 #include "core/tensor.h"
-#include "model/cuda/bench_cuda.h"
 #include "model/cuda/cuda_internal.h"
 #include "model/layers.h"
 
@@ -240,11 +239,11 @@ static void test_increment(void **state) {
 
 /* ---- losses --------------------------------------------------------------------------------- */
 
-static int32_t *labels_for(size_t n, int k) {
-    int32_t *p = malloc((n ? n : 1) * sizeof *p);
+static int64_t *labels_for(size_t n, int k) {
+    int64_t *p = malloc((n ? n : 1) * sizeof *p);
     rt_rng r;
     rt_rng_init(&r, g_seed, ++g_subseq);
-    for (size_t i = 0; i < n; i++) p[i] = (int32_t)rt_rng_below(&r, (uint64_t)k);
+    for (size_t i = 0; i < n; i++) p[i] = (int64_t)rt_rng_below(&r, (uint64_t)k);
     return p;
 }
 
@@ -257,7 +256,7 @@ static void test_losses(void **state) {
         const size_t nk = (size_t)n * k;
         char what[96];
         float *x = et_randn(nk, 3.0f), *dy = et_randn(nk, 1.0f);
-        int32_t *lab = labels_for((size_t)n, k);
+        int64_t *lab = labels_for((size_t)n, k);
         float *cd = et_nan(nk), *gd = et_nan(nk), *cy = et_nan(nk), *gy = et_nan(nk);
         float closs = NAN, gloss = NAN;
         int bad = 0;
@@ -300,9 +299,9 @@ static void test_losses_bad_labels(void **state) {
     const int n = 300, k = 10;
     const size_t nk = (size_t)n * k;
     float *x = et_randn(nk, 3.0f), *logp = et_nan(nk);
-    int32_t *lab = labels_for((size_t)n, k), *fixed = malloc(n * sizeof *fixed);
+    int64_t *lab = labels_for((size_t)n, k), *fixed = malloc(n * sizeof *fixed);
     const int bad_rows[3] = {1, 200, 299}; /* in different threads, the last in a second pass */
-    lab[bad_rows[0]] = k, lab[bad_rows[1]] = -1, lab[bad_rows[2]] = 1 << 30;
+    lab[bad_rows[0]] = k, lab[bad_rows[1]] = -1, lab[bad_rows[2]] = (int64_t)1 << 32; /* would be 0 as an int32 */
     memcpy(fixed, lab, n * sizeof *fixed);
     for (int b = 0; b < 3; b++) fixed[bad_rows[b]] = 0;
     float closs = 0, gloss = 0, *cd = et_nan(nk), *gd = et_nan(nk);
@@ -337,52 +336,12 @@ static void test_losses_bad_labels(void **state) {
     free(x), free(logp), free(lab), free(fixed), free(cd), free(gd);
 }
 
-/* ---- the benchmark's SGD-momentum update (bench_cuda.cu) ---------------------------------- */
-
-static void test_bench_sgd(void **state) {
-    (void)state;
-    rt_cuda_state st;
-    memset(&st, 0, sizeof st);
-    st.blas_ws_bytes = 4096;
-    rt_model_ctx ctx;
-    memset(&ctx, 0, sizeof ctx);
-    ctx.device = rt_device_cuda(0);
-    ctx.backend = &st;
-    const size_t n = 70001;
-    float *w = et_randn(n, 1.0f), *g = et_randn(n, 1.0f), *v = et_randn(n, 0.1f);
-    float *dw, *dg, *dv;
-    size_t used0 = 0, used = 0;
-    assert_rt_ok(rt_model_cuda_mem_used(&ctx, &used0));
-    assert_cuda_ok(cudaMalloc((void **)&dw, n * sizeof(float)));
-    assert_cuda_ok(cudaMalloc((void **)&dg, n * sizeof(float)));
-    assert_cuda_ok(cudaMalloc((void **)&dv, n * sizeof(float)));
-    memcpy(dw, w, n * sizeof(float)), memcpy(dg, g, n * sizeof(float)), memcpy(dv, v, n * sizeof(float));
-    for (int step = 0; step < 3; step++) {
-        /* the CPU loop of src/model/bench.c (static there): plain float, not fused */
-        for (size_t i = 0; i < n; i++) {
-            v[i] = 0.9f * v[i] + g[i];
-            w[i] -= 0.01f * v[i];
-        }
-        assert_rt_ok(rt_model_cuda_sgd_momentum(&ctx, dw, dg, dv, n, 0.01f, 0.9f));
-    }
-    et_check_exact("bench sgd-momentum weights", w, dw, n);
-    et_check_exact("bench sgd-momentum velocity", v, dv, n);
-    assert_rt_ok(rt_model_cuda_mem_used(&ctx, &used));
-    assert_true(used - used0 == 3 * n * sizeof(float));
-    assert_true(rt_model_cuda_backend_bytes(&ctx) == 4096 + sizeof(int));
-    /* a CPU context is refused */
-    ctx.device = rt_device_cpu();
-    assert_int_equal(rt_model_cuda_sgd_momentum(&ctx, dw, dg, dv, n, 0.01f, 0.9f), RT_ERR_INVALID);
-    cudaFree(dw), cudaFree(dg), cudaFree(dv);
-    free(w), free(g), free(v);
-}
-
 int main(void) {
     et_pick_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_maxpool),           cmocka_unit_test(test_avgpool),
         cmocka_unit_test(test_linear_bias), cmocka_unit_test(test_dropout),           cmocka_unit_test(test_increment),
-        cmocka_unit_test(test_losses),      cmocka_unit_test(test_losses_bad_labels), cmocka_unit_test(test_bench_sgd),
+        cmocka_unit_test(test_losses),      cmocka_unit_test(test_losses_bad_labels),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

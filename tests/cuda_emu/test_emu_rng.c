@@ -1,4 +1,5 @@
-/* The Philox draws on the GPU (src/core/cuda/rng_cuda.cu), compiled as host code
+/* The Philox draws on the GPU (src/core/cuda/rng_cuda.cu: rt_rng_uniform_cuda and
+ * rt_rng_normal_cuda, behind rt_rng_uniform_dev / rt_rng_normal_dev), compiled as host code
  * through the CUDA emulation, against rt_rng_uniform / rt_rng_normal: the same
  * philox.h code on both sides, so the streams must agree bit for bit, from any offset,
  * and both advance the state by the same count.
@@ -8,6 +9,8 @@
  * GPU test (tests/gpu/test_gpu_core.c) allows 1e-6 for mean/std other than 0/1. The
  * emulation checks the stream itself exactly. */
 #include "emu_test_util.h"
+
+#include "core/cuda/device_cuda.h"
 
 #include <cuda_runtime.h>
 
@@ -28,14 +31,14 @@ static void test_uniform(void **state) {
         const size_t n = sizes[si];
         float *c = et_nan(n), *g = et_nan(n);
         rt_rng_uniform(&rc, c, n);
-        assert_rt_ok(rt_rng_uniform_dev(&rg, g, n, NULL));
+        assert_rt_ok(rt_rng_uniform_cuda(&rg, g, n, NULL));
         char what[64];
         snprintf(what, sizeof what, "uniform n=%zu", n);
         et_check_exact(what, c, g, n);
         check_state(&rc, &rg);
         free(c), free(g);
     }
-    assert_rt_ok(rt_rng_uniform_dev(&rg, NULL, 0, NULL)); /* nothing drawn, nothing advanced */
+    assert_rt_ok(rt_rng_uniform_cuda(&rg, NULL, 0, NULL)); /* nothing drawn, nothing advanced */
     check_state(&rc, &rg);
     free(skip);
 }
@@ -50,7 +53,7 @@ static void test_normal(void **state) {
         const size_t n = 10007 + (size_t)pi; /* and offsets that are not multiples of 4 */
         float *c = et_nan(n), *g = et_nan(n);
         rt_rng_normal(&rc, c, n, params[pi][0], params[pi][1]);
-        assert_rt_ok(rt_rng_normal_dev(&rg, g, n, params[pi][0], params[pi][1], NULL));
+        assert_rt_ok(rt_rng_normal_cuda(&rg, g, n, params[pi][0], params[pi][1], NULL));
         char what[64];
         snprintf(what, sizeof what, "normal(%g, %g) n=%zu", (double)params[pi][0], (double)params[pi][1], n);
         et_check_exact(what, c, g, n);
