@@ -1,0 +1,347 @@
+/* The model backend's own CUDA kernels (src/model/cuda/kernels_cuda.cu),
+ * compiled as host code through the CUDA emulation, against the CPU backend on the
+ * cases of tests/model_gpu/test_gpu_layers.c, plus NaN in max pooling and out-of-range
+ * labels in the losses. Sizes are not multiples of the 256-thread blocks, and grids have
+ * many blocks, so partial blocks and the index arithmetic of every block are exercised.
+ *
+ * Agreement: kernels_cuda.cu promises the CPU loop's arithmetic in the same order and
+ * precision, so every output here is compared bit for bit, except the two losses' mean
+ * value: the kernel sums the per-row losses in a fixed tree over 256 threads, the CPU
+ * from row 0 to n-1, both in double; the same terms in another order round to the same
+ * float or its neighbour, so those two are checked to one float ulp.
+ *
+ * What the emulation does not show (docs/cuda-emulation.md): nvcc contracts plain
+ * `a * b + c` into fused multiply-adds (log-softmax backward has one, in double) and
+ * uses its own exp/log; the GPU tests keep their tolerances for those.
+ */
+#include "emu_test_util.h"
+
+#include "core/tensor.h"
+#include "model/cuda/cuda_internal.h"
+#include "model/layers.h"
+
+#include <cuda_runtime.h>
+
+static rt_model_ctx *g_cpu;
+
+static int setup(void **state) {
+    (void)state;
+    rt_model_ctx_options o = {.device = rt_device_cpu(), .threads = 2, .precision = RT_PRECISION_FP32};
+    assert_rt_ok(rt_model_ctx_create(&o, &g_cpu));
+    return 0;
+}
+static int teardown(void **state) {
+    (void)state;
+    rt_model_ctx_destroy(g_cpu);
+    return 0;
+}
+
+#define assert_cuda_ok(expr) assert_int_equal((expr), cudaSuccess)
+
+/* ---- relu, add, accumulate ----------------------------------------------------------- */
+
+static void test_elementwise(void **state) {
+    (void)state;
+    const size_t n = 100003; /* 391 blocks, the last one partial */
+    float *a = et_randn(n, 1.0f), *b = et_randn(n, 1.0f);
+    a[0] = 0.0f, a[1] = -0.0f, a[2] = NAN, a[n - 1] = -INFINITY; /* relu's edges */
+    float *cy = et_nan(n), *gy = et_nan(n);
+
+    assert_rt_ok(rt_relu_forward(g_cpu, n, a, cy));
+    assert_cuda_ok(rt_cuk_relu_forward(NULL, n, a, gy));
+    et_check_exact("relu forward", cy, gy, n);
+    float *cdx = et_copy(b, n), *gdx = et_copy(b, n); /* backward in place on dy */
+    assert_rt_ok(rt_relu_backward(g_cpu, n, cy, cdx, cdx));
+    assert_cuda_ok(rt_cuk_relu_backward(NULL, n, gy, gdx, gdx));
+    et_check_exact("relu backward (in place)", cdx, gdx, n);
+    float *cx = et_copy(a, n), *gx = et_copy(a, n);
+    assert_rt_ok(rt_relu_forward(g_cpu, n, cx, cx));
+    assert_cuda_ok(rt_cuk_relu_forward(NULL, n, gx, gx));
+    et_check_exact("relu forward (in place)", cx, gx, n);
+
+    et_poison(gy, n);
+    assert_rt_ok(rt_add_forward(g_cpu, n, a, b, cy));
+    assert_cuda_ok(rt_cuk_add(NULL, n, a, b, gy));
+    et_check_exact("add", cy, gy, n);
+    assert_rt_ok(rt_add_backward(g_cpu, n, b, cy));
+    assert_cuda_ok(rt_cuk_accumulate(NULL, n, b, gy));
+    et_check_exact("accumulate", cy, gy, n);
+    /* count 0 launches nothing */
+    unsigned long long launches = rt_emu_launch_count();
+    assert_cuda_ok(rt_cuk_relu_forward(NULL, 0, a, gy));
+    assert_cuda_ok(rt_cuk_add(NULL, 0, a, b, gy));
+    assert_true(rt_emu_launch_count() == launches);
+    free(a), free(b), free(cy), free(gy), free(cdx), free(gdx), free(cx), free(gx);
+}
+
+/* ---- max pooling ----------------------------------------------------------------------- */
+
+enum { POOL_PLAIN, POOL_TIES, POOL_NAN };
+
+static void pool_case(int n, int c, int h, int w, int k, int s, int pad, int kind) {
+    rt_maxpool2d l;
+    assert_rt_ok(rt_maxpool2d_init(&l, c, h, w, k, s, pad));
+    assert_rt_ok(rt_maxpool2d_prepare(g_cpu, &l, n));
+    const size_t xn = (size_t)n * c * h * w, yn = (size_t)n * c * l.out_h * l.out_w;
+    float *x = et_randn(xn, 1.0f), *dy = et_randn(yn, 1.0f);
+    if (kind != POOL_PLAIN) /* few distinct values: tied maxima everywhere (the first wins) */
+        for (size_t i = 0; i < xn; i++) x[i] = roundf(x[i] * 2.0f) * 0.5f;
+    if (kind == POOL_NAN) /* NaN wins its windows, wherever it is in them */
+        for (size_t i = 3; i < xn; i += 37) x[i] = NAN;
+    float *cy = et_nan(yn), *gy = et_nan(yn), *cdx = et_nan(xn), *gdx = et_nan(xn);
+    char what[96];
+    const char *tag = kind == POOL_TIES ? " ties" : kind == POOL_NAN ? " ties+NaN" : "";
+    assert_rt_ok(rt_maxpool2d_forward(g_cpu, &l, n, x, cy));
+    assert_cuda_ok(rt_cuk_maxpool_forward(NULL, &l, n, x, gy));
+    snprintf(what, sizeof what, "maxpool n%d c%d %dx%d k%d s%d p%d%s forward", n, c, h, w, k, s, pad, tag);
+    et_check_exact(what, cy, gy, yn);
+    assert_rt_ok(rt_maxpool2d_backward(g_cpu, &l, n, x, cy, dy, cdx));
+    assert_cuda_ok(rt_cuk_maxpool_backward(NULL, &l, n, x, dy, gdx));
+    snprintf(what, sizeof what, "maxpool n%d c%d %dx%d k%d s%d p%d%s backward", n, c, h, w, k, s, pad, tag);
+    et_check_exact(what, cdx, gdx, xn);
+    rt_maxpool2d_release(g_cpu, &l);
+    free(x), free(dy), free(cy), free(gy), free(cdx), free(gdx);
+}
+
+static void test_maxpool(void **state) {
+    (void)state;
+    pool_case(4, 16, 14, 14, 3, 2, 1, POOL_PLAIN); /* ResNet stem */
+    pool_case(4, 16, 14, 14, 3, 2, 1, POOL_TIES);
+    pool_case(3, 5, 15, 13, 3, 2, 1, POOL_TIES);   /* odd sizes */
+    pool_case(5, 10, 24, 24, 2, 2, 0, POOL_PLAIN); /* Net */
+    pool_case(5, 10, 24, 24, 2, 2, 0, POOL_TIES);
+    pool_case(2, 3, 9, 9, 3, 1, 1, POOL_TIES); /* overlapping stride-1 windows */
+    pool_case(3, 5, 15, 13, 3, 2, 1, POOL_NAN);
+    pool_case(2, 3, 9, 9, 3, 1, 1, POOL_NAN);
+}
+
+/* ---- global average pooling ------------------------------------------------------------ */
+
+static void test_avgpool(void **state) {
+    (void)state;
+    const int cases[][3] = {{8, 64, 49}, {8, 512, 1}, {5, 32, 16}, {3, 100, 7}};
+    for (int ci = 0; ci < 4; ci++) {
+        const int n = cases[ci][0], c = cases[ci][1], hw = cases[ci][2];
+        const size_t xn = (size_t)n * c * hw, yn = (size_t)n * c;
+        float *x = et_randn(xn, 1.0f), *dy = et_randn(yn, 1.0f);
+        float *cy = et_nan(yn), *gy = et_nan(yn), *cdx = et_nan(xn), *gdx = et_nan(xn);
+        char what[96];
+        assert_rt_ok(rt_avgpool_forward(g_cpu, n, c, hw, x, cy));
+        assert_cuda_ok(rt_cuk_avgpool_forward(NULL, n, c, hw, x, gy));
+        snprintf(what, sizeof what, "avgpool n%d c%d hw%d forward", n, c, hw);
+        et_check_exact(what, cy, gy, yn);
+        assert_rt_ok(rt_avgpool_backward(g_cpu, n, c, hw, dy, cdx));
+        assert_cuda_ok(rt_cuk_avgpool_backward(NULL, n, c, hw, dy, gdx));
+        snprintf(what, sizeof what, "avgpool n%d c%d hw%d backward", n, c, hw);
+        et_check_exact(what, cdx, gdx, xn);
+        free(x), free(dy), free(cy), free(gy), free(cdx), free(gdx);
+    }
+}
+
+/* ---- linear: bias rows (y starts as the bias) and the bias gradient --------------------- */
+
+static void linear_case(int n, int in_f, int out_f) {
+    rt_linear l;
+    rt_arena p, g;
+    assert_rt_ok(rt_linear_init(&l, in_f, out_f));
+    rt_arena_init(&p, rt_device_cpu());
+    rt_arena_init(&g, rt_device_cpu());
+    assert_rt_ok(rt_tensor_place(&l.weight, &p));
+    l.dweight = rt_tensor_in(&l.weight, &g);
+    assert_rt_ok(rt_tensor_place(&l.bias, &p));
+    l.dbias = rt_tensor_in(&l.bias, &g);
+    g.size = p.size;
+    assert_rt_ok(rt_arena_alloc(&p));
+    assert_rt_ok(rt_arena_alloc(&g));
+    float *w = et_randn((size_t)out_f * in_f, 0.1f), *b = et_randn((size_t)out_f, 0.5f);
+    memcpy(rt_tensor_data(&l.weight), w, (size_t)out_f * in_f * sizeof(float));
+    memcpy(rt_tensor_data(&l.bias), b, (size_t)out_f * sizeof(float));
+    size_t ws = 0;
+    assert_rt_ok(rt_linear_prepare(g_cpu, &l, n, &ws));
+    assert_rt_ok(rt_model_ctx_reserve(g_cpu, ws));
+    const size_t xn = (size_t)n * in_f, yn = (size_t)n * out_f;
+    float *x = et_randn(xn, 1.0f), *dy = et_randn(yn, 1.0f), *dx = et_nan(xn);
+    char what[96];
+
+    /* the bias broadcast: what the CUDA forward puts in y before cuBLAS adds x W^T (the
+     * CPU forward memcpy's the bias into each row the same way) */
+    float *rows = et_alloc(yn), *gy = et_nan(yn);
+    for (int i = 0; i < n; i++) memcpy(rows + (size_t)i * out_f, b, (size_t)out_f * sizeof(float));
+    assert_cuda_ok(rt_cuk_bias_rows(NULL, n, out_f, b, gy));
+    snprintf(what, sizeof what, "bias rows n%d out%d", n, out_f);
+    et_check_exact(what, rows, gy, yn);
+
+    /* the bias gradient: the CPU backward's column sums (double, rows in order) */
+    float *gdb = et_nan((size_t)out_f);
+    assert_rt_ok(rt_linear_backward(g_cpu, &l, n, x, dy, dx));
+    assert_cuda_ok(rt_cuk_column_sums(NULL, n, out_f, dy, gdb));
+    snprintf(what, sizeof what, "bias gradient n%d out%d", n, out_f);
+    et_check_exact(what, rt_tensor_data(&l.dbias), gdb, (size_t)out_f);
+
+    rt_linear_release(g_cpu, &l);
+    rt_arena_free(&p), rt_arena_free(&g);
+    free(w), free(b), free(x), free(dy), free(dx), free(rows), free(gy), free(gdb);
+}
+
+static void test_linear_bias(void **state) {
+    (void)state;
+    linear_case(8, 512, 10);  /* ResNet fc */
+    linear_case(9, 50, 10);   /* Net fc2 */
+    linear_case(33, 129, 67); /* odd sizes */
+    linear_case(5, 3, 700);   /* bias gradient over 3 blocks */
+}
+
+/* ---- dropout: the Philox mask of the CPU, the same products ------------------------------ */
+
+static void dropout_case(float p, bool channelwise, int n, int c, int h, int w) {
+    rt_dropout lc, lg;
+    assert_rt_ok(rt_dropout_init(&lc, p, channelwise, c, h, w, g_seed ^ 0x5eedu, 3));
+    lg = lc;
+    const size_t cnt = (size_t)n * c * h * w, draws = cnt / (size_t)lc.plane;
+    lc.mask = et_nan(draws);
+    lg.mask = et_nan(draws);
+    float *x = et_randn(cnt, 1.0f), *dy = et_randn(cnt, 1.0f);
+    float *cy = et_nan(cnt), *gy = et_nan(cnt), *cdx = et_nan(cnt), *gdx = et_nan(cnt);
+    for (int rep = 0; rep < 2; rep++) { /* the second draw continues the counter */
+        char what[96];
+        assert_rt_ok(rt_dropout_forward(g_cpu, &lc, n, x, cy, true));
+        assert_cuda_ok(rt_cuk_dropout_forward(NULL, &lg, n, x, gy));
+        lg.counter += draws; /* the caller (layers.c) advances it */
+        assert_true(lc.counter == lg.counter);
+        snprintf(what, sizeof what, "dropout p=%.2f%s n%d %dx%dx%d draw %d mask", (double)p, channelwise ? " 2d" : "",
+                 n, c, h, w, rep);
+        et_check_exact(what, lc.mask, lg.mask, draws);
+        et_check_exact("  forward", cy, gy, cnt);
+        assert_rt_ok(rt_dropout_backward(g_cpu, &lc, n, dy, cdx));
+        assert_cuda_ok(rt_cuk_dropout_backward(NULL, &lg, n, dy, gdx));
+        et_check_exact("  backward", cdx, gdx, cnt);
+    }
+    free(lc.mask), free(lg.mask), free(x), free(dy), free(cy), free(gy), free(cdx), free(gdx);
+}
+
+static void test_dropout(void **state) {
+    (void)state;
+    dropout_case(0.5f, false, 8, 50, 1, 1);
+    dropout_case(0.5f, true, 8, 20, 8, 8);
+    dropout_case(0.3f, false, 7, 13, 5, 3);
+    dropout_case(0.1f, true, 9, 37, 3, 3); /* 333 draws: two blocks */
+}
+
+/* ---- the batch-norm step counter --------------------------------------------------------- */
+
+static void test_increment(void **state) {
+    (void)state;
+    int64_t c = ((int64_t)1 << 40) + 41;
+    assert_cuda_ok(rt_cuk_increment_i64(NULL, &c));
+    assert_cuda_ok(rt_cuk_increment_i64(NULL, &c));
+    assert_true(c == ((int64_t)1 << 40) + 43);
+}
+
+/* ---- losses --------------------------------------------------------------------------------- */
+
+static int64_t *labels_for(size_t n, int k) {
+    int64_t *p = malloc((n ? n : 1) * sizeof *p);
+    rt_rng r;
+    rt_rng_init(&r, g_seed, ++g_subseq);
+    for (size_t i = 0; i < n; i++) p[i] = (int64_t)rt_rng_below(&r, (uint64_t)k);
+    return p;
+}
+
+static void test_losses(void **state) {
+    (void)state;
+    /* n = 300 and 600: threads take rows t, t+256, ... (a second and third pass) */
+    const int cases[][2] = {{8, 10}, {64, 10}, {300, 7}, {5, 1000}, {600, 3}};
+    for (int ci = 0; ci < 5; ci++) {
+        const int n = cases[ci][0], k = cases[ci][1];
+        const size_t nk = (size_t)n * k;
+        char what[96];
+        float *x = et_randn(nk, 3.0f), *dy = et_randn(nk, 1.0f);
+        int64_t *lab = labels_for((size_t)n, k);
+        float *cd = et_nan(nk), *gd = et_nan(nk), *cy = et_nan(nk), *gy = et_nan(nk);
+        float closs = NAN, gloss = NAN;
+        int bad = 0;
+
+        assert_rt_ok(rt_softmax_xent(g_cpu, n, k, x, lab, &closs, cd));
+        assert_cuda_ok(rt_cuk_softmax_xent(NULL, n, k, x, lab, &gloss, gd, &bad));
+        snprintf(what, sizeof what, "softmax_xent n%d k%d loss (1 ulp: tree sum)", n, k);
+        et_check_ulp(what, closs, gloss);
+        et_check_exact("  dlogits", cd, gd, nk);
+        gloss = NAN; /* and without the gradient */
+        assert_cuda_ok(rt_cuk_softmax_xent(NULL, n, k, x, lab, &gloss, NULL, &bad));
+        et_check_ulp("  loss (dlogits NULL)", closs, gloss);
+        assert_int_equal(bad, 0);
+
+        assert_rt_ok(rt_log_softmax_forward(g_cpu, n, k, x, cy));
+        assert_cuda_ok(rt_cuk_log_softmax_forward(NULL, n, k, x, gy));
+        snprintf(what, sizeof what, "log_softmax n%d k%d forward", n, k);
+        et_check_exact(what, cy, gy, nk);
+        et_poison(gd, nk);
+        assert_rt_ok(rt_log_softmax_backward(g_cpu, n, k, cy, dy, cd));
+        assert_cuda_ok(rt_cuk_log_softmax_backward(NULL, n, k, gy, dy, gd));
+        et_check_exact("  backward", cd, gd, nk);
+
+        et_poison(gd, nk);
+        gloss = NAN;
+        assert_rt_ok(rt_nll_loss(g_cpu, n, k, cy, lab, &closs, cd));
+        assert_cuda_ok(rt_cuk_nll_loss(NULL, n, k, gy, lab, &gloss, gd, &bad));
+        snprintf(what, sizeof what, "nll_loss n%d k%d loss (1 ulp: tree sum)", n, k);
+        et_check_ulp(what, closs, gloss);
+        et_check_exact("  dlogp", cd, gd, nk);
+        assert_int_equal(bad, 0);
+        free(x), free(dy), free(lab), free(cd), free(gd), free(cy), free(gy);
+    }
+}
+
+/* out-of-range labels: the CPU refuses the call; the kernels count them in *bad, make
+ * the loss and those rows' gradients NaN and compute the other rows as usual */
+static void test_losses_bad_labels(void **state) {
+    (void)state;
+    const int n = 300, k = 10;
+    const size_t nk = (size_t)n * k;
+    float *x = et_randn(nk, 3.0f), *logp = et_nan(nk);
+    int64_t *lab = labels_for((size_t)n, k), *fixed = malloc(n * sizeof *fixed);
+    const int bad_rows[3] = {1, 200, 299}; /* in different threads, the last in a second pass */
+    lab[bad_rows[0]] = k, lab[bad_rows[1]] = -1, lab[bad_rows[2]] = (int64_t)1 << 32; /* would be 0 as an int32 */
+    memcpy(fixed, lab, n * sizeof *fixed);
+    for (int b = 0; b < 3; b++) fixed[bad_rows[b]] = 0;
+    float closs = 0, gloss = 0, *cd = et_nan(nk), *gd = et_nan(nk);
+    int bad = 5; /* counts on from what is there */
+
+    assert_int_equal(rt_softmax_xent(g_cpu, n, k, x, lab, &closs, cd), RT_ERR_INVALID);
+    assert_rt_ok(rt_softmax_xent(g_cpu, n, k, x, fixed, &closs, cd));
+    assert_cuda_ok(rt_cuk_softmax_xent(NULL, n, k, x, lab, &gloss, gd, &bad));
+    assert_int_equal(bad, 5 + 3);
+    assert_true(isnan(gloss));
+    for (int b = 0; b < 3; b++)
+        for (int j = 0; j < k; j++) {
+            assert_true(isnan(gd[(size_t)bad_rows[b] * k + j]));
+            cd[(size_t)bad_rows[b] * k + j] = NAN;
+        }
+    et_check_exact("softmax_xent bad labels: other rows' dlogits", cd, gd, nk);
+
+    assert_rt_ok(rt_log_softmax_forward(g_cpu, n, k, x, logp));
+    bad = 0;
+    et_poison(gd, nk);
+    assert_int_equal(rt_nll_loss(g_cpu, n, k, logp, lab, &closs, cd), RT_ERR_INVALID);
+    assert_rt_ok(rt_nll_loss(g_cpu, n, k, logp, fixed, &closs, cd));
+    assert_cuda_ok(rt_cuk_nll_loss(NULL, n, k, logp, lab, &gloss, gd, &bad));
+    assert_int_equal(bad, 3);
+    assert_true(isnan(gloss));
+    for (int b = 0; b < 3; b++)
+        for (int j = 0; j < k; j++) {
+            assert_true(isnan(gd[(size_t)bad_rows[b] * k + j]));
+            cd[(size_t)bad_rows[b] * k + j] = NAN;
+        }
+    et_check_exact("nll_loss bad labels: other rows' dlogp", cd, gd, nk);
+    free(x), free(logp), free(lab), free(fixed), free(cd), free(gd);
+}
+
+int main(void) {
+    et_pick_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_maxpool),           cmocka_unit_test(test_avgpool),
+        cmocka_unit_test(test_linear_bias), cmocka_unit_test(test_dropout),           cmocka_unit_test(test_increment),
+        cmocka_unit_test(test_losses),      cmocka_unit_test(test_losses_bad_labels),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
