@@ -15,7 +15,8 @@ static __global__ void normal_kernel(float *out, size_t n, uint64_t seed, uint64
                                      float std) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = mean + std * rt_philox_normal_at(seed, subseq, offset + i);
+        out[i] = __fadd_rn(
+            mean, __fmul_rn(std, rt_philox_normal_at(seed, subseq, offset + i))); /* no FMA: the CPU's rounding */
 }
 
 static unsigned grid_for(size_t n) {
@@ -27,7 +28,7 @@ static unsigned grid_for(size_t n) {
 extern "C" rt_status rt_rng_uniform_cuda(rt_rng *rng, float *out_dev, size_t n, rt_stream *stream) {
     if (n == 0) return RT_OK;
     uniform_kernel<<<grid_for(n), 256, 0, (cudaStream_t)rt_stream_native(stream)>>>(out_dev, n, rng->seed, rng->subseq,
-                                                                                   rng->offset);
+                                                                                    rng->offset);
     RT_CHECK_LAUNCH();
     rng->offset += n;
     return RT_OK;
@@ -37,7 +38,7 @@ extern "C" rt_status rt_rng_normal_cuda(rt_rng *rng, float *out_dev, size_t n, f
                                         rt_stream *stream) {
     if (n == 0) return RT_OK;
     normal_kernel<<<grid_for(n), 256, 0, (cudaStream_t)rt_stream_native(stream)>>>(out_dev, n, rng->seed, rng->subseq,
-                                                                                  rng->offset, mean, std);
+                                                                                   rng->offset, mean, std);
     RT_CHECK_LAUNCH();
     rng->offset += n;
     return RT_OK;

@@ -328,7 +328,8 @@ static __global__ void log_softmax_bw_kernel(int n, int k, const float *y, const
         float *dxr = dx + r * (size_t)k;
         double acc = 0;
         for (int j = 0; j < k; j++) acc += dyr[j];
-        for (int j = 0; j < k; j++) dxr[j] = (float)(dyr[j] - exp((double)yr[j]) * acc);
+        for (int j = 0; j < k; j++) /* multiply, then subtract, as the CPU (nvcc would fuse them) */
+            dxr[j] = (float)__dsub_rn((double)dyr[j], __dmul_rn(exp((double)yr[j]), acc));
     }
 }
 
