@@ -38,12 +38,16 @@ static const char *const k_vars[V_COUNT_] = {
 static const int k_sigs[] = {SIGINT, SIGTERM, SIGCHLD, SIGPIPE};
 enum { N_SIGS = sizeof k_sigs / sizeof k_sigs[0], LINE_BUF = 4096 };
 
-static volatile sig_atomic_t g_signal; /* SIGINT / SIGTERM received */
-static int g_wake = -1;                /* write end of the self-pipe */
+static volatile sig_atomic_t g_signal;   /* SIGINT / SIGTERM received */
+static volatile sig_atomic_t g_nsignals; /* how many */
+static int g_wake = -1;                  /* write end of the self-pipe */
 
 static void on_signal(int sig) {
     int saved = errno;
-    if (sig == SIGINT || sig == SIGTERM) g_signal = sig;
+    if (sig == SIGINT || sig == SIGTERM) {
+        g_signal = sig;
+        g_nsignals++;
+    }
     if (g_wake >= 0 && sig != SIGPIPE) (void)!write(g_wake, "", 1);
     errno = saved;
 }
@@ -115,6 +119,7 @@ typedef struct slot {
     char line[LINE_BUF];
     size_t len;
     bool running;
+    bool have_head; /* last_line holds a line that is not indented */
 } slot;
 
 typedef struct launch {
@@ -149,6 +154,9 @@ static void emit_line(launch *L, int i, const char *p, size_t n) {
     while (b < n && (p[b] == ' ' || p[b] == '\t')) b++;
     if (b == n) return;
     rt_launch_rank *r = &L->res->ranks[i];
+    /* an indented line continues the one before (an error's trace): keep the head line */
+    if (b > 0 && L->slots[i].have_head) return;
+    L->slots[i].have_head = b == 0;
     size_t m = n < sizeof r->last_line - 1 ? n : sizeof r->last_line - 1;
     memcpy(r->last_line, p, m);
     r->last_line[m] = '\0';
@@ -248,9 +256,11 @@ static void supervise(launch *L) {
         reap(L);
         if (L->running == 0) break;
         uint64_t now = rt_now_ns();
-        if (g_signal && !res->signal) {
+        if (g_signal && !res->signal) { /* forward it; ranks that ignore it die after the grace period */
             res->signal = g_signal;
             begin_stop(L, g_signal, true);
+        } else if (g_nsignals > 1 && L->kill_at) { /* asked twice (Ctrl-C again): no more grace */
+            L->kill_at = now;
         }
         if (limit && now >= limit && !res->timed_out) {
             res->timed_out = true;
@@ -435,6 +445,7 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
         L.slots[n].fd = wake[0];
         g_wake = wake[1];
         g_signal = 0;
+        g_nsignals = 0;
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_signal;

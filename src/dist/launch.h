@@ -15,11 +15,12 @@
  *
  * Supervision. Each rank's stderr goes through a pipe: every line is forwarded to the
  * launcher's stderr as it arrives (prefixed "[rank R] " with tag_lines), and the last
- * non-empty line of each rank is kept. stdout is inherited.
+ * non-empty line of each rank is kept (indented lines continue the line before, as the
+ * trace under an error message does: the line they continue is kept). stdout is inherited.
  * SIGINT and SIGTERM sent to the launcher are forwarded to the ranks (its own handlers
- * are restored before returning). When a rank fails (non-zero exit or a signal), the
- * others get SIGTERM, then SIGKILL after grace_s; the result names the FIRST failure.
- * With timeout_s > 0 every rank still running then is stopped the same way and listed.
+ * are restored before returning); a second one kills the ranks still running at once. When a rank fails (non-zero exit
+ * or a signal), the others get SIGTERM, then SIGKILL after grace_s; the result names the FIRST failure. With timeout_s
+ * > 0 every rank still running then is stopped the same way and listed.
  *
  * Returns RT_OK when every rank exited 0. Otherwise the result is still filled, and the
  * status is RT_ERR_PEER (a rank failed, or the launcher was interrupted: signal set) or
@@ -63,7 +64,7 @@ typedef struct rt_launch_rank {
     int signal;     /* the signal that ended it, else 0 */
     bool stopped;   /* the launcher sent it SIGTERM/SIGKILL (another rank failed, time limit, interrupt) */
     bool timed_out; /* still running when the time limit passed */
-    char last_line[RT_LAUNCH_LINE]; /* last non-empty stderr line ("" if none) */
+    char last_line[RT_LAUNCH_LINE]; /* last non-empty, non-indented stderr line ("" if none) */
 } rt_launch_rank;
 
 typedef struct rt_launch_result {
