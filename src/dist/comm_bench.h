@@ -38,7 +38,7 @@ const char *rt_comm_bench_coll_name(rt_comm_bench_coll c);
 rt_status rt_comm_bench_coll_parse(const char *text, rt_comm_bench_coll *out);
 
 /* The algorithms the benchmark runs over tcp/shm (ring, naive, rsag): bits of algo_mask. */
-#define RT_COMM_BENCH_ALGOS 3
+#define RT_COMM_BENCH_ALGOS ((int)RT_ALGO_NCCL) /* the enum's members before nccl */
 
 typedef struct rt_comm_bench_options {
     size_t min_size, max_size; /* bytes; min_size below 8 counts as 8; default 8 .. 64 MiB */

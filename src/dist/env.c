@@ -6,9 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+enum { F_RANK, F_WORLD, F_LOCAL, F_LOCAL_WORLD, F_COUNT_ }; /* the fields of rt_dist_env */
+
 typedef struct launcher_vars {
     const char *launcher;
-    const char *var[4]; /* rank, world size, local rank, local world size */
+    const char *var[F_COUNT_];
 } launcher_vars;
 
 static const launcher_vars k_launchers[] = {
@@ -40,20 +42,21 @@ rt_status rt_dist_env_read(rt_dist_env *out) {
     for (int i = 0; i < N_LAUNCHERS; i++) {
         const launcher_vars *l = &k_launchers[i];
         bool any = false;
-        for (int k = 0; k < 4; k++) any = any || env(l->var[k]) != NULL;
+        for (int k = 0; k < F_COUNT_; k++) any = any || env(l->var[k]) != NULL;
         if (!any) continue;
-        int *field[4] = {&out->rank, &out->world_size, &out->local_rank, &out->local_world_size};
-        for (int k = 0; k < 4; k++) {
+        int *field[F_COUNT_] = {&out->rank, &out->world_size, &out->local_rank, &out->local_world_size};
+        for (int k = 0; k < F_COUNT_; k++) { /* sizes are at least 1, ranks at least 0 */
             const char *v = env(l->var[k]);
-            if (v) RT_CHECK(env_int(l->var[k], v, k % 2 ? 1 : 0, field[k]));
+            bool is_size = k == F_WORLD || k == F_LOCAL_WORLD;
+            if (v) RT_CHECK(env_int(l->var[k], v, is_size ? 1 : 0, field[k]));
         }
         out->launcher = l->launcher;
-        if (out->rank >= 0) out->rank_source = l->var[0];
+        if (out->rank >= 0) out->rank_source = l->var[F_RANK];
         RT_REQUIRE(out->rank < 0 || out->world_size < 0 || out->rank < out->world_size, RT_ERR_INVALID,
-                   "%s=%d is out of range for %s=%d", l->var[0], out->rank, l->var[1], out->world_size);
+                   "%s=%d is out of range for %s=%d", l->var[F_RANK], out->rank, l->var[F_WORLD], out->world_size);
         RT_REQUIRE(out->local_rank < 0 || out->local_world_size < 0 || out->local_rank < out->local_world_size,
-                   RT_ERR_INVALID, "%s=%d is out of range for %s=%d", l->var[2], out->local_rank, l->var[3],
-                   out->local_world_size);
+                   RT_ERR_INVALID, "%s=%d is out of range for %s=%d", l->var[F_LOCAL], out->local_rank,
+                   l->var[F_LOCAL_WORLD], out->local_world_size);
         return RT_OK;
     }
     return RT_OK;
