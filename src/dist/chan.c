@@ -1,5 +1,5 @@
 /* Channels over tcp and shm (see chan.h). */
-#include "dist/chan.h"
+#include "dist/internal/chan.h"
 
 #include <errno.h>
 #include <linux/futex.h>

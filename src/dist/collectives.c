@@ -1,4 +1,8 @@
-/* Collectives as graphs of transfers (engine.h): ring, chain and flat algorithms.
+/* Point-to-point and collectives as graphs of transfers (engine.h): ring, chain and flat
+ * algorithms. Every public call fills an rt_op and goes through run(): the argument
+ * checks, the NULL-request guard of the rt_i* forms, the choice between the nccl
+ * transport, staging of device buffers and the engine, and one submit path that frees
+ * the request whatever fails. A new operation is a builder and a row of k_ops.
  *
  * Ring all-reduce over n ranks: the buffer is split into n chunks (the first
  * count % n chunks one element longer). Reduce-scatter: at step s rank r sends chunk
@@ -10,7 +14,7 @@
  * waits for a whole chunk. The final values of a chunk are computed once, by its owner,
  * and copied everywhere else: all ranks end bitwise identical.
  */
-#include "dist/pg_internal.h"
+#include "dist/internal/pg_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -27,82 +31,65 @@ static size_t chunk_len(size_t count, int n, int c) {
     return count / (size_t)n + ((size_t)c < count % (size_t)n ? 1 : 0);
 }
 
-static rt_status check_args(rt_pg *pg, const char *op, const void *buf, size_t count, rt_dtype dtype, int reduce,
-                            rt_reduce_op rop, int root) {
-    RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "%s: NULL process group", op);
-    size_t es = rt_dtype_size(dtype);
-    RT_REQUIRE((unsigned)dtype < RT_DTYPE_COUNT_ && es > 0, RT_ERR_INVALID, "%s: bad dtype %d", op, (int)dtype);
-    RT_REQUIRE(!reduce || rt_reduce_dtype_ok(dtype), RT_ERR_INVALID,
-               "%s: dtype %s cannot be reduced (f32 f64 i32 i64 can)", op, rt_dtype_name(dtype));
-    RT_REQUIRE(!reduce || (unsigned)rop < RT_OP_COUNT_, RT_ERR_INVALID, "%s: bad reduce op %d", op, (int)rop);
-    RT_REQUIRE(count <= RT_MSG_MAX_BYTES / es / (size_t)pg->size, RT_ERR_INVALID, "%s: %zu elements is too many", op,
-               count);
-    RT_REQUIRE(buf || count == 0, RT_ERR_INVALID, "%s: NULL buffer", op);
-    RT_REQUIRE(root >= 0 && root < pg->size, RT_ERR_INVALID, "%s: root %d out of range 0..%d", op, root, pg->size - 1);
-    RT_REQUIRE(pg->buf_device.kind == RT_DEVICE_CPU || pg->transport == RT_TRANSPORT_NCCL, RT_ERR_UNSUPPORTED,
+static bool reduces(int kind) { return kind == RT_K_REDUCE || kind == RT_K_ALLREDUCE || kind == RT_K_REDUCE_SCATTER; }
+/* all_reduce and broadcast of device buffers over tcp/shm go through pinned host memory */
+static bool stageable(int kind) { return kind == RT_K_ALLREDUCE || kind == RT_K_BCAST; }
+
+static rt_status check_args(rt_pg *pg, const char *name, const rt_op *op) {
+    size_t es = rt_dtype_size(op->dtype);
+    RT_REQUIRE((unsigned)op->dtype < RT_DTYPE_COUNT_ && es > 0, RT_ERR_INVALID, "%s: bad dtype %d", name,
+               (int)op->dtype);
+    RT_REQUIRE(!reduces(op->kind) || rt_reduce_dtype_ok(op->dtype), RT_ERR_INVALID,
+               "%s: dtype %s cannot be reduced (f32 f64 i32 i64 can)", name, rt_dtype_name(op->dtype));
+    RT_REQUIRE(!reduces(op->kind) || (unsigned)op->rop < RT_OP_COUNT_, RT_ERR_INVALID, "%s: bad reduce op %d", name,
+               (int)op->rop);
+    bool host_or_nccl = pg->buf_device.kind == RT_DEVICE_CPU || pg->transport == RT_TRANSPORT_NCCL;
+    if (op->kind == RT_K_P2P) {
+        RT_REQUIRE(op->root >= 0 && op->root < pg->size && op->root != pg->rank, RT_ERR_INVALID,
+                   "%s: peer rank %d is not another rank of the group (size %d, this rank %d)", name, op->root,
+                   pg->size, pg->rank);
+        RT_REQUIRE(op->count <= RT_MSG_MAX_BYTES / es, RT_ERR_INVALID, "%s: %zu elements of dtype %d", name, op->count,
+                   (int)op->dtype);
+        RT_REQUIRE(op->recv || op->count == 0, RT_ERR_INVALID, "%s: NULL buffer", name);
+        RT_REQUIRE(host_or_nccl, RT_ERR_UNSUPPORTED,
+                   "%s: device buffers over tcp/shm: only all_reduce and broadcast stage through host memory", name);
+        return RT_OK;
+    }
+    RT_REQUIRE(op->count <= RT_MSG_MAX_BYTES / es / (size_t)pg->size, RT_ERR_INVALID, "%s: %zu elements is too many",
+               name, op->count);
+    RT_REQUIRE(op->root >= 0 && op->root < pg->size, RT_ERR_INVALID, "%s: root %d out of range 0..%d", name, op->root,
+               pg->size - 1);
+    bool root = pg->rank == op->root, none = op->count == 0;
+    switch (op->kind) {
+    case RT_K_SCATTER:
+        RT_REQUIRE(op->recv || none, RT_ERR_INVALID, "%s: NULL buffer", name);
+        RT_REQUIRE(!root || op->send || none, RT_ERR_INVALID, "scatter: NULL send buffer at the root");
+        break;
+    case RT_K_GATHER:
+        RT_REQUIRE(op->send || none, RT_ERR_INVALID, "%s: NULL buffer", name);
+        RT_REQUIRE(!root || op->recv || none, RT_ERR_INVALID, "gather: NULL receive buffer at the root");
+        break;
+    case RT_K_ALLGATHER:
+    case RT_K_REDUCE_SCATTER:
+        RT_REQUIRE(op->send || none, RT_ERR_INVALID, "%s: NULL buffer", name);
+        RT_REQUIRE(op->recv || none, RT_ERR_INVALID, "%s: NULL receive buffer", name);
+        break;
+    default: /* in place */
+        RT_REQUIRE(op->recv || none, RT_ERR_INVALID, "%s: NULL buffer", name);
+        break;
+    }
+    RT_REQUIRE(host_or_nccl || stageable(op->kind), RT_ERR_UNSUPPORTED,
                "%s: device buffers over %s: only all_reduce and broadcast stage through host memory (or use the "
                "nccl transport)",
-               op, rt_transport_name(pg->transport));
+               name, rt_transport_name(pg->transport));
     return RT_OK;
 }
-
-/* nccl: the operation runs on the GPU stream and is waited for (with the timeout);
- * the i* forms get a request that is already complete. */
-static rt_status nccl_run(rt_pg *pg, const char *op, int kind, const void *send, void *recv, size_t count,
-                          rt_dtype dtype, rt_reduce_op rop, int root, rt_request **out) {
-    RT_CHECK(rt_nccl_coll(pg, kind, send, recv, count, dtype, rop, root));
-    if (!out) return RT_OK;
-    rt_request *r;
-    RT_CHECK(rt_req_new(&pg->w->eng, op, pg->id, pg->timeout_s, 0, &r));
-    rt_status s = rt_req_submit(r, false);
-    if (s != RT_OK) {
-        rt_req_free(r);
-        return s;
-    }
-    *out = r;
-    return RT_OK;
-}
-
-/* Device buffers over tcp/shm (ranks sharing one GPU): copy to pinned host memory, run
- * the host collective, copy back. Blocking only. */
-static rt_status stage_begin(rt_pg *pg, const char *op, void *buf, size_t nb, rt_request **out, void **host) {
-    RT_REQUIRE(out == NULL, RT_ERR_UNSUPPORTED, "%s: asynchronous operations on device buffers need the nccl transport",
-               op);
-    if (pg->stage_bytes < nb) {
-        if (pg->stage) rt_host_free(pg->stage, pg->stage_pinned);
-        pg->stage = NULL;
-        pg->stage_bytes = 0;
-        RT_CHECK(rt_host_alloc(nb, true, &pg->stage, &pg->stage_pinned));
-        pg->stage_bytes = nb;
-    }
-    if (nb) RT_CHECK(rt_memcpy(pg->stage, rt_device_cpu(), buf, pg->buf_device, nb, NULL));
-    *host = pg->stage;
-    return RT_OK;
-}
-
-static rt_status new_req(rt_pg *pg, const char *op, int maxx, rt_request **r) {
-    return rt_req_new(&pg->w->eng, op, pg->id, pg->timeout_s, maxx, r);
-}
-
-/* Submit; block (out == NULL) or hand the request back. */
-static rt_status finish(rt_request *r, rt_request **out) {
-    rt_status s = rt_req_submit(r, out != NULL);
-    if (s == RT_OK && !out) s = rt_req_wait(r);
-    if (s != RT_OK || !out) {
-        rt_req_free(r);
-        return s;
-    }
-    *out = r;
-    return RT_OK;
-}
-
 #define W(pg, r) ((pg)->ranks[MOD((r), (pg)->size)])
+/* A transfer that does not fit is a bug in the table of transfer counts below; the
+ * request is freed by the shared submit path. */
 #define ADD_OR_FAIL(x, r)                                                                                              \
     do {                                                                                                               \
-        if (!(x)) {                                                                                                    \
-            rt_req_free(r);                                                                                            \
-            return RT_ERROR(RT_ERR_INTERNAL, "transfer table full");                                                   \
-        }                                                                                                              \
+        if (!(x)) return RT_ERROR(RT_ERR_INTERNAL, "%s: transfer table full", (r)->opname);                            \
     } while (0)
 
 /* Ring reduce-scatter (+ optionally all-gather) in place over `count` elements split
@@ -184,10 +171,7 @@ static rt_status reduce_build(rt_pg *pg, rt_request *r, uint8_t *buf, size_t cou
     } else {
         if (nb) {
             r->scratch = malloc(nb);
-            if (!r->scratch) {
-                rt_req_free(r);
-                RT_CHECK_ALLOC(NULL, nb);
-            }
+            RT_CHECK_ALLOC(r->scratch, nb);
             memcpy(r->scratch, buf, nb);
         }
         rt_xfer *y = rt_req_recv(r, up, r->scratch, nb, kind, seq, (int)op, dtype, 0, NULL, false);
@@ -244,48 +228,39 @@ static size_t small_bytes(void) {
     return (size_t)v;
 }
 
-/* ---- public collectives ---- */
+/* ---- one builder per operation: the transfers of this rank ---- */
 
-static rt_status all_reduce_(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, rt_algo algo,
-                             rt_request **out) {
-    if (pg->transport == RT_TRANSPORT_NCCL) {
-        RT_CHECK(check_args(pg, "all_reduce", buf, count, dtype, 1, op, 0));
-        return nccl_run(pg, "all_reduce", RT_K_ALLREDUCE, buf, buf, count, dtype, op, 0, out);
-    }
-    if (pg->buf_device.kind == RT_DEVICE_CUDA) {
-        void *host;
-        size_t nb = count * rt_dtype_size(dtype);
-        RT_CHECK(stage_begin(pg, "all_reduce", buf, nb, out, &host));
-        rt_device d = pg->buf_device;
-        pg->buf_device = rt_device_cpu();
-        rt_status s = all_reduce_(pg, host, count, dtype, op, algo, NULL);
-        pg->buf_device = d;
-        RT_CHECK(s);
-        if (nb) RT_CHECK(rt_memcpy(buf, d, host, rt_device_cpu(), nb, NULL));
-        return RT_OK;
-    }
-    RT_CHECK(check_args(pg, "all_reduce", buf, count, dtype, 1, op, 0));
-    if (algo == RT_ALGO_NCCL)
-        return RT_ERROR(RT_ERR_UNSUPPORTED, "all_reduce: algorithm nccl needs the nccl transport and device buffers");
+static rt_status build_p2p(rt_pg *pg, rt_request *r, const rt_op *op) {
+    size_t nb = op->count * rt_dtype_size(op->dtype);
+    int wp = pg->ranks[op->root];
+    if (op->is_send)
+        ADD_OR_FAIL(rt_req_send(r, wp, op->send, nb, RT_K_P2P, 0, NULL, false), r);
+    else
+        ADD_OR_FAIL(rt_req_recv(r, wp, op->recv, nb, RT_K_P2P, 0, -1, op->dtype, 0, NULL, false), r);
+    return RT_OK;
+}
+
+static rt_status build_all_reduce(rt_pg *pg, rt_request *r, const rt_op *op) {
+    RT_REQUIRE(op->algo != RT_ALGO_NCCL, RT_ERR_UNSUPPORTED,
+               "all_reduce: algorithm nccl needs the nccl transport and device buffers");
     int n = pg->size;
-    rt_request *r;
-    RT_CHECK(new_req(pg, "all_reduce", 4 * n + 4, &r));
+    void *buf = op->recv;
+    size_t count = op->count;
+    rt_dtype dtype = op->dtype;
     uint32_t seq = ++pg->seq;
-    if (algo == RT_ALGO_NAIVE) {
+    if (op->algo == RT_ALGO_NAIVE) {
         const rt_xfer *last = NULL;
-        RT_CHECK(reduce_build(pg, r, buf, count, dtype, op, 0, true, RT_K_ALLREDUCE, seq, &last));
-        RT_CHECK(bcast_build(pg, r, buf, count * rt_dtype_size(dtype), 0, true, RT_K_ALLREDUCE, seq,
-                             pg->rank == 0 ? last : NULL, pg->rank == 0 ? NULL : last));
-    } else if (algo == RT_ALGO_RING && n > 1 && count * rt_dtype_size(dtype) <= small_bytes()) {
+        RT_CHECK(reduce_build(pg, r, buf, count, dtype, op->rop, 0, true, RT_K_ALLREDUCE, seq, &last));
+        return bcast_build(pg, r, buf, count * rt_dtype_size(dtype), 0, true, RT_K_ALLREDUCE, seq,
+                           pg->rank == 0 ? last : NULL, pg->rank == 0 ? NULL : last);
+    }
+    if (op->algo == RT_ALGO_RING && n > 1 && count * rt_dtype_size(dtype) <= small_bytes()) {
         /* small buffers: one exchange round (everyone sends its buffer to everyone),
          * then every rank reduces the n buffers in rank order: latency-bound sizes
          * pay one message delay instead of 2(n-1), results stay bitwise identical */
         size_t nb = count * rt_dtype_size(dtype);
         r->scratch = malloc(nb * (size_t)n + 1);
-        if (!r->scratch) {
-            rt_req_free(r);
-            RT_CHECK_ALLOC(NULL, nb * (size_t)n);
-        }
+        RT_CHECK_ALLOC(r->scratch, nb * (size_t)n + 1);
         uint8_t *slots = r->scratch;
         if (nb) memcpy(slots + (size_t)pg->rank * nb, buf, nb);
         for (int k = 1; k < n; k++) { /* send to the right first: spreads the load */
@@ -303,227 +278,84 @@ static rt_status all_reduce_(rt_pg *pg, void *buf, size_t count, rt_dtype dtype,
         r->pr_buf = buf;
         r->pr_slots = slots;
         r->pr_n = n;
-        r->pr_op = (int)op;
+        r->pr_op = (int)op->rop;
         r->pr_count = count;
         r->pr_dtype = dtype;
-    } else {
-        RT_CHECK(ring_build(pg, r, buf, count, dtype, op, true, true, algo == RT_ALGO_RSAG, RT_K_ALLREDUCE, seq));
-    }
-    return finish(r, out);
-}
-
-rt_status rt_all_reduce_algo(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, rt_algo algo) {
-    return all_reduce_(pg, buf, count, dtype, op, algo, NULL);
-}
-rt_status rt_all_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op) {
-    RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "all_reduce: NULL process group");
-    return all_reduce_(pg, buf, count, dtype, op, pg->algo, NULL);
-}
-rt_status rt_iall_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, rt_request **req) {
-    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
-    *req = NULL;
-    RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "all_reduce: NULL process group");
-    return all_reduce_(pg, buf, count, dtype, op, pg->algo, req);
-}
-
-static rt_status broadcast_(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int root, rt_request **out) {
-    if (pg->transport != RT_TRANSPORT_NCCL && pg->buf_device.kind == RT_DEVICE_CUDA) {
-        void *host;
-        size_t nb = count * rt_dtype_size(dtype);
-        RT_CHECK(stage_begin(pg, "broadcast", buf, nb, out, &host));
-        rt_device d = pg->buf_device;
-        pg->buf_device = rt_device_cpu();
-        rt_status s = broadcast_(pg, host, count, dtype, root, NULL);
-        pg->buf_device = d;
-        RT_CHECK(s);
-        if (nb) RT_CHECK(rt_memcpy(buf, d, host, rt_device_cpu(), nb, NULL));
         return RT_OK;
     }
-    RT_CHECK(check_args(pg, "broadcast", buf, count, dtype, 0, RT_OP_SUM, root));
-    if (pg->transport == RT_TRANSPORT_NCCL)
-        return nccl_run(pg, "broadcast", RT_K_BCAST, buf, buf, count, dtype, RT_OP_SUM, root, out);
-    rt_request *r;
-    RT_CHECK(new_req(pg, "broadcast", pg->size + 2, &r));
-    RT_CHECK(bcast_build(pg, r, buf, count * rt_dtype_size(dtype), root, pg->algo == RT_ALGO_NAIVE, RT_K_BCAST,
-                         ++pg->seq, NULL, NULL));
-    return finish(r, out);
-}
-rt_status rt_broadcast(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int root) {
-    return broadcast_(pg, buf, count, dtype, root, NULL);
-}
-rt_status rt_ibroadcast(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int root, rt_request **req) {
-    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
-    *req = NULL;
-    return broadcast_(pg, buf, count, dtype, root, req);
+    return ring_build(pg, r, buf, count, dtype, op->rop, true, true, op->algo == RT_ALGO_RSAG, RT_K_ALLREDUCE, seq);
 }
 
-static rt_status reduce_(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root,
-                         rt_request **out) {
-    RT_CHECK(check_args(pg, "reduce", buf, count, dtype, 1, op, root));
-    if (pg->transport == RT_TRANSPORT_NCCL)
-        return nccl_run(pg, "reduce", RT_K_REDUCE, buf, buf, count, dtype, op, root, out);
-    rt_request *r;
-    RT_CHECK(new_req(pg, "reduce", pg->size + 2, &r));
+static rt_status build_broadcast(rt_pg *pg, rt_request *r, const rt_op *op) {
+    return bcast_build(pg, r, op->recv, op->count * rt_dtype_size(op->dtype), op->root, pg->algo == RT_ALGO_NAIVE,
+                       RT_K_BCAST, ++pg->seq, NULL, NULL);
+}
+
+static rt_status build_reduce(rt_pg *pg, rt_request *r, const rt_op *op) {
     const rt_xfer *last;
-    RT_CHECK(
-        reduce_build(pg, r, buf, count, dtype, op, root, pg->algo == RT_ALGO_NAIVE, RT_K_REDUCE, ++pg->seq, &last));
-    return finish(r, out);
-}
-rt_status rt_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root) {
-    return reduce_(pg, buf, count, dtype, op, root, NULL);
-}
-rt_status rt_ireduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op op, int root, rt_request **req) {
-    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
-    *req = NULL;
-    return reduce_(pg, buf, count, dtype, op, root, req);
+    return reduce_build(pg, r, op->recv, op->count, op->dtype, op->rop, op->root, pg->algo == RT_ALGO_NAIVE,
+                        RT_K_REDUCE, ++pg->seq, &last);
 }
 
-static rt_status scatter_(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root,
-                          rt_request **out) {
-    RT_CHECK(check_args(pg, "scatter", recv, count, dtype, 0, RT_OP_SUM, root));
-    RT_REQUIRE(pg->rank != root || send || count == 0, RT_ERR_INVALID, "scatter: NULL send buffer at the root");
-    if (pg->transport == RT_TRANSPORT_NCCL)
-        return nccl_run(pg, "scatter", RT_K_SCATTER, send, recv, count, dtype, RT_OP_SUM, root, out);
-    size_t nb = count * rt_dtype_size(dtype);
-    rt_request *r;
-    RT_CHECK(new_req(pg, "scatter", pg->size + 1, &r));
+static rt_status build_scatter(rt_pg *pg, rt_request *r, const rt_op *op) {
+    size_t nb = op->count * rt_dtype_size(op->dtype);
     uint32_t seq = ++pg->seq;
-    if (pg->rank == root) {
+    if (pg->rank == op->root) {
         for (int i = 0; i < pg->size; i++) {
-            if (i == root) continue;
-            ADD_OR_FAIL(rt_req_send(r, W(pg, i), AT(send, (size_t)i * nb), nb, RT_K_SCATTER, seq, NULL, false), r);
+            if (i == op->root) continue;
+            ADD_OR_FAIL(rt_req_send(r, W(pg, i), AT(op->send, (size_t)i * nb), nb, RT_K_SCATTER, seq, NULL, false), r);
         }
-        if (nb && (const uint8_t *)send + (size_t)root * nb != recv)
-            memmove(recv, (const uint8_t *)send + (size_t)root * nb, nb);
+        const uint8_t *mine = (const uint8_t *)op->send + (size_t)op->root * nb;
+        if (nb && mine != op->recv) memmove(op->recv, mine, nb);
     } else {
-        ADD_OR_FAIL(rt_req_recv(r, W(pg, root), recv, nb, RT_K_SCATTER, seq, -1, dtype, 0, NULL, false), r);
+        ADD_OR_FAIL(rt_req_recv(r, W(pg, op->root), op->recv, nb, RT_K_SCATTER, seq, -1, op->dtype, 0, NULL, false), r);
     }
-    return finish(r, out);
-}
-rt_status rt_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root) {
-    return scatter_(pg, send, recv, count, dtype, root, NULL);
-}
-rt_status rt_iscatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root,
-                      rt_request **req) {
-    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
-    *req = NULL;
-    return scatter_(pg, send, recv, count, dtype, root, req);
+    return RT_OK;
 }
 
-static rt_status gather_(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root,
-                         rt_request **out) {
-    RT_CHECK(check_args(pg, "gather", send, count, dtype, 0, RT_OP_SUM, root));
-    RT_REQUIRE(pg->rank != root || recv || count == 0, RT_ERR_INVALID, "gather: NULL receive buffer at the root");
-    if (pg->transport == RT_TRANSPORT_NCCL)
-        return nccl_run(pg, "gather", RT_K_GATHER, send, recv, count, dtype, RT_OP_SUM, root, out);
-    size_t nb = count * rt_dtype_size(dtype);
-    rt_request *r;
-    RT_CHECK(new_req(pg, "gather", pg->size + 1, &r));
+static rt_status build_gather(rt_pg *pg, rt_request *r, const rt_op *op) {
+    size_t nb = op->count * rt_dtype_size(op->dtype);
     uint32_t seq = ++pg->seq;
-    if (pg->rank == root) {
+    if (pg->rank == op->root) {
         for (int i = 0; i < pg->size; i++) {
-            if (i == root) continue;
-            ADD_OR_FAIL(
-                rt_req_recv(r, W(pg, i), AT(recv, (size_t)i * nb), nb, RT_K_GATHER, seq, -1, dtype, 0, NULL, false), r);
+            if (i == op->root) continue;
+            ADD_OR_FAIL(rt_req_recv(r, W(pg, i), AT(op->recv, (size_t)i * nb), nb, RT_K_GATHER, seq, -1, op->dtype, 0,
+                                    NULL, false),
+                        r);
         }
-        if (nb && (uint8_t *)recv + (size_t)root * nb != send) memmove((uint8_t *)recv + (size_t)root * nb, send, nb);
+        uint8_t *mine = (uint8_t *)op->recv + (size_t)op->root * nb;
+        if (nb && mine != op->send) memmove(mine, op->send, nb);
     } else {
-        ADD_OR_FAIL(rt_req_send(r, W(pg, root), send, nb, RT_K_GATHER, seq, NULL, false), r);
+        ADD_OR_FAIL(rt_req_send(r, W(pg, op->root), op->send, nb, RT_K_GATHER, seq, NULL, false), r);
     }
-    return finish(r, out);
-}
-rt_status rt_gather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root) {
-    return gather_(pg, send, recv, count, dtype, root, NULL);
-}
-rt_status rt_igather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root,
-                     rt_request **req) {
-    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
-    *req = NULL;
-    return gather_(pg, send, recv, count, dtype, root, req);
+    return RT_OK;
 }
 
-static rt_status all_gather_(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_request **out) {
-    RT_CHECK(check_args(pg, "all_gather", send, count, dtype, 0, RT_OP_SUM, 0));
-    RT_REQUIRE(recv || count == 0, RT_ERR_INVALID, "all_gather: NULL receive buffer");
-    if (pg->transport == RT_TRANSPORT_NCCL)
-        return nccl_run(pg, "all_gather", RT_K_ALLGATHER, send, recv, count, dtype, RT_OP_SUM, 0, out);
-    size_t nb = count * rt_dtype_size(dtype);
-    uint8_t *mine = AT(recv, (size_t)pg->rank * nb);
-    if (nb && mine != send) memmove(mine, send, nb);
-    rt_request *r;
-    RT_CHECK(new_req(pg, "all_gather", 2 * pg->size + 2, &r));
-    RT_CHECK(ring_build(pg, r, recv, count * (size_t)pg->size, dtype, RT_OP_SUM, false, true, false, RT_K_ALLGATHER,
-                        ++pg->seq));
-    return finish(r, out);
-}
-rt_status rt_all_gather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype) {
-    return all_gather_(pg, send, recv, count, dtype, NULL);
-}
-rt_status rt_iall_gather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_request **req) {
-    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
-    *req = NULL;
-    return all_gather_(pg, send, recv, count, dtype, req);
+static rt_status build_all_gather(rt_pg *pg, rt_request *r, const rt_op *op) {
+    size_t nb = op->count * rt_dtype_size(op->dtype);
+    uint8_t *mine = AT(op->recv, (size_t)pg->rank * nb);
+    if (nb && mine != op->send) memmove(mine, op->send, nb);
+    return ring_build(pg, r, op->recv, op->count * (size_t)pg->size, op->dtype, RT_OP_SUM, false, true, false,
+                      RT_K_ALLGATHER, ++pg->seq);
 }
 
-rt_status rt_all_gather_list(rt_pg *pg, const void *send, void *const *recv_list, size_t count, rt_dtype dtype) {
-    RT_CHECK(check_args(pg, "all_gather", send, count, dtype, 0, RT_OP_SUM, 0));
-    RT_REQUIRE(recv_list != NULL, RT_ERR_INVALID, "all_gather: NULL receive list");
-    RT_REQUIRE(pg->transport != RT_TRANSPORT_NCCL, RT_ERR_UNSUPPORTED,
-               "all_gather (list form) over nccl: use rt_all_gather into one device buffer");
-    size_t nb = count * rt_dtype_size(dtype);
-    size_t total = nb * (size_t)pg->size;
-    uint8_t *tmp = malloc(total ? total : 1);
-    RT_CHECK_ALLOC(tmp, total);
-    rt_status s = rt_all_gather(pg, send, tmp, count, dtype);
-    if (s == RT_OK)
-        for (int i = 0; i < pg->size; i++)
-            if (nb) memcpy(recv_list[i], tmp + (size_t)i * nb, nb);
-    free(tmp);
-    return s;
-}
-
-static rt_status reduce_scatter_(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
-                                 rt_request **out) {
-    RT_CHECK(check_args(pg, "reduce_scatter", send, count, dtype, 1, op, 0));
-    RT_REQUIRE(recv || count == 0, RT_ERR_INVALID, "reduce_scatter: NULL receive buffer");
-    if (pg->transport == RT_TRANSPORT_NCCL)
-        return nccl_run(pg, "reduce_scatter", RT_K_REDUCE_SCATTER, send, recv, count, dtype, op, 0, out);
-    size_t nb = count * rt_dtype_size(dtype), total = nb * (size_t)pg->size;
-    rt_request *r;
-    RT_CHECK(new_req(pg, "reduce_scatter", 2 * pg->size + 2, &r));
+static rt_status build_reduce_scatter(rt_pg *pg, rt_request *r, const rt_op *op) {
+    size_t nb = op->count * rt_dtype_size(op->dtype), total = nb * (size_t)pg->size;
     if (total) {
         r->scratch = malloc(total);
-        if (!r->scratch) {
-            rt_req_free(r);
-            RT_CHECK_ALLOC(NULL, total);
-        }
-        memcpy(r->scratch, send, total);
+        RT_CHECK_ALLOC(r->scratch, total);
+        memcpy(r->scratch, op->send, total);
     }
     uint8_t *mine = AT(r->scratch, (size_t)pg->rank * nb);
-    if (pg->size == 1 && op == RT_OP_AVG) { /* nothing to add; the division by 1 is a no-op */
-    }
-    RT_CHECK(ring_build(pg, r, r->scratch, count * (size_t)pg->size, dtype, op, true, false, false, RT_K_REDUCE_SCATTER,
-                        ++pg->seq));
-    if (nb) RT_CHECK(rt_req_post_copy(r, recv, mine, nb));
-    return finish(r, out);
-}
-rt_status rt_reduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op) {
-    return reduce_scatter_(pg, send, recv, count, dtype, op, NULL);
-}
-rt_status rt_ireduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
-                             rt_request **req) {
-    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
-    *req = NULL;
-    return reduce_scatter_(pg, send, recv, count, dtype, op, req);
+    RT_CHECK(ring_build(pg, r, r->scratch, op->count * (size_t)pg->size, op->dtype, op->rop, true, false, false,
+                        RT_K_REDUCE_SCATTER, ++pg->seq));
+    if (nb) RT_CHECK(rt_req_post_copy(r, op->recv, mine, nb));
+    return RT_OK;
 }
 
 /* Everyone tells rank 0, rank 0 answers everyone once all have arrived. */
-static rt_status barrier_(rt_pg *pg, rt_request **out) {
-    RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "barrier: NULL process group");
-    if (pg->transport == RT_TRANSPORT_NCCL)
-        return nccl_run(pg, "barrier", RT_K_BARRIER, NULL, NULL, 0, RT_I32, RT_OP_SUM, 0, out);
-    rt_request *r;
-    RT_CHECK(new_req(pg, "barrier", 2 * pg->size + 2, &r));
+static rt_status build_barrier(rt_pg *pg, rt_request *r, const rt_op *op) {
+    (void)op;
     uint32_t seq = ++pg->seq;
     if (pg->rank == 0) {
         const rt_xfer *prev = NULL;
@@ -539,11 +371,215 @@ static rt_status barrier_(rt_pg *pg, rt_request **out) {
         ADD_OR_FAIL(x, r);
         ADD_OR_FAIL(rt_req_recv(r, W(pg, 0), NULL, 0, RT_K_BARRIER, seq, -1, RT_U8, 0, x, true), r);
     }
-    return finish(r, out);
+    return RT_OK;
 }
-rt_status rt_barrier(rt_pg *pg) { return barrier_(pg, NULL); }
+
+/* Per operation: its builder and the most transfers it adds (per_rank * size + extra). */
+static const struct {
+    rt_status (*build)(rt_pg *pg, rt_request *r, const rt_op *op);
+    int per_rank, extra;
+} k_ops[RT_K_COUNT_] = {
+    [RT_K_P2P] = {build_p2p, 0, 1},
+    [RT_K_BCAST] = {build_broadcast, 1, 2},
+    [RT_K_REDUCE] = {build_reduce, 1, 2},
+    [RT_K_ALLREDUCE] = {build_all_reduce, 4, 4},
+    [RT_K_SCATTER] = {build_scatter, 1, 1},
+    [RT_K_GATHER] = {build_gather, 1, 1},
+    [RT_K_ALLGATHER] = {build_all_gather, 2, 2},
+    [RT_K_REDUCE_SCATTER] = {build_reduce_scatter, 2, 2},
+    [RT_K_BARRIER] = {build_barrier, 2, 2},
+};
+
+/* ---- the shared submit path: every operation of every transport goes through here ---- */
+
+/* A new request (built by `build` when given), submitted, then waited for and freed
+ * (blocking, out == NULL) or handed back in *out. Whatever fails, the request is freed. */
+static rt_status submit(rt_pg *pg, const char *name, const rt_op *op, bool build, rt_request **out) {
+    int maxx = build ? k_ops[op->kind].per_rank * pg->size + k_ops[op->kind].extra : 0;
+    rt_request *r;
+    RT_CHECK(rt_req_new(&pg->w->eng, name, pg->id, pg->timeout_s, maxx, &r));
+    rt_status s = build ? k_ops[op->kind].build(pg, r, op) : RT_OK;
+    /* the progress thread drives asynchronous requests that have transfers to move */
+    if (s == RT_OK) s = rt_req_submit(r, out != NULL && r->nx > 0);
+    if (s == RT_OK && !out) s = rt_req_wait(r);
+    if (s != RT_OK || !out) {
+        rt_req_free(r);
+        return s;
+    }
+    *out = r;
+    return RT_OK;
+}
+
+static rt_status run(rt_pg *pg, const rt_op *op, bool async, rt_request **req);
+
+/* Device buffers over tcp/shm (ranks sharing one GPU): copy to pinned host memory, run
+ * the host operation, copy back. Blocking only. */
+static rt_status run_staged(rt_pg *pg, const char *name, const rt_op *op, rt_request **out) {
+    RT_REQUIRE(out == NULL, RT_ERR_UNSUPPORTED, "%s: asynchronous operations on device buffers need the nccl transport",
+               name);
+    size_t nb = op->count * rt_dtype_size(op->dtype);
+    if (pg->stage_bytes < nb) {
+        if (pg->stage) rt_host_free(pg->stage, pg->stage_pinned);
+        pg->stage = NULL;
+        pg->stage_bytes = 0;
+        RT_CHECK(rt_host_alloc(nb, true, &pg->stage, &pg->stage_pinned));
+        pg->stage_bytes = nb;
+    }
+    rt_device d = pg->buf_device;
+    if (nb) RT_CHECK(rt_memcpy(pg->stage, rt_device_cpu(), op->recv, d, nb, NULL));
+    rt_op host = *op;
+    host.send = host.recv = pg->stage;
+    pg->buf_device = rt_device_cpu();
+    rt_status s = run(pg, &host, false, NULL);
+    pg->buf_device = d;
+    RT_CHECK(s);
+    if (nb) RT_CHECK(rt_memcpy(op->recv, d, pg->stage, rt_device_cpu(), nb, NULL));
+    return RT_OK;
+}
+
+/* Every public operation: check, then run it on the group's transport. */
+static rt_status run(rt_pg *pg, const rt_op *op, bool async, rt_request **req) {
+    const char *name = rt_comm_op_name(op->kind, op->is_send);
+    if (async) { /* the one NULL-request guard */
+        RT_REQUIRE(req != NULL, RT_ERR_INVALID, "rt_i%s: NULL request pointer", name);
+        *req = NULL;
+    }
+    rt_request **out = async ? req : NULL;
+    RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "%s: NULL process group", name);
+    RT_CHECK(check_args(pg, name, op));
+    if (pg->transport == RT_TRANSPORT_NCCL) {
+        /* runs on the GPU stream and is waited for (with the timeout); an asynchronous
+         * call gets a request that is already complete */
+        RT_CHECK(rt_nccl_run(pg, op));
+        return submit(pg, name, op, false, out);
+    }
+    if (pg->buf_device.kind == RT_DEVICE_CUDA) return run_staged(pg, name, op, out);
+    return submit(pg, name, op, true, out);
+}
+
+/* ---- the public calls ---- */
+
+static rt_op op_of(int kind, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op rop, int root) {
+    return (rt_op){.kind = kind, .send = send, .recv = recv, .count = count, .dtype = dtype, .rop = rop, .root = root};
+}
+
+rt_status rt_send(rt_pg *pg, const void *buf, size_t count, rt_dtype dtype, int dst) {
+    rt_op op = op_of(RT_K_P2P, buf, (void *)buf, count, dtype, RT_OP_SUM, dst);
+    op.is_send = true;
+    return run(pg, &op, false, NULL);
+}
+rt_status rt_recv(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int src) {
+    rt_op op = op_of(RT_K_P2P, buf, buf, count, dtype, RT_OP_SUM, src);
+    return run(pg, &op, false, NULL);
+}
+rt_status rt_isend(rt_pg *pg, const void *buf, size_t count, rt_dtype dtype, int dst, rt_request **req) {
+    rt_op op = op_of(RT_K_P2P, buf, (void *)buf, count, dtype, RT_OP_SUM, dst);
+    op.is_send = true;
+    return run(pg, &op, true, req);
+}
+rt_status rt_irecv(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int src, rt_request **req) {
+    rt_op op = op_of(RT_K_P2P, buf, buf, count, dtype, RT_OP_SUM, src);
+    return run(pg, &op, true, req);
+}
+
+rt_status rt_all_reduce_algo(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op rop, rt_algo algo) {
+    rt_op op = op_of(RT_K_ALLREDUCE, buf, buf, count, dtype, rop, 0);
+    op.algo = algo;
+    return run(pg, &op, false, NULL);
+}
+rt_status rt_all_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op rop) {
+    rt_op op = op_of(RT_K_ALLREDUCE, buf, buf, count, dtype, rop, 0);
+    op.algo = pg ? pg->algo : RT_ALGO_RING;
+    return run(pg, &op, false, NULL);
+}
+rt_status rt_iall_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op rop, rt_request **req) {
+    rt_op op = op_of(RT_K_ALLREDUCE, buf, buf, count, dtype, rop, 0);
+    op.algo = pg ? pg->algo : RT_ALGO_RING;
+    return run(pg, &op, true, req);
+}
+
+rt_status rt_broadcast(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int root) {
+    rt_op op = op_of(RT_K_BCAST, buf, buf, count, dtype, RT_OP_SUM, root);
+    return run(pg, &op, false, NULL);
+}
+rt_status rt_ibroadcast(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int root, rt_request **req) {
+    rt_op op = op_of(RT_K_BCAST, buf, buf, count, dtype, RT_OP_SUM, root);
+    return run(pg, &op, true, req);
+}
+
+rt_status rt_reduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op rop, int root) {
+    rt_op op = op_of(RT_K_REDUCE, buf, buf, count, dtype, rop, root);
+    return run(pg, &op, false, NULL);
+}
+rt_status rt_ireduce(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, rt_reduce_op rop, int root, rt_request **req) {
+    rt_op op = op_of(RT_K_REDUCE, buf, buf, count, dtype, rop, root);
+    return run(pg, &op, true, req);
+}
+
+rt_status rt_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root) {
+    rt_op op = op_of(RT_K_SCATTER, send, recv, count, dtype, RT_OP_SUM, root);
+    return run(pg, &op, false, NULL);
+}
+rt_status rt_iscatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root,
+                      rt_request **req) {
+    rt_op op = op_of(RT_K_SCATTER, send, recv, count, dtype, RT_OP_SUM, root);
+    return run(pg, &op, true, req);
+}
+
+rt_status rt_gather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root) {
+    rt_op op = op_of(RT_K_GATHER, send, recv, count, dtype, RT_OP_SUM, root);
+    return run(pg, &op, false, NULL);
+}
+rt_status rt_igather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, int root,
+                     rt_request **req) {
+    rt_op op = op_of(RT_K_GATHER, send, recv, count, dtype, RT_OP_SUM, root);
+    return run(pg, &op, true, req);
+}
+
+rt_status rt_all_gather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype) {
+    rt_op op = op_of(RT_K_ALLGATHER, send, recv, count, dtype, RT_OP_SUM, 0);
+    return run(pg, &op, false, NULL);
+}
+rt_status rt_iall_gather(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_request **req) {
+    rt_op op = op_of(RT_K_ALLGATHER, send, recv, count, dtype, RT_OP_SUM, 0);
+    return run(pg, &op, true, req);
+}
+
+rt_status rt_all_gather_list(rt_pg *pg, const void *send, void *const *recv_list, size_t count, rt_dtype dtype) {
+    RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "all_gather: NULL process group");
+    RT_REQUIRE(recv_list != NULL, RT_ERR_INVALID, "all_gather: NULL receive list");
+    RT_REQUIRE(pg->transport != RT_TRANSPORT_NCCL, RT_ERR_UNSUPPORTED,
+               "all_gather (list form) over nccl: use rt_all_gather into one device buffer");
+    size_t es = rt_dtype_size(dtype);
+    RT_REQUIRE(es > 0 && count <= RT_MSG_MAX_BYTES / es / (size_t)pg->size, RT_ERR_INVALID,
+               "all_gather: %zu elements of dtype %d", count, (int)dtype);
+    size_t nb = count * es;
+    size_t total = nb * (size_t)pg->size;
+    uint8_t *tmp = malloc(total ? total : 1);
+    RT_CHECK_ALLOC(tmp, total);
+    rt_status s = rt_all_gather(pg, send, tmp, count, dtype);
+    if (s == RT_OK)
+        for (int i = 0; i < pg->size; i++)
+            if (nb) memcpy(recv_list[i], tmp + (size_t)i * nb, nb);
+    free(tmp);
+    return s;
+}
+
+rt_status rt_reduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op rop) {
+    rt_op op = op_of(RT_K_REDUCE_SCATTER, send, recv, count, dtype, rop, 0);
+    return run(pg, &op, false, NULL);
+}
+rt_status rt_ireduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op rop,
+                             rt_request **req) {
+    rt_op op = op_of(RT_K_REDUCE_SCATTER, send, recv, count, dtype, rop, 0);
+    return run(pg, &op, true, req);
+}
+
+rt_status rt_barrier(rt_pg *pg) {
+    rt_op op = op_of(RT_K_BARRIER, NULL, NULL, 0, RT_I32, RT_OP_SUM, 0);
+    return run(pg, &op, false, NULL);
+}
 rt_status rt_ibarrier(rt_pg *pg, rt_request **req) {
-    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
-    *req = NULL;
-    return barrier_(pg, req);
+    rt_op op = op_of(RT_K_BARRIER, NULL, NULL, 0, RT_I32, RT_OP_SUM, 0);
+    return run(pg, &op, true, req);
 }

@@ -57,10 +57,34 @@ typedef enum rt_algo {
     RT_ALGO_COUNT_
 } rt_algo;
 
+/* Names are lowercase ("shm", "ring"). Parsing is ASCII case-insensitive; an unknown
+ * or NULL name is RT_ERR_INVALID with a message listing the accepted names. */
 const char *rt_transport_name(rt_transport t);
-int rt_transport_parse(const char *text, rt_transport *out);
+rt_status rt_transport_parse(const char *text, rt_transport *out);
 const char *rt_algo_name(rt_algo a);
-int rt_algo_parse(const char *text, rt_algo *out);
+rt_status rt_algo_parse(const char *text, rt_algo *out);
+
+/* Where this process stands in the job, read from the environment before any process
+ * group exists, so that a program picks its device first:
+ *
+ *     rt_dist_env env; RT_CHECK(rt_dist_env_read(&env));
+ *     rt_device dev;   RT_CHECK(rt_device_select("auto", env.local_rank, &dev));
+ *     rt_pg_options o; rt_pg_options_default(&o); o.device = dev;
+ *
+ * Launchers, in this order of precedence (the first one with any of its variables set
+ * gives every field; the others are not read):
+ *   torchrun / ringtrain   RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
+ *   Open MPI (mpirun)      OMPI_COMM_WORLD_RANK _SIZE _LOCAL_RANK _LOCAL_SIZE
+ *   Slurm (srun)           SLURM_PROCID SLURM_NTASKS SLURM_LOCALID SLURM_NTASKS_PER_NODE
+ * A field whose variable is unset is -1. A variable that is set but is not an integer in
+ * range (rank < world size, local rank < local world size) is RT_ERR_INVALID naming the
+ * variable. With no launcher variables at all: RT_OK, launcher NULL, every field -1. */
+typedef struct rt_dist_env {
+    int rank, world_size, local_rank, local_world_size;
+    const char *launcher;    /* "torchrun", "openmpi", "slurm", or NULL: none */
+    const char *rank_source; /* the variable that gave the rank ("RANK", ...), or NULL */
+} rt_dist_env;
+rt_status rt_dist_env_read(rt_dist_env *out);
 
 typedef struct rt_pg_options {
     const char *init_method; /* "env://" (default), "tcp://host:port", "file:///path" */
@@ -70,7 +94,9 @@ typedef struct rt_pg_options {
     double timeout_s; /* every blocking call; default 300 */
     /* where the buffers live (rt_pg_set_buffer_device). With a CUDA device and transport
      * auto, the group uses nccl when every rank has its own GPU, else shm/tcp with
-     * staging through pinned host memory. Default: the CPU. */
+     * staging through pinned host memory. The nccl transport runs on this GPU (pick it
+     * with rt_device_select(want, env.local_rank, ...), see rt_dist_env_read). Default:
+     * the CPU. */
     rt_device device;
 } rt_pg_options;
 

@@ -1,5 +1,6 @@
 /* The progress engine (see engine.h). */
-#include "dist/engine.h"
+#include "dist/internal/engine.h"
+#include "dist/internal/names.h"
 #include "core/spin.h"
 
 #include "core/log.h"
@@ -14,8 +15,6 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-static const char *kind_name(uint16_t k);
 
 rt_status rt_engine_init(rt_engine *e, int rank, int world) {
     memset(e, 0, sizeof *e);
@@ -229,8 +228,8 @@ static rt_status bad_header(rt_xfer *x, const rt_msg_hdr *got) {
     return RT_ERROR(RT_ERR_PEER,
                     "peer rank %d sent %s (group %u, op #%u, %llu bytes) but this rank expected %s (group %u, op #%u, "
                     "%llu bytes): the ranks called different operations or sizes",
-                    x->ch->peer, kind_name(got->kind), got->group, got->seq, (unsigned long long)got->nbytes,
-                    kind_name(x->hdr.kind), x->hdr.group, x->hdr.seq, (unsigned long long)x->hdr.nbytes);
+                    x->ch->peer, rt_comm_kind_name(got->kind), got->group, got->seq, (unsigned long long)got->nbytes,
+                    rt_comm_kind_name(x->hdr.kind), x->hdr.group, x->hdr.seq, (unsigned long long)x->hdr.nbytes);
 }
 
 static void reduce_into(rt_xfer *x, uint8_t *dst, const uint8_t *src, size_t n_elem) {
@@ -449,7 +448,6 @@ static void wait_tcp(rt_engine *e, int max_ms) {
     for (int i = 0; i < e->world; i++) e->ch[i].send_blocked = false;
 }
 
-
 #define SPIN_PASSES 30 /* progress passes spun (lock held) before yielding */
 /* ...and at least this long (RINGTRAIN_SHM_SPIN_US): a peer on the other core answers
  * within a microsecond, and yielding early hands the core to other processes */
@@ -642,10 +640,4 @@ rt_status rt_req_test(rt_request *r, bool *done) {
     pthread_mutex_unlock(&e->mu);
     if (st != RT_OK) rt_error_restore(&rec);
     return st;
-}
-
-static const char *kind_name(uint16_t k) {
-    static const char *const names[] = {"?",       "send/recv", "broadcast",  "reduce",         "all_reduce",
-                                        "scatter", "gather",    "all_gather", "reduce_scatter", "barrier"};
-    return k < sizeof names / sizeof names[0] ? names[k] : "unknown operation";
 }

@@ -1,10 +1,10 @@
-/* Process groups: init (rendezvous, token, tcp mesh, shm rings), sub-groups,
- * point-to-point and requests. */
-#include "dist/pg_internal.h"
+/* Process groups: init (rendezvous, token, tcp mesh, shm rings), sub-groups and
+ * requests. The operations themselves are in collectives.c. */
+#include "dist/internal/pg_internal.h"
 
 #include "core/log.h"
 #include "core/timer.h"
-#include "dist/sock.h"
+#include "dist/internal/sock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,28 +16,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static const char *const k_transports[RT_TRANSPORT_COUNT_] = {"auto", "tcp", "shm", "nccl"};
-static const char *const k_algos[RT_ALGO_COUNT_] = {"ring", "naive", "rsag", "nccl"};
-
-const char *rt_transport_name(rt_transport t) { return (unsigned)t < RT_TRANSPORT_COUNT_ ? k_transports[t] : "?"; }
-const char *rt_algo_name(rt_algo a) { return (unsigned)a < RT_ALGO_COUNT_ ? k_algos[a] : "?"; }
-int rt_transport_parse(const char *text, rt_transport *out) {
-    for (int i = 0; i < RT_TRANSPORT_COUNT_; i++)
-        if (strcmp(text, k_transports[i]) == 0) {
-            *out = (rt_transport)i;
-            return 0;
-        }
-    return -1;
-}
-int rt_algo_parse(const char *text, rt_algo *out) {
-    for (int i = 0; i < RT_ALGO_COUNT_; i++)
-        if (strcmp(text, k_algos[i]) == 0) {
-            *out = (rt_algo)i;
-            return 0;
-        }
-    return -1;
-}
 
 void rt_pg_options_default(rt_pg_options *o) {
     memset(o, 0, sizeof *o);
@@ -684,61 +662,6 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
     return RT_OK;
 }
 
-/* ---- point-to-point ---- */
-
-static rt_status p2p(rt_pg *pg, bool is_send, void *buf, size_t count, rt_dtype dtype, int peer, rt_request **out) {
-    const char *op = is_send ? (out ? "isend" : "send") : (out ? "irecv" : "recv");
-    RT_REQUIRE(peer >= 0 && peer < pg->size && peer != pg->rank, RT_ERR_INVALID,
-               "%s: peer rank %d is not another rank of the group (size %d, this rank %d)", op, peer, pg->size,
-               pg->rank);
-    size_t es = rt_dtype_size(dtype);
-    RT_REQUIRE(es > 0 && count <= RT_MSG_MAX_BYTES / es, RT_ERR_INVALID, "%s: %zu elements of dtype %d", op, count,
-               (int)dtype);
-    RT_REQUIRE(buf || count == 0, RT_ERR_INVALID, "%s: NULL buffer", op);
-    rt_request *r;
-    if (pg->transport == RT_TRANSPORT_NCCL) { /* blocking on the GPU stream; a request that is already done */
-        RT_CHECK(rt_nccl_p2p(pg, is_send, buf, count, dtype, peer));
-        if (!out) return RT_OK;
-        RT_CHECK(rt_req_new(&pg->w->eng, op, pg->id, pg->timeout_s, 0, &r));
-        RT_CHECK(rt_req_submit(r, false));
-        *out = r;
-        return RT_OK;
-    }
-    RT_REQUIRE(pg->buf_device.kind == RT_DEVICE_CPU, RT_ERR_UNSUPPORTED,
-               "%s: device buffers over tcp/shm: only all_reduce and broadcast stage through host memory", op);
-    RT_CHECK(rt_req_new(&pg->w->eng, op, pg->id, pg->timeout_s, 1, &r));
-    int wp = pg->ranks[peer];
-    if (is_send)
-        rt_req_send(r, wp, buf, count * es, RT_K_P2P, 0, NULL, false);
-    else
-        rt_req_recv(r, wp, buf, count * es, RT_K_P2P, 0, -1, dtype, 0, NULL, false);
-    rt_status s = rt_req_submit(r, out != NULL);
-    if (s == RT_OK && !out) s = rt_req_wait(r);
-    if (s != RT_OK || !out) {
-        rt_req_free(r);
-        return s;
-    }
-    *out = r;
-    return RT_OK;
-}
-
-rt_status rt_send(rt_pg *pg, const void *buf, size_t count, rt_dtype dtype, int dst) {
-    return p2p(pg, true, (void *)buf, count, dtype, dst, NULL);
-}
-rt_status rt_recv(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int src) {
-    return p2p(pg, false, buf, count, dtype, src, NULL);
-}
-rt_status rt_isend(rt_pg *pg, const void *buf, size_t count, rt_dtype dtype, int dst, rt_request **req) {
-    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
-    *req = NULL;
-    return p2p(pg, true, (void *)buf, count, dtype, dst, req);
-}
-rt_status rt_irecv(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int src, rt_request **req) {
-    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "%s: NULL request pointer", __func__);
-    *req = NULL;
-    return p2p(pg, false, buf, count, dtype, src, req);
-}
-
 rt_status rt_wait(rt_request *req) {
     RT_REQUIRE(req != NULL, RT_ERR_INVALID, "rt_wait: NULL request");
     rt_status s = rt_req_wait(req);
@@ -766,13 +689,8 @@ rt_status rt_pg_nccl_init(rt_pg *pg) {
     return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
 }
 void rt_pg_nccl_destroy(rt_pg_world *w) { (void)w; }
-rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
-                       int root) {
-    (void)pg, (void)kind, (void)send, (void)recv, (void)count, (void)dtype, (void)op, (void)root;
-    return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
-}
-rt_status rt_nccl_p2p(rt_pg *pg, bool is_send, void *buf, size_t count, rt_dtype dtype, int peer) {
-    (void)pg, (void)is_send, (void)buf, (void)count, (void)dtype, (void)peer;
+rt_status rt_nccl_run(rt_pg *pg, const rt_op *op) {
+    (void)pg, (void)op;
     return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
 }
 #endif

@@ -3,6 +3,7 @@
 #pragma GCC optimize("O3")
 #endif
 #include "dist/reduce.h"
+#include "dist/internal/names.h"
 
 #include <string.h>
 
@@ -10,13 +11,11 @@ static const char *const k_ops[RT_OP_COUNT_] = {"sum", "avg", "product", "min", 
 
 const char *rt_reduce_op_name(rt_reduce_op op) { return (unsigned)op < RT_OP_COUNT_ ? k_ops[op] : "?"; }
 
-int rt_reduce_op_parse(const char *text, rt_reduce_op *out) {
-    for (int i = 0; i < RT_OP_COUNT_; i++)
-        if (strcasecmp(text, k_ops[i]) == 0) {
-            *out = (rt_reduce_op)i;
-            return 0;
-        }
-    return -1;
+rt_status rt_reduce_op_parse(const char *text, rt_reduce_op *out) {
+    int i = 0;
+    RT_CHECK(rt_dist_name_parse("reduce op", k_ops, RT_OP_COUNT_, text, &i));
+    *out = (rt_reduce_op)i;
+    return RT_OK;
 }
 
 int rt_reduce_dtype_ok(rt_dtype t) { return t == RT_F32 || t == RT_F64 || t == RT_I32 || t == RT_I64; }

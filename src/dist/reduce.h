@@ -15,7 +15,8 @@ extern "C" {
 typedef enum rt_reduce_op { RT_OP_SUM = 0, RT_OP_AVG, RT_OP_PRODUCT, RT_OP_MIN, RT_OP_MAX, RT_OP_COUNT_ } rt_reduce_op;
 
 const char *rt_reduce_op_name(rt_reduce_op op); /* "sum", ... */
-int rt_reduce_op_parse(const char *text, rt_reduce_op *out);
+/* Case-insensitive; an unknown name is RT_ERR_INVALID listing the accepted ones. */
+rt_status rt_reduce_op_parse(const char *text, rt_reduce_op *out);
 /* f32 f64 i32 i64 are reducible. */
 int rt_reduce_dtype_ok(rt_dtype t);
 

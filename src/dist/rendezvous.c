@@ -1,10 +1,11 @@
 /* Rendezvous: init-method parsing, launcher environment variables, store hosting and
  * connection (see rendezvous.h for the rules). */
-#include "dist/rendezvous.h"
+#include "dist/internal/rendezvous.h"
+#include "dist/dist.h"
 
 #include "core/log.h"
 #include "core/timer.h"
-#include "dist/sock.h"
+#include "dist/internal/sock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,39 +31,21 @@ static rt_status parse_int(const char *name, const char *text, int lo, int hi, i
     return RT_OK;
 }
 
-static rt_status env_int(const char *name, int lo, int hi, int *out, bool *found) {
-    const char *v = env(name);
-    *found = v != NULL;
-    if (!v) return RT_OK;
-    return parse_int(name, v, lo, hi, out);
-}
-
 rt_status rt_rdzv_parse(const char *init_method, int rank, int world, rt_rdzv *out) {
     memset(out, 0, sizeof *out);
     if (!init_method || !*init_method) init_method = "env://";
-    /* rank / world size */
-    static const char *const pairs[][3] = {
-        {"RANK", "WORLD_SIZE", "LOCAL_RANK"},
-        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
-    };
+    /* rank / world size: the arguments, else the launcher's variables */
+    rt_dist_env de;
+    RT_CHECK(rt_dist_env_read(&de));
     out->rank = rank;
     out->world = world;
-    out->local_rank = -1;
+    out->local_rank = de.local_rank;
     out->rank_source = "arguments";
-    for (int i = 0; i < 3; i++) {
-        bool fr = false, fw = false, fl = false;
-        int r = -1, w = -1, l = -1;
-        RT_CHECK(env_int(pairs[i][0], 0, 1 << 20, &r, &fr));
-        RT_CHECK(env_int(pairs[i][1], 1, 1 << 20, &w, &fw));
-        RT_CHECK(env_int(pairs[i][2], 0, 1 << 20, &l, &fl));
-        if (fr && out->rank < 0) {
-            out->rank = r;
-            out->rank_source = pairs[i][0];
-        }
-        if (fw && out->world < 0) out->world = w;
-        if (fl && out->local_rank < 0) out->local_rank = l;
+    if (out->rank < 0 && de.rank >= 0) {
+        out->rank = de.rank;
+        out->rank_source = de.rank_source;
     }
+    if (out->world < 0) out->world = de.world_size;
     if (out->rank < 0 || out->world < 0)
         return RT_ERROR(RT_ERR_INVALID,
                         "rendezvous: rank/world size unknown: pass them, or set RANK and WORLD_SIZE (torchrun), "

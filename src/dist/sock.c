@@ -1,5 +1,5 @@
 /* TCP socket helpers (see sock.h). */
-#include "dist/sock.h"
+#include "dist/internal/sock.h"
 
 #include "core/timer.h"
 

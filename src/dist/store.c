@@ -3,8 +3,8 @@
 
 #include "core/log.h"
 #include "core/timer.h"
-#include "dist/sock.h"
-#include "dist/wire.h"
+#include "dist/internal/sock.h"
+#include "dist/internal/wire.h"
 
 #include <errno.h>
 #include <fcntl.h>

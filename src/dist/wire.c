@@ -1,5 +1,5 @@
 /* Wire formats: encoders and length-checked parsers (see wire.h). */
-#include "dist/wire.h"
+#include "dist/internal/wire.h"
 
 #include <string.h>
 

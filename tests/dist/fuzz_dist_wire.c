@@ -3,9 +3,9 @@
  * store server fed the same bytes over a real socket (frames are handled, replies
  * sent, malformed clients dropped; the server must neither crash nor hang). */
 #include "core/timer.h"
-#include "dist/sock.h"
+#include "dist/internal/sock.h"
 #include "dist/store.h"
-#include "dist/wire.h"
+#include "dist/internal/wire.h"
 
 #include <poll.h>
 #include <stdint.h>

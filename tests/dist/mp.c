@@ -1,15 +1,13 @@
-/* Multi-process test harness (see mp.h). */
+/* Multi-process test harness (see mp.h): a thin wrapper over the launcher's fork form. */
 #include "mp.h"
 
+#include "dist/launch.h"
+
 #include <arpa/inet.h>
-#include <errno.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 int mp_free_port(void) {
@@ -28,59 +26,53 @@ int mp_free_port(void) {
     return port;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+typedef struct mp_call {
+    mp_fn fn;
+    void *arg;
+} mp_call;
+
+/* The rank's body sees the test process's environment: the launcher's variables are
+ * read (world size, port) and removed, so that tests of other launchers' variables
+ * (Open MPI, Slurm, torchrun's agent store) still test exactly those. */
+static int mp_rank(int local_rank, void *p) {
+    const mp_call *c = p;
+    const char *w = getenv("WORLD_SIZE"), *port = getenv("MASTER_PORT");
+    int world = w ? atoi(w) : 0, prt = port ? atoi(port) : 0;
+    static const char *const launcher_vars[] = {"RANK",       "WORLD_SIZE",  "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
+                                                "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "RINGTRAIN_JOB_TOKEN"};
+    for (size_t i = 0; i < sizeof launcher_vars / sizeof *launcher_vars; i++) unsetenv(launcher_vars[i]);
+    return c->fn(local_rank, world, prt, c->arg);
 }
 
 int mp_run(int world, mp_fn fn, void *arg, double limit_s, int *codes) {
-    int port = mp_free_port();
-    pid_t pids[64];
     int local[64];
-    if (world > 64) return world;
+    if (world < 1 || world > 64) return world;
     if (!codes) codes = local;
-    fflush(stdout);
-    fflush(stderr);
+    rt_launch_options o;
+    rt_launch_options_default(&o);
+    o.nproc = world;
+    o.keep_going = true; /* tests kill ranks on purpose and check what the survivors report */
+    o.timeout_s = limit_s;
+    o.grace_s = 2;
+    mp_call c = {fn, arg};
+    rt_launch_result res;
+    rt_status s = rt_launch_fork(&o, mp_rank, &c, &res);
+    if (!res.ranks) {
+        fprintf(stderr, "mp_run: %s\n", rt_error_message());
+        return world;
+    }
+    if (s != RT_OK && res.timed_out) fprintf(stderr, "mp_run: %s\n", rt_error_message());
+    int failed = 0;
     for (int r = 0; r < world; r++) {
-        pid_t p = fork();
-        if (p == 0) {
-            int rc = fn(r, world, port, arg);
-            fflush(stdout);
-            fflush(stderr);
-            _exit(rc);
-        }
-        pids[r] = p;
-        codes[r] = -1;
+        codes[r] = rt_launch_rank_code(&res.ranks[r]);
+        failed += codes[r] != 0;
     }
-    int left = world, failed = 0;
-    double t0 = now_s();
-    while (left > 0) {
-        int st;
-        pid_t p = waitpid(-1, &st, WNOHANG);
-        if (p > 0) {
-            for (int r = 0; r < world; r++)
-                if (pids[r] == p) {
-                    codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-                    if (codes[r] != 0) failed++;
-                    left--;
-                }
-            continue;
-        }
-        if (now_s() - t0 > limit_s) {
-            fprintf(stderr, "mp_run: ranks still running after %.0f s: killing them\n", limit_s);
-            for (int r = 0; r < world; r++)
-                if (codes[r] < 0) kill(pids[r], SIGKILL);
-            limit_s = 1e9;
-        }
-        struct timespec ts = {0, 2000000};
-        nanosleep(&ts, NULL);
-    }
+    rt_launch_result_free(&res);
     return failed;
 }
 
-void mp_pg_options(rt_pg_options *o, char method[MP_METHOD_LEN], int rank, int world, int port,
-                   rt_transport transport, double timeout_s) {
+void mp_pg_options(rt_pg_options *o, char method[MP_METHOD_LEN], int rank, int world, int port, rt_transport transport,
+                   double timeout_s) {
     rt_pg_options_default(o);
     snprintf(method, MP_METHOD_LEN, "tcp://127.0.0.1:%d", port);
     o->init_method = method;

@@ -9,6 +9,7 @@
 #include "dist/dist.h"
 #include "mp.h"
 
+#include <cuda_runtime.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -97,6 +98,45 @@ static int body(int rank, int world, int port, void *arg) {
     return 0;
 }
 
+/* The communicator runs on the group's device, the one the program chose (not a guess
+ * of its own from the local rank): local rank 0 asking for the last GPU gets NCCL there,
+ * even when another GPU is current when the group is created. */
+static int on_chosen_device(int rank, int world, int port, void *arg) {
+    (void)arg;
+    char method[MP_METHOD_LEN];
+    rt_pg_options o;
+    mp_pg_options(&o, method, rank, world, port, RT_TRANSPORT_NCCL, 60);
+    setenv("LOCAL_RANK", "0", 1);
+    char want[32];
+    snprintf(want, sizeof want, "cuda:%d", g_gpus - 1);
+    rt_device dev;
+    MP_OK(rt_device_select(want, 0, &dev));
+    MP_CHECK(dev.index == g_gpus - 1, "selected cuda:%d", dev.index);
+    MP_OK(rt_device_set_current(rt_device_cuda(0))); /* something else is current */
+    o.device = dev;
+    rt_pg *pg;
+    MP_OK(rt_pg_init(&o, &pg));
+    MP_OK(rt_pg_set_buffer_device(pg, dev));
+    float h[4] = {1, 2, 3, 4}, *d = NULL;
+    MP_OK(rt_malloc(dev, sizeof h, (void **)&d));
+    MP_OK(rt_memcpy(d, dev, h, rt_device_cpu(), sizeof h, NULL));
+    MP_OK(rt_all_reduce(pg, d, 4, RT_F32, RT_OP_SUM));
+    int cur = -1;
+    MP_CHECK(cudaGetDevice(&cur) == cudaSuccess && cur == g_gpus - 1, "NCCL ran on GPU %d, the group's is %d", cur,
+             g_gpus - 1);
+    MP_OK(rt_memcpy(h, rt_device_cpu(), d, dev, sizeof h, NULL));
+    MP_CHECK(h[0] == 1 && h[3] == 4, "all_reduce of one rank changed the data: %g", h[0]);
+    rt_free(dev, d);
+    rt_pg_destroy(pg);
+    return 0;
+}
+
+static void nccl_on_chosen_device(void **s) {
+    (void)s;
+    int codes[1];
+    assert_int_equal(mp_run(1, on_chosen_device, NULL, 120, codes), 0);
+}
+
 static void run_expect(rt_transport t, int world, int refusal, int expect) {
     cfg c = {t, refusal, expect};
     int codes[4];
@@ -142,7 +182,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(shared_gpu_staged), cmocka_unit_test(nccl_one_rank), cmocka_unit_test(nccl_shared_gpu_refused),
-        cmocka_unit_test(nccl_two_gpus),     cmocka_unit_test(auto_picks),
+        cmocka_unit_test(nccl_two_gpus),     cmocka_unit_test(auto_picks),    cmocka_unit_test(nccl_on_chosen_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

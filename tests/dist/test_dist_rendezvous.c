@@ -6,8 +6,8 @@
 #include "../test_util.h"
 #include "core/timer.h"
 #include "dist/dist.h"
-#include "dist/wire.h"
-#include "dist/sock.h"
+#include "dist/internal/wire.h"
+#include "dist/internal/sock.h"
 #include "mp.h"
 
 #include <string.h>

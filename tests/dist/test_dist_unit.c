@@ -4,10 +4,11 @@
  * from a raw socket do not crash it), rendezvous variable parsing, reduce kernels. */
 #include "../test_util.h"
 #include "dist/dist.h"
-#include "dist/rendezvous.h"
-#include "dist/sock.h"
+#include "dist/internal/pg_internal.h"
+#include "dist/internal/rendezvous.h"
+#include "dist/internal/sock.h"
 #include "dist/store.h"
-#include "dist/wire.h"
+#include "dist/internal/wire.h"
 #include "core/timer.h"
 
 #include <string.h>
@@ -251,16 +252,50 @@ static void reduce_kernels(void **s) {
     double d[2] = {1, 3};
     rt_reduce_div(d, 2, RT_F64, 4);
     assert_true(d[0] == 0.25 && d[1] == 0.75);
-    rt_reduce_op op;
-    assert_int_equal(rt_reduce_op_parse("avg", &op), 0);
+}
+
+/* Every *_parse: case-insensitive, returns rt_status, an unknown name lists the
+ * accepted ones (from the table, so the list cannot drift). */
+static void parse_names(void **s) {
+    (void)s;
+    rt_reduce_op op = RT_OP_SUM;
+    assert_rt_ok(rt_reduce_op_parse("avg", &op));
     assert_int_equal(op, RT_OP_AVG);
-    assert_int_equal(rt_reduce_op_parse("mean", &op), -1);
+    assert_rt_ok(rt_reduce_op_parse("MaX", &op));
+    assert_int_equal(op, RT_OP_MAX);
+    assert_int_equal(rt_reduce_op_parse("mean", &op), RT_ERR_INVALID);
+    assert_int_equal(op, RT_OP_MAX); /* unchanged on error */
+    assert_non_null(strstr(rt_error_message(), "unknown reduce op 'mean' (expected sum | avg | product | min | max)"));
+    assert_int_equal(rt_reduce_op_parse(NULL, &op), RT_ERR_INVALID);
     rt_algo al;
-    assert_int_equal(rt_algo_parse("rsag", &al), 0);
+    assert_rt_ok(rt_algo_parse("rsag", &al));
     assert_int_equal(al, RT_ALGO_RSAG);
+    assert_rt_ok(rt_algo_parse("RING", &al));
+    assert_int_equal(al, RT_ALGO_RING);
+    assert_int_equal(rt_algo_parse("tree", &al), RT_ERR_INVALID);
+    assert_non_null(strstr(rt_error_message(), "unknown algorithm 'tree' (expected ring | naive | rsag | nccl)"));
     rt_transport tr;
-    assert_int_equal(rt_transport_parse("shm", &tr), 0);
+    assert_rt_ok(rt_transport_parse("shm", &tr));
     assert_int_equal(tr, RT_TRANSPORT_SHM);
+    assert_rt_ok(rt_transport_parse("Tcp", &tr));
+    assert_int_equal(tr, RT_TRANSPORT_TCP);
+    assert_int_equal(rt_transport_parse("carrier-pigeon", &tr), RT_ERR_INVALID);
+    assert_non_null(
+        strstr(rt_error_message(), "unknown transport 'carrier-pigeon' (expected auto | tcp | shm | nccl)"));
+    /* every name of every table parses back to itself */
+    for (int i = 0; i < RT_TRANSPORT_COUNT_; i++) {
+        assert_rt_ok(rt_transport_parse(rt_transport_name((rt_transport)i), &tr));
+        assert_int_equal(tr, i);
+    }
+    for (int i = 0; i < RT_ALGO_COUNT_; i++) {
+        assert_rt_ok(rt_algo_parse(rt_algo_name((rt_algo)i), &al));
+        assert_int_equal(al, i);
+    }
+    for (int i = 0; i < RT_OP_COUNT_; i++) {
+        assert_rt_ok(rt_reduce_op_parse(rt_reduce_op_name((rt_reduce_op)i), &op));
+        assert_int_equal(op, i);
+    }
+    rt_error_clear();
 }
 
 /* timeouts that would make the deadline arithmetic undefined are refused up front */
@@ -294,11 +329,157 @@ static void async_null_request(void **state) {
     rt_error_clear();
 }
 
+static const char *const k_env_vars[] = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE",
+};
+static void env_clear(void) {
+    for (size_t i = 0; i < sizeof k_env_vars / sizeof *k_env_vars; i++) unsetenv(k_env_vars[i]);
+}
+static void env_set4(const char *a, const char *b, const char *c, const char *d, const char *va, const char *vb,
+                     const char *vc, const char *vd) {
+    setenv(a, va, 1);
+    setenv(b, vb, 1);
+    setenv(c, vc, 1);
+    setenv(d, vd, 1);
+}
+
+/* rt_dist_env_read: each launcher's variables, their precedence, bad values (an error
+ * naming the variable), and the rendezvous reading the same code. */
+static void dist_env(void **s) {
+    (void)s;
+    env_clear();
+    rt_dist_env e;
+    assert_rt_ok(rt_dist_env_read(&e)); /* no launcher: every field unknown */
+    assert_null(e.launcher);
+    assert_null(e.rank_source);
+    assert_true(e.rank == -1 && e.world_size == -1 && e.local_rank == -1 && e.local_world_size == -1);
+    /* Slurm */
+    env_set4("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "5", "8", "1", "4");
+    assert_rt_ok(rt_dist_env_read(&e));
+    assert_string_equal(e.launcher, "slurm");
+    assert_string_equal(e.rank_source, "SLURM_PROCID");
+    assert_true(e.rank == 5 && e.world_size == 8 && e.local_rank == 1 && e.local_world_size == 4);
+    /* Open MPI wins over Slurm (mpirun inside an allocation) */
+    env_set4("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+             "3", "4", "1", "2");
+    setenv("SLURM_PROCID", "garbage", 1); /* not read: a launcher above it is present */
+    assert_rt_ok(rt_dist_env_read(&e));
+    assert_string_equal(e.launcher, "openmpi");
+    assert_string_equal(e.rank_source, "OMPI_COMM_WORLD_RANK");
+    assert_true(e.rank == 3 && e.world_size == 4 && e.local_rank == 1 && e.local_world_size == 2);
+    /* torchrun (and ringtrain's launcher) win over both; no field mixes launchers */
+    setenv("RANK", "2", 1);
+    setenv("WORLD_SIZE", "6", 1);
+    assert_rt_ok(rt_dist_env_read(&e));
+    assert_string_equal(e.launcher, "torchrun");
+    assert_string_equal(e.rank_source, "RANK");
+    assert_true(e.rank == 2 && e.world_size == 6 && e.local_rank == -1 && e.local_world_size == -1);
+    setenv("LOCAL_RANK", "1", 1);
+    setenv("LOCAL_WORLD_SIZE", "3", 1);
+    assert_rt_ok(rt_dist_env_read(&e));
+    assert_true(e.local_rank == 1 && e.local_world_size == 3);
+    /* bad values name the variable */
+    const struct {
+        const char *var, *value, *says;
+    } bad[] = {
+        {"RANK", "abc", "RANK='abc'"},
+        {"RANK", "1x", "RANK='1x'"},
+        {"RANK", "-1", "RANK='-1'"},
+        {"RANK", "99999999999", "RANK='99999999999'"},
+        {"WORLD_SIZE", "0", "WORLD_SIZE='0'"},
+        {"LOCAL_RANK", " ", "LOCAL_RANK=' '"},
+        {"RANK", "6", "RANK=6 is out of range for WORLD_SIZE=6"},
+        {"LOCAL_RANK", "3", "LOCAL_RANK=3 is out of range for LOCAL_WORLD_SIZE=3"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char keep[64];
+        snprintf(keep, sizeof keep, "%s", getenv(bad[i].var));
+        setenv(bad[i].var, bad[i].value, 1);
+        assert_int_equal(rt_dist_env_read(&e), RT_ERR_INVALID);
+        if (!strstr(rt_error_message(), bad[i].says))
+            fail_msg("%s=%s: %s", bad[i].var, bad[i].value, rt_error_message());
+        /* the rendezvous reads the same code */
+        rt_rdzv r;
+        assert_int_equal(rt_rdzv_parse("tcp://127.0.0.1:1234", -1, -1, &r), RT_ERR_INVALID);
+        assert_non_null(strstr(rt_error_message(), bad[i].says));
+        setenv(bad[i].var, keep, 1);
+    }
+    rt_rdzv r;
+    assert_rt_ok(rt_rdzv_parse("tcp://127.0.0.1:1234", -1, -1, &r));
+    assert_true(r.rank == 2 && r.world == 6 && r.local_rank == 1);
+    /* an empty variable counts as unset */
+    env_clear();
+    setenv("RANK", "", 1);
+    setenv("SLURM_PROCID", "1", 1);
+    assert_rt_ok(rt_dist_env_read(&e));
+    assert_string_equal(e.launcher, "slurm");
+    assert_int_equal(e.rank, 1);
+    assert_int_equal(e.world_size, -1);
+    env_clear();
+    rt_error_clear();
+}
+
+/* The shared submit path frees the request whatever fails. With the engine broken every
+ * submission fails; a request left behind is a leak that LeakSanitizer reports under
+ * `make test-asan` (this test runs there: label unit). */
+static void submit_failure_frees_request(void **s) {
+    (void)s;
+    env_clear();
+    int lfd = -1, port = 0;
+    assert_rt_ok(rt_sock_listen("127.0.0.1", 0, &lfd, &port));
+    close(lfd);
+    char method[64];
+    snprintf(method, sizeof method, "tcp://127.0.0.1:%d", port);
+    rt_pg_options o;
+    rt_pg_options_default(&o);
+    o.init_method = method;
+    o.rank = 0;
+    o.world_size = 1;
+    o.transport = RT_TRANSPORT_TCP;
+    o.timeout_s = 10;
+    rt_pg *pg = NULL;
+    assert_rt_ok(rt_pg_init(&o, &pg));
+    float buf[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[8];
+    rt_request *req = NULL;
+    assert_rt_ok(rt_iall_reduce(pg, buf, 8, RT_F32, RT_OP_SUM, &req)); /* a working group first */
+    assert_rt_ok(rt_wait(req));
+    rt_engine *e = &pg->w->eng;
+    e->broken = true;
+    e->err.status = RT_ERR_PEER;
+    snprintf(e->err.msg, sizeof e->err.msg, "broken on purpose by the test");
+    req = (rt_request *)&req; /* any non-NULL value: must come back NULL */
+    assert_int_equal(rt_iall_reduce(pg, buf, 8, RT_F32, RT_OP_SUM, &req), RT_ERR_PEER);
+    assert_null(req);
+    assert_non_null(strstr(rt_error_message(), "broken on purpose"));
+    req = (rt_request *)&req;
+    assert_int_equal(rt_ibarrier(pg, &req), RT_ERR_PEER);
+    assert_null(req);
+    assert_int_equal(rt_iall_gather(pg, buf, out, 8, RT_F32, &req), RT_ERR_PEER);
+    assert_int_equal(rt_ireduce_scatter(pg, buf, out, 8, RT_F32, RT_OP_SUM, &req), RT_ERR_PEER); /* with scratch */
+    assert_int_equal(rt_all_reduce(pg, buf, 8, RT_F32, RT_OP_SUM), RT_ERR_PEER);
+    assert_int_equal(rt_broadcast(pg, buf, 8, RT_F32, 0), RT_ERR_PEER);
+    rt_pg_destroy(pg);
+    rt_error_clear();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(store_frames), cmocka_unit_test(hello_and_header), cmocka_unit_test(store_roundtrip),
-        cmocka_unit_test(rdzv_env),     cmocka_unit_test(reduce_kernels),   cmocka_unit_test(bad_timeout),
-        cmocka_unit_test(async_null_request),
+        cmocka_unit_test(store_frames),       cmocka_unit_test(hello_and_header),
+        cmocka_unit_test(store_roundtrip),    cmocka_unit_test(rdzv_env),
+        cmocka_unit_test(reduce_kernels),     cmocka_unit_test(bad_timeout),
+        cmocka_unit_test(async_null_request), cmocka_unit_test(parse_names),
+        cmocka_unit_test(dist_env),           cmocka_unit_test(submit_failure_frees_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,8 @@
 /* The nccl transport (CUDA builds): device buffers on distinct GPUs.
  *
- * Each rank takes GPU local_rank % device_count; the ranks publish (host, PCI bus id)
+ * Each rank runs on the group's buffer device (rt_pg_options.device, chosen by the
+ * program, e.g. rt_device_select(want, local_rank)): the model and the communicator
+ * share one GPU, never a guess of the transport's own. The ranks publish (host, PCI bus id)
  * through the store and refuse to start when two share a GPU (NCCL cannot; use tcp or
  * shm, which stage device buffers through pinned host memory). Rank 0's ncclUniqueId
  * travels through the store. The communicator is non-blocking, so that every wait can
@@ -12,7 +14,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/log.h"
 #include "core/timer.h"
-#include "dist/pg_internal.h"
+#include "dist/internal/pg_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,10 +140,13 @@ rt_status rt_pg_nccl_init(rt_pg *pg) {
     int rank = w->eng.rank, world = w->eng.world;
     int ndev = 0;
     RT_CHECK(rt_cuda_device_count(&ndev));
+    RT_REQUIRE(pg->buf_device.kind == RT_DEVICE_CUDA && pg->buf_device.index >= 0 && pg->buf_device.index < ndev,
+               RT_ERR_INVALID, "transport nccl: the group's device must be a GPU of this host (cuda:0..%d), got %s",
+               ndev - 1, pg->buf_device.kind == RT_DEVICE_CUDA ? "another index" : "the CPU");
     nccl_state *st = calloc(1, sizeof *st);
     RT_CHECK_ALLOC(st, sizeof *st);
     w->nccl = st;
-    st->device = w->rdzv.local_rank % ndev;
+    st->device = pg->buf_device.index;
     RT_CHECK_CUDA(cudaSetDevice(st->device));
     /* one GPU per rank */
     char me[400], bus[64] = "", key[64];
@@ -205,14 +210,17 @@ static rt_status precheck(rt_pg *pg, const char *op) {
     return RT_OK;
 }
 
-rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
-                       int root) {
-    static const char *const names[] = {"?",       "p2p",    "broadcast",  "reduce",         "all_reduce",
-                                        "scatter", "gather", "all_gather", "reduce_scatter", "barrier"};
-    const char *name = kind > 0 && kind <= RT_K_BARRIER ? names[kind] : "?";
+rt_status rt_nccl_run(rt_pg *pg, const rt_op *o) {
+    const char *name = rt_comm_op_name(o->kind, o->is_send);
+    int kind = o->kind, root = o->root;
+    const void *send = o->send;
+    void *recv = o->recv;
+    size_t count = o->count;
+    rt_dtype dtype = o->dtype;
+    rt_reduce_op op = o->rop;
     RT_CHECK(precheck(pg, name));
     nccl_state *st = st_of(pg);
-    ncclDataType_t dt;
+    ncclDataType_t dt = ncclFloat32;
     RT_CHECK(dtype_of(dtype, &dt));
     uint64_t deadline = rt_now_ns() + (uint64_t)(pg->timeout_s * 1e9);
     size_t nb = count * rt_dtype_size(dtype);
@@ -260,22 +268,14 @@ rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t
     case RT_K_BARRIER:
         NCCL_ENQ(pg, name, ncclAllReduce(st->flag_dev, st->flag_dev, 1, ncclInt32, ncclSum, st->comm, st->stream));
         break;
+    case RT_K_P2P:
+        if (o->is_send)
+            NCCL_ENQ(pg, name, ncclSend(send, count, dt, root, st->comm, st->stream));
+        else
+            NCCL_ENQ(pg, name, ncclRecv(recv, count, dt, root, st->comm, st->stream));
+        break;
     default:
         return RT_ERROR(RT_ERR_INVALID, "nccl: operation %d", kind);
     }
-    return wait_stream(pg, name, deadline);
-}
-
-rt_status rt_nccl_p2p(rt_pg *pg, bool is_send, void *buf, size_t count, rt_dtype dtype, int peer) {
-    const char *name = is_send ? "send" : "recv";
-    RT_CHECK(precheck(pg, name));
-    nccl_state *st = st_of(pg);
-    ncclDataType_t dt;
-    RT_CHECK(dtype_of(dtype, &dt));
-    uint64_t deadline = rt_now_ns() + (uint64_t)(pg->timeout_s * 1e9);
-    if (is_send)
-        NCCL_ENQ(pg, name, ncclSend(buf, count, dt, peer, st->comm, st->stream));
-    else
-        NCCL_ENQ(pg, name, ncclRecv(buf, count, dt, peer, st->comm, st->stream));
     return wait_stream(pg, name, deadline);
 }

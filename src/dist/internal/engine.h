@@ -21,9 +21,9 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
-#include "dist/chan.h"
+#include "dist/internal/chan.h"
 #include "dist/reduce.h"
-#include "dist/wire.h"
+#include "dist/internal/wire.h"
 
 #include <pthread.h>
 

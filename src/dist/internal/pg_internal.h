@@ -3,20 +3,9 @@
 #define RT_DIST_PG_INTERNAL_H
 
 #include "dist/dist.h"
-#include "dist/engine.h"
-#include "dist/rendezvous.h"
-
-enum rt_comm_kind {
-    RT_K_P2P = 1,
-    RT_K_BCAST,
-    RT_K_REDUCE,
-    RT_K_ALLREDUCE,
-    RT_K_SCATTER,
-    RT_K_GATHER,
-    RT_K_ALLGATHER,
-    RT_K_REDUCE_SCATTER,
-    RT_K_BARRIER,
-};
+#include "dist/internal/engine.h"
+#include "dist/internal/names.h"
+#include "dist/internal/rendezvous.h"
 
 typedef struct rt_pg_world {
     rt_engine eng;
@@ -49,12 +38,25 @@ struct rt_pg {
  * memory). */
 void rt_dist_host_id(char *buf, size_t n);
 
-/* nccl transport (cuda/nccl.c in CUDA builds; stubs in pg.c otherwise). The buffers
- * are device pointers on the rank's GPU; peers are world ranks (world group only). */
+/* One operation as the transports see it (collectives.c fills it from the public call). */
+typedef struct rt_op {
+    int kind;         /* rt_comm_kind */
+    bool is_send;     /* RT_K_P2P: this side sends */
+    const void *send; /* in-place operations: send == recv */
+    void *recv;
+    size_t count;
+    rt_dtype dtype;
+    rt_reduce_op rop; /* reducing operations */
+    int root;         /* the root; for RT_K_P2P the peer (group ranks) */
+    rt_algo algo;     /* RT_K_ALLREDUCE */
+} rt_op;
+
+/* nccl transport (cuda/nccl.c in CUDA builds; stubs in pg.c otherwise). Runs on the
+ * group's buffer device (rt_pg_options.device); the buffers are device pointers there.
+ * Peers are world ranks (world group only). rt_nccl_run enqueues the operation and
+ * waits for it (with the group's timeout). */
 rt_status rt_pg_nccl_init(rt_pg *pg);
 void rt_pg_nccl_destroy(rt_pg_world *w);
-rt_status rt_nccl_coll(rt_pg *pg, int kind, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
-                       int root);
-rt_status rt_nccl_p2p(rt_pg *pg, bool is_send, void *buf, size_t count, rt_dtype dtype, int peer);
+rt_status rt_nccl_run(rt_pg *pg, const rt_op *op);
 
 #endif

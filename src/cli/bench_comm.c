@@ -1,0 +1,311 @@
+/* `ringtrain bench comm`: the collective benchmark of src/dist (dist/comm_bench.h) as a
+ * command: options, ranks started through the launcher (dist/launch.h) with --nproc N
+ * or taken from the environment (torchrun, mpirun, srun) with --nproc 0, the table on
+ * rank 0's stdout, --json. --compare puts all_reduce, reduce+broadcast and
+ * reduce_scatter+all_gather side by side (docs/comm-algorithms.md explains the winner).
+ * Exit codes: 0 ok, 1 failure (a wrong element included), 2 usage error. */
+#include "cli/cli.h"
+#include "core/info.h"
+#include "dist/comm_bench.h"
+#include "dist/dist.h"
+#include "dist/launch.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct opts {
+    int nproc;
+    rt_transport transport;
+    rt_comm_bench_options bench;
+    const char *json;
+    const char *init;
+    bool compare;
+    bool bind;
+    double timeout_s;
+} opts;
+
+/* A size in bytes with an optional K/M/G suffix; at most 1 TiB (so the cast below is
+ * defined: inf, nan and 1e30 are refused). */
+static int parse_size(const char *s, size_t *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || !(v >= 0 && v <= 1099511627776.0)) return -1;
+    double mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1024, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || v * mul > 1099511627776.0) return -1;
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+/* A whole decimal number in lo..hi (atoi took "abc" as 0 and overflowed silently). */
+static int parse_int(const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* "a,b,c" or "all" into a bit mask; each name through the library's parse. */
+static int parse_collectives(const char *s, unsigned *mask) {
+    *mask = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        rt_comm_bench_coll c;
+        if (strcasecmp(tok, "all") == 0)
+            *mask = (1u << RT_BENCH_COLL_COUNT_) - 1;
+        else if (rt_comm_bench_coll_parse(tok, &c) == RT_OK)
+            *mask |= 1u << c;
+        else
+            return -1;
+    }
+    return *mask ? 0 : -1; /* "," names nothing */
+}
+
+static int parse_algos(const char *s, unsigned *mask) {
+    *mask = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        rt_algo a;
+        if (strcasecmp(tok, "all") == 0)
+            *mask = (1u << RT_COMM_BENCH_ALGOS) - 1;
+        else if (rt_algo_parse(tok, &a) == RT_OK && (int)a < RT_COMM_BENCH_ALGOS)
+            *mask |= 1u << a;
+        else
+            return -1;
+    }
+    return *mask ? 0 : -1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: ringtrain bench comm [options]\n\n"
+            "Time collectives per size, nccl-tests style: size, count, time(us), algbw, busbw (GB/s), #wrong.\n\n"
+            "  --nproc N            start N local ranks (default 2); 0: take ranks from the environment\n"
+            "  --no-bind            do not pin local rank r to CPU r (pinned by default when N <= CPUs,\n"
+            "                       as mpirun binds to cores by default)\n"
+            "  --init METHOD        rendezvous without --nproc (default env://)\n"
+            "  --transport T        tcp | shm | auto (default shm)\n"
+            "  --min-size S         smallest size, e.g. 8, 4K, 1M (default 8)\n"
+            "  --max-size S         largest size (default 64M; nccl-tests go to 256M)\n"
+            "  --collective C,...   all_reduce broadcast reduce all_gather reduce_scatter | all (default all_reduce)\n"
+            "  --algo A,...         ring naive rsag | all (default all; broadcast/reduce: ring=chain, naive=flat)\n"
+            "  --iters N            timed iterations per size (default: by size, 5..200)\n"
+            "  --warmup N           untimed iterations first (default 2)\n"
+            "  --compare            all_reduce vs reduce+broadcast vs reduce_scatter+all_gather side by side\n"
+            "  --json FILE          write all rows (and `ringtrain info --json`) to FILE\n"
+            "  --timeout S          dist timeout (default 120)\n");
+}
+
+/* ---- output (rank 0) ---- */
+
+typedef struct printer {
+    const opts *o;
+    bool header_done;
+    rt_comm_bench_row cmp[RT_COMM_BENCH_ALGOS];
+    unsigned have;
+    size_t cmp_size;
+} printer;
+
+static void print_row(const rt_comm_bench_row *r, void *arg) {
+    printer *p = arg;
+    if (!p->o->compare) {
+        printf("%12zu %12zu %-15s %-6s %11.1f %8.3f %8.3f %7lld\n", r->size, r->count, rt_comm_bench_coll_name(r->coll),
+               rt_algo_name(r->algo), r->time_us, r->algbw, r->busbw, r->wrong);
+        fflush(stdout);
+        return;
+    }
+    if (r->coll != RT_BENCH_ALL_REDUCE) return;
+    if (r->size != p->cmp_size) p->have = 0, p->cmp_size = r->size;
+    p->cmp[r->algo] = *r;
+    p->have |= 1u << r->algo;
+    if (p->have != (1u << RT_COMM_BENCH_ALGOS) - 1) return;
+    if (!p->header_done)
+        printf("%12s %14s %14s %14s  %-10s %7s\n", "size(B)", "ring(us)", "reduce+bcast", "rs+ag(us)", "fastest",
+               "#wrong");
+    p->header_done = true;
+    int best = 0;
+    for (int k = 1; k < RT_COMM_BENCH_ALGOS; k++)
+        if (p->cmp[k].time_us < p->cmp[best].time_us) best = k;
+    static const char *const nm[RT_COMM_BENCH_ALGOS] = {"ring", "reduce+bcast", "rs+ag"};
+    printf("%12zu %14.1f %14.1f %14.1f  %-12s %5lld\n", p->cmp[0].size, p->cmp[0].time_us, p->cmp[1].time_us,
+           p->cmp[2].time_us, nm[best], p->cmp[0].wrong + p->cmp[1].wrong + p->cmp[2].wrong);
+    fflush(stdout);
+}
+
+static int write_json(const opts *o, int n, rt_transport t, const rt_comm_bench_row *rows, int nrows) {
+    FILE *f = fopen(o->json, "w");
+    if (!f) {
+        fprintf(stderr, "ringtrain bench comm: cannot write %s\n", o->json);
+        return 1;
+    }
+    fprintf(f, "{\"benchmark\": \"comm\", \"nproc\": %d, \"transport\": \"%s\", \"dtype\": \"f32\",\n \"info\": ", n,
+            rt_transport_name(t));
+    rt_cli_info_json(f);
+    fprintf(f, ",\n \"rows\": [\n");
+    for (int i = 0; i < nrows; i++)
+        fprintf(f,
+                "  {\"collective\": \"%s\", \"algo\": \"%s\", \"size\": %zu, \"count\": %zu, \"time_us\": %.3f, "
+                "\"algbw_GBps\": %.4f, \"busbw_GBps\": %.4f, \"wrong\": %lld}%s\n",
+                rt_comm_bench_coll_name(rows[i].coll), rt_algo_name(rows[i].algo), rows[i].size, rows[i].count,
+                rows[i].time_us, rows[i].algbw, rows[i].busbw, rows[i].wrong, i + 1 < nrows ? "," : "");
+    fprintf(f, " ]}\n");
+    return fclose(f) == 0 ? 0 : 1;
+}
+
+/* One rank: join the group, run the benchmark, rank 0 prints. Returns the exit code. */
+static int rank_main(const opts *o) {
+    rt_pg_options po;
+    rt_pg_options_default(&po);
+    po.init_method = o->init;
+    po.transport = o->transport;
+    po.timeout_s = o->timeout_s;
+    rt_pg *pg;
+    if (rt_pg_init(&po, &pg) != RT_OK) return rt_cli_fail();
+    int me = rt_pg_rank(pg), n = rt_pg_size(pg);
+    size_t min_size = o->bench.min_size < 8 ? 8 : o->bench.min_size;
+    if (me == 0) {
+        printf("# ringtrain bench comm: %d ranks, transport %s, f32, sizes %zu..%zu bytes\n", n,
+               rt_transport_name(rt_pg_transport(pg)), min_size, o->bench.max_size);
+        if (!o->compare)
+            printf("%12s %12s %-15s %-6s %11s %8s %8s %7s\n", "size(B)", "count", "collective", "algo", "time(us)",
+                   "algbw", "busbw", "#wrong");
+    }
+    printer p = {.o = o};
+    rt_comm_bench_row *rows = NULL;
+    int nrows = 0;
+    int status = 0;
+    if (rt_comm_bench_run(pg, &o->bench, me == 0 ? print_row : NULL, &p, &rows, &nrows) != RT_OK)
+        status = rt_cli_fail();
+    if (me == 0 && o->json && !status) status = write_json(o, n, rt_pg_transport(pg), rows, nrows);
+    long long bad = 0;
+    for (int i = 0; i < nrows; i++) bad += rows[i].wrong;
+    free(rows);
+    rt_pg_destroy(pg);
+    if (bad && !status) {
+        fprintf(stderr, "ringtrain bench comm: %lld wrong elements\n", bad);
+        status = 1;
+    }
+    return status;
+}
+
+/* A local rank started by the launcher: the table comes from rank 0 only; one core per
+ * rank, as mpirun binds by default. */
+static int local_rank_main(int local_rank, void *arg) {
+    const opts *o = arg;
+    if (local_rank != 0 && !freopen("/dev/null", "w", stdout)) return 1;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (o->bind && ncpu > 0 && o->nproc <= ncpu) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(local_rank % ncpu, &set);
+        if (sched_setaffinity(0, sizeof set, &set) != 0) perror("sched_setaffinity");
+    }
+    return rank_main(o);
+}
+
+int rt_cmd_bench_comm(int argc, char **argv) {
+    opts o = {.nproc = 2, .transport = RT_TRANSPORT_SHM, .init = "env://", .timeout_s = 120, .bind = true};
+    rt_comm_bench_options_default(&o.bench);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (rt_cli_is_help(a)) {
+            usage(stdout);
+            return 0;
+        }
+        if (strcmp(a, "--no-bind") == 0) {
+            o.bind = false;
+            continue;
+        }
+        if (strcmp(a, "--compare") == 0) {
+            o.compare = true;
+            o.bench.coll_mask = 1u << RT_BENCH_ALL_REDUCE;
+            o.bench.algo_mask = (1u << RT_COMM_BENCH_ALGOS) - 1;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "ringtrain bench comm: %s needs a value (try --help)\n", a);
+            return 2;
+        }
+        i++;
+        int bad = 0;
+        const char *want = NULL; /* what a bad value should have been */
+        if (strcmp(a, "--nproc") == 0) {
+            want = "an integer in 0..64";
+            bad = parse_int(v, 0, 64, &o.nproc) != 0;
+        } else if (strcmp(a, "--init") == 0) {
+            o.init = v;
+        } else if (strcmp(a, "--transport") == 0) {
+            want = "tcp, shm or auto";
+            bad = rt_transport_parse(v, &o.transport) != RT_OK || o.transport == RT_TRANSPORT_NCCL;
+        } else if (strcmp(a, "--min-size") == 0) {
+            want = "a size in bytes such as 8, 4K, 1M";
+            bad = parse_size(v, &o.bench.min_size) != 0;
+        } else if (strcmp(a, "--max-size") == 0) {
+            want = "a size in bytes such as 8, 4K, 1M, at most 4G";
+            bad = parse_size(v, &o.bench.max_size) != 0 || o.bench.max_size > (4ull << 30);
+        } else if (strcmp(a, "--collective") == 0) {
+            want = "a comma-separated list of all_reduce broadcast reduce all_gather reduce_scatter, or all";
+            bad = parse_collectives(v, &o.bench.coll_mask) != 0;
+        } else if (strcmp(a, "--algo") == 0) {
+            want = "a comma-separated list of ring naive rsag, or all";
+            bad = parse_algos(v, &o.bench.algo_mask) != 0;
+        } else if (strcmp(a, "--iters") == 0) {
+            want = "an integer in 1..1000000";
+            bad = parse_int(v, 1, 1000000, &o.bench.iters) != 0;
+        } else if (strcmp(a, "--warmup") == 0) {
+            want = "an integer in 0..1000000";
+            bad = parse_int(v, 0, 1000000, &o.bench.warmup) != 0;
+        } else if (strcmp(a, "--json") == 0) {
+            o.json = v;
+        } else if (strcmp(a, "--timeout") == 0) {
+            char *end;
+            want = "seconds, above 0 and at most 86400";
+            o.timeout_s = strtod(v, &end);
+            bad = end == v || *end || !(o.timeout_s > 0 && o.timeout_s <= 86400);
+        } else {
+            fprintf(stderr, "ringtrain bench comm: unknown option '%s' (try --help)\n", a);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "ringtrain bench comm: %s '%s': expected %s\n", a, v, want);
+            return 2;
+        }
+    }
+    if (o.bench.min_size < 8) o.bench.min_size = 8;
+    if (o.bench.min_size > o.bench.max_size) {
+        fprintf(stderr, "ringtrain bench comm: --min-size %zu is above --max-size %zu\n", o.bench.min_size,
+                o.bench.max_size);
+        return 2;
+    }
+    if (o.nproc == 0) return rank_main(&o);
+    /* local ranks meet through env:// on the launcher's loopback port */
+    o.init = "env://";
+    rt_launch_options lo;
+    rt_launch_options_default(&lo);
+    lo.nproc = o.nproc;
+    rt_launch_result res;
+    rt_status s = rt_launch_fork(&lo, local_rank_main, &o, &res);
+    if (s != RT_OK) {
+        char line[RT_LAUNCH_LINE + 128];
+        fprintf(stderr, "ringtrain bench comm: %s\n",
+                res.ranks ? rt_launch_describe(&res, line, sizeof line) : rt_error_message());
+    }
+    int rc = s == RT_OK ? 0 : res.signal ? 128 + res.signal : 1;
+    rt_launch_result_free(&res);
+    return rc;
+}

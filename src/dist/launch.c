@@ -1,0 +1,530 @@
+/* The local launcher (see launch.h): environment, fork/exec, the stderr pipes, signal
+ * forwarding, stopping the ranks after the first failure. */
+#include "dist/launch.h"
+
+#include "core/timer.h"
+#include "dist/internal/sock.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* the variables the launcher sets (an inherited value is replaced); the last one is
+ * dropped: it describes torchrun's own store, which this launcher does not run */
+enum { V_RANK, V_WORLD, V_LOCAL, V_LOCAL_WORLD, V_GROUP, V_ADDR, V_PORT, V_TOKEN, V_SET_, V_DROP_ = V_SET_, V_COUNT_ };
+static const char *const k_vars[V_COUNT_] = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RINGTRAIN_JOB_TOKEN",
+    "TORCHELASTIC_USE_AGENT_STORE",
+};
+
+/* signals the launcher catches while it supervises (restored before it returns) */
+static const int k_sigs[] = {SIGINT, SIGTERM, SIGCHLD, SIGPIPE};
+enum { N_SIGS = sizeof k_sigs / sizeof k_sigs[0], LINE_BUF = 4096 };
+
+static volatile sig_atomic_t g_signal;   /* SIGINT / SIGTERM received */
+static volatile sig_atomic_t g_nsignals; /* how many */
+static int g_wake = -1;                  /* write end of the self-pipe */
+
+static void on_signal(int sig) {
+    int saved = errno;
+    if (sig == SIGINT || sig == SIGTERM) {
+        g_signal = sig;
+        g_nsignals++;
+    }
+    if (g_wake >= 0 && sig != SIGPIPE) (void)!write(g_wake, "", 1);
+    errno = saved;
+}
+
+void rt_launch_options_default(rt_launch_options *o) {
+    memset(o, 0, sizeof *o);
+    o->nproc = 1;
+    o->nnodes = 1;
+    o->master_addr = "127.0.0.1";
+    o->grace_s = 5.0;
+}
+
+const char *rt_signal_name(int sig, char *buf, size_t n) {
+    const char *abbrev = sig > 0 ? sigabbrev_np(sig) : NULL;
+    if (abbrev)
+        snprintf(buf, n, "SIG%s", abbrev);
+    else
+        snprintf(buf, n, "signal %d", sig);
+    return buf;
+}
+
+int rt_launch_rank_code(const rt_launch_rank *r) {
+    if (r->signal) return 128 + r->signal;
+    return r->exit_code;
+}
+
+const char *rt_launch_describe(const rt_launch_result *r, char *buf, size_t n) {
+    char sig[32];
+    if (!r || !r->ranks) {
+        snprintf(buf, n, "no ranks were started");
+    } else if (r->first_failure >= 0) {
+        const rt_launch_rank *f = &r->ranks[r->first_failure];
+        int len = f->signal ? snprintf(buf, n, "rank %d was killed by %s", f->rank,
+                                       rt_signal_name(f->signal, sig, sizeof sig))
+                            : snprintf(buf, n, "rank %d exited with code %d", f->rank, f->exit_code);
+        if (f->last_line[0] && len >= 0 && (size_t)len < n) snprintf(buf + len, n - (size_t)len, ": %s", f->last_line);
+    } else if (r->signal) {
+        snprintf(buf, n, "interrupted by %s (forwarded to the ranks)", rt_signal_name(r->signal, sig, sizeof sig));
+    } else if (r->timed_out) {
+        char list[256] = "";
+        size_t len = 0;
+        int k = 0;
+        for (int i = 0; i < r->nproc && len < sizeof list; i++)
+            if (r->ranks[i].timed_out)
+                len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", k++ ? ", " : "", r->ranks[i].rank);
+        snprintf(buf, n, "time limit of %g s: rank%s %s %s still running (stopped)", r->timeout_s, k > 1 ? "s" : "",
+                 list, k > 1 ? "were" : "was");
+    } else {
+        int bad = 0;
+        for (int i = 0; i < r->nproc; i++) bad += rt_launch_rank_code(&r->ranks[i]) != 0;
+        if (bad)
+            snprintf(buf, n, "%d of %d ranks failed", bad, r->nproc);
+        else
+            snprintf(buf, n, "all %d ranks exited with code 0", r->nproc);
+    }
+    return buf;
+}
+
+void rt_launch_result_free(rt_launch_result *r) {
+    if (!r) return;
+    free(r->ranks);
+    r->ranks = NULL;
+}
+
+/* ---- supervision ---- */
+
+typedef struct slot {
+    int fd; /* read end of the rank's stderr pipe, -1 once closed */
+    char line[LINE_BUF];
+    size_t len;
+    bool running;
+    bool have_head; /* last_line holds a line that is not indented */
+} slot;
+
+typedef struct launch {
+    const rt_launch_options *o;
+    rt_launch_result *res;
+    slot *slots;
+    int running;
+    bool stopping;
+    uint64_t kill_at; /* SIGKILL the rest at this time (0: not scheduled) */
+} launch;
+
+static void write_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return; /* stderr closed: forwarding is best effort */
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* One complete line of rank i: forward it, remember it when not blank. */
+static void emit_line(launch *L, int i, const char *p, size_t n) {
+    char out[LINE_BUF + 64];
+    size_t k = 0;
+    if (L->o->tag_lines) k = (size_t)snprintf(out, sizeof out, "[rank %d] ", L->res->ranks[i].rank);
+    memcpy(out + k, p, n);
+    out[k + n] = '\n';
+    write_all(STDERR_FILENO, out, k + n + 1);
+    while (n > 0 && (p[n - 1] == '\r' || p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+    size_t b = 0;
+    while (b < n && (p[b] == ' ' || p[b] == '\t')) b++;
+    if (b == n) return;
+    rt_launch_rank *r = &L->res->ranks[i];
+    /* an indented line continues the one before (an error's trace): keep the head line */
+    if (b > 0 && L->slots[i].have_head) return;
+    L->slots[i].have_head = b == 0;
+    size_t m = n < sizeof r->last_line - 1 ? n : sizeof r->last_line - 1;
+    memcpy(r->last_line, p, m);
+    r->last_line[m] = '\0';
+}
+
+/* Read what rank i's pipe holds; at EOF (or error) flush a partial line and close it. */
+static void drain(launch *L, int i) {
+    slot *s = &L->slots[i];
+    while (s->fd >= 0) {
+        ssize_t got = read(s->fd, s->line + s->len, sizeof s->line - s->len);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (got <= 0) {
+            if (s->len) emit_line(L, i, s->line, s->len);
+            s->len = 0;
+            close(s->fd);
+            s->fd = -1;
+            return;
+        }
+        s->len += (size_t)got;
+        size_t start = 0;
+        for (size_t k = 0; k < s->len; k++)
+            if (s->line[k] == '\n') {
+                emit_line(L, i, s->line + start, k - start);
+                start = k + 1;
+            }
+        if (start == 0 && s->len == sizeof s->line) { /* a line longer than the buffer: pass it on in pieces */
+            emit_line(L, i, s->line, s->len);
+            start = s->len;
+        }
+        memmove(s->line, s->line + start, s->len - start);
+        s->len -= start;
+    }
+}
+
+static void signal_all(launch *L, int sig, bool stopped) {
+    for (int i = 0; i < L->res->nproc; i++)
+        if (L->slots[i].running && L->res->ranks[i].pid > 0) {
+            kill((pid_t)L->res->ranks[i].pid, sig);
+            if (stopped) L->res->ranks[i].stopped = true;
+        }
+}
+
+static void begin_stop(launch *L, int sig, bool stopped) {
+    signal_all(L, sig, stopped);
+    if (!L->stopping) {
+        L->stopping = true;
+        L->kill_at = rt_now_ns() + (uint64_t)(L->o->grace_s * 1e9);
+    }
+}
+
+static void reap(launch *L) {
+    for (int i = 0; i < L->res->nproc; i++) {
+        slot *s = &L->slots[i];
+        rt_launch_rank *r = &L->res->ranks[i];
+        if (!s->running) continue;
+        int st = 0;
+        pid_t p = waitpid((pid_t)r->pid, &st, WNOHANG);
+        if (p == 0 || (p < 0 && errno == EINTR)) continue;
+        s->running = false;
+        L->running--;
+        if (p < 0) { /* not our child any more (someone else reaped it): unknown fate */
+            r->exit_code = -1;
+        } else if (WIFSIGNALED(st)) {
+            r->exit_code = -1;
+            r->signal = WTERMSIG(st);
+        } else {
+            r->exit_code = WEXITSTATUS(st);
+        }
+        /* what it wrote before exiting is in the pipe; a grandchild holding the pipe
+         * open must not keep the launcher waiting, so read what is there and close */
+        drain(L, i);
+        if (s->fd >= 0) {
+            if (s->len) emit_line(L, i, s->line, s->len);
+            s->len = 0;
+            close(s->fd);
+            s->fd = -1;
+        }
+        bool failed = p < 0 || r->signal != 0 || r->exit_code != 0;
+        if (!failed) continue;
+        /* a rank the launcher signalled is a consequence, not a first failure */
+        if (L->res->first_failure < 0 && !r->stopped && !L->res->signal) L->res->first_failure = i;
+        if (!L->o->keep_going && !L->stopping) begin_stop(L, SIGTERM, true);
+    }
+}
+
+static void supervise(launch *L) {
+    const rt_launch_options *o = L->o;
+    rt_launch_result *res = L->res;
+    uint64_t t0 = rt_now_ns(), limit = o->timeout_s > 0 ? t0 + (uint64_t)(o->timeout_s * 1e9) : 0;
+    struct pollfd *pfd = NULL;
+    int *who = NULL;
+    pfd = calloc((size_t)res->nproc + 1, sizeof *pfd);
+    who = calloc((size_t)res->nproc + 1, sizeof *who);
+    int wake_rd = L->slots[res->nproc].fd; /* the self-pipe rides in the last slot */
+    for (;;) {
+        reap(L);
+        if (L->running == 0) break;
+        uint64_t now = rt_now_ns();
+        if (g_signal && !res->signal) { /* forward it; ranks that ignore it die after the grace period */
+            res->signal = g_signal;
+            begin_stop(L, g_signal, true);
+        } else if (g_nsignals > 1 && L->kill_at) { /* asked twice (Ctrl-C again): no more grace */
+            L->kill_at = now;
+        }
+        if (limit && now >= limit && !res->timed_out) {
+            res->timed_out = true;
+            for (int i = 0; i < res->nproc; i++)
+                if (L->slots[i].running) res->ranks[i].timed_out = true;
+            begin_stop(L, SIGTERM, true);
+        }
+        if (L->stopping && L->kill_at && now >= L->kill_at) {
+            signal_all(L, SIGKILL, true);
+            L->kill_at = 0;
+        }
+        /* sleep until output, a signal (SIGCHLD included), or the next deadline */
+        int ms = 200;
+        uint64_t next = L->kill_at ? L->kill_at : limit && !res->timed_out ? limit : 0;
+        if (next) {
+            uint64_t left = next > now ? (next - now) / 1000000 + 1 : 0;
+            if (left < (uint64_t)ms) ms = (int)left;
+        }
+        int n = 0;
+        if (pfd && who) {
+            pfd[n] = (struct pollfd){.fd = wake_rd, .events = POLLIN};
+            who[n++] = -1;
+            for (int i = 0; i < res->nproc; i++)
+                if (L->slots[i].fd >= 0) {
+                    pfd[n] = (struct pollfd){.fd = L->slots[i].fd, .events = POLLIN};
+                    who[n++] = i;
+                }
+            int k = poll(pfd, (nfds_t)n, ms);
+            for (int j = 0; k > 0 && j < n; j++) {
+                if (!pfd[j].revents) continue;
+                if (who[j] < 0) {
+                    char sink[64];
+                    while (read(wake_rd, sink, sizeof sink) > 0) {
+                    }
+                } else {
+                    drain(L, who[j]);
+                }
+            }
+        } else { /* no memory for the poll table: poll the pipes by sleeping */
+            struct timespec ts = {0, 20000000};
+            nanosleep(&ts, NULL);
+            for (int i = 0; i < res->nproc; i++) drain(L, i);
+        }
+    }
+    free(pfd);
+    free(who);
+}
+
+/* ---- setup ---- */
+
+typedef struct rank_env {
+    char **envp;
+    char vals[V_SET_][320];
+} rank_env;
+
+static bool is_set_var(const char *entry) {
+    for (int v = 0; v < V_COUNT_; v++) {
+        size_t k = strlen(k_vars[v]);
+        if (strncmp(entry, k_vars[v], k) == 0 && entry[k] == '=') return true;
+    }
+    return false;
+}
+
+static rt_status build_env(const rt_launch_options *o, int local, int port, const char *token, rank_env *e) {
+    size_t n = 0;
+    for (char **p = environ; p && *p; p++) n++;
+    e->envp = calloc(n + V_SET_ + 1, sizeof *e->envp);
+    RT_CHECK_ALLOC(e->envp, (n + V_SET_ + 1) * sizeof(char *));
+    size_t k = 0;
+    for (char **p = environ; p && *p; p++)
+        if (!is_set_var(*p)) e->envp[k++] = *p;
+    int world = o->nnodes * o->nproc;
+    snprintf(e->vals[V_RANK], sizeof e->vals[0], "RANK=%d", o->node_rank * o->nproc + local);
+    snprintf(e->vals[V_WORLD], sizeof e->vals[0], "WORLD_SIZE=%d", world);
+    snprintf(e->vals[V_LOCAL], sizeof e->vals[0], "LOCAL_RANK=%d", local);
+    snprintf(e->vals[V_LOCAL_WORLD], sizeof e->vals[0], "LOCAL_WORLD_SIZE=%d", o->nproc);
+    snprintf(e->vals[V_GROUP], sizeof e->vals[0], "GROUP_RANK=%d", o->node_rank);
+    snprintf(e->vals[V_ADDR], sizeof e->vals[0], "MASTER_ADDR=%s", o->master_addr);
+    snprintf(e->vals[V_PORT], sizeof e->vals[0], "MASTER_PORT=%d", port);
+    snprintf(e->vals[V_TOKEN], sizeof e->vals[0], "RINGTRAIN_JOB_TOKEN=%s", token);
+    for (int v = 0; v < V_SET_; v++) e->envp[k++] = e->vals[v];
+    e->envp[k] = NULL;
+    return RT_OK;
+}
+
+static rt_status check_options(const rt_launch_options *o) {
+    RT_REQUIRE(o != NULL, RT_ERR_INVALID, "launch: NULL options");
+    RT_REQUIRE(o->nproc >= 1 && o->nproc <= RT_LAUNCH_MAX_NPROC, RT_ERR_INVALID,
+               "launch: nproc %d: expected 1..%d ranks per node", o->nproc, RT_LAUNCH_MAX_NPROC);
+    RT_REQUIRE(o->nnodes >= 1 && o->nnodes <= (1 << 20) / o->nproc, RT_ERR_INVALID,
+               "launch: nnodes %d: expected 1 or more nodes (at most %d ranks in all)", o->nnodes, 1 << 20);
+    RT_REQUIRE(o->node_rank >= 0 && o->node_rank < o->nnodes, RT_ERR_INVALID, "launch: node_rank %d out of range 0..%d",
+               o->node_rank, o->nnodes - 1);
+    RT_REQUIRE(o->master_addr && *o->master_addr && strlen(o->master_addr) < 256, RT_ERR_INVALID,
+               "launch: master_addr: expected a host name or address");
+    RT_REQUIRE(o->master_port >= 0 && o->master_port <= 65535, RT_ERR_INVALID, "launch: master_port %d out of range",
+               o->master_port);
+    RT_REQUIRE(o->master_port > 0 || o->nnodes == 1, RT_ERR_INVALID,
+               "launch: %d nodes need a master_port that every node's launcher agrees on", o->nnodes);
+    RT_REQUIRE(o->nnodes == 1 || (o->job_token && *o->job_token), RT_ERR_INVALID,
+               "launch: %d nodes need a job_token that every node's launcher agrees on", o->nnodes);
+    RT_REQUIRE(!o->job_token || strlen(o->job_token) < 256, RT_ERR_INVALID, "launch: job_token longer than 255");
+    RT_REQUIRE(isfinite(o->grace_s) && o->grace_s >= 0 && o->grace_s <= 86400, RT_ERR_INVALID,
+               "launch: grace_s %g: expected seconds in 0..86400", o->grace_s);
+    RT_REQUIRE(isfinite(o->timeout_s) && o->timeout_s >= 0 && o->timeout_s <= 1e8, RT_ERR_INVALID,
+               "launch: timeout_s %g: expected seconds in 0..1e8 (0: no limit)", o->timeout_s);
+    return RT_OK;
+}
+
+static rt_status free_port(const char *addr, int *port) {
+    int fd = -1;
+    /* the master address when it is this host's, else any local address */
+    if (rt_sock_listen(addr, 0, &fd, port) != RT_OK) {
+        rt_error_clear();
+        RT_CHECK(rt_sock_listen(NULL, 0, &fd, port));
+    }
+    close(fd);
+    return RT_OK;
+}
+
+/* In the child, between fork and exec / rank_fn. Only async-signal-safe calls until
+ * rank_fn runs. */
+static void child_setup(int err_fd, const struct sigaction *old, const launch *L, int me, char **envp) {
+    for (int k = 0; k < N_SIGS; k++) sigaction(k_sigs[k], &old[k], NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    dup2(err_fd, STDERR_FILENO);
+    close(err_fd);
+    for (int i = 0; i <= L->res->nproc; i++) /* the other ranks' pipes and the self-pipe */
+        if (i != me && L->slots[i].fd >= 0) close(L->slots[i].fd);
+    if (L->slots[me].fd >= 0) close(L->slots[me].fd);
+    if (g_wake >= 0) close(g_wake);
+    environ = envp;
+}
+
+static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_launch_fn fn, void *arg,
+                            rt_launch_result *out) {
+    RT_REQUIRE(out != NULL, RT_ERR_INVALID, "launch: NULL result");
+    memset(out, 0, sizeof *out);
+    out->first_failure = -1;
+    RT_CHECK(check_options(o));
+    RT_REQUIRE(fn || (argv && argv[0] && argv[0][0]), RT_ERR_INVALID, "launch: no command to run");
+    RT_REQUIRE(g_wake < 0, RT_ERR_INVALID, "launch: another launch is running in this process");
+    int n = o->nproc;
+    out->nproc = n;
+    out->timeout_s = o->timeout_s;
+    out->ranks = calloc((size_t)n, sizeof *out->ranks);
+    RT_CHECK_ALLOC(out->ranks, (size_t)n * sizeof *out->ranks);
+    for (int i = 0; i < n; i++) {
+        out->ranks[i].rank = o->node_rank * n + i;
+        out->ranks[i].exit_code = -1;
+    }
+    char token[2 * 16 + 1] = "";
+    const char *tok = o->job_token;
+    if (!tok || !*tok) { /* a fresh secret per launch */
+        uint8_t raw[16];
+        RT_CHECK(rt_random_bytes(raw, sizeof raw));
+        for (int i = 0; i < 16; i++) snprintf(token + 2 * i, 3, "%02x", raw[i]);
+        tok = token;
+    }
+    int port = o->master_port;
+    if (port == 0) RT_CHECK(free_port(o->master_addr, &port));
+    out->master_port = port;
+
+    launch L = {.o = o, .res = out};
+    rank_env *envs = calloc((size_t)n, sizeof *envs);
+    L.slots = calloc((size_t)n + 1, sizeof *L.slots); /* + the self-pipe */
+    if (!envs || !L.slots) {
+        free(envs);
+        free(L.slots);
+        RT_CHECK_ALLOC(NULL, (size_t)n * (sizeof *envs + sizeof *L.slots));
+    }
+    for (int i = 0; i <= n; i++) L.slots[i].fd = -1;
+    rt_status st = RT_OK;
+    for (int i = 0; i < n && st == RT_OK; i++) st = build_env(o, i, port, tok, &envs[i]);
+    int wake[2] = {-1, -1};
+    if (st == RT_OK && pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) st = rt_error_sys(__FILE__, __LINE__, "pipe2");
+    struct sigaction old[N_SIGS];
+    bool handlers = false;
+    if (st == RT_OK) {
+        L.slots[n].fd = wake[0];
+        g_wake = wake[1];
+        g_signal = 0;
+        g_nsignals = 0;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = SA_RESTART;
+        for (int k = 0; k < N_SIGS; k++) sigaction(k_sigs[k], &sa, &old[k]);
+        handlers = true;
+        fflush(NULL); /* nothing buffered may be written twice */
+    }
+    for (int i = 0; i < n && st == RT_OK; i++) {
+        int p[2];
+        if (pipe2(p, O_CLOEXEC) != 0) {
+            st = rt_error_sys(__FILE__, __LINE__, "pipe2 (rank stderr)");
+            break;
+        }
+        pid_t pid = fork();
+        if (pid < 0) {
+            close(p[0]);
+            close(p[1]);
+            st = rt_error_sys(__FILE__, __LINE__, "fork");
+            break;
+        }
+        if (pid == 0) {
+            close(p[0]);
+            child_setup(p[1], old, &L, i, envs[i].envp);
+            if (fn) {
+                int rc = fn(i, arg);
+                fflush(NULL);
+                _exit(rc >= 0 && rc <= 255 ? rc : 255);
+            }
+            execvp(argv[0], argv);
+            int er = errno;
+            char msg[512];
+            int m = snprintf(msg, sizeof msg, "launch: cannot run '%s': %s\n", argv[0], strerror(er));
+            if (m > 0) (void)!write(STDERR_FILENO, msg, (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1);
+            _exit(er == ENOENT ? 127 : 126);
+        }
+        close(p[1]);
+        fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
+        L.slots[i].fd = p[0];
+        L.slots[i].running = true;
+        out->ranks[i].pid = (int)pid;
+        L.running++;
+    }
+    if (st != RT_OK && L.running > 0) { /* some ranks started: stop them before returning */
+        rt_error_record rec;
+        rt_error_save(&rec);
+        begin_stop(&L, SIGTERM, true);
+        supervise(&L);
+        rt_error_restore(&rec);
+    } else if (st == RT_OK) {
+        supervise(&L);
+    }
+    if (handlers)
+        for (int k = 0; k < N_SIGS; k++) sigaction(k_sigs[k], &old[k], NULL);
+    g_wake = -1;
+    for (int i = 0; i <= n; i++)
+        if (L.slots[i].fd >= 0) close(L.slots[i].fd);
+    if (wake[1] >= 0) close(wake[1]);
+    for (int i = 0; i < n; i++) free(envs[i].envp);
+    free(envs);
+    free(L.slots);
+    if (st != RT_OK) return st;
+    char why[RT_LAUNCH_LINE + 128];
+    if (out->first_failure >= 0 || out->signal)
+        return RT_ERROR(RT_ERR_PEER, "%s", rt_launch_describe(out, why, sizeof why));
+    if (out->timed_out) return RT_ERROR(RT_ERR_TIMEOUT, "%s", rt_launch_describe(out, why, sizeof why));
+    for (int i = 0; i < n; i++)
+        if (rt_launch_rank_code(&out->ranks[i]) != 0)
+            return RT_ERROR(RT_ERR_PEER, "%s", rt_launch_describe(out, why, sizeof why));
+    return RT_OK;
+}
+
+rt_status rt_launch_exec(const rt_launch_options *o, char *const argv[], rt_launch_result *out) {
+    RT_REQUIRE(argv && argv[0] && argv[0][0], RT_ERR_INVALID, "launch: no command to run");
+    return launch_run(o, argv, NULL, NULL, out);
+}
+
+rt_status rt_launch_fork(const rt_launch_options *o, rt_launch_fn rank_fn, void *arg, rt_launch_result *out) {
+    RT_REQUIRE(rank_fn != NULL, RT_ERR_INVALID, "launch: NULL rank function");
+    return launch_run(o, NULL, rank_fn, arg, out);
+}
