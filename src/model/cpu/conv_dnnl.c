@@ -409,6 +409,11 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
     c->bww_batch = c->bww_parts > 1 && (bw && *bw ? strcmp(bw, "batch") == 0 : xfloats > c->wfloats);
     const char *lay = getenv("RINGTRAIN_DNNL_LAYOUT");
     const bool plain = lay && strcmp(lay, "plain") == 0;
+    /* oneDNN plans a primitive (blocking, reduction order) for the OpenMP thread count of
+     * the creating thread; by default that follows the CPU affinity mask (1 under mpirun's
+     * core binding, all cores otherwise), which made results depend on the launcher. Plan
+     * for the count the parts run with. */
+    if (e->set_threads) e->set_threads(T == 1 ? threads : 1);
     rt_status st = RT_OK;
     size_t region = 0;
     for (int t = 0; t < T && st == RT_OK; t++) {
