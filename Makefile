@@ -1,7 +1,7 @@
 # Thin wrapper around CMake. Each target installs what is missing (scripts/install-deps),
 # configures and builds, then does its job.
 #
-#   make train   build and run the main job
+#   make train   build and run the main job (configs/quickstart.yaml)
 #   make test    build and pass the tests (ctest), plus the sanitizer/fuzz build
 #   make bench   build and run the benchmarks (bench/), writing bench/results/*.json
 #   make clean   remove the build folders
@@ -26,9 +26,11 @@ $(BUILD)/CMakeCache.txt:
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j$(JOBS)
 
+# The quickstart: ResNet34 on Fashion-MNIST, 2 ranks on the CPU (one per GPU where there
+# are GPUs); it ends with the test accuracy and where the logs are.
 train: deps-train
 	@$(MAKE) --no-print-directory build
-	./$(BUILD)/ringtrain info
+	./$(BUILD)/ringtrain train configs/quickstart.yaml
 
 # The main build (with the CUDA backend where the toolkit is present; GPU tests skip
 # without a device), then a clang build with AddressSanitizer + UBSan that runs the

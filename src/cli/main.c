@@ -1,4 +1,4 @@
-/* The `ringtrain` command: train | eval | launch | bench | report | info | data.
+/* The `ringtrain` command: train | info | data | bench (eval and report come with checkpoints).
  *
  * main() is the only place that decides to exit: library code returns an rt_status and
  * records a message, and the command prints it. */
@@ -36,32 +36,19 @@ int rt_cli_dispatch(const char *prog, const rt_command *cmds, int n, int argc, c
 }
 
 static const rt_command k_bench[] = {
-#ifdef RT_DIST_BUILT
     {"comm", "collectives: time, algbw, busbw per size and algorithm (nccl-tests style)", rt_cmd_bench_comm},
-#endif
-#ifdef RT_DATA_BUILT
     {"loader", "data loader throughput (images/s)", rt_cmd_bench_loader},
-#endif
-#ifdef RT_MODEL_BUILT
     {"model", "training-step throughput of a model on this device (images/s)", rt_cmd_bench_model},
-#endif
-    {NULL, NULL, NULL},
 };
 
 static int cmd_bench(int argc, char **argv) {
-    int n = (int)(sizeof k_bench / sizeof k_bench[0]) - 1;
-    if (n == 0) {
-        fprintf(stderr, "ringtrain bench: no benchmarks built yet\n");
-        return 2;
-    }
-    return rt_cli_dispatch("ringtrain bench", k_bench, n, argc, argv);
+    return rt_cli_dispatch("ringtrain bench", k_bench, (int)(sizeof k_bench / sizeof k_bench[0]), argc, argv);
 }
 
 static const rt_command k_commands[] = {
+    {"train", "train from a YAML config across ranks (ringtrain train --help)", rt_cmd_train},
     {"info", "version, build features, library versions and devices", rt_cmd_info},
-#ifdef RT_DATA_BUILT
     {"data", "inspect datasets and the distributed sampler", rt_cmd_data},
-#endif
     {"bench", "benchmarks (ringtrain bench --help)", cmd_bench},
 };
 

@@ -1,0 +1,289 @@
+/* `ringtrain train CONFIG [section.key=value ...] [--nproc N] [--nnodes N --node-rank R
+ * --master-addr A --master-port P]`.
+ *
+ * Two ways to run, as torchrun users expect:
+ * - started by an outside launcher (torchrun --no_python, mpirun, srun: its variables are
+ *   set), this process is one rank;
+ * - otherwise it is the launcher: it checks the config and the dataset once (so an error
+ *   is printed once, not once per rank), then starts N local ranks of this same command
+ *   (src/dist/launch.h) and reports the first failure. */
+#include "cli/cli.h"
+
+#include "core/device.h"
+#include "core/log.h"
+#include "data/dataset.h"
+#include "dist/dist.h"
+#include "dist/launch.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: ringtrain train CONFIG [section.key=value ...] [options]\n\n"
+               "Train from a YAML config (docs/config.md); any key can be overridden after it, e.g.\n"
+               "optim.lr=0.05 train.epochs=2. Without an outside launcher it starts the ranks itself;\n"
+               "under torchrun --no_python, mpirun or srun each process is one rank.\n\n"
+               "  --nproc N          ranks on this node (default: dist.nproc; auto = one per GPU, else 2)\n"
+               "  --nnodes N         nodes (dist.nnodes)\n"
+               "  --node-rank R      this node's index (dist.node_rank)\n"
+               "  --master-addr A    address of node 0 (dist.master_addr)\n"
+               "  --master-port P    its port (dist.master_port; 0 = a free one, single node only)\n"
+               "\nThe run directory (log.dir, default runs/<config name>) gets config.yaml and\n"
+               "metrics.jsonl; the last line printed is the test accuracy.\n");
+}
+
+/* Whole decimal number in lo..hi. */
+static int parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+typedef struct args {
+    const char *config;
+    const char **overrides;
+    int n_overrides;
+    char nproc[32]; /* "" = from the config */
+    const char *cli_over[8];
+    char cli_buf[8][300];
+    int n_cli;
+} args;
+
+/* --opt value or --opt=value; returns the value or NULL (and prints) when missing. */
+static const char *opt_value(int argc, char **argv, int *i, const char *name) {
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) == 0 && a[n] == '=') return a + n + 1;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "ringtrain train: %s needs a value (try --help)\n", name);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+static bool is_opt(const char *a, const char *name) {
+    size_t n = strlen(name);
+    return strncmp(a, name, n) == 0 && (a[n] == '\0' || a[n] == '=');
+}
+
+/* 0 ok, 1 help printed, 2 usage error */
+static int parse_args(int argc, char **argv, args *a) {
+    memset(a, 0, sizeof *a);
+    a->overrides = calloc((size_t)argc, sizeof *a->overrides);
+    if (!a->overrides) return 2;
+    static const struct {
+        const char *opt, *key;
+        long lo, hi;
+    } k_opts[] = {{"--nproc", "dist.nproc", 1, 1024},
+                  {"--nnodes", "dist.nnodes", 1, 65536},
+                  {"--node-rank", "dist.node_rank", 0, 65535},
+                  {"--master-addr", "dist.master_addr", 0, 0},
+                  {"--master-port", "dist.master_port", 0, 65535}};
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        if (rt_cli_is_help(s)) {
+            usage(stdout);
+            return 1;
+        }
+        if (s[0] == '-' && s[1] == '-') {
+            size_t k = 0;
+            while (k < sizeof k_opts / sizeof k_opts[0] && !is_opt(s, k_opts[k].opt)) k++;
+            if (k == sizeof k_opts / sizeof k_opts[0]) {
+                fprintf(stderr, "ringtrain train: unknown option '%s' (try --help)\n", s);
+                return 2;
+            }
+            const char *v = opt_value(argc, argv, &i, k_opts[k].opt);
+            if (!v) return 2;
+            long num;
+            if (k_opts[k].hi > 0 && strcmp(v, "auto") != 0 && parse_long(v, k_opts[k].lo, k_opts[k].hi, &num) != 0) {
+                fprintf(stderr, "ringtrain train: %s '%s' (expected a whole number in %ld..%ld)\n", k_opts[k].opt, v,
+                        k_opts[k].lo, k_opts[k].hi);
+                return 2;
+            }
+            snprintf(a->cli_buf[a->n_cli], sizeof a->cli_buf[a->n_cli], "%s=%s", k_opts[k].key, v);
+            a->cli_over[a->n_cli] = a->cli_buf[a->n_cli];
+            a->n_cli++;
+            continue;
+        }
+        if (rt_config_is_override(s)) {
+            a->overrides[a->n_overrides++] = s;
+            continue;
+        }
+        if (a->config) {
+            fprintf(stderr,
+                    "ringtrain train: unexpected argument '%s' after the config %s (overrides look like "
+                    "section.key=value)\n",
+                    s, a->config);
+            return 2;
+        }
+        a->config = s;
+    }
+    if (!a->config) {
+        usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+/* Config file, then its overrides, then the command-line options. */
+static rt_status load(const args *a, rt_config *cfg) {
+    RT_CHECK(rt_config_load(cfg, a->config, a->n_overrides, a->overrides));
+    for (int i = 0; i < a->n_cli; i++) RT_CHECK(rt_config_override(cfg, a->cli_over[i]));
+    return RT_OK;
+}
+
+/* The dataset is there and whole: checked once by the launcher, so a missing or
+ * truncated file is one error, not one per rank. */
+static rt_status check_data(const rt_config *cfg) {
+    rt_dataset_kind kind;
+    RT_CHECK(rt_dataset_kind_parse(cfg->data.kind, &kind));
+    const char *splits[2] = {"train", "test"};
+    for (int i = 0; i < 2; i++) {
+        rt_dataset ds;
+        RT_CHECK(rt_dataset_load(cfg->data.path, splits[i], kind, &ds));
+        rt_dataset_free(&ds);
+    }
+    return RT_OK;
+}
+
+static int run_rank(const rt_config *cfg, const rt_dist_env *env) {
+    rt_train_rank who = {.rank = env->rank >= 0 ? env->rank : 0,
+                         .world_size = env->world_size >= 1 ? env->world_size : 1,
+                         .local_rank = env->local_rank >= 0 ? env->local_rank : 0,
+                         .local_world_size = env->local_world_size >= 1 ? env->local_world_size : 1};
+    rt_set_rank(who.world_size > 1 ? who.rank : -1);
+    rt_train_result res;
+    if (rt_train(cfg, &who, stdout, &res) != RT_OK) return rt_cli_fail();
+    if (who.rank == 0) {
+        printf("test accuracy %.2f%% (%lld test samples) after %lld steps in %.1f s; logs in %s/ (metrics.jsonl, "
+               "config.yaml)\n",
+               100.0 * res.test_accuracy, (long long)res.test_samples, (long long)res.steps, res.wall_s, res.run_dir);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static int nproc_of(const rt_config *cfg) {
+    if (cfg->dist.nproc != RT_CONFIG_AUTO) return (int)cfg->dist.nproc;
+    if (strcmp(cfg->train.device, "cpu") != 0) {
+        int n = 0;
+        if (rt_cuda_device_count(&n) == RT_OK && n > 0) return n;
+        rt_error_clear();
+    }
+    return 2;
+}
+
+int rt_cmd_train(int argc, char **argv) {
+    args a;
+    int pr = parse_args(argc, argv, &a);
+    if (pr != 0) {
+        free(a.overrides);
+        return pr == 1 ? 0 : 2;
+    }
+    rt_config cfg;
+    rt_dist_env env;
+    int rc = 0;
+    if (load(&a, &cfg) != RT_OK || rt_dist_env_read(&env) != RT_OK) {
+        rc = rt_cli_fail();
+        goto done;
+    }
+    if (env.launcher) { /* one rank of an outside (or our own) launch */
+        rc = run_rank(&cfg, &env);
+        goto done;
+    }
+    /* the launcher: check once, then start the ranks */
+    if (check_data(&cfg) != RT_OK) {
+        rc = rt_cli_fail();
+        goto done;
+    }
+    int nproc = nproc_of(&cfg);
+    int64_t world = nproc * cfg.dist.nnodes;
+    if (cfg.data.batch_size % world != 0) {
+        fprintf(stderr,
+                "ringtrain: error: data.batch_size: %lld is not divisible by the world size %lld (it is the global "
+                "batch: each rank takes batch_size / world_size)\n",
+                (long long)cfg.data.batch_size, (long long)world);
+        rc = 1;
+        goto done;
+    }
+    if (cfg.dist.nnodes == 1 && nproc == 1) { /* one rank: no processes to start */
+        env = (rt_dist_env){.rank = 0, .world_size = 1, .local_rank = 0, .local_world_size = 1};
+        rc = run_rank(&cfg, &env);
+        goto done;
+    }
+    if (cfg.dist.nnodes > 1 && cfg.dist.master_port == 0) {
+        fprintf(stderr, "ringtrain: error: dist.master_port (--master-port) must be given with %lld nodes\n",
+                (long long)cfg.dist.nnodes);
+        rc = 2;
+        goto done;
+    }
+    if (cfg.dist.node_rank >= cfg.dist.nnodes) {
+        fprintf(stderr, "ringtrain: error: dist.node_rank %lld must be below dist.nnodes %lld\n",
+                (long long)cfg.dist.node_rank, (long long)cfg.dist.nnodes);
+        rc = 2;
+        goto done;
+    }
+    rt_launch_options lo;
+    rt_launch_options_default(&lo);
+    lo.nproc = nproc;
+    lo.nnodes = (int)cfg.dist.nnodes;
+    lo.node_rank = (int)cfg.dist.node_rank;
+    lo.master_addr = cfg.dist.master_addr;
+    lo.master_port = (int)cfg.dist.master_port;
+    lo.job_token = getenv("RINGTRAIN_JOB_TOKEN"); /* every node's launcher needs the same one */
+    if (cfg.dist.nnodes > 1 && !lo.job_token) {
+        fprintf(stderr, "ringtrain: error: with %lld nodes set RINGTRAIN_JOB_TOKEN to the same secret on every node\n",
+                (long long)cfg.dist.nnodes);
+        rc = 2;
+        goto done;
+    }
+    /* the ranks run this same command line; they find their rank in the environment */
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "ringtrain: error: cannot find this executable (/proc/self/exe): %s\n", strerror(errno));
+        rc = 1;
+        goto done;
+    }
+    self[n] = '\0';
+    char **cmd = calloc((size_t)argc + 3, sizeof *cmd);
+    if (!cmd) {
+        rc = 1;
+        goto done;
+    }
+    cmd[0] = self;
+    cmd[1] = "train";
+    for (int i = 1; i < argc; i++) cmd[i + 1] = argv[i];
+    fflush(stdout);
+    rt_launch_result res;
+    memset(&res, 0, sizeof res);
+    res.first_failure = -1;
+    rt_status st = rt_launch_exec(&lo, cmd, &res);
+    free(cmd);
+    if (st != RT_OK && !res.ranks) { /* the ranks could not be started */
+        rc = rt_cli_fail();
+    } else if (st != RT_OK) {
+        char line[2 * RT_LAUNCH_LINE];
+        fprintf(stderr, "ringtrain: error: %s\n", rt_launch_describe(&res, line, sizeof line));
+        rc = 1;
+        if (res.first_failure >= 0) {
+            int code = rt_launch_rank_code(&res.ranks[res.first_failure]);
+            rc = code > 0 && code < 256 ? code : 1;
+        } else if (res.signal) {
+            rc = 128 + res.signal;
+        }
+    }
+    rt_launch_result_free(&res);
+done:
+    free(a.overrides);
+    return rc;
+}

@@ -1,0 +1,683 @@
+/* The trainer (trainer.h): one rank of a data-parallel run.
+ *
+ * Timing: every stage boundary records an event on the model's stream (on the CPU an
+ * event is a host timestamp, so the same code runs there). A step's record is completed
+ * when its events are ready: at once on the CPU, one step later on a GPU, so timing never
+ * adds a synchronisation. The data stage is host time (waiting for the loader). */
+#include "train/trainer.h"
+
+#include "core/device.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "dist/dist.h"
+#include "dist/reducer.h"
+#include "model/ctx.h"
+#include "model/model.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "train/metrics.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+void rt_train_run_dir(const rt_config *cfg, char *out, size_t n) {
+    if (strcmp(cfg->log.dir, "auto") != 0) {
+        snprintf(out, n, "%s", cfg->log.dir);
+        return;
+    }
+    const char *base = strrchr(cfg->source, '/');
+    base = base ? base + 1 : cfg->source;
+    char stem[RT_CONFIG_PATH_MAX];
+    snprintf(stem, sizeof stem, "%s", *base ? base : "default");
+    char *dot = strrchr(stem, '.');
+    if (dot && dot != stem) *dot = '\0';
+    snprintf(out, n, "runs/%.*s", (int)(n > 6 ? n - 6 : 0), stem);
+}
+
+/* mkdir -p */
+static rt_status make_dirs(const char *path) {
+    char buf[RT_CONFIG_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return RT_ERROR(RT_ERR_IO, "cannot create the run directory %s: %s", buf, strerror(errno));
+            *p = c;
+            if (!c) break;
+        }
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return RT_ERROR(RT_ERR_IO, "run directory %s: exists and is not a directory", path);
+    return RT_OK;
+}
+
+/* ---- the state of one rank's run ------------------------------------------------------- */
+
+enum { EV_START, EV_H2D, EV_FWD, EV_BWD, EV_COMM, EV_END, EV_COUNT };
+
+typedef struct pending {
+    rt_event *ev[EV_COUNT];
+    rt_step_record rec;
+    bool waiting; /* events recorded, record not logged yet */
+} pending;
+
+typedef struct run {
+    const rt_config *cfg;
+    rt_train_rank who;
+    FILE *out;
+    char run_dir[RT_CONFIG_PATH_MAX];
+    rt_device dev;
+    rt_dataset train_ds, test_ds;
+    bool have_train, have_test;
+    rt_model_ctx *ctx;
+    rt_model *model;
+    rt_pg *pg; /* NULL with one rank */
+    rt_reducer *reducer;
+    size_t *bounds;
+    rt_loader *train_loader, *test_loader;
+    rt_optimizer opt;
+    bool have_opt;
+    rt_optim_range *no_decay;
+    rt_schedule sched;
+    rt_grad_clip clip;
+    bool have_clip;
+    float *x_dev;       /* CUDA: the batch on the device */
+    int64_t *label_dev; /* CUDA */
+    float *out_host;    /* evaluation: logits on the host */
+    rt_metrics *metrics, *rank_metrics;
+    rt_stage_stats *stats;
+    rt_progress progress;
+    pending pend[2];
+    int64_t step; /* optimizer steps done */
+    int64_t steps_per_epoch, total_steps;
+    uint64_t t0;
+} run;
+
+static bool is_root(const run *r) { return r->who.rank == 0; }
+
+/* A collective that is a no-op with one rank. */
+static rt_status all_reduce_f64(run *r, double *v, size_t n, rt_reduce_op op) {
+    return r->pg ? rt_all_reduce(r->pg, v, n, RT_F64, op) : RT_OK;
+}
+
+/* ---- setup --------------------------------------------------------------------------- */
+
+static rt_status load_data(run *r) {
+    const rt_config *c = r->cfg;
+    rt_dataset_kind kind;
+    RT_CHECK(rt_dataset_kind_parse(c->data.kind, &kind));
+    rt_status s = rt_dataset_load(c->data.path, "train", kind, &r->train_ds);
+    if (s != RT_OK) return rt_error_trace(__FILE__, __LINE__, "data.path: the training set"), s;
+    r->have_train = true;
+    s = rt_dataset_load(c->data.path, "test", kind, &r->test_ds);
+    if (s != RT_OK) return rt_error_trace(__FILE__, __LINE__, "data.path: the test set"), s;
+    r->have_test = true;
+    if (c->data.train_subset > 0 && c->data.train_subset < r->train_ds.n) r->train_ds.n = c->data.train_subset;
+    if (c->data.test_subset > 0 && c->data.test_subset < r->test_ds.n) r->test_ds.n = c->data.test_subset;
+    return RT_OK;
+}
+
+/* FNV-1a over the parameters, and the buffers with `buffers` (host copies on a GPU).
+ * Batch-norm buffers differ between ranks during training (each rank's own batch
+ * statistics, as in DDP): they are compared only after rank 0's were broadcast. */
+static rt_status param_checksum(run *r, bool buffers, uint64_t *out) {
+    uint64_t h = 1469598103934665603ull;
+    rt_arena *arenas[2] = {rt_model_params(r->model), rt_model_buffers(r->model)};
+    for (int a = 0; a < (buffers ? 2 : 1); a++) {
+        size_t n = arenas[a]->size;
+        const unsigned char *p = arenas[a]->base;
+        unsigned char *host = NULL;
+        if (rt_device_is_cuda(r->dev)) {
+            host = malloc(n);
+            RT_CHECK_ALLOC(host, n);
+            RT_CHECK(rt_model_ctx_sync(r->ctx));
+            rt_status s = rt_memcpy(host, rt_device_cpu(), p, r->dev, n, NULL);
+            if (s != RT_OK) {
+                free(host);
+                return s;
+            }
+            p = host;
+        }
+        for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+        free(host);
+    }
+    *out = h;
+    return RT_OK;
+}
+
+/* Every rank holds identical parameters (and buffers): min and max of the checksum agree. */
+static rt_status check_in_sync(run *r, bool buffers, const char *when) {
+    if (!r->pg) return RT_OK;
+    uint64_t h = 0;
+    RT_CHECK(param_checksum(r, buffers, &h));
+    int64_t lo = (int64_t)(h >> 1), hi = lo;
+    RT_CHECK(rt_all_reduce(r->pg, &lo, 1, RT_I64, RT_OP_MIN));
+    RT_CHECK(rt_all_reduce(r->pg, &hi, 1, RT_I64, RT_OP_MAX));
+    RT_REQUIRE(lo == hi, RT_ERR_INTERNAL,
+               "%s: the ranks' parameters differ (checksums from %llx to %llx; this rank %llx): a rank diverged", when,
+               (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)(h >> 1));
+    return RT_OK;
+}
+
+static rt_status broadcast_state(run *r) {
+    if (!r->pg) return RT_OK;
+    RT_CHECK(rt_model_ctx_sync(r->ctx));
+    rt_arena *p = rt_model_params(r->model), *b = rt_model_buffers(r->model);
+    RT_CHECK(rt_broadcast(r->pg, p->base, p->size / sizeof(float), RT_F32, 0));
+    if (b->size) RT_CHECK(rt_broadcast(r->pg, b->base, b->size / sizeof(float), RT_F32, 0));
+    return RT_OK;
+}
+
+static rt_status setup_model(run *r) {
+    const rt_config *c = r->cfg;
+    rt_model_config mc;
+    rt_model_config_default(&mc);
+    RT_CHECK(rt_model_arch_parse(c->model.arch, &mc.arch));
+    mc.in_channels = r->train_ds.c;
+    mc.in_h = r->train_ds.h;
+    mc.in_w = r->train_ds.w;
+    mc.num_classes = c->model.num_classes == RT_CONFIG_AUTO ? r->train_ds.num_classes : (int)c->model.num_classes;
+    if (strcmp(c->model.stem, "auto") == 0)
+        mc.stem = r->train_ds.h >= 32 ? RT_STEM_CIFAR : RT_STEM_IMAGENET;
+    else
+        RT_CHECK(rt_stem_parse(c->model.stem, &mc.stem));
+    mc.width = (int)c->model.width;
+    mc.dropout = isnan(c->model.dropout) ? -1.0f : (float)c->model.dropout;
+    int per_rank = (int)(c->data.batch_size / r->who.world_size);
+    int64_t eval_global = c->data.eval_batch_size == RT_CONFIG_AUTO ? c->data.batch_size : c->data.eval_batch_size;
+    int eval_per_rank = (int)(eval_global / r->who.world_size);
+    if (eval_per_rank < 1) eval_per_rank = 1;
+    mc.max_batch = per_rank > eval_per_rank ? per_rank : eval_per_rank;
+
+    rt_model_ctx_options o = {.device = r->dev};
+    if (c->train.threads == RT_CONFIG_AUTO) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        o.threads = (int)(cores / (r->who.local_world_size > 0 ? r->who.local_world_size : 1));
+        if (o.threads < 1) o.threads = 1;
+    } else {
+        o.threads = (int)c->train.threads;
+    }
+    o.precision = strcmp(c->train.precision, "tf32") == 0 ? RT_PRECISION_TF32 : RT_PRECISION_FP32;
+    RT_CHECK(rt_model_ctx_create(&o, &r->ctx));
+    RT_CHECK(rt_model_create(&mc, r->ctx, &r->model));
+    RT_CHECK(rt_model_init_weights(r->model, (uint64_t)c->train.seed));
+    /* dropout masks differ between ranks (as torch's per-process RNG) but are reproducible */
+    rt_model_set_dropout_seed(r->model, (uint64_t)c->train.seed * 1000003u + (uint64_t)r->who.rank);
+    if (rt_device_is_cuda(r->dev)) {
+        size_t img = rt_dataset_image_bytes(&r->train_ds);
+        RT_CHECK(rt_malloc(r->dev, sizeof(float) * img * (size_t)mc.max_batch, (void **)&r->x_dev));
+        RT_CHECK(rt_malloc(r->dev, sizeof(int64_t) * (size_t)mc.max_batch, (void **)&r->label_dev));
+    }
+    r->out_host = malloc(sizeof(float) * (size_t)mc.max_batch * (size_t)mc.num_classes);
+    RT_CHECK_ALLOC(r->out_host, sizeof(float) * (size_t)mc.max_batch * (size_t)mc.num_classes);
+    return RT_OK;
+}
+
+static rt_status setup_loaders(run *r) {
+    const rt_config *c = r->cfg;
+    rt_loader_config lc = rt_loader_config_default(&r->train_ds);
+    RT_CHECK(rt_sampler_mode_parse(c->data.sampler, &lc.mode));
+    lc.world_size = r->who.world_size;
+    lc.rank = r->who.rank;
+    lc.global_batch = c->data.batch_size;
+    lc.seed = (uint64_t)c->train.seed;
+    lc.shuffle = c->data.shuffle;
+    lc.drop_last = c->data.drop_last;
+    lc.augment = c->data.augment;
+    lc.crop_pad = c->data.crop_pad == RT_CONFIG_AUTO ? -1 : (int)c->data.crop_pad;
+    lc.hflip = c->data.hflip == RT_CONFIG_AUTO ? -1 : (int)c->data.hflip;
+    lc.prefetch = (int)c->data.prefetch;
+    lc.device = r->dev;
+    RT_CHECK(rt_loader_create(&lc, &r->train_loader));
+
+    rt_loader_config ec = rt_loader_config_default(&r->test_ds);
+    ec.mode = RT_SAMPLER_EVAL;
+    ec.world_size = r->who.world_size;
+    ec.rank = r->who.rank;
+    int64_t eval_global = c->data.eval_batch_size == RT_CONFIG_AUTO ? c->data.batch_size : c->data.eval_batch_size;
+    int64_t per = eval_global / r->who.world_size;
+    ec.global_batch = (per < 1 ? 1 : per) * r->who.world_size;
+    ec.shuffle = false;
+    ec.augment = false;
+    ec.prefetch = (int)c->data.prefetch;
+    ec.device = r->dev;
+    RT_CHECK(rt_loader_create(&ec, &r->test_loader));
+    r->steps_per_epoch = rt_loader_batches_per_epoch(r->train_loader);
+    /* every rank must take the same number of steps (their collectives pair up) */
+    if (r->pg) {
+        int64_t lo = r->steps_per_epoch, hi = lo;
+        RT_CHECK(rt_all_reduce(r->pg, &lo, 1, RT_I64, RT_OP_MIN));
+        RT_CHECK(rt_all_reduce(r->pg, &hi, 1, RT_I64, RT_OP_MAX));
+        RT_REQUIRE(lo == hi, RT_ERR_INVALID,
+                   "ranks would take %lld to %lld steps per epoch (data.sampler partition with a dataset that does not "
+                   "split evenly; use data.sampler: distributed)",
+                   (long long)lo, (long long)hi);
+    }
+    RT_REQUIRE(r->steps_per_epoch > 0, RT_ERR_INVALID,
+               "data: %lld training samples give no batch of %lld on %d rank(s)", (long long)r->train_ds.n,
+               (long long)c->data.batch_size, r->who.world_size);
+    r->total_steps = r->steps_per_epoch * c->train.epochs;
+    if (c->train.max_steps > 0 && c->train.max_steps < r->total_steps) r->total_steps = c->train.max_steps;
+    return RT_OK;
+}
+
+static rt_status setup_optim(run *r) {
+    const rt_config *c = r->cfg;
+    rt_optim_kind kind;
+    RT_CHECK(rt_optim_kind_parse(c->optim.name, &kind));
+    rt_optim_config oc;
+    rt_optim_config_default(&oc, kind);
+    if (!isnan(c->optim.lr)) oc.lr = c->optim.lr;
+    if (!isnan(c->optim.weight_decay)) oc.weight_decay = c->optim.weight_decay;
+    oc.momentum = c->optim.momentum;
+    oc.dampening = c->optim.dampening;
+    oc.nesterov = c->optim.nesterov;
+    oc.beta1 = c->optim.betas[0];
+    oc.beta2 = c->optim.betas[1];
+    oc.eps = c->optim.eps;
+    oc.amsgrad = c->optim.amsgrad;
+    size_t n = rt_model_params(r->model)->size / sizeof(float);
+    if (c->optim.no_decay_bn_bias) {
+        int np = rt_model_param_count(r->model);
+        r->no_decay = calloc((size_t)np, sizeof *r->no_decay);
+        RT_CHECK_ALLOC(r->no_decay, sizeof *r->no_decay * (size_t)np);
+        for (int i = 0; i < np; i++) {
+            const rt_param *p = rt_model_param(r->model, i);
+            if (!rt_param_trainable(p) || rt_param_decays(p)) continue;
+            r->no_decay[oc.n_no_decay++] =
+                (rt_optim_range){p->value.offset / sizeof(float), (size_t)rt_tensor_numel(&p->value)};
+        }
+        oc.no_decay = r->no_decay;
+    }
+    rt_status s = rt_optim_config_validate(&oc, n);
+    if (s != RT_OK) return rt_error_trace(__FILE__, __LINE__, "optim: the config's optimizer keys"), s;
+    RT_CHECK(rt_optimizer_init(&r->opt, &oc, r->dev, n));
+    r->have_opt = true;
+
+    rt_sched_kind sk;
+    RT_CHECK(rt_sched_kind_parse(c->optim.schedule, &sk));
+    rt_schedule_default(&r->sched, sk, oc.lr);
+    rt_schedule *sc = &r->sched;
+    sc->per_epoch = strcmp(c->optim.interval, "epoch") == 0;
+    sc->steps_per_epoch = r->steps_per_epoch;
+    int64_t units = sc->per_epoch ? (r->total_steps + r->steps_per_epoch - 1) / r->steps_per_epoch : r->total_steps;
+    sc->step_size = c->optim.step_size;
+    sc->gamma = c->optim.gamma;
+    sc->n_milestones = c->optim.n_milestones;
+    for (int i = 0; i < c->optim.n_milestones; i++) sc->milestones[i] = c->optim.milestones[i];
+    sc->warmup_steps = c->optim.warmup_steps;
+    sc->warmup_start_factor = c->optim.warmup_start_factor;
+    sc->t_max = c->optim.t_max == RT_CONFIG_AUTO ? units - c->optim.warmup_steps : c->optim.t_max;
+    if (sc->t_max < 1) sc->t_max = 1;
+    sc->eta_min = c->optim.eta_min;
+    sc->max_lr = isnan(c->optim.max_lr) ? oc.lr : c->optim.max_lr;
+    sc->total_steps = c->optim.total_steps == RT_CONFIG_AUTO ? units : c->optim.total_steps;
+    sc->pct_start = c->optim.pct_start;
+    sc->anneal_linear = strcmp(c->optim.anneal, "linear") == 0;
+    sc->div_factor = c->optim.div_factor;
+    sc->final_div_factor = c->optim.final_div_factor;
+    sc->three_phase = c->optim.three_phase;
+    sc->cycle_momentum = c->optim.cycle_momentum && (kind != RT_OPTIM_SGD || oc.momentum > 0);
+    sc->base_momentum = c->optim.base_momentum;
+    sc->max_momentum = c->optim.max_momentum;
+    s = rt_schedule_validate(sc);
+    if (s != RT_OK) return rt_error_trace(__FILE__, __LINE__, "optim: the config's schedule keys"), s;
+    RT_CHECK(rt_grad_clip_init(&r->clip, r->dev));
+    r->have_clip = true;
+    return RT_OK;
+}
+
+static rt_status setup_reducer(run *r) {
+    if (!r->pg) return RT_OK;
+    int nb = rt_model_block_count(r->model);
+    r->bounds = malloc(sizeof *r->bounds * (size_t)(nb + 1));
+    RT_CHECK_ALLOC(r->bounds, sizeof *r->bounds * (size_t)(nb + 1));
+    for (int b = 0; b < nb; b++) rt_model_block_range(r->model, b, &r->bounds[b], &r->bounds[b + 1]);
+    rt_reducer_options ro;
+    rt_reducer_options_default(&ro);
+    ro.bucket_bytes = (size_t)(r->cfg->dist.bucket_mb * 1024 * 1024);
+    ro.first_bucket_bytes = (size_t)(r->cfg->dist.first_bucket_mb * 1024 * 1024);
+    if (ro.bucket_bytes == 0) ro.first_bucket_bytes = 0;
+    return rt_reducer_create(r->pg, rt_model_grads(r->model)->base, r->bounds, nb, &ro, &r->reducer);
+}
+
+static rt_status on_grad_ready(void *user, int block, size_t begin, size_t end) {
+    (void)block;
+    run *r = user;
+    return rt_reducer_ready(r->reducer, begin, end);
+}
+
+/* ---- evaluation ------------------------------------------------------------------------ */
+
+static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
+    RT_CHECK(broadcast_state(r)); /* batch-norm running statistics of rank 0 */
+    const rt_model_config *mc = rt_model_config_of(r->model);
+    int k = mc->num_classes;
+    double sums[3] = {0, 0, 0}; /* loss * n, correct, n */
+    RT_CHECK(rt_loader_start_epoch(r->test_loader, 0));
+    for (;;) {
+        rt_batch b;
+        RT_CHECK(rt_loader_next(r->test_loader, &b));
+        if (b.size == 0) break;
+        const float *x = b.images;
+        const int64_t *y = b.labels;
+        if (rt_device_is_cuda(r->dev)) {
+            size_t img = rt_dataset_image_bytes(&r->test_ds);
+            RT_CHECK(rt_memcpy(r->x_dev, r->dev, b.images, rt_device_cpu(), sizeof(float) * img * (size_t)b.size,
+                               r->ctx->stream));
+            RT_CHECK(rt_memcpy(r->label_dev, r->dev, b.labels, rt_device_cpu(), sizeof(int64_t) * (size_t)b.size,
+                               r->ctx->stream));
+            x = r->x_dev;
+            y = r->label_dev;
+        }
+        RT_CHECK(rt_model_forward(r->model, x, b.size, false));
+        RT_CHECK(rt_model_loss(r->model, y));
+        float l;
+        RT_CHECK(rt_model_loss_value(r->model, &l));
+        RT_CHECK(rt_memcpy(r->out_host, rt_device_cpu(), rt_model_output(r->model), r->dev,
+                           sizeof(float) * (size_t)b.size * (size_t)k, r->ctx->stream));
+        RT_CHECK(rt_model_ctx_sync(r->ctx));
+        const int64_t *labels = b.labels; /* host copy */
+        for (int i = 0; i < b.size; i++) {
+            const float *o = r->out_host + (size_t)i * (size_t)k;
+            int best = 0;
+            for (int j = 1; j < k; j++)
+                if (o[j] > o[best]) best = j;
+            sums[1] += best == labels[i];
+        }
+        sums[0] += (double)l * b.size;
+        sums[2] += b.size;
+    }
+    RT_CHECK(all_reduce_f64(r, sums, 3, RT_OP_SUM));
+    *samples = (int64_t)sums[2];
+    *loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
+    *acc = sums[2] > 0 ? sums[1] / sums[2] : NAN;
+    return RT_OK;
+}
+
+/* ---- timing ---------------------------------------------------------------------------- */
+
+static rt_status log_record(run *r, rt_step_record *rec) {
+    rec->images_per_s = rec->ms[RT_STAGE_STEP] > 0 ? (double)rec->images / (rec->ms[RT_STAGE_STEP] * 1e-3) : 0;
+    RT_CHECK(rt_stage_stats_add(r->stats, rec));
+    if (r->metrics) RT_CHECK(rt_metrics_step(r->metrics, rec));
+    if (r->rank_metrics) RT_CHECK(rt_metrics_step(r->rank_metrics, rec));
+    if (is_root(r)) rt_progress_step(&r->progress, rec);
+    return RT_OK;
+}
+
+/* Complete pending record p if its events are ready (always on the CPU); `force` waits. */
+static rt_status complete(run *r, pending *p, bool force) {
+    if (!p->waiting) return RT_OK;
+    float ms[EV_COUNT - 1];
+    for (int i = 0; i < EV_COUNT - 1; i++) {
+        bool ready = false;
+        if (force) RT_CHECK(rt_event_sync(p->ev[EV_END]));
+        RT_CHECK(rt_event_elapsed_ms(p->ev[i], p->ev[i + 1], &ms[i], &ready));
+        if (!ready) return RT_OK; /* a step later */
+    }
+    rt_step_record *rec = &p->rec;
+    rec->ms[RT_STAGE_H2D] = ms[EV_START];
+    rec->ms[RT_STAGE_FORWARD] = ms[EV_H2D];
+    rec->ms[RT_STAGE_BACKWARD] = ms[EV_FWD];
+    rec->ms[RT_STAGE_COMM] = ms[EV_BWD];
+    rec->ms[RT_STAGE_OPTIM] = ms[EV_COMM];
+    rec->ms[RT_STAGE_STEP] = rec->ms[RT_STAGE_DATA];
+    for (int i = 0; i < EV_COUNT - 1; i++) rec->ms[RT_STAGE_STEP] += ms[i];
+    p->waiting = false;
+    return log_record(r, rec);
+}
+
+/* ---- one step --------------------------------------------------------------------------- */
+
+static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t epoch) {
+    const rt_config *c = r->cfg;
+    pending *p = &r->pend[r->step % 2];
+    RT_CHECK(complete(r, p, true)); /* two steps back: surely done */
+    rt_stream *st = r->ctx->stream;
+    RT_CHECK(rt_event_record(p->ev[EV_START], st));
+    const float *x = b->images;
+    const int64_t *y = b->labels;
+    if (rt_device_is_cuda(r->dev)) {
+        size_t img = rt_dataset_image_bytes(&r->train_ds);
+        RT_CHECK(rt_memcpy(r->x_dev, r->dev, b->images, rt_device_cpu(), sizeof(float) * img * (size_t)b->size, st));
+        RT_CHECK(rt_memcpy(r->label_dev, r->dev, b->labels, rt_device_cpu(), sizeof(int64_t) * (size_t)b->size, st));
+        x = r->x_dev;
+        y = r->label_dev;
+    }
+    RT_CHECK(rt_event_record(p->ev[EV_H2D], st));
+    RT_CHECK(rt_model_forward(r->model, x, b->size, true));
+    RT_CHECK(rt_model_loss(r->model, y));
+    RT_CHECK(rt_event_record(p->ev[EV_FWD], st));
+    if (r->reducer) RT_CHECK(rt_reducer_begin(r->reducer));
+    RT_CHECK(rt_model_backward(r->model, r->reducer ? on_grad_ready : NULL, r));
+    RT_CHECK(rt_event_record(p->ev[EV_BWD], st));
+    rt_reducer_stats rs = {0};
+    if (r->reducer) {
+        RT_CHECK(rt_reducer_finish(r->reducer));
+        rt_reducer_stats_get(r->reducer, &rs);
+    }
+    RT_CHECK(rt_event_record(p->ev[EV_COMM], st));
+    /* the loss, averaged over the ranks (for the logs) */
+    float lf;
+    RT_CHECK(rt_model_loss_value(r->model, &lf));
+    double loss = lf;
+    RT_CHECK(all_reduce_f64(r, &loss, 1, RT_OP_AVG));
+    /* clip (the norm is logged either way), then the optimizer at the schedule's lr */
+    rt_grad_stats gs;
+    float *grads = rt_model_grads(r->model)->base;
+    size_t n = rt_model_grads(r->model)->size / sizeof(float);
+    RT_CHECK(rt_grad_clip_norm(&r->clip, grads, n, c->optim.clip_grad_norm, st, &gs));
+    double lr = rt_schedule_lr(&r->sched, r->step);
+    double mom;
+    if (rt_schedule_momentum(&r->sched, r->step, &mom)) RT_CHECK(rt_optimizer_set_momentum(&r->opt, mom));
+    bool skipped = false;
+    if (!gs.finite || !isfinite(loss)) {
+        RT_REQUIRE(c->train.skip_nonfinite, RT_ERR_INVALID,
+                   "step %lld (epoch %lld): non-finite %s (loss %g, gradient norm %g) on rank %d; set "
+                   "train.skip_nonfinite: true to skip such steps",
+                   (long long)r->step + 1, (long long)epoch, gs.finite ? "loss" : "gradient", loss, gs.norm,
+                   r->who.rank);
+        skipped = true;
+        RT_LOG_WARN("step %lld: non-finite loss or gradient, step skipped", (long long)r->step + 1);
+    } else {
+        RT_CHECK(rt_optimizer_step_arena(&r->opt, rt_model_params(r->model), rt_model_grads(r->model), lr, st));
+    }
+    RT_CHECK(rt_event_record(p->ev[EV_END], st));
+    r->step++;
+    p->rec = (rt_step_record){.step = r->step,
+                              .epoch = epoch,
+                              .batch = b->index,
+                              .rank = r->who.rank,
+                              .comm_busy_ms = rs.busy_ms,
+                              .images = (int64_t)b->size * r->who.world_size,
+                              .loss = loss,
+                              .lr = lr,
+                              .grad_norm = gs.norm,
+                              .time_s = (double)(rt_now_ns() - r->t0) * 1e-9,
+                              .skipped = skipped};
+    p->rec.ms[RT_STAGE_DATA] = data_ms;
+    p->waiting = true;
+    RT_CHECK(complete(r, p, false));
+    if (c->dist.check_sync_every > 0 && r->step % c->dist.check_sync_every == 0) {
+        char when[64];
+        snprintf(when, sizeof when, "step %lld", (long long)r->step);
+        RT_CHECK(check_in_sync(r, false, when));
+    }
+    return RT_OK;
+}
+
+/* ---- the run ------------------------------------------------------------------------------ */
+
+static void run_free(run *r) {
+    for (int i = 0; i < 2; i++)
+        for (int e = 0; e < EV_COUNT; e++) rt_event_destroy(r->pend[i].ev[e]);
+    rt_metrics_close(r->metrics);
+    rt_metrics_close(r->rank_metrics);
+    rt_stage_stats_destroy(r->stats);
+    rt_loader_destroy(r->train_loader);
+    rt_loader_destroy(r->test_loader);
+    rt_reducer_destroy(r->reducer);
+    free(r->bounds);
+    if (r->have_opt) rt_optimizer_free(&r->opt);
+    if (r->have_clip) rt_grad_clip_free(&r->clip);
+    free(r->no_decay);
+    free(r->out_host);
+    if (r->x_dev) rt_free(r->dev, r->x_dev);
+    if (r->label_dev) rt_free(r->dev, r->label_dev);
+    rt_model_destroy(r->model);
+    rt_model_ctx_destroy(r->ctx);
+    rt_pg_destroy(r->pg);
+    if (r->have_train) rt_dataset_free(&r->train_ds);
+    if (r->have_test) rt_dataset_free(&r->test_ds);
+}
+
+static rt_status validate(const rt_config *c, const rt_train_rank *who) {
+    RT_REQUIRE(c->data.batch_size % who->world_size == 0, RT_ERR_INVALID,
+               "data.batch_size: %lld is not divisible by the world size %d (it is the global batch: each rank "
+               "takes batch_size / world_size)",
+               (long long)c->data.batch_size, who->world_size);
+    return RT_OK;
+}
+
+static rt_status train_all(run *r, rt_train_result *res) {
+    const rt_config *c = r->cfg;
+    FILE *out = r->out;
+    RT_CHECK(validate(c, &r->who));
+    rt_train_run_dir(c, r->run_dir, sizeof r->run_dir);
+    snprintf(res->run_dir, sizeof res->run_dir, "%s", r->run_dir);
+    if (is_root(r)) RT_CHECK(make_dirs(r->run_dir));
+    RT_CHECK(rt_device_select(c->train.device, r->who.local_rank, &r->dev));
+    RT_CHECK(load_data(r));
+    if (r->who.world_size > 1) {
+        rt_pg_options po;
+        rt_pg_options_default(&po);
+        po.init_method = c->dist.init_method;
+        po.rank = r->who.rank;
+        po.world_size = r->who.world_size;
+        po.timeout_s = c->dist.timeout_s;
+        RT_CHECK(rt_transport_parse(c->dist.transport, &po.transport));
+        RT_CHECK(rt_algo_parse(c->dist.algo, &po.algo));
+        po.device = r->dev;
+        RT_CHECK(rt_pg_init(&po, &r->pg));
+    }
+    RT_CHECK(setup_model(r));
+    RT_CHECK(broadcast_state(r));
+    RT_CHECK(check_in_sync(r, true, "after the initial broadcast"));
+    RT_CHECK(setup_loaders(r));
+    RT_CHECK(setup_optim(r));
+    RT_CHECK(setup_reducer(r));
+    RT_CHECK(rt_stage_stats_create(&r->stats));
+    for (int i = 0; i < 2; i++)
+        for (int e = 0; e < EV_COUNT; e++) RT_CHECK(rt_event_create(r->dev, &r->pend[i].ev[e]));
+    char path[RT_CONFIG_PATH_MAX + 64];
+    if (is_root(r)) {
+        snprintf(path, sizeof path, "%s/metrics.jsonl", r->run_dir);
+        RT_CHECK(rt_metrics_open(path, false, &r->metrics));
+        snprintf(path, sizeof path, "%s/config.yaml", r->run_dir);
+        RT_CHECK(rt_config_write_file(c, path));
+        char fields[512], devs[32];
+        snprintf(fields, sizeof fields,
+                 "\"world_size\": %d, \"device\": \"%s\", \"steps_per_epoch\": %lld, \"total_steps\": %lld, "
+                 "\"global_batch\": %lld, \"train_samples\": %lld, \"test_samples\": %lld, \"parameters\": %lld",
+                 r->who.world_size, rt_device_str(r->dev, devs, sizeof devs), (long long)r->steps_per_epoch,
+                 (long long)r->total_steps, (long long)c->data.batch_size, (long long)r->train_ds.n,
+                 (long long)r->test_ds.n, (long long)rt_model_num_parameters(r->model));
+        RT_CHECK(rt_metrics_line(r->metrics, "start", fields));
+    }
+    if (c->log.all_ranks) {
+        if (r->pg) RT_CHECK(rt_barrier(r->pg)); /* rank 0 made the folder */
+        snprintf(path, sizeof path, "%s/metrics-rank%d.jsonl", r->run_dir, r->who.rank);
+        RT_CHECK(rt_metrics_open(path, false, &r->rank_metrics));
+    }
+    bool tty = strcmp(c->log.progress, "on") == 0 || (strcmp(c->log.progress, "auto") == 0 && isatty(fileno(out)));
+    rt_progress_init(&r->progress, out, tty, c->log.every_steps, c->train.epochs, r->steps_per_epoch, r->total_steps,
+                     0);
+    if (is_root(r)) {
+        char devs[32];
+        fprintf(out,
+                "ringtrain: %s (width %lld) on %s, %d rank(s), global batch %lld, %lld steps/epoch, %lld steps; run "
+                "directory %s\n",
+                c->model.arch, (long long)c->model.width, rt_device_str(r->dev, devs, sizeof devs), r->who.world_size,
+                (long long)c->data.batch_size, (long long)r->steps_per_epoch, (long long)r->total_steps, r->run_dir);
+        fflush(out);
+    }
+    r->t0 = rt_now_ns();
+    double loss = NAN, acc = NAN;
+    int64_t samples = 0;
+    int64_t epoch = 0;
+    for (; epoch < c->train.epochs && r->step < r->total_steps; epoch++) {
+        rt_stage_stats_reset(r->stats);
+        RT_CHECK(rt_loader_start_epoch(r->train_loader, epoch));
+        while (r->step < r->total_steps) {
+            uint64_t t = rt_now_ns();
+            rt_batch b;
+            RT_CHECK(rt_loader_next(r->train_loader, &b));
+            if (b.size == 0) break;
+            RT_CHECK(train_step(r, &b, (double)(rt_now_ns() - t) * 1e-6, epoch));
+        }
+        for (int i = 0; i < 2; i++) RT_CHECK(complete(r, &r->pend[i], true));
+        bool last = epoch + 1 == c->train.epochs || r->step >= r->total_steps;
+        if (is_root(r)) {
+            rt_progress_break(&r->progress);
+            char title[64];
+            snprintf(title, sizeof title, "epoch %lld/%lld", (long long)epoch + 1, (long long)c->train.epochs);
+            rt_stage_stats_print(r->stats, out, title);
+        }
+        if (last || (c->train.eval_every > 0 && (epoch + 1) % c->train.eval_every == 0)) {
+            RT_CHECK(evaluate(r, &loss, &acc, &samples));
+            if (r->metrics) RT_CHECK(rt_metrics_eval(r->metrics, r->step, epoch, loss, acc, samples));
+            if (is_root(r)) {
+                fprintf(out, "epoch %lld: test loss %.4f, accuracy %.2f%% (%lld samples)\n", (long long)epoch + 1, loss,
+                        100.0 * acc, (long long)samples);
+                fflush(out);
+            }
+        }
+    }
+    RT_CHECK(check_in_sync(r, true, "at the end of training"));
+    if (is_root(r)) { /* the trained weights, as torchvision's state_dict */
+        snprintf(path, sizeof path, "%s/model.safetensors", r->run_dir);
+        RT_CHECK(rt_model_ctx_sync(r->ctx));
+        RT_CHECK(rt_model_save(r->model, path));
+    }
+    res->steps = r->step;
+    res->epochs = epoch;
+    res->test_loss = loss;
+    res->test_accuracy = acc;
+    res->test_samples = samples;
+    res->wall_s = (double)(rt_now_ns() - r->t0) * 1e-9;
+    if (r->metrics) {
+        char fields[256];
+        snprintf(fields, sizeof fields,
+                 "\"steps\": %lld, \"wall_s\": %.3f, \"test_accuracy\": %.6f, \"test_loss\": %.6f",
+                 (long long)res->steps, res->wall_s, acc, loss);
+        RT_CHECK(rt_metrics_line(r->metrics, "end", fields));
+    }
+    if (r->pg) RT_CHECK(rt_barrier(r->pg));
+    return RT_OK;
+}
+
+rt_status rt_train(const rt_config *cfg, const rt_train_rank *who, FILE *out, rt_train_result *res) {
+    run r;
+    memset(&r, 0, sizeof r);
+    memset(res, 0, sizeof *res);
+    r.cfg = cfg;
+    r.who = *who;
+    r.out = out ? out : stdout;
+    rt_status s = train_all(&r, res);
+    rt_error_record saved;
+    if (s != RT_OK) rt_error_save(&saved); /* freeing must not lose the first error */
+    run_free(&r);
+    if (s != RT_OK) rt_error_restore(&saved);
+    return s;
+}

@@ -1,0 +1,52 @@
+/* The trainer: one rank of a data-parallel training run, from a resolved config.
+ *
+ *   datasets -> model (rank 0's weights broadcast, then compared by checksum)
+ *   -> per step: loader batch -> forward -> loss -> backward, whose grad-ready callback
+ *      hands finished gradient blocks to the reducer (bucketed all-reduce, overlapped)
+ *      -> clip -> optimizer with the schedule's lr -> timing record
+ *   -> evaluation every train.eval_every epochs and at the end (each test sample once).
+ *
+ * It knows every area (data, model, dist, optim) and nothing of command lines: src/cli
+ * starts the ranks (the launcher) and prints what this returns. */
+#ifndef RT_TRAIN_TRAINER_H
+#define RT_TRAIN_TRAINER_H
+
+#include "core/status.h"
+#include "train/config.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Who this process is. From the environment (torchrun, the ringtrain launcher, Open MPI,
+ * Slurm); world 1 with nothing set. */
+typedef struct rt_train_rank {
+    int rank, world_size, local_rank, local_world_size;
+} rt_train_rank;
+
+typedef struct rt_train_result {
+    int64_t steps;        /* optimizer steps done */
+    int64_t epochs;       /* epochs completed */
+    double test_loss;     /* final evaluation */
+    double test_accuracy; /* 0..1 */
+    int64_t test_samples;
+    double wall_s;
+    char run_dir[RT_CONFIG_PATH_MAX];
+} rt_train_result;
+
+/* Resolve the run directory of a config: log.dir, or runs/<config file name without
+ * extension> for "auto". */
+void rt_train_run_dir(const rt_config *cfg, char *out, size_t n);
+
+/* Train as rank `who` (all ranks call it with the same config). Rank 0 writes the
+ * resolved config and metrics.jsonl into the run directory and prints the epoch tables
+ * and the progress to `out` (NULL: stdout). */
+rt_status rt_train(const rt_config *cfg, const rt_train_rank *who, FILE *out, rt_train_result *res);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# `ringtrain train` end to end with real processes (small Net, a Fashion-MNIST subset).
+#
+#   tests/train/cli_train.sh RINGTRAIN CASE
+# CASE: bad_config | progress | kill_rank
+# Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
+set -u
+bin=$1
+what=$2
+data=/usr/share/datasets/fashion-mnist
+[ -r "$data" ] || { echo "SKIP: $data missing (scripts/install-deps test installs it)"; exit 77; }
+tmp=$(mktemp -d /tmp/rt-cli-train-XXXXXX)
+trap 'pkill -9 -f "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
+small=(model.arch=net data.train_subset=512 data.test_subset=128 data.batch_size=32 train.threads=1
+       "log.dir=$tmp/run" dist.timeout_s=30 dist.nproc=2)
+fail() { echo "FAIL: $*"; for f in "$tmp"/err "$tmp"/out; do [ -f "$f" ] && { echo "--- $f"; cat "$f"; }; done; exit 1; }
+printf 'model:\n  arch: net\n' > "$tmp/ok.yaml"
+
+# no process of this test may outlive a failed run
+no_leftovers() {
+  sleep 0.5
+  if pgrep -f "$tmp" >/dev/null; then pgrep -af "$tmp"; fail "$1: processes left running"; fi
+}
+
+# expect_error NAME EXPECTED-EXIT PATTERN -- command...: fails unless the command exits
+# with that code and its stderr has PATTERN exactly once
+expect_error() {
+  local name=$1 want=$2 pat=$3; shift 4
+  "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+  [ "$rc" -eq "$want" ] || fail "$name: exit $rc, expected $want"
+  local n; n=$(grep -cF -- "$pat" "$tmp/err")
+  [ "$n" -eq 1 ] || fail "$name: '$pat' printed $n times in stderr (expected once)"
+  no_leftovers "$name"
+  echo "ok: $name"
+}
+
+case $what in
+bad_config)
+  printf 'model:\n  arch: net\n  archh: net\n' > "$tmp/a.yaml"
+  expect_error "unknown key" 1 "a.yaml:3: model.archh: unknown key (did you mean model.arch?)" -- "$bin" train "$tmp/a.yaml"
+  printf 'data:\n  batch_size: many\n' > "$tmp/b.yaml"
+  expect_error "wrong type" 1 "b.yaml:2: data.batch_size: 'many' is not an integer" -- "$bin" train "$tmp/b.yaml"
+  printf 'model:\n  width: 0\n' > "$tmp/c.yaml"
+  expect_error "out of range" 1 "c.yaml:2: model.width: 0 is out of range" -- "$bin" train "$tmp/c.yaml"
+  expect_error "bad override" 1 "override 'optim.lr=abc': optim.lr: 'abc' is not a finite number" -- "$bin" train "$tmp/ok.yaml" optim.lr=abc
+  expect_error "misspelt override" 1 "did you mean optim.lr?" -- "$bin" train "$tmp/ok.yaml" optim.lrr=1
+  expect_error "missing config" 1 "$tmp/none.yaml: No such file or directory" -- "$bin" train "$tmp/none.yaml"
+  expect_error "bad option" 2 "unknown option '--nprocs'" -- "$bin" train "$tmp/ok.yaml" --nprocs 2
+  expect_error "bad --nproc" 2 "--nproc 'x'" -- "$bin" train "$tmp/ok.yaml" --nproc x
+  # the dataset: missing, then truncated (a file cut short names itself)
+  expect_error "missing dataset" 1 "$tmp/nodata" -- "$bin" train "$tmp/ok.yaml" "${small[@]}" "data.path=$tmp/nodata"
+  mkdir "$tmp/cut"
+  cp "$data"/* "$tmp/cut/"
+  f=$(ls "$tmp/cut"/train-images* | head -1)
+  head -c 100000 "$f" > "$f.part" && mv "$f.part" "$f"
+  expect_error "truncated dataset" 1 "$(basename "$f")" -- "$bin" train "$tmp/ok.yaml" "${small[@]}" "data.path=$tmp/cut"
+  # a batch the ranks cannot share
+  expect_error "batch not divisible" 1 "not divisible by the world size 3" -- "$bin" train "$tmp/ok.yaml" "${small[@]}" data.batch_size=32 --nproc 3
+  # a port in use (by this shell's listener)
+  port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  /usr/bin/python3 -c "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1',$port)); s.listen(); time.sleep(60)" &
+  holder=$!
+  sleep 0.5
+  "$bin" train "$tmp/ok.yaml" "${small[@]}" --master-port "$port" >"$tmp/out" 2>"$tmp/err"; rc=$?
+  kill $holder 2>/dev/null
+  [ "$rc" -ne 0 ] || fail "port in use: exit 0"
+  grep -q "$port" "$tmp/err" || fail "port in use: the error does not name port $port"
+  no_leftovers "port in use"
+  echo "ok: port in use"
+  ;;
+progress)
+  # not a terminal: plain lines every log.every_steps, no carriage returns; the last line
+  # states the test accuracy and where the logs are
+  "$bin" train "$tmp/ok.yaml" "${small[@]}" log.every_steps=4 >"$tmp/out" 2>"$tmp/err" || fail "plain run failed"
+  grep -q "^epoch 1/1 step 4/16 " "$tmp/out" || fail "no plain progress line"
+  ! grep -q $'\r' "$tmp/out" || fail "carriage return without a terminal"
+  tail -1 "$tmp/out" | grep -q "^test accuracy .*% (128 test samples) .*logs in $tmp/run/" || fail "last line: $(tail -1 "$tmp/out")"
+  grep -q "  backward " "$tmp/out" || fail "no epoch table"
+  for stage in data h2d forward backward comm optim step; do
+    grep -q "\"${stage}_ms\": " "$tmp/run/metrics.jsonl" || fail "metrics.jsonl has no ${stage}_ms"
+  done
+  /usr/bin/python3 - "$tmp/run/metrics.jsonl" <<'PY' || fail "metrics.jsonl"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r for r in rows if r["kind"] == "step"]
+assert [r["step"] for r in steps] == list(range(1, 17)), [r["step"] for r in steps]
+assert all(r["step_ms"] > 0 and r["images"] == 32 for r in steps)
+assert any(r["kind"] == "eval" for r in rows) and rows[-1]["kind"] == "end"
+PY
+  [ -s "$tmp/run/config.yaml" ] || fail "no resolved config"
+  grep -q '^  arch: "net"' "$tmp/run/config.yaml" || fail "resolved config lacks model.arch"
+  # a terminal (script(1) gives a pseudo-terminal): a bar redrawn in place
+  rm -rf "$tmp/run"
+  script -qefc "$(printf '%q ' "$bin" train "$tmp/ok.yaml" "${small[@]}")" /dev/null >"$tmp/out" 2>&1 || fail "run under a pty failed"
+  grep -q $'\r\033\[Kepoch 1/1 \[' "$tmp/out" || fail "no progress bar on a terminal"
+  echo "ok: progress"
+  ;;
+kill_rank)
+  "$bin" train "$tmp/ok.yaml" "${small[@]}" data.train_subset=0 train.epochs=50 >"$tmp/out" 2>"$tmp/err" &
+  launcher=$!
+  for _ in $(seq 200); do grep -q '"kind": "step"' "$tmp/run/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+  victim=
+  for p in $(pgrep -P $launcher); do
+    tr '\0' '\n' < /proc/$p/environ | grep -qx RANK=1 && victim=$p
+  done
+  [ -n "$victim" ] || fail "rank 1 not found among the launcher's children"
+  kill -9 "$victim"
+  start=$(date +%s)
+  wait $launcher; rc=$?
+  took=$(( $(date +%s) - start ))
+  [ "$rc" -ne 0 ] || fail "launcher exited 0 after a rank was killed"
+  grep -q "rank 1 was killed by SIGKILL" "$tmp/err" || fail "the launcher does not name rank 1 and SIGKILL"
+  [ "$took" -le 60 ] || fail "the launcher took $took s (more than the 30 s timeout + grace) to stop"
+  no_leftovers "kill rank"
+  echo "ok: kill rank (launcher exited $rc after $took s)"
+  ;;
+*) echo "usage: $0 RINGTRAIN bad_config|progress|kill_rank" >&2; exit 2 ;;
+esac
