@@ -8,7 +8,8 @@
 # channels_last memory formats), one process per configuration. Reports images/s, the
 # ratio ringtrain / PyTorch, and peak GPU memory: PyTorch's max_memory_allocated, and
 # for both processes the peak "used_memory" nvidia-smi shows for their pid (CUDA
-# context included), sampled every 0.2 s.
+# context included), sampled every 0.2 s, and ringtrain's own peak_gpu_mb. Both sides
+# time their steps with CUDA events and synchronise once per run.
 #
 #   bench/gpu.sh [--json FILE]
 #
@@ -26,7 +27,7 @@ json_asked=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --json) json_out=${2:?--json needs a file}; json_asked=1; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -226,13 +227,15 @@ def fmt(v, spec):
     return format(v, spec) if isinstance(v, (int, float)) else "-".rjust(int(spec.split(".")[0]))
 
 print(f"{'input':<8} {'stem':<8} {'prec':<5} {'batch':>5} | {'ringtrain':>9} {'torch':>9} {'torch_cl':>9} "
-      f"{'ratio':>6} {'r/cl':>6} | {'rt MiB':>7} {'pt MiB':>7} {'pt alloc':>8}")
+      f"{'ratio':>6} {'r/cl':>6} | {'rt MiB':>7} {'pt MiB':>7} {'rt own':>7} {'pt alloc':>8}")
 for r in rows:
     print(f"{r['input']:<8} {r['stem']:<8} {r['precision']:<5} {r['batch']:>5} | "
           f"{fmt(r['ringtrain_images_per_s'], '9.0f')} {fmt(r['torch_images_per_s'], '9.0f')} "
           f"{fmt(r['torch_cl_images_per_s'], '9.0f')} {fmt(r['ratio_vs_torch'], '6.2f')} "
           f"{fmt(r['ratio_vs_torch_cl'], '6.2f')} | {fmt(r['ringtrain_nvidia_smi_peak_mb'], '7.0f')} "
-          f"{fmt(r['torch_nvidia_smi_peak_mb'], '7.0f')} {fmt(r['torch_peak_allocated_mb'], '8.0f')}")
-print("MiB: peak GPU memory of the process (nvidia-smi, CUDA context included); pt alloc: "
+          f"{fmt(r['torch_nvidia_smi_peak_mb'], '7.0f')} {fmt(r['ringtrain_gpu_peak_mb'], '7.0f')} "
+          f"{fmt(r['torch_peak_allocated_mb'], '8.0f')}")
+print("MiB: peak GPU memory of the process (nvidia-smi, CUDA context included); rt own: ringtrain's peak_gpu_mb "
+      "(device memory it holds, CUDA context and library handles excluded); pt alloc: "
       "torch.cuda.max_memory_allocated")
 PY

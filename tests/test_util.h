@@ -4,6 +4,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,20 +15,42 @@
 #include "core/status.h"
 
 /* Assert an rt_status is RT_OK, printing the recorded error otherwise. */
-#define assert_rt_ok(expr)                                                                    \
-    do {                                                                                      \
-        rt_status s_ = (expr);                                                                \
-        if (s_ != RT_OK) fail_msg("%s -> %s: %s", #expr, rt_status_name(s_), rt_error_message()); \
+#define assert_rt_ok(expr)                                                                                             \
+    do {                                                                                                               \
+        rt_status s_ = (expr);                                                                                         \
+        if (s_ != RT_OK) fail_msg("%s -> %s: %s", #expr, rt_status_name(s_), rt_error_message());                      \
     } while (0)
 
-/* GPU tests: exit 77 (ctest: skipped) when no device answers. */
-#define RT_SKIP_WITHOUT_GPU()                                                                 \
-    do {                                                                                      \
-        int n_ = 0;                                                                           \
-        if (rt_cuda_device_count(&n_) != RT_OK) {                                             \
-            printf("SKIP: %s\n", rt_error_message());                                        \
-            return 77;                                                                        \
-        }                                                                                     \
+/* GPU tests: what main() does about the device, from the status of rt_cuda_device_count
+ * (`why` is its message): 0 = run the tests; 77 = skip (ctest: skipped), only for "no GPU"
+ * (RT_ERR_NODEVICE); 1 = fail, for any other error (a GPU that is there but unusable, e.g.
+ * a driver too old for this CUDA) and for "no GPU" when RINGTRAIN_REQUIRE_GPU is set to
+ * anything but "" or "0" (scripts/gpu-check sets it: a GPU check cannot pass by skipping). */
+static inline bool rt_test_require_gpu(void) {
+    const char *e = getenv("RINGTRAIN_REQUIRE_GPU");
+    return e && *e && !(e[0] == '0' && e[1] == 0);
+}
+static inline int rt_test_gpu_exit_code(rt_status count_status, const char *why) {
+    if (count_status == RT_OK) return 0;
+    if (count_status == RT_ERR_NODEVICE && !rt_test_require_gpu()) {
+        printf("SKIP: %s\n", why);
+        return 77;
+    }
+    if (count_status == RT_ERR_NODEVICE)
+        printf("FAIL: RINGTRAIN_REQUIRE_GPU is set, but %s\n", why);
+    else
+        printf("FAIL: the GPU cannot be used (%s): %s\n", rt_status_name(count_status), why);
+    return 1;
+}
+
+/* main(): skip (77) when no device answers, fail (1) under RINGTRAIN_REQUIRE_GPU=1 or
+ * when the GPU is there but unusable */
+#define RT_SKIP_WITHOUT_GPU()                                                                                          \
+    do {                                                                                                               \
+        int n_ = 0;                                                                                                    \
+        rt_status st_ = rt_cuda_device_count(&n_);                                                                     \
+        int rc_ = rt_test_gpu_exit_code(st_, st_ == RT_OK ? "" : rt_error_message());                                  \
+        if (rc_ != 0) return rc_;                                                                                      \
     } while (0)
 
 #endif

@@ -7,12 +7,25 @@
  * optimizer per slice of the parameter arena), like PyTorch's parallel elementwise
  * kernels. Prints a table (or one JSON object per batch size with --json) with images/s,
  * the mean time of forward, backward and update, and the process's peak RSS.
+ *
+ * On a GPU the steps are timed with events on the model context's stream and the host
+ * synchronises once per batch size, after the last timed step (as bench/gpu_torch.py
+ * does on the PyTorch side): nothing in the loop waits for the GPU, the loss is read
+ * after the run. The table and JSON add the peak GPU memory of the run (peak_gpu_mb):
+ * the rise of the device's used memory (cudaMemGetInfo) since the model context was
+ * created, plus the backend's own buffers (cuBLAS workspace); the CUDA context and the
+ * cuDNN/cuBLAS handles are not counted, as torch.cuda.max_memory_allocated does not
+ * count them. ringtrain allocates everything before the first step, so the memory in
+ * use after the run is the run's peak.
  */
 #include "cli/cli.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "model/model.h"
 #include "optim/optimizer.h"
+#ifdef RT_HAVE_CUDA
+#include "model/cuda/mem_cuda.h"
+#endif
 
 #include <pthread.h>
 #include <stdio.h>
@@ -135,6 +148,88 @@ static rt_status sgd_step(sgd *s, float *w, const float *g) {
     return RT_OK;
 }
 
+/* ---- GPU: event timing, one synchronisation per run, peak device memory ------------ */
+
+/* bytes in use on ctx's GPU (cudaMemGetInfo), and the CUDA backend's own buffers */
+static rt_status gpu_mem_used(rt_model_ctx *ctx, size_t *used, size_t *backend) {
+#ifdef RT_HAVE_CUDA
+    *backend = rt_model_cuda_backend_bytes(ctx);
+    return rt_model_cuda_mem_used(ctx, used);
+#else
+    (void)ctx;
+    *used = *backend = 0;
+    return RT_OK;
+#endif
+}
+
+/* steps whose events are kept at once; a longer run reads a slot's times before reusing
+ * it (an event recorded GPU_EVENT_RING steps earlier: long complete, nothing waits) */
+#define GPU_EVENT_RING 256
+
+/* *acc += ms from a to b; both recorded and complete */
+static rt_status add_elapsed(rt_event *a, rt_event *b, double *acc) {
+    float ms = 0;
+    bool ready = false;
+    RT_CHECK(rt_event_elapsed_ms(a, b, &ms, &ready));
+    if (!ready) {
+        RT_CHECK(rt_event_sync(b));
+        RT_CHECK(rt_event_elapsed_ms(a, b, &ms, &ready));
+    }
+    *acc += ms;
+    return RT_OK;
+}
+
+typedef struct step_times {
+    double fwd, bwd, sgd, all; /* ms, sums over the timed steps */
+} step_times;
+
+/* warmup + steps training steps on the GPU: events around forward + loss, backward and
+ * the update of every timed step, one event before the first and one after the last,
+ * then one stream synchronisation */
+static rt_status gpu_run(rt_model *m, rt_model_ctx *ctx, sgd *s, const float *x, const int64_t *labels, int n,
+                         int warmup, int steps, step_times *t, float *loss) {
+    memset(t, 0, sizeof *t);
+    const int ring = steps < GPU_EVENT_RING ? steps : GPU_EVENT_RING;
+    rt_event *ev[GPU_EVENT_RING][4] = {{NULL}}, *start = NULL, *end = NULL;
+    rt_status st = RT_OK;
+    for (int r = 0; r < ring && st == RT_OK; r++)
+        for (int k = 0; k < 4 && st == RT_OK; k++) st = rt_event_create(ctx->device, &ev[r][k]);
+    if (st == RT_OK) st = rt_event_create(ctx->device, &start);
+    if (st == RT_OK) st = rt_event_create(ctx->device, &end);
+    for (int it = 0; it < warmup + steps && st == RT_OK; it++) {
+        const int timed = it - warmup, slot = timed >= 0 ? timed % ring : 0;
+        rt_event **e = ev[slot];
+        if (timed >= ring) { /* the slot's previous step: read its times before reusing it */
+            if ((st = add_elapsed(e[0], e[1], &t->fwd)) != RT_OK || (st = add_elapsed(e[1], e[2], &t->bwd)) != RT_OK ||
+                (st = add_elapsed(e[2], e[3], &t->sgd)) != RT_OK)
+                break;
+        }
+        if (timed == 0 && (st = rt_event_record(start, ctx->stream)) != RT_OK) break;
+        if ((timed >= 0 && (st = rt_event_record(e[0], ctx->stream)) != RT_OK) ||
+            (st = rt_model_forward(m, x, n, true)) != RT_OK || (st = rt_model_loss(m, labels)) != RT_OK ||
+            (timed >= 0 && (st = rt_event_record(e[1], ctx->stream)) != RT_OK) ||
+            (st = rt_model_backward(m, NULL, NULL)) != RT_OK ||
+            (timed >= 0 && (st = rt_event_record(e[2], ctx->stream)) != RT_OK) ||
+            (st = sgd_step(s, rt_model_params(m)->base, rt_model_grads(m)->base)) != RT_OK ||
+            (timed >= 0 && (st = rt_event_record(e[3], ctx->stream)) != RT_OK))
+            break;
+    }
+    if (st == RT_OK) st = rt_event_record(end, ctx->stream);
+    if (st == RT_OK) st = rt_stream_sync(ctx->stream); /* the one synchronisation of the run */
+    for (int timed = steps > ring ? steps - ring : 0; timed < steps && st == RT_OK; timed++) {
+        rt_event **e = ev[timed % ring];
+        if ((st = add_elapsed(e[0], e[1], &t->fwd)) == RT_OK && (st = add_elapsed(e[1], e[2], &t->bwd)) == RT_OK)
+            st = add_elapsed(e[2], e[3], &t->sgd);
+    }
+    if (st == RT_OK) st = add_elapsed(start, end, &t->all);
+    if (st == RT_OK) st = rt_model_loss_value(m, loss);
+    for (int r = 0; r < ring; r++)
+        for (int k = 0; k < 4; k++) rt_event_destroy(ev[r][k]);
+    rt_event_destroy(start);
+    rt_event_destroy(end);
+    return st;
+}
+
 int rt_cmd_bench_model(int argc, char **argv) {
     rt_model_config cfg;
     rt_model_config_default(&cfg);
@@ -215,9 +310,14 @@ int rt_cmd_bench_model(int argc, char **argv) {
     rt_model_ctx *ctx = NULL;
     rt_model_ctx_options o = {.device = dev, .threads = threads, .precision = precision};
     if (rt_model_ctx_create(&o, &ctx) != RT_OK) return rt_cli_fail();
+    size_t mem_base = 0, backend_bytes = 0;
+    if (gpu && gpu_mem_used(ctx, &mem_base, &backend_bytes) != RT_OK) {
+        rt_model_ctx_destroy(ctx);
+        return rt_cli_fail();
+    }
     if (!json)
-        printf("%-9s %-8s %-9s %5s %7s | %9s %8s %9s %8s %8s\n", "model", "stem", "input", "batch", "threads", "img/s",
-               "step ms", "fwd ms", "bwd ms", "sgd ms");
+        printf("%-9s %-8s %-9s %5s %7s | %9s %8s %9s %8s %8s%s\n", "model", "stem", "input", "batch", "threads",
+               "img/s", "step ms", "fwd ms", "bwd ms", "sgd ms", gpu ? "  GPU MiB" : "");
     int status = 0;
     for (int bi = 0; bi < nbatch && status == 0; bi++) {
         int n = batches[bi];
@@ -253,15 +353,43 @@ int rt_cmd_bench_model(int argc, char **argv) {
                     status = rt_cli_fail();
             }
         }
-        if (status == 0) {
-            const float *xin = gpu ? x_dev : x;
-            const int64_t *lin = gpu ? labels_dev : labels;
+        if (status == 0 && gpu) {
+            step_times t;
+            float loss = 0;
+            size_t used = 0;
+            if (gpu_run(m, ctx, &s, x_dev, labels_dev, n, warmup, steps, &t, &loss) != RT_OK ||
+                gpu_mem_used(ctx, &used, &backend_bytes) != RT_OK) {
+                status = rt_cli_fail();
+            } else {
+                double peak_gpu_mb =
+                    (double)(used > mem_base ? used - mem_base : 0) / 1048576.0 + backend_bytes / 1048576.0;
+                struct rusage ru;
+                getrusage(RUSAGE_SELF, &ru);
+                double ms = t.all / steps, ips = n * 1000.0 / ms;
+                if (json)
+                    printf("{\"impl\": \"ringtrain\", \"device\": \"%s\", \"precision\": \"%s\", "
+                           "\"arch\": \"%s\", \"stem\": \"%s\", \"channels\": %d, "
+                           "\"size\": %d, \"batch\": %d, \"threads\": %d, \"steps\": %d, \"images_per_s\": %.2f, "
+                           "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
+                           "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f, \"peak_gpu_mb\": %.1f, "
+                           "\"timing\": \"cuda events, one synchronisation per run\"}\n",
+                           devstr, rt_precision_name(precision), rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem),
+                           cfg.in_channels, cfg.in_h, n, threads, steps, ips, ms, t.fwd / steps, t.bwd / steps,
+                           t.sgd / steps, (double)loss, ru.ru_maxrss / 1024.0, peak_gpu_mb);
+                else
+                    printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.0f\n",
+                           rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, cfg.in_w, n,
+                           threads, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps, peak_gpu_mb);
+                fflush(stdout);
+            }
+        } else if (status == 0) {
+            const float *xin = x;
+            const int64_t *lin = labels;
             double t_fwd = 0, t_bwd = 0, t_sgd = 0, t_all = 0;
             float loss = 0;
             for (int it = 0; it < warmup + steps && status == 0; it++) {
                 uint64_t t0 = rt_now_ns();
-                if (rt_model_forward(m, xin, n, true) != RT_OK || rt_model_loss(m, lin) != RT_OK ||
-                    (gpu && rt_model_ctx_sync(ctx) != RT_OK)) {
+                if (rt_model_forward(m, xin, n, true) != RT_OK || rt_model_loss(m, lin) != RT_OK) {
                     status = rt_cli_fail();
                     break;
                 }
@@ -271,8 +399,7 @@ int rt_cmd_bench_model(int argc, char **argv) {
                     break;
                 }
                 uint64_t t2 = rt_now_ns();
-                if (sgd_step(&s, rt_model_params(m)->base, rt_model_grads(m)->base) != RT_OK ||
-                    (gpu && rt_model_ctx_sync(ctx) != RT_OK)) {
+                if (sgd_step(&s, rt_model_params(m)->base, rt_model_grads(m)->base) != RT_OK) {
                     status = rt_cli_fail();
                     break;
                 }

@@ -39,8 +39,10 @@ static uint64_t g_subseq; /* every random fill draws from a new Philox subsequen
 #define TOL_FWD 1e-5
 #define TOL_GRAD 1e-4
 
+static inline bool gt_on_cpu(void);
 static inline void gt_sync(void) {
 #ifdef RT_HAVE_CUDA
+    if (gt_on_cpu()) return; /* the harness self-check has no GPU to wait for */
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) fail_msg("cudaDeviceSynchronize: %s", cudaGetErrorString(e));
 #endif
@@ -74,9 +76,14 @@ static inline bool gt_on_cpu(void) {
 }
 static inline rt_device gt_gpu_device(void) { return gt_on_cpu() ? rt_device_cpu() : rt_device_cuda(0); }
 
-/* main(): skip without a GPU (unless self-checking the harness on the CPU) */
+/* main(): skip without a GPU (unless self-checking the harness on the CPU); the
+ * self-check is no GPU test, so RINGTRAIN_REQUIRE_GPU=1 fails it as it fails a skip */
 #define GT_SKIP_WITHOUT_GPU()                                                                                          \
     do {                                                                                                               \
+        if (gt_on_cpu() && rt_test_require_gpu()) {                                                                    \
+            printf("FAIL: RINGTRAIN_REQUIRE_GPU is set, but RINGTRAIN_GPU_TESTS_ON_CPU=1 runs no GPU code\n");         \
+            return 1;                                                                                                  \
+        }                                                                                                              \
         if (gt_on_cpu())                                                                                               \
             printf("RINGTRAIN_GPU_TESTS_ON_CPU=1: harness self-check, the GPU side runs on the CPU\n");                \
         else                                                                                                           \

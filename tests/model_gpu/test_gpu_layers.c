@@ -6,11 +6,14 @@
  * (max-norm) error < 1e-5 forward, < 1e-4 gradients. The ops whose kernels repeat the
  * CPU arithmetic (relu, add, pooling, dropout, bias gradient) must match bit for bit.
  * Batch sizes below the prepared maximum are run too (the cuDNN layers keep a second
- * descriptor set for them). Exits 77 (skipped) where no GPU answers.
+ * descriptor set for them). Convolution and batch norm also run at the shapes that train
+ * (batch 128 and 256, 64-128 channels) in fp32 and tf32; the tf32 run must have chosen a
+ * tensor-op algorithm on sm_80+. Exits 77 (skipped) where no GPU answers.
  */
 #include "gpu_test_util.h"
 
 #ifdef RT_HAVE_CUDA
+#include "model/cuda/cuda_internal.h" /* the chosen convolution algorithms (rt_cuda_state) */
 #include "model/cuda/mem_cuda.h"
 #endif
 
@@ -74,8 +77,9 @@ static void conv_teardown(conv_pair *P) {
     rt_arena_free(&P->gg);
 }
 
-/* forward, backward (dx written, dx accumulated, dx NULL) at batch n */
-static void conv_run(conv_pair *P, int n, const char *name) {
+/* forward, backward (dx written, dx accumulated, dx NULL) at batch n, within tf (forward)
+ * and tg (gradients) */
+static void conv_run(conv_pair *P, int n, const char *name, double tf, double tg) {
     const rt_conv2d *l = &P->c;
     const size_t xn = (size_t)n * l->in_c * l->in_h * l->in_w, yn = (size_t)n * l->out_c * l->out_h * l->out_w;
     const size_t wn = (size_t)l->out_c * l->in_c * l->k * l->k;
@@ -88,19 +92,19 @@ static void conv_run(conv_pair *P, int n, const char *name) {
     assert_rt_ok(rt_conv2d_forward(g_cpu, &P->c, n, hx, cy));
     assert_rt_ok(rt_conv2d_forward(g_gpu, &P->g, n, x_dev, gy));
     snprintf(what, sizeof what, "%s n=%d forward", name, n);
-    gt_check_dev(what, cy, gy, yn, TOL_FWD);
+    gt_check_dev(what, cy, gy, yn, tf);
 
     gt_poison(rt_tensor_data(&P->g.dweight), wn * sizeof(float));
     if (l->has_bias) gt_poison(rt_tensor_data(&P->g.dbias), (size_t)l->out_c * sizeof(float));
     assert_rt_ok(rt_conv2d_backward(g_cpu, &P->c, n, hx, hdy, cdx, false));
     assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, x_dev, ddy, gdx, false));
     snprintf(what, sizeof what, "%s n=%d dx", name, n);
-    gt_check_dev(what, cdx, gdx, xn, TOL_GRAD);
+    gt_check_dev(what, cdx, gdx, xn, tg);
     snprintf(what, sizeof what, "%s n=%d dweight", name, n);
-    gt_check_dev(what, rt_tensor_data(&P->c.dweight), rt_tensor_data(&P->g.dweight), wn, TOL_GRAD);
+    gt_check_dev(what, rt_tensor_data(&P->c.dweight), rt_tensor_data(&P->g.dweight), wn, tg);
     if (l->has_bias) {
         snprintf(what, sizeof what, "%s n=%d dbias", name, n);
-        gt_check_dev(what, rt_tensor_data(&P->c.dbias), rt_tensor_data(&P->g.dbias), (size_t)l->out_c, TOL_GRAD);
+        gt_check_dev(what, rt_tensor_data(&P->c.dbias), rt_tensor_data(&P->g.dbias), (size_t)l->out_c, tg);
     }
 
     /* accumulate into a random dx */
@@ -110,15 +114,15 @@ static void conv_run(conv_pair *P, int n, const char *name) {
     assert_rt_ok(rt_conv2d_backward(g_cpu, &P->c, n, hx, hdy, cdx, true));
     assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, x_dev, ddy, gdx, true));
     snprintf(what, sizeof what, "%s n=%d dx accumulated", name, n);
-    gt_check_dev(what, cdx, gdx, xn, TOL_GRAD);
+    gt_check_dev(what, cdx, gdx, xn, tg);
     snprintf(what, sizeof what, "%s n=%d dweight (again)", name, n);
-    gt_check_dev(what, rt_tensor_data(&P->c.dweight), rt_tensor_data(&P->g.dweight), wn, TOL_GRAD);
+    gt_check_dev(what, rt_tensor_data(&P->c.dweight), rt_tensor_data(&P->g.dweight), wn, tg);
 
     /* no input gradient (the first layer) */
     gt_poison(rt_tensor_data(&P->g.dweight), wn * sizeof(float));
     assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, x_dev, ddy, NULL, false));
     snprintf(what, sizeof what, "%s n=%d dweight (dx NULL)", name, n);
-    gt_check_dev(what, rt_tensor_data(&P->c.dweight), rt_tensor_data(&P->g.dweight), wn, TOL_GRAD);
+    gt_check_dev(what, rt_tensor_data(&P->c.dweight), rt_tensor_data(&P->g.dweight), wn, tg);
 
     free(hx), free(hdy), free(hdx0), free(cy), free(cdx);
     gt_free(x_dev), gt_free(ddy), gt_free(gy), gt_free(gdx);
@@ -130,9 +134,9 @@ static void conv_case(int max_n, int in_c, int out_c, int h, int w, int k, int s
     conv_setup(&P, max_n, in_c, out_c, h, w, k, s, pad, bias, &hw, &hb);
     char name[96];
     snprintf(name, sizeof name, "conv %d->%d %dx%d k%d s%d p%d%s", in_c, out_c, h, w, k, s, pad, bias ? " bias" : "");
-    conv_run(&P, max_n, name);
-    conv_run(&P, max_n - 3, name); /* the second descriptor set */
-    conv_run(&P, max_n, name);     /* and back */
+    conv_run(&P, max_n, name, TOL_FWD, TOL_GRAD);
+    conv_run(&P, max_n - 3, name, TOL_FWD, TOL_GRAD); /* the second descriptor set */
+    conv_run(&P, max_n, name, TOL_FWD, TOL_GRAD);     /* and back */
     conv_teardown(&P);
     free(hw);
     free(hb);
@@ -173,105 +177,239 @@ static void bn_place(rt_batchnorm2d *l, rt_arena *P, rt_arena *G, rt_arena *B) {
     assert_rt_ok(rt_arena_alloc(B));
 }
 
+/* batch norm C x H x W prepared for max_n, run at each batch of ns[0..nns): training
+ * forward (output, saved and running statistics, counter), backward (dx written and
+ * accumulated), evaluation forward */
+static void bn_case(int max_n, int C, int H, int W, const int *ns, int nns) {
+    bn_pair P;
+    assert_rt_ok(rt_batchnorm2d_init(&P.c, C, H, W));
+    P.g = P.c;
+    rt_arena_init(&P.cp, rt_device_cpu()), rt_arena_init(&P.cg, rt_device_cpu()), rt_arena_init(&P.cb, rt_device_cpu());
+    rt_arena_init(&P.gp, g_gpu->device), rt_arena_init(&P.gg, g_gpu->device), rt_arena_init(&P.gb, g_gpu->device);
+    bn_place(&P.c, &P.cp, &P.cg, &P.cb);
+    bn_place(&P.g, &P.gp, &P.gg, &P.gb);
+    gt_sync();
+    float *c_save_mean = gt_host_nan((size_t)C), *c_save_invstd = gt_host_nan((size_t)C);
+    P.c.save_mean = c_save_mean, P.c.save_invstd = c_save_invstd;
+    P.g_save_mean = gt_dev_nan((size_t)C), P.g_save_invstd = gt_dev_nan((size_t)C);
+    P.g.save_mean = P.g_save_mean, P.g.save_invstd = P.g_save_invstd;
+    /* parameters and running statistics: random (running_var > 0) */
+    float *hg = gt_uniform((size_t)C, 0.5f, 1.5f), *hb = gt_randn((size_t)C, 0.3f);
+    float *hrm = gt_randn((size_t)C, 0.2f), *hrv = gt_uniform((size_t)C, 0.5f, 2.0f);
+    int64_t nbt = 3;
+    memcpy(rt_tensor_data(&P.c.weight), hg, C * sizeof(float));
+    memcpy(rt_tensor_data(&P.c.bias), hb, C * sizeof(float));
+    memcpy(rt_tensor_data(&P.c.running_mean), hrm, C * sizeof(float));
+    memcpy(rt_tensor_data(&P.c.running_var), hrv, C * sizeof(float));
+    memcpy(rt_tensor_data(&P.c.num_batches_tracked), &nbt, sizeof nbt);
+    gt_upload(rt_tensor_data(&P.g.weight), hg, C * sizeof(float));
+    gt_upload(rt_tensor_data(&P.g.bias), hb, C * sizeof(float));
+    gt_upload(rt_tensor_data(&P.g.running_mean), hrm, C * sizeof(float));
+    gt_upload(rt_tensor_data(&P.g.running_var), hrv, C * sizeof(float));
+    gt_upload(rt_tensor_data(&P.g.num_batches_tracked), &nbt, sizeof nbt);
+    assert_rt_ok(rt_batchnorm2d_prepare(g_cpu, &P.c, max_n));
+    assert_rt_ok(rt_batchnorm2d_prepare(g_gpu, &P.g, max_n));
+
+    for (int ni = 0; ni < nns; ni++) {
+        const int n = ns[ni];
+        const size_t cnt = (size_t)n * C * H * W;
+        char what[96];
+        /* inputs with a per-channel offset and scale, as activations have */
+        float *hx = gt_randn(cnt, 1.0f), *hdy = gt_randn(cnt, 1.0f), *hdx0 = gt_randn(cnt, 1.0f);
+        for (size_t i = 0; i < cnt; i++) {
+            int ch = (int)((i / ((size_t)H * W)) % (size_t)C);
+            hx[i] = hx[i] * (1.0f + 0.1f * (float)ch) + 0.5f * (float)(ch % 3);
+        }
+        float *dx_in = gt_dev_copy(hx, cnt), *ddy = gt_dev_copy(hdy, cnt);
+        float *cy = gt_host_nan(cnt), *cdx = gt_host_nan(cnt);
+        float *gy = gt_dev_nan(cnt), *gdx = gt_dev_nan(cnt);
+        gt_poison(P.g_save_mean, C * sizeof(float));
+        gt_poison(P.g_save_invstd, C * sizeof(float));
+
+        /* training forward: output, saved statistics, running statistics, counter */
+        assert_rt_ok(rt_batchnorm2d_forward(g_cpu, &P.c, n, hx, cy, true));
+        assert_rt_ok(rt_batchnorm2d_forward(g_gpu, &P.g, n, dx_in, gy, true));
+        snprintf(what, sizeof what, "bn %dx%dx%d n=%d train forward", C, H, W, n);
+        gt_check_dev(what, cy, gy, cnt, TOL_FWD);
+        gt_check_dev("  save_mean", c_save_mean, P.g_save_mean, (size_t)C, TOL_FWD);
+        gt_check_dev("  save_invstd", c_save_invstd, P.g_save_invstd, (size_t)C, TOL_FWD);
+        gt_check_dev("  running_mean", rt_tensor_data(&P.c.running_mean), rt_tensor_data(&P.g.running_mean), (size_t)C,
+                     TOL_FWD);
+        gt_check_dev("  running_var (unbiased)", rt_tensor_data(&P.c.running_var), rt_tensor_data(&P.g.running_var),
+                     (size_t)C, TOL_FWD);
+        int64_t gn = -1;
+        gt_download(&gn, rt_tensor_data(&P.g.num_batches_tracked), sizeof gn);
+        assert_int_equal(gn, *(int64_t *)rt_tensor_data(&P.c.num_batches_tracked));
+
+        /* backward, dx written then accumulated */
+        gt_poison(rt_tensor_data(&P.g.dweight), C * sizeof(float));
+        gt_poison(rt_tensor_data(&P.g.dbias), C * sizeof(float));
+        assert_rt_ok(rt_batchnorm2d_backward(g_cpu, &P.c, n, hx, hdy, cdx, false));
+        assert_rt_ok(rt_batchnorm2d_backward(g_gpu, &P.g, n, dx_in, ddy, gdx, false));
+        snprintf(what, sizeof what, "bn %dx%dx%d n=%d dx", C, H, W, n);
+        gt_check_dev(what, cdx, gdx, cnt, TOL_GRAD);
+        gt_check_dev("  dweight", rt_tensor_data(&P.c.dweight), rt_tensor_data(&P.g.dweight), (size_t)C, TOL_GRAD);
+        gt_check_dev("  dbias", rt_tensor_data(&P.c.dbias), rt_tensor_data(&P.g.dbias), (size_t)C, TOL_GRAD);
+        memcpy(cdx, hdx0, cnt * sizeof(float));
+        gt_upload(gdx, hdx0, cnt * sizeof(float));
+        assert_rt_ok(rt_batchnorm2d_backward(g_cpu, &P.c, n, hx, hdy, cdx, true));
+        assert_rt_ok(rt_batchnorm2d_backward(g_gpu, &P.g, n, dx_in, ddy, gdx, true));
+        gt_check_dev("  dx accumulated", cdx, gdx, cnt, TOL_GRAD);
+
+        /* evaluation forward with the (now updated) running statistics */
+        gt_poison(gy, cnt * sizeof(float));
+        assert_rt_ok(rt_batchnorm2d_forward(g_cpu, &P.c, n, hx, cy, false));
+        assert_rt_ok(rt_batchnorm2d_forward(g_gpu, &P.g, n, dx_in, gy, false));
+        snprintf(what, sizeof what, "bn %dx%dx%d n=%d eval forward", C, H, W, n);
+        gt_check_dev(what, cy, gy, cnt, TOL_FWD);
+
+        free(hx), free(hdy), free(hdx0), free(cy), free(cdx);
+        gt_free(dx_in), gt_free(ddy), gt_free(gy), gt_free(gdx);
+    }
+    rt_batchnorm2d_release(g_cpu, &P.c);
+    rt_batchnorm2d_release(g_gpu, &P.g);
+    rt_arena_free(&P.cp), rt_arena_free(&P.cg), rt_arena_free(&P.cb);
+    rt_arena_free(&P.gp), rt_arena_free(&P.gg), rt_arena_free(&P.gb);
+    gt_free(P.g_save_mean), gt_free(P.g_save_invstd);
+    free(c_save_mean), free(c_save_invstd), free(hg), free(hb), free(hrm), free(hrv);
+}
+
 static void test_batchnorm2d(void **state) {
     (void)state;
     const int shapes[][4] = {{8, 16, 7, 7}, {8, 8, 14, 14}, {8, 32, 1, 1}, {4, 5, 3, 5}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        const int max_n = shapes[si][0], C = shapes[si][1], H = shapes[si][2], W = shapes[si][3];
-        bn_pair P;
-        assert_rt_ok(rt_batchnorm2d_init(&P.c, C, H, W));
-        P.g = P.c;
-        rt_arena_init(&P.cp, rt_device_cpu()), rt_arena_init(&P.cg, rt_device_cpu()),
-            rt_arena_init(&P.cb, rt_device_cpu());
-        rt_arena_init(&P.gp, g_gpu->device), rt_arena_init(&P.gg, g_gpu->device), rt_arena_init(&P.gb, g_gpu->device);
-        bn_place(&P.c, &P.cp, &P.cg, &P.cb);
-        bn_place(&P.g, &P.gp, &P.gg, &P.gb);
-        gt_sync();
-        float *c_save_mean = gt_host_nan((size_t)C), *c_save_invstd = gt_host_nan((size_t)C);
-        P.c.save_mean = c_save_mean, P.c.save_invstd = c_save_invstd;
-        P.g_save_mean = gt_dev_nan((size_t)C), P.g_save_invstd = gt_dev_nan((size_t)C);
-        P.g.save_mean = P.g_save_mean, P.g.save_invstd = P.g_save_invstd;
-        /* parameters and running statistics: random (running_var > 0) */
-        float *hg = gt_uniform((size_t)C, 0.5f, 1.5f), *hb = gt_randn((size_t)C, 0.3f);
-        float *hrm = gt_randn((size_t)C, 0.2f), *hrv = gt_uniform((size_t)C, 0.5f, 2.0f);
-        int64_t nbt = 3;
-        memcpy(rt_tensor_data(&P.c.weight), hg, C * sizeof(float));
-        memcpy(rt_tensor_data(&P.c.bias), hb, C * sizeof(float));
-        memcpy(rt_tensor_data(&P.c.running_mean), hrm, C * sizeof(float));
-        memcpy(rt_tensor_data(&P.c.running_var), hrv, C * sizeof(float));
-        memcpy(rt_tensor_data(&P.c.num_batches_tracked), &nbt, sizeof nbt);
-        gt_upload(rt_tensor_data(&P.g.weight), hg, C * sizeof(float));
-        gt_upload(rt_tensor_data(&P.g.bias), hb, C * sizeof(float));
-        gt_upload(rt_tensor_data(&P.g.running_mean), hrm, C * sizeof(float));
-        gt_upload(rt_tensor_data(&P.g.running_var), hrv, C * sizeof(float));
-        gt_upload(rt_tensor_data(&P.g.num_batches_tracked), &nbt, sizeof nbt);
-        assert_rt_ok(rt_batchnorm2d_prepare(g_cpu, &P.c, max_n));
-        assert_rt_ok(rt_batchnorm2d_prepare(g_gpu, &P.g, max_n));
-
+        const int max_n = shapes[si][0];
         const int ns[3] = {max_n, max_n - 1, max_n};
-        for (int ni = 0; ni < 3; ni++) {
-            const int n = ns[ni];
-            const size_t cnt = (size_t)n * C * H * W;
-            char what[96];
-            /* inputs with a per-channel offset and scale, as activations have */
-            float *hx = gt_randn(cnt, 1.0f), *hdy = gt_randn(cnt, 1.0f), *hdx0 = gt_randn(cnt, 1.0f);
-            for (size_t i = 0; i < cnt; i++) {
-                int ch = (int)((i / ((size_t)H * W)) % (size_t)C);
-                hx[i] = hx[i] * (1.0f + 0.1f * (float)ch) + 0.5f * (float)(ch % 3);
-            }
-            float *dx_in = gt_dev_copy(hx, cnt), *ddy = gt_dev_copy(hdy, cnt);
-            float *cy = gt_host_nan(cnt), *cdx = gt_host_nan(cnt);
-            float *gy = gt_dev_nan(cnt), *gdx = gt_dev_nan(cnt);
-            gt_poison(P.g_save_mean, C * sizeof(float));
-            gt_poison(P.g_save_invstd, C * sizeof(float));
-
-            /* training forward: output, saved statistics, running statistics, counter */
-            assert_rt_ok(rt_batchnorm2d_forward(g_cpu, &P.c, n, hx, cy, true));
-            assert_rt_ok(rt_batchnorm2d_forward(g_gpu, &P.g, n, dx_in, gy, true));
-            snprintf(what, sizeof what, "bn %dx%dx%d n=%d train forward", C, H, W, n);
-            gt_check_dev(what, cy, gy, cnt, TOL_FWD);
-            gt_check_dev("  save_mean", c_save_mean, P.g_save_mean, (size_t)C, TOL_FWD);
-            gt_check_dev("  save_invstd", c_save_invstd, P.g_save_invstd, (size_t)C, TOL_FWD);
-            gt_check_dev("  running_mean", rt_tensor_data(&P.c.running_mean), rt_tensor_data(&P.g.running_mean),
-                         (size_t)C, TOL_FWD);
-            gt_check_dev("  running_var (unbiased)", rt_tensor_data(&P.c.running_var), rt_tensor_data(&P.g.running_var),
-                         (size_t)C, TOL_FWD);
-            int64_t gn = -1;
-            gt_download(&gn, rt_tensor_data(&P.g.num_batches_tracked), sizeof gn);
-            assert_int_equal(gn, *(int64_t *)rt_tensor_data(&P.c.num_batches_tracked));
-
-            /* backward, dx written then accumulated */
-            gt_poison(rt_tensor_data(&P.g.dweight), C * sizeof(float));
-            gt_poison(rt_tensor_data(&P.g.dbias), C * sizeof(float));
-            assert_rt_ok(rt_batchnorm2d_backward(g_cpu, &P.c, n, hx, hdy, cdx, false));
-            assert_rt_ok(rt_batchnorm2d_backward(g_gpu, &P.g, n, dx_in, ddy, gdx, false));
-            snprintf(what, sizeof what, "bn %dx%dx%d n=%d dx", C, H, W, n);
-            gt_check_dev(what, cdx, gdx, cnt, TOL_GRAD);
-            gt_check_dev("  dweight", rt_tensor_data(&P.c.dweight), rt_tensor_data(&P.g.dweight), (size_t)C, TOL_GRAD);
-            gt_check_dev("  dbias", rt_tensor_data(&P.c.dbias), rt_tensor_data(&P.g.dbias), (size_t)C, TOL_GRAD);
-            memcpy(cdx, hdx0, cnt * sizeof(float));
-            gt_upload(gdx, hdx0, cnt * sizeof(float));
-            assert_rt_ok(rt_batchnorm2d_backward(g_cpu, &P.c, n, hx, hdy, cdx, true));
-            assert_rt_ok(rt_batchnorm2d_backward(g_gpu, &P.g, n, dx_in, ddy, gdx, true));
-            gt_check_dev("  dx accumulated", cdx, gdx, cnt, TOL_GRAD);
-
-            /* evaluation forward with the (now updated) running statistics */
-            gt_poison(gy, cnt * sizeof(float));
-            assert_rt_ok(rt_batchnorm2d_forward(g_cpu, &P.c, n, hx, cy, false));
-            assert_rt_ok(rt_batchnorm2d_forward(g_gpu, &P.g, n, dx_in, gy, false));
-            snprintf(what, sizeof what, "bn %dx%dx%d n=%d eval forward", C, H, W, n);
-            gt_check_dev(what, cy, gy, cnt, TOL_FWD);
-
-            free(hx), free(hdy), free(hdx0), free(cy), free(cdx);
-            gt_free(dx_in), gt_free(ddy), gt_free(gy), gt_free(gdx);
-        }
-        rt_batchnorm2d_release(g_cpu, &P.c);
-        rt_batchnorm2d_release(g_gpu, &P.g);
-        rt_arena_free(&P.cp), rt_arena_free(&P.cg), rt_arena_free(&P.cb);
-        rt_arena_free(&P.gp), rt_arena_free(&P.gg), rt_arena_free(&P.gb);
-        gt_free(P.g_save_mean), gt_free(P.g_save_invstd);
-        free(c_save_mean), free(c_save_invstd), free(hg), free(hb), free(hrm), free(hrv);
+        bn_case(max_n, shapes[si][1], shapes[si][2], shapes[si][3], ns, 3);
     }
+}
+
+/* ---- the shapes that train: batch 128 and 256, fp32 and tf32 ----------------------- */
+
+/* cuDNN picks other algorithms at training batches than at batch 8, so convolution and
+ * batch norm are also compared at batch 128 and 256, on ResNet-like shapes small enough
+ * to keep the CPU reference quick (64 channels at 28x28, 128 at 14x14). */
+static const int train_convs[][7] = {
+    /* in_c, out_c, h, w, k, stride, pad */
+    {64, 64, 28, 28, 3, 1, 1},   /* BasicBlock conv */
+    {64, 128, 28, 28, 3, 2, 1},  /* first conv of a downsampling block */
+    {64, 128, 28, 28, 1, 2, 0},  /* its 1x1 downsample */
+    {128, 128, 14, 14, 3, 1, 1}, /* BasicBlock conv after it */
+};
+static const int train_batches[] = {128, 256};
+#define N_TRAIN_CONVS ((int)(sizeof train_convs / sizeof train_convs[0]))
+#define N_TRAIN_BATCHES ((int)(sizeof train_batches / sizeof train_batches[0]))
+
+/* TF32 rounds each operand to 10 mantissa bits (2^-11 = 4.9e-4 relative); sums of
+ * random-sign products keep the result within a few 1e-3 of its scale (max norm) */
+#define TOL_TF32 1e-2
+
+static void conv_train_shapes(double tf, double tg) {
+    for (int bi = 0; bi < N_TRAIN_BATCHES; bi++)
+        for (int ci = 0; ci < N_TRAIN_CONVS; ci++) {
+            const int *c = train_convs[ci], n = train_batches[bi];
+            conv_pair P;
+            float *hw, *hb;
+            conv_setup(&P, n, c[0], c[1], c[2], c[3], c[4], c[5], c[6], false, &hw, &hb);
+            char name[96];
+            snprintf(name, sizeof name, "%s conv %d->%d %dx%d k%d s%d",
+                     g_gpu->precision == RT_PRECISION_TF32 ? "tf32" : "fp32", c[0], c[1], c[2], c[3], c[4], c[5]);
+            conv_run(&P, n, name, tf, tg);
+            conv_teardown(&P);
+            free(hw);
+            free(hb);
+        }
+}
+
+static void bn_train_shapes(void) {
+    const int shapes[][3] = {{64, 28, 28}, {128, 14, 14}};
+    for (int bi = 0; bi < N_TRAIN_BATCHES; bi++)
+        for (int si = 0; si < 2; si++) {
+            const int n = train_batches[bi];
+            bn_case(n, shapes[si][0], shapes[si][1], shapes[si][2], &n, 1);
+        }
+}
+
+#ifdef RT_HAVE_CUDA
+static const char *math_name(cudnnMathType_t m) {
+    switch (m) {
+    case CUDNN_DEFAULT_MATH:
+        return "default";
+    case CUDNN_TENSOR_OP_MATH:
+        return "tensor-op";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
+        return "tensor-op+conversion";
+    case CUDNN_FMA_MATH:
+        return "fma";
+    default:
+        return "?";
+    }
+}
+#endif
+
+/* the algorithms and math types the CUDA backend chose (its per-shape cache, read through
+ * the backend's internal header); returns how many directions chose tensor-op math, and
+ * fails if any chose fp16 down-conversion or (under fp32) anything but FMA math */
+static int conv_algos_report(rt_model_ctx *ctx) {
+    int tensor_op = 0;
+#ifdef RT_HAVE_CUDA
+    if (!rt_device_is_cuda(ctx->device)) return 0;
+    const rt_cuda_state *st = cuda_state(ctx);
+    assert_true(st->nalgos > 0);
+    for (int i = 0; i < st->nalgos; i++) {
+        const rt_cuda_conv_algos *a = &st->algos[i];
+        printf("  algos %d->%d %dx%d k%d s%d n=%d: fwd %d (%s), bwd-data %d (%s), bwd-filter %d (%s)\n", a->in_c,
+               a->out_c, a->in_h, a->in_w, a->k, a->stride, a->n, (int)a->fwd, math_name(a->fwd_math), (int)a->bwd_data,
+               math_name(a->bwd_data_math), (int)a->bwd_filter, math_name(a->bwd_filter_math));
+        const cudnnMathType_t m[3] = {a->fwd_math, a->bwd_data_math, a->bwd_filter_math};
+        for (int d = 0; d < 3; d++) {
+            if (m[d] == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
+                fail_msg("conv %d->%d n=%d: an algorithm with fp16 down-conversion was chosen", a->in_c, a->out_c,
+                         a->n);
+            if (ctx->precision == RT_PRECISION_FP32 && m[d] != CUDNN_FMA_MATH)
+                fail_msg("fp32 conv %d->%d n=%d: math type %s, expected fma", a->in_c, a->out_c, a->n, math_name(m[d]));
+            tensor_op += m[d] == CUDNN_TENSOR_OP_MATH;
+        }
+    }
+#else
+    (void)ctx;
+#endif
+    return tensor_op;
+}
+
+static void test_conv2d_train_fp32(void **state) {
+    (void)state;
+    conv_train_shapes(TOL_FWD, TOL_GRAD);
+    conv_algos_report(g_gpu);
+}
+
+static void test_batchnorm2d_train(void **state) {
+    (void)state;
+    bn_train_shapes();
+}
+
+/* tf32: within TOL_TF32 of the fp32 CPU backend, and on sm_80+ at least one direction of
+ * these shapes must run a tensor-op (TF32) algorithm, or tf32 mode buys nothing; batch
+ * norm stays fp32 in tf32 mode (fp32 bounds) */
+static void test_train_shapes_tf32(void **state) {
+    (void)state;
+    rt_model_ctx *fp32 = g_gpu;
+    g_gpu = gt_ctx(gt_gpu_device(), RT_PRECISION_TF32);
+    conv_train_shapes(TOL_TF32, TOL_TF32);
+    bn_train_shapes();
+    int tensor_op = conv_algos_report(g_gpu);
+    if (rt_device_is_cuda(g_gpu->device)) {
+        rt_cuda_device_info info;
+        assert_rt_ok(rt_cuda_device_info_get(g_gpu->device.index, &info));
+        printf("  %s (sm_%d%d): %d direction(s) chose tensor-op math\n", info.name, info.major, info.minor, tensor_op);
+        if (info.major >= 8 && tensor_op == 0)
+            fail_msg("tf32 on sm_%d%d: no convolution direction chose a tensor-op (TF32) algorithm", info.major,
+                     info.minor);
+        if (info.major < 8)
+            printf("  sm_%d%d has no TF32: the tensor-op check does not apply\n", info.major, info.minor);
+    }
+    rt_model_ctx_destroy(g_gpu);
+    g_gpu = fp32;
 }
 
 /* ---- relu, add, copy --------------------------------------------------------------- */
@@ -575,9 +713,18 @@ int main(void) {
     GT_SKIP_WITHOUT_GPU();
     g_seed = gt_pick_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv2d),    cmocka_unit_test(test_batchnorm2d), cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_maxpool2d), cmocka_unit_test(test_avgpool),     cmocka_unit_test(test_linear),
-        cmocka_unit_test(test_dropout),   cmocka_unit_test(test_losses),      cmocka_unit_test(test_mem_used),
+        cmocka_unit_test(test_conv2d),
+        cmocka_unit_test(test_batchnorm2d),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_maxpool2d),
+        cmocka_unit_test(test_avgpool),
+        cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_losses),
+        cmocka_unit_test(test_mem_used),
+        cmocka_unit_test(test_conv2d_train_fp32),
+        cmocka_unit_test(test_batchnorm2d_train),
+        cmocka_unit_test(test_train_shapes_tf32),
     };
     return cmocka_run_group_tests(tests, gt_setup, gt_teardown);
 }

@@ -4,9 +4,45 @@
 
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/device_cuda.h"
+#include "core/cuda/driver_version.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
+#include <string.h>
+
+/* the NVIDIA kernel module's version ("535.104.05") from /proc/driver/nvidia/version, or "" */
+static void nvidia_module_version(char *out, size_t n) {
+    out[0] = 0;
+    FILE *f = fopen("/proc/driver/nvidia/version", "r");
+    if (!f) return;
+    char line[512];
+    if (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "Kernel Module");
+        if (p) {
+            p += strlen("Kernel Module");
+            while (*p == ' ' || *p == '\t') p++;
+            size_t k = strcspn(p, " \t\n");
+            if (k >= n) k = n - 1;
+            memcpy(out, p, k);
+            out[k] = 0;
+        }
+    }
+    fclose(f);
+}
+
+/* the CUDA version the installed driver supports (1000*major + 10*minor), asked from
+ * libcuda itself (needs no cuInit, so it answers for a driver too old for this runtime);
+ * 0 without a driver */
+static int libcuda_driver_version(void) {
+    void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!drv) drv = dlopen("libcuda.so.1", RTLD_LAZY);
+    if (!drv) return 0;
+    int v = 0;
+    int (*get_version)(int *) = (int (*)(int *))dlsym(drv, "cuDriverGetVersion");
+    if (!get_version || get_version(&v) != 0) v = 0;
+    dlclose(drv);
+    return v;
+}
 
 static rt_status cuda_count(int *count) {
     *count = 0;
@@ -21,6 +57,16 @@ static rt_status cuda_count(int *count) {
             return rt_error_set(RT_ERR_NODEVICE, __FILE__, __LINE__, "cudaGetDeviceCount",
                                 "no GPU: no NVIDIA driver installed (libcuda.so.1 not found; CUDA runtime: %s)",
                                 cudaGetErrorName(e));
+        if (e == cudaErrorInsufficientDriver) {
+            /* a driver is there but older than this runtime: an error that names both
+             * versions, not "no GPU" */
+            dlclose(drv);
+            int drv_version = libcuda_driver_version();
+            char module[64], msg[512];
+            nvidia_module_version(module, sizeof module);
+            rt_cuda_old_driver_message(msg, sizeof msg, drv_version, CUDART_VERSION, module);
+            return rt_error_set(RT_ERR_CUDA, __FILE__, __LINE__, "cudaGetDeviceCount", "%s", msg);
+        }
         dlclose(drv);
         return rt_error_set(RT_ERR_NODEVICE, __FILE__, __LINE__, "cudaGetDeviceCount", "no GPU: %s (%s)",
                             cudaGetErrorString(e), cudaGetErrorName(e));
@@ -162,6 +208,7 @@ static int cuda_lib_versions(rt_lib_version *out, int cap) {
     rt_lib_version_fmt(v, sizeof v, rt, 1000, 10);
     rt_lib_version_add(out, cap, &n, "CUDA runtime", "cuda_runtime", v);
     if (cudaDriverGetVersion(&drv) != cudaSuccess) (void)cudaGetLastError();
+    if (drv <= 0) drv = libcuda_driver_version(); /* a driver too old for this runtime */
     rt_lib_version_fmt(v, sizeof v, drv, 1000, 10);
     rt_lib_version_add(out, cap, &n, "CUDA driver", "cuda_driver", drv > 0 ? v : "none");
     return n;
