@@ -273,12 +273,25 @@ int rt_cmd_train(int argc, char **argv) {
         rc = rt_cli_fail();
     } else if (st != RT_OK) {
         char line[2 * RT_LAUNCH_LINE];
-        fprintf(stderr, "ringtrain: error: %s\n", rt_launch_describe(&res, line, sizeof line));
         rc = 1;
         if (res.first_failure >= 0) {
-            int code = rt_launch_rank_code(&res.ranks[res.first_failure]);
+            /* the rank's own error line was forwarded already: name the rank and how it
+             * ended without repeating it, so the error is printed once */
+            const rt_launch_rank *f = &res.ranks[res.first_failure];
+            char sig[32];
+            if (f->signal)
+                fprintf(stderr, "ringtrain: rank %d was killed by %s%s; the other ranks were stopped\n", f->rank,
+                        rt_signal_name(f->signal, sig, sizeof sig),
+                        f->last_line[0] ? " (its last error is above)" : "");
+            else
+                fprintf(stderr, "ringtrain: rank %d exited with code %d%s; the other ranks were stopped\n", f->rank,
+                        f->exit_code, f->last_line[0] ? " (its error is above)" : " without printing an error");
+            int code = rt_launch_rank_code(f);
             rc = code > 0 && code < 256 ? code : 1;
-        } else if (res.signal) {
+        } else {
+            fprintf(stderr, "ringtrain: error: %s\n", rt_launch_describe(&res, line, sizeof line));
+        }
+        if (res.first_failure < 0 && res.signal) {
             rc = 128 + res.signal;
         }
     }

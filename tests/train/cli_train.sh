@@ -56,6 +56,11 @@ bad_config)
   expect_error "truncated dataset" 1 "$(basename "$f")" -- "$bin" train "$tmp/ok.yaml" "${small[@]}" "data.path=$tmp/cut"
   # a batch the ranks cannot share
   expect_error "batch not divisible" 1 "not divisible by the world size 3" -- "$bin" train "$tmp/ok.yaml" "${small[@]}" data.batch_size=32 --nproc 3
+  # an unreachable master (node 1 of 2; nothing listens at 127.0.0.3:29999)
+  RINGTRAIN_JOB_TOKEN=t expect_error "unreachable master" 1 "could not connect to store at 127.0.0.3:29999" -- \
+    "$bin" train "$tmp/ok.yaml" "${small[@]}" dist.timeout_s=3 --nnodes 2 --node-rank 1 --nproc 1 \
+    --master-addr 127.0.0.3 --master-port 29999
+  grep -q "rank 1 exited with code 1 (its error is above)" "$tmp/err" || fail "unreachable master: no launcher summary"
   # a port in use (by this shell's listener)
   port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   /usr/bin/python3 -c "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1',$port)); s.listen(); time.sleep(60)" &
