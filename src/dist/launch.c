@@ -10,6 +10,7 @@
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,6 +130,7 @@ typedef struct launch {
     int running;
     bool stopping;
     uint64_t kill_at; /* SIGKILL the rest at this time (0: not scheduled) */
+    pid_t parent;     /* the launcher's pid (children check it after PR_SET_PDEATHSIG) */
 } launch;
 
 static void write_all(int fd, const char *p, size_t n) {
@@ -384,6 +386,10 @@ static rt_status free_port(const char *addr, int *port) {
 /* In the child, between fork and exec / rank_fn. Only async-signal-safe calls until
  * rank_fn runs. */
 static void child_setup(int err_fd, const struct sigaction *old, const launch *L, int me, char **envp) {
+    /* a rank must not outlive its launcher (kill -9 of the launcher would leave it running,
+     * holding the port and writing to the run directory) */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != L->parent) _exit(1); /* the launcher died before prctl took effect */
     for (int k = 0; k < N_SIGS; k++) sigaction(k_sigs[k], &old[k], NULL);
     sigset_t none;
     sigemptyset(&none);
@@ -426,7 +432,7 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
     if (port == 0) RT_CHECK(free_port(o->master_addr, &port));
     out->master_port = port;
 
-    launch L = {.o = o, .res = out};
+    launch L = {.o = o, .res = out, .parent = getpid()};
     rank_env *envs = calloc((size_t)n, sizeof *envs);
     L.slots = calloc((size_t)n + 1, sizeof *L.slots); /* + the self-pipe */
     if (!envs || !L.slots) {

@@ -118,6 +118,17 @@ kill_rank)
   [ "$took" -le 60 ] || fail "the launcher took $took s (more than the 30 s timeout + grace) to stop"
   no_leftovers "kill rank"
   echo "ok: kill rank (launcher exited $rc after $took s)"
+  # kill -9 of the launcher itself: its ranks must not live on (PR_SET_PDEATHSIG)
+  rm -rf "$tmp/run"
+  "$bin" train "$tmp/ok.yaml" "${small[@]}" data.train_subset=0 train.epochs=50 >"$tmp/out" 2>"$tmp/err" &
+  launcher=$!
+  for _ in $(seq 200); do grep -q '"kind": "step"' "$tmp/run/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+  ranks=$(pgrep -P $launcher | wc -l)
+  [ "$ranks" -eq 2 ] || fail "expected 2 ranks under the launcher, found $ranks"
+  kill -9 $launcher
+  wait $launcher 2>/dev/null
+  no_leftovers "kill -9 of the launcher"
+  echo "ok: kill -9 of the launcher leaves no rank running"
   ;;
 *) echo "usage: $0 RINGTRAIN bad_config|progress|kill_rank" >&2; exit 2 ;;
 esac
