@@ -392,17 +392,15 @@ static const struct {
 
 /* ---- the shared submit path: every operation of every transport goes through here ---- */
 
-/* A new request (built by `build` when given), submitted, then waited for and freed
- * (blocking, out == NULL) or handed back in *out. Whatever fails, the request is freed. */
-static rt_status submit(rt_pg *pg, const char *name, const rt_op *op, bool build, rt_request **out) {
+/* A new request (built by `build` when given), submitted (driven by the progress thread
+ * when `async` and it has transfers) but not waited for. Whatever fails, it is freed. */
+static rt_status submit_req(rt_pg *pg, const char *name, const rt_op *op, bool build, bool async, rt_request **out) {
     int maxx = build ? k_ops[op->kind].per_rank * pg->size + k_ops[op->kind].extra : 0;
     rt_request *r;
     RT_CHECK(rt_req_new(&pg->w->eng, name, pg->id, pg->timeout_s, maxx, &r));
     rt_status s = build ? k_ops[op->kind].build(pg, r, op) : RT_OK;
-    /* the progress thread drives asynchronous requests that have transfers to move */
-    if (s == RT_OK) s = rt_req_submit(r, out != NULL && r->nx > 0);
-    if (s == RT_OK && !out) s = rt_req_wait(r);
-    if (s != RT_OK || !out) {
+    if (s == RT_OK) s = rt_req_submit(r, async && r->nx > 0);
+    if (s != RT_OK) {
         rt_req_free(r);
         return s;
     }
@@ -410,31 +408,163 @@ static rt_status submit(rt_pg *pg, const char *name, const rt_op *op, bool build
     return RT_OK;
 }
 
-static rt_status run(rt_pg *pg, const rt_op *op, bool async, rt_request **req);
-
-/* Device buffers over tcp/shm (ranks sharing one GPU): copy to pinned host memory, run
- * the host operation, copy back. Blocking only. */
-static rt_status run_staged(rt_pg *pg, const char *name, const rt_op *op, rt_request **out) {
-    RT_REQUIRE(out == NULL, RT_ERR_UNSUPPORTED, "%s: asynchronous operations on device buffers need the nccl transport",
-               name);
-    size_t nb = op->count * rt_dtype_size(op->dtype);
-    if (pg->stage_bytes < nb) {
-        if (pg->stage) rt_host_free(pg->stage, pg->stage_pinned);
-        pg->stage = NULL;
-        pg->stage_bytes = 0;
-        RT_CHECK(rt_host_alloc(nb, true, &pg->stage, &pg->stage_pinned));
-        pg->stage_bytes = nb;
+/* Submitted, then waited for and freed (blocking, out == NULL) or handed back in *out. */
+static rt_status submit(rt_pg *pg, const char *name, const rt_op *op, bool build, rt_request **out) {
+    rt_request *r;
+    RT_CHECK(submit_req(pg, name, op, build, out != NULL, &r));
+    if (out) {
+        *out = r;
+        return RT_OK;
     }
-    rt_device d = pg->buf_device;
-    if (nb) RT_CHECK(rt_memcpy(pg->stage, rt_device_cpu(), op->recv, d, nb, NULL));
-    rt_op host = *op;
-    host.send = host.recv = pg->stage;
-    pg->buf_device = rt_device_cpu();
-    rt_status s = run(pg, &host, false, NULL);
-    pg->buf_device = d;
-    RT_CHECK(s);
-    if (nb) RT_CHECK(rt_memcpy(op->recv, d, pg->stage, rt_device_cpu(), nb, NULL));
+    rt_status s = rt_req_wait(r);
+    rt_req_free(r);
+    return s;
+}
+
+/* ---- staging: device buffers over tcp/shm (ranks sharing one GPU) ----
+ *
+ * On the group's copy stream, after the caller's stream (an event recorded there):
+ * device -> a pinned host buffer of the pool; the host waits for that copy (the model
+ * stream goes on with its work), runs the host operation on the pinned buffer (on the
+ * progress thread when asynchronous), and the request's device part then copies the
+ * result back on the copy stream. rt_wait waits for the copy back on the host,
+ * rt_wait_stream makes the caller's stream wait for it. A pinned buffer is reused only
+ * after its last copy back (its event). */
+
+void rt_stage_pool_free(rt_pg *pg) {
+    for (int i = 0; i < pg->nstage; i++) {
+        rt_stage_buf *b = &pg->stage[i];
+        if (b->ev) {
+            (void)rt_event_sync(b->ev); /* a copy back may still read the buffer */
+            rt_event_destroy(b->ev);
+        }
+        if (b->p) rt_host_free(b->p, b->pinned);
+    }
+    free(pg->stage);
+    pg->stage = NULL;
+    pg->nstage = 0;
+    rt_event_destroy(pg->stage_ev_in);
+    pg->stage_ev_in = NULL;
+    rt_stream_destroy(pg->stage_stream);
+    pg->stage_stream = NULL;
+}
+
+/* A free pinned buffer of at least nb bytes (index into pg->stage), its last copy
+ * back complete. */
+static rt_status stage_acquire(rt_pg *pg, size_t nb, int *slot) {
+    if (!pg->stage_stream) RT_CHECK(rt_stream_create(pg->buf_device, &pg->stage_stream));
+    if (!pg->stage_ev_in) RT_CHECK(rt_event_create(pg->buf_device, &pg->stage_ev_in));
+    int pick = -1;
+    for (int i = 0; i < pg->nstage; i++) {
+        if (pg->stage[i].busy) continue;
+        if (pg->stage[i].bytes >= nb) {
+            pick = i;
+            break;
+        }
+        if (pick < 0) pick = i; /* free but small: grown below */
+    }
+    if (pick < 0) {
+        rt_stage_buf *grown = realloc(pg->stage, sizeof *grown * (size_t)(pg->nstage + 1));
+        RT_CHECK_ALLOC(grown, sizeof *grown * (size_t)(pg->nstage + 1));
+        pg->stage = grown;
+        pick = pg->nstage++;
+        pg->stage[pick] = (rt_stage_buf){0};
+        RT_CHECK(rt_event_create(pg->buf_device, &pg->stage[pick].ev));
+    }
+    rt_stage_buf *b = &pg->stage[pick];
+    RT_CHECK(rt_event_sync(b->ev)); /* its last copy back (a no-op when never recorded) */
+    if (b->bytes < nb) {
+        if (b->p) rt_host_free(b->p, b->pinned);
+        b->p = NULL;
+        b->bytes = 0;
+        RT_CHECK(rt_host_alloc(nb ? nb : 1, true, &b->p, &b->pinned));
+        b->bytes = nb;
+    }
+    b->busy = true;
+    *slot = pick;
     return RT_OK;
+}
+
+typedef struct staged {
+    rt_pg *pg;
+    int slot;
+    void *dst; /* the device buffer */
+    size_t nb;
+    bool back; /* the copy back is enqueued */
+} staged;
+
+static rt_status staged_copy_back(staged *c) {
+    if (c->back) return RT_OK;
+    rt_pg *pg = c->pg;
+    rt_stage_buf *b = &pg->stage[c->slot];
+    if (c->nb) RT_CHECK(rt_memcpy(c->dst, pg->buf_device, b->p, rt_device_cpu(), c->nb, pg->stage_stream));
+    RT_CHECK(rt_event_record(b->ev, pg->stage_stream));
+    c->back = true;
+    return RT_OK;
+}
+
+static rt_status staged_poll(rt_request *r, bool *done) {
+    staged *c = r->dev_ctx;
+    RT_CHECK(staged_copy_back(c));
+    rt_event *ev = c->pg->stage[c->slot].ev;
+    float ms;
+    /* core has no event query: the elapsed time of an event to itself answers "has it
+     * completed?" without waiting */
+    return rt_event_elapsed_ms(ev, ev, &ms, done);
+}
+
+static rt_status staged_stream_wait(rt_request *r, rt_stream *s) {
+    staged *c = r->dev_ctx;
+    RT_CHECK(staged_copy_back(c));
+    return rt_stream_wait_event(s, c->pg->stage[c->slot].ev);
+}
+
+static void staged_release(rt_request *r) {
+    staged *c = r->dev_ctx;
+    c->pg->stage[c->slot].busy = false; /* reused after its event (stage_acquire) */
+    free(c);
+    r->dev_ctx = NULL;
+}
+
+static const rt_req_dev_ops k_staged_ops = {staged_poll, staged_stream_wait, staged_release};
+
+static rt_status run_staged(rt_pg *pg, const char *name, const rt_op *op, rt_request **out) {
+    size_t nb = op->count * rt_dtype_size(op->dtype);
+    int slot = -1;
+    RT_CHECK(stage_acquire(pg, nb, &slot));
+    staged *c = calloc(1, sizeof *c);
+    if (!c) {
+        pg->stage[slot].busy = false;
+        RT_CHECK_ALLOC(NULL, sizeof *c);
+    }
+    *c = (staged){.pg = pg, .slot = slot, .dst = op->recv, .nb = nb};
+    rt_stage_buf *b = &pg->stage[slot];
+    rt_status s = RT_OK;
+    if (nb) { /* device -> pinned, after everything already on the caller's stream */
+        if (pg->stream) {
+            s = rt_event_record(pg->stage_ev_in, pg->stream);
+            if (s == RT_OK) s = rt_stream_wait_event(pg->stage_stream, pg->stage_ev_in);
+        }
+        if (s == RT_OK) s = rt_memcpy(b->p, rt_device_cpu(), op->recv, pg->buf_device, nb, pg->stage_stream);
+        if (s == RT_OK) s = rt_event_record(b->ev, pg->stage_stream);
+        if (s == RT_OK) s = rt_event_sync(b->ev);
+    }
+    rt_op host = *op;
+    host.send = host.recv = b->p;
+    rt_request *r = NULL;
+    if (s == RT_OK) s = submit_req(pg, name, &host, true, out != NULL, &r);
+    if (s != RT_OK) {
+        b->busy = false;
+        free(c);
+        return s;
+    }
+    r->dev = &k_staged_ops;
+    r->dev_ctx = c;
+    if (out) {
+        *out = r;
+        return RT_OK;
+    }
+    return rt_wait(r); /* blocking: the result is in the device buffer on return */
 }
 
 /* Every public operation: check, then run it on the group's transport. */
@@ -448,10 +578,20 @@ static rt_status run(rt_pg *pg, const rt_op *op, bool async, rt_request **req) {
     RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "%s: NULL process group", name);
     RT_CHECK(check_args(pg, name, op));
     if (pg->transport == RT_TRANSPORT_NCCL) {
-        /* runs on the GPU stream and is waited for (with the timeout); an asynchronous
-         * call gets a request that is already complete */
-        RT_CHECK(rt_nccl_run(pg, op));
-        return submit(pg, name, op, false, out);
+        /* an empty request (no host part) whose device part is the operation on the
+         * communication stream: handed back before it completes, or waited for */
+        rt_request *r;
+        RT_CHECK(submit_req(pg, name, op, false, false, &r));
+        rt_status s = rt_nccl_run(pg, op, r);
+        if (s != RT_OK) {
+            rt_req_free(r);
+            return s;
+        }
+        if (out) {
+            *out = r;
+            return RT_OK;
+        }
+        return rt_wait(r);
     }
     if (pg->buf_device.kind == RT_DEVICE_CUDA) return run_staged(pg, name, op, out);
     return submit(pg, name, op, true, out);

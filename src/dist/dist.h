@@ -121,6 +121,17 @@ void rt_pg_set_timeout(rt_pg *pg, double timeout_s);
  * tcp/shm and a CUDA device, all_reduce and broadcast stage through pinned host
  * memory (ranks sharing one GPU); other operations need host buffers. */
 rt_status rt_pg_set_buffer_device(rt_pg *pg, rt_device d);
+/* The stream contract (device buffers; docs/dist.md, "Streams"). `stream` is the
+ * caller's stream, the one that produces and consumes the buffers (e.g. the model's).
+ * Every later operation of this group on device buffers is ordered after the work
+ * already enqueued on it when the call is made (an event recorded there; the
+ * communication stream waits on it). Completion: a blocking call has completed, device
+ * included, when it returns; a request is waited for by the host (rt_wait, rt_test) or by
+ * a stream (rt_wait_stream). NULL (the default): no stream, so the caller must have
+ * finished the producing work itself (e.g. rt_stream_sync). Host buffers and CPU streams
+ * are not affected. Sub-groups created afterwards inherit it. */
+void rt_pg_set_stream(rt_pg *pg, rt_stream *stream);
+rt_stream *rt_pg_stream(const rt_pg *pg);
 /* The rendezvous store (e.g. to exchange the NCCL unique id). */
 rt_store *rt_pg_store(rt_pg *pg);
 
@@ -137,8 +148,15 @@ rt_status rt_irecv(rt_pg *pg, void *buf, size_t count, rt_dtype dtype, int src, 
 
 /* Wait for a request and free it (its error, if any, becomes this thread's). */
 rt_status rt_wait(rt_request *req);
-/* *done: finished (still call rt_wait to free it). */
+/* *done: finished (still call rt_wait to free it). Never blocks. */
 rt_status rt_test(rt_request *req, bool *done);
+/* Make `stream` wait for the request's completion on the device, without blocking the
+ * host, and free the request: work enqueued on `stream` afterwards sees the result. The
+ * part of an operation that runs on the host (the ring of a staged operation) is waited
+ * for on the host first; with a NULL or CPU stream this is rt_wait. Errors found later
+ * (a dead peer, the timeout) abort the communicator (so the stream does not hang) and
+ * make the group's next call fail. */
+rt_status rt_wait_stream(rt_request *req, rt_stream *stream);
 
 /* ---- collectives (blocking; the rt_i* forms return a request) ---- */
 /* In place: buf of count elements, root's contents end up everywhere. */

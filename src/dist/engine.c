@@ -80,6 +80,7 @@ rt_status rt_req_new(rt_engine *e, const char *opname, int group, double timeout
 
 void rt_req_free(rt_request *r) {
     if (!r) return;
+    if (r->dev && r->dev->release) r->dev->release(r);
     free(r->scratch);
     free(r);
 }

@@ -3,11 +3,13 @@
 #include "dist/internal/pg_internal.h"
 
 #include "core/log.h"
+#include "core/spin.h"
 #include "core/timer.h"
 #include "dist/internal/sock.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -623,7 +625,7 @@ void rt_pg_destroy(rt_pg *pg) {
         }
         world_free(w);
     }
-    if (pg->stage) rt_host_free(pg->stage, pg->stage_pinned);
+    rt_stage_pool_free(pg);
     free(pg->ranks);
     free(pg);
 }
@@ -652,6 +654,7 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
     for (int i = 0; i < n; i++) g->ranks[i] = pg->ranks[ranks[i]];
     g->w = pg->w;
     g->buf_device = pg->buf_device;
+    g->stream = pg->stream;
     g->rank = me;
     g->size = n;
     g->id = id;
@@ -662,17 +665,79 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
     return RT_OK;
 }
 
+/* The device part of a request (engine.h), after its host part has completed: one
+ * look; an error is kept (a later look returns it again). */
+static rt_status dev_poll(rt_request *r, bool *done) {
+    if (!r->dev || r->dev_done) {
+        *done = true;
+        if (r->dev_status != RT_OK) rt_error_restore(&r->dev_err);
+        return r->dev_status;
+    }
+    rt_status s = r->dev->poll(r, done);
+    if (s != RT_OK) {
+        rt_error_save(&r->dev_err);
+        r->dev_status = s;
+        *done = true;
+    }
+    if (*done) r->dev_done = true;
+    return s;
+}
+
+/* Wait for the device part on the host: spin a little (rt_cpu_relax), then yield the
+ * processor between looks; never sleep a fixed time per look. */
+static rt_status dev_wait(rt_request *r) {
+    for (unsigned i = 0;; i++) {
+        bool done = false;
+        rt_status s = dev_poll(r, &done);
+        if (s != RT_OK || done) return s;
+        if (i < 2000)
+            rt_cpu_relax();
+        else
+            sched_yield();
+    }
+}
+
 rt_status rt_wait(rt_request *req) {
     RT_REQUIRE(req != NULL, RT_ERR_INVALID, "rt_wait: NULL request");
     rt_status s = rt_req_wait(req);
+    if (s == RT_OK) s = dev_wait(req);
+    rt_req_free(req);
+    return s;
+}
+
+rt_status rt_wait_stream(rt_request *req, rt_stream *stream) {
+    RT_REQUIRE(req != NULL, RT_ERR_INVALID, "rt_wait_stream: NULL request");
+    rt_status s = rt_req_wait(req); /* the host part (none on nccl) */
+    if (s == RT_OK && req->dev && !req->dev_done) {
+        if (stream && rt_stream_native(stream))
+            s = req->dev->stream_wait(req, stream);
+        else
+            s = dev_wait(req); /* no device stream to wait: the host waits */
+    } else if (s == RT_OK) {
+        bool done;
+        s = dev_poll(req, &done); /* a device part that already failed */
+    }
     rt_req_free(req);
     return s;
 }
 
 rt_status rt_test(rt_request *req, bool *done) {
     RT_REQUIRE(req != NULL, RT_ERR_INVALID, "rt_test: NULL request");
-    return rt_req_test(req, done);
+    RT_REQUIRE(done != NULL, RT_ERR_INVALID, "rt_test: NULL result pointer");
+    bool host = false;
+    rt_status s = rt_req_test(req, &host);
+    if (s != RT_OK || !host) {
+        *done = host;
+        return s;
+    }
+    return dev_poll(req, done);
 }
+
+void rt_pg_set_stream(rt_pg *pg, rt_stream *stream) {
+    if (pg) pg->stream = stream;
+}
+
+rt_stream *rt_pg_stream(const rt_pg *pg) { return pg ? pg->stream : NULL; }
 
 rt_status rt_pg_set_buffer_device(rt_pg *pg, rt_device d) {
     RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "NULL process group");
@@ -689,8 +754,8 @@ rt_status rt_pg_nccl_init(rt_pg *pg) {
     return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
 }
 void rt_pg_nccl_destroy(rt_pg_world *w) { (void)w; }
-rt_status rt_nccl_run(rt_pg *pg, const rt_op *op) {
-    (void)pg, (void)op;
+rt_status rt_nccl_run(rt_pg *pg, const rt_op *op, rt_request *r) {
+    (void)pg, (void)op, (void)r;
     return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
 }
 #endif

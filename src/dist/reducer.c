@@ -113,7 +113,12 @@ rt_status rt_reducer_begin(rt_reducer *r) {
 static rt_status start(rt_reducer *r, bucket *b) {
     size_t es = rt_dtype_size(r->opt.dtype);
     if (r->next == 0) r->stats.first_start_ns = rt_now_ns();
-    RT_CHECK(rt_iall_reduce(r->pg, r->buf + b->begin, (b->end - b->begin) / es, r->opt.dtype, r->opt.op, &b->req));
+    /* ordered after what the producer has enqueued so far (the stream contract) */
+    rt_stream *saved = rt_pg_stream(r->pg);
+    if (r->opt.stream) rt_pg_set_stream(r->pg, r->opt.stream);
+    rt_status s = rt_iall_reduce(r->pg, r->buf + b->begin, (b->end - b->begin) / es, r->opt.dtype, r->opt.op, &b->req);
+    rt_pg_set_stream(r->pg, saved);
+    RT_CHECK(s);
     b->started = true;
     r->next++;
     return RT_OK;
@@ -169,7 +174,8 @@ rt_status rt_reducer_finish(rt_reducer *r) {
     while (st == RT_OK && r->next < r->nb) st = start(r, &r->b[r->next]);
     for (int i = 0; i < r->nb; i++) {
         if (!r->b[i].req) continue;
-        rt_status w = rt_wait(r->b[i].req);
+        /* device-side when the producer has a stream (the host waits otherwise) */
+        rt_status w = r->opt.stream ? rt_wait_stream(r->b[i].req, r->opt.stream) : rt_wait(r->b[i].req);
         r->b[i].req = NULL;
         if (st == RT_OK && w != RT_OK) {
             rt_error_trace(__FILE__, __LINE__, "all_reduce of a gradient bucket");

@@ -16,6 +16,11 @@
  *              rt_reducer_finish(r);    // starts what is left, waits for every bucket
  *
  * On the CPU the all-reduces run on the group's progress thread while backward goes on.
+ * On a GPU, give the reducer the stream backward runs on (o.stream): each bucket's
+ * all-reduce is then ordered after the work already enqueued there when
+ * rt_reducer_ready is called (backward calls it when it has enqueued a segment, not when
+ * the GPU has run it), and rt_reducer_finish makes that stream wait for every bucket on
+ * the device instead of blocking the host (docs/dist.md, "Streams").
  * dist knows nothing about models: segments are byte ranges. */
 #ifndef RT_DIST_REDUCER_H
 #define RT_DIST_REDUCER_H
@@ -35,6 +40,9 @@ typedef struct rt_reducer_options {
     size_t first_bucket_bytes; /* the first bucket's target (0: bucket_bytes) */
     rt_dtype dtype;            /* of the buffer (RT_F32) */
     rt_reduce_op op;           /* RT_OP_AVG (gradient averaging) */
+    /* the producer's stream: the one backward writes the gradients on (NULL: none, the
+     * gradients are final on the host when reported, as on the CPU) */
+    rt_stream *stream;
 } rt_reducer_options;
 
 /* 25 MiB buckets, a 1 MiB first bucket, f32, AVG: DDP's defaults. */
@@ -57,7 +65,10 @@ rt_status rt_reducer_begin(rt_reducer *r);
  * in a step is an error. Fits rt_grad_ready_fn through a small adapter. */
 rt_status rt_reducer_ready(rt_reducer *r, size_t begin, size_t end);
 /* Start every bucket not started yet (all of them with bucket_bytes 0), wait for all,
- * and end the step. Every byte must have been reported unless bucket_bytes is 0. */
+ * and end the step. Every byte must have been reported unless bucket_bytes is 0. With
+ * o.stream on a GPU the wait is the stream's (device-side): work enqueued there after
+ * this call sees the averaged gradients; the host does not wait for the GPU (staging
+ * over tcp/shm still waits for the host ring). */
 rt_status rt_reducer_finish(rt_reducer *r);
 
 /* The last finished step, in nanoseconds of rt_now_ns(). */
@@ -66,7 +77,8 @@ typedef struct rt_reducer_stats {
     uint64_t first_start_ns;   /* the first bucket's all-reduce was started */
     uint64_t finish_call_ns;   /* rt_reducer_finish was called (backward had ended) */
     uint64_t end_ns;           /* every bucket done */
-    double exposed_ms;         /* time rt_reducer_finish waited: communication not hidden */
+    double exposed_ms;         /* time rt_reducer_finish waited on the host (with a device stream the
+                                * device waits instead: time it with events on the stream) */
     double busy_ms;            /* first start to last completion: the span communication took */
     int buckets_before_finish; /* buckets started while backward was still running */
 } rt_reducer_stats;

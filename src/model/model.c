@@ -244,6 +244,9 @@ rt_status rt_model_load(rt_model *m, const char *path) {
         rt_safetensors_free(f);
         RT_FAIL(RT_ERR_NOMEM, "out of memory (%zu bytes)", maxb);
     }
+    /* the parameters are overwritten from the host: work already enqueued on the model's
+     * stream (a forward, an optimizer step) must not read them half-loaded */
+    st = rt_model_ctx_sync(m->ctx);
     /* strict: every table entry present, no other names */
     for (int i = 0; i < f->n && st == RT_OK; i++)
         if (!rt_model_param_find(m, f->tensors[i].name))

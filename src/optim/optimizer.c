@@ -153,6 +153,8 @@ fail:
 void rt_optimizer_free(rt_optimizer *opt) {
     if (!opt) return;
     if (opt->backend) opt->backend->release(opt);
+    if (opt->step_done) (void)rt_event_sync(opt->step_done); /* a step may still use the state */
+    rt_event_destroy(opt->step_done);
     for (int i = 0; i < opt->n_state; i++) rt_free(opt->device, opt->state[i]);
     free(opt->ranges);
     memset(opt, 0, sizeof *opt);
@@ -197,7 +199,10 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
     rt_optim_scalars s;
     int64_t step = opt->steps + 1;
     optimizer_scalars(opt, lr, step, &s);
+    if (!opt->step_done) RT_CHECK(rt_event_create(opt->device, &opt->step_done));
     RT_CHECK(opt->backend->step(opt, params, grads, &s, stream));
+    /* the step's stream: state_save/state_load wait for it before the host touches the state */
+    RT_CHECK(rt_event_record(opt->step_done, stream));
     opt->steps = step;
     return RT_OK;
 }
@@ -270,6 +275,7 @@ rt_status rt_optimizer_state_load(rt_optimizer *opt, const char *name, const flo
     RT_CHECK(rt_optimizer_state_find(opt, name, &st));
     RT_REQUIRE(host != NULL && count == st.count, RT_ERR_INVALID, "optim: state \"%s\" has %zu floats, got %zu", name,
                st.count, count);
+    if (opt->step_done) RT_CHECK(rt_event_sync(opt->step_done)); /* a step in flight reads the state */
     RT_CHECK(rt_memcpy(st.data, opt->device, host, rt_device_cpu(), count * sizeof(float), NULL));
     return RT_OK;
 }
@@ -279,6 +285,7 @@ rt_status rt_optimizer_state_save(const rt_optimizer *opt, const char *name, flo
     RT_CHECK(rt_optimizer_state_find(opt, name, &st));
     RT_REQUIRE(host != NULL && count == st.count, RT_ERR_INVALID, "optim: state \"%s\" has %zu floats, got %zu", name,
                st.count, count);
+    if (opt->step_done) RT_CHECK(rt_event_sync(opt->step_done)); /* the last step wrote it on its stream */
     RT_CHECK(rt_memcpy(host, rt_device_cpu(), st.data, opt->device, count * sizeof(float), NULL));
     return RT_OK;
 }

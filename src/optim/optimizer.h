@@ -86,6 +86,8 @@ typedef struct rt_optimizer {
     float *state[RT_OPTIM_MAX_STATE];       /* on `device`, n floats each */
     const struct rt_optim_backend *backend; /* the device kind's functions, picked by rt_optimizer_init */
     void *backend_state;                    /* the backend's (CUDA: the weight-decay bit mask) */
+    rt_event *step_done;                    /* recorded after each step on its stream: the state is read or
+                                             * overwritten on the host only after it (created at the first step) */
 } rt_optimizer;
 
 /* Set up an optimizer for an arena of n floats on `device` and allocate its state

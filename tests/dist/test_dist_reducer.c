@@ -1,6 +1,7 @@
 /* The gradient reducer (src/dist/reducer.h) with real ranks: every bucket layout
  * (one bucket, a tiny bucket size = one bucket per segment, the default) averages the
- * buffer exactly; buckets start while "backward" is still running; misuse is refused. */
+ * buffer exactly; buckets start while "backward" is still running; misuse is refused; a
+ * producer stream on the CPU (rt_reducer_options.stream) changes nothing. */
 #include "mp.h"
 
 #include "core/timer.h"
@@ -15,6 +16,7 @@ typedef struct args {
     rt_transport transport;
     size_t bucket_bytes;
     int expect_buckets; /* -1: do not check */
+    bool cpu_stream;    /* give the reducer a CPU stream (the stream contract: no change on the CPU) */
 } args;
 
 static int rank_main(int rank, int world, int port, void *arg) {
@@ -32,6 +34,11 @@ static int rank_main(int rank, int world, int port, void *arg) {
     rt_reducer_options_default(&ro);
     ro.bucket_bytes = a->bucket_bytes;
     ro.first_bucket_bytes = a->bucket_bytes;
+    rt_stream *cs = NULL;
+    if (a->cpu_stream) {
+        MP_OK(rt_stream_create(rt_device_cpu(), &cs));
+        ro.stream = cs;
+    }
     rt_reducer *r;
     MP_OK(rt_reducer_create(pg, g, bounds, NSEG, &ro, &r));
     if (a->expect_buckets >= 0)
@@ -89,6 +96,7 @@ static int rank_main(int rank, int world, int port, void *arg) {
     MP_CHECK(rt_reducer_ready(r, 0, 4) == RT_ERR_INVALID, "ready outside a step accepted");
     rt_error_clear();
     rt_reducer_destroy(r);
+    rt_stream_destroy(cs);
     free(g);
     rt_pg_destroy(pg);
     return 0;
@@ -97,10 +105,11 @@ static int rank_main(int rank, int world, int port, void *arg) {
 int main(void) {
     int fails = 0;
     const args cases[] = {
-        {RT_TRANSPORT_SHM, 0, 1},                              /* one all-reduce after backward */
-        {RT_TRANSPORT_SHM, 4, NSEG},                           /* tiny: one bucket per segment */
-        {RT_TRANSPORT_TCP, 3 * SEG_FLOATS * sizeof(float), 4}, /* three segments a bucket */
-        {RT_TRANSPORT_SHM, (size_t)25 << 20, 1},               /* default size: everything fits one */
+        {RT_TRANSPORT_SHM, 0, 1, false},                              /* one all-reduce after backward */
+        {RT_TRANSPORT_SHM, 4, NSEG, false},                           /* tiny: one bucket per segment */
+        {RT_TRANSPORT_TCP, 3 * SEG_FLOATS * sizeof(float), 4, false}, /* three segments a bucket */
+        {RT_TRANSPORT_SHM, (size_t)25 << 20, 1, false},               /* default size: everything fits one */
+        {RT_TRANSPORT_SHM, 4, NSEG, true},                            /* a producer stream on the CPU */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int world = 2; world <= 3; world++) {

@@ -5,17 +5,36 @@
  * share one GPU, never a guess of the transport's own. The ranks publish (host, PCI bus id)
  * through the store and refuse to start when two share a GPU (NCCL cannot; use tcp or
  * shm, which stage device buffers through pinned host memory). Rank 0's ncclUniqueId
- * travels through the store. The communicator is non-blocking, so that every wait can
- * honour the group's timeout: an operation is enqueued on the rank's stream and the
- * host polls the stream and ncclCommGetAsyncError until it finishes, fails or runs out
- * of time; on a failure or a timeout the communicator is aborted (ncclCommAbort) and
- * the group is broken. Peers are world ranks; sub-groups are not supported on nccl.
+ * travels through the store. Peers are world ranks; sub-groups are not supported on nccl.
+ *
+ * NCCL's rules for a non-blocking communicator (ncclConfig_t.blocking = 0), as applied here:
+ * - every call that returns ncclInProgress is polled (ncclCommGetAsyncError) until it is
+ *   no longer in progress before the next NCCL call (init, each enqueue, ncclGroupEnd);
+ * - work that must follow a collective on the stream (the own chunk of scatter/gather)
+ *   is enqueued only once ncclGroupEnd has completed, so it is behind the collective;
+ * - ncclCommFinalize is polled to ncclSuccess before ncclCommDestroy (or, on an error
+ *   or after the timeout, the communicator is aborted), and every result is checked;
+ * - a failed init aborts the communicator it created, so the peers fail fast.
+ *
+ * Streams (docs/dist.md): an operation is ordered after the group's stream
+ * (rt_pg_set_stream: an event recorded there, the communication stream waits on it) and
+ * ends with an event on the communication stream: the request's device part. rt_test
+ * and rt_wait poll that event and ncclCommGetAsyncError against the deadline (spinning,
+ * then yielding; no fixed sleeps); rt_wait_stream makes a stream wait for the event and
+ * hands it to a watchdog thread, which keeps polling it, so that a dead peer or the
+ * timeout aborts the communicator (its kernels then end and no stream hangs) and breaks
+ * the group even while the host is blocked elsewhere. On a failure or a timeout the
+ * communicator is aborted (ncclCommAbort) and the group is broken. One mutex orders
+ * every NCCL call of the communicator with the watchdog's abort.
  */
 #include "core/cuda/cuda_check.h"
 #include "core/log.h"
+#include "core/spin.h"
 #include "core/timer.h"
 #include "dist/internal/pg_internal.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,73 +42,264 @@
 
 #include <nccl.h>
 
-/* NCCL calls (core's RT_CHECK_LIB shape). ncclInProgress is not an error: a
- * non-blocking communicator's call that is still running. */
+/* NCCL calls outside the communicator's life (ncclGetUniqueId): core's RT_CHECK_LIB shape. */
 #define RT_CHECK_NCCL(expr)                                                                                            \
     RT_CHECK_LIB(expr, ncclResult_t, rt_e_ == ncclSuccess || rt_e_ == ncclInProgress, "NCCL", ncclGetErrorString)
 
+/* a device completion waited for by a stream: the watchdog polls it */
+typedef struct watched {
+    cudaEvent_t ev;
+    uint64_t deadline;
+    const char *op;
+} watched;
+
 typedef struct nccl_state {
+    rt_pg_world *w;
     ncclComm_t comm;
     cudaStream_t stream;
+    cudaEvent_t ev_in; /* recorded on the caller's stream; the communication stream waits on it */
     int device;
     int *flag_dev; /* barrier */
-    bool aborted;
+    double timeout_s;
+    pthread_mutex_t mu; /* every NCCL call on comm, and the abort */
+    bool aborting;      /* set before ncclCommAbort: completions seen after it may be cut short */
+    /* the watchdog */
+    pthread_cond_t cv;
+    watched *watch;
+    int nwatch, capwatch;
+    pthread_t thread;
+    bool thread_started, stop;
 } nccl_state;
 
 static nccl_state *st_of(rt_pg *pg) { return pg->w->nccl; }
 
-static void nap(void) {
-    struct timespec ts = {0, 50000};
-    nanosleep(&ts, NULL);
+/* Spin briefly, then give the processor away: a poll loop's pause between looks. */
+static void poll_pause(unsigned i) {
+    if (i < 2000)
+        rt_cpu_relax();
+    else
+        sched_yield();
 }
 
-static rt_status abort_comm(rt_pg *pg, rt_status s, const char *op, const char *why) {
-    nccl_state *st = st_of(pg);
-    if (st && !st->aborted) {
-        ncclCommAbort(st->comm);
-        st->aborted = true;
+static bool group_broken(rt_pg_world *w, rt_error_record *rec) {
+    pthread_mutex_lock(&w->eng.mu);
+    bool b = w->eng.broken;
+    if (b && rec) *rec = w->eng.err;
+    pthread_mutex_unlock(&w->eng.mu);
+    return b;
+}
+
+static rt_status broken_error(rt_pg_world *w, const char *op) {
+    rt_error_record rec = {0};
+    if (!group_broken(w, &rec)) snprintf(rec.msg, sizeof rec.msg, "the communicator was aborted");
+    return RT_ERROR(RT_ERR_PEER, "%s: the process group is broken by an earlier error: %s", op, rec.msg);
+}
+
+/* Abort the communicator (once) and break the group with this error. st->mu held. */
+static rt_status fail_locked(nccl_state *st, rt_status s, const char *op, const char *why) {
+    if (!st->aborting && st->comm) {
+        st->aborting = true;
+        ncclResult_t a = ncclCommAbort(st->comm);
+        if (a != ncclSuccess) RT_LOG_WARN("nccl: ncclCommAbort: %s", ncclGetErrorString(a));
+        st->comm = NULL;
     }
-    pg->w->eng.broken = true;
-    rt_error_record rec;
+    st->aborting = true;
     rt_status r = RT_ERROR(s, "%s over nccl: %s (communicator aborted)", op, why);
-    rt_error_save(&rec);
-    pg->w->eng.err = rec;
+    rt_engine *e = &st->w->eng;
+    pthread_mutex_lock(&e->mu);
+    if (!e->broken) {
+        e->broken = true;
+        rt_error_save(&e->err);
+    }
+    pthread_mutex_unlock(&e->mu);
     return r;
 }
 
-/* Wait until the non-blocking communicator is no longer "in progress". */
-static rt_status wait_ready(rt_pg *pg, const char *op, uint64_t deadline) {
-    nccl_state *st = st_of(pg);
-    for (;;) {
+/* Poll until the communicator is no longer "in progress" (after a call returned
+ * ncclInProgress, or after init). st->mu held. */
+static rt_status wait_ready_locked(nccl_state *st, const char *op, uint64_t deadline) {
+    for (unsigned i = 0;; i++) {
+        if (!st->comm) return broken_error(st->w, op);
         ncclResult_t a = ncclSuccess;
         ncclResult_t q = ncclCommGetAsyncError(st->comm, &a);
-        if (q != ncclSuccess && q != ncclInProgress) return abort_comm(pg, RT_ERR_CUDA, op, ncclGetErrorString(q));
+        if (q != ncclSuccess) return fail_locked(st, RT_ERR_CUDA, op, ncclGetErrorString(q));
         if (a == ncclSuccess) return RT_OK;
-        if (a != ncclInProgress) return abort_comm(pg, RT_ERR_PEER, op, ncclGetErrorString(a));
-        if (rt_now_ns() >= deadline) return abort_comm(pg, RT_ERR_TIMEOUT, op, "timed out (a peer is gone or stuck?)");
-        nap();
+        if (a != ncclInProgress) return fail_locked(st, RT_ERR_PEER, op, ncclGetErrorString(a));
+        if (rt_now_ns() >= deadline) {
+            char why[96];
+            snprintf(why, sizeof why, "timed out after %.1f s (a peer is gone or stuck?)", st->timeout_s);
+            return fail_locked(st, RT_ERR_TIMEOUT, op, why);
+        }
+        poll_pause(i);
     }
 }
 
-/* Wait for the stream, watching for NCCL errors and the deadline. */
-static rt_status wait_stream(rt_pg *pg, const char *op, uint64_t deadline) {
-    nccl_state *st = st_of(pg);
-    RT_CHECK(wait_ready(pg, op, deadline));
-    for (;;) {
-        cudaError_t e = cudaStreamQuery(st->stream);
-        if (e == cudaSuccess) return RT_OK;
-        if (e != cudaErrorNotReady) return abort_comm(pg, RT_ERR_CUDA, op, cudaGetErrorString(e));
-        ncclResult_t a = ncclSuccess;
-        ncclCommGetAsyncError(st->comm, &a);
-        if (a != ncclSuccess && a != ncclInProgress) return abort_comm(pg, RT_ERR_PEER, op, ncclGetErrorString(a));
-        if (rt_now_ns() >= deadline) {
-            char why[96];
-            snprintf(why, sizeof why, "timed out after %.1f s", pg->timeout_s);
-            return abort_comm(pg, RT_ERR_TIMEOUT, op, why);
+/* One NCCL call on the communicator (st->mu held): an error aborts; ncclInProgress is
+ * polled to completion before anything else touches NCCL. */
+#define NCALL(st, op, deadline, expr)                                                                                  \
+    do {                                                                                                               \
+        ncclResult_t rt_r_ = (expr);                                                                                   \
+        if (rt_r_ == ncclInProgress)                                                                                   \
+            RT_CHECK(wait_ready_locked((st), (op), (deadline)));                                                       \
+        else if (rt_r_ != ncclSuccess)                                                                                 \
+            return fail_locked((st), RT_ERR_CUDA, (op), ncclGetErrorString(rt_r_));                                    \
+    } while (0)
+
+/* ---- the watchdog: device completions that a stream waits for ---- */
+
+/* One look at every watched completion, and at the communicator. st->mu held. */
+static void watch_pass_locked(nccl_state *st) {
+    uint64_t now = rt_now_ns();
+    for (int i = 0; i < st->nwatch;) {
+        watched *x = &st->watch[i];
+        cudaError_t e = cudaEventQuery(x->ev);
+        bool gone = e == cudaSuccess || st->aborting; /* done, or cut short by the abort */
+        if (!gone && e == cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            if (now >= x->deadline) {
+                char why[128];
+                snprintf(why, sizeof why, "timed out after %.1f s (a stream waited for it; a peer is gone or stuck?)",
+                         st->timeout_s);
+                (void)fail_locked(st, RT_ERR_TIMEOUT, x->op, why);
+            }
+        } else if (!gone) {
+            (void)cudaGetLastError();
+            (void)fail_locked(st, RT_ERR_CUDA, x->op, cudaGetErrorString(e));
         }
-        nap();
+        if (gone) {
+            cudaEventDestroy(x->ev);
+            st->watch[i] = st->watch[--st->nwatch];
+        } else {
+            i++;
+        }
+    }
+    if (st->nwatch > 0 && st->comm && !st->aborting) {
+        ncclResult_t a = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(st->comm, &a);
+        if (q != ncclSuccess)
+            (void)fail_locked(st, RT_ERR_CUDA, st->watch[0].op, ncclGetErrorString(q));
+        else if (a != ncclSuccess && a != ncclInProgress)
+            (void)fail_locked(st, RT_ERR_PEER, st->watch[0].op, ncclGetErrorString(a));
     }
 }
+
+/* Looks every millisecond while something is watched (a failure detector, not a
+ * waiter: nobody's latency depends on it), sleeps on the condition variable otherwise. */
+static void *watchdog_main(void *arg) {
+    nccl_state *st = arg;
+    (void)cudaSetDevice(st->device);
+    pthread_mutex_lock(&st->mu);
+    while (!st->stop) {
+        if (st->nwatch == 0) {
+            pthread_cond_wait(&st->cv, &st->mu);
+            continue;
+        }
+        watch_pass_locked(st);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&st->cv, &st->mu, &ts);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+/* Hand a completion event to the watchdog (it destroys it). */
+static void watch_add(nccl_state *st, cudaEvent_t ev, uint64_t deadline, const char *op) {
+    pthread_mutex_lock(&st->mu);
+    bool ok = true;
+    if (st->nwatch == st->capwatch) {
+        int cap = st->capwatch ? 2 * st->capwatch : 16;
+        watched *g = realloc(st->watch, sizeof *g * (size_t)cap);
+        if (g) {
+            st->watch = g;
+            st->capwatch = cap;
+        } else {
+            ok = false;
+        }
+    }
+    if (ok && !st->thread_started) {
+        if (pthread_create(&st->thread, NULL, watchdog_main, st) == 0)
+            st->thread_started = true;
+        else
+            ok = false;
+    }
+    if (ok) {
+        st->watch[st->nwatch++] = (watched){ev, deadline, op};
+        pthread_cond_signal(&st->cv);
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (!ok) { /* no watchdog: the host waits for it here instead */
+        RT_LOG_WARN("nccl: cannot start the watchdog; waiting for %s on the host", op);
+        for (unsigned i = 0; cudaEventQuery(ev) == cudaErrorNotReady; i++) poll_pause(i);
+        (void)cudaGetLastError();
+        cudaEventDestroy(ev);
+    }
+}
+
+/* ---- a request's device part: the completion event ---- */
+
+typedef struct nccl_done {
+    nccl_state *st;
+    cudaEvent_t ev;
+    uint64_t deadline;
+    const char *op;
+} nccl_done;
+
+static rt_status nccl_poll(rt_request *r, bool *done) {
+    nccl_done *c = r->dev_ctx;
+    nccl_state *st = c->st;
+    *done = false;
+    cudaError_t e = cudaEventQuery(c->ev);
+    pthread_mutex_lock(&st->mu);
+    rt_status s = RT_OK;
+    if (st->aborting) { /* checked after the query: a completion may be the abort's doing */
+        s = broken_error(st->w, c->op);
+    } else if (e == cudaSuccess) {
+        *done = true;
+    } else if (e != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        s = fail_locked(st, RT_ERR_CUDA, c->op, cudaGetErrorString(e));
+    } else {
+        (void)cudaGetLastError();
+        ncclResult_t a = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(st->comm, &a);
+        if (q != ncclSuccess)
+            s = fail_locked(st, RT_ERR_CUDA, c->op, ncclGetErrorString(q));
+        else if (a != ncclSuccess && a != ncclInProgress)
+            s = fail_locked(st, RT_ERR_PEER, c->op, ncclGetErrorString(a));
+        else if (rt_now_ns() >= c->deadline) {
+            char why[96];
+            snprintf(why, sizeof why, "timed out after %.1f s (a peer is gone or stuck?)", st->timeout_s);
+            s = fail_locked(st, RT_ERR_TIMEOUT, c->op, why);
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    return s;
+}
+
+static rt_status nccl_stream_wait(rt_request *r, rt_stream *s) {
+    nccl_done *c = r->dev_ctx;
+    RT_CHECK_CUDA(cudaStreamWaitEvent((cudaStream_t)rt_stream_native(s), c->ev, 0));
+    return RT_OK;
+}
+
+static void nccl_release(rt_request *r) {
+    nccl_done *c = r->dev_ctx;
+    if (!c) return;
+    if (r->dev_done)
+        cudaEventDestroy(c->ev);
+    else /* a stream waits for it (or nobody did): the watchdog keeps an eye on it */
+        watch_add(c->st, c->ev, c->deadline, c->op);
+    free(c);
+    r->dev_ctx = NULL;
+}
+
+static const rt_req_dev_ops k_nccl_ops = {nccl_poll, nccl_stream_wait, nccl_release};
 
 static rt_status dtype_of(rt_dtype t, ncclDataType_t *out) {
     switch (t) {
@@ -128,25 +338,11 @@ static ncclRedOp_t op_of(rt_reduce_op op) {
     }
 }
 
-#define NCCL_ENQ(pg, op, expr)                                                                                         \
-    do {                                                                                                               \
-        ncclResult_t rt_r_ = (expr);                                                                                   \
-        if (rt_r_ != ncclSuccess && rt_r_ != ncclInProgress)                                                           \
-            return abort_comm((pg), RT_ERR_CUDA, (op), ncclGetErrorString(rt_r_));                                     \
-    } while (0)
+/* ---- init and destroy ---- */
 
-rt_status rt_pg_nccl_init(rt_pg *pg) {
+static rt_status init_(rt_pg *pg, nccl_state *st) {
     rt_pg_world *w = pg->w;
     int rank = w->eng.rank, world = w->eng.world;
-    int ndev = 0;
-    RT_CHECK(rt_cuda_device_count(&ndev));
-    RT_REQUIRE(pg->buf_device.kind == RT_DEVICE_CUDA && pg->buf_device.index >= 0 && pg->buf_device.index < ndev,
-               RT_ERR_INVALID, "transport nccl: the group's device must be a GPU of this host (cuda:0..%d), got %s",
-               ndev - 1, pg->buf_device.kind == RT_DEVICE_CUDA ? "another index" : "the CPU");
-    nccl_state *st = calloc(1, sizeof *st);
-    RT_CHECK_ALLOC(st, sizeof *st);
-    w->nccl = st;
-    st->device = pg->buf_device.index;
     RT_CHECK_CUDA(cudaSetDevice(st->device));
     /* one GPU per rank */
     char me[400], bus[64] = "", key[64];
@@ -176,106 +372,231 @@ rt_status rt_pg_nccl_init(rt_pg *pg) {
         RT_CHECK(rt_store_get(w->store, "rt/nccl/id", &id, sizeof id, &n));
         RT_REQUIRE(n == sizeof id, RT_ERR_PEER, "store: NCCL unique id of %zu bytes, expected %zu", n, sizeof id);
     }
+    RT_CHECK_CUDA(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
+    RT_CHECK_CUDA(cudaEventCreateWithFlags(&st->ev_in, cudaEventDisableTiming));
+    RT_CHECK_CUDA(cudaMalloc((void **)&st->flag_dev, sizeof(int)));
+    RT_CHECK_CUDA(cudaMemset(st->flag_dev, 0, sizeof(int)));
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
-    RT_CHECK_NCCL(ncclCommInitRankConfig(&st->comm, world, id, rank, &cfg));
-    RT_CHECK(wait_ready(pg, "nccl init", rt_now_ns() + (uint64_t)(pg->timeout_s * 1e9)));
-    RT_CHECK_CUDA(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
-    RT_CHECK_CUDA(cudaMalloc((void **)&st->flag_dev, sizeof(int)));
+    uint64_t deadline = rt_now_ns() + (uint64_t)(pg->timeout_s * 1e9);
+    pthread_mutex_lock(&st->mu);
+    rt_status s = RT_OK;
+    ncclResult_t r = ncclCommInitRankConfig(&st->comm, world, id, rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress)
+        s = fail_locked(st, RT_ERR_CUDA, "nccl init", ncclGetErrorString(r));
+    else /* polled to success even when the call said ncclSuccess: init is asynchronous */
+        s = wait_ready_locked(st, "nccl init", deadline);
+    pthread_mutex_unlock(&st->mu);
+    RT_CHECK(s);
     RT_LOG_DEBUG("nccl: rank %d on GPU %d (%s)", rank, st->device, bus);
     return RT_OK;
+}
+
+rt_status rt_pg_nccl_init(rt_pg *pg) {
+    rt_pg_world *w = pg->w;
+    int ndev = 0;
+    RT_CHECK(rt_cuda_device_count(&ndev));
+    RT_REQUIRE(pg->buf_device.kind == RT_DEVICE_CUDA && pg->buf_device.index >= 0 && pg->buf_device.index < ndev,
+               RT_ERR_INVALID, "transport nccl: the group's device must be a GPU of this host (cuda:0..%d), got %s",
+               ndev - 1, pg->buf_device.kind == RT_DEVICE_CUDA ? "another index" : "the CPU");
+    nccl_state *st = calloc(1, sizeof *st);
+    RT_CHECK_ALLOC(st, sizeof *st);
+    st->w = w;
+    st->device = pg->buf_device.index;
+    st->timeout_s = pg->timeout_s;
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->cv, NULL);
+    w->nccl = st;
+    rt_status s = init_(pg, st);
+    if (s != RT_OK) {
+        /* a communicator that exists is aborted, not left for the peers to time out on */
+        rt_error_record rec;
+        rt_error_save(&rec);
+        pthread_mutex_lock(&st->mu);
+        if (st->comm && !st->aborting) {
+            st->aborting = true;
+            ncclResult_t a = ncclCommAbort(st->comm);
+            if (a != ncclSuccess) RT_LOG_WARN("nccl: ncclCommAbort after a failed init: %s", ncclGetErrorString(a));
+            st->comm = NULL;
+        }
+        pthread_mutex_unlock(&st->mu);
+        rt_pg_nccl_destroy(w);
+        rt_error_restore(&rec);
+        return s;
+    }
+    return RT_OK;
+}
+
+/* Finalize (polled to success against the timeout), then destroy; abort instead on a
+ * broken group, an error or the timeout. */
+static void close_comm(nccl_state *st) {
+    if (!st->comm) return;
+    bool broken = st->aborting || group_broken(st->w, NULL);
+    if (!broken) {
+        ncclResult_t f = ncclCommFinalize(st->comm);
+        if (f != ncclSuccess && f != ncclInProgress) {
+            RT_LOG_WARN("nccl: ncclCommFinalize: %s; aborting the communicator", ncclGetErrorString(f));
+            broken = true;
+        }
+        uint64_t deadline = rt_now_ns() + (uint64_t)(st->timeout_s * 1e9);
+        for (unsigned i = 0; !broken; i++) {
+            ncclResult_t a = ncclSuccess;
+            ncclResult_t q = ncclCommGetAsyncError(st->comm, &a);
+            if (q == ncclSuccess && a == ncclSuccess) break;
+            if (q != ncclSuccess || a != ncclInProgress) {
+                RT_LOG_WARN("nccl: finalize failed: %s; aborting the communicator",
+                            ncclGetErrorString(q != ncclSuccess ? q : a));
+                broken = true;
+            } else if (rt_now_ns() >= deadline) {
+                RT_LOG_WARN("nccl: finalize did not complete within %.1f s; aborting the communicator", st->timeout_s);
+                broken = true;
+            } else {
+                poll_pause(i);
+            }
+        }
+        if (!broken) {
+            ncclResult_t d = ncclCommDestroy(st->comm);
+            if (d != ncclSuccess) RT_LOG_WARN("nccl: ncclCommDestroy: %s", ncclGetErrorString(d));
+            st->comm = NULL;
+            return;
+        }
+    }
+    st->aborting = true;
+    ncclResult_t a = ncclCommAbort(st->comm);
+    if (a != ncclSuccess) RT_LOG_WARN("nccl: ncclCommAbort: %s", ncclGetErrorString(a));
+    st->comm = NULL;
 }
 
 void rt_pg_nccl_destroy(rt_pg_world *w) {
     nccl_state *st = w->nccl;
     if (!st) return;
-    if (st->comm) {
-        if (st->aborted || w->eng.broken)
-            ncclCommAbort(st->comm);
-        else if (ncclCommFinalize(st->comm) == ncclSuccess || 1)
-            ncclCommDestroy(st->comm);
-    }
+    pthread_mutex_lock(&st->mu);
+    st->stop = true;
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    if (st->thread_started) pthread_join(st->thread, NULL);
+    (void)cudaSetDevice(st->device);
+    close_comm(st);
+    for (int i = 0; i < st->nwatch; i++) cudaEventDestroy(st->watch[i].ev);
+    free(st->watch);
+    if (st->ev_in) cudaEventDestroy(st->ev_in);
     if (st->stream) cudaStreamDestroy(st->stream);
     if (st->flag_dev) cudaFree(st->flag_dev);
+    pthread_cond_destroy(&st->cv);
+    pthread_mutex_destroy(&st->mu);
     free(st);
     w->nccl = NULL;
 }
 
+/* ---- operations ---- */
+
 static rt_status precheck(rt_pg *pg, const char *op) {
     RT_REQUIRE(st_of(pg) != NULL, RT_ERR_INVALID, "%s: nccl transport not initialised", op);
     RT_REQUIRE(pg->is_world, RT_ERR_UNSUPPORTED, "%s: sub-groups are not supported on the nccl transport", op);
-    if (pg->w->eng.broken)
-        return RT_ERROR(RT_ERR_PEER, "%s: the process group is broken by an earlier error: %s", op, pg->w->eng.err.msg);
+    if (group_broken(pg->w, NULL)) return broken_error(pg->w, op);
     RT_CHECK_CUDA(cudaSetDevice(st_of(pg)->device));
     return RT_OK;
 }
 
-rt_status rt_nccl_run(rt_pg *pg, const rt_op *o) {
-    const char *name = rt_comm_op_name(o->kind, o->is_send);
+/* Enqueue the operation on the communication stream after the caller's stream, then its
+ * completion event. st->mu held. */
+static rt_status enqueue_locked(rt_pg *pg, nccl_state *st, const rt_op *o, const char *name, ncclDataType_t dt,
+                                uint64_t deadline, cudaEvent_t done) {
+    if (!st->comm || st->aborting) return broken_error(pg->w, name);
+    cudaStream_t caller = pg->stream ? (cudaStream_t)rt_stream_native(pg->stream) : NULL;
+    if (caller) { /* ordered after everything already enqueued on the caller's stream */
+        RT_CHECK_CUDA(cudaEventRecord(st->ev_in, caller));
+        RT_CHECK_CUDA(cudaStreamWaitEvent(st->stream, st->ev_in, 0));
+    }
     int kind = o->kind, root = o->root;
     const void *send = o->send;
     void *recv = o->recv;
     size_t count = o->count;
-    rt_dtype dtype = o->dtype;
     rt_reduce_op op = o->rop;
-    RT_CHECK(precheck(pg, name));
-    nccl_state *st = st_of(pg);
-    ncclDataType_t dt = ncclFloat32;
-    RT_CHECK(dtype_of(dtype, &dt));
-    uint64_t deadline = rt_now_ns() + (uint64_t)(pg->timeout_s * 1e9);
-    size_t nb = count * rt_dtype_size(dtype);
+    size_t nb = count * rt_dtype_size(o->dtype);
     int n = pg->size, me = pg->rank;
+    ncclComm_t comm = st->comm;
+    cudaStream_t cs = st->stream;
     switch (kind) {
     case RT_K_ALLREDUCE:
-        NCCL_ENQ(pg, name, ncclAllReduce(send, recv, count, dt, op_of(op), st->comm, st->stream));
+        NCALL(st, name, deadline, ncclAllReduce(send, recv, count, dt, op_of(op), comm, cs));
         break;
     case RT_K_BCAST:
-        NCCL_ENQ(pg, name, ncclBroadcast(send, recv, count, dt, root, st->comm, st->stream));
+        NCALL(st, name, deadline, ncclBroadcast(send, recv, count, dt, root, comm, cs));
         break;
     case RT_K_REDUCE:
-        NCCL_ENQ(pg, name, ncclReduce(send, recv, count, dt, op_of(op), root, st->comm, st->stream));
+        NCALL(st, name, deadline, ncclReduce(send, recv, count, dt, op_of(op), root, comm, cs));
         break;
     case RT_K_ALLGATHER:
-        NCCL_ENQ(pg, name, ncclAllGather(send, recv, count, dt, st->comm, st->stream));
+        NCALL(st, name, deadline, ncclAllGather(send, recv, count, dt, comm, cs));
         break;
     case RT_K_REDUCE_SCATTER:
-        NCCL_ENQ(pg, name, ncclReduceScatter(send, recv, count, dt, op_of(op), st->comm, st->stream));
+        NCALL(st, name, deadline, ncclReduceScatter(send, recv, count, dt, op_of(op), comm, cs));
         break;
     case RT_K_SCATTER:
     case RT_K_GATHER:
-        NCCL_ENQ(pg, name, ncclGroupStart());
+        NCALL(st, name, deadline, ncclGroupStart());
         if (me == root) {
             for (int i = 0; i < n; i++) {
                 if (i == root) continue;
                 if (kind == RT_K_SCATTER)
-                    NCCL_ENQ(pg, name,
-                             ncclSend((const char *)send + (size_t)i * nb, count, dt, i, st->comm, st->stream));
+                    NCALL(st, name, deadline, ncclSend((const char *)send + (size_t)i * nb, count, dt, i, comm, cs));
                 else
-                    NCCL_ENQ(pg, name, ncclRecv((char *)recv + (size_t)i * nb, count, dt, i, st->comm, st->stream));
+                    NCALL(st, name, deadline, ncclRecv((char *)recv + (size_t)i * nb, count, dt, i, comm, cs));
             }
         } else if (kind == RT_K_SCATTER) {
-            NCCL_ENQ(pg, name, ncclRecv(recv, count, dt, root, st->comm, st->stream));
+            NCALL(st, name, deadline, ncclRecv(recv, count, dt, root, comm, cs));
         } else {
-            NCCL_ENQ(pg, name, ncclSend(send, count, dt, root, st->comm, st->stream));
+            NCALL(st, name, deadline, ncclSend(send, count, dt, root, comm, cs));
         }
-        NCCL_ENQ(pg, name, ncclGroupEnd());
+        /* ncclGroupEnd is polled to completion (NCALL) before the copy below is
+         * enqueued: only then is the grouped work on the stream, ahead of the copy */
+        NCALL(st, name, deadline, ncclGroupEnd());
         if (me == root && nb) {
             const char *src = kind == RT_K_SCATTER ? (const char *)send + (size_t)root * nb : send;
             char *dst = kind == RT_K_SCATTER ? recv : (char *)recv + (size_t)root * nb;
-            if (src != dst) RT_CHECK_CUDA(cudaMemcpyAsync(dst, src, nb, cudaMemcpyDeviceToDevice, st->stream));
+            if (src != dst) RT_CHECK_CUDA(cudaMemcpyAsync(dst, src, nb, cudaMemcpyDeviceToDevice, cs));
         }
         break;
     case RT_K_BARRIER:
-        NCCL_ENQ(pg, name, ncclAllReduce(st->flag_dev, st->flag_dev, 1, ncclInt32, ncclSum, st->comm, st->stream));
+        NCALL(st, name, deadline, ncclAllReduce(st->flag_dev, st->flag_dev, 1, ncclInt32, ncclSum, comm, cs));
         break;
     case RT_K_P2P:
         if (o->is_send)
-            NCCL_ENQ(pg, name, ncclSend(send, count, dt, root, st->comm, st->stream));
+            NCALL(st, name, deadline, ncclSend(send, count, dt, root, comm, cs));
         else
-            NCCL_ENQ(pg, name, ncclRecv(recv, count, dt, root, st->comm, st->stream));
+            NCALL(st, name, deadline, ncclRecv(recv, count, dt, root, comm, cs));
         break;
     default:
         return RT_ERROR(RT_ERR_INVALID, "nccl: operation %d", kind);
     }
-    return wait_stream(pg, name, deadline);
+    RT_CHECK_CUDA(cudaEventRecord(done, cs));
+    return RT_OK;
+}
+
+rt_status rt_nccl_run(rt_pg *pg, const rt_op *o, rt_request *r) {
+    const char *name = rt_comm_op_name(o->kind, o->is_send);
+    RT_CHECK(precheck(pg, name));
+    nccl_state *st = st_of(pg);
+    ncclDataType_t dt = ncclFloat32;
+    RT_CHECK(dtype_of(o->dtype, &dt));
+    nccl_done *c = calloc(1, sizeof *c);
+    RT_CHECK_ALLOC(c, sizeof *c);
+    *c = (nccl_done){.st = st, .deadline = rt_now_ns() + (uint64_t)(pg->timeout_s * 1e9), .op = name};
+    cudaError_t ce = cudaEventCreateWithFlags(&c->ev, cudaEventDisableTiming);
+    if (ce != cudaSuccess) {
+        free(c);
+        RT_CHECK_CUDA(ce);
+    }
+    pthread_mutex_lock(&st->mu);
+    rt_status s = enqueue_locked(pg, st, o, name, dt, c->deadline, c->ev);
+    pthread_mutex_unlock(&st->mu);
+    if (s != RT_OK) {
+        cudaEventDestroy(c->ev);
+        free(c);
+        return s;
+    }
+    r->dev = &k_nccl_ops; /* not complete yet: rt_test / rt_wait / rt_wait_stream */
+    r->dev_ctx = c;
+    return RT_OK;
 }

@@ -19,6 +19,7 @@
 #ifndef RT_DIST_ENGINE_H
 #define RT_DIST_ENGINE_H
 
+#include "core/device.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "dist/internal/chan.h"
@@ -54,6 +55,22 @@ struct rt_xfer {
     rt_xfer *qnext;
 };
 
+/* The device part of a request (streams: docs/dist.md). Some requests end on a device
+ * stream after their host part (the transfers above) is done: a nccl operation (no host
+ * part at all) or a staged one (the copy back to the device buffer). The transport
+ * that creates it fills rt_request.dev; rt_test / rt_wait / rt_wait_stream (pg.c) run
+ * the host part to completion first, then these. Tests may install a fake. */
+typedef struct rt_req_dev_ops {
+    /* One non-blocking look: *done when the device part has completed. An error (a
+     * failed or timed-out operation) is returned, and is final. */
+    rt_status (*poll)(rt_request *r, bool *done);
+    /* Make stream `s` wait for the device part on the device (no host wait). */
+    rt_status (*stream_wait)(rt_request *r, rt_stream *s);
+    /* Free the device part (rt_req_free). May hand unfinished work to its transport,
+     * which keeps watching it. */
+    void (*release)(rt_request *r);
+} rt_req_dev_ops;
+
 typedef struct rt_post_copy {
     void *dst;
     const void *src;
@@ -82,6 +99,12 @@ struct rt_request {
     size_t pr_count;
     rt_dtype pr_dtype;
     rt_request *next; /* active list */
+    /* device part (NULL: none); dev_done once it has completed */
+    const rt_req_dev_ops *dev;
+    void *dev_ctx;
+    bool dev_done;
+    rt_status dev_status;
+    rt_error_record dev_err;
 };
 
 struct rt_engine {

@@ -18,12 +18,26 @@ typedef struct rt_pg_world {
     void *nccl; /* nccl transport state (CUDA builds) */
 } rt_pg_world;
 
+/* One pinned host buffer of the staging pool (device buffers over tcp/shm). `ev` is
+ * the last copy back to the device out of it: the buffer is reused only after it. */
+typedef struct rt_stage_buf {
+    void *p;
+    size_t bytes;
+    bool pinned, busy;
+    rt_event *ev;
+} rt_stage_buf;
+
 struct rt_pg {
     rt_pg_world *w;
     rt_device buf_device; /* where collective buffers live (see rt_pg_set_buffer_device) */
-    void *stage;          /* pinned host staging for device buffers over tcp/shm */
-    size_t stage_bytes;
-    bool stage_pinned;
+    rt_stream *stream;    /* the caller's stream (rt_pg_set_stream); NULL: none */
+    /* staging of device buffers over tcp/shm: a copy stream, the event that orders it
+     * after the caller's stream, and the pool of pinned buffers (one per operation in
+     * flight) */
+    rt_stream *stage_stream;
+    rt_event *stage_ev_in;
+    rt_stage_buf *stage;
+    int nstage;
     bool is_world;
     int rank, size; /* in this group */
     int *ranks;     /* group rank -> world rank */
@@ -51,12 +65,18 @@ typedef struct rt_op {
     rt_algo algo;     /* RT_K_ALLREDUCE */
 } rt_op;
 
+/* Frees the staging pool and its stream (collectives.c). */
+void rt_stage_pool_free(rt_pg *pg);
+
 /* nccl transport (cuda/nccl.c in CUDA builds; stubs in pg.c otherwise). Runs on the
  * group's buffer device (rt_pg_options.device); the buffers are device pointers there.
- * Peers are world ranks (world group only). rt_nccl_run enqueues the operation and
- * waits for it (with the group's timeout). */
+ * Peers are world ranks (world group only). rt_pg_nccl_init cleans up after itself when
+ * it fails (a communicator it created is aborted, so the peers fail fast).
+ * rt_nccl_run enqueues the operation on the communication stream, ordered after the
+ * group's stream (rt_pg_set_stream), and gives `r` (an empty request, host part
+ * complete) its device part: the completion event, polled against the timeout. */
 rt_status rt_pg_nccl_init(rt_pg *pg);
 void rt_pg_nccl_destroy(rt_pg_world *w);
-rt_status rt_nccl_run(rt_pg *pg, const rt_op *op);
+rt_status rt_nccl_run(rt_pg *pg, const rt_op *op, rt_request *r);
 
 #endif
