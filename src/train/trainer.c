@@ -64,6 +64,7 @@ static rt_status make_dirs(const char *path) {
 /* ---- the state of one rank's run ------------------------------------------------------- */
 
 enum { EV_START, EV_H2D, EV_FWD, EV_BWD, EV_COMM, EV_END, EV_COUNT };
+enum { SCRATCH_BYTES = 64 };
 
 typedef struct pending {
     rt_event *ev[EV_COUNT];
@@ -92,6 +93,7 @@ typedef struct run {
     rt_grad_clip clip;
     bool have_clip;
     float *x_dev;       /* CUDA: the batch on the device */
+    void *scratch_dev;  /* CUDA: host values all-reduced through the device (all_reduce_host) */
     int64_t *label_dev; /* CUDA */
     float *out_host;    /* evaluation: logits on the host */
     rt_metrics *metrics, *rank_metrics;
@@ -105,9 +107,21 @@ typedef struct run {
 
 static bool is_root(const run *r) { return r->who.rank == 0; }
 
-/* A collective that is a no-op with one rank. */
+/* All-reduce of a few host values (the loss, evaluation sums, checksums); a no-op with
+ * one rank. The group's buffers live on the training device, so on a GPU the values go
+ * through a small device buffer. */
+static rt_status all_reduce_host(run *r, void *v, size_t n, rt_dtype t, rt_reduce_op op) {
+    if (!r->pg) return RT_OK;
+    if (!rt_device_is_cuda(r->dev)) return rt_all_reduce(r->pg, v, n, t, op);
+    size_t bytes = n * rt_dtype_size(t);
+    RT_REQUIRE(bytes <= SCRATCH_BYTES, RT_ERR_INTERNAL, "all_reduce_host: %zu bytes", bytes);
+    RT_CHECK(rt_memcpy(r->scratch_dev, r->dev, v, rt_device_cpu(), bytes, r->ctx->stream));
+    RT_CHECK(rt_all_reduce(r->pg, r->scratch_dev, n, t, op)); /* ordered after the copy (the group's stream) */
+    RT_CHECK(rt_memcpy(v, rt_device_cpu(), r->scratch_dev, r->dev, bytes, r->ctx->stream));
+    return rt_model_ctx_sync(r->ctx);
+}
 static rt_status all_reduce_f64(run *r, double *v, size_t n, rt_reduce_op op) {
-    return r->pg ? rt_all_reduce(r->pg, v, n, RT_F64, op) : RT_OK;
+    return all_reduce_host(r, v, n, RT_F64, op);
 }
 
 /* ---- setup --------------------------------------------------------------------------- */
@@ -161,8 +175,8 @@ static rt_status check_in_sync(run *r, bool buffers, const char *when) {
     uint64_t h = 0;
     RT_CHECK(param_checksum(r, buffers, &h));
     int64_t lo = (int64_t)(h >> 1), hi = lo;
-    RT_CHECK(rt_all_reduce(r->pg, &lo, 1, RT_I64, RT_OP_MIN));
-    RT_CHECK(rt_all_reduce(r->pg, &hi, 1, RT_I64, RT_OP_MAX));
+    RT_CHECK(all_reduce_host(r, &lo, 1, RT_I64, RT_OP_MIN));
+    RT_CHECK(all_reduce_host(r, &hi, 1, RT_I64, RT_OP_MAX));
     RT_REQUIRE(lo == hi, RT_ERR_INTERNAL,
                "%s: the ranks' parameters differ (checksums from %llx to %llx; this rank %llx): a rank diverged", when,
                (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)(h >> 1));
@@ -217,6 +231,7 @@ static rt_status setup_model(run *r) {
         size_t img = rt_dataset_image_bytes(&r->train_ds);
         RT_CHECK(rt_malloc(r->dev, sizeof(float) * img * (size_t)mc.max_batch, (void **)&r->x_dev));
         RT_CHECK(rt_malloc(r->dev, sizeof(int64_t) * (size_t)mc.max_batch, (void **)&r->label_dev));
+        RT_CHECK(rt_malloc(r->dev, SCRATCH_BYTES, &r->scratch_dev));
     }
     r->out_host = malloc(sizeof(float) * (size_t)mc.max_batch * (size_t)mc.num_classes);
     RT_CHECK_ALLOC(r->out_host, sizeof(float) * (size_t)mc.max_batch * (size_t)mc.num_classes);
@@ -256,8 +271,8 @@ static rt_status setup_loaders(run *r) {
     /* every rank must take the same number of steps (their collectives pair up) */
     if (r->pg) {
         int64_t lo = r->steps_per_epoch, hi = lo;
-        RT_CHECK(rt_all_reduce(r->pg, &lo, 1, RT_I64, RT_OP_MIN));
-        RT_CHECK(rt_all_reduce(r->pg, &hi, 1, RT_I64, RT_OP_MAX));
+        RT_CHECK(all_reduce_host(r, &lo, 1, RT_I64, RT_OP_MIN));
+        RT_CHECK(all_reduce_host(r, &hi, 1, RT_I64, RT_OP_MAX));
         RT_REQUIRE(lo == hi, RT_ERR_INVALID,
                    "ranks would take %lld to %lld steps per epoch (data.sampler partition with a dataset that does not "
                    "split evenly; use data.sampler: distributed)",
@@ -348,6 +363,7 @@ static rt_status setup_reducer(run *r) {
     ro.bucket_bytes = (size_t)(r->cfg->dist.bucket_mb * 1024 * 1024);
     ro.first_bucket_bytes = (size_t)(r->cfg->dist.first_bucket_mb * 1024 * 1024);
     if (ro.bucket_bytes == 0) ro.first_bucket_bytes = 0;
+    ro.stream = r->ctx->stream; /* buckets are ordered after the backward work enqueued so far */
     return rt_reducer_create(r->pg, rt_model_grads(r->model)->base, r->bounds, nb, &ro, &r->reducer);
 }
 
@@ -535,6 +551,7 @@ static void run_free(run *r) {
     free(r->out_host);
     if (r->x_dev) rt_free(r->dev, r->x_dev);
     if (r->label_dev) rt_free(r->dev, r->label_dev);
+    if (r->scratch_dev) rt_free(r->dev, r->scratch_dev);
     rt_model_destroy(r->model);
     rt_model_ctx_destroy(r->ctx);
     rt_pg_destroy(r->pg);
@@ -572,6 +589,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
         RT_CHECK(rt_pg_init(&po, &r->pg));
     }
     RT_CHECK(setup_model(r));
+    if (r->pg) rt_pg_set_stream(r->pg, r->ctx->stream); /* the stream contract (docs/dist.md) */
     RT_CHECK(broadcast_state(r));
     RT_CHECK(check_in_sync(r, true, "after the initial broadcast"));
     RT_CHECK(setup_loaders(r));
