@@ -637,6 +637,23 @@ static rt_status plot_loss(const rt_run_log *log, const char *dir, FILE *gp) {
     fprintf(gp, "set title 'Training loss and test accuracy'\n");
     fprintf(gp, "set xlabel 'step (optimizer steps)'\nset ylabel 'loss (cross-entropy)'\n");
     fprintf(gp, "set grid\nset key outside bottom center horizontal\nset ytics nomirror\n");
+    /* the loss axis: from 0 to a little above the training loss; a test loss far above
+     * it (an early evaluation with unsettled batch-norm statistics) is left off the axis
+     * rather than flattening every other curve */
+    double top = 0;
+    int64_t clipped = 0;
+    for (int64_t i = 0; i < log->n_steps; i++)
+        if (isfinite(log->steps[i].rec.loss) && log->steps[i].rec.loss > top) top = log->steps[i].rec.loss;
+    double limit = 2 * top;
+    for (int64_t i = 0; i < log->n_evals; i++) {
+        double l = log->evals[i].loss;
+        if (!isfinite(l)) continue;
+        if (top > 0 && l > limit)
+            clipped++;
+        else if (l > top)
+            top = l;
+    }
+    if (top > 0) fprintf(gp, "set yrange [0:%.6g]\n", 1.1 * top);
     for (int g = 1; g < log->n_segments; g++)
         for (int64_t i = 0; i < log->n_steps; i++)
             if (log->steps[i].segment == g) {
@@ -651,7 +668,9 @@ static rt_status plot_loss(const rt_run_log *log, const char *dir, FILE *gp) {
     fprintf(gp, "     '' using 1:4 with lines lw 2 lc rgb '#08519c' title 'training loss (mean of %lld steps)'",
             (long long)w);
     if (log->n_evals > 0) {
-        fprintf(gp, ", \\\n     'eval.dat' using 1:4 with linespoints pt 6 lc rgb '#ff7f0e' title 'test loss'");
+        fprintf(gp, ", \\\n     'eval.dat' using 1:4 with linespoints pt 6 lc rgb '#ff7f0e' title 'test loss");
+        if (clipped) fprintf(gp, " (%lld above the axis)", (long long)clipped);
+        fprintf(gp, "'");
         fprintf(gp, ", \\\n     'eval.dat' using 1:3 axes x1y2 with linespoints pt 7 lw 2 lc rgb '#d62728' "
                     "title 'test accuracy (%%, right axis)'");
     }
