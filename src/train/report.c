@@ -379,7 +379,7 @@ rt_status rt_report_load(const char *run_dir, rt_report **out) {
         r->n_ranks++;
     }
     closedir(d);
-    qsort(r->ranks, (size_t)r->n_ranks, sizeof *r->ranks, cmp_rank);
+    if (r->n_ranks > 1) qsort(r->ranks, (size_t)r->n_ranks, sizeof *r->ranks, cmp_rank);
     *out = r;
     return RT_OK;
 fail:
@@ -523,9 +523,14 @@ void rt_report_print(const rt_report *r, const rt_report_summary *s, FILE *out) 
         fprintf(out, "test accuracy: none recorded (no evaluation yet)\n");
     fmt_duration(dur, sizeof dur, s->wall_s);
     fprintf(out, "wall time: %s%s\n", dur, s->finished ? "" : "  (the run has not finished: no \"end\" line)");
-    fprintf(out, "steps: %lld", (long long)s->steps);
-    if (s->step_records != s->steps) fprintf(out, " (%lld step records)", (long long)s->step_records);
-    fprintf(out, ", last epoch %lld, final training loss %.4f\n", (long long)s->last_epoch + 1, s->final_train_loss);
+    if (s->step_records == 0) {
+        fprintf(out, "steps: none recorded\n");
+    } else {
+        fprintf(out, "steps: %lld", (long long)s->steps);
+        if (s->step_records != s->steps) fprintf(out, " (%lld step records)", (long long)s->step_records);
+        fprintf(out, ", last epoch %lld, final training loss %.4f\n", (long long)s->last_epoch + 1,
+                s->final_train_loss);
+    }
     fprintf(out, "world size: %d", s->world_size);
     if (s->segments > 1) {
         fprintf(out, "  (%d resume(s); world size by segment:", s->segments - 1);
@@ -533,6 +538,7 @@ void rt_report_print(const rt_report *r, const rt_report_summary *s, FILE *out) 
         fprintf(out, ")");
     }
     fprintf(out, "\n");
+    if (s->step_records == 0) return;
     fprintf(out, "images/s: %.1f mean over steps, %.1f over the last epoch (%lld steps)\n", s->images_per_s_mean,
             s->images_per_s_last_epoch, (long long)s->last_epoch_steps);
     fprintf(out, "\n");
