@@ -49,6 +49,7 @@ static const rt_command k_commands[] = {
     {"train", "train from a YAML config across ranks (ringtrain train --help)", rt_cmd_train},
     {"info", "version, build features, library versions and devices", rt_cmd_info},
     {"data", "inspect datasets and the distributed sampler", rt_cmd_data},
+    {"report", "a run's summary and plots from its metrics.jsonl (ringtrain report --help)", rt_cmd_report},
     {"bench", "benchmarks (ringtrain bench --help)", cmd_bench},
 };
 

@@ -1,0 +1,125 @@
+/* `ringtrain report RUN_DIR [--out DIR] [--no-plots]`: a run's summary from its
+ * metrics.jsonl (and metrics-rank<R>.jsonl), and its plots drawn with gnuplot
+ * (src/train/report.h, docs/report.md). */
+#include "cli/cli.h"
+#include "train/report.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: ringtrain report RUN_DIR [--out DIR] [--no-plots]\n"
+                 "\n"
+                 "Prints the summary of a training run from RUN_DIR/metrics.jsonl (test accuracy and loss,\n"
+                 "wall time, steps, world size, images/s, the per-stage table, and per-rank step times when\n"
+                 "log.all_ranks wrote metrics-rank<R>.jsonl), and draws PNG plots with gnuplot (Debian:\n"
+                 "gnuplot-nox): loss.png, stages.png, throughput.png, ranks.png.\n"
+                 "\n"
+                 "  --out DIR    where the summary (summary.txt), the plots, their data and the gnuplot\n"
+                 "               script go (default RUN_DIR/report)\n"
+                 "  --no-plots   print the summary only; write nothing\n"
+                 "\n"
+                 "Exit status: 0 ok, 1 an unreadable or malformed log, or plots that could not be drawn\n"
+                 "(gnuplot missing or failing), 2 a usage error.\n");
+}
+
+int rt_cmd_report(int argc, char **argv) {
+    const char *run_dir = NULL, *out_dir = NULL;
+    int plots = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (rt_cli_is_help(a)) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--no-plots") == 0) {
+            plots = 0;
+        } else if (strcmp(a, "--out") == 0 || strncmp(a, "--out=", 6) == 0) {
+            if (a[5] == '=') {
+                out_dir = a + 6;
+            } else if (i + 1 < argc) {
+                out_dir = argv[++i];
+            } else {
+                fprintf(stderr, "ringtrain report: --out needs a directory (try --help)\n");
+                return 2;
+            }
+            if (!*out_dir) {
+                fprintf(stderr, "ringtrain report: --out needs a directory (try --help)\n");
+                return 2;
+            }
+        } else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "ringtrain report: unknown option '%s' (try --help)\n", a);
+            return 2;
+        } else if (!run_dir) {
+            run_dir = a;
+        } else {
+            fprintf(stderr, "ringtrain report: one RUN_DIR expected, got '%s' and '%s' (try --help)\n", run_dir, a);
+            return 2;
+        }
+    }
+    if (!run_dir) {
+        usage(stderr);
+        return 2;
+    }
+
+    rt_report *r;
+    if (rt_report_load(run_dir, &r) != RT_OK) return rt_cli_fail();
+    for (int i = -1; i < r->n_ranks; i++) {
+        const rt_run_log *log = i < 0 ? r->main : r->ranks[i];
+        for (int w = 0; w < log->n_warnings; w++) fprintf(stderr, "ringtrain report: warning: %s\n", log->warnings[w]);
+    }
+    rt_report_summary s;
+    if (rt_report_summarize(r, &s) != RT_OK) {
+        rt_report_free(r);
+        return rt_cli_fail();
+    }
+    rt_report_print(r, &s, stdout);
+    fflush(stdout);
+
+    int rc = 0;
+    if (plots) {
+        char dir[1100], path[1200];
+        if (out_dir)
+            snprintf(dir, sizeof dir, "%s", out_dir);
+        else
+            snprintf(dir, sizeof dir, "%s/report", run_dir);
+        const char *pngs[RT_REPORT_MAX_PLOTS];
+        int n = 0;
+        if (rt_report_mkdirs(dir) != RT_OK) goto fail;
+        snprintf(path, sizeof path, "%s/summary.txt", dir);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            rt_report_print(r, &s, f);
+            if (fclose(f) != 0) f = NULL;
+        }
+        if (!f) {
+            fprintf(stderr, "ringtrain report: error: cannot write %s\n", path);
+            rc = 1;
+            goto out;
+        }
+        if (rt_report_write_plots(r, dir, pngs, &n) != RT_OK) goto fail;
+        if (n == 0) {
+            printf("\nno plots: the run recorded no steps (summary in %s)\n", path);
+            goto out;
+        }
+        if (rt_report_run_gnuplot(dir) != RT_OK) goto fail;
+        printf("\nplots (gnuplot script and data in %s):\n", dir);
+        for (int i = 0; i < n; i++) {
+            struct stat sb;
+            snprintf(path, sizeof path, "%s/%s", dir, pngs[i]);
+            if (stat(path, &sb) != 0 || sb.st_size == 0) {
+                fprintf(stderr, "ringtrain report: error: gnuplot did not draw %s (see %s/gnuplot.log)\n", path, dir);
+                rc = 1;
+                continue;
+            }
+            printf("  %s\n", path);
+        }
+    }
+    goto out;
+fail:
+    rc = rt_cli_fail();
+out:
+    rt_report_summary_free(&s);
+    rt_report_free(r);
+    return rc;
+}
