@@ -1,4 +1,4 @@
-/* The `ringtrain` command: train | info | data | bench (eval and report come with checkpoints).
+/* The `ringtrain` command: train | report | info | data | bench (eval comes with checkpoints).
  *
  * main() is the only place that decides to exit: library code returns an rt_status and
  * records a message, and the command prints it. */
