@@ -153,6 +153,25 @@ void rt_model_set_dropout_seed(rt_model *m, uint64_t seed) {
     if (m->ops->seed_dropout) m->ops->seed_dropout(m, seed);
 }
 
+#define MAX_DROPOUTS 16
+
+int rt_model_dropout_counters(const rt_model *m, uint64_t *out, int cap) {
+    if (!m->ops->dropouts) return 0;
+    rt_dropout *l[MAX_DROPOUTS];
+    int n = m->ops->dropouts((rt_model *)m, l, MAX_DROPOUTS);
+    for (int i = 0; i < n && i < cap && i < MAX_DROPOUTS; i++) out[i] = l[i]->counter;
+    return n;
+}
+
+rt_status rt_model_set_dropout_counters(rt_model *m, const uint64_t *counters, int n) {
+    rt_dropout *l[MAX_DROPOUTS];
+    int have = m->ops->dropouts ? m->ops->dropouts(m, l, MAX_DROPOUTS) : 0;
+    RT_REQUIRE(n == have && have <= MAX_DROPOUTS, RT_ERR_INVALID, "%s has %d dropout layers, got %d counters",
+               m->ops->name, have, n);
+    for (int i = 0; i < n; i++) l[i]->counter = counters[i];
+    return RT_OK;
+}
+
 /* ---- steps --------------------------------------------------------------------------- */
 
 rt_status rt_model_forward(rt_model *m, const float *x, int n, bool training) {

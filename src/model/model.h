@@ -90,6 +90,12 @@ void rt_model_destroy(rt_model *m);
 rt_status rt_model_init_weights(rt_model *m, uint64_t seed);
 /* Seed of the dropout masks (e.g. seed + rank); resets their counters. */
 void rt_model_set_dropout_seed(rt_model *m, uint64_t seed);
+/* Dropout state for checkpoints: the draws each dropout layer has used so far, in
+ * forward order. Returns the number of dropout layers (0: none) and copies up to cap
+ * counters. Restore with rt_model_set_dropout_counters after rt_model_set_dropout_seed
+ * (which resets them); n must be that number (RT_ERR_INVALID otherwise). */
+int rt_model_dropout_counters(const rt_model *m, uint64_t *out, int cap);
+rt_status rt_model_set_dropout_counters(rt_model *m, const uint64_t *counters, int n);
 
 const rt_model_config *rt_model_config_of(const rt_model *m);
 rt_model_ctx *rt_model_context(const rt_model *m);

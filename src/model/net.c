@@ -68,6 +68,13 @@ static void net_seed_dropout(rt_model *m, uint64_t seed) {
     t->drop2d.counter = t->drop.counter = 0;
 }
 
+static int net_dropouts(rt_model *m, rt_dropout **out, int cap) {
+    net *t = m->arch;
+    rt_dropout *all[] = {&t->drop2d, &t->drop};
+    for (int i = 0; i < 2 && i < cap; i++) out[i] = all[i];
+    return 2;
+}
+
 static rt_status net_forward(rt_model *m, const float *x, int n, bool training) {
     net *t = m->arch;
     rt_model_ctx *ctx = m->ctx;
@@ -168,5 +175,6 @@ const rt_model_arch_ops rt_arch_net = {
     .loss = net_loss,
     .backward = net_backward,
     .seed_dropout = net_seed_dropout,
+    .dropouts = net_dropouts,
     .release = net_release,
 };

@@ -41,7 +41,9 @@ typedef struct rt_model_arch_ops {
     /* Backward from m->dout, telling rt_model_block_done about each finished block. */
     rt_status (*backward)(rt_model *m, rt_grad_ready_fn ready, void *user);
     void (*seed_dropout)(rt_model *m, uint64_t seed); /* NULL: no dropout */
-    void (*release)(rt_model *m);                     /* release layer state and free m->arch */
+    /* The dropout layers in forward order (up to cap); returns how many. NULL: none. */
+    int (*dropouts)(rt_model *m, rt_dropout **out, int cap);
+    void (*release)(rt_model *m); /* release layer state and free m->arch */
 } rt_model_arch_ops;
 
 /* The row of `arch` (arch.c), NULL when out of range. */

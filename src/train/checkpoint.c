@@ -1,0 +1,845 @@
+/* Checkpoints: see checkpoint.h and docs/checkpoints.md. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "train/checkpoint.h"
+
+#include "core/safetensors.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+#include <zlib.h>
+
+static const char *const k_reserved[] = {RT_CKPT_RESERVED_KEYS};
+static const char *const k_required[] = {RT_CKPT_REQUIRED_KEYS};
+#define N_RESERVED (sizeof k_reserved / sizeof k_reserved[0])
+#define N_REQUIRED (sizeof k_required / sizeof k_required[0])
+#define MAX_DROPOUT 16
+
+/* ---- metadata ---------------------------------------------------------------------- */
+
+void rt_ckpt_meta_init(rt_ckpt_meta *m) { memset(m, 0, sizeof *m); }
+
+void rt_ckpt_meta_free(rt_ckpt_meta *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n; i++) {
+        free(m->keys[i]);
+        free(m->values[i]);
+    }
+    free(m->keys);
+    free(m->values);
+    memset(m, 0, sizeof *m);
+}
+
+static bool key_ok(const char *k) {
+    if (!k || !*k) return false;
+    for (const char *c = k; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' ||
+              *c == '_' || *c == '-'))
+            return false;
+    return true;
+}
+
+rt_status rt_ckpt_meta_set(rt_ckpt_meta *m, const char *key, const char *value) {
+    RT_REQUIRE(key_ok(key), RT_ERR_INVALID, "checkpoint metadata key '%s' (expected letters, digits, '.', '_', '-')",
+               key ? key : "(null)");
+    RT_REQUIRE(value, RT_ERR_INVALID, "checkpoint metadata '%s': NULL value", key);
+    char *v = strdup(value);
+    RT_CHECK_ALLOC(v, strlen(value));
+    for (int i = 0; i < m->n; i++)
+        if (strcmp(m->keys[i], key) == 0) {
+            free(m->values[i]);
+            m->values[i] = v;
+            return RT_OK;
+        }
+    if (m->n == m->cap) {
+        int cap = m->cap ? 2 * m->cap : 16;
+        char **nk = realloc(m->keys, sizeof *nk * (size_t)cap);
+        if (nk) m->keys = nk;
+        char **nv = nk ? realloc(m->values, sizeof *nv * (size_t)cap) : NULL;
+        if (nv) m->values = nv;
+        if (!nk || !nv) {
+            free(v);
+            RT_FAIL(RT_ERR_NOMEM, "out of memory (checkpoint metadata)");
+        }
+        m->cap = cap;
+    }
+    m->keys[m->n] = strdup(key);
+    if (!m->keys[m->n]) {
+        free(v);
+        RT_FAIL(RT_ERR_NOMEM, "out of memory (checkpoint metadata)");
+    }
+    m->values[m->n++] = v;
+    return RT_OK;
+}
+
+rt_status rt_ckpt_meta_set_i64(rt_ckpt_meta *m, const char *key, int64_t value) {
+    char b[32];
+    snprintf(b, sizeof b, "%" PRId64, value);
+    return rt_ckpt_meta_set(m, key, b);
+}
+
+rt_status rt_ckpt_meta_set_u64(rt_ckpt_meta *m, const char *key, uint64_t value) {
+    char b[32];
+    snprintf(b, sizeof b, "%" PRIu64, value);
+    return rt_ckpt_meta_set(m, key, b);
+}
+
+const char *rt_ckpt_meta_get(const rt_ckpt_meta *m, const char *key) {
+    for (int i = 0; i < m->n; i++)
+        if (strcmp(m->keys[i], key) == 0) return m->values[i];
+    return NULL;
+}
+
+static const char *src_of(const rt_ckpt_meta *m) { return m->source[0] ? m->source : "checkpoint metadata"; }
+
+rt_status rt_ckpt_meta_get_str(const rt_ckpt_meta *m, const char *key, const char **out) {
+    *out = rt_ckpt_meta_get(m, key);
+    if (!*out) RT_FAIL(RT_ERR_FORMAT, "%s: metadata '%s' is missing", src_of(m), key);
+    return RT_OK;
+}
+
+/* strict decimal: [-]digits, no leading zeros, in range */
+static bool parse_dec(const char *s, bool allow_neg, uint64_t *mag, bool *neg) {
+    *neg = false;
+    if (allow_neg && *s == '-') {
+        *neg = true;
+        s++;
+    }
+    if (*s < '0' || *s > '9') return false;
+    if (s[0] == '0' && s[1]) return false;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9') return false;
+        uint64_t d = (uint64_t)(*s - '0');
+        if (v > (UINT64_MAX - d) / 10) return false;
+        v = v * 10 + d;
+    }
+    if (*neg && v == 0) return false; /* "-0" */
+    *mag = v;
+    return true;
+}
+
+rt_status rt_ckpt_meta_get_i64(const rt_ckpt_meta *m, const char *key, int64_t *out) {
+    const char *s;
+    RT_CHECK(rt_ckpt_meta_get_str(m, key, &s));
+    uint64_t v;
+    bool neg;
+    if (!parse_dec(s, true, &v, &neg) || v > (uint64_t)INT64_MAX + (neg ? 1u : 0u))
+        RT_FAIL(RT_ERR_FORMAT, "%s: metadata '%s' is \"%.64s\", expected a decimal integer", src_of(m), key, s);
+    *out = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return RT_OK;
+}
+
+rt_status rt_ckpt_meta_get_u64(const rt_ckpt_meta *m, const char *key, uint64_t *out) {
+    const char *s;
+    RT_CHECK(rt_ckpt_meta_get_str(m, key, &s));
+    bool neg;
+    if (!parse_dec(s, false, out, &neg))
+        RT_FAIL(RT_ERR_FORMAT, "%s: metadata '%s' is \"%.64s\", expected a non-negative decimal integer", src_of(m),
+                key, s);
+    return RT_OK;
+}
+
+/* ---- small file-system helpers ------------------------------------------------------- */
+
+static rt_status join(char *out, size_t n, const char *a, const char *b) {
+    int l = snprintf(out, n, "%s/%s", a, b);
+    if (l < 0 || (size_t)l >= n) RT_FAIL(RT_ERR_INVALID, "path too long: %s/%s", a, b);
+    return RT_OK;
+}
+
+static rt_status fsync_path(const char *path, bool dir) {
+    int fd = open(path, (dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0) RT_FAIL(RT_ERR_IO, "cannot open %s to fsync it: %s", path, strerror(errno));
+    if (fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        RT_FAIL(RT_ERR_IO, "fsync %s: %s", path, strerror(e));
+    }
+    close(fd);
+    return RT_OK;
+}
+
+/* rm -r of a directory we wrote (files and directories only); best effort */
+static void remove_tree(const char *path) {
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+            char sub[RT_CKPT_PATH_MAX + 256];
+            if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) >= (int)sizeof sub) continue;
+            struct stat sb;
+            if (lstat(sub, &sb) == 0 && S_ISDIR(sb.st_mode))
+                remove_tree(sub);
+            else
+                unlink(sub);
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+void rt_ckpt_dir_name(int64_t step, char *out, size_t n) {
+    snprintf(out, n, "ckpt-%0*" PRId64, RT_CKPT_STEP_DIGITS, step);
+}
+
+/* "ckpt-<digits>" -> step; false for anything else (temporaries start with '.') */
+static bool parse_ckpt_name(const char *name, int64_t *step) {
+    if (strncmp(name, "ckpt-", 5) != 0) return false;
+    uint64_t v;
+    bool neg;
+    const char *d = name + 5;
+    if (strlen(d) < RT_CKPT_STEP_DIGITS) return false;
+    while (d[0] == '0' && d[1]) d++; /* zero padding */
+    if (!parse_dec(d, false, &v, &neg) || v > (uint64_t)INT64_MAX) return false;
+    *step = (int64_t)v;
+    return true;
+}
+
+typedef struct ckpt_entry {
+    int64_t step;
+    char name[512];
+} ckpt_entry;
+
+static int cmp_entry_desc(const void *a, const void *b) {
+    const ckpt_entry *x = a, *y = b;
+    return (x->step < y->step) - (x->step > y->step);
+}
+
+/* ckpt-* directories of dir, newest first; *n = 0 if dir does not exist */
+static rt_status list_ckpts(const char *dir, ckpt_entry **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return RT_OK;
+        RT_FAIL(RT_ERR_IO, "cannot read the checkpoint directory %s: %s", dir, strerror(errno));
+    }
+    int cap = 0;
+    ckpt_entry *v = NULL;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int64_t step;
+        if (!parse_ckpt_name(e->d_name, &step) || strlen(e->d_name) >= sizeof v->name) continue;
+        char p[RT_CKPT_PATH_MAX + 256];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            ckpt_entry *nv = realloc(v, sizeof *nv * (size_t)cap);
+            if (!nv) {
+                free(v);
+                closedir(d);
+                RT_FAIL(RT_ERR_NOMEM, "out of memory listing %s", dir);
+            }
+            v = nv;
+        }
+        v[*n].step = step;
+        snprintf(v[*n].name, sizeof v[*n].name, "%s", e->d_name);
+        (*n)++;
+    }
+    closedir(d);
+    if (*n) qsort(v, (size_t)*n, sizeof *v, cmp_entry_desc);
+    *out = v;
+    return RT_OK;
+}
+
+/* ---- crc ------------------------------------------------------------------------------ */
+
+/* crc32 (zlib's) of a safetensors file's data section */
+static uint32_t data_crc(const rt_safetensors *st) {
+    const unsigned char *b = st->bytes;
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
+    size_t off = 8 + (size_t)hlen, len = st->size - off;
+    uLong c = crc32(0L, Z_NULL, 0);
+    const unsigned char *p = b + off;
+    while (len) {
+        uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
+        c = crc32(c, p, chunk);
+        p += chunk;
+        len -= chunk;
+    }
+    return (uint32_t)c;
+}
+
+static void crc_str(uint32_t c, char out[9]) { snprintf(out, 9, "%08" PRIx32, c); }
+
+static bool parse_crc(const char *s, uint32_t *out) {
+    if (strlen(s) != 8) return false;
+    uint32_t v = 0;
+    for (int i = 0; i < 8; i++) {
+        char c = s[i];
+        int h = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (h < 0) return false;
+        v = v << 4 | (uint32_t)h;
+    }
+    *out = v;
+    return true;
+}
+
+/* ---- verification ----------------------------------------------------------------------- */
+
+typedef struct ckpt_files {
+    rt_safetensors *model, *train;
+    rt_ckpt_meta meta;
+    char model_path[RT_CKPT_PATH_MAX + 32], train_path[RT_CKPT_PATH_MAX + 32];
+} ckpt_files;
+
+static void files_free(ckpt_files *f) {
+    rt_safetensors_free(f->model);
+    rt_safetensors_free(f->train);
+    rt_ckpt_meta_free(&f->meta);
+    f->model = f->train = NULL;
+}
+
+static rt_status check_crc(const rt_ckpt_meta *m, const char *key, const rt_safetensors *st, const char *file) {
+    const char *s;
+    RT_CHECK(rt_ckpt_meta_get_str(m, key, &s));
+    uint32_t want;
+    if (!parse_crc(s, &want))
+        RT_FAIL(RT_ERR_FORMAT, "%s: metadata '%s' is \"%.64s\", expected 8 lowercase hex digits", m->source, key, s);
+    uint32_t got = data_crc(st);
+    if (got != want)
+        RT_FAIL(RT_ERR_FORMAT, "%s: crc32 of the tensor data is %08" PRIx32 ", the checkpoint says %08" PRIx32, file,
+                got, want);
+    return RT_OK;
+}
+
+/* comma-separated list of names -> count, checking each (`what` for errors) */
+static rt_status split_list(const rt_ckpt_meta *m, const char *key, char items[][64], int cap, int *count) {
+    const char *s;
+    RT_CHECK(rt_ckpt_meta_get_str(m, key, &s));
+    *count = 0;
+    if (!*s) return RT_OK;
+    const char *p = s;
+    for (;;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == 0 || len >= 64 || *count >= cap)
+            RT_FAIL(RT_ERR_FORMAT,
+                    "%s: metadata '%s' is \"%.64s\", expected a comma-separated list of at most %d items", m->source,
+                    key, s, cap);
+        memcpy(items[*count], p, len);
+        items[*count][len] = 0;
+        (*count)++;
+        if (!e) break;
+        p = e + 1;
+    }
+    return RT_OK;
+}
+
+/* the dropout counters: "" or "c0,c1,..." */
+static rt_status parse_counters(const rt_ckpt_meta *m, uint64_t *c, int *n) {
+    char items[MAX_DROPOUT][64];
+    RT_CHECK(split_list(m, "model.dropout_counters", items, MAX_DROPOUT, n));
+    for (int i = 0; i < *n; i++) {
+        bool neg;
+        if (!parse_dec(items[i], false, &c[i], &neg))
+            RT_FAIL(RT_ERR_FORMAT,
+                    "%s: metadata 'model.dropout_counters' item %d is \"%s\", expected a decimal integer", m->source, i,
+                    items[i]);
+    }
+    return RT_OK;
+}
+
+/* Read and check everything that does not need a model; on success f holds both files. */
+static rt_status verify_files(const char *path, ckpt_files *f) {
+    memset(f, 0, sizeof *f);
+    rt_ckpt_meta_init(&f->meta);
+    struct stat sb;
+    if (stat(path, &sb) != 0) RT_FAIL(RT_ERR_IO, "checkpoint %s: %s", path, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) RT_FAIL(RT_ERR_FORMAT, "checkpoint %s is not a directory", path);
+    RT_CHECK(join(f->model_path, sizeof f->model_path, path, RT_CKPT_MODEL_FILE));
+    RT_CHECK(join(f->train_path, sizeof f->train_path, path, RT_CKPT_TRAIN_FILE));
+    for (int i = 0; i < 2; i++) {
+        const char *fp = i ? f->model_path : f->train_path;
+        if (stat(fp, &sb) != 0 && errno == ENOENT)
+            RT_FAIL(RT_ERR_FORMAT, "%s is missing (not a complete checkpoint)", fp);
+    }
+    rt_status st;
+    RT_CHECK_GOTO(rt_safetensors_read(f->train_path, &f->train), st, fail);
+    rt_ckpt_meta *m = &f->meta;
+    snprintf(m->source, sizeof m->source, "%s", f->train_path);
+    for (int i = 0; i < f->train->n_meta; i++)
+        RT_CHECK_GOTO(rt_ckpt_meta_set(m, f->train->meta_keys[i], f->train->meta_values[i]), st, fail);
+    const char *fmt;
+    RT_CHECK_GOTO(rt_ckpt_meta_get_str(m, "format", &fmt), st, fail);
+    if (strcmp(fmt, RT_CKPT_FORMAT) != 0) {
+        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'format' is \"%.64s\", expected \"%s\"", m->source, fmt,
+                      RT_CKPT_FORMAT);
+        goto fail;
+    }
+    int64_t ver;
+    RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "format_version", &ver), st, fail);
+    if (ver != RT_CKPT_FORMAT_VERSION) {
+        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'format_version' is %" PRId64 ", this ringtrain reads version %d",
+                      m->source, ver, RT_CKPT_FORMAT_VERSION);
+        goto fail;
+    }
+    RT_CHECK_GOTO(check_crc(m, "crc32.train", f->train, f->train_path), st, fail);
+    RT_CHECK_GOTO(rt_safetensors_read(f->model_path, &f->model), st, fail);
+    RT_CHECK_GOTO(check_crc(m, "crc32.model", f->model, f->model_path), st, fail);
+    int64_t step, v;
+    RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "step", &step), st, fail);
+    if (step < 0) {
+        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'step' is %" PRId64 ", expected >= 0", m->source, step);
+        goto fail;
+    }
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    int64_t dir_step;
+    if (parse_ckpt_name(base, &dir_step) && dir_step != step) {
+        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'step' is %" PRId64 " but the directory is %s", m->source, step,
+                      base);
+        goto fail;
+    }
+    for (size_t i = 0; i < N_REQUIRED; i++) RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, k_required[i], &v), st, fail);
+    RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "world_size", &v), st, fail);
+    if (v < 1) {
+        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'world_size' is %" PRId64 ", expected >= 1", m->source, v);
+        goto fail;
+    }
+    const char *s;
+    RT_CHECK_GOTO(rt_ckpt_meta_get_str(m, "model.arch", &s), st, fail);
+    RT_CHECK_GOTO(rt_ckpt_meta_get_str(m, "optim.kind", &s), st, fail);
+    RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "optim.steps", &v), st, fail);
+    uint64_t counters[MAX_DROPOUT];
+    int nc;
+    RT_CHECK_GOTO(parse_counters(m, counters, &nc), st, fail);
+    /* optimizer state: state.<param>.<buffer>, buffer in optim.state, <param> an F32
+     * tensor of model.safetensors with the same shape */
+    char bufs[RT_OPTIM_MAX_STATE][64];
+    int nb;
+    RT_CHECK_GOTO(split_list(m, "optim.state", bufs, RT_OPTIM_MAX_STATE, &nb), st, fail);
+    for (int i = 0; i < f->train->n; i++) {
+        const rt_st_tensor *t = &f->train->tensors[i];
+        const char *dot = strrchr(t->name, '.');
+        char pname[256];
+        bool ok = strncmp(t->name, "state.", 6) == 0 && dot && dot > t->name + 6;
+        const rt_st_tensor *p = NULL;
+        if (ok) {
+            ok = false;
+            for (int b = 0; b < nb; b++) ok |= strcmp(dot + 1, bufs[b]) == 0;
+        }
+        if (ok) {
+            size_t len = (size_t)(dot - (t->name + 6));
+            ok = len < sizeof pname;
+            if (ok) {
+                memcpy(pname, t->name + 6, len);
+                pname[len] = 0;
+                p = rt_safetensors_find(f->model, pname);
+            }
+        }
+        if (!ok) {
+            st = RT_ERROR(RT_ERR_FORMAT,
+                          "%s: unexpected tensor '%s' (expected state.<parameter>.<buffer> with a buffer of "
+                          "'optim.state')",
+                          f->train_path, t->name);
+            goto fail;
+        }
+        bool same = p && p->dtype == RT_F32 && t->dtype == RT_F32 && p->ndim == t->ndim;
+        for (int d = 0; same && d < t->ndim; d++) same = p->shape[d] == t->shape[d];
+        if (!same) {
+            st = RT_ERROR(RT_ERR_FORMAT, "%s: tensor '%s' has no F32 parameter '%s' of the same shape in %s",
+                          f->train_path, t->name, pname, f->model_path);
+            goto fail;
+        }
+    }
+    return RT_OK;
+fail:
+    files_free(f);
+    return st;
+}
+
+rt_status rt_ckpt_verify(const char *path, rt_ckpt_meta *meta) {
+    if (meta) rt_ckpt_meta_init(meta);
+    ckpt_files f;
+    RT_CHECK(verify_files(path, &f));
+    if (meta) {
+        *meta = f.meta;
+        rt_ckpt_meta_init(&f.meta);
+    }
+    files_free(&f);
+    return RT_OK;
+}
+
+/* ---- writing ------------------------------------------------------------------------------ */
+
+static bool is_reserved(const char *k) {
+    for (size_t i = 0; i < N_RESERVED; i++)
+        if (strcmp(k, k_reserved[i]) == 0) return true;
+    return false;
+}
+
+/* remove .ckpt-*.tmp-<pid> directories of writers that no longer run */
+static void remove_stale_tmp(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, ".ckpt-", 6) != 0) continue;
+        const char *t = strstr(e->d_name, ".tmp-");
+        if (!t) continue;
+        char *end;
+        long pid = strtol(t + 5, &end, 10);
+        if (*end || pid <= 0) continue;
+        if (pid == (long)getpid() || !(kill((pid_t)pid, 0) != 0 && errno == ESRCH)) continue;
+        char p[RT_CKPT_PATH_MAX + 256];
+        if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p) continue;
+        remove_tree(p);
+    }
+    closedir(d);
+}
+
+rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step) {
+    if (keep_last <= 0) return RT_OK;
+    ckpt_entry *v;
+    int n;
+    RT_CHECK(list_ckpts(dir, &v, &n));
+    for (int i = keep_last; i < n; i++) {
+        if (v[i].step == keep_step) continue;
+        char p[RT_CKPT_PATH_MAX + 256];
+        snprintf(p, sizeof p, "%s/%s", dir, v[i].name);
+        /* rename aside first, so a crash mid-removal leaves no half checkpoint under a
+         * name readers consider */
+        char aside[RT_CKPT_PATH_MAX + 300];
+        snprintf(aside, sizeof aside, "%s/.%s.tmp-%ld", dir, v[i].name, (long)getpid());
+        if (rename(p, aside) == 0) remove_tree(aside);
+    }
+    free(v);
+    return RT_OK;
+}
+
+typedef struct optim_host {
+    float *buf[RT_OPTIM_MAX_STATE];
+    int n;
+} optim_host;
+
+/* the train.safetensors writer: state tensors, metadata; *train_crc of its data */
+static rt_status build_train(rt_st_writer *w, rt_model *model, const rt_optimizer *opt, optim_host *oh,
+                             const rt_ckpt_meta *meta, int64_t step, const char *model_crc, uint32_t *train_crc) {
+    char list[RT_OPTIM_MAX_STATE * 64 + 8] = "";
+    uLong crc = crc32(0L, Z_NULL, 0);
+    if (opt) {
+        size_t arena = rt_model_params(model)->size;
+        RT_REQUIRE(opt->n * sizeof(float) == arena, RT_ERR_INVALID,
+                   "checkpoint: the optimizer covers %zu floats but the parameter arena holds %zu", opt->n,
+                   arena / sizeof(float));
+        int ns = rt_optimizer_state_count(opt);
+        for (int b = 0; b < ns; b++) {
+            rt_optim_state s;
+            RT_CHECK(rt_optimizer_state_get(opt, b, &s));
+            oh->buf[b] = malloc(opt->n * sizeof(float) + 1);
+            RT_CHECK_ALLOC(oh->buf[b], opt->n * sizeof(float));
+            oh->n = b + 1;
+            RT_CHECK(rt_optimizer_state_save(opt, s.name, oh->buf[b], opt->n));
+            if (b) strcat(list, ",");
+            strncat(list, s.name, 63);
+            for (int i = 0; i < rt_model_param_count(model); i++) {
+                const rt_param *p = rt_model_param(model, i);
+                if (!rt_param_trainable(p)) continue;
+                char name[512];
+                int l = snprintf(name, sizeof name, "state.%s.%s", p->name, s.name);
+                RT_REQUIRE(l > 0 && (size_t)l < sizeof name, RT_ERR_INVALID, "checkpoint: name too long: %s", p->name);
+                RT_CHECK(rt_st_writer_add(w, name, RT_F32, p->value.ndim, p->value.shape,
+                                          oh->buf[b] + p->value.offset / sizeof(float)));
+            }
+        }
+    }
+    /* the writer lays the data out in name order: the crc follows it (and the written
+     * directory is verified before it is renamed into place) */
+    {
+        typedef struct {
+            const char *name;
+            const void *data;
+            size_t nbytes;
+        } item;
+        int np = rt_model_param_count(model), cnt = 0;
+        item *items = malloc(sizeof *items * (size_t)(np * (oh->n ? oh->n : 1) + 1));
+        RT_CHECK_ALLOC(items, 0);
+        char(*names)[256] = malloc(sizeof *names * (size_t)(np * (oh->n ? oh->n : 1) + 1));
+        if (!names) {
+            free(items);
+            RT_FAIL(RT_ERR_NOMEM, "out of memory");
+        }
+        for (int b = 0; b < oh->n; b++) {
+            rt_optim_state s;
+            rt_optimizer_state_get(opt, b, &s);
+            for (int i = 0; i < np; i++) {
+                const rt_param *p = rt_model_param(model, i);
+                if (!rt_param_trainable(p)) continue;
+                snprintf(names[cnt], sizeof names[cnt], "state.%s.%s", p->name, s.name);
+                items[cnt].name = names[cnt];
+                items[cnt].data = oh->buf[b] + p->value.offset / sizeof(float);
+                items[cnt].nbytes = rt_tensor_nbytes(&p->value);
+                cnt++;
+            }
+        }
+        /* insertion sort by name (strcmp, as the writer) */
+        for (int i = 1; i < cnt; i++)
+            for (int j = i; j > 0 && strcmp(items[j - 1].name, items[j].name) > 0; j--) {
+                item t = items[j];
+                items[j] = items[j - 1];
+                items[j - 1] = t;
+            }
+        for (int i = 0; i < cnt; i++) {
+            const unsigned char *p = items[i].data;
+            size_t len = items[i].nbytes;
+            while (len) {
+                uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
+                crc = crc32(crc, p, chunk);
+                p += chunk;
+                len -= chunk;
+            }
+        }
+        free(items);
+        free(names);
+    }
+    *train_crc = (uint32_t)crc;
+    char crc_s[9];
+    crc_str(*train_crc, crc_s);
+    uint64_t counters[MAX_DROPOUT];
+    int nc = rt_model_dropout_counters(model, counters, MAX_DROPOUT);
+    RT_REQUIRE(nc <= MAX_DROPOUT, RT_ERR_INTERNAL, "checkpoint: %d dropout layers (at most %d)", nc, MAX_DROPOUT);
+    char cl[MAX_DROPOUT * 24 + 1] = "";
+    for (int i = 0; i < nc; i++)
+        snprintf(cl + strlen(cl), sizeof cl - strlen(cl), i ? ",%" PRIu64 : "%" PRIu64, counters[i]);
+    char num[32];
+    RT_CHECK(rt_st_writer_meta(w, "format", RT_CKPT_FORMAT));
+    snprintf(num, sizeof num, "%d", RT_CKPT_FORMAT_VERSION);
+    RT_CHECK(rt_st_writer_meta(w, "format_version", num));
+    snprintf(num, sizeof num, "%" PRId64, step);
+    RT_CHECK(rt_st_writer_meta(w, "step", num));
+    RT_CHECK(rt_st_writer_meta(w, "model.arch", rt_model_arch_name(rt_model_config_of(model)->arch)));
+    RT_CHECK(rt_st_writer_meta(w, "model.dropout_counters", cl));
+    RT_CHECK(rt_st_writer_meta(w, "optim.kind", opt ? rt_optim_kind_name(opt->cfg.kind) : "none"));
+    snprintf(num, sizeof num, "%" PRId64, opt ? rt_optimizer_get_steps(opt) : (int64_t)0);
+    RT_CHECK(rt_st_writer_meta(w, "optim.steps", num));
+    RT_CHECK(rt_st_writer_meta(w, "optim.state", list));
+    RT_CHECK(rt_st_writer_meta(w, "crc32.model", model_crc));
+    RT_CHECK(rt_st_writer_meta(w, "crc32.train", crc_s));
+    for (int i = 0; i < meta->n; i++) RT_CHECK(rt_st_writer_meta(w, meta->keys[i], meta->values[i]));
+    return RT_OK;
+}
+
+/* move `tmp` to `final`; an existing `final` (same step written again) is swapped out
+ * atomically where the file system can, else moved aside first */
+static rt_status put_in_place(const char *dir, const char *tmp, const char *final, const char *name) {
+    if (rename(tmp, final) == 0) return RT_OK;
+    if (errno != ENOTEMPTY && errno != EEXIST) RT_FAIL(RT_ERR_IO, "rename %s -> %s: %s", tmp, final, strerror(errno));
+#ifdef RENAME_EXCHANGE
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+        remove_tree(tmp); /* now the old one */
+        return RT_OK;
+    }
+#endif
+    char aside[RT_CKPT_PATH_MAX + 300];
+    snprintf(aside, sizeof aside, "%s/.%s.old.tmp-%ld", dir, name, (long)getpid());
+    if (rename(final, aside) != 0) RT_FAIL(RT_ERR_IO, "rename %s -> %s: %s", final, aside, strerror(errno));
+    if (rename(tmp, final) != 0) {
+        int e = errno;
+        rename(aside, final);
+        RT_FAIL(RT_ERR_IO, "rename %s -> %s: %s", tmp, final, strerror(e));
+    }
+    remove_tree(aside);
+    return RT_OK;
+}
+
+rt_status rt_ckpt_write(const char *dir, int64_t step, rt_model *model, const rt_optimizer *opt,
+                        const rt_ckpt_meta *meta, int keep_last, char *path_out, size_t path_n) {
+    RT_REQUIRE(dir && *dir && model && meta, RT_ERR_INVALID, "rt_ckpt_write: NULL argument");
+    RT_REQUIRE(step >= 0, RT_ERR_INVALID, "checkpoint step %" PRId64 " (expected >= 0)", step);
+    RT_REQUIRE(keep_last >= 0, RT_ERR_INVALID, "checkpoint keep_last %d (expected >= 0)", keep_last);
+    for (int i = 0; i < meta->n; i++)
+        RT_REQUIRE(!is_reserved(meta->keys[i]), RT_ERR_INVALID,
+                   "checkpoint metadata key '%s' is written by the checkpoint module itself", meta->keys[i]);
+    int64_t v;
+    for (size_t i = 0; i < N_REQUIRED; i++) {
+        rt_status s = rt_ckpt_meta_get_i64(meta, k_required[i], &v);
+        RT_REQUIRE(s == RT_OK, RT_ERR_INVALID, "checkpoint metadata needs '%s' (an integer): %s", k_required[i],
+                   rt_error_message());
+    }
+    char name[64], tmp[RT_CKPT_PATH_MAX], final[RT_CKPT_PATH_MAX], file[RT_CKPT_PATH_MAX + 32];
+    rt_ckpt_dir_name(step, name, sizeof name);
+    int l1 = snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%ld", dir, name, (long)getpid());
+    int l2 = snprintf(final, sizeof final, "%s/%s", dir, name);
+    RT_REQUIRE(l1 > 0 && (size_t)l1 < sizeof tmp && l2 > 0 && (size_t)l2 < sizeof final, RT_ERR_INVALID,
+               "checkpoint path too long: %s", dir);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        RT_FAIL(RT_ERR_IO, "cannot create the checkpoint directory %s: %s", dir, strerror(errno));
+    remove_tree(tmp); /* our own leftover of a failed attempt */
+    if (mkdir(tmp, 0755) != 0) RT_FAIL(RT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+
+    rt_status st = RT_OK;
+    rt_st_writer *w = NULL;
+    rt_safetensors *mf = NULL;
+    optim_host oh = {0};
+    char model_crc[9];
+    uint32_t train_crc = 0;
+    RT_CHECK_GOTO(join(file, sizeof file, tmp, RT_CKPT_MODEL_FILE), st, fail);
+    RT_CHECK_GOTO(rt_model_save(model, file), st, fail); /* fsyncs the file */
+    RT_CHECK_GOTO(rt_safetensors_read(file, &mf), st, fail);
+    crc_str(data_crc(mf), model_crc);
+    rt_safetensors_free(mf);
+    mf = NULL;
+    RT_CHECK_GOTO(rt_st_writer_create(&w), st, fail);
+    RT_CHECK_GOTO(build_train(w, model, opt, &oh, meta, step, model_crc, &train_crc), st, fail);
+    RT_CHECK_GOTO(join(file, sizeof file, tmp, RT_CKPT_TRAIN_FILE), st, fail);
+    RT_CHECK_GOTO(rt_st_writer_write(w, file), st, fail);
+    RT_CHECK_GOTO(fsync_path(tmp, true), st, fail);
+    /* read it back as a reader will: nothing is renamed into place that would be refused */
+    RT_CHECK_GOTO(rt_ckpt_verify(tmp, NULL), st, fail);
+    RT_CHECK_GOTO(put_in_place(dir, tmp, final, name), st, fail);
+    RT_CHECK_GOTO(fsync_path(dir, true), st, done);
+    if (path_out) snprintf(path_out, path_n, "%s", final);
+    RT_CHECK_GOTO(rt_ckpt_prune(dir, keep_last, step), st, done);
+    remove_stale_tmp(dir);
+    goto done;
+fail:
+    remove_tree(tmp);
+done:
+    rt_st_writer_free(w);
+    for (int b = 0; b < oh.n; b++) free(oh.buf[b]);
+    return st;
+}
+
+/* ---- finding and loading ---------------------------------------------------------------- */
+
+rt_status rt_ckpt_find(const char *dir, rt_ckpt_found *out) {
+    memset(out, 0, sizeof *out);
+    out->step = -1;
+    ckpt_entry *v;
+    int n;
+    RT_CHECK(list_ckpts(dir, &v, &n));
+    for (int i = 0; i < n; i++) {
+        char p[RT_CKPT_PATH_MAX];
+        if (snprintf(p, sizeof p, "%s/%s", dir, v[i].name) >= (int)sizeof p) continue;
+        if (rt_ckpt_verify(p, NULL) == RT_OK) {
+            snprintf(out->path, sizeof out->path, "%s", p);
+            out->step = v[i].step;
+            free(v);
+            return RT_OK;
+        }
+        if (out->n_skipped < RT_CKPT_MAX_SKIPPED) {
+            rt_ckpt_skipped *s = &out->skipped[out->n_skipped++];
+            snprintf(s->path, sizeof s->path, "%s", p);
+            snprintf(s->reason, sizeof s->reason, "%s", rt_error_message());
+        }
+        out->n_skipped_total++;
+    }
+    free(v);
+    if (n == 0) return RT_OK;
+    char first[600];
+    snprintf(first, sizeof first, "%s", out->n_skipped ? out->skipped[0].reason : "");
+    RT_FAIL(RT_ERR_FORMAT, "none of the %d checkpoints in %s is valid (the newest: %s)", n, dir, first);
+}
+
+rt_status rt_ckpt_load(const char *path, rt_model *model, rt_optimizer *opt, rt_ckpt_meta *meta) {
+    if (meta) rt_ckpt_meta_init(meta);
+    RT_REQUIRE(model || !opt, RT_ERR_INVALID,
+               "rt_ckpt_load: restoring an optimizer needs the model (its parameter table)");
+    ckpt_files f;
+    RT_CHECK(verify_files(path, &f));
+    rt_status st = RT_OK;
+    rt_ckpt_meta *m = &f.meta;
+    float *host = NULL;
+    if (model) {
+        const char *arch = rt_ckpt_meta_get(m, "model.arch");
+        const char *mine = rt_model_arch_name(rt_model_config_of(model)->arch);
+        if (strcmp(arch, mine) != 0) {
+            st = RT_ERROR(RT_ERR_INVALID, "%s: metadata 'model.arch' is \"%s\" but the model is %s", m->source, arch,
+                          mine);
+            goto done;
+        }
+        uint64_t counters[MAX_DROPOUT];
+        int nc;
+        RT_CHECK_GOTO(parse_counters(m, counters, &nc), st, done);
+        int have = rt_model_dropout_counters(model, NULL, 0);
+        if (nc != have) {
+            st = RT_ERROR(RT_ERR_FORMAT,
+                          "%s: metadata 'model.dropout_counters' has %d counters, the model %d dropout layers",
+                          m->source, nc, have);
+            goto done;
+        }
+        RT_CHECK_GOTO(rt_model_load(model, f.model_path), st, done);
+        RT_CHECK_GOTO(rt_model_set_dropout_counters(model, counters, nc), st, done);
+    }
+    if (opt) {
+        const char *kind = rt_ckpt_meta_get(m, "optim.kind");
+        if (strcmp(kind, rt_optim_kind_name(opt->cfg.kind)) != 0) {
+            st = RT_ERROR(RT_ERR_INVALID, "%s: metadata 'optim.kind' is \"%s\" but the optimizer is %s", m->source,
+                          kind, rt_optim_kind_name(opt->cfg.kind));
+            goto done;
+        }
+        if (opt->n * sizeof(float) != rt_model_params(model)->size) {
+            st = RT_ERROR(RT_ERR_INVALID, "rt_ckpt_load: the optimizer covers %zu floats, the parameter arena %zu",
+                          opt->n, rt_model_params(model)->size / sizeof(float));
+            goto done;
+        }
+        char bufs[RT_OPTIM_MAX_STATE][64];
+        int nb;
+        RT_CHECK_GOTO(split_list(m, "optim.state", bufs, RT_OPTIM_MAX_STATE, &nb), st, done);
+        int ns = rt_optimizer_state_count(opt);
+        bool same = nb == ns;
+        for (int b = 0; same && b < ns; b++) {
+            rt_optim_state s;
+            RT_CHECK_GOTO(rt_optimizer_state_get(opt, b, &s), st, done);
+            same = strcmp(s.name, bufs[b]) == 0;
+        }
+        if (!same) {
+            st = RT_ERROR(RT_ERR_INVALID,
+                          "%s: metadata 'optim.state' is \"%s\", which this optimizer's state does not match",
+                          m->source, rt_ckpt_meta_get(m, "optim.state"));
+            goto done;
+        }
+        int64_t steps;
+        RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "optim.steps", &steps), st, done);
+        int trainable = 0;
+        for (int i = 0; i < rt_model_param_count(model); i++) trainable += rt_param_trainable(rt_model_param(model, i));
+        if (f.train->n != trainable * ns) {
+            st = RT_ERROR(RT_ERR_FORMAT, "%s: %d state tensors, expected %d (%d parameters x %d buffers)", f.train_path,
+                          f.train->n, trainable * ns, trainable, ns);
+            goto done;
+        }
+        host = calloc(opt->n + 1, sizeof(float));
+        if (!host) {
+            st = RT_ERROR(RT_ERR_NOMEM, "out of memory (%zu floats)", opt->n);
+            goto done;
+        }
+        for (int b = 0; b < ns; b++) {
+            memset(host, 0, opt->n * sizeof(float));
+            for (int i = 0; i < rt_model_param_count(model); i++) {
+                const rt_param *p = rt_model_param(model, i);
+                if (!rt_param_trainable(p)) continue;
+                char name[512];
+                snprintf(name, sizeof name, "state.%s.%s", p->name, bufs[b]);
+                RT_CHECK_GOTO(rt_safetensors_get(f.train, name, RT_F32, p->value.ndim, p->value.shape,
+                                                 host + p->value.offset / sizeof(float)),
+                              st, done);
+            }
+            RT_CHECK_GOTO(rt_optimizer_state_load(opt, bufs[b], host, opt->n), st, done);
+        }
+        RT_CHECK_GOTO(rt_optimizer_set_steps(opt, steps), st, done);
+    }
+    if (meta) {
+        *meta = f.meta;
+        rt_ckpt_meta_init(&f.meta);
+    }
+done:
+    free(host);
+    files_free(&f);
+    return st;
+}

@@ -1,0 +1,139 @@
+/* Checkpoints: one directory per checkpoint, written atomically, verified on reading.
+ *
+ *   DIR/ckpt-000001200/model.safetensors   the model's state dict exactly as rt_model_save
+ *                                          writes it (torchvision's names, buffers included:
+ *                                          loads into torchvision with strict=True)
+ *   DIR/ckpt-000001200/train.safetensors   the optimizer state, one F32 tensor per
+ *                                          (trainable parameter, state buffer) named
+ *                                          "state.<parameter>.<buffer>" with the parameter's
+ *                                          shape ("state.layer1.0.conv1.weight.momentum_buffer"),
+ *                                          and __metadata__ (see docs/checkpoints.md)
+ *
+ * Writing (rank 0, after the buffers are synchronised): into DIR/.ckpt-<step>.tmp-<pid>/,
+ * every file fsynced, the whole directory read back and verified exactly as a reader
+ * would, renamed to DIR/ckpt-<step>/ (an existing one of the same step is replaced
+ * atomically), DIR fsynced; then older checkpoints beyond keep_last are removed, and
+ * temporary directories left by writers that no longer run. On failure the temporary
+ * directory is removed and nothing else is touched.
+ *
+ * Reading: both files are read with the strict safetensors reader, and the metadata,
+ * the crc32 of each file's tensor data (stored in train.safetensors), the step against
+ * the directory name and the optimizer state names and shapes against model.safetensors
+ * are checked; errors are RT_ERR_FORMAT naming the file and the field. Names starting with
+ * '.' (temporary directories) are never read.
+ *
+ * Metadata: the trainer fills an rt_ckpt_meta (string key/value pairs, integers in
+ * decimal) with what it needs to resume exactly; it must hold "epoch" and "world_size".
+ * The keys the module sets itself (RT_CKPT_RESERVED_KEYS) cannot be set by the caller.
+ */
+#ifndef RT_TRAIN_CHECKPOINT_H
+#define RT_TRAIN_CHECKPOINT_H
+
+#include "core/status.h"
+#include "model/model.h"
+#include "optim/optimizer.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RT_CKPT_FORMAT "ringtrain.checkpoint"
+#define RT_CKPT_FORMAT_VERSION 1
+#define RT_CKPT_STEP_DIGITS 9 /* ckpt-000001200: names sort like the steps */
+#define RT_CKPT_PATH_MAX 1024
+#define RT_CKPT_MODEL_FILE "model.safetensors"
+#define RT_CKPT_TRAIN_FILE "train.safetensors"
+/* Keys written by the module (the caller's meta may not hold them); "step" is the
+ * argument of rt_ckpt_write. */
+#define RT_CKPT_RESERVED_KEYS                                                                                          \
+    "format", "format_version", "step", "model.arch", "model.dropout_counters", "optim.kind", "optim.steps",           \
+        "optim.state", "crc32.model", "crc32.train"
+/* Keys the caller's meta must hold (integers). */
+#define RT_CKPT_REQUIRED_KEYS "epoch", "world_size"
+
+/* ---- metadata ---------------------------------------------------------------------- */
+
+typedef struct rt_ckpt_meta {
+    int n, cap;
+    char **keys, **values;
+    char source[RT_CKPT_PATH_MAX + 32]; /* the file it was read from (errors name it); "" if built */
+} rt_ckpt_meta;
+
+void rt_ckpt_meta_init(rt_ckpt_meta *m);
+void rt_ckpt_meta_free(rt_ckpt_meta *m); /* back to the empty state; safe twice */
+/* Set (or replace) a key. Keys are non-empty [A-Za-z0-9._-]; values any UTF-8 text. */
+rt_status rt_ckpt_meta_set(rt_ckpt_meta *m, const char *key, const char *value);
+rt_status rt_ckpt_meta_set_i64(rt_ckpt_meta *m, const char *key, int64_t value);
+rt_status rt_ckpt_meta_set_u64(rt_ckpt_meta *m, const char *key, uint64_t value);
+/* NULL when absent */
+const char *rt_ckpt_meta_get(const rt_ckpt_meta *m, const char *key);
+/* Present and a decimal integer in range (no sign for u64, no spaces, no leading
+ * zeros), else RT_ERR_FORMAT naming m->source and the key:
+ *   ".../train.safetensors: metadata 'epoch' is missing"
+ *   ".../train.safetensors: metadata 'epoch' is \"1x\", expected a decimal integer" */
+rt_status rt_ckpt_meta_get_str(const rt_ckpt_meta *m, const char *key, const char **out);
+rt_status rt_ckpt_meta_get_i64(const rt_ckpt_meta *m, const char *key, int64_t *out);
+rt_status rt_ckpt_meta_get_u64(const rt_ckpt_meta *m, const char *key, uint64_t *out);
+
+/* ---- writing ----------------------------------------------------------------------- */
+
+/* "ckpt-000001200" (at least RT_CKPT_STEP_DIGITS digits) */
+void rt_ckpt_dir_name(int64_t step, char *out, size_t n);
+
+/* Write checkpoint `step` of `model` (its state dict and dropout counters) and `opt`
+ * (state buffers and step counter; NULL: none, e.g. for an exported model) with the
+ * caller's `meta` into DIR/ckpt-<step>/ as described above; DIR is created if missing
+ * (not its parents). keep_last > 0: then remove the oldest ckpt-* beyond the newest
+ * keep_last (never the one just written); 0 keeps all. The path written goes to
+ * path_out when non-NULL. Errors name the path and the errno text; after an error DIR
+ * holds what it held before. */
+rt_status rt_ckpt_write(const char *dir, int64_t step, rt_model *model, const rt_optimizer *opt,
+                        const rt_ckpt_meta *meta, int keep_last, char *path_out, size_t path_n);
+
+/* Remove ckpt-* directories of DIR beyond the newest keep_last (by step), never
+ * `keep_step`; keep_last 0: nothing. Called by rt_ckpt_write. */
+rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step);
+
+/* ---- reading ----------------------------------------------------------------------- */
+
+/* Check a checkpoint directory completely (structure, metadata, both crcs) without a
+ * model; its metadata into *meta when non-NULL (rt_ckpt_meta_free it). */
+rt_status rt_ckpt_verify(const char *path, rt_ckpt_meta *meta);
+
+#define RT_CKPT_MAX_SKIPPED 16
+typedef struct rt_ckpt_skipped {
+    char path[RT_CKPT_PATH_MAX];
+    char reason[512]; /* the error message rt_ckpt_verify gave */
+} rt_ckpt_skipped;
+
+typedef struct rt_ckpt_found {
+    char path[RT_CKPT_PATH_MAX]; /* "" when DIR holds no checkpoint at all (or does not exist) */
+    int64_t step;                /* -1 with path "" */
+    int n_skipped;               /* newer checkpoints refused, newest first */
+    rt_ckpt_skipped skipped[RT_CKPT_MAX_SKIPPED];
+    int n_skipped_total; /* > n_skipped when more were refused than fit */
+} rt_ckpt_found;
+
+/* For `resume: auto`: the newest ckpt-<step> of DIR that rt_ckpt_verify accepts; the
+ * newer ones it refused are listed in out->skipped with the reason (the caller says
+ * so). RT_OK with path "" when there is no ckpt-* at all (start afresh); when there are
+ * some but none is valid, RT_ERR_FORMAT listing them (refusing beats silently starting
+ * over). */
+rt_status rt_ckpt_find(const char *dir, rt_ckpt_found *out);
+
+/* Verify the checkpoint at `path`, then restore `model` (parameters, buffers, dropout
+ * counters: call rt_model_set_dropout_seed before, it resets them) and `opt` (state
+ * buffers, step counter); either may be NULL. The metadata goes to *meta when non-NULL
+ * (rt_ckpt_meta_free it); compare its world_size with yours. Errors name the file and
+ * the field; after an error past the verification (a model or optimizer that does not
+ * match the checkpoint) they may be partly loaded. */
+rt_status rt_ckpt_load(const char *path, rt_model *model, rt_optimizer *opt, rt_ckpt_meta *meta);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
