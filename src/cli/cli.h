@@ -26,6 +26,7 @@ void rt_cli_info_json(FILE *out);
 
 /* ---- entry points ---- */
 int rt_cmd_train(int argc, char **argv); /* src/cli/train.c */
+int rt_cmd_eval(int argc, char **argv);  /* src/cli/train.c */
 int rt_cmd_info(int argc, char **argv);  /* src/cli/info.c */
 int rt_cmd_data(int argc, char **argv);         /* src/cli/data.c */
 int rt_cmd_report(int argc, char **argv);       /* src/cli/report.c */

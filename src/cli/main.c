@@ -1,4 +1,4 @@
-/* The `ringtrain` command: train | report | info | data | bench (eval comes with checkpoints).
+/* The `ringtrain` command: train | eval | report | info | data | bench.
  *
  * main() is the only place that decides to exit: library code returns an rt_status and
  * records a message, and the command prints it. */
@@ -47,6 +47,7 @@ static int cmd_bench(int argc, char **argv) {
 
 static const rt_command k_commands[] = {
     {"train", "train from a YAML config across ranks (ringtrain train --help)", rt_cmd_train},
+    {"eval", "evaluate a checkpoint on the test set with any number of ranks", rt_cmd_eval},
     {"info", "version, build features, library versions and devices", rt_cmd_info},
     {"data", "inspect datasets and the distributed sampler", rt_cmd_data},
     {"report", "a run's summary and plots from its metrics.jsonl (ringtrain report --help)", rt_cmd_report},

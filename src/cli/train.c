@@ -14,14 +14,17 @@
 #include "data/dataset.h"
 #include "dist/dist.h"
 #include "dist/launch.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void usage(FILE *f) {
@@ -134,9 +137,50 @@ static int parse_args(int argc, char **argv, args *a) {
     return 0;
 }
 
+static bool g_eval; /* `ringtrain eval` rather than train */
+static char g_ckpt[RT_CKPT_PATH_MAX];
+
+/* eval: CONFIG_OR_CKPT is a checkpoint directory (its config comes from its metadata) or
+ * a config (its newest checkpoint is evaluated). */
+static rt_status load_eval(const args *a, rt_config *cfg) {
+    struct stat st;
+    char probe[RT_CKPT_PATH_MAX + 32];
+    snprintf(probe, sizeof probe, "%s/" RT_CKPT_TRAIN_FILE, a->config);
+    if (stat(a->config, &st) == 0 && S_ISDIR(st.st_mode) && access(probe, F_OK) == 0) {
+        snprintf(g_ckpt, sizeof g_ckpt, "%s", a->config);
+        rt_ckpt_meta m;
+        rt_ckpt_meta_init(&m);
+        rt_status s = rt_ckpt_verify(g_ckpt, &m);
+        const char *text = NULL;
+        if (s == RT_OK) s = rt_ckpt_meta_get_str(&m, "config", &text);
+        rt_config_default(cfg);
+        if (s == RT_OK) s = rt_config_parse_text(cfg, text, strlen(text), probe);
+        rt_ckpt_meta_free(&m);
+        RT_CHECK(s);
+        for (int i = 0; i < a->n_overrides; i++) RT_CHECK(rt_config_override(cfg, a->overrides[i]));
+    } else {
+        RT_CHECK(rt_config_load(cfg, a->config, a->n_overrides, a->overrides));
+        char run_dir[RT_CONFIG_PATH_MAX], dir[RT_CONFIG_PATH_MAX + 16];
+        rt_train_run_dir(cfg, run_dir, sizeof run_dir);
+        if (strcmp(cfg->checkpoint.dir, "auto") == 0)
+            snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
+        else
+            snprintf(dir, sizeof dir, "%s", cfg->checkpoint.dir);
+        rt_ckpt_found found;
+        RT_CHECK(rt_ckpt_find(dir, &found));
+        RT_REQUIRE(found.path[0], RT_ERR_INVALID,
+                   "no checkpoint in %s to evaluate (train first, or give a ckpt-* path)", dir);
+        snprintf(g_ckpt, sizeof g_ckpt, "%s", found.path);
+    }
+    return RT_OK;
+}
+
 /* Config file, then its overrides, then the command-line options. */
 static rt_status load(const args *a, rt_config *cfg) {
-    RT_CHECK(rt_config_load(cfg, a->config, a->n_overrides, a->overrides));
+    if (g_eval)
+        RT_CHECK(load_eval(a, cfg));
+    else
+        RT_CHECK(rt_config_load(cfg, a->config, a->n_overrides, a->overrides));
     for (int i = 0; i < a->n_cli; i++) RT_CHECK(rt_config_override(cfg, a->cli_over[i]));
     return RT_OK;
 }
@@ -162,7 +206,24 @@ static int run_rank(const rt_config *cfg, const rt_dist_env *env) {
                          .local_world_size = env->local_world_size >= 1 ? env->local_world_size : 1};
     rt_set_rank(who.world_size > 1 ? who.rank : -1);
     rt_train_result res;
+    if (g_eval) {
+        if (rt_evaluate(cfg, &who, g_ckpt, &res) != RT_OK) return rt_cli_fail();
+        if (who.rank == 0)
+            printf("%s (step %lld): test loss %.4f, accuracy %.2f%% (%lld test samples, %d rank(s))\n", g_ckpt,
+                   (long long)res.steps, res.test_loss, 100.0 * res.test_accuracy, (long long)res.test_samples,
+                   who.world_size);
+        return 0;
+    }
     if (rt_train(cfg, &who, stdout, &res) != RT_OK) return rt_cli_fail();
+    if (res.stopped) { /* SIGINT/SIGTERM: a checkpoint of this step was written */
+        if (who.rank == 0) {
+            char sig[32];
+            printf("stopped by %s after step %lld; checkpoint in %s/; run the same command again to resume\n",
+                   rt_signal_name(res.stop_signal, sig, sizeof sig), (long long)res.steps, res.checkpoint_dir);
+            fflush(stdout);
+        }
+        return 128 + res.stop_signal; /* as a shell reports an interrupted command (130, 143) */
+    }
     if (who.rank == 0) {
         printf("test accuracy %.2f%% (%lld test samples) after %lld steps in %.1f s; logs in %s/ (metrics.jsonl, "
                "config.yaml)\n",
@@ -182,7 +243,7 @@ static int nproc_of(const rt_config *cfg) {
     return 2;
 }
 
-int rt_cmd_train(int argc, char **argv) {
+static int train_or_eval(int argc, char **argv) {
     args a;
     int pr = parse_args(argc, argv, &a);
     if (pr != 0) {
@@ -207,7 +268,7 @@ int rt_cmd_train(int argc, char **argv) {
     }
     int nproc = nproc_of(&cfg);
     int64_t world = nproc * cfg.dist.nnodes;
-    if (cfg.data.batch_size % world != 0) {
+    if (!g_eval && cfg.data.batch_size % world != 0) {
         fprintf(stderr,
                 "ringtrain: error: data.batch_size: %lld is not divisible by the world size %lld (it is the global "
                 "batch: each rank takes batch_size / world_size)\n",
@@ -261,7 +322,7 @@ int rt_cmd_train(int argc, char **argv) {
         goto done;
     }
     cmd[0] = self;
-    cmd[1] = "train";
+    cmd[1] = g_eval ? "eval" : "train";
     for (int i = 1; i < argc; i++) cmd[i + 1] = argv[i];
     fflush(stdout);
     rt_launch_result res;
@@ -279,7 +340,9 @@ int rt_cmd_train(int argc, char **argv) {
              * ended without repeating it, so the error is printed once */
             const rt_launch_rank *f = &res.ranks[res.first_failure];
             char sig[32];
-            if (f->signal)
+            if (!f->signal && (f->exit_code == 128 + SIGINT || f->exit_code == 128 + SIGTERM))
+                ; /* a clean stop: rank 0 said where the checkpoint is and how to resume */
+            else if (f->signal)
                 fprintf(stderr, "ringtrain: rank %d was killed by %s%s; the other ranks were stopped\n", f->rank,
                         rt_signal_name(f->signal, sig, sizeof sig),
                         f->last_line[0] ? " (its last error is above)" : "");
@@ -288,6 +351,13 @@ int rt_cmd_train(int argc, char **argv) {
                         f->exit_code, f->last_line[0] ? " (its error is above)" : " without printing an error");
             int code = rt_launch_rank_code(f);
             rc = code > 0 && code < 256 ? code : 1;
+        } else if (res.signal) { /* interrupted: quiet when every rank stopped cleanly */
+            bool clean = true;
+            for (int i = 0; i < res.nproc; i++) {
+                int code = rt_launch_rank_code(&res.ranks[i]);
+                clean &= code == 0 || code == 128 + SIGINT || code == 128 + SIGTERM;
+            }
+            if (!clean) fprintf(stderr, "ringtrain: error: %s\n", rt_launch_describe(&res, line, sizeof line));
         } else {
             fprintf(stderr, "ringtrain: error: %s\n", rt_launch_describe(&res, line, sizeof line));
         }
@@ -299,4 +369,14 @@ int rt_cmd_train(int argc, char **argv) {
 done:
     free(a.overrides);
     return rc;
+}
+
+int rt_cmd_train(int argc, char **argv) {
+    g_eval = false;
+    return train_or_eval(argc, argv);
+}
+
+int rt_cmd_eval(int argc, char **argv) {
+    g_eval = true;
+    return train_or_eval(argc, argv);
 }

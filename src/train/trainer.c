@@ -18,10 +18,12 @@
 #include "optim/clip.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "train/checkpoint.h"
 #include "train/metrics.h"
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -101,6 +103,10 @@ typedef struct run {
     rt_progress progress;
     pending pend[2];
     int64_t step; /* optimizer steps done */
+    char ckpt_dir[RT_CONFIG_PATH_MAX];
+    int64_t start_epoch, start_batches; /* where a resumed run continues */
+    int64_t resumed_step;               /* -1: a fresh run */
+    bool stop;                          /* every rank saw a stop request at the last step */
     int64_t steps_per_epoch, total_steps;
     uint64_t t0;
 } run;
@@ -123,6 +129,14 @@ static rt_status all_reduce_host(run *r, void *v, size_t n, rt_dtype t, rt_reduc
 static rt_status all_reduce_f64(run *r, double *v, size_t n, rt_reduce_op op) {
     return all_reduce_host(r, v, n, RT_F64, op);
 }
+
+/* ---- clean stops ------------------------------------------------------------------------ */
+
+/* SIGINT or SIGTERM (to the launcher, which forwards it, or to any rank): finish the
+ * step, write a checkpoint, exit. The ranks agree at every step (the flag travels with
+ * the loss's all-reduce), so they all stop after the same step. */
+static volatile sig_atomic_t g_stop_signal;
+static void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 /* ---- setup --------------------------------------------------------------------------- */
 
@@ -238,7 +252,8 @@ static rt_status setup_model(run *r) {
     return RT_OK;
 }
 
-static rt_status setup_loaders(run *r) {
+/* The test loader, and with `train` the training loader. */
+static rt_status setup_loaders(run *r, bool train) {
     const rt_config *c = r->cfg;
     rt_loader_config lc = rt_loader_config_default(&r->train_ds);
     RT_CHECK(rt_sampler_mode_parse(c->data.sampler, &lc.mode));
@@ -253,7 +268,7 @@ static rt_status setup_loaders(run *r) {
     lc.hflip = c->data.hflip == RT_CONFIG_AUTO ? -1 : (int)c->data.hflip;
     lc.prefetch = (int)c->data.prefetch;
     lc.device = r->dev;
-    RT_CHECK(rt_loader_create(&lc, &r->train_loader));
+    if (train) RT_CHECK(rt_loader_create(&lc, &r->train_loader));
 
     rt_loader_config ec = rt_loader_config_default(&r->test_ds);
     ec.mode = RT_SAMPLER_EVAL;
@@ -267,6 +282,7 @@ static rt_status setup_loaders(run *r) {
     ec.prefetch = (int)c->data.prefetch;
     ec.device = r->dev;
     RT_CHECK(rt_loader_create(&ec, &r->test_loader));
+    if (!train) return RT_OK;
     r->steps_per_epoch = rt_loader_batches_per_epoch(r->train_loader);
     /* every rank must take the same number of steps (their collectives pair up) */
     if (r->pg) {
@@ -487,8 +503,10 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
     /* the loss, averaged over the ranks (for the logs) */
     float lf;
     RT_CHECK(rt_model_loss_value(r->model, &lf));
-    double loss = lf;
-    RT_CHECK(all_reduce_f64(r, &loss, 1, RT_OP_AVG));
+    double agree[2] = {lf, g_stop_signal ? 1.0 : 0.0}; /* the mean loss; any rank asked to stop */
+    RT_CHECK(all_reduce_f64(r, agree, 2, RT_OP_SUM));
+    double loss = agree[0] / r->who.world_size;
+    r->stop = agree[1] > 0;
     /* clip (the norm is logged either way), then the optimizer at the schedule's lr */
     rt_grad_stats gs;
     float *grads = rt_model_grads(r->model)->base;
@@ -529,6 +547,132 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
         char when[64];
         snprintf(when, sizeof when, "step %lld", (long long)r->step);
         RT_CHECK(check_in_sync(r, false, when));
+    }
+    return RT_OK;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------- */
+
+/* Rank 0 writes ckpt-<step>/ after rank 0's batch-norm buffers reached every rank; the
+ * others wait for the outcome, so a failed write (disk full, permissions) stops every
+ * rank with rank 0's error and leaves the earlier checkpoints as they were. */
+static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, const char *why) {
+    const rt_config *c = r->cfg;
+    RT_CHECK(broadcast_state(r));
+    rt_status st = RT_OK;
+    rt_error_record err;
+    char path[RT_CKPT_PATH_MAX] = "";
+    if (is_root(r)) {
+        rt_ckpt_meta m;
+        rt_ckpt_meta_init(&m);
+        char *yaml = NULL;
+        size_t ylen = 0;
+        FILE *mf = open_memstream(&yaml, &ylen);
+        if (!mf) st = RT_ERROR(RT_ERR_NOMEM, "checkpoint: the config text");
+        if (st == RT_OK) st = rt_config_write(c, mf);
+        if (mf) fclose(mf);
+        if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "epoch", epoch);
+        if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "epoch_batches", epoch_batches);
+        if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "world_size", r->who.world_size);
+        if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "global_batch", c->data.batch_size);
+        if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "seed", c->train.seed);
+        if (st == RT_OK) st = rt_ckpt_meta_set(&m, "config", yaml ? yaml : "");
+        free(yaml);
+        if (st == RT_OK)
+            st = rt_ckpt_write(r->ckpt_dir, r->step, r->model, &r->opt, &m, (int)c->checkpoint.keep_last, path,
+                               sizeof path);
+        rt_ckpt_meta_free(&m);
+        if (st != RT_OK) rt_error_save(&err);
+    }
+    double ok = st == RT_OK;
+    RT_CHECK(all_reduce_f64(r, &ok, 1, RT_OP_MIN));
+    if (st != RT_OK) return rt_error_restore(&err);
+    RT_REQUIRE(ok > 0, RT_ERR_IO, "rank 0 could not write the checkpoint of step %lld (its error says why)",
+               (long long)r->step);
+    if (r->metrics) {
+        char fields[RT_CKPT_PATH_MAX + 128];
+        snprintf(fields, sizeof fields, "\"step\": %lld, \"epoch\": %lld, \"why\": \"%s\", \"path\": \"%s\"",
+                 (long long)r->step, (long long)epoch, why, path);
+        RT_CHECK(rt_metrics_line(r->metrics, "checkpoint", fields));
+    }
+    return RT_OK;
+}
+
+/* Keep the lines of a metrics file up to `step` (a resumed run logs the steps after its
+ * checkpoint again): no gap, no duplicate. Lines without a "step" field are kept. */
+static rt_status truncate_metrics(const char *path, int64_t step) {
+    FILE *f = fopen(path, "r");
+    if (!f) return RT_OK; /* nothing logged yet */
+    char tmp[RT_CONFIG_PATH_MAX + 16];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *o = fopen(tmp, "w");
+    if (!o) {
+        fclose(f);
+        return RT_ERROR(RT_ERR_IO, "%s: %s", tmp, strerror(errno));
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, f)) > 0) {
+        if (line[n - 1] != '\n') break; /* a line cut short by a kill */
+        const char *k = strstr(line, "\"step\": ");
+        long long s = -1;
+        if (k && sscanf(k + 8, "%lld", &s) == 1 && s > step) continue;
+        fputs(line, o);
+    }
+    free(line);
+    fclose(f);
+    if (fclose(o) != 0 || rename(tmp, path) != 0) return RT_ERROR(RT_ERR_IO, "%s: %s", path, strerror(errno));
+    return RT_OK;
+}
+
+/* checkpoint.resume: auto (the newest complete checkpoint of checkpoint.dir, if any),
+ * none, or a path. Every rank loads it (they all see the same files). */
+static rt_status resume(run *r) {
+    const rt_config *c = r->cfg;
+    r->resumed_step = -1;
+    if (strcmp(c->checkpoint.resume, "none") == 0) return RT_OK;
+    char path[RT_CKPT_PATH_MAX];
+    if (strcmp(c->checkpoint.resume, "auto") == 0) {
+        rt_ckpt_found found;
+        RT_CHECK(rt_ckpt_find(r->ckpt_dir, &found));
+        if (is_root(r))
+            for (int i = 0; i < found.n_skipped; i++)
+                RT_LOG_WARN("checkpoint %s refused: %s; trying the one before", found.skipped[i].path,
+                            found.skipped[i].reason);
+        if (!found.path[0]) return RT_OK; /* nothing to resume: a fresh run */
+        snprintf(path, sizeof path, "%s", found.path);
+    } else {
+        snprintf(path, sizeof path, "%s", c->checkpoint.resume);
+    }
+    rt_ckpt_meta m;
+    rt_ckpt_meta_init(&m);
+    int64_t step = 0, epoch = 0, batches = 0, world = 0, batch = 0;
+    rt_status st = rt_ckpt_load(path, r->model, &r->opt, &m);
+    if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "step", &step);
+    if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "epoch", &epoch);
+    if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "epoch_batches", &batches);
+    if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "world_size", &world);
+    if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "global_batch", &batch);
+    rt_ckpt_meta_free(&m);
+    if (st != RT_OK) return rt_error_trace(__FILE__, __LINE__, "checkpoint.resume"), st;
+    RT_REQUIRE(batch == c->data.batch_size, RT_ERR_INVALID,
+               "checkpoint %s was trained with data.batch_size %lld, this run has %lld: resume with the same global "
+               "batch (checkpoint.resume: none starts afresh)",
+               path, (long long)batch, (long long)c->data.batch_size);
+    r->step = step;
+    r->start_epoch = epoch;
+    r->start_batches = batches;
+    r->resumed_step = step;
+    if (is_root(r)) {
+        fprintf(r->out, "ringtrain: resuming from %s (step %lld, epoch %lld, batch %lld)\n", path, (long long)step,
+                (long long)epoch + 1, (long long)batches);
+        if (world != r->who.world_size)
+            fprintf(r->out,
+                    "ringtrain: the checkpoint was written by %lld rank(s), this run has %d: the rest of epoch %lld is "
+                    "re-partitioned over %d rank(s)\n",
+                    (long long)world, r->who.world_size, (long long)epoch + 1, r->who.world_size);
+        fflush(r->out);
     }
     return RT_OK;
 }
@@ -592,16 +736,24 @@ static rt_status train_all(run *r, rt_train_result *res) {
     if (r->pg) rt_pg_set_stream(r->pg, r->ctx->stream); /* the stream contract (docs/dist.md) */
     RT_CHECK(broadcast_state(r));
     RT_CHECK(check_in_sync(r, true, "after the initial broadcast"));
-    RT_CHECK(setup_loaders(r));
+    RT_CHECK(setup_loaders(r, true));
     RT_CHECK(setup_optim(r));
+    if (strcmp(c->checkpoint.dir, "auto") == 0)
+        snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%.*s/checkpoints", (int)sizeof r->run_dir - 13, r->run_dir);
+    else
+        snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", c->checkpoint.dir);
+    RT_CHECK(resume(r));
+    if (r->resumed_step >= 0) RT_CHECK(check_in_sync(r, true, "after loading the checkpoint"));
     RT_CHECK(setup_reducer(r));
     RT_CHECK(rt_stage_stats_create(&r->stats));
     for (int i = 0; i < 2; i++)
         for (int e = 0; e < EV_COUNT; e++) RT_CHECK(rt_event_create(r->dev, &r->pend[i].ev[e]));
     char path[RT_CONFIG_PATH_MAX + 64];
+    bool resumed = r->resumed_step >= 0;
     if (is_root(r)) {
         snprintf(path, sizeof path, "%s/metrics.jsonl", r->run_dir);
-        RT_CHECK(rt_metrics_open(path, false, &r->metrics));
+        if (resumed) RT_CHECK(truncate_metrics(path, r->step));
+        RT_CHECK(rt_metrics_open(path, resumed, &r->metrics));
         snprintf(path, sizeof path, "%s/config.yaml", r->run_dir);
         RT_CHECK(rt_config_write_file(c, path));
         char fields[512], devs[32];
@@ -611,16 +763,19 @@ static rt_status train_all(run *r, rt_train_result *res) {
                  r->who.world_size, rt_device_str(r->dev, devs, sizeof devs), (long long)r->steps_per_epoch,
                  (long long)r->total_steps, (long long)c->data.batch_size, (long long)r->train_ds.n,
                  (long long)r->test_ds.n, (long long)rt_model_num_parameters(r->model));
+        size_t fl = strlen(fields);
+        if (resumed) snprintf(fields + fl, sizeof fields - fl, ", \"resumed_from_step\": %lld", (long long)r->step);
         RT_CHECK(rt_metrics_line(r->metrics, "start", fields));
     }
     if (c->log.all_ranks) {
         if (r->pg) RT_CHECK(rt_barrier(r->pg)); /* rank 0 made the folder */
         snprintf(path, sizeof path, "%s/metrics-rank%d.jsonl", r->run_dir, r->who.rank);
-        RT_CHECK(rt_metrics_open(path, false, &r->rank_metrics));
+        if (resumed) RT_CHECK(truncate_metrics(path, r->step));
+        RT_CHECK(rt_metrics_open(path, resumed, &r->rank_metrics));
     }
     bool tty = strcmp(c->log.progress, "on") == 0 || (strcmp(c->log.progress, "auto") == 0 && isatty(fileno(out)));
     rt_progress_init(&r->progress, out, tty, c->log.every_steps, c->train.epochs, r->steps_per_epoch, r->total_steps,
-                     0);
+                     r->step);
     if (is_root(r)) {
         char devs[32];
         fprintf(out,
@@ -633,18 +788,33 @@ static rt_status train_all(run *r, rt_train_result *res) {
     r->t0 = rt_now_ns();
     double loss = NAN, acc = NAN;
     int64_t samples = 0;
-    int64_t epoch = 0;
-    for (; epoch < c->train.epochs && r->step < r->total_steps; epoch++) {
+    int64_t epoch = r->start_epoch;
+    int64_t saved_at = r->resumed_step; /* the step of the newest checkpoint */
+    for (; epoch < c->train.epochs && r->step < r->total_steps && !r->stop; epoch++) {
         rt_stage_stats_reset(r->stats);
-        RT_CHECK(rt_loader_start_epoch(r->train_loader, epoch));
-        while (r->step < r->total_steps) {
+        if (epoch == r->start_epoch && r->start_batches > 0) {
+            /* the resumed epoch: the batches not taken yet, re-partitioned if the world changed */
+            int64_t pos = r->start_batches * rt_loader_batch_size(r->train_loader);
+            int64_t len = rt_loader_samples_per_epoch(r->train_loader);
+            RT_CHECK(rt_loader_restore(r->train_loader, (rt_loader_state){epoch, pos < len ? pos : len}));
+        } else {
+            RT_CHECK(rt_loader_start_epoch(r->train_loader, epoch));
+        }
+        while (r->step < r->total_steps && !r->stop) {
             uint64_t t = rt_now_ns();
             rt_batch b;
             RT_CHECK(rt_loader_next(r->train_loader, &b));
             if (b.size == 0) break;
             RT_CHECK(train_step(r, &b, (double)(rt_now_ns() - t) * 1e-6, epoch));
+            bool every = c->checkpoint.every_steps > 0 && r->step % c->checkpoint.every_steps == 0;
+            if (r->stop || every) {
+                for (int i = 0; i < 2; i++) RT_CHECK(complete(r, &r->pend[i], true));
+                RT_CHECK(save_checkpoint(r, epoch, b.index + 1, r->stop ? "stop" : "every_steps"));
+                saved_at = r->step;
+            }
         }
         for (int i = 0; i < 2; i++) RT_CHECK(complete(r, &r->pend[i], true));
+        if (r->stop) break;
         bool last = epoch + 1 == c->train.epochs || r->step >= r->total_steps;
         if (is_root(r)) {
             rt_progress_break(&r->progress);
@@ -661,6 +831,28 @@ static rt_status train_all(run *r, rt_train_result *res) {
                 fflush(out);
             }
         }
+        /* at the epoch's end, and always at the end of the run */
+        bool every = c->checkpoint.every_epochs > 0 && (epoch + 1) % c->checkpoint.every_epochs == 0;
+        if ((every || last) && saved_at != r->step) {
+            RT_CHECK(save_checkpoint(r, epoch + 1, 0, last ? "end" : "every_epochs"));
+            saved_at = r->step;
+        }
+    }
+    res->stopped = r->stop;
+    res->stop_signal = (int)g_stop_signal;
+    snprintf(res->checkpoint_dir, sizeof res->checkpoint_dir, "%s", r->ckpt_dir);
+    res->resumed_step = r->resumed_step;
+    if (r->stop) { /* a clean stop: the checkpoint is written, nothing else to do */
+        res->steps = r->step;
+        res->epochs = epoch;
+        res->wall_s = (double)(rt_now_ns() - r->t0) * 1e-9;
+        if (r->metrics) {
+            char fields[128];
+            snprintf(fields, sizeof fields, "\"step\": %lld, \"signal\": %d", (long long)r->step, (int)g_stop_signal);
+            RT_CHECK(rt_metrics_line(r->metrics, "stop", fields));
+        }
+        if (r->pg) RT_CHECK(rt_barrier(r->pg));
+        return RT_OK;
     }
     RT_CHECK(check_in_sync(r, true, "at the end of training"));
     if (is_root(r)) { /* the trained weights, as torchvision's state_dict */
@@ -692,9 +884,71 @@ rt_status rt_train(const rt_config *cfg, const rt_train_rank *who, FILE *out, rt
     r.cfg = cfg;
     r.who = *who;
     r.out = out ? out : stdout;
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    g_stop_signal = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
     rt_status s = train_all(&r, res);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
     rt_error_record saved;
     if (s != RT_OK) rt_error_save(&saved); /* freeing must not lose the first error */
+    run_free(&r);
+    if (s != RT_OK) rt_error_restore(&saved);
+    return s;
+}
+
+/* ---- evaluation of a checkpoint ---------------------------------------------------------- */
+
+static rt_status eval_all(run *r, const char *ckpt, rt_train_result *res) {
+    const rt_config *c = r->cfg;
+    rt_train_run_dir(c, r->run_dir, sizeof r->run_dir);
+    snprintf(res->run_dir, sizeof res->run_dir, "%s", r->run_dir);
+    snprintf(res->checkpoint_dir, sizeof res->checkpoint_dir, "%s", ckpt);
+    RT_CHECK(rt_device_select(c->train.device, r->who.local_rank, &r->dev));
+    RT_CHECK(load_data(r));
+    if (r->who.world_size > 1) {
+        rt_pg_options po;
+        rt_pg_options_default(&po);
+        po.init_method = c->dist.init_method;
+        po.rank = r->who.rank;
+        po.world_size = r->who.world_size;
+        po.timeout_s = c->dist.timeout_s;
+        RT_CHECK(rt_transport_parse(c->dist.transport, &po.transport));
+        po.device = r->dev;
+        RT_CHECK(rt_pg_init(&po, &r->pg));
+    }
+    RT_CHECK(setup_model(r));
+    if (r->pg) rt_pg_set_stream(r->pg, r->ctx->stream);
+    rt_ckpt_meta m;
+    rt_ckpt_meta_init(&m);
+    rt_status st = rt_ckpt_load(ckpt, r->model, NULL, &m);
+    int64_t step = 0;
+    if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "step", &step);
+    rt_ckpt_meta_free(&m);
+    RT_CHECK(st);
+    RT_CHECK(setup_loaders(r, false));
+    uint64_t t0 = rt_now_ns();
+    RT_CHECK(evaluate(r, &res->test_loss, &res->test_accuracy, &res->test_samples));
+    res->wall_s = (double)(rt_now_ns() - t0) * 1e-9;
+    res->steps = step;
+    if (r->pg) RT_CHECK(rt_barrier(r->pg));
+    return RT_OK;
+}
+
+rt_status rt_evaluate(const rt_config *cfg, const rt_train_rank *who, const char *checkpoint, rt_train_result *res) {
+    run r;
+    memset(&r, 0, sizeof r);
+    memset(res, 0, sizeof *res);
+    r.cfg = cfg;
+    r.who = *who;
+    r.out = stdout;
+    rt_status s = eval_all(&r, checkpoint, res);
+    rt_error_record saved;
+    if (s != RT_OK) rt_error_save(&saved);
     run_free(&r);
     if (s != RT_OK) rt_error_restore(&saved);
     return s;

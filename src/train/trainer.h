@@ -34,6 +34,10 @@ typedef struct rt_train_result {
     int64_t test_samples;
     double wall_s;
     char run_dir[RT_CONFIG_PATH_MAX];
+    char checkpoint_dir[RT_CONFIG_PATH_MAX];
+    int64_t resumed_step; /* -1: a fresh run */
+    bool stopped;         /* SIGINT/SIGTERM: stopped after a step, its checkpoint written */
+    int stop_signal;
 } rt_train_result;
 
 /* Resolve the run directory of a config: log.dir, or runs/<config file name without
@@ -42,8 +46,16 @@ void rt_train_run_dir(const rt_config *cfg, char *out, size_t n);
 
 /* Train as rank `who` (all ranks call it with the same config). Rank 0 writes the
  * resolved config and metrics.jsonl into the run directory and prints the epoch tables
- * and the progress to `out` (NULL: stdout). */
+ * and the progress to `out` (NULL: stdout). Resumes from checkpoint.resume; writes
+ * checkpoints (checkpoint.every_steps, every_epochs, always one at the end). SIGINT or
+ * SIGTERM (handled while it runs) ends the run cleanly after the current step with a
+ * checkpoint: RT_OK with res->stopped. */
 rt_status rt_train(const rt_config *cfg, const rt_train_rank *who, FILE *out, rt_train_result *res);
+
+/* Evaluate the model of checkpoint directory `checkpoint` on the test set of cfg's data,
+ * split over the ranks (each sample once): res->test_loss, test_accuracy, test_samples,
+ * steps (the checkpoint's step). Any world size. */
+rt_status rt_evaluate(const rt_config *cfg, const rt_train_rank *who, const char *checkpoint, rt_train_result *res);
 
 #ifdef __cplusplus
 }

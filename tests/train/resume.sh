@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Checkpoints end to end with real ranks (issue 13): exact resume after kill -9 of the
+# launcher (at an epoch boundary and mid-epoch), a clean stop by SIGTERM, resume with a
+# different world size, a corrupted newest checkpoint, and ringtrain eval.
+#
+#   tests/train/resume.sh RINGTRAIN CASE     CASE: exact | stop | world | corrupt | eval
+# Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
+set -u
+bin=$1
+what=$2
+data=/usr/share/datasets/fashion-mnist
+[ -r "$data" ] || { echo "SKIP: $data missing"; exit 77; }
+tmp=$(mktemp -d /tmp/rt-resume-XXXXXX)
+trap 'pkill -9 -f "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; for f in "$tmp"/*.out "$tmp"/*.err; do [ -f "$f" ] && { echo "--- $f"; tail -20 "$f"; }; done; exit 1; }
+printf 'model:\n  arch: net\n' > "$tmp/c.yaml"
+# the tutorial Net with dropout on, and a ResNet with batch norm (buffers), 2 ranks
+net=(model.arch=net data.train_subset=2048 data.test_subset=256 data.batch_size=32 train.threads=1 train.epochs=2
+     log.progress=off dist.nproc=2 optim.momentum=0.9)
+resnet=(model.arch=resnet18 model.width=4 data.train_subset=1024 data.test_subset=256 data.batch_size=32
+        train.threads=1 train.epochs=2 log.progress=off dist.nproc=2 optim.name=adam)
+
+# same_run A B: the final checkpoints hold bitwise-identical parameters, buffers and
+# optimizer state (both safetensors files' tensor data), and the trained weights agree
+same_run() {
+  local a b
+  a=$(ls -d "$1"/checkpoints/ckpt-* | tail -1); b=$(ls -d "$2"/checkpoints/ckpt-* | tail -1)
+  [ "$(basename "$a")" = "$(basename "$b")" ] || fail "final checkpoints differ: $a vs $b"
+  /usr/bin/python3 - "$a" "$b" <<'PY' || fail "$3: the resumed run differs from the uninterrupted one"
+import json, struct, sys
+def tensors(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
+    return {k: d[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in h.items() if k != "__metadata__"}
+for f in ("model.safetensors", "train.safetensors"):
+    x, y = tensors(sys.argv[1] + "/" + f), tensors(sys.argv[2] + "/" + f)
+    assert x.keys() == y.keys(), f
+    bad = [k for k in x if x[k] != y[k]]
+    assert not bad, "%s: %d tensors differ, e.g. %s" % (f, len(bad), bad[:3])
+PY
+  cmp -s "$1/model.safetensors" "$2/model.safetensors" || fail "$3: model.safetensors differ"
+}
+
+# kill_after DIR PATTERN: kill -9 the launcher once a checkpoint matching PATTERN exists
+run_and_kill() { # name dir pattern args...
+  local name=$1 dir=$2 pat=$3; shift 3
+  "$bin" train "$tmp/c.yaml" "$@" "log.dir=$dir" >"$tmp/$name.out" 2>"$tmp/$name.err" &
+  local launcher=$!
+  for _ in $(seq 600); do compgen -G "$dir/checkpoints/$pat" >/dev/null && break; sleep 0.05; done
+  kill -9 $launcher 2>/dev/null
+  wait $launcher 2>/dev/null
+  compgen -G "$dir/checkpoints/$pat" >/dev/null || fail "$name: no checkpoint $pat before the kill"
+}
+
+metrics_contiguous() { # no gap, no duplicate step
+  /usr/bin/python3 - "$1/metrics.jsonl" <<'PY' || fail "metrics.jsonl has a gap or a duplicate step"
+import json, sys
+steps = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"kind": "step"' in l]
+assert steps == list(range(1, len(steps) + 1)), steps
+PY
+}
+
+case $what in
+exact)
+  for m in net resnet; do
+    eval "args=(\"\${$m[@]}\")"
+    "$bin" train "$tmp/c.yaml" "${args[@]}" "log.dir=$tmp/$m-full" >"$tmp/$m-full.out" 2>"$tmp/$m-full.err" || fail "$m: straight run"
+    # kill -9 of the launcher after the end-of-epoch-1 checkpoint, then resume
+    run_and_kill "$m-a" "$tmp/$m-a" "ckpt-*" "${args[@]}" checkpoint.every_epochs=1
+    "$bin" train "$tmp/c.yaml" "${args[@]}" checkpoint.every_epochs=1 "log.dir=$tmp/$m-a" >"$tmp/$m-a2.out" 2>"$tmp/$m-a2.err" || fail "$m: resume"
+    grep -q "resuming from" "$tmp/$m-a2.out" || fail "$m: did not resume"
+    same_run "$tmp/$m-full" "$tmp/$m-a" "$m, killed at an epoch boundary"
+    metrics_contiguous "$tmp/$m-a"
+    # mid-epoch: checkpoints every 5 steps, killed after the one of step 10
+    run_and_kill "$m-b" "$tmp/$m-b" "ckpt-000000010" "${args[@]}" checkpoint.every_steps=5
+    "$bin" train "$tmp/c.yaml" "${args[@]}" checkpoint.every_steps=5 "log.dir=$tmp/$m-b" >"$tmp/$m-b2.out" 2>"$tmp/$m-b2.err" || fail "$m: resume mid-epoch"
+    grep -q "resuming from .*ckpt-0000000[1-9][05] " "$tmp/$m-b2.out" || fail "$m: did not resume mid-epoch: $(grep resuming "$tmp/$m-b2.out")"
+    same_run "$tmp/$m-full" "$tmp/$m-b" "$m, killed mid-epoch"
+    metrics_contiguous "$tmp/$m-b"
+    echo "ok: $m resumes exactly (epoch boundary and mid-epoch)"
+  done
+  ;;
+stop)
+  "$bin" train "$tmp/c.yaml" "${net[@]}" data.train_subset=8192 "log.dir=$tmp/full" >"$tmp/full.out" 2>&1 || fail "straight run"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" data.train_subset=8192 "log.dir=$tmp/s" >"$tmp/s.out" 2>"$tmp/s.err" &
+  launcher=$!
+  for _ in $(seq 600); do grep -q '"step": 20,' "$tmp/s/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done
+  kill -TERM $launcher
+  wait $launcher; rc=$?
+  [ "$rc" -eq 143 ] || fail "SIGTERM: exit $rc, expected 143"
+  grep -q "^stopped by SIGTERM after step [0-9]*; checkpoint in .*; run the same command again to resume" "$tmp/s.out" || fail "no resume hint"
+  ! grep -q "error" "$tmp/s.err" || fail "a clean stop printed an error"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" data.train_subset=8192 "log.dir=$tmp/s" >"$tmp/s2.out" 2>&1 || fail "resume after SIGTERM"
+  same_run "$tmp/full" "$tmp/s" "SIGTERM mid-epoch"
+  metrics_contiguous "$tmp/s"
+  echo "ok: SIGTERM writes a checkpoint and the resumed run equals the uninterrupted one"
+  ;;
+world)
+  for pair in "1 2" "2 1"; do
+    set -- $pair
+    d=$tmp/w$1$2
+    run_and_kill "w$1" "$d" "ckpt-000000010" "${net[@]}" checkpoint.every_steps=10 dist.nproc=$1
+    "$bin" train "$tmp/c.yaml" "${net[@]}" checkpoint.every_steps=10 dist.nproc=$2 "log.dir=$d" >"$tmp/w$2.out" 2>"$tmp/w$2.err" ||
+      fail "resume with $2 rank(s) of a run saved with $1"
+    grep -q "written by $1 rank(s), this run has $2: the rest of epoch 1 is re-partitioned" "$tmp/w$2.out" ||
+      fail "no re-partition message ($1 -> $2)"
+    tail -1 "$tmp/w$2.out" | grep -q "^test accuracy" || fail "$1 -> $2 did not complete"
+    metrics_contiguous "$d"
+  done
+  echo "ok: resume across world sizes (1 -> 2, 2 -> 1)"
+  ;;
+corrupt)
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.epochs=3 checkpoint.every_epochs=1 "log.dir=$tmp/c" >"$tmp/c.out" 2>&1 || fail "run"
+  newest=$(ls -d "$tmp"/c/checkpoints/ckpt-* | tail -1)
+  # flip one byte in the tensor data of the newest checkpoint's model
+  f=$newest/model.safetensors
+  size=$(stat -c %s "$f")
+  /usr/bin/python3 -c "import sys; p=sys.argv[1]; b=bytearray(open(p,'rb').read()); b[-5]^=0x40; open(p,'wb').write(b)" "$f"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.epochs=3 checkpoint.every_epochs=1 "log.dir=$tmp/c" >"$tmp/c2.out" 2>"$tmp/c2.err" || fail "resume"
+  grep -q "refused:.*crc32" "$tmp/c2.err" || fail "the corrupt checkpoint was not refused with its reason"
+  grep -q "resuming from .*ckpt-" "$tmp/c2.out" || fail "auto did not fall back to the previous checkpoint"
+  ! grep -q "resuming from $newest" "$tmp/c2.out" || fail "resumed from the corrupt checkpoint"
+  # a truncated header is refused too
+  newest=$(ls -d "$tmp"/c/checkpoints/ckpt-* | tail -1)
+  head -c 20 "$newest/train.safetensors" > "$tmp/t" && cp "$tmp/t" "$newest/train.safetensors"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.epochs=3 checkpoint.every_epochs=1 "log.dir=$tmp/c" >"$tmp/c3.out" 2>"$tmp/c3.err" || fail "resume 2"
+  grep -q "refused" "$tmp/c3.err" || fail "the truncated checkpoint was not refused"
+  echo "ok: corrupted checkpoints are refused and auto falls back"
+  ;;
+eval)
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.epochs=1 "log.dir=$tmp/e" >"$tmp/e.out" 2>&1 || fail "run"
+  acc=$(tail -1 "$tmp/e.out" | sed -n 's/^test accuracy \([0-9.]*\)%.*/\1/p')
+  ck=$(ls -d "$tmp"/e/checkpoints/ckpt-* | tail -1)
+  for n in 1 2 3; do
+    "$bin" eval "$ck" --nproc $n >"$tmp/ev$n.out" 2>"$tmp/ev$n.err" || fail "eval with $n rank(s)"
+    grep -q "accuracy $acc% (256 test samples, $n rank(s))" "$tmp/ev$n.out" || fail "eval with $n rank(s): $(tail -1 "$tmp/ev$n.out"), training said $acc%"
+  done
+  "$bin" eval "$tmp/c.yaml" "${net[@]}" "log.dir=$tmp/e" >"$tmp/ev.out" 2>&1 || fail "eval of a config (its newest checkpoint)"
+  grep -q "accuracy $acc%" "$tmp/ev.out" || fail "eval CONFIG: $(tail -1 "$tmp/ev.out")"
+  echo "ok: ringtrain eval gives the training's accuracy with 1, 2, 3 ranks"
+  ;;
+torchvision)
+  # the final checkpoint in torchvision.models.resnet34 (strict=True) scores ringtrain's accuracy
+  /usr/bin/python3 -c 'import torch, torchvision' 2>/dev/null || { echo "SKIP: no torch at /usr/bin/python3"; exit 77; }
+  "$bin" train "$tmp/c.yaml" model.arch=resnet34 data.train_subset=256 data.test_subset=500 data.batch_size=32 \
+    train.threads=2 train.max_steps=4 optim.lr=0.05 log.progress=off dist.nproc=1 "log.dir=$tmp/tv" >"$tmp/tv.out" 2>&1 || fail "run"
+  acc=$(tail -1 "$tmp/tv.out" | sed -n 's/^test accuracy \([0-9.]*\)%.*/\1/p')
+  ck=$(ls -d "$tmp"/tv/checkpoints/ckpt-* | tail -1)
+  /usr/bin/python3 - "$ck/model.safetensors" "$data" "$acc" <<'PY' || fail "torchvision disagrees"
+import gzip, json, struct, sys
+import torch, torch.nn as nn, torchvision
+path, data, acc = sys.argv[1], sys.argv[2], float(sys.argv[3])
+b = open(path, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
+dt = {"F32": torch.float32, "I64": torch.int64}
+sd = {k: torch.frombuffer(bytearray(d[v["data_offsets"][0]:v["data_offsets"][1]]), dtype=dt[v["dtype"]]).reshape(v["shape"])
+      for k, v in h.items() if k != "__metadata__"}
+m = torchvision.models.resnet34(num_classes=10)
+m.conv1 = nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+m.load_state_dict(sd, strict=True)
+m.eval()
+with gzip.open(data + "/t10k-images-idx3-ubyte.gz") as f:
+    f.read(16); x = f.read(500 * 784)
+with gzip.open(data + "/t10k-labels-idx1-ubyte.gz") as f:
+    f.read(8); y = torch.tensor(list(f.read(500)))
+x = (torch.frombuffer(bytearray(x), dtype=torch.uint8).float().view(500, 1, 28, 28) / 255 - 0.2860) / 0.3530
+with torch.no_grad():
+    got = 100.0 * (m(x).argmax(1) == y).float().mean().item()
+print("torchvision %.2f%%, ringtrain %.2f%%" % (got, acc))
+assert abs(got - acc) <= 0.1, (got, acc)
+PY
+  echo "ok: torchvision resnet34 (strict=True) gives ringtrain's accuracy"
+  ;;
+*) echo "usage: $0 RINGTRAIN exact|stop|world|corrupt|eval|torchvision" >&2; exit 2 ;;
+esac
