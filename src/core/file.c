@@ -27,8 +27,7 @@ rt_status rt_file_open_regular(const char *path, const char *what, int *fd, uint
         int e = errno;
         const char *extra = "";
         struct stat lsb;
-        if (e == ENOENT && lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode))
-            extra = " (a dangling symbolic link)";
+        if (e == ENOENT && lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode)) extra = " (a dangling symbolic link)";
         RT_FAIL(RT_ERR_IO, "%s%s%s: cannot open: %s%s", pre, sep, path, strerror(e), extra);
     }
     struct stat sb;
@@ -59,7 +58,8 @@ rt_status rt_file_read_exact(int fd, void *buf, size_t n, const char *path) {
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) RT_FAIL(RT_ERR_IO, "%s: read error at byte %zu: %s", path, got, strerror(errno));
         if (r == 0)
-            RT_FAIL(RT_ERR_IO, "%s: the file ended at byte %zu, expected %zu bytes (changed while read?)", path, got, n);
+            RT_FAIL(RT_ERR_IO, "%s: the file ended at byte %zu, expected %zu bytes (changed while read?)", path, got,
+                    n);
         got += (size_t)r;
     }
     return RT_OK;

@@ -7,8 +7,7 @@ static uint32_t be32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-rt_status rt_idx_header(const uint8_t *buf, size_t len, const char *name, int want_ndim, rt_idx *out,
-                        size_t *header) {
+rt_status rt_idx_header(const uint8_t *buf, size_t len, const char *name, int want_ndim, rt_idx *out, size_t *header) {
     RT_REQUIRE(want_ndim >= 1 && want_ndim <= RT_IDX_MAX_DIMS, RT_ERR_INVALID, "want_ndim %d: expected 1..%d",
                want_ndim, RT_IDX_MAX_DIMS);
     if (len < 4)

@@ -34,8 +34,7 @@ rt_status rt_idx_parse(const uint8_t *buf, size_t len, const char *name, int wan
 /* The header alone (the first len bytes of a file, len may be larger): magic, element
  * type, dimensions, their product (out->count; out->data stays NULL) and the header's
  * length. Errors are rt_idx_parse's. */
-rt_status rt_idx_header(const uint8_t *buf, size_t len, const char *name, int want_ndim, rt_idx *out,
-                        size_t *header);
+rt_status rt_idx_header(const uint8_t *buf, size_t len, const char *name, int want_ndim, rt_idx *out, size_t *header);
 
 /* The size rule of an IDX file with want_ndim dimensions for rt_bytes_read_maybe_gz: the
  * header declares the exact length (header + prod(dims)), so a raw file of another size
