@@ -28,7 +28,7 @@ rt_status rt_file_open_regular(const char *path, const char *what, int *fd, uint
         const char *extra = "";
         struct stat lsb;
         if (e == ENOENT && lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode)) extra = " (a dangling symbolic link)";
-        RT_FAIL(RT_ERR_IO, "%s%s%s: cannot open: %s%s", pre, sep, path, strerror(e), extra);
+        RT_FAIL(RT_ERR_IO, "%s%s%s: %s%s", pre, sep, path, strerror(e), extra);
     }
     struct stat sb;
     if (fstat(f, &sb) != 0) {
