@@ -4,6 +4,7 @@
  * rank 0's stdout, --json. --compare puts all_reduce, reduce+broadcast and
  * reduce_scatter+all_gather side by side (docs/comm-algorithms.md explains the winner).
  * Exit codes: 0 ok, 1 failure (a wrong element included), 2 usage error. */
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "core/info.h"
 #include "dist/comm_bench.h"
@@ -32,6 +33,7 @@ typedef struct opts {
  * defined: inf, nan and 1e30 are refused). */
 static int parse_size(const char *s, size_t *out) {
     char *end;
+    if (!((*s >= '0' && *s <= '9') || *s == '.')) return -1; /* no spaces, signs, inf, nan */
     double v = strtod(s, &end);
     if (end == s || !(v >= 0 && v <= 1099511627776.0)) return -1;
     double mul = 1;
@@ -47,15 +49,7 @@ static int parse_size(const char *s, size_t *out) {
     return 0;
 }
 
-/* A whole decimal number in lo..hi (atoi took "abc" as 0 and overflowed silently). */
-static int parse_int(const char *s, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) return -1;
-    *out = (int)v;
-    return 0;
-}
+static int parse_int(const char *s, long lo, long hi, int *out) { return rt_cli_parse_int(s, (int)lo, (int)hi, out); }
 
 /* "a,b,c" or "all" into a bit mask; each name through the library's parse. */
 static int parse_collectives(const char *s, unsigned *mask) {
@@ -107,7 +101,8 @@ static void usage(FILE *f) {
             "  --warmup N           untimed iterations first (default 2)\n"
             "  --compare            all_reduce vs reduce+broadcast vs reduce_scatter+all_gather side by side\n"
             "  --json FILE          write all rows (and `ringtrain info --json`) to FILE\n"
-            "  --timeout S          dist timeout (default 120)\n");
+            "  --timeout S          dist timeout (default: RINGTRAIN_DIST_TIMEOUT, else 120)\n"
+            "\nEvery option takes its value as --opt VALUE or --opt=VALUE.\n");
 }
 
 /* ---- output (rank 0) ---- */
@@ -149,7 +144,7 @@ static void print_row(const rt_comm_bench_row *r, void *arg) {
 static int write_json(const opts *o, int n, rt_transport t, const rt_comm_bench_row *rows, int nrows) {
     FILE *f = fopen(o->json, "w");
     if (!f) {
-        fprintf(stderr, "ringtrain bench comm: cannot write %s\n", o->json);
+        fprintf(stderr, "ringtrain bench comm: --json %s: cannot write: %s\n", o->json, strerror(errno));
         return 1;
     }
     fprintf(f, "{\"benchmark\": \"comm\", \"nproc\": %d, \"transport\": \"%s\", \"dtype\": \"f32\",\n \"info\": ", n,
@@ -178,8 +173,8 @@ static int rank_main(const opts *o) {
     int me = rt_pg_rank(pg), n = rt_pg_size(pg);
     size_t min_size = o->bench.min_size < 8 ? 8 : o->bench.min_size;
     if (me == 0) {
-        printf("# ringtrain bench comm: %d ranks, transport %s, f32, sizes %zu..%zu bytes\n", n,
-               rt_transport_name(rt_pg_transport(pg)), min_size, o->bench.max_size);
+        printf("# ringtrain bench comm: %d ranks, transport %s, f32, sizes %zu..%zu bytes, timeout %g s\n", n,
+               rt_transport_name(rt_pg_transport(pg)), min_size, o->bench.max_size, o->timeout_s);
         if (!o->compare)
             printf("%12s %12s %-15s %-6s %11s %8s %8s %7s\n", "size(B)", "count", "collective", "algo", "time(us)",
                    "algbw", "busbw", "#wrong");
@@ -218,30 +213,50 @@ static int local_rank_main(int local_rank, void *arg) {
 }
 
 int rt_cmd_bench_comm(int argc, char **argv) {
+    const char *prog = "ringtrain bench comm";
     opts o = {.nproc = 2, .transport = RT_TRANSPORT_SHM, .init = "env://", .timeout_s = 120, .bind = true};
+    /* RINGTRAIN_DIST_TIMEOUT sets the default timeout, as for every process group (docs/dist.md) */
+    const char *env_timeout = getenv("RINGTRAIN_DIST_TIMEOUT");
+    if (env_timeout && *env_timeout && rt_cli_parse_double(env_timeout, 1e-3, 86400, &o.timeout_s) != 0) {
+        fprintf(stderr, "%s: RINGTRAIN_DIST_TIMEOUT '%s': expected seconds, above 0 and at most 86400\n", prog,
+                env_timeout);
+        return 2;
+    }
     rt_comm_bench_options_default(&o.bench);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (rt_cli_is_help(a)) {
             usage(stdout);
             return 0;
         }
-        if (strcmp(a, "--no-bind") == 0) {
+        int f;
+        if ((f = rt_cli_flag(prog, a, "--no-bind")) != 0) {
+            if (f < 0) return 2;
             o.bind = false;
             continue;
         }
-        if (strcmp(a, "--compare") == 0) {
+        if ((f = rt_cli_flag(prog, a, "--compare")) != 0) {
+            if (f < 0) return 2;
             o.compare = true;
             o.bench.coll_mask = 1u << RT_BENCH_ALL_REDUCE;
             o.bench.algo_mask = (1u << RT_COMM_BENCH_ALGOS) - 1;
             continue;
         }
-        if (!v) {
-            fprintf(stderr, "ringtrain bench comm: %s needs a value (try --help)\n", a);
+        /* --opt VALUE or --opt=VALUE */
+        static const char *const k_valued[] = {"--nproc",    "--init",       "--transport", "--min-size",
+                                               "--max-size", "--collective", "--algo",      "--iters",
+                                               "--warmup",   "--json",       "--timeout"};
+        const char *name = NULL, *v = NULL;
+        for (size_t k = 0; k < sizeof k_valued / sizeof k_valued[0] && !name; k++) {
+            int r = rt_cli_opt(prog, argc, argv, &i, k_valued[k], &v);
+            if (r < 0) return 2;
+            if (r > 0) name = k_valued[k];
+        }
+        if (!name) {
+            fprintf(stderr, "%s: unknown option '%s' (try --help)\n", prog, a);
             return 2;
         }
-        i++;
+        a = name;
         int bad = 0;
         const char *want = NULL; /* what a bad value should have been */
         if (strcmp(a, "--nproc") == 0) {
@@ -273,19 +288,16 @@ int rt_cmd_bench_comm(int argc, char **argv) {
         } else if (strcmp(a, "--json") == 0) {
             o.json = v;
         } else if (strcmp(a, "--timeout") == 0) {
-            char *end;
             want = "seconds, above 0 and at most 86400";
-            o.timeout_s = strtod(v, &end);
-            bad = end == v || *end || !(o.timeout_s > 0 && o.timeout_s <= 86400);
-        } else {
-            fprintf(stderr, "ringtrain bench comm: unknown option '%s' (try --help)\n", a);
-            return 2;
+            bad = rt_cli_parse_double(v, 0, 86400, &o.timeout_s) != 0 || !(o.timeout_s > 0);
         }
         if (bad) {
-            fprintf(stderr, "ringtrain bench comm: %s '%s': expected %s\n", a, v, want);
+            fprintf(stderr, "%s: %s '%s': expected %s\n", prog, a, v, want);
             return 2;
         }
     }
+    /* an output that cannot be written fails now, not after the benchmark */
+    if (o.json && rt_cli_check_output(prog, "--json", o.json) != 0) return 1;
     if (o.bench.min_size < 8) o.bench.min_size = 8;
     if (o.bench.min_size > o.bench.max_size) {
         fprintf(stderr, "ringtrain bench comm: --min-size %zu is above --max-size %zu\n", o.bench.min_size,

@@ -18,6 +18,7 @@
  * count them. ringtrain allocates everything before the first step, so the memory in
  * use after the run is the run's peak.
  */
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "core/rng.h"
 #include "core/timer.h"
@@ -61,13 +62,13 @@ static void usage(FILE *out) {
     fprintf(out, " (CUDA: tf32 allows tensor cores; default fp32)\n"
                  "  --steps N        timed steps per batch size (default 10)\n"
                  "  --warmup N       untimed steps first (default 2)\n"
-                 "  --json           one JSON object per batch size instead of the table\n");
+                 "  --json           one JSON object per batch size instead of the table\n"
+                 "\nEvery option takes its value as --opt VALUE or --opt=VALUE.\n");
 }
 
 static int parse_int(const char *opt, const char *v, int lo, int hi, int *out) {
-    char *end = NULL;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || x < lo || x > hi) {
+    int x = 0;
+    if (rt_cli_parse_int(v, lo, hi, &x) != 0) {
         fprintf(stderr, "ringtrain bench model: %s needs an integer in %d..%d (got '%s')\n", opt, lo, hi, v ? v : "");
         return -1;
     }
@@ -237,15 +238,31 @@ int rt_cmd_bench_model(int argc, char **argv) {
     const char *device_name = "cpu";
     rt_precision precision = RT_PRECISION_FP32;
     int batches[16] = {64, 128}, nbatch = 2;
+    const char *prog = "ringtrain bench model";
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *v = NULL;
+        int f;
         if (rt_cli_is_help(a)) {
             usage(stdout);
             return 0;
-        } else if (strcmp(a, "--json") == 0) {
+        }
+        if ((f = rt_cli_flag(prog, a, "--json")) != 0) {
+            if (f < 0) return 2;
             json = 1;
             continue;
-        } else if (strcmp(a, "--arch") == 0) {
+        }
+        /* --opt VALUE or --opt=VALUE */
+        static const char *const k_valued[] = {"--arch",  "--stem",   "--channels",  "--size",
+                                               "--width", "--device", "--precision", "--threads",
+                                               "--steps", "--warmup", "--batch"};
+        const char *name = NULL;
+        for (size_t k = 0; k < sizeof k_valued / sizeof k_valued[0] && !name; k++) {
+            int r = rt_cli_opt(prog, argc, argv, &i, k_valued[k], &v);
+            if (r < 0) return 2;
+            if (r > 0) name = k_valued[k];
+        }
+        if (name) a = name;
+        if (strcmp(a, "--arch") == 0) {
             if (rt_model_arch_parse(v, &cfg.arch) != RT_OK) return bad_name(a);
         } else if (strcmp(a, "--stem") == 0) {
             if (rt_stem_parse(v, &cfg.stem) != RT_OK) return bad_name(a);
@@ -295,7 +312,6 @@ int rt_cmd_bench_model(int argc, char **argv) {
             usage(stderr);
             return 2;
         }
-        i++;
     }
 
     rt_device dev;

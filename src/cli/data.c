@@ -6,6 +6,7 @@
  * for DistributedSampler questions; `bench loader` measures the loader's throughput
  * on synthetic 28x28 and 32x32 data with augmentation, one worker thread.
  */
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "data/dataset.h"
 #include "data/loader_bench.h"
@@ -20,27 +21,12 @@
 
 /* --name VALUE or --name=VALUE at argv[*i]; advances *i past the value. */
 static int opt_value(const char *prog, int argc, char **argv, int *i, const char *name, const char **val) {
-    size_t n = strlen(name);
-    const char *a = argv[*i];
-    if (strncmp(a, name, n) != 0) return 0;
-    if (a[n] == '=') {
-        *val = a + n + 1;
-        return 1;
-    }
-    if (a[n] != '\0') return 0;
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "%s: option %s needs a value (try --help)\n", prog, name);
-        return -1;
-    }
-    *val = argv[++*i];
-    return 1;
+    return rt_cli_opt(prog, argc, argv, i, name, val);
 }
 
 static int parse_i64(const char *prog, const char *what, const char *text, int64_t lo, int64_t hi, int64_t *out) {
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno || !end || end == text || *end != '\0' || v < lo || v > hi) {
+    int64_t v;
+    if (rt_cli_parse_i64(text, lo, hi, &v) != 0) {
         fprintf(stderr, "%s: %s '%s': expected an integer in %" PRId64 "..%" PRId64 "\n", prog, what, text, lo, hi);
         return -1;
     }
@@ -51,7 +37,7 @@ static int parse_i64(const char *prog, const char *what, const char *text, int64
 static int parse_u64(const char *prog, const char *what, const char *text, uint64_t *out) {
     char *end = NULL;
     errno = 0;
-    if (text[0] == '-') {
+    if (text[0] < '0' || text[0] > '9') { /* no sign, spaces or empty text */
         fprintf(stderr, "%s: %s '%s': expected a non-negative integer\n", prog, what, text);
         return -1;
     }

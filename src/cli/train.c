@@ -7,6 +7,7 @@
  * - otherwise it is the launcher: it checks the config and the dataset once (so an error
  *   is printed once, not once per rank), then starts N local ranks of this same command
  *   (src/dist/launch.h) and reports the first failure. */
+#include "cli/args.h"
 #include "cli/cli.h"
 
 #include "core/device.h"
@@ -43,11 +44,9 @@ static void usage(FILE *f) {
 
 /* Whole decimal number in lo..hi. */
 static int parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) return -1;
-    *out = v;
+    int64_t v;
+    if (rt_cli_parse_i64(s, lo, hi, &v) != 0) return -1; /* " 2" and "3x" are refused */
+    *out = (long)v;
     return 0;
 }
 

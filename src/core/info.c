@@ -1,9 +1,10 @@
-/* Build information and core's own linked libraries (the CUDA runtime and driver). */
+/* Build information and core's own linked libraries (the CUDA runtime and driver, jansson). */
 #include "core/info.h"
 
 #include "core/build_info.h"
 #include "core/internal/device_backend.h"
 
+#include <jansson.h>
 #include <stdio.h>
 
 const char *rt_version_string(void) { return RT_VERSION " (" RT_GIT_COMMIT ")"; }
@@ -26,8 +27,12 @@ void rt_lib_version_fmt(char *buf, unsigned long n, int v, int div1, int div2) {
 int rt_core_lib_versions(rt_lib_version *out, int cap) {
     int n = 0;
     const rt_device_backend *cuda = rt_device_backend_get(RT_DEVICE_CUDA);
-    if (cuda && cuda->lib_versions) return cuda->lib_versions(out, cap);
-    rt_lib_version_add(out, cap, &n, "CUDA runtime", "cuda_runtime", "not built");
-    rt_lib_version_add(out, cap, &n, "CUDA driver", "cuda_driver", "not built");
+    if (cuda && cuda->lib_versions) {
+        n = cuda->lib_versions(out, cap);
+    } else {
+        rt_lib_version_add(out, cap, &n, "CUDA runtime", "cuda_runtime", "not built");
+        rt_lib_version_add(out, cap, &n, "CUDA driver", "cuda_driver", "not built");
+    }
+    rt_lib_version_add(out, cap, &n, "jansson", "jansson", jansson_version_str()); /* safetensors headers */
     return n;
 }

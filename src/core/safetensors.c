@@ -1,9 +1,14 @@
-/* safetensors reader and writer, with a small JSON parser for exactly this header
- * schema (objects, strings, non-negative integers, arrays of them). See the header
- * for the format and for what is validated. */
+/* safetensors reader and writer. The header JSON is parsed by jansson (as the reference
+ * implementation parses it with serde_json: UTF-8 validated, duplicate keys refused);
+ * the safetensors rules (dtypes, shapes, offsets, sizes) are checked here. See the
+ * header for the format and for what is validated. */
 #include "core/safetensors.h"
 
+#include "core/file.h"
 #include "core/names.h"
+
+#include <jansson.h>
+#include <stdbool.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,191 +31,24 @@ static const char *st_dtype_name(rt_dtype t) {
     return NULL;
 }
 
-/* ---- JSON parsing ---------------------------------------------------------------- */
+/* ---- header parsing (jansson) ---------------------------------------------------- */
 
-typedef struct jp {
-    const char *s;
-    size_t n, i;
-    const char *what; /* file name */
-} jp;
-
-#define JFAIL(p, ...)                                                                                                  \
-    do {                                                                                                               \
-        char m_[256];                                                                                                  \
-        snprintf(m_, sizeof m_, __VA_ARGS__);                                                                          \
-        return RT_ERROR(RT_ERR_FORMAT, "%s: header JSON at byte %zu: %s", (p)->what, (p)->i + 8, m_);                  \
-    } while (0)
-
-static void ws(jp *p) {
-    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r')) p->i++;
-}
-
-static rt_status expect(jp *p, char c) {
-    ws(p);
-    if (p->i >= p->n) JFAIL(p, "expected '%c', found the end of the header", c);
-    if (p->s[p->i] != c) JFAIL(p, "expected '%c', found '%c'", c, p->s[p->i]);
-    p->i++;
-    return RT_OK;
-}
-
-static bool peek(jp *p, char c) {
-    ws(p);
-    return p->i < p->n && p->s[p->i] == c;
-}
-
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-/* a JSON string into a new malloc'd, NUL-terminated UTF-8 string (no embedded NULs) */
-static rt_status parse_string(jp *p, char **out) {
-    *out = NULL;
-    RT_CHECK(expect(p, '"'));
-    size_t cap = 16, len = 0;
-    char *buf = malloc(cap);
-    RT_CHECK_ALLOC(buf, cap);
-    for (;;) {
-        if (p->i >= p->n) {
-            free(buf);
-            JFAIL(p, "unterminated string");
-        }
-        unsigned char c = (unsigned char)p->s[p->i++];
-        uint32_t cp;
-        if (c == '"') break;
-        if (c < 0x20) {
-            free(buf);
-            JFAIL(p, "control character 0x%02x in a string", c);
-        }
-        if (c == '\\') {
-            if (p->i >= p->n) {
-                free(buf);
-                JFAIL(p, "unterminated escape");
-            }
-            char e = p->s[p->i++];
-            switch (e) {
-            case '"':
-                cp = '"';
-                break;
-            case '\\':
-                cp = '\\';
-                break;
-            case '/':
-                cp = '/';
-                break;
-            case 'b':
-                cp = '\b';
-                break;
-            case 'f':
-                cp = '\f';
-                break;
-            case 'n':
-                cp = '\n';
-                break;
-            case 'r':
-                cp = '\r';
-                break;
-            case 't':
-                cp = '\t';
-                break;
-            case 'u': {
-                if (p->n - p->i < 4) {
-                    free(buf);
-                    JFAIL(p, "truncated \\u escape");
-                }
-                cp = 0;
-                for (int k = 0; k < 4; k++) {
-                    int h = hexval(p->s[p->i + k]);
-                    if (h < 0) {
-                        free(buf);
-                        JFAIL(p, "bad hex digit in \\u escape");
-                    }
-                    cp = cp * 16 + (uint32_t)h;
-                }
-                p->i += 4;
-                if (cp == 0 || (cp >= 0xD800 && cp <= 0xDFFF)) {
-                    free(buf);
-                    JFAIL(p, "\\u%04x is not allowed in a name (NUL or surrogate)", (unsigned)cp);
-                }
-                break;
-            }
-            default:
-                free(buf);
-                JFAIL(p, "unknown escape '\\%c'", e);
-            }
-        } else {
-            cp = c; /* raw byte (UTF-8 passes through) */
-        }
-        if (len + 5 > cap) {
-            cap *= 2;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                RT_FAIL(RT_ERR_NOMEM, "out of memory parsing %s", p->what);
-            }
-            buf = nb;
-        }
-        if (c == '\\' && cp >= 0x80) {
-            if (cp < 0x800) {
-                buf[len++] = (char)(0xC0 | (cp >> 6));
-                buf[len++] = (char)(0x80 | (cp & 0x3F));
-            } else {
-                buf[len++] = (char)(0xE0 | (cp >> 12));
-                buf[len++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-                buf[len++] = (char)(0x80 | (cp & 0x3F));
-            }
-        } else {
-            buf[len++] = (char)cp;
-        }
+/* `s` for an error message: control characters, DEL and NUL as \xNN (and with
+ * `all_bytes`, every byte outside printable ASCII: jansson's error text may quote
+ * bytes that are not UTF-8). Truncated to fit `out`. */
+static const char *esc(const char *s, size_t len, bool all_bytes, char *out, size_t n) {
+    size_t u = 0;
+    for (size_t i = 0; i < len && u + 5 < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c == 0x7f || (all_bytes && c >= 0x80))
+            u += (size_t)snprintf(out + u, n - u, "\\x%02x", c);
+        else
+            out[u++] = (char)c;
     }
-    buf[len] = 0;
-    *out = buf;
-    return RT_OK;
+    out[u] = '\0';
+    return out;
 }
-
-static rt_status parse_uint(jp *p, uint64_t *out) {
-    ws(p);
-    size_t start = p->i;
-    uint64_t v = 0;
-    if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9') JFAIL(p, "expected a non-negative integer");
-    if (p->s[p->i] == '0' && p->i + 1 < p->n && p->s[p->i + 1] >= '0' && p->s[p->i + 1] <= '9')
-        JFAIL(p, "leading zero in an integer");
-    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
-        uint64_t d = (uint64_t)(p->s[p->i] - '0');
-        if (v > (UINT64_MAX - d) / 10) {
-            p->i = start;
-            JFAIL(p, "integer too large");
-        }
-        v = v * 10 + d;
-        p->i++;
-    }
-    if (p->i < p->n && (p->s[p->i] == '.' || p->s[p->i] == 'e' || p->s[p->i] == 'E'))
-        JFAIL(p, "expected an integer, found a fraction or exponent");
-    *out = v;
-    return RT_OK;
-}
-
-/* [u, u, ...] with at most `max` elements */
-static rt_status parse_uint_array(jp *p, uint64_t *vals, int max, int *count, const char *field) {
-    RT_CHECK(expect(p, '['));
-    *count = 0;
-    if (peek(p, ']')) {
-        p->i++;
-        return RT_OK;
-    }
-    for (;;) {
-        if (*count >= max) JFAIL(p, "'%s' has more than %d elements", field, max);
-        RT_CHECK(parse_uint(p, &vals[(*count)++]));
-        if (peek(p, ',')) {
-            p->i++;
-            continue;
-        }
-        RT_CHECK(expect(p, ']'));
-        return RT_OK;
-    }
-}
+#define ESC(s) esc((s), strlen(s), false, (char[160]){0}, 160)
 
 static void free_st(rt_safetensors *st) {
     if (!st) return;
@@ -228,63 +66,64 @@ static void free_st(rt_safetensors *st) {
 
 void rt_safetensors_free(rt_safetensors *st) { free_st(st); }
 
-static rt_status parse_metadata(jp *p, rt_safetensors *st) {
-    RT_CHECK(expect(p, '{'));
-    if (peek(p, '}')) {
-        p->i++;
-        return RT_OK;
-    }
-    for (;;) {
-        char *k = NULL, *v = NULL;
-        RT_CHECK(parse_string(p, &k));
-        rt_status s = expect(p, ':');
-        if (s == RT_OK) {
-            if (!peek(p, '"')) {
-                free(k);
-                JFAIL(p, "__metadata__ values must be strings");
-            }
-            s = parse_string(p, &v);
+static rt_status parse_metadata(const char *what, json_t *meta, rt_safetensors *st) {
+    if (!json_is_object(meta))
+        RT_FAIL(RT_ERR_FORMAT, "%s: __metadata__ must be an object of strings (a string -> string map)", what);
+    size_t n = json_object_size(meta);
+    st->meta_keys = calloc(n ? n : 1, sizeof *st->meta_keys);
+    st->meta_values = calloc(n ? n : 1, sizeof *st->meta_values);
+    if (!st->meta_keys || !st->meta_values) RT_FAIL(RT_ERR_NOMEM, "out of memory parsing %s", what);
+    const char *k;
+    json_t *v;
+    json_object_foreach(meta, k, v) {
+        if (!json_is_string(v))
+            RT_FAIL(RT_ERR_FORMAT, "%s: __metadata__ values must be strings: \"%s\" is not", what, ESC(k));
+        char *kk = strdup(k), *vv = strdup(json_string_value(v));
+        if (!kk || !vv) {
+            free(kk);
+            free(vv);
+            RT_FAIL(RT_ERR_NOMEM, "out of memory parsing %s", what);
         }
-        if (s != RT_OK) {
-            free(k);
-            return s;
-        }
-        char **nk = realloc(st->meta_keys, sizeof *nk * (size_t)(st->n_meta + 1));
-        if (nk) st->meta_keys = nk;
-        char **nv = nk ? realloc(st->meta_values, sizeof *nv * (size_t)(st->n_meta + 1)) : NULL;
-        if (nv) st->meta_values = nv;
-        if (!nk || !nv) {
-            free(k);
-            free(v);
-            RT_FAIL(RT_ERR_NOMEM, "out of memory parsing %s", p->what);
-        }
-        st->meta_keys[st->n_meta] = k;
-        st->meta_values[st->n_meta] = v;
+        st->meta_keys[st->n_meta] = kk;
+        st->meta_values[st->n_meta] = vv;
         st->n_meta++;
-        if (peek(p, ',')) {
-            p->i++;
-            continue;
-        }
-        return expect(p, '}');
     }
+    return RT_OK;
 }
 
-static rt_status parse_tensor(jp *p, rt_st_tensor *t) {
+/* a JSON array of at most `max` non-negative integers */
+static rt_status uint_array(const char *what, const char *name, const char *field, json_t *a, uint64_t *vals, int max,
+                            int *count) {
+    if (!json_is_array(a)) RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': '%s' must be an array", what, ESC(name), field);
+    size_t n = json_array_size(a);
+    if (n > (size_t)max)
+        RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': '%s' has more than %d elements", what, ESC(name), field, max);
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_array_get(a, i);
+        if (json_is_real(x))
+            RT_FAIL(RT_ERR_FORMAT,
+                    "%s: tensor '%s': '%s' element %zu: expected an integer, found a fraction or exponent", what,
+                    ESC(name), field, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0)
+            RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': '%s' element %zu: expected a non-negative integer", what,
+                    ESC(name), field, i);
+        vals[i] = (uint64_t)json_integer_value(x);
+    }
+    *count = (int)n;
+    return RT_OK;
+}
+
+static rt_status parse_tensor(const char *what, json_t *obj, rt_st_tensor *t) {
+    const char *name = t->name;
+    if (!json_is_object(obj))
+        RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s' must be an object (with dtype, shape, data_offsets)", what, ESC(name));
     bool have_dtype = false, have_shape = false, have_off = false;
-    RT_CHECK(expect(p, '{'));
-    if (peek(p, '}')) JFAIL(p, "tensor '%s' has no fields (needs dtype, shape, data_offsets)", t->name);
-    for (;;) {
-        char *key = NULL;
-        RT_CHECK(parse_string(p, &key));
-        rt_status s = expect(p, ':');
-        if (s != RT_OK) {
-            free(key);
-            return s;
-        }
-        if (strcmp(key, "dtype") == 0 && !have_dtype) {
-            free(key);
-            char *d = NULL;
-            RT_CHECK(parse_string(p, &d));
+    const char *key;
+    json_t *v;
+    json_object_foreach(obj, key, v) {
+        if (strcmp(key, "dtype") == 0) {
+            if (!json_is_string(v)) RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': dtype must be a string", what, ESC(name));
+            const char *d = json_string_value(v);
             bool ok = false;
             for (size_t i = 0; i < sizeof k_st_dtypes / sizeof k_st_dtypes[0]; i++)
                 if (strcmp(d, k_st_dtypes[i].name) == 0) {
@@ -292,50 +131,38 @@ static rt_status parse_tensor(jp *p, rt_st_tensor *t) {
                     ok = true;
                 }
             if (!ok) {
-                char dn[32], list[64] = "";
-                snprintf(dn, sizeof dn, "%s", d);
-                free(d);
+                char list[64] = "";
                 for (size_t i = 0; i < sizeof k_st_dtypes / sizeof k_st_dtypes[0]; i++)
                     rt_names_append(list, sizeof list, k_st_dtypes[i].name);
-                JFAIL(p, "tensor '%s': dtype \"%s\" is not supported (expected %s)", t->name, dn, list);
+                RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': dtype \"%s\" is not supported (expected %s)", what, ESC(name),
+                        ESC(d), list);
             }
-            free(d);
             have_dtype = true;
-        } else if (strcmp(key, "shape") == 0 && !have_shape) {
-            free(key);
+        } else if (strcmp(key, "shape") == 0) {
             uint64_t dims[RT_MAX_DIMS];
-            RT_CHECK(parse_uint_array(p, dims, RT_MAX_DIMS, &t->ndim, "shape"));
-            for (int d = 0; d < t->ndim; d++) {
-                if (dims[d] > (uint64_t)INT64_MAX) JFAIL(p, "tensor '%s': dimension too large", t->name);
-                t->shape[d] = (int64_t)dims[d];
-            }
+            RT_CHECK(uint_array(what, name, "shape", v, dims, RT_MAX_DIMS, &t->ndim));
+            for (int d = 0; d < t->ndim; d++) t->shape[d] = (int64_t)dims[d]; /* jansson: at most INT64_MAX */
             have_shape = true;
-        } else if (strcmp(key, "data_offsets") == 0 && !have_off) {
-            free(key);
+        } else if (strcmp(key, "data_offsets") == 0) {
             uint64_t off[2];
             int cnt = 0;
-            RT_CHECK(parse_uint_array(p, off, 2, &cnt, "data_offsets"));
-            if (cnt != 2) JFAIL(p, "tensor '%s': data_offsets needs [begin, end]", t->name);
-            if (off[0] > off[1]) JFAIL(p, "tensor '%s': data_offsets begin > end", t->name);
-            if (off[1] > SIZE_MAX) JFAIL(p, "tensor '%s': data_offsets too large", t->name);
+            RT_CHECK(uint_array(what, name, "data_offsets", v, off, 2, &cnt));
+            if (cnt != 2) RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': data_offsets needs [begin, end]", what, ESC(name));
+            if (off[0] > off[1]) RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': data_offsets begin > end", what, ESC(name));
+            if (off[1] > SIZE_MAX) RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': data_offsets too large", what, ESC(name));
             t->begin = (size_t)off[0];
             t->end = (size_t)off[1];
             have_off = true;
         } else {
-            char kn[64];
-            snprintf(kn, sizeof kn, "%s", key);
-            free(key);
-            JFAIL(p, "tensor '%s': unexpected or repeated field \"%s\"", t->name, kn);
+            RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': unexpected field \"%s\" (expected dtype, shape, data_offsets)",
+                    what, ESC(name), ESC(key));
         }
-        if (peek(p, ',')) {
-            p->i++;
-            continue;
-        }
-        RT_CHECK(expect(p, '}'));
-        break;
     }
     if (!have_dtype || !have_shape || !have_off)
-        JFAIL(p, "tensor '%s' lacks %s", t->name, !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
+        RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s' lacks %s", what, ESC(name),
+                !have_dtype   ? "dtype"
+                : !have_shape ? "shape"
+                              : "data_offsets");
     return RT_OK;
 }
 
@@ -345,6 +172,50 @@ static int cmp_begin(const void *a, const void *b) {
 }
 static int cmp_name(const void *a, const void *b) {
     return strcmp(((const rt_st_tensor *)a)->name, ((const rt_st_tensor *)b)->name);
+}
+
+/* The header JSON, by jansson: UTF-8 validated, duplicate keys refused at every level,
+ * \u escapes (surrogate pairs included) decoded, \u0000 refused. */
+static rt_status load_header(const char *what, const char *text, size_t len, json_t **out) {
+    json_error_t err;
+    *out = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    if (*out) return RT_OK;
+    char msg[256], byte[64] = "";
+    esc(err.text, strlen(err.text), true, msg, sizeof msg);
+    /* jansson stops after the offending byte; a NUL or control character there is
+     * named (escaped), as its own text may call a NUL "end of file" */
+    for (long long at = (long long)err.position - 1; at <= (long long)err.position && !byte[0]; at++) {
+        if (at < 0 || (size_t)at >= len) continue;
+        unsigned char c = (unsigned char)text[at];
+        if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f)
+            snprintf(byte, sizeof byte, " (byte %lld is \\x%02x)", at + 8, c);
+    }
+    RT_FAIL(RT_ERR_FORMAT, "%s: header JSON at byte %lld (line %d, column %d): %s%s", what, (long long)err.position + 8,
+            err.line, err.column, msg, byte);
+}
+
+static rt_status parse_tensors(rt_safetensors *st, json_t *root) {
+    const char *what = st->path;
+    if (!json_is_object(root)) RT_FAIL(RT_ERR_FORMAT, "%s: the header JSON must be an object", what);
+    size_t n = json_object_size(root);
+    st->tensors = calloc(n ? n : 1, sizeof *st->tensors);
+    if (!st->tensors) RT_FAIL(RT_ERR_NOMEM, "out of memory parsing %s", what);
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        if (strcmp(key, "__metadata__") == 0) {
+            RT_CHECK(parse_metadata(what, v, st));
+            continue;
+        }
+        if (!*key) RT_FAIL(RT_ERR_FORMAT, "%s: a tensor has an empty name", what);
+        rt_st_tensor *t = &st->tensors[st->n];
+        memset(t, 0, sizeof *t);
+        t->name = strdup(key);
+        if (!t->name) RT_FAIL(RT_ERR_NOMEM, "out of memory parsing %s", what);
+        st->n++;
+        RT_CHECK(parse_tensor(what, v, t));
+    }
+    return RT_OK;
 }
 
 static rt_status parse_all(rt_safetensors *st) {
@@ -361,59 +232,30 @@ static rt_status parse_all(rt_safetensors *st) {
         RT_FAIL(RT_ERR_FORMAT, "%s: header length %llu exceeds the 100 MiB limit", what, (unsigned long long)hlen);
     if (hlen < 2)
         RT_FAIL(RT_ERR_FORMAT, "%s: header length %llu is too small for a JSON object", what, (unsigned long long)hlen);
-    jp p = {.s = (const char *)b + 8, .n = (size_t)hlen, .i = 0, .what = what};
     const size_t data_size = st->size - 8 - (size_t)hlen;
     const unsigned char *data = b + 8 + hlen;
-    RT_CHECK(expect(&p, '{'));
-    bool first = true, have_meta = false;
-    while (!peek(&p, '}')) {
-        if (!first) RT_CHECK(expect(&p, ','));
-        first = false;
-        char *name = NULL;
-        RT_CHECK(parse_string(&p, &name));
-        rt_status s = expect(&p, ':');
-        if (s != RT_OK) {
-            free(name);
-            return s;
-        }
-        if (strcmp(name, "__metadata__") == 0) {
-            free(name);
-            if (have_meta) JFAIL(&p, "__metadata__ appears twice");
-            have_meta = true;
-            RT_CHECK(parse_metadata(&p, st));
-            continue;
-        }
-        rt_st_tensor *nt = realloc(st->tensors, sizeof *nt * (size_t)(st->n + 1));
-        if (!nt) {
-            free(name);
-            RT_FAIL(RT_ERR_NOMEM, "out of memory parsing %s", what);
-        }
-        st->tensors = nt;
-        rt_st_tensor *t = &st->tensors[st->n++];
-        memset(t, 0, sizeof *t);
-        t->name = name;
-        RT_CHECK(parse_tensor(&p, t));
-    }
-    p.i++; /* '}' */
-    ws(&p);
-    if (p.i != p.n) JFAIL(&p, "unexpected bytes after the header object");
+    json_t *root = NULL;
+    RT_CHECK(load_header(what, (const char *)b + 8, (size_t)hlen, &root));
+    rt_status s = parse_tensors(st, root);
+    json_decref(root);
+    if (s != RT_OK) return s;
     /* sizes, ranges, overlaps */
     for (int i = 0; i < st->n; i++) {
         rt_st_tensor *t = &st->tensors[i];
         uint64_t numel = 1;
         for (int d = 0; d < t->ndim; d++) {
             if (t->shape[d] && numel > UINT64_MAX / 16 / (uint64_t)t->shape[d])
-                RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': element count overflows", what, t->name);
+                RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': element count overflows", what, ESC(t->name));
             numel *= (uint64_t)t->shape[d];
         }
         uint64_t nbytes = numel * rt_dtype_size(t->dtype);
         if (t->end - t->begin != nbytes)
             RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': data_offsets [%zu, %zu] hold %zu bytes but %s x shape needs %llu",
-                    what, t->name, t->begin, t->end, t->end - t->begin, st_dtype_name(t->dtype),
+                    what, ESC(t->name), t->begin, t->end, t->end - t->begin, st_dtype_name(t->dtype),
                     (unsigned long long)nbytes);
         if (t->end > data_size)
-            RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': data_offsets end %zu is beyond the %zu data bytes", what, t->name,
-                    t->end, data_size);
+            RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s': data_offsets end %zu is beyond the %zu data bytes", what,
+                    ESC(t->name), t->end, data_size);
         t->data = data + t->begin;
     }
     if (st->n > 0) {
@@ -425,15 +267,12 @@ static rt_status parse_all(rt_safetensors *st) {
                 RT_FAIL(RT_ERR_FORMAT,
                         "%s: tensor '%s': data_offsets begin %zu, expected %zu (tensors must be "
                         "contiguous and not overlap)",
-                        what, t->name, t->begin, pos);
+                        what, ESC(t->name), t->begin, pos);
             pos = t->end;
         }
         if (pos != data_size)
             RT_FAIL(RT_ERR_FORMAT, "%s: tensors cover %zu data bytes but the file holds %zu", what, pos, data_size);
         qsort(st->tensors, (size_t)st->n, sizeof *st->tensors, cmp_name);
-        for (int i = 1; i < st->n; i++)
-            if (strcmp(st->tensors[i - 1].name, st->tensors[i].name) == 0)
-                RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s' appears twice", what, st->tensors[i].name);
     } else if (data_size != 0) {
         RT_FAIL(RT_ERR_FORMAT, "%s: no tensors but %zu data bytes", what, data_size);
     }
@@ -463,32 +302,43 @@ rt_status rt_safetensors_parse(const void *buf, size_t len, const char *what, rt
 
 rt_status rt_safetensors_read(const char *path, rt_safetensors **out) {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) RT_FAIL(RT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    int fd;
+    uint64_t size64;
+    RT_CHECK(rt_file_open_regular(path, NULL, &fd, &size64)); /* never blocks on a FIFO */
+    if (size64 > SIZE_MAX - 1) {
         close(fd);
-        RT_FAIL(RT_ERR_IO, "%s is not a regular file", path);
+        RT_FAIL(RT_ERR_IO, "%s: %llu bytes, too large", path, (unsigned long long)size64);
     }
-    size_t size = (size_t)sb.st_size;
+    size_t size = (size_t)size64;
+    /* the header length first: a header that runs past the end is refused unread */
+    unsigned char hl[8];
+    if (size >= 8) {
+        rt_status s = rt_file_read_exact(fd, hl, 8, path);
+        if (s != RT_OK) {
+            close(fd);
+            return s;
+        }
+        uint64_t hlen = 0;
+        for (int i = 7; i >= 0; i--) hlen = hlen << 8 | hl[i];
+        if (hlen > size - 8 || hlen > ST_MAX_HEADER) {
+            close(fd);
+            RT_FAIL(RT_ERR_FORMAT, "%s: header length %llu is %s (%zu bytes)", path, (unsigned long long)hlen,
+                    hlen > size - 8 ? "beyond the end of the file" : "above the 100 MiB limit for a file", size);
+        }
+    }
     char *buf = malloc(size ? size : 1);
     if (!buf) {
         close(fd);
         RT_FAIL(RT_ERR_NOMEM, "out of memory (%zu bytes) reading %s", size, path);
     }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int e = errno;
-            free(buf);
-            close(fd);
-            RT_FAIL(RT_ERR_IO, "reading %s at byte %zu: %s", path, got, r == 0 ? "unexpected end" : strerror(e));
-        }
-        got += (size_t)r;
-    }
+    size_t got = size >= 8 ? 8 : 0;
+    if (got) memcpy(buf, hl, 8);
+    rt_status s = rt_file_read_exact(fd, buf + got, size - got, path);
     close(fd);
+    if (s != RT_OK) {
+        free(buf);
+        return s;
+    }
     rt_safetensors *st = calloc(1, sizeof *st);
     if (!st) {
         free(buf);
@@ -497,7 +347,7 @@ rt_status rt_safetensors_read(const char *path, rt_safetensors **out) {
     snprintf(st->path, sizeof st->path, "%s", path);
     st->bytes = buf;
     st->size = size;
-    rt_status s = parse_all(st);
+    s = parse_all(st);
     if (s != RT_OK) {
         free_st(st);
         return s;

@@ -6,12 +6,18 @@
  *    "__metadata__": {"key": "value", ...}}
  * then the tensor bytes (offsets relative to the end of the header). This is what
  * PyTorch users read with safetensors.torch.load_file, and what ringtrain's model and
- * checkpoint files are. Our own small JSON parser and writer, no external library.
+ * checkpoint files are. The header JSON is parsed with jansson (Debian libjansson), as
+ * the reference implementation reads it: UTF-8 validated, duplicate keys refused at
+ * every level, \u escapes decoded (surrogate pairs included, \u0000 refused).
  *
- * Reading validates everything: header length against the file size, the JSON syntax
- * (with the byte offset of an error), dtypes (F32 F64 I32 I64 U8), shapes, offsets in
- * range, consistent with dtype x shape, non-overlapping and covering the data, unique
- * names. Errors are RT_ERR_FORMAT naming the file, the tensor and what was expected.
+ * Reading validates everything else here: the header length against the file size
+ * (exactly size - 8 is the largest accepted), the header is an object, tensor names are
+ * non-empty, dtypes (F32 F64 I32 I64 U8), shapes, offsets consistent with dtype x shape,
+ * contiguous from 0 with no gaps or overlaps and covering the data, __metadata__ a
+ * string -> string map. Errors are RT_ERR_FORMAT naming the file, the tensor and what
+ * was expected; NUL and control characters in them are printed escaped (\xNN).
+ * rt_safetensors_read opens the file with rt_file_open_regular (never blocks on a FIFO;
+ * a directory or device is named) and refuses a header length past the end unread.
  */
 #ifndef RT_SAFETENSORS_H
 #define RT_SAFETENSORS_H

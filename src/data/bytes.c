@@ -2,11 +2,13 @@
 #include "data/internal/bytes.h"
 
 #include "core/device.h"
+#include "core/file.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 void rt_bytes_free(rt_bytes *b) {
@@ -18,51 +20,74 @@ void rt_bytes_free(rt_bytes *b) {
 
 bool rt_is_gzip(const uint8_t *buf, size_t len) { return len >= 2 && buf[0] == 0x1f && buf[1] == 0x8b; }
 
-rt_status rt_bytes_read_file(const char *path, rt_bytes *out) {
+/* The rest of an open file (`have` bytes of it already in `head`) into a new buffer. */
+static rt_status read_rest(int fd, const char *path, const uint8_t *head, size_t have, size_t size, rt_bytes *out) {
+    void *p = NULL;
+    RT_CHECK(rt_malloc(rt_device_cpu(), size ? size : 1, &p));
+    if (have) memcpy(p, head, have);
+    rt_status st = rt_file_read_exact(fd, (uint8_t *)p + have, size - have, path);
+    if (st != RT_OK) {
+        rt_free(rt_device_cpu(), p);
+        return st;
+    }
+    out->data = p;
+    out->len = size;
+    return RT_OK;
+}
+
+static rt_status open_sized(const char *path, size_t max_size, int *fd, size_t *size) {
+    uint64_t sz;
+    RT_CHECK(rt_file_open_regular(path, NULL, fd, &sz));
+    if (sz > max_size) {
+        close(*fd);
+        *fd = -1;
+        RT_FAIL(RT_ERR_FORMAT, "%s: %llu bytes, more than the %zu-byte limit", path, (unsigned long long)sz, max_size);
+    }
+    *size = (size_t)sz;
+    return RT_OK;
+}
+
+rt_status rt_bytes_read_file(const char *path, size_t max_size, rt_bytes *out) {
     out->data = NULL;
     out->len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) RT_FAIL(RT_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    rt_status st = RT_OK;
-    if (fseeko(f, 0, SEEK_END) != 0) {
-        st = RT_ERROR(RT_ERR_IO, "cannot seek in '%s': %s", path, strerror(errno));
-        goto done;
-    }
-    off_t size = ftello(f);
-    if (size < 0 || fseeko(f, 0, SEEK_SET) != 0) {
-        st = RT_ERROR(RT_ERR_IO, "cannot size '%s': %s", path, strerror(errno));
-        goto done;
-    }
-    void *p = NULL;
-    RT_CHECK_GOTO(rt_malloc(rt_device_cpu(), (size_t)size, &p), st, done);
-    out->data = p;
-    size_t got = size > 0 ? fread(out->data, 1, (size_t)size, f) : 0;
-    if (got != (size_t)size) {
-        st = RT_ERROR(RT_ERR_IO, "short read of '%s': expected %lld bytes, got %zu%s%s", path, (long long)size, got,
-                      ferror(f) ? ": " : "", ferror(f) ? strerror(errno) : "");
-        rt_bytes_free(out);
-        goto done;
-    }
-    out->len = (size_t)size;
-done:
-    fclose(f);
+    int fd;
+    size_t size;
+    RT_CHECK(open_sized(path, max_size, &fd, &size));
+    rt_status st = read_rest(fd, path, NULL, 0, size, out);
+    close(fd);
     return st;
 }
 
-rt_status rt_gunzip(const uint8_t *buf, size_t len, const char *name, size_t max_out, rt_bytes *out) {
+/* Grow dst to ncap bytes, keeping the first `used`. */
+static rt_status grow(uint8_t **dst, size_t used, size_t ncap) {
+    void *q = NULL;
+    RT_CHECK(rt_malloc(rt_device_cpu(), ncap, &q));
+    memcpy(q, *dst, used);
+    rt_free(rt_device_cpu(), *dst);
+    *dst = q;
+    return RT_OK;
+}
+
+rt_status rt_gunzip(const uint8_t *buf, size_t len, const char *name, size_t max_out, const rt_bytes_rule *rule,
+                    rt_bytes *out) {
     out->data = NULL;
     out->len = 0;
     if (!rt_is_gzip(buf, len)) RT_FAIL(RT_ERR_FORMAT, "%s: not gzip data (no 1f 8b magic)", name);
     if (len < 18)
         RT_FAIL(RT_ERR_FORMAT, "%s: gzip error: truncated stream (%zu bytes, a gzip member has at least 18)", name,
                 len);
+    if (max_out == 0) max_out = 1;
+    /* the output limit: max_out, or once the header is read, the size it declares + 1 */
+    size_t limit = max_out;
+    bool declared = false, head_done = !rule || !rule->size;
     /* the trailer's ISIZE (size mod 2^32) is a good first guess of the output size */
     size_t cap =
         (size_t)buf[len - 4] | (size_t)buf[len - 3] << 8 | (size_t)buf[len - 2] << 16 | (size_t)buf[len - 1] << 24;
     /* deflate expands at most ~1032:1, so a larger ISIZE is a lie (or a multi-member file) */
     if (cap / 1032 > len) cap = len * 1032;
+    if (!head_done && rule->head) cap = rule->head; /* only the header until its size is known */
     if (cap < 4096) cap = 4096;
-    if (cap > max_out) cap = max_out > 0 ? max_out : 1;
+    if (cap > limit) cap = limit;
     void *p = NULL;
     RT_CHECK(rt_malloc(rt_device_cpu(), cap, &p));
     uint8_t *dst = p;
@@ -77,18 +102,46 @@ rt_status rt_gunzip(const uint8_t *buf, size_t len, const char *name, size_t max
     size_t in_pos = 0, out_pos = 0;
     int zr = Z_OK;
     for (;;) {
+        if (!head_done && out_pos >= rule->head) {
+            size_t want;
+            RT_CHECK_GOTO(rule->size(dst, out_pos, RT_BYTES_SIZE_UNKNOWN, name, rule->arg, &want), st, fail);
+            head_done = true;
+            if (want != RT_BYTES_SIZE_UNKNOWN) {
+                if (want > max_out) {
+                    st = RT_ERROR(RT_ERR_FORMAT, "%s: the header declares %zu bytes, more than the %zu-byte limit",
+                                  name, want, max_out);
+                    goto fail;
+                }
+                declared = true;
+                limit = want + 1; /* one byte more tells a longer stream */
+                if (out_pos > want) {
+                    st = RT_ERROR(RT_ERR_FORMAT,
+                                  "%s: gzip data inflates past the %zu bytes its header declares (unexpected bytes "
+                                  "after the data)",
+                                  name, want);
+                    goto fail;
+                }
+                if (cap != limit) {
+                    RT_CHECK_GOTO(grow(&dst, out_pos, limit), st, fail);
+                    cap = limit;
+                }
+            }
+        }
         if (out_pos == cap) {
-            if (cap >= max_out) {
+            if (declared) {
+                st = RT_ERROR(RT_ERR_FORMAT,
+                              "%s: gzip data inflates past the %zu bytes its header declares (unexpected bytes after "
+                              "the data); stopped there",
+                              name, limit - 1);
+                goto fail;
+            }
+            if (cap >= limit) {
                 st =
                     RT_ERROR(RT_ERR_FORMAT, "%s: gzip data inflates to more than %zu bytes (the limit)", name, max_out);
                 goto fail;
             }
-            size_t ncap = cap > max_out / 2 ? max_out : cap * 2;
-            void *q = NULL;
-            RT_CHECK_GOTO(rt_malloc(rt_device_cpu(), ncap, &q), st, fail);
-            memcpy(q, dst, out_pos);
-            rt_free(rt_device_cpu(), dst);
-            dst = q;
+            size_t ncap = cap > limit / 2 ? limit : cap * 2;
+            RT_CHECK_GOTO(grow(&dst, out_pos, ncap), st, fail);
             cap = ncap;
         }
         size_t in_left = len - in_pos, out_left = cap - out_pos;
@@ -122,6 +175,11 @@ rt_status rt_gunzip(const uint8_t *buf, size_t len, const char *name, size_t max
                       len - in_pos, in_pos);
         goto fail;
     }
+    if (rule && rule->size) { /* the whole size against the header (or a header cut short) */
+        size_t want;
+        size_t hl = out_pos < rule->head ? out_pos : rule->head;
+        RT_CHECK_GOTO(rule->size(dst, hl, out_pos, name, rule->arg, &want), st, fail);
+    }
     inflateEnd(&zs);
     out->data = dst;
     out->len = out_pos;
@@ -132,15 +190,33 @@ fail:
     return st;
 }
 
-rt_status rt_bytes_read_maybe_gz(const char *path, size_t max_out, rt_bytes *out) {
-    rt_bytes raw;
-    RT_CHECK(rt_bytes_read_file(path, &raw));
-    if (!rt_is_gzip(raw.data, raw.len)) {
-        *out = raw;
-        return RT_OK;
+rt_status rt_bytes_read_maybe_gz(const char *path, size_t max_out, const rt_bytes_rule *rule, rt_bytes *out) {
+    out->data = NULL;
+    out->len = 0;
+    int fd;
+    size_t size;
+    RT_CHECK(open_sized(path, max_out, &fd, &size));
+    /* the first bytes: the gzip magic, or the raw header the rule checks */
+    uint8_t head[64];
+    size_t want_head = rule && rule->size && rule->head > 2 ? rule->head : 2;
+    if (want_head > sizeof head) want_head = sizeof head;
+    size_t have = size < want_head ? size : want_head;
+    rt_status st = rt_file_read_exact(fd, head, have, path);
+    if (st != RT_OK) goto done;
+    if (rt_is_gzip(head, have)) {
+        rt_bytes raw;
+        RT_CHECK_GOTO(read_rest(fd, path, head, have, size, &raw), st, done);
+        st = rt_gunzip(raw.data, raw.len, path, max_out, rule, out);
+        rt_bytes_free(&raw);
+        if (st != RT_OK) rt_error_trace(__FILE__, __LINE__, "rt_gunzip(path)");
+        goto done;
     }
-    rt_status st = rt_gunzip(raw.data, raw.len, path, max_out, out);
-    rt_bytes_free(&raw);
-    if (st != RT_OK) rt_error_trace(__FILE__, __LINE__, "rt_gunzip(path)");
+    if (rule && rule->size) { /* refuse a size that disagrees with the header before reading it */
+        size_t want;
+        RT_CHECK_GOTO(rule->size(head, have, size, path, rule->arg, &want), st, done);
+    }
+    st = read_rest(fd, path, head, have, size, out);
+done:
+    close(fd);
     return st;
 }

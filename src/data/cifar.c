@@ -3,8 +3,7 @@
 
 #include <string.h>
 
-rt_status rt_cifar_count(const uint8_t *buf, size_t len, const char *name, int num_classes, int64_t *n) {
-    *n = 0;
+static rt_status check_length(const char *name, size_t len) {
     if (len == 0) RT_FAIL(RT_ERR_FORMAT, "%s: empty file: expected 3073-byte CIFAR-10 records", name);
     if (len % RT_CIFAR_RECORD != 0) {
         size_t whole = len / RT_CIFAR_RECORD;
@@ -13,6 +12,12 @@ rt_status rt_cifar_count(const uint8_t *buf, size_t len, const char *name, int n
                 "records, the last has %zu bytes)",
                 name, len, RT_CIFAR_RECORD, (whole + 1) * RT_CIFAR_RECORD, whole + 1, len % RT_CIFAR_RECORD);
     }
+    return RT_OK;
+}
+
+rt_status rt_cifar_count(const uint8_t *buf, size_t len, const char *name, int num_classes, int64_t *n) {
+    *n = 0;
+    RT_CHECK(check_length(name, len));
     size_t count = len / RT_CIFAR_RECORD;
     for (size_t i = 0; i < count; i++) {
         uint8_t label = buf[i * RT_CIFAR_RECORD];
@@ -31,3 +36,14 @@ void rt_cifar_unpack(const uint8_t *buf, int64_t n, uint8_t *images, uint8_t *la
         memcpy(images + (size_t)i * RT_CIFAR_IMAGE, rec + 1, RT_CIFAR_IMAGE);
     }
 }
+
+/* no header: a raw file must hold whole records (checked before it is read); gzip data
+ * declares no size, so only the reader's limit bounds it */
+static rt_status cifar_size(const uint8_t *head, size_t head_len, size_t total, const char *name, const void *arg,
+                            size_t *expected) {
+    *expected = total;
+    if (total != RT_BYTES_SIZE_UNKNOWN) RT_CHECK(check_length(name, total));
+    return RT_OK;
+}
+
+rt_bytes_rule rt_cifar_rule(void) { return (rt_bytes_rule){.head = 0, .size = cifar_size, .arg = NULL}; }

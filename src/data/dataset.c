@@ -77,9 +77,11 @@ static void set_kind(rt_dataset *ds, rt_dataset_kind kind) {
     ds->crop_pad = k->crop_pad;
 }
 
+/* Something is there (a file, a FIFO, a directory, a symlink even to nowhere): the
+ * reader opens it and names what is wrong with it, rather than calling it missing. */
 static bool file_exists(const char *p) {
     struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+    return lstat(p, &sb) == 0 || errno != ENOENT;
 }
 
 static rt_status join(char *out, size_t n, const char *dir, const char *file) {
@@ -130,9 +132,10 @@ static rt_status load_idx(rt_dataset *ds, const char *img_path, const char *lab_
     rt_bytes lab = {0}, img = {0};
     rt_status st = RT_OK;
     rt_idx li, ii;
-    RT_CHECK_GOTO(rt_bytes_read_maybe_gz(lab_path, RT_DATASET_MAX_FILE, &lab), st, fail);
+    const rt_bytes_rule lab_rule = rt_idx_rule(1), img_rule = rt_idx_rule(3);
+    RT_CHECK_GOTO(rt_bytes_read_maybe_gz(lab_path, RT_DATASET_MAX_FILE, &lab_rule, &lab), st, fail);
     RT_CHECK_GOTO(rt_idx_parse(lab.data, lab.len, lab_path, 1, &li), st, fail);
-    RT_CHECK_GOTO(rt_bytes_read_maybe_gz(img_path, RT_DATASET_MAX_FILE, &img), st, fail);
+    RT_CHECK_GOTO(rt_bytes_read_maybe_gz(img_path, RT_DATASET_MAX_FILE, &img_rule, &img), st, fail);
     RT_CHECK_GOTO(rt_idx_parse(img.data, img.len, img_path, 3, &ii), st, fail);
     if (ii.dims[0] != li.dims[0]) {
         st = RT_ERROR(RT_ERR_FORMAT, "image and label counts differ: %s has %u images but %s has %u labels", img_path,
@@ -184,8 +187,9 @@ static rt_status load_cifar(rt_dataset *ds, const char *dir, bool train) {
     rt_bytes files[5] = {{0}};
     int64_t counts[5] = {0}, total = 0;
     rt_status st = RT_OK;
+    const rt_bytes_rule rule = rt_cifar_rule();
     for (int i = 0; i < nfiles; i++) {
-        RT_CHECK_GOTO(rt_bytes_read_maybe_gz(paths[i], RT_DATASET_MAX_FILE, &files[i]), st, done);
+        RT_CHECK_GOTO(rt_bytes_read_maybe_gz(paths[i], RT_DATASET_MAX_FILE, &rule, &files[i]), st, done);
         RT_CHECK_GOTO(rt_cifar_count(files[i].data, files[i].len, paths[i], ds->num_classes, &counts[i]), st, done);
         total += counts[i];
     }

@@ -6,6 +6,7 @@
  * default can never be a value the file would refuse. */
 #include "train/config.h"
 
+#include "core/file.h"
 #include "core/log.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
@@ -631,43 +632,8 @@ rt_status rt_config_override(rt_config *cfg, const char *assignment) {
 }
 
 static rt_status read_file(const char *path, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return RT_ERROR(RT_ERR_IO, "config %s: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) {
-        fclose(f);
-        return RT_ERROR(RT_ERR_NOMEM, "config %s: out of memory", path);
-    }
-    for (;;) {
-        if (n == cap) {
-            if (cap >= ((size_t)1 << 24)) {
-                free(buf);
-                fclose(f);
-                return RT_ERROR(RT_ERR_INVALID, "config %s: larger than 16 MiB (not a config file?)", path);
-            }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return RT_ERROR(RT_ERR_NOMEM, "config %s: out of memory", path);
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return RT_ERROR(RT_ERR_IO, "config %s: read error (is it a directory?)", path);
-    }
-    *out = buf;
-    *len = n;
-    return RT_OK;
+    /* a regular file, opened without blocking (a FIFO or a directory is named as such) */
+    return rt_file_read_all(path, "config", (size_t)1 << 24, out, len);
 }
 
 rt_status rt_config_load(rt_config *cfg, const char *path, int n_overrides, const char *const *overrides) {

@@ -59,6 +59,17 @@ expect 2 "split 'dev'" data info --split dev
 expect 2 "unknown dataset kind 'svhn'" data info --kind svhn
 expect 2 "unknown argument" bench loader --frob
 expect 2 "batch '0'" bench loader --batch 0
+# numbers are whole: no spaces, no trailing garbage, no sign but '-'; --opt=value too
+expect 2 "world-size ' 2'" data sampler --world-size " 2" --rank 0 --epoch 0 10
+expect 2 "rank '0 '" data sampler --world-size 2 --rank "0 " --epoch 0 10
+expect 2 "epoch '1x'" data sampler --world-size=2 --rank=0 --epoch=1x 10
+expect 2 "seed ' 7'" data sampler --world-size 1 --rank 0 --epoch 0 --seed " 7" 10
+expect 2 "seed '\+7'" data sampler --world-size 1 --rank 0 --epoch 0 --seed +7 10
+expect 2 "N ' 10'" data sampler --world-size 1 --rank 0 --epoch 0 " 10"
+expect 2 "batch '3x'" bench loader --batch 3x
+expect 2 "batch ' 3'" bench loader --batch=" 3"
+expect 2 "prefetch '\+4'" bench loader --prefetch=+4
+expect 2 "needs a value" bench loader --images
 
 # a missing dataset: exit 1 and how to get it
 expect 1 'scripts/install-deps.*data.path' data info "$tmp/nowhere"
@@ -76,6 +87,17 @@ expect 0 '^ +1  2$' data info "$tmp" --split test
 expect 0 'pixel mean: 0.5000' data info "$tmp" --split test
 expect 0 'format: +idx$' data info --split=test "$tmp"
 expect 1 'train-images-idx3-ubyte' data info "$tmp"
+expect 0 'format: +idx$' data info --split=test --kind=mnist "$tmp"
+# a FIFO, a directory or a symlink loop where a file should be: named, never "missing",
+# and the FIFO does not block the reader
+mkdir -p "$tmp/odd"
+cp "$tmp/t10k-labels-idx1-ubyte" "$tmp/odd/"
+mkfifo "$tmp/odd/t10k-images-idx3-ubyte"
+expect 1 't10k-images-idx3-ubyte is a FIFO \(named pipe\)' data info --split test "$tmp/odd"
+rm "$tmp/odd/t10k-images-idx3-ubyte" && mkdir "$tmp/odd/t10k-images-idx3-ubyte"
+expect 1 't10k-images-idx3-ubyte is a directory' data info --split test "$tmp/odd"
+rmdir "$tmp/odd/t10k-images-idx3-ubyte" && ln -s t10k-images-idx3-ubyte "$tmp/odd/t10k-images-idx3-ubyte"
+expect 1 'Too many levels of symbolic links' data info --split test "$tmp/odd"
 # without --split: train, then test when present
 mkdir -p "$tmp/tr"
 cp "$tmp/t10k-images-idx3-ubyte" "$tmp/tr/train-images-idx3-ubyte"

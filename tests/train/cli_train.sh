@@ -47,6 +47,13 @@ bad_config)
   expect_error "missing config" 1 "$tmp/none.yaml: No such file or directory" -- "$bin" train "$tmp/none.yaml"
   expect_error "bad option" 2 "unknown option '--nprocs'" -- "$bin" train "$tmp/ok.yaml" --nprocs 2
   expect_error "bad --nproc" 2 "--nproc 'x'" -- "$bin" train "$tmp/ok.yaml" --nproc x
+  expect_error "--nproc with a space" 2 "--nproc ' 2'" -- "$bin" train "$tmp/ok.yaml" --nproc " 2"
+  expect_error "--nproc with garbage" 2 "--nproc '2x'" -- "$bin" train "$tmp/ok.yaml" --nproc=2x
+  expect_error "--master-port with a sign" 2 "--master-port '+80'" -- "$bin" train "$tmp/ok.yaml" --master-port=+80
+  # a config that is a FIFO or a directory is named as such, and the FIFO does not block
+  mkfifo "$tmp/fifo.yaml"
+  expect_error "FIFO config" 1 "config $tmp/fifo.yaml is a FIFO (named pipe)" -- timeout 20 "$bin" train "$tmp/fifo.yaml"
+  expect_error "directory config" 1 "config $tmp is a directory" -- "$bin" train "$tmp"
   # the dataset: missing, then truncated (a file cut short names itself)
   expect_error "missing dataset" 1 "$tmp/nodata" -- "$bin" train "$tmp/ok.yaml" "${small[@]}" "data.path=$tmp/nodata"
   mkdir "$tmp/cut"

@@ -8,6 +8,7 @@
 #define RT_DATA_CIFAR_H
 
 #include "core/status.h"
+#include "data/internal/bytes.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,10 @@ extern "C" {
 
 /* Validate a batch buffer (whole records, labels < num_classes) and count its records. */
 rt_status rt_cifar_count(const uint8_t *buf, size_t len, const char *name, int num_classes, int64_t *n);
+
+/* The size rule of a batch file for rt_bytes_read_maybe_gz: a raw file that is not a
+ * whole number of records is refused before it is read. */
+rt_bytes_rule rt_cifar_rule(void);
 
 /* Split a validated batch into images (n, 3, 32, 32) and labels (n). */
 void rt_cifar_unpack(const uint8_t *buf, int64_t n, uint8_t *images, uint8_t *labels);

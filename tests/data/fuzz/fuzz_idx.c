@@ -21,9 +21,18 @@ static void parse(const uint8_t *buf, size_t len) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (rt_is_gzip(data, size)) {
         rt_bytes out;
-        if (rt_gunzip(data, size, "fuzz.gz", (size_t)1 << 20, &out) == RT_OK) {
+        if (rt_gunzip(data, size, "fuzz.gz", (size_t)1 << 20, NULL, &out) == RT_OK) {
             parse(out.data, out.len);
             rt_bytes_free(&out);
+        }
+        /* with the size rule of images and labels, as rt_dataset_load reads them */
+        for (int nd = 1; nd <= 3; nd += 2) {
+            rt_bytes_rule rule = rt_idx_rule(nd);
+            if (rt_gunzip(data, size, "fuzz.gz", (size_t)1 << 20, &rule, &out) == RT_OK) {
+                rt_idx v;
+                if (rt_idx_parse(out.data, out.len, "fuzz", nd, &v) != RT_OK) __builtin_trap();
+                rt_bytes_free(&out);
+            }
         }
     } else {
         parse(data, size);
