@@ -418,10 +418,10 @@ static void report_failure(void *ctx, rt_error_record *rec) {
         char msg[1600];
         char *nl = strchr(mine.msg, '\n');
         if (nl) *nl = '\0';
-        char who[32];
-        snprintf(who, sizeof who, "rank %d: ", w->eng.rank); /* once: the message may start with it already */
-        int n = snprintf(msg, sizeof msg, "%s%.1100s%s%.400s", strncmp(mine.msg, who, strlen(who)) == 0 ? "" : who,
-                         mine.msg, diag[0] ? "; " : "", diag);
+        char who[32]; /* the rank once: the message and the errors nested in it may carry it already */
+        size_t wl = (size_t)snprintf(who, sizeof who, "rank %d: ", w->eng.rank);
+        for (char *p; (p = strstr(mine.msg, who)) != NULL;) memmove(p, p + wl, strlen(p + wl) + 1);
+        int n = snprintf(msg, sizeof msg, "%s%.1100s%s%.400s", who, mine.msg, diag[0] ? "; " : "", diag);
         rt_store_set(w->store, "rt/failure/first", msg, (size_t)n);
     } else {
         char first[1700] = "";
