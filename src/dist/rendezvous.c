@@ -221,7 +221,13 @@ rt_status rt_rdzv_connect(rt_rdzv *r, double timeout_s, rt_store_server **server
         /* only where the others were told to connect: MASTER_ADDR / the tcp:// host (a
          * single-host job: 127.0.0.1); every interface only when that is 0.0.0.0 */
         int port = 0;
-        RT_CHECK(rt_store_server_start(r->host, r->port, r->job, r->world, server, &port));
+        rt_status ss = rt_store_server_start(r->host, r->port, r->job, r->world, server, &port);
+        if (ss != RT_OK) {
+            rt_error_trace(__FILE__, __LINE__,
+                           "rank 0 hosts the store on the address the ranks connect to: it must be one of this "
+                           "host's addresses (or 0.0.0.0 for every interface)");
+            return ss;
+        }
         if (r->world > 1 && strcmp(r->secret_source, "RINGTRAIN_JOB_TOKEN") != 0)
             RT_LOG_WARN("rendezvous: RINGTRAIN_JOB_TOKEN is unset: the job secret is %s, which other users of these "
                         "hosts may guess; export RINGTRAIN_JOB_TOKEN=$(openssl rand -hex 16) on every node "
