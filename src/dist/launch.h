@@ -3,7 +3,9 @@
  *
  * Each rank gets the environment torchrun gives: RANK, WORLD_SIZE, LOCAL_RANK,
  * LOCAL_WORLD_SIZE, GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT, plus
- * RINGTRAIN_JOB_TOKEN (random hex per launch: the store admits only this job's ranks).
+ * RINGTRAIN_JOB_TOKEN, the job secret (32 random hex digits from getrandom per launch:
+ * the store and the ranks admit only processes that prove they know it, without it
+ * ever being sent; docs/security.md).
  * With nnodes > 1 the launcher of node k starts global ranks k*nproc .. k*nproc+nproc-1
  * of WORLD_SIZE nnodes*nproc (every node's launcher needs the same master address and
  * port, and the same job token). Two forms share one supervision core:
@@ -48,7 +50,7 @@ typedef struct rt_launch_options {
     int nnodes, node_rank;   /* default 1 node, node 0 */
     const char *master_addr; /* default "127.0.0.1" */
     int master_port;         /* 0 (default): a free port of this host, chosen per launch */
-    const char *job_token;   /* NULL (default): random hex per launch */
+    const char *job_token;   /* the job secret; NULL (default): random hex per launch */
     double grace_s;          /* SIGTERM -> SIGKILL after a failure; default 5 */
     double timeout_s;        /* stop everything after this long; 0 (default): no limit */
     bool tag_lines;          /* prefix forwarded stderr lines with "[rank R] "; default off */

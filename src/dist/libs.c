@@ -1,5 +1,8 @@
-/* The libraries src/dist links, for `ringtrain info`: NCCL (CUDA builds). */
+/* The libraries src/dist links, for `ringtrain info`: OpenSSL's libcrypto (the
+ * handshake's HMAC) and NCCL (CUDA builds). */
 #include "dist/dist.h"
+
+#include <openssl/crypto.h>
 
 #ifdef RT_HAVE_CUDA
 #include <nccl.h>
@@ -7,6 +10,7 @@
 
 int rt_dist_lib_versions(rt_lib_version *out, int cap) {
     int n = 0;
+    rt_lib_version_add(out, cap, &n, "libcrypto", "libcrypto", OpenSSL_version(OPENSSL_VERSION_STRING));
 #ifdef RT_HAVE_CUDA
     int v = 0;
     char s[32];

@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "core/spin.h"
 #include "core/timer.h"
+#include "dist/internal/auth.h"
 #include "dist/internal/sock.h"
 
 #include <errno.h>
@@ -106,10 +107,9 @@ void rt_dist_host_id(char *buf, size_t n) {
 static rt_status mesh_connect(rt_pg_world *w, int lfd, char (*addrs)[80], double timeout_s) {
     rt_engine *e = &w->eng;
     uint64_t deadline = rt_now_ns() + (uint64_t)(timeout_s * 1e9);
-    rt_hello me = {.rank = e->rank, .world = e->world};
-    memcpy(me.token, w->token, RT_TOKEN_BYTES);
-    uint8_t hb[RT_HELLO_BYTES], rb[RT_HELLO_BYTES];
-    rt_hello_encode(hb, &me);
+    /* every connection proves the job secret (auth.h); the secret itself never travels */
+    uint8_t key[RT_AUTH_MAC];
+    RT_CHECK(rt_auth_peer_key(w->rdzv.job, w->token, key));
     for (int j = 0; j < e->rank; j++) {
         char host[64];
         int port = 0;
@@ -119,13 +119,7 @@ static rt_status mesh_connect(rt_pg_world *w, int lfd, char (*addrs)[80], double
         snprintf(what, sizeof what, "peer rank %d", j);
         int fd;
         RT_CHECK(rt_sock_connect(host, port, deadline, what, &fd));
-        rt_status s = rt_sock_write_all(fd, hb, sizeof hb, deadline, what);
-        if (s == RT_OK) s = rt_sock_read_all(fd, rb, sizeof rb, deadline, what);
-        rt_hello h;
-        if (s == RT_OK) s = rt_hello_parse(rb, sizeof rb, &h);
-        if (s == RT_OK && (memcmp(h.token, w->token, RT_TOKEN_BYTES) != 0 || h.rank != j || h.world != e->world))
-            s = RT_ERROR(RT_ERR_PEER, "the process at %s (rank %d's address) is not rank %d of this job", addrs[j], j,
-                         j);
+        rt_status s = rt_auth_peer_connect(fd, key, e->rank, j, e->world, deadline, what);
         if (s != RT_OK) {
             close(fd);
             rt_error_trace(__FILE__, __LINE__, what);
@@ -144,30 +138,17 @@ static rt_status mesh_connect(rt_pg_world *w, int lfd, char (*addrs)[80], double
                 if (e->ch[j].fd < 0) n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", n ? ", " : "", j);
             return RT_ERROR(RT_ERR_TIMEOUT, "rank(s) %s never connected within %.1f s", list, timeout_s);
         }
-        rt_hello h;
-        s = rt_sock_read_all(fd, rb, sizeof rb,
-                             rt_now_ns() + 5000000000ull < deadline ? rt_now_ns() + 5000000000ull : deadline,
-                             "connecting peer");
-        if (s == RT_OK) s = rt_hello_parse(rb, sizeof rb, &h);
-        if (s == RT_OK && memcmp(h.token, w->token, RT_TOKEN_BYTES) != 0)
-            s = RT_ERROR(RT_ERR_PEER, "a peer claiming rank %d presented a wrong job token", (int)h.rank);
-        if (s == RT_OK && (h.world != e->world || h.rank <= e->rank))
-            s = RT_ERROR(RT_ERR_PEER, "a peer claims rank %d of world size %d (expected a rank in %d..%d of %d)",
-                         (int)h.rank, (int)h.world, e->rank + 1, e->world - 1, e->world);
-        if (s == RT_OK && e->ch[h.rank].fd >= 0)
-            s = RT_ERROR(RT_ERR_PEER, "duplicate rank %d: two processes connected as rank %d", (int)h.rank,
-                         (int)h.rank);
+        int peer = -1;
+        uint64_t hs = rt_now_ns() + 5000000000ull < deadline ? rt_now_ns() + 5000000000ull : deadline;
+        s = rt_auth_peer_accept(fd, key, e->rank, e->world, hs, &peer);
+        if (s == RT_OK && e->ch[peer].fd >= 0)
+            s = RT_ERROR(RT_ERR_PEER, "duplicate rank %d: two processes connected as rank %d", peer, peer);
         if (s != RT_OK) { /* not one of ours (or broken): reject it and keep waiting */
             RT_LOG_WARN("rejected a connection: %s", rt_error_message());
             close(fd);
             continue;
         }
-        s = rt_sock_write_all(fd, hb, sizeof hb, deadline, "connecting peer");
-        if (s != RT_OK) {
-            close(fd);
-            return s;
-        }
-        e->ch[h.rank].fd = fd;
+        e->ch[peer].fd = fd;
         need--;
     }
     for (int j = 0; j < e->world; j++)
@@ -439,7 +420,10 @@ static void report_failure(void *ctx, rt_error_record *rec) {
         char msg[1600];
         char *nl = strchr(mine.msg, '\n');
         if (nl) *nl = '\0';
-        int n = snprintf(msg, sizeof msg, "rank %d: %.1100s%s%.400s", w->eng.rank, mine.msg, diag[0] ? "; " : "", diag);
+        char who[32]; /* the rank once: the message and the errors nested in it may carry it already */
+        size_t wl = (size_t)snprintf(who, sizeof who, "rank %d: ", w->eng.rank);
+        for (char *p; (p = strstr(mine.msg, who)) != NULL;) memmove(p, p + wl, strlen(p + wl) + 1);
+        int n = snprintf(msg, sizeof msg, "%s%.1100s%s%.400s", who, mine.msg, diag[0] ? "; " : "", diag);
         rt_store_set(w->store, "rt/failure/first", msg, (size_t)n);
     } else {
         char first[1700] = "";
@@ -468,7 +452,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     RT_CHECK(rt_engine_init(&w->eng, r->rank, r->world));
     w->eng.on_fail = report_failure;
     w->eng.on_fail_ctx = w;
-    /* the per-launch secret that every transport connection must present */
+    /* the per-launch nonce: with the job secret it keys the transport handshake (auth.h) */
     if (r->rank == 0) {
         RT_CHECK(rt_random_bytes(w->token, sizeof w->token));
         RT_CHECK(rt_store_set(w->store, "rt/token", w->token, sizeof w->token));

@@ -55,16 +55,21 @@ rt_status rt_rdzv_parse(const char *init_method, int rank, int world, rt_rdzv *o
                         out->world, out->rank_source);
     if (out->local_rank < 0) out->local_rank = 0;
 
-    /* job id */
+    /* the job secret (rendezvous.h, docs/security.md) */
     const char *job = env("RINGTRAIN_JOB_TOKEN");
     char buf[256] = "";
-    if (!job) job = env("TORCHELASTIC_RUN_ID");
+    out->secret_source = "RINGTRAIN_JOB_TOKEN";
+    if (!job && (job = env("TORCHELASTIC_RUN_ID")) != NULL) out->secret_source = "TORCHELASTIC_RUN_ID";
     if (!job && env("SLURM_JOB_ID")) {
         snprintf(buf, sizeof buf, "slurm-%s.%s", env("SLURM_JOB_ID"),
                  env("SLURM_STEP_ID") ? env("SLURM_STEP_ID") : "0");
         job = buf;
+        out->secret_source = "SLURM_JOB_ID.SLURM_STEP_ID";
     }
-    if (!job) job = env("OMPI_MCA_ess_base_jobid");
+    if (!job && (job = env("OMPI_MCA_ess_base_jobid")) != NULL) out->secret_source = "OMPI_MCA_ess_base_jobid";
+    if (!job) out->secret_source = NULL;
+    RT_REQUIRE(!job || strlen(job) < sizeof out->job, RT_ERR_INVALID, "rendezvous: %s is longer than %zu bytes",
+               out->secret_source, sizeof out->job - 1);
     snprintf(out->job, sizeof out->job, "%s", job ? job : "");
 
     const char *hosted = env("RINGTRAIN_STORE_HOSTED");
@@ -114,17 +119,25 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
-/* file://: rank 0 publishes "host port token". */
-static rt_status file_publish(rt_rdzv *r, int port) {
+/* file://: the store listens on the address it publishes (RINGTRAIN_STORE_ADDR, else
+ * MASTER_ADDR, else loopback). */
+static const char *store_bind_addr(void) {
     const char *host = env("RINGTRAIN_STORE_ADDR");
     if (!host) host = env("MASTER_ADDR");
-    if (!host) host = "127.0.0.1";
+    return host ? host : "127.0.0.1";
+}
+
+/* file://: rank 0 publishes "host port token". */
+static rt_status file_publish(rt_rdzv *r, int port) {
+    const char *host = store_bind_addr();
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp%d", r->path, (int)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return RT_ERROR(RT_ERR_IO, "rendezvous file://%s: cannot create %s: %s", r->path, tmp, strerror(errno));
     char line[600];
-    int n = snprintf(line, sizeof line, "%s %d %s\n", host, port, r->job);
+    /* the secret goes to the file only when rank 0 made it up (the others have theirs) */
+    bool made = r->secret_source && strcmp(r->secret_source, "the file:// rendezvous") == 0;
+    int n = snprintf(line, sizeof line, "%s %d %s\n", host, port, made ? r->job : "");
     bool ok = write(fd, line, (size_t)n) == n && fsync(fd) == 0;
     close(fd);
     if (!ok || rename(tmp, r->path) != 0) {
@@ -144,7 +157,8 @@ static bool file_read(rt_rdzv *r) {
     if (n < 2 || port <= 0 || port > 65535) return false;
     snprintf(r->host, sizeof r->host, "%s", host);
     r->port = port;
-    snprintf(r->job, sizeof r->job, "%s", n == 3 ? job : "");
+    if (n == 3) snprintf(r->job, sizeof r->job, "%s", job);
+    if (!r->job[0]) return false; /* no secret anywhere (yet) */
     return true;
 }
 
@@ -152,15 +166,27 @@ rt_status rt_rdzv_connect(rt_rdzv *r, double timeout_s, rt_store_server **server
     *server = NULL;
     *store = NULL;
     uint64_t deadline = rt_now_ns() + (uint64_t)(timeout_s * 1e9);
+    if (!r->job[0] && r->kind != RT_RDZV_FILE) {
+        RT_REQUIRE(r->world == 1, RT_ERR_INVALID,
+                   "rendezvous: no job secret: set RINGTRAIN_JOB_TOKEN to the same random value for every rank "
+                   "(export RINGTRAIN_JOB_TOKEN=$(openssl rand -hex 16)); ringtrain's launcher sets it, torchrun, "
+                   "mpirun and srun give a weaker fallback (docs/security.md)");
+        /* a world of one: nobody else is to join, so a secret nobody knows */
+        uint8_t tok[16];
+        RT_CHECK(rt_random_bytes(tok, sizeof tok));
+        for (int i = 0; i < 16; i++) snprintf(r->job + 2 * i, 3, "%02x", tok[i]);
+        r->secret_source = "a random secret (world size 1)";
+    }
     if (r->kind == RT_RDZV_FILE) {
         if (r->host_store) {
-            if (!r->job[0]) {
-                uint8_t tok[12];
+            if (!r->job[0]) { /* no secret from the environment: a random one, in the file only */
+                uint8_t tok[16];
                 RT_CHECK(rt_random_bytes(tok, sizeof tok));
-                for (int i = 0; i < 12; i++) snprintf(r->job + 2 * i, 3, "%02x", tok[i]);
+                for (int i = 0; i < 16; i++) snprintf(r->job + 2 * i, 3, "%02x", tok[i]);
+                r->secret_source = "the file:// rendezvous";
             }
             int port = 0;
-            RT_CHECK(rt_store_server_start(NULL, 0, r->job, r->world, server, &port));
+            RT_CHECK(rt_store_server_start(store_bind_addr(), 0, r->job, r->world, server, &port));
             rt_status s = file_publish(r, port);
             if (s != RT_OK) {
                 rt_store_server_stop(*server);
@@ -192,8 +218,21 @@ rt_status rt_rdzv_connect(rt_rdzv *r, double timeout_s, rt_store_server **server
             }
         }
     } else if (r->host_store) {
+        /* only where the others were told to connect: MASTER_ADDR / the tcp:// host (a
+         * single-host job: 127.0.0.1); every interface only when that is 0.0.0.0 */
         int port = 0;
-        RT_CHECK(rt_store_server_start(NULL, r->port, r->job, r->world, server, &port));
+        rt_status ss = rt_store_server_start(r->host, r->port, r->job, r->world, server, &port);
+        if (ss != RT_OK) {
+            rt_error_trace(__FILE__, __LINE__,
+                           "rank 0 hosts the store on the address the ranks connect to: it must be one of this "
+                           "host's addresses (or 0.0.0.0 for every interface)");
+            return ss;
+        }
+        if (r->world > 1 && strcmp(r->secret_source, "RINGTRAIN_JOB_TOKEN") != 0)
+            RT_LOG_WARN("rendezvous: RINGTRAIN_JOB_TOKEN is unset: the job secret is %s, which other users of these "
+                        "hosts may guess; export RINGTRAIN_JOB_TOKEN=$(openssl rand -hex 16) on every node "
+                        "(docs/security.md)",
+                        r->secret_source);
     }
     char what[300];
     snprintf(what, sizeof what, "store at %s:%d", r->host, r->port);

@@ -3,9 +3,11 @@
 
 #include "core/log.h"
 #include "core/timer.h"
+#include "dist/internal/auth.h"
 #include "dist/internal/sock.h"
 #include "dist/internal/wire.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -14,7 +16,9 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -26,11 +30,18 @@ typedef struct kv {
     size_t n;
 } kv;
 
+/* A connection that has not proven the secret holds only `pre` (one HELLO frame), for at
+ * most RT_STORE_HANDSHAKE_S; at most RT_STORE_MAX_PENDING of them exist at once (the
+ * oldest goes when another arrives). */
 typedef struct client {
     int fd;
-    int rank;   /* -1: launcher or not yet known */
-    bool hello; /* HELLO accepted */
-    uint8_t *in;
+    int rank;                     /* -1: launcher or not yet known */
+    bool hello;                   /* proof accepted */
+    uint8_t nonce[RT_AUTH_NONCE]; /* the challenge it was sent */
+    uint64_t deadline_ns;         /* handshake deadline (before hello) */
+    uint8_t pre[RT_STORE_HDR + RT_STORE_HELLO_BYTES];
+    char addr[64]; /* "ip:port" of the peer */
+    uint8_t *in;   /* after hello */
     size_t in_len, in_cap;
     char *waiting_key; /* pending GET */
     bool waiting_get;  /* GET (true) or CHECK-style wait */
@@ -38,14 +49,17 @@ typedef struct client {
 
 struct rt_store_server {
     int lfd;
-    int wake[2]; /* pipe to stop the thread */
+    int wake[2];  /* pipe to stop the thread */
+    int spare_fd; /* kept open to be closed when accept() meets EMFILE (see accept_one) */
+    uint64_t accept_paused_until;
     pthread_t thread;
-    char job[256];
+    char secret[256];
     int world;
     kv *kvs;
     int nkv, capkv;
     client *cl;
     int ncl, capcl;
+    int npending;    /* clients without hello */
     uint8_t *joined; /* [world] */
     char **joined_from;
 };
@@ -86,14 +100,23 @@ static int kv_set(rt_store_server *s, const char *key, const uint8_t *val, size_
     return 0;
 }
 
+/* A client that has not proven the secret gets at most a frame the socket buffer takes at
+ * once: never block the server thread on it. */
+static void send_nowait(client *c, const uint8_t *buf, size_t len) {
+    if (send(c->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)len) shutdown(c->fd, SHUT_RDWR);
+}
+
 static void reply(client *c, uint8_t status, const void *val, size_t n) {
     size_t cap = RT_STORE_HDR + n;
     uint8_t *buf = malloc(cap);
     if (!buf) return;
     size_t len = rt_store_frame_encode(buf, cap, RT_STORE_REPLY, status, NULL, 0, val, n);
-    /* a reply is small; a client that does not read is dropped after 5 s */
-    if (len && rt_sock_write_all(c->fd, buf, len, rt_now_ns() + 5000000000ull, "store client") != RT_OK)
+    if (!c->hello) {
+        if (len) send_nowait(c, buf, len);
+    } else if (len && rt_sock_write_all(c->fd, buf, len, rt_now_ns() + 5000000000ull, "store client") != RT_OK) {
+        /* a client that does not read its reply is dropped after 5 s */
         shutdown(c->fd, SHUT_RDWR);
+    }
     free(buf);
 }
 
@@ -107,50 +130,46 @@ static void reply_err(client *c, const char *fmt, ...) {
     reply(c, 1, msg, strlen(msg));
 }
 
-/* Handle one frame; returns -1 to drop the client. */
+/* The one answer to every client that did not prove the secret: it names nothing. */
+static void refuse(client *c) { reply(c, 1, RT_AUTH_REFUSED, strlen(RT_AUTH_REFUSED)); }
+
+/* The HELLO of a client without one yet; returns -1 to drop it. */
+static int handle_hello(rt_store_server *s, client *c, const rt_store_frame *f) {
+    rt_store_hello h;
+    uint8_t proof[RT_AUTH_MAC];
+    if (f->op != RT_STORE_HELLO || f->keylen != 0 ||
+        rt_auth_store_verify(s->secret, c->nonce, f->value, f->vallen, &h, proof) != RT_OK) {
+        rt_error_clear();
+        refuse(c);
+        return -1;
+    }
+    /* the proof holds: from here on the client is one of this job's processes */
+    c->hello = true;
+    s->npending--;
+    if (h.world != s->world) {
+        reply_err(c, "store: world size mismatch: rank %d says %d, the store expects %d", (int)h.rank, (int)h.world,
+                  s->world);
+        return -1;
+    }
+    if (h.rank >= 0) {
+        if (s->joined[h.rank]) {
+            reply_err(c, "store: rank %d already joined from %s (two processes claim rank %d)", (int)h.rank,
+                      s->joined_from[h.rank] ? s->joined_from[h.rank] : "?", (int)h.rank);
+            return -1;
+        }
+        s->joined[h.rank] = 1;
+        s->joined_from[h.rank] = strdup(c->addr);
+    }
+    c->rank = h.rank;
+    reply(c, 0, proof, sizeof proof);
+    return 0;
+}
+
+/* Handle one frame of a client past its hello; returns -1 to drop it. */
 static int handle(rt_store_server *s, client *c, const rt_store_frame *f) {
     char key[RT_STORE_MAX_KEY + 1];
     memcpy(key, f->key, f->keylen);
     key[f->keylen] = '\0';
-    if (!c->hello) {
-        if (f->op != RT_STORE_HELLO) {
-            reply_err(c, "store: the first frame must be HELLO (got op %u)", f->op);
-            return -1;
-        }
-        char v[64] = "";
-        size_t n = f->vallen < sizeof v - 1 ? f->vallen : sizeof v - 1;
-        memcpy(v, f->value, n);
-        int rank = -2, world = -2;
-        if (sscanf(v, "%d %d", &rank, &world) != 2) {
-            reply_err(c, "store: malformed HELLO value '%s'", v);
-            return -1;
-        }
-        if (strcmp(key, s->job) != 0) {
-            reply_err(c, "store: job id '%s' of rank %d does not match this store's job '%s' (a peer of another job?)",
-                      key, rank, s->job);
-            return -1;
-        }
-        if (world != s->world) {
-            reply_err(c, "store: world size mismatch: rank %d says %d, the store expects %d", rank, world, s->world);
-            return -1;
-        }
-        if (rank < -1 || rank >= s->world) {
-            reply_err(c, "store: rank %d out of range 0..%d (world size %d)", rank, s->world - 1, s->world);
-            return -1;
-        }
-        if (rank >= 0) {
-            if (s->joined[rank]) {
-                reply_err(c, "store: duplicate rank %d: rank %d already joined (two processes claim rank %d)", rank,
-                          rank, rank);
-                return -1;
-            }
-            s->joined[rank] = 1;
-        }
-        c->rank = rank;
-        c->hello = true;
-        reply(c, 0, NULL, 0);
-        return 0;
-    }
     switch (f->op) {
     case RT_STORE_SET:
         if (kv_set(s, key, f->value, f->vallen) != 0) {
@@ -232,10 +251,132 @@ static void drop_client(rt_store_server *s, int i) {
         snprintf(key, sizeof key, "rt/left/%d", c->rank);
         kv_set(s, key, (const uint8_t *)"1", 1);
     }
+    if (!c->hello) s->npending--;
     close(c->fd);
     free(c->in);
     free(c->waiting_key);
     s->cl[i] = s->cl[--s->ncl];
+}
+
+/* Read what a client without hello sent: one HELLO frame at most, into its fixed buffer.
+ * Returns -1 to drop it. */
+static int read_pending(rt_store_server *s, client *c) {
+    size_t want = c->in_len < RT_STORE_HDR ? RT_STORE_HDR : sizeof c->pre;
+    ssize_t r = recv(c->fd, c->pre + c->in_len, want - c->in_len, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+    if (r <= 0) return -1;
+    c->in_len += (size_t)r;
+    if (c->in_len < RT_STORE_HDR) return 0;
+    rt_store_frame f;
+    size_t used = 0;
+    /* anything but a HELLO of its exact size (garbage, another op, a huge length) is refused
+     * at its header, before any more of it is read */
+    if (rt_store_header_parse(c->pre, &f) != RT_OK || f.op != RT_STORE_HELLO || f.keylen != 0 ||
+        f.vallen != RT_STORE_HELLO_BYTES) {
+        rt_error_clear();
+        refuse(c);
+        return -1;
+    }
+    if (c->in_len < sizeof c->pre) return 0;
+    if (rt_store_frame_parse(c->pre, c->in_len, &f, &used) != RT_OK || used != c->in_len) {
+        rt_error_clear();
+        refuse(c);
+        return -1;
+    }
+    c->in_len = 0;
+    return handle_hello(s, c, &f);
+}
+
+/* Read and handle what a client past its hello sent. Returns -1 to drop it. */
+static int read_client(rt_store_server *s, client *c) {
+    /* room for a whole frame of the largest size the limits allow, and some more */
+    const size_t limit = RT_STORE_HDR + RT_STORE_MAX_KEY + RT_STORE_MAX_VALUE + 65536;
+    if (c->in_cap - c->in_len < 65536 && c->in_cap < limit) {
+        size_t nc = c->in_cap ? c->in_cap * 2 : 65536;
+        if (nc > limit) nc = limit; /* (growing to exactly the limit, not stopping short of it) */
+        uint8_t *nb = realloc(c->in, nc);
+        if (!nb) return -1;
+        c->in = nb;
+        c->in_cap = nc;
+    }
+    ssize_t r = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+    if (r <= 0) return -1;
+    c->in_len += (size_t)r;
+    for (;;) {
+        rt_store_frame f;
+        size_t used = 0;
+        if (rt_store_frame_parse(c->in, c->in_len, &f, &used) != RT_OK) {
+            RT_LOG_WARN("store: dropping a client: %s", rt_error_message());
+            rt_error_clear();
+            reply_err(c, "store: malformed frame");
+            return -1;
+        }
+        if (used == 0) return 0;
+        if (f.op == RT_STORE_HELLO || handle(s, c, &f) != 0) {
+            if (f.op == RT_STORE_HELLO) reply_err(c, "store: a second HELLO");
+            return -1;
+        }
+        memmove(c->in, c->in + used, c->in_len - used);
+        c->in_len -= used;
+    }
+}
+
+/* Accept one connection and send it its challenge. accept() failing for want of file
+ * descriptors (EMFILE, ENFILE) leaves the connection queued, so the listening socket
+ * stays readable: close the spare descriptor to accept it and close it at once, and
+ * stop watching the socket for a moment rather than spin on it. */
+static void accept_one(rt_store_server *s) {
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    int fd = accept4(s->lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC);
+    if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            if (s->spare_fd >= 0) {
+                close(s->spare_fd);
+                int k = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+                if (k >= 0) close(k);
+                s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+            }
+            s->accept_paused_until = rt_now_ns() + 100000000ull; /* 100 ms */
+        }
+        return;
+    }
+    if (s->npending >= RT_STORE_MAX_PENDING) { /* make room: the oldest connection without hello goes */
+        int old = -1;
+        for (int i = 0; i < s->ncl; i++)
+            if (!s->cl[i].hello && (old < 0 || s->cl[i].deadline_ns < s->cl[old].deadline_ns)) old = i;
+        if (old >= 0) drop_client(s, old);
+    }
+    if (s->ncl == s->capcl) {
+        int nc = s->capcl ? 2 * s->capcl : 16;
+        client *n = realloc(s->cl, (size_t)nc * sizeof *n);
+        if (!n) {
+            close(fd);
+            return;
+        }
+        s->cl = n;
+        s->capcl = nc;
+    }
+    rt_sock_set_nodelay(fd);
+    client *c = &s->cl[s->ncl];
+    memset(c, 0, sizeof *c);
+    c->fd = fd;
+    c->rank = -1;
+    c->deadline_ns = rt_now_ns() + (uint64_t)(RT_STORE_HANDSHAKE_S * 1e9);
+    char ip[INET_ADDRSTRLEN] = "?";
+    if (sa.sin_family == AF_INET) inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+    snprintf(c->addr, sizeof c->addr, "%s:%d", ip, ntohs(sa.sin_port));
+    uint8_t ch[RT_STORE_HDR + RT_AUTH_NONCE];
+    if (rt_random_bytes(c->nonce, sizeof c->nonce) != RT_OK) {
+        rt_error_clear();
+        close(fd);
+        return;
+    }
+    s->ncl++;
+    s->npending++;
+    size_t len = rt_store_frame_encode(ch, sizeof ch, RT_STORE_CHALLENGE, 0, NULL, 0, c->nonce, sizeof c->nonce);
+    send_nowait(c, ch, len);
 }
 
 static void *server_main(void *arg) {
@@ -250,10 +391,20 @@ static void *server_main(void *arg) {
             pf = n;
             pcap = np;
         }
+        uint64_t now = rt_now_ns();
+        /* handshakes past their deadline end here */
+        for (int i = s->ncl - 1; i >= 0; i--)
+            if (!s->cl[i].hello && now >= s->cl[i].deadline_ns) drop_client(s, i);
+        uint64_t next = UINT64_MAX;
+        for (int i = 0; i < s->ncl; i++)
+            if (!s->cl[i].hello && s->cl[i].deadline_ns < next) next = s->cl[i].deadline_ns;
+        bool listening = now >= s->accept_paused_until;
+        if (!listening && s->accept_paused_until < next) next = s->accept_paused_until;
         pf[0] = (struct pollfd){s->wake[0], POLLIN, 0};
-        pf[1] = (struct pollfd){s->lfd, POLLIN, 0};
+        pf[1] = (struct pollfd){listening ? s->lfd : -1, POLLIN, 0};
         for (int i = 0; i < s->ncl; i++) pf[i + 2] = (struct pollfd){s->cl[i].fd, POLLIN, 0};
-        int pr = poll(pf, (nfds_t)np, -1);
+        int timeout = next == UINT64_MAX ? -1 : rt_sock_ms_left(next, 1000);
+        int pr = poll(pf, (nfds_t)(s->ncl + 2), timeout);
         if (pr < 0) {
             if (errno == EINTR) continue;
             break;
@@ -263,82 +414,39 @@ static void *server_main(void *arg) {
         for (int i = ncl_before - 1; i >= 0; i--) {
             if (!pf[i + 2].revents) continue;
             client *c = &s->cl[i];
-            if (c->in_cap - c->in_len < 65536) {
-                size_t nc = c->in_cap ? c->in_cap * 2 : 65536;
-                if (nc > RT_STORE_HDR + RT_STORE_MAX_KEY + RT_STORE_MAX_VALUE + 65536) nc = c->in_cap;
-                uint8_t *nb = nc != c->in_cap ? realloc(c->in, nc) : c->in;
-                if (!nb) {
-                    drop_client(s, i);
-                    continue;
-                }
-                c->in = nb;
-                c->in_cap = nc;
-            }
-            ssize_t r = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
-            if (r <= 0) {
-                if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-                drop_client(s, i);
-                continue;
-            }
-            c->in_len += (size_t)r;
-            bool drop = false;
-            for (;;) {
-                rt_store_frame f;
-                size_t used = 0;
-                if (rt_store_frame_parse(c->in, c->in_len, &f, &used) != RT_OK) {
-                    RT_LOG_WARN("store: dropping a client: %s", rt_error_message());
-                    reply_err(c, "store: malformed frame");
-                    drop = true;
-                    break;
-                }
-                if (used == 0) break;
-                if (handle(s, c, &f) != 0) {
-                    drop = true;
-                    break;
-                }
-                memmove(c->in, c->in + used, c->in_len - used);
-                c->in_len -= used;
-            }
-            if (drop) drop_client(s, i);
+            if ((c->hello ? read_client(s, c) : read_pending(s, c)) != 0) drop_client(s, i);
         }
-        if (pf[1].revents & POLLIN) {
-            int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
-            if (fd >= 0) {
-                if (s->ncl == s->capcl) {
-                    int nc = s->capcl ? 2 * s->capcl : 16;
-                    client *n = realloc(s->cl, (size_t)nc * sizeof *n);
-                    if (!n) {
-                        close(fd);
-                        continue;
-                    }
-                    s->cl = n;
-                    s->capcl = nc;
-                }
-                rt_sock_set_nodelay(fd);
-                s->cl[s->ncl++] = (client){.fd = fd, .rank = -1};
-            }
-        }
+        if (listening && (pf[1].revents & POLLIN)) accept_one(s);
     }
     free(pf);
     return NULL;
 }
 
-rt_status rt_store_server_start(const char *host, int port, const char *job, int world, rt_store_server **out,
+static const char *bind_name(const char *host) { return host && *host ? host : "0.0.0.0"; }
+
+rt_status rt_store_server_start(const char *host, int port, const char *secret, int world, rt_store_server **out,
                                 int *bound_port) {
-    RT_REQUIRE(world >= 1, RT_ERR_INVALID, "store: world size %d must be >= 1", world);
-    RT_REQUIRE(strlen(job) < 256, RT_ERR_INVALID, "store: job id longer than 255 bytes");
+    RT_REQUIRE(world >= 1 && world <= (1 << 20), RT_ERR_INVALID, "store: world size %d must be in 1..%d", world,
+               1 << 20);
+    RT_REQUIRE(secret && strlen(secret) < 256, RT_ERR_INVALID, "store: job secret missing or longer than 255 bytes");
     rt_store_server *s = calloc(1, sizeof *s);
     RT_CHECK_ALLOC(s, sizeof *s);
     s->joined = calloc((size_t)world, 1);
-    if (!s->joined) {
-        free(s);
-        RT_CHECK_ALLOC(NULL, (size_t)world);
-    }
-    snprintf(s->job, sizeof s->job, "%s", job);
-    s->world = world;
-    rt_status st = rt_sock_listen(host, port, &s->lfd, bound_port);
-    if (st != RT_OK) {
+    s->joined_from = calloc((size_t)world, sizeof *s->joined_from);
+    if (!s->joined || !s->joined_from) {
         free(s->joined);
+        free(s->joined_from);
+        free(s);
+        RT_CHECK_ALLOC(NULL, (size_t)world * (1 + sizeof(char *)));
+    }
+    snprintf(s->secret, sizeof s->secret, "%s", secret);
+    s->world = world;
+    s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    rt_status st = rt_sock_listen(bind_name(host), port, &s->lfd, bound_port);
+    if (st != RT_OK) {
+        if (s->spare_fd >= 0) close(s->spare_fd);
+        free(s->joined);
+        free(s->joined_from);
         free(s);
         rt_error_trace(__FILE__, __LINE__, "rt_sock_listen (store)");
         return st;
@@ -346,7 +454,9 @@ rt_status rt_store_server_start(const char *host, int port, const char *job, int
     if (pipe2(s->wake, O_CLOEXEC) < 0 || pthread_create(&s->thread, NULL, server_main, s) != 0) {
         st = rt_error_sys(__FILE__, __LINE__, "store server thread");
         close(s->lfd);
+        if (s->spare_fd >= 0) close(s->spare_fd);
         free(s->joined);
+        free(s->joined_from);
         free(s);
         return st;
     }
@@ -362,6 +472,7 @@ void rt_store_server_stop(rt_store_server *s) {
     close(s->wake[0]);
     close(s->wake[1]);
     close(s->lfd);
+    if (s->spare_fd >= 0) close(s->spare_fd);
     for (int i = 0; i < s->ncl; i++) {
         close(s->cl[i].fd);
         free(s->cl[i].in);
@@ -371,6 +482,8 @@ void rt_store_server_stop(rt_store_server *s) {
         free(s->kvs[i].key);
         free(s->kvs[i].val);
     }
+    for (int i = 0; i < s->world; i++) free(s->joined_from[i]);
+    free(s->joined_from);
     free(s->kvs);
     free(s->cl);
     free(s->joined);
@@ -446,31 +559,101 @@ static rt_status request(rt_store *st, uint8_t op, const char *key, const void *
     return RT_OK;
 }
 
-rt_status rt_store_connect(const char *host, int port, const char *job, int rank, int world, double timeout_s,
+/* Read one reply-like frame (header + value, value malloc'd) before the deadline. */
+static rt_status read_frame(int fd, uint64_t deadline, const char *what, rt_store_frame *f, uint8_t **val) {
+    uint8_t hdr[RT_STORE_HDR];
+    *val = NULL;
+    RT_CHECK(rt_sock_read_all(fd, hdr, sizeof hdr, deadline, what));
+    RT_CHECK(rt_store_header_parse(hdr, f));
+    if (f->keylen != 0) return RT_ERROR(RT_ERR_FORMAT, "%s: a frame with a key where a reply was due", what);
+    if (f->vallen) {
+        *val = malloc(f->vallen);
+        RT_CHECK_ALLOC(*val, f->vallen);
+        rt_status s = rt_sock_read_all(fd, *val, f->vallen, deadline, what);
+        if (s != RT_OK) {
+            free(*val);
+            *val = NULL;
+            return s;
+        }
+    }
+    return RT_OK;
+}
+
+/* One handshake on a connected socket (auth.h). RT_ERR_IO: the connection ended before
+ * an answer (the server dropped it, e.g. to make room): worth another try. */
+static rt_status handshake(rt_store *st, const char *secret, int rank, int world, uint64_t deadline) {
+    rt_store_frame f;
+    uint8_t *v = NULL;
+    rt_status s = read_frame(st->fd, deadline, st->where, &f, &v);
+    if (s == RT_ERR_PEER) return RT_ERR_IO;
+    RT_CHECK(s);
+    if (f.op != RT_STORE_CHALLENGE || f.vallen != RT_AUTH_NONCE) {
+        free(v);
+        return RT_ERROR(RT_ERR_PEER, "%s is not a ringtrain store of this version (no challenge)", st->where);
+    }
+    uint8_t hello[RT_STORE_HELLO_BYTES], expect[RT_AUTH_MAC], frame[RT_STORE_HDR + RT_STORE_HELLO_BYTES];
+    s = rt_auth_store_answer(secret, v, rank, world, hello, expect);
+    free(v);
+    RT_CHECK(s);
+    size_t len = rt_store_frame_encode(frame, sizeof frame, RT_STORE_HELLO, 0, NULL, 0, hello, sizeof hello);
+    s = rt_sock_write_all(st->fd, frame, len, deadline, st->where);
+    if (s == RT_OK) s = read_frame(st->fd, deadline, st->where, &f, &v);
+    if (s == RT_ERR_PEER) return RT_ERR_IO;
+    RT_CHECK(s);
+    if (f.op != RT_STORE_REPLY)
+        s = RT_ERROR(RT_ERR_PEER, "%s sent op %u instead of a reply", st->where, f.op);
+    else if (f.status != 0 && f.vallen == strlen(RT_AUTH_REFUSED) && memcmp(v, RT_AUTH_REFUSED, f.vallen) == 0)
+        s = RT_ERROR(RT_ERR_PEER,
+                     "the %s refused this process: it does not share this job's secret (RINGTRAIN_JOB_TOKEN, or the "
+                     "launcher's job id: a process of another job, or the variable differs between ranks? see "
+                     "docs/security.md)",
+                     st->where);
+    else if (f.status != 0)
+        s = RT_ERROR(RT_ERR_PEER, "%.*s", (int)(f.vallen < 600 ? f.vallen : 600), v ? (const char *)v : "");
+    else if (f.vallen != RT_AUTH_MAC || !rt_auth_equal(v, expect, RT_AUTH_MAC))
+        s = RT_ERROR(RT_ERR_PEER,
+                     "the %s did not prove it knows this job's secret: it is not this job's store (another job's, "
+                     "or an impostor on its port)",
+                     st->where);
+    free(v);
+    return s;
+}
+
+rt_status rt_store_connect(const char *host, int port, const char *secret, int rank, int world, double timeout_s,
                            rt_store **out) {
+    RT_REQUIRE(secret && strlen(secret) < 256, RT_ERR_INVALID, "store: job secret missing or longer than 255 bytes");
     rt_store *st = calloc(1, sizeof *st);
     RT_CHECK_ALLOC(st, sizeof *st);
     pthread_mutex_init(&st->mu, NULL);
     st->timeout_s = timeout_s;
+    st->fd = -1;
     snprintf(st->where, sizeof st->where, "store at %s:%d", host, port);
     uint64_t deadline = rt_now_ns() + (uint64_t)(timeout_s * 1e9);
-    rt_status s = rt_sock_connect(host, port, deadline, st->where, &st->fd);
-    if (s != RT_OK) {
-        free(st);
-        rt_error_trace(__FILE__, __LINE__, "rt_sock_connect (store)");
-        return s;
-    }
-    rt_sock_local_addr(st->fd, st->local, sizeof st->local);
-    char v[64];
-    snprintf(v, sizeof v, "%d %d", rank, world);
-    uint8_t status = 0;
-    s = request(st, RT_STORE_HELLO, job, v, strlen(v), NULL, 0, NULL, &status, timeout_s);
-    if (s != RT_OK) {
+    rt_status s;
+    for (int delay_ms = 10;; delay_ms = delay_ms < 500 ? 2 * delay_ms : delay_ms) {
+        s = rt_sock_connect(host, port, deadline, st->where, &st->fd);
+        if (s != RT_OK) break;
+        s = handshake(st, secret, rank, world, deadline);
+        if (s != RT_ERR_IO) break;
+        /* dropped before an answer: try again until the deadline */
         close(st->fd);
+        st->fd = -1;
+        if (rt_now_ns() >= deadline) {
+            s = RT_ERROR(RT_ERR_TIMEOUT, "%s closed every connection before its handshake within %.1f s", st->where,
+                         timeout_s);
+            break;
+        }
+        struct timespec ts = {0, (long)rt_sock_ms_left(deadline, delay_ms) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (s != RT_OK) {
+        if (st->fd >= 0) close(st->fd);
+        pthread_mutex_destroy(&st->mu);
         free(st);
         rt_error_trace(__FILE__, __LINE__, "store hello");
         return s;
     }
+    rt_sock_local_addr(st->fd, st->local, sizeof st->local);
     *out = st;
     return RT_OK;
 }

@@ -2,10 +2,15 @@
  * launcher) and its client.
  *
  * Operations: set, get (waits until the key exists), add (atomic counter), check,
- * wait. Every connection starts with a HELLO frame carrying the job id, the rank and
- * the world size; the server rejects a different job id, a different world size, a
- * rank out of range and a rank that already joined, with a reply naming the ranks.
- * Frames are length-checked (wire.h). Every client call has a deadline.
+ * wait. Every connection starts with a challenge-response (internal/auth.h): the server
+ * sends a fresh nonce, the client proves with HMAC-SHA256 that it knows the job's secret
+ * and the server proves it back; the secret itself never travels. Before that proof the
+ * server answers nothing but one generic refusal, holds at most one small frame per
+ * connection, at most RT_STORE_MAX_PENDING such connections (the oldest goes first),
+ * each for at most RT_STORE_HANDSHAKE_S seconds. After it, the server rejects a
+ * different world size, a rank out of range and a rank that already joined ("rank 1
+ * already joined from ADDRESS"). Frames are length-checked (wire.h): a value up to
+ * RT_STORE_MAX_VALUE bytes. Every client call has a deadline.
  */
 #ifndef RT_DIST_STORE_H
 #define RT_DIST_STORE_H
@@ -19,19 +24,23 @@
 extern "C" {
 #endif
 
+#define RT_STORE_MAX_PENDING 64  /* connections without a proof, at once */
+#define RT_STORE_HANDSHAKE_S 5.0 /* seconds a connection has to prove the secret */
+
 typedef struct rt_store_server rt_store_server;
 typedef struct rt_store rt_store;
 
-/* Start a server thread listening on host:port (port 0: ephemeral, see *bound_port).
- * world: expected world size (ranks 0..world-1); job: the job id every client must
- * present (may be ""). */
-rt_status rt_store_server_start(const char *host, int port, const char *job, int world, rt_store_server **out,
+/* Start a server thread listening on host:port only (host NULL or "0.0.0.0": every
+ * interface; port 0: ephemeral, see *bound_port). world: expected world size (ranks
+ * 0..world-1); secret: the job secret every client must prove it knows. */
+rt_status rt_store_server_start(const char *host, int port, const char *secret, int world, rt_store_server **out,
                                 int *bound_port);
 void rt_store_server_stop(rt_store_server *s);
 
-/* Connect (retrying with backoff until timeout_s) and say hello. rank -1: a client
- * that is not a rank (a launcher), not counted for duplicates. */
-rt_status rt_store_connect(const char *host, int port, const char *job, int rank, int world, double timeout_s,
+/* Connect (retrying with backoff until timeout_s) and prove the secret (and check the
+ * server's proof). rank -1: a client that is not a rank (a launcher), not counted for
+ * duplicates. */
+rt_status rt_store_connect(const char *host, int port, const char *secret, int rank, int world, double timeout_s,
                            rt_store **out);
 void rt_store_close(rt_store *st);
 /* Default timeout of get/wait calls (set by rt_store_connect). */

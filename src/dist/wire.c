@@ -87,20 +87,47 @@ size_t rt_store_frame_encode(uint8_t *out, size_t cap, uint8_t op, uint8_t statu
     return total;
 }
 
+void rt_store_hello_encode(uint8_t out[RT_STORE_HELLO_BYTES], const rt_store_hello *h) {
+    memcpy(out, h->nonce, RT_AUTH_NONCE);
+    put32(out + RT_AUTH_NONCE, (uint32_t)h->rank);
+    put32(out + RT_AUTH_NONCE + 4, (uint32_t)h->world);
+    memcpy(out + RT_AUTH_NONCE + 8, h->mac, RT_AUTH_MAC);
+}
+
+rt_status rt_store_hello_parse(const uint8_t *buf, size_t len, rt_store_hello *out) {
+    if (len != RT_STORE_HELLO_BYTES)
+        return RT_ERROR(RT_ERR_FORMAT, "store hello: %zu bytes, expected %d", len, RT_STORE_HELLO_BYTES);
+    memcpy(out->nonce, buf, RT_AUTH_NONCE);
+    out->rank = (int32_t)get32(buf + RT_AUTH_NONCE);
+    out->world = (int32_t)get32(buf + RT_AUTH_NONCE + 4);
+    memcpy(out->mac, buf + RT_AUTH_NONCE + 8, RT_AUTH_MAC);
+    if (out->world <= 0 || out->world > (1 << 20) || out->rank < -1 || out->rank >= out->world)
+        return RT_ERROR(RT_ERR_FORMAT, "store hello: rank %d / world size %d out of range", (int)out->rank,
+                        (int)out->world);
+    return RT_OK;
+}
+
 void rt_hello_encode(uint8_t out[RT_HELLO_BYTES], const rt_hello *h) {
     put32(out, RT_HELLO_MAGIC);
-    memcpy(out + 4, h->token, RT_TOKEN_BYTES);
-    put32(out + 4 + RT_TOKEN_BYTES, (uint32_t)h->rank);
-    put32(out + 8 + RT_TOKEN_BYTES, (uint32_t)h->world);
+    put32(out + 4, h->step);
+    put32(out + 8, (uint32_t)h->rank);
+    put32(out + 12, (uint32_t)h->world);
+    memcpy(out + 16, h->nonce, RT_AUTH_NONCE);
+    memcpy(out + 16 + RT_AUTH_NONCE, h->mac, RT_AUTH_MAC);
 }
 
 rt_status rt_hello_parse(const uint8_t *buf, size_t len, rt_hello *out) {
     if (len != RT_HELLO_BYTES) return RT_ERROR(RT_ERR_FORMAT, "hello: %zu bytes, expected %d", len, RT_HELLO_BYTES);
     if (get32(buf) != RT_HELLO_MAGIC)
         return RT_ERROR(RT_ERR_FORMAT, "hello: bad magic 0x%08x at offset 0 (not a ringtrain peer)", get32(buf));
-    memcpy(out->token, buf + 4, RT_TOKEN_BYTES);
-    out->rank = (int32_t)get32(buf + 4 + RT_TOKEN_BYTES);
-    out->world = (int32_t)get32(buf + 8 + RT_TOKEN_BYTES);
+    uint32_t step = get32(buf + 4);
+    if (step == 0 || step >= RT_HELLO_STEP_MAX_)
+        return RT_ERROR(RT_ERR_FORMAT, "hello: unknown step %u at offset 4", step);
+    out->step = (uint8_t)step;
+    out->rank = (int32_t)get32(buf + 8);
+    out->world = (int32_t)get32(buf + 12);
+    memcpy(out->nonce, buf + 16, RT_AUTH_NONCE);
+    memcpy(out->mac, buf + 16 + RT_AUTH_NONCE, RT_AUTH_MAC);
     if (out->world <= 0 || out->world > (1 << 20) || out->rank < 0 || out->rank >= out->world)
         return RT_ERROR(RT_ERR_FORMAT, "hello: rank %d / world size %d out of range", (int)out->rank, (int)out->world);
     return RT_OK;

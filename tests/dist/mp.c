@@ -33,13 +33,15 @@ typedef struct mp_call {
 
 /* The rank's body sees the test process's environment: the launcher's variables are
  * read (world size, port) and removed, so that tests of other launchers' variables
- * (Open MPI, Slurm, torchrun's agent store) still test exactly those. */
+ * (Open MPI, Slurm, torchrun's agent store) still test exactly those. The job secret
+ * (RINGTRAIN_JOB_TOKEN) stays: every rank of one mp_run shares it, as under the launcher;
+ * a test of the launchers' fallbacks unsets it. */
 static int mp_rank(int local_rank, void *p) {
     const mp_call *c = p;
     const char *w = getenv("WORLD_SIZE"), *port = getenv("MASTER_PORT");
     int world = w ? atoi(w) : 0, prt = port ? atoi(port) : 0;
-    static const char *const launcher_vars[] = {"RANK",       "WORLD_SIZE",  "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
-                                                "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "RINGTRAIN_JOB_TOKEN"};
+    static const char *const launcher_vars[] = {"RANK",       "WORLD_SIZE",  "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"};
     for (size_t i = 0; i < sizeof launcher_vars / sizeof *launcher_vars; i++) unsetenv(launcher_vars[i]);
     return c->fn(local_rank, world, prt, c->arg);
 }

@@ -1,7 +1,8 @@
 /* Failures with real processes (label multiproc): a rank killed (SIGKILL) in the middle
  * of a large all_reduce makes every surviving rank fail with an error that names the
  * dead rank and the operation, within the timeout (never a hang: the harness kills
- * hung ranks, which fails the test); no shared-memory segment is left in /dev/shm. */
+ * hung ranks, which fails the test), naming each rank once (the "first failure in the
+ * group" line does not repeat it); no shared-memory segment is left in /dev/shm. */
 #include "../test_util.h"
 #include "dist/dist.h"
 #include "mp.h"
@@ -63,6 +64,14 @@ static int body(int rank, int world, int port, void *arg) {
     MP_CHECK(s == RT_ERR_PEER || s == RT_ERR_TIMEOUT, "all_reduce with a dead peer returned %s", rt_status_name(s));
     MP_CHECK(strstr(msg, want) != NULL, "the error does not name the dead %s: %s", want, msg);
     MP_CHECK(strstr(msg, "all_reduce") != NULL, "the error does not name the operation: %s", msg);
+    const char *first = strstr(msg, "first failure in the group: rank ");
+    if (first) { /* "first failure in the group: rank 1: ..." names its rank once */
+        int r = atoi(first + strlen("first failure in the group: rank "));
+        char who[32];
+        snprintf(who, sizeof who, "rank %d: ", r);
+        const char *again = strstr(strstr(first, who) + strlen(who), who), *nl = strchr(first, '\n');
+        MP_CHECK(!again || (nl && again > nl), "the first-failure line repeats the rank: %s", first);
+    }
     fprintf(stderr, "rank %d failed as expected: %s\n", rank, msg);
     /* later calls fail at once */
     MP_CHECK(rt_barrier(pg) != RT_OK, "barrier on a broken group succeeded");

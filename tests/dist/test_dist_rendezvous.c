@@ -22,11 +22,13 @@ typedef struct cfg {
 
 enum { MISSING, WORLD_MISMATCH, DUPLICATE, OTHER_JOB, FILE_INIT, TORCHRUN, OMPI, SLURM, INTRUDER };
 
-/* A process that knows the store (and the job id) but not the per-launch token connects
- * to rank 0's transport listener claiming to be rank 1: it must be turned away. */
+/* A process that can read the store but does not know the job secret's transport key
+ * (here: it proves a wrong one) connects to rank 0's transport listener claiming to be
+ * rank 1: rank 0 answers its opening, then refuses its proof, and keeps waiting for the
+ * real rank 1. */
 static int intruder(int port) {
     rt_store *st;
-    MP_OK(rt_store_connect("127.0.0.1", port, "", -1, 2, 10, &st));
+    MP_OK(rt_store_connect("127.0.0.1", port, getenv("RINGTRAIN_JOB_TOKEN"), -1, 2, 10, &st));
     char addr[80] = "", host[64];
     size_t n = 0;
     MP_OK(rt_store_get(st, "rt/addr/0", addr, sizeof addr - 1, &n));
@@ -35,14 +37,18 @@ static int intruder(int port) {
     MP_CHECK(sscanf(addr, "%63s %d", host, &p) == 2, "address '%s'", addr);
     int fd;
     MP_OK(rt_sock_connect(host, p, rt_now_ns() + 5000000000ull, "rank 0", &fd));
-    rt_hello h = {.rank = 1, .world = 2};
-    memset(h.token, 0x5a, sizeof h.token);
+    rt_hello h = {.step = RT_HELLO_OPEN, .rank = 1, .world = 2};
+    memset(h.nonce, 0x5a, sizeof h.nonce);
     uint8_t b[RT_HELLO_BYTES];
     rt_hello_encode(b, &h);
     MP_OK(rt_sock_write_all(fd, b, sizeof b, rt_now_ns() + 5000000000ull, "rank 0"));
-    uint8_t r[RT_HELLO_BYTES];
-    rt_status s = rt_sock_read_all(fd, r, sizeof r, rt_now_ns() + 10000000000ull, "rank 0");
-    MP_CHECK(s == RT_ERR_PEER, "rank 0 answered a peer with a wrong token (%s)", rt_status_name(s));
+    MP_OK(rt_sock_read_all(fd, b, sizeof b, rt_now_ns() + 10000000000ull, "rank 0")); /* its answer */
+    h.step = RT_HELLO_PROOF;
+    memset(h.mac, 0x77, sizeof h.mac); /* a proof under a key it does not have */
+    rt_hello_encode(b, &h);
+    MP_OK(rt_sock_write_all(fd, b, sizeof b, rt_now_ns() + 5000000000ull, "rank 0"));
+    rt_status s = rt_sock_read_all(fd, b, 1, rt_now_ns() + 10000000000ull, "rank 0");
+    MP_CHECK(s == RT_ERR_PEER, "rank 0 kept a peer with a wrong proof (%s)", rt_status_name(s));
     close(fd);
     rt_store_close(st);
     return 0;
@@ -87,13 +93,20 @@ static int body(int idx, int nproc, int port, void *arg) {
         snprintf(v, sizeof v, "%d", port);
         setenv("MASTER_PORT", v, 1);
         setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+        unsetenv("RINGTRAIN_JOB_TOKEN"); /* the secret from torchrun's run id */
+        setenv("TORCHELASTIC_RUN_ID", c->path, 1);
         snprintf(v, sizeof v, "%d", idx);
         setenv("RANK", v, 1);
         snprintf(v, sizeof v, "%d", nproc);
         setenv("WORLD_SIZE", v, 1);
         break;
     case OMPI:
-    case SLURM:
+    case SLURM: /* the secret from the launcher's job id */
+        unsetenv("RINGTRAIN_JOB_TOKEN");
+        if (c->mode == OMPI)
+            setenv("OMPI_MCA_ess_base_jobid", c->path, 1);
+        else
+            setenv("SLURM_JOB_ID", c->path, 1);
         o.rank = o.world_size = -1;
         snprintf(v, sizeof v, "%d", idx);
         setenv(c->mode == OMPI ? "OMPI_COMM_WORLD_RANK" : "SLURM_PROCID", v, 1);
@@ -120,14 +133,16 @@ static int body(int idx, int nproc, int port, void *arg) {
             rt_pg_destroy(pg);
             MP_CHECK(0, "init succeeded with a duplicate rank");
         }
-        MP_CHECK(strstr(m, "duplicate rank 1") || strstr(m, "rank 2 never arrived") || strstr(m, "never connected") ||
-                     strstr(m, "store at"),
+        MP_CHECK(strstr(m, "rank 1 already joined from 127.0.0.1:") || strstr(m, "rank 2 never arrived") ||
+                     strstr(m, "never connected") || strstr(m, "store at"),
                  "message: %s", m);
         /* exit code 2 marks "I saw the duplicate" for the parent */
-        return strstr(m, "duplicate rank 1") ? 2 : 0;
+        return strstr(m, "rank 1 already joined from") ? 2 : 0;
     case OTHER_JOB:
         MP_CHECK(s != RT_OK, "a peer of another job was accepted");
-        if (idx == 1) MP_CHECK(strstr(m, "job id") && strstr(m, "job-B"), "message: %s", m);
+        /* one generic refusal: the store names neither job's secret */
+        if (idx == 1)
+            MP_CHECK(strstr(m, "refused this process") && !strstr(m, "job-A") && !strstr(m, "job-B"), "message: %s", m);
         return 0;
     default:
         break;
@@ -219,6 +234,7 @@ static void torchrun_env(void **s) {
     rt_error_clear();
     assert_true(fd >= 0);
     cfg c = {.mode = TORCHRUN};
+    snprintf(c.path, sizeof c.path, "run-%d", (int)getpid());
     /* mp_run picks its own port; run the body directly with ours */
     int codes[2];
     pid_t pids[2];

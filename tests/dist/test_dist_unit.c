@@ -4,6 +4,7 @@
  * from a raw socket do not crash it), rendezvous variable parsing, reduce kernels. */
 #include "../test_util.h"
 #include "dist/dist.h"
+#include "dist/internal/auth.h"
 #include "dist/internal/pg_internal.h"
 #include "dist/internal/rendezvous.h"
 #include "dist/internal/sock.h"
@@ -49,15 +50,31 @@ static void store_frames(void **s) {
 
 static void hello_and_header(void **s) {
     (void)s;
-    rt_hello h = {.rank = 3, .world = 4}, g;
-    memset(h.token, 0xab, sizeof h.token);
+    rt_hello h = {.step = RT_HELLO_ANSWER, .rank = 3, .world = 4}, g;
+    memset(h.nonce, 0xab, sizeof h.nonce);
+    memset(h.mac, 0xcd, sizeof h.mac);
     uint8_t b[RT_HELLO_BYTES];
     rt_hello_encode(b, &h);
     assert_rt_ok(rt_hello_parse(b, sizeof b, &g));
+    assert_int_equal(g.step, RT_HELLO_ANSWER);
     assert_int_equal(g.rank, 3);
     assert_int_equal(g.world, 4);
-    assert_memory_equal(g.token, h.token, sizeof h.token);
+    assert_memory_equal(g.nonce, h.nonce, sizeof h.nonce);
+    assert_memory_equal(g.mac, h.mac, sizeof h.mac);
     assert_int_equal(rt_hello_parse(b, sizeof b - 1, &g), RT_ERR_FORMAT);
+    h.step = RT_HELLO_STEP_MAX_; /* unknown step */
+    rt_hello_encode(b, &h);
+    assert_int_equal(rt_hello_parse(b, sizeof b, &g), RT_ERR_FORMAT);
+    h.step = RT_HELLO_OPEN;
+    rt_store_hello sh = {.rank = -1, .world = 2}, sg;
+    uint8_t sb[RT_STORE_HELLO_BYTES];
+    rt_store_hello_encode(sb, &sh);
+    assert_rt_ok(rt_store_hello_parse(sb, sizeof sb, &sg));
+    assert_int_equal(sg.rank, -1);
+    assert_int_equal(rt_store_hello_parse(sb, sizeof sb - 1, &sg), RT_ERR_FORMAT);
+    sh.rank = 2; /* rank >= world */
+    rt_store_hello_encode(sb, &sh);
+    assert_int_equal(rt_store_hello_parse(sb, sizeof sb, &sg), RT_ERR_FORMAT);
     h.rank = 4; /* rank >= world */
     rt_hello_encode(b, &h);
     assert_int_equal(rt_hello_parse(b, sizeof b, &g), RT_ERR_FORMAT);
@@ -74,6 +91,54 @@ static void hello_and_header(void **s) {
     assert_int_equal(rt_msg_hdr_parse(hb, sizeof hb, &m2), RT_ERR_FORMAT);
     hb[0] = 0;
     assert_int_equal(rt_msg_hdr_parse(hb, sizeof hb, &m2), RT_ERR_FORMAT);
+}
+
+/* The handshake's proofs (auth.h): a good one passes, and a wrong secret, a replay
+ * against a fresh challenge, a changed claim or a truncated hello are refused alike;
+ * the server's proof is what the client expects; the transport proofs likewise. */
+static void auth_proofs(void **s) {
+    (void)s;
+    uint8_t ns[RT_AUTH_NONCE], ns2[RT_AUTH_NONCE], val[RT_STORE_HELLO_BYTES], expect[RT_AUTH_MAC], proof[RT_AUTH_MAC];
+    memset(ns, 1, sizeof ns);
+    memset(ns2, 2, sizeof ns2);
+    rt_store_hello h;
+    assert_rt_ok(rt_auth_store_answer("s3cret", ns, 1, 4, val, expect));
+    assert_rt_ok(rt_auth_store_verify("s3cret", ns, val, sizeof val, &h, proof));
+    assert_int_equal(h.rank, 1);
+    assert_int_equal(h.world, 4);
+    assert_memory_equal(proof, expect, RT_AUTH_MAC);
+    /* the secret itself is nowhere in what the client sends */
+    assert_null(memmem(val, sizeof val, "s3cret", 6));
+    assert_int_equal(rt_auth_store_verify("other", ns, val, sizeof val, &h, proof), RT_ERR_PEER);
+    assert_non_null(strstr(rt_error_message(), RT_AUTH_REFUSED));
+    assert_int_equal(rt_auth_store_verify("s3cret", ns2, val, sizeof val, &h, proof), RT_ERR_PEER); /* replay */
+    uint8_t t[RT_STORE_HELLO_BYTES];
+    memcpy(t, val, sizeof t);
+    t[RT_AUTH_NONCE] = 0; /* claim rank 0 instead of 1 with rank 1's proof */
+    assert_int_equal(rt_auth_store_verify("s3cret", ns, t, sizeof t, &h, proof), RT_ERR_PEER);
+    memcpy(t, val, sizeof t);
+    t[sizeof t - 1] ^= 1;
+    assert_int_equal(rt_auth_store_verify("s3cret", ns, t, sizeof t, &h, proof), RT_ERR_PEER);
+    assert_int_equal(rt_auth_store_verify("s3cret", ns, val, sizeof val - 1, &h, proof), RT_ERR_PEER);
+    /* two answers to one challenge differ (the client's own nonce) */
+    uint8_t val2[RT_STORE_HELLO_BYTES], expect2[RT_AUTH_MAC];
+    assert_rt_ok(rt_auth_store_answer("s3cret", ns, 1, 4, val2, expect2));
+    assert_memory_not_equal(val, val2, sizeof val);
+    /* transport: keys differ per launch nonce and per secret; proofs per side */
+    uint8_t l1[RT_TOKEN_BYTES] = {1}, l2[RT_TOKEN_BYTES] = {2}, k1[RT_AUTH_MAC], k2[RT_AUTH_MAC], k3[RT_AUTH_MAC];
+    assert_rt_ok(rt_auth_peer_key("s3cret", l1, k1));
+    assert_rt_ok(rt_auth_peer_key("s3cret", l2, k2));
+    assert_rt_ok(rt_auth_peer_key("other", l1, k3));
+    assert_memory_not_equal(k1, k2, RT_AUTH_MAC);
+    assert_memory_not_equal(k1, k3, RT_AUTH_MAC);
+    uint8_t c[RT_AUTH_MAC], a[RT_AUTH_MAC], c2[RT_AUTH_MAC], a2[RT_AUTH_MAC];
+    assert_rt_ok(rt_auth_peer_proofs(k1, ns, ns2, 2, 0, 3, c, a));
+    assert_memory_not_equal(c, a, RT_AUTH_MAC);
+    assert_rt_ok(rt_auth_peer_proofs(k1, ns, ns2, 1, 0, 3, c2, a2));
+    assert_memory_not_equal(c, c2, RT_AUTH_MAC);
+    assert_true(rt_auth_equal(c, c, RT_AUTH_MAC));
+    assert_false(rt_auth_equal(c, c2, RT_AUTH_MAC));
+    rt_error_clear();
 }
 
 static void store_roundtrip(void **s) {
@@ -106,15 +171,37 @@ static void store_roundtrip(void **s) {
     rt_store_set_timeout(b, 0.2);
     assert_int_equal(rt_store_get(b, "never", v, sizeof v, &n), RT_ERR_TIMEOUT);
     assert_non_null(strstr(rt_error_message(), "never"));
-    /* wrong job, wrong world size, duplicate rank, rank out of range */
+    /* wrong secret (one generic refusal: it names neither secret), wrong world size,
+     * a rank already joined (named with its address), rank out of range */
     rt_store *c;
     assert_int_equal(rt_store_connect("127.0.0.1", port, "jobY", 1, 2, 2, &c), RT_ERR_PEER);
-    assert_non_null(strstr(rt_error_message(), "jobY"));
+    assert_non_null(strstr(rt_error_message(), "refused this process"));
+    assert_null(strstr(rt_error_message(), "jobX"));
+    assert_null(strstr(rt_error_message(), "jobY"));
     assert_int_equal(rt_store_connect("127.0.0.1", port, "jobX", 1, 3, 2, &c), RT_ERR_PEER);
     assert_non_null(strstr(rt_error_message(), "world size mismatch"));
     assert_int_equal(rt_store_connect("127.0.0.1", port, "jobX", 1, 2, 2, &c), RT_ERR_PEER);
-    assert_non_null(strstr(rt_error_message(), "duplicate rank 1"));
+    assert_non_null(strstr(rt_error_message(), "rank 1 already joined from 127.0.0.1:"));
     assert_int_equal(rt_store_connect("127.0.0.1", port, "jobX", 7, 2, 2, &c), RT_ERR_PEER);
+    /* a value of the largest size the limits allow, under the longest key (a value just
+     * under 1 MiB used to reset the connection: the buffer stopped short of a whole frame) */
+    {
+        char big_key[RT_STORE_MAX_KEY + 1];
+        memset(big_key, 'k', RT_STORE_MAX_KEY);
+        big_key[RT_STORE_MAX_KEY] = '\0';
+        uint8_t *big = malloc(RT_STORE_MAX_VALUE), *back = malloc(RT_STORE_MAX_VALUE);
+        assert_non_null(big);
+        assert_non_null(back);
+        for (size_t i = 0; i < RT_STORE_MAX_VALUE; i++) big[i] = (uint8_t)(i * 7 + 3);
+        rt_store_set_timeout(a, 10);
+        assert_rt_ok(rt_store_set(a, big_key, big, RT_STORE_MAX_VALUE));
+        assert_rt_ok(rt_store_set(a, "k-1mib-1", big, RT_STORE_MAX_VALUE - 1));
+        assert_rt_ok(rt_store_get(a, big_key, back, RT_STORE_MAX_VALUE, &n));
+        assert_int_equal(n, RT_STORE_MAX_VALUE);
+        assert_memory_equal(big, back, RT_STORE_MAX_VALUE);
+        free(big);
+        free(back);
+    }
     /* garbage and an oversize frame from raw sockets: the server drops them and lives on */
     for (int k = 0; k < 2; k++) {
         int fd;
@@ -125,8 +212,9 @@ static void store_roundtrip(void **s) {
             rt_store_frame_encode(junk, sizeof junk, RT_STORE_SET, 0, "k", 1, NULL, 0), junk[8] = 0xff, junk[9] = 0xff,
                                                                                         junk[10] = 0xff;
         assert_int_equal(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
-        char r;
-        (void)!read(fd, &r, 1); /* the server answers with an error or closes */
+        uint8_t r[64];
+        while (read(fd, r, sizeof r) > 0) { /* the challenge, then a refusal or just the end */
+        }
         close(fd);
     }
     assert_rt_ok(rt_store_set(a, "k2", "x", 1));
@@ -170,14 +258,28 @@ static void rdzv_env(void **s) {
     assert_non_null(strstr(rt_error_message(), "MASTER_ADDR"));
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", "29500", 1);
+    assert_rt_ok(rt_rdzv_parse("env://", -1, -1, &r)); /* no secret: refused before any connection */
+    rt_store_server *srv = NULL;
+    rt_store *st = NULL;
+    assert_int_equal(rt_rdzv_connect(&r, 1, &srv, &st), RT_ERR_INVALID);
+    assert_non_null(strstr(rt_error_message(), "RINGTRAIN_JOB_TOKEN"));
+    assert_null(srv);
+    assert_null(st);
+    setenv("OMPI_MCA_ess_base_jobid", "4242", 1); /* a launcher's fallback */
     assert_rt_ok(rt_rdzv_parse("env://", -1, -1, &r));
+    assert_string_equal(r.job, "4242");
+    assert_string_equal(r.secret_source, "OMPI_MCA_ess_base_jobid");
+    unsetenv("OMPI_MCA_ess_base_jobid");
+    setenv("RINGTRAIN_JOB_TOKEN", "tok0", 1);
+    assert_rt_ok(rt_rdzv_parse("env://", -1, -1, &r));
+    unsetenv("RINGTRAIN_JOB_TOKEN");
+    setenv("TORCHELASTIC_RUN_ID", "run7", 1);
     assert_int_equal(r.rank, 1);
     assert_int_equal(r.world, 4);
     assert_int_equal(r.local_rank, 1);
     assert_int_equal(r.port, 29500);
     assert_false(r.host_store);
     setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1); /* torchrun: its store holds MASTER_PORT */
-    setenv("TORCHELASTIC_RUN_ID", "run7", 1);
     assert_rt_ok(rt_rdzv_parse("env://", -1, -1, &r));
     assert_int_equal(r.port, 29501);
     assert_string_equal(r.job, "run7");
@@ -475,11 +577,17 @@ static void submit_failure_frees_request(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(store_frames),       cmocka_unit_test(hello_and_header),
-        cmocka_unit_test(store_roundtrip),    cmocka_unit_test(rdzv_env),
-        cmocka_unit_test(reduce_kernels),     cmocka_unit_test(bad_timeout),
-        cmocka_unit_test(async_null_request), cmocka_unit_test(parse_names),
-        cmocka_unit_test(dist_env),           cmocka_unit_test(submit_failure_frees_request),
+        cmocka_unit_test(store_frames),
+        cmocka_unit_test(hello_and_header),
+        cmocka_unit_test(auth_proofs),
+        cmocka_unit_test(store_roundtrip),
+        cmocka_unit_test(rdzv_env),
+        cmocka_unit_test(reduce_kernels),
+        cmocka_unit_test(bad_timeout),
+        cmocka_unit_test(async_null_request),
+        cmocka_unit_test(parse_names),
+        cmocka_unit_test(dist_env),
+        cmocka_unit_test(submit_failure_frees_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,9 +15,17 @@
  * RINGTRAIN_STORE_PORT overrides both. Rank 0 hosts the store unless
  * RINGTRAIN_STORE_HOSTED=1 (a launcher hosts it).
  *
- * Job id (checked by the store, so peers of another job are rejected):
- * RINGTRAIN_JOB_TOKEN, else TORCHELASTIC_RUN_ID, else SLURM_JOB_ID.SLURM_STEP_ID, else
- * OMPI_MCA_ess_base_jobid, else the random token of a file:// rendezvous, else "".
+ * Job secret (docs/security.md): every store connection and every transport connection
+ * proves it knows it (internal/auth.h); it never travels. RINGTRAIN_JOB_TOKEN (ringtrain's
+ * launcher sets a random one), else what every rank of the launch shares:
+ * TORCHELASTIC_RUN_ID (torchrun), SLURM_JOB_ID.SLURM_STEP_ID (srun),
+ * OMPI_MCA_ess_base_jobid (mpirun) - guessable by other users of the hosts, so a warning
+ * says so - else, for file://, a random one rank 0 writes to the file (0600). Without any,
+ * env:// and tcp:// are refused.
+ *
+ * The store listens on the address the ranks connect to (MASTER_ADDR, the tcp:// host,
+ * for file:// the address it publishes), never on every interface unless that address
+ * is 0.0.0.0.
  */
 #ifndef RT_DIST_RENDEZVOUS_H
 #define RT_DIST_RENDEZVOUS_H
@@ -35,12 +43,13 @@ typedef enum rt_rdzv_kind { RT_RDZV_ENV = 0, RT_RDZV_TCP, RT_RDZV_FILE } rt_rdzv
 typedef struct rt_rdzv {
     rt_rdzv_kind kind;
     int rank, world, local_rank;
-    char host[256];  /* store host (env://, tcp://) */
-    int port;        /* store port */
-    char path[1024]; /* file:// */
-    char job[256];
-    bool host_store;         /* this process hosts the store */
-    const char *rank_source; /* which variables gave the rank ("RANK", "OMPI_COMM_WORLD_RANK", ...) */
+    char host[256];            /* store host (env://, tcp://) */
+    int port;                  /* store port */
+    char path[1024];           /* file:// */
+    char job[256];             /* the job secret */
+    const char *secret_source; /* which variable gave it (NULL: none yet) */
+    bool host_store;           /* this process hosts the store */
+    const char *rank_source;   /* which variables gave the rank ("RANK", "OMPI_COMM_WORLD_RANK", ...) */
 } rt_rdzv;
 
 /* Resolve the init method and the environment. rank/world: -1 = from the environment. */

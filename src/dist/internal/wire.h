@@ -24,12 +24,13 @@ extern "C" {
 #define RT_STORE_MAX_VALUE (1u << 20)
 
 typedef enum rt_store_op {
-    RT_STORE_HELLO = 1, /* key = job id, value = "rank world" */
+    RT_STORE_HELLO = 1, /* client's proof: value = rt_store_hello (RT_STORE_HELLO_BYTES) */
     RT_STORE_SET = 2,
-    RT_STORE_GET = 3,   /* waits until the key exists */
-    RT_STORE_ADD = 4,   /* value = decimal delta; reply value = new total */
-    RT_STORE_CHECK = 5, /* reply status 0 = exists, 1 = missing (never waits) */
-    RT_STORE_REPLY = 6, /* status 0 ok; else value = error text */
+    RT_STORE_GET = 3,       /* waits until the key exists */
+    RT_STORE_ADD = 4,       /* value = decimal delta; reply value = new total */
+    RT_STORE_CHECK = 5,     /* reply status 0 = exists, 1 = missing (never waits) */
+    RT_STORE_REPLY = 6,     /* status 0 ok; else value = error text. To HELLO: value = the server's proof */
+    RT_STORE_CHALLENGE = 7, /* the server's first frame: value = its nonce (RT_AUTH_NONCE bytes) */
     RT_STORE_OP_MAX_
 } rt_store_op;
 
@@ -52,14 +53,40 @@ rt_status rt_store_header_parse(const uint8_t *hdr, rt_store_frame *out);
 size_t rt_store_frame_encode(uint8_t *out, size_t cap, uint8_t op, uint8_t status, const void *key, size_t keylen,
                              const void *value, size_t vallen);
 
-/* ---- transport hello (first bytes of every peer connection) ---- */
-#define RT_HELLO_MAGIC 0x31485452u /* "RTH1" */
-#define RT_TOKEN_BYTES 16
-#define RT_HELLO_BYTES (4 + RT_TOKEN_BYTES + 4 + 4)
+/* ---- handshakes (see auth.h): nonces and HMAC-SHA256 proofs ---- */
+#define RT_AUTH_NONCE 32
+#define RT_AUTH_MAC 32
+
+/* The value of a store HELLO: the client's nonce, the rank it claims (-1: not a rank),
+ * the world size, and its proof HMAC(secret, transcript) (auth.h). */
+#define RT_STORE_HELLO_BYTES (RT_AUTH_NONCE + 4 + 4 + RT_AUTH_MAC)
+typedef struct rt_store_hello {
+    uint8_t nonce[RT_AUTH_NONCE];
+    int32_t rank, world;
+    uint8_t mac[RT_AUTH_MAC];
+} rt_store_hello;
+
+void rt_store_hello_encode(uint8_t out[RT_STORE_HELLO_BYTES], const rt_store_hello *h);
+/* Checks the length and the ranges (world 1..2^20, rank -1..world-1). */
+rt_status rt_store_hello_parse(const uint8_t *buf, size_t len, rt_store_hello *out);
+
+/* ---- transport hello: the three messages of the peer handshake (auth.h) ---- */
+#define RT_HELLO_MAGIC 0x32485452u /* "RTH2" */
+#define RT_TOKEN_BYTES 16          /* the per-launch nonce rank 0 publishes (rt/token) */
+#define RT_HELLO_BYTES (4 + 4 + 4 + 4 + RT_AUTH_NONCE + RT_AUTH_MAC)
+
+typedef enum rt_hello_step {
+    RT_HELLO_OPEN = 1,   /* connecting rank: its rank, world size, nonce */
+    RT_HELLO_ANSWER = 2, /* accepting rank: its rank, world size, nonce, proof */
+    RT_HELLO_PROOF = 3,  /* connecting rank: its proof */
+    RT_HELLO_STEP_MAX_
+} rt_hello_step;
 
 typedef struct rt_hello {
-    uint8_t token[RT_TOKEN_BYTES];
+    uint8_t step; /* rt_hello_step */
     int32_t rank, world;
+    uint8_t nonce[RT_AUTH_NONCE];
+    uint8_t mac[RT_AUTH_MAC];
 } rt_hello;
 
 void rt_hello_encode(uint8_t out[RT_HELLO_BYTES], const rt_hello *h);
