@@ -206,6 +206,22 @@ static rt_status broadcast_state(run *r) {
     return RT_OK;
 }
 
+/* The process group (none with one rank): dist.* keys, buffers on the training device. */
+static rt_status setup_group(run *r) {
+    const rt_config *c = r->cfg;
+    if (r->who.world_size == 1) return RT_OK;
+    rt_pg_options po;
+    rt_pg_options_default(&po);
+    po.init_method = c->dist.init_method;
+    po.rank = r->who.rank;
+    po.world_size = r->who.world_size;
+    po.timeout_s = c->dist.timeout_s;
+    RT_CHECK(rt_transport_parse(c->dist.transport, &po.transport));
+    RT_CHECK(rt_algo_parse(c->dist.algo, &po.algo));
+    po.device = r->dev;
+    return rt_pg_init(&po, &r->pg);
+}
+
 static rt_status setup_model(run *r) {
     const rt_config *c = r->cfg;
     rt_model_config mc;
@@ -720,18 +736,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
     if (is_root(r)) RT_CHECK(make_dirs(r->run_dir));
     RT_CHECK(rt_device_select(c->train.device, r->who.local_rank, &r->dev));
     RT_CHECK(load_data(r));
-    if (r->who.world_size > 1) {
-        rt_pg_options po;
-        rt_pg_options_default(&po);
-        po.init_method = c->dist.init_method;
-        po.rank = r->who.rank;
-        po.world_size = r->who.world_size;
-        po.timeout_s = c->dist.timeout_s;
-        RT_CHECK(rt_transport_parse(c->dist.transport, &po.transport));
-        RT_CHECK(rt_algo_parse(c->dist.algo, &po.algo));
-        po.device = r->dev;
-        RT_CHECK(rt_pg_init(&po, &r->pg));
-    }
+    RT_CHECK(setup_group(r));
     RT_CHECK(setup_model(r));
     if (r->pg) rt_pg_set_stream(r->pg, r->ctx->stream); /* the stream contract (docs/dist.md) */
     RT_CHECK(broadcast_state(r));
@@ -910,17 +915,7 @@ static rt_status eval_all(run *r, const char *ckpt, rt_train_result *res) {
     snprintf(res->checkpoint_dir, sizeof res->checkpoint_dir, "%s", ckpt);
     RT_CHECK(rt_device_select(c->train.device, r->who.local_rank, &r->dev));
     RT_CHECK(load_data(r));
-    if (r->who.world_size > 1) {
-        rt_pg_options po;
-        rt_pg_options_default(&po);
-        po.init_method = c->dist.init_method;
-        po.rank = r->who.rank;
-        po.world_size = r->who.world_size;
-        po.timeout_s = c->dist.timeout_s;
-        RT_CHECK(rt_transport_parse(c->dist.transport, &po.transport));
-        po.device = r->dev;
-        RT_CHECK(rt_pg_init(&po, &r->pg));
-    }
+    RT_CHECK(setup_group(r));
     RT_CHECK(setup_model(r));
     if (r->pg) rt_pg_set_stream(r->pg, r->ctx->stream);
     rt_ckpt_meta m;
