@@ -859,6 +859,10 @@ static rt_status train_all(run *r, rt_train_result *res) {
         if (r->pg) RT_CHECK(rt_barrier(r->pg));
         return RT_OK;
     }
+    if (isnan(acc)) { /* resumed from the end of a finished run: nothing left to train */
+        RT_CHECK(evaluate(r, &loss, &acc, &samples));
+        if (r->metrics) RT_CHECK(rt_metrics_eval(r->metrics, r->step, epoch, loss, acc, samples));
+    }
     RT_CHECK(check_in_sync(r, true, "at the end of training"));
     if (is_root(r)) { /* the trained weights, as torchvision's state_dict */
         snprintf(path, sizeof path, "%s/model.safetensors", r->run_dir);
