@@ -1,7 +1,8 @@
 /* The loader: batch sizes per rank, normalisation against values computed here, the
- * crop/flip against a naive transform, determinism across runs, resuming from a saved
- * state (mid-epoch, in a fresh loader) gives the same batches, and the evaluation
- * loader covers every sample exactly once across ranks. */
+ * crop/flip against a naive transform with exactly the parameters of (seed, epoch,
+ * sample) (the same image under any world and batch size), determinism across runs,
+ * resuming from a saved state (mid-epoch, in a fresh loader) gives the same batches,
+ * and the evaluation loader covers every sample exactly once across ranks. */
 #include "data_test_util.h"
 
 #include "data/internal/augment.h"
@@ -193,6 +194,55 @@ static void test_augmentation(void **state) {
     }
 }
 
+/* The loader's augmentation stream (loader.c): the run's seed xor "augment!". */
+#define AUG_SEED_SALT 0x6175676d656e7421ull
+
+/* Every image gets exactly the crop/flip of (seed, epoch, sample), not one of the 50
+ * choices that would also fit, so the same (epoch, sample) is the same image whatever
+ * the rank, the world size or the batch size. Parameters drawn from the position in
+ * the batch would give every rank the same sequence of augmentations. */
+static void test_augmentation_keyed_by_sample(void **state) {
+    (void)state;
+    static float seen[N][C * H * W];
+    bool have[N] = {false};
+    static const int cfgs[][2] = {{1, 8}, {2, 8}, {3, 6}, {4, 4}, {1, 5}, {2, 2}}; /* world, global batch */
+    int checked = 0, compared = 0;
+    for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++)
+        for (int rank = 0; rank < cfgs[k][0]; rank++) {
+            rt_loader_config c = rt_loader_config_default(&g_ds);
+            c.world_size = cfgs[k][0];
+            c.rank = rank;
+            c.global_batch = cfgs[k][1];
+            c.seed = 5;
+            c.hflip = 1;
+            rt_loader *l = NULL;
+            assert_rt_ok(rt_loader_create(&c, &l));
+            assert_rt_ok(rt_loader_start_epoch(l, 2));
+            rt_augment a = {5 ^ AUG_SEED_SALT, 2, true};
+            rt_batch b;
+            while (rt_loader_next(l, &b) == RT_OK && b.size > 0)
+                for (int i = 0; i < b.size; i++) {
+                    int64_t s = b.samples[i];
+                    const float *img = b.images + (size_t)i * C * H * W;
+                    rt_augment_params p = rt_augment_params_at(&a, 2, s);
+                    if (!image_matches(&g_ds, s, img, p.dy, p.dx, p.flip))
+                        fail_msg("world %d rank %d batch %d: sample %lld is not its crop (%d, %d) flip %d", cfgs[k][0],
+                                 rank, cfgs[k][1], (long long)s, p.dy, p.dx, p.flip);
+                    checked++;
+                    if (have[s]) {
+                        assert_memory_equal(seen[s], img, sizeof seen[s]);
+                        compared++;
+                    } else {
+                        memcpy(seen[s], img, sizeof seen[s]);
+                        have[s] = true;
+                    }
+                }
+            rt_loader_destroy(l);
+        }
+    assert_true(checked > 6 * N);
+    assert_true(compared > 5 * N);
+}
+
 typedef struct record {
     int64_t count;
     int64_t samples[64][16];
@@ -333,6 +383,7 @@ int main(void) {
         cmocka_unit_test(test_eval_normalised_and_complete),
         cmocka_unit_test(test_rgb_normalisation_int64_labels),
         cmocka_unit_test(test_augmentation),
+        cmocka_unit_test(test_augmentation_keyed_by_sample),
         cmocka_unit_test(test_determinism_and_resume),
         cmocka_unit_test(test_drop_last_batch_and_errors),
     };
