@@ -5,6 +5,7 @@
  * and the evaluation loader covers every sample exactly once across ranks. */
 #include "data_test_util.h"
 
+#include "core/philox.h"
 #include "data/internal/augment.h"
 #include "data/loader.h"
 
@@ -243,6 +244,37 @@ static void test_augmentation_keyed_by_sample(void **state) {
     assert_true(compared > 5 * N);
 }
 
+/* The documented draw (augment.h): for sample i, Philox words 0, 1, 2 of block
+ * (seed, epoch, i) pick the top offset, the left offset and the flip, i.e. uniforms
+ * 4i, 4i+1, 4i+2 of the stream (seed, epoch). Written out here so that a change of
+ * words (which no statistics would notice) is a failing test, not a silent change of
+ * every run's augmentation. */
+static void test_augmentation_draw_is_documented(void **state) {
+    (void)state;
+    for (int pad = 1; pad <= 4; pad += 3) {
+        rt_augment a = {0x1234abcdull, pad, true};
+        for (int64_t epoch = 0; epoch < 3; epoch++)
+            for (int64_t i = 0; i < 200; i++) {
+                rt_augment_params p = rt_augment_params_at(&a, epoch, i);
+                const int span = 2 * pad + 1;
+                int dy = (int)(rt_philox_uniform_at(a.seed, (uint64_t)epoch, 4 * (uint64_t)i) * (float)span) - pad;
+                int dx = (int)(rt_philox_uniform_at(a.seed, (uint64_t)epoch, 4 * (uint64_t)i + 1) * (float)span) - pad;
+                bool flip = rt_philox_uniform_at(a.seed, (uint64_t)epoch, 4 * (uint64_t)i + 2) < 0.5f;
+                assert_int_equal(p.dy, dy);
+                assert_int_equal(p.dx, dx);
+                assert_int_equal(p.flip, flip);
+            }
+    }
+    /* no flip asked: never flipped, offsets unchanged */
+    rt_augment a = {0x1234abcdull, 2, false}, b = {0x1234abcdull, 2, true};
+    for (int64_t i = 0; i < 50; i++) {
+        rt_augment_params p = rt_augment_params_at(&a, 1, i), q = rt_augment_params_at(&b, 1, i);
+        assert_false(p.flip);
+        assert_int_equal(p.dy, q.dy);
+        assert_int_equal(p.dx, q.dx);
+    }
+}
+
 typedef struct record {
     int64_t count;
     int64_t samples[64][16];
@@ -384,6 +416,7 @@ int main(void) {
         cmocka_unit_test(test_rgb_normalisation_int64_labels),
         cmocka_unit_test(test_augmentation),
         cmocka_unit_test(test_augmentation_keyed_by_sample),
+        cmocka_unit_test(test_augmentation_draw_is_documented),
         cmocka_unit_test(test_determinism_and_resume),
         cmocka_unit_test(test_drop_last_batch_and_errors),
     };

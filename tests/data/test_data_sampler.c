@@ -183,6 +183,39 @@ static void test_shuffled_padding(void **state) {
     assert_true(distinct >= 3); /* not always sample 0 */
 }
 
+/* The shuffle is uniform: over 600 seeds every one of the 3! orders of 3 samples turns
+ * up about equally often. Counts of each index cannot tell a biased shuffle from a fair
+ * one: Fisher-Yates drawing j below i instead of i + 1 (Sattolo's algorithm) still
+ * gives a permutation, but only the 2 cyclic ones of the 6. */
+static void test_shuffle_uniform(void **state) {
+    (void)state;
+    int counts[3][3][3] = {{{0}}};
+    for (uint64_t seed = 0; seed < 600; seed++) {
+        int64_t a[3];
+        order(RT_SAMPLER_DISTRIBUTED, 3, 1, 0, seed, 0, a);
+        counts[a[0]][a[1]][a[2]]++;
+    }
+    int orders = 0;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 3; k++)
+                if (i != j && j != k && i != k) {
+                    orders++;
+                    if (counts[i][j][k] < 60 || counts[i][j][k] > 140)
+                        fail_msg("order (%d %d %d) came %d times in 600 (expected about 100)", i, j, k,
+                                 counts[i][j][k]);
+                }
+    assert_int_equal(orders, 6);
+    /* and a permutation of 10 keeps some sample in place for some seed (1 - 1/e of them) */
+    int fixed = 0;
+    for (uint64_t seed = 0; seed < 50; seed++) {
+        int64_t a[10];
+        order(RT_SAMPLER_DISTRIBUTED, 10, 1, 0, seed, 0, a);
+        for (int i = 0; i < 10; i++) fixed += a[i] == i;
+    }
+    assert_true(fixed > 20); /* about 50 expected */
+}
+
 static void test_state_roundtrip(void **state) {
     (void)state;
     rt_sampler s, t;
@@ -290,6 +323,7 @@ int main(void) {
         cmocka_unit_test(test_no_shuffle_layout),
         cmocka_unit_test(test_epochs_and_seeds),
         cmocka_unit_test(test_shuffled_padding),
+        cmocka_unit_test(test_shuffle_uniform),
         cmocka_unit_test(test_state_roundtrip),
         cmocka_unit_test(test_partition),
         cmocka_unit_test(test_eval),
