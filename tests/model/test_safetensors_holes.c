@@ -1,11 +1,12 @@
 /* safetensors files with holes and header lengths at the boundary. The tensors must
  * cover the data bytes exactly, in order: a gap between two tensors or before the first
  * is a malformed file (a reader that allowed one would accept files whose bytes no
- * tensor owns). The header length may be at most size - 8 (the whole rest of the file);
- * one byte more is refused before any JSON is read ("beyond the end"). Each buffer is
- * allocated at its exact size, so a read past it shows under AddressSanitizer. Kept
- * apart from test_safetensors.c and asserting only the status where the wording is the
- * parser's own, so it holds for any parser behind rt_safetensors_parse. */
+ * tensor owns), and so is a tensor whose range is larger than dtype x shape. The header
+ * length may be at most size - 8 (the whole rest of the file); one byte more is refused
+ * before any JSON is read ("beyond the end"). Each buffer is allocated at its exact
+ * size, so a read past it shows under AddressSanitizer. Kept apart from
+ * test_safetensors.c and asserting only the status where the wording is the parser's
+ * own, so it holds for any parser behind rt_safetensors_parse. */
 #include "test_util.h"
 
 #include "core/safetensors.h"
@@ -65,6 +66,12 @@ static void test_gaps(void **state) {
     expect_refused("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]},"
                    "\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}",
                    4, "gap of one byte before the first tensor");
+    /* a hole inside a tensor: its data_offsets hold more bytes than dtype x shape */
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8,
+                   "tensor range larger than its shape");
+    expect_refused("{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,3]},"
+                   "\"b\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[3,4]}}",
+                   4, "tensor range larger than its shape");
     /* a gap of one byte between two tensors */
     expect_refused("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
                    "\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}",
