@@ -4,6 +4,9 @@
 #   make train   build and run the main job (configs/quickstart.yaml)
 #   make test    build and pass the tests (ctest), plus the sanitizer/fuzz build
 #   make bench   build and run the benchmarks (bench/), writing bench/results/*.json
+#   make mutants plant the mutants of tests/mutants.txt one at a time in a copy of the
+#                tree (build-mutants/), run the tests each should fail, print the killed
+#                share; writes bench/results/mutants-<date>.json (docs/testing.md)
 #   make clean   remove the build folders
 
 BUILD      ?= build
@@ -12,7 +15,7 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 
-.PHONY: all build deps-train deps-test deps-bench train test test-main test-asan bench clean
+.PHONY: all build deps-train deps-test deps-bench train test test-main test-asan bench mutants clean
 
 all: build
 
@@ -52,5 +55,10 @@ bench: deps-bench
 	@$(MAKE) --no-print-directory build
 	bench/run
 
+# not part of `make test`: tens of minutes (one rebuild and test run per mutant)
+MUTANTS_ARGS ?=
+mutants: deps-test
+	scripts/mutants --jobs $(JOBS) $(MUTANTS_ARGS)
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) build-mutants

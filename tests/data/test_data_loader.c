@@ -1,9 +1,11 @@
 /* The loader: batch sizes per rank, normalisation against values computed here, the
- * crop/flip against a naive transform, determinism across runs, resuming from a saved
- * state (mid-epoch, in a fresh loader) gives the same batches, and the evaluation
- * loader covers every sample exactly once across ranks. */
+ * crop/flip against a naive transform with exactly the parameters of (seed, epoch,
+ * sample) (the same image under any world and batch size), determinism across runs,
+ * resuming from a saved state (mid-epoch, in a fresh loader) gives the same batches,
+ * and the evaluation loader covers every sample exactly once across ranks. */
 #include "data_test_util.h"
 
+#include "core/philox.h"
 #include "data/internal/augment.h"
 #include "data/loader.h"
 
@@ -193,6 +195,86 @@ static void test_augmentation(void **state) {
     }
 }
 
+/* The loader's augmentation stream (loader.c): the run's seed xor "augment!". */
+#define AUG_SEED_SALT 0x6175676d656e7421ull
+
+/* Every image gets exactly the crop/flip of (seed, epoch, sample), not one of the 50
+ * choices that would also fit, so the same (epoch, sample) is the same image whatever
+ * the rank, the world size or the batch size. Parameters drawn from the position in
+ * the batch would give every rank the same sequence of augmentations. */
+static void test_augmentation_keyed_by_sample(void **state) {
+    (void)state;
+    static float seen[N][C * H * W];
+    bool have[N] = {false};
+    static const int cfgs[][2] = {{1, 8}, {2, 8}, {3, 6}, {4, 4}, {1, 5}, {2, 2}}; /* world, global batch */
+    int checked = 0, compared = 0;
+    for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++)
+        for (int rank = 0; rank < cfgs[k][0]; rank++) {
+            rt_loader_config c = rt_loader_config_default(&g_ds);
+            c.world_size = cfgs[k][0];
+            c.rank = rank;
+            c.global_batch = cfgs[k][1];
+            c.seed = 5;
+            c.hflip = 1;
+            rt_loader *l = NULL;
+            assert_rt_ok(rt_loader_create(&c, &l));
+            assert_rt_ok(rt_loader_start_epoch(l, 2));
+            rt_augment a = {5 ^ AUG_SEED_SALT, 2, true};
+            rt_batch b;
+            while (rt_loader_next(l, &b) == RT_OK && b.size > 0)
+                for (int i = 0; i < b.size; i++) {
+                    int64_t s = b.samples[i];
+                    const float *img = b.images + (size_t)i * C * H * W;
+                    rt_augment_params p = rt_augment_params_at(&a, 2, s);
+                    if (!image_matches(&g_ds, s, img, p.dy, p.dx, p.flip))
+                        fail_msg("world %d rank %d batch %d: sample %lld is not its crop (%d, %d) flip %d", cfgs[k][0],
+                                 rank, cfgs[k][1], (long long)s, p.dy, p.dx, p.flip);
+                    checked++;
+                    if (have[s]) {
+                        assert_memory_equal(seen[s], img, sizeof seen[s]);
+                        compared++;
+                    } else {
+                        memcpy(seen[s], img, sizeof seen[s]);
+                        have[s] = true;
+                    }
+                }
+            rt_loader_destroy(l);
+        }
+    assert_true(checked > 6 * N);
+    assert_true(compared > 5 * N);
+}
+
+/* The documented draw (augment.h): for sample i, Philox words 0, 1, 2 of block
+ * (seed, epoch, i) pick the top offset, the left offset and the flip, i.e. uniforms
+ * 4i, 4i+1, 4i+2 of the stream (seed, epoch). Written out here so that a change of
+ * words (which no statistics would notice) is a failing test, not a silent change of
+ * every run's augmentation. */
+static void test_augmentation_draw_is_documented(void **state) {
+    (void)state;
+    for (int pad = 1; pad <= 4; pad += 3) {
+        rt_augment a = {0x1234abcdull, pad, true};
+        for (int64_t epoch = 0; epoch < 3; epoch++)
+            for (int64_t i = 0; i < 200; i++) {
+                rt_augment_params p = rt_augment_params_at(&a, epoch, i);
+                const int span = 2 * pad + 1;
+                int dy = (int)(rt_philox_uniform_at(a.seed, (uint64_t)epoch, 4 * (uint64_t)i) * (float)span) - pad;
+                int dx = (int)(rt_philox_uniform_at(a.seed, (uint64_t)epoch, 4 * (uint64_t)i + 1) * (float)span) - pad;
+                bool flip = rt_philox_uniform_at(a.seed, (uint64_t)epoch, 4 * (uint64_t)i + 2) < 0.5f;
+                assert_int_equal(p.dy, dy);
+                assert_int_equal(p.dx, dx);
+                assert_int_equal(p.flip, flip);
+            }
+    }
+    /* no flip asked: never flipped, offsets unchanged */
+    rt_augment a = {0x1234abcdull, 2, false}, b = {0x1234abcdull, 2, true};
+    for (int64_t i = 0; i < 50; i++) {
+        rt_augment_params p = rt_augment_params_at(&a, 1, i), q = rt_augment_params_at(&b, 1, i);
+        assert_false(p.flip);
+        assert_int_equal(p.dy, q.dy);
+        assert_int_equal(p.dx, q.dx);
+    }
+}
+
 typedef struct record {
     int64_t count;
     int64_t samples[64][16];
@@ -333,6 +415,8 @@ int main(void) {
         cmocka_unit_test(test_eval_normalised_and_complete),
         cmocka_unit_test(test_rgb_normalisation_int64_labels),
         cmocka_unit_test(test_augmentation),
+        cmocka_unit_test(test_augmentation_keyed_by_sample),
+        cmocka_unit_test(test_augmentation_draw_is_documented),
         cmocka_unit_test(test_determinism_and_resume),
         cmocka_unit_test(test_drop_last_batch_and_errors),
     };

@@ -1,7 +1,9 @@
 /* The samplers: coverage per epoch for world sizes 1-5 and sizes that do not divide
  * evenly (every index once, plus exactly the padding; or the tail dropped), different
- * epochs give different orders, equal seeds agree, state save/restore, the fixed
- * partition and the evaluation split (every sample exactly once across ranks). */
+ * epochs give different orders, equal seeds agree, the padding repeats the start of the
+ * epoch's shuffled order (so the repeated samples change per epoch), state
+ * save/restore, the fixed partition and the evaluation split (every sample exactly once
+ * across ranks). */
 #include "data_test_util.h"
 
 #include "data/sampler.h"
@@ -128,6 +130,92 @@ static void test_epochs_and_seeds(void **state) {
     assert_true(same < 50);
 }
 
+/* The global order of one epoch: position r + k*w is rank r's k-th index. */
+static void global_order(int64_t n, int w, uint64_t seed, int64_t epoch, int64_t *out, int64_t *total) {
+    *total = 0;
+    for (int r = 0; r < w; r++) {
+        rt_sampler s;
+        init(&s, RT_SAMPLER_DISTRIBUTED, n, w, r, seed, true, false);
+        assert_rt_ok(rt_sampler_set_epoch(&s, epoch));
+        for (int64_t k = 0; k < rt_sampler_len(&s); k++) out[r + k * w] = rt_sampler_indices(&s)[k];
+        *total += rt_sampler_len(&s);
+        rt_sampler_free(&s);
+    }
+}
+
+/* With shuffle on, the padding repeats the first entries of the epoch's permutation (as
+ * torch's DistributedSampler does: indices += indices[:padding]), not the dataset's
+ * first samples: the duplicated samples change from epoch to epoch. Counting
+ * occurrences cannot tell the two apart; this looks at which samples are repeated. */
+static void test_shuffled_padding(void **state) {
+    (void)state;
+    static const int64_t sizes[] = {10, 7, 13, 101};
+    for (int si = 0; si < 4; si++)
+        for (int w = 2; w <= 5; w++) {
+            int64_t n = sizes[si], order[128], total;
+            if (n % w == 0) continue;
+            int differs = 0;
+            bool dup_changed = false;
+            int64_t first_dup = -1;
+            for (int64_t epoch = 0; epoch < 6; epoch++) {
+                global_order(n, w, 21, epoch, order, &total);
+                assert_int_equal(total, (n + w - 1) / w * w);
+                for (int64_t p = n; p < total; p++) assert_int_equal(order[p], order[p - n]); /* wraps the order */
+                for (int64_t p = 0; p < n; p++) differs += order[p] != p;
+                if (epoch == 0) first_dup = order[n];
+                dup_changed |= order[n] != first_dup;
+            }
+            assert_true(differs > 0); /* the order is shuffled at all */
+            assert_true(dup_changed); /* the padded samples move with the epoch */
+        }
+    /* n = 10, world 4: 2 padded entries, the first two of that epoch's order */
+    int64_t order[12], total;
+    int64_t seen[10] = {0};
+    for (int64_t epoch = 0; epoch < 8; epoch++) {
+        global_order(10, 4, 3, epoch, order, &total);
+        assert_int_equal(total, 12);
+        assert_int_equal(order[10], order[0]);
+        assert_int_equal(order[11], order[1]);
+        seen[order[10]]++;
+    }
+    int distinct = 0;
+    for (int i = 0; i < 10; i++) distinct += seen[i] > 0;
+    assert_true(distinct >= 3); /* not always sample 0 */
+}
+
+/* The shuffle is uniform: over 600 seeds every one of the 3! orders of 3 samples turns
+ * up about equally often. Counts of each index cannot tell a biased shuffle from a fair
+ * one: Fisher-Yates drawing j below i instead of i + 1 (Sattolo's algorithm) still
+ * gives a permutation, but only the 2 cyclic ones of the 6. */
+static void test_shuffle_uniform(void **state) {
+    (void)state;
+    int counts[3][3][3] = {{{0}}};
+    for (uint64_t seed = 0; seed < 600; seed++) {
+        int64_t a[3];
+        order(RT_SAMPLER_DISTRIBUTED, 3, 1, 0, seed, 0, a);
+        counts[a[0]][a[1]][a[2]]++;
+    }
+    int orders = 0;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 3; k++)
+                if (i != j && j != k && i != k) {
+                    orders++;
+                    if (counts[i][j][k] < 60 || counts[i][j][k] > 140)
+                        fail_msg("order (%d %d %d) came %d times in 600 (expected about 100)", i, j, k,
+                                 counts[i][j][k]);
+                }
+    assert_int_equal(orders, 6);
+    /* and a permutation of 10 keeps some sample in place for some seed (1 - 1/e of them) */
+    int fixed = 0;
+    for (uint64_t seed = 0; seed < 50; seed++) {
+        int64_t a[10];
+        order(RT_SAMPLER_DISTRIBUTED, 10, 1, 0, seed, 0, a);
+        for (int i = 0; i < 10; i++) fixed += a[i] == i;
+    }
+    assert_true(fixed > 20); /* about 50 expected */
+}
+
 static void test_state_roundtrip(void **state) {
     (void)state;
     rt_sampler s, t;
@@ -234,6 +322,8 @@ int main(void) {
         cmocka_unit_test(test_distributed_coverage),
         cmocka_unit_test(test_no_shuffle_layout),
         cmocka_unit_test(test_epochs_and_seeds),
+        cmocka_unit_test(test_shuffled_padding),
+        cmocka_unit_test(test_shuffle_uniform),
         cmocka_unit_test(test_state_roundtrip),
         cmocka_unit_test(test_partition),
         cmocka_unit_test(test_eval),

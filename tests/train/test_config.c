@@ -94,6 +94,9 @@ static void test_errors(void **state) {
     expect_error(parse(&c, "data:\n  batch_size:\n"), "cfg.yaml:2:", "data.batch_size", "no value");
     expect_error(parse(&c, "optim:\n  betas: [0.9]\n"), "optim.betas", "1 items (expected 2)", NULL);
     expect_error(parse(&c, "optim:\n  milestones: [5, 3]\n"), "optim.milestones[1]", "increasing", NULL);
+    /* strictly increasing: a repeated milestone is refused too (MultiStepLR would apply
+     * gamma twice at once) */
+    expect_error(parse(&c, "optim:\n  milestones: [3, 3]\n"), "optim.milestones[1]", "increasing", NULL);
     /* out of range */
     expect_error(parse(&c, "model:\n  width: 0\n"), "cfg.yaml:2:", "model.width", "out of range");
     expect_error(parse(&c, "optim:\n  momentum: 1.5\n"), "optim.momentum", "out of range", NULL);
