@@ -8,6 +8,7 @@
  * differs (relative error < 1e-5). The ranks' own parameters are compared by the
  * trainer's checksum at the end (a mismatch fails the run). */
 #include "test_util.h"
+#include "train/train_test_util.h"
 
 #include "core/safetensors.h"
 #include "dist/dist.h"
@@ -33,29 +34,25 @@ static int rank_fn(int local_rank, void *arg) {
     snprintf(dir, sizeof dir, "log.dir=%s/%s", g_dir, j->name);
     snprintf(algo, sizeof algo, "dist.algo=%s", j->algo);
     snprintf(bucket, sizeof bucket, "dist.bucket_mb=%s", j->bucket);
-    const char *ov[] = {"model.arch=net",        "model.dropout=0",       "data.train_subset=512", "data.test_subset=64",
-                        "data.batch_size=32",     "train.max_steps=5",     "train.threads=1",       lr,
-                        "optim.momentum=0.9",     "dist.transport=shm",    "dist.first_bucket_mb=0", dir,
-                        algo,                     bucket,                  "log.progress=off",      "dist.timeout_s=60"};
-    rt_config cfg;
-    if (rt_config_load(&cfg, NULL, (int)(sizeof ov / sizeof ov[0]), ov) != RT_OK) {
-        fprintf(stderr, "config: %s\n", rt_error_message());
-        return 1;
-    }
+    const char *ov[] = {"model.arch=net",
+                        "model.dropout=0",
+                        "data.train_subset=512",
+                        "data.test_subset=64",
+                        "data.batch_size=32",
+                        "train.max_steps=5",
+                        "train.threads=1",
+                        lr,
+                        "optim.momentum=0.9",
+                        "dist.transport=shm",
+                        "dist.first_bucket_mb=0",
+                        dir,
+                        algo,
+                        bucket,
+                        "log.progress=off",
+                        "dist.timeout_s=60"};
     rt_dist_env env;
-    if (rt_dist_env_read(&env) != RT_OK) {
-        fprintf(stderr, "env: %s\n", rt_error_message());
-        return 1;
-    }
-    rt_train_rank who = {env.rank, env.world_size, env.local_rank, env.local_world_size};
     rt_train_result res;
-    FILE *devnull = fopen("/dev/null", "w");
-    rt_status s = rt_train(&cfg, &who, devnull, &res);
-    fclose(devnull);
-    if (s != RT_OK) {
-        fprintf(stderr, "train: %s\n", rt_error_message());
-        return 1;
-    }
+    if (tt_train_rank(ov, (int)(sizeof ov / sizeof ov[0]), &env, &res) != 0) return 1;
     return res.steps == 5 ? 0 : 2;
 }
 
@@ -108,7 +105,8 @@ static void test_equivalence(void **state) {
     snprintf(init, sizeof init, "%s/frozen/model.safetensors", g_dir);
     double moved = rel_err(ref, init); /* lr 0 keeps the initial weights */
     printf("5 steps moved the parameters by %.3g (relative)\n", moved);
-    if (!(moved > 1e-3)) fail_msg("training did not move the parameters (%.3g): the comparison would be vacuous", moved);
+    if (!(moved > 1e-3))
+        fail_msg("training did not move the parameters (%.3g): the comparison would be vacuous", moved);
     const char *algos[] = {"ring", "naive", "rsag"};
     const char *buckets[] = {"0", "0.0001", "25"};
     for (int a = 0; a < 3; a++)

@@ -6,6 +6,7 @@
  * compares only the final parameters, which none of these change (found by
  * `make mutants`, docs/testing.md). Real Fashion-MNIST subset, forked ranks. */
 #include "test_util.h"
+#include "train/train_test_util.h"
 
 #include "dist/dist.h"
 #include "dist/launch.h"
@@ -39,25 +40,9 @@ static int rank_fn(int local_rank, void *arg) {
                         dir,
                         "log.progress=off",
                         "dist.timeout_s=60"};
-    rt_config cfg;
-    if (rt_config_load(&cfg, NULL, (int)(sizeof ov / sizeof ov[0]), ov) != RT_OK) {
-        fprintf(stderr, "config: %s\n", rt_error_message());
-        return 1;
-    }
     rt_dist_env env;
-    if (rt_dist_env_read(&env) != RT_OK) {
-        fprintf(stderr, "env: %s\n", rt_error_message());
-        return 1;
-    }
-    rt_train_rank who = {env.rank, env.world_size, env.local_rank, env.local_world_size};
     rt_train_result res;
-    FILE *devnull = fopen("/dev/null", "w");
-    rt_status s = rt_train(&cfg, &who, devnull, &res);
-    fclose(devnull);
-    if (s != RT_OK) {
-        fprintf(stderr, "train: %s\n", rt_error_message());
-        return 1;
-    }
+    if (tt_train_rank(ov, (int)(sizeof ov / sizeof ov[0]), &env, &res) != 0) return 1;
     if (env.rank == 0) {
         char p[600];
         snprintf(p, sizeof p, "%s/%s/result.txt", g_dir, name);
