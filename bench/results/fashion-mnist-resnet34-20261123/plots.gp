@@ -12,11 +12,11 @@ set ylabel 'loss (cross-entropy)'
 set grid
 set key outside bottom center horizontal
 set ytics nomirror
-set yrange [0:36.227]
+set yrange [0:2.8021]
 set y2label 'test accuracy (%)'
 set y2tics
 plot 'loss.dat' using 1:3 with lines lc rgb '#9ecae1' title 'training loss (each step)', \
-     '' using 1:4 with lines lw 2 lc rgb '#08519c' title 'training loss (mean of 25 steps)', \
+     '' using 1:4 with lines lw 2 lc rgb '#08519c' title 'training loss (mean of 93 steps)', \
      'eval.dat' using 1:4 with linespoints pt 6 lc rgb '#ff7f0e' title 'test loss', \
      'eval.dat' using 1:3 axes x1y2 with linespoints pt 7 lw 2 lc rgb '#d62728' title 'test accuracy (%, right axis)'
 
@@ -51,4 +51,4 @@ set yrange [0:*]
 set grid
 set key outside bottom center horizontal
 plot 'throughput.dat' using 1:3 with lines lc rgb '#bbbbbb' title 'each step', \
-     '' using 1:4 with lines lw 2 lc rgb '#2ca02c' title 'mean of 25 steps'
+     '' using 1:4 with lines lw 2 lc rgb '#2ca02c' title 'mean of 93 steps'
