@@ -4,6 +4,7 @@
 # (1-channel conv1), Fashion-MNIST, global batch 128, SGD nesterov 0.9, wd 5e-4 not on BN/bias,
 # OneCycleLR(max_lr 0.05, 938 steps, pct_start 0.2), random crop pad 2 (one offset per batch).
 # Prints, per 50 steps: first step, mean loss (rank 0), mean and max gradient norm. Not part of make bench.
+import gzip, os, struct, sys
 import torch, torch.nn as nn, torch.nn.functional as F, torchvision
 import torch.distributed as dist, torch.multiprocessing as mp
 
