@@ -12,6 +12,7 @@
 #include "optim/optimizer.h"
 #include "train/checkpoint.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,17 @@ static inline void ct_rmrf(const char *path) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "chmod -R u+w '%s' 2>/dev/null; rm -rf '%s'", path, path);
     if (system(cmd) != 0) print_message("could not remove %s\n", path);
+}
+
+/* entries of dir whose name starts with prefix */
+static inline int ct_count_prefix(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
 }
 
 static inline void ct_assert_msg(const char *frag) {

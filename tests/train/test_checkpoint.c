@@ -26,17 +26,6 @@ static bool exists(const char *dir, const char *name) {
     return stat(p, &sb) == 0;
 }
 
-/* entries of dir whose name starts with prefix */
-static int count_prefix(const char *dir, const char *prefix) {
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
-    closedir(d);
-    return n;
-}
-
 static void write_ckpt(const char *dir, int64_t step, ct_run *r, int keep_last) {
     rt_ckpt_meta m;
     ct_meta(&m, step / 10);
@@ -61,7 +50,7 @@ static void round_trip(rt_model_arch arch, int width, rt_optim_kind kind) {
     char path[RT_CKPT_PATH_MAX];
     assert_rt_ok(rt_ckpt_write(dir, 1234, a.model, &a.opt, &m, 0, path, sizeof path));
     assert_non_null(strstr(path, "/ckpt-000001234"));
-    assert_int_equal(count_prefix(dir, "."), 2); /* "." and "..": no temporary left */
+    assert_int_equal(ct_count_prefix(dir, "."), 2); /* "." and "..": no temporary left */
 
     ct_build(&b, arch, width, kind, 2); /* other weights, fresh optimizer */
     rt_model_set_dropout_seed(b.model, 1);
@@ -352,17 +341,17 @@ static void test_keep_last(void **state) {
     ct_run r;
     ct_build(&r, RT_ARCH_NET, 64, RT_OPTIM_SGD, 1);
     for (int s = 1; s <= 5; s++) write_ckpt(dir, s, &r, 2);
-    assert_int_equal(count_prefix(dir, "ckpt-"), 2);
+    assert_int_equal(ct_count_prefix(dir, "ckpt-"), 2);
     assert_true(exists(dir, "ckpt-000000004") && exists(dir, "ckpt-000000005"));
     /* writing an older step (a run resumed from an older checkpoint) never deletes it */
     write_ckpt(dir, 3, &r, 2);
     assert_true(exists(dir, "ckpt-000000003") && exists(dir, "ckpt-000000004") && exists(dir, "ckpt-000000005"));
     /* keep_last 0 keeps all */
     for (int s = 6; s <= 8; s++) write_ckpt(dir, s, &r, 0);
-    assert_int_equal(count_prefix(dir, "ckpt-"), 6);
+    assert_int_equal(ct_count_prefix(dir, "ckpt-"), 6);
     write_ckpt(dir, 9, &r, 1);
-    assert_int_equal(count_prefix(dir, "ckpt-"), 1);
-    assert_int_equal(count_prefix(dir, "."), 2);
+    assert_int_equal(ct_count_prefix(dir, "ckpt-"), 1);
+    assert_int_equal(ct_count_prefix(dir, "."), 2);
 
     /* the same step again replaces it */
     ct_train(&r, 1, 5);
@@ -433,7 +422,7 @@ static int expect_write_fails(const char *dir, ct_run *r, const char *frag_path,
 }
 
 static void expect_intact(const char *dir, ct_run *r) {
-    assert_int_equal(count_prefix(dir, "."), 2); /* no temporary */
+    assert_int_equal(ct_count_prefix(dir, "."), 2); /* no temporary */
     assert_false(exists(dir, "ckpt-000000002"));
     rt_ckpt_found f;
     assert_rt_ok(rt_ckpt_find(dir, &f));
@@ -509,7 +498,7 @@ static int child_tmpfs(const char *dir, ct_run *r) {
     if (rc) return rc;
     /* the same checks as the parent's, inside the namespace */
     rt_ckpt_found f;
-    if (rt_ckpt_find(dir, &f) != RT_OK || f.step != 1 || count_prefix(dir, ".") != 2) return 5;
+    if (rt_ckpt_find(dir, &f) != RT_OK || f.step != 1 || ct_count_prefix(dir, ".") != 2) return 5;
     if (rt_ckpt_load(f.path, r->model, &r->opt, NULL) != RT_OK) return 6;
     return 0;
 }

@@ -8,26 +8,12 @@
  * wall-clock threshold is asserted: a slow machine only moves where the kills land). */
 #include "ckpt_test_util.h"
 
+#include "core/timer.h"
+
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int count_prefix(const char *dir, const char *prefix) {
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
-    closedir(d);
-    return n;
-}
 
 /* every ckpt-* of dir verifies; returns how many */
 static int all_complete(const char *dir) {
@@ -56,9 +42,10 @@ static void test_kill_during_write(void **state) {
     rt_ckpt_meta m;
     ct_meta(&m, 0);
     char first[RT_CKPT_PATH_MAX];
-    double t0 = now_s();
+    rt_timer t;
+    rt_timer_start(&t);
     assert_rt_ok(rt_ckpt_write(dir, 1, r.model, &r.opt, &m, 0, first, sizeof first));
-    double full = now_s() - t0;
+    double full = rt_timer_elapsed_s(&t);
     print_message("one write: %.3f s\n", full);
 
     enum { KILLS = 12 };
@@ -90,7 +77,7 @@ static void test_kill_during_write(void **state) {
         assert_rt_ok(rt_ckpt_find(dir, &f));
         assert_int_equal(f.n_skipped, 0);
         print_message("kill %2d after %.3f s (%.0f%%): %s, %d checkpoints, %d temporaries, newest %s\n", k, delay,
-                      100 * delay / full, WIFEXITED(ws) ? "finished" : "killed", n, count_prefix(dir, ".ckpt-"),
+                      100 * delay / full, WIFEXITED(ws) ? "finished" : "killed", n, ct_count_prefix(dir, ".ckpt-"),
                       f.path);
     }
     print_message("%d of %d writers finished before the kill\n", completed, KILLS);
@@ -100,7 +87,7 @@ static void test_kill_during_write(void **state) {
     ct_assert_same(&r, &b);
     /* the next successful write clears what the killed writers left */
     assert_rt_ok(rt_ckpt_write(dir, 1000, r.model, &r.opt, &m, 0, NULL, 0));
-    assert_int_equal(count_prefix(dir, ".ckpt-"), 0);
+    assert_int_equal(ct_count_prefix(dir, ".ckpt-"), 0);
     rt_ckpt_meta_free(&m);
     ct_free(&r);
     ct_free(&b);
