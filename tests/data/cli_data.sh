@@ -3,24 +3,7 @@
 # exit code 2 with a message for bad arguments. usage: cli_data.sh RINGTRAIN
 set -u
 bin=$1
-fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-# expect CODE PATTERN ARGS...: exit status CODE and PATTERN (grep -E) in stdout+stderr
-expect() {
-  code=$1 pat=$2
-  shift 2
-  "$bin" "$@" >"$tmp/out" 2>&1
-  got=$?
-  if [ "$got" -ne "$code" ]; then
-    echo "FAIL: ringtrain $* exited $got, expected $code"; cat "$tmp/out"; fails=$((fails + 1)); return
-  fi
-  if ! grep -Eq -- "$pat" "$tmp/out"; then
-    echo "FAIL: ringtrain $*: output lacks /$pat/"; cat "$tmp/out"; fails=$((fails + 1)); return
-  fi
-  echo "ok: ringtrain $*"
-}
+. "$(dirname "$0")/../cli_expect.sh"
 
 expect 0 'sampler' data --help
 expect 2 'info' data
@@ -112,5 +95,4 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   expect 0 'pixel mean: 0.2860' data info /usr/share/datasets/fashion-mnist
 fi
 
-[ "$fails" -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
-echo "all checks passed"
+expect_done

@@ -4,24 +4,8 @@
 # text), RINGTRAIN_DIST_TIMEOUT as the default --timeout. usage: cli_bench_comm.sh RINGTRAIN
 set -u
 bin=$1
-fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-# expect CODE PATTERN ARGS...: exit status CODE and PATTERN (grep -E) in stdout+stderr
-expect() {
-  code=$1 pat=$2
-  shift 2
-  "$bin" bench comm "$@" >"$tmp/out" 2>&1
-  got=$?
-  if [ "$got" -ne "$code" ]; then
-    echo "FAIL: bench comm $* exited $got, expected $code"; cat "$tmp/out"; fails=$((fails + 1)); return
-  fi
-  if ! grep -Eq -- "$pat" "$tmp/out"; then
-    echo "FAIL: bench comm $*: output lacks /$pat/"; cat "$tmp/out"; fails=$((fails + 1)); return
-  fi
-  echo "ok: bench comm $*"
-}
+cmd="bench comm"
+. "$(dirname "$0")/../cli_expect.sh"
 
 small="--max-size=64 --iters=1 --warmup=0"
 # --opt=value and --opt value mean the same
@@ -52,5 +36,4 @@ RINGTRAIN_DIST_TIMEOUT=7 expect 0 'timeout 9 s' --nproc 2 $small --timeout=9
 expect 0 'timeout 120 s' --nproc 2 $small
 RINGTRAIN_DIST_TIMEOUT=abc expect 2 "RINGTRAIN_DIST_TIMEOUT 'abc': expected seconds" --nproc 2 $small
 
-[ "$fails" -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
-echo "all checks passed"
+expect_done
