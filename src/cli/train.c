@@ -19,6 +19,8 @@
 #include "train/config.h"
 #include "train/trainer.h"
 
+#include <inttypes.h>
+
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -42,54 +44,30 @@ static void usage(FILE *f) {
                "metrics.jsonl; the last line printed is the test accuracy.\n");
 }
 
-/* Whole decimal number in lo..hi. */
-static int parse_long(const char *s, long lo, long hi, long *out) {
-    int64_t v;
-    if (rt_cli_parse_i64(s, lo, hi, &v) != 0) return -1; /* " 2" and "3x" are refused */
-    *out = (long)v;
-    return 0;
-}
+/* The options that stand for a config key (torchrun's names); each may be given again,
+ * the last one counts. hi 0: a string, else a whole number in lo..hi (or "auto"). */
+static const struct {
+    const char *opt, *key;
+    int64_t lo, hi;
+} k_opts[] = {{"--nproc", "dist.nproc", 1, 1024},
+              {"--nnodes", "dist.nnodes", 1, 65536},
+              {"--node-rank", "dist.node_rank", 0, 65535},
+              {"--master-addr", "dist.master_addr", 0, 0},
+              {"--master-port", "dist.master_port", 0, 65535}};
+enum { N_KOPTS = sizeof k_opts / sizeof k_opts[0] };
 
 typedef struct args {
     const char *config;
     const char **overrides;
     int n_overrides;
-    char nproc[32]; /* "" = from the config */
-    const char *cli_over[8];
-    char cli_buf[8][300];
-    int n_cli;
+    char cli_over[N_KOPTS][300]; /* "key=value" for each option given, "" if not */
 } args;
-
-/* --opt value or --opt=value; returns the value or NULL (and prints) when missing. */
-static const char *opt_value(int argc, char **argv, int *i, const char *name) {
-    const char *a = argv[*i];
-    size_t n = strlen(name);
-    if (strncmp(a, name, n) == 0 && a[n] == '=') return a + n + 1;
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "ringtrain train: %s needs a value (try --help)\n", name);
-        return NULL;
-    }
-    return argv[++*i];
-}
-
-static bool is_opt(const char *a, const char *name) {
-    size_t n = strlen(name);
-    return strncmp(a, name, n) == 0 && (a[n] == '\0' || a[n] == '=');
-}
 
 /* 0 ok, 1 help printed, 2 usage error */
 static int parse_args(int argc, char **argv, args *a) {
     memset(a, 0, sizeof *a);
     a->overrides = calloc((size_t)argc, sizeof *a->overrides);
     if (!a->overrides) return 2;
-    static const struct {
-        const char *opt, *key;
-        long lo, hi;
-    } k_opts[] = {{"--nproc", "dist.nproc", 1, 1024},
-                  {"--nnodes", "dist.nnodes", 1, 65536},
-                  {"--node-rank", "dist.node_rank", 0, 65535},
-                  {"--master-addr", "dist.master_addr", 0, 0},
-                  {"--master-port", "dist.master_port", 0, 65535}};
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         if (rt_cli_is_help(s)) {
@@ -97,23 +75,23 @@ static int parse_args(int argc, char **argv, args *a) {
             return 1;
         }
         if (s[0] == '-' && s[1] == '-') {
+            const char *v = NULL;
+            int got = 0;
             size_t k = 0;
-            while (k < sizeof k_opts / sizeof k_opts[0] && !is_opt(s, k_opts[k].opt)) k++;
-            if (k == sizeof k_opts / sizeof k_opts[0]) {
+            for (; k < N_KOPTS && got == 0; k++) got = rt_cli_opt("ringtrain train", argc, argv, &i, k_opts[k].opt, &v);
+            if (got < 0) return 2;
+            if (got == 0) {
                 fprintf(stderr, "ringtrain train: unknown option '%s' (try --help)\n", s);
                 return 2;
             }
-            const char *v = opt_value(argc, argv, &i, k_opts[k].opt);
-            if (!v) return 2;
-            long num;
-            if (k_opts[k].hi > 0 && strcmp(v, "auto") != 0 && parse_long(v, k_opts[k].lo, k_opts[k].hi, &num) != 0) {
-                fprintf(stderr, "ringtrain train: %s '%s' (expected a whole number in %ld..%ld)\n", k_opts[k].opt, v,
-                        k_opts[k].lo, k_opts[k].hi);
+            k--;
+            int64_t num;
+            if (k_opts[k].hi > 0 && strcmp(v, "auto") != 0 && rt_cli_parse_i64(v, k_opts[k].lo, k_opts[k].hi, &num) != 0) {
+                fprintf(stderr, "ringtrain train: %s '%s' (expected a whole number in %" PRId64 "..%" PRId64 ")\n",
+                        k_opts[k].opt, v, k_opts[k].lo, k_opts[k].hi);
                 return 2;
             }
-            snprintf(a->cli_buf[a->n_cli], sizeof a->cli_buf[a->n_cli], "%s=%s", k_opts[k].key, v);
-            a->cli_over[a->n_cli] = a->cli_buf[a->n_cli];
-            a->n_cli++;
+            snprintf(a->cli_over[k], sizeof a->cli_over[k], "%s=%s", k_opts[k].key, v);
             continue;
         }
         if (rt_config_is_override(s)) {
@@ -180,7 +158,8 @@ static rt_status load(const args *a, rt_config *cfg) {
         RT_CHECK(load_eval(a, cfg));
     else
         RT_CHECK(rt_config_load(cfg, a->config, a->n_overrides, a->overrides));
-    for (int i = 0; i < a->n_cli; i++) RT_CHECK(rt_config_override(cfg, a->cli_over[i]));
+    for (int k = 0; k < N_KOPTS; k++)
+        if (a->cli_over[k][0]) RT_CHECK(rt_config_override(cfg, a->cli_over[k]));
     return RT_OK;
 }
 
