@@ -2,6 +2,7 @@
  * metrics.jsonl (and metrics-rank<R>.jsonl), and its plots drawn with gnuplot
  * (src/train/report.h, docs/report.md). */
 #include "cli/cli.h"
+#include "core/file.h"
 #include "train/report.h"
 
 #include <stdio.h>
@@ -85,7 +86,7 @@ int rt_cmd_report(int argc, char **argv) {
             snprintf(dir, sizeof dir, "%s/report", run_dir);
         const char *pngs[RT_REPORT_MAX_PLOTS];
         int n = 0;
-        if (rt_report_mkdirs(dir) != RT_OK) goto fail;
+        if (rt_file_mkdirs(dir, "report directory") != RT_OK) goto fail;
         snprintf(path, sizeof path, "%s/summary.txt", dir);
         FILE *f = fopen(path, "w");
         if (f) {

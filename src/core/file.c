@@ -92,3 +92,22 @@ rt_status rt_file_read_all(const char *path, const char *what, size_t max_size, 
     *len = (size_t)size;
     return RT_OK;
 }
+
+rt_status rt_file_mkdirs(const char *path, const char *what) {
+    char buf[4096];
+    size_t n = strlen(path);
+    RT_REQUIRE(n > 0 && n < sizeof buf, RT_ERR_INVALID, "%s: bad directory name '%s'", what, path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != '\0') continue;
+        char c = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return RT_ERROR(RT_ERR_IO, "cannot create the %s %s: %s", what, buf, strerror(errno));
+        buf[i] = c;
+    }
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return RT_ERROR(RT_ERR_IO, "%s %s: exists and is not a directory", what, path);
+    return RT_OK;
+}

@@ -32,6 +32,10 @@ rt_status rt_file_read_exact(int fd, void *buf, size_t n, const char *path);
  * counted in *len). Files larger than max_size are refused before they are read. */
 rt_status rt_file_read_all(const char *path, const char *what, size_t max_size, char **out, size_t *len);
 
+/* mkdir -p: `path` and its missing parents (0755). An error names `what` ("run
+ * directory"), the component that failed and why; an existing non-directory is refused. */
+rt_status rt_file_mkdirs(const char *path, const char *what);
+
 #ifdef __cplusplus
 }
 #endif

@@ -942,19 +942,3 @@ rt_status rt_report_run_gnuplot(const char *out_dir) {
                     out_dir, path, tail);
 }
 
-rt_status rt_report_mkdirs(const char *path) {
-    char buf[1024];
-    size_t n = strlen(path);
-    RT_REQUIRE(n > 0 && n < sizeof buf, RT_ERR_INVALID, "bad directory name '%s'", path);
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != '\0') continue;
-        char c = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return RT_ERROR(RT_ERR_IO, "mkdir %s: %s", buf, strerror(errno));
-        buf[i] = c;
-    }
-    struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return RT_ERROR(RT_ERR_IO, "%s: not a directory", path);
-    return RT_OK;
-}

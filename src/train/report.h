@@ -132,9 +132,6 @@ rt_status rt_report_write_plots(const rt_report *r, const char *out_dir, const c
  * gnuplot-nox); RT_ERR_SYS when it fails (the message ends with its log's last lines). */
 rt_status rt_report_run_gnuplot(const char *out_dir);
 
-/* mkdir -p */
-rt_status rt_report_mkdirs(const char *path);
-
 #ifdef __cplusplus
 }
 #endif

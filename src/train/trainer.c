@@ -7,6 +7,7 @@
 #include "train/trainer.h"
 
 #include "core/device.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/dataset.h"
@@ -41,26 +42,6 @@ void rt_train_run_dir(const rt_config *cfg, char *out, size_t n) {
     char *dot = strrchr(stem, '.');
     if (dot && dot != stem) *dot = '\0';
     snprintf(out, n, "runs/%.*s", (int)(n > 6 ? n - 6 : 0), stem);
-}
-
-/* mkdir -p */
-static rt_status make_dirs(const char *path) {
-    char buf[RT_CONFIG_PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == '\0') {
-            char c = *p;
-            *p = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return RT_ERROR(RT_ERR_IO, "cannot create the run directory %s: %s", buf, strerror(errno));
-            *p = c;
-            if (!c) break;
-        }
-    }
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
-        return RT_ERROR(RT_ERR_IO, "run directory %s: exists and is not a directory", path);
-    return RT_OK;
 }
 
 /* ---- the state of one rank's run ------------------------------------------------------- */
@@ -733,7 +714,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
     RT_CHECK(validate(c, &r->who));
     rt_train_run_dir(c, r->run_dir, sizeof r->run_dir);
     snprintf(res->run_dir, sizeof res->run_dir, "%s", r->run_dir);
-    if (is_root(r)) RT_CHECK(make_dirs(r->run_dir));
+    if (is_root(r)) RT_CHECK(rt_file_mkdirs(r->run_dir, "run directory"));
     RT_CHECK(rt_device_select(c->train.device, r->who.local_rank, &r->dev));
     RT_CHECK(load_data(r));
     RT_CHECK(setup_group(r));
