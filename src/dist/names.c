@@ -2,9 +2,7 @@
 #include "dist/dist.h"
 #include "dist/internal/names.h"
 
-#include <stdio.h>
-#include <string.h>
-#include <strings.h>
+#include "core/names.h"
 
 static const char *const k_kinds[RT_K_COUNT_] = {
     [RT_K_NONE_] = "?",         [RT_K_P2P] = "send/recv",        [RT_K_BCAST] = "broadcast",
@@ -24,15 +22,13 @@ const char *rt_comm_op_name(int kind, bool is_send) {
 }
 
 rt_status rt_dist_name_parse(const char *what, const char *const *names, int n, const char *text, int *out) {
-    for (int i = 0; text && i < n; i++)
-        if (strcasecmp(text, names[i]) == 0) {
-            *out = i;
-            return RT_OK;
-        }
-    char list[256] = "";
-    size_t len = 0;
-    for (int i = 0; i < n && len < sizeof list; i++)
-        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? " | " : "", names[i]);
+    int i = rt_names_find(names, n, text);
+    if (i >= 0) {
+        *out = i;
+        return RT_OK;
+    }
+    char list[256];
+    rt_names_join(names, n, list, sizeof list);
     if (!text) return RT_ERROR(RT_ERR_INVALID, "no %s given (expected %s)", what, list);
     return RT_ERROR(RT_ERR_INVALID, "unknown %s '%s' (expected %s)", what, text, list);
 }
