@@ -178,11 +178,14 @@ static rt_status check_in_sync(run *r, bool buffers, const char *when) {
     return RT_OK;
 }
 
-static rt_status broadcast_state(run *r) {
+/* Rank 0's buffers (batch-norm running statistics, the only state the ranks' steps
+ * leave different) and, with `params`, its parameters (at the start; afterwards they are
+ * identical by construction and check_in_sync verifies it) to every rank. */
+static rt_status broadcast_state(run *r, bool params) {
     if (!r->pg) return RT_OK;
     RT_CHECK(rt_model_ctx_sync(r->ctx));
     rt_arena *p = rt_model_params(r->model), *b = rt_model_buffers(r->model);
-    RT_CHECK(rt_broadcast(r->pg, p->base, p->size / sizeof(float), RT_F32, 0));
+    if (params) RT_CHECK(rt_broadcast(r->pg, p->base, p->size / sizeof(float), RT_F32, 0));
     if (b->size) RT_CHECK(rt_broadcast(r->pg, b->base, b->size / sizeof(float), RT_F32, 0));
     return RT_OK;
 }
@@ -389,7 +392,7 @@ static rt_status on_grad_ready(void *user, int block, size_t begin, size_t end) 
 /* ---- evaluation ------------------------------------------------------------------------ */
 
 static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
-    RT_CHECK(broadcast_state(r)); /* batch-norm running statistics of rank 0 */
+    RT_CHECK(broadcast_state(r, false)); /* batch-norm running statistics of rank 0 */
     const rt_model_config *mc = rt_model_config_of(r->model);
     int k = mc->num_classes;
     double sums[3] = {0, 0, 0}; /* loss * n, correct, n */
@@ -449,9 +452,9 @@ static rt_status log_record(run *r, rt_step_record *rec) {
 static rt_status complete(run *r, pending *p, bool force) {
     if (!p->waiting) return RT_OK;
     float ms[EV_COUNT - 1];
+    if (force) RT_CHECK(rt_event_sync(p->ev[EV_END]));
     for (int i = 0; i < EV_COUNT - 1; i++) {
         bool ready = false;
-        if (force) RT_CHECK(rt_event_sync(p->ev[EV_END]));
         RT_CHECK(rt_event_elapsed_ms(p->ev[i], p->ev[i + 1], &ms[i], &ready));
         if (!ready) return RT_OK; /* a step later */
     }
@@ -555,7 +558,7 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
  * rank with rank 0's error and leaves the earlier checkpoints as they were. */
 static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, const char *why) {
     const rt_config *c = r->cfg;
-    RT_CHECK(broadcast_state(r));
+    RT_CHECK(broadcast_state(r, false));
     rt_status st = RT_OK;
     rt_error_record err;
     char path[RT_CKPT_PATH_MAX] = "";
@@ -720,7 +723,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
     RT_CHECK(setup_group(r));
     RT_CHECK(setup_model(r));
     if (r->pg) rt_pg_set_stream(r->pg, r->ctx->stream); /* the stream contract (docs/dist.md) */
-    RT_CHECK(broadcast_state(r));
+    RT_CHECK(broadcast_state(r, true));
     RT_CHECK(check_in_sync(r, true, "after the initial broadcast"));
     RT_CHECK(setup_loaders(r, true));
     RT_CHECK(setup_optim(r));
