@@ -40,14 +40,16 @@ PY
   cmp -s "$1/model.safetensors" "$2/model.safetensors" || fail "$3: model.safetensors differ"
 }
 
-# kill_after DIR PATTERN: kill -9 the launcher once a checkpoint matching PATTERN exists
+# kill -9 the launcher once a checkpoint matching PATTERN exists (it must still be running)
 run_and_kill() { # name dir pattern args...
   local name=$1 dir=$2 pat=$3; shift 3
   "$bin" train "$tmp/c.yaml" "$@" "log.dir=$dir" >"$tmp/$name.out" 2>"$tmp/$name.err" &
   local launcher=$!
   for _ in $(seq 600); do compgen -G "$dir/checkpoints/$pat" >/dev/null && break; sleep 0.05; done
   kill -9 $launcher 2>/dev/null
-  wait $launcher 2>/dev/null
+  local rc=0
+  wait $launcher 2>/dev/null || rc=$?
+  [ "$rc" -eq 137 ] || fail "$name: the run ended (exit $rc) before the kill: nothing was interrupted"
   compgen -G "$dir/checkpoints/$pat" >/dev/null || fail "$name: no checkpoint $pat before the kill"
 }
 
