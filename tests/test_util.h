@@ -9,6 +9,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "core/device.h"
@@ -52,5 +55,33 @@ static inline int rt_test_gpu_exit_code(rt_status count_status, const char *why)
         int rc_ = rt_test_gpu_exit_code(st_, st_ == RT_OK ? "" : rt_error_message());                                  \
         if (rc_ != 0) return rc_;                                                                                      \
     } while (0)
+
+/* The GPU count probed in a child (so the parent, which forks ranks, never touches CUDA),
+ * for main() of multi-process GPU tests: returns the count (1..100) to run with, or sets
+ * *exit_code: 77 for no GPU (as rt_test_gpu_exit_code, RINGTRAIN_REQUIRE_GPU included),
+ * 1 for a GPU that cannot be used or a crashing probe. */
+static inline int rt_test_probe_gpus(int *exit_code) {
+    fflush(NULL);
+    pid_t p = fork();
+    if (p == 0) {
+        int n = 0;
+        rt_status s = rt_cuda_device_count(&n);
+        _exit(s == RT_OK ? (n > 100 ? 100 : n) : s == RT_ERR_NODEVICE ? 0 : 101);
+    }
+    int st = 0;
+    if (p < 0 || waitpid(p, &st, 0) != p || !WIFEXITED(st)) {
+        printf("FAIL: the GPU probe (rt_cuda_device_count in a child) crashed\n");
+        *exit_code = 1;
+        return 0;
+    }
+    int n = WEXITSTATUS(st);
+    if (n == 101) {
+        printf("FAIL: the GPU cannot be used (rt_cuda_device_count failed with something other than no GPU)\n");
+        *exit_code = 1;
+        return 0;
+    }
+    *exit_code = n == 0 ? rt_test_gpu_exit_code(RT_ERR_NODEVICE, "no GPU") : 0;
+    return n;
+}
 
 #endif

@@ -16,19 +16,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int probe_gpus(void) {
-    pid_t p = fork();
-    if (p == 0) {
-        int n = 0;
-        rt_status s = rt_cuda_device_count(&n);
-        /* 0: no GPU (skip, unless RINGTRAIN_REQUIRE_GPU); 101: a GPU that cannot be used (fail) */
-        _exit(s == RT_OK ? (n > 100 ? 100 : n) : s == RT_ERR_NODEVICE ? 0 : 101);
-    }
-    int st = 0;
-    waitpid(p, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1; /* a crashing probe fails the test, never skips it */
-}
-
 static int g_gpus;
 
 typedef struct cfg {
@@ -177,16 +164,9 @@ static void nccl_two_gpus(void **s) {
 }
 
 int main(void) {
-    g_gpus = probe_gpus();
-    if (g_gpus < 0) {
-        printf("FAIL: the GPU probe (rt_cuda_device_count in a child) crashed\n");
-        return 1;
-    }
-    if (g_gpus == 101) {
-        printf("FAIL: the GPU cannot be used (rt_cuda_device_count failed with something other than no GPU)\n");
-        return 1;
-    }
-    if (g_gpus == 0) return rt_test_gpu_exit_code(RT_ERR_NODEVICE, "no GPU");
+    int rc = 0;
+    g_gpus = rt_test_probe_gpus(&rc);
+    if (rc != 0) return rc;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(shared_gpu_staged), cmocka_unit_test(nccl_one_rank), cmocka_unit_test(nccl_shared_gpu_refused),
         cmocka_unit_test(nccl_two_gpus),     cmocka_unit_test(auto_picks),    cmocka_unit_test(nccl_on_chosen_device),

@@ -22,17 +22,6 @@ int test_spin_fill(float *p, size_t n, float scale, long long cycles, void *stre
 enum { N = 1 << 20 };
 static const long long k_cycles = 500000000LL; /* ~0.3 s at 1.5-2 GHz */
 
-static int probe_gpus(void) {
-    pid_t p = fork();
-    if (p == 0) {
-        int n = 0;
-        _exit(rt_cuda_device_count(&n) == RT_OK ? (n > 100 ? 100 : n) : 0);
-    }
-    int st = 0;
-    waitpid(p, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 typedef struct cfg {
     rt_transport transport;
     bool own_gpu; /* rank r on cuda:r (nccl); else both on cuda:0 (staging) */
@@ -124,12 +113,9 @@ static int body(int rank, int world, int port, void *arg) {
 }
 
 int main(void) {
-    int gpus = probe_gpus();
-    if (gpus < 0) return 1;
-    if (gpus == 0) {
-        printf("SKIP: no GPU\n");
-        return 77;
-    }
+    int rc = 0;
+    int gpus = rt_test_probe_gpus(&rc);
+    if (rc != 0) return rc;
     int fails = 0;
     cfg staged = {RT_TRANSPORT_SHM, false};
     int f = mp_run(2, body, &staged, 240, NULL);
