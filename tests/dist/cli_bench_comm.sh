@@ -31,9 +31,15 @@ expect 1 "cannot write: No such file or directory" --nproc 2 $small --json=/none
 expect 0 'all_reduce' --nproc 2 $small --json "$tmp/ok.json"
 [ -s "$tmp/ok.json" ] && echo "ok: --json written" || { echo "FAIL: --json not written"; fails=$((fails + 1)); }
 # RINGTRAIN_DIST_TIMEOUT is the default --timeout (docs/dist.md); --timeout overrides it
-RINGTRAIN_DIST_TIMEOUT=7 expect 0 'timeout 7 s' --nproc 2 $small
-RINGTRAIN_DIST_TIMEOUT=7 expect 0 'timeout 9 s' --nproc 2 $small --timeout=9
+# (exported and unset around the calls: an assignment before a shell function outlives
+# the call in bash's POSIX mode)
+export RINGTRAIN_DIST_TIMEOUT=7
+expect 0 'timeout 7 s' --nproc 2 $small
+expect 0 'timeout 9 s' --nproc 2 $small --timeout=9
+unset RINGTRAIN_DIST_TIMEOUT
 expect 0 'timeout 120 s' --nproc 2 $small
-RINGTRAIN_DIST_TIMEOUT=abc expect 2 "RINGTRAIN_DIST_TIMEOUT 'abc': expected seconds" --nproc 2 $small
+export RINGTRAIN_DIST_TIMEOUT=abc
+expect 2 "RINGTRAIN_DIST_TIMEOUT 'abc': expected seconds" --nproc 2 $small
+unset RINGTRAIN_DIST_TIMEOUT
 
 expect_done
