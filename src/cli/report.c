@@ -1,6 +1,7 @@
 /* `ringtrain report RUN_DIR [--out DIR] [--no-plots]`: a run's summary from its
  * metrics.jsonl (and metrics-rank<R>.jsonl), and its plots drawn with gnuplot
  * (src/train/report.h, docs/report.md). */
+#include "cli/args.h"
 #include "cli/cli.h"
 #include "core/file.h"
 #include "train/report.h"
@@ -25,6 +26,8 @@ static void usage(FILE *out) {
                  "(gnuplot missing or failing), 2 a usage error.\n");
 }
 
+static const char k_prog[] = "ringtrain report";
+
 int rt_cmd_report(int argc, char **argv) {
     const char *run_dir = NULL, *out_dir = NULL;
     int plots = 1;
@@ -33,19 +36,15 @@ int rt_cmd_report(int argc, char **argv) {
         if (rt_cli_is_help(a)) {
             usage(stdout);
             return 0;
-        } else if (strcmp(a, "--no-plots") == 0) {
+        }
+        int flag = rt_cli_flag(k_prog, a, "--no-plots");
+        int got = flag ? 0 : rt_cli_opt(k_prog, argc, argv, &i, "--out", &out_dir);
+        if (flag < 0 || got < 0) return 2;
+        if (flag) {
             plots = 0;
-        } else if (strcmp(a, "--out") == 0 || strncmp(a, "--out=", 6) == 0) {
-            if (a[5] == '=') {
-                out_dir = a + 6;
-            } else if (i + 1 < argc) {
-                out_dir = argv[++i];
-            } else {
-                fprintf(stderr, "ringtrain report: --out needs a directory (try --help)\n");
-                return 2;
-            }
+        } else if (got) {
             if (!*out_dir) {
-                fprintf(stderr, "ringtrain report: --out needs a directory (try --help)\n");
+                fprintf(stderr, "%s: --out needs a directory (try --help)\n", k_prog);
                 return 2;
             }
         } else if (a[0] == '-' && a[1] != '\0') {
