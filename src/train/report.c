@@ -2,6 +2,8 @@
  * JSON is parsed with jansson. */
 #include "train/report.h"
 
+#include "core/file.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -294,9 +296,15 @@ rt_status rt_run_log_read(const char *path, int rank, rt_run_log **out) {
         rt_run_log_free(log);
         return st;
     }
-    FILE *f = fopen(path, "r");
-    if (!f) {
+    int fd = -1;
+    uint64_t size = 0;
+    FILE *f = NULL;
+    st = rt_file_open_regular(path, "metrics log", &fd, &size); /* a FIFO or a directory never blocks us */
+    if (st == RT_OK && !(f = fdopen(fd, "r"))) {
         st = RT_ERROR(RT_ERR_IO, "%s: %s", path, strerror(errno));
+        close(fd);
+    }
+    if (st != RT_OK) {
         rt_run_log_free(log);
         return st;
     }
