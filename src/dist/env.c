@@ -1,6 +1,7 @@
 /* rt_dist_env_read: rank, world size, local rank and local world size from the
  * launcher's environment (see dist.h for the rule). The rendezvous reads them here too. */
 #include "dist/dist.h"
+#include "dist/internal/env.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -21,17 +22,17 @@ static const launcher_vars k_launchers[] = {
 };
 enum { N_LAUNCHERS = sizeof k_launchers / sizeof k_launchers[0], RT_DIST_ENV_MAX = 1 << 20 };
 
-static const char *env(const char *name) {
+const char *rt_env_get(const char *name) {
     const char *v = getenv(name);
     return v && *v ? v : NULL;
 }
 
-static rt_status env_int(const char *name, const char *text, int lo, int *out) {
+rt_status rt_env_parse_int(const char *name, const char *text, int lo, int hi, int *out) {
     char *end = NULL;
     errno = 0;
     long v = strtol(text, &end, 10);
-    if (errno || end == text || *end != '\0' || v < lo || v > RT_DIST_ENV_MAX)
-        return RT_ERROR(RT_ERR_INVALID, "%s='%s' is not an integer in %d..%d", name, text, lo, RT_DIST_ENV_MAX);
+    if (errno || end == text || *end != '\0' || v < lo || v > hi)
+        return RT_ERROR(RT_ERR_INVALID, "%s='%s' is not an integer in %d..%d", name, text, lo, hi);
     *out = (int)v;
     return RT_OK;
 }
@@ -42,13 +43,13 @@ rt_status rt_dist_env_read(rt_dist_env *out) {
     for (int i = 0; i < N_LAUNCHERS; i++) {
         const launcher_vars *l = &k_launchers[i];
         bool any = false;
-        for (int k = 0; k < F_COUNT_; k++) any = any || env(l->var[k]) != NULL;
+        for (int k = 0; k < F_COUNT_; k++) any = any || rt_env_get(l->var[k]) != NULL;
         if (!any) continue;
         int *field[F_COUNT_] = {&out->rank, &out->world_size, &out->local_rank, &out->local_world_size};
         for (int k = 0; k < F_COUNT_; k++) { /* sizes are at least 1, ranks at least 0 */
-            const char *v = env(l->var[k]);
+            const char *v = rt_env_get(l->var[k]);
             bool is_size = k == F_WORLD || k == F_LOCAL_WORLD;
-            if (v) RT_CHECK(env_int(l->var[k], v, is_size ? 1 : 0, field[k]));
+            if (v) RT_CHECK(rt_env_parse_int(l->var[k], v, is_size ? 1 : 0, RT_DIST_ENV_MAX, field[k]));
         }
         out->launcher = l->launcher;
         if (out->rank >= 0) out->rank_source = l->var[F_RANK];

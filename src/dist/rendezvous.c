@@ -5,6 +5,7 @@
 
 #include "core/log.h"
 #include "core/timer.h"
+#include "dist/internal/env.h"
 #include "dist/internal/sock.h"
 
 #include <errno.h>
@@ -15,21 +16,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static const char *env(const char *name) {
-    const char *v = getenv(name);
-    return v && *v ? v : NULL;
-}
-
-static rt_status parse_int(const char *name, const char *text, int lo, int hi, int *out) {
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end != '\0' || v < lo || v > hi)
-        return RT_ERROR(RT_ERR_INVALID, "%s='%s' is not an integer in %d..%d", name, text, lo, hi);
-    *out = (int)v;
-    return RT_OK;
-}
 
 rt_status rt_rdzv_parse(const char *init_method, int rank, int world, rt_rdzv *out) {
     memset(out, 0, sizeof *out);
@@ -56,34 +42,34 @@ rt_status rt_rdzv_parse(const char *init_method, int rank, int world, rt_rdzv *o
     if (out->local_rank < 0) out->local_rank = 0;
 
     /* the job secret (rendezvous.h, docs/security.md) */
-    const char *job = env("RINGTRAIN_JOB_TOKEN");
+    const char *job = rt_env_get("RINGTRAIN_JOB_TOKEN");
     char buf[256] = "";
     out->secret_source = "RINGTRAIN_JOB_TOKEN";
-    if (!job && (job = env("TORCHELASTIC_RUN_ID")) != NULL) out->secret_source = "TORCHELASTIC_RUN_ID";
-    if (!job && env("SLURM_JOB_ID")) {
-        snprintf(buf, sizeof buf, "slurm-%s.%s", env("SLURM_JOB_ID"),
-                 env("SLURM_STEP_ID") ? env("SLURM_STEP_ID") : "0");
+    if (!job && (job = rt_env_get("TORCHELASTIC_RUN_ID")) != NULL) out->secret_source = "TORCHELASTIC_RUN_ID";
+    if (!job && rt_env_get("SLURM_JOB_ID")) {
+        snprintf(buf, sizeof buf, "slurm-%s.%s", rt_env_get("SLURM_JOB_ID"),
+                 rt_env_get("SLURM_STEP_ID") ? rt_env_get("SLURM_STEP_ID") : "0");
         job = buf;
         out->secret_source = "SLURM_JOB_ID.SLURM_STEP_ID";
     }
-    if (!job && (job = env("OMPI_MCA_ess_base_jobid")) != NULL) out->secret_source = "OMPI_MCA_ess_base_jobid";
+    if (!job && (job = rt_env_get("OMPI_MCA_ess_base_jobid")) != NULL) out->secret_source = "OMPI_MCA_ess_base_jobid";
     if (!job) out->secret_source = NULL;
     RT_REQUIRE(!job || strlen(job) < sizeof out->job, RT_ERR_INVALID, "rendezvous: %s is longer than %zu bytes",
                out->secret_source, sizeof out->job - 1);
     snprintf(out->job, sizeof out->job, "%s", job ? job : "");
 
-    const char *hosted = env("RINGTRAIN_STORE_HOSTED");
+    const char *hosted = rt_env_get("RINGTRAIN_STORE_HOSTED");
     out->host_store = out->rank == 0 && !(hosted && strcmp(hosted, "1") == 0);
 
     if (strncmp(init_method, "env://", 6) == 0) {
         out->kind = RT_RDZV_ENV;
-        const char *addr = env("MASTER_ADDR"), *port = env("MASTER_PORT");
+        const char *addr = rt_env_get("MASTER_ADDR"), *port = rt_env_get("MASTER_PORT");
         if (!addr || !port)
             return RT_ERROR(RT_ERR_INVALID, "rendezvous env://: MASTER_ADDR and MASTER_PORT must be set (got %s, %s)",
                             addr ? addr : "unset", port ? port : "unset");
         snprintf(out->host, sizeof out->host, "%s", addr);
-        RT_CHECK(parse_int("MASTER_PORT", port, 1, 65535, &out->port));
-        const char *agent = env("TORCHELASTIC_USE_AGENT_STORE");
+        RT_CHECK(rt_env_parse_int("MASTER_PORT", port, 1, 65535, &out->port));
+        const char *agent = rt_env_get("TORCHELASTIC_USE_AGENT_STORE");
         if (agent && (strcmp(agent, "True") == 0 || strcmp(agent, "true") == 0 || strcmp(agent, "1") == 0)) {
             RT_REQUIRE(out->port < 65535, RT_ERR_INVALID, "MASTER_PORT 65535 leaves no port for the store");
             out->port += 1; /* torchrun's own store holds MASTER_PORT */
@@ -96,7 +82,7 @@ rt_status rt_rdzv_parse(const char *init_method, int rank, int world, rt_rdzv *o
             return RT_ERROR(RT_ERR_INVALID, "rendezvous '%s': expected tcp://HOST:PORT", init_method);
         memcpy(out->host, hp, (size_t)(colon - hp));
         out->host[colon - hp] = '\0';
-        RT_CHECK(parse_int("tcp:// port", colon + 1, 1, 65535, &out->port));
+        RT_CHECK(rt_env_parse_int("tcp:// port", colon + 1, 1, 65535, &out->port));
     } else if (strncmp(init_method, "file://", 7) == 0) {
         out->kind = RT_RDZV_FILE;
         const char *p = init_method + 7;
@@ -109,8 +95,8 @@ rt_status rt_rdzv_parse(const char *init_method, int rank, int world, rt_rdzv *o
                         "file:///PATH)",
                         init_method);
     }
-    const char *sp = env("RINGTRAIN_STORE_PORT");
-    if (sp && out->kind != RT_RDZV_FILE) RT_CHECK(parse_int("RINGTRAIN_STORE_PORT", sp, 1, 65535, &out->port));
+    const char *sp = rt_env_get("RINGTRAIN_STORE_PORT");
+    if (sp && out->kind != RT_RDZV_FILE) RT_CHECK(rt_env_parse_int("RINGTRAIN_STORE_PORT", sp, 1, 65535, &out->port));
     return RT_OK;
 }
 
@@ -122,8 +108,8 @@ static void sleep_ms(int ms) {
 /* file://: the store listens on the address it publishes (RINGTRAIN_STORE_ADDR, else
  * MASTER_ADDR, else loopback). */
 static const char *store_bind_addr(void) {
-    const char *host = env("RINGTRAIN_STORE_ADDR");
-    if (!host) host = env("MASTER_ADDR");
+    const char *host = rt_env_get("RINGTRAIN_STORE_ADDR");
+    if (!host) host = rt_env_get("MASTER_ADDR");
     return host ? host : "127.0.0.1";
 }
 
