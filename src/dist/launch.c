@@ -420,12 +420,10 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
         out->ranks[i].rank = o->node_rank * n + i;
         out->ranks[i].exit_code = -1;
     }
-    char token[2 * 16 + 1] = "";
+    char token[2 * RT_SECRET_BYTES + 1] = "";
     const char *tok = o->job_token;
     if (!tok || !*tok) { /* a fresh secret per launch */
-        uint8_t raw[16];
-        RT_CHECK(rt_random_bytes(raw, sizeof raw));
-        for (int i = 0; i < 16; i++) snprintf(token + 2 * i, 3, "%02x", raw[i]);
+        RT_CHECK(rt_random_hex(token, RT_SECRET_BYTES));
         tok = token;
     }
     int port = o->master_port;

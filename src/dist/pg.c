@@ -461,7 +461,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
         RT_CHECK(rt_store_get(w->store, "rt/token", w->token, sizeof w->token, &n));
         RT_REQUIRE(n == sizeof w->token, RT_ERR_PEER, "store: token of %zu bytes, expected %d", n, RT_TOKEN_BYTES);
     }
-    for (int i = 0; i < RT_TOKEN_BYTES; i++) snprintf(w->tokhex + 2 * i, 3, "%02x", w->token[i]);
+    rt_hex_encode(w->token, RT_TOKEN_BYTES, w->tokhex);
     /* our address and host */
     int lfd = -1, port = 0;
     /* the interface that reaches the store, unless RINGTRAIN_ADDR says otherwise */

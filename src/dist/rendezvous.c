@@ -158,17 +158,13 @@ rt_status rt_rdzv_connect(rt_rdzv *r, double timeout_s, rt_store_server **server
                    "(export RINGTRAIN_JOB_TOKEN=$(openssl rand -hex 16)); ringtrain's launcher sets it, torchrun, "
                    "mpirun and srun give a weaker fallback (docs/security.md)");
         /* a world of one: nobody else is to join, so a secret nobody knows */
-        uint8_t tok[16];
-        RT_CHECK(rt_random_bytes(tok, sizeof tok));
-        for (int i = 0; i < 16; i++) snprintf(r->job + 2 * i, 3, "%02x", tok[i]);
+        RT_CHECK(rt_random_hex(r->job, RT_SECRET_BYTES));
         r->secret_source = "a random secret (world size 1)";
     }
     if (r->kind == RT_RDZV_FILE) {
         if (r->host_store) {
             if (!r->job[0]) { /* no secret from the environment: a random one, in the file only */
-                uint8_t tok[16];
-                RT_CHECK(rt_random_bytes(tok, sizeof tok));
-                for (int i = 0; i < 16; i++) snprintf(r->job + 2 * i, 3, "%02x", tok[i]);
+                RT_CHECK(rt_random_hex(r->job, RT_SECRET_BYTES));
                 r->secret_source = "the file:// rendezvous";
             }
             int port = 0;

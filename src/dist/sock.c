@@ -206,3 +206,20 @@ rt_status rt_random_bytes(void *buf, size_t n) {
     }
     return RT_OK;
 }
+
+void rt_hex_encode(const uint8_t *bytes, size_t n, char *out) {
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[bytes[i] >> 4];
+        out[2 * i + 1] = digits[bytes[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+rt_status rt_random_hex(char *out, size_t n) {
+    uint8_t raw[64];
+    RT_REQUIRE(n <= sizeof raw, RT_ERR_INTERNAL, "rt_random_hex: %zu bytes (at most %zu)", n, sizeof raw);
+    RT_CHECK(rt_random_bytes(raw, n));
+    rt_hex_encode(raw, n, out);
+    return RT_OK;
+}

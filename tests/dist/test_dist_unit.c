@@ -575,6 +575,27 @@ static void submit_failure_frees_request(void **s) {
     rt_error_clear();
 }
 
+/* secrets and nonces as hex: every byte value, two lowercase digits each */
+static void hex_secrets(void **state) {
+    (void)state;
+    uint8_t all[256];
+    for (int i = 0; i < 256; i++) all[i] = (uint8_t)i;
+    char hex[513];
+    rt_hex_encode(all, sizeof all, hex);
+    assert_int_equal(strlen(hex), 512);
+    for (int i = 0; i < 256; i++) {
+        char want[3];
+        snprintf(want, sizeof want, "%02x", i);
+        assert_memory_equal(hex + 2 * i, want, 2);
+    }
+    char a[2 * RT_SECRET_BYTES + 1], b[2 * RT_SECRET_BYTES + 1];
+    assert_rt_ok(rt_random_hex(a, RT_SECRET_BYTES));
+    assert_rt_ok(rt_random_hex(b, RT_SECRET_BYTES));
+    assert_int_equal(strlen(a), 2 * RT_SECRET_BYTES);
+    assert_int_equal(strspn(a, "0123456789abcdef"), 2 * RT_SECRET_BYTES);
+    assert_string_not_equal(a, b); /* 128 random bits twice */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(store_frames),
@@ -588,6 +609,7 @@ int main(void) {
         cmocka_unit_test(parse_names),
         cmocka_unit_test(dist_env),
         cmocka_unit_test(submit_failure_frees_request),
+        cmocka_unit_test(hex_secrets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,5 +28,11 @@ rt_status rt_sock_local_addr(int fd, char *buf, size_t n);
 int rt_sock_ms_left(uint64_t deadline_ns, int cap_ms);
 /* Fill buf with n random bytes (getrandom). */
 rt_status rt_random_bytes(void *buf, size_t n);
+/* n bytes as 2n lowercase hex digits and a NUL into out (2n + 1 chars). */
+void rt_hex_encode(const uint8_t *bytes, size_t n, char *out);
+/* A fresh secret: n random bytes as hex into out (2n + 1 chars); job secrets take
+ * RT_SECRET_BYTES (128 bits, 32 hex digits, as `openssl rand -hex 16`). */
+enum { RT_SECRET_BYTES = 16 };
+rt_status rt_random_hex(char *out, size_t n);
 
 #endif
