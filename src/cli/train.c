@@ -137,12 +137,8 @@ static rt_status load_eval(const args *a, rt_config *cfg) {
         for (int i = 0; i < a->n_overrides; i++) RT_CHECK(rt_config_override(cfg, a->overrides[i]));
     } else {
         RT_CHECK(rt_config_load(cfg, a->config, a->n_overrides, a->overrides));
-        char run_dir[RT_CONFIG_PATH_MAX], dir[RT_CONFIG_PATH_MAX + 16];
-        rt_train_run_dir(cfg, run_dir, sizeof run_dir);
-        if (strcmp(cfg->checkpoint.dir, "auto") == 0)
-            snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
-        else
-            snprintf(dir, sizeof dir, "%s", cfg->checkpoint.dir);
+        char dir[RT_CONFIG_PATH_MAX + 16];
+        rt_train_ckpt_dir(cfg, dir, sizeof dir);
         rt_ckpt_found found;
         RT_CHECK(rt_ckpt_find(dir, &found));
         RT_REQUIRE(found.path[0], RT_ERR_INVALID,
@@ -246,12 +242,8 @@ static int train_or_eval(int argc, char **argv) {
     }
     int nproc = nproc_of(&cfg);
     int64_t world = nproc * cfg.dist.nnodes;
-    if (!g_eval && cfg.data.batch_size % world != 0) {
-        fprintf(stderr,
-                "ringtrain: error: data.batch_size: %lld is not divisible by the world size %lld (it is the global "
-                "batch: each rank takes batch_size / world_size)\n",
-                (long long)cfg.data.batch_size, (long long)world);
-        rc = 1;
+    if (!g_eval && rt_train_check_world(&cfg, world) != RT_OK) {
+        rc = rt_cli_fail();
         goto done;
     }
     if (cfg.dist.nnodes == 1 && nproc == 1) { /* one rank: no processes to start */

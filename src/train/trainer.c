@@ -44,6 +44,24 @@ void rt_train_run_dir(const rt_config *cfg, char *out, size_t n) {
     snprintf(out, n, "runs/%.*s", (int)(n > 6 ? n - 6 : 0), stem);
 }
 
+void rt_train_ckpt_dir(const rt_config *cfg, char *out, size_t n) {
+    if (strcmp(cfg->checkpoint.dir, "auto") != 0) {
+        snprintf(out, n, "%s", cfg->checkpoint.dir);
+        return;
+    }
+    char run_dir[RT_CONFIG_PATH_MAX];
+    rt_train_run_dir(cfg, run_dir, sizeof run_dir);
+    snprintf(out, n, "%s/checkpoints", run_dir);
+}
+
+rt_status rt_train_check_world(const rt_config *cfg, int64_t world_size) {
+    RT_REQUIRE(cfg->data.batch_size % world_size == 0, RT_ERR_INVALID,
+               "data.batch_size: %lld is not divisible by the world size %lld (it is the global batch: each rank "
+               "takes batch_size / world_size)",
+               (long long)cfg->data.batch_size, (long long)world_size);
+    return RT_OK;
+}
+
 /* ---- the state of one rank's run ------------------------------------------------------- */
 
 enum { EV_START, EV_H2D, EV_FWD, EV_BWD, EV_COMM, EV_END, EV_COUNT };
@@ -703,18 +721,10 @@ static void run_free(run *r) {
     if (r->have_test) rt_dataset_free(&r->test_ds);
 }
 
-static rt_status validate(const rt_config *c, const rt_train_rank *who) {
-    RT_REQUIRE(c->data.batch_size % who->world_size == 0, RT_ERR_INVALID,
-               "data.batch_size: %lld is not divisible by the world size %d (it is the global batch: each rank "
-               "takes batch_size / world_size)",
-               (long long)c->data.batch_size, who->world_size);
-    return RT_OK;
-}
-
 static rt_status train_all(run *r, rt_train_result *res) {
     const rt_config *c = r->cfg;
     FILE *out = r->out;
-    RT_CHECK(validate(c, &r->who));
+    RT_CHECK(rt_train_check_world(c, r->who.world_size));
     rt_train_run_dir(c, r->run_dir, sizeof r->run_dir);
     snprintf(res->run_dir, sizeof res->run_dir, "%s", r->run_dir);
     if (is_root(r)) RT_CHECK(rt_file_mkdirs(r->run_dir, "run directory"));
@@ -727,10 +737,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
     RT_CHECK(check_in_sync(r, true, "after the initial broadcast"));
     RT_CHECK(setup_loaders(r, true));
     RT_CHECK(setup_optim(r));
-    if (strcmp(c->checkpoint.dir, "auto") == 0)
-        snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%.*s/checkpoints", (int)sizeof r->run_dir - 13, r->run_dir);
-    else
-        snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", c->checkpoint.dir);
+    rt_train_ckpt_dir(c, r->ckpt_dir, sizeof r->ckpt_dir);
     RT_CHECK(resume(r));
     if (r->resumed_step >= 0) RT_CHECK(check_in_sync(r, true, "after loading the checkpoint"));
     RT_CHECK(setup_reducer(r));

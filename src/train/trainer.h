@@ -44,6 +44,14 @@ typedef struct rt_train_result {
  * extension> for "auto". */
 void rt_train_run_dir(const rt_config *cfg, char *out, size_t n);
 
+/* The checkpoint directory of a config: checkpoint.dir, or <run directory>/checkpoints
+ * for "auto". */
+void rt_train_ckpt_dir(const rt_config *cfg, char *out, size_t n);
+
+/* The config fits `world_size` ranks: data.batch_size (the global batch) divides evenly;
+ * else RT_ERR_INVALID naming the key. The launcher checks it once before starting ranks. */
+rt_status rt_train_check_world(const rt_config *cfg, int64_t world_size);
+
 /* Train as rank `who` (all ranks call it with the same config). Rank 0 writes the
  * resolved config and metrics.jsonl into the run directory and prints the epoch tables
  * and the progress to `out` (NULL: stdout). Resumes from checkpoint.resume; writes
