@@ -432,11 +432,10 @@ static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
         }
         RT_CHECK(rt_model_forward(r->model, x, b.size, false));
         RT_CHECK(rt_model_loss(r->model, y));
-        float l;
-        RT_CHECK(rt_model_loss_value(r->model, &l));
         RT_CHECK(rt_memcpy(r->out_host, rt_device_cpu(), rt_model_output(r->model), r->dev,
                            sizeof(float) * (size_t)b.size * (size_t)k, r->ctx->stream));
-        RT_CHECK(rt_model_ctx_sync(r->ctx));
+        float l; /* rt_model_loss_value syncs the model's stream: the logits above are in too */
+        RT_CHECK(rt_model_loss_value(r->model, &l));
         const int64_t *labels = b.labels; /* host copy */
         for (int i = 0; i < b.size; i++) {
             const float *o = r->out_host + (size_t)i * (size_t)k;
