@@ -535,6 +535,11 @@ static int cmp_item(const void *a, const void *b) {
     return strcmp(((const st_item *)a)->name, ((const st_item *)b)->name);
 }
 
+void rt_st_writer_each_data(rt_st_writer *w, void (*fn)(void *user, const void *data, size_t n), void *user) {
+    qsort(w->items, (size_t)w->n, sizeof *w->items, cmp_item); /* as rt_st_writer_write */
+    for (int i = 0; i < w->n; i++) fn(user, w->items[i].data, w->items[i].nbytes);
+}
+
 static rt_status write_all(int fd, const void *p, size_t n, const char *path) {
     const char *c = p;
     while (n) {

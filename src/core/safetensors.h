@@ -72,6 +72,9 @@ rt_status rt_st_writer_add(rt_st_writer *w, const char *name, rt_dtype dtype, in
                            const void *data);
 rt_status rt_st_writer_meta(rt_st_writer *w, const char *key, const char *value);
 rt_status rt_st_writer_write(rt_st_writer *w, const char *path);
+/* Visit the tensors' bytes in the order rt_st_writer_write lays out the data section
+ * (by name), e.g. to checksum the data before it is written. */
+void rt_st_writer_each_data(rt_st_writer *w, void (*fn)(void *user, const void *data, size_t n), void *user);
 void rt_st_writer_free(rt_st_writer *w);
 
 #ifdef __cplusplus

@@ -258,20 +258,26 @@ static rt_status list_ckpts(const char *dir, ckpt_entry **out, int *n) {
 
 /* ---- crc ------------------------------------------------------------------------------ */
 
-/* crc32 (zlib's) of a safetensors file's data section */
+/* crc32 (zlib's) continued over n bytes (user: the uLong so far) */
+static void crc_add(void *user, const void *data, size_t n) {
+    uLong *c = user;
+    const unsigned char *p = data;
+    while (n) {
+        uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        *c = crc32(*c, p, chunk);
+        p += chunk;
+        n -= chunk;
+    }
+}
+
+/* crc32 of a safetensors file's data section */
 static uint32_t data_crc(const rt_safetensors *st) {
     const unsigned char *b = st->bytes;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
-    size_t off = 8 + (size_t)hlen, len = st->size - off;
+    size_t off = 8 + (size_t)hlen;
     uLong c = crc32(0L, Z_NULL, 0);
-    const unsigned char *p = b + off;
-    while (len) {
-        uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
-        c = crc32(c, p, chunk);
-        p += chunk;
-        len -= chunk;
-    }
+    crc_add(&c, b + off, st->size - off);
     return (uint32_t)c;
 }
 
@@ -559,55 +565,9 @@ static rt_status build_train(rt_st_writer *w, rt_model *model, const rt_optimize
             }
         }
     }
-    /* the writer lays the data out in name order: the crc follows it (and the written
-     * directory is verified before it is renamed into place) */
-    {
-        typedef struct {
-            const char *name;
-            const void *data;
-            size_t nbytes;
-        } item;
-        int np = rt_model_param_count(model), cnt = 0;
-        item *items = malloc(sizeof *items * (size_t)(np * (oh->n ? oh->n : 1) + 1));
-        RT_CHECK_ALLOC(items, 0);
-        char(*names)[256] = malloc(sizeof *names * (size_t)(np * (oh->n ? oh->n : 1) + 1));
-        if (!names) {
-            free(items);
-            RT_FAIL(RT_ERR_NOMEM, "out of memory");
-        }
-        for (int b = 0; b < oh->n; b++) {
-            rt_optim_state s;
-            rt_optimizer_state_get(opt, b, &s);
-            for (int i = 0; i < np; i++) {
-                const rt_param *p = rt_model_param(model, i);
-                if (!rt_param_trainable(p)) continue;
-                snprintf(names[cnt], sizeof names[cnt], "state.%s.%s", p->name, s.name);
-                items[cnt].name = names[cnt];
-                items[cnt].data = oh->buf[b] + p->value.offset / sizeof(float);
-                items[cnt].nbytes = rt_tensor_nbytes(&p->value);
-                cnt++;
-            }
-        }
-        /* insertion sort by name (strcmp, as the writer) */
-        for (int i = 1; i < cnt; i++)
-            for (int j = i; j > 0 && strcmp(items[j - 1].name, items[j].name) > 0; j--) {
-                item t = items[j];
-                items[j] = items[j - 1];
-                items[j - 1] = t;
-            }
-        for (int i = 0; i < cnt; i++) {
-            const unsigned char *p = items[i].data;
-            size_t len = items[i].nbytes;
-            while (len) {
-                uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
-                crc = crc32(crc, p, chunk);
-                p += chunk;
-                len -= chunk;
-            }
-        }
-        free(items);
-        free(names);
-    }
+    /* the crc of the data section as the writer will lay it out (the written directory
+     * is verified before it is renamed into place) */
+    rt_st_writer_each_data(w, crc_add, &crc);
     *train_crc = (uint32_t)crc;
     char crc_s[9];
     crc_str(*train_crc, crc_s);
