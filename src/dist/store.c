@@ -504,6 +504,26 @@ struct rt_store {
 const char *rt_store_local_addr(const rt_store *st) { return st->local; }
 void rt_store_set_timeout(rt_store *st, double timeout_s) { st->timeout_s = timeout_s; }
 
+/* Read one reply-like frame (header + value, value malloc'd) before the deadline. */
+static rt_status read_frame(int fd, uint64_t deadline, const char *what, rt_store_frame *f, uint8_t **val) {
+    uint8_t hdr[RT_STORE_HDR];
+    *val = NULL;
+    RT_CHECK(rt_sock_read_all(fd, hdr, sizeof hdr, deadline, what));
+    RT_CHECK(rt_store_header_parse(hdr, f));
+    if (f->keylen != 0) return RT_ERROR(RT_ERR_FORMAT, "%s: a frame with a key where a reply was due", what);
+    if (f->vallen) {
+        *val = malloc(f->vallen);
+        RT_CHECK_ALLOC(*val, f->vallen);
+        rt_status s = rt_sock_read_all(fd, *val, f->vallen, deadline, what);
+        if (s != RT_OK) {
+            free(*val);
+            *val = NULL;
+            return s;
+        }
+    }
+    return RT_OK;
+}
+
 /* Send a request and read the reply. The value is copied into buf (cap bytes). */
 static rt_status request(rt_store *st, uint8_t op, const char *key, const void *val, size_t n, void *buf, size_t cap,
                          size_t *out_n, uint8_t *status, double timeout_s) {
@@ -521,22 +541,10 @@ static rt_status request(rt_store *st, uint8_t op, const char *key, const void *
     uint64_t deadline = rt_now_ns() + (uint64_t)(timeout_s * 1e9);
     rt_status s = rt_sock_write_all(st->fd, frame, len, deadline, st->where);
     free(frame);
-    uint8_t hdr[RT_STORE_HDR];
-    if (s == RT_OK) s = rt_sock_read_all(st->fd, hdr, sizeof hdr, deadline, st->where);
     rt_store_frame f;
-    if (s == RT_OK) {
-        s = rt_store_header_parse(hdr, &f);
-        if (s == RT_OK && f.keylen != 0) s = RT_ERROR(RT_ERR_FORMAT, "store reply with a key");
-    }
     uint8_t *v = NULL;
-    if (s == RT_OK) {
-        if (f.op != RT_STORE_REPLY) s = RT_ERROR(RT_ERR_FORMAT, "store sent op %u instead of a reply", f.op);
-    }
-    if (s == RT_OK && f.vallen) {
-        v = malloc(f.vallen);
-        if (!v) s = RT_ERROR(RT_ERR_NOMEM, "out of memory (%u bytes)", f.vallen);
-        if (s == RT_OK) s = rt_sock_read_all(st->fd, v, f.vallen, deadline, st->where);
-    }
+    if (s == RT_OK) s = read_frame(st->fd, deadline, st->where, &f, &v);
+    if (s == RT_OK && f.op != RT_STORE_REPLY) s = RT_ERROR(RT_ERR_FORMAT, "store sent op %u instead of a reply", f.op);
     if (s != RT_OK) {
         st->broken = true;
         free(v);
@@ -556,26 +564,6 @@ static rt_status request(rt_store *st, uint8_t op, const char *key, const void *
     if (out_n) *out_n = f.vallen;
     if (buf && cap) memcpy(buf, v ? v : (uint8_t *)"", f.vallen < cap ? f.vallen : cap);
     free(v);
-    return RT_OK;
-}
-
-/* Read one reply-like frame (header + value, value malloc'd) before the deadline. */
-static rt_status read_frame(int fd, uint64_t deadline, const char *what, rt_store_frame *f, uint8_t **val) {
-    uint8_t hdr[RT_STORE_HDR];
-    *val = NULL;
-    RT_CHECK(rt_sock_read_all(fd, hdr, sizeof hdr, deadline, what));
-    RT_CHECK(rt_store_header_parse(hdr, f));
-    if (f->keylen != 0) return RT_ERROR(RT_ERR_FORMAT, "%s: a frame with a key where a reply was due", what);
-    if (f->vallen) {
-        *val = malloc(f->vallen);
-        RT_CHECK_ALLOC(*val, f->vallen);
-        rt_status s = rt_sock_read_all(fd, *val, f->vallen, deadline, what);
-        if (s != RT_OK) {
-            free(*val);
-            *val = NULL;
-            return s;
-        }
-    }
     return RT_OK;
 }
 
