@@ -34,6 +34,8 @@ static size_t chunk_len(size_t count, int n, int c) {
 static bool reduces(int kind) { return kind == RT_K_REDUCE || kind == RT_K_ALLREDUCE || kind == RT_K_REDUCE_SCATTER; }
 /* all_reduce and broadcast of device buffers over tcp/shm go through pinned host memory */
 static bool stageable(int kind) { return kind == RT_K_ALLREDUCE || kind == RT_K_BCAST; }
+/* a barrier moves no buffer: it runs on the host engine whatever the buffers' device */
+static bool moves_data(int kind) { return kind != RT_K_BARRIER; }
 
 static rt_status check_args(rt_pg *pg, const char *name, const rt_op *op) {
     size_t es = rt_dtype_size(op->dtype);
@@ -43,7 +45,8 @@ static rt_status check_args(rt_pg *pg, const char *name, const rt_op *op) {
                "%s: dtype %s cannot be reduced (f32 f64 i32 i64 can)", name, rt_dtype_name(op->dtype));
     RT_REQUIRE(!reduces(op->kind) || (unsigned)op->rop < RT_OP_COUNT_, RT_ERR_INVALID, "%s: bad reduce op %d", name,
                (int)op->rop);
-    bool host_or_nccl = pg->buf_device.kind == RT_DEVICE_CPU || pg->transport == RT_TRANSPORT_NCCL;
+    bool host_or_nccl =
+        pg->buf_device.kind == RT_DEVICE_CPU || pg->transport == RT_TRANSPORT_NCCL || !moves_data(op->kind);
     if (op->kind == RT_K_P2P) {
         RT_REQUIRE(op->root >= 0 && op->root < pg->size && op->root != pg->rank, RT_ERR_INVALID,
                    "%s: peer rank %d is not another rank of the group (size %d, this rank %d)", name, op->root,
@@ -593,7 +596,7 @@ static rt_status run(rt_pg *pg, const rt_op *op, bool async, rt_request **req) {
         }
         return rt_wait(r);
     }
-    if (pg->buf_device.kind == RT_DEVICE_CUDA) return run_staged(pg, name, op, out);
+    if (pg->buf_device.kind == RT_DEVICE_CUDA && moves_data(op->kind)) return run_staged(pg, name, op, out);
     return submit(pg, name, op, true, out);
 }
 

@@ -545,7 +545,8 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
             return ns;
         }
     }
-    RT_LOG_DEBUG("process group ready: rank %d of %d, transport %s", r->rank, r->world, rt_transport_name(t));
+    RT_LOG_DEBUG("process group ready: rank %d of %d, transport %s", r->rank, r->world,
+                 rt_transport_name(pg->transport));
     return RT_OK;
 }
 

@@ -63,6 +63,7 @@ typedef struct nccl_state {
     double timeout_s;
     pthread_mutex_t mu; /* every NCCL call on comm, and the abort */
     bool aborting;      /* set before ncclCommAbort: completions seen after it may be cut short */
+    bool in_group;      /* between our ncclGroupStart and ncclGroupEnd: a failure there ends the group first */
     /* the watchdog */
     pthread_cond_t cv;
     watched *watch;
@@ -97,6 +98,12 @@ static rt_status broken_error(rt_pg_world *w, const char *op) {
 
 /* Abort the communicator (once) and break the group with this error. st->mu held. */
 static rt_status fail_locked(nccl_state *st, rt_status s, const char *op, const char *why) {
+    if (st->in_group) { /* NCCL's group state is per thread: never leave it open */
+        st->in_group = false;
+        ncclResult_t g = ncclGroupEnd();
+        if (g != ncclSuccess && g != ncclInProgress)
+            RT_LOG_DEBUG("nccl: ncclGroupEnd after a failure in the group: %s", ncclGetErrorString(g));
+    }
     if (!st->aborting && st->comm) {
         st->aborting = true;
         ncclResult_t a = ncclCommAbort(st->comm);
@@ -143,6 +150,20 @@ static rt_status wait_ready_locked(nccl_state *st, const char *op, uint64_t dead
             RT_CHECK(wait_ready_locked((st), (op), (deadline)));                                                       \
         else if (rt_r_ != ncclSuccess)                                                                                 \
             return fail_locked((st), RT_ERR_CUDA, (op), ncclGetErrorString(rt_r_));                                    \
+    } while (0)
+
+/* A CUDA call while enqueuing on the communicator (st->mu held): the peers may already
+ * wait in this operation, so a failure aborts the communicator like an NCCL failure
+ * instead of leaving them to their timeout. */
+#define CCALL(st, op, expr)                                                                                            \
+    do {                                                                                                               \
+        cudaError_t rt_c_ = (expr);                                                                                    \
+        if (rt_c_ != cudaSuccess) {                                                                                    \
+            (void)cudaGetLastError();                                                                                  \
+            char rt_w_[200];                                                                                           \
+            snprintf(rt_w_, sizeof rt_w_, "%s: %s", #expr, cudaGetErrorString(rt_c_));                                 \
+            return fail_locked((st), RT_ERR_CUDA, (op), rt_w_);                                                        \
+        }                                                                                                              \
     } while (0)
 
 /* ---- the watchdog: device completions that a stream waits for ---- */
@@ -352,17 +373,28 @@ static rt_status init_(rt_pg *pg, nccl_state *st) {
     snprintf(me, sizeof me, "%s|%s", hid, bus);
     snprintf(key, sizeof key, "rt/nccl/gpu/%d", rank);
     RT_CHECK(rt_store_set(w->store, key, me, strlen(me)));
-    for (int j = 0; j < world; j++) {
-        char other[400] = "";
+    /* every rank reads the whole table and looks for any two ranks on one GPU, so all
+     * of them reach the same verdict (3 ranks on 2 GPUs: rank 1 has a GPU of its own,
+     * but ranks 0 and 2 do not, and rank 1 must not wait for an NCCL id that never comes) */
+    char(*tab)[400] = calloc((size_t)world, sizeof *tab);
+    RT_CHECK_ALLOC(tab, (size_t)world * sizeof *tab);
+    rt_status ts = RT_OK;
+    for (int j = 0; j < world && ts == RT_OK; j++) {
         size_t n = 0;
         snprintf(key, sizeof key, "rt/nccl/gpu/%d", j);
-        RT_CHECK(rt_store_get(w->store, key, other, sizeof other - 1, &n));
-        if (j != rank && strcmp(other, me) == 0)
-            return RT_ERROR(RT_ERR_UNSUPPORTED,
-                            "transport nccl: ranks %d and %d share GPU %s; NCCL needs one GPU per rank (use "
-                            "transport shm or tcp, which stage device buffers through pinned host memory)",
-                            j < rank ? j : rank, j < rank ? rank : j, bus);
+        ts = rt_store_get(w->store, key, tab[j], sizeof tab[j] - 1, &n);
     }
+    for (int a = 0; a < world && ts == RT_OK; a++)
+        for (int b = a + 1; b < world && ts == RT_OK; b++)
+            if (strcmp(tab[a], tab[b]) == 0) {
+                const char *gpu = strrchr(tab[a], '|');
+                ts = RT_ERROR(RT_ERR_UNSUPPORTED,
+                              "transport nccl: ranks %d and %d share GPU %s; NCCL needs one GPU per rank (use "
+                              "transport shm or tcp, which stage device buffers through pinned host memory)",
+                              a, b, gpu ? gpu + 1 : tab[a]);
+            }
+    free(tab);
+    RT_CHECK(ts);
     ncclUniqueId id;
     if (rank == 0) {
         RT_CHECK_NCCL(ncclGetUniqueId(&id));
@@ -505,8 +537,8 @@ static rt_status enqueue_locked(rt_pg *pg, nccl_state *st, const rt_op *o, const
     if (!st->comm || st->aborting) return broken_error(pg->w, name);
     cudaStream_t caller = pg->stream ? (cudaStream_t)rt_stream_native(pg->stream) : NULL;
     if (caller) { /* ordered after everything already enqueued on the caller's stream */
-        RT_CHECK_CUDA(cudaEventRecord(st->ev_in, caller));
-        RT_CHECK_CUDA(cudaStreamWaitEvent(st->stream, st->ev_in, 0));
+        CCALL(st, name, cudaEventRecord(st->ev_in, caller));
+        CCALL(st, name, cudaStreamWaitEvent(st->stream, st->ev_in, 0));
     }
     int kind = o->kind, root = o->root;
     const void *send = o->send;
@@ -536,6 +568,7 @@ static rt_status enqueue_locked(rt_pg *pg, nccl_state *st, const rt_op *o, const
     case RT_K_SCATTER:
     case RT_K_GATHER:
         NCALL(st, name, deadline, ncclGroupStart());
+        st->in_group = true;
         if (me == root) {
             for (int i = 0; i < n; i++) {
                 if (i == root) continue;
@@ -551,11 +584,12 @@ static rt_status enqueue_locked(rt_pg *pg, nccl_state *st, const rt_op *o, const
         }
         /* ncclGroupEnd is polled to completion (NCALL) before the copy below is
          * enqueued: only then is the grouped work on the stream, ahead of the copy */
+        st->in_group = false;
         NCALL(st, name, deadline, ncclGroupEnd());
         if (me == root && nb) {
             const char *src = kind == RT_K_SCATTER ? (const char *)send + (size_t)root * nb : send;
             char *dst = kind == RT_K_SCATTER ? recv : (char *)recv + (size_t)root * nb;
-            if (src != dst) RT_CHECK_CUDA(cudaMemcpyAsync(dst, src, nb, cudaMemcpyDeviceToDevice, cs));
+            if (src != dst) CCALL(st, name, cudaMemcpyAsync(dst, src, nb, cudaMemcpyDeviceToDevice, cs));
         }
         break;
     case RT_K_BARRIER:
@@ -570,8 +604,17 @@ static rt_status enqueue_locked(rt_pg *pg, nccl_state *st, const rt_op *o, const
     default:
         return RT_ERROR(RT_ERR_INVALID, "nccl: operation %d", kind);
     }
-    RT_CHECK_CUDA(cudaEventRecord(done, cs));
+    CCALL(st, name, cudaEventRecord(done, cs));
     return RT_OK;
+}
+
+/* The completion event, then the operation (st->mu held); a failure of either aborts:
+ * the peers enter the collective whatever this rank does. */
+static rt_status enqueue_locked_ev(rt_pg *pg, nccl_state *st, const rt_op *o, const char *name, ncclDataType_t dt,
+                                   nccl_done *c) {
+    c->ev = NULL;
+    CCALL(st, name, cudaEventCreateWithFlags(&c->ev, cudaEventDisableTiming));
+    return enqueue_locked(pg, st, o, name, dt, c->deadline, c->ev);
 }
 
 rt_status rt_nccl_run(rt_pg *pg, const rt_op *o, rt_request *r) {
@@ -583,16 +626,11 @@ rt_status rt_nccl_run(rt_pg *pg, const rt_op *o, rt_request *r) {
     nccl_done *c = calloc(1, sizeof *c);
     RT_CHECK_ALLOC(c, sizeof *c);
     *c = (nccl_done){.st = st, .deadline = rt_now_ns() + (uint64_t)(pg->timeout_s * 1e9), .op = name};
-    cudaError_t ce = cudaEventCreateWithFlags(&c->ev, cudaEventDisableTiming);
-    if (ce != cudaSuccess) {
-        free(c);
-        RT_CHECK_CUDA(ce);
-    }
     pthread_mutex_lock(&st->mu);
-    rt_status s = enqueue_locked(pg, st, o, name, dt, c->deadline, c->ev);
+    rt_status s = enqueue_locked_ev(pg, st, o, name, dt, c);
     pthread_mutex_unlock(&st->mu);
     if (s != RT_OK) {
-        cudaEventDestroy(c->ev);
+        if (c->ev) cudaEventDestroy(c->ev);
         free(c);
         return s;
     }
