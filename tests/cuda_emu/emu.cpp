@@ -1,12 +1,15 @@
 /* The host emulation of the CUDA execution model (see include/cuda_runtime.h and
  * docs/cuda-emulation.md).
  *
- * A launch runs its blocks one after another on the calling thread. The threads of a
- * block run as fibers: each runs until it returns or calls __syncthreads, and a barrier
- * opens when every thread of the block that has not returned has reached it (threads
- * that returned early no longer count, as on the device since Volta). So shared memory,
- * the barrier and the tree reductions behave as on the GPU, in one fixed interleaving:
- * races that the memory model leaves open are not explored.
+ * A grid runs its blocks one after another on one thread: the launching thread in the
+ * kernels-only build, the stream's worker thread with the full runtime
+ * (RT_EMU_FULL_RUNTIME, runtime.cpp), where a launch is enqueued on its stream and
+ * returns at once. The threads of a block run as fibers: each runs until it returns or
+ * calls __syncthreads, and a barrier opens when every thread of the block that has not
+ * returned has reached it (threads that returned early no longer count, as on the device
+ * since Volta). So shared memory, the barrier and the tree reductions behave as on the
+ * GPU, in one fixed interleaving: races that the memory model leaves open are not
+ * explored. Every piece of state is per thread, so several workers run kernels at once.
  *
  * Fibers: one per thread slot of a block (up to 1024), each on its own mmap'd stack,
  * started once with makecontext/setcontext and then switched with the compiler's
@@ -17,12 +20,16 @@
  * the functions that switch are not instrumented by it.
  */
 #include <cuda_runtime.h>
+#ifdef RT_EMU_FULL_RUNTIME
+#include "emu_internal.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <ucontext.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -82,7 +89,9 @@ struct emu_thread_state {
 
 thread_local emu_thread_state T;
 unsigned long long launches; /* all threads */
-size_t allocated;            /* bytes from rt_emu_malloc */
+#ifndef RT_EMU_FULL_RUNTIME
+size_t allocated; /* bytes from rt_emu_malloc */
+#endif
 
 [[noreturn]] void die(const char *what) {
     fprintf(stderr, "cuda emulation: %s\n", what);
@@ -212,22 +221,50 @@ bool config_ok(dim3 grid, dim3 block) {
 
 } // namespace
 
+namespace {
+/* clock64(): the grid's threads run one after another here, while on the device they
+ * start together. So each thread's first reading is the grid's start, and later
+ * readings are the real time since then (at 2 GHz): a thread that spins N cycles keeps
+ * the grid busy for about N cycles of real time in all, not N per thread. */
+thread_local uint64_t clk_start_ns;     /* the grid running on this thread: its start */
+thread_local unsigned long long clk_key; /* the (grid, block, thread) of the last reading */
+thread_local unsigned long long clk_grid;
+unsigned long long clk_grids; /* all threads */
+
+uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+} // namespace
+
+long long rt_emu_clock64(void) {
+    const dim3 g = rt_emu_grid_dim, b = rt_emu_block_dim;
+    const uint3 bi = rt_emu_block_idx, ti = rt_emu_thread_idx;
+    unsigned long long block = ((unsigned long long)bi.z * g.y + bi.y) * g.x + bi.x;
+    unsigned long long thread = ((unsigned long long)ti.z * b.y + ti.y) * b.x + ti.x;
+    unsigned long long key = (clk_grid << 42) ^ (block << 10) ^ thread;
+    if (key != clk_key) { /* this thread's first reading: the grid's start */
+        clk_key = key;
+        return 0;
+    }
+    return (long long)((mono_ns() - clk_start_ns) * 2);
+}
+
 void __syncthreads(void) {
     if (!T.current) die("__syncthreads called outside a kernel");
     T.current->state = AT_BARRIER;
     fiber_wait(T.current);
 }
 
-void rt_emu_run_grid(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *), void *arg) {
-    (void)stream; /* runs now: every stream is in order with itself and with the host */
-    if (T.current) die("kernel launched from inside a kernel (dynamic parallelism is not emulated)");
-    if (!config_ok(grid, block)) {
-        T.last_error = cudaErrorInvalidConfiguration;
-        return;
-    }
-    if (smem != 0) die("dynamic shared memory (the third <<<>>> argument) is not emulated");
-    __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
+namespace {
+
+/* run the whole grid now, on this thread */
+void run_grid_now(dim3 grid, dim3 block, void (*body)(void *), void *arg) {
     const unsigned nthreads = block.x * block.y * block.z;
+    clk_grid = __atomic_add_fetch(&clk_grids, 1, __ATOMIC_RELAXED);
+    clk_start_ns = mono_ns();
     const dim3 saved_grid = rt_emu_grid_dim, saved_block = rt_emu_block_dim;
     rt_emu_grid_dim = grid;
     rt_emu_block_dim = block;
@@ -245,7 +282,82 @@ void rt_emu_run_grid(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, vo
     rt_emu_block_dim = saved_block;
 }
 
+#ifdef RT_EMU_FULL_RUNTIME
+
+void set_launch_error(cudaError_t e) { rt_emu_set_last_error(e); }
+
+/* a launch waiting in its stream's queue: the grid and the copied arguments */
+struct grid_op {
+    dim3 grid, block;
+    void (*body)(void *);
+    void *arg;
+    void (*cleanup)(void *);
+};
+
+void grid_op_run(void *p) {
+    grid_op *g = static_cast<grid_op *>(p);
+    run_grid_now(g->grid, g->block, g->body, g->arg);
+}
+
+void grid_op_cleanup(void *p) {
+    grid_op *g = static_cast<grid_op *>(p);
+    if (g->cleanup) g->cleanup(g->arg);
+    delete g;
+}
+
+#else
+
+void set_launch_error(cudaError_t e) { T.last_error = e; }
+
+#endif
+
+} // namespace
+
+void rt_emu_run_grid(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *),
+                     void *arg, void (*cleanup)(void *)) {
+    if (T.current) die("kernel launched from inside a kernel (dynamic parallelism is not emulated)");
+    if (!config_ok(grid, block)) {
+        set_launch_error(cudaErrorInvalidConfiguration);
+        if (cleanup) cleanup(arg);
+        return;
+    }
+    if (smem != 0) die("dynamic shared memory (the third <<<>>> argument) is not emulated");
+#ifdef RT_EMU_FULL_RUNTIME
+    grid_op *g = new grid_op{grid, block, body, arg, cleanup};
+    cudaError_t e = rt_emu_stream_enqueue(stream, name, grid_op_run, g, grid_op_cleanup);
+    if (e != cudaSuccess) {
+        grid_op_cleanup(g);
+        set_launch_error(e);
+        return;
+    }
+    __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
+#else
+    (void)name;
+    (void)stream; /* runs now: every stream is in order with itself and with the host */
+    __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
+    run_grid_now(grid, block, body, arg);
+    if (cleanup) cleanup(arg);
+#endif
+}
+
 extern "C" {
+
+unsigned long long rt_emu_launch_count(void) { return __atomic_load_n(&launches, __ATOMIC_RELAXED); }
+
+#ifdef RT_EMU_FULL_RUNTIME
+
+/* runtime.cpp refers to it: linking the full runtime with a kernels-only emu.cpp (or the
+ * other way round) fails at link time instead of misbehaving */
+extern const int rt_emu_kernels_with_full_runtime = 1;
+
+#else /* kernels only: "device" memory is host memory, pointers are passed as they are */
+
+void *rt_emu_kernel_arg(const void *p, const char *kernel, int index, cudaStream_t stream) {
+    (void)kernel;
+    (void)index;
+    (void)stream;
+    return const_cast<void *>(p);
+}
 
 cudaError_t rt_emu_get_last_error(int clear) {
     cudaError_t e = T.last_error;
@@ -253,35 +365,21 @@ cudaError_t rt_emu_get_last_error(int clear) {
     return e;
 }
 
+#define RT_EMU_ERROR_NAME(name, number, text)                                                                          \
+    case name:                                                                                                         \
+        return #name;
+#define RT_EMU_ERROR_TEXT(name, number, text)                                                                          \
+    case name:                                                                                                         \
+        return text;
+
 const char *rt_emu_error_name(cudaError_t e) {
-    switch (e) {
-    case cudaSuccess:
-        return "cudaSuccess";
-    case cudaErrorInvalidValue:
-        return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-        return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration:
-        return "cudaErrorInvalidConfiguration";
-    case cudaErrorInsufficientDriver:
-        return "cudaErrorInsufficientDriver";
-    case cudaErrorNoDevice:
-        return "cudaErrorNoDevice";
-    case cudaErrorNotSupported:
-        return "cudaErrorNotSupported";
-    }
-    return "cudaErrorUnknown";
+    switch (e) { RT_EMU_CUDA_ERRORS(RT_EMU_ERROR_NAME) }
+    return "unrecognized error code";
 }
 
 const char *rt_emu_error_string(cudaError_t e) {
-    switch (e) {
-    case cudaSuccess:
-        return "no error";
-    case cudaErrorInvalidConfiguration:
-        return "invalid configuration argument";
-    default:
-        return rt_emu_error_name(e);
-    }
+    switch (e) { RT_EMU_CUDA_ERRORS(RT_EMU_ERROR_TEXT) }
+    return "unrecognized error code";
 }
 
 /* device memory is host memory; a size header keeps the count for cudaMemGetInfo */
@@ -313,6 +411,6 @@ cudaError_t rt_emu_mem_get_info(size_t *free_b, size_t *total_b) {
     return cudaSuccess;
 }
 
-unsigned long long rt_emu_launch_count(void) { return __atomic_load_n(&launches, __ATOMIC_RELAXED); }
+#endif
 
 } // extern "C"

@@ -4,6 +4,9 @@
 #       copies IN to OUT with every launch `kernel<<<grid, block[, smem[, stream]]>>>(args)`
 #       turned into `rt_emu_launch(kernel, grid, block[, smem[, stream]])(args)`, the rest
 #       unchanged (a #line directive keeps compiler messages and debug info on IN).
+#   cmake -DIN=file.cu -DOUT=file.cpp -DKEEP_NAMES=ON -P rewrite_cu.cmake
+#       the same without the renaming header: the emulated-GPU build (RINGTRAIN_CUDA=EMU),
+#       where the copies are the project's CUDA code itself.
 #   cmake -DNAMES=out.h -DINPUTS="a.cu;b.cu" -P rewrite_cu.cmake
 #       writes the header that renames every extern "C" function or object the .cu files
 #       define (rt_foo -> rt_emu_foo), so the host-compiled copies never collide with the
@@ -53,9 +56,13 @@ if(NOT _n_all EQUAL _n_named OR NOT _n_all EQUAL _n_close)
 endif()
 string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_]*)[ \t]*<<<" "rt_emu_launch(\\1, " _src "${_src}")
 string(REPLACE ">>>" ")" _src "${_src}")
+set(_names_include "#include \"rt_emu_names.h\"\n")
+if(KEEP_NAMES)
+  set(_names_include "")
+endif()
 file(WRITE "${OUT}.tmp"
      "/* generated from ${IN} by tests/cuda_emu/rewrite_cu.cmake: do not edit */\n"
-     "#include \"rt_emu_names.h\"\n#include <cuda_runtime.h> /* nvcc includes it implicitly */\n"
+     "${_names_include}#include <cuda_runtime.h> /* nvcc includes it implicitly */\n"
      "#line 1 \"${IN}\"\n${_src}")
 file(COPY_FILE "${OUT}.tmp" "${OUT}" ONLY_IF_DIFFERENT)
 file(REMOVE "${OUT}.tmp")

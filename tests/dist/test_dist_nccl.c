@@ -30,6 +30,8 @@ static int body(int rank, int world, int port, void *arg) {
     rt_pg_options o;
     mp_pg_options(&o, method, rank, world, port, c->transport, 60);
     setenv("LOCAL_RANK", rank ? "1" : "0", 1);
+    /* two ranks on one GPU on any machine: only GPU 0 is visible to them */
+    if (c->expect_refusal) setenv("CUDA_VISIBLE_DEVICES", "0", 1);
     rt_device dev;
     MP_OK(rt_device_select("cuda", rank, &dev));
     o.device = dev;
@@ -154,12 +156,14 @@ static void nccl_one_rank(void **s) {
 }
 static void nccl_shared_gpu_refused(void **s) {
     (void)s;
-    if (g_gpus >= 2) skip();
     run(RT_TRANSPORT_NCCL, 2, 1);
 }
 static void nccl_two_gpus(void **s) {
     (void)s;
-    if (g_gpus < 2) skip();
+    if (g_gpus < 2) {
+        printf("nccl_two_gpus: skipped, needs 2 GPUs (this machine has %d)\n", g_gpus);
+        skip();
+    }
     run(RT_TRANSPORT_NCCL, 2, 0);
 }
 

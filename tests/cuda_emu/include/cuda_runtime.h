@@ -1,36 +1,103 @@
-/* Host emulation of the CUDA runtime for the project's own kernels (see
- * docs/cuda-emulation.md): NOT the toolkit's header. The emulated builds put
- * tests/cuda_emu/include before every other include directory, so the .cu copies and
- * the tests that call their launchers see this file as <cuda_runtime.h>.
+/* Host emulation of the CUDA runtime (see docs/cuda-emulation.md): NOT the toolkit's
+ * header. The emulated builds put tests/cuda_emu/include before every other include
+ * directory, so the project's CUDA sources (the .c files compiled as C, the .cu copies
+ * compiled as C++) and the tests see this file as <cuda_runtime.h>.
  *
- * In C (the tests) it declares the runtime types and the few runtime calls the
- * launchers and tests use. In C++ (the host-compiled .cu copies) it adds the
- * built-ins: threadIdx/blockIdx/blockDim/gridDim, __global__ and friends,
- * __syncthreads, atomics, the IEEE rounding intrinsics and rt_emu_launch, the target of
- * the rewritten `kernel<<<grid, block, smem, stream>>>(args)`. */
+ * Two modes:
+ *  - kernels only (the default; the main build's rt_cuda_emu): "device" memory is host
+ *    memory and a launch runs to completion before it returns. The few runtime calls the
+ *    kernel tests need are static inline here, so no global cuda* symbol is defined and
+ *    the library links next to the real CUDA runtime.
+ *  - the full runtime (RT_EMU_FULL_RUNTIME defined for every file that includes this
+ *    header: the -DRINGTRAIN_CUDA=EMU build): the runtime API below is implemented by
+ *    tests/cuda_emu/runtime.cpp with devices, device memory the host cannot touch,
+ *    streams executed by worker threads, events and the real error codes.
+ *
+ * Types, constants and error numbers are the CUDA 13.0 toolkit's (driver_types.h,
+ * cuda_runtime_api.h). In C++ the file adds the device side: threadIdx/blockIdx/
+ * blockDim/gridDim, __global__ and friends, __syncthreads, atomics, the IEEE rounding
+ * intrinsics and rt_emu_launch, the target of the rewritten
+ * `kernel<<<grid, block, smem, stream>>>(args)`. */
 #ifndef RT_EMU_CUDA_RUNTIME_H
 #define RT_EMU_CUDA_RUNTIME_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#define CUDART_VERSION 13000
+
 #ifdef __cplusplus
 extern "C" {
+#define RT_EMU_DEFAULT(v) = v
+#else
+#define RT_EMU_DEFAULT(v)
 #endif
 
-/* the values are the CUDA runtime's */
-typedef enum cudaError {
-    cudaSuccess = 0,
-    cudaErrorInvalidValue = 1,
-    cudaErrorMemoryAllocation = 2,
-    cudaErrorInvalidConfiguration = 9,
-    cudaErrorInsufficientDriver = 35,
-    cudaErrorNoDevice = 100,
-    cudaErrorNotSupported = 801,
-} cudaError_t;
+/* X(name, number, what cudaGetErrorString says): the toolkit's numbers; the emulation
+ * returns only these (cudaGetErrorName/String know every one of them) */
+#define RT_EMU_CUDA_ERRORS(X)                                                                                          \
+    X(cudaSuccess, 0, "no error")                                                                                      \
+    X(cudaErrorInvalidValue, 1, "invalid argument")                                                                    \
+    X(cudaErrorMemoryAllocation, 2, "out of memory")                                                                   \
+    X(cudaErrorInitializationError, 3, "initialization error")                                                         \
+    X(cudaErrorCudartUnloading, 4, "driver shutting down")                                                             \
+    X(cudaErrorInvalidConfiguration, 9, "invalid configuration argument")                                              \
+    X(cudaErrorInvalidPitchValue, 12, "invalid pitch argument")                                                        \
+    X(cudaErrorInvalidSymbol, 13, "invalid device symbol")                                                             \
+    X(cudaErrorInvalidHostPointer, 16, "invalid host pointer")                                                         \
+    X(cudaErrorInvalidDevicePointer, 17, "invalid device pointer")                                                     \
+    X(cudaErrorInvalidMemcpyDirection, 21, "invalid copy direction for memcpy")                                        \
+    X(cudaErrorStubLibrary, 34, "CUDA driver is a stub library")                                                       \
+    X(cudaErrorInsufficientDriver, 35, "CUDA driver version is insufficient for CUDA runtime version")                 \
+    X(cudaErrorCallRequiresNewerDriver, 36, "API call is not supported in the installed CUDA driver")                  \
+    X(cudaErrorDevicesUnavailable, 46, "CUDA-capable device(s) is/are busy or unavailable")                            \
+    X(cudaErrorMissingConfiguration, 52, "__global__ function call is not configured")                                 \
+    X(cudaErrorInvalidDeviceFunction, 98, "invalid device function")                                                   \
+    X(cudaErrorNoDevice, 100, "no CUDA-capable device is detected")                                                    \
+    X(cudaErrorInvalidDevice, 101, "invalid device ordinal")                                                           \
+    X(cudaErrorStartupFailure, 127, "startup failure in cuda runtime")                                                 \
+    X(cudaErrorInvalidKernelImage, 200, "device kernel image is invalid")                                              \
+    X(cudaErrorDeviceUninitialized, 201, "invalid device context")                                                     \
+    X(cudaErrorNoKernelImageForDevice, 209, "no kernel image is available for execution on the device")               \
+    X(cudaErrorECCUncorrectable, 214, "uncorrectable ECC error encountered")                                           \
+    X(cudaErrorUnsupportedLimit, 215, "limit is not supported on this architecture")                                   \
+    X(cudaErrorDeviceAlreadyInUse, 216, "exclusive-thread device already in use by a different thread")                \
+    X(cudaErrorPeerAccessUnsupported, 217, "peer access is not supported between these two devices")                   \
+    X(cudaErrorInvalidPtx, 218, "a PTX JIT compilation failed")                                                        \
+    X(cudaErrorOperatingSystem, 304, "OS call failed or operation not supported on this OS")                           \
+    X(cudaErrorInvalidResourceHandle, 400, "invalid resource handle")                                                  \
+    X(cudaErrorIllegalState, 401, "the operation cannot be performed in the present state")                            \
+    X(cudaErrorSymbolNotFound, 500, "named symbol not found")                                                          \
+    X(cudaErrorNotReady, 600, "device not ready")                                                                      \
+    X(cudaErrorIllegalAddress, 700, "an illegal memory access was encountered")                                        \
+    X(cudaErrorLaunchOutOfResources, 701, "too many resources requested for launch")                                   \
+    X(cudaErrorLaunchTimeout, 702, "the launch timed out and was terminated")                                          \
+    X(cudaErrorPeerAccessAlreadyEnabled, 704, "peer access is already enabled")                                        \
+    X(cudaErrorPeerAccessNotEnabled, 705, "peer access has not been enabled")                                          \
+    X(cudaErrorContextIsDestroyed, 709, "context is destroyed")                                                        \
+    X(cudaErrorAssert, 710, "device-side assert triggered")                                                            \
+    X(cudaErrorHostMemoryAlreadyRegistered, 712, "part or all of the requested memory range is already mapped")        \
+    X(cudaErrorHostMemoryNotRegistered, 713, "pointer does not correspond to a registered memory region")              \
+    X(cudaErrorHardwareStackError, 714, "hardware stack error")                                                        \
+    X(cudaErrorIllegalInstruction, 715, "an illegal instruction was encountered")                                      \
+    X(cudaErrorMisalignedAddress, 716, "misaligned address")                                                           \
+    X(cudaErrorLaunchFailure, 719, "unspecified launch failure")                                                       \
+    X(cudaErrorNotPermitted, 800, "operation not permitted")                                                           \
+    X(cudaErrorNotSupported, 801, "operation not supported")                                                           \
+    X(cudaErrorSystemNotReady, 802, "system not yet initialized")                                                      \
+    X(cudaErrorSystemDriverMismatch, 803, "system has unsupported display driver / cuda driver combination")           \
+    X(cudaErrorCompatNotSupportedOnDevice, 804, "forward compatibility was attempted on non supported HW")             \
+    X(cudaErrorStreamCaptureUnsupported, 900, "operation not permitted when stream is capturing")                      \
+    X(cudaErrorTimeout, 909, "wait operation timed out")                                                               \
+    X(cudaErrorUnknown, 999, "unknown error")
+
+#define RT_EMU_ERROR_ENUM(name, number, text) name = number,
+typedef enum cudaError { RT_EMU_CUDA_ERRORS(RT_EMU_ERROR_ENUM) } cudaError_t;
+#undef RT_EMU_ERROR_ENUM
 
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
+typedef void (*cudaHostFn_t)(void *userData);
 
 typedef enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -40,6 +107,142 @@ typedef enum cudaMemcpyKind {
     cudaMemcpyDefault = 4,
 } cudaMemcpyKind;
 
+#define cudaHostAllocDefault 0x00
+#define cudaHostAllocPortable 0x01
+#define cudaHostAllocMapped 0x02
+#define cudaHostAllocWriteCombined 0x04
+#define cudaStreamDefault 0x00
+#define cudaStreamNonBlocking 0x01
+#define cudaStreamLegacy ((cudaStream_t)0x1)
+#define cudaStreamPerThread ((cudaStream_t)0x2)
+#define cudaEventDefault 0x00
+#define cudaEventBlockingSync 0x01
+#define cudaEventDisableTiming 0x02
+#define cudaEventInterprocess 0x04
+#define cudaEventWaitDefault 0x00
+#define cudaEventWaitExternal 0x01
+
+typedef struct CUuuid_st {
+    char bytes[16];
+} cudaUUID_t;
+
+/* the toolkit's fields, in its order (CUDA 13 removed clockRate, computeMode, ...) */
+struct cudaDeviceProp {
+    char name[256];
+    cudaUUID_t uuid;
+    char luid[8];
+    unsigned int luidDeviceNodeMask;
+    size_t totalGlobalMem;
+    size_t sharedMemPerBlock;
+    int regsPerBlock;
+    int warpSize;
+    size_t memPitch;
+    int maxThreadsPerBlock;
+    int maxThreadsDim[3];
+    int maxGridSize[3];
+    size_t totalConstMem;
+    int major;
+    int minor;
+    size_t textureAlignment;
+    size_t texturePitchAlignment;
+    int multiProcessorCount;
+    int integrated;
+    int canMapHostMemory;
+    int concurrentKernels;
+    int ECCEnabled;
+    int pciBusID;
+    int pciDeviceID;
+    int pciDomainID;
+    int tccDriver;
+    int asyncEngineCount;
+    int unifiedAddressing;
+    int memoryBusWidth;
+    int l2CacheSize;
+    int persistingL2CacheMaxSize;
+    int maxThreadsPerMultiProcessor;
+    int streamPrioritiesSupported;
+    int globalL1CacheSupported;
+    int localL1CacheSupported;
+    size_t sharedMemPerMultiprocessor;
+    int regsPerMultiprocessor;
+    int managedMemory;
+    int isMultiGpuBoard;
+    int multiGpuBoardGroupID;
+    int hostNativeAtomicSupported;
+    int pageableMemoryAccess;
+    int concurrentManagedAccess;
+    int computePreemptionSupported;
+    int canUseHostPointerForRegisteredMem;
+    int cooperativeLaunch;
+    size_t sharedMemPerBlockOptin;
+    int pageableMemoryAccessUsesHostPageTables;
+    int directManagedMemAccessFromHost;
+    int maxBlocksPerMultiProcessor;
+    int accessPolicyMaxWindowSize;
+    size_t reservedSharedMemPerBlock;
+    int hostRegisterSupported;
+    int memoryPoolsSupported;
+    int gpuDirectRDMASupported;
+    int clusterLaunch;
+    int unifiedFunctionPointers;
+    int mpsEnabled;
+    int reserved[56];
+};
+
+/* kernels launched since the start (the tests check that a launcher launched) */
+unsigned long long rt_emu_launch_count(void);
+
+#ifdef RT_EMU_FULL_RUNTIME
+
+/* ---- the emulated runtime (runtime.cpp) -------------------------------------------- */
+
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+const char *cudaGetErrorName(cudaError_t error);
+const char *cudaGetErrorString(cudaError_t error);
+
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int *device);
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device);
+cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device);
+cudaError_t cudaDriverGetVersion(int *driverVersion);
+cudaError_t cudaRuntimeGetVersion(int *runtimeVersion);
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
+
+cudaError_t cudaMalloc(void **devPtr, size_t size);
+cudaError_t cudaFree(void *devPtr);
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags);
+cudaError_t cudaMallocHost(void **ptr, size_t size);
+cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream RT_EMU_DEFAULT(0));
+cudaError_t cudaMemset(void *devPtr, int value, size_t count);
+cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream RT_EMU_DEFAULT(0));
+
+cudaError_t cudaStreamCreate(cudaStream_t *pStream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags, int priority);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamGetFlags(cudaStream_t hStream, unsigned int *flags);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags RT_EMU_DEFAULT(0));
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *userData);
+
+cudaError_t cudaEventCreate(cudaEvent_t *event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream RT_EMU_DEFAULT(0));
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+#else /* kernels only */
+
 /* emulation state (emu.cpp) */
 cudaError_t rt_emu_get_last_error(int clear);
 const char *rt_emu_error_name(cudaError_t e);
@@ -47,8 +250,6 @@ const char *rt_emu_error_string(cudaError_t e);
 cudaError_t rt_emu_malloc(void **p, size_t n);
 cudaError_t rt_emu_free(void *p);
 cudaError_t rt_emu_mem_get_info(size_t *free_b, size_t *total_b);
-/* kernels launched since the start (the tests check that a launcher launched) */
-unsigned long long rt_emu_launch_count(void);
 
 /* "Device" memory is host memory; a stream is a name: every launch runs to completion
  * before it returns, so stream order holds trivially. */
@@ -67,12 +268,15 @@ static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     return cudaSuccess;
 }
 
+#endif /* RT_EMU_FULL_RUNTIME */
+
 #ifdef __cplusplus
 } /* extern "C" */
 
 /* ---- C++ only: the device side ----------------------------------------------------- */
 
 #include <math.h>
+#include <memory> /* before __noinline__ is defined: libstdc++'s shared_ptr uses the name */
 #include <tuple>
 #include <utility>
 
@@ -89,8 +293,9 @@ struct dim3 {
 #define __host__
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
-/* blocks run one after another, the threads of a block share the function's statics */
-#define __shared__ static
+/* one array per kernel function and worker thread: a thread runs one block at a time,
+ * and several stream workers may run kernels at the same time */
+#define __shared__ static thread_local
 
 /* the built-ins of the thread now running (read-only, as on the device) */
 extern thread_local uint3 rt_emu_thread_idx, rt_emu_block_idx;
@@ -103,8 +308,14 @@ extern thread_local dim3 rt_emu_block_dim, rt_emu_grid_dim;
 /* every live (not yet returned) thread of the block reaches it before any goes on */
 void __syncthreads(void);
 
+/* a cycle counter at 2 GHz; each thread's first reading is its grid's start (emu.cpp) */
+long long rt_emu_clock64(void);
+static inline long long clock64(void) { return rt_emu_clock64(); }
+
 /* Atomics: the threads of a block are fibers that switch only at __syncthreads, so a
- * read-modify-write is never interleaved with another thread's. */
+ * read-modify-write is never interleaved with another thread's. (Blocks of one kernel
+ * run one after another on one worker; two kernels running at once on two streams are
+ * unordered, as on the GPU: their atomics on shared data are not emulated.) */
 template <class T> static inline T rt_emu_rmw_add(T *a, T v) {
     T old = *a;
     *a = old + v;
@@ -170,39 +381,71 @@ static inline double __fma_rn(double a, double b, double c) { return fma(a, b, c
 /* ---- the launch -------------------------------------------------------------------- */
 
 /* Run body(arg) once per thread of the grid: blocks in order (x fastest, then y, z),
- * the threads of a block as fibers. Checks the configuration as the device does
- * (cudaErrorInvalidConfiguration, reported by cudaGetLastError, nothing runs). */
-void rt_emu_run_grid(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *), void *arg);
+ * the threads of a block as fibers; then cleanup(arg). `name` is the kernel's. Checks the configuration as the
+ * device does (cudaErrorInvalidConfiguration, reported by cudaGetLastError, nothing
+ * runs). Kernels only: runs now, on the calling thread. Full runtime: enqueued on
+ * `stream` (cudaErrorInvalidResourceHandle for a destroyed one), returns at once. */
+void rt_emu_run_grid(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *),
+                     void *arg, void (*cleanup)(void *));
+
+/* A pointer parameter of a launch, as the kernel will see it. Kernels only: p itself.
+ * Full runtime: the emulator's alias of device memory (of the stream's device), pinned
+ * host memory as is, NULL as is; anything else (pageable host memory, freed or another
+ * device's memory) stops the emulation with a message naming the kernel and the
+ * parameter's index. */
+extern "C" void *rt_emu_kernel_arg(const void *p, const char *kernel, int index, cudaStream_t stream);
+
+template <class T> static inline T rt_emu_param(T v, const char *, int, cudaStream_t) { return v; }
+template <class T> static inline T *rt_emu_param(T *v, const char *kernel, int index, cudaStream_t stream) {
+    return static_cast<T *>(rt_emu_kernel_arg(const_cast<const void *>(static_cast<const volatile void *>(v)), kernel,
+                                              index, stream));
+}
+/* the implicit conversion of an argument to its parameter's type */
+template <class P, class A> static inline P rt_emu_convert(A &&a) { return std::forward<A>(a); }
 
 template <class... P> struct rt_emu_launcher {
+    const char *name;
     void (*kernel)(P...);
     dim3 grid, block;
     size_t smem;
     cudaStream_t stream;
 
+    struct call {
+        void (*kernel)(P...);
+        std::tuple<P...> args;
+        static void run(void *self) {
+            call *c = static_cast<call *>(self);
+            std::apply(c->kernel, c->args);
+        }
+        static void destroy(void *self) { delete static_cast<call *>(self); }
+    };
+
     /* The arguments are converted to the kernel's parameter types once, as the launch
-     * does; every thread then gets its own copies (parameters are per-thread values). */
+     * does, and copied (the launch returns before the kernel runs); every thread then
+     * gets its own copies (parameters are per-thread values). */
     template <class... A> void operator()(A &&...args) const {
         static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
-        struct call {
-            void (*kernel)(P...);
-            std::tuple<P...> args;
-            static void run(void *self) {
-                call *c = static_cast<call *>(self);
-                std::apply(c->kernel, c->args);
-            }
-        } c{kernel, std::tuple<P...>(std::forward<A>(args)...)};
-        rt_emu_run_grid(grid, block, smem, stream, &call::run, &c);
+        launch(std::index_sequence_for<A...>{}, std::forward<A>(args)...);
+    }
+
+  private:
+    template <size_t... I, class... A> void launch(std::index_sequence<I...>, A &&...args) const {
+        call *c = new call{kernel, std::tuple<P...>(rt_emu_param(rt_emu_convert<P>(std::forward<A>(args)), name,
+                                                                 static_cast<int>(I), stream)...)};
+        rt_emu_run_grid(name, grid, block, smem, stream, &call::run, c, &call::destroy);
     }
 };
 
-/* `kernel<<<grid, block, smem, stream>>>(args)` is rewritten (tests/cuda_emu/rewrite_cu.cmake)
- * to `rt_emu_launch(kernel, grid, block, smem, stream)(args)`. */
 template <class... P>
-static inline rt_emu_launcher<P...> rt_emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0,
-                                                  cudaStream_t stream = 0) {
-    return rt_emu_launcher<P...>{kernel, grid, block, smem, stream};
+static inline rt_emu_launcher<P...> rt_emu_launch_named(const char *name, void (*kernel)(P...), dim3 grid, dim3 block,
+                                                        size_t smem = 0, cudaStream_t stream = 0) {
+    return rt_emu_launcher<P...>{name, kernel, grid, block, smem, stream};
 }
+
+/* `kernel<<<grid, block, smem, stream>>>(args)` is rewritten (tests/cuda_emu/rewrite_cu.cmake)
+ * to `rt_emu_launch(kernel, grid, block, smem, stream)(args)`; the kernel's name goes
+ * along for the emulation's messages */
+#define rt_emu_launch(kernel, ...) rt_emu_launch_named(#kernel, kernel, __VA_ARGS__)
 
 #endif /* __cplusplus */
 
