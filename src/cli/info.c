@@ -57,13 +57,16 @@ void rt_cli_info_print(FILE *out) {
     rt_status st = rt_cuda_device_count(&count);
     if (st != RT_OK) {
         /* first line of the error, without the source location */
-        char why[512];
+        char why[1200];
         snprintf(why, sizeof why, "%s", rt_error_message());
         char *nl = strchr(why, '\n');
         if (nl) *nl = '\0';
         char *loc = strstr(why, " (src/");
         if (loc) *loc = '\0';
-        fprintf(out, "  cuda          none: %s; ringtrain will use the CPU\n", why);
+        if (st == RT_ERR_NODEVICE)
+            fprintf(out, "  cuda          none: %s; ringtrain will use the CPU\n", why);
+        else /* GPUs that cannot be used: device auto fails instead of using the CPU */
+            fprintf(out, "  cuda          error: %s\n", why);
         rt_error_clear();
         return;
     }

@@ -157,7 +157,12 @@ rt_status rt_device_select(const char *want, int local_rank, rt_device *out) {
     if (kind == RT_DEVICE_CPU && !is_auto) return RT_OK;   /* the CPU asks no GPU driver */
     int count = 0;
     char why[512] = "";
-    if (rt_cuda_device_count(&count) != RT_OK) {
+    rt_status cs = rt_cuda_device_count(&count);
+    if (cs != RT_OK && cs != RT_ERR_NODEVICE) { /* GPUs that are there but unusable: never a silent CPU run */
+        rt_error_trace(__FILE__, __LINE__, "rt_cuda_device_count");
+        return cs;
+    }
+    if (cs != RT_OK) {
         snprintf(why, sizeof why, "%s", rt_error_message());
         rt_error_clear();
         count = 0;
@@ -301,6 +306,12 @@ rt_status rt_event_record(rt_event *e, rt_stream *s) {
 }
 
 rt_status rt_event_sync(rt_event *e) { return e ? e->be->event_sync(e) : RT_OK; }
+
+rt_status rt_event_query(rt_event *e, bool *done) {
+    *done = true;
+    if (!e || !e->recorded || !e->be->event_query) return RT_OK;
+    return e->be->event_query(e, done);
+}
 
 rt_status rt_stream_wait_event(rt_stream *s, rt_event *e) {
     if (!s || !e) return RT_OK;

@@ -44,7 +44,10 @@ rt_status rt_device_kind_built(rt_device_kind kind);
 bool rt_cuda_built(void);
 
 /* Number of usable GPUs. With none (no driver, no device, or a build without CUDA)
- * returns RT_ERR_NODEVICE and a message that gives the driver's reason. */
+ * returns RT_ERR_NODEVICE and a message that gives the driver's reason. GPUs that are
+ * there but cannot be used (a driver too old for this CUDA runtime, a driver updated
+ * without a reboot, every GPU busy in exclusive-process mode, a failed initialisation)
+ * are RT_ERR_CUDA, with a message that names the cause and what to do. */
 rt_status rt_cuda_device_count(int *count);
 
 /* Device name, compute capability, memory, for `ringtrain info` (GPU `index`). */
@@ -68,7 +71,9 @@ rt_status rt_cuda_device_info_get(int index, rt_cuda_device_info *info);
  * pure function of its arguments (gpu_count <= 0: no GPU); rt_device_select asks the
  * driver for the count (its reason is in the error when there is none), applies the
  * rule, warns when ranks share a GPU, logs once when auto falls back to the CPU, and
- * makes the device current. */
+ * makes the device current. Auto falls back only for "no GPU" (RT_ERR_NODEVICE): any
+ * other failure of rt_cuda_device_count (GPUs that cannot be used) is returned, for
+ * every `want` but "cpu". */
 rt_status rt_device_choose(const char *want, int local_rank, int gpu_count, rt_device *out);
 rt_status rt_device_select(const char *want, int local_rank, rt_device *out);
 
@@ -102,6 +107,9 @@ rt_status rt_event_create(rt_device d, rt_event **out);
 void rt_event_destroy(rt_event *e);
 rt_status rt_event_record(rt_event *e, rt_stream *s);
 rt_status rt_event_sync(rt_event *e);
+/* *done: everything enqueued before the event's last record has completed (true for an
+ * event never recorded, and on the CPU); never blocks the host. */
+rt_status rt_event_query(rt_event *e, bool *done);
 /* Make stream `s` wait for event `e` (GPU-side; no host sync). */
 rt_status rt_stream_wait_event(rt_stream *s, rt_event *e);
 /* Milliseconds between two recorded events; *ready false (and RT_OK) if the later one

@@ -44,7 +44,13 @@ static void test_streams_events(void **state) {
     float ms;
     bool ready;
     assert_int_equal(rt_event_elapsed_ms(e0, e1, &ms, &ready), RT_ERR_INVALID); /* never recorded */
+    bool done = false;
+    assert_rt_ok(rt_event_query(e0, &done)); /* never recorded: nothing to wait for */
+    assert_true(done);
     assert_rt_ok(rt_event_record(e0, s));
+    done = false;
+    assert_rt_ok(rt_event_query(e0, &done)); /* a CPU event is complete once recorded */
+    assert_true(done);
     struct timespec ts = {0, 20 * 1000 * 1000};
     nanosleep(&ts, NULL);
     assert_rt_ok(rt_event_record(e1, s));

@@ -44,34 +44,42 @@ static int libcuda_driver_version(void) {
     return v;
 }
 
+/* The device count; without one RT_ERR_NODEVICE ("no GPU": no device, no driver) or
+ * RT_ERR_CUDA for GPUs that are there but cannot be used, naming the cause
+ * (rt_cuda_probe_classify in driver_version.h). */
 static rt_status cuda_count(int *count) {
     *count = 0;
     cudaError_t e = cudaGetDeviceCount(count);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        *count = 0;
+    if (e == cudaSuccess) return RT_OK;
+    (void)cudaGetLastError();
+    *count = 0;
+    void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!drv) drv = dlopen("libcuda.so.1", RTLD_LAZY);
+    bool have_driver = drv != NULL;
+    if (drv) dlclose(drv);
+    char msg[1024];
+    switch (rt_cuda_probe_classify((int)e, have_driver)) {
+    case RT_CUDA_PROBE_NO_GPU:
         /* the runtime says "insufficient driver" also when there is no driver at all */
-        void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-        if (!drv) drv = dlopen("libcuda.so.1", RTLD_LAZY);
-        if (!drv)
+        if (!have_driver && e != cudaErrorNoDevice)
             return rt_error_set(RT_ERR_NODEVICE, __FILE__, __LINE__, "cudaGetDeviceCount",
                                 "no GPU: no NVIDIA driver installed (libcuda.so.1 not found; CUDA runtime: %s)",
                                 cudaGetErrorName(e));
-        if (e == cudaErrorInsufficientDriver) {
-            /* a driver is there but older than this runtime: an error that names both
-             * versions, not "no GPU" */
-            dlclose(drv);
-            int drv_version = libcuda_driver_version();
-            char module[64], msg[512];
-            nvidia_module_version(module, sizeof module);
-            rt_cuda_old_driver_message(msg, sizeof msg, drv_version, CUDART_VERSION, module);
-            return rt_error_set(RT_ERR_CUDA, __FILE__, __LINE__, "cudaGetDeviceCount", "%s", msg);
-        }
-        dlclose(drv);
         return rt_error_set(RT_ERR_NODEVICE, __FILE__, __LINE__, "cudaGetDeviceCount", "no GPU: %s (%s)",
                             cudaGetErrorString(e), cudaGetErrorName(e));
+    case RT_CUDA_PROBE_OLD_DRIVER: {
+        /* a driver is there but older than this runtime: an error that names both
+         * versions, not "no GPU" */
+        char module[64];
+        nvidia_module_version(module, sizeof module);
+        rt_cuda_old_driver_message(msg, sizeof msg, libcuda_driver_version(), CUDART_VERSION, module);
+        return rt_error_set(RT_ERR_CUDA, __FILE__, __LINE__, "cudaGetDeviceCount", "%s", msg);
     }
-    return RT_OK;
+    case RT_CUDA_PROBE_ERROR:
+    default:
+        rt_cuda_probe_message(msg, sizeof msg, (int)e, cudaGetErrorName(e), cudaGetErrorString(e));
+        return rt_error_set(RT_ERR_CUDA, __FILE__, __LINE__, "cudaGetDeviceCount", "%s", msg);
+    }
 }
 
 static rt_status cuda_info(int index, rt_cuda_device_info *info) {
@@ -182,6 +190,17 @@ static rt_status cuda_event_sync(rt_event *e) {
     return RT_OK;
 }
 
+static rt_status cuda_event_query(rt_event *e, bool *done) {
+    cudaError_t q = cudaEventQuery((cudaEvent_t)e->native);
+    *done = q != cudaErrorNotReady;
+    if (q == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return RT_OK;
+    }
+    RT_CHECK_CUDA(q);
+    return RT_OK;
+}
+
 static rt_status cuda_stream_wait_event(rt_stream *s, rt_event *e) {
     if (!e->native) return RT_OK; /* a CPU event is complete once recorded */
     RT_CHECK_CUDA(cudaStreamWaitEvent((cudaStream_t)s->native, (cudaEvent_t)e->native, 0));
@@ -232,6 +251,7 @@ const rt_device_backend rt_device_backend_cuda = {
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,
     .event_sync = cuda_event_sync,
+    .event_query = cuda_event_query,
     .stream_wait_event = cuda_stream_wait_event,
     .event_elapsed = cuda_event_elapsed,
     .rng_uniform = rt_rng_uniform_cuda,

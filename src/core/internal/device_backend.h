@@ -68,6 +68,9 @@ struct rt_device_backend {
     void (*event_destroy)(rt_event *e);
     rt_status (*event_record)(rt_event *e, rt_stream *s); /* s may be NULL or of another kind */
     rt_status (*event_sync)(rt_event *e);
+    /* *done: the work before the event's last record has completed; never blocks. May be
+     * NULL: an event of this kind is complete once recorded (the CPU) */
+    rt_status (*event_query)(rt_event *e, bool *done);
     rt_status (*stream_wait_event)(rt_stream *s, rt_event *e); /* e may be of another kind */
     rt_status (*event_elapsed)(rt_event *start, rt_event *end, float *ms, bool *ready);
 
