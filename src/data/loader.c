@@ -8,6 +8,12 @@
  * restore bumps `gen`, waits until the worker is not inside a fill (it reads the
  * sampler), recomputes the order and starts a new job; a fill of an old generation is
  * discarded.
+ *
+ * Pinned slots (a CUDA device) are read by asynchronous host-to-device copies that run
+ * when their stream gets there, possibly after the next rt_loader_next has released the
+ * slot. rt_loader_release_after records the slot's event after such a copy; the worker
+ * waits for that event before it refills the slot (it queries first: a slot comes round
+ * again only `depth` batches later, so the copy is normally long done and nobody waits).
  */
 #include "data/loader.h"
 
@@ -35,6 +41,9 @@ struct rt_loader {
     int64_t **slot_labels;
     int64_t **slot_samples;
     int *slot_size;
+    rt_event **slot_read;  /* pinned slots: recorded after the copies that read the slot */
+    bool *slot_read_armed; /* slot_read recorded since the slot was last filled */
+    bool device_current;   /* the worker made the loader's device current (for the waits) */
 
     pthread_t thread;
     bool thread_started;
@@ -94,6 +103,19 @@ static rt_status fill(rt_loader *l, int64_t epoch, int64_t b) {
     return RT_OK;
 }
 
+/* Wait until the copies that read `slot` (rt_loader_release_after) have completed; on
+ * the worker thread, without the lock (the slot is released: nobody records on it). */
+static rt_status wait_slot_read(rt_loader *l, int slot) {
+    bool done = false;
+    if (!l->device_current) {
+        RT_CHECK(rt_device_set_current(l->cfg.device));
+        l->device_current = true;
+    }
+    RT_CHECK(rt_event_query(l->slot_read[slot], &done));
+    if (!done) RT_CHECK(rt_event_sync(l->slot_read[slot]));
+    return RT_OK;
+}
+
 static void *worker(void *arg) {
     rt_loader *l = arg;
     pthread_mutex_lock(&l->mu);
@@ -103,9 +125,13 @@ static void *worker(void *arg) {
         if (l->quit) break;
         int64_t b = l->filled, epoch = l->epoch;
         uint64_t gen = l->gen;
+        int slot = (int)(b % l->depth);
+        bool armed = l->slot_read_armed && l->slot_read_armed[slot];
+        if (armed) l->slot_read_armed[slot] = false;
         l->busy = true;
         pthread_mutex_unlock(&l->mu);
-        rt_status st = fill(l, epoch, b);
+        rt_status st = armed ? wait_slot_read(l, slot) : RT_OK;
+        if (st == RT_OK) st = fill(l, epoch, b);
         rt_error_record rec;
         if (st != RT_OK) rt_error_save(&rec);
         pthread_mutex_lock(&l->mu);
@@ -196,6 +222,15 @@ rt_status rt_loader_create(const rt_loader_config *cfg, rt_loader **out) {
         l->slot_samples[s] = (int64_t *)(base + img_bytes + lab_bytes);
     }
     memset(l->mem, 0, total); /* touch the pages now, not in the first batches */
+    if (l->pinned) {
+        l->slot_read = calloc((size_t)l->depth, sizeof *l->slot_read);
+        l->slot_read_armed = calloc((size_t)l->depth, sizeof *l->slot_read_armed);
+        if (!l->slot_read || !l->slot_read_armed) {
+            st = RT_ERROR(RT_ERR_NOMEM, "loader: out of memory for %d slot events", l->depth);
+            goto fail;
+        }
+        for (int s = 0; s < l->depth; s++) RT_CHECK_GOTO(rt_event_create(cfg->device, &l->slot_read[s]), st, fail);
+    }
 
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
@@ -225,6 +260,16 @@ void rt_loader_destroy(rt_loader *l) {
         pthread_cond_destroy(&l->cv);
         pthread_mutex_destroy(&l->mu);
     }
+    /* copies still reading a slot finish before the memory goes */
+    for (int s = 0; l->slot_read && s < l->depth; s++) {
+        bool done = true;
+        if (l->slot_read_armed[s] && rt_event_query(l->slot_read[s], &done) == RT_OK && !done)
+            (void)rt_event_sync(l->slot_read[s]);
+        rt_error_clear();
+        rt_event_destroy(l->slot_read[s]);
+    }
+    free(l->slot_read);
+    free(l->slot_read_armed);
     rt_host_free(l->mem, l->pinned);
     free(l->slot_images);
     free(l->slot_labels);
@@ -308,6 +353,26 @@ rt_status rt_loader_next(rt_loader *l, rt_batch *b) {
     b->samples = l->slot_samples[slot];
     pthread_mutex_unlock(&l->mu);
     return RT_OK;
+}
+
+rt_status rt_loader_release_after(rt_loader *l, const rt_batch *b, rt_stream *stream) {
+    RT_REQUIRE(b && b->size > 0, RT_ERR_INVALID, "rt_loader_release_after: no batch (size 0: the end of the epoch)");
+    int slot = (int)(b->index % l->depth);
+    pthread_mutex_lock(&l->mu);
+    /* the slot is still held (the batch handed out last): the worker does not touch it */
+    bool held = b->images == l->slot_images[slot] && b->index == l->consumed - 1 && l->released <= b->index;
+    rt_status st = RT_OK;
+    if (!held)
+        st = RT_ERROR(RT_ERR_INVALID,
+                      "rt_loader_release_after: batch %lld is not the one this loader handed out last (call it before "
+                      "the next rt_loader_next)",
+                      (long long)b->index);
+    else if (l->slot_read) { /* pageable memory: a copy from it has read it when the call returns */
+        st = rt_event_record(l->slot_read[slot], stream);
+        if (st == RT_OK) l->slot_read_armed[slot] = true;
+    }
+    pthread_mutex_unlock(&l->mu);
+    return st;
 }
 
 rt_loader_state rt_loader_get_state(const rt_loader *l) {

@@ -12,7 +12,10 @@
  *   for (rt_batch b; rt_loader_next(l, &b) == RT_OK && b.size > 0;) { ... }
  *
  * A batch returned by rt_loader_next stays valid until the next call to rt_loader_next,
- * rt_loader_start_epoch, rt_loader_restore or rt_loader_destroy. The state (epoch,
+ * rt_loader_start_epoch, rt_loader_restore or rt_loader_destroy. A consumer that reads
+ * it asynchronously (a host-to-device copy on a CUDA stream) calls
+ * rt_loader_release_after once the copy is enqueued: the slot is then refilled only
+ * after that copy has completed, whatever the host does meanwhile. The state (epoch,
  * position = samples of the epoch already handed out) restores the exact batch
  * sequence, augmentation included. In eval mode (sampler RT_SAMPLER_EVAL) every sample
  * is seen exactly once across ranks: no padding, the last batch may be short, and
@@ -72,6 +75,14 @@ void rt_loader_destroy(rt_loader *l);
 rt_status rt_loader_start_epoch(rt_loader *l, int64_t epoch);
 /* The next batch of the current epoch (b->size == 0 at its end), waiting if needed. */
 rt_status rt_loader_next(rt_loader *l, rt_batch *b);
+
+/* Batch b (the one rt_loader_next returned last) is read by work enqueued on `stream`
+ * so far (its host-to-device copy): its slot is not refilled before that work has
+ * completed. Records an event on `stream` after the copy; the worker waits for it (on its
+ * own thread, and only if it is not complete yet) when the slot comes round again, so
+ * the caller never blocks. A no-op for a loader without pinned memory (a CPU device:
+ * copies from pageable memory have read it when they return). */
+rt_status rt_loader_release_after(rt_loader *l, const rt_batch *b, rt_stream *stream);
 
 /* (epoch, samples handed out so far); restore continues right there. The position
  * must be a multiple of the per-rank batch size or the end of the epoch. */

@@ -257,7 +257,7 @@ static rt_status build_all_reduce(rt_pg *pg, rt_request *r, const rt_op *op) {
         return bcast_build(pg, r, buf, count * rt_dtype_size(dtype), 0, true, RT_K_ALLREDUCE, seq,
                            pg->rank == 0 ? last : NULL, pg->rank == 0 ? NULL : last);
     }
-    if (op->algo == RT_ALGO_RING && n > 1 && count * rt_dtype_size(dtype) <= small_bytes()) {
+    if (op->algo == RT_ALGO_RING && n > 1 && count * rt_dtype_size(dtype) <= small_bytes() && !op->gate) {
         /* small buffers: one exchange round (everyone sends its buffer to everyone),
          * then every rank reduces the n buffers in rank order: latency-bound sizes
          * pay one message delay instead of 2(n-1), results stay bitwise identical */
@@ -401,6 +401,7 @@ static rt_status submit_req(rt_pg *pg, const char *name, const rt_op *op, bool b
     int maxx = build ? k_ops[op->kind].per_rank * pg->size + k_ops[op->kind].extra : 0;
     rt_request *r;
     RT_CHECK(rt_req_new(&pg->w->eng, name, pg->id, pg->timeout_s, maxx, &r));
+    r->gate = op->gate;
     rt_status s = build ? k_ops[op->kind].build(pg, r, op) : RT_OK;
     if (s == RT_OK) s = rt_req_submit(r, async && r->nx > 0);
     if (s != RT_OK) {
@@ -427,9 +428,10 @@ static rt_status submit(rt_pg *pg, const char *name, const rt_op *op, bool build
 /* ---- staging: device buffers over tcp/shm (ranks sharing one GPU) ----
  *
  * On the group's copy stream, after the caller's stream (an event recorded there):
- * device -> a pinned host buffer of the pool; the host waits for that copy (the model
- * stream goes on with its work), runs the host operation on the pinned buffer (on the
- * progress thread when asynchronous), and the request's device part then copies the
+ * device -> a pinned host buffer of the pool; the host operation on the pinned buffer
+ * starts when that copy has landed (its transfers are gated by the copy's event, polled
+ * by the engine: the thread that queues the backward pass does not wait; on the progress
+ * thread when asynchronous), and the request's device part then copies the
  * result back on the copy stream. rt_wait waits for the copy back on the host,
  * rt_wait_stream makes the caller's stream wait for it. A pinned buffer is reused only
  * after its last copy back (its event). */
@@ -509,11 +511,7 @@ static rt_status staged_copy_back(staged *c) {
 static rt_status staged_poll(rt_request *r, bool *done) {
     staged *c = r->dev_ctx;
     RT_CHECK(staged_copy_back(c));
-    rt_event *ev = c->pg->stage[c->slot].ev;
-    float ms;
-    /* core has no event query: the elapsed time of an event to itself answers "has it
-     * completed?" without waiting */
-    return rt_event_elapsed_ms(ev, ev, &ms, done);
+    return rt_event_query(c->pg->stage[c->slot].ev, done);
 }
 
 static rt_status staged_stream_wait(rt_request *r, rt_stream *s) {
@@ -550,10 +548,19 @@ static rt_status run_staged(rt_pg *pg, const char *name, const rt_op *op, rt_req
         }
         if (s == RT_OK) s = rt_memcpy(b->p, rt_device_cpu(), op->recv, pg->buf_device, nb, pg->stage_stream);
         if (s == RT_OK) s = rt_event_record(b->ev, pg->stage_stream);
-        if (s == RT_OK) s = rt_event_sync(b->ev);
     }
     rt_op host = *op;
     host.send = host.recv = b->p;
+    /* the transfers wait for the copy on the engine (the calling thread goes on queueing
+     * the backward pass) where the builder reads the buffer only through transfers: the
+     * ring and rsag all-reduce (the small one-round form copies it at build time) and
+     * broadcast; the others wait here */
+    if (nb && s == RT_OK) {
+        if (op->kind == RT_K_BCAST || (op->kind == RT_K_ALLREDUCE && (op->algo == RT_ALGO_RING || op->algo == RT_ALGO_RSAG)))
+            host.gate = b->ev;
+        else
+            s = rt_event_sync(b->ev);
+    }
     rt_request *r = NULL;
     if (s == RT_OK) s = submit_req(pg, name, &host, true, out != NULL, &r);
     if (s != RT_OK) {

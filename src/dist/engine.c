@@ -319,12 +319,28 @@ static rt_status in_op(rt_xfer *x, rt_status s) {
     return RT_ERROR(s, "%s (group %u, op #%u) failed: %s", x->req->opname, x->hdr.group, x->hdr.seq, msg);
 }
 
+/* Whether the request's transfers may run: no gate, or its device event has completed
+ * (one non-blocking look). */
+static rt_status gate_passed(rt_request *r, bool *open, bool *moved_any) {
+    *open = true;
+    if (!r->gate || r->gate_open) return RT_OK;
+    bool ready = false;
+    RT_CHECK(rt_event_query(r->gate, &ready));
+    *open = r->gate_open = ready;
+    if (ready) *moved_any = true;
+    return RT_OK;
+}
+
 static rt_status progress_pass(rt_engine *e, bool *moved_any) {
     for (int i = 0; i < e->world; i++) {
         rt_chan *c = &e->ch[i];
         while (c->rq_head) {
             rt_xfer *x = c->rq_head;
-            rt_status s = progress_recv(x, moved_any);
+            bool open;
+            rt_status s = gate_passed(x->req, &open, moved_any);
+            if (s != RT_OK) return in_op(x, s);
+            if (!open) break;
+            s = progress_recv(x, moved_any);
             if (s != RT_OK) return in_op(x, s);
             if (x->hdone < RT_MSG_HDR || x->done < x->nbytes || x->pdone < x->pad) break;
             if (x->dep && x->dep_full && !x->dep->complete) break;
@@ -334,7 +350,11 @@ static rt_status progress_pass(rt_engine *e, bool *moved_any) {
         }
         while (c->sq_head) {
             rt_xfer *x = c->sq_head;
-            rt_status s = progress_send(x, moved_any);
+            bool open;
+            rt_status s = gate_passed(x->req, &open, moved_any);
+            if (s != RT_OK) return in_op(x, s);
+            if (!open) break;
+            s = progress_send(x, moved_any);
             if (s != RT_OK) return in_op(x, s);
             if (x->hdone < RT_MSG_HDR || x->done < x->nbytes || x->pdone < x->pad) break;
             c->sq_head = x->qnext;
@@ -497,6 +517,8 @@ static void drive(rt_engine *e, rt_request *target) {
         }
         int ms = 1000;
         if (late && (earliest - now) / 1000000 + 1 < (uint64_t)ms) ms = (int)((earliest - now) / 1000000 + 1);
+        for (rt_request *r = e->active; r; r = r->next)
+            if (r->gate && !r->gate_open) ms = 1; /* nobody rings when a device copy lands: look again soon */
         if (idle == 0) spin_start = now;
         if (!e->shm) { /* tcp: a few non-blocking passes (a reply is often microseconds away), then poll */
             if (now - spin_start < spin_ns()) {

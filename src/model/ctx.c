@@ -49,8 +49,16 @@ rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **o
     ctx->device = opts->device;
     ctx->threads = opts->threads > 0 ? opts->threads : 1;
     ctx->precision = opts->precision;
+    ctx->deterministic = opts->deterministic;
     ctx->ops = ops;
     rt_status st;
+    ctx->conv_preset = calloc(1, sizeof *ctx->conv_preset);
+    ctx->conv_chosen = calloc(1, sizeof *ctx->conv_chosen);
+    if (!ctx->conv_preset || !ctx->conv_chosen) {
+        st = RT_ERROR(RT_ERR_NOMEM, "model context: %zu bytes for the convolution algorithms",
+                      2 * sizeof *ctx->conv_preset);
+        goto fail;
+    }
     RT_CHECK_GOTO(rt_device_set_current(ctx->device), st, fail);
     RT_CHECK_GOTO(rt_stream_create(ctx->device, &ctx->stream), st, fail);
     if (ops->ctx_init) RT_CHECK_GOTO(ops->ctx_init(ctx), st, fail);
@@ -67,7 +75,22 @@ void rt_model_ctx_destroy(rt_model_ctx *ctx) {
     if (ctx->ops && ctx->ops->ctx_release && ctx->backend) ctx->ops->ctx_release(ctx);
     rt_free(ctx->device, ctx->work);
     if (ctx->stream) rt_stream_destroy(ctx->stream);
+    free(ctx->conv_preset);
+    free(ctx->conv_chosen);
     free(ctx);
+}
+
+rt_status rt_model_ctx_set_conv_algos(rt_model_ctx *ctx, const rt_conv_algos *algos) {
+    RT_REQUIRE(algos->n >= 0 && algos->n <= RT_CONV_ALGOS_MAX, RT_ERR_INVALID,
+               "convolution algorithms: %d shapes (expected 0..%d)", algos->n, RT_CONV_ALGOS_MAX);
+    ctx->conv_preset->n = algos->n;
+    for (int i = 0; i < algos->n; i++) ctx->conv_preset->a[i] = algos->a[i];
+    return RT_OK;
+}
+
+void rt_model_ctx_get_conv_algos(const rt_model_ctx *ctx, rt_conv_algos *out) {
+    out->n = ctx->conv_chosen->n;
+    for (int i = 0; i < out->n; i++) out->a[i] = ctx->conv_chosen->a[i];
 }
 
 rt_status rt_model_ctx_reserve(rt_model_ctx *ctx, size_t nbytes) {

@@ -30,6 +30,24 @@ typedef enum rt_precision {
 rt_status rt_precision_parse(const char *text, rt_precision *out);
 const char *rt_precision_name(rt_precision p);
 
+/* One convolution shape's algorithm choice on a GPU, as plain ints so that a caller (the
+ * trainer, which keeps it in checkpoints) needs no library header. The shape is the key;
+ * the numbers are cuDNN's own enum values (cudnnConvolutionFwdAlgo_t, ...BwdDataAlgo_t,
+ * ...BwdFilterAlgo_t, cudnnMathType_t), meaningful only to the backend that made them. */
+typedef struct rt_conv_algo {
+    int in_c, out_c, in_h, in_w, k, stride, pad; /* the convolution */
+    int n;                                       /* the batch it was chosen at (max_batch) */
+    int precision;                               /* the rt_precision it was chosen under */
+    int fwd, bwd_data, bwd_filter;               /* algorithms */
+    int fwd_math, bwd_data_math, bwd_filter_math; /* math types */
+} rt_conv_algo;
+
+#define RT_CONV_ALGOS_MAX 64 /* distinct convolution shapes of one model (ResNet34: 13) */
+typedef struct rt_conv_algos {
+    int n;
+    rt_conv_algo a[RT_CONV_ALGOS_MAX];
+} rt_conv_algos;
+
 struct rt_model_backend;
 
 typedef struct rt_model_ctx {
@@ -37,6 +55,9 @@ typedef struct rt_model_ctx {
     rt_stream *stream; /* all layer work is enqueued here (CPU: ordering token) */
     int threads;       /* CPU backend: worker threads (>= 1) */
     rt_precision precision;
+    bool deterministic;          /* GPU: only deterministic algorithms, chosen without timing on reuse */
+    rt_conv_algos *conv_preset;  /* choices to take instead of searching (rt_model_ctx_set_conv_algos) */
+    rt_conv_algos *conv_chosen;  /* the choices in use, one per shape (rt_model_ctx_get_conv_algos) */
     void *work; /* workspace on `device`, `work_bytes` long; shared by all layers */
     size_t work_bytes;
     const struct rt_model_backend *ops; /* the backend of `device` */
@@ -47,6 +68,11 @@ typedef struct rt_model_ctx_options {
     rt_device device;       /* cpu or cuda:N */
     int threads;            /* CPU worker threads; 0 = 1 */
     rt_precision precision; /* fp32 by default */
+    /* GPU: consider only convolution algorithms cuDNN reports deterministic (no atomics),
+     * for forward, backward data and backward filter, the fallbacks included; false (the
+     * zero value) takes the fastest whatever its determinism. The CPU backend is
+     * deterministic either way. */
+    bool deterministic;
 } rt_model_ctx_options;
 
 /* Create a context: picks the backend of opts->device (RT_ERR_UNSUPPORTED for CUDA in a
@@ -56,6 +82,18 @@ void rt_model_ctx_destroy(rt_model_ctx *ctx);
 
 /* Make sure the workspace holds at least `nbytes` (grows it; only at setup time). */
 rt_status rt_model_ctx_reserve(rt_model_ctx *ctx, size_t nbytes);
+
+/* Convolution algorithms (GPU; on the CPU both calls are accepted and there is nothing
+ * to choose). set: before rt_model_create, the choices to take for the shapes they name
+ * instead of searching (a resume takes the checkpoint's, the other ranks take rank 0's);
+ * each is validated when its layer is prepared: an unknown algorithm or math type, one
+ * the precision or train.deterministic excludes, one cuDNN refuses for the shape or one
+ * needing more workspace than the backend allows is an error naming the shape and the
+ * algorithm (never a silent substitute). Shapes it does not name are searched. n out of
+ * 0..RT_CONV_ALGOS_MAX: RT_ERR_INVALID. get: the choices in use, one per distinct shape
+ * prepared so far, searched or preset (n = 0 on the CPU). */
+rt_status rt_model_ctx_set_conv_algos(rt_model_ctx *ctx, const rt_conv_algos *algos);
+void rt_model_ctx_get_conv_algos(const rt_model_ctx *ctx, rt_conv_algos *out);
 
 /* Wait until all work enqueued on the context's stream is done (no-op on the CPU). */
 rt_status rt_model_ctx_sync(rt_model_ctx *ctx);

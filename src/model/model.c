@@ -203,6 +203,8 @@ rt_status rt_model_loss_value(rt_model *m, float *loss) {
     return rt_model_ctx_sync(m->ctx);
 }
 
+const float *rt_model_loss_ptr(const rt_model *m) { return m && m->have_loss ? m->loss_dev : NULL; }
+
 rt_status rt_model_backward(rt_model *m, rt_grad_ready_fn ready, void *user) {
     RT_REQUIRE(m->have_loss && m->last_training, RT_ERR_INVALID,
                "model backward needs a training forward and rt_model_loss first");

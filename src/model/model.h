@@ -134,6 +134,10 @@ const float *rt_model_output(const rt_model *m);
  * until rt_model_loss_value (which synchronises). */
 rt_status rt_model_loss(rt_model *m, const int64_t *labels);
 rt_status rt_model_loss_value(rt_model *m, float *loss);
+/* The mean loss of the last rt_model_loss where it is computed (device memory on a GPU,
+ * valid once the model's stream got there): to read it back without a synchronisation
+ * of its own, e.g. together with other values. NULL before rt_model_loss. */
+const float *rt_model_loss_ptr(const rt_model *m);
 
 /* Called after each block's backward: grads [begin, end) bytes of the gradient arena
  * are final. Return non-OK to abort the backward pass with that status. */

@@ -31,17 +31,34 @@ rt_status rt_grad_norm(rt_grad_clip *c, const float *grads, size_t n, rt_stream 
     RT_REQUIRE(grads != NULL || n == 0, RT_ERR_INVALID, "optim: gradients are NULL");
     double sum = 0;
     RT_CHECK(c->backend->sumsq(c, grads, n, stream, &sum));
+    if (stream) RT_CHECK(rt_stream_sync(stream));
     *norm = sqrt(sum);
     return RT_OK;
+}
+
+rt_status rt_grad_sumsq_async(rt_grad_clip *c, const float *grads, size_t n, rt_stream *stream, double *sum) {
+    RT_REQUIRE(c != NULL && sum != NULL, RT_ERR_INVALID, "optim: NULL argument");
+    RT_REQUIRE(c->backend != NULL, RT_ERR_INVALID, "optim: clipper not initialised");
+    RT_REQUIRE(grads != NULL || n == 0, RT_ERR_INVALID, "optim: gradients are NULL");
+    return c->backend->sumsq(c, grads, n, stream, sum);
 }
 
 rt_status rt_grad_clip_norm(rt_grad_clip *c, float *grads, size_t n, double max_norm, rt_stream *stream,
                             rt_grad_stats *out) {
     RT_REQUIRE(out != NULL, RT_ERR_INVALID, "optim: stats is NULL");
     RT_REQUIRE(!isnan(max_norm), RT_ERR_INVALID, "optim.clip_grad_norm: NaN");
+    double norm = 0;
+    RT_CHECK(rt_grad_norm(c, grads, n, stream, &norm));
+    return rt_grad_clip_apply(c, grads, n, max_norm, norm, stream, out);
+}
+
+rt_status rt_grad_clip_apply(rt_grad_clip *c, float *grads, size_t n, double max_norm, double norm, rt_stream *stream,
+                             rt_grad_stats *out) {
+    RT_REQUIRE(out != NULL, RT_ERR_INVALID, "optim: stats is NULL");
+    RT_REQUIRE(!isnan(max_norm), RT_ERR_INVALID, "optim.clip_grad_norm: NaN");
     memset(out, 0, sizeof *out);
     out->clip_coef = 1.0f;
-    RT_CHECK(rt_grad_norm(c, grads, n, stream, &out->norm));
+    out->norm = norm;
     out->finite = isfinite(out->norm);
     if (!out->finite || !(max_norm > 0)) return RT_OK;
     /* clip_coef = max_norm / (total_norm + 1e-6), float32 tensor arithmetic in PyTorch */

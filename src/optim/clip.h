@@ -46,6 +46,15 @@ rt_status rt_grad_norm(rt_grad_clip *c, const float *grads, size_t n, rt_stream 
 rt_status rt_grad_clip_norm(rt_grad_clip *c, float *grads, size_t n, double max_norm, rt_stream *stream,
                             rt_grad_stats *out);
 
+/* The same in two halves, for a device with streams, so that the host waits once for
+ * everything it must read back in a step: rt_grad_sumsq_async enqueues the sum of squares
+ * into *sum (pinned host memory; valid once `stream` got there: the caller
+ * synchronises), then rt_grad_clip_apply takes the norm (sqrt of that sum) and checks
+ * and scales as rt_grad_clip_norm does. */
+rt_status rt_grad_sumsq_async(rt_grad_clip *c, const float *grads, size_t n, rt_stream *stream, double *sum);
+rt_status rt_grad_clip_apply(rt_grad_clip *c, float *grads, size_t n, double max_norm, double norm, rt_stream *stream,
+                             rt_grad_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

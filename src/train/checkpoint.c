@@ -150,6 +150,77 @@ rt_status rt_ckpt_meta_get_u64(const rt_ckpt_meta *m, const char *key, uint64_t 
     return RT_OK;
 }
 
+/* ---- convolution algorithms (GPU runs) ------------------------------------------------- */
+
+/* One entry: "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=1/3" (algorithm /
+ * math type, cuDNN's numbers). */
+static int conv_algo_str(const rt_conv_algo *a, char *out, size_t n) {
+    return snprintf(out, n, "%dx%dx%d->%d k%d s%d p%d n%d %s fwd=%d/%d data=%d/%d filter=%d/%d", a->in_c, a->in_h,
+                    a->in_w, a->out_c, a->k, a->stride, a->pad, a->n, rt_precision_name((rt_precision)a->precision),
+                    a->fwd, a->fwd_math, a->bwd_data, a->bwd_data_math, a->bwd_filter, a->bwd_filter_math);
+}
+
+rt_status rt_ckpt_meta_set_conv_algos(rt_ckpt_meta *m, const char *key, const rt_conv_algos *a) {
+    RT_REQUIRE(a->n >= 0 && a->n <= RT_CONV_ALGOS_MAX, RT_ERR_INVALID, "metadata '%s': %d convolution shapes", key,
+               a->n);
+    char *text = calloc((size_t)a->n + 1, 160);
+    RT_CHECK_ALLOC(text, ((size_t)a->n + 1) * 160);
+    size_t len = 0;
+    for (int i = 0; i < a->n; i++) {
+        if (i) len += (size_t)snprintf(text + len, 3, "; ");
+        int l = conv_algo_str(&a->a[i], text + len, 158);
+        if (l < 0 || l >= 158) {
+            free(text);
+            RT_FAIL(RT_ERR_INVALID, "metadata '%s': convolution entry %d does not fit", key, i);
+        }
+        len += (size_t)l;
+    }
+    rt_status st = rt_ckpt_meta_set(m, key, text);
+    free(text);
+    return st;
+}
+
+rt_status rt_ckpt_meta_get_conv_algos(const rt_ckpt_meta *m, const char *key, rt_conv_algos *out) {
+    const char *s;
+    RT_CHECK(rt_ckpt_meta_get_str(m, key, &s));
+    out->n = 0;
+    while (*s) {
+        const char *end = strstr(s, "; ");
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        char entry[160], again[160], prec[8];
+        RT_REQUIRE(out->n < RT_CONV_ALGOS_MAX, RT_ERR_FORMAT, "%s: metadata '%s' holds more than %d convolution shapes",
+                   src_of(m), key, RT_CONV_ALGOS_MAX);
+        RT_REQUIRE(len < sizeof entry, RT_ERR_FORMAT, "%s: metadata '%s': entry %d is too long", src_of(m), key,
+                   out->n + 1);
+        memcpy(entry, s, len);
+        entry[len] = '\0';
+        rt_conv_algo *a = &out->a[out->n];
+        rt_precision p = RT_PRECISION_FP32;
+        int got = sscanf(entry, "%dx%dx%d->%d k%d s%d p%d n%d %7s fwd=%d/%d data=%d/%d filter=%d/%d", &a->in_c,
+                         &a->in_h, &a->in_w, &a->out_c, &a->k, &a->stride, &a->pad, &a->n, prec, &a->fwd, &a->fwd_math,
+                         &a->bwd_data, &a->bwd_data_math, &a->bwd_filter, &a->bwd_filter_math);
+        bool ok = got == 15 && rt_precision_parse(prec, &p) == RT_OK;
+        if (!ok) rt_error_clear();
+        a->precision = (int)p;
+        /* canonical text only: the entry must be exactly what the writer makes of it */
+        ok = ok && a->in_c > 0 && a->in_h > 0 && a->in_w > 0 && a->out_c > 0 && a->k > 0 && a->stride > 0 &&
+             a->pad >= 0 && a->n > 0 && a->fwd >= 0 && a->fwd_math >= 0 && a->bwd_data >= 0 &&
+             a->bwd_data_math >= 0 && a->bwd_filter >= 0 && a->bwd_filter_math >= 0 &&
+             conv_algo_str(a, again, sizeof again) < (int)sizeof again && strcmp(again, entry) == 0;
+        RT_REQUIRE(ok, RT_ERR_FORMAT,
+                   "%s: metadata '%s': entry %d is \"%.100s\", expected \"CxHxW->C kK sS pP nN fp32|tf32 fwd=A/M "
+                   "data=A/M filter=A/M\"",
+                   src_of(m), key, out->n + 1, entry);
+        out->n++;
+        s += len;
+        if (end) {
+            s += 2;
+            RT_REQUIRE(*s, RT_ERR_FORMAT, "%s: metadata '%s' ends with a separator", src_of(m), key);
+        }
+    }
+    return RT_OK;
+}
+
 /* ---- small file-system helpers ------------------------------------------------------- */
 
 static rt_status join(char *out, size_t n, const char *a, const char *b) {

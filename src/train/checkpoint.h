@@ -78,6 +78,15 @@ rt_status rt_ckpt_meta_get_str(const rt_ckpt_meta *m, const char *key, const cha
 rt_status rt_ckpt_meta_get_i64(const rt_ckpt_meta *m, const char *key, int64_t *out);
 rt_status rt_ckpt_meta_get_u64(const rt_ckpt_meta *m, const char *key, uint64_t *out);
 
+/* The convolution algorithms of a GPU run (rt_model_ctx_get_conv_algos) as one value:
+ * one entry per shape, "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=1/3"
+ * (in_c x in_h x in_w -> out_c, kernel, stride, padding, the batch chosen at, precision,
+ * then algorithm/math type of each direction, cuDNN's numbers), joined by "; "; "" for
+ * none. get: only that exact text (RT_ERR_FORMAT naming the source, the key and the
+ * entry), at most RT_CONV_ALGOS_MAX entries. */
+rt_status rt_ckpt_meta_set_conv_algos(rt_ckpt_meta *m, const char *key, const rt_conv_algos *a);
+rt_status rt_ckpt_meta_get_conv_algos(const rt_ckpt_meta *m, const char *key, rt_conv_algos *out);
+
 /* ---- writing ----------------------------------------------------------------------- */
 
 /* "ckpt-000001200" (at least RT_CKPT_STEP_DIGITS digits) */

@@ -182,6 +182,8 @@ static const key k_keys[] = {
      "CPU threads per rank; auto: the cores divided among the local ranks"},
     {"train.skip_nonfinite", K_BOOL, F(train.skip_nonfinite), 0, 0, "false", 0, 0, false, NULL, NULL,
      "skip a step whose loss or gradient is not finite instead of stopping"},
+    {"train.deterministic", K_BOOL, F(train.deterministic), 0, 0, "true", 0, 0, false, NULL, NULL,
+     "GPU: only deterministic cuDNN convolution algorithms, the choice kept in the checkpoint (exact resume)"},
     /* dist */
     {"dist.nproc", K_INT, F(dist.nproc), 0, 0, "auto", 1, 1024, true, NULL, NULL,
      "ranks on this node; auto: one per local GPU, else 2 on the CPU"},

@@ -91,6 +91,7 @@ typedef struct rt_config {
         char precision[RT_CONFIG_NAME_MAX]; /* fp32 | tf32 */
         int64_t threads;                    /* auto: the cores shared by the local ranks */
         bool skip_nonfinite;
+        bool deterministic; /* GPU: deterministic convolution algorithms, kept in the checkpoint */
     } train;
     struct {
         int64_t nproc;                        /* auto: one per local GPU, else 2 on CPU */

@@ -95,6 +95,14 @@ typedef struct run {
     bool have_clip;
     float *x_dev;       /* CUDA: the batch on the device */
     void *scratch_dev;  /* CUDA: host values all-reduced through the device (all_reduce_host) */
+    /* CUDA: what a step reads back, in pinned memory: the summed loss and stop flag, the
+     * gradients' sum of squares; one event, one host wait per step (step_scalars) */
+    struct step_vals {
+        float loss_stop[2];
+        double sumsq;
+    } *vals_host;
+    bool vals_pinned;
+    rt_event *ev_vals;
     int64_t *label_dev; /* CUDA */
     float *out_host;    /* evaluation: logits on the host */
     rt_metrics *metrics, *rank_metrics;
@@ -103,6 +111,7 @@ typedef struct run {
     pending pend[2];
     int64_t step; /* optimizer steps done */
     char ckpt_dir[RT_CONFIG_PATH_MAX];
+    char resume_path[RT_CKPT_PATH_MAX]; /* the checkpoint to continue from ("": fresh), found before the model */
     int64_t start_epoch, start_batches; /* where a resumed run continues */
     int64_t resumed_step;               /* -1: a fresh run */
     bool stop;                          /* every rank saw a stop request at the last step */
@@ -224,6 +233,94 @@ static rt_status setup_group(run *r) {
     return rt_pg_init(&po, &r->pg);
 }
 
+/* The convolution algorithms recorded in the checkpoint this run resumes from, when both
+ * are deterministic GPU runs; n = 0 otherwise (a fresh run, a CPU checkpoint, one written
+ * with train.deterministic off, or this run has it off: the search chooses afresh). */
+static rt_status checkpoint_conv_algos(run *r, rt_conv_algos *out) {
+    out->n = 0;
+    if (!r->resume_path[0] || !r->cfg->train.deterministic) return RT_OK;
+    rt_ckpt_meta m;
+    rt_ckpt_meta_init(&m);
+    rt_status st = rt_ckpt_verify(r->resume_path, &m);
+    const char *dev = st == RT_OK ? rt_ckpt_meta_get(&m, "device") : NULL;
+    const char *det = st == RT_OK ? rt_ckpt_meta_get(&m, "cudnn.deterministic") : NULL;
+    if (dev && strcmp(dev, "cuda") == 0) {
+        if (det && strcmp(det, "true") == 0) {
+            st = rt_ckpt_meta_get_conv_algos(&m, "cudnn.conv_algos", out);
+        } else {
+            fprintf(r->out,
+                    "ringtrain: %s chose its convolution algorithms with train.deterministic off: choosing afresh "
+                    "(this resume is not bit-exact)\n",
+                    r->resume_path);
+            fflush(r->out);
+        }
+    }
+    rt_ckpt_meta_free(&m);
+    if (st != RT_OK) return rt_error_trace(__FILE__, __LINE__, "checkpoint.resume"), st;
+    return RT_OK;
+}
+
+/* Rank 0's convolution algorithms to every rank (n = -1: rank 0 failed). The group's
+ * buffers live on the GPU: through a device buffer, the copies finished on the host. */
+static rt_status broadcast_conv_algos(run *r, rt_conv_algos *a) {
+    void *buf = NULL;
+    RT_CHECK(rt_malloc(r->dev, sizeof *a, &buf));
+    rt_status st = rt_memcpy(buf, r->dev, a, rt_device_cpu(), sizeof *a, r->ctx->stream);
+    if (st == RT_OK) st = rt_model_ctx_sync(r->ctx);
+    if (st == RT_OK) st = rt_broadcast(r->pg, buf, sizeof *a / sizeof(int32_t), RT_I32, 0);
+    if (st == RT_OK) st = rt_memcpy(a, rt_device_cpu(), buf, r->dev, sizeof *a, r->ctx->stream);
+    if (st == RT_OK) st = rt_model_ctx_sync(r->ctx);
+    rt_free(r->dev, buf);
+    return st;
+}
+
+/* The model, running the same convolution algorithms on every rank. On a GPU rank 0
+ * takes the checkpoint's choice (a deterministic resume) and searches the shapes it
+ * lacks; the other ranks take rank 0's choice (broadcast) instead of searching, so the
+ * checkpoint's record (rank 0's) is what every rank ran. The CPU has nothing to choose. */
+static rt_status create_model(run *r, const rt_model_config *mc) {
+    if (!rt_device_is_cuda(r->dev)) return rt_model_create(mc, r->ctx, &r->model);
+    rt_conv_algos *a = calloc(1, sizeof *a);
+    RT_CHECK_ALLOC(a, sizeof *a);
+    rt_status st = RT_OK;
+    rt_error_record err;
+    if (is_root(r)) {
+        st = checkpoint_conv_algos(r, a);
+        bool recorded = st == RT_OK && a->n > 0;
+        if (st == RT_OK) st = rt_model_ctx_set_conv_algos(r->ctx, a);
+        if (st == RT_OK) st = rt_model_create(mc, r->ctx, &r->model);
+        if (st != RT_OK && recorded)
+            rt_error_trace(__FILE__, __LINE__,
+                           "the convolution algorithms recorded in the checkpoint (train.deterministic=false chooses "
+                           "afresh; that resume is not bit-exact)");
+        if (st == RT_OK) {
+            rt_model_ctx_get_conv_algos(r->ctx, a);
+            if (recorded) {
+                fprintf(r->out, "ringtrain: the convolution algorithms of %s (%d shapes)\n", r->resume_path, a->n);
+                fflush(r->out);
+            }
+        } else {
+            rt_error_save(&err);
+            a->n = -1; /* tells the other ranks */
+        }
+    }
+    if (r->pg) {
+        rt_status bs = broadcast_conv_algos(r, a);
+        if (st == RT_OK) st = bs;
+    }
+    if (st == RT_OK && !is_root(r)) {
+        if (a->n < 0)
+            st = RT_ERROR(RT_ERR_INVALID, "rank 0 could not create the model (its error says why)");
+        else
+            st = rt_model_ctx_set_conv_algos(r->ctx, a);
+        if (st == RT_OK) st = rt_model_create(mc, r->ctx, &r->model);
+    }
+    bool root_failed = is_root(r) && a->n < 0;
+    free(a);
+    if (root_failed) return rt_error_restore(&err);
+    return st;
+}
+
 static rt_status setup_model(run *r) {
     const rt_config *c = r->cfg;
     rt_model_config mc;
@@ -254,8 +351,9 @@ static rt_status setup_model(run *r) {
         o.threads = (int)c->train.threads;
     }
     o.precision = strcmp(c->train.precision, "tf32") == 0 ? RT_PRECISION_TF32 : RT_PRECISION_FP32;
+    o.deterministic = c->train.deterministic;
     RT_CHECK(rt_model_ctx_create(&o, &r->ctx));
-    RT_CHECK(rt_model_create(&mc, r->ctx, &r->model));
+    RT_CHECK(create_model(r, &mc));
     RT_CHECK(rt_model_init_weights(r->model, (uint64_t)c->train.seed));
     /* dropout masks differ between ranks (as torch's per-process RNG) but are reproducible */
     rt_model_set_dropout_seed(r->model, (uint64_t)c->train.seed * 1000003u + (uint64_t)r->who.rank);
@@ -264,6 +362,8 @@ static rt_status setup_model(run *r) {
         RT_CHECK(rt_malloc(r->dev, sizeof(float) * img * (size_t)mc.max_batch, (void **)&r->x_dev));
         RT_CHECK(rt_malloc(r->dev, sizeof(int64_t) * (size_t)mc.max_batch, (void **)&r->label_dev));
         RT_CHECK(rt_malloc(r->dev, SCRATCH_BYTES, &r->scratch_dev));
+        RT_CHECK(rt_host_alloc(sizeof *r->vals_host, true, (void **)&r->vals_host, &r->vals_pinned));
+        RT_CHECK(rt_event_create(r->dev, &r->ev_vals));
     }
     r->out_host = malloc(sizeof(float) * (size_t)mc.max_batch * (size_t)mc.num_classes);
     RT_CHECK_ALLOC(r->out_host, sizeof(float) * (size_t)mc.max_batch * (size_t)mc.num_classes);
@@ -427,6 +527,7 @@ static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
                                r->ctx->stream));
             RT_CHECK(rt_memcpy(r->label_dev, r->dev, b.labels, rt_device_cpu(), sizeof(int64_t) * (size_t)b.size,
                                r->ctx->stream));
+            RT_CHECK(rt_loader_release_after(r->test_loader, &b, r->ctx->stream)); /* the pinned slot, after the copy */
             x = r->x_dev;
             y = r->label_dev;
         }
@@ -465,11 +566,17 @@ static rt_status log_record(run *r, rt_step_record *rec) {
     return RT_OK;
 }
 
-/* Complete pending record p if its events are ready (always on the CPU); `force` waits. */
+/* Complete pending record p if its events are ready (always on the CPU); `force` waits,
+ * only when the record is not complete yet (two steps back it always is on a GPU: each
+ * step waits for its own scalars). */
 static rt_status complete(run *r, pending *p, bool force) {
     if (!p->waiting) return RT_OK;
     float ms[EV_COUNT - 1];
-    if (force) RT_CHECK(rt_event_sync(p->ev[EV_END]));
+    if (force) {
+        bool ready = false;
+        RT_CHECK(rt_event_query(p->ev[EV_END], &ready));
+        if (!ready) RT_CHECK(rt_event_sync(p->ev[EV_END]));
+    }
     for (int i = 0; i < EV_COUNT - 1; i++) {
         bool ready = false;
         RT_CHECK(rt_event_elapsed_ms(p->ev[i], p->ev[i + 1], &ms[i], &ready));
@@ -487,12 +594,64 @@ static rt_status complete(run *r, pending *p, bool force) {
     return log_record(r, rec);
 }
 
+/* Complete the pending records oldest first (`force`: wait for them): a record is never
+ * logged before the one of the step before it, which may still be pending when its
+ * events were not ready a step late (metrics.jsonl must count up: `ringtrain report`
+ * reads a smaller step as a rewind and drops the lines before it). */
+static rt_status complete_in_order(run *r, bool force) {
+    pending *old = &r->pend[0], *young = &r->pend[1];
+    if (young->waiting && (!old->waiting || young->rec.step < old->rec.step)) {
+        old = &r->pend[1];
+        young = &r->pend[0];
+    }
+    RT_CHECK(complete(r, old, force));
+    if (old->waiting) return RT_OK; /* not ready: the younger one waits behind it */
+    return complete(r, young, force);
+}
+
 /* ---- one step --------------------------------------------------------------------------- */
+
+/* What the host must know after backward: the loss averaged over the ranks, whether any
+ * rank was asked to stop, and the gradient norm (clipping, non-finite steps). On a GPU
+ * the three come back together after one host wait: the loss and the stop flag are
+ * all-reduced on the device (ordered on the model stream, no host wait), the sum of
+ * squares is computed there, and one copy + event brings them to pinned memory. */
+static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
+    rt_stream *st = r->ctx->stream;
+    float *grads = rt_model_grads(r->model)->base;
+    size_t n = rt_model_grads(r->model)->size / sizeof(float);
+    if (!rt_device_is_cuda(r->dev)) {
+        float lf;
+        RT_CHECK(rt_model_loss_value(r->model, &lf));
+        double agree[2] = {lf, g_stop_signal ? 1.0 : 0.0}; /* the mean loss; any rank asked to stop */
+        RT_CHECK(all_reduce_f64(r, agree, 2, RT_OP_SUM));
+        *loss = agree[0] / r->who.world_size;
+        *stop = agree[1] > 0;
+        return rt_grad_norm(&r->clip, grads, n, st, norm);
+    }
+    float flag = g_stop_signal ? 1.0f : 0.0f;
+    float *sc = r->scratch_dev;
+    RT_CHECK(rt_memcpy(sc, r->dev, rt_model_loss_ptr(r->model), r->dev, sizeof(float), st));
+    RT_CHECK(rt_memcpy(sc + 1, r->dev, &flag, rt_device_cpu(), sizeof flag, st));
+    if (r->pg) {
+        rt_request *q = NULL;
+        RT_CHECK(rt_iall_reduce(r->pg, sc, 2, RT_F32, RT_OP_SUM, &q)); /* after the copies: the group's stream */
+        RT_CHECK(rt_wait_stream(q, st)); /* on the device: the copy below waits for it */
+    }
+    RT_CHECK(rt_grad_sumsq_async(&r->clip, grads, n, st, &r->vals_host->sumsq));
+    RT_CHECK(rt_memcpy(r->vals_host->loss_stop, rt_device_cpu(), sc, r->dev, 2 * sizeof(float), st));
+    RT_CHECK(rt_event_record(r->ev_vals, st));
+    RT_CHECK(rt_event_sync(r->ev_vals)); /* the step's one host wait */
+    *loss = (double)r->vals_host->loss_stop[0] / r->who.world_size;
+    *stop = r->vals_host->loss_stop[1] > 0;
+    *norm = sqrt(r->vals_host->sumsq);
+    return RT_OK;
+}
 
 static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t epoch) {
     const rt_config *c = r->cfg;
     pending *p = &r->pend[r->step % 2];
-    RT_CHECK(complete(r, p, true)); /* two steps back: surely done */
+    RT_CHECK(complete(r, p, true)); /* two steps back (the older pending record): surely done */
     rt_stream *st = r->ctx->stream;
     RT_CHECK(rt_event_record(p->ev[EV_START], st));
     const float *x = b->images;
@@ -501,6 +660,9 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
         size_t img = rt_dataset_image_bytes(&r->train_ds);
         RT_CHECK(rt_memcpy(r->x_dev, r->dev, b->images, rt_device_cpu(), sizeof(float) * img * (size_t)b->size, st));
         RT_CHECK(rt_memcpy(r->label_dev, r->dev, b->labels, rt_device_cpu(), sizeof(int64_t) * (size_t)b->size, st));
+        /* the pinned slot is refilled only after these copies ran, not when the host
+         * asks for the next batch (the copies may not have started by then) */
+        RT_CHECK(rt_loader_release_after(r->train_loader, b, st));
         x = r->x_dev;
         y = r->label_dev;
     }
@@ -517,18 +679,14 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
         rt_reducer_stats_get(r->reducer, &rs);
     }
     RT_CHECK(rt_event_record(p->ev[EV_COMM], st));
-    /* the loss, averaged over the ranks (for the logs) */
-    float lf;
-    RT_CHECK(rt_model_loss_value(r->model, &lf));
-    double agree[2] = {lf, g_stop_signal ? 1.0 : 0.0}; /* the mean loss; any rank asked to stop */
-    RT_CHECK(all_reduce_f64(r, agree, 2, RT_OP_SUM));
-    double loss = agree[0] / r->who.world_size;
-    r->stop = agree[1] > 0;
+    /* the loss averaged over the ranks (for the logs), the stop flag, the norm */
+    double loss = 0, norm = 0;
+    RT_CHECK(step_scalars(r, &loss, &r->stop, &norm));
     /* clip (the norm is logged either way), then the optimizer at the schedule's lr */
     rt_grad_stats gs;
     float *grads = rt_model_grads(r->model)->base;
     size_t n = rt_model_grads(r->model)->size / sizeof(float);
-    RT_CHECK(rt_grad_clip_norm(&r->clip, grads, n, c->optim.clip_grad_norm, st, &gs));
+    RT_CHECK(rt_grad_clip_apply(&r->clip, grads, n, c->optim.clip_grad_norm, norm, st, &gs));
     double lr = rt_schedule_lr(&r->sched, r->step);
     double mom;
     if (rt_schedule_momentum(&r->sched, r->step, &mom)) RT_CHECK(rt_optimizer_set_momentum(&r->opt, mom));
@@ -559,7 +717,7 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
                               .skipped = skipped};
     p->rec.ms[RT_STAGE_DATA] = data_ms;
     p->waiting = true;
-    RT_CHECK(complete(r, p, false));
+    RT_CHECK(complete_in_order(r, false)); /* the step before first, if it is still pending */
     if (c->dist.check_sync_every > 0 && r->step % c->dist.check_sync_every == 0) {
         char when[64];
         snprintf(when, sizeof when, "step %lld", (long long)r->step);
@@ -593,6 +751,13 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
         if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "world_size", r->who.world_size);
         if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "global_batch", c->data.batch_size);
         if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "seed", c->train.seed);
+        if (st == RT_OK) st = rt_ckpt_meta_set(&m, "device", rt_device_is_cuda(r->dev) ? "cuda" : "cpu");
+        if (st == RT_OK && rt_device_is_cuda(r->dev)) {
+            rt_conv_algos algos; /* what every rank ran (rank 0's choice: create_model) */
+            rt_model_ctx_get_conv_algos(r->ctx, &algos);
+            st = rt_ckpt_meta_set(&m, "cudnn.deterministic", r->ctx->deterministic ? "true" : "false");
+            if (st == RT_OK) st = rt_ckpt_meta_set_conv_algos(&m, "cudnn.conv_algos", &algos);
+        }
         if (st == RT_OK) st = rt_ckpt_meta_set(&m, "config", yaml ? yaml : "");
         free(yaml);
         if (st == RT_OK)
@@ -644,24 +809,34 @@ static rt_status truncate_metrics(const char *path, int64_t step) {
 }
 
 /* checkpoint.resume: auto (the newest complete checkpoint of checkpoint.dir, if any),
- * none, or a path. Every rank loads it (they all see the same files). */
+ * none, or a path, into r->resume_path ("": a fresh run). Found before the model is made
+ * (a GPU resume takes the checkpoint's convolution algorithms); every rank looks (they
+ * all see the same files). */
+static rt_status find_resume(run *r) {
+    const rt_config *c = r->cfg;
+    r->resume_path[0] = '\0';
+    if (strcmp(c->checkpoint.resume, "none") == 0) return RT_OK;
+    if (strcmp(c->checkpoint.resume, "auto") != 0) {
+        snprintf(r->resume_path, sizeof r->resume_path, "%s", c->checkpoint.resume);
+        return RT_OK;
+    }
+    rt_train_ckpt_dir(c, r->ckpt_dir, sizeof r->ckpt_dir);
+    rt_ckpt_found found;
+    RT_CHECK(rt_ckpt_find(r->ckpt_dir, &found));
+    if (is_root(r))
+        for (int i = 0; i < found.n_skipped; i++)
+            RT_LOG_WARN("checkpoint %s refused: %s; trying the one before", found.skipped[i].path,
+                        found.skipped[i].reason);
+    snprintf(r->resume_path, sizeof r->resume_path, "%s", found.path); /* "": nothing to resume */
+    return RT_OK;
+}
+
+/* Load r->resume_path (find_resume). Every rank loads it. */
 static rt_status resume(run *r) {
     const rt_config *c = r->cfg;
     r->resumed_step = -1;
-    if (strcmp(c->checkpoint.resume, "none") == 0) return RT_OK;
-    char path[RT_CKPT_PATH_MAX];
-    if (strcmp(c->checkpoint.resume, "auto") == 0) {
-        rt_ckpt_found found;
-        RT_CHECK(rt_ckpt_find(r->ckpt_dir, &found));
-        if (is_root(r))
-            for (int i = 0; i < found.n_skipped; i++)
-                RT_LOG_WARN("checkpoint %s refused: %s; trying the one before", found.skipped[i].path,
-                            found.skipped[i].reason);
-        if (!found.path[0]) return RT_OK; /* nothing to resume: a fresh run */
-        snprintf(path, sizeof path, "%s", found.path);
-    } else {
-        snprintf(path, sizeof path, "%s", c->checkpoint.resume);
-    }
+    if (!r->resume_path[0]) return RT_OK;
+    const char *path = r->resume_path;
     rt_ckpt_meta m;
     rt_ckpt_meta_init(&m);
     int64_t step = 0, epoch = 0, batches = 0, world = 0, batch = 0;
@@ -713,6 +888,8 @@ static void run_free(run *r) {
     if (r->x_dev) rt_free(r->dev, r->x_dev);
     if (r->label_dev) rt_free(r->dev, r->label_dev);
     if (r->scratch_dev) rt_free(r->dev, r->scratch_dev);
+    if (r->vals_host) rt_host_free(r->vals_host, r->vals_pinned);
+    rt_event_destroy(r->ev_vals);
     rt_model_destroy(r->model);
     rt_model_ctx_destroy(r->ctx);
     rt_pg_destroy(r->pg);
@@ -730,6 +907,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
     RT_CHECK(rt_device_select(c->train.device, r->who.local_rank, &r->dev));
     RT_CHECK(load_data(r));
     RT_CHECK(setup_group(r));
+    RT_CHECK(find_resume(r));
     RT_CHECK(setup_model(r));
     if (r->pg) rt_pg_set_stream(r->pg, r->ctx->stream); /* the stream contract (docs/dist.md) */
     RT_CHECK(broadcast_state(r, true));
@@ -803,12 +981,12 @@ static rt_status train_all(run *r, rt_train_result *res) {
             RT_CHECK(train_step(r, &b, (double)(rt_now_ns() - t) * 1e-6, epoch));
             bool every = c->checkpoint.every_steps > 0 && r->step % c->checkpoint.every_steps == 0;
             if (r->stop || every) {
-                for (int i = 0; i < 2; i++) RT_CHECK(complete(r, &r->pend[i], true));
+                RT_CHECK(complete_in_order(r, true));
                 RT_CHECK(save_checkpoint(r, epoch, b.index + 1, r->stop ? "stop" : "every_steps"));
                 saved_at = r->step;
             }
         }
-        for (int i = 0; i < 2; i++) RT_CHECK(complete(r, &r->pend[i], true));
+        RT_CHECK(complete_in_order(r, true));
         if (r->stop) break;
         bool last = epoch + 1 == c->train.epochs || r->step >= r->total_steps;
         if (is_root(r)) {
@@ -910,6 +1088,7 @@ static rt_status eval_all(run *r, const char *ckpt, rt_train_result *res) {
     RT_CHECK(rt_device_select(c->train.device, r->who.local_rank, &r->dev));
     RT_CHECK(load_data(r));
     RT_CHECK(setup_group(r));
+    snprintf(r->resume_path, sizeof r->resume_path, "%s", ckpt); /* its convolution algorithms (GPU) */
     RT_CHECK(setup_model(r));
     if (r->pg) rt_pg_set_stream(r->pg, r->ctx->stream);
     rt_ckpt_meta m;

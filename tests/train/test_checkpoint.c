@@ -521,6 +521,51 @@ static void test_disk_full(void **state) {
 
 /* ---- metadata API ------------------------------------------------------------------------ */
 
+/* cudnn.conv_algos (a GPU run's convolution algorithms): the exact text round-trips,
+ * "" is none, and anything but the canonical form is RT_ERR_FORMAT naming the entry. */
+static void test_meta_conv_algos(void **state) {
+    (void)state;
+    rt_ckpt_meta m;
+    rt_ckpt_meta_init(&m);
+    rt_conv_algos a = {.n = 2}, b;
+    /* in_c, out_c, in_h, in_w, k, stride, pad, n, precision, fwd, bwd_data, bwd_filter, their math types */
+    a.a[0] = (rt_conv_algo){64, 64, 28, 28, 3, 1, 1, 32, RT_PRECISION_FP32, 1, 1, 0, 3, 3, 3};
+    a.a[1] = (rt_conv_algo){1, 64, 28, 28, 7, 2, 3, 32, RT_PRECISION_TF32, 6, 5, 1, 0, 1, 2};
+    assert_rt_ok(rt_ckpt_meta_set_conv_algos(&m, "cudnn.conv_algos", &a));
+    assert_string_equal(rt_ckpt_meta_get(&m, "cudnn.conv_algos"),
+                        "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=0/3; "
+                        "1x28x28->64 k7 s2 p3 n32 tf32 fwd=6/0 data=5/1 filter=1/2");
+    assert_rt_ok(rt_ckpt_meta_get_conv_algos(&m, "cudnn.conv_algos", &b));
+    assert_int_equal(b.n, 2);
+    assert_memory_equal(&a.a[0], &b.a[0], sizeof a.a[0]);
+    assert_memory_equal(&a.a[1], &b.a[1], sizeof a.a[1]);
+    a.n = 0;
+    assert_rt_ok(rt_ckpt_meta_set_conv_algos(&m, "cudnn.conv_algos", &a));
+    assert_string_equal(rt_ckpt_meta_get(&m, "cudnn.conv_algos"), "");
+    assert_rt_ok(rt_ckpt_meta_get_conv_algos(&m, "cudnn.conv_algos", &b));
+    assert_int_equal(b.n, 0);
+    static const char *const bad[] = {
+        "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=0/3",                 /* a direction missing */
+        "64x28x28->64 k3 s1 p1 n32 fp16 fwd=1/3 data=0/3 filter=1/3",      /* unknown precision */
+        "64x28x28->64 k3 s1 p1 n32 fp32 fwd=-1/3 data=0/3 filter=1/3",     /* negative */
+        "64x28x28->64  k3 s1 p1 n32 fp32 fwd=1/3 data=0/3 filter=1/3",     /* not canonical */
+        "64x28x28->64 k3 s1 p1 n32 fp32 fwd=+1/3 data=0/3 filter=1/3",     /* not canonical */
+        "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=0/3 filter=1/3 x",    /* trailing text */
+        "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=0/3 filter=1/3; ",    /* empty entry */
+        "64x28x28->64 k3 s1 p1 n0 fp32 fwd=1/3 data=0/3 filter=1/3",       /* no batch */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_rt_ok(rt_ckpt_meta_set(&m, "cudnn.conv_algos", bad[i]));
+        assert_int_equal(rt_ckpt_meta_get_conv_algos(&m, "cudnn.conv_algos", &b), RT_ERR_FORMAT);
+        if (!strstr(rt_error_message(), "cudnn.conv_algos")) fail_msg("%s: %s", bad[i], rt_error_message());
+        rt_error_clear();
+    }
+    /* missing */
+    assert_int_equal(rt_ckpt_meta_get_conv_algos(&m, "nope", &b), RT_ERR_FORMAT);
+    rt_error_clear();
+    rt_ckpt_meta_free(&m);
+}
+
 static void test_meta(void **state) {
     (void)state;
     rt_ckpt_meta m;
@@ -580,6 +625,7 @@ static void test_meta(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_meta),
+        cmocka_unit_test(test_meta_conv_algos),
         cmocka_unit_test(test_round_trip_net),
         cmocka_unit_test(test_round_trip_resnet),
         cmocka_unit_test(test_mismatch),

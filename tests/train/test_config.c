@@ -231,6 +231,42 @@ static void test_docs(void **state) {
 }
 
 /* Every shipped config loads (a renamed key would break them silently otherwise). */
+/* train.deterministic: on by default (exact resume on a GPU, docs/config.md says why),
+ * YAML booleans and overrides, a non-boolean refused with the key and the line, and the
+ * value survives the resolved config's round trip (checkpoints carry it). */
+static void test_deterministic(void **state) {
+    (void)state;
+    rt_config c;
+    rt_config_default(&c);
+    assert_true(c.train.deterministic);
+    assert_rt_ok(parse(&c, "train:\n  deterministic: false\n"));
+    assert_false(c.train.deterministic);
+    assert_rt_ok(parse(&c, "train:\n  deterministic: on\n"));
+    assert_true(c.train.deterministic);
+    assert_rt_ok(rt_config_override(&c, "train.deterministic=no"));
+    assert_false(c.train.deterministic);
+    assert_rt_ok(rt_config_override(&c, "train.deterministic=true"));
+    assert_true(c.train.deterministic);
+    expect_error(parse(&c, "train:\n  epochs: 1\n  deterministic: sometimes\n"), "cfg.yaml:3:",
+                 "train.deterministic", "not a boolean");
+    expect_error(parse(&c, "train:\n  deterministic: 2\n"), "train.deterministic", "not a boolean", NULL);
+    expect_error(rt_config_override(&c, "train.deterministic="), "train.deterministic", "no value", NULL);
+    expect_error(rt_config_override(&c, "train.determinstic=1"), "did you mean train.deterministic?", NULL, NULL);
+    /* written and read back */
+    rt_config a, b;
+    assert_rt_ok(parse(&a, "train:\n  deterministic: false\n"));
+    char *t = NULL;
+    size_t n = 0;
+    FILE *m = open_memstream(&t, &n);
+    assert_non_null(m);
+    assert_rt_ok(rt_config_write(&a, m));
+    fclose(m);
+    assert_non_null(strstr(t, "deterministic: false"));
+    assert_rt_ok(parse(&b, t));
+    assert_false(b.train.deterministic);
+    free(t);
+}
+
 static void test_shipped_configs(void **state) {
     (void)state;
     const char *src = getenv("RINGTRAIN_SOURCE_DIR");
@@ -248,7 +284,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),        cmocka_unit_test(test_values),    cmocka_unit_test(test_errors),
         cmocka_unit_test(test_overrides),       cmocka_unit_test(test_load_file), cmocka_unit_test(test_docs),
-        cmocka_unit_test(test_shipped_configs),
+        cmocka_unit_test(test_shipped_configs), cmocka_unit_test(test_deterministic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,6 +99,11 @@ struct rt_request {
     size_t pr_count;
     rt_dtype pr_dtype;
     rt_request *next; /* active list */
+    /* NULL, or a device event no transfer of this request may start before (staging:
+     * the copy of the device buffer into the pinned one); the engine polls it, so the
+     * thread that submitted does not wait for the device */
+    rt_event *gate;
+    bool gate_open;
     /* device part (NULL: none); dev_done once it has completed */
     const rt_req_dev_ops *dev;
     void *dev_ctx;

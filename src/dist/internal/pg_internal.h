@@ -63,6 +63,7 @@ typedef struct rt_op {
     rt_reduce_op rop; /* reducing operations */
     int root;         /* the root; for RT_K_P2P the peer (group ranks) */
     rt_algo algo;     /* RT_K_ALLREDUCE */
+    rt_event *gate;   /* staging: no transfer starts before this device event (the copy to the host) */
 } rt_op;
 
 /* Frees the staging pool and its stream (collectives.c). */

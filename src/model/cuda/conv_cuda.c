@@ -2,7 +2,7 @@
  *
  * Prepare (once per layer, setup time) creates the filter and convolution descriptors
  * and the x/y tensor descriptors for the largest batch, and chooses the three
- * algorithms by measurement: cudnnFind*AlgorithmEx runs every candidate on scratch
+ * algorithms (deterministic mode: below; otherwise by measurement): cudnnFind*AlgorithmEx runs every candidate on scratch
  * buffers of the real shapes with a workspace bounded by RT_CUDA_CONV_WS_CAP and the
  * fastest that succeeds is kept (its workspace is reported to the model, which
  * reserves the largest over all layers as ctx->work). Identical shapes are measured
@@ -15,16 +15,31 @@
  * passes over FFT, FFT-tiling and non-fused Winograd algorithms, whose transforms
  * round more than a direct sum (tf32 may use everything).
  *
+ * Determinism (ctx->deterministic, train.deterministic): nothing is timed. The candidates
+ * come in cuDNN's heuristic order (cudnnGet*Algorithm_v7, a function of the shape, the
+ * GPU model and the cuDNN version), only results cuDNN reports CUDNN_DETERMINISTIC are
+ * considered, in all three directions, and the fallbacks are the deterministic ALGO_1 of
+ * the backward passes instead of ALGO_0 (which adds with atomics). So fresh runs agree
+ * too; and a resume does not even ask again:
+ * ctx->conv_preset (rt_model_ctx_set_conv_algos: the checkpoint's record, or rank 0's
+ * choice on the other ranks) is taken as it is for the shapes it names, after checking
+ * that cuDNN accepts it here and that it fits RT_CUDA_CONV_WS_CAP (an error naming the
+ * shape and the algorithm otherwise, never a silent substitute). Every choice, searched or
+ * preset, is listed in ctx->conv_chosen for the caller to keep.
+ *
  * Smaller batches (the last partial batch of an epoch): a second set of x/y descriptors
  * is re-described for that n when it changes (cudnnSetTensor4dDescriptor on existing
  * descriptors: host only, nothing allocated) and reuses the algorithms measured for the
  * full batch; if cuDNN rejects one of them for the smaller shape, or it would need more
  * workspace than ctx->work holds, that direction falls back to the zero-workspace
- * algorithm (IMPLICIT_GEMM / ALGO_0). Nothing allocates or synchronises in a step.
+ * algorithm (IMPLICIT_GEMM / ALGO_0; ALGO_1 when deterministic), a function of the choice
+ * and the workspace only, so a resume falls back identically. Nothing allocates or
+ * synchronises in a step.
  */
 #include "core/log.h"
 #include "model/cuda/cuda_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 typedef struct conv_shape {
@@ -92,16 +107,32 @@ static rt_status conv_desc(cudnnConvolutionDescriptor_t *d, const rt_conv2d *l, 
     return RT_OK;
 }
 
-/* Whether a measured result may be used: it succeeded, fits the workspace bound, and
- * its math is allowed: never fp32 -> fp16 down-conversion; under fp32 no tensor cores
- * and no transform algorithm with a larger rounding error than a direct sum
- * (`approx`: FFT, FFT tiling, non-fused Winograd), so fp32 results stay within 1e-5 of
- * the CPU's. */
-static bool perf_usable(const rt_model_ctx *ctx, cudnnStatus_t status, size_t memory, cudnnMathType_t m, bool approx) {
-    if (status != CUDNN_STATUS_SUCCESS || memory > RT_CUDA_CONV_WS_CAP) return false;
+/* Whether an algorithm's math is allowed: never fp32 -> fp16 down-conversion; under
+ * fp32 no tensor cores and no transform algorithm with a larger rounding error than a
+ * direct sum (`approx`: FFT, FFT tiling, non-fused Winograd), so fp32 results stay within
+ * 1e-5 of the CPU's. */
+static bool math_allowed(const rt_model_ctx *ctx, cudnnMathType_t m, bool approx) {
     if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
     if (ctx->precision == RT_PRECISION_TF32) return true;
     return m != CUDNN_TENSOR_OP_MATH && !approx;
+}
+
+/* Whether a measured result may be used: it succeeded, fits the workspace bound, is
+ * deterministic when the context asks for it, and its math is allowed. */
+static bool perf_usable(const rt_model_ctx *ctx, cudnnStatus_t status, size_t memory, cudnnMathType_t m, bool approx,
+                        cudnnDeterminism_t det) {
+    if (status != CUDNN_STATUS_SUCCESS || memory > RT_CUDA_CONV_WS_CAP) return false;
+    if (ctx->deterministic && det != CUDNN_DETERMINISTIC) return false;
+    return math_allowed(ctx, m, approx);
+}
+
+/* The zero-workspace fallbacks of the backward passes: ALGO_0 adds with atomics (not
+ * deterministic), ALGO_1 does not. (The forward's IMPLICIT_GEMM is deterministic.) */
+static cudnnConvolutionBwdDataAlgo_t bwd_data_fallback(const rt_model_ctx *ctx) {
+    return ctx->deterministic ? CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 : CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+}
+static cudnnConvolutionBwdFilterAlgo_t bwd_filter_fallback(const rt_model_ctx *ctx) {
+    return ctx->deterministic ? CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 : CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
 }
 
 static bool fwd_approx(cudnnConvolutionFwdAlgo_t a) {
@@ -161,7 +192,35 @@ static size_t largest_workspace(cudnnHandle_t h, const conv_priv *p) {
     return most < RT_CUDA_CONV_WS_CAP ? most : RT_CUDA_CONV_WS_CAP;
 }
 
-static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, rt_cuda_conv_algos *out) {
+typedef struct perf_lists {
+    cudnnConvolutionFwdAlgoPerf_t fr[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    cudnnConvolutionBwdDataAlgoPerf_t dr[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t wr[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int nf, nd, nw;
+} perf_lists;
+
+/* Deterministic mode: cuDNN's heuristic ranking (cudnnGet*Algorithm_v7: nothing runs,
+ * nothing is timed), a function of the shape, the GPU model and the cuDNN version only,
+ * so a fresh run, a rerun and every rank of one GPU model rank alike (PyTorch with
+ * cudnn.benchmark off). */
+static rt_status ask(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, perf_lists *pl) {
+    rt_cuda_state *s = cuda_state(ctx);
+    cudnnStatus_t cs = cudnnGetConvolutionForwardAlgorithm_v7(s->dnn, p->full.x, p->w, p->conv_fwd, p->full.y,
+                                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &pl->nf, pl->fr);
+    if (cs == CUDNN_STATUS_SUCCESS)
+        cs = cudnnGetConvolutionBackwardDataAlgorithm_v7(s->dnn, p->w, p->full.y, p->conv_bwd_data, p->full.x,
+                                                         CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &pl->nd, pl->dr);
+    if (cs == CUDNN_STATUS_SUCCESS)
+        cs = cudnnGetConvolutionBackwardFilterAlgorithm_v7(s->dnn, p->full.x, p->full.y, p->conv_bwd_filter, p->w,
+                                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &pl->nw, pl->wr);
+    if (cs != CUDNN_STATUS_SUCCESS)
+        RT_FAIL(RT_ERR_CUDA, "conv2d %d->%d %dx%d k%d s%d: cuDNN algorithm heuristics: %s", l->in_c, l->out_c, l->in_h,
+                l->in_w, l->k, l->stride, cudnnGetErrorString(cs));
+    return RT_OK;
+}
+
+/* Otherwise: every candidate run and timed on scratch buffers (cudnnFind*AlgorithmEx). */
+static rt_status measure(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, perf_lists *pl) {
     rt_cuda_state *s = cuda_state(ctx);
     const size_t xb = sizeof(float) * (size_t)p->max_n * l->in_c * l->in_h * l->in_w;
     const size_t yb = sizeof(float) * (size_t)p->max_n * l->out_c * l->out_h * l->out_w;
@@ -198,57 +257,69 @@ static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p,
                 l->out_c, l->in_h, l->in_w, l->k, xb, yb, cudaGetErrorString(e));
     }
 
-    cudnnConvolutionFwdAlgoPerf_t fr[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    cudnnConvolutionBwdDataAlgoPerf_t dr[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    cudnnConvolutionBwdFilterAlgoPerf_t wr[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    int nf = 0, nd = 0, nw = 0;
     cudnnStatus_t cs =
         cudnnFindConvolutionForwardAlgorithmEx(s->dnn, p->full.x, b.x, p->w, b.w, p->conv_fwd, p->full.y, b.y,
-                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &nf, fr, b.ws, b.ws_bytes);
+                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &pl->nf, pl->fr, b.ws, b.ws_bytes);
     if (cs == CUDNN_STATUS_SUCCESS)
         cs = cudnnFindConvolutionBackwardDataAlgorithmEx(s->dnn, p->w, b.w, p->full.y, b.y, p->conv_bwd_data, p->full.x,
-                                                         b.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &nd, dr, b.ws,
-                                                         b.ws_bytes);
+                                                         b.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &pl->nd, pl->dr,
+                                                         b.ws, b.ws_bytes);
     if (cs == CUDNN_STATUS_SUCCESS)
         cs = cudnnFindConvolutionBackwardFilterAlgorithmEx(s->dnn, p->full.x, b.x, p->full.y, b.y, p->conv_bwd_filter,
-                                                           p->w, b.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &nw, wr,
-                                                           b.ws, b.ws_bytes);
+                                                           p->w, b.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &pl->nw,
+                                                           pl->wr, b.ws, b.ws_bytes);
     find_bufs_free(&b);
     if (cs != CUDNN_STATUS_SUCCESS)
         RT_FAIL(RT_ERR_CUDA, "conv2d %d->%d %dx%d k%d s%d: cuDNN algorithm search: %s", l->in_c, l->out_c, l->in_h,
                 l->in_w, l->k, l->stride, cudnnGetErrorString(cs));
+    return RT_OK;
+}
 
-    /* results come sorted by time: keep the fastest usable one; the zero-workspace
-     * algorithms are the fallback if none is */
+static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, rt_cuda_conv_algos *out) {
+    perf_lists pl = {.nf = 0};
+    if (ctx->deterministic)
+        RT_CHECK(ask(ctx, l, p, &pl));
+    else
+        RT_CHECK(measure(ctx, l, p, &pl));
+    const cudnnConvolutionFwdAlgoPerf_t *fr = pl.fr;
+    const cudnnConvolutionBwdDataAlgoPerf_t *dr = pl.dr;
+    const cudnnConvolutionBwdFilterAlgoPerf_t *wr = pl.wr;
+    const int nf = pl.nf, nd = pl.nd, nw = pl.nw;
+
+    /* results come ranked (by time, or by the heuristics): keep the first usable one; the
+     * zero-workspace algorithms are the fallback if none is (deterministic ones when asked) */
     out->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
     out->fwd_math = ctx->precision == RT_PRECISION_TF32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
     out->fwd_ws = 0;
     for (int i = 0; i < nf; i++)
-        if (perf_usable(ctx, fr[i].status, fr[i].memory, fr[i].mathType, fwd_approx(fr[i].algo))) {
+        if (perf_usable(ctx, fr[i].status, fr[i].memory, fr[i].mathType, fwd_approx(fr[i].algo), fr[i].determinism)) {
             out->fwd = fr[i].algo, out->fwd_math = perf_math(ctx, fr[i].mathType), out->fwd_ws = fr[i].memory;
             break;
         }
-    out->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+    out->bwd_data = bwd_data_fallback(ctx);
     out->bwd_data_math = out->fwd_math;
     out->bwd_data_ws = 0;
     for (int i = 0; i < nd; i++)
-        if (perf_usable(ctx, dr[i].status, dr[i].memory, dr[i].mathType, bwd_data_approx(dr[i].algo))) {
+        if (perf_usable(ctx, dr[i].status, dr[i].memory, dr[i].mathType, bwd_data_approx(dr[i].algo),
+                        dr[i].determinism)) {
             out->bwd_data = dr[i].algo, out->bwd_data_math = perf_math(ctx, dr[i].mathType),
             out->bwd_data_ws = dr[i].memory;
             break;
         }
-    out->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+    out->bwd_filter = bwd_filter_fallback(ctx);
     out->bwd_filter_math = out->fwd_math;
     out->bwd_filter_ws = 0;
     for (int i = 0; i < nw; i++)
-        if (perf_usable(ctx, wr[i].status, wr[i].memory, wr[i].mathType, bwd_filter_approx(wr[i].algo))) {
+        if (perf_usable(ctx, wr[i].status, wr[i].memory, wr[i].mathType, bwd_filter_approx(wr[i].algo),
+                        wr[i].determinism)) {
             out->bwd_filter = wr[i].algo, out->bwd_filter_math = perf_math(ctx, wr[i].mathType),
             out->bwd_filter_ws = wr[i].memory;
             break;
         }
-    RT_LOG_DEBUG("conv2d %d->%d %dx%d k%d s%d n%d: fwd algo %d (math %d, %zu B), bwd-data %d (math %d, %zu B), "
+    RT_LOG_DEBUG("conv2d %d->%d %dx%d k%d s%d n%d%s: fwd algo %d (math %d, %zu B), bwd-data %d (math %d, %zu B), "
                  "bwd-filter %d (math %d, %zu B)",
-                 l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, p->max_n, (int)out->fwd, (int)out->fwd_math,
+                 l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, p->max_n,
+                 ctx->deterministic ? " (deterministic)" : "", (int)out->fwd, (int)out->fwd_math,
                  out->fwd_ws, (int)out->bwd_data, (int)out->bwd_data_math, out->bwd_data_ws, (int)out->bwd_filter,
                  (int)out->bwd_filter_math, out->bwd_filter_ws);
     return RT_OK;
@@ -265,11 +336,106 @@ static rt_cuda_conv_algos *cache_find(rt_model_ctx *ctx, const rt_conv2d *l, int
     return NULL;
 }
 
+/* Cache the choice and list it for rt_model_ctx_get_conv_algos. */
 static void cache_put(rt_model_ctx *ctx, const rt_conv2d *l, int n, rt_cuda_conv_algos *a) {
     rt_cuda_state *s = cuda_state(ctx);
     a->in_c = l->in_c, a->out_c = l->out_c, a->in_h = l->in_h, a->in_w = l->in_w, a->k = l->k;
     a->stride = l->stride, a->pad = l->pad, a->n = n, a->precision = (int)ctx->precision;
     if (s->nalgos < RT_CUDA_ALGO_CACHE) s->algos[s->nalgos++] = *a;
+    rt_conv_algos *chosen = ctx->conv_chosen;
+    if (chosen->n < RT_CONV_ALGOS_MAX)
+        chosen->a[chosen->n++] = (rt_conv_algo){
+            .in_c = a->in_c, .out_c = a->out_c, .in_h = a->in_h, .in_w = a->in_w, .k = a->k, .stride = a->stride,
+            .pad = a->pad, .n = a->n, .precision = a->precision, .fwd = (int)a->fwd, .bwd_data = (int)a->bwd_data,
+            .bwd_filter = (int)a->bwd_filter, .fwd_math = (int)a->fwd_math, .bwd_data_math = (int)a->bwd_data_math,
+            .bwd_filter_math = (int)a->bwd_filter_math};
+}
+
+/* The preset choice for this layer's shape (rt_model_ctx_set_conv_algos), or NULL. */
+static const rt_conv_algo *preset_find(const rt_model_ctx *ctx, const rt_conv2d *l, int n) {
+    const rt_conv_algos *pre = ctx->conv_preset;
+    for (int i = 0; i < pre->n; i++) {
+        const rt_conv_algo *a = &pre->a[i];
+        if (a->in_c == l->in_c && a->out_c == l->out_c && a->in_h == l->in_h && a->in_w == l->in_w && a->k == l->k &&
+            a->stride == l->stride && a->pad == l->pad && a->n == n && a->precision == (int)ctx->precision)
+            return a;
+    }
+    return NULL;
+}
+
+static bool math_known(int m) {
+    return m == CUDNN_DEFAULT_MATH || m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ||
+           m == CUDNN_FMA_MATH;
+}
+
+/* One direction of a preset: a known algorithm number and math type, allowed by the
+ * precision (fp32: CUDNN_FMA_MATH and no transform algorithm, as the search would), that
+ * cuDNN accepts for the shape (it answers its workspace size) within the workspace
+ * bound. `what` names the direction in the errors. */
+static rt_status preset_check(const rt_model_ctx *ctx, const char *shape, const char *what, int algo, int count,
+                              int math, bool approx) {
+    RT_REQUIRE(algo >= 0 && algo < count, RT_ERR_INVALID,
+               "%s: the given %s algorithm %d is unknown to this cuDNN (0..%d): chosen with another cuDNN version?",
+               shape, what, algo, count - 1);
+    RT_REQUIRE(math_known(math), RT_ERR_INVALID, "%s: the given %s math type %d is unknown to this cuDNN", shape, what,
+               math);
+    RT_REQUIRE(math_allowed(ctx, (cudnnMathType_t)math, approx) &&
+                   (ctx->precision == RT_PRECISION_TF32 || math == CUDNN_FMA_MATH),
+               RT_ERR_INVALID, "%s: the given %s algorithm %d with math type %d is not allowed under precision %s",
+               shape, what, algo, math, rt_precision_name(ctx->precision));
+    return RT_OK;
+}
+
+static rt_status preset_workspace(const char *shape, const char *what, int algo, cudnnStatus_t cs, size_t ws) {
+    RT_REQUIRE(cs == CUDNN_STATUS_SUCCESS, RT_ERR_INVALID,
+               "%s: the given %s algorithm %d cannot run here (cuDNN: %s): chosen on another GPU model or cuDNN "
+               "version?",
+               shape, what, algo, cudnnGetErrorString(cs));
+    RT_REQUIRE(ws <= RT_CUDA_CONV_WS_CAP, RT_ERR_INVALID,
+               "%s: the given %s algorithm %d needs %zu bytes of workspace, more than the %zu allowed "
+               "(RT_CUDA_CONV_WS_CAP)",
+               shape, what, algo, ws, (size_t)RT_CUDA_CONV_WS_CAP);
+    return RT_OK;
+}
+
+/* Take a preset choice for this layer (no search, no timing), validated as above. The
+ * descriptors get its math types here; conv_prepare sets them again from *out. */
+static rt_status preset_take(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, const rt_conv_algo *pre,
+                             rt_cuda_conv_algos *out) {
+    char shape[128];
+    snprintf(shape, sizeof shape, "conv2d %d->%d %dx%d k%d s%d p%d n%d", l->in_c, l->out_c, l->in_h, l->in_w, l->k,
+             l->stride, l->pad, p->max_n);
+    RT_CHECK(preset_check(ctx, shape, "forward", pre->fwd, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, pre->fwd_math,
+                          pre->fwd >= 0 && fwd_approx((cudnnConvolutionFwdAlgo_t)pre->fwd)));
+    RT_CHECK(preset_check(ctx, shape, "backward-data", pre->bwd_data, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                          pre->bwd_data_math,
+                          pre->bwd_data >= 0 && bwd_data_approx((cudnnConvolutionBwdDataAlgo_t)pre->bwd_data)));
+    RT_CHECK(preset_check(ctx, shape, "backward-filter", pre->bwd_filter, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                          pre->bwd_filter_math,
+                          pre->bwd_filter >= 0 &&
+                              bwd_filter_approx((cudnnConvolutionBwdFilterAlgo_t)pre->bwd_filter)));
+    out->fwd = (cudnnConvolutionFwdAlgo_t)pre->fwd;
+    out->bwd_data = (cudnnConvolutionBwdDataAlgo_t)pre->bwd_data;
+    out->bwd_filter = (cudnnConvolutionBwdFilterAlgo_t)pre->bwd_filter;
+    out->fwd_math = (cudnnMathType_t)pre->fwd_math;
+    out->bwd_data_math = (cudnnMathType_t)pre->bwd_data_math;
+    out->bwd_filter_math = (cudnnMathType_t)pre->bwd_filter_math;
+    RT_CHECK_CUDNN(cudnnSetConvolutionMathType(p->conv_fwd, out->fwd_math));
+    RT_CHECK_CUDNN(cudnnSetConvolutionMathType(p->conv_bwd_data, out->bwd_data_math));
+    RT_CHECK_CUDNN(cudnnSetConvolutionMathType(p->conv_bwd_filter, out->bwd_filter_math));
+    cudnnHandle_t h = cuda_state(ctx)->dnn;
+    cudnnStatus_t cs =
+        cudnnGetConvolutionForwardWorkspaceSize(h, p->full.x, p->w, p->conv_fwd, p->full.y, out->fwd, &out->fwd_ws);
+    RT_CHECK(preset_workspace(shape, "forward", pre->fwd, cs, out->fwd_ws));
+    cs = cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->full.y, p->conv_bwd_data, p->full.x, out->bwd_data,
+                                                      &out->bwd_data_ws);
+    RT_CHECK(preset_workspace(shape, "backward-data", pre->bwd_data, cs, out->bwd_data_ws));
+    cs = cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->full.x, p->full.y, p->conv_bwd_filter, p->w,
+                                                        out->bwd_filter, &out->bwd_filter_ws);
+    RT_CHECK(preset_workspace(shape, "backward-filter", pre->bwd_filter, cs, out->bwd_filter_ws));
+    RT_LOG_DEBUG("%s: given fwd algo %d (math %d), bwd-data %d (math %d), bwd-filter %d (math %d)", shape, pre->fwd,
+                 pre->fwd_math, pre->bwd_data, pre->bwd_data_math, pre->bwd_filter, pre->bwd_filter_math);
+    return RT_OK;
 }
 
 /* ---- prepare ------------------------------------------------------------------------- */
@@ -300,7 +466,11 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
     if (hit) {
         a = *hit;
     } else {
-        RT_CHECK(find_algos(ctx, l, p, &a));
+        const rt_conv_algo *pre = preset_find(ctx, l, max_n);
+        if (pre)
+            RT_CHECK(preset_take(ctx, l, p, pre, &a));
+        else
+            RT_CHECK(find_algos(ctx, l, p, &a));
         cache_put(ctx, l, max_n, &a);
     }
     RT_CHECK_CUDNN(cudnnSetConvolutionMathType(p->conv_fwd, a.fwd_math));
@@ -364,12 +534,12 @@ static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **
         if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, s->y, p->conv_bwd_data, s->x, s->bwd_data, &ws) !=
                 CUDNN_STATUS_SUCCESS ||
             ws > ctx->work_bytes)
-            s->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+            s->bwd_data = bwd_data_fallback(ctx);
         s->bwd_filter = p->full.bwd_filter;
         if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, s->x, s->y, p->conv_bwd_filter, p->w, s->bwd_filter,
                                                            &ws) != CUDNN_STATUS_SUCCESS ||
             ws > ctx->work_bytes)
-            s->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+            s->bwd_filter = bwd_filter_fallback(ctx);
     }
     *out = s;
     return RT_OK;

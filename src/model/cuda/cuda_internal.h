@@ -15,8 +15,9 @@
 extern "C" {
 #endif
 
-/* One measured algorithm choice per convolution shape, shared by identical layers
- * (ResNet34's layer1 has six identical convolutions: measured once). */
+/* One algorithm choice per convolution shape (measured, or given with
+ * rt_model_ctx_set_conv_algos), shared by identical layers (ResNet34's layer1 has six
+ * identical convolutions: measured once); each is also listed in ctx->conv_chosen. */
 typedef struct rt_cuda_conv_algos {
     int in_c, out_c, in_h, in_w, k, stride, pad, n, precision; /* the key */
     cudnnConvolutionFwdAlgo_t fwd;

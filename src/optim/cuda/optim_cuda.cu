@@ -201,8 +201,7 @@ static void cuda_clip_release(rt_grad_clip *c) {
 static rt_status cuda_sumsq(rt_grad_clip *c, const float *x, size_t n, rt_stream *stream, double *sum) {
     double *partial = (double *)c->scratch, *total = partial + RT_OPTIM_NORM_BLOCKS;
     RT_CHECK(sumsq_cuda(x, n, partial, total, stream));
-    RT_CHECK(rt_memcpy(sum, rt_device_cpu(), total, c->device, sizeof *sum, stream));
-    RT_CHECK(rt_stream_sync(stream));
+    RT_CHECK(rt_memcpy(sum, rt_device_cpu(), total, c->device, sizeof *sum, stream)); /* the caller syncs */
     return RT_OK;
 }
 

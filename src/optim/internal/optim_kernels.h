@@ -53,7 +53,9 @@ typedef struct rt_optim_backend {
     rt_status (*step)(rt_optimizer *opt, float *params, const float *grads, const rt_optim_scalars *s,
                       rt_stream *stream);
     /* gradient clipping: scratch in c->scratch; the sum of squares of n floats in
-     * double, deterministic, into *sum on the host (waits for `stream`); x *= coef */
+     * double, deterministic, into *sum on the host, asynchronously on `stream` where the
+     * device has streams (then *sum should be pinned memory, and is valid once the
+     * stream got there: the caller synchronises); x *= coef */
     rt_status (*clip_init)(rt_grad_clip *c);
     void (*clip_release)(rt_grad_clip *c);
     rt_status (*sumsq)(rt_grad_clip *c, const float *x, size_t n, rt_stream *stream, double *sum);

@@ -1,0 +1,12 @@
+# tests/emu/train_emu.sh: ringtrain train / eval on emulated GPUs against the CPU
+foreach(_c nccl shared three eval cross kill syncs)
+  add_test(NAME emu_train_${_c} COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train_emu.sh $<TARGET_FILE:ringtrain> ${_c})
+  set_tests_properties(emu_train_${_c} PROPERTIES LABELS emu SKIP_RETURN_CODE 77 TIMEOUT 600)
+endforeach()
+# the stream-contract tests with random delays on every stream operation: a missing
+# event wait becomes a wrong result
+foreach(_t test_dist_stream_gpu test_dist_nccl test_data_loader_gpu)
+  if(TEST ${_t})
+    set_property(TEST ${_t} APPEND PROPERTY ENVIRONMENT RINGTRAIN_EMU_DELAY_US=500)
+  endif()
+endforeach()

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# The whole CUDA program end to end on emulated GPUs (issue 19; the emulated-GPU build,
+# RINGTRAIN_CUDA=EMU): `ringtrain train` and `ringtrain eval` on the emulated CUDA
+# runtime, cuDNN, cuBLAS and NCCL of tests/cuda_emu, compared with the CPU run of the
+# same config.
+#
+#   tests/emu/train_emu.sh RINGTRAIN CASE
+# CASE:
+#   nccl    2 ranks on 2 GPUs (transport nccl), against the CPU run, random stream delays on
+#   shared  2 ranks on 1 GPU (device buffers staged through pinned memory over shm),
+#           bit for bit against the nccl run
+#   three   3 ranks on 2 GPUs (ranks 0 and 2 share cuda:0: every rank must pick staging)
+#   eval    ringtrain eval of a GPU checkpoint on the GPU and on the CPU
+#   cross   a checkpoint written on GPUs resumed on the CPU, and the other way round
+#   kill    kill -9 of one rank on NCCL: the launcher names it and the others stop
+#   syncs   host synchronisations per training step in steady state
+#
+# Tolerance against the CPU (state: compare_runs below): the GPU run computes the same
+# steps with another summation order inside convolutions, batch norm and GEMMs, so the
+# logged losses agree to 1e-3 relative and the final parameters to 2e-3 of their scale
+# (a step-for-step divergence, not a different algorithm, stays far inside this).
+# Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
+set -u
+bin=$1
+what=$2
+data=/usr/share/datasets/fashion-mnist
+[ -r "$data" ] || { echo "SKIP: $data missing (scripts/install-deps test installs it)"; exit 77; }
+tmp=$(mktemp -d /tmp/rt-emu-train-XXXXXX)
+trap 'pkill -9 -f "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; for f in "$tmp"/*.out "$tmp"/*.err; do [ -f "$f" ] && { echo "--- $f"; tail -25 "$f"; }; done; exit 1; }
+printf 'model:\n  arch: net\n' > "$tmp/c.yaml"
+export RINGTRAIN_EMU_GPUS=${RINGTRAIN_EMU_GPUS:-2}
+# a ResNet (batch norm through cuDNN, buffers broadcast before eval) and the tutorial Net
+# (dropout, cuBLAS linear layers, log-softmax + NLL kernels)
+resnet=(model.arch=resnet18 model.width=4 model.stem=cifar data.train_subset=256 data.test_subset=128
+        data.batch_size=32 train.threads=1 train.epochs=2 log.progress=off log.every_steps=1 optim.momentum=0.9
+        dist.timeout_s=120)
+net=(model.arch=net data.train_subset=256 data.test_subset=128 data.batch_size=32 train.threads=1 train.epochs=1
+     log.progress=off log.every_steps=1 dist.timeout_s=120)
+
+# train NAME ARGS...: a run into $tmp/NAME (fails the test when it fails)
+train() {
+  local name=$1; shift
+  "$bin" train "$tmp/c.yaml" "$@" "log.dir=$tmp/$name" >"$tmp/$name.out" 2>"$tmp/$name.err" ||
+    fail "$name: ringtrain train exited $?"
+}
+
+# compare_runs A B TOL_LOSS TOL_PARAM LABEL: the step losses of metrics.jsonl agree to
+# TOL_LOSS relative, the final model.safetensors to TOL_PARAM of each tensor's scale
+# (0 0: bit for bit)
+compare_runs() {
+  /usr/bin/python3 - "$tmp/$1" "$tmp/$2" "$3" "$4" <<'PY' || fail "$5"
+import glob, json, struct, sys
+a, b, tl, tp = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+def losses(d):
+    return [(r["step"], r["loss"]) for r in map(json.loads, open(d + "/metrics.jsonl")) if r.get("kind") == "step"]
+la, lb = losses(a), losses(b)
+assert [s for s, _ in la] == [s for s, _ in lb] and la, "steps differ: %s vs %s" % (la[:3], lb[:3])
+for (s, x), (_, y) in zip(la, lb):
+    assert abs(x - y) <= tl * max(abs(x), abs(y)), "step %d: loss %r vs %r" % (s, x, y)
+def tensors(d):
+    p = sorted(glob.glob(d + "/checkpoints/ckpt-*/model.safetensors"))[-1]
+    raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); body = raw[8 + n:]
+    out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        o0, o1 = v["data_offsets"]
+        fmt = {"F32": "f", "I64": "q"}[v["dtype"]]
+        out[k] = struct.unpack("<%d%s" % ((o1 - o0) // struct.calcsize(fmt), fmt), body[o0:o1])
+    return out
+ta, tb = tensors(a), tensors(b)
+assert ta.keys() == tb.keys()
+worst = (0.0, "")
+for k in ta:
+    scale = max([abs(v) for v in ta[k]] + [1e-30])
+    d = max([abs(x - y) for x, y in zip(ta[k], tb[k])] + [0.0]) / scale
+    if d > worst[0]: worst = (d, k)
+    if tp == 0: assert ta[k] == tb[k], "%s differs (max rel diff %g)" % (k, d)
+    else: assert d <= tp, "%s: max difference %g of its scale (tolerance %g)" % (k, d, tp)
+print("compared %d steps, %d tensors: worst parameter difference %.3g of scale (%s)" % (len(la), len(ta), worst[0], worst[1]))
+PY
+}
+
+final_acc() { grep -o 'test accuracy [0-9.]*%' "$tmp/$1.out" | tail -1; }
+
+case $what in
+nccl)
+  for m in resnet net; do
+    eval "args=(\"\${$m[@]}\")"
+    train "$m-cpu" "${args[@]}" train.device=cpu dist.nproc=2
+    RINGTRAIN_LOG_LEVEL=debug RINGTRAIN_EMU_DELAY_US=300 train "$m-gpu" "${args[@]}" train.device=cuda dist.nproc=2
+    grep -q "transport nccl" "$tmp/$m-gpu.out" "$tmp/$m-gpu.err" || fail "$m: the GPU run did not use the nccl transport"
+    compare_runs "$m-cpu" "$m-gpu" 1e-3 2e-3 "$m: 2 ranks on 2 emulated GPUs differ from the CPU run"
+    echo "ok: $m, 2 ranks on 2 GPUs over NCCL = CPU ($(final_acc "$m-gpu") vs $(final_acc "$m-cpu"))"
+  done
+  ;;
+shared)
+  train gpu2 "${resnet[@]}" train.device=cuda dist.nproc=2
+  CUDA_VISIBLE_DEVICES=0 RINGTRAIN_LOG_LEVEL=debug RINGTRAIN_EMU_DELAY_US=300 train gpu1 "${resnet[@]}" \
+    train.device=cuda dist.nproc=2
+  grep -q "transport shm" "$tmp/gpu1.out" "$tmp/gpu1.err" || fail "2 ranks on 1 GPU did not use shm staging"
+  compare_runs gpu2 gpu1 0 0 "2 ranks on 1 GPU (staging) differ from 2 ranks on 2 GPUs (nccl)"
+  echo "ok: 2 ranks on 1 GPU (staging) = 2 ranks on 2 GPUs (nccl), bit for bit"
+  ;;
+three)
+  train cpu3 "${resnet[@]}" data.batch_size=30 train.device=cpu dist.nproc=3
+  train gpu3 "${resnet[@]}" data.batch_size=30 train.device=cuda dist.nproc=3
+  compare_runs cpu3 gpu3 1e-3 2e-3 "3 ranks on 2 GPUs differ from the CPU run"
+  echo "ok: 3 ranks on 2 GPUs = CPU ($(final_acc gpu3) vs $(final_acc cpu3))"
+  ;;
+eval)
+  train gpu "${resnet[@]}" train.device=cuda dist.nproc=2
+  ck=$(ls -d "$tmp"/gpu/checkpoints/ckpt-* | tail -1)
+  "$bin" eval "$ck" --nproc 2 train.device=cuda "data.test_subset=128" >"$tmp/eval-gpu.out" 2>"$tmp/eval-gpu.err" || fail "eval on GPUs"
+  "$bin" eval "$ck" --nproc 2 train.device=cpu "data.test_subset=128" >"$tmp/eval-cpu.out" 2>"$tmp/eval-cpu.err" || fail "eval on the CPU"
+  /usr/bin/python3 - "$tmp/eval-gpu.out" "$tmp/eval-cpu.out" <<'PY' || fail "ringtrain eval on the GPU and on the CPU disagree"
+import re, sys
+def get(p):
+    t = open(p).read()
+    l = re.search(r"loss ([0-9.]+)", t); a = re.search(r"accuracy ([0-9.]+)%", t)
+    assert l and a, "no loss/accuracy in %s: %s" % (p, t[-400:])
+    return float(l.group(1)), float(a.group(1))
+(lg, ag), (lc, ac) = get(sys.argv[1]), get(sys.argv[2])
+assert abs(lg - lc) <= 1e-3 * max(lg, lc) and abs(ag - ac) <= 100.0 / 128 + 1e-9, (lg, ag, lc, ac)
+print("eval: GPU loss %g acc %g%%, CPU loss %g acc %g%%" % (lg, ag, lc, ac))
+PY
+  echo "ok: ringtrain eval of a GPU checkpoint on GPUs = on the CPU"
+  ;;
+cross)
+  # reference: the CPU run straight through; GPU runs first half then CPU, and CPU then GPU
+  train ref "${resnet[@]}" train.device=cpu dist.nproc=2 checkpoint.every_epochs=1
+  train g2c "${resnet[@]}" train.device=cuda dist.nproc=2 checkpoint.every_epochs=1 train.epochs=1
+  train g2c "${resnet[@]}" train.device=cpu dist.nproc=2 checkpoint.every_epochs=1
+  grep -q "resuming from" "$tmp/g2c.out" || fail "GPU -> CPU: did not resume"
+  compare_runs ref g2c 1e-3 2e-3 "a GPU checkpoint resumed on the CPU"
+  train c2g "${resnet[@]}" train.device=cpu dist.nproc=2 checkpoint.every_epochs=1 train.epochs=1
+  train c2g "${resnet[@]}" train.device=cuda dist.nproc=2 checkpoint.every_epochs=1
+  grep -q "resuming from" "$tmp/c2g.out" || fail "CPU -> GPU: did not resume"
+  compare_runs ref c2g 1e-3 2e-3 "a CPU checkpoint resumed on GPUs"
+  echo "ok: checkpoints move between GPU and CPU runs"
+  ;;
+kill)
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.device=cuda dist.nproc=2 data.train_subset=0 train.epochs=50 \
+    dist.timeout_s=30 "log.dir=$tmp/run" >"$tmp/kill.out" 2>"$tmp/kill.err" &
+  launcher=$!
+  # wait for an event (a step logged), not for time; the run has 50 epochs to go
+  for _ in $(seq 1200); do grep -q '"kind": "step"' "$tmp/run/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+  grep -q '"kind": "step"' "$tmp/run/metrics.jsonl" || fail "no step logged"
+  victim=
+  for p in $(pgrep -P $launcher); do tr '\0' '\n' < /proc/$p/environ | grep -qx RANK=1 && victim=$p; done
+  [ -n "$victim" ] || fail "rank 1 not found among the launcher's children"
+  kill -9 "$victim"
+  wait $launcher; rc=$?
+  [ "$rc" -ne 0 ] || fail "launcher exited 0 after a rank was killed"
+  grep -q "rank 1 was killed by SIGKILL" "$tmp/kill.err" || fail "the launcher does not name rank 1 and SIGKILL"
+  sleep 0.5
+  pgrep -f "$tmp" >/dev/null && fail "processes left running"
+  echo "ok: a killed rank on NCCL stops the job, named"
+  ;;
+syncs)
+  # host synchronisations per step: two runs that differ only in the number of steps,
+  # both inside the first epoch (an epoch's end adds its own fixed work), on 2 ranks
+  for n in 8 16; do
+    RINGTRAIN_EMU_STATS="$tmp/stats-$n.jsonl" train "s$n" "${resnet[@]}" data.train_subset=1024 train.device=cuda \
+      dist.nproc=2 train.max_steps=$n train.eval_every=0 checkpoint.every_epochs=0 dist.check_sync_every=0
+  done
+  /usr/bin/python3 - "$tmp/stats-8.jsonl" "$tmp/stats-16.jsonl" <<'PY' || fail "more than one host synchronisation per training step"
+import json, sys
+def syncs(p):  # per rank process (the ones that launched kernels), highest first
+    return sorted((r["host_syncs"] for r in map(json.loads, open(p)) if r["launches"] > 0), reverse=True)
+a, b = syncs(sys.argv[1]), syncs(sys.argv[2])
+assert len(a) == len(b) == 2, (a, b)
+per = max(y - x for x, y in zip(a, b)) / 8.0
+print("host synchronisations per rank: %s in 8 steps, %s in 16: %.2f per step" % (a, b, per))
+assert per <= 1.0, per
+PY
+  ;;
+*) echo "usage: $0 RINGTRAIN nccl|shared|three|eval|cross|kill|syncs" >&2; exit 2 ;;
+esac
