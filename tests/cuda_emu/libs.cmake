@@ -49,8 +49,10 @@ target_include_directories(rt_emu_cublas PRIVATE ${OPENBLAS_INCLUDE_DIR})
 target_link_libraries(rt_emu_cublas PUBLIC rt_emu_cudart ${OPENBLAS_LIB})
 add_library(CUDA::cublas ALIAS rt_emu_cublas)
 
+# convolutions as im2col + OpenBLAS GEMMs (each algorithm in its own order)
 rt_emu_lib(rt_emu_cudnn ${RT_EMU_DIR}/cudnn.cpp)
-target_link_libraries(rt_emu_cudnn PUBLIC rt_emu_cudart)
+target_include_directories(rt_emu_cudnn PRIVATE ${OPENBLAS_INCLUDE_DIR})
+target_link_libraries(rt_emu_cudnn PUBLIC rt_emu_cudart ${OPENBLAS_LIB})
 set(CUDNN_LIB rt_emu_cudnn)
 set(CUDNN_INCLUDE_DIR ${RT_EMU_DIR}/include)
 

@@ -10,3 +10,8 @@ foreach(_t test_dist_stream_gpu test_dist_nccl test_data_loader_gpu)
     set_property(TEST ${_t} APPEND PROPERTY ENVIRONMENT RINGTRAIN_EMU_DELAY_US=500)
   endif()
 endforeach()
+
+# failures inside the nccl transport (defect 6 of issue 19): a failed call in an NCCL
+# group, a peer killed inside an all-reduce
+rt_test(test_nccl_faults SOURCES test_nccl_faults.c LIBS rt_dist rt_dist_testmp LABELS emu TIMEOUT 300)
+target_include_directories(test_nccl_faults PRIVATE ${CMAKE_SOURCE_DIR}/tests/dist)

@@ -15,10 +15,15 @@
 #   kill    kill -9 of one rank on NCCL: the launcher names it and the others stop
 #   syncs   host synchronisations per training step in steady state
 #
-# Tolerance against the CPU (state: compare_runs below): the GPU run computes the same
-# steps with another summation order inside convolutions, batch norm and GEMMs, so the
-# logged losses agree to 1e-3 relative and the final parameters to 2e-3 of their scale
-# (a step-for-step divergence, not a different algorithm, stays far inside this).
+# Tolerance against the CPU (compare_runs): the GPU run computes the same steps with other
+# summation orders inside convolutions, batch norm, GEMMs and reductions. The tutorial Net
+# is well conditioned: its step losses agree to 1e-5 relative and its parameters to 1e-4
+# of each tensor's largest value, over whole epochs (measured: equal losses, < 1e-5). The
+# small ResNet (batch norm over few samples) amplifies rounding so fast that two CPU runs
+# differing only in their thread count drift 1% apart in 3 steps; it is compared over its
+# first 4 steps against that drift: the GPU may be at most 4x as far from the CPU run as
+# second CPU run with the other convolution implementation (RINGTRAIN_CONV=im2col) is,
+# plus 1e-5.
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 bin=$1
@@ -30,13 +35,13 @@ trap 'pkill -9 -f "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; for f in "$tmp"/*.out "$tmp"/*.err; do [ -f "$f" ] && { echo "--- $f"; tail -25 "$f"; }; done; exit 1; }
 printf 'model:\n  arch: net\n' > "$tmp/c.yaml"
 export RINGTRAIN_EMU_GPUS=${RINGTRAIN_EMU_GPUS:-2}
-# a ResNet (batch norm through cuDNN, buffers broadcast before eval) and the tutorial Net
-# (dropout, cuBLAS linear layers, log-softmax + NLL kernels)
+# a ResNet (batch norm through cuDNN, buffers broadcast before eval; 4 steps) and the
+# tutorial Net (dropout, cuBLAS linear layers, log-softmax + NLL kernels; whole epochs)
 resnet=(model.arch=resnet18 model.width=4 model.stem=cifar data.train_subset=256 data.test_subset=128
-        data.batch_size=32 train.threads=1 train.epochs=2 log.progress=off log.every_steps=1 optim.momentum=0.9
+        data.batch_size=32 train.threads=1 train.max_steps=4 log.progress=off log.every_steps=1 optim.momentum=0.9
         dist.timeout_s=120)
-net=(model.arch=net data.train_subset=256 data.test_subset=128 data.batch_size=32 train.threads=1 train.epochs=1
-     log.progress=off log.every_steps=1 dist.timeout_s=120)
+net=(model.arch=net data.train_subset=256 data.test_subset=128 data.batch_size=32 train.threads=1 train.epochs=2
+     log.progress=off log.every_steps=1 optim.momentum=0.9 dist.timeout_s=120)
 
 # train NAME ARGS...: a run into $tmp/NAME (fails the test when it fails)
 train() {
@@ -45,39 +50,51 @@ train() {
     fail "$name: ringtrain train exited $?"
 }
 
-# compare_runs A B TOL_LOSS TOL_PARAM LABEL: the step losses of metrics.jsonl agree to
-# TOL_LOSS relative, the final model.safetensors to TOL_PARAM of each tensor's scale
-# (0 0: bit for bit)
+# compare_runs A B LABEL [REF]: A against B. Without REF: step losses of metrics.jsonl
+# to 1e-5 relative, the final model.safetensors to 1e-4 of each tensor's largest value;
+# "bit" instead of REF: bit for bit. With REF (a second run like B, other CPU convolutions): A
+# may be at most 4x as far from B as REF is, plus 1e-5 (loss: relative; parameters:
+# absolute over the model's largest value).
 compare_runs() {
-  /usr/bin/python3 - "$tmp/$1" "$tmp/$2" "$3" "$4" <<'PY' || fail "$5"
+  /usr/bin/python3 - "$tmp/$1" "$tmp/$2" "${4:-}" "$tmp/${4:-none}" <<'PY' || fail "$3"
 import glob, json, struct, sys
-a, b, tl, tp = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+a, b, mode, ref = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 def losses(d):
     return [(r["step"], r["loss"]) for r in map(json.loads, open(d + "/metrics.jsonl")) if r.get("kind") == "step"]
-la, lb = losses(a), losses(b)
-assert [s for s, _ in la] == [s for s, _ in lb] and la, "steps differ: %s vs %s" % (la[:3], lb[:3])
-for (s, x), (_, y) in zip(la, lb):
-    assert abs(x - y) <= tl * max(abs(x), abs(y)), "step %d: loss %r vs %r" % (s, x, y)
 def tensors(d):
     p = sorted(glob.glob(d + "/checkpoints/ckpt-*/model.safetensors"))[-1]
     raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); body = raw[8 + n:]
     out = {}
     for k, v in h.items():
-        if k == "__metadata__": continue
+        if k == "__metadata__" or k.endswith("num_batches_tracked"): continue
         o0, o1 = v["data_offsets"]
-        fmt = {"F32": "f", "I64": "q"}[v["dtype"]]
-        out[k] = struct.unpack("<%d%s" % ((o1 - o0) // struct.calcsize(fmt), fmt), body[o0:o1])
+        out[k] = struct.unpack("<%df" % ((o1 - o0) // 4), body[o0:o1])
     return out
-ta, tb = tensors(a), tensors(b)
-assert ta.keys() == tb.keys()
-worst = (0.0, "")
-for k in ta:
-    scale = max([abs(v) for v in ta[k]] + [1e-30])
-    d = max([abs(x - y) for x, y in zip(ta[k], tb[k])] + [0.0]) / scale
-    if d > worst[0]: worst = (d, k)
-    if tp == 0: assert ta[k] == tb[k], "%s differs (max rel diff %g)" % (k, d)
-    else: assert d <= tp, "%s: max difference %g of its scale (tolerance %g)" % (k, d, tp)
-print("compared %d steps, %d tensors: worst parameter difference %.3g of scale (%s)" % (len(la), len(ta), worst[0], worst[1]))
+def loss_diff(x, y):
+    assert [s for s, _ in x] == [s for s, _ in y] and x, "steps differ: %s vs %s" % (x[:3], y[:3])
+    return max(abs(p - q) / max(abs(p), abs(q)) for (_, p), (_, q) in zip(x, y))
+def param_diffs(x, y):  # per tensor: max |difference| / the tensor's largest value; and over the model
+    assert x.keys() == y.keys()
+    top = max(max(abs(v) for v in t) for t in x.values())
+    per = {k: max(abs(p - q) for p, q in zip(x[k], y[k])) / max([abs(v) for v in x[k]] + [1e-30]) for k in x}
+    return per, max(max(abs(p - q) for p, q in zip(x[k], y[k])) for k in x) / top
+la, lb, ta, tb = losses(a), losses(b), tensors(a), tensors(b)
+dl = loss_diff(la, lb)
+per, dp = param_diffs(ta, tb)
+if mode == "bit":
+    bad = [k for k in ta if ta[k] != tb[k]]
+    assert dl == 0 and not bad, "not bit for bit: loss %g, tensors %s" % (dl, bad[:3])
+elif mode:
+    rl = loss_diff(lb, losses(ref)); _, rp = param_diffs(tb, tensors(ref))
+    print("reference drift (a second CPU run, other convolution implementation): loss %.3g, parameters %.3g" % (rl, rp))
+    assert dl <= 4 * rl + 1e-5, "losses: %.3g apart, the reference drift is %.3g" % (dl, rl)
+    assert dp <= 4 * rp + 1e-5, "parameters: %.3g apart, the reference drift is %.3g" % (dp, rp)
+else:
+    assert dl <= 1e-5, "losses %.3g apart (tolerance 1e-5)" % dl
+    k = max(per, key=per.get)
+    assert per[k] <= 1e-4, "%s: %.3g of its largest value apart (tolerance 1e-4)" % (k, per[k])
+print("compared %d steps, %d tensors: losses %.3g apart, parameters %.3g (worst tensor %s: %.3g)" %
+      (len(la), len(ta), dl, dp, max(per, key=per.get), max(per.values())))
 PY
 }
 
@@ -85,31 +102,35 @@ final_acc() { grep -o 'test accuracy [0-9.]*%' "$tmp/$1.out" | tail -1; }
 
 case $what in
 nccl)
-  for m in resnet net; do
-    eval "args=(\"\${$m[@]}\")"
-    train "$m-cpu" "${args[@]}" train.device=cpu dist.nproc=2
-    RINGTRAIN_LOG_LEVEL=debug RINGTRAIN_EMU_DELAY_US=300 train "$m-gpu" "${args[@]}" train.device=cuda dist.nproc=2
-    grep -q "transport nccl" "$tmp/$m-gpu.out" "$tmp/$m-gpu.err" || fail "$m: the GPU run did not use the nccl transport"
-    compare_runs "$m-cpu" "$m-gpu" 1e-3 2e-3 "$m: 2 ranks on 2 emulated GPUs differ from the CPU run"
-    echo "ok: $m, 2 ranks on 2 GPUs over NCCL = CPU ($(final_acc "$m-gpu") vs $(final_acc "$m-cpu"))"
-  done
+  train net-cpu "${net[@]}" train.device=cpu dist.nproc=2
+  RINGTRAIN_LOG_LEVEL=debug RINGTRAIN_EMU_DELAY_US=300 train net-gpu "${net[@]}" train.device=cuda dist.nproc=2
+  grep -q "transport nccl" "$tmp/net-gpu.err" || fail "the GPU run did not use the nccl transport"
+  compare_runs net-gpu net-cpu "Net: 2 ranks on 2 emulated GPUs differ from the CPU run"
+  train res-cpu "${resnet[@]}" train.device=cpu dist.nproc=2
+  RINGTRAIN_CONV=im2col train res-cpu2 "${resnet[@]}" train.device=cpu dist.nproc=2
+  train res-gpu "${resnet[@]}" train.device=cuda dist.nproc=2
+  compare_runs res-gpu res-cpu "ResNet: 2 ranks on 2 emulated GPUs differ from the CPU run" res-cpu2
+  echo "ok: 2 ranks on 2 GPUs over NCCL = the CPU run ($(final_acc net-gpu) vs $(final_acc net-cpu))"
   ;;
 shared)
-  train gpu2 "${resnet[@]}" train.device=cuda dist.nproc=2
-  CUDA_VISIBLE_DEVICES=0 RINGTRAIN_LOG_LEVEL=debug RINGTRAIN_EMU_DELAY_US=300 train gpu1 "${resnet[@]}" \
+  train gpu2 "${net[@]}" train.device=cuda dist.nproc=2
+  CUDA_VISIBLE_DEVICES=0 RINGTRAIN_LOG_LEVEL=debug RINGTRAIN_EMU_DELAY_US=300 train gpu1 "${net[@]}" \
     train.device=cuda dist.nproc=2
-  grep -q "transport shm" "$tmp/gpu1.out" "$tmp/gpu1.err" || fail "2 ranks on 1 GPU did not use shm staging"
-  compare_runs gpu2 gpu1 0 0 "2 ranks on 1 GPU (staging) differ from 2 ranks on 2 GPUs (nccl)"
+  grep -q "transport shm" "$tmp/gpu1.err" || fail "2 ranks on 1 GPU did not stage over shm"
+  compare_runs gpu1 gpu2 "2 ranks on 1 GPU (staging) differ from 2 ranks on 2 GPUs (nccl)" bit
+  train r2 "${resnet[@]}" train.device=cuda dist.nproc=2
+  CUDA_VISIBLE_DEVICES=0 train r1 "${resnet[@]}" train.device=cuda dist.nproc=2
+  compare_runs r1 r2 "ResNet: 2 ranks on 1 GPU differ from 2 ranks on 2 GPUs" bit
   echo "ok: 2 ranks on 1 GPU (staging) = 2 ranks on 2 GPUs (nccl), bit for bit"
   ;;
 three)
-  train cpu3 "${resnet[@]}" data.batch_size=30 train.device=cpu dist.nproc=3
-  train gpu3 "${resnet[@]}" data.batch_size=30 train.device=cuda dist.nproc=3
-  compare_runs cpu3 gpu3 1e-3 2e-3 "3 ranks on 2 GPUs differ from the CPU run"
-  echo "ok: 3 ranks on 2 GPUs = CPU ($(final_acc gpu3) vs $(final_acc cpu3))"
+  train cpu3 "${net[@]}" data.batch_size=30 train.device=cpu dist.nproc=3
+  train gpu3 "${net[@]}" data.batch_size=30 train.device=cuda dist.nproc=3
+  compare_runs gpu3 cpu3 "3 ranks on 2 GPUs differ from the CPU run"
+  echo "ok: 3 ranks on 2 GPUs = the CPU run ($(final_acc gpu3) vs $(final_acc cpu3))"
   ;;
 eval)
-  train gpu "${resnet[@]}" train.device=cuda dist.nproc=2
+  train gpu "${net[@]}" train.device=cuda dist.nproc=2
   ck=$(ls -d "$tmp"/gpu/checkpoints/ckpt-* | tail -1)
   "$bin" eval "$ck" --nproc 2 train.device=cuda "data.test_subset=128" >"$tmp/eval-gpu.out" 2>"$tmp/eval-gpu.err" || fail "eval on GPUs"
   "$bin" eval "$ck" --nproc 2 train.device=cpu "data.test_subset=128" >"$tmp/eval-cpu.out" 2>"$tmp/eval-cpu.err" || fail "eval on the CPU"
@@ -121,22 +142,23 @@ def get(p):
     assert l and a, "no loss/accuracy in %s: %s" % (p, t[-400:])
     return float(l.group(1)), float(a.group(1))
 (lg, ag), (lc, ac) = get(sys.argv[1]), get(sys.argv[2])
-assert abs(lg - lc) <= 1e-3 * max(lg, lc) and abs(ag - ac) <= 100.0 / 128 + 1e-9, (lg, ag, lc, ac)
+assert abs(lg - lc) <= 1e-4 * max(lg, lc) and ag == ac, (lg, ag, lc, ac)
 print("eval: GPU loss %g acc %g%%, CPU loss %g acc %g%%" % (lg, ag, lc, ac))
 PY
   echo "ok: ringtrain eval of a GPU checkpoint on GPUs = on the CPU"
   ;;
 cross)
-  # reference: the CPU run straight through; GPU runs first half then CPU, and CPU then GPU
-  train ref "${resnet[@]}" train.device=cpu dist.nproc=2 checkpoint.every_epochs=1
-  train g2c "${resnet[@]}" train.device=cuda dist.nproc=2 checkpoint.every_epochs=1 train.epochs=1
-  train g2c "${resnet[@]}" train.device=cpu dist.nproc=2 checkpoint.every_epochs=1
+  # reference: the CPU run straight through; GPU for the first epoch then CPU, and the
+  # other way round (a checkpoint at every epoch's end)
+  train ref "${net[@]}" train.device=cpu dist.nproc=2 checkpoint.every_epochs=1
+  train g2c "${net[@]}" train.device=cuda dist.nproc=2 checkpoint.every_epochs=1 train.epochs=1
+  train g2c "${net[@]}" train.device=cpu dist.nproc=2 checkpoint.every_epochs=1
   grep -q "resuming from" "$tmp/g2c.out" || fail "GPU -> CPU: did not resume"
-  compare_runs ref g2c 1e-3 2e-3 "a GPU checkpoint resumed on the CPU"
-  train c2g "${resnet[@]}" train.device=cpu dist.nproc=2 checkpoint.every_epochs=1 train.epochs=1
-  train c2g "${resnet[@]}" train.device=cuda dist.nproc=2 checkpoint.every_epochs=1
+  compare_runs g2c ref "a GPU checkpoint resumed on the CPU differs from the CPU run"
+  train c2g "${net[@]}" train.device=cpu dist.nproc=2 checkpoint.every_epochs=1 train.epochs=1
+  train c2g "${net[@]}" train.device=cuda dist.nproc=2 checkpoint.every_epochs=1
   grep -q "resuming from" "$tmp/c2g.out" || fail "CPU -> GPU: did not resume"
-  compare_runs ref c2g 1e-3 2e-3 "a CPU checkpoint resumed on GPUs"
+  compare_runs c2g ref "a CPU checkpoint resumed on GPUs differs from the CPU run"
   echo "ok: checkpoints move between GPU and CPU runs"
   ;;
 kill)

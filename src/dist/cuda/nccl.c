@@ -281,7 +281,16 @@ static rt_status nccl_poll(rt_request *r, bool *done) {
     if (st->aborting) { /* checked after the query: a completion may be the abort's doing */
         s = broken_error(st->w, c->op);
     } else if (e == cudaSuccess) {
-        *done = true;
+        /* complete, but a kernel cut short by a failed peer completes too: only a
+         * communicator without an asynchronous error makes it a success */
+        ncclResult_t a = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(st->comm, &a);
+        if (q != ncclSuccess)
+            s = fail_locked(st, RT_ERR_CUDA, c->op, ncclGetErrorString(q));
+        else if (a != ncclSuccess && a != ncclInProgress)
+            s = fail_locked(st, RT_ERR_PEER, c->op, ncclGetErrorString(a));
+        else
+            *done = true;
     } else if (e != cudaErrorNotReady) {
         (void)cudaGetLastError();
         s = fail_locked(st, RT_ERR_CUDA, c->op, cudaGetErrorString(e));
