@@ -16,6 +16,7 @@
 #include "dist/dist.h"
 #include "mp.h"
 
+#include <cuda_runtime.h>
 #include <nccl.h>
 #include <string.h>
 
@@ -68,7 +69,14 @@ static int killed_in_allreduce(int rank, int world, int port, void *arg) {
     MP_OK(rt_malloc(dev, 1024 * sizeof(float), (void **)&d));
     MP_OK(rt_memset(dev, d, 0, 1024 * sizeof(float), NULL));
     MP_OK(rt_all_reduce(pg, d, 1024, RT_F32, RT_OP_SUM));
-    rt_status s = rt_all_reduce(pg, d, 1024, RT_F32, RT_OP_SUM); /* rank 1 dies in it */
+    rt_request *q = NULL;
+    rt_status s = rt_iall_reduce(pg, d, 1024, RT_F32, RT_OP_SUM, &q); /* rank 1 dies in it */
+    if (s == RT_OK) { /* (the enqueue itself may already see the dead peer: an error too) */
+        /* wait until the operation has ended on the device (cut short by the dead peer),
+         * so that rt_wait sees a completed operation: completion alone is no success */
+        MP_CHECK(cudaDeviceSynchronize() == cudaSuccess, "cudaDeviceSynchronize");
+        s = rt_wait(q);
+    }
     MP_CHECK(s != RT_OK, "rank %d: the all-reduce with a dead peer succeeded", rank);
     MP_CHECK(s == RT_ERR_PEER, "rank %d: %s: %s (expected a peer error)", rank, rt_status_name(s), rt_error_message());
     return 0;
