@@ -728,6 +728,21 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
 
 /* ---- checkpoints ------------------------------------------------------------------------- */
 
+/* Tests only: RINGTRAIN_TEST_KILL_AFTER_CKPT=<step> makes rank 0, once the checkpoint of
+ * that step is complete, SIGKILL its parent when ringtrain's launcher started it (its
+ * ranks then die with it, PR_SET_PDEATHSIG) and itself (one rank: there is no launcher): a crash at an exact point, where a test that polls for the
+ * checkpoint and then kills races with the run (which may have pruned it by then). */
+static void test_kill_after_checkpoint(run *r) {
+    const char *v = getenv("RINGTRAIN_TEST_KILL_AFTER_CKPT");
+    if (!v || !*v || !is_root(r)) return;
+    char *end = NULL;
+    long long at = strtoll(v, &end, 10);
+    if (*end || at != (long long)r->step) return;
+    fflush(NULL);
+    if (getenv("RINGTRAIN_JOB_TOKEN")) kill(getppid(), SIGKILL); /* ringtrain's launcher forked this rank */
+    kill(getpid(), SIGKILL);
+}
+
 /* Rank 0 writes ckpt-<step>/ after rank 0's batch-norm buffers reached every rank; the
  * others wait for the outcome, so a failed write (disk full, permissions) stops every
  * rank with rank 0's error and leaves the earlier checkpoints as they were. */
@@ -777,6 +792,7 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
                  (long long)r->step, (long long)epoch, why, path);
         RT_CHECK(rt_metrics_line(r->metrics, "checkpoint", fields));
     }
+    test_kill_after_checkpoint(r);
     return RT_OK;
 }
 

@@ -17,6 +17,9 @@ printf 'model:\n  arch: net\n' > "$tmp/c.yaml"
 # the tutorial Net with dropout on, and a ResNet with batch norm (buffers), 2 ranks
 net=(model.arch=net data.train_subset=2048 data.test_subset=256 data.batch_size=32 train.threads=1 train.epochs=2
      log.progress=off dist.nproc=2 optim.momentum=0.9)
+# steps per epoch: the training subset over the global batch
+net_steps_per_epoch=64
+resnet_steps_per_epoch=32
 resnet=(model.arch=resnet18 model.width=4 data.train_subset=1024 data.test_subset=256 data.batch_size=32
         train.threads=1 train.epochs=2 log.progress=off dist.nproc=2 optim.name=adam)
 
@@ -40,17 +43,17 @@ PY
   cmp -s "$1/model.safetensors" "$2/model.safetensors" || fail "$3: model.safetensors differ"
 }
 
-# kill -9 the launcher once a checkpoint matching PATTERN exists (it must still be running)
-run_and_kill() { # name dir pattern args...
-  local name=$1 dir=$2 pat=$3; shift 3
-  "$bin" train "$tmp/c.yaml" "$@" "log.dir=$dir" >"$tmp/$name.out" 2>"$tmp/$name.err" &
-  local launcher=$!
-  for _ in $(seq 600); do compgen -G "$dir/checkpoints/$pat" >/dev/null && break; sleep 0.05; done
-  kill -9 $launcher 2>/dev/null
+# kill -9 of the launcher right after the checkpoint of step STEP is complete: rank 0
+# kills its launcher (and so every rank) at that exact point (RINGTRAIN_TEST_KILL_AFTER_CKPT),
+# instead of the test polling for the checkpoint and racing with the run
+run_and_kill() { # name dir step args...
+  local name=$1 dir=$2 step=$3; shift 3
   local rc=0
-  wait $launcher 2>/dev/null || rc=$?
-  [ "$rc" -eq 137 ] || fail "$name: the run ended (exit $rc) before the kill: nothing was interrupted"
-  compgen -G "$dir/checkpoints/$pat" >/dev/null || fail "$name: no checkpoint $pat before the kill"
+  RINGTRAIN_TEST_KILL_AFTER_CKPT=$step "$bin" train "$tmp/c.yaml" "$@" "log.dir=$dir" >"$tmp/$name.out" 2>"$tmp/$name.err" || rc=$?
+  [ "$rc" -eq 137 ] || fail "$name: the run ended with exit $rc, not killed after the checkpoint of step $step"
+  local ck
+  ck=$(printf '%s/checkpoints/ckpt-%09d' "$dir" "$step")
+  [ -d "$ck" ] || fail "$name: no checkpoint $ck before the kill"
 }
 
 metrics_contiguous() { # no gap, no duplicate step
@@ -67,13 +70,14 @@ exact)
     eval "args=(\"\${$m[@]}\")"
     "$bin" train "$tmp/c.yaml" "${args[@]}" "log.dir=$tmp/$m-full" >"$tmp/$m-full.out" 2>"$tmp/$m-full.err" || fail "$m: straight run"
     # kill -9 of the launcher after the end-of-epoch-1 checkpoint, then resume
-    run_and_kill "$m-a" "$tmp/$m-a" "ckpt-*" "${args[@]}" checkpoint.every_epochs=1
+    eval "spe=\$${m}_steps_per_epoch"
+    run_and_kill "$m-a" "$tmp/$m-a" "$spe" "${args[@]}" checkpoint.every_epochs=1
     "$bin" train "$tmp/c.yaml" "${args[@]}" checkpoint.every_epochs=1 "log.dir=$tmp/$m-a" >"$tmp/$m-a2.out" 2>"$tmp/$m-a2.err" || fail "$m: resume"
     grep -q "resuming from" "$tmp/$m-a2.out" || fail "$m: did not resume"
     same_run "$tmp/$m-full" "$tmp/$m-a" "$m, killed at an epoch boundary"
     metrics_contiguous "$tmp/$m-a"
     # mid-epoch: checkpoints every 5 steps, killed after the one of step 10
-    run_and_kill "$m-b" "$tmp/$m-b" "ckpt-000000010" "${args[@]}" checkpoint.every_steps=5
+    run_and_kill "$m-b" "$tmp/$m-b" 10 "${args[@]}" checkpoint.every_steps=5
     "$bin" train "$tmp/c.yaml" "${args[@]}" checkpoint.every_steps=5 "log.dir=$tmp/$m-b" >"$tmp/$m-b2.out" 2>"$tmp/$m-b2.err" || fail "$m: resume mid-epoch"
     grep -q "resuming from .*ckpt-0000000[1-9][05] " "$tmp/$m-b2.out" || fail "$m: did not resume mid-epoch: $(grep resuming "$tmp/$m-b2.out")"
     same_run "$tmp/$m-full" "$tmp/$m-b" "$m, killed mid-epoch"
@@ -100,7 +104,7 @@ world)
   for pair in "1 2" "2 1"; do
     set -- $pair
     d=$tmp/w$1$2
-    run_and_kill "w$1" "$d" "ckpt-000000010" "${net[@]}" checkpoint.every_steps=10 dist.nproc=$1
+    run_and_kill "w$1" "$d" 10 "${net[@]}" checkpoint.every_steps=10 dist.nproc=$1
     "$bin" train "$tmp/c.yaml" "${net[@]}" checkpoint.every_steps=10 dist.nproc=$2 "log.dir=$d" >"$tmp/w$2.out" 2>"$tmp/w$2.err" ||
       fail "resume with $2 rank(s) of a run saved with $1"
     grep -q "written by $1 rank(s), this run has $2: the rest of epoch 1 is re-partitioned" "$tmp/w$2.out" ||
