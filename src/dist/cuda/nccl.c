@@ -271,6 +271,15 @@ typedef struct nccl_done {
     const char *op;
 } nccl_done;
 
+/* The communicator's asynchronous error, if any, as a failure (aborts). st->mu held. */
+static rt_status async_error_locked(nccl_state *st, const char *op) {
+    ncclResult_t a = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(st->comm, &a);
+    if (q != ncclSuccess) return fail_locked(st, RT_ERR_CUDA, op, ncclGetErrorString(q));
+    if (a != ncclSuccess && a != ncclInProgress) return fail_locked(st, RT_ERR_PEER, op, ncclGetErrorString(a));
+    return RT_OK;
+}
+
 static rt_status nccl_poll(rt_request *r, bool *done) {
     nccl_done *c = r->dev_ctx;
     nccl_state *st = c->st;
@@ -283,26 +292,15 @@ static rt_status nccl_poll(rt_request *r, bool *done) {
     } else if (e == cudaSuccess) {
         /* complete, but a kernel cut short by a failed peer completes too: only a
          * communicator without an asynchronous error makes it a success */
-        ncclResult_t a = ncclSuccess;
-        ncclResult_t q = ncclCommGetAsyncError(st->comm, &a);
-        if (q != ncclSuccess)
-            s = fail_locked(st, RT_ERR_CUDA, c->op, ncclGetErrorString(q));
-        else if (a != ncclSuccess && a != ncclInProgress)
-            s = fail_locked(st, RT_ERR_PEER, c->op, ncclGetErrorString(a));
-        else
-            *done = true;
+        s = async_error_locked(st, c->op);
+        *done = s == RT_OK;
     } else if (e != cudaErrorNotReady) {
         (void)cudaGetLastError();
         s = fail_locked(st, RT_ERR_CUDA, c->op, cudaGetErrorString(e));
     } else {
         (void)cudaGetLastError();
-        ncclResult_t a = ncclSuccess;
-        ncclResult_t q = ncclCommGetAsyncError(st->comm, &a);
-        if (q != ncclSuccess)
-            s = fail_locked(st, RT_ERR_CUDA, c->op, ncclGetErrorString(q));
-        else if (a != ncclSuccess && a != ncclInProgress)
-            s = fail_locked(st, RT_ERR_PEER, c->op, ncclGetErrorString(a));
-        else if (rt_now_ns() >= c->deadline) {
+        s = async_error_locked(st, c->op);
+        if (s == RT_OK && rt_now_ns() >= c->deadline) {
             char why[96];
             snprintf(why, sizeof why, "timed out after %.1f s (a peer is gone or stuck?)", st->timeout_s);
             s = fail_locked(st, RT_ERR_TIMEOUT, c->op, why);
