@@ -11,28 +11,39 @@
  * the end of an allocation is a fault, as on the device; so is a buffer of another
  * device than the stream's.
  *
- * Convolution algorithms. Each supported algorithm is its own loop nest with its own
- * accumulation order and precision, so two algorithms differ in the last bits (as on a
- * GPU) and a run that changes its algorithm choice shows it:
- *   fwd   IMPLICIT_GEMM          double, taps (c, r, s)          no workspace
+ * Convolution algorithms. Every pass is lowered to im2col + OpenBLAS GEMMs over groups
+ * of images (see "the lowering to GEMMs" below); each supported algorithm has its own
+ * reduction order, rounding points and precision, so two algorithms differ in the last
+ * bits (as on a GPU) and a run that changes its algorithm choice shows it:
+ *   fwd   IMPLICIT_GEMM          double (dgemm), taps (c, r, s)  no workspace
  *         IMPLICIT_PRECOMP_GEMM  float,  taps (c, r, s)          index table;   TF32 variant
- *         GEMM                   float,  taps (r, s, c)          one image's im2col
- *         FFT (stride 1)         float,  taps reversed           FFT buffers
- *   data  ALGO_0   NON-DETERMINISTIC: float, output channels in a random order per call
- *         ALGO_1                 double, taps (k, r, s)          no workspace;  TF32 variant
- *         FFT (stride 1)         float,  taps (r, s, k)          FFT buffers
- *   filt  ALGO_0   NON-DETERMINISTIC: float, (image, row) pairs in a random order per call
- *         ALGO_1                 double, (n, oh, ow)             no workspace;  TF32 variant
- *         ALGO_3   NON-DETERMINISTIC: float partial sums per image, combined in a
- *                  random order per call                        partial-sum buffers
- *         FFT (stride 1)         float,  (n, oh, ow)             FFT buffers
+ *         GEMM                   float,  taps (r, s, c) from the middle one on (wrapping)
+ *                                                                one image's im2col
+ *         FFT (stride 1)         float,  taps (c, r, s) reversed FFT buffers
+ *   data  ALGO_0   NON-DETERMINISTIC: float, output channels in a random order per call,
+ *                  then col2im (the taps (r, s) of each dx element summed in float)
+ *         ALGO_1                 double (dgemm + col2im in double)   no workspace;
+ *                                TF32 variant: float, channels in order
+ *         FFT (stride 1)         float, gather form: one sum over the taps (r, s, k) of
+ *                                dy per dx element (no col2im)   FFT buffers
+ *   filt  ALGO_0   NON-DETERMINISTIC: float; groups of images in a random order, the
+ *                  (image, row) pairs of a group in a random order per call
+ *         ALGO_1                 double (dgemm), (n, oh, ow)     no workspace;  TF32 variant
+ *                                (float)
+ *         ALGO_3   NON-DETERMINISTIC: float partial sums per piece of an image (its rows
+ *                  cut in up to 3 at random rows), combined in a random order per call
+ *                                                                partial-sum buffers
+ *         FFT (stride 1)         float,  (n, oh, ow) reversed    FFT buffers
+ * (A non-deterministic algorithm varies where its random order can matter: not with a
+ * single output channel, image row or piece, nor where all orders give one float sum.)
  * Everything else (DIRECT, FFT_TILING, WINOGRAD*) is CUDNN_STATUS_NOT_SUPPORTED. An
  * algorithm that needs a workspace really uses it: it checks the whole range is device
  * memory and leaves it filled with NaN bytes, so a workspace that overlaps live data
- * corrupts it. The double-accumulating algorithms are the exact sum rounded once; the
- * float ones are within (taps) * 2^-24 * sum|terms| of it, like the CPU backend's
- * sgemm: the tolerance against the CPU backend is that bound, in practice a few 1e-7
- * relative to the output's scale (test_emu_cudnn checks 1e-5).
+ * corrupts it (the GEMM operands themselves live in host scratch of the operation). The
+ * double-accumulating algorithms are the exact sum rounded once (products of floats are
+ * exact in double); the float ones are within (taps) * 2^-24 * sum|terms| of it, like the
+ * CPU backend's sgemm: the tolerance against the CPU backend is that bound, in practice
+ * a few 1e-7 relative to the output's scale (test_emu_cudnn checks 1e-5).
  *
  * Math types (cuDNN 9 on an sm_90 device): with CUDNN_FMA_MATH on the descriptor
  * everything is plain fp32 and every perf result says CUDNN_FMA_MATH. With
@@ -56,11 +67,13 @@
  * variance, resultSaveInvVariance is 1/sqrt(biased var + eps), epsilon below
  * CUDNN_BN_MIN_EPSILON is BAD_PARAM. Everywhere beta == 0 means the output is not read.
  *
- * No project code is linked: the loops are self-contained (the CPU backend's conv runs
- * through OpenBLAS/oneDNN, whose summation order cannot be reproduced anyway).
+ * No project code is linked: the lowering is self-contained and calls OpenBLAS's cblas
+ * (sgemm/dgemm) directly (the CPU backend's conv runs through OpenBLAS/oneDNN in its own
+ * summation order, which the emulation does not try to reproduce).
  */
 #include "emu_internal.h"
 
+#include <cblas.h>
 #include <cudnn.h>
 
 #include <algorithm>
@@ -287,80 +300,335 @@ size_t workspace_of(const algo_spec *a, const geom &g) {
     return 0;
 }
 
-/* ---- the loop nests (worker thread) -------------------------------------------------- */
+/* ---- the lowering to GEMMs (worker thread) ------------------------------------------- */
+
+/* Every pass is an im2col (or a gather of dy) followed by OpenBLAS GEMMs over a group of
+ * images (at least kGroupCols GEMM columns), and for backward data ALGO_0/ALGO_1 a col2im.
+ * The algorithms differ in the order of the GEMM's reduction dimension (the rows of the
+ * im2col: which tap comes first; for the filter: which (image, row, column) comes
+ * first), in where partial sums are rounded, in precision (the double algorithms use
+ * dgemm on the exactly converted operands: products exact, sums in double, rounded once
+ * to float) and in the TF32 rounding of the operands, so they differ in the last bits.
+ * GEMM results do not depend on OpenBLAS's thread count (it splits M and N, never K):
+ * the deterministic algorithms are bit-reproducible; the non-deterministic ones draw
+ * their order from the per-call seed. */
+
+constexpr size_t kGroupCols = 512;
 
 struct tap {
-    int a, r, s; /* a: c (forward) or k (backward data) */
+    int a, r, s; /* a: the source channel (c of x, k of dy) */
 };
 
-/* forward: y[n,k,oh,:] accumulated over the taps in the given order */
-template <class T> void fwd_loop(const geom &g, const float *x, const float *w, float *y, const std::vector<tap> &taps,
-                                 float alpha, float beta) {
-    std::vector<T> acc((size_t)g.ow);
-    for (int n = 0; n < g.n; n++)
-        for (int k = 0; k < g.k; k++)
-            for (int oh = 0; oh < g.oh; oh++) {
-                std::fill(acc.begin(), acc.end(), T(0));
-                for (const tap &t : taps) {
-                    const int ih = oh * g.u - g.ph + t.r * g.dh;
-                    if (ih < 0 || ih >= g.h) continue;
-                    const int fr = g.flip ? g.r - 1 - t.r : t.r, fs = g.flip ? g.s - 1 - t.s : t.s;
-                    const T wv = (T)w[(((size_t)k * g.c + t.a) * g.r + fr) * g.s + fs];
-                    const float *xr = x + (((size_t)n * g.c + t.a) * g.h + ih) * g.w;
-                    for (int ow = 0; ow < g.ow; ow++) {
-                        const int iw = ow * g.v - g.pw + t.s * g.dw;
-                        if (iw >= 0 && iw < g.w) acc[ow] += (T)xr[iw] * wv;
-                    }
-                }
-                float *yr = y + (((size_t)n * g.k + k) * g.oh + oh) * g.ow;
-                for (int ow = 0; ow < g.ow; ow++) blend(&yr[ow], (float)acc[ow], alpha, beta);
-            }
+/* (a, r, s) with a slowest, or (r, s, a) */
+std::vector<tap> taps_of(int na, int nr, int ns, bool a_last) {
+    std::vector<tap> t;
+    t.reserve((size_t)na * nr * ns);
+    if (a_last) {
+        for (int r = 0; r < nr; r++)
+            for (int s = 0; s < ns; s++)
+                for (int a = 0; a < na; a++) t.push_back({a, r, s});
+    } else {
+        for (int a = 0; a < na; a++)
+            for (int r = 0; r < nr; r++)
+                for (int s = 0; s < ns; s++) t.push_back({a, r, s});
+    }
+    return t;
 }
 
-/* backward data: dx[n,c,ih,:] accumulated over the taps (k, r, s) in the given order */
-template <class T> void data_loop(const geom &g, const float *w, const float *dy, float *dx,
-                                  const std::vector<tap> &taps, float alpha, float beta) {
-    std::vector<T> acc((size_t)g.w);
-    for (int n = 0; n < g.n; n++)
-        for (int c = 0; c < g.c; c++)
-            for (int ih = 0; ih < g.h; ih++) {
-                std::fill(acc.begin(), acc.end(), T(0));
-                for (const tap &t : taps) {
-                    const int th = ih + g.ph - t.r * g.dh;
-                    if (th < 0 || th % g.u) continue;
-                    const int oh = th / g.u;
-                    if (oh >= g.oh) continue;
-                    const int fr = g.flip ? g.r - 1 - t.r : t.r, fs = g.flip ? g.s - 1 - t.s : t.s;
-                    const T wv = (T)w[(((size_t)t.a * g.c + c) * g.r + fr) * g.s + fs];
-                    const float *dyr = dy + (((size_t)n * g.k + t.a) * g.oh + oh) * g.ow;
-                    /* each iw gets at most one term per tap: the same order as a gather */
-                    for (int ow = 0; ow < g.ow; ow++) {
-                        const int iw = ow * g.v - g.pw + t.s * g.dw;
-                        if (iw >= 0 && iw < g.w) acc[iw] += (T)dyr[ow] * wv;
-                    }
-                }
-                float *dxr = dx + (((size_t)n * g.c + c) * g.h + ih) * g.w;
-                for (int iw = 0; iw < g.w; iw++) blend(&dxr[iw], (float)acc[iw], alpha, beta);
-            }
+/* The sliding window of an im2col: a source image of ch planes h x w, read at
+ * (o * stride - pad + tap * dilation) for the output positions o of an oh x ow grid */
+struct window {
+    int ch, h, w, oh, ow, ph, pw, u, v, dh, dw;
+};
+
+/* the outputs o in [*lo, *hi) whose source column o * v + base lies in [0, w) */
+inline void valid_range(int base, int v, int w, int ow, int *lo, int *hi) {
+    int l = base >= 0 ? 0 : (-base + v - 1) / v;
+    int h = w - 1 - base < 0 ? 0 : (w - 1 - base) / v + 1;
+    h = std::min(h, ow);
+    *lo = std::min(l, h), *hi = h;
 }
 
-/* backward filter: the sum over the (image, output row) pairs `rows` (n * oh + row) of
- * dy * x for one weight, in that order */
-template <class T> T filter_sum(const geom &g, const float *x, const float *dy, int k, int c, int r, int s,
-                                const int *rows, size_t nrows) {
-    T acc = 0;
-    for (size_t i = 0; i < nrows; i++) {
-        const int n = rows[i] / g.oh, oh = rows[i] % g.oh;
-        const int ih = oh * g.u - g.ph + r * g.dh;
-        if (ih < 0 || ih >= g.h) continue;
-        const float *xr = x + (((size_t)n * g.c + c) * g.h + ih) * g.w;
-        const float *dyr = dy + (((size_t)n * g.k + k) * g.oh + oh) * g.ow;
-        for (int ow = 0; ow < g.ow; ow++) {
-            const int iw = ow * g.v - g.pw + s * g.dw;
-            if (iw >= 0 && iw < g.w) acc += (T)dyr[ow] * (T)xr[iw];
+/* The GEMM columns of a group of nb images, each contributing its output rows
+ * row0 ... row0 + oh - 1: row row0 + i of image j lands at columns off[j * oh + i] ...
+ * + ow - 1, reversed within the row when rev. */
+struct col_layout {
+    int nb = 0, oh = 0, ow = 0, row0 = 0;
+    bool rev = false;
+    std::vector<size_t> off;
+    size_t cols() const { return (size_t)nb * oh * ow; }
+};
+
+/* slot: the position of each (image, row) among the group's rows; null = in order */
+col_layout layout_of(int nb, int oh, int ow, const std::vector<int> *slot, bool rev) {
+    col_layout L;
+    L.nb = nb, L.oh = oh, L.ow = ow, L.rev = rev;
+    const size_t rows = (size_t)nb * oh;
+    L.off.resize(rows);
+    for (size_t i = 0; i < rows; i++) L.off[i] = (size_t)(slot ? (*slot)[i] : (int)i) * ow;
+    return L;
+}
+
+/* images per GEMM: enough for kGroupCols columns of per_image each, at most n */
+int group_of(int n, size_t per_image) {
+    const size_t nb = (kGroupCols + per_image - 1) / std::max<size_t>(per_image, 1);
+    return (int)std::min<size_t>(std::max<size_t>(nb, 1), (size_t)n);
+}
+
+/* the im2col of one image (src: q.ch planes) as image j of the group: one row per tap */
+template <class T>
+void im2col(const window &q, const float *src, const std::vector<tap> &taps, const col_layout &L, int j, T *col,
+            bool tf) {
+    const size_t ld = L.cols();
+    for (size_t i = 0; i < taps.size(); i++) {
+        const tap &t = taps[i];
+        const float *plane = src + (size_t)t.a * q.h * q.w;
+        const int base = t.s * q.dw - q.pw;
+        int lo, hi;
+        valid_range(base, q.v, q.w, q.ow, &lo, &hi);
+        for (int ri = 0; ri < L.oh; ri++) {
+            const int oh = L.row0 + ri;
+            T *dst = col + i * ld + L.off[(size_t)j * L.oh + ri];
+            const int ih = oh * q.u - q.ph + t.r * q.dh;
+            if (ih < 0 || ih >= q.h || lo >= hi) {
+                std::fill(dst, dst + q.ow, T(0));
+                continue;
+            }
+            const float *sr = plane + (size_t)ih * q.w;
+            std::fill(dst, dst + lo, T(0));
+            if (tf)
+                for (int ow = lo; ow < hi; ow++) dst[ow] = (T)tf32(sr[ow * q.v + base]);
+            else if (q.v == 1)
+                for (int ow = lo; ow < hi; ow++) dst[ow] = (T)sr[ow + base];
+            else
+                for (int ow = lo; ow < hi; ow++) dst[ow] = (T)sr[ow * q.v + base];
+            std::fill(dst + hi, dst + q.ow, T(0));
+            if (L.rev) std::reverse(dst, dst + q.ow);
         }
     }
-    return acc;
+}
+
+/* one image's planes (ch planes of plane_rows x L.ow, e.g. dy) as image j of the group:
+ * GEMM row i is plane order[i] (null: i) */
+template <class T>
+void gather_planes(const float *src, int ch, int plane_rows, const std::vector<int> *order, const col_layout &L, int j,
+                   T *dst, bool tf) {
+    const size_t ld = L.cols(), P = (size_t)plane_rows * L.ow;
+    for (int i = 0; i < ch; i++) {
+        const float *plane = src + (size_t)(order ? (*order)[i] : i) * P;
+        for (int ri = 0; ri < L.oh; ri++) {
+            T *d = dst + (size_t)i * ld + L.off[(size_t)j * L.oh + ri];
+            const float *s = plane + (size_t)(L.row0 + ri) * L.ow;
+            if (tf)
+                for (int ow = 0; ow < L.ow; ow++) d[ow] = (T)tf32(s[ow]);
+            else
+                for (int ow = 0; ow < L.ow; ow++) d[ow] = (T)s[ow];
+            if (L.rev) std::reverse(d, d + L.ow);
+        }
+    }
+}
+
+/* row-major C (m x n) = A * B + beta * C (A: m x k, or k x m when ta; B: k x n, or n x k when tb) */
+void gemm(bool ta, bool tb, int m, int n, int k, const float *A, int lda, const float *B, int ldb, float beta, float *C,
+          int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, A, lda,
+                B, ldb, beta, C, ldc);
+}
+void gemm(bool ta, bool tb, int m, int n, int k, const double *A, int lda, const double *B, int ldb, double beta,
+          double *C, int ldc) {
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0, A, lda,
+                B, ldb, beta, C, ldc);
+}
+
+/* the filter as a cross-correlation (CUDNN_CONVOLUTION applies it flipped) */
+std::vector<float> xcorr_filter(const geom &g, const float *w) {
+    std::vector<float> wf(w, w + g.w_elems());
+    if (g.flip)
+        for (size_t kc = 0; kc < (size_t)g.k * g.c; kc++)
+            for (int r = 0; r < g.r; r++)
+                for (int s = 0; s < g.s; s++)
+                    wf[(kc * g.r + r) * g.s + s] = w[(kc * g.r + (g.r - 1 - r)) * g.s + (g.s - 1 - s)];
+    return wf;
+}
+
+/* forward: y (k x images * oh * ow) = W (k x taps) * im2col(x) (taps x images * oh * ow),
+ * the reduction over the taps in the given order */
+template <class T>
+void fwd_gemm(const geom &g, const float *x, const float *wf, float *y, const std::vector<tap> &taps, bool tf,
+              float alpha, float beta) {
+    const window q{g.c, g.h, g.w, g.oh, g.ow, g.ph, g.pw, g.u, g.v, g.dh, g.dw};
+    const int nt = (int)taps.size();
+    const size_t P = (size_t)g.oh * g.ow;
+    std::vector<T> wm((size_t)g.k * nt);
+    for (int k = 0; k < g.k; k++)
+        for (int i = 0; i < nt; i++) {
+            const tap &t = taps[i];
+            const float v = wf[(((size_t)k * g.c + t.a) * g.r + t.r) * g.s + t.s];
+            wm[(size_t)k * nt + i] = (T)(tf ? tf32(v) : v);
+        }
+    const int nb = group_of(g.n, P);
+    std::vector<T> col((size_t)nt * nb * P), out((size_t)g.k * nb * P);
+    for (int n0 = 0; n0 < g.n; n0 += nb) {
+        const int m = std::min(nb, g.n - n0);
+        const col_layout L = layout_of(m, g.oh, g.ow, nullptr, false);
+        const int ld = (int)L.cols();
+        for (int j = 0; j < m; j++) im2col(q, x + (size_t)(n0 + j) * g.c * g.h * g.w, taps, L, j, col.data(), tf);
+        gemm(false, false, g.k, ld, nt, wm.data(), nt, col.data(), ld, T(0), out.data(), ld);
+        for (int j = 0; j < m; j++)
+            for (int k = 0; k < g.k; k++) {
+                float *yr = y + ((size_t)(n0 + j) * g.k + k) * P;
+                const T *o = out.data() + (size_t)k * ld + (size_t)j * P;
+                for (size_t p = 0; p < P; p++) blend(&yr[p], (float)o[p], alpha, beta);
+            }
+    }
+}
+
+/* backward data as a scatter: dcol (taps (c, r, s) x images * oh * ow) = W^T * dy, the
+ * reduction over the output channels in the order korder; then col2im, each dx element
+ * summing its taps in (r, s) order (in T) */
+template <class T>
+void data_scatter(const geom &g, const float *wf, const float *dy, float *dx, const std::vector<int> &korder, bool tf,
+                  float alpha, float beta) {
+    const int nt = g.c * g.r * g.s;
+    const size_t P = (size_t)g.oh * g.ow, HW = (size_t)g.h * g.w;
+    std::vector<T> wm((size_t)g.k * nt);
+    for (int i = 0; i < g.k; i++)
+        for (int t = 0; t < nt; t++) {
+            const float v = wf[(size_t)korder[i] * nt + t];
+            wm[(size_t)i * nt + t] = (T)(tf ? tf32(v) : v);
+        }
+    const int nb = group_of(g.n, P);
+    std::vector<T> dyg((size_t)g.k * nb * P), dcol((size_t)nt * nb * P), acc((size_t)g.c * HW);
+    for (int n0 = 0; n0 < g.n; n0 += nb) {
+        const int m = std::min(nb, g.n - n0);
+        const col_layout L = layout_of(m, g.oh, g.ow, nullptr, false);
+        const int ld = (int)L.cols();
+        for (int j = 0; j < m; j++) gather_planes(dy + (size_t)(n0 + j) * g.k * P, g.k, g.oh, &korder, L, j, dyg.data(), tf);
+        gemm(true, false, nt, ld, g.k, wm.data(), nt, dyg.data(), ld, T(0), dcol.data(), ld);
+        for (int j = 0; j < m; j++) {
+            std::fill(acc.begin(), acc.end(), T(0));
+            for (int c = 0; c < g.c; c++)
+                for (int r = 0; r < g.r; r++)
+                    for (int s = 0; s < g.s; s++) {
+                        const T *src = dcol.data() + (((size_t)c * g.r + r) * g.s + s) * ld + (size_t)j * P;
+                        const int base = s * g.dw - g.pw;
+                        int lo, hi;
+                        valid_range(base, g.v, g.w, g.ow, &lo, &hi);
+                        for (int oh = 0; oh < g.oh; oh++) {
+                            const int ih = oh * g.u - g.ph + r * g.dh;
+                            if (ih < 0 || ih >= g.h) continue;
+                            T *ar = acc.data() + ((size_t)c * g.h + ih) * g.w;
+                            const T *sr = src + (size_t)oh * g.ow;
+                            for (int ow = lo; ow < hi; ow++) ar[ow * g.v + base] += sr[ow];
+                        }
+                    }
+            float *dxi = dx + (size_t)(n0 + j) * g.c * HW;
+            for (size_t i = 0; i < (size_t)g.c * HW; i++) blend(&dxi[i], (float)acc[i], alpha, beta);
+        }
+    }
+}
+
+/* backward data as a gather (unit stride and dilation): dx (c x images * h * w) =
+ * W' (c x taps (r, s, k)) * im2col(dy) over the flipped window, one reduction per element */
+void data_gather(const geom &g, const float *wf, const float *dy, float *dx, float alpha, float beta) {
+    const window q{g.k, g.oh, g.ow, g.h, g.w, g.r - 1 - g.ph, g.s - 1 - g.pw, 1, 1, 1, 1};
+    const std::vector<tap> taps = taps_of(g.k, g.r, g.s, true);
+    const int nt = (int)taps.size();
+    const size_t P = (size_t)g.oh * g.ow, HW = (size_t)g.h * g.w;
+    std::vector<float> w2((size_t)g.c * nt);
+    for (int c = 0; c < g.c; c++)
+        for (int i = 0; i < nt; i++) {
+            const tap &t = taps[i];
+            w2[(size_t)c * nt + i] = wf[(((size_t)t.a * g.c + c) * g.r + (g.r - 1 - t.r)) * g.s + (g.s - 1 - t.s)];
+        }
+    const int nb = group_of(g.n, HW);
+    std::vector<float> col((size_t)nt * nb * HW), out((size_t)g.c * nb * HW);
+    for (int n0 = 0; n0 < g.n; n0 += nb) {
+        const int m = std::min(nb, g.n - n0);
+        const col_layout L = layout_of(m, g.h, g.w, nullptr, false);
+        const int ld = (int)L.cols();
+        for (int j = 0; j < m; j++) im2col(q, dy + (size_t)(n0 + j) * g.k * P, taps, L, j, col.data(), false);
+        gemm(false, false, g.c, ld, nt, w2.data(), nt, col.data(), ld, 0.0f, out.data(), ld);
+        for (int j = 0; j < m; j++)
+            for (int c = 0; c < g.c; c++) {
+                float *dr = dx + ((size_t)(n0 + j) * g.c + c) * HW;
+                const float *o = out.data() + (size_t)c * ld + (size_t)j * HW;
+                for (size_t p = 0; p < HW; p++) blend(&dr[p], o[p], alpha, beta);
+            }
+    }
+}
+
+/* the order of backward filter's reduction over (image, oh, ow) */
+enum filt_order {
+    F_FORWARD,        /* in order, groups of images accumulated in the GEMM's output */
+    F_REVERSED,       /* the same, all reversed */
+    F_ROWS_RANDOM,    /* groups in a random order, (image, row) pairs in a random order inside */
+    F_IMAGE_PARTIALS, /* each image in up to three pieces (its rows cut at random rows), one
+                         rounded partial sum per piece, the pieces added up in a random order */
+};
+
+/* backward filter: dW (k x taps (c, r, s)) = sum over groups of dy (k x cols) * im2col(x)^T */
+template <class T>
+void filter_gemm(const geom &g, const float *x, const float *dy, float *dw, filt_order order, bool tf, uint64_t seed,
+                 float alpha, float beta) {
+    const window q{g.c, g.h, g.w, g.oh, g.ow, g.ph, g.pw, g.u, g.v, g.dh, g.dw};
+    const std::vector<tap> taps = taps_of(g.c, g.r, g.s, false);
+    const int nt = (int)taps.size();
+    const size_t P = (size_t)g.oh * g.ow;
+    const int nb = order == F_IMAGE_PARTIALS ? 1 : group_of(g.n, P);
+    std::mt19937_64 rng(seed);
+    /* the GEMMs' pieces: (first image, images, first row, rows) */
+    struct piece {
+        int n0, m, row0, rows;
+    };
+    std::vector<piece> pieces;
+    if (order == F_IMAGE_PARTIALS) {
+        for (int n = 0; n < g.n; n++) { /* up to 3 pieces, cut at random rows */
+            int cut[2] = {g.oh, g.oh};
+            if (g.oh >= 2) cut[0] = 1 + (int)(rng() % (uint64_t)(g.oh - 1));
+            if (g.oh >= 3) {
+                cut[1] = 1 + (int)(rng() % (uint64_t)(g.oh - 2));
+                if (cut[1] >= cut[0]) cut[1]++;
+                if (cut[1] < cut[0]) std::swap(cut[0], cut[1]);
+            }
+            pieces.push_back({n, 1, 0, cut[0]});
+            if (cut[0] < g.oh) pieces.push_back({n, 1, cut[0], cut[1] - cut[0]});
+            if (cut[1] < g.oh) pieces.push_back({n, 1, cut[1], g.oh - cut[1]});
+        }
+    } else
+        for (int n0 = 0; n0 < g.n; n0 += nb) pieces.push_back({n0, std::min(nb, g.n - n0), 0, g.oh});
+    if (order == F_ROWS_RANDOM || order == F_IMAGE_PARTIALS) std::shuffle(pieces.begin(), pieces.end(), rng);
+    if (order == F_REVERSED) std::reverse(pieces.begin(), pieces.end());
+    std::vector<T> acc((size_t)g.k * nt), part(order == F_IMAGE_PARTIALS ? (size_t)g.k * nt : 0);
+    std::vector<T> col((size_t)nt * nb * P), dyg((size_t)g.k * nb * P);
+    std::vector<int> slot;
+    bool first = true;
+    for (const piece &pc : pieces) {
+        const int rows = pc.m * pc.rows;
+        slot.resize((size_t)rows);
+        for (int i = 0; i < rows; i++) slot[i] = order == F_REVERSED ? rows - 1 - i : i;
+        if (order == F_ROWS_RANDOM) std::shuffle(slot.begin(), slot.end(), rng);
+        col_layout L = layout_of(pc.m, pc.rows, g.ow, &slot, order == F_REVERSED);
+        L.row0 = pc.row0;
+        const int ld = (int)L.cols();
+        for (int j = 0; j < pc.m; j++) {
+            im2col(q, x + (size_t)(pc.n0 + j) * g.c * g.h * g.w, taps, L, j, col.data(), tf);
+            gather_planes(dy + (size_t)(pc.n0 + j) * g.k * P, g.k, g.oh, nullptr, L, j, dyg.data(), tf);
+        }
+        if (order == F_IMAGE_PARTIALS && !first) {
+            gemm(false, true, g.k, nt, ld, dyg.data(), ld, col.data(), ld, T(0), part.data(), nt);
+            for (size_t i = 0; i < acc.size(); i++) acc[i] += part[i];
+        } else {
+            gemm(false, true, g.k, nt, ld, dyg.data(), ld, col.data(), ld, first ? T(0) : T(1), acc.data(), nt);
+        }
+        first = false;
+    }
+    for (int k = 0; k < g.k; k++)
+        for (int i = 0; i < nt; i++) {
+            const tap &t = taps[i];
+            const int fr = g.flip ? g.r - 1 - t.r : t.r, fs = g.flip ? g.s - 1 - t.s : t.s;
+            blend(&dw[(((size_t)k * g.c + t.a) * g.r + fr) * g.s + fs], (float)acc[(size_t)k * nt + i], alpha, beta);
+        }
 }
 
 /* ---- one convolution operation ------------------------------------------------------- */
@@ -391,100 +659,58 @@ const dir_names kNames[3] = {
      "cudnnConvolutionBackwardFilter dw", "cudnnConvolutionBackwardFilter workSpace"},
 };
 
-std::vector<float> tf32_copy(const float *p, size_t n) {
-    std::vector<float> v(p, p + n);
-    for (float &f : v) f = tf32(f);
-    return v;
-}
-
 void run_fwd(const conv_args &A, const float *x, const float *w, float *y) {
     const geom &g = A.g;
-    std::vector<tap> taps;
-    taps.reserve((size_t)g.c * g.r * g.s);
-    if (A.algo == CUDNN_CONVOLUTION_FWD_ALGO_GEMM) {
-        for (int r = 0; r < g.r; r++)
-            for (int s = 0; s < g.s; s++)
-                for (int c = 0; c < g.c; c++) taps.push_back({c, r, s});
-    } else {
-        for (int c = 0; c < g.c; c++)
-            for (int r = 0; r < g.r; r++)
-                for (int s = 0; s < g.s; s++) taps.push_back({c, r, s});
-        if (A.algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT) std::reverse(taps.begin(), taps.end());
-    }
+    const std::vector<float> wf = xcorr_filter(g, w);
+    std::vector<tap> taps = taps_of(g.c, g.r, g.s, A.algo == CUDNN_CONVOLUTION_FWD_ALGO_GEMM);
+    if (A.algo == CUDNN_CONVOLUTION_FWD_ALGO_GEMM) /* from the middle tap on, wrapping: differs from
+                                                      (c, r, s) also for one channel or one valid tap */
+        std::rotate(taps.begin(), taps.begin() + taps.size() / 2, taps.end());
+    if (A.algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT) std::reverse(taps.begin(), taps.end());
     if (A.algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM)
-        fwd_loop<double>(g, x, w, y, taps, A.alpha, A.beta);
-    else if (A.tf32) {
-        std::vector<float> xt = tf32_copy(x, g.x_elems()), wt = tf32_copy(w, g.w_elems());
-        fwd_loop<float>(g, xt.data(), wt.data(), y, taps, A.alpha, A.beta);
-    } else
-        fwd_loop<float>(g, x, w, y, taps, A.alpha, A.beta);
+        fwd_gemm<double>(g, x, wf.data(), y, taps, false, A.alpha, A.beta);
+    else
+        fwd_gemm<float>(g, x, wf.data(), y, taps, A.tf32, A.alpha, A.beta);
 }
 
 void run_data(const conv_args &A, const float *w, const float *dy, float *dx) {
     const geom &g = A.g;
+    const std::vector<float> wf = xcorr_filter(g, w);
+    if (A.algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT) {
+        data_gather(g, wf.data(), dy, dx, A.alpha, A.beta);
+        return;
+    }
     std::vector<int> ks((size_t)g.k);
     for (int k = 0; k < g.k; k++) ks[k] = k;
     if (A.algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0) { /* atomics: any order of the output channels */
         std::mt19937_64 rng(A.seed);
         std::shuffle(ks.begin(), ks.end(), rng);
-    }
-    std::vector<tap> taps;
-    taps.reserve((size_t)g.k * g.r * g.s);
-    if (A.algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT) {
-        for (int r = 0; r < g.r; r++)
-            for (int s = 0; s < g.s; s++)
-                for (int k = 0; k < g.k; k++) taps.push_back({k, r, s});
-    } else {
-        for (int k : ks)
-            for (int r = 0; r < g.r; r++)
-                for (int s = 0; s < g.s; s++) taps.push_back({k, r, s});
-    }
-    if (A.algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 && !A.tf32)
-        data_loop<double>(g, w, dy, dx, taps, A.alpha, A.beta);
-    else if (A.tf32) {
-        std::vector<float> wt = tf32_copy(w, g.w_elems()), dyt = tf32_copy(dy, g.y_elems());
-        data_loop<float>(g, wt.data(), dyt.data(), dx, taps, A.alpha, A.beta);
-    } else
-        data_loop<float>(g, w, dy, dx, taps, A.alpha, A.beta);
+        data_scatter<float>(g, wf.data(), dy, dx, ks, false, A.alpha, A.beta);
+    } else if (A.tf32)
+        data_scatter<float>(g, wf.data(), dy, dx, ks, true, A.alpha, A.beta);
+    else
+        data_scatter<double>(g, wf.data(), dy, dx, ks, false, A.alpha, A.beta);
 }
 
 void run_filter(const conv_args &A, const float *x, const float *dy, float *dw) {
     const geom &g = A.g;
-    const size_t nrows = (size_t)g.n * g.oh;
-    std::vector<int> rows(nrows);
-    for (size_t i = 0; i < nrows; i++) rows[i] = (int)i;
-    std::mt19937_64 rng(A.seed);
-    if (A.algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0) std::shuffle(rows.begin(), rows.end(), rng);
-    std::vector<float> xt, dyt;
-    if (A.tf32) {
-        xt = tf32_copy(x, g.x_elems());
-        dyt = tf32_copy(dy, g.y_elems());
-        x = xt.data();
-        dy = dyt.data();
+    switch (A.algo) {
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0:
+        filter_gemm<float>(g, x, dy, dw, F_ROWS_RANDOM, false, A.seed, A.alpha, A.beta);
+        break;
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1:
+        if (A.tf32)
+            filter_gemm<float>(g, x, dy, dw, F_FORWARD, true, A.seed, A.alpha, A.beta);
+        else
+            filter_gemm<double>(g, x, dy, dw, F_FORWARD, false, A.seed, A.alpha, A.beta);
+        break;
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT:
+        filter_gemm<float>(g, x, dy, dw, F_REVERSED, false, A.seed, A.alpha, A.beta);
+        break;
+    default: /* ALGO_3 */
+        filter_gemm<float>(g, x, dy, dw, F_IMAGE_PARTIALS, false, A.seed, A.alpha, A.beta);
+        break;
     }
-    /* ALGO_3: per-image partial sums, combined in a random order */
-    std::vector<int> img((size_t)g.n);
-    for (int n = 0; n < g.n; n++) img[n] = n;
-    std::vector<float> part((size_t)g.n);
-    for (int k = 0; k < g.k; k++)
-        for (int c = 0; c < g.c; c++)
-            for (int r = 0; r < g.r; r++)
-                for (int s = 0; s < g.s; s++) {
-                    float v;
-                    if (A.algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 && !A.tf32) {
-                        v = (float)filter_sum<double>(g, x, dy, k, c, r, s, rows.data(), nrows);
-                    } else if (A.algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3) {
-                        for (int n = 0; n < g.n; n++)
-                            part[n] = filter_sum<float>(g, x, dy, k, c, r, s, rows.data() + (size_t)n * g.oh, g.oh);
-                        std::shuffle(img.begin(), img.end(), rng);
-                        v = 0;
-                        for (int n : img) v += part[n];
-                    } else {
-                        v = filter_sum<float>(g, x, dy, k, c, r, s, rows.data(), nrows);
-                    }
-                    const int fr = g.flip ? g.r - 1 - r : r, fs = g.flip ? g.s - 1 - s : s;
-                    blend(&dw[(((size_t)k * g.c + c) * g.r + fr) * g.s + fs], v, A.alpha, A.beta);
-                }
 }
 
 void run_conv(const conv_args &A) {
