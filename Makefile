@@ -11,11 +11,12 @@
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+EMU_BUILD  ?= build-emu
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 
-.PHONY: all build deps-train deps-test deps-bench train test test-main test-asan bench mutants clean
+.PHONY: all build deps-train deps-test deps-bench train test test-main test-emu test-asan bench mutants clean
 
 all: build
 
@@ -36,14 +37,23 @@ train: deps-train
 	./$(BUILD)/ringtrain train configs/quickstart.yaml
 
 # The main build (with the CUDA backend where the toolkit is present; GPU tests skip
-# without a device), then a clang build with AddressSanitizer + UBSan that runs the
-# unit and fuzz tests again.
+# without a device), then the emulated-GPU build (the whole CUDA program on the emulated
+# CUDA runtime, cuDNN, cuBLAS and NCCL of tests/cuda_emu: its GPU tests must run, not
+# skip), then a clang build with AddressSanitizer + UBSan that runs the unit and fuzz
+# tests again.
 test: deps-test
 	@$(MAKE) --no-print-directory test-main
+	@$(MAKE) --no-print-directory test-emu
 	@$(MAKE) --no-print-directory test-asan
 
 test-main: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
+
+test-emu:
+	@test -f $(EMU_BUILD)/CMakeCache.txt || cmake -S . -B $(EMU_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	    -DRINGTRAIN_CUDA=EMU $(CMAKE_ARGS)
+	cmake --build $(EMU_BUILD) -j$(JOBS)
+	cd $(EMU_BUILD) && RINGTRAIN_REQUIRE_GPU=1 ctest --output-on-failure -j$(JOBS) -L 'gpu|emu' $(CTEST_ARGS)
 
 test-asan:
 	@test -f $(ASAN_BUILD)/CMakeCache.txt || CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug \
@@ -61,4 +71,4 @@ mutants: deps-test
 	scripts/mutants --jobs $(JOBS) $(MUTANTS_ARGS)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) build-mutants
+	rm -rf $(BUILD) $(ASAN_BUILD) $(EMU_BUILD) build-mutants
