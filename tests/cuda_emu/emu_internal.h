@@ -88,6 +88,11 @@ unsigned long long rt_emu_allocs_live(void);
 /* Whether [p, p + n) lies inside one pinned host allocation (cudaHostAlloc/MallocHost). */
 int rt_emu_is_pinned(const void *p, size_t n);
 
+/* Tests: make the nth call (1 = the next) of runtime function `call` made from now on in
+ * this process fail with `err`, doing nothing (as a failed call does). Checked by
+ * cudaEventRecord, cudaStreamWaitEvent, cudaMemcpyAsync and cudaEventCreateWithFlags. */
+void rt_emu_fail_call(const char *call, int nth, cudaError_t err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,6 +19,8 @@
  *  - Copies follow the real rules: pageable sources are read at the call, pageable
  *    destinations make the call wait; pinned memory is read and written when the stream
  *    gets there.
+ *  - Faults for tests: rt_emu_fail_call() (emu_internal.h) makes the nth next call of a
+ *    runtime function fail.
  *  - Counters: host synchronisations (RINGTRAIN_EMU_SYNC_LOG logs each), launches,
  *    operations, live allocations; RINGTRAIN_EMU_STATS=<path> appends them at exit.
  *
@@ -161,6 +163,26 @@ cudaError_t fail(cudaError_t e) {
     if (e != cudaSuccess) t_last_error = e;
     return e;
 }
+
+/* rt_emu_fail_call: one armed failure at a time */
+std::mutex inject_mu;
+const char *inject_call; /* NULL: none armed */
+int inject_left;
+cudaError_t inject_err;
+
+/* Whether this call of `call` is the armed failure (then *e is its error). */
+bool injected(const char *call, cudaError_t *e) {
+    std::lock_guard<std::mutex> lk(inject_mu);
+    if (!inject_call || strcmp(inject_call, call) != 0 || --inject_left > 0) return false;
+    inject_call = nullptr;
+    *e = inject_err;
+    return true;
+}
+#define RT_INJECTED(call)                                                                                              \
+    do {                                                                                                               \
+        cudaError_t ie_;                                                                                               \
+        if (injected(call, &ie_)) return fail(ie_);                                                                    \
+    } while (0)
 
 uint64_t now_ns(void) {
     struct timespec ts;
@@ -881,6 +903,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s) {
+    RT_INJECTED("cudaMemcpyAsync");
     return copy(dst, src, n, kind, s, false, "cudaMemcpyAsync");
 }
 
@@ -953,6 +976,7 @@ cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned *flags) {
 /* waits for the record that is the event's latest now (none: nothing to wait for) */
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     RT_READY();
+    RT_INJECTED("cudaStreamWaitEvent");
     if (flags & ~(unsigned)cudaEventWaitExternal) return fail(cudaErrorInvalidValue);
     std::lock_guard<std::mutex> lk(G.m);
     CUstream_st *st = resolve(s);
@@ -973,6 +997,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *pe, unsigned flags) {
     RT_READY();
+    RT_INJECTED("cudaEventCreateWithFlags");
     if (!pe || flags > 0x07 || ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming)))
         return fail(cudaErrorInvalidValue);
     CUevent_st *e = new CUevent_st{t_device, flags, false, nullptr, 0, 0, 0};
@@ -994,6 +1019,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     RT_READY();
+    RT_INJECTED("cudaEventRecord");
     std::lock_guard<std::mutex> lk(G.m);
     CUstream_st *st = resolve(s);
     if (!st || !G.events.count(e) || st->device != e->device) return fail(cudaErrorInvalidResourceHandle);
@@ -1143,6 +1169,13 @@ unsigned long long rt_emu_allocs_live(void) {
 }
 
 void rt_emu_set_last_error(cudaError_t e) { fail(e); }
+
+void rt_emu_fail_call(const char *call, int nth, cudaError_t err) {
+    std::lock_guard<std::mutex> lk(inject_mu);
+    inject_call = call;
+    inject_left = nth;
+    inject_err = err;
+}
 
 void rt_emu_fatal(const char *fmt, ...) {
     char buf[1024];

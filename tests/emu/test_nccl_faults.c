@@ -11,9 +11,12 @@
  *  - the peer, waiting in its receive, gets an error when the root's process is gone
  *    (the launcher's job in a real run), not a hang: it exits within the harness's limit.
  * Also: a rank killed while an all-reduce runs on the stream (RINGTRAIN_EMU_NCCL_KILL)
- * gives its peer an error naming the peer as gone, never a hang. */
+ * gives its peer an error naming the peer as gone, never a hang; and a CUDA call that
+ * fails after the operation was handed to NCCL (rt_emu_fail_call) aborts the
+ * communicator (before, the error was returned and the communicator kept going). */
 #include "../test_util.h"
 #include "dist/dist.h"
+#include "emu_internal.h"
 #include "mp.h"
 
 #include <cuda_runtime.h>
@@ -82,6 +85,43 @@ static int killed_in_allreduce(int rank, int world, int port, void *arg) {
     return 0;
 }
 
+/* A CUDA call that fails after the operation was handed to NCCL (the completion event's
+ * record): the peers are in the collective already, so the communicator must be aborted
+ * and the group broken, not left for the next call to run as if nothing happened. */
+static int cuda_failure_after_enqueue(int rank, int world, int port, void *arg) {
+    (void)arg;
+    rt_pg *pg;
+    rt_device dev;
+    if (pg_on_own_gpu(rank, world, port, &pg, &dev)) return 1;
+    float *d = NULL;
+    MP_OK(rt_malloc(dev, 256 * sizeof(float), (void **)&d));
+    MP_OK(rt_memset(dev, d, 0, 256 * sizeof(float), NULL));
+    MP_OK(rt_all_reduce(pg, d, 256, RT_F32, RT_OP_SUM));
+    if (rank == 0) {
+        /* no stream set on the group: the operation's only event record is its completion */
+        rt_emu_fail_call("cudaEventRecord", 1, cudaErrorLaunchFailure);
+        rt_status s = rt_all_reduce(pg, d, 256, RT_F32, RT_OP_SUM);
+        MP_CHECK(s != RT_OK, "the all-reduce whose completion record failed succeeded");
+        s = rt_all_reduce(pg, d, 256, RT_F32, RT_OP_SUM);
+        MP_CHECK(s != RT_OK && strstr(rt_error_message(), "broken"),
+                 "the next all-reduce after a CUDA failure in one: %s (%s): the communicator was not aborted",
+                 rt_status_name(s), rt_error_message());
+        _exit(0);
+    }
+    (void)rt_all_reduce(pg, d, 256, RT_F32, RT_OP_SUM); /* rank 0's part was enqueued */
+    rt_status s = rt_all_reduce(pg, d, 256, RT_F32, RT_OP_SUM);  /* rank 0 is gone */
+    MP_CHECK(s != RT_OK, "rank 1: an all-reduce with a dead peer succeeded");
+    return 0;
+}
+
+static void test_cuda_failure_after_enqueue(void **st) {
+    (void)st;
+    int codes[2];
+    mp_run(2, cuda_failure_after_enqueue, NULL, 120, codes);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+}
+
 static void test_group_failure(void **st) {
     (void)st;
     int codes[2];
@@ -109,6 +149,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_group_failure),
         cmocka_unit_test(test_killed_in_allreduce),
+        cmocka_unit_test(test_cuda_failure_after_enqueue),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

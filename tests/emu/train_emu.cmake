@@ -14,7 +14,7 @@ endforeach()
 # failures inside the nccl transport (defect 6 of issue 19): a failed call in an NCCL
 # group, a peer killed inside an all-reduce
 rt_test(test_nccl_faults SOURCES test_nccl_faults.c LIBS rt_dist rt_dist_testmp LABELS emu TIMEOUT 300)
-target_include_directories(test_nccl_faults PRIVATE ${CMAKE_SOURCE_DIR}/tests/dist)
+target_include_directories(test_nccl_faults PRIVATE ${CMAKE_SOURCE_DIR}/tests/dist ${CMAKE_SOURCE_DIR}/tests/cuda_emu)
 # staging does not block the caller: an all-reduce started while the producer's stream is held
 rt_test(test_staging_async SOURCES test_staging_async.c LIBS rt_dist rt_dist_testmp LABELS emu TIMEOUT 300)
 target_include_directories(test_staging_async PRIVATE ${CMAKE_SOURCE_DIR}/tests/dist)
