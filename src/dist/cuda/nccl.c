@@ -368,6 +368,28 @@ static ncclRedOp_t op_of(rt_reduce_op op) {
 
 /* ---- init and destroy ---- */
 
+/* Every rank has read the GPU table and refuses nccl: the ranks that do not host the store
+ * say so as their last request to it, and a rank that hosts it waits for them before it
+ * returns (its store closes with the refused group; a rank still reading the table would
+ * fail with "store closed" instead of the reason). The error being returned is kept. */
+static void verdict_reached(rt_pg_world *w, int rank, int world) {
+    rt_error_record rec;
+    rt_error_save(&rec);
+    char key[64];
+    if (!w->server) {
+        snprintf(key, sizeof key, "rt/nccl/verdict/%d", rank);
+        (void)rt_store_set(w->store, key, "1", 1);
+    } else {
+        for (int j = 0; j < world; j++) {
+            if (j == rank) continue;
+            snprintf(key, sizeof key, "rt/nccl/verdict/%d", j);
+            const char *k = key;
+            if (rt_store_wait(w->store, &k, 1) != RT_OK) break; /* a rank is gone: nothing to wait for */
+        }
+    }
+    rt_error_restore(&rec);
+}
+
 static rt_status init_(rt_pg *pg, nccl_state *st) {
     rt_pg_world *w = pg->w;
     int rank = w->eng.rank, world = w->eng.world;
@@ -401,6 +423,7 @@ static rt_status init_(rt_pg *pg, nccl_state *st) {
                               a, b, gpu ? gpu + 1 : tab[a]);
             }
     free(tab);
+    if (ts == RT_ERR_UNSUPPORTED) verdict_reached(w, rank, world);
     RT_CHECK(ts);
     ncclUniqueId id;
     if (rank == 0) {
