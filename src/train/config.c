@@ -309,7 +309,10 @@ static rt_status parse_int(const key *k, const char *where, const char *v, int64
     }
     char *end;
     errno = 0;
-    long long x = strtoll(v, &end, 0);
+    /* decimal, or hex with 0x (docs/config.md): base 0 would read 010 as octal 8 */
+    const char *digits = v + (*v == '-' || *v == '+');
+    int base = digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X') ? 16 : 10;
+    long long x = strtoll(v, &end, base);
     if (end == v || *end || errno)
         return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not an integer%s", where, k->name, v,
                         k->allow_auto ? " (or auto)" : "");

@@ -87,6 +87,12 @@ static void test_errors(void **state) {
     /* wrong types */
     expect_error(parse(&c, "data:\n  batch_size: many\n"), "cfg.yaml:2:", "data.batch_size", "not an integer");
     expect_error(parse(&c, "data:\n  batch_size: 12.5\n"), "data.batch_size", "'12.5' is not an integer", NULL);
+    /* decimal with a leading zero (not octal), and hex with 0x (docs/config.md) */
+    assert_int_equal(parse(&c, "data:\n  batch_size: 010\n"), RT_OK);
+    assert_int_equal(c.data.batch_size, 10);
+    assert_int_equal(parse(&c, "data:\n  batch_size: 0x10\n"), RT_OK);
+    assert_int_equal(c.data.batch_size, 16);
+    expect_error(parse(&c, "data:\n  batch_size: 08x\n"), "data.batch_size", "'08x' is not an integer", NULL);
     expect_error(parse(&c, "optim:\n  lr: fast\n"), "optim.lr", "not a finite number", NULL);
     expect_error(parse(&c, "optim:\n  lr: .nan\n"), "optim.lr", "not a finite number", NULL);
     expect_error(parse(&c, "data:\n  shuffle: maybe\n"), "data.shuffle", "not a boolean", NULL);
