@@ -23,6 +23,7 @@
 #include "train/metrics.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -787,9 +788,14 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
     RT_REQUIRE(ok > 0, RT_ERR_IO, "rank 0 could not write the checkpoint of step %lld (its error says why)",
                (long long)r->step);
     if (r->metrics) {
-        char fields[RT_CKPT_PATH_MAX + 128];
-        snprintf(fields, sizeof fields, "\"step\": %lld, \"epoch\": %lld, \"why\": \"%s\", \"path\": \"%s\"",
-                 (long long)r->step, (long long)epoch, why, path);
+        char fields[2 * RT_CKPT_PATH_MAX + 128];
+        /* the path as a JSON string (a '"' or '\\' in checkpoint.dir must not break the line) */
+        json_t *js = json_string(path);
+        char *enc = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+        json_decref(js);
+        snprintf(fields, sizeof fields, "\"step\": %lld, \"epoch\": %lld, \"why\": \"%s\", \"path\": %s",
+                 (long long)r->step, (long long)epoch, why, enc ? enc : "null");
+        free(enc);
         RT_CHECK(rt_metrics_line(r->metrics, "checkpoint", fields));
     }
     test_kill_after_checkpoint(r);

@@ -106,6 +106,18 @@ PY
   script -qefc "$(printf '%q ' "$bin" train "$tmp/ok.yaml" "${small[@]}")" /dev/null >"$tmp/out" 2>&1 || fail "run under a pty failed"
   grep -q $'\r\033\[Kepoch 1/1 \[' "$tmp/out" || fail "no progress bar on a terminal"
   echo "ok: progress"
+  # a checkpoint folder whose name has a '"' and a '\': metrics.jsonl stays JSON (the
+  # checkpoint line's path was written unescaped) and ringtrain report reads it
+  q="$tmp/q\"u\\o"
+  "$bin" train "$tmp/ok.yaml" "${small[@]}" "log.dir=$q" checkpoint.every_epochs=1 >"$tmp/out" 2>"$tmp/err" || fail "run in $q"
+  /usr/bin/python3 - "$q/metrics.jsonl" "$q" <<'PY' || fail "metrics.jsonl with a quote in the checkpoint path"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ck = [r for r in rows if r["kind"] == "checkpoint"]
+assert ck and ck[-1]["path"].startswith(sys.argv[2] + "/"), ck
+PY
+  "$bin" report "$q" >"$tmp/out" 2>"$tmp/err" || fail "ringtrain report of $q"
+  echo "ok: a quote and a backslash in the run folder"
   ;;
 kill_rank)
   "$bin" train "$tmp/ok.yaml" "${small[@]}" data.train_subset=0 train.epochs=50 >"$tmp/out" 2>"$tmp/err" &
