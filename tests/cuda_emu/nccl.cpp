@@ -12,7 +12,11 @@
  * as long as its process lives: a peer whose lock is gone has died (crash, kill -9),
  * which the waiting ranks notice within a millisecond of polling; their communicator then
  * reports ncclRemoteError (NCCL's "a remote process exited prematurely"; ncclSystemError
- * is NCCL's own system-call failure, not a peer's death). A peer that aborts or destroys
+ * is NCCL's own system-call failure, not a peer's death). A peer that exits after
+ * ncclCommDestroy (or ncclCommFinalize) returned with all its work executed has not died
+ * prematurely: what it sent stays readable in the segment and the others finish receiving
+ * it (a send completes once its data is in the ring, before the receiver has read it, so
+ * a fast rank may well be gone by then). A peer that aborts or destroys
  * its communicator but lives on is, as with NCCL's intra-node transports, not noticed:
  * the others wait (until their caller's timeout aborts them).
  * Two ranks whose current devices (rt_emu_current_device at init) have the same PCI bus
@@ -131,7 +135,10 @@ struct alignas(64) SegHeader {
     std::atomic<int32_t> joined;
 };
 
-enum : uint32_t { kRankFree = 0, kRankJoined = 1, kRankLeft = 2 };
+/* kRankDone: the rank destroyed (or finalized) its communicator after all of its work
+ * had executed: everything it sent is in the rings, so its process exiting afterwards is
+ * a clean end, not a death (see probe_peers) */
+enum : uint32_t { kRankFree = 0, kRankJoined = 1, kRankLeft = 2, kRankDone = 3 };
 
 struct alignas(64) RankRec {
     std::atomic<uint32_t> state;
@@ -320,11 +327,17 @@ bool rank_alive(ncclComm *c, int r) {
     return fl.l_type != F_UNLCK;
 }
 
-/* Looks at every peer that joined; a dead one breaks the communicator (ncclRemoteError). */
+/* Looks at every peer that joined; a dead one breaks the communicator (ncclRemoteError).
+ * A peer that finished cleanly (kRankDone: ncclCommDestroy/ncclCommFinalize with all its
+ * work executed) and then exited is not dead: its sends are complete in the rings and the
+ * ranks still receiving them (or waiting on other peers) must be able to finish. The state is
+ * read again after the lock was found gone: a peer may have finished between the two
+ * looks (its store precedes its exit, which releases the lock). */
 bool probe_peers(ncclComm *c) {
     for (int r = 0; r < c->nranks; r++) {
-        if (r == c->rank || c->rec(r).state.load() == kRankFree) continue;
-        if (!rank_alive(c, r)) {
+        uint32_t st = c->rec(r).state.load();
+        if (r == c->rank || st == kRankFree || st == kRankDone) continue;
+        if (!rank_alive(c, r) && c->rec(r).state.load() != kRankDone) {
             note_error(false, "rank %d: peer rank %d (pid %d) died", c->rank, r, (int)c->rec(r).pid.load());
             set_error(c, ncclRemoteError);
             return false;
@@ -1148,6 +1161,15 @@ void drain(ncclComm *c, const char *what) {
     while (c->pending.load() > 0) sched_yield();
 }
 
+/* after a drain: when every unit of ours executed fully (nothing broke or aborted it),
+ * our exit from now on is a clean one for the peers (kRankDone, see probe_peers) */
+void mark_done(ncclComm *c) {
+    if (c->hdr && c->ready && comm_ok(c) && c->pending.load() == 0) {
+        uint32_t st = kRankJoined;
+        c->rec(c->rank).state.compare_exchange_strong(st, kRankDone);
+    }
+}
+
 void release(ncclComm *c) {
     if (c->released.exchange(true)) return;
     stop_launcher(c);
@@ -1312,6 +1334,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
     comm->finalized = true;
     if (comm->blocking) {
         drain(comm, "ncclCommFinalize");
+        mark_done(comm);
         int a = comm->async.load();
         return a == ncclInProgress ? ncclSuccess : (ncclResult_t)a;
     }
@@ -1320,6 +1343,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
         Waiter w(comm);
         while (comm->pending.load() > 0)
             if (!w.pause()) return; /* the error stays the asynchronous error */
+        mark_done(comm);
         int ip = ncclInProgress;
         comm->async.compare_exchange_strong(ip, ncclSuccess);
     });
@@ -1338,6 +1362,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     }
     stop_launcher(comm); /* finishes a finalize in progress */
     drain(comm, "ncclCommDestroy");
+    mark_done(comm);
     release(comm);
     return ncclSuccess;
 }

@@ -455,7 +455,8 @@ static int ring_exchange(int rank, int n, ncclComm_t comm, cudaStream_t s, size_
     CUDA_OK(cudaStreamSynchronize(s));
     CUDA_OK(cudaMemcpy(g, d_r, nb, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < count; i++)
-        CHECK(g[i] == (int64_t)from * 1000003 + (int64_t)i * 7 + tag, "recv from %d element %zu", from, i);
+        CHECK(g[i] == (int64_t)from * 1000003 + (int64_t)i * 7 + tag, "recv from %d element %zu: %lld (count %zu, tag %d)",
+              from, i, (long long)g[i], count, tag);
     CUDA_OK(cudaMemcpy(g, d_self, nb, cudaMemcpyDeviceToHost));
     CHECK(memcmp(g, h, nb) == 0, "send to oneself");
     CUDA_OK(cudaFree(d_s));
