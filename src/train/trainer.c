@@ -995,12 +995,17 @@ static rt_status train_all(run *r, rt_train_result *res) {
         } else {
             RT_CHECK(rt_loader_start_epoch(r->train_loader, epoch));
         }
+        int64_t next_batch = -1; /* -1: the epoch ran to its end */
         while (r->step < r->total_steps && !r->stop) {
             uint64_t t = rt_now_ns();
             rt_batch b;
             RT_CHECK(rt_loader_next(r->train_loader, &b));
-            if (b.size == 0) break;
+            if (b.size == 0) {
+                next_batch = -1;
+                break;
+            }
             RT_CHECK(train_step(r, &b, (double)(rt_now_ns() - t) * 1e-6, epoch));
+            next_batch = b.index + 1 < r->steps_per_epoch ? b.index + 1 : -1;
             bool every = c->checkpoint.every_steps > 0 && r->step % c->checkpoint.every_steps == 0;
             if (r->stop || every) {
                 RT_CHECK(complete_in_order(r, true));
@@ -1029,7 +1034,12 @@ static rt_status train_all(run *r, rt_train_result *res) {
         /* at the epoch's end, and always at the end of the run */
         bool every = c->checkpoint.every_epochs > 0 && (epoch + 1) % c->checkpoint.every_epochs == 0;
         if ((every || last) && saved_at != r->step) {
-            RT_CHECK(save_checkpoint(r, epoch + 1, 0, last ? "end" : "every_epochs"));
+            /* train.max_steps can end the run in mid-epoch: the position is then the next
+             * batch of this epoch, so a resume that trains longer does not skip its rest */
+            if (next_batch >= 0)
+                RT_CHECK(save_checkpoint(r, epoch, next_batch, "end"));
+            else
+                RT_CHECK(save_checkpoint(r, epoch + 1, 0, last ? "end" : "every_epochs"));
             saved_at = r->step;
         }
     }

@@ -3,7 +3,7 @@
 # launcher (at an epoch boundary and mid-epoch), a clean stop by SIGTERM, resume with a
 # different world size, a corrupted newest checkpoint, and ringtrain eval.
 #
-#   tests/train/resume.sh RINGTRAIN CASE     CASE: exact | stop | world | corrupt | eval
+#   tests/train/resume.sh RINGTRAIN CASE     CASE: exact | stop | steps | world | corrupt | eval
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 bin=$1
@@ -100,6 +100,18 @@ stop)
   metrics_contiguous "$tmp/s"
   echo "ok: SIGTERM writes a checkpoint and the resumed run equals the uninterrupted one"
   ;;
+steps)
+  # train.max_steps ends a run in mid-epoch; the same command with more steps continues with
+  # the next batch of that epoch (it skipped the rest of the epoch: the position was saved
+  # as the next epoch's start) and equals the uninterrupted run
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "log.dir=$tmp/full" >"$tmp/full.out" 2>"$tmp/full.err" || fail "straight run"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.max_steps=40 "log.dir=$tmp/m" >"$tmp/m1.out" 2>"$tmp/m1.err" || fail "40 steps"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "log.dir=$tmp/m" >"$tmp/m2.out" 2>"$tmp/m2.err" || fail "resume to the end"
+  grep -q "resuming from .*ckpt-000000040" "$tmp/m2.out" || fail "did not resume from step 40: $(grep resuming "$tmp/m2.out")"
+  same_run "$tmp/full" "$tmp/m" "stopped by train.max_steps in mid-epoch, then resumed"
+  metrics_contiguous "$tmp/m"
+  echo "ok: a run ended by train.max_steps in mid-epoch resumes with the next batch"
+  ;;
 world)
   for pair in "1 2" "2 1"; do
     set -- $pair
@@ -175,5 +187,5 @@ assert abs(got - acc) <= 0.1, (got, acc)
 PY
   echo "ok: torchvision resnet34 (strict=True) gives ringtrain's accuracy"
   ;;
-*) echo "usage: $0 RINGTRAIN exact|stop|world|corrupt|eval|torchvision" >&2; exit 2 ;;
+*) echo "usage: $0 RINGTRAIN exact|stop|steps|world|corrupt|eval|torchvision" >&2; exit 2 ;;
 esac
