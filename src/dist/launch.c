@@ -1,5 +1,5 @@
 /* The local launcher (see launch.h): environment, fork/exec, the stderr pipes, signal
- * forwarding, stopping the ranks after the first failure. */
+ * forwarding, the ranks' heartbeat, stopping the ranks after the first failure. */
 #include "dist/launch.h"
 
 #include "core/timer.h"
@@ -10,7 +10,9 @@
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <limits.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +24,7 @@ extern char **environ;
 
 /* the variables the launcher sets (an inherited value is replaced); the last one is
  * dropped: it describes torchrun's own store, which this launcher does not run */
-enum { V_RANK, V_WORLD, V_LOCAL, V_LOCAL_WORLD, V_GROUP, V_ADDR, V_PORT, V_TOKEN, V_SET_, V_DROP_ = V_SET_, V_COUNT_ };
+enum { V_RANK, V_WORLD, V_LOCAL, V_LOCAL_WORLD, V_GROUP, V_ADDR, V_PORT, V_TOKEN, V_BEAT, V_SET_, V_DROP_ = V_SET_, V_COUNT_ };
 static const char *const k_vars[V_COUNT_] = {
     "RANK",
     "WORLD_SIZE",
@@ -32,6 +34,7 @@ static const char *const k_vars[V_COUNT_] = {
     "MASTER_ADDR",
     "MASTER_PORT",
     "RINGTRAIN_JOB_TOKEN",
+    "RINGTRAIN_HEARTBEAT_FD",
     "TORCHELASTIC_USE_AGENT_STORE",
 };
 
@@ -129,8 +132,13 @@ typedef struct launch {
     slot *slots;
     int running;
     bool stopping;
-    uint64_t kill_at; /* SIGKILL the rest at this time (0: not scheduled) */
-    pid_t parent;     /* the launcher's pid (children check it after PR_SET_PDEATHSIG) */
+    bool patient;       /* a stop on a signal: SIGKILL only when no heartbeat came for progress_s */
+    bool killed;        /* SIGKILL sent */
+    uint64_t kill_at;   /* with !patient: SIGKILL the rest at this time */
+    uint64_t last_beat; /* the newest heartbeat (or the stop's start) */
+    int beat_rd;        /* read end of the heartbeat pipe */
+    int beat_wr;        /* its write end (the ranks' RINGTRAIN_HEARTBEAT_FD) */
+    pid_t parent;       /* the launcher's pid (children check it after PR_SET_PDEATHSIG) */
 } launch;
 
 static void write_all(int fd, const char *p, size_t n) {
@@ -202,12 +210,31 @@ static void signal_all(launch *L, int sig, bool stopped) {
         }
 }
 
-static void begin_stop(launch *L, int sig, bool stopped) {
-    signal_all(L, sig, stopped);
+/* Signal the ranks (sig 0: none) and stop. `patient` (a stop the ranks were asked for:
+ * SIGINT/SIGTERM, or a rank that stopped cleanly on one): they get as long as they beat,
+ * progress_s between heartbeats (0: grace_s, as a failure). Otherwise (a failure, the time
+ * limit) SIGKILL after grace_s, also when a patient stop was under way: the peers of a
+ * failed rank cannot make progress. */
+static void begin_stop(launch *L, int sig, bool stopped, bool patient) {
+    if (sig) signal_all(L, sig, stopped);
+    patient = patient && L->o->progress_s > 0;
+    uint64_t now = rt_now_ns();
     if (!L->stopping) {
         L->stopping = true;
-        L->kill_at = rt_now_ns() + (uint64_t)(L->o->grace_s * 1e9);
+        L->patient = patient;
+        L->last_beat = now;
+        L->kill_at = now + (uint64_t)(L->o->grace_s * 1e9);
+    } else if (L->patient && !patient) {
+        L->patient = false;
+        L->kill_at = now + (uint64_t)(L->o->grace_s * 1e9);
     }
+}
+
+/* When the ranks still running get SIGKILL (0: not scheduled). */
+static uint64_t kill_deadline(const launch *L) {
+    if (!L->stopping || L->killed) return 0;
+    if (L->patient) return L->last_beat + (uint64_t)(L->o->progress_s * 1e9);
+    return L->kill_at;
 }
 
 static void reap(launch *L) {
@@ -241,7 +268,15 @@ static void reap(launch *L) {
         if (!failed) continue;
         /* a rank the launcher signalled is a consequence, not a first failure */
         if (L->res->first_failure < 0 && !r->stopped && !L->res->signal) L->res->first_failure = i;
-        if (!L->o->keep_going && !L->stopping) begin_stop(L, SIGTERM, true);
+        if (L->o->keep_going) continue;
+        /* exit 130/143: it stopped cleanly on SIGINT/SIGTERM, and its peers stop with it
+         * (they agreed to): wait for them while they make progress, send them nothing */
+        bool clean_stop = p > 0 && !r->signal && (r->exit_code == 128 + SIGINT || r->exit_code == 128 + SIGTERM);
+        if (clean_stop && L->o->progress_s > 0) {
+            if (!L->stopping) begin_stop(L, 0, false, true);
+        } else if (!L->stopping || L->patient) {
+            begin_stop(L, SIGTERM, true, false);
+        }
     }
 }
 
@@ -251,32 +286,35 @@ static void supervise(launch *L) {
     uint64_t t0 = rt_now_ns(), limit = o->timeout_s > 0 ? t0 + (uint64_t)(o->timeout_s * 1e9) : 0;
     struct pollfd *pfd = NULL;
     int *who = NULL;
-    pfd = calloc((size_t)res->nproc + 1, sizeof *pfd);
-    who = calloc((size_t)res->nproc + 1, sizeof *who);
+    pfd = calloc((size_t)res->nproc + 2, sizeof *pfd);
+    who = calloc((size_t)res->nproc + 2, sizeof *who);
     int wake_rd = L->slots[res->nproc].fd; /* the self-pipe rides in the last slot */
     for (;;) {
         reap(L);
         if (L->running == 0) break;
         uint64_t now = rt_now_ns();
-        if (g_signal && !res->signal) { /* forward it; ranks that ignore it die after the grace period */
+        if (g_signal && !res->signal) { /* forward it; the ranks get as long as they make progress */
             res->signal = g_signal;
-            begin_stop(L, g_signal, true);
-        } else if (g_nsignals > 1 && L->kill_at) { /* asked twice (Ctrl-C again): no more grace */
-            L->kill_at = now;
+            begin_stop(L, g_signal, true, true);
+        } else if (g_nsignals > 1 && L->stopping && !L->killed) { /* asked twice (Ctrl-C again): kill now */
+            signal_all(L, SIGKILL, true);
+            L->killed = true;
         }
         if (limit && now >= limit && !res->timed_out) {
             res->timed_out = true;
             for (int i = 0; i < res->nproc; i++)
                 if (L->slots[i].running) res->ranks[i].timed_out = true;
-            begin_stop(L, SIGTERM, true);
+            begin_stop(L, SIGTERM, true, false);
         }
-        if (L->stopping && L->kill_at && now >= L->kill_at) {
+        uint64_t kill = kill_deadline(L);
+        if (kill && now >= kill) {
             signal_all(L, SIGKILL, true);
-            L->kill_at = 0;
+            L->killed = true;
+            kill = 0;
         }
-        /* sleep until output, a signal (SIGCHLD included), or the next deadline */
+        /* sleep until output, a heartbeat, a signal (SIGCHLD included), or the next deadline */
         int ms = 200;
-        uint64_t next = L->kill_at ? L->kill_at : limit && !res->timed_out ? limit : 0;
+        uint64_t next = kill ? kill : limit && !res->timed_out ? limit : 0;
         if (next) {
             uint64_t left = next > now ? (next - now) / 1000000 + 1 : 0;
             if (left < (uint64_t)ms) ms = (int)left;
@@ -285,6 +323,10 @@ static void supervise(launch *L) {
         if (pfd && who) {
             pfd[n] = (struct pollfd){.fd = wake_rd, .events = POLLIN};
             who[n++] = -1;
+            if (L->beat_rd >= 0) {
+                pfd[n] = (struct pollfd){.fd = L->beat_rd, .events = POLLIN};
+                who[n++] = -2;
+            }
             for (int i = 0; i < res->nproc; i++)
                 if (L->slots[i].fd >= 0) {
                     pfd[n] = (struct pollfd){.fd = L->slots[i].fd, .events = POLLIN};
@@ -293,7 +335,12 @@ static void supervise(launch *L) {
             int k = poll(pfd, (nfds_t)n, ms);
             for (int j = 0; k > 0 && j < n; j++) {
                 if (!pfd[j].revents) continue;
-                if (who[j] < 0) {
+                if (who[j] == -2) { /* a rank made progress */
+                    char sink[256];
+                    while (read(L->beat_rd, sink, sizeof sink) > 0) {
+                    }
+                    L->last_beat = rt_now_ns();
+                } else if (who[j] < 0) {
                     char sink[64];
                     while (read(wake_rd, sink, sizeof sink) > 0) {
                     }
@@ -326,7 +373,8 @@ static bool is_set_var(const char *entry) {
     return false;
 }
 
-static rt_status build_env(const rt_launch_options *o, int local, int port, const char *token, rank_env *e) {
+static rt_status build_env(const rt_launch_options *o, int local, int port, const char *token, int beat_fd,
+                           rank_env *e) {
     size_t n = 0;
     for (char **p = environ; p && *p; p++) n++;
     e->envp = calloc(n + V_SET_ + 1, sizeof *e->envp);
@@ -343,6 +391,7 @@ static rt_status build_env(const rt_launch_options *o, int local, int port, cons
     snprintf(e->vals[V_ADDR], sizeof e->vals[0], "MASTER_ADDR=%s", o->master_addr);
     snprintf(e->vals[V_PORT], sizeof e->vals[0], "MASTER_PORT=%d", port);
     snprintf(e->vals[V_TOKEN], sizeof e->vals[0], "RINGTRAIN_JOB_TOKEN=%s", token);
+    snprintf(e->vals[V_BEAT], sizeof e->vals[0], "RINGTRAIN_HEARTBEAT_FD=%d", beat_fd);
     for (int v = 0; v < V_SET_; v++) e->envp[k++] = e->vals[v];
     e->envp[k] = NULL;
     return RT_OK;
@@ -369,6 +418,8 @@ static rt_status check_options(const rt_launch_options *o) {
                "launch: grace_s %g: expected seconds in 0..86400", o->grace_s);
     RT_REQUIRE(isfinite(o->timeout_s) && o->timeout_s >= 0 && o->timeout_s <= 1e8, RT_ERR_INVALID,
                "launch: timeout_s %g: expected seconds in 0..1e8 (0: no limit)", o->timeout_s);
+    RT_REQUIRE(isfinite(o->progress_s) && o->progress_s >= 0 && o->progress_s <= 1e8, RT_ERR_INVALID,
+               "launch: progress_s %g: expected seconds in 0..1e8 (0: grace_s after a signal)", o->progress_s);
     return RT_OK;
 }
 
@@ -400,6 +451,8 @@ static void child_setup(int err_fd, const struct sigaction *old, const launch *L
         if (i != me && L->slots[i].fd >= 0) close(L->slots[i].fd);
     if (L->slots[me].fd >= 0) close(L->slots[me].fd);
     if (g_wake >= 0) close(g_wake);
+    if (L->beat_rd >= 0) close(L->beat_rd);
+    if (L->beat_wr >= 0) fcntl(L->beat_wr, F_SETFD, 0); /* the ranks' heartbeat survives exec */
     environ = envp;
 }
 
@@ -430,7 +483,7 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
     if (port == 0) RT_CHECK(free_port(o->master_addr, &port));
     out->master_port = port;
 
-    launch L = {.o = o, .res = out, .parent = getpid()};
+    launch L = {.o = o, .res = out, .beat_rd = -1, .beat_wr = -1, .parent = getpid()};
     rank_env *envs = calloc((size_t)n, sizeof *envs);
     L.slots = calloc((size_t)n + 1, sizeof *L.slots); /* + the self-pipe */
     if (!envs || !L.slots) {
@@ -440,7 +493,11 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
     }
     for (int i = 0; i <= n; i++) L.slots[i].fd = -1;
     rt_status st = RT_OK;
-    for (int i = 0; i < n && st == RT_OK; i++) st = build_env(o, i, port, tok, &envs[i]);
+    int beat[2] = {-1, -1}; /* the ranks' heartbeat: non-blocking, a rank never waits on it */
+    if (pipe2(beat, O_CLOEXEC | O_NONBLOCK) != 0) st = rt_error_sys(__FILE__, __LINE__, "pipe2 (heartbeat)");
+    L.beat_rd = beat[0];
+    L.beat_wr = beat[1];
+    for (int i = 0; i < n && st == RT_OK; i++) st = build_env(o, i, port, tok, beat[1], &envs[i]);
     int wake[2] = {-1, -1};
     if (st == RT_OK && pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) st = rt_error_sys(__FILE__, __LINE__, "pipe2");
     struct sigaction old[N_SIGS];
@@ -497,7 +554,7 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
     if (st != RT_OK && L.running > 0) { /* some ranks started: stop them before returning */
         rt_error_record rec;
         rt_error_save(&rec);
-        begin_stop(&L, SIGTERM, true);
+        begin_stop(&L, SIGTERM, true, false);
         supervise(&L);
         rt_error_restore(&rec);
     } else if (st == RT_OK) {
@@ -509,6 +566,8 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
     for (int i = 0; i <= n; i++)
         if (L.slots[i].fd >= 0) close(L.slots[i].fd);
     if (wake[1] >= 0) close(wake[1]);
+    if (beat[0] >= 0) close(beat[0]);
+    if (beat[1] >= 0) close(beat[1]);
     for (int i = 0; i < n; i++) free(envs[i].envp);
     free(envs);
     free(L.slots);
@@ -531,4 +590,31 @@ rt_status rt_launch_exec(const rt_launch_options *o, char *const argv[], rt_laun
 rt_status rt_launch_fork(const rt_launch_options *o, rt_launch_fn rank_fn, void *arg, rt_launch_result *out) {
     RT_REQUIRE(rank_fn != NULL, RT_ERR_INVALID, "launch: NULL rank function");
     return launch_run(o, NULL, rank_fn, arg, out);
+}
+
+/* ---- the rank's side of the heartbeat ---- */
+
+void rt_launch_heartbeat(void) {
+    static int fd = -2; /* -2: not looked up yet, -1: none */
+    static uint64_t last;
+    if (fd == -2) {
+        fd = -1;
+        const char *v = getenv("RINGTRAIN_HEARTBEAT_FD");
+        char *end = NULL;
+        long k = v && *v ? strtol(v, &end, 10) : -1;
+        struct stat sb;
+        int fl = k >= 0 && k <= INT_MAX && end && !*end ? fcntl((int)k, F_GETFL) : -1;
+        /* only the pipe the launcher made (write end, non-blocking): an inherited stale
+         * number must not send bytes into an unrelated file */
+        if (fl >= 0 && (fl & O_ACCMODE) == O_WRONLY && (fl & O_NONBLOCK) && fstat((int)k, &sb) == 0 &&
+            S_ISFIFO(sb.st_mode))
+            fd = (int)k;
+    }
+    if (fd < 0) return;
+    uint64_t now = rt_now_ns();
+    if (last && now - last < 50000000ull) return; /* at most 20 a second */
+    last = now;
+    int saved = errno;
+    (void)!write(fd, "", 1); /* a full pipe (EAGAIN): the launcher knows already */
+    errno = saved;
 }

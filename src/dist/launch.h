@@ -20,8 +20,17 @@
  * non-empty line of each rank is kept (indented lines continue the line before, as the
  * trace under an error message does: the line they continue is kept). stdout is inherited.
  * SIGINT and SIGTERM sent to the launcher are forwarded to the ranks (its own handlers
- * are restored before returning); a second one kills the ranks still running at once. When a rank fails (non-zero exit
- * or a signal), the others get SIGTERM, then SIGKILL after grace_s; the result names the FIRST failure. With timeout_s
+ * are restored before returning); a second one kills the ranks still running at once.
+ * Between the two the ranks get as long as they make progress: each rank is given
+ * RINGTRAIN_HEARTBEAT_FD, the write end of a non-blocking pipe shared by the ranks, and
+ * rt_launch_heartbeat writes a byte to it (the trainer does after every step, evaluation
+ * batch and checkpoint phase); the launcher SIGKILLs the ranks still running only when no
+ * rank beat for progress_s (progress_s 0: after grace_s, as below). A rank that exits
+ * with 130 or 143 (128 + SIGINT/SIGTERM: it stopped cleanly on a signal sent to it alone,
+ * and its peers agreed to stop with it) starts the same patient wait, sending the others
+ * nothing. When a rank fails (any other non-zero exit, or a signal), the others get
+ * SIGTERM, then SIGKILL after grace_s (also in the middle of a patient stop: the peers of
+ * a failed rank cannot make progress); the result names the FIRST failure. With timeout_s
  * > 0 every rank still running then is stopped the same way and listed.
  *
  * Returns RT_OK when every rank exited 0. Otherwise the result is still filled, and the
@@ -52,6 +61,7 @@ typedef struct rt_launch_options {
     int master_port;         /* 0 (default): a free port of this host, chosen per launch */
     const char *job_token;   /* the job secret; NULL (default): random hex per launch */
     double grace_s;          /* SIGTERM -> SIGKILL after a failure; default 5 */
+    double progress_s;       /* after SIGINT/SIGTERM, SIGKILL once no heartbeat came this long; 0 (default): grace_s */
     double timeout_s;        /* stop everything after this long; 0 (default): no limit */
     bool tag_lines;          /* prefix forwarded stderr lines with "[rank R] "; default off */
     bool keep_going;         /* do not stop the others when a rank fails (test harnesses) */
@@ -98,6 +108,12 @@ rt_status rt_launch_fork(const rt_launch_options *o, rt_launch_fn rank_fn, void 
 
 /* Frees out->ranks (NULL-safe); the struct may be reused. */
 void rt_launch_result_free(rt_launch_result *r);
+
+/* In a rank: tell the launcher that this rank is making progress (one byte on the pipe of
+ * RINGTRAIN_HEARTBEAT_FD, non-blocking, at most 20 a second). A no-op when the variable is
+ * not set or does not name the write end of a non-blocking pipe (another launcher). Call it
+ * from one thread. */
+void rt_launch_heartbeat(void);
 
 /* "SIGKILL" for SIGKILL, "signal 77" for an unknown one (buf holds at least 16 bytes). */
 const char *rt_signal_name(int sig, char *buf, size_t n);

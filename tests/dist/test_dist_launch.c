@@ -1,8 +1,10 @@
 /* The launcher with real processes (label multiproc): the environment the ranks see
  * (exec form, through /bin/sh), a rank that exits 3, a rank killed by SIGKILL, a rank that
  * hangs ignoring SIGTERM while another fails (stopped within the grace period), SIGINT to
- * the launcher (forwarded; the launcher reports it), the time limit, a command that does
- * not exist, and the stderr lines forwarded as they arrive. */
+ * the launcher (forwarded; the launcher reports it; ranks that make progress after it are
+ * waited for, far beyond the grace period, and ranks that do not are killed), a rank that
+ * stopped cleanly on a signal of its own (its peers are waited for), the time limit, a
+ * command that does not exist, and the stderr lines forwarded as they arrive. */
 #include "../test_util.h"
 #include "dist/launch.h"
 
@@ -343,6 +345,136 @@ static void sigint_forwarded(void **s) {
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* ---- after a stop signal the ranks get as long as they make progress ---- */
+
+static volatile sig_atomic_t g_got_signal;
+static void on_stop(int sig) { g_got_signal = sig; }
+
+static void catch_stops(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* what a trainer does: on SIGINT finish a long piece of work (2 s, 10 times the grace
+ * period), telling the launcher it makes progress, then exit 130 */
+static int finishes_after_sigint(int local, void *arg) {
+    (void)arg;
+    catch_stops();
+    (void)!write(g_ready_fd, "r", 1);
+    while (!g_got_signal) usleep(1000);
+    for (int i = 0; i < 20; i++) {
+        usleep(100000);
+        rt_launch_heartbeat();
+    }
+    fprintf(stderr, "rank %d: stopped cleanly\n", local);
+    return 128 + g_got_signal;
+}
+
+/* a rank that neither stops nor makes progress */
+static int ignores_sigint(int local, void *arg) {
+    (void)local;
+    (void)arg;
+    signal(SIGINT, SIG_IGN);
+    (void)!write(g_ready_fd, "r", 1);
+    sleep_forever();
+    return 0;
+}
+
+/* Run fn on 2 ranks in a launcher (a child process), SIGINT it once both ranks are up;
+ * the launcher's child exits 0 when check(result) holds. */
+static void interrupt_launcher(rt_launch_fn fn, double progress_s, int (*check)(rt_status, rt_launch_result *)) {
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t launcher = fork();
+    if (launcher == 0) {
+        close(ready[0]);
+        g_ready_fd = ready[1];
+        rt_launch_options o;
+        opts(&o, 2);
+        o.grace_s = 0.2;
+        o.progress_s = progress_s;
+        rt_launch_result r;
+        rt_status st = rt_launch_fork(&o, fn, NULL, &r);
+        _exit(check(st, &r) ? 0 : 1);
+    }
+    close(ready[1]);
+    char c;
+    for (int got = 0; got < 2;) {
+        ssize_t n = read(ready[0], &c, 1);
+        if (n < 0 && errno == EINTR) continue;
+        assert_int_equal(n, 1);
+        got++;
+    }
+    close(ready[0]);
+    assert_int_equal(kill(launcher, SIGINT), 0);
+    int st = 0;
+    assert_int_equal(waitpid(launcher, &st, 0), launcher);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+static int both_stopped_cleanly(rt_status st, rt_launch_result *r) {
+    bool ok = st == RT_ERR_PEER && r->signal == SIGINT && r->first_failure == -1;
+    for (int i = 0; i < 2; i++) ok = ok && r->ranks[i].signal == 0 && r->ranks[i].exit_code == 130;
+    if (!ok)
+        fprintf(stderr, "launcher: status %s, signal %d; rank 0: code %d signal %d; rank 1: code %d signal %d\n",
+                rt_status_name(st), r->signal, r->ranks ? r->ranks[0].exit_code : -1,
+                r->ranks ? r->ranks[0].signal : -1, r->ranks ? r->ranks[1].exit_code : -1,
+                r->ranks ? r->ranks[1].signal : -1);
+    return ok;
+}
+
+static int both_killed(rt_status st, rt_launch_result *r) {
+    bool ok = st == RT_ERR_PEER && r->signal == SIGINT;
+    for (int i = 0; i < 2; i++) ok = ok && r->ranks[i].signal == SIGKILL;
+    if (!ok) fprintf(stderr, "launcher: status %s, ranks not killed by SIGKILL\n", rt_status_name(st));
+    return ok;
+}
+
+static void sigint_waits_for_progress(void **s) {
+    (void)s;
+    /* a 0.2 s grace period would kill them; the heartbeat keeps them alive */
+    interrupt_launcher(finishes_after_sigint, 60, both_stopped_cleanly);
+}
+
+static void sigint_no_progress_is_killed(void **s) {
+    (void)s;
+    interrupt_launcher(ignores_sigint, 0.5, both_killed);
+}
+
+/* rank 1 was asked to stop alone and exits 143 at once; rank 0 (its peer, which agreed to
+ * stop) still writes for 2 s, beating: it is neither signalled nor killed */
+static int stops_on_its_own(int local, void *arg) {
+    (void)arg;
+    if (local == 1) return 128 + SIGTERM;
+    catch_stops(); /* a SIGTERM from the launcher would be recorded */
+    for (int i = 0; i < 20; i++) {
+        usleep(100000);
+        rt_launch_heartbeat();
+    }
+    return g_got_signal ? 1 : 128 + SIGTERM;
+}
+
+static void clean_stop_waits_for_peers(void **s) {
+    (void)s;
+    rt_launch_options o;
+    opts(&o, 2);
+    o.grace_s = 0.2;
+    o.progress_s = 60;
+    rt_launch_result r;
+    assert_int_equal(rt_launch_fork(&o, stops_on_its_own, NULL, &r), RT_ERR_PEER);
+    assert_int_equal(r.first_failure, 1);
+    assert_int_equal(r.ranks[0].signal, 0);
+    assert_int_equal(r.ranks[0].exit_code, 128 + SIGTERM); /* not 1: it got no signal */
+    assert_false(r.ranks[0].stopped);
+    rt_launch_result_free(&r);
+    rt_error_clear();
+}
+
 /* ---- forwarding: every line reaches the launcher's stderr, tagged ---- */
 
 static int chatty(int local, void *arg) {
@@ -391,7 +523,9 @@ int main(void) {
         cmocka_unit_test(exec_missing_command), cmocka_unit_test(rank_exits_3),
         cmocka_unit_test(rank_killed),          cmocka_unit_test(hang_is_killed_after_grace),
         cmocka_unit_test(time_limit),           cmocka_unit_test(keep_going),
-        cmocka_unit_test(sigint_forwarded),     cmocka_unit_test(lines_forwarded),
+        cmocka_unit_test(sigint_forwarded),     cmocka_unit_test(sigint_waits_for_progress),
+        cmocka_unit_test(sigint_no_progress_is_killed), cmocka_unit_test(clean_stop_waits_for_peers),
+        cmocka_unit_test(lines_forwarded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
