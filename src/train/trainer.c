@@ -13,6 +13,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "dist/dist.h"
+#include "dist/launch.h"
 #include "dist/reducer.h"
 #include "model/ctx.h"
 #include "model/model.h"
@@ -29,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 void rt_train_run_dir(const rt_config *cfg, char *out, size_t n) {
@@ -115,7 +117,8 @@ typedef struct run {
     char resume_path[RT_CKPT_PATH_MAX]; /* the checkpoint to continue from ("": fresh), found before the model */
     int64_t start_epoch, start_batches; /* where a resumed run continues */
     int64_t resumed_step;               /* -1: a fresh run */
-    bool stop;                          /* every rank saw a stop request at the last step */
+    bool stop;                          /* the ranks agreed to stop (agree_stop, step_scalars) */
+    int stop_signal;                    /* the signal they agreed on (SIGTERM over SIGINT) */
     int64_t steps_per_epoch, total_steps;
     uint64_t t0;
 } run;
@@ -141,11 +144,58 @@ static rt_status all_reduce_f64(run *r, double *v, size_t n, rt_reduce_op op) {
 
 /* ---- clean stops ------------------------------------------------------------------------ */
 
-/* SIGINT or SIGTERM (to the launcher, which forwards it, or to any rank): finish the
- * step, write a checkpoint, exit. The ranks agree at every step (the flag travels with
- * the loss's all-reduce), so they all stop after the same step. */
+/* SIGINT or SIGTERM (to the launcher, which forwards it, or to any rank): finish what is
+ * under way (a step, an evaluation, a checkpoint), write a checkpoint, exit. The ranks
+ * agree at fixed points that every rank passes in the same order: after every step (the
+ * flag travels with the loss's all-reduce), after an evaluation and after every
+ * checkpoint, so they all stop at the same point. Meanwhile each rank tells its launcher
+ * it is making progress (rt_launch_heartbeat), so a long evaluation or checkpoint write is
+ * not killed. */
 static volatile sig_atomic_t g_stop_signal;
 static void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+/* Whether any rank was asked to stop, and by which signal (the largest: SIGTERM over
+ * SIGINT), the same answer on every rank. */
+static rt_status agree_stop(run *r) {
+    double sig = (double)g_stop_signal;
+    RT_CHECK(all_reduce_f64(r, &sig, 1, RT_OP_MAX));
+    r->stop = sig > 0;
+    r->stop_signal = (int)sig;
+    return RT_OK;
+}
+
+/* Tests only: RINGTRAIN_TEST_SIGNAL_AT=<where>:<step>[:<target>[:<rank>[:<signal>]]] makes
+ * rank <rank> (default 0) send a signal at an exact point, where a test that polls and
+ * then signals races with the run. <where>: step (between steps, before step <step>
+ * starts), eval (inside the evaluation after step <step>, after its first batch), ckpt
+ * (while the checkpoint of step <step> is written: rank 0 right before it writes the
+ * files, the others before they wait for the outcome). <target>: launcher (default; its
+ * parent when ringtrain's launcher started it, else itself) or self. <signal>: TERM
+ * (default), INT or KILL. After TERM or INT the rank waits (at most 60 s) until its own
+ * handler has the signal (the launcher forwards it), so the stop is decided at the next
+ * agreement point, never at a later one. */
+static void test_signal_at(run *r, const char *where, int64_t step) {
+    static bool fired;
+    const char *v = getenv("RINGTRAIN_TEST_SIGNAL_AT");
+    if (fired || !v || !*v) return;
+    char w[16] = "", target[16] = "launcher", name[8] = "TERM";
+    long long at = -1;
+    int rank = 0;
+    if (sscanf(v, "%15[^:]:%lld:%15[^:]:%d:%7s", w, &at, target, &rank, name) < 2) return;
+    if (strcmp(w, where) != 0 || at != (long long)step || rank != r->who.rank) return;
+    fired = true;
+    int sig = strcmp(name, "INT") == 0 ? SIGINT : strcmp(name, "KILL") == 0 ? SIGKILL : SIGTERM;
+    fflush(NULL);
+    if (strcmp(target, "launcher") == 0 && getenv("RINGTRAIN_JOB_TOKEN")) { /* ringtrain's launcher forked this rank */
+        kill(getppid(), sig);
+        if (sig == SIGKILL)
+            for (;;) pause(); /* PR_SET_PDEATHSIG: this rank dies with its launcher */
+    } else {
+        raise(sig); /* this thread: handled before raise returns */
+    }
+    struct timespec ms = {0, 1000000};
+    for (int i = 0; i < 60000 && !g_stop_signal; i++) nanosleep(&ms, NULL);
+}
 
 /* ---- setup --------------------------------------------------------------------------- */
 
@@ -516,7 +566,9 @@ static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
     int k = mc->num_classes;
     double sums[3] = {0, 0, 0}; /* loss * n, correct, n */
     RT_CHECK(rt_loader_start_epoch(r->test_loader, 0));
-    for (;;) {
+    for (int64_t batches = 0;; batches++) {
+        rt_launch_heartbeat();
+        if (batches == 1) test_signal_at(r, "eval", r->step);
         rt_batch b;
         RT_CHECK(rt_loader_next(r->test_loader, &b));
         if (b.size == 0) break;
@@ -683,6 +735,7 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
     /* the loss averaged over the ranks (for the logs), the stop flag, the norm */
     double loss = 0, norm = 0;
     RT_CHECK(step_scalars(r, &loss, &r->stop, &norm));
+    if (r->stop) RT_CHECK(agree_stop(r)); /* which signal: every rank, they all saw the flag */
     /* clip (the norm is logged either way), then the optimizer at the schedule's lr */
     rt_grad_stats gs;
     float *grads = rt_model_grads(r->model)->base;
@@ -776,11 +829,16 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
         }
         if (st == RT_OK) st = rt_ckpt_meta_set(&m, "config", yaml ? yaml : "");
         free(yaml);
+        test_signal_at(r, "ckpt", r->step);
+        rt_launch_heartbeat();
         if (st == RT_OK)
             st = rt_ckpt_write(r->ckpt_dir, r->step, r->model, &r->opt, &m, (int)c->checkpoint.keep_last, path,
                                sizeof path);
+        rt_launch_heartbeat();
         rt_ckpt_meta_free(&m);
         if (st != RT_OK) rt_error_save(&err);
+    } else {
+        test_signal_at(r, "ckpt", r->step);
     }
     double ok = st == RT_OK;
     RT_CHECK(all_reduce_f64(r, &ok, 1, RT_OP_MIN));
@@ -931,6 +989,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
     RT_CHECK(setup_group(r));
     RT_CHECK(find_resume(r));
     RT_CHECK(setup_model(r));
+    rt_launch_heartbeat();
     if (r->pg) rt_pg_set_stream(r->pg, r->ctx->stream); /* the stream contract (docs/dist.md) */
     RT_CHECK(broadcast_state(r, true));
     RT_CHECK(check_in_sync(r, true, "after the initial broadcast"));
@@ -997,6 +1056,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
         }
         int64_t next_batch = -1; /* -1: the epoch ran to its end */
         while (r->step < r->total_steps && !r->stop) {
+            test_signal_at(r, "step", r->step + 1);
             uint64_t t = rt_now_ns();
             rt_batch b;
             RT_CHECK(rt_loader_next(r->train_loader, &b));
@@ -1005,12 +1065,14 @@ static rt_status train_all(run *r, rt_train_result *res) {
                 break;
             }
             RT_CHECK(train_step(r, &b, (double)(rt_now_ns() - t) * 1e-6, epoch));
+            rt_launch_heartbeat();
             next_batch = b.index + 1 < r->steps_per_epoch ? b.index + 1 : -1;
             bool every = c->checkpoint.every_steps > 0 && r->step % c->checkpoint.every_steps == 0;
             if (r->stop || every) {
                 RT_CHECK(complete_in_order(r, true));
                 RT_CHECK(save_checkpoint(r, epoch, b.index + 1, r->stop ? "stop" : "every_steps"));
                 saved_at = r->step;
+                if (!r->stop) RT_CHECK(agree_stop(r)); /* asked during the write: this one is kept */
             }
         }
         RT_CHECK(complete_in_order(r, true));
@@ -1030,21 +1092,26 @@ static rt_status train_all(run *r, rt_train_result *res) {
                         100.0 * acc, (long long)samples);
                 fflush(out);
             }
+            RT_CHECK(agree_stop(r)); /* asked during the evaluation: stop after it */
         }
-        /* at the epoch's end, and always at the end of the run */
+        /* at the epoch's end, always at the end of the run, and on a stop (unless one of
+         * this step is written) */
         bool every = c->checkpoint.every_epochs > 0 && (epoch + 1) % c->checkpoint.every_epochs == 0;
-        if ((every || last) && saved_at != r->step) {
+        if ((every || last || r->stop) && saved_at != r->step) {
+            const char *why = r->stop ? "stop" : last ? "end" : "every_epochs";
             /* train.max_steps can end the run in mid-epoch: the position is then the next
              * batch of this epoch, so a resume that trains longer does not skip its rest */
             if (next_batch >= 0)
-                RT_CHECK(save_checkpoint(r, epoch, next_batch, "end"));
+                RT_CHECK(save_checkpoint(r, epoch, next_batch, r->stop ? why : "end"));
             else
-                RT_CHECK(save_checkpoint(r, epoch + 1, 0, last ? "end" : "every_epochs"));
+                RT_CHECK(save_checkpoint(r, epoch + 1, 0, why));
             saved_at = r->step;
+            if (!r->stop) RT_CHECK(agree_stop(r)); /* asked during the write: this one is kept */
         }
+        if (r->stop) break;
     }
     res->stopped = r->stop;
-    res->stop_signal = (int)g_stop_signal;
+    res->stop_signal = r->stop_signal;
     snprintf(res->checkpoint_dir, sizeof res->checkpoint_dir, "%s", r->ckpt_dir);
     res->resumed_step = r->resumed_step;
     if (r->stop) { /* a clean stop: the checkpoint is written, nothing else to do */
@@ -1053,7 +1120,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
         res->wall_s = (double)(rt_now_ns() - r->t0) * 1e-9;
         if (r->metrics) {
             char fields[128];
-            snprintf(fields, sizeof fields, "\"step\": %lld, \"signal\": %d", (long long)r->step, (int)g_stop_signal);
+            snprintf(fields, sizeof fields, "\"step\": %lld, \"signal\": %d", (long long)r->step, r->stop_signal);
             RT_CHECK(rt_metrics_line(r->metrics, "stop", fields));
         }
         if (r->pg) RT_CHECK(rt_barrier(r->pg));

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Checkpoints end to end with real ranks (issue 13): exact resume after kill -9 of the
-# launcher (at an epoch boundary and mid-epoch), a clean stop by SIGTERM, resume with a
+# launcher (at an epoch boundary and mid-epoch), clean stops by SIGTERM/SIGINT between
+# steps, during an evaluation and during a checkpoint write (issue 20), resume with a
 # different world size, a corrupted newest checkpoint, and ringtrain eval.
 #
-#   tests/train/resume.sh RINGTRAIN CASE     CASE: exact | stop | steps | world | corrupt | eval
+#   tests/train/resume.sh RINGTRAIN CASE
+# CASE: exact | stop | stop_eval | stop_ckpt | steps | world | corrupt | eval | torchvision
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 bin=$1
@@ -56,6 +58,30 @@ run_and_kill() { # name dir step args...
   [ -d "$ck" ] || fail "$name: no checkpoint $ck before the kill"
 }
 
+# stop_case NAME HOOK CODE SIG STEP args...: a run that gets SIG at the exact point HOOK
+# (RINGTRAIN_TEST_SIGNAL_AT, trainer.c: no polling, no race) exits CODE with the checkpoint
+# of step STEP as its newest, the resume hint and no error; the same command again resumes
+# from it and ends bit for bit where the uninterrupted run does
+stop_case() {
+  local name=$1 hook=$2 want=$3 sig=$4 step=$5; shift 5
+  local d=$tmp/$name rc=0
+  "$bin" train "$tmp/c.yaml" "$@" "log.dir=$tmp/$name-full" >"$tmp/$name-full.out" 2>"$tmp/$name-full.err" || fail "$name: straight run"
+  RINGTRAIN_TEST_SIGNAL_AT=$hook "$bin" train "$tmp/c.yaml" "$@" "log.dir=$d" >"$tmp/$name.out" 2>"$tmp/$name.err" || rc=$?
+  [ "$rc" -eq "$want" ] || fail "$name: exit $rc, expected $want ($sig at $hook)"
+  local ck newest
+  ck=$(printf '%s/checkpoints/ckpt-%09d' "$d" "$step")
+  newest=$(ls -d "$d"/checkpoints/ckpt-* 2>/dev/null | tail -1)
+  [ "$newest" = "$ck" ] || fail "$name: newest checkpoint '$newest', expected $ck (the stop must keep the work of step $step, no more)"
+  grep -q "^stopped by $sig after step $step; checkpoint in $d/checkpoints/; run the same command again to resume" "$tmp/$name.out" ||
+    fail "$name: no resume hint 'stopped by $sig after step $step' in stdout: $(grep stopped "$tmp/$name.out")"
+  ! grep -qi "error" "$tmp/$name.err" || fail "$name: a clean stop printed an error"
+  "$bin" train "$tmp/c.yaml" "$@" "log.dir=$d" >"$tmp/$name-2.out" 2>"$tmp/$name-2.err" || fail "$name: resume"
+  grep -q "resuming from $ck " "$tmp/$name-2.out" || fail "$name: did not resume from $ck: $(grep resuming "$tmp/$name-2.out")"
+  same_run "$tmp/$name-full" "$d" "$name ($sig at $hook)"
+  metrics_contiguous "$d"
+  echo "ok: $name: $sig at $hook exits $want with the checkpoint of step $step; the resumed run equals the uninterrupted one"
+}
+
 metrics_contiguous() { # no gap, no duplicate step
   /usr/bin/python3 - "$1/metrics.jsonl" <<'PY' || fail "metrics.jsonl has a gap or a duplicate step"
 import json, sys
@@ -86,19 +112,20 @@ exact)
   done
   ;;
 stop)
-  "$bin" train "$tmp/c.yaml" "${net[@]}" data.train_subset=8192 "log.dir=$tmp/full" >"$tmp/full.out" 2>&1 || fail "straight run"
-  "$bin" train "$tmp/c.yaml" "${net[@]}" data.train_subset=8192 "log.dir=$tmp/s" >"$tmp/s.out" 2>"$tmp/s.err" &
-  launcher=$!
-  for _ in $(seq 600); do grep -q '"step": 20,' "$tmp/s/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done
-  kill -TERM $launcher
-  wait $launcher; rc=$?
-  [ "$rc" -eq 143 ] || fail "SIGTERM: exit $rc, expected 143"
-  grep -q "^stopped by SIGTERM after step [0-9]*; checkpoint in .*; run the same command again to resume" "$tmp/s.out" || fail "no resume hint"
-  ! grep -q "error" "$tmp/s.err" || fail "a clean stop printed an error"
-  "$bin" train "$tmp/c.yaml" "${net[@]}" data.train_subset=8192 "log.dir=$tmp/s" >"$tmp/s2.out" 2>&1 || fail "resume after SIGTERM"
-  same_run "$tmp/full" "$tmp/s" "SIGTERM mid-epoch"
-  metrics_contiguous "$tmp/s"
-  echo "ok: SIGTERM writes a checkpoint and the resumed run equals the uninterrupted one"
+  # SIGTERM to the launcher between steps 19 and 20: step 20 is finished and kept
+  stop_case stop step:20:launcher:0:TERM 143 SIGTERM 20 "${net[@]}"
+  ;;
+stop_eval)
+  # SIGINT to rank 1 alone inside the evaluation after epoch 1 (step 64; 16 batches of 8
+  # per rank, the signal after the first): the evaluation is finished, the ranks agree
+  # after it, and the checkpoint of step 64 is written (there is no scheduled one)
+  stop_case stop_eval eval:64:self:1:INT 130 SIGINT 64 "${net[@]}" train.eval_every=1 checkpoint.every_epochs=0 \
+    data.eval_batch_size=16
+  ;;
+stop_ckpt)
+  # SIGTERM to the launcher while rank 0 writes the scheduled checkpoint of step 30: the
+  # write completes, the ranks agree after it and stop there (no checkpoint of step 31)
+  stop_case stop_ckpt ckpt:30:launcher:0:TERM 143 SIGTERM 30 "${net[@]}" checkpoint.every_steps=10
   ;;
 steps)
   # train.max_steps ends a run in mid-epoch; the same command with more steps continues with
@@ -187,5 +214,5 @@ assert abs(got - acc) <= 0.1, (got, acc)
 PY
   echo "ok: torchvision resnet34 (strict=True) gives ringtrain's accuracy"
   ;;
-*) echo "usage: $0 RINGTRAIN exact|stop|steps|world|corrupt|eval|torchvision" >&2; exit 2 ;;
+*) echo "usage: $0 RINGTRAIN exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision" >&2; exit 2 ;;
 esac
