@@ -162,21 +162,17 @@ cross)
   echo "ok: checkpoints move between GPU and CPU runs"
   ;;
 kill)
-  "$bin" train "$tmp/c.yaml" "${net[@]}" train.device=cuda dist.nproc=2 data.train_subset=0 train.epochs=50 \
-    dist.timeout_s=30 "log.dir=$tmp/run" >"$tmp/kill.out" 2>"$tmp/kill.err" &
-  launcher=$!
-  # wait for an event (a step logged), not for time; the run has 50 epochs to go
-  for _ in $(seq 1200); do grep -q '"kind": "step"' "$tmp/run/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
-  grep -q '"kind": "step"' "$tmp/run/metrics.jsonl" || fail "no step logged"
-  victim=
-  for p in $(pgrep -P $launcher); do tr '\0' '\n' < /proc/$p/environ | grep -qx RANK=1 && victim=$p; done
-  [ -n "$victim" ] || fail "rank 1 not found among the launcher's children"
-  kill -9 "$victim"
-  wait $launcher; rc=$?
+  # rank 1 SIGKILLs itself right before its step 3 (RINGTRAIN_TEST_SIGNAL_AT, trainer.c): an
+  # exact point in mid-run, where polling metrics.jsonl and then killing raced with it
+  rc=0
+  RINGTRAIN_TEST_SIGNAL_AT=step:3:self:1:KILL "$bin" train "$tmp/c.yaml" "${net[@]}" train.device=cuda dist.nproc=2 \
+    data.train_subset=0 train.epochs=50 dist.timeout_s=30 "log.dir=$tmp/run" >"$tmp/kill.out" 2>"$tmp/kill.err" || rc=$?
   [ "$rc" -ne 0 ] || fail "launcher exited 0 after a rank was killed"
   grep -q "rank 1 was killed by SIGKILL" "$tmp/kill.err" || fail "the launcher does not name rank 1 and SIGKILL"
-  sleep 0.5
-  pgrep -f "$tmp" >/dev/null && fail "processes left running"
+  # the launcher reaped its ranks before it returned; wait for any other process of this
+  # run to be gone, failing only after 30 s (one left running would stay forever)
+  for _ in $(seq 300); do pgrep -f "$tmp" >/dev/null || break; sleep 0.1; done
+  ! pgrep -af "$tmp" || fail "processes left running (30 s after the run ended)"
   echo "ok: a killed rank on NCCL stops the job, named"
   ;;
 syncs)

@@ -16,10 +16,13 @@ small=(model.arch=net data.train_subset=512 data.test_subset=128 data.batch_size
 fail() { echo "FAIL: $*"; for f in "$tmp"/err "$tmp"/out; do [ -f "$f" ] && { echo "--- $f"; cat "$f"; }; done; exit 1; }
 printf 'model:\n  arch: net\n' > "$tmp/ok.yaml"
 
-# no process of this test may outlive a failed run
+# no process of this test may outlive a failed run: a rank killed with its launcher
+# (PR_SET_PDEATHSIG) may still be on its way out, so wait for them to be gone; only a
+# process still there after 30 s fails (a rank left running would be there forever)
 no_leftovers() {
-  sleep 0.5
-  if pgrep -f "$tmp" >/dev/null; then pgrep -af "$tmp"; fail "$1: processes left running"; fi
+  local i
+  for i in $(seq 300); do pgrep -f "$tmp" >/dev/null || return 0; sleep 0.1; done
+  pgrep -af "$tmp"; fail "$1: processes left running (30 s after the run ended)"
 }
 
 # expect_error NAME EXPECTED-EXIT PATTERN -- command...: fails unless the command exits
@@ -68,13 +71,17 @@ bad_config)
     "$bin" train "$tmp/ok.yaml" "${small[@]}" dist.timeout_s=3 --nnodes 2 --node-rank 1 --nproc 1 \
     --master-addr 127.0.0.3 --master-port 29999
   grep -q "rank 1 exited with code 1 (its error is above)" "$tmp/err" || fail "unreachable master: no launcher summary"
-  # a port in use (by this shell's listener)
+  # a port in use (by this shell's listener, which says when it listens: the run starts
+  # after that line, not after a guessed delay)
   port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  /usr/bin/python3 -c "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1',$port)); s.listen(); time.sleep(60)" &
-  holder=$!
-  sleep 0.5
+  coproc HOLDER { exec /usr/bin/python3 -c "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1',$port)); s.listen(); print('listening', flush=True); time.sleep(120)"; }
+  holder=$HOLDER_PID
+  line=
+  read -r -t 60 line <&"${HOLDER[0]}"
+  [ "$line" = listening ] || fail "port in use: the listener on port $port did not start"
   "$bin" train "$tmp/ok.yaml" "${small[@]}" --master-port "$port" >"$tmp/out" 2>"$tmp/err"; rc=$?
   kill $holder 2>/dev/null
+  wait $holder 2>/dev/null
   [ "$rc" -ne 0 ] || fail "port in use: exit 0"
   grep -q "$port" "$tmp/err" || fail "port in use: the error does not name port $port"
   no_leftovers "port in use"
@@ -120,32 +127,26 @@ PY
   echo "ok: a quote and a backslash in the run folder"
   ;;
 kill_rank)
-  "$bin" train "$tmp/ok.yaml" "${small[@]}" data.train_subset=0 train.epochs=50 >"$tmp/out" 2>"$tmp/err" &
-  launcher=$!
-  for _ in $(seq 200); do grep -q '"kind": "step"' "$tmp/run/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
-  victim=
-  for p in $(pgrep -P $launcher); do
-    tr '\0' '\n' < /proc/$p/environ | grep -qx RANK=1 && victim=$p
-  done
-  [ -n "$victim" ] || fail "rank 1 not found among the launcher's children"
-  kill -9 "$victim"
+  # rank 1 SIGKILLs itself right before its step 3 (RINGTRAIN_TEST_SIGNAL_AT, trainer.c):
+  # an exact point in mid-run, where polling metrics.jsonl and then killing raced with it
   start=$(date +%s)
-  wait $launcher; rc=$?
+  rc=0
+  RINGTRAIN_TEST_SIGNAL_AT=step:3:self:1:KILL "$bin" train "$tmp/ok.yaml" "${small[@]}" data.train_subset=0 \
+    train.epochs=50 >"$tmp/out" 2>"$tmp/err" || rc=$?
   took=$(( $(date +%s) - start ))
   [ "$rc" -ne 0 ] || fail "launcher exited 0 after a rank was killed"
   grep -q "rank 1 was killed by SIGKILL" "$tmp/err" || fail "the launcher does not name rank 1 and SIGKILL"
   [ "$took" -le 60 ] || fail "the launcher took $took s (more than the 30 s timeout + grace) to stop"
   no_leftovers "kill rank"
   echo "ok: kill rank (launcher exited $rc after $took s)"
-  # kill -9 of the launcher itself: its ranks must not live on (PR_SET_PDEATHSIG)
+  # kill -9 of the launcher itself: its ranks must not live on (PR_SET_PDEATHSIG); rank 0
+  # sends the SIGKILL right before its step 3, so both ranks are surely running then
   rm -rf "$tmp/run"
-  "$bin" train "$tmp/ok.yaml" "${small[@]}" data.train_subset=0 train.epochs=50 >"$tmp/out" 2>"$tmp/err" &
-  launcher=$!
-  for _ in $(seq 200); do grep -q '"kind": "step"' "$tmp/run/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
-  ranks=$(pgrep -P $launcher | wc -l)
-  [ "$ranks" -eq 2 ] || fail "expected 2 ranks under the launcher, found $ranks"
-  kill -9 $launcher
-  wait $launcher 2>/dev/null
+  rc=0
+  RINGTRAIN_TEST_SIGNAL_AT=step:3:launcher:0:KILL "$bin" train "$tmp/ok.yaml" "${small[@]}" data.train_subset=0 \
+    train.epochs=50 >"$tmp/out" 2>"$tmp/err" || rc=$?
+  [ "$rc" -eq 137 ] || fail "kill -9 of the launcher: it exited $rc, not killed by SIGKILL"
+  grep -q '"step": 2,' "$tmp/run/metrics.jsonl" || fail "kill -9 of the launcher: the ranks did not reach step 2"
   no_leftovers "kill -9 of the launcher"
   echo "ok: kill -9 of the launcher leaves no rank running"
   ;;
