@@ -1164,6 +1164,7 @@ rt_status rt_train(const rt_config *cfg, const rt_train_rank *who, FILE *out, rt
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART; /* a stop request arrives in the middle of any work: restart, do not fail */
     g_stop_signal = 0;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
