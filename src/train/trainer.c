@@ -787,17 +787,10 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
     if (st != RT_OK) return rt_error_restore(&err);
     RT_REQUIRE(ok > 0, RT_ERR_IO, "rank 0 could not write the checkpoint of step %lld (its error says why)",
                (long long)r->step);
-    if (r->metrics) {
-        char fields[2 * RT_CKPT_PATH_MAX + 128];
-        /* the path as a JSON string (a '"' or '\\' in checkpoint.dir must not break the line) */
-        json_t *js = json_string(path);
-        char *enc = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
-        json_decref(js);
-        snprintf(fields, sizeof fields, "\"step\": %lld, \"epoch\": %lld, \"why\": \"%s\", \"path\": %s",
-                 (long long)r->step, (long long)epoch, why, enc ? enc : "null");
-        free(enc);
-        RT_CHECK(rt_metrics_line(r->metrics, "checkpoint", fields));
-    }
+    if (r->metrics)
+        RT_CHECK(rt_metrics_line(r->metrics, "checkpoint",
+                                 json_pack("{s:I, s:I, s:s, s:s}", "step", (json_int_t)r->step, "epoch",
+                                           (json_int_t)epoch, "why", why, "path", path)));
     test_kill_after_checkpoint(r);
     return RT_OK;
 }
@@ -951,15 +944,14 @@ static rt_status train_all(run *r, rt_train_result *res) {
         RT_CHECK(rt_metrics_open(path, resumed, &r->metrics));
         snprintf(path, sizeof path, "%s/config.yaml", r->run_dir);
         RT_CHECK(rt_config_write_file(c, path));
-        char fields[512], devs[32];
-        snprintf(fields, sizeof fields,
-                 "\"world_size\": %d, \"device\": \"%s\", \"steps_per_epoch\": %lld, \"total_steps\": %lld, "
-                 "\"global_batch\": %lld, \"train_samples\": %lld, \"test_samples\": %lld, \"parameters\": %lld",
-                 r->who.world_size, rt_device_str(r->dev, devs, sizeof devs), (long long)r->steps_per_epoch,
-                 (long long)r->total_steps, (long long)c->data.batch_size, (long long)r->train_ds.n,
-                 (long long)r->test_ds.n, (long long)rt_model_num_parameters(r->model));
-        size_t fl = strlen(fields);
-        if (resumed) snprintf(fields + fl, sizeof fields - fl, ", \"resumed_from_step\": %lld", (long long)r->step);
+        char devs[32];
+        json_t *fields =
+            json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "world_size", r->who.world_size, "device",
+                      rt_device_str(r->dev, devs, sizeof devs), "steps_per_epoch", (json_int_t)r->steps_per_epoch,
+                      "total_steps", (json_int_t)r->total_steps, "global_batch", (json_int_t)c->data.batch_size,
+                      "train_samples", (json_int_t)r->train_ds.n, "test_samples", (json_int_t)r->test_ds.n,
+                      "parameters", (json_int_t)rt_model_num_parameters(r->model));
+        if (fields && resumed) json_object_set_new(fields, "resumed_from_step", json_integer(r->step));
         RT_CHECK(rt_metrics_line(r->metrics, "start", fields));
     }
     if (c->log.all_ranks) {
@@ -1051,11 +1043,10 @@ static rt_status train_all(run *r, rt_train_result *res) {
         res->steps = r->step;
         res->epochs = epoch;
         res->wall_s = (double)(rt_now_ns() - r->t0) * 1e-9;
-        if (r->metrics) {
-            char fields[128];
-            snprintf(fields, sizeof fields, "\"step\": %lld, \"signal\": %d", (long long)r->step, (int)g_stop_signal);
-            RT_CHECK(rt_metrics_line(r->metrics, "stop", fields));
-        }
+        if (r->metrics)
+            RT_CHECK(
+                rt_metrics_line(r->metrics, "stop",
+                                json_pack("{s:I, s:i}", "step", (json_int_t)r->step, "signal", (int)g_stop_signal)));
         if (r->pg) RT_CHECK(rt_barrier(r->pg));
         return RT_OK;
     }
@@ -1075,13 +1066,11 @@ static rt_status train_all(run *r, rt_train_result *res) {
     res->test_accuracy = acc;
     res->test_samples = samples;
     res->wall_s = (double)(rt_now_ns() - r->t0) * 1e-9;
-    if (r->metrics) {
-        char fields[256];
-        snprintf(fields, sizeof fields,
-                 "\"steps\": %lld, \"wall_s\": %.3f, \"test_accuracy\": %.6f, \"test_loss\": %.6f",
-                 (long long)res->steps, res->wall_s, acc, loss);
-        RT_CHECK(rt_metrics_line(r->metrics, "end", fields));
-    }
+    if (r->metrics) /* NaN (a diverged model's test loss) is null: JSON has no NaN */
+        RT_CHECK(rt_metrics_line(r->metrics, "end",
+                                 json_pack("{s:I, s:o, s:o, s:o}", "steps", (json_int_t)res->steps, "wall_s",
+                                           rt_metrics_num(res->wall_s), "test_accuracy", rt_metrics_num(acc),
+                                           "test_loss", rt_metrics_num(loss))));
     if (r->pg) RT_CHECK(rt_barrier(r->pg));
     return RT_OK;
 }

@@ -2,7 +2,7 @@
 # `ringtrain train` end to end with real processes (small Net, a Fashion-MNIST subset).
 #
 #   tests/train/cli_train.sh RINGTRAIN CASE
-# CASE: bad_config | progress | kill_rank
+# CASE: bad_config | progress | kill_rank | nonfinite
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 bin=$1
@@ -149,5 +149,19 @@ kill_rank)
   no_leftovers "kill -9 of the launcher"
   echo "ok: kill -9 of the launcher leaves no rank running"
   ;;
-*) echo "usage: $0 RINGTRAIN bad_config|progress|kill_rank" >&2; exit 2 ;;
+nonfinite)
+  # a diverged model (lr 1e300, non-finite steps skipped): its test loss is NaN; the end
+  # line of metrics.jsonl is still JSON (it was "test_loss": -nan) and ringtrain report reads it
+  "$bin" train "$tmp/ok.yaml" "${small[@]}" dist.nproc=1 optim.lr=1e300 train.skip_nonfinite=true >"$tmp/out" 2>"$tmp/err" ||
+    fail "diverged run"
+  /usr/bin/python3 - "$tmp/run/metrics.jsonl" <<'PY' || fail "metrics.jsonl of a diverged run is not JSON"
+import json, sys
+rows = [json.loads(l, parse_constant=lambda c: sys.exit("%s in %s" % (c, l))) for l in open(sys.argv[1])]
+end = rows[-1]
+assert end["kind"] == "end" and end["test_loss"] is None, end
+PY
+  "$bin" report "$tmp/run" >"$tmp/out" 2>"$tmp/err" || fail "ringtrain report of a run with a NaN test loss"
+  echo "ok: a NaN test loss is null in metrics.jsonl"
+  ;;
+*) echo "usage: $0 RINGTRAIN bad_config|progress|kill_rank|nonfinite" >&2; exit 2 ;;
 esac
