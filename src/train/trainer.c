@@ -796,8 +796,12 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
 }
 
 /* Keep the lines of a metrics file up to `step` (a resumed run logs the steps after its
- * checkpoint again): no gap, no duplicate. Lines without a "step" field are kept. */
-static rt_status truncate_metrics(const char *path, int64_t step) {
+ * checkpoint again): no gap, no duplicate. Lines without a "step" field are kept.
+ * `eval_at` (may be NULL): `step` if an "eval" line of that step was kept, else -1 (a
+ * checkpoint of an epoch's last step was written before that epoch's evaluation, so the
+ * resumed run evaluates that step again, and must not log it twice). */
+static rt_status truncate_metrics(const char *path, int64_t step, int64_t *eval_at) {
+    if (eval_at) *eval_at = -1;
     FILE *f = fopen(path, "r");
     if (!f) return RT_OK; /* nothing logged yet */
     char tmp[RT_CONFIG_PATH_MAX + 16];
@@ -815,6 +819,7 @@ static rt_status truncate_metrics(const char *path, int64_t step) {
         const char *k = strstr(line, "\"step\": ");
         long long s = -1;
         if (k && sscanf(k + 8, "%lld", &s) == 1 && s > step) continue;
+        if (eval_at && s == step && strncmp(line, "{\"kind\": \"eval\", ", 17) == 0) *eval_at = step;
         fputs(line, o);
     }
     free(line);
@@ -938,9 +943,10 @@ static rt_status train_all(run *r, rt_train_result *res) {
         for (int e = 0; e < EV_COUNT; e++) RT_CHECK(rt_event_create(r->dev, &r->pend[i].ev[e]));
     char path[RT_CONFIG_PATH_MAX + 64];
     bool resumed = r->resumed_step >= 0;
+    int64_t eval_logged = -1; /* the step of an eval line metrics.jsonl has already (a resume) */
     if (is_root(r)) {
         snprintf(path, sizeof path, "%s/metrics.jsonl", r->run_dir);
-        if (resumed) RT_CHECK(truncate_metrics(path, r->step));
+        if (resumed) RT_CHECK(truncate_metrics(path, r->step, &eval_logged));
         RT_CHECK(rt_metrics_open(path, resumed, &r->metrics));
         snprintf(path, sizeof path, "%s/config.yaml", r->run_dir);
         RT_CHECK(rt_config_write_file(c, path));
@@ -957,7 +963,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
     if (c->log.all_ranks) {
         if (r->pg) RT_CHECK(rt_barrier(r->pg)); /* rank 0 made the folder */
         snprintf(path, sizeof path, "%s/metrics-rank%d.jsonl", r->run_dir, r->who.rank);
-        if (resumed) RT_CHECK(truncate_metrics(path, r->step));
+        if (resumed) RT_CHECK(truncate_metrics(path, r->step, NULL));
         RT_CHECK(rt_metrics_open(path, resumed, &r->rank_metrics));
     }
     bool tty = strcmp(c->log.progress, "on") == 0 || (strcmp(c->log.progress, "auto") == 0 && isatty(fileno(out)));
@@ -1016,7 +1022,8 @@ static rt_status train_all(run *r, rt_train_result *res) {
         }
         if (last || (c->train.eval_every > 0 && (epoch + 1) % c->train.eval_every == 0)) {
             RT_CHECK(evaluate(r, &loss, &acc, &samples));
-            if (r->metrics) RT_CHECK(rt_metrics_eval(r->metrics, r->step, epoch, loss, acc, samples));
+            if (r->metrics && r->step != eval_logged)
+                RT_CHECK(rt_metrics_eval(r->metrics, r->step, epoch, loss, acc, samples));
             if (is_root(r)) {
                 fprintf(out, "epoch %lld: test loss %.4f, accuracy %.2f%% (%lld samples)\n", (long long)epoch + 1, loss,
                         100.0 * acc, (long long)samples);
@@ -1052,7 +1059,8 @@ static rt_status train_all(run *r, rt_train_result *res) {
     }
     if (isnan(acc)) { /* resumed from the end of a finished run: nothing left to train */
         RT_CHECK(evaluate(r, &loss, &acc, &samples));
-        if (r->metrics) RT_CHECK(rt_metrics_eval(r->metrics, r->step, epoch, loss, acc, samples));
+        if (r->metrics && r->step != eval_logged) /* its evaluation was logged before the checkpoint */
+            RT_CHECK(rt_metrics_eval(r->metrics, r->step, epoch, loss, acc, samples));
     }
     RT_CHECK(check_in_sync(r, true, "at the end of training"));
     if (is_root(r)) { /* the trained weights, as torchvision's state_dict */
