@@ -637,7 +637,7 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
     if (r->pg) {
         rt_request *q = NULL;
         RT_CHECK(rt_iall_reduce(r->pg, sc, 2, RT_F32, RT_OP_SUM, &q)); /* after the copies: the group's stream */
-        RT_CHECK(rt_wait_stream(q, st)); /* on the device: the copy below waits for it */
+        RT_CHECK(rt_wait_stream(q, st));                               /* on the device: the copy below waits for it */
     }
     RT_CHECK(rt_grad_sumsq_async(&r->clip, grads, n, st, &r->vals_host->sumsq));
     RT_CHECK(rt_memcpy(r->vals_host->loss_stop, rt_device_cpu(), sc, r->dev, 2 * sizeof(float), st));
@@ -649,12 +649,59 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
     return RT_OK;
 }
 
+/* Tests only: RINGTRAIN_TEST_NAN_AT=<rank>:<step> puts a NaN into the first pixel of that
+ * rank's batch at that step (1-based), so that rank alone produces a non-finite loss. */
+static void test_nan_batch(const run *r, const rt_batch *b) {
+    const char *v = getenv("RINGTRAIN_TEST_NAN_AT");
+    if (!v || !*v || b->size < 1) return;
+    char *end = NULL;
+    long rank = strtol(v, &end, 10);
+    if (*end != ':') return;
+    long long at = strtoll(end + 1, &end, 10);
+    if (*end || rank != r->who.rank || at != (long long)r->step + 1) return;
+    b->images[0] = NAN;
+}
+
+/* Which ranks produced a non-finite step: every rank sees it (the loss is averaged over
+ * the ranks, the gradient norm is that of the all-reduced gradients), so each checks its
+ * own loss and its own gradients (the all-reduce overwrote them: backward again, without
+ * the reducer; parameter gradients are written, not accumulated) and they agree on the
+ * lowest such rank and their number. Only on this path: a finite step pays nothing. */
+static rt_status nonfinite_ranks(run *r, char *who, size_t n) {
+    float own = 0;
+    double own_norm = 0;
+    RT_CHECK(rt_model_loss_value(r->model, &own)); /* this rank's loss, before the averaging */
+    if (isfinite(own)) {
+        float *grads = rt_model_grads(r->model)->base;
+        size_t ng = rt_model_grads(r->model)->size / sizeof(float);
+        if (r->pg) RT_CHECK(rt_model_backward(r->model, NULL, NULL));
+        RT_CHECK(rt_grad_norm(&r->clip, grads, ng, r->ctx->stream, &own_norm));
+    }
+    bool bad = !isfinite(own) || !isfinite(own_norm);
+    int64_t first = bad ? r->who.rank : r->who.world_size, count = bad ? 1 : 0;
+    RT_CHECK(all_reduce_host(r, &first, 1, RT_I64, RT_OP_MIN));
+    RT_CHECK(all_reduce_host(r, &count, 1, RT_I64, RT_OP_SUM));
+    if (count == 0)
+        snprintf(who, n,
+                 "on no rank alone (the own loss and gradients of each of the %d rank(s) were finite: their sum "
+                 "overflowed)",
+                 r->who.world_size);
+    else if (count == 1)
+        snprintf(who, n, "on rank %lld (of %d rank(s), the only one whose own loss or gradients were non-finite)",
+                 (long long)first, r->who.world_size);
+    else
+        snprintf(who, n, "on rank %lld (the first of %lld of %d ranks whose own loss or gradients were non-finite)",
+                 (long long)first, (long long)count, r->who.world_size);
+    return RT_OK;
+}
+
 static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t epoch) {
     const rt_config *c = r->cfg;
     pending *p = &r->pend[r->step % 2];
     RT_CHECK(complete(r, p, true)); /* two steps back (the older pending record): surely done */
     rt_stream *st = r->ctx->stream;
     RT_CHECK(rt_event_record(p->ev[EV_START], st));
+    test_nan_batch(r, b);
     const float *x = b->images;
     const int64_t *y = b->labels;
     if (rt_device_is_cuda(r->dev)) {
@@ -693,13 +740,15 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
     if (rt_schedule_momentum(&r->sched, r->step, &mom)) RT_CHECK(rt_optimizer_set_momentum(&r->opt, mom));
     bool skipped = false;
     if (!gs.finite || !isfinite(loss)) {
+        char who[160]; /* the same on every rank: the launcher names the rank that produced it */
+        RT_CHECK(nonfinite_ranks(r, who, sizeof who));
         RT_REQUIRE(c->train.skip_nonfinite, RT_ERR_INVALID,
-                   "step %lld (epoch %lld): non-finite %s (loss %g, gradient norm %g) on rank %d; set "
+                   "step %lld (epoch %lld): non-finite %s (loss %g, gradient norm %g) %s; set "
                    "train.skip_nonfinite: true to skip such steps",
-                   (long long)r->step + 1, (long long)epoch, gs.finite ? "loss" : "gradient", loss, gs.norm,
-                   r->who.rank);
+                   (long long)r->step + 1, (long long)epoch, isfinite(loss) ? "gradient" : "loss", loss, gs.norm, who);
         skipped = true;
-        RT_LOG_WARN("step %lld: non-finite loss or gradient, step skipped", (long long)r->step + 1);
+        RT_LOG_WARN("step %lld: non-finite %s %s, step skipped", (long long)r->step + 1,
+                    isfinite(loss) ? "gradient" : "loss", who);
     } else {
         RT_CHECK(rt_optimizer_step_arena(&r->opt, rt_model_params(r->model), rt_model_grads(r->model), lr, st));
     }
