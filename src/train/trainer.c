@@ -921,6 +921,15 @@ static rt_status resume(run *r) {
                "checkpoint %s was trained with data.batch_size %lld, this run has %lld: resume with the same global "
                "batch (checkpoint.resume: none starts afresh)",
                path, (long long)batch, (long long)c->data.batch_size);
+    /* the rest of the epoch on another number of ranks: exact for the distributed sampler
+     * (the epoch's order does not depend on it), not for partition (each rank's part does) */
+    const rt_sampler_config *sc = &rt_loader_sampler(r->train_loader)->cfg;
+    RT_REQUIRE(rt_sampler_resumable(sc, (int)world, batches * c->data.batch_size), RT_ERR_INVALID,
+               "checkpoint %s stopped after batch %lld of epoch %lld on %lld rank(s), this run has %d: data.sampler "
+               "partition cannot continue that epoch on another number of ranks (each rank's part of the data depends "
+               "on it: some samples would be taken twice, others never); resume with %lld rank(s) (dist.nproc), from a "
+               "checkpoint at an epoch's end, or with data.sampler: distributed",
+               path, (long long)batches, (long long)epoch + 1, (long long)world, r->who.world_size, (long long)world);
     r->step = step;
     r->start_epoch = epoch;
     r->start_batches = batches;
@@ -928,11 +937,13 @@ static rt_status resume(run *r) {
     if (is_root(r)) {
         fprintf(r->out, "ringtrain: resuming from %s (step %lld, epoch %lld, batch %lld)\n", path, (long long)step,
                 (long long)epoch + 1, (long long)batches);
-        if (world != r->who.world_size)
+        if (world != r->who.world_size) /* data.sampler distributed (partition refused above) */
             fprintf(r->out,
                     "ringtrain: the checkpoint was written by %lld rank(s), this run has %d: the rest of epoch %lld is "
-                    "re-partitioned over %d rank(s)\n",
-                    (long long)world, r->who.world_size, (long long)epoch + 1, r->who.world_size);
+                    "re-partitioned over %d rank(s) (data.sampler %s: the samples of the epoch's order not taken yet, "
+                    "each once)\n",
+                    (long long)world, r->who.world_size, (long long)epoch + 1, r->who.world_size,
+                    rt_sampler_mode_name(sc->mode));
         fflush(r->out);
     }
     return RT_OK;

@@ -3,7 +3,7 @@
 # launcher (at an epoch boundary and mid-epoch), a clean stop by SIGTERM, resume with a
 # different world size, a corrupted newest checkpoint, and ringtrain eval.
 #
-#   tests/train/resume.sh RINGTRAIN CASE     CASE: evalonce | exact | stop | steps | world | corrupt | eval
+#   tests/train/resume.sh RINGTRAIN CASE     CASE: evalonce | partition | exact | stop | steps | world | corrupt | eval
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 bin=$1
@@ -99,6 +99,28 @@ evalonce)
   metrics_once "$tmp/b" "resumed from the checkpoint of an epoch's last step"
   same_run "$tmp/full" "$tmp/b" "resumed from the checkpoint of an epoch's last step"
   echo "ok: a resume at an epoch's end logs its evaluation once"
+  ;;
+partition)
+  # data.sampler partition stopped mid-epoch on 1 rank and resumed on 2: refused (each
+  # rank's part of the data depends on the world size; the resumed run took some samples
+  # twice and others never, and said the epoch was re-partitioned); on 1 rank it
+  # continues; from a checkpoint at an epoch's end the next epoch starts on 2 ranks
+  p=(data.sampler=partition checkpoint.every_steps=10)
+  run_and_kill p1 "$tmp/p" 10 "${net[@]}" "${p[@]}" dist.nproc=1
+  rc=0
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${p[@]}" dist.nproc=2 "log.dir=$tmp/p" >"$tmp/p2.out" 2>"$tmp/p2.err" || rc=$?
+  [ "$rc" -eq 1 ] || fail "partition: resuming a mid-epoch checkpoint of 1 rank on 2 ranks: exit $rc, expected a refusal"
+  grep -q "ckpt-000000010 stopped after batch 10 of epoch 1 on 1 rank(s), this run has 2: data.sampler partition cannot continue that epoch on another number of ranks" "$tmp/p2.err" ||
+    fail "partition: the refusal does not name data.sampler and both world sizes"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${p[@]}" dist.nproc=1 "log.dir=$tmp/p" >"$tmp/p3.out" 2>"$tmp/p3.err" ||
+    fail "partition: resume on the same number of ranks"
+  grep -q "resuming from .*ckpt-000000010 " "$tmp/p3.out" || fail "partition: did not resume from step 10"
+  metrics_contiguous "$tmp/p"
+  run_and_kill pe "$tmp/pe" "$net_steps_per_epoch" "${net[@]}" data.sampler=partition checkpoint.every_epochs=1 dist.nproc=1
+  "$bin" train "$tmp/c.yaml" "${net[@]}" data.sampler=partition checkpoint.every_epochs=1 dist.nproc=2 "log.dir=$tmp/pe" \
+    >"$tmp/pe2.out" 2>"$tmp/pe2.err" || fail "partition: resume on 2 ranks at an epoch's end"
+  tail -1 "$tmp/pe2.out" | grep -q "^test accuracy" || fail "partition: the resume at an epoch's end did not complete"
+  echo "ok: data.sampler partition refuses another world size in mid-epoch, accepts it at an epoch's end"
   ;;
 exact)
   for m in net resnet; do
@@ -222,5 +244,5 @@ assert abs(got - acc) <= 0.1, (got, acc)
 PY
   echo "ok: torchvision resnet34 (strict=True) gives ringtrain's accuracy"
   ;;
-*) echo "usage: $0 RINGTRAIN evalonce|exact|stop|steps|world|corrupt|eval|torchvision" >&2; exit 2 ;;
+*) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|steps|world|corrupt|eval|torchvision" >&2; exit 2 ;;
 esac
