@@ -46,6 +46,18 @@ const char *rt_metrics_path(const rt_metrics *m) { return m->path; }
 
 json_t *rt_metrics_num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
+json_t *rt_metrics_str(const char *s) {
+    json_t *j = json_string(s);
+    if (j || !s) return j;
+    char *t = strdup(s); /* not UTF-8: keep ASCII, replace the rest */
+    if (!t) return NULL;
+    for (char *p = t; *p; p++)
+        if ((unsigned char)*p >= 0x80) *p = '?';
+    j = json_string(t);
+    free(t);
+    return j;
+}
+
 /* Set key to a new reference; a NULL value (out of memory) leaves the object incomplete,
  * which write_line reports. */
 static bool put(json_t *o, const char *key, json_t *v) { return v && json_object_set_new(o, key, v) == 0; }

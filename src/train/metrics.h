@@ -70,6 +70,9 @@ rt_status rt_metrics_eval(rt_metrics *m, int64_t step, int64_t epoch, double los
 rt_status rt_metrics_line(rt_metrics *m, const char *kind, struct json_t *fields);
 /* A JSON number, or null when `v` is NaN or infinite (a new reference, for json_pack's "o"). */
 struct json_t *rt_metrics_num(double v);
+/* A JSON string of `s` (a path: any bytes), its bytes that are not UTF-8 as '?' (JSON
+ * strings are Unicode; json_pack's "s" fails on them); a new reference, for "o". */
+struct json_t *rt_metrics_str(const char *s);
 /* The path it writes. */
 const char *rt_metrics_path(const rt_metrics *m);
 

@@ -637,7 +637,7 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
     if (r->pg) {
         rt_request *q = NULL;
         RT_CHECK(rt_iall_reduce(r->pg, sc, 2, RT_F32, RT_OP_SUM, &q)); /* after the copies: the group's stream */
-        RT_CHECK(rt_wait_stream(q, st));                               /* on the device: the copy below waits for it */
+        RT_CHECK(rt_wait_stream(q, st)); /* on the device: the copy below waits for it */
     }
     RT_CHECK(rt_grad_sumsq_async(&r->clip, grads, n, st, &r->vals_host->sumsq));
     RT_CHECK(rt_memcpy(r->vals_host->loss_stop, rt_device_cpu(), sc, r->dev, 2 * sizeof(float), st));
@@ -650,7 +650,8 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
 }
 
 /* Tests only: RINGTRAIN_TEST_NAN_AT=<rank>:<step> puts a NaN into the first pixel of that
- * rank's batch at that step (1-based), so that rank alone produces a non-finite loss. */
+ * rank's batch at that step (1-based), so that rank alone produces non-finite gradients
+ * (its loss may stay finite: a ReLU turns a NaN into 0 on the way forward, not back). */
 static void test_nan_batch(const run *r, const rt_batch *b) {
     const char *v = getenv("RINGTRAIN_TEST_NAN_AT");
     if (!v || !*v || b->size < 1) return;
@@ -838,8 +839,8 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
                (long long)r->step);
     if (r->metrics)
         RT_CHECK(rt_metrics_line(r->metrics, "checkpoint",
-                                 json_pack("{s:I, s:I, s:s, s:s}", "step", (json_int_t)r->step, "epoch",
-                                           (json_int_t)epoch, "why", why, "path", path)));
+                                 json_pack("{s:I, s:I, s:s, s:o}", "step", (json_int_t)r->step, "epoch",
+                                           (json_int_t)epoch, "why", why, "path", rt_metrics_str(path))));
     test_kill_after_checkpoint(r);
     return RT_OK;
 }

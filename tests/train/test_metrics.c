@@ -98,13 +98,15 @@ static void test_jsonl_escaping(void **state) {
     const char *odd = "a \"quoted\" C:\\dir\\ with\nnewline\ttab\x01\x1f and \xc3\xa9";
     rt_metrics *m;
     assert_rt_ok(rt_metrics_open(path, false, &m));
-    assert_rt_ok(rt_metrics_line(m, "checkpoint", json_pack("{s:i, s:s}", "step", 3, "path", odd)));
+    assert_rt_ok(rt_metrics_line(m, "checkpoint", json_pack("{s:i, s:o}", "step", 3, "path", rt_metrics_str(odd))));
     rt_step_record r = {.step = 4, .epoch = 0, .images = 8, .loss = INFINITY, .lr = 0.1, .grad_norm = NAN};
     assert_rt_ok(rt_metrics_step(m, &r));
     assert_rt_ok(rt_metrics_eval(m, 4, 0, NAN, 0.5, 10));
     assert_rt_ok(rt_metrics_line(m, "end",
                                  json_pack("{s:i, s:o, s:o}", "steps", 4, "test_loss", rt_metrics_num(NAN),
                                            "test_accuracy", rt_metrics_num(-INFINITY))));
+    /* a path that is not UTF-8 (a Latin-1 folder name): its other bytes as '?' */
+    assert_rt_ok(rt_metrics_line(m, "checkpoint", json_pack("{s:o}", "path", rt_metrics_str("/tmp/caf\xe9 x"))));
     /* a failed json_pack is an error naming the kind, and the file stays valid */
     assert_int_not_equal(rt_metrics_line(m, "bad", json_pack("{s:s}", "x", NULL)), RT_OK);
     assert_non_null(strstr(rt_error_message(), "\"bad\""));
@@ -116,10 +118,11 @@ static void test_jsonl_escaping(void **state) {
         json_error_t err;
         json_t *o = json_loads(line, 0, &err);
         if (!o) fail_msg("line %d is not JSON (%s): %s", n + 1, err.text, line);
-        static const char *const kinds[] = {"checkpoint", "step", "eval", "end"};
-        assert_true(n < 4);
+        static const char *const kinds[] = {"checkpoint", "step", "eval", "end", "checkpoint"};
+        assert_true(n < 5);
         assert_string_equal(json_string_value(json_object_get(o, "kind")), kinds[n]);
         if (n == 0) assert_string_equal(json_string_value(json_object_get(o, "path")), odd);
+        if (n == 4) assert_string_equal(json_string_value(json_object_get(o, "path")), "/tmp/caf? x"); /* Latin-1 */
         if (n == 1) {
             assert_true(json_is_null(json_object_get(o, "loss")) && json_is_null(json_object_get(o, "grad_norm")));
             assert_true(json_real_value(json_object_get(o, "lr")) == 0.1);
@@ -132,7 +135,7 @@ static void test_jsonl_escaping(void **state) {
         n++;
     }
     fclose(f);
-    assert_int_equal(n, 4);
+    assert_int_equal(n, 5);
     if (access("/usr/bin/python3", X_OK) == 0) { /* and a stricter parser than jansson agrees */
         char cmd[512];
         snprintf(cmd, sizeof cmd,
