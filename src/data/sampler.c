@@ -153,3 +153,9 @@ rt_status rt_sampler_set_state(rt_sampler *s, rt_sampler_state st) {
     s->position = st.position;
     return RT_OK;
 }
+
+bool rt_sampler_resumable(const rt_sampler_config *cfg, int old_world, int64_t taken) {
+    if (cfg->mode != RT_SAMPLER_PARTITION || old_world == cfg->world_size || taken <= 0) return true;
+    int64_t old_parts = old_world > 0 ? cfg->n / old_world * old_world : 0; /* the old ranks' parts together */
+    return taken >= old_parts;
+}

@@ -82,6 +82,18 @@ static inline const int64_t *rt_sampler_indices(const rt_sampler *s) { return s-
 /* The next index of this epoch; false at the end of the epoch. */
 bool rt_sampler_next(rt_sampler *s, int64_t *index);
 
+/* A run took the first `taken` samples of an epoch on `old_world` ranks together (every
+ * rank the same number: batches * global batch) and continues that epoch on
+ * cfg->world_size ranks, each at position taken / cfg->world_size. Whether the two parts
+ * together take the epoch's samples each once (as the new world's epoch would):
+ *   distributed, eval: yes. The epoch's order does not depend on the world size and rank
+ *       r takes its positions r, r+W, r+2W, ...: the old ranks took positions 0..taken-1
+ *       of it, the new ones take the rest (the padding at its end is the new world's).
+ *   partition: only with the same world size, at the epoch's start (taken 0) or once the
+ *       old ranks took their whole parts: each rank's part, and its order, depend on the
+ *       world size, so some samples would be taken twice and others never. */
+bool rt_sampler_resumable(const rt_sampler_config *cfg, int old_world, int64_t taken);
+
 rt_sampler_state rt_sampler_get_state(const rt_sampler *s);
 /* Continue at (epoch, position); position must be in 0..len. */
 rt_status rt_sampler_set_state(rt_sampler *s, rt_sampler_state st);

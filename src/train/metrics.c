@@ -5,6 +5,7 @@
 #include "core/timer.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,52 +44,74 @@ void rt_metrics_close(rt_metrics *m) {
 
 const char *rt_metrics_path(const rt_metrics *m) { return m->path; }
 
-/* JSON has no NaN or infinity: null. */
-static void num(FILE *f, const char *key, double v, bool comma) {
-    if (isfinite(v))
-        fprintf(f, "\"%s\": %.6g%s", key, v, comma ? ", " : "");
-    else
-        fprintf(f, "\"%s\": null%s", key, comma ? ", " : "");
+json_t *rt_metrics_num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+json_t *rt_metrics_str(const char *s) {
+    json_t *j = json_string(s);
+    if (j || !s) return j;
+    char *t = strdup(s); /* not UTF-8: keep ASCII, replace the rest */
+    if (!t) return NULL;
+    for (char *p = t; *p; p++)
+        if ((unsigned char)*p >= 0x80) *p = '?';
+    j = json_string(t);
+    free(t);
+    return j;
 }
 
-static rt_status flush(rt_metrics *m) {
+/* Set key to a new reference; a NULL value (out of memory) leaves the object incomplete,
+ * which write_line reports. */
+static bool put(json_t *o, const char *key, json_t *v) { return v && json_object_set_new(o, key, v) == 0; }
+
+/* One line: the object's members after "kind", in their order; takes `fields`. Reals
+ * with 6 significant digits (%.6g, as the lines always had). */
+static rt_status write_line(rt_metrics *m, const char *kind, json_t *fields, bool complete) {
+    json_t *o = json_object();
+    bool ok = o && complete && fields && json_is_object(fields) && put(o, "kind", json_string(kind));
+    if (ok) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(fields, key, v) {
+            if (!put(o, key, json_incref(v))) ok = false;
+        }
+    }
+    char *text = ok ? json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) : NULL;
+    json_decref(o);
+    json_decref(fields);
+    if (!text)
+        return RT_ERROR(RT_ERR_NOMEM, "%s: the \"%s\" line could not be built (out of memory, or not a JSON object)",
+                        m->path, kind);
+    fputs(text, m->f);
+    fputc('\n', m->f);
+    free(text);
     if (fflush(m->f) != 0 || ferror(m->f)) return RT_ERROR(RT_ERR_IO, "%s: %s", m->path, strerror(errno));
     return RT_OK;
 }
 
 rt_status rt_metrics_step(rt_metrics *m, const rt_step_record *r) {
-    FILE *f = m->f;
-    fprintf(f, "{\"kind\": \"step\", \"step\": %lld, \"epoch\": %lld, \"batch\": %lld, \"rank\": %d, ",
-            (long long)r->step, (long long)r->epoch, (long long)r->batch, r->rank);
-    for (int s = 0; s < RT_STAGE_COUNT_; s++) {
+    json_t *o = json_object();
+    bool ok = o && put(o, "step", json_integer(r->step)) && put(o, "epoch", json_integer(r->epoch)) &&
+              put(o, "batch", json_integer(r->batch)) && put(o, "rank", json_integer(r->rank));
+    for (int s = 0; ok && s < RT_STAGE_COUNT_; s++) {
         char key[32];
         snprintf(key, sizeof key, "%s_ms", k_stage_names[s]);
-        num(f, key, r->ms[s], true);
+        ok = put(o, key, rt_metrics_num(r->ms[s]));
     }
-    num(f, "comm_busy_ms", r->comm_busy_ms, true);
-    fprintf(f, "\"images\": %lld, ", (long long)r->images);
-    num(f, "images_per_s", r->images_per_s, true);
-    num(f, "loss", r->loss, true);
-    num(f, "lr", r->lr, true);
-    num(f, "grad_norm", r->grad_norm, true);
-    num(f, "time_s", r->time_s, true);
-    fprintf(f, "\"skipped\": %s}\n", r->skipped ? "true" : "false");
-    return flush(m);
+    ok = ok && put(o, "comm_busy_ms", rt_metrics_num(r->comm_busy_ms)) && put(o, "images", json_integer(r->images)) &&
+         put(o, "images_per_s", rt_metrics_num(r->images_per_s)) && put(o, "loss", rt_metrics_num(r->loss)) &&
+         put(o, "lr", rt_metrics_num(r->lr)) && put(o, "grad_norm", rt_metrics_num(r->grad_norm)) &&
+         put(o, "time_s", rt_metrics_num(r->time_s)) && put(o, "skipped", json_boolean(r->skipped));
+    return write_line(m, "step", o, ok);
 }
 
 rt_status rt_metrics_eval(rt_metrics *m, int64_t step, int64_t epoch, double loss, double accuracy, int64_t samples) {
-    fprintf(m->f, "{\"kind\": \"eval\", \"step\": %lld, \"epoch\": %lld, ", (long long)step, (long long)epoch);
-    num(m->f, "loss", loss, true);
-    num(m->f, "accuracy", accuracy, true);
-    fprintf(m->f, "\"samples\": %lld}\n", (long long)samples);
-    return flush(m);
+    json_t *o = json_object();
+    bool ok = o && put(o, "step", json_integer(step)) && put(o, "epoch", json_integer(epoch)) &&
+              put(o, "loss", rt_metrics_num(loss)) && put(o, "accuracy", rt_metrics_num(accuracy)) &&
+              put(o, "samples", json_integer(samples));
+    return write_line(m, "eval", o, ok);
 }
 
-rt_status rt_metrics_line(rt_metrics *m, const char *kind, const char *json_fields) {
-    fprintf(m->f, "{\"kind\": \"%s\"%s%s}\n", kind, json_fields && *json_fields ? ", " : "",
-            json_fields ? json_fields : "");
-    return flush(m);
-}
+rt_status rt_metrics_line(rt_metrics *m, const char *kind, json_t *fields) { return write_line(m, kind, fields, true); }
 
 /* ---- per-epoch stage table ------------------------------------------------------------- */
 

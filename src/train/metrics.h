@@ -51,6 +51,11 @@ typedef struct rt_step_record {
 
 typedef struct rt_metrics rt_metrics;
 
+/* Every line is one JSON object written by jansson: strings escaped, numbers valid JSON
+ * (JSON has no NaN or infinity: a non-finite value is written as null), the keys in the
+ * order they were added, "kind" first. */
+struct json_t; /* jansson's value */
+
 /* Open (append: continue an existing file, as a resumed run does). */
 rt_status rt_metrics_open(const char *path, bool append, rt_metrics **out);
 void rt_metrics_close(rt_metrics *m);
@@ -58,9 +63,16 @@ void rt_metrics_close(rt_metrics *m);
 rt_status rt_metrics_step(rt_metrics *m, const rt_step_record *r);
 /* {"kind":"eval","step":..,"epoch":..,"loss":..,"accuracy":..,"samples":..} */
 rt_status rt_metrics_eval(rt_metrics *m, int64_t step, int64_t epoch, double loss, double accuracy, int64_t samples);
-/* Any other line ({"kind":"KIND", "key": value...}); `json_fields` is the text after
- * the kind, e.g. "\"world_size\": 2" (may be ""). */
-rt_status rt_metrics_line(rt_metrics *m, const char *kind, const char *json_fields);
+/* Any other line: {"kind": KIND, then the members of `fields` in their order}. `fields`
+ * is a JSON object, e.g. json_pack("{s:I, s:s}", "step", (json_int_t)7, "why", why), or
+ * json_object() for none; the call takes its reference (as json_pack's "o" does), and a
+ * NULL (a json_pack that failed) is an error naming the kind. */
+rt_status rt_metrics_line(rt_metrics *m, const char *kind, struct json_t *fields);
+/* A JSON number, or null when `v` is NaN or infinite (a new reference, for json_pack's "o"). */
+struct json_t *rt_metrics_num(double v);
+/* A JSON string of `s` (a path: any bytes), its bytes that are not UTF-8 as '?' (JSON
+ * strings are Unicode; json_pack's "s" fails on them); a new reference, for "o". */
+struct json_t *rt_metrics_str(const char *s);
 /* The path it writes. */
 const char *rt_metrics_path(const rt_metrics *m);
 

@@ -701,12 +701,60 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
     return RT_OK;
 }
 
+/* Tests only: RINGTRAIN_TEST_NAN_AT=<rank>:<step> puts a NaN into the first pixel of that
+ * rank's batch at that step (1-based), so that rank alone produces non-finite gradients
+ * (its loss may stay finite: a ReLU turns a NaN into 0 on the way forward, not back). */
+static void test_nan_batch(const run *r, const rt_batch *b) {
+    const char *v = getenv("RINGTRAIN_TEST_NAN_AT");
+    if (!v || !*v || b->size < 1) return;
+    char *end = NULL;
+    long rank = strtol(v, &end, 10);
+    if (*end != ':') return;
+    long long at = strtoll(end + 1, &end, 10);
+    if (*end || rank != r->who.rank || at != (long long)r->step + 1) return;
+    b->images[0] = NAN;
+}
+
+/* Which ranks produced a non-finite step: every rank sees it (the loss is averaged over
+ * the ranks, the gradient norm is that of the all-reduced gradients), so each checks its
+ * own loss and its own gradients (the all-reduce overwrote them: backward again, without
+ * the reducer; parameter gradients are written, not accumulated) and they agree on the
+ * lowest such rank and their number. Only on this path: a finite step pays nothing. */
+static rt_status nonfinite_ranks(run *r, char *who, size_t n) {
+    float own = 0;
+    double own_norm = 0;
+    RT_CHECK(rt_model_loss_value(r->model, &own)); /* this rank's loss, before the averaging */
+    if (isfinite(own)) {
+        float *grads = rt_model_grads(r->model)->base;
+        size_t ng = rt_model_grads(r->model)->size / sizeof(float);
+        if (r->pg) RT_CHECK(rt_model_backward(r->model, NULL, NULL));
+        RT_CHECK(rt_grad_norm(&r->clip, grads, ng, r->ctx->stream, &own_norm));
+    }
+    bool bad = !isfinite(own) || !isfinite(own_norm);
+    int64_t first = bad ? r->who.rank : r->who.world_size, count = bad ? 1 : 0;
+    RT_CHECK(all_reduce_host(r, &first, 1, RT_I64, RT_OP_MIN));
+    RT_CHECK(all_reduce_host(r, &count, 1, RT_I64, RT_OP_SUM));
+    if (count == 0)
+        snprintf(who, n,
+                 "on no rank alone (the own loss and gradients of each of the %d rank(s) were finite: their sum "
+                 "overflowed)",
+                 r->who.world_size);
+    else if (count == 1)
+        snprintf(who, n, "on rank %lld (of %d rank(s), the only one whose own loss or gradients were non-finite)",
+                 (long long)first, r->who.world_size);
+    else
+        snprintf(who, n, "on rank %lld (the first of %lld of %d ranks whose own loss or gradients were non-finite)",
+                 (long long)first, (long long)count, r->who.world_size);
+    return RT_OK;
+}
+
 static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t epoch) {
     const rt_config *c = r->cfg;
     pending *p = &r->pend[r->step % 2];
     RT_CHECK(complete(r, p, true)); /* two steps back (the older pending record): surely done */
     rt_stream *st = r->ctx->stream;
     RT_CHECK(rt_event_record(p->ev[EV_START], st));
+    test_nan_batch(r, b);
     const float *x = b->images;
     const int64_t *y = b->labels;
     if (rt_device_is_cuda(r->dev)) {
@@ -746,13 +794,15 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
     if (rt_schedule_momentum(&r->sched, r->step, &mom)) RT_CHECK(rt_optimizer_set_momentum(&r->opt, mom));
     bool skipped = false;
     if (!gs.finite || !isfinite(loss)) {
+        char who[160]; /* the same on every rank: the launcher names the rank that produced it */
+        RT_CHECK(nonfinite_ranks(r, who, sizeof who));
         RT_REQUIRE(c->train.skip_nonfinite, RT_ERR_INVALID,
-                   "step %lld (epoch %lld): non-finite %s (loss %g, gradient norm %g) on rank %d; set "
+                   "step %lld (epoch %lld): non-finite %s (loss %g, gradient norm %g) %s; set "
                    "train.skip_nonfinite: true to skip such steps",
-                   (long long)r->step + 1, (long long)epoch, gs.finite ? "loss" : "gradient", loss, gs.norm,
-                   r->who.rank);
+                   (long long)r->step + 1, (long long)epoch, isfinite(loss) ? "gradient" : "loss", loss, gs.norm, who);
         skipped = true;
-        RT_LOG_WARN("step %lld: non-finite loss or gradient, step skipped", (long long)r->step + 1);
+        RT_LOG_WARN("step %lld: non-finite %s %s, step skipped", (long long)r->step + 1,
+                    isfinite(loss) ? "gradient" : "loss", who);
     } else {
         RT_CHECK(rt_optimizer_step_arena(&r->opt, rt_model_params(r->model), rt_model_grads(r->model), lr, st));
     }
@@ -845,24 +895,21 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
     if (st != RT_OK) return rt_error_restore(&err);
     RT_REQUIRE(ok > 0, RT_ERR_IO, "rank 0 could not write the checkpoint of step %lld (its error says why)",
                (long long)r->step);
-    if (r->metrics) {
-        char fields[2 * RT_CKPT_PATH_MAX + 128];
-        /* the path as a JSON string (a '"' or '\\' in checkpoint.dir must not break the line) */
-        json_t *js = json_string(path);
-        char *enc = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
-        json_decref(js);
-        snprintf(fields, sizeof fields, "\"step\": %lld, \"epoch\": %lld, \"why\": \"%s\", \"path\": %s",
-                 (long long)r->step, (long long)epoch, why, enc ? enc : "null");
-        free(enc);
-        RT_CHECK(rt_metrics_line(r->metrics, "checkpoint", fields));
-    }
+    if (r->metrics)
+        RT_CHECK(rt_metrics_line(r->metrics, "checkpoint",
+                                 json_pack("{s:I, s:I, s:s, s:o}", "step", (json_int_t)r->step, "epoch",
+                                           (json_int_t)epoch, "why", why, "path", rt_metrics_str(path))));
     test_kill_after_checkpoint(r);
     return RT_OK;
 }
 
 /* Keep the lines of a metrics file up to `step` (a resumed run logs the steps after its
- * checkpoint again): no gap, no duplicate. Lines without a "step" field are kept. */
-static rt_status truncate_metrics(const char *path, int64_t step) {
+ * checkpoint again): no gap, no duplicate. Lines without a "step" field are kept.
+ * `eval_at` (may be NULL): `step` if an "eval" line of that step was kept, else -1 (a
+ * checkpoint of an epoch's last step was written before that epoch's evaluation, so the
+ * resumed run evaluates that step again, and must not log it twice). */
+static rt_status truncate_metrics(const char *path, int64_t step, int64_t *eval_at) {
+    if (eval_at) *eval_at = -1;
     FILE *f = fopen(path, "r");
     if (!f) return RT_OK; /* nothing logged yet */
     char tmp[RT_CONFIG_PATH_MAX + 16];
@@ -880,6 +927,7 @@ static rt_status truncate_metrics(const char *path, int64_t step) {
         const char *k = strstr(line, "\"step\": ");
         long long s = -1;
         if (k && sscanf(k + 8, "%lld", &s) == 1 && s > step) continue;
+        if (eval_at && s == step && strncmp(line, "{\"kind\": \"eval\", ", 17) == 0) *eval_at = step;
         fputs(line, o);
     }
     free(line);
@@ -932,6 +980,15 @@ static rt_status resume(run *r) {
                "checkpoint %s was trained with data.batch_size %lld, this run has %lld: resume with the same global "
                "batch (checkpoint.resume: none starts afresh)",
                path, (long long)batch, (long long)c->data.batch_size);
+    /* the rest of the epoch on another number of ranks: exact for the distributed sampler
+     * (the epoch's order does not depend on it), not for partition (each rank's part does) */
+    const rt_sampler_config *sc = &rt_loader_sampler(r->train_loader)->cfg;
+    RT_REQUIRE(rt_sampler_resumable(sc, (int)world, batches * c->data.batch_size), RT_ERR_INVALID,
+               "checkpoint %s stopped after batch %lld of epoch %lld on %lld rank(s), this run has %d: data.sampler "
+               "partition cannot continue that epoch on another number of ranks (each rank's part of the data depends "
+               "on it: some samples would be taken twice, others never); resume with %lld rank(s) (dist.nproc), from a "
+               "checkpoint at an epoch's end, or with data.sampler: distributed",
+               path, (long long)batches, (long long)epoch + 1, (long long)world, r->who.world_size, (long long)world);
     r->step = step;
     r->start_epoch = epoch;
     r->start_batches = batches;
@@ -939,11 +996,13 @@ static rt_status resume(run *r) {
     if (is_root(r)) {
         fprintf(r->out, "ringtrain: resuming from %s (step %lld, epoch %lld, batch %lld)\n", path, (long long)step,
                 (long long)epoch + 1, (long long)batches);
-        if (world != r->who.world_size)
+        if (world != r->who.world_size) /* data.sampler distributed (partition refused above) */
             fprintf(r->out,
                     "ringtrain: the checkpoint was written by %lld rank(s), this run has %d: the rest of epoch %lld is "
-                    "re-partitioned over %d rank(s)\n",
-                    (long long)world, r->who.world_size, (long long)epoch + 1, r->who.world_size);
+                    "re-partitioned over %d rank(s) (data.sampler %s: the samples of the epoch's order not taken yet, "
+                    "each once)\n",
+                    (long long)world, r->who.world_size, (long long)epoch + 1, r->who.world_size,
+                    rt_sampler_mode_name(sc->mode));
         fflush(r->out);
     }
     return RT_OK;
@@ -1004,27 +1063,27 @@ static rt_status train_all(run *r, rt_train_result *res) {
         for (int e = 0; e < EV_COUNT; e++) RT_CHECK(rt_event_create(r->dev, &r->pend[i].ev[e]));
     char path[RT_CONFIG_PATH_MAX + 64];
     bool resumed = r->resumed_step >= 0;
+    int64_t eval_logged = -1; /* the step of an eval line metrics.jsonl has already (a resume) */
     if (is_root(r)) {
         snprintf(path, sizeof path, "%s/metrics.jsonl", r->run_dir);
-        if (resumed) RT_CHECK(truncate_metrics(path, r->step));
+        if (resumed) RT_CHECK(truncate_metrics(path, r->step, &eval_logged));
         RT_CHECK(rt_metrics_open(path, resumed, &r->metrics));
         snprintf(path, sizeof path, "%s/config.yaml", r->run_dir);
         RT_CHECK(rt_config_write_file(c, path));
-        char fields[512], devs[32];
-        snprintf(fields, sizeof fields,
-                 "\"world_size\": %d, \"device\": \"%s\", \"steps_per_epoch\": %lld, \"total_steps\": %lld, "
-                 "\"global_batch\": %lld, \"train_samples\": %lld, \"test_samples\": %lld, \"parameters\": %lld",
-                 r->who.world_size, rt_device_str(r->dev, devs, sizeof devs), (long long)r->steps_per_epoch,
-                 (long long)r->total_steps, (long long)c->data.batch_size, (long long)r->train_ds.n,
-                 (long long)r->test_ds.n, (long long)rt_model_num_parameters(r->model));
-        size_t fl = strlen(fields);
-        if (resumed) snprintf(fields + fl, sizeof fields - fl, ", \"resumed_from_step\": %lld", (long long)r->step);
+        char devs[32];
+        json_t *fields =
+            json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "world_size", r->who.world_size, "device",
+                      rt_device_str(r->dev, devs, sizeof devs), "steps_per_epoch", (json_int_t)r->steps_per_epoch,
+                      "total_steps", (json_int_t)r->total_steps, "global_batch", (json_int_t)c->data.batch_size,
+                      "train_samples", (json_int_t)r->train_ds.n, "test_samples", (json_int_t)r->test_ds.n,
+                      "parameters", (json_int_t)rt_model_num_parameters(r->model));
+        if (fields && resumed) json_object_set_new(fields, "resumed_from_step", json_integer(r->step));
         RT_CHECK(rt_metrics_line(r->metrics, "start", fields));
     }
     if (c->log.all_ranks) {
         if (r->pg) RT_CHECK(rt_barrier(r->pg)); /* rank 0 made the folder */
         snprintf(path, sizeof path, "%s/metrics-rank%d.jsonl", r->run_dir, r->who.rank);
-        if (resumed) RT_CHECK(truncate_metrics(path, r->step));
+        if (resumed) RT_CHECK(truncate_metrics(path, r->step, NULL));
         RT_CHECK(rt_metrics_open(path, resumed, &r->rank_metrics));
     }
     bool tty = strcmp(c->log.progress, "on") == 0 || (strcmp(c->log.progress, "auto") == 0 && isatty(fileno(out)));
@@ -1086,7 +1145,8 @@ static rt_status train_all(run *r, rt_train_result *res) {
         }
         if (last || (c->train.eval_every > 0 && (epoch + 1) % c->train.eval_every == 0)) {
             RT_CHECK(evaluate(r, &loss, &acc, &samples));
-            if (r->metrics) RT_CHECK(rt_metrics_eval(r->metrics, r->step, epoch, loss, acc, samples));
+            if (r->metrics && r->step != eval_logged)
+                RT_CHECK(rt_metrics_eval(r->metrics, r->step, epoch, loss, acc, samples));
             if (is_root(r)) {
                 fprintf(out, "epoch %lld: test loss %.4f, accuracy %.2f%% (%lld samples)\n", (long long)epoch + 1, loss,
                         100.0 * acc, (long long)samples);
@@ -1118,17 +1178,17 @@ static rt_status train_all(run *r, rt_train_result *res) {
         res->steps = r->step;
         res->epochs = epoch;
         res->wall_s = (double)(rt_now_ns() - r->t0) * 1e-9;
-        if (r->metrics) {
-            char fields[128];
-            snprintf(fields, sizeof fields, "\"step\": %lld, \"signal\": %d", (long long)r->step, r->stop_signal);
-            RT_CHECK(rt_metrics_line(r->metrics, "stop", fields));
-        }
+        if (r->metrics)
+            RT_CHECK(
+                rt_metrics_line(r->metrics, "stop",
+                                json_pack("{s:I, s:i}", "step", (json_int_t)r->step, "signal", r->stop_signal)));
         if (r->pg) RT_CHECK(rt_barrier(r->pg));
         return RT_OK;
     }
     if (isnan(acc)) { /* resumed from the end of a finished run: nothing left to train */
         RT_CHECK(evaluate(r, &loss, &acc, &samples));
-        if (r->metrics) RT_CHECK(rt_metrics_eval(r->metrics, r->step, epoch, loss, acc, samples));
+        if (r->metrics && r->step != eval_logged) /* its evaluation was logged before the checkpoint */
+            RT_CHECK(rt_metrics_eval(r->metrics, r->step, epoch, loss, acc, samples));
     }
     RT_CHECK(check_in_sync(r, true, "at the end of training"));
     if (is_root(r)) { /* the trained weights, as torchvision's state_dict */
@@ -1142,13 +1202,11 @@ static rt_status train_all(run *r, rt_train_result *res) {
     res->test_accuracy = acc;
     res->test_samples = samples;
     res->wall_s = (double)(rt_now_ns() - r->t0) * 1e-9;
-    if (r->metrics) {
-        char fields[256];
-        snprintf(fields, sizeof fields,
-                 "\"steps\": %lld, \"wall_s\": %.3f, \"test_accuracy\": %.6f, \"test_loss\": %.6f",
-                 (long long)res->steps, res->wall_s, acc, loss);
-        RT_CHECK(rt_metrics_line(r->metrics, "end", fields));
-    }
+    if (r->metrics) /* NaN (a diverged model's test loss) is null: JSON has no NaN */
+        RT_CHECK(rt_metrics_line(r->metrics, "end",
+                                 json_pack("{s:I, s:o, s:o, s:o}", "steps", (json_int_t)res->steps, "wall_s",
+                                           rt_metrics_num(res->wall_s), "test_accuracy", rt_metrics_num(acc),
+                                           "test_loss", rt_metrics_num(loss))));
     if (r->pg) RT_CHECK(rt_barrier(r->pg));
     return RT_OK;
 }

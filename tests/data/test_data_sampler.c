@@ -275,6 +275,64 @@ static void test_partition(void **state) {
     free(counts);
 }
 
+/* A run stopped after `batches` batches of global batch `g` on w_old ranks and resumed on
+ * w_new ranks, each new rank at position batches * g / w_new (as the trainer restores its
+ * loader): the samples taken before the stop and after the resume, counted per index. */
+static void count_resumed(rt_sampler_mode mode, int64_t n, int w_old, int w_new, int64_t g, int64_t batches,
+                          int64_t epoch, int64_t *counts) {
+    memset(counts, 0, (size_t)n * sizeof *counts);
+    for (int pass = 0; pass < 2; pass++) {
+        int w = pass == 0 ? w_old : w_new;
+        for (int r = 0; r < w; r++) {
+            rt_sampler s;
+            init(&s, mode, n, w, r, 5, true, false);
+            int64_t pos = batches * (g / w), len = rt_sampler_len(&s);
+            if (pos > len) pos = len;
+            rt_sampler_state st = {epoch, pass == 0 ? 0 : pos};
+            assert_rt_ok(rt_sampler_set_state(&s, st));
+            int64_t idx, k = 0;
+            while ((pass == 1 || k < pos) && rt_sampler_next(&s, &idx)) counts[idx]++, k++;
+            rt_sampler_free(&s);
+        }
+    }
+}
+
+/* data.sampler with another world size on resume, mid-epoch: distributed (and eval)
+ * continue the epoch exactly (the samples before the stop and after the resume are the
+ * new world's epoch, each once); partition cannot (some samples twice, some never), and
+ * rt_sampler_resumable says so, which the trainer turns into a refusal. */
+static void test_world_change(void **state) {
+    (void)state;
+    static const int pairs[][2] = {{1, 2}, {2, 1}, {2, 3}, {3, 4}, {4, 2}, {3, 3}};
+    static const int64_t sizes[] = {96, 100, 101};
+    const int64_t g = 12;
+    int64_t counts[101], want[101], len0;
+    for (size_t pi = 0; pi < sizeof pairs / sizeof pairs[0]; pi++)
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+            for (int64_t batches = 0; batches <= 3; batches++) {
+                int w_old = pairs[pi][0], w_new = pairs[pi][1];
+                int64_t n = sizes[si];
+                rt_sampler_config c = {RT_SAMPLER_DISTRIBUTED, n, w_new, 0, 5, true, false};
+                assert_true(rt_sampler_resumable(&c, w_old, batches * g));
+                count_resumed(RT_SAMPLER_DISTRIBUTED, n, w_old, w_new, g, batches, 2, counts);
+                count_epoch(RT_SAMPLER_DISTRIBUTED, n, w_new, 5, true, false, 2, want, &len0);
+                for (int64_t i = 0; i < n; i++) assert_int_equal(counts[i], want[i]);
+
+                c.mode = RT_SAMPLER_PARTITION;
+                bool exact = w_old == w_new || batches == 0;
+                assert_int_equal(rt_sampler_resumable(&c, w_old, batches * g), exact);
+                count_resumed(RT_SAMPLER_PARTITION, n, w_old, w_new, g, batches, 2, counts);
+                count_epoch(RT_SAMPLER_PARTITION, n, w_new, 5, true, false, 2, want, &len0);
+                bool same = true;
+                for (int64_t i = 0; i < n; i++) same &= counts[i] == want[i];
+                assert_int_equal(same, exact); /* the refusal is needed exactly when it is given */
+            }
+    /* partition: once the old ranks took their whole parts the epoch is over: resumable */
+    rt_sampler_config c = {RT_SAMPLER_PARTITION, 100, 3, 0, 5, true, false};
+    assert_false(rt_sampler_resumable(&c, 2, 96));
+    assert_true(rt_sampler_resumable(&c, 2, 100));
+}
+
 static void test_eval(void **state) {
     (void)state;
     int64_t *counts = malloc(1000 * sizeof *counts);
@@ -326,6 +384,7 @@ int main(void) {
         cmocka_unit_test(test_shuffle_uniform),
         cmocka_unit_test(test_state_roundtrip),
         cmocka_unit_test(test_partition),
+        cmocka_unit_test(test_world_change),
         cmocka_unit_test(test_eval),
         cmocka_unit_test(test_bad_config),
     };

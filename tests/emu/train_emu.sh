@@ -14,6 +14,7 @@
 #   cross   a checkpoint written on GPUs resumed on the CPU, and the other way round
 #   kill    kill -9 of one rank on NCCL: the launcher names it and the others stop
 #   syncs   host synchronisations per training step in steady state
+#   nonfinite  a NaN in one rank's batch: every rank names that rank; skipped, GPU = CPU
 #
 # Tolerance against the CPU (compare_runs): the GPU run computes the same steps with other
 # summation orders inside convolutions, batch norm, GEMMs and reductions. The tutorial Net
@@ -175,6 +176,24 @@ kill)
   ! pgrep -af "$tmp" || fail "processes left running (30 s after the run ended)"
   echo "ok: a killed rank on NCCL stops the job, named"
   ;;
+nonfinite)
+  # a NaN in rank 1's batch at step 3 (RINGTRAIN_TEST_NAN_AT): on the GPU path too every
+  # rank names rank 1 (its own loss read back, its own gradients by backward once more and
+  # their norm on the device, the verdict all-reduced through the device)
+  rc=0
+  RINGTRAIN_TEST_NAN_AT=1:3 "$bin" train "$tmp/c.yaml" "${net[@]}" train.device=cuda dist.nproc=2 "log.dir=$tmp/nf" \
+    >"$tmp/nf.out" 2>"$tmp/nf.err" || rc=$?
+  [ "$rc" -eq 1 ] || fail "non-finite gradient on rank 1: exit $rc, expected 1"
+  grep -q "step 3 (epoch 0): non-finite gradient (.*) on rank 1 (of 2 rank(s), the only one whose own loss or gradients were non-finite)" "$tmp/nf.err" ||
+    fail "the error does not name rank 1"
+  ! grep -q "non-finite.* on rank 0" "$tmp/nf.err" || fail "a rank names rank 0"
+  # skipped instead: the GPU run still equals the CPU run (the step skipped in both)
+  RINGTRAIN_TEST_NAN_AT=1:3 train nf-cpu "${net[@]}" train.device=cpu dist.nproc=2 train.skip_nonfinite=true
+  RINGTRAIN_TEST_NAN_AT=1:3 train nf-gpu "${net[@]}" train.device=cuda dist.nproc=2 train.skip_nonfinite=true
+  grep -q "step 3: non-finite gradient on rank 1 " "$tmp/nf-gpu.err" || fail "the skipped step's warning does not name rank 1"
+  compare_runs nf-gpu nf-cpu "a skipped non-finite step: the GPU run differs from the CPU run"
+  echo "ok: a non-finite gradient on emulated GPUs names the rank that produced it"
+  ;;
 syncs)
   # host synchronisations per step: two runs that differ only in the number of steps,
   # both inside the first epoch (an epoch's end adds its own fixed work), on 2 ranks
@@ -193,5 +212,5 @@ print("host synchronisations per rank: %s in 8 steps, %s in 16: %.2f per step" %
 assert per <= 1.0, per
 PY
   ;;
-*) echo "usage: $0 RINGTRAIN nccl|shared|three|eval|cross|kill|syncs" >&2; exit 2 ;;
+*) echo "usage: $0 RINGTRAIN nccl|shared|three|eval|cross|kill|syncs|nonfinite" >&2; exit 2 ;;
 esac

@@ -2,7 +2,7 @@
 # `ringtrain train` end to end with real processes (small Net, a Fashion-MNIST subset).
 #
 #   tests/train/cli_train.sh RINGTRAIN CASE
-# CASE: bad_config | progress | kill_rank
+# CASE: bad_config | progress | kill_rank | nonfinite
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 bin=$1
@@ -150,5 +150,37 @@ kill_rank)
   no_leftovers "kill -9 of the launcher"
   echo "ok: kill -9 of the launcher leaves no rank running"
   ;;
-*) echo "usage: $0 RINGTRAIN bad_config|progress|kill_rank" >&2; exit 2 ;;
+nonfinite)
+  # a diverged model (lr 1e300, non-finite steps skipped): its test loss is NaN; the end
+  # line of metrics.jsonl is still JSON (it was "test_loss": -nan) and ringtrain report reads it
+  "$bin" train "$tmp/ok.yaml" "${small[@]}" dist.nproc=1 optim.lr=1e300 train.skip_nonfinite=true >"$tmp/out" 2>"$tmp/err" ||
+    fail "diverged run"
+  /usr/bin/python3 - "$tmp/run/metrics.jsonl" <<'PY' || fail "metrics.jsonl of a diverged run is not JSON"
+import json, sys
+rows = [json.loads(l, parse_constant=lambda c: sys.exit("%s in %s" % (c, l))) for l in open(sys.argv[1])]
+end = rows[-1]
+assert end["kind"] == "end" and end["test_loss"] is None, end
+PY
+  "$bin" report "$tmp/run" >"$tmp/out" 2>"$tmp/err" || fail "ringtrain report of a run with a NaN test loss"
+  echo "ok: a NaN test loss is null in metrics.jsonl"
+  # a NaN in rank 1's batch at step 3 (RINGTRAIN_TEST_NAN_AT, tests only): the gradients are
+  # all-reduced, so every rank sees them non-finite; every rank names rank 1, whichever
+  # exits first (each named itself: the launcher reported whichever rank it saw first)
+  rm -rf "$tmp/run"
+  RINGTRAIN_TEST_NAN_AT=1:3 "$bin" train "$tmp/ok.yaml" "${small[@]}" >"$tmp/out" 2>"$tmp/err"; rc=$?
+  [ "$rc" -eq 1 ] || fail "non-finite gradient on rank 1: exit $rc, expected 1"
+  grep -q "ringtrain: error: rank [01]: step 3 (epoch 0): non-finite gradient (loss [0-9.]*, gradient norm nan) on rank 1 (of 2 rank(s), the only one whose own loss or gradients were non-finite)" "$tmp/err" ||
+    fail "the error does not name rank 1 as the one that produced the non-finite gradient"
+  ! grep -q "non-finite.* on rank 0" "$tmp/err" || fail "a rank names rank 0, whose gradients were finite"
+  grep -q "ringtrain: rank [01] exited with code 1 (its error is above)" "$tmp/err" || fail "no launcher summary"
+  no_leftovers "non-finite gradient"
+  # train.skip_nonfinite: the step is skipped with a warning naming rank 1, the run completes
+  rm -rf "$tmp/run"
+  RINGTRAIN_TEST_NAN_AT=1:3 "$bin" train "$tmp/ok.yaml" "${small[@]}" train.skip_nonfinite=true >"$tmp/out" 2>"$tmp/err" ||
+    fail "skip_nonfinite run"
+  grep -q "step 3: non-finite gradient on rank 1 (of 2 rank(s)" "$tmp/err" || fail "the skipped step's warning does not name rank 1"
+  grep -q '"step": 3, .*"grad_norm": null, .*"skipped": true' "$tmp/run/metrics.jsonl" || fail "step 3 not logged as skipped"
+  echo "ok: a non-finite gradient names the rank that produced it"
+  ;;
+*) echo "usage: $0 RINGTRAIN bad_config|progress|kill_rank|nonfinite" >&2; exit 2 ;;
 esac

@@ -5,7 +5,7 @@
 # different world size, a corrupted newest checkpoint, and ringtrain eval.
 #
 #   tests/train/resume.sh RINGTRAIN CASE
-# CASE: exact | stop | stop_eval | stop_ckpt | steps | world | corrupt | eval | torchvision
+# CASE: evalonce | partition | exact | stop | stop_eval | stop_ckpt | steps | world | corrupt | eval | torchvision
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 bin=$1
@@ -90,7 +90,64 @@ assert steps == list(range(1, len(steps) + 1)), steps
 PY
 }
 
+# every (kind, step) of the eval and checkpoint lines once, and the step lines contiguous
+metrics_once() {
+  /usr/bin/python3 - "$1/metrics.jsonl" <<'PY' || fail "$2: metrics.jsonl repeats an eval or checkpoint step, or has a gap"
+import collections, json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r["step"] for r in rows if r["kind"] == "step"]
+assert steps == list(range(1, len(steps) + 1)), steps
+seen = collections.Counter((r["kind"], r["step"]) for r in rows if r["kind"] in ("eval", "checkpoint"))
+twice = sorted(k for k, n in seen.items() if n > 1)
+assert not twice, "logged more than once: %s" % twice
+PY
+}
+
 case $what in
+evalonce)
+  # a checkpoint of an epoch's last step is followed by that epoch's evaluation; a resume
+  # from it must not log the evaluation of that step again (it did: the eval line before
+  # the checkpoint survives the resume's truncation and the resumed run evaluates again)
+  # (1) the same command again after the run finished: nothing left to train
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.epochs=1 "log.dir=$tmp/f" >"$tmp/f.out" 2>"$tmp/f.err" || fail "run"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.epochs=1 "log.dir=$tmp/f" >"$tmp/f2.out" 2>"$tmp/f2.err" || fail "rerun"
+  grep -q "resuming from .*ckpt-0000000$net_steps_per_epoch" "$tmp/f2.out" || fail "the rerun did not resume"
+  metrics_once "$tmp/f" "a finished run run again"
+  # (2) checkpoints every epoch's worth of steps (written before the epoch's evaluation),
+  # resumed from the one at the end of epoch 1 after the run went on: training continues
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "log.dir=$tmp/full" >"$tmp/full.out" 2>"$tmp/full.err" || fail "straight run"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" checkpoint.every_steps=$net_steps_per_epoch "log.dir=$tmp/b" >"$tmp/b.out" 2>"$tmp/b.err" ||
+    fail "run with checkpoints every $net_steps_per_epoch steps"
+  ck=$(printf '%s/checkpoints/ckpt-%09d' "$tmp/b" "$net_steps_per_epoch")
+  "$bin" train "$tmp/c.yaml" "${net[@]}" checkpoint.every_steps=$net_steps_per_epoch "checkpoint.resume=$ck" "log.dir=$tmp/b" \
+    >"$tmp/b2.out" 2>"$tmp/b2.err" || fail "resume from $ck"
+  grep -q "resuming from $ck" "$tmp/b2.out" || fail "did not resume from $ck"
+  metrics_once "$tmp/b" "resumed from the checkpoint of an epoch's last step"
+  same_run "$tmp/full" "$tmp/b" "resumed from the checkpoint of an epoch's last step"
+  echo "ok: a resume at an epoch's end logs its evaluation once"
+  ;;
+partition)
+  # data.sampler partition stopped mid-epoch on 1 rank and resumed on 2: refused (each
+  # rank's part of the data depends on the world size; the resumed run took some samples
+  # twice and others never, and said the epoch was re-partitioned); on 1 rank it
+  # continues; from a checkpoint at an epoch's end the next epoch starts on 2 ranks
+  p=(data.sampler=partition checkpoint.every_steps=10)
+  run_and_kill p1 "$tmp/p" 10 "${net[@]}" "${p[@]}" dist.nproc=1
+  rc=0
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${p[@]}" dist.nproc=2 "log.dir=$tmp/p" >"$tmp/p2.out" 2>"$tmp/p2.err" || rc=$?
+  [ "$rc" -eq 1 ] || fail "partition: resuming a mid-epoch checkpoint of 1 rank on 2 ranks: exit $rc, expected a refusal"
+  grep -q "ckpt-000000010 stopped after batch 10 of epoch 1 on 1 rank(s), this run has 2: data.sampler partition cannot continue that epoch on another number of ranks" "$tmp/p2.err" ||
+    fail "partition: the refusal does not name data.sampler and both world sizes"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${p[@]}" dist.nproc=1 "log.dir=$tmp/p" >"$tmp/p3.out" 2>"$tmp/p3.err" ||
+    fail "partition: resume on the same number of ranks"
+  grep -q "resuming from .*ckpt-000000010 " "$tmp/p3.out" || fail "partition: did not resume from step 10"
+  metrics_contiguous "$tmp/p"
+  run_and_kill pe "$tmp/pe" "$net_steps_per_epoch" "${net[@]}" data.sampler=partition checkpoint.every_epochs=1 dist.nproc=1
+  "$bin" train "$tmp/c.yaml" "${net[@]}" data.sampler=partition checkpoint.every_epochs=1 dist.nproc=2 "log.dir=$tmp/pe" \
+    >"$tmp/pe2.out" 2>"$tmp/pe2.err" || fail "partition: resume on 2 ranks at an epoch's end"
+  tail -1 "$tmp/pe2.out" | grep -q "^test accuracy" || fail "partition: the resume at an epoch's end did not complete"
+  echo "ok: data.sampler partition refuses another world size in mid-epoch, accepts it at an epoch's end"
+  ;;
 exact)
   for m in net resnet; do
     eval "args=(\"\${$m[@]}\")"
@@ -214,5 +271,5 @@ assert abs(got - acc) <= 0.1, (got, acc)
 PY
   echo "ok: torchvision resnet34 (strict=True) gives ringtrain's accuracy"
   ;;
-*) echo "usage: $0 RINGTRAIN exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision" >&2; exit 2 ;;
+*) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision" >&2; exit 2 ;;
 esac

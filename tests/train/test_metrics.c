@@ -5,6 +5,7 @@
 
 #include "train/metrics.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
@@ -60,7 +61,7 @@ static void test_jsonl(void **state) {
     assert_rt_ok(rt_metrics_eval(m, 7, 1, 0.3, 0.91, 10000));
     rt_metrics_close(m);
     assert_rt_ok(rt_metrics_open(path, true, &m)); /* append, as a resumed run */
-    assert_rt_ok(rt_metrics_line(m, "resume", "\"from_step\": 7"));
+    assert_rt_ok(rt_metrics_line(m, "resume", json_pack("{s:i}", "from_step", 7)));
     rt_metrics_close(m);
     FILE *f = fopen(path, "r");
     char line[2048];
@@ -78,6 +79,69 @@ static void test_jsonl(void **state) {
     if (access("/usr/bin/python3", X_OK) == 0) {
         char cmd[512];
         snprintf(cmd, sizeof cmd, "/usr/bin/python3 -c \"import json,sys; [json.loads(l) for l in open('%s')]\"", path);
+        assert_int_equal(system(cmd), 0);
+    }
+    unlink(path);
+}
+
+/* Every string is escaped and every number is JSON: a field with a quote, a backslash and
+ * control characters reads back unchanged, and a step whose loss and gradient norm are
+ * infinite or NaN is a valid line with nulls (the trainer formatted its lines with
+ * printf: "%s" of such a string, or "%.6f" of a NaN test loss, broke the line and with it
+ * `ringtrain report`). */
+static void test_jsonl_escaping(void **state) {
+    (void)state;
+    char path[] = "/tmp/rt-metrics-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    const char *odd = "a \"quoted\" C:\\dir\\ with\nnewline\ttab\x01\x1f and \xc3\xa9";
+    rt_metrics *m;
+    assert_rt_ok(rt_metrics_open(path, false, &m));
+    assert_rt_ok(rt_metrics_line(m, "checkpoint", json_pack("{s:i, s:o}", "step", 3, "path", rt_metrics_str(odd))));
+    rt_step_record r = {.step = 4, .epoch = 0, .images = 8, .loss = INFINITY, .lr = 0.1, .grad_norm = NAN};
+    assert_rt_ok(rt_metrics_step(m, &r));
+    assert_rt_ok(rt_metrics_eval(m, 4, 0, NAN, 0.5, 10));
+    assert_rt_ok(rt_metrics_line(m, "end",
+                                 json_pack("{s:i, s:o, s:o}", "steps", 4, "test_loss", rt_metrics_num(NAN),
+                                           "test_accuracy", rt_metrics_num(-INFINITY))));
+    /* a path that is not UTF-8 (a Latin-1 folder name): its other bytes as '?' */
+    assert_rt_ok(rt_metrics_line(m, "checkpoint", json_pack("{s:o}", "path", rt_metrics_str("/tmp/caf\xe9 x"))));
+    /* a failed json_pack is an error naming the kind, and the file stays valid */
+    assert_int_not_equal(rt_metrics_line(m, "bad", json_pack("{s:s}", "x", NULL)), RT_OK);
+    assert_non_null(strstr(rt_error_message(), "\"bad\""));
+    rt_metrics_close(m);
+    FILE *f = fopen(path, "r");
+    char line[2048];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_error_t err;
+        json_t *o = json_loads(line, 0, &err);
+        if (!o) fail_msg("line %d is not JSON (%s): %s", n + 1, err.text, line);
+        static const char *const kinds[] = {"checkpoint", "step", "eval", "end", "checkpoint"};
+        assert_true(n < 5);
+        assert_string_equal(json_string_value(json_object_get(o, "kind")), kinds[n]);
+        if (n == 0) assert_string_equal(json_string_value(json_object_get(o, "path")), odd);
+        if (n == 4) assert_string_equal(json_string_value(json_object_get(o, "path")), "/tmp/caf? x"); /* Latin-1 */
+        if (n == 1) {
+            assert_true(json_is_null(json_object_get(o, "loss")) && json_is_null(json_object_get(o, "grad_norm")));
+            assert_true(json_real_value(json_object_get(o, "lr")) == 0.1);
+        }
+        if (n == 2) assert_true(json_is_null(json_object_get(o, "loss")));
+        if (n == 3)
+            assert_true(json_is_null(json_object_get(o, "test_loss")) &&
+                        json_is_null(json_object_get(o, "test_accuracy")));
+        json_decref(o);
+        n++;
+    }
+    fclose(f);
+    assert_int_equal(n, 5);
+    if (access("/usr/bin/python3", X_OK) == 0) { /* and a stricter parser than jansson agrees */
+        char cmd[512];
+        snprintf(cmd, sizeof cmd,
+                 "/usr/bin/python3 -c \"import json,sys; [json.loads(l, parse_constant=lambda c: sys.exit(c)) "
+                 "for l in open('%s')]\"",
+                 path);
         assert_int_equal(system(cmd), 0);
     }
     unlink(path);
@@ -118,6 +182,6 @@ static void test_progress_plain(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_stats), cmocka_unit_test(test_jsonl),
-                                       cmocka_unit_test(test_progress_plain)};
+                                       cmocka_unit_test(test_jsonl_escaping), cmocka_unit_test(test_progress_plain)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -62,7 +63,8 @@ static void make_run(const char *dir) {
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     rt_metrics *m;
     assert_rt_ok(rt_metrics_open(path, false, &m));
-    assert_rt_ok(rt_metrics_line(m, "start", "\"world_size\": 2, \"device\": \"cpu\", \"steps_per_epoch\": 4"));
+    assert_rt_ok(rt_metrics_line(m, "start",
+                                 json_pack("{s:i, s:s, s:i}", "world_size", 2, "device", "cpu", "steps_per_epoch", 4)));
     for (int s = 1; s < RESUME_AT; s++) {
         rt_step_record r = step_of(s, 0);
         assert_rt_ok(rt_metrics_step(m, &r));
@@ -70,16 +72,17 @@ static void make_run(const char *dir) {
     }
     rt_metrics_close(m);
     assert_rt_ok(rt_metrics_open(path, true, &m)); /* the resumed run appends */
-    assert_rt_ok(rt_metrics_line(m, "start", "\"world_size\": 1, \"device\": \"cpu\", \"steps_per_epoch\": 4"));
-    assert_rt_ok(rt_metrics_line(m, "resume", "\"from_step\": 8")); /* a kind the report ignores */
+    assert_rt_ok(rt_metrics_line(m, "start",
+                                 json_pack("{s:i, s:s, s:i}", "world_size", 1, "device", "cpu", "steps_per_epoch", 4)));
+    assert_rt_ok(rt_metrics_line(m, "resume", json_pack("{s:i}", "from_step", 8))); /* a kind the report ignores */
     for (int s = RESUME_AT; s <= N_STEPS; s++) {
         rt_step_record r = step_of(s, 0);
         assert_rt_ok(rt_metrics_step(m, &r));
     }
     assert_rt_ok(rt_metrics_eval(m, N_STEPS, 2, 0.125, 0.8125, 100));
-    assert_rt_ok(rt_metrics_line(m, "end",
-                                 "\"steps\": 12, \"wall_s\": 3.5, \"test_accuracy\": 0.8125, "
-                                 "\"test_loss\": 0.125"));
+    assert_rt_ok(rt_metrics_line(
+        m, "end",
+        json_pack("{s:i, s:f, s:f, s:f}", "steps", 12, "wall_s", 3.5, "test_accuracy", 0.8125, "test_loss", 0.125)));
     rt_metrics_close(m);
     write_file(path, "{\"kind\": \"step\", \"step\": 13, \"epoch\": 3, \"da", "a"); /* killed mid-write */
     for (int rank = 0; rank < 2; rank++) {
@@ -237,7 +240,7 @@ static void test_rewind(void **state) {
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     rt_metrics *m;
     assert_rt_ok(rt_metrics_open(path, false, &m));
-    assert_rt_ok(rt_metrics_line(m, "start", "\"world_size\": 2"));
+    assert_rt_ok(rt_metrics_line(m, "start", json_pack("{s:i}", "world_size", 2)));
     for (int s = 1; s <= 6; s++) {
         rt_step_record r = step_of(s, 0);
         assert_rt_ok(rt_metrics_step(m, &r));
@@ -246,7 +249,7 @@ static void test_rewind(void **state) {
     rt_metrics_close(m);
     write_file(path, "{\"kind\": \"step\", \"step\": 7, \"ep", "a"); /* killed mid-write, no newline */
     assert_rt_ok(rt_metrics_open(path, true, &m));
-    assert_rt_ok(rt_metrics_line(m, "start", "\"world_size\": 1"));
+    assert_rt_ok(rt_metrics_line(m, "start", json_pack("{s:i}", "world_size", 1)));
     for (int s = 4; s <= 8; s++) { /* resumed from the checkpoint at step 3 */
         rt_step_record r = step_of(s, 0);
         r.loss = 100 + s; /* tells the records apart */
