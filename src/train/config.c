@@ -169,7 +169,7 @@ static const key k_keys[] = {
     /* train */
     {"train.epochs", K_INT, F(train.epochs), 0, 0, "1", 0, 1000000, false, NULL, NULL, "passes over the training set"},
     {"train.max_steps", K_INT, F(train.max_steps), 0, 0, "0", 0, I64, false, NULL, NULL,
-     "stop after N optimizer steps (0: no limit; smoke runs)"},
+     "stop after N optimizer steps (0: no limit; smoke runs); auto schedule lengths still fit train.epochs"},
     {"train.eval_every", K_INT, F(train.eval_every), 0, 0, "1", 0, 1000000, false, NULL, NULL,
      "evaluate every N epochs (0: only at the end; always at the end)"},
     {"train.seed", K_INT, F(train.seed), 0, 0, "0", 0, I64, false, NULL, NULL,
