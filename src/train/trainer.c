@@ -121,8 +121,8 @@ typedef struct run {
     char run_id[32];                    /* 16 hex digits: rank 0's at a fresh start, the checkpoint's on resume */
     bool choose_failed;                 /* rank 0 could not choose the checkpoint (choose_err says why) */
     rt_error_record choose_err;
-    int64_t plan_steps; /* train.epochs x steps_per_epoch: the length auto schedules are fitted to */
     bool stop;                          /* every rank saw a stop request at the last step */
+    int64_t plan_steps;                 /* train.epochs x steps_per_epoch: what auto schedule lengths fit */
     int64_t steps_per_epoch, total_steps;
     uint64_t t0;
 } run;
