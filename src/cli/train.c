@@ -118,7 +118,7 @@ static bool g_eval; /* `ringtrain eval` rather than train */
 static char g_ckpt[RT_CKPT_PATH_MAX];
 
 /* eval: CONFIG_OR_CKPT is a checkpoint directory (its config comes from its metadata) or
- * a config (its newest checkpoint is evaluated). */
+ * a config (its newest checkpoint, as rank 0 finds it, is evaluated). */
 static rt_status load_eval(const args *a, rt_config *cfg) {
     struct stat st;
     char probe[RT_CKPT_PATH_MAX + 32];
@@ -136,14 +136,10 @@ static rt_status load_eval(const args *a, rt_config *cfg) {
         RT_CHECK(s);
         for (int i = 0; i < a->n_overrides; i++) RT_CHECK(rt_config_override(cfg, a->overrides[i]));
     } else {
+        /* the newest checkpoint of checkpoint.dir: rank 0 chooses it (rt_evaluate) and
+         * every rank evaluates that one */
         RT_CHECK(rt_config_load(cfg, a->config, a->n_overrides, a->overrides));
-        char dir[RT_CONFIG_PATH_MAX + 16];
-        rt_train_ckpt_dir(cfg, dir, sizeof dir);
-        rt_ckpt_found found;
-        RT_CHECK(rt_ckpt_find(dir, &found));
-        RT_REQUIRE(found.path[0], RT_ERR_INVALID,
-                   "no checkpoint in %s to evaluate (train first, or give a ckpt-* path)", dir);
-        snprintf(g_ckpt, sizeof g_ckpt, "%s", found.path);
+        g_ckpt[0] = '\0';
     }
     return RT_OK;
 }
@@ -183,9 +179,9 @@ static int run_rank(const rt_config *cfg, const rt_dist_env *env) {
     if (g_eval) {
         if (rt_evaluate(cfg, &who, g_ckpt, &res) != RT_OK) return rt_cli_fail();
         if (who.rank == 0)
-            printf("%s (step %lld): test loss %.4f, accuracy %.2f%% (%lld test samples, %d rank(s))\n", g_ckpt,
-                   (long long)res.steps, res.test_loss, 100.0 * res.test_accuracy, (long long)res.test_samples,
-                   who.world_size);
+            printf("%s (step %lld): test loss %.4f, accuracy %.2f%% (%lld test samples, %d rank(s))\n",
+                   res.checkpoint_dir, (long long)res.steps, res.test_loss, 100.0 * res.test_accuracy,
+                   (long long)res.test_samples, who.world_size);
         return 0;
     }
     if (rt_train(cfg, &who, stdout, &res) != RT_OK) return rt_cli_fail();

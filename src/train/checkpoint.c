@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -581,15 +582,33 @@ static void remove_stale_tmp(const char *dir) {
     closedir(d);
 }
 
-rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step) {
+rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step, const char *run_id) {
     if (keep_last <= 0) return RT_OK;
+    if (!run_id) run_id = "";
     ckpt_entry *v;
     int n;
     RT_CHECK(list_ckpts(dir, &v, &n));
-    for (int i = keep_last; i < n; i++) {
-        if (v[i].step == keep_step) continue;
+    int kept = 0; /* valid checkpoints of this run, newest first */
+    for (int i = 0; i < n; i++) {
         char p[RT_CKPT_PATH_MAX + 256];
         snprintf(p, sizeof p, "%s/%s", dir, v[i].name);
+        if (v[i].step == keep_step) { /* just written and verified */
+            kept++;
+            continue;
+        }
+        rt_ckpt_meta m;
+        if (rt_ckpt_verify(p, &m) != RT_OK) { /* corrupt: neither counted nor removed */
+            rt_error_clear();
+            continue;
+        }
+        const char *id = rt_ckpt_meta_get(&m, "run_id");
+        bool mine = strcmp(id ? id : "", run_id) == 0;
+        rt_ckpt_meta_free(&m);
+        if (!mine) continue; /* another run's: never removed here */
+        if (kept < keep_last) {
+            kept++;
+            continue;
+        }
         /* rename aside first, so a crash mid-removal leaves no half checkpoint under a
          * name readers consider */
         char aside[RT_CKPT_PATH_MAX + 300];
@@ -598,6 +617,68 @@ rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step) {
     }
     free(v);
     return RT_OK;
+}
+
+rt_status rt_ckpt_count(const char *dir, int *n, char *newest, size_t newest_n) {
+    ckpt_entry *v;
+    RT_CHECK(list_ckpts(dir, &v, n));
+    if (newest && newest_n) snprintf(newest, newest_n, "%s", *n ? v[0].name : "");
+    free(v);
+    return RT_OK;
+}
+
+rt_status rt_ckpt_move_aside(const char *dir, char *aside_out, size_t aside_n) {
+    ckpt_entry *v;
+    int n;
+    RT_CHECK(list_ckpts(dir, &v, &n));
+    if (aside_out && aside_n) aside_out[0] = '\0';
+    if (n == 0) {
+        free(v);
+        return RT_OK;
+    }
+    /* named after the run of the newest readable checkpoint, else the time */
+    char label[64] = "";
+    for (int i = 0; i < n && !label[0]; i++) {
+        char p[RT_CKPT_PATH_MAX + 256];
+        snprintf(p, sizeof p, "%s/%s", dir, v[i].name);
+        rt_ckpt_meta m;
+        if (rt_ckpt_verify(p, &m) != RT_OK) {
+            rt_error_clear();
+            continue;
+        }
+        const char *id = rt_ckpt_meta_get(&m, "run_id");
+        if (id && *id && strlen(id) < 40 && !strchr(id, '/') && id[0] != '.') snprintf(label, sizeof label, "%s", id);
+        rt_ckpt_meta_free(&m);
+    }
+    if (!label[0]) {
+        time_t t = time(NULL);
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        strftime(label, sizeof label, "%Y%m%d-%H%M%S", &tm);
+    }
+    char aside[RT_CKPT_PATH_MAX + 128];
+    rt_status st = RT_OK;
+    for (int k = 0;; k++) { /* a fresh folder: old-<label>, old-<label>-1, ... */
+        if (k == 0)
+            snprintf(aside, sizeof aside, "%s/old-%s", dir, label);
+        else
+            snprintf(aside, sizeof aside, "%s/old-%s-%d", dir, label, k);
+        if (mkdir(aside, 0755) == 0) break;
+        if (errno != EEXIST || k > 1000) {
+            st = RT_ERROR(RT_ERR_IO, "cannot create %s: %s", aside, strerror(errno));
+            break;
+        }
+    }
+    for (int i = 0; i < n && st == RT_OK; i++) {
+        char from[RT_CKPT_PATH_MAX + 256], to[2 * RT_CKPT_PATH_MAX + 256];
+        snprintf(from, sizeof from, "%s/%s", dir, v[i].name);
+        snprintf(to, sizeof to, "%s/%s", aside, v[i].name);
+        if (rename(from, to) != 0) st = RT_ERROR(RT_ERR_IO, "moving %s to %s: %s", from, to, strerror(errno));
+    }
+    free(v);
+    if (st == RT_OK) st = fsync_path(dir, true);
+    if (st == RT_OK && aside_out) snprintf(aside_out, aside_n, "%s", aside);
+    return st;
 }
 
 typedef struct optim_host {
@@ -736,7 +817,7 @@ rt_status rt_ckpt_write(const char *dir, int64_t step, rt_model *model, const rt
     RT_CHECK_GOTO(put_in_place(dir, tmp, final, name), st, fail);
     RT_CHECK_GOTO(fsync_path(dir, true), st, done);
     if (path_out) snprintf(path_out, path_n, "%s", final);
-    RT_CHECK_GOTO(rt_ckpt_prune(dir, keep_last, step), st, done);
+    RT_CHECK_GOTO(rt_ckpt_prune(dir, keep_last, step, rt_ckpt_meta_get(meta, "run_id")), st, done);
     remove_stale_tmp(dir);
     goto done;
 fail:

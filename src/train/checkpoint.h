@@ -95,16 +95,29 @@ void rt_ckpt_dir_name(int64_t step, char *out, size_t n);
 /* Write checkpoint `step` of `model` (its state dict and dropout counters) and `opt`
  * (state buffers and step counter; NULL: none, e.g. for an exported model) with the
  * caller's `meta` into DIR/ckpt-<step>/ as described above; DIR is created if missing
- * (not its parents). keep_last > 0: then remove the oldest ckpt-* beyond the newest
- * keep_last (never the one just written); 0 keeps all. The path written goes to
- * path_out when non-NULL. Errors name the path and the errno text; after an error DIR
- * holds what it held before. */
+ * (not its parents). keep_last > 0: then prune (rt_ckpt_prune) with the meta's
+ * "run_id" ("" when absent); 0 keeps all. The path written goes to path_out when
+ * non-NULL. Errors name the path and the errno text; after an error DIR holds what it
+ * held before. */
 rt_status rt_ckpt_write(const char *dir, int64_t step, rt_model *model, const rt_optimizer *opt,
                         const rt_ckpt_meta *meta, int keep_last, char *path_out, size_t path_n);
 
-/* Remove ckpt-* directories of DIR beyond the newest keep_last (by step), never
- * `keep_step`; keep_last 0: nothing. Called by rt_ckpt_write. */
-rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step);
+/* Keep the newest keep_last valid checkpoints of run `run_id` (metadata "run_id"; NULL or
+ * "": checkpoints without one) and remove this run's older ones, never `keep_step`
+ * (counted as valid: just written). Checkpoints that fail rt_ckpt_verify and those of
+ * other runs are neither counted nor removed. keep_last 0: nothing. */
+rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step, const char *run_id);
+
+/* The number of ckpt-* directories of DIR (0 when it does not exist), valid or not, and
+ * the newest one's name ("" for none) when newest is non-NULL. */
+rt_status rt_ckpt_count(const char *dir, int *n, char *newest, size_t newest_n);
+
+/* Move every ckpt-* directory of DIR into a new DIR/old-<run_id>/ (the run of the newest
+ * readable one; old-<UTC time>/ when none has a run_id; -1, -2, ... when taken), whose
+ * path goes to aside_out ("" when there was nothing to move). Nothing is deleted; names
+ * not starting with "ckpt-" are never read as checkpoints, so the moved ones are out of
+ * resume's and pruning's way. */
+rt_status rt_ckpt_move_aside(const char *dir, char *aside_out, size_t aside_n);
 
 /* ---- reading ----------------------------------------------------------------------- */
 

@@ -26,7 +26,7 @@
 
 /* ---- the key table ------------------------------------------------------------------ */
 
-typedef enum ktype { K_INT, K_FLOAT, K_BOOL, K_STR, K_CHOICE, K_INTLIST, K_FLOATLIST } ktype;
+typedef enum ktype { K_INT, K_FLOAT, K_BOOL, K_STR, K_CHOICE, K_INTLIST, K_FLOATLIST, K_STRLIST } ktype;
 
 typedef struct key {
     const char *name; /* "section.key" */
@@ -169,7 +169,7 @@ static const key k_keys[] = {
     /* train */
     {"train.epochs", K_INT, F(train.epochs), 0, 0, "1", 0, 1000000, false, NULL, NULL, "passes over the training set"},
     {"train.max_steps", K_INT, F(train.max_steps), 0, 0, "0", 0, I64, false, NULL, NULL,
-     "stop after N optimizer steps (0: no limit; smoke runs)"},
+     "stop after N optimizer steps (0: no limit; smoke runs); auto schedule lengths still fit train.epochs"},
     {"train.eval_every", K_INT, F(train.eval_every), 0, 0, "1", 0, 1000000, false, NULL, NULL,
      "evaluate every N epochs (0: only at the end; always at the end)"},
     {"train.seed", K_INT, F(train.seed), 0, 0, "0", 0, I64, false, NULL, NULL,
@@ -220,6 +220,11 @@ static const key k_keys[] = {
      "keep the newest N checkpoints (0: all)"},
     {"checkpoint.resume", K_STR, F(checkpoint.resume), SZ(checkpoint.resume), 0, "auto", 0, 0, false, NULL, NULL,
      "auto (the newest complete checkpoint, if any) | none | PATH"},
+    {"checkpoint.overwrite", K_BOOL, F(checkpoint.overwrite), 0, 0, "false", 0, 0, false, NULL, NULL,
+     "resume none in a folder holding checkpoints: move them aside into DIR/old-<run id>/ (false: refuse)"},
+    {"checkpoint.allow_changes", K_STRLIST, F(checkpoint.allow_changes), CAP(checkpoint.allow_changes),
+     F(checkpoint.n_allow_changes), "[]", 0, 0, false, NULL, NULL,
+     "keys a resume may change from the checkpoint's config (e.g. [optim.lr]); others are refused"},
     /* log */
     {"log.dir", K_STR, F(log.dir), SZ(log.dir), 0, "auto", 0, 0, false, NULL, NULL,
      "the run directory (metrics.jsonl, config.yaml, checkpoints); auto: runs/<config file name>"},
@@ -238,7 +243,8 @@ enum { N_KEYS = (int)(sizeof k_keys / sizeof k_keys[0]) };
 static const char *const k_sections[] = {"model", "data", "optim", "train", "dist", "checkpoint", "log"};
 enum { N_SECTIONS = (int)(sizeof k_sections / sizeof k_sections[0]) };
 
-static const char *const k_type_names[] = {"int", "float", "bool", "string", "choice", "[int]", "[float, float]"};
+static const char *const k_type_names[] = {"int",    "float", "bool",           "string",
+                                           "choice", "[int]", "[float, float]", "[string]"};
 
 bool rt_config_key_at(int i, const char **name, const char **type, const char **def, const char **doc) {
     if (i < 0 || i >= N_KEYS) return false;
@@ -414,6 +420,7 @@ static rt_status set_scalar(rt_config *cfg, const key *k, const char *where, con
         return parse_choice(k, where, v, base);
     case K_INTLIST:
     case K_FLOATLIST:
+    case K_STRLIST:
         return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not a list (expected [a, b, ...])", where, k->name, v);
     }
     return RT_ERROR(RT_ERR_INTERNAL, "key type %d", (int)k->type);
@@ -432,7 +439,13 @@ static rt_status set_list(rt_config *cfg, const key *k, const char *where, int n
         key ki = *k;
         ki.name = sub;
         ki.allow_auto = false;
-        if (k->type == K_INTLIST) {
+        if (k->type == K_STRLIST) {
+            char(*strs)[RT_CONFIG_NAME_MAX] = (char(*)[RT_CONFIG_NAME_MAX])base;
+            if (!*items[i] || strlen(items[i]) >= RT_CONFIG_NAME_MAX)
+                return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' (expected 1 to %d characters)", where, sub, items[i],
+                                RT_CONFIG_NAME_MAX - 1);
+            snprintf(strs[i], RT_CONFIG_NAME_MAX, "%s", items[i]);
+        } else if (k->type == K_INTLIST) {
             RT_CHECK(parse_int(&ki, where, items[i], (int64_t *)base + i));
             if (i > 0 && ((int64_t *)base)[i] <= ((int64_t *)base)[i - 1])
                 return RT_ERROR(RT_ERR_INVALID, "%s%s: %s after %lld (expected increasing values)", where, sub,
@@ -476,7 +489,7 @@ static rt_status set_list_text(rt_config *cfg, const key *k, const char *where, 
 }
 
 static rt_status set_text(rt_config *cfg, const key *k, const char *where, const char *v) {
-    if (k->type == K_INTLIST || k->type == K_FLOATLIST) return set_list_text(cfg, k, where, v);
+    if (k->type == K_INTLIST || k->type == K_FLOATLIST || k->type == K_STRLIST) return set_list_text(cfg, k, where, v);
     return set_scalar(cfg, k, where, v);
 }
 
@@ -524,7 +537,7 @@ static rt_status parse_section(rt_config *cfg, yaml_document_t *doc, const char 
                                 (size_t)yaml_document_get_node(doc, q->key)->start_mark.line + 1);
         snprintf(where, sizeof where, "%s:%zu: ", name, (size_t)vn->start_mark.line + 1);
         if (vn->type == YAML_SEQUENCE_NODE) {
-            if (k->type != K_INTLIST && k->type != K_FLOATLIST)
+            if (k->type != K_INTLIST && k->type != K_FLOATLIST && k->type != K_STRLIST)
                 return RT_ERROR(RT_ERR_INVALID, "%s%s: a list where a single %s is expected", where, full,
                                 k_type_names[k->type]);
             const char *items[RT_CONFIG_MAX_LIST + 1];
@@ -631,7 +644,7 @@ rt_status rt_config_override(rt_config *cfg, const char *assignment) {
                         s ? "?)" : " (see docs/config.md)");
     }
     const char *v = eq + 1;
-    if (!*v && k->type != K_INTLIST)
+    if (!*v && k->type != K_INTLIST && k->type != K_STRLIST)
         return RT_ERROR(RT_ERR_INVALID, "%s%s: no value (expected a %s)", where, full, k_type_names[k->type]);
     return set_text(cfg, k, where, v);
 }
@@ -673,6 +686,59 @@ static void write_str(FILE *out, const char *s) {
     fputc('"', out);
 }
 
+/* Key k's value as YAML text. */
+static void write_value(const rt_config *cfg, const key *k, FILE *out) {
+    const char *base = (const char *)cfg + k->off;
+    switch (k->type) {
+    case K_INT: {
+        int64_t v = *(const int64_t *)base;
+        if (k->allow_auto && v == RT_CONFIG_AUTO)
+            fprintf(out, "auto");
+        else
+            fprintf(out, "%lld", (long long)v);
+        break;
+    }
+    case K_FLOAT: {
+        double v = *(const double *)base;
+        if (isnan(v))
+            fprintf(out, "auto");
+        else
+            fprintf(out, "%.17g", v);
+        break;
+    }
+    case K_BOOL:
+        fprintf(out, "%s", *(const bool *)base ? "true" : "false");
+        break;
+    case K_STR:
+    case K_CHOICE:
+        write_str(out, base);
+        break;
+    case K_STRLIST: {
+        int n = *(const int *)((const char *)cfg + k->count_off);
+        fputc('[', out);
+        for (int j = 0; j < n; j++) {
+            if (j) fputs(", ", out);
+            write_str(out, ((const char(*)[RT_CONFIG_NAME_MAX])base)[j]);
+        }
+        fputc(']', out);
+        break;
+    }
+    case K_INTLIST:
+    case K_FLOATLIST: {
+        int n = *(const int *)((const char *)cfg + k->count_off);
+        fputc('[', out);
+        for (int j = 0; j < n; j++) {
+            if (k->type == K_INTLIST)
+                fprintf(out, "%s%lld", j ? ", " : "", (long long)((const int64_t *)base)[j]);
+            else
+                fprintf(out, "%s%.17g", j ? ", " : "", ((const double *)base)[j]);
+        }
+        fputc(']', out);
+        break;
+    }
+    }
+}
+
 rt_status rt_config_write(const rt_config *cfg, FILE *out) {
     const char *cur = "";
     size_t cur_len = 0;
@@ -688,45 +754,7 @@ rt_status rt_config_write(const rt_config *cfg, FILE *out) {
             cur_len = sl;
         }
         fprintf(out, "  %s: ", dot + 1);
-        const char *base = (const char *)cfg + k->off;
-        switch (k->type) {
-        case K_INT: {
-            int64_t v = *(const int64_t *)base;
-            if (k->allow_auto && v == RT_CONFIG_AUTO)
-                fprintf(out, "auto");
-            else
-                fprintf(out, "%lld", (long long)v);
-            break;
-        }
-        case K_FLOAT: {
-            double v = *(const double *)base;
-            if (isnan(v))
-                fprintf(out, "auto");
-            else
-                fprintf(out, "%.17g", v);
-            break;
-        }
-        case K_BOOL:
-            fprintf(out, "%s", *(const bool *)base ? "true" : "false");
-            break;
-        case K_STR:
-        case K_CHOICE:
-            write_str(out, base);
-            break;
-        case K_INTLIST:
-        case K_FLOATLIST: {
-            int n = *(const int *)((const char *)cfg + k->count_off);
-            fputc('[', out);
-            for (int j = 0; j < n; j++) {
-                if (k->type == K_INTLIST)
-                    fprintf(out, "%s%lld", j ? ", " : "", (long long)((const int64_t *)base)[j]);
-                else
-                    fprintf(out, "%s%.17g", j ? ", " : "", ((const double *)base)[j]);
-            }
-            fputc(']', out);
-            break;
-        }
-        }
+        write_value(cfg, k, out);
         fputc('\n', out);
     }
     return ferror(out) ? RT_ERROR(RT_ERR_IO, "writing the config: %s", strerror(errno)) : RT_OK;
@@ -744,3 +772,15 @@ rt_status rt_config_write_file(const rt_config *cfg, const char *path) {
     if (s != RT_OK) remove(tmp);
     return s;
 }
+
+bool rt_config_value_at(const rt_config *cfg, int i, char *out, size_t n) {
+    if (i < 0 || i >= N_KEYS) return false;
+    if (n) out[0] = '\0';
+    FILE *f = fmemopen(out, n, "w");
+    if (!f) return true;
+    write_value(cfg, &k_keys[i], f);
+    fclose(f);
+    return true;
+}
+
+bool rt_config_has_key(const char *name) { return find_key(name) != NULL; }

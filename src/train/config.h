@@ -112,6 +112,9 @@ typedef struct rt_config {
         int64_t every_epochs;            /* 0: off */
         int64_t keep_last;               /* 0: keep all */
         char resume[RT_CONFIG_PATH_MAX]; /* auto | none | PATH */
+        bool overwrite;                  /* resume none in a folder with checkpoints: move them aside */
+        char allow_changes[RT_CONFIG_MAX_LIST][RT_CONFIG_NAME_MAX]; /* keys a resume may change */
+        int n_allow_changes;
     } checkpoint;
     struct {
         char dir[RT_CONFIG_PATH_MAX]; /* the run directory; auto: runs/<config file name> */
@@ -148,6 +151,13 @@ rt_status rt_config_write_file(const rt_config *cfg, const char *path);
  * type ("int", "float", "bool", "string", "choice", "[int]", "[float, float]"), default
  * as text, meaning. Returns false past the end. */
 bool rt_config_key_at(int i, const char **name, const char **type, const char **def, const char **doc);
+
+/* Key i's value in cfg as rt_config_write writes it ("auto", "0.10000000000000001",
+ * "\"sgd\"", "[1, 2]"); false past the end. */
+bool rt_config_value_at(const rt_config *cfg, int i, char *out, size_t n);
+
+/* True when `name` is a key of the table ("optim.lr"). */
+bool rt_config_has_key(const char *name);
 
 #ifdef __cplusplus
 }

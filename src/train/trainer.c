@@ -29,6 +29,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -119,6 +120,11 @@ typedef struct run {
     int64_t resumed_step;               /* -1: a fresh run */
     bool stop;                          /* the ranks agreed to stop (agree_stop, step_scalars) */
     int stop_signal;                    /* the signal they agreed on (SIGTERM over SIGINT) */
+    int64_t resume_step;                /* the step of rank 0's choice (-1: not known before loading) */
+    char run_id[32];                    /* 16 hex digits: rank 0's at a fresh start, the checkpoint's on resume */
+    bool choose_failed;                 /* rank 0 could not choose the checkpoint (choose_err says why) */
+    rt_error_record choose_err;
+    int64_t plan_steps;                 /* train.epochs x steps_per_epoch: what auto schedule lengths fit */
     int64_t steps_per_epoch, total_steps;
     uint64_t t0;
 } run;
@@ -467,6 +473,7 @@ static rt_status setup_loaders(run *r, bool train) {
                "data: %lld training samples give no batch of %lld on %d rank(s)", (long long)r->train_ds.n,
                (long long)c->data.batch_size, r->who.world_size);
     r->total_steps = r->steps_per_epoch * c->train.epochs;
+    r->plan_steps = r->total_steps; /* train.max_steps stops the run, it does not shorten the schedule */
     if (c->train.max_steps > 0 && c->train.max_steps < r->total_steps) r->total_steps = c->train.max_steps;
     return RT_OK;
 }
@@ -510,7 +517,9 @@ static rt_status setup_optim(run *r) {
     rt_schedule *sc = &r->sched;
     sc->per_epoch = strcmp(c->optim.interval, "epoch") == 0;
     sc->steps_per_epoch = r->steps_per_epoch;
-    int64_t units = sc->per_epoch ? (r->total_steps + r->steps_per_epoch - 1) / r->steps_per_epoch : r->total_steps;
+    /* auto lengths fit the planned run (train.epochs): a run stopped by train.max_steps and
+     * resumed with more steps follows the schedule of the uninterrupted run */
+    int64_t units = sc->per_epoch ? (r->plan_steps + r->steps_per_epoch - 1) / r->steps_per_epoch : r->plan_steps;
     sc->step_size = c->optim.step_size;
     sc->gamma = c->optim.gamma;
     sc->n_milestones = c->optim.n_milestones;
@@ -870,6 +879,15 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
         if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "world_size", r->who.world_size);
         if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "global_batch", c->data.batch_size);
         if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "seed", c->train.seed);
+        if (st == RT_OK) st = rt_ckpt_meta_set(&m, "run_id", r->run_id);
+        /* the schedule's state, as PyTorch's scheduler state_dict: its resolved lengths and step */
+        if (st == RT_OK) st = rt_ckpt_meta_set(&m, "schedule.kind", rt_sched_kind_name(r->sched.kind));
+        if (st == RT_OK) st = rt_ckpt_meta_set(&m, "schedule.interval", r->sched.per_epoch ? "epoch" : "iteration");
+        if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "schedule.steps_per_epoch", r->sched.steps_per_epoch);
+        if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "schedule.t_max", r->sched.t_max);
+        if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "schedule.total_steps", r->sched.total_steps);
+        if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "schedule.warmup_steps", r->sched.warmup_steps);
+        if (st == RT_OK) st = rt_ckpt_meta_set_i64(&m, "schedule.step", r->step);
         if (st == RT_OK) st = rt_ckpt_meta_set(&m, "device", rt_device_is_cuda(r->dev) ? "cuda" : "cpu");
         if (st == RT_OK && rt_device_is_cuda(r->dev)) {
             rt_conv_algos algos; /* what every rank ran (rank 0's choice: create_model) */
@@ -936,35 +954,269 @@ static rt_status truncate_metrics(const char *path, int64_t step, int64_t *eval_
     return RT_OK;
 }
 
-/* checkpoint.resume: auto (the newest complete checkpoint of checkpoint.dir, if any),
- * none, or a path, into r->resume_path ("": a fresh run). Found before the model is made
- * (a GPU resume takes the checkpoint's convolution algorithms); every rank looks (they
- * all see the same files). */
-static rt_status find_resume(run *r) {
+/* Tests only: RINGTRAIN_TEST_RANK_PATH=<rank>:<from>=<to> makes that rank see the files
+ * under <from> at <to>, as ranks on different nodes see node-local folders of the same
+ * name: the checkpoint folder's listing and the checkpoints it loads. */
+static void rank_view(const run *r, const char *path, char *out, size_t n) {
+    snprintf(out, n, "%s", path);
+    const char *v = getenv("RINGTRAIN_TEST_RANK_PATH");
+    if (!v || !*v) return;
+    char *end = NULL;
+    long rank = strtol(v, &end, 10);
+    const char *eq = *end == ':' ? strchr(end + 1, '=') : NULL;
+    if (!eq || rank != r->who.rank) return;
+    size_t fl = (size_t)(eq - end - 1);
+    if (strncmp(path, end + 1, fl) != 0 || (path[fl] != '/' && path[fl] != '\0')) return;
+    snprintf(out, n, "%s%s", eq + 1, path + fl);
+}
+
+/* A run's id: 16 hex digits from getrandom (the time and pid if it fails). */
+static void new_run_id(char *out, size_t n) {
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) v = (uint64_t)time(NULL) * 1000003u ^ (uint64_t)getpid();
+    snprintf(out, n, "%016llx", (unsigned long long)v);
+}
+
+/* Rank 0's choice (find_resume): checkpoint.resume auto (the newest complete checkpoint
+ * of checkpoint.dir, if any), none (the folder must hold no checkpoint, or
+ * checkpoint.overwrite moves them aside), or a path. */
+static rt_status choose_resume(run *r) {
     const rt_config *c = r->cfg;
-    r->resume_path[0] = '\0';
-    if (strcmp(c->checkpoint.resume, "none") == 0) return RT_OK;
+    new_run_id(r->run_id, sizeof r->run_id); /* a resume takes the checkpoint's instead */
+    char dir[RT_CKPT_PATH_MAX];
+    rank_view(r, r->ckpt_dir, dir, sizeof dir);
+    if (strcmp(c->checkpoint.resume, "none") == 0) {
+        int n = 0;
+        char newest[256];
+        RT_CHECK(rt_ckpt_count(dir, &n, newest, sizeof newest));
+        if (n == 0) return RT_OK;
+        RT_REQUIRE(c->checkpoint.overwrite, RT_ERR_INVALID,
+                   "checkpoint.resume is none but %s holds %d checkpoint(s) of an earlier run (the newest %s); a new "
+                   "run there would mix with them: give this run another checkpoint.dir (or log.dir), continue that "
+                   "run (checkpoint.resume: auto), or set checkpoint.overwrite: true to move them aside into "
+                   "%s/old-<run id>/",
+                   dir, n, newest, dir);
+        char aside[RT_CKPT_PATH_MAX + 128];
+        RT_CHECK(rt_ckpt_move_aside(dir, aside, sizeof aside));
+        fprintf(r->out, "ringtrain: checkpoint.overwrite: moved the %d checkpoint(s) of %s aside into %s\n", n, dir,
+                aside);
+        fflush(r->out);
+        return RT_OK;
+    }
     if (strcmp(c->checkpoint.resume, "auto") != 0) {
         snprintf(r->resume_path, sizeof r->resume_path, "%s", c->checkpoint.resume);
         return RT_OK;
     }
-    rt_train_ckpt_dir(c, r->ckpt_dir, sizeof r->ckpt_dir);
     rt_ckpt_found found;
-    RT_CHECK(rt_ckpt_find(r->ckpt_dir, &found));
-    if (is_root(r))
-        for (int i = 0; i < found.n_skipped; i++)
-            RT_LOG_WARN("checkpoint %s refused: %s; trying the one before", found.skipped[i].path,
-                        found.skipped[i].reason);
+    RT_CHECK(rt_ckpt_find(dir, &found));
+    for (int i = 0; i < found.n_skipped; i++)
+        RT_LOG_WARN("checkpoint %s refused: %s; trying the one before", found.skipped[i].path, found.skipped[i].reason);
     snprintf(r->resume_path, sizeof r->resume_path, "%s", found.path); /* "": nothing to resume */
+    r->resume_step = found.step;
     return RT_OK;
 }
 
-/* Load r->resume_path (find_resume). Every rank loads it. */
+/* Rank 0 chooses the checkpoint to continue from into r->resume_path ("": a fresh run),
+ * before the model is made (a GPU resume takes the checkpoint's convolution algorithms);
+ * the other ranks take its choice from share_resume. A failure is kept for share_resume,
+ * which tells every rank. */
+static rt_status find_resume(run *r) {
+    r->resume_path[0] = '\0';
+    r->resume_step = -1;
+    rt_train_ckpt_dir(r->cfg, r->ckpt_dir, sizeof r->ckpt_dir);
+    if (!is_root(r)) return RT_OK;
+    if (choose_resume(r) != RT_OK) {
+        rt_error_save(&r->choose_err);
+        r->choose_failed = true;
+        r->resume_path[0] = '\0';
+    }
+    return RT_OK;
+}
+
+/* Rank 0's bytes to every rank (the group's buffers live on the training device). */
+static rt_status broadcast_bytes(run *r, void *p, size_t bytes) {
+    if (!r->pg) return RT_OK;
+    RT_REQUIRE(bytes % sizeof(int32_t) == 0, RT_ERR_INTERNAL, "broadcast_bytes: %zu bytes", bytes);
+    if (!rt_device_is_cuda(r->dev)) return rt_broadcast(r->pg, p, bytes / sizeof(int32_t), RT_I32, 0);
+    void *buf = NULL;
+    RT_CHECK(rt_malloc(r->dev, bytes, &buf));
+    rt_status st = rt_memcpy(buf, r->dev, p, rt_device_cpu(), bytes, r->ctx->stream);
+    if (st == RT_OK) st = rt_model_ctx_sync(r->ctx);
+    if (st == RT_OK) st = rt_broadcast(r->pg, buf, bytes / sizeof(int32_t), RT_I32, 0);
+    if (st == RT_OK) st = rt_memcpy(p, rt_device_cpu(), buf, r->dev, bytes, r->ctx->stream);
+    if (st == RT_OK) st = rt_model_ctx_sync(r->ctx);
+    rt_free(r->dev, buf);
+    return st;
+}
+
+/* Rank 0's choice (path, step, run id) to every rank, after the model is made: every
+ * rank then loads exactly that path, whatever its own folder holds. */
+static rt_status share_resume(run *r) {
+    struct {
+        int64_t failed, step;
+        char run_id[32];
+        char path[RT_CKPT_PATH_MAX];
+    } d;
+    memset(&d, 0, sizeof d);
+    d.failed = r->choose_failed;
+    d.step = r->resume_step;
+    snprintf(d.run_id, sizeof d.run_id, "%s", r->run_id);
+    snprintf(d.path, sizeof d.path, "%s", r->resume_path);
+    RT_CHECK(broadcast_bytes(r, &d, sizeof d));
+    if (r->choose_failed) return rt_error_restore(&r->choose_err);
+    RT_REQUIRE(!d.failed, RT_ERR_INVALID, "rank 0 could not choose the checkpoint (its error says why)");
+    snprintf(r->resume_path, sizeof r->resume_path, "%s", d.path);
+    snprintf(r->run_id, sizeof r->run_id, "%s", d.run_id);
+    r->resume_step = d.step;
+    return RT_OK;
+}
+
+/* Every rank's outcome of loading rank 0's choice: the job goes on only if every rank
+ * loaded it; otherwise each fails, the one that could not with its own reason. */
+static rt_status agree_loaded(run *r, rt_status st, const char *path) {
+    if (!r->pg) return st;
+    rt_error_record err;
+    if (st != RT_OK) rt_error_save(&err);
+    int64_t first_bad = st == RT_OK ? r->who.world_size : r->who.rank;
+    RT_CHECK(all_reduce_host(r, &first_bad, 1, RT_I64, RT_OP_MIN));
+    if (st != RT_OK) return rt_error_restore(&err);
+    RT_REQUIRE(first_bad >= r->who.world_size, RT_ERR_IO,
+               "rank %lld could not load the checkpoint %s that rank 0 chose (its error says why)",
+               (long long)first_bad, path);
+    return RT_OK;
+}
+
+/* Keys a resume may change freely (docs/checkpoints.md): how and how long the run goes,
+ * not what it computes. Every other key of the checkpoint's config must be equal, or be
+ * named in checkpoint.allow_changes. */
+static bool free_key(const char *k) {
+    static const char *const sections[] = {"checkpoint.", "log.", "dist."};
+    static const char *const keys[] = {"train.epochs",        "train.max_steps",      "train.eval_every",
+                                       "train.threads",       "train.device",         "train.precision",
+                                       "train.deterministic", "train.skip_nonfinite", "data.path",
+                                       "data.prefetch",       "data.eval_batch_size", "data.test_subset"};
+    for (size_t i = 0; i < sizeof sections / sizeof *sections; i++)
+        if (strncmp(k, sections[i], strlen(sections[i])) == 0) return true;
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        if (strcmp(k, keys[i]) == 0) return true;
+    return false;
+}
+
+/* A config value as a person writes it: numbers in their shortest exact form (0.05, not
+ * 0.050000000000000003), strings without their quotes. */
+static void pretty_value(const char *v, char *out, size_t n) {
+    char *end = NULL;
+    double d = strtod(v, &end);
+    if (end != v && !*end && strchr(v, '.')) {
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(out, n, "%.*g", prec, d);
+            if (strtod(out, NULL) == d) return;
+        }
+    }
+    size_t l = strlen(v);
+    if (l >= 2 && v[0] == '"' && v[l - 1] == '"')
+        snprintf(out, n, "%.*s", (int)(l - 2), v + 1);
+    else
+        snprintf(out, n, "%s", v);
+}
+
+/* The checkpoint's config (metadata "config", the resolved config it was written with)
+ * against this run's, key by key: a key of the trajectory that differs is refused unless
+ * checkpoint.allow_changes names it, then it applies and rank 0 logs it. */
+static rt_status compare_config(run *r, const char *path, const char *text) {
+    const rt_config *c = r->cfg;
+    for (int i = 0; i < c->checkpoint.n_allow_changes; i++)
+        RT_REQUIRE(rt_config_has_key(c->checkpoint.allow_changes[i]), RT_ERR_INVALID,
+                   "checkpoint.allow_changes: '%s' is not a config key (see docs/config.md)",
+                   c->checkpoint.allow_changes[i]);
+    rt_config *old = malloc(sizeof *old);
+    RT_CHECK_ALLOC(old, sizeof *old);
+    rt_config_default(old);
+    char name[RT_CKPT_PATH_MAX + 64];
+    snprintf(name, sizeof name, "%s/" RT_CKPT_TRAIN_FILE " metadata 'config'", path);
+    rt_status st = rt_config_parse_text(old, text, strlen(text), name);
+    char refused[2048] = "";
+    size_t rl = 0;
+    int n_refused = 0;
+    const char *k;
+    for (int i = 0; st == RT_OK && rt_config_key_at(i, &k, NULL, NULL, NULL); i++) {
+        char a[1200], b[1200];
+        rt_config_value_at(old, i, a, sizeof a);
+        rt_config_value_at(c, i, b, sizeof b);
+        if (strcmp(a, b) == 0 || free_key(k)) continue;
+        char pa[600], pb[600];
+        pretty_value(a, pa, sizeof pa);
+        pretty_value(b, pb, sizeof pb);
+        bool allowed = false;
+        for (int j = 0; j < c->checkpoint.n_allow_changes; j++)
+            allowed |= strcmp(c->checkpoint.allow_changes[j], k) == 0;
+        if (allowed) {
+            if (is_root(r)) fprintf(r->out, "ringtrain: checkpoint.allow_changes: %s %s -> %s\n", k, pa, pb);
+            continue;
+        }
+        if (rl < sizeof refused)
+            rl += (size_t)snprintf(refused + rl, sizeof refused - rl, "%s%s %s in the checkpoint, %s in this run",
+                                   n_refused ? "; " : "", k, pa, pb);
+        n_refused++;
+    }
+    free(old);
+    if (st != RT_OK) return rt_error_trace(__FILE__, __LINE__, "checkpoint.resume: the checkpoint's config"), st;
+    if (is_root(r)) fflush(r->out);
+    RT_REQUIRE(n_refused == 0, RT_ERR_INVALID,
+               "checkpoint %s was trained with another config: %s. A resume continues the same run: use the "
+               "checkpoint's values, state the change with checkpoint.allow_changes=[KEY,...] to apply it, or start "
+               "afresh (checkpoint.resume: none, in another checkpoint.dir)",
+               path, refused);
+    return RT_OK;
+}
+
+/* The schedule's saved state (schedule.* metadata) over the one this config resolves to:
+ * lengths left to auto keep their saved values (a run trained longer by train.epochs
+ * keeps its schedule, as a restored PyTorch scheduler keeps T_max); explicit ones, and
+ * a schedule of another kind or interval (a stated change), come from the config.
+ * Checkpoints without schedule.* keep the config's. */
+static rt_status restore_schedule(run *r, const rt_ckpt_meta *m, int64_t step) {
+    const rt_config *c = r->cfg;
+    const char *kind = rt_ckpt_meta_get(m, "schedule.kind"), *interval = rt_ckpt_meta_get(m, "schedule.interval");
+    if (!kind || !interval) return RT_OK;
+    rt_schedule *sc = &r->sched;
+    if (strcmp(kind, rt_sched_kind_name(sc->kind)) != 0 || strcmp(interval, sc->per_epoch ? "epoch" : "iteration") != 0)
+        return RT_OK;
+    int64_t spe, t_max, total, saved_step;
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "schedule.steps_per_epoch", &spe));
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "schedule.t_max", &t_max));
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "schedule.total_steps", &total));
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "schedule.step", &saved_step));
+    RT_REQUIRE(saved_step == step, RT_ERR_FORMAT, "%s: metadata 'schedule.step' is %lld, expected the step %lld",
+               m->source, (long long)saved_step, (long long)step);
+    rt_schedule s = *sc;
+    if (spe > 0) s.steps_per_epoch = spe;
+    if (c->optim.t_max == RT_CONFIG_AUTO) s.t_max = t_max;
+    if (c->optim.total_steps == RT_CONFIG_AUTO) s.total_steps = total;
+    rt_status st = rt_schedule_validate(&s);
+    if (st != RT_OK) return rt_error_trace(__FILE__, __LINE__, "the checkpoint's schedule.* metadata"), st;
+    bool kept = s.t_max != sc->t_max || s.total_steps != sc->total_steps || s.steps_per_epoch != sc->steps_per_epoch;
+    if (kept && is_root(r)) {
+        fprintf(r->out,
+                "ringtrain: the schedule keeps its saved lengths (t_max %lld, total_steps %lld, %lld steps/epoch; "
+                "this config alone gives %lld, %lld, %lld): set optim.t_max or optim.total_steps with "
+                "checkpoint.allow_changes to re-plan it\n",
+                (long long)s.t_max, (long long)s.total_steps, (long long)s.steps_per_epoch, (long long)sc->t_max,
+                (long long)sc->total_steps, (long long)sc->steps_per_epoch);
+        fflush(r->out);
+    }
+    *sc = s;
+    return RT_OK;
+}
+
+/* Load r->resume_path (rank 0's choice: find_resume, share_resume). Every rank loads
+ * it, checks the metadata against this run, and the ranks agree on the outcome. */
 static rt_status resume(run *r) {
     const rt_config *c = r->cfg;
     r->resumed_step = -1;
     if (!r->resume_path[0]) return RT_OK;
-    const char *path = r->resume_path;
+    char path[RT_CKPT_PATH_MAX];
+    rank_view(r, r->resume_path, path, sizeof path);
     rt_ckpt_meta m;
     rt_ckpt_meta_init(&m);
     int64_t step = 0, epoch = 0, batches = 0, world = 0, batch = 0;
@@ -974,12 +1226,22 @@ static rt_status resume(run *r) {
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "epoch_batches", &batches);
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "world_size", &world);
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "global_batch", &batch);
+    if (st == RT_OK && r->resume_step >= 0 && step != r->resume_step)
+        st = RT_ERROR(RT_ERR_FORMAT, "checkpoint %s holds step %lld here, rank 0 chose it as step %lld", path,
+                      (long long)step, (long long)r->resume_step);
+    const char *text = st == RT_OK ? rt_ckpt_meta_get(&m, "config") : NULL;
+    if (st == RT_OK && text) st = compare_config(r, path, text);
+    if (st == RT_OK && batch != c->data.batch_size)
+        st = RT_ERROR(RT_ERR_INVALID,
+                      "checkpoint %s was trained with data.batch_size %lld, this run has %lld: resume with the same "
+                      "global batch (checkpoint.resume: none starts afresh)",
+                      path, (long long)batch, (long long)c->data.batch_size);
+    if (st == RT_OK) st = restore_schedule(r, &m, step);
+    const char *id = st == RT_OK ? rt_ckpt_meta_get(&m, "run_id") : NULL;
+    if (id && *id) snprintf(r->run_id, sizeof r->run_id, "%s", id); /* else: the fresh one (an older checkpoint) */
     rt_ckpt_meta_free(&m);
-    if (st != RT_OK) return rt_error_trace(__FILE__, __LINE__, "checkpoint.resume"), st;
-    RT_REQUIRE(batch == c->data.batch_size, RT_ERR_INVALID,
-               "checkpoint %s was trained with data.batch_size %lld, this run has %lld: resume with the same global "
-               "batch (checkpoint.resume: none starts afresh)",
-               path, (long long)batch, (long long)c->data.batch_size);
+    if (st != RT_OK) rt_error_trace(__FILE__, __LINE__, "checkpoint.resume");
+    RT_CHECK(agree_loaded(r, st, r->resume_path));
     /* the rest of the epoch on another number of ranks: exact for the distributed sampler
      * (the epoch's order does not depend on it), not for partition (each rank's part does) */
     const rt_sampler_config *sc = &rt_loader_sampler(r->train_loader)->cfg;
@@ -1050,6 +1312,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
     RT_CHECK(setup_model(r));
     rt_launch_heartbeat();
     if (r->pg) rt_pg_set_stream(r->pg, r->ctx->stream); /* the stream contract (docs/dist.md) */
+    RT_CHECK(share_resume(r));
     RT_CHECK(broadcast_state(r, true));
     RT_CHECK(check_in_sync(r, true, "after the initial broadcast"));
     RT_CHECK(setup_loaders(r, true));
@@ -1072,11 +1335,11 @@ static rt_status train_all(run *r, rt_train_result *res) {
         RT_CHECK(rt_config_write_file(c, path));
         char devs[32];
         json_t *fields =
-            json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "world_size", r->who.world_size, "device",
+            json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:s}", "world_size", r->who.world_size, "device",
                       rt_device_str(r->dev, devs, sizeof devs), "steps_per_epoch", (json_int_t)r->steps_per_epoch,
                       "total_steps", (json_int_t)r->total_steps, "global_batch", (json_int_t)c->data.batch_size,
                       "train_samples", (json_int_t)r->train_ds.n, "test_samples", (json_int_t)r->test_ds.n,
-                      "parameters", (json_int_t)rt_model_num_parameters(r->model));
+                      "parameters", (json_int_t)rt_model_num_parameters(r->model), "run_id", r->run_id);
         if (fields && resumed) json_object_set_new(fields, "resumed_from_step", json_integer(r->step));
         RT_CHECK(rt_metrics_line(r->metrics, "start", fields));
     }
@@ -1238,24 +1501,58 @@ rt_status rt_train(const rt_config *cfg, const rt_train_rank *who, FILE *out, rt
 
 /* ---- evaluation of a checkpoint ---------------------------------------------------------- */
 
+/* Rank 0's choice for `ringtrain eval`: the given checkpoint, or ("") the newest valid
+ * one of checkpoint.dir. */
+static rt_status choose_eval(run *r, const char *ckpt) {
+    if (ckpt && *ckpt) {
+        snprintf(r->resume_path, sizeof r->resume_path, "%s", ckpt);
+        return RT_OK;
+    }
+    char dir[RT_CKPT_PATH_MAX];
+    rank_view(r, r->ckpt_dir, dir, sizeof dir);
+    rt_ckpt_found found;
+    RT_CHECK(rt_ckpt_find(dir, &found));
+    RT_REQUIRE(found.path[0], RT_ERR_INVALID, "no checkpoint in %s to evaluate (train first, or give a ckpt-* path)",
+               dir);
+    for (int i = 0; i < found.n_skipped; i++)
+        RT_LOG_WARN("checkpoint %s refused: %s; trying the one before", found.skipped[i].path, found.skipped[i].reason);
+    snprintf(r->resume_path, sizeof r->resume_path, "%s", found.path);
+    r->resume_step = found.step;
+    return RT_OK;
+}
+
+/* ckpt: a checkpoint directory, or "" for the newest of checkpoint.dir; rank 0 chooses,
+ * every rank evaluates that one (or the job fails naming it). */
 static rt_status eval_all(run *r, const char *ckpt, rt_train_result *res) {
     const rt_config *c = r->cfg;
     rt_train_run_dir(c, r->run_dir, sizeof r->run_dir);
     snprintf(res->run_dir, sizeof res->run_dir, "%s", r->run_dir);
-    snprintf(res->checkpoint_dir, sizeof res->checkpoint_dir, "%s", ckpt);
     RT_CHECK(rt_device_select(c->train.device, r->who.local_rank, &r->dev));
     RT_CHECK(load_data(r));
     RT_CHECK(setup_group(r));
-    snprintf(r->resume_path, sizeof r->resume_path, "%s", ckpt); /* its convolution algorithms (GPU) */
-    RT_CHECK(setup_model(r));
+    rt_train_ckpt_dir(c, r->ckpt_dir, sizeof r->ckpt_dir);
+    r->resume_step = -1;
+    if (is_root(r) && choose_eval(r, ckpt) != RT_OK) { /* told to every rank by share_resume */
+        rt_error_save(&r->choose_err);
+        r->choose_failed = true;
+        r->resume_path[0] = '\0';
+    }
+    RT_CHECK(setup_model(r)); /* rank 0: the checkpoint's convolution algorithms (GPU) */
     if (r->pg) rt_pg_set_stream(r->pg, r->ctx->stream);
+    RT_CHECK(share_resume(r));
+    snprintf(res->checkpoint_dir, sizeof res->checkpoint_dir, "%s", r->resume_path);
+    char path[RT_CKPT_PATH_MAX];
+    rank_view(r, r->resume_path, path, sizeof path);
     rt_ckpt_meta m;
     rt_ckpt_meta_init(&m);
-    rt_status st = rt_ckpt_load(ckpt, r->model, NULL, &m);
+    rt_status st = rt_ckpt_load(path, r->model, NULL, &m);
     int64_t step = 0;
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "step", &step);
+    if (st == RT_OK && r->resume_step >= 0 && step != r->resume_step)
+        st = RT_ERROR(RT_ERR_FORMAT, "checkpoint %s holds step %lld here, rank 0 chose it as step %lld", path,
+                      (long long)step, (long long)r->resume_step);
     rt_ckpt_meta_free(&m);
-    RT_CHECK(st);
+    RT_CHECK(agree_loaded(r, st, r->resume_path));
     RT_CHECK(setup_loaders(r, false));
     uint64_t t0 = rt_now_ns();
     RT_CHECK(evaluate(r, &res->test_loss, &res->test_accuracy, &res->test_samples));

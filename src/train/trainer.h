@@ -60,9 +60,11 @@ rt_status rt_train_check_world(const rt_config *cfg, int64_t world_size);
  * checkpoint: RT_OK with res->stopped. */
 rt_status rt_train(const rt_config *cfg, const rt_train_rank *who, FILE *out, rt_train_result *res);
 
-/* Evaluate the model of checkpoint directory `checkpoint` on the test set of cfg's data,
- * split over the ranks (each sample once): res->test_loss, test_accuracy, test_samples,
- * steps (the checkpoint's step). Any world size. */
+/* Evaluate the model of checkpoint directory `checkpoint` ("" or NULL: the newest valid
+ * one of cfg's checkpoint.dir) on the test set of cfg's data, split over the ranks (each
+ * sample once): res->test_loss, test_accuracy, test_samples, steps (the checkpoint's
+ * step), checkpoint_dir (the checkpoint evaluated). Rank 0's choice is every rank's: a
+ * rank that cannot load it fails the job with its reason. Any world size. */
 rt_status rt_evaluate(const rt_config *cfg, const rt_train_rank *who, const char *checkpoint, rt_train_result *res);
 
 #ifdef __cplusplus

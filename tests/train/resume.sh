@@ -5,7 +5,8 @@
 # different world size, a corrupted newest checkpoint, and ringtrain eval.
 #
 #   tests/train/resume.sh RINGTRAIN CASE
-# CASE: evalonce | partition | exact | stop | stop_eval | stop_ckpt | steps | world | corrupt | eval | torchvision
+# CASE: evalonce | partition | exact | stop | stop_eval | stop_ckpt | steps | world | corrupt | eval |
+#       torchvision | schedule | runid | ranks
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 bin=$1
@@ -240,6 +241,111 @@ eval)
   grep -q "accuracy $acc%" "$tmp/ev.out" || fail "eval CONFIG: $(tail -1 "$tmp/ev.out")"
   echo "ok: ringtrain eval gives the training's accuracy with 1, 2, 3 ranks"
   ;;
+schedule)
+  # a schedule whose length is the run's (one-cycle, cosine with a warmup): stopped by
+  # train.max_steps in mid-epoch and resumed with more steps, it equals the uninterrupted
+  # run (the lengths were those of the 40 steps the first command ran, and were recomputed
+  # on resume); the saved lengths are restored (schedule.* metadata)
+  for sch in "optim.schedule=onecycle" "optim.schedule=cosine optim.warmup_steps=8"; do
+    n=${sch%%[ =]*}; n=$(echo "$sch" | sed 's/optim.schedule=\([a-z]*\).*/\1/')
+    # shellcheck disable=SC2086
+    "$bin" train "$tmp/c.yaml" "${net[@]}" optim.lr=0.05 $sch "log.dir=$tmp/$n-full" >"$tmp/$n-full.out" 2>"$tmp/$n-full.err" || fail "$n: straight run"
+    # shellcheck disable=SC2086
+    "$bin" train "$tmp/c.yaml" "${net[@]}" optim.lr=0.05 $sch train.max_steps=40 "log.dir=$tmp/$n" >"$tmp/$n-1.out" 2>"$tmp/$n-1.err" || fail "$n: 40 steps"
+    # shellcheck disable=SC2086
+    "$bin" train "$tmp/c.yaml" "${net[@]}" optim.lr=0.05 $sch "log.dir=$tmp/$n" >"$tmp/$n-2.out" 2>"$tmp/$n-2.err" || fail "$n: resume"
+    grep -q "resuming from .*ckpt-000000040" "$tmp/$n-2.out" || fail "$n: did not resume from step 40"
+    same_run "$tmp/$n-full" "$tmp/$n" "$n schedule stopped by train.max_steps, then resumed"
+    /usr/bin/python3 - "$(ls -d "$tmp/$n"/checkpoints/ckpt-* | tail -1)" <<'PY' || fail "$n: schedule metadata"
+import json, struct, sys
+b = open(sys.argv[1] + "/train.safetensors", "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+m = json.loads(b[8:8 + n])["__metadata__"]
+assert m["schedule.step"] == m["step"] == "128", m
+assert m["schedule.total_steps"] == "128" and m["schedule.steps_per_epoch"] == "64", m
+PY
+  done
+  # a resume that changes a key of the trajectory is refused with the key and both values
+  d=$tmp/onecycle
+  "$bin" train "$tmp/c.yaml" "${net[@]}" optim.schedule=onecycle optim.lr=0.02 train.epochs=3 "log.dir=$d" >"$tmp/ch.out" 2>"$tmp/ch.err" &&
+    fail "a resume with another optim.lr was accepted"
+  grep -q "optim.lr.*0.05.*0.02" "$tmp/ch.err" || fail "the refusal does not name optim.lr and both values: $(cat "$tmp/ch.err")"
+  grep -q "checkpoint.allow_changes" "$tmp/ch.err" || fail "the refusal does not say how to apply the change"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" optim.schedule=onecycle optim.lr=0.05 data.augment=false train.epochs=3 "log.dir=$d" >"$tmp/ch2.out" 2>"$tmp/ch2.err" &&
+    fail "a resume with another data.augment was accepted"
+  grep -q "data.augment.*true.*false" "$tmp/ch2.err" || fail "the refusal does not name data.augment: $(cat "$tmp/ch2.err")"
+  [ "$(ls -d "$d"/checkpoints/ckpt-* | tail -1)" = "$d/checkpoints/ckpt-000000128" ] || fail "a refused resume wrote a checkpoint"
+  # stated: applied and logged; train.epochs (free) trains longer
+  "$bin" train "$tmp/c.yaml" "${net[@]}" optim.schedule=onecycle optim.lr=0.02 train.epochs=3 'checkpoint.allow_changes=[optim.lr]' "log.dir=$d" >"$tmp/ch3.out" 2>"$tmp/ch3.err" ||
+    fail "a resume with checkpoint.allow_changes=[optim.lr]: $(tail -3 "$tmp/ch3.err")"
+  grep -q "checkpoint.allow_changes: optim.lr 0.05 -> 0.02" "$tmp/ch3.out" || fail "the allowed change was not logged"
+  grep -q "resuming from .*ckpt-000000128" "$tmp/ch3.out" || fail "did not resume from step 128"
+  ls -d "$d"/checkpoints/ckpt-000000192 >/dev/null || fail "the longer run did not reach step 192"
+  # trained longer, the one-cycle schedule keeps its saved length (128 steps) and holds its
+  # final lr past it, as a restored OneCycleLR would (recomputed, it spans 192 steps)
+  grep -q "the schedule keeps its saved lengths (.*total_steps 128" "$tmp/ch3.out" || fail "the kept schedule was not reported"
+  /usr/bin/python3 - "$d/checkpoints/ckpt-000000192" "$d/metrics.jsonl" <<'PY' || fail "the schedule was not restored"
+import json, struct, sys
+b = open(sys.argv[1] + "/train.safetensors", "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+m = json.loads(b[8:8 + n])["__metadata__"]
+assert m["schedule.total_steps"] == "128" and m["schedule.step"] == "192", m
+lr = {r["step"]: r["lr"] for r in map(json.loads, open(sys.argv[2])) if r.get("kind") == "step"}
+assert lr[129] == lr[160] == lr[192] < lr[100], (lr[100], lr[129], lr[160], lr[192])
+PY
+  echo "ok: schedule state restored (exact resume after max_steps); changed keys refused unless allowed"
+  ;;
+runid)
+  # a checkpoint folder belongs to one run: resume none in a folder with another run's
+  # checkpoints refuses; checkpoint.overwrite moves them aside (nothing is lost)
+  d=$tmp/r
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.epochs=1 "log.dir=$d" >"$tmp/r1.out" 2>"$tmp/r1.err" || fail "run 1"
+  meta() { /usr/bin/python3 -c 'import json,struct,sys; b=open(sys.argv[1]+"/train.safetensors","rb").read(); n=struct.unpack("<Q",b[:8])[0]; print(json.loads(b[8:8+n])["__metadata__"].get(sys.argv[2],""))' "$1" "$2"; }
+  id1=$(meta "$d/checkpoints/ckpt-000000064" run_id)
+  echo "$id1" | grep -qE '^[0-9a-f]{16}$' || fail "run_id '$id1' is not 16 hex digits"
+  grep '"kind": "start"' "$d/metrics.jsonl" | grep -q "\"run_id\": \"$id1\"" || fail "metrics.jsonl's start line lacks run_id $id1"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.epochs=1 checkpoint.resume=none "log.dir=$d" >"$tmp/r2.out" 2>"$tmp/r2.err" &&
+    fail "resume none in a folder holding another run's checkpoints was accepted"
+  grep -q "checkpoint.overwrite" "$tmp/r2.err" && grep -q "checkpoint.dir" "$tmp/r2.err" || fail "the refusal does not say what to do: $(cat "$tmp/r2.err")"
+  [ "$(meta "$d/checkpoints/ckpt-000000064" run_id)" = "$id1" ] || fail "the refused run touched the checkpoints"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.epochs=1 train.seed=3 checkpoint.resume=none checkpoint.overwrite=true "log.dir=$d" >"$tmp/r3.out" 2>"$tmp/r3.err" ||
+    fail "checkpoint.overwrite=true: $(tail -3 "$tmp/r3.err")"
+  [ -d "$d/checkpoints/old-$id1/ckpt-000000064" ] || fail "the old checkpoints were not moved into old-$id1/: $(ls "$d/checkpoints")"
+  [ "$(meta "$d/checkpoints/old-$id1/ckpt-000000064" run_id)" = "$id1" ] || fail "the moved checkpoint changed"
+  id2=$(meta "$d/checkpoints/ckpt-000000064" run_id)
+  [ -n "$id2" ] && [ "$id2" != "$id1" ] || fail "the new run's id '$id2' (old $id1)"
+  grep -q "moved .* aside into .*old-$id1" "$tmp/r3.out" || fail "the move was not reported"
+  # a resume keeps the run's id
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.epochs=2 train.seed=3 "log.dir=$d" >"$tmp/r4.out" 2>"$tmp/r4.err" || fail "resume"
+  [ "$(meta "$d/checkpoints/ckpt-000000128" run_id)" = "$id2" ] || fail "the resumed run changed its id"
+  echo "ok: resume none refuses another run's folder; overwrite moves it aside; run ids kept on resume"
+  ;;
+ranks)
+  # rank 0 chooses the checkpoint and every rank loads that one: rank 1 sees node-local
+  # folders (RINGTRAIN_TEST_RANK_PATH) that hold a newer checkpoint (it resumed from it,
+  # and the ranks' parameters differed) or lack rank 0's choice (the job fails naming it)
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "log.dir=$tmp/full" >"$tmp/full.out" 2>"$tmp/full.err" || fail "straight run"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.max_steps=20 checkpoint.every_steps=10 "log.dir=$tmp/a" >"$tmp/a1.out" 2>"$tmp/a1.err" || fail "20 steps"
+  cp -r "$tmp/a" "$tmp/b" && cp -r "$tmp/a" "$tmp/c"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.max_steps=30 checkpoint.every_steps=10 "log.dir=$tmp/b" >"$tmp/b1.out" 2>"$tmp/b1.err" || fail "b to 30 steps"
+  rm -rf "$tmp/c/checkpoints/ckpt-000000020"
+  # eval: rank 1 loads rank 0's choice (ckpt-20), not its own newest (ckpt-30)
+  "$bin" eval "$tmp/a/checkpoints/ckpt-000000020" --nproc 1 >"$tmp/e1.out" 2>"$tmp/e1.err" || fail "eval of ckpt-20, 1 rank"
+  acc=$(sed -n 's/.*accuracy \([0-9.]*%\).*/\1/p' "$tmp/e1.out")
+  RINGTRAIN_TEST_RANK_PATH="1:$tmp/a=$tmp/b" "$bin" eval "$tmp/c.yaml" "${net[@]}" train.max_steps=20 "log.dir=$tmp/a" >"$tmp/e2.out" 2>"$tmp/e2.err" || fail "eval, rank 1 sees b: $(tail -3 "$tmp/e2.err")"
+  grep -q "ckpt-000000020 (step 20): .*accuracy $acc" "$tmp/e2.out" || fail "eval did not evaluate rank 0's ckpt-20 on every rank ($acc): $(cat "$tmp/e2.out")"
+  RINGTRAIN_TEST_RANK_PATH="1:$tmp/a=$tmp/c" "$bin" eval "$tmp/c.yaml" "${net[@]}" "log.dir=$tmp/a" >"$tmp/e3.out" 2>"$tmp/e3.err" && fail "eval with rank 1 lacking rank 0's checkpoint succeeded"
+  grep -q "$tmp/c/checkpoints/ckpt-000000020.*No such file" "$tmp/e3.err" || fail "eval: the failure does not name the path and the reason: $(cat "$tmp/e3.err")"
+  # train: rank 1 lacks rank 0's choice: the job fails, naming the path and the reason
+  cp -r "$tmp/a" "$tmp/a0"
+  RINGTRAIN_TEST_RANK_PATH="1:$tmp/a=$tmp/c" "$bin" train "$tmp/c.yaml" "${net[@]}" checkpoint.every_steps=10 "log.dir=$tmp/a" >"$tmp/t1.out" 2>"$tmp/t1.err" && fail "resume with rank 1 lacking rank 0's checkpoint succeeded"
+  grep -q "$tmp/c/checkpoints/ckpt-000000020.*No such file" "$tmp/t1.err" || fail "the failure does not name the path and the reason: $(cat "$tmp/t1.err")"
+  [ ! -d "$tmp/a/checkpoints/ckpt-000000030" ] || fail "the failed resume trained on"
+  # rank 1's folder holds a newer checkpoint: every rank resumes from rank 0's ckpt-20
+  RINGTRAIN_TEST_RANK_PATH="1:$tmp/a=$tmp/b" "$bin" train "$tmp/c.yaml" "${net[@]}" checkpoint.every_steps=10 "log.dir=$tmp/a" >"$tmp/t2.out" 2>"$tmp/t2.err" ||
+    fail "resume with rank 1 seeing a newer checkpoint: $(tail -3 "$tmp/t2.err")"
+  grep -q "resuming from .*ckpt-000000020" "$tmp/t2.out" || fail "did not resume from rank 0's ckpt-20"
+  same_run "$tmp/full" "$tmp/a" "rank 1 saw a newer checkpoint"
+  echo "ok: rank 0 chooses the checkpoint, every rank loads it or the job fails naming it"
+  ;;
 torchvision)
   # the final checkpoint in torchvision.models.resnet34 (strict=True) scores ringtrain's accuracy
   /usr/bin/python3 -c 'import torch, torchvision' 2>/dev/null || { echo "SKIP: no torch at /usr/bin/python3"; exit 77; }
@@ -271,5 +377,5 @@ assert abs(got - acc) <= 0.1, (got, acc)
 PY
   echo "ok: torchvision resnet34 (strict=True) gives ringtrain's accuracy"
   ;;
-*) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision" >&2; exit 2 ;;
+*) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision|schedule|runid|ranks" >&2; exit 2 ;;
 esac

@@ -388,6 +388,66 @@ static void test_keep_last(void **state) {
     ct_rmrf(dir);
 }
 
+/* Pruning counts only this run's valid checkpoints (issue 20, item 4): another run's
+ * checkpoints in the folder and a corrupt newer one of this run are neither counted
+ * toward keep_last nor removed; this run's older valid ones beyond keep_last are. */
+static void write_ckpt_run(const char *dir, int64_t step, ct_run *r, int keep_last, const char *run_id) {
+    rt_ckpt_meta m;
+    ct_meta(&m, step / 10);
+    assert_rt_ok(rt_ckpt_meta_set(&m, "run_id", run_id));
+    assert_rt_ok(rt_ckpt_write(dir, step, r->model, &r->opt, &m, keep_last, NULL, 0));
+    rt_ckpt_meta_free(&m);
+}
+
+static void test_keep_last_runs(void **state) {
+    (void)state;
+    char dir[256], file[1024];
+    ct_tmpdir(dir, sizeof dir, "runs");
+    ct_run r;
+    ct_build(&r, RT_ARCH_NET, 64, RT_OPTIM_SGD, 1);
+    write_ckpt_run(dir, 100, &r, 0, "aaaaaaaaaaaaaaaa"); /* an older run's, newer steps */
+    write_ckpt_run(dir, 200, &r, 0, "aaaaaaaaaaaaaaaa");
+    write_ckpt_run(dir, 10, &r, 2, "bbbbbbbbbbbbbbbb");
+    write_ckpt_run(dir, 20, &r, 2, "bbbbbbbbbbbbbbbb");
+    assert_int_equal(ct_count_prefix(dir, "ckpt-"), 4); /* the other run's do not count */
+    write_ckpt_run(dir, 25, &r, 2, "bbbbbbbbbbbbbbbb");
+    assert_false(exists(dir, "ckpt-000000010"));
+    snprintf(file, sizeof file, "%s/ckpt-000000025/model.safetensors", dir);
+    flip_byte(file, data_offset(file)); /* this run's newest is corrupt now */
+    write_ckpt_run(dir, 30, &r, 2, "bbbbbbbbbbbbbbbb");
+    /* 30 and 20 are the newest two valid ones of this run; the corrupt 25 stays */
+    assert_true(exists(dir, "ckpt-000000030") && exists(dir, "ckpt-000000020") && exists(dir, "ckpt-000000025"));
+    assert_true(exists(dir, "ckpt-000000100") && exists(dir, "ckpt-000000200"));
+    write_ckpt_run(dir, 40, &r, 2, "bbbbbbbbbbbbbbbb");
+    assert_false(exists(dir, "ckpt-000000020"));
+    assert_true(exists(dir, "ckpt-000000040") && exists(dir, "ckpt-000000030") && exists(dir, "ckpt-000000025"));
+    assert_true(exists(dir, "ckpt-000000100") && exists(dir, "ckpt-000000200"));
+    assert_int_equal(ct_count_prefix(dir, "ckpt-"), 5);
+
+    /* moved aside, nothing lost: into old-<run id of the newest readable one>/ */
+    int n = 0;
+    char newest[64], aside[RT_CKPT_PATH_MAX + 128], want[512];
+    assert_rt_ok(rt_ckpt_count(dir, &n, newest, sizeof newest));
+    assert_int_equal(n, 5);
+    assert_string_equal(newest, "ckpt-000000200");
+    assert_rt_ok(rt_ckpt_move_aside(dir, aside, sizeof aside));
+    snprintf(want, sizeof want, "%s/old-aaaaaaaaaaaaaaaa", dir);
+    assert_string_equal(aside, want);
+    assert_int_equal(ct_count_prefix(dir, "ckpt-"), 0);
+    assert_int_equal(ct_count_prefix(aside, "ckpt-"), 5);
+    rt_ckpt_found f;
+    assert_rt_ok(rt_ckpt_find(dir, &f));
+    assert_string_equal(f.path, ""); /* a fresh start there */
+    /* a second move with the same label gets a new folder */
+    write_ckpt_run(dir, 300, &r, 2, "aaaaaaaaaaaaaaaa");
+    assert_rt_ok(rt_ckpt_move_aside(dir, aside, sizeof aside));
+    snprintf(want, sizeof want, "%s/old-aaaaaaaaaaaaaaaa-1", dir);
+    assert_string_equal(aside, want);
+    assert_true(exists(want, "ckpt-000000300"));
+    ct_free(&r);
+    ct_rmrf(dir);
+}
+
 /* ---- failed writes ------------------------------------------------------------------- */
 
 /* Fork; the child runs `fn` and exits with its result. Returns the child's exit code. */
@@ -634,6 +694,7 @@ int main(void) {
         cmocka_unit_test(test_bad_metadata),
         cmocka_unit_test(test_find),
         cmocka_unit_test(test_keep_last),
+        cmocka_unit_test(test_keep_last_runs),
         cmocka_unit_test(test_readonly_dir),
         cmocka_unit_test(test_file_size_limit),
         cmocka_unit_test(test_disk_full),

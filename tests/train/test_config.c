@@ -175,8 +175,9 @@ static void test_load_file(void **state) {
     rt_error_clear();
     /* round trip: write the resolved config, read it back, write again: same text and values */
     rt_config a, b;
-    const char *ov2[] = {"optim.milestones=[3,5]", "optim.lr=0.123456789012345", "data.path=/x\"y"};
-    assert_rt_ok(rt_config_load(&a, path, 3, ov2));
+    const char *ov2[] = {"optim.milestones=[3,5]", "optim.lr=0.123456789012345", "data.path=/x\"y",
+                         "checkpoint.allow_changes=[optim.lr, data.augment]"};
+    assert_rt_ok(rt_config_load(&a, path, 4, ov2));
     char out1[256];
     snprintf(out1, sizeof out1, "%s/resolved.yaml", dir);
     assert_rt_ok(rt_config_write_file(&a, out1));
@@ -187,6 +188,8 @@ static void test_load_file(void **state) {
     assert_true(b.optim.lr == a.optim.lr);
     assert_true(isnan(b.model.dropout));
     assert_string_equal(b.data.path, "/x\"y");
+    assert_int_equal(b.checkpoint.n_allow_changes, 2);
+    assert_string_equal(b.checkpoint.allow_changes[1], "data.augment");
     char *t1 = NULL, *t2 = NULL;
     size_t n1 = 0, n2 = 0;
     FILE *m1 = open_memstream(&t1, &n1), *m2 = open_memstream(&t2, &n2);
@@ -201,6 +204,40 @@ static void test_load_file(void **state) {
     unlink(out1);
     unlink(path);
     rmdir(dir);
+}
+
+/* checkpoint.allow_changes: a list of key names, in YAML or as an override; the value
+ * text (rt_config_value_at) is what rt_config_write writes. */
+static void test_string_list(void **state) {
+    (void)state;
+    rt_config c;
+    rt_config_default(&c);
+    assert_int_equal(c.checkpoint.n_allow_changes, 0);
+    assert_false(c.checkpoint.overwrite);
+    assert_rt_ok(parse(&c, "checkpoint:\n  allow_changes: [optim.lr, model.width]\n  overwrite: true\n"));
+    assert_int_equal(c.checkpoint.n_allow_changes, 2);
+    assert_string_equal(c.checkpoint.allow_changes[0], "optim.lr");
+    assert_string_equal(c.checkpoint.allow_changes[1], "model.width");
+    assert_true(c.checkpoint.overwrite);
+    assert_rt_ok(parse(&c, "checkpoint:\n  allow_changes:\n    - train.seed\n"));
+    assert_int_equal(c.checkpoint.n_allow_changes, 1);
+    assert_rt_ok(rt_config_override(&c, "checkpoint.allow_changes=[optim.lr,optim.momentum]"));
+    assert_int_equal(c.checkpoint.n_allow_changes, 2);
+    assert_string_equal(c.checkpoint.allow_changes[1], "optim.momentum");
+    char v[256] = "";
+    const char *name;
+    for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++) {
+        if (strcmp(name, "checkpoint.allow_changes") == 0) assert_true(rt_config_value_at(&c, i, v, sizeof v));
+    }
+    assert_string_equal(v, "[\"optim.lr\", \"optim.momentum\"]");
+    assert_rt_ok(rt_config_override(&c, "checkpoint.allow_changes="));
+    assert_int_equal(c.checkpoint.n_allow_changes, 0);
+    assert_true(rt_config_has_key("optim.lr"));
+    assert_false(rt_config_has_key("optim.lrr"));
+    assert_rt_ok(parse(&c, "checkpoint:\n  allow_changes: optim.lr\n")); /* one item, as optim.milestones: 3 */
+    assert_int_equal(c.checkpoint.n_allow_changes, 1);
+    expect_error(parse(&c, "checkpoint:\n  allow_changes: [[optim.lr]]\n"), "checkpoint.allow_changes", "plain values",
+                 NULL);
 }
 
 /* docs/config.md has one table row per key ("| `section.key` |") and no row for a key
@@ -291,6 +328,7 @@ int main(void) {
         cmocka_unit_test(test_defaults),        cmocka_unit_test(test_values),    cmocka_unit_test(test_errors),
         cmocka_unit_test(test_overrides),       cmocka_unit_test(test_load_file), cmocka_unit_test(test_docs),
         cmocka_unit_test(test_shipped_configs), cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_string_list),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
