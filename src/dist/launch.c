@@ -211,6 +211,8 @@ static void begin_stop(launch *L, int sig, bool stopped) {
 }
 
 static void reap(launch *L) {
+    int found = -1; /* the first failure found in this pass */
+    bool any = false;
     for (int i = 0; i < L->res->nproc; i++) {
         slot *s = &L->slots[i];
         rt_launch_rank *r = &L->res->ranks[i];
@@ -239,10 +241,17 @@ static void reap(launch *L) {
         }
         bool failed = p < 0 || r->signal != 0 || r->exit_code != 0;
         if (!failed) continue;
-        /* a rank the launcher signalled is a consequence, not a first failure */
-        if (L->res->first_failure < 0 && !r->stopped && !L->res->signal) L->res->first_failure = i;
-        if (!L->o->keep_going && !L->stopping) begin_stop(L, SIGTERM, true);
+        any = true;
+        /* a rank the launcher signalled is a consequence, not a first failure; of the ranks
+         * found ended in one pass (in rank order, not in the order they ended), one killed by
+         * a signal goes before one that exited with an error: a rank's death makes its peers
+         * exit with a lost-peer error, and they may be reaped in the same pass */
+        if (!r->stopped && !L->res->signal &&
+            (L->res->first_failure < 0 || (found >= 0 && r->signal && !L->res->ranks[found].signal)))
+            L->res->first_failure = found = i;
     }
+    /* after the pass: a rank that ended before it was signalled is not counted as stopped */
+    if (any && !L->o->keep_going && !L->stopping) begin_stop(L, SIGTERM, true);
 }
 
 static void supervise(launch *L) {
