@@ -22,7 +22,21 @@ extern char **environ;
 
 /* the variables the launcher sets (an inherited value is replaced); the last one is
  * dropped: it describes torchrun's own store, which this launcher does not run */
-enum { V_RANK, V_WORLD, V_LOCAL, V_LOCAL_WORLD, V_GROUP, V_ADDR, V_PORT, V_TOKEN, V_SET_, V_DROP_ = V_SET_, V_COUNT_ };
+enum {
+    V_RANK,
+    V_WORLD,
+    V_LOCAL,
+    V_LOCAL_WORLD,
+    V_GROUP,
+    V_ADDR,
+    V_PORT,
+    V_TOKEN,
+    V_RESTARTS,
+    V_MAX_RESTARTS,
+    V_SET_,
+    V_DROP_ = V_SET_,
+    V_COUNT_
+};
 static const char *const k_vars[V_COUNT_] = {
     "RANK",
     "WORLD_SIZE",
@@ -32,6 +46,8 @@ static const char *const k_vars[V_COUNT_] = {
     "MASTER_ADDR",
     "MASTER_PORT",
     "RINGTRAIN_JOB_TOKEN",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
     "TORCHELASTIC_USE_AGENT_STORE",
 };
 
@@ -352,6 +368,8 @@ static rt_status build_env(const rt_launch_options *o, int local, int port, cons
     snprintf(e->vals[V_ADDR], sizeof e->vals[0], "MASTER_ADDR=%s", o->master_addr);
     snprintf(e->vals[V_PORT], sizeof e->vals[0], "MASTER_PORT=%d", port);
     snprintf(e->vals[V_TOKEN], sizeof e->vals[0], "RINGTRAIN_JOB_TOKEN=%s", token);
+    snprintf(e->vals[V_RESTARTS], sizeof e->vals[0], "TORCHELASTIC_RESTART_COUNT=%d", o->restart_count);
+    snprintf(e->vals[V_MAX_RESTARTS], sizeof e->vals[0], "TORCHELASTIC_MAX_RESTARTS=%d", o->max_restarts);
     for (int v = 0; v < V_SET_; v++) e->envp[k++] = e->vals[v];
     e->envp[k] = NULL;
     return RT_OK;
@@ -374,6 +392,9 @@ static rt_status check_options(const rt_launch_options *o) {
     RT_REQUIRE(o->nnodes == 1 || (o->job_token && *o->job_token), RT_ERR_INVALID,
                "launch: %d nodes need a job_token that every node's launcher agrees on", o->nnodes);
     RT_REQUIRE(!o->job_token || strlen(o->job_token) < 256, RT_ERR_INVALID, "launch: job_token longer than 255");
+    RT_REQUIRE(o->restart_count >= 0 && o->max_restarts >= 0, RT_ERR_INVALID,
+               "launch: restart_count %d, max_restarts %d: expected counts of 0 or more", o->restart_count,
+               o->max_restarts);
     RT_REQUIRE(isfinite(o->grace_s) && o->grace_s >= 0 && o->grace_s <= 86400, RT_ERR_INVALID,
                "launch: grace_s %g: expected seconds in 0..86400", o->grace_s);
     RT_REQUIRE(isfinite(o->timeout_s) && o->timeout_s >= 0 && o->timeout_s <= 1e8, RT_ERR_INVALID,
