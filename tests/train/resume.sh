@@ -263,6 +263,23 @@ PY
     fail "killed in every attempt: the final failure does not name rank 1, SIGKILL and the restarts used: $(tail -1 "$tmp/e.err")"
   [ "$(grep -c "kills itself after step 12 (attempt 1)" "$tmp/e.err")" -eq 1 ] || fail "killed in every attempt: the second attempt did not die at step 12"
   echo "ok: without restarts the death fails the job; with one restart, dying again fails it after that restart"
+  # a stop is never restarted: SIGTERM to the launcher once training runs (waiting for the
+  # run's first step line: any moment of the long run will do) stops the job with its
+  # checkpoint and exit 143, as without --max-restarts
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" data.train_subset=0 train.epochs=50 "log.dir=$tmp/s" --max-restarts 1 \
+    >"$tmp/s.out" 2>"$tmp/s.err" &
+  launcher=$!
+  until grep -q '"kind": "step"' "$tmp/s/metrics.jsonl" 2>/dev/null; do
+    kill -0 $launcher 2>/dev/null || fail "stop: the job ended before its first step"
+    sleep 0.05
+  done
+  kill -TERM $launcher
+  rc=0
+  wait $launcher || rc=$?
+  [ "$rc" -eq 143 ] || fail "stop: SIGTERM to the launcher with --max-restarts 1: exit $rc, expected 143"
+  ! grep -q "restarting" "$tmp/s.err" || fail "stop: the job was restarted after SIGTERM to the launcher"
+  grep -q "^stopped by SIGTERM after step" "$tmp/s.out" || fail "stop: no resume hint"
+  echo "ok: SIGTERM to the launcher stops the job and is not restarted"
   ;;
 *) echo "usage: $0 RINGTRAIN exact|stop|steps|world|corrupt|eval|torchvision|restart" >&2; exit 2 ;;
 esac
