@@ -137,6 +137,7 @@ typedef struct slot {
     size_t len;
     bool running;
     bool have_head; /* last_line holds a line that is not indented */
+    uint64_t sent;  /* the signals the launcher sent it (bit 1 << sig) */
 } slot;
 
 typedef struct launch {
@@ -214,6 +215,7 @@ static void signal_all(launch *L, int sig, bool stopped) {
     for (int i = 0; i < L->res->nproc; i++)
         if (L->slots[i].running && L->res->ranks[i].pid > 0) {
             kill((pid_t)L->res->ranks[i].pid, sig);
+            if (sig > 0 && sig < 64) L->slots[i].sent |= 1ull << sig;
             if (stopped) L->res->ranks[i].stopped = true;
         }
 }
@@ -226,8 +228,14 @@ static void begin_stop(launch *L, int sig, bool stopped) {
     }
 }
 
+/* Rank i was killed by a signal the launcher did not send it (SIGKILL of the OOM killer or of
+ * a user, SIGSEGV, SIGABRT): it died by itself, never as a consequence of a peer's failure. */
+static bool own_death(const launch *L, int i) {
+    int sig = L->res->ranks[i].signal;
+    return sig > 0 && sig < 64 && sig != SIGPIPE && !(L->slots[i].sent & (1ull << sig));
+}
+
 static void reap(launch *L) {
-    int found = -1; /* the first failure found in this pass */
     bool any = false;
     for (int i = 0; i < L->res->nproc; i++) {
         slot *s = &L->slots[i];
@@ -258,13 +266,13 @@ static void reap(launch *L) {
         bool failed = p < 0 || r->signal != 0 || r->exit_code != 0;
         if (!failed) continue;
         any = true;
-        /* a rank the launcher signalled is a consequence, not a first failure; of the ranks
-         * found ended in one pass (in rank order, not in the order they ended), one killed by
-         * a signal goes before one that exited with an error: a rank's death makes its peers
-         * exit with a lost-peer error, and they may be reaped in the same pass */
-        if (!r->stopped && !L->res->signal &&
-            (L->res->first_failure < 0 || (found >= 0 && r->signal && !L->res->ranks[found].signal)))
-            L->res->first_failure = found = i;
+        /* a rank the launcher signalled is a consequence, not a first failure; a rank that
+         * died by itself goes before one that exited with an error: its death makes its peers
+         * exit with a lost-peer error, which can reach the launcher first (a peer sees the
+         * closed connection before the dead rank can be reaped, and a pass goes in rank order) */
+        int first = L->res->first_failure;
+        if (!L->res->signal && ((first < 0 && !r->stopped) || (first >= 0 && own_death(L, i) && !own_death(L, first))))
+            L->res->first_failure = i;
     }
     /* after the pass: a rank that ended before it was signalled is not counted as stopped */
     if (any && !L->o->keep_going && !L->stopping) begin_stop(L, SIGTERM, true);

@@ -23,9 +23,9 @@
  * trace under an error message does: the line they continue is kept). stdout is inherited.
  * SIGINT and SIGTERM sent to the launcher are forwarded to the ranks (its own handlers
  * are restored before returning); a second one kills the ranks still running at once. When a rank fails (non-zero exit
- * or a signal), the others get SIGTERM, then SIGKILL after grace_s; the result names the FIRST failure (of ranks
- * found ended at once, one killed by a signal before one that exited with an error, as its peers' lost-peer errors
- * follow from its death). With timeout_s
+ * or a signal), the others get SIGTERM, then SIGKILL after grace_s; the result names the FIRST failure (a rank killed
+ * by a signal the launcher did not send goes before one that exited with an error: its peers' lost-peer errors follow
+ * from its death, and may reach the launcher first). With timeout_s
  * > 0 every rank still running then is stopped the same way and listed.
  *
  * Returns RT_OK when every rank exited 0. Otherwise the result is still filled, and the

@@ -2,7 +2,8 @@
  * (exec form, through /bin/sh), a rank that exits 3, a rank killed by SIGKILL, a rank that
  * hangs ignoring SIGTERM while another fails (stopped within the grace period), SIGINT to
  * the launcher (forwarded; the launcher reports it), the time limit, a command that does
- * not exist, and the stderr lines forwarded as they arrive. */
+ * not exist, the stderr lines forwarded as they arrive, and a rank that died by itself
+ * named before a peer that exited with a lost-peer error. */
 #include "../test_util.h"
 #include "dist/launch.h"
 
@@ -200,6 +201,50 @@ static void rank_killed(void **s) {
     rt_error_clear();
 }
 
+/* A rank that dies by itself goes before a peer that exited with an error, even when the
+ * peer's exit reached the launcher first (a peer sees the closed connection of a rank
+ * killed by SIGKILL before that rank can be reaped). Deterministic stand-in: rank 0 exits 1
+ * once rank 1 is ready; rank 1, when the launcher's SIGTERM comes (after rank 0 was
+ * reaped), dies by a SIGKILL the launcher did not send. */
+static int g_order[2] = {-1, -1}; /* a pipe: rank 1 -> rank 0, "ready" */
+
+static void on_term_die(int sig) {
+    (void)sig;
+    raise(SIGKILL);
+}
+
+static int peer_error_then_death(int local, void *arg) {
+    (void)arg;
+    char c = 0;
+    if (local == 0) {
+        if (read(g_order[0], &c, 1) != 1) return 9;
+        fprintf(stderr, "peer rank 1 closed its connection\n");
+        return 1;
+    }
+    signal(SIGTERM, on_term_die);
+    if (write(g_order[1], "r", 1) != 1) return 9;
+    sleep_forever();
+    return 0;
+}
+
+static void own_death_goes_first(void **s) {
+    (void)s;
+    assert_int_equal(pipe(g_order), 0);
+    rt_launch_options o;
+    opts(&o, 2);
+    rt_launch_result r;
+    assert_int_equal(rt_launch_fork(&o, peer_error_then_death, NULL, &r), RT_ERR_PEER);
+    close(g_order[0]);
+    close(g_order[1]);
+    assert_int_equal(r.ranks[0].exit_code, 1);
+    assert_int_equal(r.ranks[1].signal, SIGKILL);
+    char line[RT_LAUNCH_LINE + 64];
+    assert_string_equal(rt_launch_describe(&r, line, sizeof line), "rank 1 was killed by SIGKILL");
+    assert_int_equal(r.first_failure, 1);
+    rt_launch_result_free(&r);
+    rt_error_clear();
+}
+
 /* rank 0 ignores SIGTERM and hangs; rank 2 fails */
 static int hangs(int local, void *arg) {
     (void)arg;
@@ -392,6 +437,7 @@ int main(void) {
         cmocka_unit_test(rank_killed),          cmocka_unit_test(hang_is_killed_after_grace),
         cmocka_unit_test(time_limit),           cmocka_unit_test(keep_going),
         cmocka_unit_test(sigint_forwarded),     cmocka_unit_test(lines_forwarded),
+        cmocka_unit_test(own_death_goes_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
