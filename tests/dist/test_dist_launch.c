@@ -2,8 +2,8 @@
  * (exec form, through /bin/sh), a rank that exits 3, a rank killed by SIGKILL, a rank that
  * hangs ignoring SIGTERM while another fails (stopped within the grace period), SIGINT to
  * the launcher (forwarded; the launcher reports it), the time limit, a command that does
- * not exist, the stderr lines forwarded as they arrive, and a rank that died by itself
- * named before a peer that exited with a lost-peer error. */
+ * not exist, the stderr lines forwarded as they arrive, torchrun's restart variables, and
+ * a rank that died by itself named before a peer that exited with a lost-peer error. */
 #include "../test_util.h"
 #include "dist/launch.h"
 
@@ -81,6 +81,25 @@ static void env_single_node(void **s) {
     rt_launch_result_free(&r2);
     unsetenv("RANK");
     unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+}
+
+/* torchrun's restart variables: which attempt a launch is (an inherited value is replaced) */
+static void env_restart_count(void **s) {
+    (void)s;
+    char *const cmd[] = {"/bin/sh", "-c", "echo \"$TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS\" >&2", NULL};
+    setenv("TORCHELASTIC_RESTART_COUNT", "9", 1);
+    rt_launch_options o;
+    opts(&o, 2);
+    rt_launch_result r;
+    assert_rt_ok(rt_launch_exec(&o, cmd, &r));
+    for (int i = 0; i < 2; i++) assert_string_equal(r.ranks[i].last_line, "0 0");
+    rt_launch_result_free(&r);
+    o.restart_count = 2;
+    o.max_restarts = 3;
+    assert_rt_ok(rt_launch_exec(&o, cmd, &r));
+    for (int i = 0; i < 2; i++) assert_string_equal(r.ranks[i].last_line, "2 3");
+    rt_launch_result_free(&r);
+    unsetenv("TORCHELASTIC_RESTART_COUNT");
 }
 
 static void env_multi_node(void **s) {
@@ -437,7 +456,7 @@ int main(void) {
         cmocka_unit_test(rank_killed),          cmocka_unit_test(hang_is_killed_after_grace),
         cmocka_unit_test(time_limit),           cmocka_unit_test(keep_going),
         cmocka_unit_test(sigint_forwarded),     cmocka_unit_test(lines_forwarded),
-        cmocka_unit_test(own_death_goes_first),
+        cmocka_unit_test(env_restart_count),    cmocka_unit_test(own_death_goes_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
