@@ -371,6 +371,7 @@ static rt_status launch_job(rt_launch_options *lo, char **cmd, int argc, const r
             fprintf(stderr, "ringtrain: %s; restarting (%d/%d) from the newest checkpoint, %s\n", line, attempt + 1,
                     max_restarts, ck);
         } else { /* it starts as the first attempt did */
+            resume_over[0] = '\0';
             fprintf(stderr,
                     "ringtrain: %s; restarting (%d/%d) as the job started (it wrote no checkpoint yet; "
                     "checkpoint.resume: %s)\n",

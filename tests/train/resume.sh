@@ -236,7 +236,19 @@ PY
     --max-restarts 1 >"$tmp/n.out" 2>"$tmp/n.err" || rc=$?
   [ "$rc" -eq 0 ] || fail "resume: none: the job exited $rc after rank 1 died, expected 0 (restarted)"
   restarted n "$tmp/n"
-  echo "ok: with checkpoint.resume: none the restart resumes from the job's own checkpoint"
+  # the same, killed at step 3, before the job wrote a checkpoint: the restart starts afresh
+  # as the first attempt did (resume: none), not from the older run's checkpoints
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" train.seed=7 "log.dir=$tmp/n3" >"$tmp/old3.out" 2>"$tmp/old3.err" || fail "the older run (2)"
+  rc=0
+  RINGTRAIN_TEST_KILL_RANK_AT=1:3 "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" checkpoint.resume=none "log.dir=$tmp/n3" \
+    --max-restarts 1 >"$tmp/n3.out" 2>"$tmp/n3.err" || rc=$?
+  [ "$rc" -eq 0 ] || fail "resume: none, killed at step 3: the job exited $rc, expected 0 (restarted)"
+  grep -q "^ringtrain: rank 1 was killed by SIGKILL: .*; restarting (1/1) as the job started (it wrote no checkpoint yet; checkpoint.resume: none)\$" "$tmp/n3.err" ||
+    fail "resume: none, killed at step 3: no restart line saying it starts afresh: $(grep restarting "$tmp/n3.err")"
+  ! grep -q "resuming from" "$tmp/n3.out" || fail "resume: none, killed at step 3: the restart resumed: $(grep resuming "$tmp/n3.out")"
+  same_run "$tmp/full" "$tmp/n3" "resume: none, restarted afresh after rank 1 died at step 3"
+  metrics_contiguous "$tmp/n3"
+  echo "ok: with checkpoint.resume: none the restart resumes from the job's own checkpoint, or starts afresh"
   # one rank: the launcher still starts it as a process, so that it can restart it
   rc=0
   RINGTRAIN_TEST_KILL_RANK_AT=0:12 "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" dist.nproc=1 "log.dir=$tmp/one" \
