@@ -1,12 +1,14 @@
 /* `ringtrain train CONFIG [section.key=value ...] [--nproc N] [--nnodes N --node-rank R
- * --master-addr A --master-port P]`.
+ * --master-addr A --master-port P] [--max-restarts N]`.
  *
  * Two ways to run, as torchrun users expect:
  * - started by an outside launcher (torchrun --no_python, mpirun, srun: its variables are
  *   set), this process is one rank;
  * - otherwise it is the launcher: it checks the config and the dataset once (so an error
  *   is printed once, not once per rank), then starts N local ranks of this same command
- *   (src/dist/launch.h) and reports the first failure. */
+ *   (src/dist/launch.h) and reports the first failure; with --max-restarts N it starts the
+ *   whole job again after a rank failed, from the newest checkpoint the job wrote, at most
+ *   N times (torchrun's --max-restarts; docs/train.md, "Restarts"). */
 #include "cli/args.h"
 #include "cli/cli.h"
 
@@ -21,6 +23,7 @@
 
 #include <inttypes.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -40,6 +43,8 @@ static void usage(FILE *f) {
                "  --node-rank R      this node's index (dist.node_rank)\n"
                "  --master-addr A    address of node 0 (dist.master_addr)\n"
                "  --master-port P    its port (dist.master_port; 0 = a free one, single node only)\n"
+               "  --max-restarts N   after a rank failed, restart the job from its newest checkpoint,\n"
+               "                     at most N times (dist.max_restarts; default 0; single node only)\n"
                "\nThe run directory (log.dir, default runs/<config name>) gets config.yaml and\n"
                "metrics.jsonl; the last line printed is the test accuracy.\n");
 }
@@ -53,7 +58,8 @@ static const struct {
               {"--nnodes", "dist.nnodes", 1, 65536},
               {"--node-rank", "dist.node_rank", 0, 65535},
               {"--master-addr", "dist.master_addr", 0, 0},
-              {"--master-port", "dist.master_port", 0, 65535}};
+              {"--master-port", "dist.master_port", 0, 65535},
+              {"--max-restarts", "dist.max_restarts", 0, 1000000}};
 enum { N_KOPTS = sizeof k_opts / sizeof k_opts[0] };
 
 typedef struct args {
@@ -213,6 +219,165 @@ static int nproc_of(const rt_config *cfg) {
     return 2;
 }
 
+/* ---- restarts (--max-restarts) ---- */
+
+/* A ckpt-<step> folder as the job found it before its first attempt. A restarted attempt
+ * resumes only from a checkpoint the job itself wrote: one not in that list, or replaced
+ * since (another inode or modification time), so `checkpoint.resume: none` in a folder of an
+ * older run never restarts from that run's checkpoints. */
+enum { CKPT_NAME = 64 };
+typedef struct ckpt_seen {
+    char name[CKPT_NAME];
+    int64_t step;
+    ino_t ino;
+    struct timespec mtime;
+} ckpt_seen;
+
+typedef struct ckpt_list {
+    ckpt_seen *v;
+    int n;
+} ckpt_list;
+
+/* "ckpt-<digits>" -> step, else -1 (temporary ".ckpt-*" folders and other names) */
+static int64_t ckpt_step_of(const char *name) {
+    if (strncmp(name, "ckpt-", 5) != 0 || !name[5] || strlen(name) >= CKPT_NAME) return -1;
+    int64_t step = 0;
+    for (const char *p = name + 5; *p; p++) {
+        if (*p < '0' || *p > '9' || step > (INT64_MAX - 9) / 10) return -1;
+        step = step * 10 + (*p - '0');
+    }
+    return step;
+}
+
+static int by_step_desc(const void *a, const void *b) {
+    int64_t x = ((const ckpt_seen *)a)->step, y = ((const ckpt_seen *)b)->step;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The ckpt-* folders of dir, newest first; a missing or unreadable folder is an empty list
+ * (there is nothing to resume from in it). */
+static void ckpt_list_read(const char *dir, ckpt_list *out) {
+    out->v = NULL;
+    out->n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    int cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int64_t step = ckpt_step_of(e->d_name);
+        char path[RT_CKPT_PATH_MAX];
+        struct stat st;
+        if (step < 0 || snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path ||
+            stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+            continue;
+        if (out->n == cap) {
+            int nc = cap ? 2 * cap : 16;
+            ckpt_seen *v = realloc(out->v, (size_t)nc * sizeof *v);
+            if (!v) break;
+            out->v = v;
+            cap = nc;
+        }
+        ckpt_seen *c = &out->v[out->n++];
+        snprintf(c->name, sizeof c->name, "%s", e->d_name);
+        c->step = step;
+        c->ino = st.st_ino;
+        c->mtime = st.st_mtim;
+    }
+    closedir(d);
+    if (out->n > 1) qsort(out->v, (size_t)out->n, sizeof *out->v, by_step_desc);
+}
+
+/* The newest valid checkpoint of dir that is not in `before` (path "" when there is none). */
+static void newest_of_job(const char *dir, const ckpt_list *before, char *path, size_t n) {
+    path[0] = '\0';
+    ckpt_list now;
+    ckpt_list_read(dir, &now);
+    for (int i = 0; i < now.n && !path[0]; i++) {
+        const ckpt_seen *c = &now.v[i];
+        bool old = false;
+        for (int j = 0; j < before->n && !old; j++) {
+            const ckpt_seen *b = &before->v[j];
+            old = strcmp(b->name, c->name) == 0 && b->ino == c->ino && b->mtime.tv_sec == c->mtime.tv_sec &&
+                  b->mtime.tv_nsec == c->mtime.tv_nsec;
+        }
+        if (old || (size_t)snprintf(path, n, "%s/%s", dir, c->name) >= n) {
+            path[0] = '\0';
+            continue;
+        }
+        if (rt_ckpt_verify(path, NULL) != RT_OK) { /* refused (the trainer would say why): the one before */
+            rt_error_clear();
+            path[0] = '\0';
+        }
+    }
+    free(now.v);
+}
+
+/* NULL when the failure of an attempt is restarted, else why not. A rank that failed (an
+ * error exit, a signal such as SIGKILL or SIGSEGV, a lost peer) is restarted, as torchrun
+ * does; a stop that someone asked for, or a command that cannot run, is not. */
+static const char *not_restartable(const rt_launch_result *res) {
+    if (res->signal) return "the launcher was interrupted";
+    if (res->timed_out) return "the time limit passed";
+    if (res->first_failure < 0) return "no rank failed first";
+    const rt_launch_rank *f = &res->ranks[res->first_failure];
+    int code = rt_launch_rank_code(f);
+    if (code == 128 + SIGINT || code == 128 + SIGTERM) return "a rank was stopped by a signal (a stop, not a failure)";
+    if (!f->signal && f->exit_code == 2) return "a usage error";
+    if (!f->signal && (f->exit_code == 126 || f->exit_code == 127)) return "the command could not run";
+    return NULL;
+}
+
+/* Run the job: one launch, and after a failure that is restarted (not_restartable) up to
+ * max_restarts more launches, each resuming from the newest checkpoint the job wrote (an
+ * override appended to the ranks' command line: the last one wins). Returns the last
+ * launch's status and result; with max_restarts > 0 `tail` says why its failure ended
+ * the job ("" otherwise). */
+static rt_status launch_job(rt_launch_options *lo, char **cmd, int argc, const rt_config *cfg, int max_restarts,
+                            rt_launch_result *res, char *tail, size_t tail_n) {
+    char ckdir[RT_CONFIG_PATH_MAX + 16];
+    rt_train_ckpt_dir(cfg, ckdir, sizeof ckdir);
+    ckpt_list before = {NULL, 0};
+    if (max_restarts > 0) ckpt_list_read(ckdir, &before);
+    char resume_over[RT_CKPT_PATH_MAX + 32] = "";
+    lo->max_restarts = max_restarts;
+    rt_status st;
+    for (int attempt = 0;; attempt++) {
+        lo->restart_count = attempt;
+        cmd[argc + 1] = resume_over[0] ? resume_over : NULL;
+        memset(res, 0, sizeof *res);
+        res->first_failure = -1;
+        st = rt_launch_exec(lo, cmd, res);
+        if (st == RT_OK || !res->ranks || max_restarts == 0) break;
+        const char *why = not_restartable(res);
+        if (why) {
+            snprintf(tail, tail_n, "; not restarted: %s", why);
+            break;
+        }
+        if (attempt == max_restarts) {
+            snprintf(tail, tail_n, "; no restarts left (%d of --max-restarts %d used)", attempt, max_restarts);
+            break;
+        }
+        char line[2 * RT_LAUNCH_LINE], ck[RT_CKPT_PATH_MAX];
+        rt_launch_describe(res, line, sizeof line);
+        rt_launch_result_free(res);
+        rt_error_clear();
+        newest_of_job(ckdir, &before, ck, sizeof ck);
+        if (ck[0]) {
+            snprintf(resume_over, sizeof resume_over, "checkpoint.resume=%s", ck);
+            fprintf(stderr, "ringtrain: %s; restarting (%d/%d) from the newest checkpoint, %s\n", line, attempt + 1,
+                    max_restarts, ck);
+        } else { /* it starts as the first attempt did */
+            resume_over[0] = '\0';
+            fprintf(stderr,
+                    "ringtrain: %s; restarting (%d/%d) as the job started (it wrote no checkpoint yet; "
+                    "checkpoint.resume: %s)\n",
+                    line, attempt + 1, max_restarts, cfg->checkpoint.resume);
+        }
+    }
+    free(before.v);
+    return st;
+}
+
 static int train_or_eval(int argc, char **argv) {
     args a;
     int pr = parse_args(argc, argv, &a);
@@ -242,7 +407,8 @@ static int train_or_eval(int argc, char **argv) {
         rc = rt_cli_fail();
         goto done;
     }
-    if (cfg.dist.nnodes == 1 && nproc == 1) { /* one rank: no processes to start */
+    int max_restarts = g_eval ? 0 : (int)cfg.dist.max_restarts;
+    if (cfg.dist.nnodes == 1 && nproc == 1 && max_restarts == 0) { /* one rank: no processes to start */
         env = (rt_dist_env){.rank = 0, .world_size = 1, .local_rank = 0, .local_world_size = 1};
         rc = run_rank(&cfg, &env);
         goto done;
@@ -250,6 +416,15 @@ static int train_or_eval(int argc, char **argv) {
     if (cfg.dist.nnodes > 1 && cfg.dist.master_port == 0) {
         fprintf(stderr, "ringtrain: error: dist.master_port (--master-port) must be given with %lld nodes\n",
                 (long long)cfg.dist.nnodes);
+        rc = 2;
+        goto done;
+    }
+    if (cfg.dist.nnodes > 1 && max_restarts > 0) {
+        /* each node's launcher would restart on its own, from the checkpoint it sees */
+        fprintf(stderr,
+                "ringtrain: error: dist.max_restarts (--max-restarts) %d with %lld nodes: restarts are for single-node "
+                "jobs (restart a multi-node job by running the same command again on every node: it resumes)\n",
+                max_restarts, (long long)cfg.dist.nnodes);
         rc = 2;
         goto done;
     }
@@ -293,9 +468,8 @@ static int train_or_eval(int argc, char **argv) {
     for (int i = 1; i < argc; i++) cmd[i + 1] = argv[i];
     fflush(stdout);
     rt_launch_result res;
-    memset(&res, 0, sizeof res);
-    res.first_failure = -1;
-    rt_status st = rt_launch_exec(&lo, cmd, &res);
+    char tail[160] = ""; /* why a failure ended the job, with --max-restarts */
+    rt_status st = launch_job(&lo, cmd, argc, &cfg, max_restarts, &res, tail, sizeof tail);
     free(cmd);
     if (st != RT_OK && !res.ranks) { /* the ranks could not be started */
         rc = rt_cli_fail();
@@ -310,12 +484,12 @@ static int train_or_eval(int argc, char **argv) {
             if (!f->signal && (f->exit_code == 128 + SIGINT || f->exit_code == 128 + SIGTERM))
                 ; /* a clean stop: rank 0 said where the checkpoint is and how to resume */
             else if (f->signal)
-                fprintf(stderr, "ringtrain: rank %d was killed by %s%s; the other ranks were stopped\n", f->rank,
-                        rt_signal_name(f->signal, sig, sizeof sig),
-                        f->last_line[0] ? " (its last error is above)" : "");
+                fprintf(stderr, "ringtrain: rank %d was killed by %s%s; the other ranks were stopped%s\n", f->rank,
+                        rt_signal_name(f->signal, sig, sizeof sig), f->last_line[0] ? " (its last error is above)" : "",
+                        tail);
             else
-                fprintf(stderr, "ringtrain: rank %d exited with code %d%s; the other ranks were stopped\n", f->rank,
-                        f->exit_code, f->last_line[0] ? " (its error is above)" : " without printing an error");
+                fprintf(stderr, "ringtrain: rank %d exited with code %d%s; the other ranks were stopped%s\n", f->rank,
+                        f->exit_code, f->last_line[0] ? " (its error is above)" : " without printing an error", tail);
             int code = rt_launch_rank_code(f);
             rc = code > 0 && code < 256 ? code : 1;
         } else if (res.signal) { /* interrupted: quiet when every rank stopped cleanly */

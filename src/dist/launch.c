@@ -24,7 +24,22 @@ extern char **environ;
 
 /* the variables the launcher sets (an inherited value is replaced); the last one is
  * dropped: it describes torchrun's own store, which this launcher does not run */
-enum { V_RANK, V_WORLD, V_LOCAL, V_LOCAL_WORLD, V_GROUP, V_ADDR, V_PORT, V_TOKEN, V_BEAT, V_SET_, V_DROP_ = V_SET_, V_COUNT_ };
+enum {
+    V_RANK,
+    V_WORLD,
+    V_LOCAL,
+    V_LOCAL_WORLD,
+    V_GROUP,
+    V_ADDR,
+    V_PORT,
+    V_TOKEN,
+    V_BEAT,
+    V_RESTARTS,
+    V_MAX_RESTARTS,
+    V_SET_,
+    V_DROP_ = V_SET_,
+    V_COUNT_
+};
 static const char *const k_vars[V_COUNT_] = {
     "RANK",
     "WORLD_SIZE",
@@ -35,6 +50,8 @@ static const char *const k_vars[V_COUNT_] = {
     "MASTER_PORT",
     "RINGTRAIN_JOB_TOKEN",
     "RINGTRAIN_HEARTBEAT_FD",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
     "TORCHELASTIC_USE_AGENT_STORE",
 };
 
@@ -124,6 +141,7 @@ typedef struct slot {
     size_t len;
     bool running;
     bool have_head; /* last_line holds a line that is not indented */
+    uint64_t sent;  /* the signals the launcher sent it (bit 1 << sig) */
 } slot;
 
 typedef struct launch {
@@ -206,6 +224,7 @@ static void signal_all(launch *L, int sig, bool stopped) {
     for (int i = 0; i < L->res->nproc; i++)
         if (L->slots[i].running && L->res->ranks[i].pid > 0) {
             kill((pid_t)L->res->ranks[i].pid, sig);
+            if (sig > 0 && sig < 64) L->slots[i].sent |= 1ull << sig;
             if (stopped) L->res->ranks[i].stopped = true;
         }
 }
@@ -237,7 +256,15 @@ static uint64_t kill_deadline(const launch *L) {
     return L->kill_at;
 }
 
+/* Rank i was killed by a signal the launcher did not send it (SIGKILL of the OOM killer or of
+ * a user, SIGSEGV, SIGABRT): it died by itself, never as a consequence of a peer's failure. */
+static bool own_death(const launch *L, int i) {
+    int sig = L->res->ranks[i].signal;
+    return sig > 0 && sig < 64 && sig != SIGPIPE && !(L->slots[i].sent & (1ull << sig));
+}
+
 static void reap(launch *L) {
+    bool any_real_fail = false, any_clean = false;
     for (int i = 0; i < L->res->nproc; i++) {
         slot *s = &L->slots[i];
         rt_launch_rank *r = &L->res->ranks[i];
@@ -266,18 +293,27 @@ static void reap(launch *L) {
         }
         bool failed = p < 0 || r->signal != 0 || r->exit_code != 0;
         if (!failed) continue;
-        /* a rank the launcher signalled is a consequence, not a first failure */
-        if (L->res->first_failure < 0 && !r->stopped && !L->res->signal) L->res->first_failure = i;
-        if (L->o->keep_going) continue;
+        /* a rank the launcher signalled is a consequence, not a first failure; a rank that
+         * died by itself goes before one that exited with an error: its death makes its peers
+         * exit with a lost-peer error, which can reach the launcher first (a peer sees the
+         * closed connection before the dead rank can be reaped, and a pass goes in rank order) */
+        int first = L->res->first_failure;
+        if (!L->res->signal && ((first < 0 && !r->stopped) || (first >= 0 && own_death(L, i) && !own_death(L, first))))
+            L->res->first_failure = i;
         /* exit 130/143: it stopped cleanly on SIGINT/SIGTERM, and its peers stop with it
          * (they agreed to): wait for them while they make progress, send them nothing */
         bool clean_stop = p > 0 && !r->signal && (r->exit_code == 128 + SIGINT || r->exit_code == 128 + SIGTERM);
-        if (clean_stop && L->o->progress_s > 0) {
-            if (!L->stopping) begin_stop(L, 0, false, true);
-        } else if (!L->stopping || L->patient) {
-            begin_stop(L, SIGTERM, true, false);
-        }
+        if (clean_stop && L->o->progress_s > 0)
+            any_clean = true;
+        else
+            any_real_fail = true;
     }
+    /* after the pass: a rank that ended before it was signalled is not counted as stopped */
+    if (L->o->keep_going) return;
+    if (any_real_fail && (!L->stopping || L->patient))
+        begin_stop(L, SIGTERM, true, false); /* the peers of a failed rank: SIGTERM, SIGKILL after grace_s */
+    else if (any_clean && !L->stopping)
+        begin_stop(L, 0, false, true); /* a clean stop: wait while the others make progress */
 }
 
 static void supervise(launch *L) {
@@ -392,6 +428,8 @@ static rt_status build_env(const rt_launch_options *o, int local, int port, cons
     snprintf(e->vals[V_PORT], sizeof e->vals[0], "MASTER_PORT=%d", port);
     snprintf(e->vals[V_TOKEN], sizeof e->vals[0], "RINGTRAIN_JOB_TOKEN=%s", token);
     snprintf(e->vals[V_BEAT], sizeof e->vals[0], "RINGTRAIN_HEARTBEAT_FD=%d", beat_fd);
+    snprintf(e->vals[V_RESTARTS], sizeof e->vals[0], "TORCHELASTIC_RESTART_COUNT=%d", o->restart_count);
+    snprintf(e->vals[V_MAX_RESTARTS], sizeof e->vals[0], "TORCHELASTIC_MAX_RESTARTS=%d", o->max_restarts);
     for (int v = 0; v < V_SET_; v++) e->envp[k++] = e->vals[v];
     e->envp[k] = NULL;
     return RT_OK;
@@ -414,6 +452,9 @@ static rt_status check_options(const rt_launch_options *o) {
     RT_REQUIRE(o->nnodes == 1 || (o->job_token && *o->job_token), RT_ERR_INVALID,
                "launch: %d nodes need a job_token that every node's launcher agrees on", o->nnodes);
     RT_REQUIRE(!o->job_token || strlen(o->job_token) < 256, RT_ERR_INVALID, "launch: job_token longer than 255");
+    RT_REQUIRE(o->restart_count >= 0 && o->max_restarts >= 0, RT_ERR_INVALID,
+               "launch: restart_count %d, max_restarts %d: expected counts of 0 or more", o->restart_count,
+               o->max_restarts);
     RT_REQUIRE(isfinite(o->grace_s) && o->grace_s >= 0 && o->grace_s <= 86400, RT_ERR_INVALID,
                "launch: grace_s %g: expected seconds in 0..86400", o->grace_s);
     RT_REQUIRE(isfinite(o->timeout_s) && o->timeout_s >= 0 && o->timeout_s <= 1e8, RT_ERR_INVALID,

@@ -5,7 +5,9 @@
  * LOCAL_WORLD_SIZE, GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT, plus
  * RINGTRAIN_JOB_TOKEN, the job secret (32 random hex digits from getrandom per launch:
  * the store and the ranks admit only processes that prove they know it, without it
- * ever being sent; docs/security.md).
+ * ever being sent; docs/security.md), and torchrun's TORCHELASTIC_RESTART_COUNT and
+ * TORCHELASTIC_MAX_RESTARTS (restart_count, max_restarts: a caller that restarts a failed
+ * job, as `ringtrain train --max-restarts` does, says which attempt this launch is).
  * With nnodes > 1 the launcher of node k starts global ranks k*nproc .. k*nproc+nproc-1
  * of WORLD_SIZE nnodes*nproc (every node's launcher needs the same master address and
  * port, and the same job token). Two forms share one supervision core:
@@ -30,7 +32,9 @@
  * and its peers agreed to stop with it) starts the same patient wait, sending the others
  * nothing. When a rank fails (any other non-zero exit, or a signal), the others get
  * SIGTERM, then SIGKILL after grace_s (also in the middle of a patient stop: the peers of
- * a failed rank cannot make progress); the result names the FIRST failure. With timeout_s
+ * a failed rank cannot make progress); the result names the FIRST failure (a rank killed
+ * by a signal the launcher did not send goes before one that exited with an error: its peers' lost-peer errors follow
+ * from its death, and may reach the launcher first). With timeout_s
  * > 0 every rank still running then is stopped the same way and listed.
  *
  * Returns RT_OK when every rank exited 0. Otherwise the result is still filled, and the
@@ -65,6 +69,8 @@ typedef struct rt_launch_options {
     double timeout_s;        /* stop everything after this long; 0 (default): no limit */
     bool tag_lines;          /* prefix forwarded stderr lines with "[rank R] "; default off */
     bool keep_going;         /* do not stop the others when a rank fails (test harnesses) */
+    int restart_count;       /* this launch is the job's attempt restart_count (0: the first) ... */
+    int max_restarts;        /* ... of at most 1 + max_restarts: exported as torchrun does */
 } rt_launch_options;
 
 void rt_launch_options_default(rt_launch_options *o);

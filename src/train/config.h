@@ -105,6 +105,7 @@ typedef struct rt_config {
         double first_bucket_mb; /* DDP's small first bucket */
         int64_t check_sync_every;
         double timeout_s;
+        int64_t max_restarts; /* the launcher restarts a failed job this many times (torchrun's) */
     } dist;
     struct {
         char dir[RT_CONFIG_PATH_MAX];    /* auto: RUN_DIR/checkpoints */

@@ -856,6 +856,34 @@ static void test_kill_after_checkpoint(run *r) {
     kill(getpid(), SIGKILL);
 }
 
+/* The job's attempt: TORCHELASTIC_RESTART_COUNT, set by ringtrain's launcher (--max-restarts)
+ * and by torchrun; 0 (the first attempt) when unset. */
+static long long restart_count(void) {
+    const char *v = getenv("TORCHELASTIC_RESTART_COUNT");
+    char *end = NULL;
+    long long n = v && *v ? strtoll(v, &end, 10) : 0;
+    return v && *v && !*end && n > 0 ? n : 0;
+}
+
+/* Tests only: RINGTRAIN_TEST_KILL_RANK_AT=<rank>:<step> makes that rank SIGKILL itself right
+ * after step <step> in the job's first attempt only (restart_count 0: a restarted attempt
+ * runs on); <rank>:<step>:every in every attempt. A rank that dies at an exact point, for
+ * the launcher's restarts (tests/train/resume.sh restart). */
+static void test_kill_rank_at(const run *r) {
+    const char *v = getenv("RINGTRAIN_TEST_KILL_RANK_AT");
+    if (!v || !*v) return;
+    char *end = NULL;
+    long long rank = strtoll(v, &end, 10);
+    if (*end != ':' || rank != r->who.rank) return;
+    long long at = strtoll(end + 1, &end, 10);
+    bool every = strcmp(end, ":every") == 0;
+    if (at != (long long)r->step || (*end && !every) || (!every && restart_count() != 0)) return;
+    fprintf(stderr, "RINGTRAIN_TEST_KILL_RANK_AT: rank %lld kills itself after step %lld (attempt %lld)\n", rank, at,
+            restart_count());
+    fflush(NULL);
+    kill(getpid(), SIGKILL);
+}
+
 /* Rank 0 writes ckpt-<step>/ after rank 0's batch-norm buffers reached every rank; the
  * others wait for the outcome, so a failed write (disk full, permissions) stops every
  * rank with rank 0's error and leaves the earlier checkpoints as they were. */
@@ -1341,6 +1369,8 @@ static rt_status train_all(run *r, rt_train_result *res) {
                       "train_samples", (json_int_t)r->train_ds.n, "test_samples", (json_int_t)r->test_ds.n,
                       "parameters", (json_int_t)rt_model_num_parameters(r->model), "run_id", r->run_id);
         if (fields && resumed) json_object_set_new(fields, "resumed_from_step", json_integer(r->step));
+        if (fields && restart_count() > 0) /* a restarted attempt (--max-restarts, or torchrun's) */
+            json_object_set_new(fields, "restart_count", json_integer(restart_count()));
         RT_CHECK(rt_metrics_line(r->metrics, "start", fields));
     }
     if (c->log.all_ranks) {
@@ -1387,6 +1417,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
                 break;
             }
             RT_CHECK(train_step(r, &b, (double)(rt_now_ns() - t) * 1e-6, epoch));
+            test_kill_rank_at(r);
             rt_launch_heartbeat();
             next_batch = b.index + 1 < r->steps_per_epoch ? b.index + 1 : -1;
             bool every = c->checkpoint.every_steps > 0 && r->step % c->checkpoint.every_steps == 0;

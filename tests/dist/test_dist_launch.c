@@ -4,7 +4,9 @@
  * the launcher (forwarded; the launcher reports it; ranks that make progress after it are
  * waited for, far beyond the grace period, and ranks that do not are killed), a rank that
  * stopped cleanly on a signal of its own (its peers are waited for), the time limit, a
- * command that does not exist, and the stderr lines forwarded as they arrive. */
+ * command that does not exist, the stderr lines forwarded as they arrive, torchrun's restart
+ * variables, and a rank that died by itself named before a peer that exited with a lost-peer
+ * error. */
 #include "../test_util.h"
 #include "dist/launch.h"
 
@@ -82,6 +84,25 @@ static void env_single_node(void **s) {
     rt_launch_result_free(&r2);
     unsetenv("RANK");
     unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+}
+
+/* torchrun's restart variables: which attempt a launch is (an inherited value is replaced) */
+static void env_restart_count(void **s) {
+    (void)s;
+    char *const cmd[] = {"/bin/sh", "-c", "echo \"$TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS\" >&2", NULL};
+    setenv("TORCHELASTIC_RESTART_COUNT", "9", 1);
+    rt_launch_options o;
+    opts(&o, 2);
+    rt_launch_result r;
+    assert_rt_ok(rt_launch_exec(&o, cmd, &r));
+    for (int i = 0; i < 2; i++) assert_string_equal(r.ranks[i].last_line, "0 0");
+    rt_launch_result_free(&r);
+    o.restart_count = 2;
+    o.max_restarts = 3;
+    assert_rt_ok(rt_launch_exec(&o, cmd, &r));
+    for (int i = 0; i < 2; i++) assert_string_equal(r.ranks[i].last_line, "2 3");
+    rt_launch_result_free(&r);
+    unsetenv("TORCHELASTIC_RESTART_COUNT");
 }
 
 static void env_multi_node(void **s) {
@@ -198,6 +219,50 @@ static void rank_killed(void **s) {
     char line[RT_LAUNCH_LINE + 64];
     /* a last line without a newline still counts */
     assert_string_equal(rt_launch_describe(&r, line, sizeof line), "rank 0 was killed by SIGKILL: about to die");
+    rt_launch_result_free(&r);
+    rt_error_clear();
+}
+
+/* A rank that dies by itself goes before a peer that exited with an error, even when the
+ * peer's exit reached the launcher first (a peer sees the closed connection of a rank
+ * killed by SIGKILL before that rank can be reaped). Deterministic stand-in: rank 0 exits 1
+ * once rank 1 is ready; rank 1, when the launcher's SIGTERM comes (after rank 0 was
+ * reaped), dies by a SIGKILL the launcher did not send. */
+static int g_order[2] = {-1, -1}; /* a pipe: rank 1 -> rank 0, "ready" */
+
+static void on_term_die(int sig) {
+    (void)sig;
+    raise(SIGKILL);
+}
+
+static int peer_error_then_death(int local, void *arg) {
+    (void)arg;
+    char c = 0;
+    if (local == 0) {
+        if (read(g_order[0], &c, 1) != 1) return 9;
+        fprintf(stderr, "peer rank 1 closed its connection\n");
+        return 1;
+    }
+    signal(SIGTERM, on_term_die);
+    if (write(g_order[1], "r", 1) != 1) return 9;
+    sleep_forever();
+    return 0;
+}
+
+static void own_death_goes_first(void **s) {
+    (void)s;
+    assert_int_equal(pipe(g_order), 0);
+    rt_launch_options o;
+    opts(&o, 2);
+    rt_launch_result r;
+    assert_int_equal(rt_launch_fork(&o, peer_error_then_death, NULL, &r), RT_ERR_PEER);
+    close(g_order[0]);
+    close(g_order[1]);
+    assert_int_equal(r.ranks[0].exit_code, 1);
+    assert_int_equal(r.ranks[1].signal, SIGKILL);
+    char line[RT_LAUNCH_LINE + 64];
+    assert_string_equal(rt_launch_describe(&r, line, sizeof line), "rank 1 was killed by SIGKILL");
+    assert_int_equal(r.first_failure, 1);
     rt_launch_result_free(&r);
     rt_error_clear();
 }
@@ -526,6 +591,7 @@ int main(void) {
         cmocka_unit_test(sigint_forwarded),     cmocka_unit_test(sigint_waits_for_progress),
         cmocka_unit_test(sigint_no_progress_is_killed), cmocka_unit_test(clean_stop_waits_for_peers),
         cmocka_unit_test(lines_forwarded),
+        cmocka_unit_test(env_restart_count),    cmocka_unit_test(own_death_goes_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -53,6 +53,9 @@ bad_config)
   expect_error "--nproc with a space" 2 "--nproc ' 2'" -- "$bin" train "$tmp/ok.yaml" --nproc " 2"
   expect_error "--nproc with garbage" 2 "--nproc '2x'" -- "$bin" train "$tmp/ok.yaml" --nproc=2x
   expect_error "--master-port with a sign" 2 "--master-port '+80'" -- "$bin" train "$tmp/ok.yaml" --master-port=+80
+  expect_error "negative --max-restarts" 2 "--max-restarts '-1' (expected a whole number in 0..1000000)" -- "$bin" train "$tmp/ok.yaml" --max-restarts -1
+  expect_error "--max-restarts with nodes" 2 "dist.max_restarts (--max-restarts) 1 with 2 nodes: restarts are for single-node jobs" -- \
+    "$bin" train "$tmp/ok.yaml" "${small[@]}" --nnodes 2 --master-port 29999 --max-restarts 1
   # a config that is a FIFO or a directory is named as such, and the FIFO does not block
   mkfifo "$tmp/fifo.yaml"
   expect_error "FIFO config" 1 "config $tmp/fifo.yaml is a FIFO (named pipe)" -- timeout 20 "$bin" train "$tmp/fifo.yaml"

@@ -2,11 +2,12 @@
 # Checkpoints end to end with real ranks (issue 13): exact resume after kill -9 of the
 # launcher (at an epoch boundary and mid-epoch), clean stops by SIGTERM/SIGINT between
 # steps, during an evaluation and during a checkpoint write (issue 20), resume with a
-# different world size, a corrupted newest checkpoint, and ringtrain eval.
+# different world size, a corrupted newest checkpoint, ringtrain eval, and the launcher's
+# restarts (--max-restarts) after a rank died.
 #
 #   tests/train/resume.sh RINGTRAIN CASE
 # CASE: evalonce | partition | exact | stop | stop_eval | stop_ckpt | steps | world | corrupt | eval |
-#       torchvision | schedule | runid | ranks
+#       torchvision | schedule | runid | ranks | restart
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 bin=$1
@@ -377,5 +378,110 @@ assert abs(got - acc) <= 0.1, (got, acc)
 PY
   echo "ok: torchvision resnet34 (strict=True) gives ringtrain's accuracy"
   ;;
-*) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision|schedule|runid|ranks" >&2; exit 2 ;;
+restart)
+  # --max-restarts: rank 1 SIGKILLs itself right after step 12 of epoch 1 (checkpoints every
+  # 5 steps) in the first attempt only (RINGTRAIN_TEST_KILL_RANK_AT reads the attempt from
+  # TORCHELASTIC_RESTART_COUNT, which the launcher exports); the launcher restarts the job
+  # from ckpt-10, and the run equals the uninterrupted one
+  ck=(checkpoint.every_steps=5 log.all_ranks=true dist.timeout_s=60)
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/full" >"$tmp/full.out" 2>"$tmp/full.err" || fail "straight run"
+  restarted() { # name dir: the job was restarted once, from ckpt-10, and its logs have no gap or duplicate
+    local name=$1 d=$2 ck10
+    ck10=$(printf '%s/checkpoints/ckpt-%09d' "$d" 10)
+    [ "$(grep -c "restarting" "$tmp/$name.err")" -eq 1 ] || fail "$name: expected one restart, stderr has: $(grep restarting "$tmp/$name.err")"
+    grep -q "^ringtrain: rank 1 was killed by SIGKILL: RINGTRAIN_TEST_KILL_RANK_AT: rank 1 kills itself after step 12 (attempt 0); restarting (1/1) from the newest checkpoint, $ck10\$" "$tmp/$name.err" ||
+      fail "$name: no restart line naming rank 1, SIGKILL and $ck10: $(grep restarting "$tmp/$name.err")"
+    grep -q "^ringtrain: resuming from $ck10 " "$tmp/$name.out" || fail "$name: the restarted attempt did not resume from $ck10: $(grep resuming "$tmp/$name.out")"
+    tail -1 "$tmp/$name.out" | grep -q "^test accuracy .* after 128 steps" || fail "$name: the job did not complete: $(tail -1 "$tmp/$name.out")"
+    same_run "$tmp/full" "$d" "$name: restarted after rank 1 died at step 12"
+    /usr/bin/python3 - "$d" <<'PY' || fail "$name: the logs of the restarted job have a gap or a duplicate"
+import json, sys
+d = sys.argv[1]
+lines = [json.loads(l) for l in open(d + "/metrics.jsonl")]
+of = lambda k: [l for l in lines if l["kind"] == k]
+steps = [l["step"] for l in of("step")]
+assert steps == list(range(1, 129)), "step lines: %s" % steps
+starts = [(l.get("resumed_from_step"), l.get("restart_count")) for l in of("start")]
+assert starts == [(None, None), (10, 1)], "start lines (resumed_from_step, restart_count): %s" % starts
+assert [l["step"] for l in of("eval")] == [64, 128], "eval lines at steps %s" % [l["step"] for l in of("eval")]
+ck = [l["step"] for l in of("checkpoint")]
+assert ck == sorted(set(range(5, 128, 5)) | {64, 128}), "checkpoint lines at steps %s" % ck  # every 5 steps, every epoch
+assert len(of("end")) == 1, "%d end lines" % len(of("end"))
+for r in (0, 1):
+    rs = [json.loads(l)["step"] for l in open("%s/metrics-rank%d.jsonl" % (d, r)) if '"kind": "step"' in l]
+    assert rs == list(range(1, 129)), "metrics-rank%d.jsonl steps: %s" % (r, rs)
+PY
+  }
+  rc=0
+  RINGTRAIN_TEST_KILL_RANK_AT=1:12 "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/r" --max-restarts 1 \
+    >"$tmp/r.out" 2>"$tmp/r.err" || rc=$?
+  [ "$rc" -eq 0 ] || fail "--max-restarts 1: the job exited $rc after rank 1 died, expected 0 (restarted)"
+  restarted r "$tmp/r"
+  echo "ok: --max-restarts 1 restarts the job from ckpt-10 after rank 1 died; it equals the uninterrupted run"
+  # checkpoint.resume: none with checkpoint.overwrite in a folder holding an older run's checkpoints (moved
+  # aside; another seed, up to step 128): the restart resumes from this job's ckpt-10, never from the old ckpt-128
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" train.seed=7 "log.dir=$tmp/n" >"$tmp/old.out" 2>"$tmp/old.err" || fail "the older run"
+  rc=0
+  RINGTRAIN_TEST_KILL_RANK_AT=1:12 "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" checkpoint.resume=none checkpoint.overwrite=true "log.dir=$tmp/n" \
+    --max-restarts 1 >"$tmp/n.out" 2>"$tmp/n.err" || rc=$?
+  [ "$rc" -eq 0 ] || fail "resume: none: the job exited $rc after rank 1 died, expected 0 (restarted)"
+  restarted n "$tmp/n"
+  # the same, killed at step 3, before the job wrote a checkpoint: the restart starts afresh
+  # as the first attempt did (resume: none), not from the older run's checkpoints
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" train.seed=7 "log.dir=$tmp/n3" >"$tmp/old3.out" 2>"$tmp/old3.err" || fail "the older run (2)"
+  rc=0
+  RINGTRAIN_TEST_KILL_RANK_AT=1:3 "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" checkpoint.resume=none checkpoint.overwrite=true "log.dir=$tmp/n3" \
+    --max-restarts 1 >"$tmp/n3.out" 2>"$tmp/n3.err" || rc=$?
+  [ "$rc" -eq 0 ] || fail "resume: none, killed at step 3: the job exited $rc, expected 0 (restarted)"
+  grep -q "^ringtrain: rank 1 was killed by SIGKILL: .*; restarting (1/1) as the job started (it wrote no checkpoint yet; checkpoint.resume: none)\$" "$tmp/n3.err" ||
+    fail "resume: none, killed at step 3: no restart line saying it starts afresh: $(grep restarting "$tmp/n3.err")"
+  ! grep -q "resuming from" "$tmp/n3.out" || fail "resume: none, killed at step 3: the restart resumed: $(grep resuming "$tmp/n3.out")"
+  same_run "$tmp/full" "$tmp/n3" "resume: none, restarted afresh after rank 1 died at step 3"
+  metrics_contiguous "$tmp/n3"
+  echo "ok: with checkpoint.resume: none the restart resumes from the job's own checkpoint, or starts afresh"
+  # one rank: the launcher still starts it as a process, so that it can restart it
+  rc=0
+  RINGTRAIN_TEST_KILL_RANK_AT=0:12 "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" dist.nproc=1 "log.dir=$tmp/one" \
+    --max-restarts 1 >"$tmp/one.out" 2>"$tmp/one.err" || rc=$?
+  [ "$rc" -eq 0 ] || fail "one rank: the job exited $rc after the rank died, expected 0 (restarted)"
+  grep -q "^ringtrain: rank 0 was killed by SIGKILL: .*; restarting (1/1) from the newest checkpoint, .*ckpt-000000010\$" "$tmp/one.err" ||
+    fail "one rank: no restart line: $(grep restarting "$tmp/one.err")"
+  grep -q "^ringtrain: resuming from .*ckpt-000000010 " "$tmp/one.out" || fail "one rank: the restarted attempt did not resume"
+  # --max-restarts 0 (the default): the same death fails the job, naming rank 1
+  rc=0
+  RINGTRAIN_TEST_KILL_RANK_AT=1:12 "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/z" >"$tmp/z.out" 2>"$tmp/z.err" || rc=$?
+  [ "$rc" -eq 137 ] || fail "--max-restarts 0: exit $rc, expected 137 (rank 1 killed by SIGKILL)"
+  ! grep -q "restarting" "$tmp/z.err" || fail "--max-restarts 0 restarted the job"
+  grep -q "^ringtrain: rank 1 was killed by SIGKILL (its last error is above); the other ranks were stopped\$" "$tmp/z.err" ||
+    fail "--max-restarts 0: the failure does not name rank 1 and SIGKILL: $(tail -1 "$tmp/z.err")"
+  # the rank dies in every attempt: one restart, then the job fails naming the failure
+  rc=0
+  RINGTRAIN_TEST_KILL_RANK_AT=1:12:every "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/e" --max-restarts 1 \
+    >"$tmp/e.out" 2>"$tmp/e.err" || rc=$?
+  [ "$rc" -eq 137 ] || fail "killed in every attempt: exit $rc, expected 137 (rank 1 killed by SIGKILL)"
+  [ "$(grep -c "restarting (1/1)" "$tmp/e.err")" -eq 1 ] && ! grep -q "restarting (2/" "$tmp/e.err" ||
+    fail "killed in every attempt: expected exactly one restart: $(grep restarting "$tmp/e.err")"
+  grep -q "^ringtrain: rank 1 was killed by SIGKILL (its last error is above); the other ranks were stopped; no restarts left (1 of --max-restarts 1 used)\$" "$tmp/e.err" ||
+    fail "killed in every attempt: the final failure does not name rank 1, SIGKILL and the restarts used: $(tail -1 "$tmp/e.err")"
+  [ "$(grep -c "kills itself after step 12 (attempt 1)" "$tmp/e.err")" -eq 1 ] || fail "killed in every attempt: the second attempt did not die at step 12"
+  echo "ok: without restarts the death fails the job; with one restart, dying again fails it after that restart"
+  # a stop is never restarted: SIGTERM to the launcher once training runs (waiting for the
+  # run's first step line: any moment of the long run will do) stops the job with its
+  # checkpoint and exit 143, as without --max-restarts
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" data.train_subset=0 train.epochs=50 "log.dir=$tmp/s" --max-restarts 1 \
+    >"$tmp/s.out" 2>"$tmp/s.err" &
+  launcher=$!
+  until grep -q '"kind": "step"' "$tmp/s/metrics.jsonl" 2>/dev/null; do
+    kill -0 $launcher 2>/dev/null || fail "stop: the job ended before its first step"
+    sleep 0.05
+  done
+  kill -TERM $launcher
+  rc=0
+  wait $launcher || rc=$?
+  [ "$rc" -eq 143 ] || fail "stop: SIGTERM to the launcher with --max-restarts 1: exit $rc, expected 143"
+  ! grep -q "restarting" "$tmp/s.err" || fail "stop: the job was restarted after SIGTERM to the launcher"
+  grep -q "^stopped by SIGTERM after step" "$tmp/s.out" || fail "stop: no resume hint"
+  echo "ok: SIGTERM to the launcher stops the job and is not restarted"
+  ;;
+*) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision|schedule|runid|ranks|restart" >&2; exit 2 ;;
 esac
