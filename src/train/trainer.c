@@ -130,6 +130,9 @@ typedef struct run {
 } run;
 
 static bool is_root(const run *r) { return r->who.rank == 0; }
+static rt_status test_init_seed_rank(run *r); /* test-only hooks: see test_env_rank */
+static rt_status test_perturb_at(run *r);
+static rt_status test_bn_perturb(run *r);
 
 /* All-reduce of a few host values (the loss, evaluation sums, checksums); a no-op with
  * one rank. The group's buffers live on the training device, so on a GPU the values go
@@ -412,6 +415,7 @@ static rt_status setup_model(run *r) {
     RT_CHECK(rt_model_ctx_create(&o, &r->ctx));
     RT_CHECK(create_model(r, &mc));
     RT_CHECK(rt_model_init_weights(r->model, (uint64_t)c->train.seed));
+    RT_CHECK(test_init_seed_rank(r));
     /* dropout masks differ between ranks (as torch's per-process RNG) but are reproducible */
     rt_model_set_dropout_seed(r->model, (uint64_t)c->train.seed * 1000003u + (uint64_t)r->who.rank);
     if (rt_device_is_cuda(r->dev)) {
@@ -570,6 +574,7 @@ static rt_status on_grad_ready(void *user, int block, size_t begin, size_t end) 
 /* ---- evaluation ------------------------------------------------------------------------ */
 
 static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
+    RT_CHECK(test_bn_perturb(r));
     RT_CHECK(broadcast_state(r, false)); /* batch-norm running statistics of rank 0 */
     const rt_model_config *mc = rt_model_config_of(r->model);
     int k = mc->num_classes;
@@ -831,6 +836,7 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
     p->rec.ms[RT_STAGE_DATA] = data_ms;
     p->waiting = true;
     RT_CHECK(complete_in_order(r, false)); /* the step before first, if it is still pending */
+    RT_CHECK(test_perturb_at(r));
     if (c->dist.check_sync_every > 0 && r->step % c->dist.check_sync_every == 0) {
         char when[64];
         snprintf(when, sizeof when, "step %lld", (long long)r->step);
@@ -840,6 +846,66 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
 }
 
 /* ---- checkpoints ------------------------------------------------------------------------- */
+
+/* ---- test-only hooks (tests/train/guards.sh) ------------------------------------------- */
+
+/* Each makes one rank break a distributed guarantee that the trainer must repair or
+ * detect, so a test can fail when the repair or the check is missing:
+ *   RINGTRAIN_TEST_INIT_SEED_RANK=<rank>     that rank initialises its weights from
+ *       train.seed + 1 (rank 0's weights broadcast at start must replace them);
+ *   RINGTRAIN_TEST_PERTURB_AT=<rank>:<step>  after step <step>, that rank adds 1e-3 to its
+ *       first parameter (a diverged rank: dist.check_sync_every must name the step);
+ *   RINGTRAIN_TEST_BN_PERTURB=<rank>         before every evaluation, that rank scales its
+ *       batch-norm running means and variances by 4 (evaluation uses rank 0's). */
+static bool test_env_rank(const run *r, const char *name, long long *step) {
+    const char *v = getenv(name);
+    if (!v || !*v || !r->pg) return false;
+    char *end = NULL;
+    long long rank = strtoll(v, &end, 10);
+    if (step) {
+        if (*end != ':') return false;
+        *step = strtoll(end + 1, &end, 10);
+    }
+    return !*end && rank == r->who.rank;
+}
+
+/* x[i] = x[i] * mul + add for n floats of the model's device */
+static rt_status test_edit_floats(run *r, float *x, size_t n, float mul, float add) {
+    float *h = x;
+    if (rt_device_is_cuda(r->dev)) {
+        RT_CHECK(rt_model_ctx_sync(r->ctx));
+        h = malloc(n * sizeof *h);
+        RT_CHECK_ALLOC(h, n * sizeof *h);
+        rt_status s = rt_memcpy(h, rt_device_cpu(), x, r->dev, n * sizeof *h, NULL);
+        if (s != RT_OK) return free(h), s;
+    }
+    for (size_t i = 0; i < n; i++) h[i] = h[i] * mul + add;
+    if (h == x) return RT_OK;
+    rt_status s = rt_memcpy(x, r->dev, h, rt_device_cpu(), n * sizeof *h, NULL);
+    free(h);
+    return s;
+}
+
+static rt_status test_init_seed_rank(run *r) {
+    if (!test_env_rank(r, "RINGTRAIN_TEST_INIT_SEED_RANK", NULL)) return RT_OK;
+    return rt_model_init_weights(r->model, (uint64_t)r->cfg->train.seed + 1);
+}
+
+static rt_status test_perturb_at(run *r) {
+    long long at = -1;
+    if (!test_env_rank(r, "RINGTRAIN_TEST_PERTURB_AT", &at) || at != (long long)r->step) return RT_OK;
+    return test_edit_floats(r, rt_model_params(r->model)->base, 1, 1.0f, 1e-3f);
+}
+
+static rt_status test_bn_perturb(run *r) {
+    if (!test_env_rank(r, "RINGTRAIN_TEST_BN_PERTURB", NULL)) return RT_OK;
+    for (int i = 0; i < rt_model_param_count(r->model); i++) {
+        const rt_param *p = rt_model_param(r->model, i);
+        if (p->kind == RT_PARAM_BUFFER && p->value.dtype == RT_F32)
+            RT_CHECK(test_edit_floats(r, rt_tensor_data(&p->value), (size_t)rt_tensor_numel(&p->value), 4.0f, 0.0f));
+    }
+    return RT_OK;
+}
 
 /* Tests only: RINGTRAIN_TEST_KILL_AFTER_CKPT=<step> makes rank 0, once the checkpoint of
  * that step is complete, SIGKILL its parent when ringtrain's launcher started it (its

@@ -42,13 +42,16 @@
  * has taken the post) */
 typedef struct {
     sem_t go;
+    sem_t reached; /* posted when the stream's worker reaches the gate */
 } gate;
 
 static void gate_wait(void *p) {
     gate *g = p;
+    sem_post(&g->reached);
     while (sem_wait(&g->go) != 0 && errno == EINTR) {
     }
     sem_destroy(&g->go);
+    sem_destroy(&g->reached);
     free(g);
 }
 
@@ -56,11 +59,18 @@ static gate *hold(cudaStream_t s) {
     gate *g = malloc(sizeof *g);
     assert_non_null(g);
     sem_init(&g->go, 0, 0);
+    sem_init(&g->reached, 0, 0);
     assert_cuda(cudaLaunchHostFunc(s, gate_wait, g));
     return g;
 }
 
 static void release(gate *g) { sem_post(&g->go); }
+
+/* until the stream's worker waits at the gate (everything before it has run); before release */
+static void wait_reached(gate *g) {
+    while (sem_wait(&g->reached) != 0 && errno == EINTR) {
+    }
+}
 
 static void post_sem(void *p) { sem_post((sem_t *)p); }
 
@@ -447,6 +457,9 @@ static void test_events(void **state) {
     gate *g = hold(s1);
     assert_cuda(cudaEventRecord(t1, s1));
     assert_int_equal(cudaEventElapsedTime(&ms, t0, t1), cudaErrorNotReady);
+    /* the 30 ms count from the moment the worker passed t0 (a worker that reached t0
+     * only after the pause, under load, measured less) */
+    wait_reached(g);
     struct timespec pause = {0, 30 * 1000000L};
     nanosleep(&pause, NULL);
     release(g);

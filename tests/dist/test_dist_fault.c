@@ -50,6 +50,10 @@ static int body(int rank, int world, int port, void *arg) {
         return 3;
     }
     rt_status s = rt_all_reduce(pg, big, n, RT_F32, RT_OP_SUM);
+    /* the victim's progress thread may finish its part before the victim dies (a slow
+     * or descheduled main thread): then the next all_reduce, which the victim never
+     * joins, is the one that fails, whatever the timing */
+    if (s == RT_OK) s = rt_all_reduce(pg, big, n, RT_F32, RT_OP_SUM);
     if (c->stop && rank == 0) { /* the stopped rank never resumes: end it */
         char pid[32] = "";
         size_t len = 0;

@@ -268,15 +268,23 @@ static void own_death_goes_first(void **s) {
 }
 
 /* rank 0 ignores SIGTERM and hangs; rank 2 fails */
+
+/* rank 0 ignores SIGTERM and hangs; rank 2 fails once rank 0 ignores SIGTERM (a pipe:
+ * a fixed sleep raced with rank 0's start, which then died of the SIGTERM) */
+static int g_ignoring[2] = {-1, -1};
+
 static int hangs(int local, void *arg) {
     (void)arg;
     if (local == 0) {
         signal(SIGTERM, SIG_IGN);
         fprintf(stderr, "stuck forever\n");
+        (void)!write(g_ignoring[1], "i", 1);
         sleep_forever();
     }
     if (local == 2) {
-        usleep(100000);
+        char c;
+        while (read(g_ignoring[0], &c, 1) < 0 && errno == EINTR) {
+        }
         fprintf(stderr, "rank 2: fatal\n");
         return 1;
     }
@@ -290,8 +298,11 @@ static void hang_is_killed_after_grace(void **s) {
     opts(&o, 3);
     o.grace_s = 1;
     rt_launch_result r;
+    assert_int_equal(pipe(g_ignoring), 0);
     double t0 = now_s();
     assert_int_equal(rt_launch_fork(&o, hangs, NULL, &r), RT_ERR_PEER);
+    close(g_ignoring[0]);
+    close(g_ignoring[1]);
     double took = now_s() - t0;
     /* the grace period plus a generous margin for a loaded machine; without the
      * SIGKILL it would run into the 120 s time limit */
@@ -318,7 +329,7 @@ static void time_limit(void **s) {
     (void)s;
     rt_launch_options o;
     opts(&o, 3);
-    o.timeout_s = 0.5;
+    o.timeout_s = 2; /* rank 1 returns at once: 2 s leave a loaded machine time to see it exit */
     o.grace_s = 0.5;
     rt_launch_result r;
     assert_int_equal(rt_launch_fork(&o, slow, NULL, &r), RT_ERR_TIMEOUT);
@@ -327,7 +338,7 @@ static void time_limit(void **s) {
     assert_true(r.ranks[0].timed_out && r.ranks[2].timed_out);
     assert_false(r.ranks[1].timed_out);
     assert_int_equal(r.ranks[1].exit_code, 0);
-    assert_non_null(strstr(rt_error_message(), "time limit of 0.5 s: ranks 0, 2 were still running (stopped)"));
+    assert_non_null(strstr(rt_error_message(), "time limit of 2 s: ranks 0, 2 were still running (stopped)"));
     rt_launch_result_free(&r);
     rt_error_clear();
 }

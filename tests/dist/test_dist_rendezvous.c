@@ -42,6 +42,8 @@ static int intruder(int port) {
     uint8_t b[RT_HELLO_BYTES];
     rt_hello_encode(b, &h);
     MP_OK(rt_sock_write_all(fd, b, sizeof b, rt_now_ns() + 5000000000ull, "rank 0"));
+    /* connected and opened: the real rank 1 may come now (rank 0 accepts in order) */
+    MP_OK(rt_store_set(st, "test/intruder-connected", "1", 1));
     MP_OK(rt_sock_read_all(fd, b, sizeof b, rt_now_ns() + 10000000000ull, "rank 0")); /* its answer */
     h.step = RT_HELLO_PROOF;
     memset(h.mac, 0x77, sizeof h.mac); /* a proof under a key it does not have */
@@ -59,14 +61,20 @@ static int body(int idx, int nproc, int port, void *arg) {
     if (c->mode == INTRUDER) {
         if (idx == 2) return intruder(port);
         nproc = 2;
-        if (idx == 1) { /* give the intruder the first go at rank 0's listener */
-            struct timespec ts = {0, 500000000};
-            nanosleep(&ts, NULL);
+        if (idx == 1) { /* the intruder has the first go at rank 0's listener: rank 1 waits
+                         * until it has connected (a fixed 0.5 s raced with a slow intruder) */
+            rt_store *st;
+            MP_OK(rt_store_connect("127.0.0.1", port, getenv("RINGTRAIN_JOB_TOKEN"), -1, 2, 60, &st));
+            char v[4];
+            size_t n = 0;
+            MP_OK(rt_store_get(st, "test/intruder-connected", v, sizeof v, &n));
+            rt_store_close(st);
         }
     }
     rt_pg_options o;
     char method[MP_METHOD_LEN], file_method[300];
     mp_pg_options(&o, method, idx, nproc, port, RT_TRANSPORT_TCP, 3);
+    if (c->mode == INTRUDER) o.timeout_s = 30; /* rank 0 waits for rank 1 through the intruder's attempt */
     char v[32];
     switch (c->mode) {
     case MISSING:

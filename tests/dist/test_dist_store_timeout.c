@@ -75,10 +75,10 @@ static void longer_timeout_waits(void **s) {
     rt_store_set_timeout(b, 20);
     late_set L = {port, 1.0, RT_ERR_INTERNAL};
     pthread_t th;
+    uint64_t t0 = rt_now_ns(); /* before the setter starts its 1 s: el >= 1 s whatever the scheduling */
     assert_int_equal(pthread_create(&th, NULL, set_later, &L), 0);
     char v[16] = "";
     size_t n = 0;
-    uint64_t t0 = rt_now_ns();
     rt_status st = rt_store_get(b, "late", v, sizeof v, &n);
     double el = since(t0);
     pthread_join(th, NULL);
@@ -96,6 +96,7 @@ static void longer_timeout_waits(void **s) {
 enum { WORLD = 3 };
 
 static int g_finished; /* ranks other than 0 that are done */
+static int g_waiting;  /* rank 1 is in its get of rank 2's key */
 
 typedef struct rank_arg {
     const char *method;
@@ -108,6 +109,10 @@ typedef struct rank_arg {
 
 static void *rank_main(void *arg) {
     rank_arg *a = arg;
+    /* the late rank: its delay counts from the moment rank 1 waits for it, so rank 1's
+     * wait is at least that long however slowly rank 1 connected */
+    if (a->rank == 2)
+        while (!__atomic_load_n(&g_waiting, __ATOMIC_ACQUIRE)) sleep_s(0.01);
     sleep_s(a->delay_s);
     rt_rdzv r;
     rt_store_server *srv = NULL;
@@ -122,6 +127,7 @@ static void *rank_main(void *arg) {
     /* every rank waits (a blocking get, on the connection's default timeout) for the
      * late one; rank 0 keeps the store until the others are done, whatever they got */
     uint64_t t0 = rt_now_ns();
+    if (a->rank == 1) __atomic_store_n(&g_waiting, 1, __ATOMIC_RELEASE);
     char v[8];
     size_t n = 0;
     if (s == RT_OK) s = rt_store_get(st, "rank/2", v, sizeof v, &n);
@@ -143,12 +149,14 @@ static void file_rendezvous_late_rank(void **s) {
     unlink(path);
     snprintf(method, sizeof method, "file://%s", path);
     unsetenv("RINGTRAIN_JOB_TOKEN");
-    /* rank 2 arrives 2 s after the others: longer than the 1 s the connection was made with */
+    /* rank 2 arrives 2 s after rank 1 began to wait for it: longer than the 1 s the
+     * connection was made with */
     rank_arg a[WORLD] = {{method, 0, 0.0, RT_ERR_INTERNAL, "", 0},
                          {method, 1, 0.1, RT_ERR_INTERNAL, "", 0},
                          {method, 2, 2.0, RT_ERR_INTERNAL, "", 0}};
     pthread_t th[WORLD];
     g_finished = 0;
+    g_waiting = 0;
     for (int r = 0; r < WORLD; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &a[r]), 0);
     for (int r = 0; r < WORLD; r++) pthread_join(th[r], NULL);
     unlink(path);
