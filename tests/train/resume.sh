@@ -465,22 +465,15 @@ PY
     fail "killed in every attempt: the final failure does not name rank 1, SIGKILL and the restarts used: $(tail -1 "$tmp/e.err")"
   [ "$(grep -c "kills itself after step 12 (attempt 1)" "$tmp/e.err")" -eq 1 ] || fail "killed in every attempt: the second attempt did not die at step 12"
   echo "ok: without restarts the death fails the job; with one restart, dying again fails it after that restart"
-  # a stop is never restarted: SIGTERM to the launcher once training runs (waiting for the
-  # run's first step line: any moment of the long run will do) stops the job with its
-  # checkpoint and exit 143, as without --max-restarts
-  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" data.train_subset=0 train.epochs=50 "log.dir=$tmp/s" --max-restarts 1 \
-    >"$tmp/s.out" 2>"$tmp/s.err" &
-  launcher=$!
-  until grep -q '"kind": "step"' "$tmp/s/metrics.jsonl" 2>/dev/null; do
-    kill -0 $launcher 2>/dev/null || fail "stop: the job ended before its first step"
-    sleep 0.05
-  done
-  kill -TERM $launcher
+  # a stop is never restarted: SIGTERM to the launcher before step 20 (rank 0 sends it,
+  # RINGTRAIN_TEST_SIGNAL_AT) stops the job with the checkpoint of step 20 and exit 143,
+  # as without --max-restarts
   rc=0
-  wait $launcher || rc=$?
+  RINGTRAIN_TEST_SIGNAL_AT=step:20:launcher:0:TERM "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/s" \
+    --max-restarts 1 >"$tmp/s.out" 2>"$tmp/s.err" || rc=$?
   [ "$rc" -eq 143 ] || fail "stop: SIGTERM to the launcher with --max-restarts 1: exit $rc, expected 143"
   ! grep -q "restarting" "$tmp/s.err" || fail "stop: the job was restarted after SIGTERM to the launcher"
-  grep -q "^stopped by SIGTERM after step" "$tmp/s.out" || fail "stop: no resume hint"
+  grep -q "^stopped by SIGTERM after step 20;" "$tmp/s.out" || fail "stop: no resume hint naming step 20: $(tail -2 "$tmp/s.out")"
   echo "ok: SIGTERM to the launcher stops the job and is not restarted"
   ;;
 *) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision|schedule|runid|ranks|restart" >&2; exit 2 ;;
