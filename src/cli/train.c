@@ -493,17 +493,18 @@ static int train_or_eval(int argc, char **argv) {
             int code = rt_launch_rank_code(f);
             rc = code > 0 && code < 256 ? code : 1;
         } else if (res.signal) { /* interrupted: quiet when every rank stopped cleanly */
-            bool clean = true;
+            bool clean = true, finished = true;
             for (int i = 0; i < res.nproc; i++) {
                 int code = rt_launch_rank_code(&res.ranks[i]);
                 clean &= code == 0 || code == 128 + SIGINT || code == 128 + SIGTERM;
+                finished &= code == 0;
             }
             if (!clean) fprintf(stderr, "ringtrain: error: %s\n", rt_launch_describe(&res, line, sizeof line));
+            /* every rank exited 0: the signal came when only the end of the run was left
+             * (its last evaluation or checkpoint), and the run finished */
+            rc = finished ? 0 : 128 + res.signal;
         } else {
             fprintf(stderr, "ringtrain: error: %s\n", rt_launch_describe(&res, line, sizeof line));
-        }
-        if (res.first_failure < 0 && res.signal) {
-            rc = 128 + res.signal;
         }
     }
     rt_launch_result_free(&res);

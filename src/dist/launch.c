@@ -263,6 +263,13 @@ static bool own_death(const launch *L, int i) {
     return sig > 0 && sig < 64 && sig != SIGPIPE && !(L->slots[i].sent & (1ull << sig));
 }
 
+/* Rank i exited 130 or 143 by itself: it stopped cleanly on SIGINT/SIGTERM (a stop someone
+ * asked for, its peers stop with it), not a failure of its own. */
+static bool clean_exit(const launch *L, int i) {
+    const rt_launch_rank *r = &L->res->ranks[i];
+    return r->pid > 0 && !r->signal && (r->exit_code == 128 + SIGINT || r->exit_code == 128 + SIGTERM);
+}
+
 static void reap(launch *L) {
     bool any_real_fail = false, any_clean = false;
     for (int i = 0; i < L->res->nproc; i++) {
@@ -297,12 +304,16 @@ static void reap(launch *L) {
          * died by itself goes before one that exited with an error: its death makes its peers
          * exit with a lost-peer error, which can reach the launcher first (a peer sees the
          * closed connection before the dead rank can be reaped, and a pass goes in rank order) */
+        /* and a real failure goes before a clean stop (a rank that stopped on its own signal
+         * while a peer then failed: the failure is what the user must see, and restart) */
         int first = L->res->first_failure;
-        if (!L->res->signal && ((first < 0 && !r->stopped) || (first >= 0 && own_death(L, i) && !own_death(L, first))))
+        bool clean_stop = p > 0 && clean_exit(L, i);
+        if (!L->res->signal &&
+            ((first < 0 && !r->stopped) || (first >= 0 && own_death(L, i) && !own_death(L, first)) ||
+             (first >= 0 && clean_exit(L, first) && !clean_stop && !r->stopped)))
             L->res->first_failure = i;
         /* exit 130/143: it stopped cleanly on SIGINT/SIGTERM, and its peers stop with it
          * (they agreed to): wait for them while they make progress, send them nothing */
-        bool clean_stop = p > 0 && !r->signal && (r->exit_code == 128 + SIGINT || r->exit_code == 128 + SIGTERM);
         if (clean_stop && L->o->progress_s > 0)
             any_clean = true;
         else
@@ -327,7 +338,12 @@ static void supervise(launch *L) {
     int wake_rd = L->slots[res->nproc].fd; /* the self-pipe rides in the last slot */
     for (;;) {
         reap(L);
-        if (L->running == 0) break;
+        if (L->running == 0) {
+            /* a SIGINT/SIGTERM that came while the last ranks ended is still the user's
+             * request: it must be reported (and a job must not be restarted after it) */
+            if (g_signal && !res->signal) res->signal = g_signal;
+            break;
+        }
         uint64_t now = rt_now_ns();
         if (g_signal && !res->signal) { /* forward it; the ranks get as long as they make progress */
             res->signal = g_signal;

@@ -20,6 +20,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <jansson.h>
+
 static const char *const k_reserved[] = {RT_CKPT_RESERVED_KEYS};
 static const char *const k_required[] = {RT_CKPT_REQUIRED_KEYS};
 #define N_RESERVED (sizeof k_reserved / sizeof k_reserved[0])
@@ -582,6 +584,32 @@ static void remove_stale_tmp(const char *dir) {
     closedir(d);
 }
 
+/* The run_id of checkpoint CKPT's train.safetensors from its header alone (no tensor data read,
+ * no crc): "" when it has none; false when the header cannot be read (a corrupt or
+ * incomplete checkpoint). Pruning uses it to pass over other runs' checkpoints without
+ * reading them whole. */
+static bool header_run_id(const char *ckpt, char *out, size_t n) {
+    char p[RT_CKPT_PATH_MAX + 300];
+    out[0] = '\0';
+    if (snprintf(p, sizeof p, "%s/%s", ckpt, RT_CKPT_TRAIN_FILE) >= (int)sizeof p) return false;
+    FILE *f = fopen(p, "rb");
+    if (!f) return false;
+    unsigned char lb[8];
+    bool ok = fread(lb, 1, 8, f) == 8;
+    uint64_t hlen = 0;
+    for (int i = 7; ok && i >= 0; i--) hlen = hlen << 8 | lb[i];
+    ok = ok && hlen > 0 && hlen <= (100u << 20);
+    char *h = ok ? malloc((size_t)hlen) : NULL;
+    ok = h && fread(h, 1, (size_t)hlen, f) == (size_t)hlen;
+    fclose(f);
+    json_t *j = ok ? json_loadb(h, (size_t)hlen, 0, NULL) : NULL;
+    free(h);
+    const char *id = json_string_value(json_object_get(json_object_get(j, "__metadata__"), "run_id"));
+    if (id) snprintf(out, n, "%s", id);
+    json_decref(j);
+    return j != NULL;
+}
+
 rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step, const char *run_id) {
     if (keep_last <= 0) return RT_OK;
     if (!run_id) run_id = "";
@@ -596,6 +624,9 @@ rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step, const
             kept++;
             continue;
         }
+        /* another run's (by its header: not read whole) or unreadable: never removed here */
+        char hid[64];
+        if (!header_run_id(p, hid, sizeof hid) || strcmp(hid, run_id) != 0) continue;
         rt_ckpt_meta m;
         if (rt_ckpt_verify(p, &m) != RT_OK) { /* corrupt: neither counted nor removed */
             rt_error_clear();
@@ -604,7 +635,7 @@ rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step, const
         const char *id = rt_ckpt_meta_get(&m, "run_id");
         bool mine = strcmp(id ? id : "", run_id) == 0;
         rt_ckpt_meta_free(&m);
-        if (!mine) continue; /* another run's: never removed here */
+        if (!mine) continue;
         if (kept < keep_last) {
             kept++;
             continue;

@@ -1512,7 +1512,9 @@ static rt_status train_all(run *r, rt_train_result *res) {
                         100.0 * acc, (long long)samples);
                 fflush(out);
             }
-            RT_CHECK(agree_stop(r)); /* asked during the evaluation: stop after it */
+            /* asked during the evaluation: stop after it (after the run's last one, finish:
+             * only the end-of-run check and the model file are left) */
+            if (!last) RT_CHECK(agree_stop(r));
         }
         /* at the epoch's end, always at the end of the run, and on a stop (unless one of
          * this step is written) */
@@ -1526,7 +1528,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
             else
                 RT_CHECK(save_checkpoint(r, epoch + 1, 0, why));
             saved_at = r->step;
-            if (!r->stop) RT_CHECK(agree_stop(r)); /* asked during the write: this one is kept */
+            if (!r->stop && !last) RT_CHECK(agree_stop(r)); /* asked during the write: this one is kept */
         }
         if (r->stop) break;
     }

@@ -551,6 +551,45 @@ static void clean_stop_waits_for_peers(void **s) {
     rt_error_clear();
 }
 
+/* A clean stop (rank 1 exits 143 on its own signal) and then a real failure of a peer
+ * (rank 0 exits 1 once rank 1 is reaped and gone): the failure is the job's first failure,
+ * so it is reported and can be restarted; a clean stop named first hid it. */
+static int g_pid1[2] = {-1, -1}; /* a pipe: rank 1 -> rank 0, rank 1's pid */
+
+static int stop_then_failure(int local, void *arg) {
+    (void)arg;
+    if (local == 1) {
+        pid_t me = getpid();
+        if (write(g_pid1[1], &me, sizeof me) != (ssize_t)sizeof me) return 9;
+        return 128 + SIGTERM;
+    }
+    pid_t p1 = 0;
+    if (read(g_pid1[0], &p1, sizeof p1) != (ssize_t)sizeof p1) return 9;
+    for (int i = 0; i < 3000 && !(kill(p1, 0) != 0 && errno == ESRCH); i++) { /* reaped: gone */
+        usleep(10000);
+        rt_launch_heartbeat();
+    }
+    return 1;
+}
+
+static void failure_after_clean_stop_goes_first(void **s) {
+    (void)s;
+    assert_int_equal(pipe(g_pid1), 0);
+    rt_launch_options o;
+    opts(&o, 2);
+    o.grace_s = 0.2;
+    o.progress_s = 60;
+    rt_launch_result r;
+    assert_int_equal(rt_launch_fork(&o, stop_then_failure, NULL, &r), RT_ERR_PEER);
+    assert_int_equal(r.ranks[1].exit_code, 128 + SIGTERM);
+    assert_int_equal(r.ranks[0].exit_code, 1);
+    assert_int_equal(r.first_failure, 0);
+    rt_launch_result_free(&r);
+    rt_error_clear();
+    close(g_pid1[0]);
+    close(g_pid1[1]);
+}
+
 /* ---- forwarding: every line reaches the launcher's stderr, tagged ---- */
 
 static int chatty(int local, void *arg) {
@@ -603,6 +642,7 @@ int main(void) {
         cmocka_unit_test(sigint_no_progress_is_killed), cmocka_unit_test(clean_stop_waits_for_peers),
         cmocka_unit_test(lines_forwarded),
         cmocka_unit_test(env_restart_count),    cmocka_unit_test(own_death_goes_first),
+        cmocka_unit_test(failure_after_clean_stop_goes_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

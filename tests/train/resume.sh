@@ -180,6 +180,16 @@ stop_eval)
   # after it, and the checkpoint of step 64 is written (there is no scheduled one)
   stop_case stop_eval eval:64:self:1:INT 130 SIGINT 64 "${net[@]}" train.eval_every=1 checkpoint.every_epochs=0 \
     data.eval_batch_size=16
+  # SIGTERM to the launcher inside the run's last evaluation (step 128): the run finishes
+  # (only the end-of-run check and model.safetensors were left): exit 0, an end line
+  rc=0
+  RINGTRAIN_TEST_SIGNAL_AT=eval:128:launcher:0:TERM "$bin" train "$tmp/c.yaml" "${net[@]}" train.eval_every=1 \
+    checkpoint.every_epochs=0 data.eval_batch_size=16 "log.dir=$tmp/last" >"$tmp/last.out" 2>"$tmp/last.err" || rc=$?
+  [ "$rc" -eq 0 ] || fail "a stop in the last evaluation: exit $rc, expected 0 (the run finishes)"
+  [ -f "$tmp/last/model.safetensors" ] || fail "a stop in the last evaluation: no model.safetensors"
+  grep -q '"kind": "end"' "$tmp/last/metrics.jsonl" || fail "a stop in the last evaluation: no end line"
+  same_run "$tmp/stop_eval-full" "$tmp/last" "a stop in the last evaluation"
+  echo "ok: a stop in the run's last evaluation lets it finish"
   ;;
 stop_ckpt)
   # SIGTERM to the launcher while rank 0 writes the scheduled checkpoint of step 30: the
