@@ -447,6 +447,11 @@ static rt_status set_list(rt_config *cfg, const key *k, const char *where, int n
             if (!*items[i] || strlen(items[i]) >= RT_CONFIG_NAME_MAX)
                 return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' (expected 1 to %d characters)", where, sub, items[i],
                                 RT_CONFIG_NAME_MAX - 1);
+            /* the one list of names, checkpoint.allow_changes: config keys, checked here so a
+             * misspelled one is an error of this line, not only of a later resume */
+            if (!find_key(items[i]))
+                return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not a config key (see docs/config.md)", where, sub,
+                                items[i]);
             snprintf(strs[i], RT_CONFIG_NAME_MAX, "%s", items[i]);
         } else if (k->type == K_INTLIST) {
             RT_CHECK(parse_int(&ki, where, items[i], (int64_t *)base + i));

@@ -238,6 +238,11 @@ static void test_string_list(void **state) {
     assert_int_equal(c.checkpoint.n_allow_changes, 1);
     expect_error(parse(&c, "checkpoint:\n  allow_changes: [[optim.lr]]\n"), "checkpoint.allow_changes", "plain values",
                  NULL);
+    /* a misspelled key is an error of its line, on a fresh run too (not only on a resume) */
+    expect_error(parse(&c, "checkpoint:\n  allow_changes: [optim.lr, optim.lrr]\n"), "cfg.yaml:2:",
+                 "checkpoint.allow_changes[1]", "'optim.lrr' is not a config key");
+    expect_error(rt_config_override(&c, "checkpoint.allow_changes=[model.widht]"), "checkpoint.allow_changes[0]",
+                 "'model.widht' is not a config key", NULL);
 }
 
 /* docs/config.md has one table row per key ("| `section.key` |") and no row for a key
