@@ -395,15 +395,48 @@ static const struct {
 
 /* ---- the shared submit path: every operation of every transport goes through here ---- */
 
+/* The algorithm as the flight recorder names it. */
+static const char *flight_algo(const rt_pg *pg, const rt_op *op) {
+    if (pg->transport == RT_TRANSPORT_NCCL) return "nccl";
+    switch (op->kind) {
+    case RT_K_P2P: return "direct";
+    case RT_K_ALLREDUCE: return rt_algo_name(op->algo);
+    case RT_K_BCAST:
+    case RT_K_REDUCE: return pg->algo == RT_ALGO_NAIVE ? "flat" : "chain";
+    case RT_K_SCATTER:
+    case RT_K_GATHER: return "flat";
+    default: return "ring";
+    }
+}
+
 /* A new request (built by `build` when given), submitted (driven by the progress thread
- * when `async` and it has transfers) but not waited for. Whatever fails, it is freed. */
-static rt_status submit_req(rt_pg *pg, const char *name, const rt_op *op, bool build, bool async, rt_request **out) {
+ * when `async` and it has transfers) but not waited for. Whatever fails, it is freed.
+ * It is recorded in the group's flight recorder: queued here, started just before it is
+ * submitted, ended by the engine (or, with `dev_part`, by its device part: pg.c's
+ * dev_poll; a request freed still open is ended by rt_req_free). */
+static rt_status submit_req(rt_pg *pg, const char *name, const rt_op *op, bool build, bool async, bool dev_part,
+                            rt_request **out) {
     int maxx = build ? k_ops[op->kind].per_rank * pg->size + k_ops[op->kind].extra : 0;
     rt_request *r;
-    RT_CHECK(rt_req_new(&pg->w->eng, name, pg->id, pg->timeout_s, maxx, &r));
+    uint64_t fid = rt_flight_begin(&pg->flight, op->kind, op->is_send, op->dtype, op->count, op->root,
+                                   flight_algo(pg, op));
+    rt_status s = rt_req_new(&pg->w->eng, name, pg->id, pg->timeout_s, maxx, &r);
+    if (s != RT_OK) {
+        rt_flight_end(&pg->flight, fid, false);
+        return s;
+    }
+    r->fr = &pg->flight;
+    r->fr_id = fid;
+    r->fr_dev = dev_part;
     r->gate = op->gate;
-    rt_status s = build ? k_ops[op->kind].build(pg, r, op) : RT_OK;
-    if (s == RT_OK) s = rt_req_submit(r, async && r->nx > 0);
+    uint32_t seq0 = pg->seq;
+    s = build ? k_ops[op->kind].build(pg, r, op) : RT_OK;
+    if (s == RT_OK && !build && op->kind != RT_K_P2P) ++pg->seq; /* nccl: numbered like the others */
+    if (pg->seq != seq0) rt_flight_set_seq(&pg->flight, fid, pg->seq);
+    if (s == RT_OK) {
+        rt_flight_started(&pg->flight, fid); /* before the progress thread may end it */
+        s = rt_req_submit(r, async && r->nx > 0);
+    }
     if (s != RT_OK) {
         rt_req_free(r);
         return s;
@@ -415,7 +448,7 @@ static rt_status submit_req(rt_pg *pg, const char *name, const rt_op *op, bool b
 /* Submitted, then waited for and freed (blocking, out == NULL) or handed back in *out. */
 static rt_status submit(rt_pg *pg, const char *name, const rt_op *op, bool build, rt_request **out) {
     rt_request *r;
-    RT_CHECK(submit_req(pg, name, op, build, out != NULL, &r));
+    RT_CHECK(submit_req(pg, name, op, build, out != NULL, false, &r));
     if (out) {
         *out = r;
         return RT_OK;
@@ -562,7 +595,7 @@ static rt_status run_staged(rt_pg *pg, const char *name, const rt_op *op, rt_req
             s = rt_event_sync(b->ev);
     }
     rt_request *r = NULL;
-    if (s == RT_OK) s = submit_req(pg, name, &host, true, out != NULL, &r);
+    if (s == RT_OK) s = submit_req(pg, name, &host, true, out != NULL, true, &r);
     if (s != RT_OK) {
         b->busy = false;
         free(c);
@@ -591,9 +624,10 @@ static rt_status run(rt_pg *pg, const rt_op *op, bool async, rt_request **req) {
         /* an empty request (no host part) whose device part is the operation on the
          * communication stream: handed back before it completes, or waited for */
         rt_request *r;
-        RT_CHECK(submit_req(pg, name, op, false, false, &r));
+        RT_CHECK(submit_req(pg, name, op, false, false, true, &r));
         rt_status s = rt_nccl_run(pg, op, r);
         if (s != RT_OK) {
+            rt_flight_end(&pg->flight, r->fr_id, false);
             rt_req_free(r);
             return s;
         }

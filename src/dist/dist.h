@@ -98,6 +98,9 @@ typedef struct rt_pg_options {
      * with rt_device_select(want, env.local_rank, ...), see rt_dist_env_read). Default:
      * the CPU. */
     rt_device device;
+    /* the flight recorder keeps the group's last this many operations (each sub-group
+     * too); 0 disables it. Default 512, or RINGTRAIN_FLIGHT_ENTRIES. */
+    int flight_entries;
 } rt_pg_options;
 
 void rt_pg_options_default(rt_pg_options *o);
@@ -188,6 +191,14 @@ rt_status rt_iall_gather(rt_pg *pg, const void *send, void *recv, size_t count, 
 rt_status rt_ireduce_scatter(rt_pg *pg, const void *send, void *recv, size_t count, rt_dtype dtype, rt_reduce_op op,
                              rt_request **req);
 rt_status rt_ibarrier(rt_pg *pg, rt_request **req);
+
+/* ---- flight recorder (docs/dist.md, "Flight recorder") ----
+ * Every group records its last rt_pg_options.flight_entries operations (collectives and
+ * point-to-point, blocking and asynchronous): sequence number, operation, dtype, count,
+ * root/peer, algorithm, state (queued, started, done, failed) and times. This writes them
+ * as JSON to `path` (written under path.tmp, then renamed), oldest first. Safe to call
+ * while asynchronous operations are in flight (the progress thread keeps recording). */
+rt_status rt_pg_flight_dump(rt_pg *pg, const char *path);
 
 /* The libraries src/dist links (NCCL), for `ringtrain info`. */
 int rt_dist_lib_versions(rt_lib_version *out, int cap);

@@ -1,5 +1,6 @@
 /* The progress engine (see engine.h). */
 #include "dist/internal/engine.h"
+#include "dist/internal/flight.h"
 #include "dist/internal/names.h"
 #include "core/spin.h"
 
@@ -80,6 +81,9 @@ rt_status rt_req_new(rt_engine *e, const char *opname, int group, double timeout
 
 void rt_req_free(rt_request *r) {
     if (!r) return;
+    /* still open: failed before it ran, or a device part handed to a stream
+     * (rt_wait_stream): done as far as the host sees it */
+    if (r->fr_id) rt_flight_end(r->fr, r->fr_id, r->done && r->status == RT_OK && r->dev_status == RT_OK);
     if (r->dev && r->dev->release) r->dev->release(r);
     free(r->scratch);
     free(r);
@@ -151,6 +155,10 @@ static void req_complete(rt_engine *e, rt_request *r, rt_status st, const rt_err
     r->status = st;
     if (err) r->err = *err;
     r->done = true;
+    if (r->fr_id && (st != RT_OK || !r->fr_dev)) {
+        rt_flight_end(r->fr, r->fr_id, st == RT_OK);
+        r->fr_id = 0;
+    }
     if (r->async) e->nasync--;
     /* unlink from the active list */
     for (rt_request **p = &e->active; *p; p = &(*p)->next)

@@ -29,8 +29,11 @@ void rt_pg_options_default(rt_pg_options *o) {
     o->algo = RT_ALGO_RING;
     o->timeout_s = 300.0;
     o->device = rt_device_cpu();
+    o->flight_entries = 512;
     const char *t = getenv("RINGTRAIN_DIST_TIMEOUT");
     if (t && atof(t) > 0) o->timeout_s = atof(t);
+    const char *fe = getenv("RINGTRAIN_FLIGHT_ENTRIES");
+    if (fe && *fe && atol(fe) >= 0 && atol(fe) <= (1L << 24)) o->flight_entries = (int)atol(fe);
 }
 
 int rt_pg_rank(const rt_pg *pg) { return pg->rank; }
@@ -525,6 +528,9 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     pg->timeout_s = o->timeout_s;
     pg->algo = o->algo;
     pg->transport = t;
+    RT_REQUIRE(o->flight_entries >= 0, RT_ERR_INVALID, "rt_pg_options.flight_entries %d < 0", o->flight_entries);
+    RT_CHECK(rt_flight_init(&pg->flight, (uint32_t)o->flight_entries));
+    pg->has_flight = true;
     pg->buf_device = o->device;
     if (t == RT_TRANSPORT_NCCL) {
         RT_REQUIRE(o->device.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
@@ -563,6 +569,7 @@ rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
     if (s != RT_OK) {
         rt_error_record rec;
         rt_error_save(&rec);
+        if (pg->has_flight) rt_flight_destroy(&pg->flight);
         free(pg->ranks);
         free(pg);
         world_free(w);
@@ -611,6 +618,7 @@ void rt_pg_destroy(rt_pg *pg) {
         world_free(w);
     }
     rt_stage_pool_free(pg);
+    if (pg->has_flight) rt_flight_destroy(&pg->flight);
     free(pg->ranks);
     free(pg);
 }
@@ -646,6 +654,13 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
     g->timeout_s = pg->timeout_s;
     g->algo = pg->algo;
     g->transport = pg->transport;
+    rt_status fs = rt_flight_init(&g->flight, pg->flight.cap);
+    if (fs != RT_OK) {
+        free(g->ranks);
+        free(g);
+        return fs;
+    }
+    g->has_flight = true;
     *out = g;
     return RT_OK;
 }
@@ -664,7 +679,13 @@ static rt_status dev_poll(rt_request *r, bool *done) {
         r->dev_status = s;
         *done = true;
     }
-    if (*done) r->dev_done = true;
+    if (*done) {
+        r->dev_done = true;
+        if (r->fr_id) {
+            rt_flight_end(r->fr, r->fr_id, s == RT_OK);
+            r->fr_id = 0;
+        }
+    }
     return s;
 }
 
@@ -716,6 +737,11 @@ rt_status rt_test(rt_request *req, bool *done) {
         return s;
     }
     return dev_poll(req, done);
+}
+
+rt_status rt_pg_flight_dump(rt_pg *pg, const char *path) {
+    RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "flight recorder dump: NULL process group");
+    return rt_flight_dump(&pg->flight, pg->rank, pg->size, pg->id, path);
 }
 
 void rt_pg_set_stream(rt_pg *pg, rt_stream *stream) {

@@ -110,6 +110,11 @@ struct rt_request {
     bool dev_done;
     rt_status dev_status;
     rt_error_record dev_err;
+    /* the flight recorder entry of this operation (flight.h; fr NULL or fr_id 0: none).
+     * fr_dev: it ends with its device part (dev_poll in pg.c), not with the host part */
+    struct rt_flight *fr;
+    uint64_t fr_id;
+    bool fr_dev;
 };
 
 struct rt_engine {

@@ -4,6 +4,7 @@
 
 #include "dist/dist.h"
 #include "dist/internal/engine.h"
+#include "dist/internal/flight.h"
 #include "dist/internal/names.h"
 #include "dist/internal/rendezvous.h"
 
@@ -46,6 +47,8 @@ struct rt_pg {
     double timeout_s;
     rt_algo algo;
     rt_transport transport;
+    rt_flight flight; /* this group's last operations (flight.h) */
+    bool has_flight;  /* flight initialised (destroy it) */
 };
 
 /* Host identity: hostname | boot id | network namespace (ranks with equal ids share
