@@ -56,11 +56,12 @@ static const char *const k_vars[V_COUNT_] = {
 };
 
 /* signals the launcher catches while it supervises (restored before it returns) */
-static const int k_sigs[] = {SIGINT, SIGTERM, SIGCHLD, SIGPIPE};
+static const int k_sigs[] = {SIGINT, SIGTERM, SIGCHLD, SIGPIPE, SIGUSR1};
 enum { N_SIGS = sizeof k_sigs / sizeof k_sigs[0], LINE_BUF = 4096 };
 
 static volatile sig_atomic_t g_signal;   /* SIGINT / SIGTERM received */
 static volatile sig_atomic_t g_nsignals; /* how many */
+static volatile sig_atomic_t g_nusr1;    /* SIGUSR1s received: forwarded to the ranks, not a stop */
 static int g_wake = -1;                  /* write end of the self-pipe */
 
 static void on_signal(int sig) {
@@ -69,6 +70,7 @@ static void on_signal(int sig) {
         g_signal = sig;
         g_nsignals++;
     }
+    if (sig == SIGUSR1) g_nusr1++;
     if (g_wake >= 0 && sig != SIGPIPE) (void)!write(g_wake, "", 1);
     errno = saved;
 }
@@ -336,7 +338,13 @@ static void supervise(launch *L) {
     pfd = calloc((size_t)res->nproc + 2, sizeof *pfd);
     who = calloc((size_t)res->nproc + 2, sizeof *who);
     int wake_rd = L->slots[res->nproc].fd; /* the self-pipe rides in the last slot */
+    sig_atomic_t usr1_seen = g_nusr1;
     for (;;) {
+        if (g_nusr1 != usr1_seen) { /* SIGUSR1: every running rank dumps its flight recorder; not a stop */
+            usr1_seen = g_nusr1;
+            for (int i = 0; i < res->nproc; i++)
+                if (L->slots[i].running && res->ranks[i].pid > 0) kill((pid_t)res->ranks[i].pid, SIGUSR1);
+        }
         reap(L);
         if (L->running == 0) {
             /* a SIGINT/SIGTERM that came while the last ranks ended is still the user's
@@ -499,6 +507,9 @@ static void child_setup(int err_fd, const struct sigaction *old, const launch *L
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != L->parent) _exit(1); /* the launcher died before prctl took effect */
     for (int k = 0; k < N_SIGS; k++) sigaction(k_sigs[k], &old[k], NULL);
+    /* SIGUSR1 (the flight recorder's dump, forwarded by the launcher) must not end a rank
+     * that has not installed its handler yet: ignored until it does (kept across exec) */
+    signal(SIGUSR1, SIG_IGN);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);

@@ -102,7 +102,7 @@ typedef struct run {
     /* CUDA: what a step reads back, in pinned memory: the summed loss and stop flag, the
      * gradients' sum of squares; one event, one host wait per step (step_scalars) */
     struct step_vals {
-        float loss_stop[2];
+        float loss_stop[3]; /* and the flight recorder flag */
         double sumsq;
     } *vals_host;
     bool vals_pinned;
@@ -119,6 +119,7 @@ typedef struct run {
     int64_t start_epoch, start_batches; /* where a resumed run continues */
     int64_t resumed_step;               /* -1: a fresh run */
     bool stop;                          /* the ranks agreed to stop (agree_stop, step_scalars) */
+    bool flight_agreed;                 /* a rank got SIGUSR1: every rank dumps after this step (step_scalars) */
     int stop_signal;                    /* the signal they agreed on (SIGTERM over SIGINT) */
     int64_t resume_step;                /* the step of rank 0's choice (-1: not known before loading) */
     char run_id[32];                    /* 16 hex digits: rank 0's at a fresh start, the checkpoint's on resume */
@@ -163,6 +164,30 @@ static rt_status all_reduce_f64(run *r, double *v, size_t n, rt_reduce_op op) {
 static volatile sig_atomic_t g_stop_signal;
 static void on_stop_signal(int sig) { g_stop_signal = sig; }
 
+/* SIGUSR1: write the flight recorder (docs/dist.md, "Flight recorder") to
+ * RUN_DIR/flight-rank<r>.json and go on. The handler only sets the flag; the flag rides
+ * on the step's agreement (step_scalars), so every rank dumps after the same step, and an
+ * evaluation batch dumps this rank's alone. */
+static volatile sig_atomic_t g_flight_signal;
+static void on_flight_signal(int sig) {
+    (void)sig;
+    g_flight_signal = 1;
+}
+
+/* Best effort: a failure is logged and cleared (the caller's error, if any, is its own). */
+static void flight_dump(run *r, const char *why) {
+    if (!r->pg) return;
+    char path[RT_CONFIG_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/flight-rank%d.json", r->run_dir, r->who.rank);
+    rt_status s = rt_file_mkdirs(r->run_dir, "run directory");
+    if (s == RT_OK) s = rt_pg_flight_dump(r->pg, path);
+    if (s == RT_OK)
+        RT_LOG_INFO("flight recorder (%s) written to %s", why, path);
+    else
+        RT_LOG_WARN("flight recorder (%s): %s", why, rt_error_message());
+    rt_error_clear();
+}
+
 /* Whether any rank was asked to stop, and by which signal (the largest: SIGTERM over
  * SIGINT), the same answer on every rank. */
 static rt_status agree_stop(run *r) {
@@ -180,9 +205,9 @@ static rt_status agree_stop(run *r) {
  * (while the checkpoint of step <step> is written: rank 0 right before it writes the
  * files, the others before they wait for the outcome). <target>: launcher (default; its
  * parent when ringtrain's launcher started it, else itself) or self. <signal>: TERM
- * (default), INT or KILL. After TERM or INT the rank waits (at most 60 s) until its own
- * handler has the signal (the launcher forwards it), so the stop is decided at the next
- * agreement point, never at a later one. */
+ * (default), INT, KILL or USR1 (the flight recorder). After TERM, INT or USR1 the rank
+ * waits (at most 60 s) until its own handler has the signal (the launcher forwards it),
+ * so the stop (or dump) is decided at the next agreement point, never at a later one. */
 static void test_signal_at(run *r, const char *where, int64_t step) {
     static bool fired;
     const char *v = getenv("RINGTRAIN_TEST_SIGNAL_AT");
@@ -193,7 +218,10 @@ static void test_signal_at(run *r, const char *where, int64_t step) {
     if (sscanf(v, "%15[^:]:%lld:%15[^:]:%d:%7s", w, &at, target, &rank, name) < 2) return;
     if (strcmp(w, where) != 0 || at != (long long)step || rank != r->who.rank) return;
     fired = true;
-    int sig = strcmp(name, "INT") == 0 ? SIGINT : strcmp(name, "KILL") == 0 ? SIGKILL : SIGTERM;
+    int sig = strcmp(name, "INT") == 0    ? SIGINT
+              : strcmp(name, "KILL") == 0 ? SIGKILL
+              : strcmp(name, "USR1") == 0 ? SIGUSR1
+                                          : SIGTERM;
     fflush(NULL);
     if (strcmp(target, "launcher") == 0 && getenv("RINGTRAIN_JOB_TOKEN")) { /* ringtrain's launcher forked this rank */
         kill(getppid(), sig);
@@ -203,7 +231,8 @@ static void test_signal_at(run *r, const char *where, int64_t step) {
         raise(sig); /* this thread: handled before raise returns */
     }
     struct timespec ms = {0, 1000000};
-    for (int i = 0; i < 60000 && !g_stop_signal; i++) nanosleep(&ms, NULL);
+    volatile sig_atomic_t *flag = sig == SIGUSR1 ? &g_flight_signal : &g_stop_signal;
+    for (int i = 0; i < 60000 && !*flag; i++) nanosleep(&ms, NULL);
 }
 
 /* ---- setup --------------------------------------------------------------------------- */
@@ -583,6 +612,10 @@ static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
     for (int64_t batches = 0;; batches++) {
         rt_launch_heartbeat();
         if (batches == 1) test_signal_at(r, "eval", r->step);
+        if (g_flight_signal) { /* this rank's alone: evaluation has no agreement per batch */
+            g_flight_signal = 0;
+            flight_dump(r, "SIGUSR1 in evaluation");
+        }
         rt_batch b;
         RT_CHECK(rt_loader_next(r->test_loader, &b));
         if (b.size == 0) break;
@@ -690,27 +723,30 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
     if (!rt_device_is_cuda(r->dev)) {
         float lf;
         RT_CHECK(rt_model_loss_value(r->model, &lf));
-        double agree[2] = {lf, g_stop_signal ? 1.0 : 0.0}; /* the mean loss; any rank asked to stop */
-        RT_CHECK(all_reduce_f64(r, agree, 2, RT_OP_SUM));
+        /* the mean loss; any rank asked to stop; any rank asked for the flight recorder */
+        double agree[3] = {lf, g_stop_signal ? 1.0 : 0.0, g_flight_signal ? 1.0 : 0.0};
+        RT_CHECK(all_reduce_f64(r, agree, 3, RT_OP_SUM));
         *loss = agree[0] / r->who.world_size;
         *stop = agree[1] > 0;
+        r->flight_agreed = agree[2] > 0;
         return rt_grad_norm(&r->clip, grads, n, st, norm);
     }
-    float flag = g_stop_signal ? 1.0f : 0.0f;
+    float flag[2] = {g_stop_signal ? 1.0f : 0.0f, g_flight_signal ? 1.0f : 0.0f};
     float *sc = r->scratch_dev;
     RT_CHECK(rt_memcpy(sc, r->dev, rt_model_loss_ptr(r->model), r->dev, sizeof(float), st));
-    RT_CHECK(rt_memcpy(sc + 1, r->dev, &flag, rt_device_cpu(), sizeof flag, st));
+    RT_CHECK(rt_memcpy(sc + 1, r->dev, flag, rt_device_cpu(), sizeof flag, st));
     if (r->pg) {
         rt_request *q = NULL;
-        RT_CHECK(rt_iall_reduce(r->pg, sc, 2, RT_F32, RT_OP_SUM, &q)); /* after the copies: the group's stream */
+        RT_CHECK(rt_iall_reduce(r->pg, sc, 3, RT_F32, RT_OP_SUM, &q)); /* after the copies: the group's stream */
         RT_CHECK(rt_wait_stream(q, st)); /* on the device: the copy below waits for it */
     }
     RT_CHECK(rt_grad_sumsq_async(&r->clip, grads, n, st, &r->vals_host->sumsq));
-    RT_CHECK(rt_memcpy(r->vals_host->loss_stop, rt_device_cpu(), sc, r->dev, 2 * sizeof(float), st));
+    RT_CHECK(rt_memcpy(r->vals_host->loss_stop, rt_device_cpu(), sc, r->dev, 3 * sizeof(float), st));
     RT_CHECK(rt_event_record(r->ev_vals, st));
     RT_CHECK(rt_event_sync(r->ev_vals)); /* the step's one host wait */
     *loss = (double)r->vals_host->loss_stop[0] / r->who.world_size;
     *stop = r->vals_host->loss_stop[1] > 0;
+    r->flight_agreed = r->vals_host->loss_stop[2] > 0;
     *norm = sqrt(r->vals_host->sumsq);
     return RT_OK;
 }
@@ -1484,6 +1520,11 @@ static rt_status train_all(run *r, rt_train_result *res) {
             }
             RT_CHECK(train_step(r, &b, (double)(rt_now_ns() - t) * 1e-6, epoch));
             test_kill_rank_at(r);
+            if (r->flight_agreed) {
+                r->flight_agreed = false;
+                g_flight_signal = 0;
+                flight_dump(r, "SIGUSR1");
+            }
             rt_launch_heartbeat();
             next_batch = b.index + 1 < r->steps_per_epoch ? b.index + 1 : -1;
             bool every = c->checkpoint.every_steps > 0 && r->step % c->checkpoint.every_steps == 0;
@@ -1580,7 +1621,7 @@ rt_status rt_train(const rt_config *cfg, const rt_train_rank *who, FILE *out, rt
     r.cfg = cfg;
     r.who = *who;
     r.out = out ? out : stdout;
-    struct sigaction sa, old_int, old_term;
+    struct sigaction sa, old_int, old_term, old_usr1;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
@@ -1588,11 +1629,16 @@ rt_status rt_train(const rt_config *cfg, const rt_train_rank *who, FILE *out, rt
     g_stop_signal = 0;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    g_flight_signal = 0;
+    sa.sa_handler = on_flight_signal;
+    sigaction(SIGUSR1, &sa, &old_usr1);
     rt_status s = train_all(&r, res);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     rt_error_record saved;
     if (s != RT_OK) rt_error_save(&saved); /* freeing must not lose the first error */
+    if (s != RT_OK) flight_dump(&r, "the run failed"); /* what the group did last; after the group exists */
+    sigaction(SIGUSR1, &old_usr1, NULL);
     run_free(&r);
     if (s != RT_OK) rt_error_restore(&saved);
     return s;

@@ -2,7 +2,7 @@
 # `ringtrain train` end to end with real processes (small Net, a Fashion-MNIST subset).
 #
 #   tests/train/cli_train.sh RINGTRAIN CASE
-# CASE: bad_config | progress | kill_rank | nonfinite
+# CASE: bad_config | progress | kill_rank | nonfinite | flight
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 bin=$1
@@ -185,5 +185,54 @@ PY
   grep -q '"step": 3, .*"grad_norm": null, .*"skipped": true' "$tmp/run/metrics.jsonl" || fail "step 3 not logged as skipped"
   echo "ok: a non-finite gradient names the rank that produced it"
   ;;
-*) echo "usage: $0 RINGTRAIN bad_config|progress|kill_rank|nonfinite" >&2; exit 2 ;;
+flight)
+  # SIGUSR1 (the flight recorder, docs/dist.md): rank 0 sends it to the launcher right
+  # before its step 3 and waits until the launcher has forwarded it back (its own handler
+  # has the flag), so the ranks agree on it at step 3; the run goes on and exits 0, and
+  # every rank has written RUN_DIR/flight-rank<r>.json
+  RINGTRAIN_TEST_SIGNAL_AT=step:3:launcher:0:USR1 "$bin" train "$tmp/ok.yaml" "${small[@]}" \
+    >"$tmp/out" 2>"$tmp/err" || fail "SIGUSR1: the run did not complete (exit $?)"
+  check_flight() { # FILE...: JSON, the rank and world size, all_reduce entries done
+    /usr/bin/python3 - "$@" <<'PY' || fail "$1: not a flight recorder dump as documented"
+import json, sys
+for path in sys.argv[1:]:
+    d = json.load(open(path))
+    rank = int(path.rsplit("flight-rank", 1)[1].split(".")[0])
+    assert d["rank"] == rank and d["world_size"] == 2, (path, d["rank"], d["world_size"])
+    es = d["entries"]
+    ar = [e for e in es if e["op"] == "all_reduce" and e["state"] == "done"]
+    assert ar and any(e["dtype"] == "f32" and e["count"] > 1000 for e in ar), (path, es[:3])  # the gradients
+    ids = [e["id"] for e in es]
+    assert ids == list(range(ids[0], ids[0] + len(ids))), (path, "ids not consecutive")
+    for e in ar:
+        assert e["dtype"] in ("f32", "f64", "i32", "i64") and e["count"] >= 1, e
+        assert 0 < e["t_queued_ms"] <= e["t_started_ms"] <= e["t_done_ms"], e
+PY
+  }
+  for r in 0 1; do
+    [ -f "$tmp/run/flight-rank$r.json" ] || fail "SIGUSR1: no flight-rank$r.json in the run folder"
+  done
+  check_flight "$tmp/run/flight-rank0.json" "$tmp/run/flight-rank1.json"
+  n=$(grep -c "flight recorder (SIGUSR1) written" "$tmp/err")
+  [ "$n" -ge 2 ] || fail "SIGUSR1: $n ranks say they wrote the flight recorder"
+  grep -q '"kind": "end"' "$tmp/run/metrics.jsonl" || fail "SIGUSR1: the run did not reach its end"
+  no_leftovers "SIGUSR1"
+  echo "ok: SIGUSR1 writes every rank's flight recorder and the run goes on"
+  # no signal, no file
+  rm -rf "$tmp/run"
+  "$bin" train "$tmp/ok.yaml" "${small[@]}" >"$tmp/out" 2>"$tmp/err" || fail "run without SIGUSR1"
+  ! ls "$tmp/run"/flight-rank* >/dev/null 2>&1 || fail "flight recorder written without SIGUSR1 or a failure"
+  # a failed run (a NaN in rank 1's batch at step 3): every rank writes its recorder
+  rm -rf "$tmp/run"
+  RINGTRAIN_TEST_NAN_AT=1:3 "$bin" train "$tmp/ok.yaml" "${small[@]}" >"$tmp/out" 2>"$tmp/err"; rc=$?
+  [ "$rc" -eq 1 ] || fail "non-finite gradient: exit $rc, expected 1"
+  grep -q "non-finite gradient" "$tmp/err" || fail "the failure is not the run's error"
+  for r in 0 1; do
+    [ -f "$tmp/run/flight-rank$r.json" ] || fail "failed run: no flight-rank$r.json in the run folder"
+  done
+  check_flight "$tmp/run/flight-rank0.json" "$tmp/run/flight-rank1.json"
+  no_leftovers "flight recorder after a failure"
+  echo "ok: a failed run writes every rank's flight recorder"
+  ;;
+*) echo "usage: $0 RINGTRAIN bad_config|progress|kill_rank|nonfinite|flight" >&2; exit 2 ;;
 esac
