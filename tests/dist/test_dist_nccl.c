@@ -3,7 +3,8 @@
  * nccl transport refuses two ranks on one GPU with a message naming them; a one-rank
  * nccl group runs every collective. Two or more GPUs: two ranks over nccl, all_reduce
  * AVG, broadcast, all_gather, send/recv of device buffers. Results are checked against
- * local expectations on the host. CUDA is probed in a child process (a process must not
+ * local expectations on the host, and the flight recorder holds every call, done (staged:
+ * the ring's algorithms; nccl: "nccl"). CUDA is probed in a child process (a process must not
  * fork after initialising CUDA). */
 #include "../test_util.h"
 #include "dist/dist.h"
@@ -12,6 +13,7 @@
 #ifdef RT_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
+#include <jansson.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +25,45 @@ typedef struct cfg {
     int expect_refusal;
     int expect_transport; /* -1: any */
 } cfg;
+
+/* The flight recorder sees device-buffer operations too (staged or nccl): the calls
+ * of body() in order, every one done, collectives numbered 1, 2, ... */
+static int check_flight(rt_pg *pg, int rank, size_t n) {
+    char path[96];
+    snprintf(path, sizeof path, "/tmp/rt_flight_nccl_%d_%d.json", (int)getpid(), rank);
+    MP_OK(rt_pg_flight_dump(pg, path));
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    unlink(path);
+    MP_CHECK(j != NULL, "flight dump: %s", err.text);
+    json_t *es = json_object_get(j, "entries");
+    bool nccl = rt_pg_transport(pg) == RT_TRANSPORT_NCCL;
+    static const char *const want[] = {"all_reduce", "broadcast", "all_gather", "all_reduce", "barrier"};
+    size_t nwant = nccl ? 5 : 2;
+    MP_CHECK(json_array_size(es) >= nwant, "flight: %zu entries", json_array_size(es));
+    long long seq = 1;
+    for (size_t i = 0; i < json_array_size(es); i++) {
+        json_t *e = json_array_get(es, i);
+        const char *op = json_string_value(json_object_get(e, "op"));
+        const char *st = json_string_value(json_object_get(e, "state"));
+        const char *algo = json_string_value(json_object_get(e, "algo"));
+        MP_CHECK(op && st && algo, "flight entry %zu incomplete", i);
+        MP_CHECK(!strcmp(st, "done"), "flight entry %zu (%s): state %s", i, op, st);
+        if (i < nwant) MP_CHECK(!strcmp(op, want[i]), "flight entry %zu: %s, want %s", i, op, want[i]);
+        if (nccl) MP_CHECK(!strcmp(algo, "nccl"), "flight entry %zu (%s): algo %s", i, op, algo);
+        if (strcmp(op, "send") && strcmp(op, "recv")) {
+            MP_CHECK(json_integer_value(json_object_get(e, "seq")) == seq, "flight entry %zu (%s): seq %lld, want %lld",
+                     i, op, (long long)json_integer_value(json_object_get(e, "seq")), seq);
+            seq++;
+        }
+    }
+    json_t *e0 = json_array_get(es, 0);
+    MP_CHECK(json_integer_value(json_object_get(e0, "count")) == (json_int_t)n &&
+                 !strcmp(json_string_value(json_object_get(e0, "dtype")), "f32"),
+             "flight entry 0: count %lld", (long long)json_integer_value(json_object_get(e0, "count")));
+    json_decref(j);
+    return 0;
+}
 
 static int body(int rank, int world, int port, void *arg) {
     cfg *c = arg;
@@ -88,6 +129,7 @@ static int body(int rank, int world, int port, void *arg) {
     rt_free(dev, d);
     rt_free(dev, vd);
     free(h);
+    if (check_flight(pg, rank, n)) return 1;
     rt_pg_destroy(pg);
     return 0;
 }
