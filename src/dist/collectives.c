@@ -398,15 +398,11 @@ static const struct {
 /* The algorithm as the flight recorder names it. */
 static const char *flight_algo(const rt_pg *pg, const rt_op *op) {
     if (pg->transport == RT_TRANSPORT_NCCL) return "nccl";
-    switch (op->kind) {
-    case RT_K_P2P: return "direct";
-    case RT_K_ALLREDUCE: return rt_algo_name(op->algo);
-    case RT_K_BCAST:
-    case RT_K_REDUCE: return pg->algo == RT_ALGO_NAIVE ? "flat" : "chain";
-    case RT_K_SCATTER:
-    case RT_K_GATHER: return "flat";
-    default: return "ring";
-    }
+    if (op->kind == RT_K_P2P) return "direct";
+    if (op->kind == RT_K_ALLREDUCE) return rt_algo_name(op->algo);
+    if (op->kind == RT_K_BCAST || op->kind == RT_K_REDUCE) return pg->algo == RT_ALGO_NAIVE ? "flat" : "chain";
+    if (op->kind == RT_K_SCATTER || op->kind == RT_K_GATHER) return "flat";
+    return "ring";
 }
 
 /* A new request (built by `build` when given), submitted (driven by the progress thread
@@ -418,8 +414,8 @@ static rt_status submit_req(rt_pg *pg, const char *name, const rt_op *op, bool b
                             rt_request **out) {
     int maxx = build ? k_ops[op->kind].per_rank * pg->size + k_ops[op->kind].extra : 0;
     rt_request *r;
-    uint64_t fid = rt_flight_begin(&pg->flight, op->kind, op->is_send, op->dtype, op->count, op->root,
-                                   flight_algo(pg, op));
+    uint64_t fid =
+        rt_flight_begin(&pg->flight, op->kind, op->is_send, op->dtype, op->count, op->root, flight_algo(pg, op));
     rt_status s = rt_req_new(&pg->w->eng, name, pg->id, pg->timeout_s, maxx, &r);
     if (s != RT_OK) {
         rt_flight_end(&pg->flight, fid, false);

@@ -39,8 +39,8 @@ typedef struct rt_flight {
     rt_flight_entry *e;
     uint32_t cap;
     uint64_t next_id;
-    uint64_t t0_ns;      /* rt_now_ns() at creation */
-    int64_t t0_wall_ns;  /* CLOCK_REALTIME at creation */
+    uint64_t t0_ns;     /* rt_now_ns() at creation */
+    int64_t t0_wall_ns; /* CLOCK_REALTIME at creation */
 } rt_flight;
 
 /* cap 0: a disabled recorder (every call is a no-op, the dump has no entries). */
