@@ -4,7 +4,8 @@
  * checks the JSON: the operations, dtypes, counts, peers and algorithms as called, in
  * order, ids and collective sequence numbers consecutive, every entry done with ordered
  * times; a recorder of 4 entries after 10 all-reduces keeps the newest 4; a sub-group
- * records its own operations; flight_entries 0 records nothing. */
+ * records its own operations; an all-reduce whose peer left is failed; flight_entries 0
+ * records nothing. */
 #include "../test_util.h"
 #include "dist/dist.h"
 #include "mp.h"
@@ -175,6 +176,36 @@ static int disabled(int rank, int world, int port, void *arg) {
     return 0;
 }
 
+/* Rank 1 leaves without calling the all-reduce (its connections close): rank 0's fails,
+ * and its entry says so. */
+static int failed(int rank, int world, int port, void *arg) {
+    const cfg *c = arg;
+    rt_pg_options o;
+    char method[MP_METHOD_LEN];
+    mp_pg_options(&o, method, rank, world, port, c->transport, 30);
+    rt_pg *pg;
+    MP_OK(rt_pg_init(&o, &pg));
+    float f[4] = {0};
+    MP_OK(rt_all_reduce(pg, f, 4, RT_F32, RT_OP_SUM));
+    if (rank == 1) _exit(0);
+    MP_CHECK(rt_all_reduce(pg, f, 4, RT_F32, RT_OP_SUM) != RT_OK, "all_reduce with a departed peer succeeded");
+    char path[128];
+    snprintf(path, sizeof path, "%s/failed-rank%d.json", c->dir, rank);
+    MP_OK(rt_pg_flight_dump(pg, path));
+    json_t *j = load(path);
+    MP_CHECK(j != NULL, "dump does not parse");
+    json_t *es = json_object_get(j, "entries");
+    MP_CHECK(json_array_size(es) == 2, "%zu entries", json_array_size(es));
+    MP_CHECK(!strcmp(str(json_array_get(es, 0), "state"), "done"), "first: %s", str(json_array_get(es, 0), "state"));
+    json_t *e = json_array_get(es, 1);
+    MP_CHECK(!strcmp(str(e, "state"), "failed") && num(e, "seq") == 2, "second: %s seq %lld", str(e, "state"),
+             num(e, "seq"));
+    MP_CHECK(json_number_value(json_object_get(e, "t_done_ms")) > 0, "a failed entry has its end time");
+    json_decref(j);
+    rt_pg_destroy(pg);
+    return 0;
+}
+
 static void run(mp_fn fn, rt_transport t, int world) {
     cfg c = {.transport = t};
     snprintf(c.dir, sizeof c.dir, "/tmp/rt_flight_XXXXXX");
@@ -199,6 +230,10 @@ static void wrap_keeps_newest_3(void **s) {
     (void)s;
     run(wrap, RT_TRANSPORT_SHM, 3);
 }
+static void failed_tcp_2(void **s) {
+    (void)s;
+    run(failed, RT_TRANSPORT_TCP, 2);
+}
 static void disabled_2(void **s) {
     (void)s;
     run(disabled, RT_TRANSPORT_TCP, 2);
@@ -209,6 +244,7 @@ int main(void) {
         cmocka_unit_test(sequence_tcp_2),
         cmocka_unit_test(sequence_shm_3),
         cmocka_unit_test(wrap_keeps_newest_3),
+        cmocka_unit_test(failed_tcp_2),
         cmocka_unit_test(disabled_2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

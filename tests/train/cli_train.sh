@@ -218,6 +218,16 @@ PY
   grep -q '"kind": "end"' "$tmp/run/metrics.jsonl" || fail "SIGUSR1: the run did not reach its end"
   no_leftovers "SIGUSR1"
   echo "ok: SIGUSR1 writes every rank's flight recorder and the run goes on"
+  # in the final evaluation (after step 16, its first batch): rank 0 waits for its own
+  # handler, then writes its file at the next batch (evaluation has no per-batch agreement,
+  # so only rank 0's is certain)
+  rm -rf "$tmp/run"
+  RINGTRAIN_TEST_SIGNAL_AT=eval:16:launcher:0:USR1 "$bin" train "$tmp/ok.yaml" "${small[@]}" \
+    >"$tmp/out" 2>"$tmp/err" || fail "SIGUSR1 in evaluation: the run did not complete"
+  grep -q "rank 0\] I flight recorder (SIGUSR1 in evaluation) written" "$tmp/err" ||
+    fail "SIGUSR1 in evaluation: rank 0 did not write its flight recorder"
+  check_flight "$tmp/run/flight-rank0.json"
+  echo "ok: SIGUSR1 in evaluation"
   # no signal, no file
   rm -rf "$tmp/run"
   "$bin" train "$tmp/ok.yaml" "${small[@]}" >"$tmp/out" 2>"$tmp/err" || fail "run without SIGUSR1"
