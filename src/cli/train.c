@@ -45,6 +45,8 @@ static void usage(FILE *f) {
                "  --master-port P    its port (dist.master_port; 0 = a free one, single node only)\n"
                "  --max-restarts N   after a rank failed, restart the job from its newest checkpoint,\n"
                "                     at most N times (dist.max_restarts; default 0; single node only)\n"
+               "  --trace            record every rank's timeline (log.trace=true; merge it with\n"
+               "                     ringtrain trace RUN_DIR; docs/debugging.md)\n"
                "\nThe run directory (log.dir, default runs/<config name>) gets config.yaml and\n"
                "metrics.jsonl; the last line printed is the test accuracy.\n");
 }
@@ -67,6 +69,7 @@ typedef struct args {
     const char **overrides;
     int n_overrides;
     char cli_over[N_KOPTS][300]; /* "key=value" for each option given, "" if not */
+    bool trace;                  /* --trace: log.trace=true */
 } args;
 
 /* 0 ok, 1 help printed, 2 usage error */
@@ -80,6 +83,12 @@ static int parse_args(int argc, char **argv, args *a) {
             usage(stdout);
             return 1;
         }
+        int flag = rt_cli_flag("ringtrain train", s, "--trace");
+        if (flag < 0) return 2;
+        if (flag) {
+            a->trace = true;
+            continue;
+        }
         if (s[0] == '-' && s[1] == '-') {
             const char *v = NULL;
             int got = 0;
@@ -92,7 +101,8 @@ static int parse_args(int argc, char **argv, args *a) {
             }
             k--;
             int64_t num;
-            if (k_opts[k].hi > 0 && strcmp(v, "auto") != 0 && rt_cli_parse_i64(v, k_opts[k].lo, k_opts[k].hi, &num) != 0) {
+            if (k_opts[k].hi > 0 && strcmp(v, "auto") != 0 &&
+                rt_cli_parse_i64(v, k_opts[k].lo, k_opts[k].hi, &num) != 0) {
                 fprintf(stderr, "ringtrain train: %s '%s' (expected a whole number in %" PRId64 "..%" PRId64 ")\n",
                         k_opts[k].opt, v, k_opts[k].lo, k_opts[k].hi);
                 return 2;
@@ -158,6 +168,7 @@ static rt_status load(const args *a, rt_config *cfg) {
         RT_CHECK(rt_config_load(cfg, a->config, a->n_overrides, a->overrides));
     for (int k = 0; k < N_KOPTS; k++)
         if (a->cli_over[k][0]) RT_CHECK(rt_config_override(cfg, a->cli_over[k]));
+    if (a->trace) RT_CHECK(rt_config_override(cfg, "log.trace=true"));
     return RT_OK;
 }
 
@@ -441,7 +452,7 @@ static int train_or_eval(int argc, char **argv) {
     lo.node_rank = (int)cfg.dist.node_rank;
     lo.master_addr = cfg.dist.master_addr;
     lo.master_port = (int)cfg.dist.master_port;
-    lo.progress_s = cfg.dist.timeout_s; /* after Ctrl-C: as long as the ranks make progress */
+    lo.progress_s = cfg.dist.timeout_s;           /* after Ctrl-C: as long as the ranks make progress */
     lo.job_token = getenv("RINGTRAIN_JOB_TOKEN"); /* every node's launcher needs the same one */
     if (cfg.dist.nnodes > 1 && !lo.job_token) {
         fprintf(stderr, "ringtrain: error: with %lld nodes set RINGTRAIN_JOB_TOKEN to the same secret on every node\n",

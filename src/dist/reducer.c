@@ -1,8 +1,16 @@
 /* The gradient reducer (reducer.h): buckets of whole segments from the end of the
- * buffer, each started with rt_iall_reduce as soon as all its bytes are reported. */
+ * buffer, each started with rt_iall_reduce as soon as all its bytes are reported.
+ *
+ * With tracing on (core/trace.h) each bucket's all-reduce becomes a span on the
+ * communication track: from its start (or the completion of the bucket before it, as the
+ * transport runs a group's operations in order) to its completion, read from the
+ * group's flight recorder entry (the time the progress thread ended it). */
 #include "dist/reducer.h"
 
 #include "core/timer.h"
+#include "core/trace.h"
+#include "dist/internal/names.h"
+#include "dist/internal/pg_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +20,9 @@ typedef struct bucket {
     size_t ready;      /* bytes reported this step */
     rt_request *req;   /* in flight */
     bool started;
+    /* tracing: when it was started, its flight recorder entry (0: none), when its wait
+     * returned (the completion when the recorder has none) */
+    uint64_t t_start, fr_id, t_waited;
 } bucket;
 
 struct rt_reducer {
@@ -101,6 +112,7 @@ rt_status rt_reducer_begin(rt_reducer *r) {
     for (int i = 0; i < r->nb; i++) {
         r->b[i].ready = 0;
         r->b[i].started = false;
+        r->b[i].t_start = r->b[i].fr_id = 0;
     }
     memset(r->seg_ready, 0, sizeof *r->seg_ready * (size_t)r->nseg);
     r->next = 0;
@@ -110,15 +122,59 @@ rt_status rt_reducer_begin(rt_reducer *r) {
     return RT_OK;
 }
 
+/* Tracing: the id of the all-reduce of `count` elements this thread has just begun on
+ * the group (the newest entry of its flight recorder), 0 if the recorder has none. */
+static uint64_t flight_last(rt_pg *pg, size_t count) {
+    rt_flight *f = &pg->flight;
+    if (!pg->has_flight || !f->cap) return 0;
+    pthread_mutex_lock(&f->mu);
+    uint64_t id = f->next_id - 1;
+    const rt_flight_entry *e = id ? &f->e[(id - 1) % f->cap] : NULL;
+    bool ok = e && e->id == id && e->kind == RT_K_ALLREDUCE && e->count == count;
+    pthread_mutex_unlock(&f->mu);
+    return ok ? id : 0;
+}
+
+/* Tracing: every bucket's span, after the step's waits. */
+static void trace_buckets(rt_reducer *r) {
+    rt_flight *f = &r->pg->flight;
+    uint64_t prev_end = 0;
+    for (int i = 0; i < r->nb; i++) {
+        bucket *b = &r->b[i];
+        if (!b->t_start) continue;
+        uint64_t done = 0;
+        const char *algo = NULL;
+        if (b->fr_id && r->pg->has_flight && f->cap) {
+            pthread_mutex_lock(&f->mu);
+            const rt_flight_entry *e = &f->e[(b->fr_id - 1) % f->cap];
+            if (e->id == b->fr_id) {
+                if (e->t_done) done = f->t0_ns + e->t_done;
+                algo = e->algo;
+            }
+            pthread_mutex_unlock(&f->mu);
+        }
+        if (!done) done = b->t_waited;
+        uint64_t t0 = b->t_start > prev_end ? b->t_start : prev_end;
+        if (done < t0) done = t0;
+        rt_trace_span_comm(RT_TRACK_COMM, "all_reduce bucket", t0, done, i, (int64_t)(b->end - b->begin), algo,
+                           t0 - b->t_start);
+        prev_end = done;
+        b->t_start = 0;
+    }
+}
+
 static rt_status start(rt_reducer *r, bucket *b) {
     size_t es = rt_dtype_size(r->opt.dtype);
     if (r->next == 0) r->stats.first_start_ns = rt_now_ns();
     /* ordered after what the producer has enqueued so far (the stream contract) */
     rt_stream *saved = rt_pg_stream(r->pg);
     if (r->opt.stream) rt_pg_set_stream(r->pg, r->opt.stream);
-    rt_status s = rt_iall_reduce(r->pg, r->buf + b->begin, (b->end - b->begin) / es, r->opt.dtype, r->opt.op, &b->req);
+    b->t_start = rt_trace_now();
+    size_t count = (b->end - b->begin) / es;
+    rt_status s = rt_iall_reduce(r->pg, r->buf + b->begin, count, r->opt.dtype, r->opt.op, &b->req);
     rt_pg_set_stream(r->pg, saved);
     RT_CHECK(s);
+    if (b->t_start) b->fr_id = flight_last(r->pg, count);
     b->started = true;
     r->next++;
     return RT_OK;
@@ -177,12 +233,14 @@ rt_status rt_reducer_finish(rt_reducer *r) {
         /* device-side when the producer has a stream (the host waits otherwise) */
         rt_status w = r->opt.stream ? rt_wait_stream(r->b[i].req, r->opt.stream) : rt_wait(r->b[i].req);
         r->b[i].req = NULL;
+        if (r->b[i].t_start) r->b[i].t_waited = rt_now_ns();
         if (st == RT_OK && w != RT_OK) {
             rt_error_trace(__FILE__, __LINE__, "all_reduce of a gradient bucket");
             st = w;
         }
     }
     r->stats.end_ns = rt_now_ns();
+    if (rt_trace_enabled()) trace_buckets(r);
     r->stats.exposed_ms = (double)(r->stats.end_ns - r->stats.finish_call_ns) * 1e-6;
     r->stats.busy_ms = r->stats.first_start_ns ? (double)(r->stats.end_ns - r->stats.first_start_ns) * 1e-6 : 0;
     r->open = false;

@@ -235,6 +235,8 @@ static const key k_keys[] = {
      "a plain progress line every N steps when the output is not a terminal"},
     {"log.all_ranks", K_BOOL, F(log.all_ranks), 0, 0, "false", 0, 0, false, NULL, NULL,
      "every rank writes metrics-rank<R>.jsonl too (to find stragglers)"},
+    {"log.trace", K_BOOL, F(log.trace), 0, 0, "false", 0, 0, false, NULL, NULL,
+     "every rank records a timeline to RUN_DIR/trace-rank<R>.jsonl (ringtrain trace merges them; docs/debugging.md)"},
     {"log.level", K_CHOICE, F(log.level), SZ(log.level), 0, "info", 0, 0, false, NULL, check_level,
      "error | warn | info | debug | trace"},
     {"log.progress", K_CHOICE, F(log.progress), SZ(log.progress), 0, "auto", 0, 0, false, k_progress, NULL,

@@ -121,6 +121,7 @@ typedef struct rt_config {
         char dir[RT_CONFIG_PATH_MAX]; /* the run directory; auto: runs/<config file name> */
         int64_t every_steps;          /* a plain line every N steps when not on a terminal */
         bool all_ranks;
+        bool trace;                        /* timeline spans to RUN_DIR/trace-rank<R>.jsonl (docs/debugging.md) */
         char level[RT_CONFIG_NAME_MAX];    /* error | warn | info | debug | trace */
         char progress[RT_CONFIG_NAME_MAX]; /* auto | on | off */
     } log;

@@ -10,6 +10,7 @@
 #include "core/file.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "core/trace.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "dist/dist.h"
@@ -27,6 +28,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -73,6 +75,10 @@ enum { SCRATCH_BYTES = 64 };
 
 typedef struct pending {
     rt_event *ev[EV_COUNT];
+    /* tracing on a GPU: an event recorded with the step's scalars and the host time right
+     * after the host waited for them, which places the step's events on the host clock */
+    rt_event *anchor;
+    uint64_t anchor_ns;
     rt_step_record rec;
     bool waiting; /* events recorded, record not logged yet */
 } pending;
@@ -97,14 +103,14 @@ typedef struct run {
     rt_schedule sched;
     rt_grad_clip clip;
     bool have_clip;
-    float *x_dev;       /* CUDA: the batch on the device */
-    void *scratch_dev;  /* CUDA: host values all-reduced through the device (all_reduce_host) */
+    float *x_dev;      /* CUDA: the batch on the device */
+    void *scratch_dev; /* CUDA: host values all-reduced through the device (all_reduce_host) */
     /* CUDA: what a step reads back, in pinned memory: the summed loss and stop flag, the
      * gradients' sum of squares; one event, one host wait per step (step_scalars) */
     struct step_vals {
         float loss_stop[3]; /* and the flight recorder flag */
         double sumsq;
-    } *vals_host;
+    } * vals_host;
     bool vals_pinned;
     rt_event *ev_vals;
     int64_t *label_dev; /* CUDA */
@@ -125,9 +131,10 @@ typedef struct run {
     char run_id[32];                    /* 16 hex digits: rank 0's at a fresh start, the checkpoint's on resume */
     bool choose_failed;                 /* rank 0 could not choose the checkpoint (choose_err says why) */
     rt_error_record choose_err;
-    int64_t plan_steps;                 /* train.epochs x steps_per_epoch: what auto schedule lengths fit */
+    int64_t plan_steps; /* train.epochs x steps_per_epoch: what auto schedule lengths fit */
     int64_t steps_per_epoch, total_steps;
     uint64_t t0;
+    pending *cur; /* the step under way (train_step) */
 } run;
 
 static bool is_root(const run *r) { return r->who.rank == 0; }
@@ -666,6 +673,29 @@ static rt_status log_record(run *r, rt_step_record *rec) {
     return RT_OK;
 }
 
+/* Tracing on a GPU: the step's stream spans, from its events (all complete: complete()
+ * asks this only once the last one is), placed on the host clock by the anchor. */
+static rt_status trace_stream(run *r, pending *p) {
+    if (!rt_trace_enabled() || !rt_device_is_cuda(r->dev) || !p->anchor_ns) return RT_OK;
+    static const char *const names[EV_COUNT - 1] = {"h2d", "forward", "backward", "wait for gradient all_reduce",
+                                                    "scalars + optimizer"};
+    uint64_t at[EV_COUNT];
+    for (int i = 0; i < EV_COUNT; i++) {
+        float ms = 0;
+        bool ready = false;
+        bool after = i == EV_END; /* recorded after the anchor */
+        RT_CHECK(after ? rt_event_elapsed_ms(p->anchor, p->ev[i], &ms, &ready)
+                       : rt_event_elapsed_ms(p->ev[i], p->anchor, &ms, &ready));
+        if (!ready) return RT_OK;
+        double ns = (double)ms * 1e6;
+        at[i] = after ? p->anchor_ns + (uint64_t)ns : p->anchor_ns - (uint64_t)(ns < (double)p->anchor_ns ? ns : 0);
+    }
+    for (int i = 0; i < EV_COUNT - 1; i++)
+        rt_trace_span_at(RT_TRACK_STREAM, names[i], at[i], at[i + 1], p->rec.step, p->rec.epoch);
+    p->anchor_ns = 0;
+    return RT_OK;
+}
+
 /* Complete pending record p if its events are ready (always on the CPU); `force` waits,
  * only when the record is not complete yet (two steps back it always is on a GPU: each
  * step waits for its own scalars). */
@@ -683,6 +713,7 @@ static rt_status complete(run *r, pending *p, bool force) {
         if (!ready) return RT_OK; /* a step later */
     }
     rt_step_record *rec = &p->rec;
+    RT_CHECK(trace_stream(r, p));
     rec->ms[RT_STAGE_H2D] = ms[EV_START];
     rec->ms[RT_STAGE_FORWARD] = ms[EV_H2D];
     rec->ms[RT_STAGE_BACKWARD] = ms[EV_FWD];
@@ -725,7 +756,9 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
         RT_CHECK(rt_model_loss_value(r->model, &lf));
         /* the mean loss; any rank asked to stop; any rank asked for the flight recorder */
         double agree[3] = {lf, g_stop_signal ? 1.0 : 0.0, g_flight_signal ? 1.0 : 0.0};
+        uint64_t t = rt_trace_now();
         RT_CHECK(all_reduce_f64(r, agree, 3, RT_OP_SUM));
+        if (r->pg) rt_trace_end(RT_TRACK_MAIN, "scalars all_reduce", t);
         *loss = agree[0] / r->who.world_size;
         *stop = agree[1] > 0;
         r->flight_agreed = agree[2] > 0;
@@ -737,13 +770,20 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
     RT_CHECK(rt_memcpy(sc + 1, r->dev, flag, rt_device_cpu(), sizeof flag, st));
     if (r->pg) {
         rt_request *q = NULL;
+        uint64_t t = rt_trace_now();
         RT_CHECK(rt_iall_reduce(r->pg, sc, 3, RT_F32, RT_OP_SUM, &q)); /* after the copies: the group's stream */
-        RT_CHECK(rt_wait_stream(q, st)); /* on the device: the copy below waits for it */
+        RT_CHECK(rt_wait_stream(q, st));                               /* on the device: the copy below waits for it */
+        rt_trace_end(RT_TRACK_MAIN, "scalars all_reduce", t);
     }
     RT_CHECK(rt_grad_sumsq_async(&r->clip, grads, n, st, &r->vals_host->sumsq));
     RT_CHECK(rt_memcpy(r->vals_host->loss_stop, rt_device_cpu(), sc, r->dev, 3 * sizeof(float), st));
+    pending *p = rt_trace_enabled() ? r->cur : NULL;
+    if (p) RT_CHECK(rt_event_record(p->anchor, st));
     RT_CHECK(rt_event_record(r->ev_vals, st));
+    uint64_t t = rt_trace_now();
     RT_CHECK(rt_event_sync(r->ev_vals)); /* the step's one host wait */
+    if (p) p->anchor_ns = rt_now_ns();   /* the anchor completed at most this long ago */
+    rt_trace_end(RT_TRACK_MAIN, "wait for the step's scalars", t);
     *loss = (double)r->vals_host->loss_stop[0] / r->who.world_size;
     *stop = r->vals_host->loss_stop[1] > 0;
     r->flight_agreed = r->vals_host->loss_stop[2] > 0;
@@ -802,7 +842,10 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
     const rt_config *c = r->cfg;
     pending *p = &r->pend[r->step % 2];
     RT_CHECK(complete(r, p, true)); /* two steps back (the older pending record): surely done */
+    r->cur = p;
+    p->anchor_ns = 0;
     rt_stream *st = r->ctx->stream;
+    uint64_t t = rt_trace_now();
     RT_CHECK(rt_event_record(p->ev[EV_START], st));
     test_nan_batch(r, b);
     const float *x = b->images;
@@ -818,15 +861,22 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
         y = r->label_dev;
     }
     RT_CHECK(rt_event_record(p->ev[EV_H2D], st));
+    rt_trace_end(RT_TRACK_MAIN, "h2d", t);
+    t = rt_trace_now();
     RT_CHECK(rt_model_forward(r->model, x, b->size, true));
     RT_CHECK(rt_model_loss(r->model, y));
     RT_CHECK(rt_event_record(p->ev[EV_FWD], st));
+    rt_trace_end(RT_TRACK_MAIN, "forward", t);
+    t = rt_trace_now();
     if (r->reducer) RT_CHECK(rt_reducer_begin(r->reducer));
     RT_CHECK(rt_model_backward(r->model, r->reducer ? on_grad_ready : NULL, r));
     RT_CHECK(rt_event_record(p->ev[EV_BWD], st));
+    rt_trace_end(RT_TRACK_MAIN, "backward", t);
     rt_reducer_stats rs = {0};
     if (r->reducer) {
+        t = rt_trace_now();
         RT_CHECK(rt_reducer_finish(r->reducer));
+        rt_trace_end(RT_TRACK_MAIN, "wait for gradient all_reduce", t);
         rt_reducer_stats_get(r->reducer, &rs);
     }
     RT_CHECK(rt_event_record(p->ev[EV_COMM], st));
@@ -835,6 +885,7 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
     RT_CHECK(step_scalars(r, &loss, &r->stop, &norm));
     if (r->stop) RT_CHECK(agree_stop(r)); /* which signal: every rank, they all saw the flag */
     /* clip (the norm is logged either way), then the optimizer at the schedule's lr */
+    t = rt_trace_now();
     rt_grad_stats gs;
     float *grads = rt_model_grads(r->model)->base;
     size_t n = rt_model_grads(r->model)->size / sizeof(float);
@@ -857,6 +908,7 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
         RT_CHECK(rt_optimizer_step_arena(&r->opt, rt_model_params(r->model), rt_model_grads(r->model), lr, st));
     }
     RT_CHECK(rt_event_record(p->ev[EV_END], st));
+    rt_trace_end(RT_TRACK_MAIN, "optimizer", t);
     r->step++;
     p->rec = (rt_step_record){.step = r->step,
                               .epoch = epoch,
@@ -945,8 +997,8 @@ static rt_status test_bn_perturb(run *r) {
 
 /* Tests only: RINGTRAIN_TEST_KILL_AFTER_CKPT=<step> makes rank 0, once the checkpoint of
  * that step is complete, SIGKILL its parent when ringtrain's launcher started it (its
- * ranks then die with it, PR_SET_PDEATHSIG) and itself (one rank: there is no launcher): a crash at an exact point, where a test that polls for the
- * checkpoint and then kills races with the run (which may have pruned it by then). */
+ * ranks then die with it, PR_SET_PDEATHSIG) and itself (one rank: there is no launcher): a crash at an exact point,
+ * where a test that polls for the checkpoint and then kills races with the run (which may have pruned it by then). */
 static void test_kill_after_checkpoint(run *r) {
     const char *v = getenv("RINGTRAIN_TEST_KILL_AFTER_CKPT");
     if (!v || !*v || !is_root(r)) return;
@@ -989,7 +1041,14 @@ static void test_kill_rank_at(const run *r) {
 /* Rank 0 writes ckpt-<step>/ after rank 0's batch-norm buffers reached every rank; the
  * others wait for the outcome, so a failed write (disk full, permissions) stops every
  * rank with rank 0's error and leaves the earlier checkpoints as they were. */
+static rt_status save_checkpoint_(run *r, int64_t epoch, int64_t epoch_batches, const char *why);
 static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, const char *why) {
+    uint64_t t = rt_trace_now();
+    rt_status s = save_checkpoint_(r, epoch, epoch_batches, why);
+    rt_trace_end(RT_TRACK_MAIN, "checkpoint", t);
+    return s;
+}
+static rt_status save_checkpoint_(run *r, int64_t epoch, int64_t epoch_batches, const char *why) {
     const rt_config *c = r->cfg;
     RT_CHECK(broadcast_state(r, false));
     rt_status st = RT_OK;
@@ -1405,6 +1464,7 @@ static rt_status resume(run *r) {
 static void run_free(run *r) {
     for (int i = 0; i < 2; i++)
         for (int e = 0; e < EV_COUNT; e++) rt_event_destroy(r->pend[i].ev[e]);
+    for (int i = 0; i < 2; i++) rt_event_destroy(r->pend[i].anchor);
     rt_metrics_close(r->metrics);
     rt_metrics_close(r->rank_metrics);
     rt_stage_stats_destroy(r->stats);
@@ -1428,6 +1488,89 @@ static void run_free(run *r) {
     if (r->have_test) rt_dataset_free(&r->test_ds);
 }
 
+/* ---- tracing (log.trace, docs/debugging.md) ----------------------------------------------- */
+
+enum { TRACE_SPANS = 1 << 16, CLOCK_ROUNDS = 32 };
+
+/* One 8-byte value to or from group rank `peer`: host memory, or through the device
+ * scratch buffer when the transport takes device buffers only (nccl). */
+static rt_status clock_xfer(run *r, bool send, int64_t *v, int peer, bool via_dev) {
+    if (!via_dev) return send ? rt_send(r->pg, v, 1, RT_I64, peer) : rt_recv(r->pg, v, 1, RT_I64, peer);
+    if (send) RT_CHECK(rt_memcpy(r->scratch_dev, r->dev, v, rt_device_cpu(), sizeof *v, NULL));
+    RT_CHECK(send ? rt_send(r->pg, r->scratch_dev, 1, RT_I64, peer) : rt_recv(r->pg, r->scratch_dev, 1, RT_I64, peer));
+    if (!send) RT_CHECK(rt_memcpy(v, rt_device_cpu(), r->scratch_dev, r->dev, sizeof *v, NULL));
+    return RT_OK;
+}
+
+/* This rank's clock offset to rank 0's (t_rank0 = t + *off), by ping-pong with rank 0:
+ * CLOCK_ROUNDS rounds, each a send of this rank's time and rank 0's reply with its own;
+ * the round with the smallest round trip counts: rank 0 read its clock between this
+ * rank's send and receive, so the offset is t0 - (t_send + t_recv) / 2 within half that
+ * round trip (*err). Rank 0 answers the others one after another. */
+static rt_status clock_offset(run *r, int64_t *off, int64_t *err, int64_t *rtt) {
+    *off = *err = *rtt = 0;
+    bool cuda = rt_device_is_cuda(r->dev);
+    bool via_dev = cuda && strcmp(r->cfg->dist.transport, "nccl") == 0;
+    if (cuda && !via_dev) RT_CHECK(rt_pg_set_buffer_device(r->pg, rt_device_cpu())); /* host buffers below */
+    rt_status st = RT_OK;
+    if (is_root(r)) {
+        for (int peer = 1; peer < r->who.world_size && st == RT_OK; peer++)
+            for (int k = 0; k < CLOCK_ROUNDS && st == RT_OK; k++) {
+                int64_t v = 0;
+                st = clock_xfer(r, false, &v, peer, via_dev);
+                v = (int64_t)rt_now_ns();
+                if (st == RT_OK) st = clock_xfer(r, true, &v, peer, via_dev);
+            }
+    } else {
+        int64_t best = INT64_MAX;
+        for (int k = 0; k < CLOCK_ROUNDS && st == RT_OK; k++) {
+            int64_t ts = (int64_t)rt_now_ns(), v = ts;
+            st = clock_xfer(r, true, &v, 0, via_dev);
+            if (st == RT_OK) st = clock_xfer(r, false, &v, 0, via_dev);
+            int64_t tr = (int64_t)rt_now_ns();
+            if (st == RT_OK && tr - ts < best) {
+                best = tr - ts;
+                *off = v - (ts + (tr - ts) / 2);
+                *rtt = best;
+                *err = (best + 1) / 2;
+            }
+        }
+    }
+    if (cuda && !via_dev) {
+        rt_status s2 = rt_pg_set_buffer_device(r->pg, r->dev);
+        if (st == RT_OK) st = s2;
+    }
+    if (st != RT_OK) rt_error_trace(__FILE__, __LINE__, "log.trace: measuring the clock offset to rank 0");
+    return st;
+}
+
+/* log.trace: the recorder on, to RUN_DIR/trace-rank<r>.jsonl, with this rank's clock
+ * offset to rank 0's in its header (written now, so even a run that fails early leaves
+ * a file that says how its clock relates). */
+static rt_status setup_trace(run *r) {
+    if (!r->cfg->log.trace) return RT_OK;
+    char path[RT_CONFIG_PATH_MAX + 32];
+    RT_CHECK(rt_file_mkdirs(r->run_dir, "run directory"));
+    snprintf(path, sizeof path, "%s/trace-rank%d.jsonl", r->run_dir, r->who.rank);
+    RT_CHECK(rt_trace_start(path, TRACE_SPANS));
+    int64_t off = 0, err = 0, rtt = 0;
+    uint64_t t = rt_now_ns();
+    if (r->pg) RT_CHECK(clock_offset(r, &off, &err, &rtt));
+    rt_trace_span(RT_TRACK_MAIN, "clock alignment", t, rt_now_ns());
+    rt_trace_set_header(r->who.rank, r->who.world_size, off, err, rtt);
+    if (r->pg)
+        RT_LOG_DEBUG("trace: clock offset to rank 0 %lld ns (error bound %lld ns)", (long long)off, (long long)err);
+    return rt_trace_flush();
+}
+
+static rt_status traced_barrier(run *r) {
+    if (!r->pg) return RT_OK;
+    uint64_t t = rt_trace_now();
+    RT_CHECK(rt_barrier(r->pg));
+    rt_trace_end(RT_TRACK_MAIN, "barrier", t);
+    return RT_OK;
+}
+
 static rt_status train_all(run *r, rt_train_result *res) {
     const rt_config *c = r->cfg;
     FILE *out = r->out;
@@ -1441,6 +1584,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
     RT_CHECK(find_resume(r));
     RT_CHECK(setup_model(r));
     rt_launch_heartbeat();
+    RT_CHECK(setup_trace(r));
     if (r->pg) rt_pg_set_stream(r->pg, r->ctx->stream); /* the stream contract (docs/dist.md) */
     RT_CHECK(share_resume(r));
     RT_CHECK(broadcast_state(r, true));
@@ -1454,6 +1598,8 @@ static rt_status train_all(run *r, rt_train_result *res) {
     RT_CHECK(rt_stage_stats_create(&r->stats));
     for (int i = 0; i < 2; i++)
         for (int e = 0; e < EV_COUNT; e++) RT_CHECK(rt_event_create(r->dev, &r->pend[i].ev[e]));
+    if (c->log.trace && rt_device_is_cuda(r->dev))
+        for (int i = 0; i < 2; i++) RT_CHECK(rt_event_create(r->dev, &r->pend[i].anchor));
     char path[RT_CONFIG_PATH_MAX + 64];
     bool resumed = r->resumed_step >= 0;
     int64_t eval_logged = -1; /* the step of an eval line metrics.jsonl has already (a resume) */
@@ -1511,6 +1657,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
         int64_t next_batch = -1; /* -1: the epoch ran to its end */
         while (r->step < r->total_steps && !r->stop) {
             test_signal_at(r, "step", r->step + 1);
+            rt_trace_set_step(r->step + 1, epoch);
             uint64_t t = rt_now_ns();
             rt_batch b;
             RT_CHECK(rt_loader_next(r->train_loader, &b));
@@ -1518,7 +1665,10 @@ static rt_status train_all(run *r, rt_train_result *res) {
                 next_batch = -1;
                 break;
             }
-            RT_CHECK(train_step(r, &b, (double)(rt_now_ns() - t) * 1e-6, epoch));
+            uint64_t t_data = rt_now_ns();
+            if (rt_trace_enabled()) rt_trace_span(RT_TRACK_MAIN, "data", t, t_data);
+            RT_CHECK(train_step(r, &b, (double)(t_data - t) * 1e-6, epoch));
+            if (rt_trace_enabled()) rt_trace_span(RT_TRACK_MAIN, "step", t, rt_now_ns());
             test_kill_rank_at(r);
             if (r->flight_agreed) {
                 r->flight_agreed = false;
@@ -1536,6 +1686,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
             }
         }
         RT_CHECK(complete_in_order(r, true));
+        RT_CHECK(rt_trace_flush()); /* the epoch's spans (stream spans completed just above) */
         if (r->stop) break;
         bool last = epoch + 1 == c->train.epochs || r->step >= r->total_steps;
         if (is_root(r)) {
@@ -1545,7 +1696,9 @@ static rt_status train_all(run *r, rt_train_result *res) {
             rt_stage_stats_print(r->stats, out, title);
         }
         if (last || (c->train.eval_every > 0 && (epoch + 1) % c->train.eval_every == 0)) {
+            uint64_t t = rt_trace_now();
             RT_CHECK(evaluate(r, &loss, &acc, &samples));
+            rt_trace_end(RT_TRACK_MAIN, "evaluation", t);
             if (r->metrics && r->step != eval_logged)
                 RT_CHECK(rt_metrics_eval(r->metrics, r->step, epoch, loss, acc, samples));
             if (is_root(r)) {
@@ -1582,10 +1735,9 @@ static rt_status train_all(run *r, rt_train_result *res) {
         res->epochs = epoch;
         res->wall_s = (double)(rt_now_ns() - r->t0) * 1e-9;
         if (r->metrics)
-            RT_CHECK(
-                rt_metrics_line(r->metrics, "stop",
-                                json_pack("{s:I, s:i}", "step", (json_int_t)r->step, "signal", r->stop_signal)));
-        if (r->pg) RT_CHECK(rt_barrier(r->pg));
+            RT_CHECK(rt_metrics_line(r->metrics, "stop",
+                                     json_pack("{s:I, s:i}", "step", (json_int_t)r->step, "signal", r->stop_signal)));
+        RT_CHECK(traced_barrier(r));
         return RT_OK;
     }
     if (isnan(acc)) { /* resumed from the end of a finished run: nothing left to train */
@@ -1610,7 +1762,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
                                  json_pack("{s:I, s:o, s:o, s:o}", "steps", (json_int_t)res->steps, "wall_s",
                                            rt_metrics_num(res->wall_s), "test_accuracy", rt_metrics_num(acc),
                                            "test_loss", rt_metrics_num(loss))));
-    if (r->pg) RT_CHECK(rt_barrier(r->pg));
+    RT_CHECK(traced_barrier(r));
     return RT_OK;
 }
 
@@ -1633,10 +1785,20 @@ rt_status rt_train(const rt_config *cfg, const rt_train_rank *who, FILE *out, rt
     sa.sa_handler = on_flight_signal;
     sigaction(SIGUSR1, &sa, &old_usr1);
     rt_status s = train_all(&r, res);
+    if (rt_trace_enabled()) { /* the spans since the last epoch's end (a failure's included) */
+        rt_error_record saved_err;
+        if (s != RT_OK) rt_error_save(&saved_err);
+        rt_status fs = rt_trace_flush();
+        if (s != RT_OK)
+            rt_error_restore(&saved_err); /* the run's error comes first */
+        else
+            s = fs;
+        rt_trace_stop();
+    }
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     rt_error_record saved;
-    if (s != RT_OK) rt_error_save(&saved); /* freeing must not lose the first error */
+    if (s != RT_OK) rt_error_save(&saved);             /* freeing must not lose the first error */
     if (s != RT_OK) flight_dump(&r, "the run failed"); /* what the group did last; after the group exists */
     sigaction(SIGUSR1, &old_usr1, NULL);
     run_free(&r);
