@@ -25,12 +25,13 @@ void rt_cli_info_print(FILE *out);
 void rt_cli_info_json(FILE *out);
 
 /* ---- entry points ---- */
-int rt_cmd_train(int argc, char **argv); /* src/cli/train.c */
-int rt_cmd_eval(int argc, char **argv);  /* src/cli/train.c */
-int rt_cmd_info(int argc, char **argv);  /* src/cli/info.c */
+int rt_cmd_train(int argc, char **argv);        /* src/cli/train.c */
+int rt_cmd_eval(int argc, char **argv);         /* src/cli/train.c */
+int rt_cmd_info(int argc, char **argv);         /* src/cli/info.c */
 int rt_cmd_data(int argc, char **argv);         /* src/cli/data.c */
 int rt_cmd_report(int argc, char **argv);       /* src/cli/report.c */
-int rt_cmd_bench_comm(int argc, char **argv); /* src/cli/bench_comm.c */
+int rt_cmd_trace(int argc, char **argv);        /* src/cli/trace.c */
+int rt_cmd_bench_comm(int argc, char **argv);   /* src/cli/bench_comm.c */
 int rt_cmd_bench_loader(int argc, char **argv); /* src/cli/data.c */
 int rt_cmd_bench_model(int argc, char **argv);  /* src/cli/bench_model.c */
 

@@ -1,4 +1,4 @@
-/* The `ringtrain` command: train | eval | report | info | data | bench.
+/* The `ringtrain` command: train | eval | report | trace | info | data | bench.
  *
  * main() is the only place that decides to exit: library code returns an rt_status and
  * records a message, and the command prints it. */
@@ -51,6 +51,7 @@ static const rt_command k_commands[] = {
     {"info", "version, build features, library versions and devices", rt_cmd_info},
     {"data", "inspect datasets and the distributed sampler", rt_cmd_data},
     {"report", "a run's summary and plots from its metrics.jsonl (ringtrain report --help)", rt_cmd_report},
+    {"trace", "merge a traced run's timelines into one Chrome trace JSON (ringtrain trace --help)", rt_cmd_trace},
     {"bench", "benchmarks (ringtrain bench --help)", cmd_bench},
 };
 

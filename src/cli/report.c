@@ -5,6 +5,7 @@
 #include "cli/cli.h"
 #include "core/file.h"
 #include "train/report.h"
+#include "train/trace_merge.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -23,10 +24,29 @@ static void usage(FILE *out) {
                  "  --no-plots   print the summary only; write nothing\n"
                  "\n"
                  "Exit status: 0 ok, 1 an unreadable or malformed log, or plots that could not be drawn\n"
-                 "(gnuplot missing or failing), 2 a usage error.\n");
+                 "(gnuplot missing or failing), 2 a usage error.\n"
+                 "\n"
+                 "A run traced with log.trace: true (trace-rank<R>.jsonl) adds one line per epoch: the share\n"
+                 "of the gradient all-reduce time hidden behind backward, and the rank that started the\n"
+                 "collectives last most often (the one the others waited for; docs/debugging.md).\n");
 }
 
 static const char k_prog[] = "ringtrain report";
+
+/* With a traced run (log.trace): one line per epoch, the share of the gradient
+ * all-reduce hidden behind backward and the slowest rank (trace_merge.h). A damaged
+ * trace is a warning: the metrics summary stands on its own. */
+static void trace_summary(const char *run_dir, rt_trace_epoch **e, int *n, int *world) {
+    *e = NULL;
+    *n = *world = 0;
+    rt_trace_run t;
+    bool found = false;
+    rt_status st = rt_trace_load(run_dir, &t, &found);
+    if (st == RT_OK && found) st = rt_trace_overlap(&t, e, n);
+    if (st != RT_OK) fprintf(stderr, "%s: warning: the trace: %s\n", k_prog, rt_error_message());
+    *world = t.world_size;
+    rt_trace_run_free(&t);
+}
 
 int rt_cmd_report(int argc, char **argv) {
     const char *run_dir = NULL, *out_dir = NULL;
@@ -74,6 +94,10 @@ int rt_cmd_report(int argc, char **argv) {
         return rt_cli_fail();
     }
     rt_report_print(r, &s, stdout);
+    rt_trace_epoch *te;
+    int nte, tworld;
+    trace_summary(run_dir, &te, &nte, &tworld);
+    rt_trace_overlap_print(te, nte, tworld, stdout);
     fflush(stdout);
 
     int rc = 0;
@@ -90,6 +114,7 @@ int rt_cmd_report(int argc, char **argv) {
         FILE *f = fopen(path, "w");
         if (f) {
             rt_report_print(r, &s, f);
+            rt_trace_overlap_print(te, nte, tworld, f);
             if (fclose(f) != 0) f = NULL;
         }
         if (!f) {
@@ -119,6 +144,7 @@ int rt_cmd_report(int argc, char **argv) {
 fail:
     rc = rt_cli_fail();
 out:
+    rt_trace_overlap_free(te, nte);
     rt_report_summary_free(&s);
     rt_report_free(r);
     return rc;

@@ -134,7 +134,8 @@ typedef struct run {
     int64_t plan_steps; /* train.epochs x steps_per_epoch: what auto schedule lengths fit */
     int64_t steps_per_epoch, total_steps;
     uint64_t t0;
-    pending *cur; /* the step under way (train_step) */
+    pending *cur;         /* the step under way (train_step) */
+    uint64_t stream_last; /* tracing on a GPU: the end of the last stream span */
 } run;
 
 static bool is_root(const run *r) { return r->who.rank == 0; }
@@ -689,6 +690,11 @@ static rt_status trace_stream(run *r, pending *p) {
         if (!ready) return RT_OK;
         double ns = (double)ms * 1e6;
         at[i] = after ? p->anchor_ns + (uint64_t)ns : p->anchor_ns - (uint64_t)(ns < (double)p->anchor_ns ? ns : 0);
+    }
+    /* the anchors' host wake-up differs from step to step: never before the span before */
+    for (int i = 0; i < EV_COUNT; i++) {
+        if (at[i] < r->stream_last) at[i] = r->stream_last;
+        r->stream_last = at[i];
     }
     for (int i = 0; i < EV_COUNT - 1; i++)
         rt_trace_span_at(RT_TRACK_STREAM, names[i], at[i], at[i + 1], p->rec.step, p->rec.epoch);
