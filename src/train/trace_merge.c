@@ -344,8 +344,8 @@ static rt_status epoch_summary(const rt_trace_run *t, int64_t epoch, rt_trace_ep
             const key *x = &keys[r][i];
             if (x->kind != K_BUCKET) continue;
             total += (double)(x->t1 - x->t0);
-            const key *b = find(keys[r], nk[r], x->step, K_BWD_STREAM, -1);
-            if (!b) b = find(keys[r], nk[r], x->step, K_BWD_HOST, -1);
+            if (find(keys[r], nk[r], x->step, K_BWD_STREAM, -1)) e->gpu = true;
+            const key *b = find(keys[r], nk[r], x->step, K_BWD_HOST, -1);
             if (!b) continue;
             int64_t lo = x->t0 > b->t0 ? x->t0 : b->t0, hi = x->t1 < b->t1 ? x->t1 : b->t1;
             if (hi > lo) over += (double)(hi - lo);
@@ -430,10 +430,17 @@ void rt_trace_overlap_free(rt_trace_epoch *e, int n) {
 
 void rt_trace_overlap_print(const rt_trace_epoch *e, int n, int world_size, FILE *out) {
     for (int i = 0; i < n; i++) {
-        fprintf(out, "trace epoch %" PRId64 ": %.0f%% of all-reduce time hidden behind backward (", e[i].epoch + 1,
-                100.0 * e[i].hidden);
-        for (int r = 0; r < world_size; r++)
-            fprintf(out, "%srank %d %.0f%%", r ? ", " : "", r, 100.0 * e[i].rank_hidden[r]);
+        if (e[i].gpu) {
+            fprintf(out,
+                    "trace epoch %" PRId64 ": all-reduce time hidden behind backward: not measured on a GPU (the "
+                    "buckets' device-side completion is not traced",
+                    e[i].epoch + 1);
+        } else {
+            fprintf(out, "trace epoch %" PRId64 ": %.0f%% of all-reduce time hidden behind backward (", e[i].epoch + 1,
+                    100.0 * e[i].hidden);
+            for (int r = 0; r < world_size; r++)
+                fprintf(out, "%srank %d %.0f%%", r ? ", " : "", r, 100.0 * e[i].rank_hidden[r]);
+        }
         if (e[i].slowest_rank >= 0)
             fprintf(out,
                     "); slowest rank most often: %d (%" PRId64 " of %" PRId64

@@ -59,7 +59,8 @@ rt_status rt_trace_write_chrome(const rt_trace_run *t, int64_t step_lo, int64_t 
                                 int64_t *events);
 
 /* Per epoch that has gradient buckets: the share of the bucket all-reduce time that
- * overlapped backward (per rank, then averaged), and the rank whose start of a collective
+ * overlapped backward (per rank, then averaged; not on a GPU, whose bucket spans end when
+ * the host hands the wait to the stream), and the rank whose start of a collective
  * (bucket all-reduce or the step's scalars) was last most often. */
 typedef struct rt_trace_epoch {
     int64_t epoch;
@@ -68,6 +69,7 @@ typedef struct rt_trace_epoch {
     int slowest_rank;    /* -1: no collective seen on every rank */
     int64_t slowest_count, collectives;
     double median_late_ms; /* median over the collectives of (last start - first start) */
+    bool gpu;              /* a GPU run: the buckets' device-side completion is not traced, so no share */
 } rt_trace_epoch;
 
 rt_status rt_trace_overlap(const rt_trace_run *t, rt_trace_epoch **out, int *n);

@@ -1516,7 +1516,7 @@ static rt_status clock_xfer(run *r, bool send, int64_t *v, int peer, bool via_de
 static rt_status clock_offset(run *r, int64_t *off, int64_t *err, int64_t *rtt) {
     *off = *err = *rtt = 0;
     bool cuda = rt_device_is_cuda(r->dev);
-    bool via_dev = cuda && strcmp(r->cfg->dist.transport, "nccl") == 0;
+    bool via_dev = cuda && rt_pg_transport(r->pg) == RT_TRANSPORT_NCCL;
     if (cuda && !via_dev) RT_CHECK(rt_pg_set_buffer_device(r->pg, rt_device_cpu())); /* host buffers below */
     rt_status st = RT_OK;
     if (is_root(r)) {

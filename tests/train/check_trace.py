@@ -72,11 +72,10 @@ for b in buckets:
 
 
 def overlaps(rank):
-    """(step, bucket) pairs whose all-reduce overlaps that step's backward (the stream's
-    when there is one)"""
+    """(step, bucket) pairs whose all-reduce overlaps that step's backward (the host's)"""
     bwd = {}
     for e in by_rank[rank]:
-        if e["name"] == "backward" and (e["tid"] == 2 or e["args"]["step"] not in bwd):
+        if e["name"] == "backward" and e["tid"] == 0:
             bwd[e["args"]["step"]] = (e["ts"], e["ts"] + e["dur"])
     out = []
     for b in buckets:

@@ -79,7 +79,10 @@ gpu)
   export RINGTRAIN_EMU_GPUS=${RINGTRAIN_EMU_GPUS:-2}
   RINGTRAIN_LOG_LEVEL=debug train g2 train.device=cuda --trace
   grep -q "transport nccl" "$tmp/g2.err" || fail "2 GPUs: not over nccl"
-  check "$tmp/g2/trace.json" 2 full stream overlap
+  check "$tmp/g2/trace.json" 2 full stream
+  "$bin" report "$tmp/g2" --no-plots >"$tmp/report.out" 2>&1 || fail "ringtrain report of the GPU run failed"
+  grep -q "^trace epoch 2: all-reduce time hidden behind backward: not measured on a GPU" "$tmp/report.out" ||
+    { cat "$tmp/report.out"; fail "report: the GPU run's line does not say the share is not measured"; }
   CUDA_VISIBLE_DEVICES=0 RINGTRAIN_LOG_LEVEL=debug RINGTRAIN_EMU_DELAY_US=300 train g1 train.device=cuda --trace
   grep -q "transport shm" "$tmp/g1.err" || fail "2 ranks on 1 GPU: not staged over shm"
   check "$tmp/g1/trace.json" 2 full stream
