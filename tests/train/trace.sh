@@ -58,6 +58,7 @@ cpu)
   "$bin" report "$tmp/b" --no-plots >"$tmp/report.out" 2>&1 || fail "ringtrain report failed"
   n=$(grep -cE '^trace epoch [12]: [0-9]+% of all-reduce time hidden behind backward \(rank 0 [0-9]+%, rank 1 [0-9]+%\); slowest rank most often: [01] \([0-9]+ of [0-9]+ collectives' "$tmp/report.out")
   [ "$n" -eq 2 ] || { cat "$tmp/report.out"; fail "report: $n overlap lines, expected one per epoch (2)"; }
+  grep -qE '^trace epoch 1: [1-9][0-9]*% ' "$tmp/report.out" || fail "report: buckets on, yet nothing hidden behind backward"
   grep -q '^trace epoch 1: 0% ' <("$bin" report "$tmp/nb" --no-plots 2>&1) || fail "report: bucket_mb 0 is not 0% hidden"
   echo "ok: traced runs with and without buckets, --steps, the report's overlap line"
   ;;
