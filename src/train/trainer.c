@@ -688,7 +688,7 @@ static rt_status trace_stream(run *r, pending *p) {
         RT_CHECK(after ? rt_event_elapsed_ms(p->anchor, p->ev[i], &ms, &ready)
                        : rt_event_elapsed_ms(p->ev[i], p->anchor, &ms, &ready));
         if (!ready) return RT_OK;
-        double ns = (double)ms * 1e6;
+        double ns = ms > 0 ? (double)ms * 1e6 : 0;
         at[i] = after ? p->anchor_ns + (uint64_t)ns : p->anchor_ns - (uint64_t)(ns < (double)p->anchor_ns ? ns : 0);
     }
     /* the anchors' host wake-up differs from step to step: never before the span before */
