@@ -21,7 +21,9 @@
  * rt_reducer_ready is called (backward calls it when it has enqueued a segment, not when
  * the GPU has run it), and rt_reducer_finish makes that stream wait for every bucket on
  * the device instead of blocking the host (docs/dist.md, "Streams").
- * dist knows nothing about models: segments are byte ranges. */
+ * dist knows nothing about models: segments are byte ranges. With tracing on
+ * (core/trace.h, log.trace) each bucket's all-reduce is a span of the comm track, ended
+ * by the group's flight recorder entry (docs/debugging.md). */
 #ifndef RT_DIST_REDUCER_H
 #define RT_DIST_REDUCER_H
 
