@@ -10,7 +10,7 @@
 #           report's overlap line
 #   errors  a rank's file missing, a garbled line, no trace, bad --steps
 #   gpu     (emulated GPUs, label emu) the stream track on every rank, over nccl (2 GPUs)
-#           and staged (2 ranks on 1 GPU)
+#           and staged (2 ranks on 1 GPU); a traced run still syncs the host once per step
 # Overlap is by construction, not by timing: the first bucket (first_bucket_mb, the last
 # layers' gradients) starts while backward still has layers to go; with bucket_mb 0 the
 # one bucket starts after backward returned.
@@ -87,7 +87,23 @@ gpu)
   CUDA_VISIBLE_DEVICES=0 RINGTRAIN_LOG_LEVEL=debug RINGTRAIN_EMU_DELAY_US=300 train g1 train.device=cuda --trace
   grep -q "transport shm" "$tmp/g1.err" || fail "2 ranks on 1 GPU: not staged over shm"
   check "$tmp/g1/trace.json" 2 full stream
-  echo "ok: GPU runs (nccl, staged) have the stream track on every rank"
+  # tracing adds no host synchronisation: at most one per step, as without it (emu_train_syncs)
+  for n in 8 16; do
+    RINGTRAIN_EMU_STATS="$tmp/stats-$n.jsonl" "$bin" train "$tmp/c.yaml" "${small[@]}" data.train_subset=1024 \
+      train.device=cuda train.max_steps=$n train.eval_every=0 checkpoint.every_epochs=0 dist.check_sync_every=0 \
+      --trace "log.dir=$tmp/s$n" >"$tmp/s$n.out" 2>"$tmp/s$n.err" || fail "syncs: the traced run of $n steps failed"
+  done
+  /usr/bin/python3 - "$tmp/stats-8.jsonl" "$tmp/stats-16.jsonl" <<'PY' || fail "tracing adds host synchronisations"
+import json, sys
+def syncs(p):  # per rank process (the ones that launched kernels)
+    return sorted((r["host_syncs"] for r in map(json.loads, open(p)) if r["launches"] > 0), reverse=True)
+a, b = syncs(sys.argv[1]), syncs(sys.argv[2])
+assert len(a) == len(b) == 2, (a, b)
+per = max(y - x for x, y in zip(a, b)) / 8.0
+print("traced: host synchronisations per rank %s in 8 steps, %s in 16: %.2f per step" % (a, b, per))
+assert per <= 1.0, per
+PY
+  echo "ok: GPU runs (nccl, staged) have the stream track on every rank, and tracing adds no host synchronisation"
   ;;
 *) fail "unknown case $what" ;;
 esac
