@@ -85,6 +85,7 @@ runs="["
 sep=""
 for rep in $(seq "$repeat"); do
   for cfg in "net $net_steps 64" "resnet34 $res_steps 128"; do
+    # shellcheck disable=SC2086 # three words: model steps batch
     set -- $cfg
     for tr in false true; do
       r=$(one "$1" "$2" "$3" "$tr" "$1-$tr-$rep"); runs+="$sep$r"; sep=","; echo "$r"
