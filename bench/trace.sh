@@ -100,8 +100,8 @@ import json, statistics, sys
 out, info, runs, note = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 span = json.loads(sys.argv[5])
 rows = []
-print("\n%-9s %6s %12s %12s %9s %12s %s" % ("model", "batch", "off ms/step", "on ms/step", "on/off", "spans/step",
-      "recorder/step"))
+print("\n%-9s %6s %12s %12s %9s %12s %13s  %s" % ("model", "batch", "off ms/step", "on ms/step", "on/off",
+      "spans/step", "recorder/step", "undisturbed pairs on/off"))
 for m in sorted({r["model"] for r in runs}):
     off = [r["step_ms"] for r in runs if r["model"] == m and not r["trace"]]
     on = [r for r in runs if r["model"] == m and r["trace"]]
@@ -112,11 +112,16 @@ for m in sorted({r["model"] for r in runs}):
            "on_step_ms_median": statistics.median(r["step_ms"] for r in on), "on_over_off_pairs": ratios,
            "on_over_off_median": statistics.median(ratios), "spans_per_step_rank0": spans}
     rows.append(row)
+    # pairs that other processes left alone: both runs within 5% of the model's fastest run
+    fast = min(off + [r["step_ms"] for r in on])
+    quiet = [b["step_ms"] / a for a, b in zip(off, on) if max(a, b["step_ms"]) <= 1.05 * fast]
+    row["undisturbed_pairs_on_over_off"] = quiet
     if span:  # the recorder's own cost per step, as a share of the step
         row["recorder_share_of_step"] = spans * span["ns_per_span_on"] * 1e-6 / row["off_step_ms_median"]
-    print("%-9s %6d %12.2f %12.2f %8.3fx %12.1f %s" % (m, row["global_batch"], row["off_step_ms_median"],
+    print("%-9s %6d %12.2f %12.2f %8.3fx %12.1f %13s  %s" % (m, row["global_batch"], row["off_step_ms_median"],
           row["on_step_ms_median"], row["on_over_off_median"], spans,
-          "%.4f%%" % (100 * row["recorder_share_of_step"]) if span else "-"))
+          "%.4f%%" % (100 * row["recorder_share_of_step"]) if span else "-",
+          " ".join("%.3f" % q for q in quiet) or "-"))
 if span:
     print("recorder: %.1f ns per span with tracing on, %.1f ns off" % (span["ns_per_span_on"], span["ns_per_span_off"]))
 json.dump({"benchmark": "trace-cpu", "machine": info, "note": note, "recorder": span, "table": rows, "runs": runs},
