@@ -1,5 +1,6 @@
 /* Optimizers over the flat parameter arena: SGD (momentum, dampening, nesterov, weight
- * decay), Adam (L2 weight decay, amsgrad) and AdamW (decoupled weight decay).
+ * decay), Adam (L2 weight decay, amsgrad), AdamW (decoupled weight decay) and Adadelta
+ * (rho, eps, L2 weight decay; maximize off).
  *
  * All parameters live in one arena, the gradients in a second one with the same offsets,
  * so an optimizer step is one pass over n floats: one fused loop on the CPU and one
@@ -31,9 +32,15 @@
 extern "C" {
 #endif
 
-typedef enum rt_optim_kind { RT_OPTIM_SGD = 0, RT_OPTIM_ADAM, RT_OPTIM_ADAMW, RT_OPTIM_KIND_COUNT_ } rt_optim_kind;
+typedef enum rt_optim_kind {
+    RT_OPTIM_SGD = 0,
+    RT_OPTIM_ADAM,
+    RT_OPTIM_ADAMW,
+    RT_OPTIM_ADADELTA,
+    RT_OPTIM_KIND_COUNT_
+} rt_optim_kind;
 
-/* "sgd" | "adam" | "adamw" (case-insensitive); RT_ERR_INVALID naming them otherwise. */
+/* "sgd" | "adam" | "adamw" | "adadelta" (case-insensitive); RT_ERR_INVALID naming them otherwise. */
 rt_status rt_optim_kind_parse(const char *text, rt_optim_kind *out);
 const char *rt_optim_kind_name(rt_optim_kind kind);
 
@@ -46,14 +53,16 @@ typedef struct rt_optim_range {
 typedef struct rt_optim_config {
     rt_optim_kind kind;
     double lr;           /* used by rt_optimizer_step when its lr argument is < 0 */
-    double weight_decay; /* SGD/Adam: added to the gradient (L2); AdamW: param *= 1 - lr*wd */
+    double weight_decay; /* SGD/Adam/Adadelta: added to the gradient (L2); AdamW: param *= 1 - lr*wd */
     /* SGD */
     double momentum;  /* 0: plain SGD */
     double dampening; /* buf = momentum*buf + (1-dampening)*grad (not on the first step) */
     bool nesterov;    /* needs momentum > 0 and dampening == 0, as in PyTorch */
-    /* Adam / AdamW */
+    /* Adam / AdamW (eps also Adadelta's) */
     double beta1, beta2, eps;
     bool amsgrad;
+    /* Adadelta: square_avg = rho*square_avg + (1-rho)*g^2, the same for acc_delta */
+    double rho;
     /* Ranges excluded from weight decay (biases, batch-norm weights and biases). They
      * may be unsorted and touch each other but must not overlap and must lie inside
      * the arena. Copied by rt_optimizer_init. */
@@ -63,7 +72,7 @@ typedef struct rt_optim_config {
 
 /* PyTorch's defaults for `kind`: SGD lr 0.1 (PyTorch has none), momentum 0;
  * Adam lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0;
- * AdamW the same with weight_decay 1e-2. */
+ * AdamW the same with weight_decay 1e-2; Adadelta lr 1.0, rho 0.9, eps 1e-6, weight_decay 0. */
 void rt_optim_config_default(rt_optim_config *cfg, rt_optim_kind kind);
 
 /* Check a config against PyTorch's rules (lr >= 0, 0 <= beta < 1, eps >= 0, nesterov
@@ -72,7 +81,8 @@ void rt_optim_config_default(rt_optim_config *cfg, rt_optim_kind kind);
 rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n);
 
 /* Named state buffers: "momentum_buffer" (SGD with momentum), "exp_avg", "exp_avg_sq",
- * "max_exp_avg_sq" (Adam/AdamW, the last with amsgrad). PyTorch's names. */
+ * "max_exp_avg_sq" (Adam/AdamW, the last with amsgrad), "square_avg", "acc_delta"
+ * (Adadelta). PyTorch's names. */
 #define RT_OPTIM_MAX_STATE 3
 
 typedef struct rt_optimizer {
@@ -104,7 +114,8 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
  * (params->size == grads->size == n * sizeof(float)). */
 rt_status rt_optimizer_step_arena(rt_optimizer *opt, rt_arena *params, rt_arena *grads, double lr, rt_stream *stream);
 
-/* Change SGD's momentum or Adam's beta1 between steps (one-cycle momentum cycling). */
+/* Change SGD's momentum or Adam's beta1 between steps (one-cycle momentum cycling);
+ * Adadelta has neither (RT_ERR_INVALID). */
 rt_status rt_optimizer_set_momentum(rt_optimizer *opt, double momentum);
 
 /* The step counter (PyTorch's state['step']; for SGD it says whether the momentum

@@ -444,6 +444,8 @@ static rt_status setup_model(run *r) {
     RT_CHECK(rt_model_ctx_create(&o, &r->ctx));
     RT_CHECK(create_model(r, &mc));
     RT_CHECK(rt_model_init_weights(r->model, (uint64_t)c->train.seed));
+    rt_status ls = rt_model_set_label_smoothing(r->model, c->train.label_smoothing);
+    if (ls != RT_OK) return rt_error_trace(__FILE__, __LINE__, "train.label_smoothing"), ls;
     RT_CHECK(test_init_seed_rank(r));
     /* dropout masks differ between ranks (as torch's per-process RNG) but are reproducible */
     rt_model_set_dropout_seed(r->model, (uint64_t)c->train.seed * 1000003u + (uint64_t)r->who.rank);
@@ -524,7 +526,8 @@ static rt_status setup_optim(run *r) {
     oc.nesterov = c->optim.nesterov;
     oc.beta1 = c->optim.betas[0];
     oc.beta2 = c->optim.betas[1];
-    oc.eps = c->optim.eps;
+    if (!isnan(c->optim.eps)) oc.eps = c->optim.eps;
+    oc.rho = c->optim.rho;
     oc.amsgrad = c->optim.amsgrad;
     size_t n = rt_model_params(r->model)->size / sizeof(float);
     if (c->optim.no_decay_bn_bias) {
@@ -569,7 +572,7 @@ static rt_status setup_optim(run *r) {
     sc->div_factor = c->optim.div_factor;
     sc->final_div_factor = c->optim.final_div_factor;
     sc->three_phase = c->optim.three_phase;
-    sc->cycle_momentum = c->optim.cycle_momentum && (kind != RT_OPTIM_SGD || oc.momentum > 0);
+    sc->cycle_momentum = c->optim.cycle_momentum && kind != RT_OPTIM_ADADELTA && (kind != RT_OPTIM_SGD || oc.momentum > 0);
     sc->base_momentum = c->optim.base_momentum;
     sc->max_momentum = c->optim.max_momentum;
     s = rt_schedule_validate(sc);

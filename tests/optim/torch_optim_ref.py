@@ -65,6 +65,9 @@ def make_optimizer(params, c):
     if kind == "sgd":
         return torch.optim.SGD(groups, lr=c["lr"], momentum=c["momentum"], dampening=c["dampening"],
                                nesterov=c["nesterov"], weight_decay=c["weight_decay"], foreach=False)
+    if kind == "adadelta":
+        return torch.optim.Adadelta(groups, lr=c["lr"], rho=c["rho"], eps=c["eps"], weight_decay=c["weight_decay"],
+                                    foreach=False)
     cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
     return cls(groups, lr=c["lr"], betas=tuple(c["betas"]), eps=c["eps"], weight_decay=c["weight_decay"],
                amsgrad=c["amsgrad"], foreach=False)

@@ -1,4 +1,4 @@
-/* The CUDA optimizer backend: one fused kernel per optimizer over the whole arena (one
+/* The CUDA optimizer backend (SGD, Adam/AdamW, Adadelta): one fused kernel per optimizer over the whole arena (one
  * launch per step, however many tensors), the deterministic sum-of-squares reduction
  * for gradient clipping, the scaling, and the table (rt_optim_backend_cuda).
  *
@@ -71,6 +71,32 @@ static __global__ void adam_kernel(float *__restrict__ p, const float *__restric
         float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vh), s.bc2s), s.eps);
         p[i] = __fadd_rn(pi, __fdiv_rn(__fmul_rn(s.negss, mi), denom));
     }
+}
+
+static __global__ void adadelta_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ sq,
+                                       float *__restrict__ acc, size_t n, const rt_optim_scalars s,
+                                       const uint32_t *__restrict__ mask) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float pi = p[i];
+        float gi = g[i];
+        if (optim_decays(s, mask, i)) gi = __fmaf_rn(s.wd, pi, gi);
+        float si = __fmaf_rn(__fmul_rn(s.omrho, gi), gi, __fmul_rn(sq[i], s.rho));
+        sq[i] = si;
+        float sd = __fsqrt_rn(__fadd_rn(si, s.eps));
+        float delta = __fmul_rn(__fdiv_rn(__fsqrt_rn(__fadd_rn(acc[i], s.eps)), sd), gi);
+        acc[i] = __fmaf_rn(__fmul_rn(s.omrho, delta), delta, __fmul_rn(acc[i], s.rho));
+        p[i] = __fmaf_rn(s.neglr, delta, pi);
+    }
+}
+
+static rt_status adadelta_cuda(float *params, const float *grads, float *sq, float *acc, size_t n,
+                               const rt_optim_scalars *s, const uint32_t *decay_mask, rt_stream *stream) {
+    if (n == 0) return RT_OK;
+    adadelta_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(
+        params, grads, sq, acc, n, *s, decay_mask);
+    RT_CHECK_LAUNCH();
+    return RT_OK;
 }
 
 static rt_status sgd_cuda(float *params, const float *grads, float *buf, size_t n,
@@ -181,6 +207,8 @@ static rt_status cuda_step(rt_optimizer *opt, float *params, const float *grads,
     const uint32_t *mask = (const uint32_t *)opt->backend_state;
     if (opt->cfg.kind == RT_OPTIM_SGD)
         RT_CHECK(sgd_cuda(params, grads, s->momentum ? opt->state[0] : NULL, opt->n, s, mask, stream));
+    else if (opt->cfg.kind == RT_OPTIM_ADADELTA)
+        RT_CHECK(adadelta_cuda(params, grads, opt->state[0], opt->state[1], opt->n, s, mask, stream));
     else
         RT_CHECK(adam_cuda(params, grads, opt->state[0], opt->state[1], s->amsgrad ? opt->state[2] : NULL, opt->n, s,
                            mask, stream));

@@ -38,6 +38,9 @@ typedef struct rt_optim_scalars {
     float eps;                /* denom = sqrt(v)/bc2s + eps */
     float negss;              /* -lr / (1 - beta1^t): p = p + (negss*m)/denom */
     float decay_mul;          /* AdamW: p = p * (1 - lr*wd) */
+    int adadelta;             /* Adadelta (eps, wd and neglr as above) */
+    float rho, omrho;         /* sq = fma(omrho*g, g, sq*rho); delta = sqrt(acc+eps)/sqrt(sq+eps)*g;
+                               * acc = fma(omrho*delta, delta, acc*rho); p = fma(neglr, delta, p) */
 } rt_optim_scalars;
 
 /* A backend. Every entry is set. */
@@ -73,6 +76,8 @@ const rt_optim_backend *rt_optim_backend_get(rt_device_kind kind);
 void rt_optim_sgd_cpu(float *params, const float *grads, float *buf, size_t n, const rt_optim_scalars *s, int decay);
 void rt_optim_adam_cpu(float *params, const float *grads, float *m, float *v, float *vmax, size_t n,
                        const rt_optim_scalars *s, int decay);
+void rt_optim_adadelta_cpu(float *params, const float *grads, float *square_avg, float *acc_delta, size_t n,
+                           const rt_optim_scalars *s, int decay);
 /* Tests: force the baseline (non-AVX2) CPU loops, to check both builds agree. */
 void rt_optim_cpu_force_generic(int on);
 /* Sum of squares in double over n floats (8 independent partial sums, fixed order). */
