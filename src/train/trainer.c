@@ -109,6 +109,8 @@ typedef struct run {
     rt_event *ev_vals;
     int64_t *label_dev; /* CUDA */
     float *out_host;    /* evaluation: logits on the host */
+    float *tta_x;       /* train.tta flip: the mirrored batch (host) */
+    float *tta_out;     /* train.tta flip: the mirrored batch's logits (host) */
     rt_metrics *metrics, *rank_metrics;
     rt_stage_stats *stats;
     rt_progress progress;
@@ -605,12 +607,53 @@ static rt_status on_grad_ready(void *user, int block, size_t begin, size_t end) 
 
 /* ---- evaluation ------------------------------------------------------------------------ */
 
+/* x (n, c, h, w) mirrored left-right into y: torch's x.flip(-1) */
+static void flip_images(const float *x, int n, int c, int h, int w, float *y) {
+    for (size_t row = 0; row < (size_t)n * (size_t)c * (size_t)h; row++) {
+        const float *s = x + row * (size_t)w;
+        float *d = y + row * (size_t)w;
+        for (int j = 0; j < w; j++) d[j] = s[w - 1 - j];
+    }
+}
+
+/* train.tta: flip. The outputs of the batch and of its mirror (both on the host) are
+ * averaged in place into a, as torch.stack([model(x), model(x.flip(-1))]).mean(0);
+ * returns the summed cross-entropy of the averaged rows (log_softmax of them, also for
+ * Net, whose outputs are log-probabilities) in double. */
+static double tta_average(float *a, const float *b, const int64_t *labels, int n, int k) {
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        float *o = a + (size_t)i * (size_t)k;
+        const float *f = b + (size_t)i * (size_t)k;
+        float m = -INFINITY;
+        for (int j = 0; j < k; j++) {
+            o[j] = (o[j] + f[j]) / 2.0f;
+            m = o[j] > m ? o[j] : m;
+        }
+        double s = 0;
+        for (int j = 0; j < k; j++) s += exp((double)o[j] - m);
+        total += m + log(s) - o[labels[i]];
+    }
+    return total;
+}
+
 static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
     RT_CHECK(test_bn_perturb(r));
     RT_CHECK(broadcast_state(r, false)); /* batch-norm running statistics of rank 0 */
     const rt_model_config *mc = rt_model_config_of(r->model);
     int k = mc->num_classes;
     double sums[3] = {0, 0, 0}; /* loss * n, correct, n */
+    /* evaluation reports plain cross-entropy whatever the training loss's smoothing */
+    double smoothing = rt_model_label_smoothing(r->model);
+    RT_CHECK(rt_model_set_label_smoothing(r->model, 0.0));
+    bool tta = strcmp(r->cfg->train.tta, "flip") == 0;
+    if (tta && !r->tta_x) {
+        size_t img = rt_dataset_image_bytes(&r->test_ds), bmax = (size_t)mc->max_batch;
+        r->tta_x = malloc(sizeof(float) * img * bmax);
+        r->tta_out = malloc(sizeof(float) * bmax * (size_t)k);
+        RT_CHECK_ALLOC(r->tta_x, sizeof(float) * img * bmax);
+        RT_CHECK_ALLOC(r->tta_out, sizeof(float) * bmax * (size_t)k);
+    }
     RT_CHECK(rt_loader_start_epoch(r->test_loader, 0));
     for (int64_t batches = 0;; batches++) {
         rt_launch_heartbeat();
@@ -624,6 +667,7 @@ static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
         if (b.size == 0) break;
         const float *x = b.images;
         const int64_t *y = b.labels;
+        if (tta) flip_images(b.images, b.size, r->test_ds.c, r->test_ds.h, r->test_ds.w, r->tta_x);
         if (rt_device_is_cuda(r->dev)) {
             size_t img = rt_dataset_image_bytes(&r->test_ds);
             RT_CHECK(rt_memcpy(r->x_dev, r->dev, b.images, rt_device_cpu(), sizeof(float) * img * (size_t)b.size,
@@ -635,12 +679,32 @@ static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
             y = r->label_dev;
         }
         RT_CHECK(rt_model_forward(r->model, x, b.size, false));
-        RT_CHECK(rt_model_loss(r->model, y));
-        RT_CHECK(rt_memcpy(r->out_host, rt_device_cpu(), rt_model_output(r->model), r->dev,
-                           sizeof(float) * (size_t)b.size * (size_t)k, r->ctx->stream));
-        float l; /* rt_model_loss_value syncs the model's stream: the logits above are in too */
-        RT_CHECK(rt_model_loss_value(r->model, &l));
         const int64_t *labels = b.labels; /* host copy */
+        if (tta) {
+            /* the mirrored batch through the same (eval-mode) model, then the mean of the two */
+            RT_CHECK(rt_memcpy(r->out_host, rt_device_cpu(), rt_model_output(r->model), r->dev,
+                               sizeof(float) * (size_t)b.size * (size_t)k, r->ctx->stream));
+            RT_CHECK(rt_model_ctx_sync(r->ctx)); /* the first forward is done with x_dev */
+            const float *xf = r->tta_x;
+            if (rt_device_is_cuda(r->dev)) {
+                size_t img = rt_dataset_image_bytes(&r->test_ds);
+                RT_CHECK(rt_memcpy(r->x_dev, r->dev, r->tta_x, rt_device_cpu(), sizeof(float) * img * (size_t)b.size,
+                                   r->ctx->stream));
+                xf = r->x_dev;
+            }
+            RT_CHECK(rt_model_forward(r->model, xf, b.size, false));
+            RT_CHECK(rt_memcpy(r->tta_out, rt_device_cpu(), rt_model_output(r->model), r->dev,
+                               sizeof(float) * (size_t)b.size * (size_t)k, r->ctx->stream));
+            RT_CHECK(rt_model_ctx_sync(r->ctx));
+            sums[0] += tta_average(r->out_host, r->tta_out, labels, b.size, k);
+        } else {
+            RT_CHECK(rt_model_loss(r->model, y));
+            RT_CHECK(rt_memcpy(r->out_host, rt_device_cpu(), rt_model_output(r->model), r->dev,
+                               sizeof(float) * (size_t)b.size * (size_t)k, r->ctx->stream));
+            float l; /* rt_model_loss_value syncs the model's stream: the logits above are in too */
+            RT_CHECK(rt_model_loss_value(r->model, &l));
+            sums[0] += (double)l * b.size;
+        }
         for (int i = 0; i < b.size; i++) {
             const float *o = r->out_host + (size_t)i * (size_t)k;
             int best = 0;
@@ -648,9 +712,9 @@ static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
                 if (o[j] > o[best]) best = j;
             sums[1] += best == labels[i];
         }
-        sums[0] += (double)l * b.size;
         sums[2] += b.size;
     }
+    RT_CHECK(rt_model_set_label_smoothing(r->model, smoothing));
     RT_CHECK(all_reduce_f64(r, sums, 3, RT_OP_SUM));
     *samples = (int64_t)sums[2];
     *loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
@@ -1419,6 +1483,8 @@ static void run_free(run *r) {
     if (r->have_clip) rt_grad_clip_free(&r->clip);
     free(r->no_decay);
     free(r->out_host);
+    free(r->tta_x);
+    free(r->tta_out);
     if (r->x_dev) rt_free(r->dev, r->x_dev);
     if (r->label_dev) rt_free(r->dev, r->label_dev);
     if (r->scratch_dev) rt_free(r->dev, r->scratch_dev);
