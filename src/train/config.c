@@ -116,7 +116,7 @@ static const key k_keys[] = {
     {"data.crop_pad", K_INT, F(data.crop_pad), 0, 0, "auto", 0, 64, true, NULL, NULL,
      "padding of the random crop; auto: 2 for 28x28 data, 4 for CIFAR-10"},
     {"data.hflip", K_INT, F(data.hflip), 0, 0, "auto", 0, 1, true, NULL, NULL,
-     "random horizontal flip: 0 | 1 | auto (off for digits and Fashion-MNIST, on for CIFAR-10)"},
+     "random horizontal flip: 0 | 1 | auto (on for Fashion-MNIST and CIFAR-10, off for MNIST digits)"},
     {"data.prefetch", K_INT, F(data.prefetch), 0, 0, "4", 2, 64, false, NULL, NULL,
      "batches prepared ahead by the loader thread"},
     {"data.train_subset", K_INT, F(data.train_subset), 0, 0, "0", 0, I64, false, NULL, NULL,

@@ -478,6 +478,10 @@ static rt_status setup_loaders(run *r, bool train) {
     lc.augment = c->data.augment;
     lc.crop_pad = c->data.crop_pad == RT_CONFIG_AUTO ? -1 : (int)c->data.crop_pad;
     lc.hflip = c->data.hflip == RT_CONFIG_AUTO ? -1 : (int)c->data.hflip;
+    lc.erase_p = c->data.erasing;
+    for (int i = 0; i < 2; i++) lc.erase_scale[i] = c->data.erasing_scale[i], lc.erase_ratio[i] = c->data.erasing_ratio[i];
+    lc.erase_random = strcmp(c->data.erasing_value, "random") == 0;
+    lc.erase_value = lc.erase_random ? 0.0f : (float)strtod(c->data.erasing_value, NULL);
     lc.prefetch = (int)c->data.prefetch;
     lc.device = r->dev;
     if (train) RT_CHECK(rt_loader_create(&lc, &r->train_loader));
