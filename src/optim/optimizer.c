@@ -94,6 +94,9 @@ rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n) {
         RT_REQUIRE(isfinite(cfg->eps) && cfg->eps >= 0, RT_ERR_INVALID, "optim.eps: %g (expected a finite value >= 0)",
                    cfg->eps);
     }
+    RT_REQUIRE(isfinite(cfg->ema_decay) && cfg->ema_decay >= 0 && cfg->ema_decay < 1, RT_ERR_INVALID,
+               "train.ema_decay: %g (expected 0 <= decay < 1)", cfg->ema_decay);
+    RT_REQUIRE(cfg->ema_every >= 0, RT_ERR_INVALID, "train.ema_every: %lld (expected >= 1)", (long long)cfg->ema_every);
     RT_REQUIRE(cfg->n_no_decay == 0 || cfg->no_decay != NULL, RT_ERR_INVALID, "optim: %zu no-decay ranges but no array",
                cfg->n_no_decay);
     for (size_t i = 0; i < cfg->n_no_decay; i++) {
@@ -149,6 +152,8 @@ rt_status rt_optimizer_init(rt_optimizer *opt, const rt_optim_config *cfg, rt_de
         optimizer_add_state(opt, "exp_avg_sq");
         if (cfg->amsgrad) optimizer_add_state(opt, "max_exp_avg_sq");
     }
+    if (cfg->ema_decay > 0) optimizer_add_state(opt, "ema");
+    if (opt->cfg.ema_every < 1) opt->cfg.ema_every = 1;
     for (int i = 0; i < opt->n_state; i++) {
         RT_CHECK_GOTO(rt_malloc(device, n * sizeof(float), (void **)&opt->state[i]), st, fail);
         RT_CHECK_GOTO(rt_memset(device, opt->state[i], 0, n * sizeof(float), NULL), st, fail);
@@ -220,6 +225,12 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
     optimizer_scalars(opt, lr, step, &s);
     if (!opt->step_done) RT_CHECK(rt_event_create(opt->device, &opt->step_done));
     RT_CHECK(opt->backend->step(opt, params, grads, &s, stream));
+    if (opt->cfg.ema_decay > 0 && step % opt->cfg.ema_every == 0) {
+        /* AveragedModel.update_parameters: n_averaged = step / every - 1 updates so far */
+        float *avg = rt_optimizer_ema(opt);
+        RT_CHECK(opt->backend->ema(avg, params, opt->n, (float)opt->cfg.ema_decay, (float)(1.0 - opt->cfg.ema_decay),
+                                   step / opt->cfg.ema_every == 1, stream));
+    }
     /* the step's stream: state_save/state_load wait for it before the host touches the state */
     RT_CHECK(rt_event_record(opt->step_done, stream));
     opt->steps = step;
@@ -255,6 +266,21 @@ rt_status rt_optimizer_set_momentum(rt_optimizer *opt, double momentum) {
                    momentum);
         opt->cfg.beta1 = momentum;
     }
+    return RT_OK;
+}
+
+float *rt_optimizer_ema(const rt_optimizer *opt) {
+    if (!opt || opt->cfg.ema_decay <= 0) return NULL;
+    return opt->state[opt->n_state - 1]; /* always the last */
+}
+
+rt_status rt_optimizer_ema_swap(rt_optimizer *opt, float *params, rt_stream *stream) {
+    RT_REQUIRE(opt != NULL && opt->backend && params != NULL, RT_ERR_INVALID, "optim: optimizer not initialised");
+    float *avg = rt_optimizer_ema(opt);
+    RT_REQUIRE(avg != NULL, RT_ERR_INVALID, "optim: no moving average (train.ema_decay is 0)");
+    RT_CHECK(opt->backend->ema_swap(avg, params, opt->n, stream));
+    if (!opt->step_done) RT_CHECK(rt_event_create(opt->device, &opt->step_done));
+    RT_CHECK(rt_event_record(opt->step_done, stream)); /* state_save waits for it */
     return RT_OK;
 }
 

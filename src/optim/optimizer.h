@@ -63,6 +63,12 @@ typedef struct rt_optim_config {
     bool amsgrad;
     /* Adadelta: square_avg = rho*square_avg + (1-rho)*g^2, the same for acc_delta */
     double rho;
+    /* Exponential moving average of the parameters (0: off), the state buffer "ema":
+     * torch.optim.swa_utils.AveragedModel(model, avg_fn=lambda a, m, n: decay*a +
+     * (1-decay)*m) with update_parameters called after every ema_every-th step: the
+     * first update copies the parameters, the later ones average (see docs/optim.md). */
+    double ema_decay;
+    int64_t ema_every; /* >= 1 (0 is taken as 1) */
     /* Ranges excluded from weight decay (biases, batch-norm weights and biases). They
      * may be unsorted and touch each other but must not overlap and must lie inside
      * the arena. Copied by rt_optimizer_init. */
@@ -82,8 +88,8 @@ rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n);
 
 /* Named state buffers: "momentum_buffer" (SGD with momentum), "exp_avg", "exp_avg_sq",
  * "max_exp_avg_sq" (Adam/AdamW, the last with amsgrad), "square_avg", "acc_delta"
- * (Adadelta). PyTorch's names. */
-#define RT_OPTIM_MAX_STATE 3
+ * (Adadelta), PyTorch's names; then "ema" (the parameters' moving average, any kind). */
+#define RT_OPTIM_MAX_STATE 4
 
 typedef struct rt_optimizer {
     rt_optim_config cfg;    /* cfg.no_decay points at the sorted copy below */
@@ -113,6 +119,13 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
 /* The same over whole arenas: both on the optimizer's device and n floats long
  * (params->size == grads->size == n * sizeof(float)). */
 rt_status rt_optimizer_step_arena(rt_optimizer *opt, rt_arena *params, rt_arena *grads, double lr, rt_stream *stream);
+
+/* The moving average of the parameters (cfg.ema_decay > 0): the state buffer "ema", or
+ * NULL when off. rt_optimizer_ema_swap exchanges its contents with params (n floats on
+ * the optimizer's device, after the steps enqueued so far on `stream`): evaluation and
+ * checkpoints swap, use the model, and swap back. RT_ERR_INVALID without an EMA. */
+float *rt_optimizer_ema(const rt_optimizer *opt);
+rt_status rt_optimizer_ema_swap(rt_optimizer *opt, float *params, rt_stream *stream);
 
 /* Change SGD's momentum or Adam's beta1 between steps (one-cycle momentum cycling);
  * Adadelta has neither (RT_ERR_INVALID). */

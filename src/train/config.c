@@ -210,7 +210,8 @@ static const key k_keys[] = {
     {"train.tta", K_CHOICE, F(train.tta), SZ(train.tta), 0, "none", 0, 0, false, k_tta, NULL,
      "test-time augmentation in evaluation: none | flip (the mean of the logits of each image and its mirror)"},
     {"train.ema_decay", K_FLOAT, F(train.ema_decay), 0, 0, "0", 0, 0.999999999, false, NULL, NULL,
-     "exponential moving average of the weights and BN buffers (0: off); evaluation and model.safetensors use it"},
+     "moving average of the parameters (AveragedModel with an EMA avg_fn; BN buffers are the model's): evaluation and "
+     "model.safetensors use it (0: off)"},
     {"train.ema_every", K_INT, F(train.ema_every), 0, 0, "1", 1, I64, false, NULL, NULL,
      "update the moving average every N optimizer steps"},
     /* dist */

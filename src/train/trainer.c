@@ -534,6 +534,8 @@ static rt_status setup_optim(run *r) {
     oc.beta2 = c->optim.betas[1];
     if (!isnan(c->optim.eps)) oc.eps = c->optim.eps;
     oc.rho = c->optim.rho;
+    oc.ema_decay = c->train.ema_decay;
+    oc.ema_every = c->train.ema_every;
     oc.amsgrad = c->optim.amsgrad;
     size_t n = rt_model_params(r->model)->size / sizeof(float);
     if (c->optim.no_decay_bn_bias) {
@@ -609,6 +611,18 @@ static rt_status on_grad_ready(void *user, int block, size_t begin, size_t end) 
     return rt_reducer_ready(r->reducer, begin, end);
 }
 
+/* train.ema_decay: the parameters' moving average lives in the optimizer's "ema" state;
+ * evaluation, checkpoints and the run's model.safetensors see it by swapping it with the
+ * model's parameters (and back). Before the first update (step < train.ema_every) there
+ * is no average yet and the raw weights are used. */
+static bool ema_active(const run *r) {
+    return r->have_opt && rt_optimizer_ema(&r->opt) && rt_optimizer_get_steps(&r->opt) >= r->opt.cfg.ema_every;
+}
+
+static rt_status ema_swap(run *r) {
+    return rt_optimizer_ema_swap(&r->opt, rt_model_params(r->model)->base, r->ctx->stream);
+}
+
 /* ---- evaluation ------------------------------------------------------------------------ */
 
 /* x (n, c, h, w) mirrored left-right into y: torch's x.flip(-1) */
@@ -641,7 +655,22 @@ static double tta_average(float *a, const float *b, const int64_t *labels, int n
     return total;
 }
 
+static rt_status evaluate_model(run *r, double *loss, double *acc, int64_t *samples);
+
+/* the evaluation of the moving average when there is one (AveragedModel(use_buffers=False):
+ * the averaged parameters with the model's batch-norm buffers) */
 static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
+    bool ema = ema_active(r);
+    if (ema) RT_CHECK(ema_swap(r));
+    rt_status st = evaluate_model(r, loss, acc, samples);
+    if (ema) {
+        rt_status s2 = ema_swap(r);
+        if (st == RT_OK) st = s2;
+    }
+    return st;
+}
+
+static rt_status evaluate_model(run *r, double *loss, double *acc, int64_t *samples) {
     RT_CHECK(test_bn_perturb(r));
     RT_CHECK(broadcast_state(r, false)); /* batch-norm running statistics of rank 0 */
     const rt_model_config *mc = rt_model_config_of(r->model);
@@ -1100,9 +1129,17 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
         free(yaml);
         test_signal_at(r, "ckpt", r->step);
         rt_launch_heartbeat();
+        /* with a moving average: model.safetensors holds it (what evaluation uses), the
+         * optimizer's "ema" state the raw weights (swapped back right after) */
+        bool ema = st == RT_OK && ema_active(r);
+        if (ema) st = ema_swap(r);
         if (st == RT_OK)
             st = rt_ckpt_write(r->ckpt_dir, r->step, r->model, &r->opt, &m, (int)c->checkpoint.keep_last, path,
                                sizeof path);
+        if (ema) {
+            rt_status s2 = ema_swap(r);
+            if (st == RT_OK) st = s2;
+        }
         rt_launch_heartbeat();
         rt_ckpt_meta_free(&m);
         if (st != RT_OK) rt_error_save(&err);
@@ -1423,6 +1460,8 @@ static rt_status resume(run *r) {
     int64_t step = 0, epoch = 0, batches = 0, world = 0, batch = 0;
     rt_status st = rt_ckpt_load(path, r->model, &r->opt, &m);
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "step", &step);
+    /* model.safetensors held the moving average and the "ema" state the raw weights */
+    if (st == RT_OK && ema_active(r)) st = ema_swap(r);
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "epoch", &epoch);
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "epoch_batches", &batches);
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "world_size", &world);
@@ -1669,8 +1708,11 @@ static rt_status train_all(run *r, rt_train_result *res) {
     RT_CHECK(check_in_sync(r, true, "at the end of training"));
     if (is_root(r)) { /* the trained weights, as torchvision's state_dict */
         snprintf(path, sizeof path, "%s/model.safetensors", r->run_dir);
+        bool ema = ema_active(r); /* the weights evaluation uses */
+        if (ema) RT_CHECK(ema_swap(r));
         RT_CHECK(rt_model_ctx_sync(r->ctx));
         RT_CHECK(rt_model_save(r->model, path));
+        if (ema) RT_CHECK(ema_swap(r));
     }
     res->steps = r->step;
     res->epochs = epoch;

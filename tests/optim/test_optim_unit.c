@@ -249,6 +249,32 @@ static void test_state_accessors(void **state) {
     assert_rt_fails(rt_optim_config_validate(&c, 5), RT_ERR_INVALID, "optim.rho: 1.5");
     c.rho = 0.9, c.eps = -1;
     assert_rt_fails(rt_optim_config_validate(&c, 5), RT_ERR_INVALID, "optim.eps");
+    /* the moving average: a state buffer "ema" after the optimizer's own, swapped with the params */
+    rt_optim_config_default(&c, RT_OPTIM_ADAM);
+    c.ema_decay = 1.0;
+    assert_rt_fails(rt_optim_config_validate(&c, 5), RT_ERR_INVALID, "train.ema_decay: 1");
+    c.ema_decay = 0.5, c.ema_every = 2;
+    assert_rt_ok(rt_optimizer_init(&opt, &c, rt_device_cpu(), 3));
+    assert_int_equal(rt_optimizer_state_count(&opt), 3);
+    assert_rt_ok(rt_optimizer_state_get(&opt, 2, &st));
+    assert_string_equal(st.name, "ema");
+    float p3[3] = {1, 2, 3}, g3[3] = {0, 0, 0};
+    assert_rt_ok(rt_optimizer_step(&opt, p3, g3, 0.0, NULL)); /* step 1: no update (every 2) */
+    assert_true(rt_optimizer_ema(&opt)[0] == 0.0f);
+    assert_rt_ok(rt_optimizer_step(&opt, p3, g3, 0.0, NULL)); /* step 2: the first update copies */
+    assert_true(rt_optimizer_ema(&opt)[2] == 3.0f);
+    p3[2] = 5;
+    assert_rt_ok(rt_optimizer_step(&opt, p3, g3, 0.0, NULL));
+    assert_rt_ok(rt_optimizer_step(&opt, p3, g3, 0.0, NULL)); /* step 4: 0.5*3 + 0.5*5 */
+    assert_true(rt_optimizer_ema(&opt)[2] == 4.0f);
+    assert_rt_ok(rt_optimizer_ema_swap(&opt, p3, NULL));
+    assert_true(p3[2] == 4.0f && rt_optimizer_ema(&opt)[2] == 5.0f);
+    rt_optimizer_free(&opt);
+    rt_optim_config_default(&c, RT_OPTIM_SGD);
+    assert_rt_ok(rt_optimizer_init(&opt, &c, rt_device_cpu(), 3));
+    assert_null(rt_optimizer_ema(&opt));
+    assert_rt_fails(rt_optimizer_ema_swap(&opt, p3, NULL), RT_ERR_INVALID, "train.ema_decay is 0");
+    rt_optimizer_free(&opt);
 }
 
 /* Run `steps` steps; at `resume_at` (> 0) save everything, destroy, rebuild, load. */

@@ -8,7 +8,9 @@ DIR/data.bin:   float32 initial parameters (all tensors, concatenated, no paddin
                 then S steps of gradients laid out the same way.
 DIR/sched.json: {"cases": [{...}, ...]}
 Writes DIR/optim_out.bin: for every case and every step, the parameters after that
-step (float32), and DIR/sched_out.txt: per schedule case, one line per iteration with
+step (float32), DIR/ema_out.bin: for every case with "ema_decay" > 0, the parameters of
+torch.optim.swa_utils.AveragedModel(avg_fn=decay*a + (1-decay)*m, use_buffers=False)
+after every step, update_parameters called after every "ema_every"-th step, and DIR/sched_out.txt: per schedule case, one line per iteration with
 the learning rate and the momentum (or beta1; 0 when the optimizer has none), as %.17g.
 All cases run in this one process to keep the test fast.
 """
@@ -82,7 +84,7 @@ def run_optim(d):
     total = sum(sizes)
     data = np.fromfile(os.path.join(d, "data.bin"), dtype=np.float32)
     assert data.size == total * (steps + 1), (data.size, total, steps)
-    out = []
+    out, ema_out = [], []
     for c in spec["cases"]:
         params, off = [], 0
         for s, n in zip(shapes, sizes):
@@ -90,6 +92,15 @@ def run_optim(d):
             off += n
         opt = make_optimizer(params, c)
         sched = make_scheduler(opt, c["sched"]) if c.get("sched") else None
+        ema = None
+        if c.get("ema_decay", 0) > 0:
+            holder = torch.nn.Module()
+            holder.ps = torch.nn.ParameterList([torch.nn.Parameter(p) for p in params])
+            params = list(holder.ps)
+            opt = make_optimizer(params, c)
+            sched = make_scheduler(opt, c["sched"]) if c.get("sched") else None
+            ema = torch.optim.swa_utils.AveragedModel(
+                holder, avg_fn=lambda a, m, n, decay=c["ema_decay"]: decay * a + (1 - decay) * m)
         for t in range(steps):
             base = total * (t + 1)
             off = 0
@@ -102,7 +113,12 @@ def run_optim(d):
             if sched is not None:
                 sched.step()
             out.append(torch.cat([p.detach().reshape(-1) for p in params]).numpy())
+            if ema is not None:
+                if (t + 1) % c["ema_every"] == 0:
+                    ema.update_parameters(holder)
+                ema_out.append(torch.cat([p.detach().reshape(-1) for p in ema.module.ps]).numpy())
     np.concatenate(out).astype(np.float32).tofile(os.path.join(d, "optim_out.bin"))
+    (np.concatenate(ema_out) if ema_out else np.zeros(0)).astype(np.float32).tofile(os.path.join(d, "ema_out.bin"))
 
 
 def run_sched(d):

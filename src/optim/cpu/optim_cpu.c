@@ -155,6 +155,21 @@ RT_ALWAYS_INLINE void adadelta_body(float *restrict p, const float *restrict g, 
     }
 }
 
+/* ---- the parameters' moving average ---------------------------------------------------- */
+
+/* One build only (no avx2/fma target): decay*avg + omdecay*p must stay two rounded
+ * products and a rounded sum, as PyTorch's mul, mul, add (a contracted fma would differ). */
+void rt_optim_ema_cpu(float *restrict avg, const float *restrict p, size_t n, float decay, float omdecay, int first) {
+    if (first) {
+        for (size_t i = 0; i < n; i++) avg[i] = p[i];
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float a = avg[i] * decay, b = p[i] * omdecay;
+        avg[i] = a + b;
+    }
+}
+
 /* ---- clipping ----------------------------------------------------------------------- */
 
 RT_ALWAYS_INLINE double sumsq_body(const float *restrict x, size_t n) {
@@ -365,6 +380,23 @@ static rt_status cpu_scale(rt_grad_clip *c, float *x, size_t n, float coef, rt_s
     return RT_OK;
 }
 
+static rt_status cpu_ema(float *avg, const float *p, size_t n, float decay, float omdecay, int first,
+                         rt_stream *stream) {
+    (void)stream;
+    rt_optim_ema_cpu(avg, p, n, decay, omdecay, first);
+    return RT_OK;
+}
+
+static rt_status cpu_ema_swap(float *avg, float *p, size_t n, rt_stream *stream) {
+    (void)stream;
+    for (size_t i = 0; i < n; i++) {
+        float t = avg[i];
+        avg[i] = p[i];
+        p[i] = t;
+    }
+    return RT_OK;
+}
+
 const rt_optim_backend rt_optim_backend_cpu = {
     .name = "cpu",
     .init = cpu_init,
@@ -374,4 +406,6 @@ const rt_optim_backend rt_optim_backend_cpu = {
     .clip_release = cpu_clip_release,
     .sumsq = cpu_sumsq,
     .scale = cpu_scale,
+    .ema = cpu_ema,
+    .ema_swap = cpu_ema_swap,
 };

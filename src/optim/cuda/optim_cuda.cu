@@ -171,6 +171,40 @@ static rt_status scale_cuda(float *x, size_t n, float coef, rt_stream *stream) {
     return RT_OK;
 }
 
+/* ---- the parameters' moving average ------------------------------------------------------ */
+
+static __global__ void ema_kernel(float *__restrict__ avg, const float *__restrict__ p, size_t n, float decay,
+                                  float omdecay, int first) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        avg[i] = first ? p[i] : __fadd_rn(__fmul_rn(avg[i], decay), __fmul_rn(p[i], omdecay));
+}
+
+static __global__ void ema_swap_kernel(float *__restrict__ avg, float *__restrict__ p, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float t = avg[i];
+        avg[i] = p[i];
+        p[i] = t;
+    }
+}
+
+static rt_status cuda_ema(float *avg, const float *p, size_t n, float decay, float omdecay, int first,
+                          rt_stream *stream) {
+    if (n == 0) return RT_OK;
+    ema_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(avg, p, n, decay,
+                                                                                               omdecay, first);
+    RT_CHECK_LAUNCH();
+    return RT_OK;
+}
+
+static rt_status cuda_ema_swap(float *avg, float *p, size_t n, rt_stream *stream) {
+    if (n == 0) return RT_OK;
+    ema_swap_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(avg, p, n);
+    RT_CHECK_LAUNCH();
+    return RT_OK;
+}
+
 /* ---- the backend table ---------------------------------------------------------------- */
 
 /* With excluded ranges: one bit per element (1 = weight decay applies), built on the host
@@ -240,5 +274,6 @@ static rt_status cuda_scale(rt_grad_clip *c, float *x, size_t n, float coef, rt_
 
 /* positional: C++ has no designated initialisers before C++20 (the order of rt_optim_backend) */
 extern "C" const rt_optim_backend rt_optim_backend_cuda = {
-    "cuda", cuda_init, cuda_release, cuda_step, cuda_clip_init, cuda_clip_release, cuda_sumsq, cuda_scale,
+    "cuda",     cuda_init,  cuda_release, cuda_step, cuda_clip_init, cuda_clip_release, cuda_sumsq, cuda_scale,
+    cuda_ema, cuda_ema_swap,
 };

@@ -63,6 +63,11 @@ typedef struct rt_optim_backend {
     void (*clip_release)(rt_grad_clip *c);
     rt_status (*sumsq)(rt_grad_clip *c, const float *x, size_t n, rt_stream *stream, double *sum);
     rt_status (*scale)(rt_grad_clip *c, float *x, size_t n, float coef, rt_stream *stream);
+    /* the parameters' moving average over n floats: first ? avg = p : avg = decay*avg +
+     * omdecay*p (two float products and a float sum, no fused multiply-add: PyTorch's
+     * mul, mul, add); swap exchanges avg and p */
+    rt_status (*ema)(float *avg, const float *p, size_t n, float decay, float omdecay, int first, rt_stream *stream);
+    rt_status (*ema_swap)(float *avg, float *p, size_t n, rt_stream *stream);
 } rt_optim_backend;
 
 extern const rt_optim_backend rt_optim_backend_cpu;
@@ -78,6 +83,7 @@ void rt_optim_adam_cpu(float *params, const float *grads, float *m, float *v, fl
                        const rt_optim_scalars *s, int decay);
 void rt_optim_adadelta_cpu(float *params, const float *grads, float *square_avg, float *acc_delta, size_t n,
                            const rt_optim_scalars *s, int decay);
+void rt_optim_ema_cpu(float *avg, const float *p, size_t n, float decay, float omdecay, int first);
 /* Tests: force the baseline (non-AVX2) CPU loops, to check both builds agree. */
 void rt_optim_cpu_force_generic(int on);
 /* Sum of squares in double over n floats (8 independent partial sums, fixed order). */
