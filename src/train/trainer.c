@@ -1332,7 +1332,8 @@ static bool free_key(const char *k) {
     static const char *const keys[] = {"train.epochs",        "train.max_steps",      "train.eval_every",
                                        "train.threads",       "train.device",         "train.precision",
                                        "train.deterministic", "train.skip_nonfinite", "data.path",
-                                       "data.prefetch",       "data.eval_batch_size", "data.test_subset"};
+                                       "data.prefetch",       "data.eval_batch_size", "data.test_subset",
+                                       "train.tta"};
     for (size_t i = 0; i < sizeof sections / sizeof *sections; i++)
         if (strncmp(k, sections[i], strlen(sections[i])) == 0) return true;
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
