@@ -228,8 +228,10 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
     if (opt->cfg.ema_decay > 0 && step % opt->cfg.ema_every == 0) {
         /* AveragedModel.update_parameters: n_averaged = step / every - 1 updates so far */
         float *avg = rt_optimizer_ema(opt);
-        RT_CHECK(opt->backend->ema(avg, params, opt->n, (float)opt->cfg.ema_decay, (float)(1.0 - opt->cfg.ema_decay),
-                                   step / opt->cfg.ema_every == 1, stream));
+        int64_t done = step / opt->cfg.ema_every - 1;
+        double d = opt->cfg.ema_decay;
+        if (opt->cfg.ema_warmup) d = fmin(d, (1.0 + (double)done) / (10.0 + (double)done));
+        RT_CHECK(opt->backend->ema(avg, params, opt->n, (float)d, (float)(1.0 - d), done == 0, stream));
     }
     /* the step's stream: state_save/state_load wait for it before the host touches the state */
     RT_CHECK(rt_event_record(opt->step_done, stream));

@@ -69,6 +69,10 @@ typedef struct rt_optim_config {
      * first update copies the parameters, the later ones average (see docs/optim.md). */
     double ema_decay;
     int64_t ema_every; /* >= 1 (0 is taken as 1) */
+    /* the decay of update n (n = 0, 1, ... updates done before it) is
+     * min(ema_decay, (1 + n) / (10 + n)) (TensorFlow's ExponentialMovingAverage with
+     * num_updates), so the first weights are soon forgotten; false: ema_decay always */
+    bool ema_warmup;
     /* Ranges excluded from weight decay (biases, batch-norm weights and biases). They
      * may be unsorted and touch each other but must not overlap and must lie inside
      * the arena. Copied by rt_optimizer_init. */

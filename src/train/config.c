@@ -214,6 +214,9 @@ static const key k_keys[] = {
      "model.safetensors use it (0: off)"},
     {"train.ema_every", K_INT, F(train.ema_every), 0, 0, "1", 1, I64, false, NULL, NULL,
      "update the moving average every N optimizer steps"},
+    {"train.ema_warmup", K_BOOL, F(train.ema_warmup), 0, 0, "true", 0, 0, false, NULL, NULL,
+     "the decay of the n-th update is min(ema_decay, (1 + n) / (10 + n)), so the first weights fade fast (false: "
+     "ema_decay from the start)"},
     /* dist */
     {"dist.nproc", K_INT, F(dist.nproc), 0, 0, "auto", 1, 1024, true, NULL, NULL,
      "ranks on this node; auto: one per local GPU, else 2 on the CPU"},

@@ -105,6 +105,7 @@ typedef struct rt_config {
         char tta[RT_CONFIG_NAME_MAX]; /* none | flip: evaluation averages the logits of x and its mirror */
         double ema_decay;             /* 0: off; else the weights' exponential moving average */
         int64_t ema_every;            /* EMA update every N optimizer steps */
+        bool ema_warmup;              /* decay min(ema_decay, (1 + n) / (10 + n)) at update n */
     } train;
     struct {
         int64_t nproc;                        /* auto: one per local GPU, else 2 on CPU */

@@ -536,6 +536,7 @@ static rt_status setup_optim(run *r) {
     oc.rho = c->optim.rho;
     oc.ema_decay = c->train.ema_decay;
     oc.ema_every = c->train.ema_every;
+    oc.ema_warmup = c->train.ema_warmup;
     oc.amsgrad = c->optim.amsgrad;
     size_t n = rt_model_params(r->model)->size / sizeof(float);
     if (c->optim.no_decay_bn_bias) {

@@ -41,39 +41,51 @@ typedef struct ocase {
     double rho;       /* Adadelta */
     double ema_decay; /* the parameters' moving average (0: off) against AveragedModel */
     int ema_every;
+    bool ema_warmup; /* decay min(ema_decay, (1 + n) / (10 + n)) */
 } ocase;
 
 static const ocase ocases[] = {
-    {"sgd", RT_OPTIM_SGD, 0.1, 0, 0, false, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0},
-    {"sgd_wd", RT_OPTIM_SGD, 0.1, 0, 0, false, 1e-2, 0, 0, 0, false, false, 0, 0, 0, 0, 0},
-    {"sgd_momentum", RT_OPTIM_SGD, 0.05, 0.9, 0, false, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0},
-    {"sgd_momentum_dampening", RT_OPTIM_SGD, 0.05, 0.9, 0.1, false, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0},
-    {"sgd_momentum_dampening_wd", RT_OPTIM_SGD, 0.05, 0.8, 0.5, false, 5e-3, 0, 0, 0, false, false, 0, 0, 0, 0, 0},
-    {"sgd_nesterov", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0},
-    {"sgd_nesterov_wd", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 1e-2, 0, 0, 0, false, false, 0, 0, 0, 0, 0},
-    {"sgd_momentum_wd_nodecay", RT_OPTIM_SGD, 0.05, 0.9, 0, false, 5e-2, 0, 0, 0, false, true, 0, 0, 0, 0, 0},
-    {"sgd_nesterov_wd_nodecay_clip", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 1e-2, 0, 0, 0, false, true, 1.0, 0, 0, 0, 0},
-    {"sgd_momentum_wd_cosine_warmup", RT_OPTIM_SGD, 0.1, 0.9, 0, false, 1e-3, 0, 0, 0, false, false, 0, 1, 0, 0, 0},
-    {"adam", RT_OPTIM_ADAM, 1e-3, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0, 0},
-    {"adam_wd", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 1e-2, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0, 0},
-    {"adam_amsgrad", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, true, false, 0, 0, 0, 0, 0},
-    {"adam_amsgrad_wd", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 1e-1, 0.8, 0.99, 1e-6, true, false, 0, 0, 0, 0, 0},
-    {"adam_betas_eps_nodecay", RT_OPTIM_ADAM, 3e-3, 0, 0, false, 1e-1, 0.5, 0.9, 1e-3, false, true, 0, 0, 0, 0, 0},
-    {"adam_clip_step", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 2.0, 2, 0, 0, 0},
-    {"adamw", RT_OPTIM_ADAMW, 1e-3, 0, 0, false, 1e-2, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0, 0},
-    {"adamw_amsgrad", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 1e-1, 0.9, 0.999, 1e-8, true, false, 0, 0, 0, 0, 0},
-    {"adamw_nodecay", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 0.5, 0.9, 0.99, 1e-8, false, true, 0, 0, 0, 0, 0},
+    {"sgd", RT_OPTIM_SGD, 0.1, 0, 0, false, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, false},
+    {"sgd_wd", RT_OPTIM_SGD, 0.1, 0, 0, false, 1e-2, 0, 0, 0, false, false, 0, 0, 0, 0, 0, false},
+    {"sgd_momentum", RT_OPTIM_SGD, 0.05, 0.9, 0, false, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, false},
+    {"sgd_momentum_dampening", RT_OPTIM_SGD, 0.05, 0.9, 0.1, false, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, false},
+    {"sgd_momentum_dampening_wd", RT_OPTIM_SGD, 0.05, 0.8, 0.5, false, 5e-3, 0, 0, 0, false, false, 0, 0, 0, 0, 0,
+     false},
+    {"sgd_nesterov", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, false},
+    {"sgd_nesterov_wd", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 1e-2, 0, 0, 0, false, false, 0, 0, 0, 0, 0, false},
+    {"sgd_momentum_wd_nodecay", RT_OPTIM_SGD, 0.05, 0.9, 0, false, 5e-2, 0, 0, 0, false, true, 0, 0, 0, 0, 0, false},
+    {"sgd_nesterov_wd_nodecay_clip", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 1e-2, 0, 0, 0, false, true, 1.0, 0, 0, 0, 0,
+     false},
+    {"sgd_momentum_wd_cosine_warmup", RT_OPTIM_SGD, 0.1, 0.9, 0, false, 1e-3, 0, 0, 0, false, false, 0, 1, 0, 0, 0,
+     false},
+    {"adam", RT_OPTIM_ADAM, 1e-3, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0, 0, false},
+    {"adam_wd", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 1e-2, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0, 0, false},
+    {"adam_amsgrad", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, true, false, 0, 0, 0, 0, 0, false},
+    {"adam_amsgrad_wd", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 1e-1, 0.8, 0.99, 1e-6, true, false, 0, 0, 0, 0, 0, false},
+    {"adam_betas_eps_nodecay", RT_OPTIM_ADAM, 3e-3, 0, 0, false, 1e-1, 0.5, 0.9, 1e-3, false, true, 0, 0, 0, 0, 0,
+     false},
+    {"adam_clip_step", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 2.0, 2, 0, 0, 0, false},
+    {"adamw", RT_OPTIM_ADAMW, 1e-3, 0, 0, false, 1e-2, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0, 0, false},
+    {"adamw_amsgrad", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 1e-1, 0.9, 0.999, 1e-8, true, false, 0, 0, 0, 0, 0, false},
+    {"adamw_nodecay", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 0.5, 0.9, 0.99, 1e-8, false, true, 0, 0, 0, 0, 0, false},
     {"adamw_amsgrad_nodecay_clip_cosine", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 0.1, 0.9, 0.999, 1e-8, true, true, 5.0, 1,
-     0, 0, 0},
-    {"adamw_nowd", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0, 0},
-    {"adadelta", RT_OPTIM_ADADELTA, 1.0, 0, 0, false, 0, 0, 0, 1e-6, false, false, 0, 0, 0.9, 0, 0},
-    {"adadelta_rho_eps_wd", RT_OPTIM_ADADELTA, 0.5, 0, 0, false, 1e-2, 0, 0, 1e-4, false, false, 0, 0, 0.95, 0, 0},
-    {"adadelta_wd_nodecay_clip", RT_OPTIM_ADADELTA, 2.0, 0, 0, false, 5e-2, 0, 0, 1e-6, false, true, 1.0, 0, 0.8, 0, 0},
-    {"adadelta_steplr", RT_OPTIM_ADADELTA, 1.0, 0, 0, false, 0, 0, 0, 1e-6, false, false, 0, 2, 0.9, 0, 0},
-    {"adadelta_rho0_eps1e-3", RT_OPTIM_ADADELTA, 1.0, 0, 0, false, 0, 0, 0, 1e-3, false, false, 0, 0, 0.0, 0, 0},
-    {"sgd_nesterov_wd_ema", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 1e-2, 0, 0, 0, false, false, 0, 0, 0, 0.9, 1},
-    {"adamw_ema_every3", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 1e-2, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0.99, 3},
-    {"adadelta_ema_every2_steplr", RT_OPTIM_ADADELTA, 1.0, 0, 0, false, 0, 0, 0, 1e-6, false, false, 0, 2, 0.9, 0.5, 2},
+     0, 0, 0, false},
+    {"adamw_nowd", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0, 0, false},
+    {"adadelta", RT_OPTIM_ADADELTA, 1.0, 0, 0, false, 0, 0, 0, 1e-6, false, false, 0, 0, 0.9, 0, 0, false},
+    {"adadelta_rho_eps_wd", RT_OPTIM_ADADELTA, 0.5, 0, 0, false, 1e-2, 0, 0, 1e-4, false, false, 0, 0, 0.95, 0, 0,
+     false},
+    {"adadelta_wd_nodecay_clip", RT_OPTIM_ADADELTA, 2.0, 0, 0, false, 5e-2, 0, 0, 1e-6, false, true, 1.0, 0, 0.8, 0, 0,
+     false},
+    {"adadelta_steplr", RT_OPTIM_ADADELTA, 1.0, 0, 0, false, 0, 0, 0, 1e-6, false, false, 0, 2, 0.9, 0, 0, false},
+    {"adadelta_rho0_eps1e-3", RT_OPTIM_ADADELTA, 1.0, 0, 0, false, 0, 0, 0, 1e-3, false, false, 0, 0, 0.0, 0, 0, false},
+    {"sgd_nesterov_wd_ema", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 1e-2, 0, 0, 0, false, false, 0, 0, 0, 0.9, 1, false},
+    {"adamw_ema_every3", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 1e-2, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0.99, 3,
+     false},
+    {"sgd_momentum_ema_warmup", RT_OPTIM_SGD, 0.05, 0.9, 0, false, 0, 0, 0, 0, false, false, 0, 0, 0, 0.95, 1, true},
+    {"adam_ema_warmup_every2", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0.999, 2,
+     true},
+    {"adadelta_ema_every2_steplr", RT_OPTIM_ADADELTA, 1.0, 0, 0, false, 0, 0, 0, 1e-6, false, false, 0, 2, 0.9, 0.5, 2,
+     false},
 };
 #define N_OCASES (int)(sizeof ocases / sizeof ocases[0])
 
@@ -232,10 +244,11 @@ static int setup(void **state) {
                 "%s{\"name\": \"%s\", \"kind\": \"%s\", \"lr\": %.17g, \"momentum\": %.17g, \"dampening\": %.17g, "
                 "\"nesterov\": %s, \"weight_decay\": %.17g, \"betas\": [%.17g, %.17g], \"eps\": %.17g, "
                 "\"amsgrad\": %s, \"no_decay\": %s, \"clip\": %.17g, \"rho\": %.17g, \"ema_decay\": %.17g, "
-                "\"ema_every\": %d, \"sched\": ",
+                "\"ema_every\": %d, \"ema_warmup\": %s, \"sched\": ",
                 i ? ",\n" : "", c->name, rt_optim_kind_name(c->kind), c->lr, c->momentum, c->dampening,
                 c->nesterov ? "true" : "false", c->wd, c->b1, c->b2, c->eps, c->amsgrad ? "true" : "false",
-                c->no_decay ? "[1, 3]" : "[]", c->clip, c->rho, c->ema_decay, c->ema_every);
+                c->no_decay ? "[1, 3]" : "[]", c->clip, c->rho, c->ema_decay, c->ema_every,
+                c->ema_warmup ? "true" : "false");
         if (c->sched) {
             rt_schedule s = case_schedule(c);
             json_sched(f, &s);
@@ -366,6 +379,7 @@ static double run_case(const ocase *c, int resume_at) {
     cfg.rho = c->rho;
     cfg.ema_decay = c->ema_decay;
     cfg.ema_every = c->ema_every;
+    cfg.ema_warmup = c->ema_warmup;
     rt_optim_range ranges[2];
     if (c->no_decay) {
         for (int i = 0; i < 2; i++) ranges[i] = (rt_optim_range){off[no_decay_tensors[i]], numel[no_decay_tensors[i]]};

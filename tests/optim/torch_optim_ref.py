@@ -9,7 +9,8 @@ DIR/data.bin:   float32 initial parameters (all tensors, concatenated, no paddin
 DIR/sched.json: {"cases": [{...}, ...]}
 Writes DIR/optim_out.bin: for every case and every step, the parameters after that
 step (float32), DIR/ema_out.bin: for every case with "ema_decay" > 0, the parameters of
-torch.optim.swa_utils.AveragedModel(avg_fn=decay*a + (1-decay)*m, use_buffers=False)
+torch.optim.swa_utils.AveragedModel(avg_fn=decay*a + (1-decay)*m, use_buffers=False; with
+"ema_warmup" decay = min(decay, (1 + n) / (10 + n)), n the updates before)
 after every step, update_parameters called after every "ema_every"-th step, and DIR/sched_out.txt: per schedule case, one line per iteration with
 the learning rate and the momentum (or beta1; 0 when the optimizer has none), as %.17g.
 All cases run in this one process to keep the test fast.
@@ -99,8 +100,11 @@ def run_optim(d):
             params = list(holder.ps)
             opt = make_optimizer(params, c)
             sched = make_scheduler(opt, c["sched"]) if c.get("sched") else None
-            ema = torch.optim.swa_utils.AveragedModel(
-                holder, avg_fn=lambda a, m, n, decay=c["ema_decay"]: decay * a + (1 - decay) * m)
+            def avg_fn(a, m, n, decay=c["ema_decay"], warmup=c.get("ema_warmup", False)):
+                if warmup:  # TensorFlow's num_updates rule, n = updates done before this one
+                    decay = min(decay, (1 + float(n)) / (10 + float(n)))
+                return decay * a + (1 - decay) * m
+            ema = torch.optim.swa_utils.AveragedModel(holder, avg_fn=avg_fn)
         for t in range(steps):
             base = total * (t + 1)
             off = 0
