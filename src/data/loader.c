@@ -19,6 +19,7 @@
 
 #include "data/internal/augment.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,8 @@ rt_loader_config rt_loader_config_default(const rt_dataset *ds) {
     c.augment = true;
     c.crop_pad = -1;
     c.hflip = -1;
+    c.erase_scale[0] = 0.02, c.erase_scale[1] = 0.33; /* torchvision's defaults */
+    c.erase_ratio[0] = 0.3, c.erase_ratio[1] = 3.3;
     c.prefetch = 4;
     c.device = rt_device_cpu();
     return c;
@@ -172,6 +175,21 @@ rt_status rt_loader_create(const rt_loader_config *cfg, rt_loader **out) {
                ds->h < ds->w ? ds->h : ds->w);
     RT_REQUIRE(cfg->hflip >= -1 && cfg->hflip <= 1, RT_ERR_INVALID, "loader: hflip %d: expected -1, 0 or 1",
                cfg->hflip);
+    RT_REQUIRE(cfg->erase_p >= 0 && cfg->erase_p <= 1, RT_ERR_INVALID,
+               "loader: random erasing probability %g: expected 0..1 (data.erasing)", cfg->erase_p);
+    if (cfg->erase_p > 0) {
+        RT_REQUIRE(cfg->erase_scale[0] >= 0 && cfg->erase_scale[0] <= cfg->erase_scale[1] && cfg->erase_scale[1] <= 1,
+                   RT_ERR_INVALID,
+                   "loader: random erasing scale [%g, %g]: expected 0 <= lo <= hi <= 1 (data.erasing_scale)",
+                   cfg->erase_scale[0], cfg->erase_scale[1]);
+        RT_REQUIRE(cfg->erase_ratio[0] > 0 && cfg->erase_ratio[0] <= cfg->erase_ratio[1] &&
+                       isfinite(cfg->erase_ratio[1]),
+                   RT_ERR_INVALID, "loader: random erasing ratio [%g, %g]: expected 0 < lo <= hi (data.erasing_ratio)",
+                   cfg->erase_ratio[0], cfg->erase_ratio[1]);
+        RT_REQUIRE(cfg->erase_random || isfinite(cfg->erase_value), RT_ERR_INVALID,
+                   "loader: random erasing value %g: expected a finite number (data.erasing_value)",
+                   (double)cfg->erase_value);
+    }
 
     rt_loader *l = calloc(1, sizeof *l);
     RT_CHECK_ALLOC(l, sizeof *l);
@@ -189,6 +207,12 @@ rt_status rt_loader_create(const rt_loader_config *cfg, rt_loader **out) {
     l->aug.crop_pad = cfg->crop_pad >= 0 ? cfg->crop_pad : ds->crop_pad;
     l->aug.hflip = cfg->hflip >= 0 ? cfg->hflip == 1 : ds->hflip_suits;
     if (l->aug.crop_pad > ds->h || l->aug.crop_pad > ds->w) l->aug.crop_pad = 0;
+    l->aug.erase_p = cfg->erase_p;
+    for (int i = 0; i < 2; i++)
+        l->aug.erase_scale[i] = cfg->erase_scale[i], l->aug.erase_ratio[i] = cfg->erase_ratio[i];
+    l->aug.erase_random = cfg->erase_random;
+    l->aug.erase_value = cfg->erase_value;
+    l->aug.c = ds->c, l->aug.h = ds->h, l->aug.w = ds->w;
     for (int ch = 0; ch < ds->c; ch++)
         if (!(ds->std[ch] > 0)) {
             st = RT_ERROR(RT_ERR_INVALID, "loader: dataset %s has std %g for channel %d: expected > 0", ds->name,

@@ -48,8 +48,15 @@ typedef struct rt_loader_config {
     bool augment;         /* random crop + flip (never in eval mode) */
     int crop_pad;         /* -1: the dataset's default (2 for MNIST-like, 4 for CIFAR-10) */
     int hflip;            /* -1: the dataset's default (off for MNIST digits), 0 off, 1 on */
-    int prefetch;         /* batch slots in the ring (>= 2; 0: 4) */
-    rt_device device;     /* the training device: CUDA -> pinned host memory */
+    /* random erasing (torchvision RandomErasing after Normalize; part of `augment`):
+     * probability (0: off), area fraction [lo, hi] in [0, 1], aspect ratio [lo, hi] > 0,
+     * value: erase_random (N(0, 1) per pixel) or erase_value */
+    double erase_p;
+    double erase_scale[2], erase_ratio[2];
+    bool erase_random;
+    float erase_value;
+    int prefetch;     /* batch slots in the ring (>= 2; 0: 4) */
+    rt_device device; /* the training device: CUDA -> pinned host memory */
 } rt_loader_config;
 
 /* Training defaults for `ds`: distributed, world 1, batch 64, seed 0, shuffle and

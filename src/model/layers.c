@@ -278,7 +278,16 @@ rt_status rt_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, 
     REQUIRE_N(n);
     RT_REQUIRE(k > 0 && logits && labels && loss, RT_ERR_INVALID, "softmax_xent: %d classes or NULL argument", k);
     OPS(ctx, softmax_xent);
-    return ctx->ops->softmax_xent(ctx, n, k, logits, labels, loss, dlogits);
+    return ctx->ops->softmax_xent(ctx, n, k, logits, labels, 0.0, loss, dlogits);
+}
+rt_status rt_softmax_xent_smooth(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels,
+                                 double smoothing, float *loss, float *dlogits) {
+    REQUIRE_N(n);
+    RT_REQUIRE(k > 0 && logits && labels && loss, RT_ERR_INVALID, "softmax_xent: %d classes or NULL argument", k);
+    RT_REQUIRE(smoothing >= 0 && smoothing <= 1, RT_ERR_INVALID, "softmax_xent: label smoothing %g (expected 0..1)",
+               smoothing);
+    OPS(ctx, softmax_xent);
+    return ctx->ops->softmax_xent(ctx, n, k, logits, labels, smoothing, loss, dlogits);
 }
 rt_status rt_log_softmax_forward(rt_model_ctx *ctx, int n, int k, const float *x, float *y) {
     REQUIRE_N(n);

@@ -163,6 +163,13 @@ rt_status rt_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, floa
  * CUDA it is counted and reported by the next host-side check. */
 rt_status rt_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, float *loss,
                           float *dlogits);
+/* The same with label smoothing eps in [0, 1], torch.nn.CrossEntropyLoss(label_smoothing=eps):
+ * the target is (1 - eps) * onehot + eps / k, so per row
+ *   loss = logsumexp(x) - (1 - eps) * x[label] - eps * mean(x)
+ *   dlogits = (softmax(x) - (1 - eps) * onehot - eps / k) / n
+ * (eps = 0 is rt_softmax_xent exactly). */
+rt_status rt_softmax_xent_smooth(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels,
+                                 double smoothing, float *loss, float *dlogits);
 /* log-softmax over the last dim: x (n, k) -> y (n, k); backward from the output:
  * dx = dy - exp(y) * sum(dy) */
 rt_status rt_log_softmax_forward(rt_model_ctx *ctx, int n, int k, const float *x, float *y);

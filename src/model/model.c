@@ -192,7 +192,8 @@ rt_status rt_model_loss(rt_model *m, const int64_t *labels) {
     if (m->ops->loss)
         RT_CHECK(m->ops->loss(m, labels));
     else
-        RT_CHECK(rt_softmax_xent(m->ctx, m->last_n, m->cfg.num_classes, m->out, labels, m->loss_dev, m->dout));
+        RT_CHECK(rt_softmax_xent_smooth(m->ctx, m->last_n, m->cfg.num_classes, m->out, labels, m->label_smoothing,
+                                        m->loss_dev, m->dout));
     m->have_loss = true;
     return RT_OK;
 }
@@ -202,6 +203,19 @@ rt_status rt_model_loss_value(rt_model *m, float *loss) {
     RT_CHECK(rt_memcpy(loss, rt_device_cpu(), m->loss_dev, m->ctx->device, sizeof(float), m->ctx->stream));
     return rt_model_ctx_sync(m->ctx);
 }
+
+rt_status rt_model_set_label_smoothing(rt_model *m, double eps) {
+    RT_REQUIRE(m != NULL, RT_ERR_INVALID, "model is NULL");
+    RT_REQUIRE(isfinite(eps) && eps >= 0 && eps <= 1, RT_ERR_INVALID, "label smoothing %g (expected 0..1)", eps);
+    RT_REQUIRE(eps == 0 || !m->ops->loss, RT_ERR_UNSUPPORTED,
+               "label smoothing %g: %s's loss is nll_loss of log-probabilities; label smoothing applies to the "
+               "cross-entropy of logits (resnet18, resnet34)",
+               eps, rt_model_arch_name(m->cfg.arch));
+    m->label_smoothing = eps;
+    return RT_OK;
+}
+
+double rt_model_label_smoothing(const rt_model *m) { return m ? m->label_smoothing : 0.0; }
 
 const float *rt_model_loss_ptr(const rt_model *m) { return m && m->have_loss ? m->loss_dev : NULL; }
 

@@ -133,6 +133,11 @@ const float *rt_model_output(const rt_model *m);
  * computes the output gradient for rt_model_backward. The value stays on the device
  * until rt_model_loss_value (which synchronises). */
 rt_status rt_model_loss(rt_model *m, const int64_t *labels);
+/* Label smoothing of the loss (torch.nn.CrossEntropyLoss(label_smoothing=eps)), eps in
+ * [0, 1]; 0 (the default) is plain cross-entropy. ResNet only: Net's loss is nll_loss
+ * (RT_ERR_UNSUPPORTED for eps > 0). */
+rt_status rt_model_set_label_smoothing(rt_model *m, double eps);
+double rt_model_label_smoothing(const rt_model *m);
 rt_status rt_model_loss_value(rt_model *m, float *loss);
 /* The mean loss of the last rt_model_loss where it is computed (device memory on a GPU,
  * valid once the model's stream got there): to read it back without a synchronisation

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const kind_names[RT_OPTIM_KIND_COUNT_] = {"sgd", "adam", "adamw"};
+static const char *const kind_names[RT_OPTIM_KIND_COUNT_] = {"sgd", "adam", "adamw", "adadelta"};
 
 /* The one place where the build decides which backends exist. */
 const rt_optim_backend *rt_optim_backend_get(rt_device_kind kind) {
@@ -47,8 +47,12 @@ void rt_optim_config_default(rt_optim_config *cfg, rt_optim_kind kind) {
     cfg->beta1 = 0.9;
     cfg->beta2 = 0.999;
     cfg->eps = 1e-8;
+    cfg->rho = 0.9;
     if (kind == RT_OPTIM_SGD) {
         cfg->lr = 0.1;
+    } else if (kind == RT_OPTIM_ADADELTA) {
+        cfg->lr = 1.0;
+        cfg->eps = 1e-6;
     } else {
         cfg->lr = 1e-3;
         cfg->weight_decay = kind == RT_OPTIM_ADAMW ? 1e-2 : 0.0;
@@ -78,6 +82,10 @@ rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n) {
         RT_REQUIRE(!cfg->nesterov || (cfg->momentum > 0 && cfg->dampening == 0), RT_ERR_INVALID,
                    "optim.nesterov: needs momentum > 0 and dampening = 0 (got momentum %g, dampening %g)",
                    cfg->momentum, cfg->dampening);
+    } else if (cfg->kind == RT_OPTIM_ADADELTA) {
+        RT_REQUIRE(cfg->rho >= 0 && cfg->rho <= 1, RT_ERR_INVALID, "optim.rho: %g (expected 0 <= rho <= 1)", cfg->rho);
+        RT_REQUIRE(isfinite(cfg->eps) && cfg->eps >= 0, RT_ERR_INVALID, "optim.eps: %g (expected a finite value >= 0)",
+                   cfg->eps);
     } else {
         RT_REQUIRE(cfg->beta1 >= 0 && cfg->beta1 < 1, RT_ERR_INVALID, "optim.betas[0]: %g (expected 0 <= beta1 < 1)",
                    cfg->beta1);
@@ -86,6 +94,9 @@ rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n) {
         RT_REQUIRE(isfinite(cfg->eps) && cfg->eps >= 0, RT_ERR_INVALID, "optim.eps: %g (expected a finite value >= 0)",
                    cfg->eps);
     }
+    RT_REQUIRE(isfinite(cfg->ema_decay) && cfg->ema_decay >= 0 && cfg->ema_decay < 1, RT_ERR_INVALID,
+               "train.ema_decay: %g (expected 0 <= decay < 1)", cfg->ema_decay);
+    RT_REQUIRE(cfg->ema_every >= 0, RT_ERR_INVALID, "train.ema_every: %lld (expected >= 1)", (long long)cfg->ema_every);
     RT_REQUIRE(cfg->n_no_decay == 0 || cfg->no_decay != NULL, RT_ERR_INVALID, "optim: %zu no-decay ranges but no array",
                cfg->n_no_decay);
     for (size_t i = 0; i < cfg->n_no_decay; i++) {
@@ -133,11 +144,16 @@ rt_status rt_optimizer_init(rt_optimizer *opt, const rt_optim_config *cfg, rt_de
 
     if (cfg->kind == RT_OPTIM_SGD) {
         if (cfg->momentum != 0) optimizer_add_state(opt, "momentum_buffer");
+    } else if (cfg->kind == RT_OPTIM_ADADELTA) {
+        optimizer_add_state(opt, "square_avg");
+        optimizer_add_state(opt, "acc_delta");
     } else {
         optimizer_add_state(opt, "exp_avg");
         optimizer_add_state(opt, "exp_avg_sq");
         if (cfg->amsgrad) optimizer_add_state(opt, "max_exp_avg_sq");
     }
+    if (cfg->ema_decay > 0) optimizer_add_state(opt, "ema");
+    if (opt->cfg.ema_every < 1) opt->cfg.ema_every = 1;
     for (int i = 0; i < opt->n_state; i++) {
         RT_CHECK_GOTO(rt_malloc(device, n * sizeof(float), (void **)&opt->state[i]), st, fail);
         RT_CHECK_GOTO(rt_memset(device, opt->state[i], 0, n * sizeof(float), NULL), st, fail);
@@ -160,7 +176,7 @@ void rt_optimizer_free(rt_optimizer *opt) {
     memset(opt, 0, sizeof *opt);
 }
 
-/* The float coefficients of one step, from PyTorch 1.13's _single_tensor_sgd/adam/adamw:
+/* The float coefficients of one step, from PyTorch 1.13's _single_tensor_sgd/adam/adamw/adadelta:
  * Python computes in double; the kernels receive the values rounded to float. */
 static void optimizer_scalars(const rt_optimizer *opt, double lr, int64_t step, rt_optim_scalars *s) {
     const rt_optim_config *c = &opt->cfg;
@@ -174,6 +190,14 @@ static void optimizer_scalars(const rt_optimizer *opt, double lr, int64_t step, 
         s->mom = (float)c->momentum;
         s->damp1 = (float)(1.0 - c->dampening);
         s->neglr = (float)(-lr);
+        return;
+    }
+    if (c->kind == RT_OPTIM_ADADELTA) {
+        s->adadelta = 1;
+        s->rho = (float)c->rho;           /* square_avg.mul_(rho) */
+        s->omrho = (float)(1.0 - c->rho); /* addcmul_(grad, grad, value=1 - rho) */
+        s->eps = (float)c->eps;
+        s->neglr = (float)(-lr); /* param.add_(delta, alpha=-lr) */
         return;
     }
     double bc1 = 1.0 - pow(c->beta1, (double)step);
@@ -201,6 +225,14 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
     optimizer_scalars(opt, lr, step, &s);
     if (!opt->step_done) RT_CHECK(rt_event_create(opt->device, &opt->step_done));
     RT_CHECK(opt->backend->step(opt, params, grads, &s, stream));
+    if (opt->cfg.ema_decay > 0 && step % opt->cfg.ema_every == 0) {
+        /* AveragedModel.update_parameters: n_averaged = step / every - 1 updates so far */
+        float *avg = rt_optimizer_ema(opt);
+        int64_t done = step / opt->cfg.ema_every - 1;
+        double d = opt->cfg.ema_decay;
+        if (opt->cfg.ema_warmup) d = fmin(d, (1.0 + (double)done) / (10.0 + (double)done));
+        RT_CHECK(opt->backend->ema(avg, params, opt->n, (float)d, (float)(1.0 - d), done == 0, stream));
+    }
     /* the step's stream: state_save/state_load wait for it before the host touches the state */
     RT_CHECK(rt_event_record(opt->step_done, stream));
     opt->steps = step;
@@ -224,6 +256,8 @@ rt_status rt_optimizer_step_arena(rt_optimizer *opt, rt_arena *params, rt_arena 
 
 rt_status rt_optimizer_set_momentum(rt_optimizer *opt, double momentum) {
     RT_REQUIRE(opt != NULL && opt->n > 0, RT_ERR_INVALID, "optim: optimizer not initialised");
+    RT_REQUIRE(opt->cfg.kind != RT_OPTIM_ADADELTA, RT_ERR_INVALID,
+               "optim: adadelta has no momentum to cycle (optim.cycle_momentum: false)");
     if (opt->cfg.kind == RT_OPTIM_SGD) {
         RT_REQUIRE(opt->cfg.momentum != 0 && isfinite(momentum) && momentum > 0, RT_ERR_INVALID,
                    "optim.momentum: cannot set %g on an SGD optimizer created with momentum %g", momentum,
@@ -234,6 +268,21 @@ rt_status rt_optimizer_set_momentum(rt_optimizer *opt, double momentum) {
                    momentum);
         opt->cfg.beta1 = momentum;
     }
+    return RT_OK;
+}
+
+float *rt_optimizer_ema(const rt_optimizer *opt) {
+    if (!opt || opt->cfg.ema_decay <= 0) return NULL;
+    return opt->state[opt->n_state - 1]; /* always the last */
+}
+
+rt_status rt_optimizer_ema_swap(rt_optimizer *opt, float *params, rt_stream *stream) {
+    RT_REQUIRE(opt != NULL && opt->backend && params != NULL, RT_ERR_INVALID, "optim: optimizer not initialised");
+    float *avg = rt_optimizer_ema(opt);
+    RT_REQUIRE(avg != NULL, RT_ERR_INVALID, "optim: no moving average (train.ema_decay is 0)");
+    RT_CHECK(opt->backend->ema_swap(avg, params, opt->n, stream));
+    if (!opt->step_done) RT_CHECK(rt_event_create(opt->device, &opt->step_done));
+    RT_CHECK(rt_event_record(opt->step_done, stream)); /* state_save waits for it */
     return RT_OK;
 }
 
@@ -266,8 +315,9 @@ rt_status rt_optimizer_state_find(const rt_optimizer *opt, const char *name, rt_
     for (int i = 0; i < opt->n_state; i++)
         if (strcmp(opt->state_name[i], name) == 0) return rt_optimizer_state_get(opt, i, out);
     RT_FAIL(RT_ERR_INVALID, "optim: no state \"%s\" in this %s optimizer%s", name, rt_optim_kind_name(opt->cfg.kind),
-            opt->cfg.kind == RT_OPTIM_SGD ? " (momentum_buffer exists only with momentum > 0)"
-                                          : " (max_exp_avg_sq exists only with amsgrad)");
+            opt->cfg.kind == RT_OPTIM_SGD        ? " (momentum_buffer exists only with momentum > 0)"
+            : opt->cfg.kind == RT_OPTIM_ADADELTA ? " (adadelta keeps square_avg and acc_delta)"
+                                                 : " (max_exp_avg_sq exists only with amsgrad)");
 }
 
 rt_status rt_optimizer_state_load(rt_optimizer *opt, const char *name, const float *host, size_t count) {

@@ -1,5 +1,6 @@
 /* Optimizers over the flat parameter arena: SGD (momentum, dampening, nesterov, weight
- * decay), Adam (L2 weight decay, amsgrad) and AdamW (decoupled weight decay).
+ * decay), Adam (L2 weight decay, amsgrad), AdamW (decoupled weight decay) and Adadelta
+ * (rho, eps, L2 weight decay; maximize off).
  *
  * All parameters live in one arena, the gradients in a second one with the same offsets,
  * so an optimizer step is one pass over n floats: one fused loop on the CPU and one
@@ -31,9 +32,15 @@
 extern "C" {
 #endif
 
-typedef enum rt_optim_kind { RT_OPTIM_SGD = 0, RT_OPTIM_ADAM, RT_OPTIM_ADAMW, RT_OPTIM_KIND_COUNT_ } rt_optim_kind;
+typedef enum rt_optim_kind {
+    RT_OPTIM_SGD = 0,
+    RT_OPTIM_ADAM,
+    RT_OPTIM_ADAMW,
+    RT_OPTIM_ADADELTA,
+    RT_OPTIM_KIND_COUNT_
+} rt_optim_kind;
 
-/* "sgd" | "adam" | "adamw" (case-insensitive); RT_ERR_INVALID naming them otherwise. */
+/* "sgd" | "adam" | "adamw" | "adadelta" (case-insensitive); RT_ERR_INVALID naming them otherwise. */
 rt_status rt_optim_kind_parse(const char *text, rt_optim_kind *out);
 const char *rt_optim_kind_name(rt_optim_kind kind);
 
@@ -46,14 +53,26 @@ typedef struct rt_optim_range {
 typedef struct rt_optim_config {
     rt_optim_kind kind;
     double lr;           /* used by rt_optimizer_step when its lr argument is < 0 */
-    double weight_decay; /* SGD/Adam: added to the gradient (L2); AdamW: param *= 1 - lr*wd */
+    double weight_decay; /* SGD/Adam/Adadelta: added to the gradient (L2); AdamW: param *= 1 - lr*wd */
     /* SGD */
     double momentum;  /* 0: plain SGD */
     double dampening; /* buf = momentum*buf + (1-dampening)*grad (not on the first step) */
     bool nesterov;    /* needs momentum > 0 and dampening == 0, as in PyTorch */
-    /* Adam / AdamW */
+    /* Adam / AdamW (eps also Adadelta's) */
     double beta1, beta2, eps;
     bool amsgrad;
+    /* Adadelta: square_avg = rho*square_avg + (1-rho)*g^2, the same for acc_delta */
+    double rho;
+    /* Exponential moving average of the parameters (0: off), the state buffer "ema":
+     * torch.optim.swa_utils.AveragedModel(model, avg_fn=lambda a, m, n: decay*a +
+     * (1-decay)*m) with update_parameters called after every ema_every-th step: the
+     * first update copies the parameters, the later ones average (see docs/optim.md). */
+    double ema_decay;
+    int64_t ema_every; /* >= 1 (0 is taken as 1) */
+    /* the decay of update n (n = 0, 1, ... updates done before it) is
+     * min(ema_decay, (1 + n) / (10 + n)) (TensorFlow's ExponentialMovingAverage with
+     * num_updates), so the first weights are soon forgotten; false: ema_decay always */
+    bool ema_warmup;
     /* Ranges excluded from weight decay (biases, batch-norm weights and biases). They
      * may be unsorted and touch each other but must not overlap and must lie inside
      * the arena. Copied by rt_optimizer_init. */
@@ -63,7 +82,7 @@ typedef struct rt_optim_config {
 
 /* PyTorch's defaults for `kind`: SGD lr 0.1 (PyTorch has none), momentum 0;
  * Adam lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0;
- * AdamW the same with weight_decay 1e-2. */
+ * AdamW the same with weight_decay 1e-2; Adadelta lr 1.0, rho 0.9, eps 1e-6, weight_decay 0. */
 void rt_optim_config_default(rt_optim_config *cfg, rt_optim_kind kind);
 
 /* Check a config against PyTorch's rules (lr >= 0, 0 <= beta < 1, eps >= 0, nesterov
@@ -72,8 +91,9 @@ void rt_optim_config_default(rt_optim_config *cfg, rt_optim_kind kind);
 rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n);
 
 /* Named state buffers: "momentum_buffer" (SGD with momentum), "exp_avg", "exp_avg_sq",
- * "max_exp_avg_sq" (Adam/AdamW, the last with amsgrad). PyTorch's names. */
-#define RT_OPTIM_MAX_STATE 3
+ * "max_exp_avg_sq" (Adam/AdamW, the last with amsgrad), "square_avg", "acc_delta"
+ * (Adadelta), PyTorch's names; then "ema" (the parameters' moving average, any kind). */
+#define RT_OPTIM_MAX_STATE 4
 
 typedef struct rt_optimizer {
     rt_optim_config cfg;    /* cfg.no_decay points at the sorted copy below */
@@ -104,7 +124,15 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
  * (params->size == grads->size == n * sizeof(float)). */
 rt_status rt_optimizer_step_arena(rt_optimizer *opt, rt_arena *params, rt_arena *grads, double lr, rt_stream *stream);
 
-/* Change SGD's momentum or Adam's beta1 between steps (one-cycle momentum cycling). */
+/* The moving average of the parameters (cfg.ema_decay > 0): the state buffer "ema", or
+ * NULL when off. rt_optimizer_ema_swap exchanges its contents with params (n floats on
+ * the optimizer's device, after the steps enqueued so far on `stream`): evaluation and
+ * checkpoints swap, use the model, and swap back. RT_ERR_INVALID without an EMA. */
+float *rt_optimizer_ema(const rt_optimizer *opt);
+rt_status rt_optimizer_ema_swap(rt_optimizer *opt, float *params, rt_stream *stream);
+
+/* Change SGD's momentum or Adam's beta1 between steps (one-cycle momentum cycling);
+ * Adadelta has neither (RT_ERR_INVALID). */
 rt_status rt_optimizer_set_momentum(rt_optimizer *opt, double momentum);
 
 /* The step counter (PyTorch's state['step']; for SGD it says whether the momentum

@@ -73,6 +73,15 @@ static const char *const k_precision[] = {"fp32", "tf32", NULL};
 static const char *const k_interval[] = {"iteration", "epoch", NULL};
 static const char *const k_anneal[] = {"cos", "linear", NULL};
 static const char *const k_progress[] = {"auto", "on", "off", NULL};
+static const char *const k_tta[] = {"none", "flip", NULL};
+/* data.erasing_value: "random" or a finite number */
+static rt_status check_erasing_value(const char *v) {
+    if (strcasecmp(v, "random") == 0) return RT_OK;
+    char *end;
+    double x = strtod(v, &end);
+    if (end != v && *end == 0 && isfinite(x)) return RT_OK;
+    return RT_ERROR(RT_ERR_INVALID, "expected random or a finite number");
+}
 
 /* clang-format off */
 static const key k_keys[] = {
@@ -107,18 +116,26 @@ static const key k_keys[] = {
     {"data.crop_pad", K_INT, F(data.crop_pad), 0, 0, "auto", 0, 64, true, NULL, NULL,
      "padding of the random crop; auto: 2 for 28x28 data, 4 for CIFAR-10"},
     {"data.hflip", K_INT, F(data.hflip), 0, 0, "auto", 0, 1, true, NULL, NULL,
-     "random horizontal flip: 0 | 1 | auto (off for digits and Fashion-MNIST, on for CIFAR-10)"},
+     "random horizontal flip: 0 | 1 | auto (on for Fashion-MNIST and CIFAR-10, off for MNIST digits)"},
     {"data.prefetch", K_INT, F(data.prefetch), 0, 0, "4", 2, 64, false, NULL, NULL,
      "batches prepared ahead by the loader thread"},
     {"data.train_subset", K_INT, F(data.train_subset), 0, 0, "0", 0, I64, false, NULL, NULL,
      "use only the first N training samples (0: all)"},
     {"data.test_subset", K_INT, F(data.test_subset), 0, 0, "0", 0, I64, false, NULL, NULL,
      "use only the first N test samples (0: all)"},
+    {"data.erasing", K_FLOAT, F(data.erasing), 0, 0, "0", 0, 1, false, NULL, NULL,
+     "random erasing probability per training image (torchvision RandomErasing's p, on the normalised image; 0: off)"},
+    {"data.erasing_scale", K_FLOATLIST, F(data.erasing_scale), CAP(data.erasing_scale), F(data.n_erasing_scale),
+     "[0.02, 0.33]", 0, 1, false, NULL, NULL, "random erasing: range of the erased area as a fraction of the image"},
+    {"data.erasing_ratio", K_FLOATLIST, F(data.erasing_ratio), CAP(data.erasing_ratio), F(data.n_erasing_ratio),
+     "[0.3, 3.3]", 1e-6, 1e6, false, NULL, NULL, "random erasing: range of the aspect ratio (height / width) of the area"},
+    {"data.erasing_value", K_CHOICE, F(data.erasing_value), SZ(data.erasing_value), 0, "0", 0, 0, false, NULL,
+     check_erasing_value, "random erasing: the value written (after normalisation): a number | random (N(0, 1) per pixel)"},
     /* optim */
     {"optim.name", K_CHOICE, F(optim.name), SZ(optim.name), 0, "sgd", 0, 0, false, NULL, check_optim,
-     "sgd | adam | adamw"},
+     "sgd | adam | adamw | adadelta"},
     {"optim.lr", K_FLOAT, F(optim.lr), 0, 0, "auto", 0, INF, true, NULL, NULL,
-     "base learning rate; auto: 0.1 for sgd, 1e-3 for adam and adamw"},
+     "base learning rate; auto: 0.1 for sgd, 1e-3 for adam and adamw, 1.0 for adadelta"},
     {"optim.momentum", K_FLOAT, F(optim.momentum), 0, 0, "0", 0, 1, false, NULL, NULL, "SGD momentum"},
     {"optim.dampening", K_FLOAT, F(optim.dampening), 0, 0, "0", 0, 1, false, NULL, NULL, "SGD dampening"},
     {"optim.nesterov", K_BOOL, F(optim.nesterov), 0, 0, "false", 0, 0, false, NULL, NULL,
@@ -127,7 +144,10 @@ static const key k_keys[] = {
      "L2 (sgd, adam) or decoupled (adamw) weight decay; auto: 0, adamw 1e-2"},
     {"optim.betas", K_FLOATLIST, F(optim.betas), CAP(optim.betas), F(optim.n_betas), "[0.9, 0.999]", 0, 0.999999999,
      false, NULL, NULL, "Adam/AdamW betas [beta1, beta2]"},
-    {"optim.eps", K_FLOAT, F(optim.eps), 0, 0, "1e-8", 0, INF, false, NULL, NULL, "Adam/AdamW epsilon"},
+    {"optim.eps", K_FLOAT, F(optim.eps), 0, 0, "auto", 0, INF, true, NULL, NULL,
+     "Adam/AdamW/Adadelta epsilon; auto: 1e-8 (adam, adamw), 1e-6 (adadelta)"},
+    {"optim.rho", K_FLOAT, F(optim.rho), 0, 0, "0.9", 0, 1, false, NULL, NULL,
+     "Adadelta: decay of the running averages of squared gradients and updates"},
     {"optim.amsgrad", K_BOOL, F(optim.amsgrad), 0, 0, "false", 0, 0, false, NULL, NULL, "Adam/AdamW AMSGrad"},
     {"optim.no_decay_bn_bias", K_BOOL, F(optim.no_decay_bn_bias), 0, 0, "false", 0, 0, false, NULL, NULL,
      "no weight decay on batch-norm parameters and biases"},
@@ -184,6 +204,19 @@ static const key k_keys[] = {
      "skip a step whose loss or gradient is not finite instead of stopping"},
     {"train.deterministic", K_BOOL, F(train.deterministic), 0, 0, "true", 0, 0, false, NULL, NULL,
      "GPU: only deterministic cuDNN convolution algorithms, the choice kept in the checkpoint (exact resume)"},
+    {"train.label_smoothing", K_FLOAT, F(train.label_smoothing), 0, 0, "0", 0, 1, false, NULL, NULL,
+     "label smoothing of the training loss (CrossEntropyLoss(label_smoothing=); resnet only; evaluation reports plain "
+     "cross-entropy)"},
+    {"train.tta", K_CHOICE, F(train.tta), SZ(train.tta), 0, "none", 0, 0, false, k_tta, NULL,
+     "test-time augmentation in evaluation: none | flip (the mean of the logits of each image and its mirror)"},
+    {"train.ema_decay", K_FLOAT, F(train.ema_decay), 0, 0, "0", 0, 0.999999999, false, NULL, NULL,
+     "moving average of the parameters (AveragedModel with an EMA avg_fn; BN buffers are the model's): evaluation and "
+     "model.safetensors use it (0: off)"},
+    {"train.ema_every", K_INT, F(train.ema_every), 0, 0, "1", 1, I64, false, NULL, NULL,
+     "update the moving average every N optimizer steps"},
+    {"train.ema_warmup", K_BOOL, F(train.ema_warmup), 0, 0, "true", 0, 0, false, NULL, NULL,
+     "the decay of the n-th update is min(ema_decay, (1 + n) / (10 + n)), so the first weights fade fast (false: "
+     "ema_decay from the start)"},
     /* dist */
     {"dist.nproc", K_INT, F(dist.nproc), 0, 0, "auto", 1, 1024, true, NULL, NULL,
      "ranks on this node; auto: one per local GPU, else 2 on the CPU"},

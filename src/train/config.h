@@ -51,16 +51,25 @@ typedef struct rt_config {
         int64_t prefetch;
         int64_t train_subset; /* 0: every training sample; N: the first N */
         int64_t test_subset;  /* 0: every test sample; N: the first N */
+        /* random erasing (torchvision RandomErasing after Normalize): probability, area
+         * fraction [lo, hi], aspect ratio [lo, hi], value ("random" or a number) */
+        double erasing;
+        double erasing_scale[2];
+        int n_erasing_scale;
+        double erasing_ratio[2];
+        int n_erasing_ratio;
+        char erasing_value[RT_CONFIG_NAME_MAX];
     } data;
     struct {
-        char name[RT_CONFIG_NAME_MAX]; /* sgd | adam | adamw */
+        char name[RT_CONFIG_NAME_MAX]; /* sgd | adam | adamw | adadelta */
         double lr;                     /* NaN: the optimizer's default */
         double momentum, dampening;
         bool nesterov;
         double weight_decay; /* NaN: the optimizer's default */
         double betas[2];
         int n_betas;
-        double eps;
+        double eps; /* NaN: the optimizer's default */
+        double rho; /* Adadelta */
         bool amsgrad;
         bool no_decay_bn_bias;
         double clip_grad_norm; /* 0: off */
@@ -91,7 +100,12 @@ typedef struct rt_config {
         char precision[RT_CONFIG_NAME_MAX]; /* fp32 | tf32 */
         int64_t threads;                    /* auto: the cores shared by the local ranks */
         bool skip_nonfinite;
-        bool deterministic; /* GPU: deterministic convolution algorithms, kept in the checkpoint */
+        bool deterministic;           /* GPU: deterministic convolution algorithms, kept in the checkpoint */
+        double label_smoothing;       /* CrossEntropyLoss(label_smoothing=) */
+        char tta[RT_CONFIG_NAME_MAX]; /* none | flip: evaluation averages the logits of x and its mirror */
+        double ema_decay;             /* 0: off; else the weights' exponential moving average */
+        int64_t ema_every;            /* EMA update every N optimizer steps */
+        bool ema_warmup;              /* decay min(ema_decay, (1 + n) / (10 + n)) at update n */
     } train;
     struct {
         int64_t nproc;                        /* auto: one per local GPU, else 2 on CPU */

@@ -115,6 +115,8 @@ typedef struct run {
     rt_event *ev_vals;
     int64_t *label_dev; /* CUDA */
     float *out_host;    /* evaluation: logits on the host */
+    float *tta_x;       /* train.tta flip: the mirrored batch (host) */
+    float *tta_out;     /* train.tta flip: the mirrored batch's logits (host) */
     rt_metrics *metrics, *rank_metrics;
     rt_stage_stats *stats;
     rt_progress progress;
@@ -452,6 +454,8 @@ static rt_status setup_model(run *r) {
     RT_CHECK(rt_model_ctx_create(&o, &r->ctx));
     RT_CHECK(create_model(r, &mc));
     RT_CHECK(rt_model_init_weights(r->model, (uint64_t)c->train.seed));
+    rt_status ls = rt_model_set_label_smoothing(r->model, c->train.label_smoothing);
+    if (ls != RT_OK) return rt_error_trace(__FILE__, __LINE__, "train.label_smoothing"), ls;
     RT_CHECK(test_init_seed_rank(r));
     /* dropout masks differ between ranks (as torch's per-process RNG) but are reproducible */
     rt_model_set_dropout_seed(r->model, (uint64_t)c->train.seed * 1000003u + (uint64_t)r->who.rank);
@@ -482,6 +486,10 @@ static rt_status setup_loaders(run *r, bool train) {
     lc.augment = c->data.augment;
     lc.crop_pad = c->data.crop_pad == RT_CONFIG_AUTO ? -1 : (int)c->data.crop_pad;
     lc.hflip = c->data.hflip == RT_CONFIG_AUTO ? -1 : (int)c->data.hflip;
+    lc.erase_p = c->data.erasing;
+    for (int i = 0; i < 2; i++) lc.erase_scale[i] = c->data.erasing_scale[i], lc.erase_ratio[i] = c->data.erasing_ratio[i];
+    lc.erase_random = strcmp(c->data.erasing_value, "random") == 0;
+    lc.erase_value = lc.erase_random ? 0.0f : (float)strtod(c->data.erasing_value, NULL);
     lc.prefetch = (int)c->data.prefetch;
     lc.device = r->dev;
     if (train) RT_CHECK(rt_loader_create(&lc, &r->train_loader));
@@ -532,7 +540,11 @@ static rt_status setup_optim(run *r) {
     oc.nesterov = c->optim.nesterov;
     oc.beta1 = c->optim.betas[0];
     oc.beta2 = c->optim.betas[1];
-    oc.eps = c->optim.eps;
+    if (!isnan(c->optim.eps)) oc.eps = c->optim.eps;
+    oc.rho = c->optim.rho;
+    oc.ema_decay = c->train.ema_decay;
+    oc.ema_every = c->train.ema_every;
+    oc.ema_warmup = c->train.ema_warmup;
     oc.amsgrad = c->optim.amsgrad;
     size_t n = rt_model_params(r->model)->size / sizeof(float);
     if (c->optim.no_decay_bn_bias) {
@@ -577,7 +589,7 @@ static rt_status setup_optim(run *r) {
     sc->div_factor = c->optim.div_factor;
     sc->final_div_factor = c->optim.final_div_factor;
     sc->three_phase = c->optim.three_phase;
-    sc->cycle_momentum = c->optim.cycle_momentum && (kind != RT_OPTIM_SGD || oc.momentum > 0);
+    sc->cycle_momentum = c->optim.cycle_momentum && kind != RT_OPTIM_ADADELTA && (kind != RT_OPTIM_SGD || oc.momentum > 0);
     sc->base_momentum = c->optim.base_momentum;
     sc->max_momentum = c->optim.max_momentum;
     s = rt_schedule_validate(sc);
@@ -608,14 +620,82 @@ static rt_status on_grad_ready(void *user, int block, size_t begin, size_t end) 
     return rt_reducer_ready(r->reducer, begin, end);
 }
 
+/* train.ema_decay: the parameters' moving average lives in the optimizer's "ema" state;
+ * evaluation, checkpoints and the run's model.safetensors see it by swapping it with the
+ * model's parameters (and back). Before the first update (step < train.ema_every) there
+ * is no average yet and the raw weights are used. */
+static bool ema_active(const run *r) {
+    return r->have_opt && rt_optimizer_ema(&r->opt) && rt_optimizer_get_steps(&r->opt) >= r->opt.cfg.ema_every;
+}
+
+static rt_status ema_swap(run *r) {
+    return rt_optimizer_ema_swap(&r->opt, rt_model_params(r->model)->base, r->ctx->stream);
+}
+
 /* ---- evaluation ------------------------------------------------------------------------ */
 
+/* x (n, c, h, w) mirrored left-right into y: torch's x.flip(-1) */
+static void flip_images(const float *x, int n, int c, int h, int w, float *y) {
+    for (size_t row = 0; row < (size_t)n * (size_t)c * (size_t)h; row++) {
+        const float *s = x + row * (size_t)w;
+        float *d = y + row * (size_t)w;
+        for (int j = 0; j < w; j++) d[j] = s[w - 1 - j];
+    }
+}
+
+/* train.tta: flip. The outputs of the batch and of its mirror (both on the host) are
+ * averaged in place into a, as torch.stack([model(x), model(x.flip(-1))]).mean(0);
+ * returns the summed cross-entropy of the averaged rows (log_softmax of them, also for
+ * Net, whose outputs are log-probabilities) in double. */
+static double tta_average(float *a, const float *b, const int64_t *labels, int n, int k) {
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        float *o = a + (size_t)i * (size_t)k;
+        const float *f = b + (size_t)i * (size_t)k;
+        float m = -INFINITY;
+        for (int j = 0; j < k; j++) {
+            o[j] = (o[j] + f[j]) / 2.0f;
+            m = o[j] > m ? o[j] : m;
+        }
+        double s = 0;
+        for (int j = 0; j < k; j++) s += exp((double)o[j] - m);
+        total += m + log(s) - o[labels[i]];
+    }
+    return total;
+}
+
+static rt_status evaluate_model(run *r, double *loss, double *acc, int64_t *samples);
+
+/* the evaluation of the moving average when there is one (AveragedModel(use_buffers=False):
+ * the averaged parameters with the model's batch-norm buffers) */
 static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
+    bool ema = ema_active(r);
+    if (ema) RT_CHECK(ema_swap(r));
+    rt_status st = evaluate_model(r, loss, acc, samples);
+    if (ema) {
+        rt_status s2 = ema_swap(r);
+        if (st == RT_OK) st = s2;
+    }
+    return st;
+}
+
+static rt_status evaluate_model(run *r, double *loss, double *acc, int64_t *samples) {
     RT_CHECK(test_bn_perturb(r));
     RT_CHECK(broadcast_state(r, false)); /* batch-norm running statistics of rank 0 */
     const rt_model_config *mc = rt_model_config_of(r->model);
     int k = mc->num_classes;
     double sums[3] = {0, 0, 0}; /* loss * n, correct, n */
+    /* evaluation reports plain cross-entropy whatever the training loss's smoothing */
+    double smoothing = rt_model_label_smoothing(r->model);
+    RT_CHECK(rt_model_set_label_smoothing(r->model, 0.0));
+    bool tta = strcmp(r->cfg->train.tta, "flip") == 0;
+    if (tta && !r->tta_x) {
+        size_t img = rt_dataset_image_bytes(&r->test_ds), bmax = (size_t)mc->max_batch;
+        r->tta_x = malloc(sizeof(float) * img * bmax);
+        r->tta_out = malloc(sizeof(float) * bmax * (size_t)k);
+        RT_CHECK_ALLOC(r->tta_x, sizeof(float) * img * bmax);
+        RT_CHECK_ALLOC(r->tta_out, sizeof(float) * bmax * (size_t)k);
+    }
     RT_CHECK(rt_loader_start_epoch(r->test_loader, 0));
     for (int64_t batches = 0;; batches++) {
         rt_launch_heartbeat();
@@ -629,6 +709,7 @@ static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
         if (b.size == 0) break;
         const float *x = b.images;
         const int64_t *y = b.labels;
+        if (tta) flip_images(b.images, b.size, r->test_ds.c, r->test_ds.h, r->test_ds.w, r->tta_x);
         if (rt_device_is_cuda(r->dev)) {
             size_t img = rt_dataset_image_bytes(&r->test_ds);
             RT_CHECK(rt_memcpy(r->x_dev, r->dev, b.images, rt_device_cpu(), sizeof(float) * img * (size_t)b.size,
@@ -640,12 +721,32 @@ static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
             y = r->label_dev;
         }
         RT_CHECK(rt_model_forward(r->model, x, b.size, false));
-        RT_CHECK(rt_model_loss(r->model, y));
-        RT_CHECK(rt_memcpy(r->out_host, rt_device_cpu(), rt_model_output(r->model), r->dev,
-                           sizeof(float) * (size_t)b.size * (size_t)k, r->ctx->stream));
-        float l; /* rt_model_loss_value syncs the model's stream: the logits above are in too */
-        RT_CHECK(rt_model_loss_value(r->model, &l));
         const int64_t *labels = b.labels; /* host copy */
+        if (tta) {
+            /* the mirrored batch through the same (eval-mode) model, then the mean of the two */
+            RT_CHECK(rt_memcpy(r->out_host, rt_device_cpu(), rt_model_output(r->model), r->dev,
+                               sizeof(float) * (size_t)b.size * (size_t)k, r->ctx->stream));
+            RT_CHECK(rt_model_ctx_sync(r->ctx)); /* the first forward is done with x_dev */
+            const float *xf = r->tta_x;
+            if (rt_device_is_cuda(r->dev)) {
+                size_t img = rt_dataset_image_bytes(&r->test_ds);
+                RT_CHECK(rt_memcpy(r->x_dev, r->dev, r->tta_x, rt_device_cpu(), sizeof(float) * img * (size_t)b.size,
+                                   r->ctx->stream));
+                xf = r->x_dev;
+            }
+            RT_CHECK(rt_model_forward(r->model, xf, b.size, false));
+            RT_CHECK(rt_memcpy(r->tta_out, rt_device_cpu(), rt_model_output(r->model), r->dev,
+                               sizeof(float) * (size_t)b.size * (size_t)k, r->ctx->stream));
+            RT_CHECK(rt_model_ctx_sync(r->ctx));
+            sums[0] += tta_average(r->out_host, r->tta_out, labels, b.size, k);
+        } else {
+            RT_CHECK(rt_model_loss(r->model, y));
+            RT_CHECK(rt_memcpy(r->out_host, rt_device_cpu(), rt_model_output(r->model), r->dev,
+                               sizeof(float) * (size_t)b.size * (size_t)k, r->ctx->stream));
+            float l; /* rt_model_loss_value syncs the model's stream: the logits above are in too */
+            RT_CHECK(rt_model_loss_value(r->model, &l));
+            sums[0] += (double)l * b.size;
+        }
         for (int i = 0; i < b.size; i++) {
             const float *o = r->out_host + (size_t)i * (size_t)k;
             int best = 0;
@@ -653,9 +754,9 @@ static rt_status evaluate(run *r, double *loss, double *acc, int64_t *samples) {
                 if (o[j] > o[best]) best = j;
             sums[1] += best == labels[i];
         }
-        sums[0] += (double)l * b.size;
         sums[2] += b.size;
     }
+    RT_CHECK(rt_model_set_label_smoothing(r->model, smoothing));
     RT_CHECK(all_reduce_f64(r, sums, 3, RT_OP_SUM));
     *samples = (int64_t)sums[2];
     *loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
@@ -1094,9 +1195,17 @@ static rt_status save_checkpoint_(run *r, int64_t epoch, int64_t epoch_batches, 
         free(yaml);
         test_signal_at(r, "ckpt", r->step);
         rt_launch_heartbeat();
+        /* with a moving average: model.safetensors holds it (what evaluation uses), the
+         * optimizer's "ema" state the raw weights (swapped back right after) */
+        bool ema = st == RT_OK && ema_active(r);
+        if (ema) st = ema_swap(r);
         if (st == RT_OK)
             st = rt_ckpt_write(r->ckpt_dir, r->step, r->model, &r->opt, &m, (int)c->checkpoint.keep_last, path,
                                sizeof path);
+        if (ema) {
+            rt_status s2 = ema_swap(r);
+            if (st == RT_OK) st = s2;
+        }
         rt_launch_heartbeat();
         rt_ckpt_meta_free(&m);
         if (st != RT_OK) rt_error_save(&err);
@@ -1289,7 +1398,8 @@ static bool free_key(const char *k) {
     static const char *const keys[] = {"train.epochs",        "train.max_steps",      "train.eval_every",
                                        "train.threads",       "train.device",         "train.precision",
                                        "train.deterministic", "train.skip_nonfinite", "data.path",
-                                       "data.prefetch",       "data.eval_batch_size", "data.test_subset"};
+                                       "data.prefetch",       "data.eval_batch_size", "data.test_subset",
+                                       "train.tta"};
     for (size_t i = 0; i < sizeof sections / sizeof *sections; i++)
         if (strncmp(k, sections[i], strlen(sections[i])) == 0) return true;
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
@@ -1417,6 +1527,8 @@ static rt_status resume(run *r) {
     int64_t step = 0, epoch = 0, batches = 0, world = 0, batch = 0;
     rt_status st = rt_ckpt_load(path, r->model, &r->opt, &m);
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "step", &step);
+    /* model.safetensors held the moving average and the "ema" state the raw weights */
+    if (st == RT_OK && ema_active(r)) st = ema_swap(r);
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "epoch", &epoch);
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "epoch_batches", &batches);
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "world_size", &world);
@@ -1482,6 +1594,8 @@ static void run_free(run *r) {
     if (r->have_clip) rt_grad_clip_free(&r->clip);
     free(r->no_decay);
     free(r->out_host);
+    free(r->tta_x);
+    free(r->tta_out);
     if (r->x_dev) rt_free(r->dev, r->x_dev);
     if (r->label_dev) rt_free(r->dev, r->label_dev);
     if (r->scratch_dev) rt_free(r->dev, r->scratch_dev);
@@ -1754,8 +1868,11 @@ static rt_status train_all(run *r, rt_train_result *res) {
     RT_CHECK(check_in_sync(r, true, "at the end of training"));
     if (is_root(r)) { /* the trained weights, as torchvision's state_dict */
         snprintf(path, sizeof path, "%s/model.safetensors", r->run_dir);
+        bool ema = ema_active(r); /* the weights evaluation uses */
+        if (ema) RT_CHECK(ema_swap(r));
         RT_CHECK(rt_model_ctx_sync(r->ctx));
         RT_CHECK(rt_model_save(r->model, path));
+        if (ema) RT_CHECK(ema_swap(r));
     }
     res->steps = r->step;
     res->epochs = epoch;

@@ -270,6 +270,19 @@ static void test_losses(void **state) {
         assert_cuda_ok(rt_cuk_softmax_xent(NULL, n, k, x, lab, &gloss, NULL, &bad));
         et_check_ulp("  loss (dlogits NULL)", closs, gloss);
         assert_int_equal(bad, 0);
+        /* label smoothing (CrossEntropyLoss(label_smoothing=eps)): the same formulas */
+        static const double eps_cases[] = {0.1, 0.37, 1.0};
+        for (int e = 0; e < 3; e++) {
+            et_poison(cd, nk);
+            et_poison(gd, nk);
+            closs = gloss = NAN;
+            assert_rt_ok(rt_softmax_xent_smooth(g_cpu, n, k, x, lab, eps_cases[e], &closs, cd));
+            assert_cuda_ok(rt_cuk_softmax_xent_smooth(NULL, n, k, x, lab, eps_cases[e], &gloss, gd, &bad));
+            snprintf(what, sizeof what, "softmax_xent smoothing %g n%d k%d loss (1 ulp: tree sum)", eps_cases[e], n, k);
+            et_check_ulp(what, closs, gloss);
+            et_check_exact("  dlogits", cd, gd, nk);
+        }
+        assert_int_equal(bad, 0);
 
         assert_rt_ok(rt_log_softmax_forward(g_cpu, n, k, x, cy));
         assert_cuda_ok(rt_cuk_log_softmax_forward(NULL, n, k, x, gy));

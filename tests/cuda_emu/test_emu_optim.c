@@ -47,6 +47,12 @@ static void make_configs(rt_optim_config *cs, int *count) {
     rt_optim_config_default(&cs[k], RT_OPTIM_ADAMW);
     cs[k].weight_decay = 0.1, cs[k].amsgrad = true, cs[k].beta1 = 0.8, cs[k].eps = 1e-6, cs[k].no_decay = ranges,
     cs[k].n_no_decay = 3, k++;
+    rt_optim_config_default(&cs[k++], RT_OPTIM_ADADELTA);
+    rt_optim_config_default(&cs[k], RT_OPTIM_ADADELTA);
+    cs[k].rho = 0.95, cs[k].eps = 1e-4, cs[k].lr = 0.5, cs[k].weight_decay = 1e-2, cs[k].no_decay = ranges,
+    cs[k].n_no_decay = 3, k++;
+    rt_optim_config_default(&cs[k], RT_OPTIM_SGD); /* the parameters' moving average, every 2 steps */
+    cs[k].momentum = 0.9, cs[k].ema_decay = 0.9, cs[k].ema_every = 2, k++;
     *count = k;
 }
 
@@ -111,7 +117,7 @@ static void run_config(const rt_optim_config *c, int resume_at, int generic) {
 
 static void test_optimizers(void **state) {
     (void)state;
-    rt_optim_config cs[8];
+    rt_optim_config cs[11];
     int n;
     make_configs(cs, &n);
     for (int i = 0; i < n; i++) {

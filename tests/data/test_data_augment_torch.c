@@ -20,7 +20,7 @@ static void test_against_torchvision(void **state) {
     for (int i = 0; i < N * C * H * W; i++) img[i] = (uint8_t)((i * 2654435761u) >> 13);
     float lut[C * 256];
     rt_normalize_lut(mean, sd, C, lut);
-    rt_augment a = {1234, PAD, true};
+    rt_augment a = {.seed = 1234, .crop_pad = PAD, .hflip = true};
     int flips = 0;
     for (int i = 0; i < N; i++) {
         rt_augment_params p = rt_augment_params_at(&a, 2, i);

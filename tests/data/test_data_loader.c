@@ -145,7 +145,7 @@ static void test_rgb_normalisation_int64_labels(void **state) {
 
 static void test_augmentation(void **state) {
     (void)state;
-    rt_augment a = {77, 2, true};
+    rt_augment a = {.seed = 77, .crop_pad = 2, .hflip = true};
     int flips = 0, dx_seen[5] = {0}, dy_seen[5] = {0}, moved = 0;
     for (int64_t s = 0; s < 400; s++) {
         rt_augment_params p = rt_augment_params_at(&a, 3, s), q = rt_augment_params_at(&a, 3, s);
@@ -219,7 +219,7 @@ static void test_augmentation_keyed_by_sample(void **state) {
             rt_loader *l = NULL;
             assert_rt_ok(rt_loader_create(&c, &l));
             assert_rt_ok(rt_loader_start_epoch(l, 2));
-            rt_augment a = {5 ^ AUG_SEED_SALT, 2, true};
+            rt_augment a = {.seed = 5 ^ AUG_SEED_SALT, .crop_pad = 2, .hflip = true};
             rt_batch b;
             while (rt_loader_next(l, &b) == RT_OK && b.size > 0)
                 for (int i = 0; i < b.size; i++) {
@@ -252,7 +252,7 @@ static void test_augmentation_keyed_by_sample(void **state) {
 static void test_augmentation_draw_is_documented(void **state) {
     (void)state;
     for (int pad = 1; pad <= 4; pad += 3) {
-        rt_augment a = {0x1234abcdull, pad, true};
+        rt_augment a = {.seed = 0x1234abcdull, .crop_pad = pad, .hflip = true};
         for (int64_t epoch = 0; epoch < 3; epoch++)
             for (int64_t i = 0; i < 200; i++) {
                 rt_augment_params p = rt_augment_params_at(&a, epoch, i);
@@ -266,7 +266,8 @@ static void test_augmentation_draw_is_documented(void **state) {
             }
     }
     /* no flip asked: never flipped, offsets unchanged */
-    rt_augment a = {0x1234abcdull, 2, false}, b = {0x1234abcdull, 2, true};
+    rt_augment a = {.seed = 0x1234abcdull, .crop_pad = 2, .hflip = false},
+               b = {.seed = 0x1234abcdull, .crop_pad = 2, .hflip = true};
     for (int64_t i = 0; i < 50; i++) {
         rt_augment_params p = rt_augment_params_at(&a, 1, i), q = rt_augment_params_at(&b, 1, i);
         assert_false(p.flip);

@@ -652,6 +652,14 @@ static void test_losses(void **state) {
         snprintf(what, sizeof what, "softmax_xent n=%d k=%d loss", n, k);
         gt_check_dev(what, &closs, gloss, 1, TOL_FWD);
         gt_check_dev("  dlogits", cd, gd, nk, TOL_GRAD);
+        /* label smoothing (CrossEntropyLoss(label_smoothing=0.1)) */
+        gt_poison(gd, nk * sizeof(float));
+        gt_poison(gloss, sizeof(float));
+        assert_rt_ok(rt_softmax_xent_smooth(g_cpu, n, k, hx, hl, 0.1, &closs, cd));
+        assert_rt_ok(rt_softmax_xent_smooth(g_gpu, n, k, dx_in, dl, 0.1, gloss, gd));
+        snprintf(what, sizeof what, "softmax_xent smoothing 0.1 n=%d k=%d loss", n, k);
+        gt_check_dev(what, &closs, gloss, 1, TOL_FWD);
+        gt_check_dev("  dlogits", cd, gd, nk, TOL_GRAD);
 
         assert_rt_ok(rt_log_softmax_forward(g_cpu, n, k, hx, cy));
         assert_rt_ok(rt_log_softmax_forward(g_gpu, n, k, dx_in, gy));

@@ -37,31 +37,55 @@ typedef struct ocase {
     double wd, b1, b2, eps;
     bool amsgrad, no_decay;
     double clip;
-    int sched; /* 0 none, 1 cosine with warmup, 2 step */
+    int sched;        /* 0 none, 1 cosine with warmup, 2 step */
+    double rho;       /* Adadelta */
+    double ema_decay; /* the parameters' moving average (0: off) against AveragedModel */
+    int ema_every;
+    bool ema_warmup; /* decay min(ema_decay, (1 + n) / (10 + n)) */
 } ocase;
 
 static const ocase ocases[] = {
-    {"sgd", RT_OPTIM_SGD, 0.1, 0, 0, false, 0, 0, 0, 0, false, false, 0, 0},
-    {"sgd_wd", RT_OPTIM_SGD, 0.1, 0, 0, false, 1e-2, 0, 0, 0, false, false, 0, 0},
-    {"sgd_momentum", RT_OPTIM_SGD, 0.05, 0.9, 0, false, 0, 0, 0, 0, false, false, 0, 0},
-    {"sgd_momentum_dampening", RT_OPTIM_SGD, 0.05, 0.9, 0.1, false, 0, 0, 0, 0, false, false, 0, 0},
-    {"sgd_momentum_dampening_wd", RT_OPTIM_SGD, 0.05, 0.8, 0.5, false, 5e-3, 0, 0, 0, false, false, 0, 0},
-    {"sgd_nesterov", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 0, 0, 0, 0, false, false, 0, 0},
-    {"sgd_nesterov_wd", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 1e-2, 0, 0, 0, false, false, 0, 0},
-    {"sgd_momentum_wd_nodecay", RT_OPTIM_SGD, 0.05, 0.9, 0, false, 5e-2, 0, 0, 0, false, true, 0, 0},
-    {"sgd_nesterov_wd_nodecay_clip", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 1e-2, 0, 0, 0, false, true, 1.0, 0},
-    {"sgd_momentum_wd_cosine_warmup", RT_OPTIM_SGD, 0.1, 0.9, 0, false, 1e-3, 0, 0, 0, false, false, 0, 1},
-    {"adam", RT_OPTIM_ADAM, 1e-3, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 0, 0},
-    {"adam_wd", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 1e-2, 0.9, 0.999, 1e-8, false, false, 0, 0},
-    {"adam_amsgrad", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, true, false, 0, 0},
-    {"adam_amsgrad_wd", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 1e-1, 0.8, 0.99, 1e-6, true, false, 0, 0},
-    {"adam_betas_eps_nodecay", RT_OPTIM_ADAM, 3e-3, 0, 0, false, 1e-1, 0.5, 0.9, 1e-3, false, true, 0, 0},
-    {"adam_clip_step", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 2.0, 2},
-    {"adamw", RT_OPTIM_ADAMW, 1e-3, 0, 0, false, 1e-2, 0.9, 0.999, 1e-8, false, false, 0, 0},
-    {"adamw_amsgrad", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 1e-1, 0.9, 0.999, 1e-8, true, false, 0, 0},
-    {"adamw_nodecay", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 0.5, 0.9, 0.99, 1e-8, false, true, 0, 0},
-    {"adamw_amsgrad_nodecay_clip_cosine", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 0.1, 0.9, 0.999, 1e-8, true, true, 5.0, 1},
-    {"adamw_nowd", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 0, 0},
+    {"sgd", RT_OPTIM_SGD, 0.1, 0, 0, false, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, false},
+    {"sgd_wd", RT_OPTIM_SGD, 0.1, 0, 0, false, 1e-2, 0, 0, 0, false, false, 0, 0, 0, 0, 0, false},
+    {"sgd_momentum", RT_OPTIM_SGD, 0.05, 0.9, 0, false, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, false},
+    {"sgd_momentum_dampening", RT_OPTIM_SGD, 0.05, 0.9, 0.1, false, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, false},
+    {"sgd_momentum_dampening_wd", RT_OPTIM_SGD, 0.05, 0.8, 0.5, false, 5e-3, 0, 0, 0, false, false, 0, 0, 0, 0, 0,
+     false},
+    {"sgd_nesterov", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, false},
+    {"sgd_nesterov_wd", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 1e-2, 0, 0, 0, false, false, 0, 0, 0, 0, 0, false},
+    {"sgd_momentum_wd_nodecay", RT_OPTIM_SGD, 0.05, 0.9, 0, false, 5e-2, 0, 0, 0, false, true, 0, 0, 0, 0, 0, false},
+    {"sgd_nesterov_wd_nodecay_clip", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 1e-2, 0, 0, 0, false, true, 1.0, 0, 0, 0, 0,
+     false},
+    {"sgd_momentum_wd_cosine_warmup", RT_OPTIM_SGD, 0.1, 0.9, 0, false, 1e-3, 0, 0, 0, false, false, 0, 1, 0, 0, 0,
+     false},
+    {"adam", RT_OPTIM_ADAM, 1e-3, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0, 0, false},
+    {"adam_wd", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 1e-2, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0, 0, false},
+    {"adam_amsgrad", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, true, false, 0, 0, 0, 0, 0, false},
+    {"adam_amsgrad_wd", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 1e-1, 0.8, 0.99, 1e-6, true, false, 0, 0, 0, 0, 0, false},
+    {"adam_betas_eps_nodecay", RT_OPTIM_ADAM, 3e-3, 0, 0, false, 1e-1, 0.5, 0.9, 1e-3, false, true, 0, 0, 0, 0, 0,
+     false},
+    {"adam_clip_step", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 2.0, 2, 0, 0, 0, false},
+    {"adamw", RT_OPTIM_ADAMW, 1e-3, 0, 0, false, 1e-2, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0, 0, false},
+    {"adamw_amsgrad", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 1e-1, 0.9, 0.999, 1e-8, true, false, 0, 0, 0, 0, 0, false},
+    {"adamw_nodecay", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 0.5, 0.9, 0.99, 1e-8, false, true, 0, 0, 0, 0, 0, false},
+    {"adamw_amsgrad_nodecay_clip_cosine", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 0.1, 0.9, 0.999, 1e-8, true, true, 5.0, 1,
+     0, 0, 0, false},
+    {"adamw_nowd", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0, 0, false},
+    {"adadelta", RT_OPTIM_ADADELTA, 1.0, 0, 0, false, 0, 0, 0, 1e-6, false, false, 0, 0, 0.9, 0, 0, false},
+    {"adadelta_rho_eps_wd", RT_OPTIM_ADADELTA, 0.5, 0, 0, false, 1e-2, 0, 0, 1e-4, false, false, 0, 0, 0.95, 0, 0,
+     false},
+    {"adadelta_wd_nodecay_clip", RT_OPTIM_ADADELTA, 2.0, 0, 0, false, 5e-2, 0, 0, 1e-6, false, true, 1.0, 0, 0.8, 0, 0,
+     false},
+    {"adadelta_steplr", RT_OPTIM_ADADELTA, 1.0, 0, 0, false, 0, 0, 0, 1e-6, false, false, 0, 2, 0.9, 0, 0, false},
+    {"adadelta_rho0_eps1e-3", RT_OPTIM_ADADELTA, 1.0, 0, 0, false, 0, 0, 0, 1e-3, false, false, 0, 0, 0.0, 0, 0, false},
+    {"sgd_nesterov_wd_ema", RT_OPTIM_SGD, 0.05, 0.9, 0, true, 1e-2, 0, 0, 0, false, false, 0, 0, 0, 0.9, 1, false},
+    {"adamw_ema_every3", RT_OPTIM_ADAMW, 1e-2, 0, 0, false, 1e-2, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0.99, 3,
+     false},
+    {"sgd_momentum_ema_warmup", RT_OPTIM_SGD, 0.05, 0.9, 0, false, 0, 0, 0, 0, false, false, 0, 0, 0, 0.95, 1, true},
+    {"adam_ema_warmup_every2", RT_OPTIM_ADAM, 1e-2, 0, 0, false, 0, 0.9, 0.999, 1e-8, false, false, 0, 0, 0, 0.999, 2,
+     true},
+    {"adadelta_ema_every2_steplr", RT_OPTIM_ADADELTA, 1.0, 0, 0, false, 0, 0, 0, 1e-6, false, false, 0, 2, 0.9, 0.5, 2,
+     false},
 };
 #define N_OCASES (int)(sizeof ocases / sizeof ocases[0])
 
@@ -79,6 +103,7 @@ static char dir[256];
 static size_t total; /* floats in all tensors (no padding) */
 static float *data;  /* (STEPS+1) * total */
 static float *torch_out;
+static float *torch_ema; /* the EMA cases' averaged parameters after every step, in case order */
 static double (*torch_sched)[2];
 static int torch_sched_n;
 
@@ -218,10 +243,12 @@ static int setup(void **state) {
         fprintf(f,
                 "%s{\"name\": \"%s\", \"kind\": \"%s\", \"lr\": %.17g, \"momentum\": %.17g, \"dampening\": %.17g, "
                 "\"nesterov\": %s, \"weight_decay\": %.17g, \"betas\": [%.17g, %.17g], \"eps\": %.17g, "
-                "\"amsgrad\": %s, \"no_decay\": %s, \"clip\": %.17g, \"sched\": ",
+                "\"amsgrad\": %s, \"no_decay\": %s, \"clip\": %.17g, \"rho\": %.17g, \"ema_decay\": %.17g, "
+                "\"ema_every\": %d, \"ema_warmup\": %s, \"sched\": ",
                 i ? ",\n" : "", c->name, rt_optim_kind_name(c->kind), c->lr, c->momentum, c->dampening,
                 c->nesterov ? "true" : "false", c->wd, c->b1, c->b2, c->eps, c->amsgrad ? "true" : "false",
-                c->no_decay ? "[1, 3]" : "[]", c->clip);
+                c->no_decay ? "[1, 3]" : "[]", c->clip, c->rho, c->ema_decay, c->ema_every,
+                c->ema_warmup ? "true" : "false");
         if (c->sched) {
             rt_schedule s = case_schedule(c);
             json_sched(f, &s);
@@ -261,6 +288,15 @@ static int setup(void **state) {
                 (size_t)N_OCASES * STEPS * total * sizeof(float));
         return -1;
     }
+    int n_ema = 0;
+    for (int i = 0; i < N_OCASES; i++) n_ema += ocases[i].ema_decay > 0;
+    snprintf(path, sizeof path, "%s/ema_out.bin", dir);
+    torch_ema = (float *)read_file(path, &len);
+    if (!torch_ema || len != (size_t)n_ema * STEPS * total * sizeof(float)) {
+        fprintf(stderr, "%s: %zu bytes, expected %zu\n", path, torch_ema ? len : 0,
+                (size_t)n_ema * STEPS * total * sizeof(float));
+        return -1;
+    }
     snprintf(path, sizeof path, "%s/sched_out.txt", dir);
     char *txt = read_file(path, &len);
     if (!txt) return -1;
@@ -286,7 +322,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    const char *names[] = {"data.bin", "optim.json", "sched.json", "optim_out.bin", "sched_out.txt"};
+    const char *names[] = {"data.bin", "optim.json", "sched.json", "optim_out.bin", "sched_out.txt", "ema_out.bin"};
     char path[512];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
@@ -295,6 +331,7 @@ static int teardown(void **state) {
     rmdir(dir);
     free(data);
     free(torch_out);
+    free(torch_ema);
     free(torch_sched);
     return 0;
 }
@@ -339,6 +376,10 @@ static double run_case(const ocase *c, int resume_at) {
     cfg.weight_decay = c->wd;
     if (c->kind != RT_OPTIM_SGD) cfg.beta1 = c->b1, cfg.beta2 = c->b2, cfg.eps = c->eps;
     cfg.amsgrad = c->amsgrad;
+    cfg.rho = c->rho;
+    cfg.ema_decay = c->ema_decay;
+    cfg.ema_every = c->ema_every;
+    cfg.ema_warmup = c->ema_warmup;
     rt_optim_range ranges[2];
     if (c->no_decay) {
         for (int i = 0; i < 2; i++) ranges[i] = (rt_optim_range){off[no_decay_tensors[i]], numel[no_decay_tensors[i]]};
@@ -399,6 +440,18 @@ static double run_case(const ocase *c, int resume_at) {
                         printf("  step %d tensor %d [%zu]: got %.9g want %.9g\n", s, t, i, p[off[t] + i], want[k]);
                 }
             }
+        if (c->ema_decay > 0 && s + 1 >= c->ema_every) { /* AveragedModel after its first update */
+            int ei = 0;
+            for (const ocase *o = ocases; o < c; o++) ei += o->ema_decay > 0;
+            const float *avg = rt_optimizer_ema(&opt), *we = torch_ema + ((size_t)ei * STEPS + (size_t)s) * total;
+            assert_non_null(avg);
+            k = 0;
+            for (int t = 0; t < N_TENSORS; t++)
+                for (size_t i = 0; i < numel[t]; i++, k++) {
+                    double e = rel_err(avg[off[t] + i], we[k], 1e-2);
+                    if (!(e <= worst)) worst = e;
+                }
+        }
     }
     rt_grad_clip_free(&clip);
     rt_optimizer_free(&opt);

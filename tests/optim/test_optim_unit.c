@@ -36,7 +36,7 @@ static void test_kind_names(void **state) {
     assert_rt_ok(rt_optim_kind_parse("sgd", &k));
     assert_int_equal(k, RT_OPTIM_SGD);
     assert_rt_fails(rt_optim_kind_parse("rmsprop", &k), RT_ERR_INVALID,
-                    "unknown optimizer 'rmsprop' (expected sgd | adam | adamw)");
+                    "unknown optimizer 'rmsprop' (expected sgd | adam | adamw | adadelta)");
     assert_rt_fails(rt_optim_kind_parse(NULL, &k), RT_ERR_INVALID, "(null)");
     for (int i = 0; i < RT_OPTIM_KIND_COUNT_; i++) { /* every name parses back to its kind */
         assert_rt_ok(rt_optim_kind_parse(rt_optim_kind_name((rt_optim_kind)i), &k));
@@ -234,6 +234,47 @@ static void test_state_accessors(void **state) {
     assert_rt_ok(rt_optimizer_init(&opt, &c, rt_device_cpu(), 5));
     assert_rt_fails(rt_optimizer_set_momentum(&opt, 0.9), RT_ERR_INVALID, "momentum");
     rt_optimizer_free(&opt);
+    /* Adadelta: PyTorch's defaults, its state names, its checks */
+    rt_optim_config_default(&c, RT_OPTIM_ADADELTA);
+    assert_true(c.lr == 1.0 && c.rho == 0.9 && c.eps == 1e-6 && c.weight_decay == 0);
+    assert_rt_ok(rt_optimizer_init(&opt, &c, rt_device_cpu(), 5));
+    assert_int_equal(rt_optimizer_state_count(&opt), 2);
+    assert_rt_ok(rt_optimizer_state_get(&opt, 0, &st));
+    assert_string_equal(st.name, "square_avg");
+    assert_rt_ok(rt_optimizer_state_get(&opt, 1, &st));
+    assert_string_equal(st.name, "acc_delta");
+    assert_rt_fails(rt_optimizer_set_momentum(&opt, 0.9), RT_ERR_INVALID, "adadelta has no momentum");
+    rt_optimizer_free(&opt);
+    c.rho = 1.5;
+    assert_rt_fails(rt_optim_config_validate(&c, 5), RT_ERR_INVALID, "optim.rho: 1.5");
+    c.rho = 0.9, c.eps = -1;
+    assert_rt_fails(rt_optim_config_validate(&c, 5), RT_ERR_INVALID, "optim.eps");
+    /* the moving average: a state buffer "ema" after the optimizer's own, swapped with the params */
+    rt_optim_config_default(&c, RT_OPTIM_ADAM);
+    c.ema_decay = 1.0;
+    assert_rt_fails(rt_optim_config_validate(&c, 5), RT_ERR_INVALID, "train.ema_decay: 1");
+    c.ema_decay = 0.5, c.ema_every = 2;
+    assert_rt_ok(rt_optimizer_init(&opt, &c, rt_device_cpu(), 3));
+    assert_int_equal(rt_optimizer_state_count(&opt), 3);
+    assert_rt_ok(rt_optimizer_state_get(&opt, 2, &st));
+    assert_string_equal(st.name, "ema");
+    float p3[3] = {1, 2, 3}, g3[3] = {0, 0, 0};
+    assert_rt_ok(rt_optimizer_step(&opt, p3, g3, 0.0, NULL)); /* step 1: no update (every 2) */
+    assert_true(rt_optimizer_ema(&opt)[0] == 0.0f);
+    assert_rt_ok(rt_optimizer_step(&opt, p3, g3, 0.0, NULL)); /* step 2: the first update copies */
+    assert_true(rt_optimizer_ema(&opt)[2] == 3.0f);
+    p3[2] = 5;
+    assert_rt_ok(rt_optimizer_step(&opt, p3, g3, 0.0, NULL));
+    assert_rt_ok(rt_optimizer_step(&opt, p3, g3, 0.0, NULL)); /* step 4: 0.5*3 + 0.5*5 */
+    assert_true(rt_optimizer_ema(&opt)[2] == 4.0f);
+    assert_rt_ok(rt_optimizer_ema_swap(&opt, p3, NULL));
+    assert_true(p3[2] == 4.0f && rt_optimizer_ema(&opt)[2] == 5.0f);
+    rt_optimizer_free(&opt);
+    rt_optim_config_default(&c, RT_OPTIM_SGD);
+    assert_rt_ok(rt_optimizer_init(&opt, &c, rt_device_cpu(), 3));
+    assert_null(rt_optimizer_ema(&opt));
+    assert_rt_fails(rt_optimizer_ema_swap(&opt, p3, NULL), RT_ERR_INVALID, "train.ema_decay is 0");
+    rt_optimizer_free(&opt);
 }
 
 /* Run `steps` steps; at `resume_at` (> 0) save everything, destroy, rebuild, load. */
@@ -274,7 +315,7 @@ static void test_save_load_exact(void **state) {
     (void)state;
     enum { N = 1003 };
     rt_optim_range r[2] = {{10, 100}, {500, 37}};
-    rt_optim_config cs[4];
+    rt_optim_config cs[5];
     rt_optim_config_default(&cs[0], RT_OPTIM_SGD);
     cs[0].momentum = 0.9, cs[0].nesterov = true, cs[0].weight_decay = 1e-2, cs[0].no_decay = r, cs[0].n_no_decay = 2;
     rt_optim_config_default(&cs[1], RT_OPTIM_SGD);
@@ -283,8 +324,10 @@ static void test_save_load_exact(void **state) {
     cs[2].amsgrad = true, cs[2].weight_decay = 1e-3;
     rt_optim_config_default(&cs[3], RT_OPTIM_ADAMW);
     cs[3].no_decay = r, cs[3].n_no_decay = 2;
+    rt_optim_config_default(&cs[4], RT_OPTIM_ADADELTA);
+    cs[4].weight_decay = 1e-2, cs[4].no_decay = r, cs[4].n_no_decay = 2;
     float a[N], b[N], c[N];
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         trajectory(&cs[i], N, 20, -1, a);
         trajectory(&cs[i], N, 20, 9, b);
         trajectory(&cs[i], N, 20, 1, c); /* right after the first (copying) step */
@@ -297,7 +340,7 @@ static void test_save_load_exact(void **state) {
  * on lengths that exercise the 8-wide body and every tail. */
 static void test_cpu_variants_equal(void **state) {
     (void)state;
-    rt_optim_config cs[4];
+    rt_optim_config cs[5];
     rt_optim_config_default(&cs[0], RT_OPTIM_SGD);
     cs[0].momentum = 0.9, cs[0].weight_decay = 1e-2;
     rt_optim_config_default(&cs[1], RT_OPTIM_ADAM);
@@ -305,8 +348,10 @@ static void test_cpu_variants_equal(void **state) {
     rt_optim_config_default(&cs[2], RT_OPTIM_ADAMW);
     rt_optim_config_default(&cs[3], RT_OPTIM_ADAMW);
     cs[3].amsgrad = true;
+    rt_optim_config_default(&cs[4], RT_OPTIM_ADADELTA);
+    cs[4].weight_decay = 1e-2;
     for (size_t n = 1; n <= 41; n += 5) {
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 5; i++) {
             float a[41], b[41];
             rt_optim_cpu_force_generic(1);
             trajectory(&cs[i], n, 7, -1, a);

@@ -8,7 +8,10 @@ DIR/data.bin:   float32 initial parameters (all tensors, concatenated, no paddin
                 then S steps of gradients laid out the same way.
 DIR/sched.json: {"cases": [{...}, ...]}
 Writes DIR/optim_out.bin: for every case and every step, the parameters after that
-step (float32), and DIR/sched_out.txt: per schedule case, one line per iteration with
+step (float32), DIR/ema_out.bin: for every case with "ema_decay" > 0, the parameters of
+torch.optim.swa_utils.AveragedModel(avg_fn=decay*a + (1-decay)*m, use_buffers=False; with
+"ema_warmup" decay = min(decay, (1 + n) / (10 + n)), n the updates before)
+after every step, update_parameters called after every "ema_every"-th step, and DIR/sched_out.txt: per schedule case, one line per iteration with
 the learning rate and the momentum (or beta1; 0 when the optimizer has none), as %.17g.
 All cases run in this one process to keep the test fast.
 """
@@ -65,6 +68,9 @@ def make_optimizer(params, c):
     if kind == "sgd":
         return torch.optim.SGD(groups, lr=c["lr"], momentum=c["momentum"], dampening=c["dampening"],
                                nesterov=c["nesterov"], weight_decay=c["weight_decay"], foreach=False)
+    if kind == "adadelta":
+        return torch.optim.Adadelta(groups, lr=c["lr"], rho=c["rho"], eps=c["eps"], weight_decay=c["weight_decay"],
+                                    foreach=False)
     cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
     return cls(groups, lr=c["lr"], betas=tuple(c["betas"]), eps=c["eps"], weight_decay=c["weight_decay"],
                amsgrad=c["amsgrad"], foreach=False)
@@ -79,7 +85,7 @@ def run_optim(d):
     total = sum(sizes)
     data = np.fromfile(os.path.join(d, "data.bin"), dtype=np.float32)
     assert data.size == total * (steps + 1), (data.size, total, steps)
-    out = []
+    out, ema_out = [], []
     for c in spec["cases"]:
         params, off = [], 0
         for s, n in zip(shapes, sizes):
@@ -87,6 +93,18 @@ def run_optim(d):
             off += n
         opt = make_optimizer(params, c)
         sched = make_scheduler(opt, c["sched"]) if c.get("sched") else None
+        ema = None
+        if c.get("ema_decay", 0) > 0:
+            holder = torch.nn.Module()
+            holder.ps = torch.nn.ParameterList([torch.nn.Parameter(p) for p in params])
+            params = list(holder.ps)
+            opt = make_optimizer(params, c)
+            sched = make_scheduler(opt, c["sched"]) if c.get("sched") else None
+            def avg_fn(a, m, n, decay=c["ema_decay"], warmup=c.get("ema_warmup", False)):
+                if warmup:  # TensorFlow's num_updates rule, n = updates done before this one
+                    decay = min(decay, (1 + float(n)) / (10 + float(n)))
+                return decay * a + (1 - decay) * m
+            ema = torch.optim.swa_utils.AveragedModel(holder, avg_fn=avg_fn)
         for t in range(steps):
             base = total * (t + 1)
             off = 0
@@ -99,7 +117,12 @@ def run_optim(d):
             if sched is not None:
                 sched.step()
             out.append(torch.cat([p.detach().reshape(-1) for p in params]).numpy())
+            if ema is not None:
+                if (t + 1) % c["ema_every"] == 0:
+                    ema.update_parameters(holder)
+                ema_out.append(torch.cat([p.detach().reshape(-1) for p in ema.module.ps]).numpy())
     np.concatenate(out).astype(np.float32).tofile(os.path.join(d, "optim_out.bin"))
+    (np.concatenate(ema_out) if ema_out else np.zeros(0)).astype(np.float32).tofile(os.path.join(d, "ema_out.bin"))
 
 
 def run_sched(d):

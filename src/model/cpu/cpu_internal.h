@@ -49,8 +49,8 @@ rt_status rt_cpu_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const
 rt_status rt_cpu_add_forward(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y);
 rt_status rt_cpu_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
 rt_status rt_cpu_copy(rt_model_ctx *ctx, size_t count, const float *x, float *y);
-rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, float *loss,
-                              float *dlogits);
+rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, double eps,
+                              float *loss, float *dlogits);
 rt_status rt_cpu_log_softmax_forward(rt_model_ctx *ctx, int n, int k, const float *x, float *y);
 rt_status rt_cpu_log_softmax_backward(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy, float *dx);
 rt_status rt_cpu_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int64_t *labels, float *loss,

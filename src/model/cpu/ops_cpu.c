@@ -383,18 +383,29 @@ static double row_logsumexp(const float *x, int k) {
     return m + log(s);
 }
 
-rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, float *loss,
-                              float *dlogits) {
+/* eps = 0: exactly the unsmoothed formulas (no smoothing terms are added) */
+rt_status rt_cpu_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, double eps,
+                              float *loss, float *dlogits) {
     (void)ctx;
     RT_CHECK(check_labels(n, k, labels));
     double total = 0;
     for (int i = 0; i < n; i++) {
         const float *x = logits + (size_t)i * k;
         double lse = row_logsumexp(x, k);
-        total += lse - x[labels[i]];
+        if (eps == 0) {
+            total += lse - x[labels[i]];
+        } else {
+            double sx = 0;
+            for (int j = 0; j < k; j++) sx += x[j];
+            total += lse - (1.0 - eps) * x[labels[i]] - eps * (sx / k);
+        }
         if (dlogits) {
             float *d = dlogits + (size_t)i * k;
-            for (int j = 0; j < k; j++) d[j] = (float)((exp((double)x[j] - lse) - (j == labels[i])) / n);
+            if (eps == 0)
+                for (int j = 0; j < k; j++) d[j] = (float)((exp((double)x[j] - lse) - (j == labels[i])) / n);
+            else
+                for (int j = 0; j < k; j++)
+                    d[j] = (float)((exp((double)x[j] - lse) - (1.0 - eps) * (j == labels[i]) - eps / k) / n);
         }
     }
     *loss = (float)(total / n);

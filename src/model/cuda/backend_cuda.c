@@ -283,10 +283,10 @@ static rt_status cuda_copy(rt_model_ctx *ctx, size_t count, const float *x, floa
 }
 
 static rt_status cuda_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels,
-                                   float *loss, float *dlogits) {
+                                   double smoothing, float *loss, float *dlogits) {
     RT_CHECK(rt_cuda_bind(ctx));
     rt_cuda_state *s = cuda_state(ctx);
-    RT_CHECK_CUDA(rt_cuk_softmax_xent(s->stream, n, k, logits, labels, loss, dlogits, s->bad_labels));
+    RT_CHECK_CUDA(rt_cuk_softmax_xent_smooth(s->stream, n, k, logits, labels, smoothing, loss, dlogits, s->bad_labels));
     return RT_OK;
 }
 

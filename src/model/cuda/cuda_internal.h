@@ -80,6 +80,9 @@ cudaError_t rt_cuk_increment_i64(cudaStream_t s, int64_t *counter);
  * gradient) NaN */
 cudaError_t rt_cuk_softmax_xent(cudaStream_t s, int n, int k, const float *logits, const int64_t *labels, float *loss,
                                 float *dlogits, int *bad);
+/* the same with label smoothing eps (CrossEntropyLoss(label_smoothing=eps)); eps 0: as above */
+cudaError_t rt_cuk_softmax_xent_smooth(cudaStream_t s, int n, int k, const float *logits, const int64_t *labels,
+                                       double eps, float *loss, float *dlogits, int *bad);
 cudaError_t rt_cuk_log_softmax_forward(cudaStream_t s, int n, int k, const float *x, float *y);
 cudaError_t rt_cuk_log_softmax_backward(cudaStream_t s, int n, int k, const float *y, const float *dy, float *dx);
 cudaError_t rt_cuk_nll_loss(cudaStream_t s, int n, int k, const float *logp, const int64_t *labels, float *loss,

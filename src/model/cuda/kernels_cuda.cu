@@ -282,8 +282,8 @@ static __device__ double block_sum(double v, double *sh) {
 }
 
 /* one block: each thread takes rows t, t+256, ...; the loss is reduced in the block */
-static __global__ void softmax_xent_kernel(int n, int k, const float *logits, const int64_t *labels, float *loss,
-                                           float *dlogits, int *bad) {
+static __global__ void softmax_xent_kernel(int n, int k, const float *logits, const int64_t *labels, double eps,
+                                           float *loss, float *dlogits, int *bad) {
     __shared__ double sh[REDUCE_THREADS];
     double total = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -297,10 +297,25 @@ static __global__ void softmax_xent_kernel(int n, int k, const float *logits, co
             continue;
         }
         double lse = row_logsumexp(x, k);
-        total += lse - x[lab];
+        /* the CPU's formulas in the same order (ops_cpu.c), explicitly rounded: no contraction */
+        if (eps == 0) {
+            total += lse - x[lab];
+        } else {
+            double sx = 0;
+            for (int j = 0; j < k; j++) sx = __dadd_rn(sx, (double)x[j]);
+            total = __dadd_rn(total,
+                              __dsub_rn(__dsub_rn(lse, __dmul_rn(1.0 - eps, (double)x[lab])), __dmul_rn(eps, sx / k)));
+        }
         if (dlogits) {
             float *d = dlogits + (size_t)i * k;
-            for (int j = 0; j < k; j++) d[j] = (float)((exp((double)x[j] - lse) - (j == lab ? 1.0 : 0.0)) / n);
+            if (eps == 0)
+                for (int j = 0; j < k; j++) d[j] = (float)((exp((double)x[j] - lse) - (j == lab ? 1.0 : 0.0)) / n);
+            else
+                for (int j = 0; j < k; j++)
+                    d[j] = (float)(__dsub_rn(
+                                       __dsub_rn(exp((double)x[j] - lse), __dmul_rn(1.0 - eps, j == lab ? 1.0 : 0.0)),
+                                       eps / k) /
+                                   n);
         }
     }
     double sum = block_sum(total, sh);
@@ -309,7 +324,14 @@ static __global__ void softmax_xent_kernel(int n, int k, const float *logits, co
 
 extern "C" cudaError_t rt_cuk_softmax_xent(cudaStream_t s, int n, int k, const float *logits, const int64_t *labels,
                                            float *loss, float *dlogits, int *bad) {
-    softmax_xent_kernel<<<1, REDUCE_THREADS, 0, s>>>(n, k, logits, labels, loss, dlogits, bad);
+    softmax_xent_kernel<<<1, REDUCE_THREADS, 0, s>>>(n, k, logits, labels, 0.0, loss, dlogits, bad);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_softmax_xent_smooth(cudaStream_t s, int n, int k, const float *logits,
+                                                  const int64_t *labels, double eps, float *loss, float *dlogits,
+                                                  int *bad) {
+    softmax_xent_kernel<<<1, REDUCE_THREADS, 0, s>>>(n, k, logits, labels, eps, loss, dlogits, bad);
     return cudaGetLastError();
 }
 

@@ -73,8 +73,9 @@ typedef struct rt_model_backend {
     rt_status (*add_backward)(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
     rt_status (*copy)(rt_model_ctx *ctx, size_t count, const float *x, float *y);
 
-    rt_status (*softmax_xent)(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, float *loss,
-                              float *dlogits);
+    /* label smoothing eps in [0, 1]: CrossEntropyLoss(label_smoothing=eps) */
+    rt_status (*softmax_xent)(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels,
+                              double smoothing, float *loss, float *dlogits);
     rt_status (*log_softmax_forward)(rt_model_ctx *ctx, int n, int k, const float *x, float *y);
     rt_status (*log_softmax_backward)(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy, float *dx);
     rt_status (*nll_loss)(rt_model_ctx *ctx, int n, int k, const float *logp, const int64_t *labels, float *loss,

@@ -70,7 +70,8 @@ struct rt_model {
     float *out;  /* (max_batch, num_classes): logits or log-probabilities */
     float *dout; /* gradient of the loss w.r.t. out */
     float *loss_dev;
-    const float *input; /* the last forward's input (kept by the caller until backward) */
+    double label_smoothing; /* rt_model_set_label_smoothing: 0 = plain cross-entropy */
+    const float *input;     /* the last forward's input (kept by the caller until backward) */
     int last_n;
     bool last_training, have_loss;
 };

@@ -1,4 +1,4 @@
-/* The CPU optimizer backend: SGD and Adam/AdamW loops over one contiguous stretch of
+/* The CPU optimizer backend: SGD, Adam/AdamW and Adadelta loops over one contiguous stretch of
  * the arena, walked between the weight-decay exclusions, plus the sum of squares and
  * the scaling used by gradient clipping, and the table (rt_optim_backend_cpu).
  *
@@ -137,6 +137,39 @@ RT_ALWAYS_INLINE void adam_all(float *restrict p, const float *restrict g, float
     }
 }
 
+/* ---- Adadelta ------------------------------------------------------------------------ */
+
+/* PyTorch 1.13's _single_tensor_adadelta, one element at a time in its float order */
+RT_ALWAYS_INLINE void adadelta_body(float *restrict p, const float *restrict g, float *restrict sq, float *restrict acc,
+                                    size_t n, const rt_optim_scalars *s, bool wd) {
+    const float wdf = s->wd, rho = s->rho, omrho = s->omrho, eps = s->eps, neglr = s->neglr;
+    for (size_t i = 0; i < n; i++) {
+        float pi = p[i], gi = g[i];
+        if (wd) gi = fmaf(wdf, pi, gi);               /* grad = grad.add(param, alpha=weight_decay) */
+        float si = fmaf(omrho * gi, gi, sq[i] * rho); /* square_avg.mul_(rho).addcmul_(grad, grad, value=1-rho) */
+        sq[i] = si;
+        float sd = sqrtf(si + eps);                        /* std = square_avg.add(eps).sqrt_() */
+        float delta = sqrtf(acc[i] + eps) / sd * gi;       /* acc_delta.add(eps).sqrt_().div_(std).mul_(grad) */
+        acc[i] = fmaf(omrho * delta, delta, acc[i] * rho); /* acc_delta.mul_(rho).addcmul_(delta, delta, 1-rho) */
+        p[i] = fmaf(neglr, delta, pi);                     /* param.add_(delta, alpha=-lr) */
+    }
+}
+
+/* ---- the parameters' moving average ---------------------------------------------------- */
+
+/* One build only (no avx2/fma target): decay*avg + omdecay*p must stay two rounded
+ * products and a rounded sum, as PyTorch's mul, mul, add (a contracted fma would differ). */
+void rt_optim_ema_cpu(float *restrict avg, const float *restrict p, size_t n, float decay, float omdecay, int first) {
+    if (first) {
+        for (size_t i = 0; i < n; i++) avg[i] = p[i];
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float a = avg[i] * decay, b = p[i] * omdecay;
+        avg[i] = a + b;
+    }
+}
+
 /* ---- clipping ----------------------------------------------------------------------- */
 
 RT_ALWAYS_INLINE double sumsq_body(const float *restrict x, size_t n) {
@@ -161,6 +194,13 @@ static void sgd_generic(float *restrict p, const float *restrict g, float *restr
 static void adam_generic(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
                          float *restrict vmax, size_t n, const rt_optim_scalars *s, bool wd) {
     adam_all(p, g, m, v, vmax, n, s, wd);
+}
+static void adadelta_generic(float *restrict p, const float *restrict g, float *restrict sq, float *restrict acc,
+                             size_t n, const rt_optim_scalars *s, bool wd) {
+    if (wd)
+        adadelta_body(p, g, sq, acc, n, s, true);
+    else
+        adadelta_body(p, g, sq, acc, n, s, false);
 }
 static double sumsq_generic(const float *restrict x, size_t n) { return sumsq_body(x, n); }
 static void scale_generic(float *restrict x, size_t n, float coef) { scale_body(x, n, coef); }
@@ -201,6 +241,13 @@ RT_TARGET_FMA static void adam_fma(float *restrict p, const float *restrict g, f
         _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(negss, mi), denom)));
     }
     if (i < n) adam_all(p + i, g + i, m + i, v + i, vmax ? vmax + i : NULL, n - i, s, wd);
+}
+RT_TARGET_FMA static void adadelta_fma(float *restrict p, const float *restrict g, float *restrict sq,
+                                       float *restrict acc, size_t n, const rt_optim_scalars *s, bool wd) {
+    if (wd)
+        adadelta_body(p, g, sq, acc, n, s, true);
+    else
+        adadelta_body(p, g, sq, acc, n, s, false);
 }
 RT_TARGET_FMA static double sumsq_fma(const float *restrict x, size_t n) { return sumsq_body(x, n); }
 RT_TARGET_FMA static void scale_fma(float *restrict x, size_t n, float coef) { scale_body(x, n, coef); }
@@ -248,6 +295,18 @@ void rt_optim_adam_cpu(float *params, const float *grads, float *m, float *v, fl
     adam_generic(params, grads, m, v, vmax, n, s, wd);
 }
 
+void rt_optim_adadelta_cpu(float *params, const float *grads, float *square_avg, float *acc_delta, size_t n,
+                           const rt_optim_scalars *s, int decay) {
+    bool wd = decay && s->has_wd;
+#ifdef RT_OPTIM_FMA_VARIANT
+    if (have_fma()) {
+        adadelta_fma(params, grads, square_avg, acc_delta, n, s, wd);
+        return;
+    }
+#endif
+    adadelta_generic(params, grads, square_avg, acc_delta, n, s, wd);
+}
+
 double rt_optim_sumsq_cpu(const float *x, size_t n) {
 #ifdef RT_OPTIM_FMA_VARIANT
     if (have_fma()) return sumsq_fma(x, n);
@@ -279,6 +338,8 @@ static void cpu_range(const rt_optimizer *opt, float *p, const float *g, size_t 
     if (count == 0) return;
     if (opt->cfg.kind == RT_OPTIM_SGD) {
         rt_optim_sgd_cpu(p + off, g + off, s->momentum ? opt->state[0] + off : NULL, count, s, decay);
+    } else if (opt->cfg.kind == RT_OPTIM_ADADELTA) {
+        rt_optim_adadelta_cpu(p + off, g + off, opt->state[0] + off, opt->state[1] + off, count, s, decay);
     } else {
         rt_optim_adam_cpu(p + off, g + off, opt->state[0] + off, opt->state[1] + off,
                           s->amsgrad ? opt->state[2] + off : NULL, count, s, decay);
@@ -319,6 +380,23 @@ static rt_status cpu_scale(rt_grad_clip *c, float *x, size_t n, float coef, rt_s
     return RT_OK;
 }
 
+static rt_status cpu_ema(float *avg, const float *p, size_t n, float decay, float omdecay, int first,
+                         rt_stream *stream) {
+    (void)stream;
+    rt_optim_ema_cpu(avg, p, n, decay, omdecay, first);
+    return RT_OK;
+}
+
+static rt_status cpu_ema_swap(float *avg, float *p, size_t n, rt_stream *stream) {
+    (void)stream;
+    for (size_t i = 0; i < n; i++) {
+        float t = avg[i];
+        avg[i] = p[i];
+        p[i] = t;
+    }
+    return RT_OK;
+}
+
 const rt_optim_backend rt_optim_backend_cpu = {
     .name = "cpu",
     .init = cpu_init,
@@ -328,4 +406,6 @@ const rt_optim_backend rt_optim_backend_cpu = {
     .clip_release = cpu_clip_release,
     .sumsq = cpu_sumsq,
     .scale = cpu_scale,
+    .ema = cpu_ema,
+    .ema_swap = cpu_ema_swap,
 };

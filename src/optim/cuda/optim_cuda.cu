@@ -1,4 +1,4 @@
-/* The CUDA optimizer backend: one fused kernel per optimizer over the whole arena (one
+/* The CUDA optimizer backend (SGD, Adam/AdamW, Adadelta): one fused kernel per optimizer over the whole arena (one
  * launch per step, however many tensors), the deterministic sum-of-squares reduction
  * for gradient clipping, the scaling, and the table (rt_optim_backend_cuda).
  *
@@ -73,6 +73,32 @@ static __global__ void adam_kernel(float *__restrict__ p, const float *__restric
     }
 }
 
+static __global__ void adadelta_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ sq,
+                                       float *__restrict__ acc, size_t n, const rt_optim_scalars s,
+                                       const uint32_t *__restrict__ mask) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float pi = p[i];
+        float gi = g[i];
+        if (optim_decays(s, mask, i)) gi = __fmaf_rn(s.wd, pi, gi);
+        float si = __fmaf_rn(__fmul_rn(s.omrho, gi), gi, __fmul_rn(sq[i], s.rho));
+        sq[i] = si;
+        float sd = __fsqrt_rn(__fadd_rn(si, s.eps));
+        float delta = __fmul_rn(__fdiv_rn(__fsqrt_rn(__fadd_rn(acc[i], s.eps)), sd), gi);
+        acc[i] = __fmaf_rn(__fmul_rn(s.omrho, delta), delta, __fmul_rn(acc[i], s.rho));
+        p[i] = __fmaf_rn(s.neglr, delta, pi);
+    }
+}
+
+static rt_status adadelta_cuda(float *params, const float *grads, float *sq, float *acc, size_t n,
+                               const rt_optim_scalars *s, const uint32_t *decay_mask, rt_stream *stream) {
+    if (n == 0) return RT_OK;
+    adadelta_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(
+        params, grads, sq, acc, n, *s, decay_mask);
+    RT_CHECK_LAUNCH();
+    return RT_OK;
+}
+
 static rt_status sgd_cuda(float *params, const float *grads, float *buf, size_t n,
                                        const rt_optim_scalars *s, const uint32_t *decay_mask, rt_stream *stream) {
     if (n == 0) return RT_OK;
@@ -145,6 +171,40 @@ static rt_status scale_cuda(float *x, size_t n, float coef, rt_stream *stream) {
     return RT_OK;
 }
 
+/* ---- the parameters' moving average ------------------------------------------------------ */
+
+static __global__ void ema_kernel(float *__restrict__ avg, const float *__restrict__ p, size_t n, float decay,
+                                  float omdecay, int first) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        avg[i] = first ? p[i] : __fadd_rn(__fmul_rn(avg[i], decay), __fmul_rn(p[i], omdecay));
+}
+
+static __global__ void ema_swap_kernel(float *__restrict__ avg, float *__restrict__ p, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float t = avg[i];
+        avg[i] = p[i];
+        p[i] = t;
+    }
+}
+
+static rt_status cuda_ema(float *avg, const float *p, size_t n, float decay, float omdecay, int first,
+                          rt_stream *stream) {
+    if (n == 0) return RT_OK;
+    ema_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(avg, p, n, decay,
+                                                                                               omdecay, first);
+    RT_CHECK_LAUNCH();
+    return RT_OK;
+}
+
+static rt_status cuda_ema_swap(float *avg, float *p, size_t n, rt_stream *stream) {
+    if (n == 0) return RT_OK;
+    ema_swap_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(avg, p, n);
+    RT_CHECK_LAUNCH();
+    return RT_OK;
+}
+
 /* ---- the backend table ---------------------------------------------------------------- */
 
 /* With excluded ranges: one bit per element (1 = weight decay applies), built on the host
@@ -181,6 +241,8 @@ static rt_status cuda_step(rt_optimizer *opt, float *params, const float *grads,
     const uint32_t *mask = (const uint32_t *)opt->backend_state;
     if (opt->cfg.kind == RT_OPTIM_SGD)
         RT_CHECK(sgd_cuda(params, grads, s->momentum ? opt->state[0] : NULL, opt->n, s, mask, stream));
+    else if (opt->cfg.kind == RT_OPTIM_ADADELTA)
+        RT_CHECK(adadelta_cuda(params, grads, opt->state[0], opt->state[1], opt->n, s, mask, stream));
     else
         RT_CHECK(adam_cuda(params, grads, opt->state[0], opt->state[1], s->amsgrad ? opt->state[2] : NULL, opt->n, s,
                            mask, stream));
@@ -212,5 +274,6 @@ static rt_status cuda_scale(rt_grad_clip *c, float *x, size_t n, float coef, rt_
 
 /* positional: C++ has no designated initialisers before C++20 (the order of rt_optim_backend) */
 extern "C" const rt_optim_backend rt_optim_backend_cuda = {
-    "cuda", cuda_init, cuda_release, cuda_step, cuda_clip_init, cuda_clip_release, cuda_sumsq, cuda_scale,
+    "cuda",     cuda_init,  cuda_release, cuda_step, cuda_clip_init, cuda_clip_release, cuda_sumsq, cuda_scale,
+    cuda_ema, cuda_ema_swap,
 };

@@ -38,6 +38,9 @@ typedef struct rt_optim_scalars {
     float eps;                /* denom = sqrt(v)/bc2s + eps */
     float negss;              /* -lr / (1 - beta1^t): p = p + (negss*m)/denom */
     float decay_mul;          /* AdamW: p = p * (1 - lr*wd) */
+    int adadelta;             /* Adadelta (eps, wd and neglr as above) */
+    float rho, omrho;         /* sq = fma(omrho*g, g, sq*rho); delta = sqrt(acc+eps)/sqrt(sq+eps)*g;
+                               * acc = fma(omrho*delta, delta, acc*rho); p = fma(neglr, delta, p) */
 } rt_optim_scalars;
 
 /* A backend. Every entry is set. */
@@ -60,6 +63,11 @@ typedef struct rt_optim_backend {
     void (*clip_release)(rt_grad_clip *c);
     rt_status (*sumsq)(rt_grad_clip *c, const float *x, size_t n, rt_stream *stream, double *sum);
     rt_status (*scale)(rt_grad_clip *c, float *x, size_t n, float coef, rt_stream *stream);
+    /* the parameters' moving average over n floats: first ? avg = p : avg = decay*avg +
+     * omdecay*p (two float products and a float sum, no fused multiply-add: PyTorch's
+     * mul, mul, add); swap exchanges avg and p */
+    rt_status (*ema)(float *avg, const float *p, size_t n, float decay, float omdecay, int first, rt_stream *stream);
+    rt_status (*ema_swap)(float *avg, float *p, size_t n, rt_stream *stream);
 } rt_optim_backend;
 
 extern const rt_optim_backend rt_optim_backend_cpu;
@@ -73,6 +81,9 @@ const rt_optim_backend *rt_optim_backend_get(rt_device_kind kind);
 void rt_optim_sgd_cpu(float *params, const float *grads, float *buf, size_t n, const rt_optim_scalars *s, int decay);
 void rt_optim_adam_cpu(float *params, const float *grads, float *m, float *v, float *vmax, size_t n,
                        const rt_optim_scalars *s, int decay);
+void rt_optim_adadelta_cpu(float *params, const float *grads, float *square_avg, float *acc_delta, size_t n,
+                           const rt_optim_scalars *s, int decay);
+void rt_optim_ema_cpu(float *avg, const float *p, size_t n, float decay, float omdecay, int first);
 /* Tests: force the baseline (non-AVX2) CPU loops, to check both builds agree. */
 void rt_optim_cpu_force_generic(int on);
 /* Sum of squares in double over n floats (8 independent partial sums, fixed order). */
