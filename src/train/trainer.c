@@ -1425,6 +1425,13 @@ static void pretty_value(const char *v, char *out, size_t n) {
         snprintf(out, n, "%s", v);
 }
 
+/* optim.eps as the optimizer uses it: auto is 1e-6 for adadelta, else 1e-8 (what a
+ * checkpoint written before auto existed holds) */
+static double effective_eps(const rt_config *c) {
+    if (!isnan(c->optim.eps)) return c->optim.eps;
+    return strcmp(c->optim.name, "adadelta") == 0 ? 1e-6 : 1e-8;
+}
+
 /* The checkpoint's config (metadata "config", the resolved config it was written with)
  * against this run's, key by key: a key of the trajectory that differs is refused unless
  * checkpoint.allow_changes names it, then it applies and rank 0 logs it. */
@@ -1449,6 +1456,7 @@ static rt_status compare_config(run *r, const char *path, const char *text) {
         rt_config_value_at(old, i, a, sizeof a);
         rt_config_value_at(c, i, b, sizeof b);
         if (strcmp(a, b) == 0 || free_key(k)) continue;
+        if (strcmp(k, "optim.eps") == 0 && effective_eps(old) == effective_eps(c)) continue; /* auto vs its value */
         char pa[600], pb[600];
         pretty_value(a, pa, sizeof pa);
         pretty_value(b, pb, sizeof pb);

@@ -304,6 +304,14 @@ assert m["schedule.total_steps"] == "128" and m["schedule.step"] == "192", m
 lr = {r["step"]: r["lr"] for r in map(json.loads, open(sys.argv[2])) if r.get("kind") == "step"}
 assert lr[129] == lr[160] == lr[192] < lr[100], (lr[100], lr[129], lr[160], lr[192])
 PY
+  # optim.eps auto and the value it stands for (1e-8 here; what a checkpoint written before
+  # auto existed holds) are the same run; another value is refused
+  "$bin" train "$tmp/c.yaml" "${net[@]}" optim.schedule=onecycle optim.lr=0.02 train.epochs=4 optim.eps=1e-7 "log.dir=$d" >"$tmp/ch4.out" 2>"$tmp/ch4.err" &&
+    fail "a resume with another optim.eps was accepted"
+  grep -q "optim.eps.*auto.*1e-07" "$tmp/ch4.err" || fail "the refusal does not name optim.eps: $(cat "$tmp/ch4.err")"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" optim.schedule=onecycle optim.lr=0.02 train.epochs=4 optim.eps=1e-8 "log.dir=$d" >"$tmp/ch5.out" 2>"$tmp/ch5.err" ||
+    fail "optim.eps=1e-8 against a checkpoint with optim.eps auto was refused: $(tail -3 "$tmp/ch5.err")"
+  grep -q "resuming from .*ckpt-000000192" "$tmp/ch5.out" || fail "did not resume from step 192"
   echo "ok: schedule state restored (exact resume after max_steps); changed keys refused unless allowed"
   ;;
 runid)
