@@ -34,6 +34,8 @@ void rt_pg_options_default(rt_pg_options *o) {
     if (t && atof(t) > 0) o->timeout_s = atof(t);
     const char *fe = getenv("RINGTRAIN_FLIGHT_ENTRIES");
     if (fe && *fe && atol(fe) >= 0 && atol(fe) <= (1L << 24)) o->flight_entries = (int)atol(fe);
+    const char *d = getenv("RINGTRAIN_DIST_DEBUG"), *td = getenv("TORCH_DISTRIBUTED_DEBUG");
+    o->debug = (d && strcmp(d, "1") == 0) || (td && strcmp(td, "DETAIL") == 0);
 }
 
 int rt_pg_rank(const rt_pg *pg) { return pg->rank; }
@@ -391,6 +393,127 @@ static void diagnose_timeout(rt_pg_world *w, double grace_s, char *out, size_t n
     }
 }
 
+/* ---- hangs and desyncs (docs/dist.md, "Hangs and desyncs") ----
+ * Every rank's state (its oldest pending collective, how long it waits in it, its last
+ * completed one) is published under rt/fr/<group>/<rank> only when something is slow or
+ * failed; the step itself never touches the store. */
+
+double rt_pg_slow_after_s(double timeout_s) { return timeout_s / 4 < 10 ? timeout_s / 4 : 10; }
+
+static rt_status publish_state(rt_pg *pg, rt_flight_state_rec *mine) {
+    rt_flight_get_state(&pg->flight, mine);
+    char key[64], val[512];
+    snprintf(key, sizeof key, "rt/fr/%d/%d", pg->id, pg->rank);
+    int n = rt_flight_state_format(mine, val, sizeof val);
+    return rt_store_set(pg->w->store, key, val, (size_t)(n < (int)sizeof val ? n : (int)sizeof val - 1));
+}
+
+/* The others' published states into rec[] (rec[me] = mine). A state older than this
+ * rank's (its pending operation before this rank's) is from an earlier slow wait that
+ * ended: it counts as not published. Returns how many ranks published. */
+static int read_states(rt_pg *pg, const rt_flight_state_rec *mine, rt_flight_state_rec *rec) {
+    int have = 0;
+    for (int j = 0; j < pg->size; j++) {
+        memset(&rec[j], 0, sizeof rec[j]);
+        if (j == pg->rank) {
+            rec[j] = *mine;
+            have++;
+            continue;
+        }
+        char key[64], val[512];
+        snprintf(key, sizeof key, "rt/fr/%d/%d", pg->id, j);
+        bool ex = false;
+        if (rt_store_check(pg->w->store, key, &ex) != RT_OK || !ex) continue;
+        size_t n = 0;
+        if (rt_store_get(pg->w->store, key, val, sizeof val - 1, &n) != RT_OK) continue;
+        val[n] = '\0';
+        if (!rt_flight_state_parse(val, &rec[j])) continue;
+        if (mine->pending.seq && rec[j].pending.seq && rec[j].pending.seq < mine->pending.seq) {
+            memset(&rec[j], 0, sizeof rec[j]); /* stale */
+            continue;
+        }
+        have++;
+    }
+    return have;
+}
+
+rt_status rt_pg_slow_check(rt_pg *pg) {
+    if (!pg || !pg->w->store || !pg->flight.cap) return RT_OK;
+    rt_flight_state_rec mine;
+    if (publish_state(pg, &mine) != RT_OK) {
+        rt_error_clear();
+        return RT_OK;
+    }
+    rt_flight_state_rec *rec = calloc((size_t)pg->size, sizeof *rec);
+    if (!rec) return RT_OK;
+    read_states(pg, &mine, rec);
+    char diag[800];
+    int kind = rt_flight_diagnose(rec, pg->size, diag, sizeof diag);
+    free(rec);
+    rt_error_clear();
+    if (kind == 1)
+        return RT_ERROR(RT_ERR_PEER, "group %d: the ranks called different collectives: %s", pg->id, diag);
+    return RT_OK;
+}
+
+static rt_status engine_on_slow(void *owner) { return rt_pg_slow_check(owner); }
+
+/* After a failure (a timeout, or a message that did not match): publish, wait up to
+ * grace_s for every rank's state (a stopped rank never comes), diagnose. */
+static void diagnose_flight(rt_pg *pg, double grace_s, char *out, size_t n) {
+    out[0] = '\0';
+    if (!pg || !pg->flight.cap) return;
+    rt_flight_state_rec mine;
+    if (publish_state(pg, &mine) != RT_OK) return;
+    rt_flight_state_rec *rec = calloc((size_t)pg->size, sizeof *rec);
+    if (!rec) return;
+    uint64_t deadline = rt_now_ns() + (uint64_t)(grace_s * 1e9);
+    while (read_states(pg, &mine, rec) < pg->size && rt_now_ns() < deadline) sleep_ms(20);
+    rt_flight_diagnose(rec, pg->size, out, n);
+    free(rec);
+}
+
+rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp) {
+    rt_store *st = pg->w->store;
+    RT_REQUIRE(st != NULL, RT_ERR_INVALID, "dist debug mode: no store");
+    char key[64], val[256];
+    snprintf(key, sizeof key, "rt/fpd/%d/%u/%d", pg->id, fp->seq, pg->rank);
+    int n = rt_flight_fp_format(fp, val, sizeof val);
+    RT_CHECK(rt_store_set(st, key, val, (size_t)n));
+    char dmine[200];
+    rt_flight_fp_describe(fp, dmine, sizeof dmine);
+    for (int j = 0; j < pg->size; j++) {
+        if (j == pg->rank) continue;
+        snprintf(key, sizeof key, "rt/fpd/%d/%u/%d", pg->id, fp->seq, j);
+        const char *keys[1] = {key};
+        rt_status s = rt_store_wait(st, keys, 1);
+        if (s != RT_OK)
+            return RT_ERROR(s, "dist debug mode: rank %d never checked in for %s (group %d): %s", j, dmine, pg->id,
+                            rt_error_message());
+        size_t got = 0;
+        RT_CHECK(rt_store_get(st, key, val, sizeof val - 1, &got));
+        val[got] = '\0';
+        rt_flight_fp other;
+        RT_REQUIRE(rt_flight_fp_parse(val, &other), RT_ERR_PEER, "dist debug mode: rank %d published '%s'", j, val);
+        if (rt_flight_fp_differ(fp, &other)) {
+            char dother[200];
+            rt_flight_fp_describe(&other, dother, sizeof dother);
+            return RT_ERROR(RT_ERR_PEER,
+                            "desync at #%u (group %d, dist debug mode, before it ran): rank %d called %s but rank %d "
+                            "called %s",
+                            fp->seq, pg->id, pg->rank, dmine, j, dother);
+        }
+    }
+    return RT_OK;
+}
+
+void rt_pg_set_tag(rt_pg *pg, const char *tag) {
+    if (pg) snprintf(pg->tag, sizeof pg->tag, "%s", tag ? tag : "");
+}
+void rt_pg_set_op_tag(rt_pg *pg, const char *tag) {
+    if (pg) snprintf(pg->op_tag, sizeof pg->op_tag, "%s", tag ? tag : "");
+}
+
 static void report_failure(void *ctx, rt_error_record *rec) {
     rt_pg_world *w = ctx;
     if (!w->store) return;
@@ -401,9 +524,10 @@ static void report_failure(void *ctx, rt_error_record *rec) {
         int n = snprintf(val, sizeof val, "%d", w->eng.fail_peer);
         rt_store_set(w->store, key, val, (size_t)n);
     }
-    char diag[400] = "";
-    if (rec->status == RT_ERR_TIMEOUT) {
-        diagnose_timeout(w, 2.0, diag, sizeof diag);
+    char diag[800] = "";
+    if (rec->status == RT_ERR_TIMEOUT || w->eng.mismatch_peer >= 0) {
+        diagnose_flight(w->eng.fail_owner, 2.0, diag, sizeof diag);
+        if (!diag[0] && rec->status == RT_ERR_TIMEOUT) diagnose_timeout(w, 2.0, diag, sizeof diag);
         if (diag[0]) {
             size_t len = strlen(rec->msg);
             snprintf(rec->msg + len, sizeof rec->msg - len, "\n  diagnosis: %s", diag);
@@ -426,7 +550,7 @@ static void report_failure(void *ctx, rt_error_record *rec) {
         char who[32]; /* the rank once: the message and the errors nested in it may carry it already */
         size_t wl = (size_t)snprintf(who, sizeof who, "rank %d: ", w->eng.rank);
         for (char *p; (p = strstr(mine.msg, who)) != NULL;) memmove(p, p + wl, strlen(p + wl) + 1);
-        int n = snprintf(msg, sizeof msg, "%s%.1100s%s%.400s", who, mine.msg, diag[0] ? "; " : "", diag);
+        int n = snprintf(msg, sizeof msg, "%s%.800s%s%.700s", who, mine.msg, diag[0] ? "; " : "", diag);
         rt_store_set(w->store, "rt/failure/first", msg, (size_t)n);
     } else {
         char first[1700] = "";
@@ -455,6 +579,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     RT_CHECK(rt_engine_init(&w->eng, r->rank, r->world));
     w->eng.on_fail = report_failure;
     w->eng.on_fail_ctx = w;
+    w->eng.on_slow = engine_on_slow;
     /* the per-launch nonce: with the job secret it keys the transport handshake (auth.h) */
     if (r->rank == 0) {
         RT_CHECK(rt_random_bytes(w->token, sizeof w->token));
@@ -531,6 +656,9 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     RT_REQUIRE(o->flight_entries >= 0, RT_ERR_INVALID, "rt_pg_options.flight_entries %d < 0", o->flight_entries);
     RT_CHECK(rt_flight_init(&pg->flight, (uint32_t)o->flight_entries));
     pg->has_flight = true;
+    pg->debug = o->debug;
+    pg->p2p_n = calloc(2 * (size_t)r->world, sizeof *pg->p2p_n);
+    RT_CHECK_ALLOC(pg->p2p_n, 2 * (size_t)r->world * sizeof *pg->p2p_n);
     pg->buf_device = o->device;
     if (t == RT_TRANSPORT_NCCL) {
         RT_REQUIRE(o->device.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
@@ -570,6 +698,7 @@ rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
         rt_error_record rec;
         rt_error_save(&rec);
         if (pg->has_flight) rt_flight_destroy(&pg->flight);
+        free(pg->p2p_n);
         free(pg->ranks);
         free(pg);
         world_free(w);
@@ -619,6 +748,7 @@ void rt_pg_destroy(rt_pg *pg) {
     }
     rt_stage_pool_free(pg);
     if (pg->has_flight) rt_flight_destroy(&pg->flight);
+    free(pg->p2p_n);
     free(pg->ranks);
     free(pg);
 }
@@ -661,6 +791,14 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
         return fs;
     }
     g->has_flight = true;
+    g->debug = pg->debug;
+    g->p2p_n = calloc(2 * (size_t)n, sizeof *g->p2p_n);
+    if (!g->p2p_n) {
+        rt_flight_destroy(&g->flight);
+        free(g->ranks);
+        free(g);
+        RT_CHECK_ALLOC(NULL, 2 * (size_t)n * sizeof(uint32_t));
+    }
     *out = g;
     return RT_OK;
 }

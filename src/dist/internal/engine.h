@@ -115,6 +115,11 @@ struct rt_request {
     struct rt_flight *fr;
     uint64_t fr_id;
     bool fr_dev;
+    /* hangs and desyncs: the group that submitted it (NULL: none), and after how many
+     * seconds a wait in it is slow (0: never): the engine then calls on_slow */
+    void *owner;
+    double slow_s;
+    uint64_t slow_ns;
 };
 
 struct rt_engine {
@@ -137,6 +142,12 @@ struct rt_engine {
     void (*on_fail)(void *ctx, rt_error_record *rec);
     void *on_fail_ctx;
     int fail_peer; /* at the failure: the peer of the first unfinished receive (-1: none) */
+    /* a request has waited past its slow_ns: called with its owner (mu held), at most once
+     * a second; an error (a desync found) breaks the engine with it */
+    rt_status (*on_slow)(void *owner);
+    uint64_t slow_next_ns;
+    int mismatch_peer; /* the failure is a header that did not match (-1: no) */
+    void *fail_owner;  /* at the failure: the group of the first active request (NULL: none) */
 };
 
 rt_status rt_engine_init(rt_engine *e, int rank, int world);
