@@ -201,13 +201,13 @@ void rt_flight_get_state(rt_flight *f, rt_flight_state_rec *out) {
     uint64_t now = since(f);
     pthread_mutex_lock(&f->mu);
     uint64_t next = f->next_id, first = next - 1 > f->cap ? next - f->cap : 1;
-    for (uint64_t id = next - 1; id >= first && id > 0; id--) { /* newest first */
+    for (uint64_t id = first; id < next; id++) { /* oldest first */
         const rt_flight_entry *e = &f->e[(id - 1) % f->cap];
         if (e->id != id || e->kind == RT_K_P2P) continue;
         if (e->state == RT_FLIGHT_QUEUED || e->state == RT_FLIGHT_STARTED) {
-            fp_of_entry(e, &out->pending); /* older pending ones replace it */
-            out->wait_s = (double)(now - e->t_queued) * 1e-9;
-        } else if (e->state == RT_FLIGHT_DONE && !out->last_done.seq) {
+            if (out->npending == 0) out->wait_s = (double)(now - e->t_queued) * 1e-9;
+            if (out->npending < RT_FLIGHT_PENDING) fp_of_entry(e, &out->pending[out->npending++]);
+        } else if (e->state == RT_FLIGHT_DONE) {
             fp_of_entry(e, &out->last_done);
         }
     }
@@ -254,29 +254,36 @@ bool rt_flight_fp_parse(const char *s, rt_flight_fp *out) {
 }
 
 int rt_flight_state_format(const rt_flight_state_rec *s, char *buf, size_t n) {
-    const rt_flight_fp *p = &s->pending, *d = &s->last_done;
-    char pt[RT_FLIGHT_TAG], dt[RT_FLIGHT_TAG];
-    memcpy(pt, p->tag, sizeof pt);
-    memcpy(dt, d->tag, sizeof dt);
-    pt[sizeof pt - 1] = dt[sizeof dt - 1] = '\0';
-    tag_clean(pt);
-    tag_clean(dt);
-    return snprintf(buf, n, "%u %d %d %d %d %llu %.3f %u %d %d %d %d %llu\n%s\n%s", p->seq, p->kind, p->rop, p->dtype,
-                    p->root, (unsigned long long)p->count, s->wait_s, d->seq, d->kind, d->rop, d->dtype, d->root,
-                    (unsigned long long)d->count, pt, dt);
+    int l = snprintf(buf, n, "%.3f %d\n", s->wait_s, s->npending);
+    const rt_flight_fp *fps[1 + RT_FLIGHT_PENDING] = {&s->last_done};
+    for (int i = 0; i < s->npending && i < RT_FLIGHT_PENDING; i++) fps[1 + i] = &s->pending[i];
+    for (int i = 0; i < 1 + s->npending && i <= RT_FLIGHT_PENDING && l >= 0 && (size_t)l < n; i++) {
+        l += rt_flight_fp_format(fps[i], buf + l, n - (size_t)l);
+        if ((size_t)l < n - 1) buf[l++] = '\n', buf[l] = '\0';
+    }
+    return l < (int)n ? l : (int)n - 1;
+}
+
+/* the fingerprint at s (two lines); the text after it, or NULL */
+static const char *fp_next(const char *s, rt_flight_fp *fp) {
+    memset(fp, 0, sizeof *fp);
+    int used = 0;
+    if (!fp_fields(s, fp, &used) || s[used] != '\n') return NULL;
+    const char *t = s + used + 1;
+    tag_line(t, fp->tag);
+    const char *nl = strchr(t, '\n');
+    return nl ? nl + 1 : t + strlen(t);
 }
 
 bool rt_flight_state_parse(const char *s, rt_flight_state_rec *out) {
     memset(out, 0, sizeof *out);
-    int a = 0, b = 0, c = 0;
-    if (!fp_fields(s, &out->pending, &a)) return false;
-    if (sscanf(s + a, " %lf%n", &out->wait_s, &b) != 1) return false;
-    if (!fp_fields(s + a + b, &out->last_done, &c)) return false;
-    const char *t = s + a + b + c;
-    if (*t != '\n') return false;
-    tag_line(t + 1, out->pending.tag);
-    const char *t2 = strchr(t + 1, '\n');
-    if (t2) tag_line(t2 + 1, out->last_done.tag);
+    int used = 0, np = 0;
+    if (sscanf(s, "%lf %d%n", &out->wait_s, &np, &used) != 2 || s[used] != '\n') return false;
+    if (np < 0 || np > RT_FLIGHT_PENDING) return false;
+    const char *t = fp_next(s + used + 1, &out->last_done);
+    for (int i = 0; i < np && t; i++) t = fp_next(t, &out->pending[i]);
+    if (!t) return false;
+    out->npending = np;
     out->present = true;
     return true;
 }
@@ -323,43 +330,55 @@ static void rank_list(const int *r, int k, char *buf, size_t n) {
     for (int i = 0; i < k && l + 12 < n; i++) l += (size_t)snprintf(buf + l, n - l, "%s%d", i ? "," : "", r[i]);
 }
 
+/* rank k's pending fingerprint at seq, or NULL */
+static const rt_flight_fp *pending_at(const rt_flight_state_rec *r, uint32_t seq) {
+    if (!r->present) return NULL;
+    for (int i = 0; i < r->npending; i++)
+        if (r->pending[i].seq == seq) return &r->pending[i];
+    return NULL;
+}
+
 int rt_flight_diagnose(const rt_flight_state_rec *rec, int n, char *out, size_t len) {
     out[0] = '\0';
     if (n <= 0 || len == 0) return 0;
-    /* a desync: two ranks wait in different calls at one sequence number */
+    /* a desync: two ranks are in different calls at one sequence number */
     for (int i = 0; i < n; i++) {
-        if (!rec[i].present || !rec[i].pending.seq) continue;
-        for (int j = 0; j < n; j++) {
-            if (j == i || !rec[j].present || rec[j].pending.seq != rec[i].pending.seq) continue;
-            if (!rt_flight_fp_differ(&rec[i].pending, &rec[j].pending)) continue;
-            /* the ranks that agree with i, and those that agree with j */
-            int a[256], b[256], na = 0, nb = 0;
-            for (int k = 0; k < n; k++) {
-                if (!rec[k].present || rec[k].pending.seq != rec[i].pending.seq) continue;
-                if (!rt_flight_fp_differ(&rec[k].pending, &rec[i].pending) && na < 256) a[na++] = k;
-                if (!rt_flight_fp_differ(&rec[k].pending, &rec[j].pending) && nb < 256) b[nb++] = k;
+        if (!rec[i].present) continue;
+        for (int pi = 0; pi < rec[i].npending; pi++) {
+            const rt_flight_fp *fi = &rec[i].pending[pi];
+            for (int j = 0; j < n; j++) {
+                const rt_flight_fp *fj = j == i ? NULL : pending_at(&rec[j], fi->seq);
+                if (!fj || !rt_flight_fp_differ(fi, fj)) continue;
+                /* the ranks that agree with i, and those that agree with j */
+                int a[256], b[256], na = 0, nb = 0;
+                for (int k = 0; k < n; k++) {
+                    const rt_flight_fp *fk = pending_at(&rec[k], fi->seq);
+                    if (!fk) continue;
+                    if (!rt_flight_fp_differ(fk, fi) && na < 256) a[na++] = k;
+                    if (!rt_flight_fp_differ(fk, fj) && nb < 256) b[nb++] = k;
+                }
+                char la[128], lb[128], da[200], db[200];
+                rank_list(a, na, la, sizeof la);
+                rank_list(b, nb, lb, sizeof lb);
+                rt_flight_fp_describe(fi, da, sizeof da);
+                rt_flight_fp_describe(fj, db, sizeof db);
+                snprintf(out, len, "desync at #%u: rank%s %s called %s but rank%s %s called %s", fi->seq,
+                         na > 1 ? "s" : "", la, da, nb > 1 ? "s" : "", lb, db);
+                return 1;
             }
-            char la[128], lb[128], da[200], db[200];
-            rank_list(a, na, la, sizeof la);
-            rank_list(b, nb, lb, sizeof lb);
-            rt_flight_fp_describe(&rec[i].pending, da, sizeof da);
-            rt_flight_fp_describe(&rec[j].pending, db, sizeof db);
-            snprintf(out, len, "desync at #%u: rank%s %s called %s but rank%s %s called %s", rec[i].pending.seq,
-                     na > 1 ? "s" : "", la, da, nb > 1 ? "s" : "", lb, db);
-            return 1;
         }
     }
     /* behind: the oldest operation anyone waits in, and who has not started it */
     int w = -1;
     for (int i = 0; i < n; i++)
-        if (rec[i].present && rec[i].pending.seq && (w < 0 || rec[i].pending.seq < rec[w].pending.seq)) w = i;
+        if (rec[i].present && rec[i].npending && (w < 0 || rec[i].pending[0].seq < rec[w].pending[0].seq)) w = i;
     if (w < 0) return 0;
-    uint32_t seq = rec[w].pending.seq;
+    uint32_t seq = rec[w].pending[0].seq;
     int waiting[256], behind[256], nw = 0, nbh = 0;
     double since_s = 0;
     for (int i = 0; i < n; i++) {
-        bool in = rec[i].present && rec[i].pending.seq == seq;
-        bool past = rec[i].present && !rec[i].pending.seq && rec[i].last_done.seq >= seq;
+        bool in = pending_at(&rec[i], seq) != NULL;
+        bool past = rec[i].present && rec[i].last_done.seq >= seq;
         if (in) {
             if (nw < 256) waiting[nw++] = i;
             if (rec[i].wait_s > since_s) since_s = rec[i].wait_s;
@@ -371,7 +390,7 @@ int rt_flight_diagnose(const rt_flight_state_rec *rec, int n, char *out, size_t 
     char lw[256], lb[256], what[200];
     rank_list(waiting, nw, lw, sizeof lw);
     rank_list(behind, nbh, lb, sizeof lb);
-    rt_flight_fp_describe(&rec[w].pending, what, sizeof what);
+    rt_flight_fp_describe(&rec[w].pending[0], what, sizeof what);
     size_t l = (size_t)snprintf(out, len, "rank%s %s %s not started %s; rank%s %s wait%s in it since %.1f s",
                                 nbh > 1 ? "s" : "", lb, nbh > 1 ? "have" : "has", what, nw > 1 ? "s" : "", lw,
                                 nw > 1 ? "" : "s", since_s);
@@ -382,11 +401,12 @@ int rt_flight_diagnose(const rt_flight_state_rec *rec, int n, char *out, size_t 
             rt_flight_fp_describe(&b->last_done, d, sizeof d);
             l += (size_t)snprintf(out + l, len - l, "; rank %d's last completed: %s", behind[k], d);
         } else if (!b->present) {
-            l += (size_t)snprintf(out + l, len - l, "; rank %d published nothing (stopped, hung outside the "
-                                  "communicator, or dead)", behind[k]);
+            l += (size_t)snprintf(out + l, len - l,
+                                  "; rank %d published nothing (stopped, hung outside the communicator, or dead)",
+                                  behind[k]);
         }
-        if (b->present && b->pending.seq > seq && l < len)
-            l += (size_t)snprintf(out + l, len - l, "; rank %d waits in #%u", behind[k], b->pending.seq);
+        if (b->present && b->npending && b->pending[0].seq > seq && l < len)
+            l += (size_t)snprintf(out + l, len - l, "; rank %d waits in #%u", behind[k], b->pending[0].seq);
     }
     return 2;
 }

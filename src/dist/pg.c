@@ -428,7 +428,8 @@ static int read_states(rt_pg *pg, const rt_flight_state_rec *mine, rt_flight_sta
         if (rt_store_get(pg->w->store, key, val, sizeof val - 1, &n) != RT_OK) continue;
         val[n] = '\0';
         if (!rt_flight_state_parse(val, &rec[j])) continue;
-        if (mine->pending.seq && rec[j].pending.seq && rec[j].pending.seq < mine->pending.seq) {
+        if (mine->npending && rec[j].npending && rec[j].pending[0].seq < mine->pending[0].seq &&
+            rec[j].pending[rec[j].npending - 1].seq < mine->pending[0].seq) {
             memset(&rec[j], 0, sizeof rec[j]); /* stale */
             continue;
         }
@@ -458,19 +459,20 @@ rt_status rt_pg_slow_check(rt_pg *pg) {
 
 static rt_status engine_on_slow(void *owner) { return rt_pg_slow_check(owner); }
 
-/* After a failure (a timeout, or a message that did not match): publish, wait up to
- * grace_s for every rank's state (a stopped rank never comes), diagnose. */
-static void diagnose_flight(rt_pg *pg, double grace_s, char *out, size_t n) {
+/* After a failure: publish, wait up to grace_s for every rank's state (a stopped rank
+ * never comes), diagnose. Returns rt_flight_diagnose's kind. */
+static int diagnose_flight(rt_pg *pg, double grace_s, char *out, size_t n) {
     out[0] = '\0';
-    if (!pg || !pg->flight.cap) return;
+    if (!pg || !pg->flight.cap) return 0;
     rt_flight_state_rec mine;
-    if (publish_state(pg, &mine) != RT_OK) return;
+    if (publish_state(pg, &mine) != RT_OK) return 0;
     rt_flight_state_rec *rec = calloc((size_t)pg->size, sizeof *rec);
-    if (!rec) return;
+    if (!rec) return 0;
     uint64_t deadline = rt_now_ns() + (uint64_t)(grace_s * 1e9);
     while (read_states(pg, &mine, rec) < pg->size && rt_now_ns() < deadline) sleep_ms(20);
-    rt_flight_diagnose(rec, pg->size, out, n);
+    int kind = rt_flight_diagnose(rec, pg->size, out, n);
     free(rec);
+    return kind;
 }
 
 rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp) {
@@ -524,10 +526,17 @@ static void report_failure(void *ctx, rt_error_record *rec) {
         int n = snprintf(val, sizeof val, "%d", w->eng.fail_peer);
         rt_store_set(w->store, key, val, (size_t)n);
     }
+    /* every failing rank publishes its state. A timeout waits for the others' (2 s) and
+     * says who is behind or which calls differ; any other failure reads what is there
+     * and reports only a desync: the rank that saw a mismatched message fails first and
+     * publishes, its peer (blocked in its own call until the first one's abort reaches
+     * it) publishes next and finds both calls */
     char diag[800] = "";
-    if (rec->status == RT_ERR_TIMEOUT || w->eng.mismatch_peer >= 0) {
-        diagnose_flight(w->eng.fail_owner, 2.0, diag, sizeof diag);
-        if (!diag[0] && rec->status == RT_ERR_TIMEOUT) diagnose_timeout(w, 2.0, diag, sizeof diag);
+    bool timeout = rec->status == RT_ERR_TIMEOUT;
+    int kind = diagnose_flight(w->eng.fail_owner, timeout ? 2.0 : 0, diag, sizeof diag);
+    if (!timeout && kind != 1) diag[0] = '\0';
+    if (diag[0] || timeout) {
+        if (!diag[0]) diagnose_timeout(w, 2.0, diag, sizeof diag);
         if (diag[0]) {
             size_t len = strlen(rec->msg);
             snprintf(rec->msg + len, sizeof rec->msg - len, "\n  diagnosis: %s", diag);

@@ -4,6 +4,7 @@
 
 #include "core/timer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,7 @@ struct rt_reducer {
     int next;  /* the next bucket to start: buckets start in order on every rank */
     bool open; /* between begin and finish */
     rt_reducer_stats stats;
+    int fault_bucket, fault; /* rt_reducer_test_fault (-1: none) */
 };
 
 void rt_reducer_options_default(rt_reducer_options *o) {
@@ -47,6 +49,7 @@ rt_status rt_reducer_create(rt_pg *pg, void *buf, const size_t *bounds, int nseg
                    bounds[i], bounds[i + 1], es);
     rt_reducer *r = calloc(1, sizeof *r);
     RT_CHECK_ALLOC(r, sizeof *r);
+    r->fault_bucket = -1;
     r->b = calloc((size_t)nseg, sizeof *r->b);
     r->bounds = malloc(sizeof *r->bounds * (size_t)(nseg + 1));
     r->seg_ready = calloc((size_t)nseg, sizeof *r->seg_ready);
@@ -116,7 +119,15 @@ static rt_status start(rt_reducer *r, bucket *b) {
     /* ordered after what the producer has enqueued so far (the stream contract) */
     rt_stream *saved = rt_pg_stream(r->pg);
     if (r->opt.stream) rt_pg_set_stream(r->pg, r->opt.stream);
-    rt_status s = rt_iall_reduce(r->pg, r->buf + b->begin, (b->end - b->begin) / es, r->opt.dtype, r->opt.op, &b->req);
+    int idx = (int)(b - r->b), fault = idx == r->fault_bucket ? r->fault : RT_REDUCER_FAULT_NONE;
+    char tag[48];
+    snprintf(tag, sizeof tag, "bucket %d of %d", idx + 1, r->nb); /* in flight files and diagnoses */
+    rt_pg_set_op_tag(r->pg, tag);
+    size_t count = (b->end - b->begin) / es - (fault == RT_REDUCER_FAULT_SHORT && b->end - b->begin > es ? 1 : 0);
+    rt_status s = fault == RT_REDUCER_FAULT_SKIP
+                      ? RT_OK
+                      : rt_iall_reduce(r->pg, r->buf + b->begin, count, r->opt.dtype, r->opt.op, &b->req);
+    if (fault == RT_REDUCER_FAULT_SKIP) rt_pg_set_op_tag(r->pg, NULL);
     rt_pg_set_stream(r->pg, saved);
     RT_CHECK(s);
     b->started = true;
@@ -183,6 +194,7 @@ rt_status rt_reducer_finish(rt_reducer *r) {
         }
     }
     r->stats.end_ns = rt_now_ns();
+    r->fault_bucket = -1;
     r->stats.exposed_ms = (double)(r->stats.end_ns - r->stats.finish_call_ns) * 1e-6;
     r->stats.busy_ms = r->stats.first_start_ns ? (double)(r->stats.end_ns - r->stats.first_start_ns) * 1e-6 : 0;
     r->open = false;
@@ -190,3 +202,8 @@ rt_status rt_reducer_finish(rt_reducer *r) {
 }
 
 void rt_reducer_stats_get(const rt_reducer *r, rt_reducer_stats *out) { *out = r->stats; }
+
+void rt_reducer_test_fault(rt_reducer *r, int bucket, int fault) {
+    r->fault_bucket = bucket;
+    r->fault = fault;
+}

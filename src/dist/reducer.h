@@ -84,6 +84,12 @@ typedef struct rt_reducer_stats {
 } rt_reducer_stats;
 void rt_reducer_stats_get(const rt_reducer *r, rt_reducer_stats *out);
 
+/* Tests only (a desync on purpose, docs/dist.md "Hangs and desyncs"): in the next step,
+ * bucket `bucket` is not all-reduced at all (RT_REDUCER_FAULT_SKIP) or is all-reduced
+ * with one element fewer (RT_REDUCER_FAULT_SHORT). */
+enum { RT_REDUCER_FAULT_NONE = 0, RT_REDUCER_FAULT_SKIP, RT_REDUCER_FAULT_SHORT };
+void rt_reducer_test_fault(rt_reducer *r, int bucket, int fault);
+
 #ifdef __cplusplus
 }
 #endif

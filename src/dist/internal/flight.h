@@ -71,13 +71,15 @@ typedef struct rt_flight_fp {
 } rt_flight_fp;
 
 /* What one rank publishes about itself (the store key rt/fr/<group>/<rank>): the oldest
- * collective it has begun and not finished, how long it has waited in it, and its last
- * completed collective. */
+ * collectives it has begun and not finished (up to RT_FLIGHT_PENDING, oldest first), how
+ * long it has waited in the oldest, and its last completed collective. */
+#define RT_FLIGHT_PENDING 4
 typedef struct rt_flight_state_rec {
     bool present; /* the rank published (false: it is stopped, hung, or dead) */
-    rt_flight_fp pending; /* seq 0: waits in nothing */
-    double wait_s;
-    rt_flight_fp last_done; /* seq 0: none */
+    int npending;
+    rt_flight_fp pending[RT_FLIGHT_PENDING]; /* oldest first */
+    double wait_s;                           /* in pending[0] */
+    rt_flight_fp last_done;                  /* seq 0: none */
 } rt_flight_state_rec;
 
 /* This recorder's state now (collectives only). */
@@ -87,8 +89,8 @@ bool rt_flight_fp_of(rt_flight *f, uint64_t id, rt_flight_fp *out);
 /* Fingerprints as text and back: "seq kind rop dtype root count\ntag". */
 int rt_flight_fp_format(const rt_flight_fp *fp, char *buf, size_t n);
 bool rt_flight_fp_parse(const char *s, rt_flight_fp *out);
-/* A state as text and back: "<pending: seq kind rop dtype root count> <wait s> <last done:
- * seq kind rop dtype root count>\n<pending tag>\n<last done tag>". */
+/* A state as text and back: "<wait s> <npending>\n" then the last done and each pending
+ * fingerprint as rt_flight_fp_format writes it, one per two lines. */
 int rt_flight_state_format(const rt_flight_state_rec *s, char *buf, size_t n);
 bool rt_flight_state_parse(const char *s, rt_flight_state_rec *out);
 /* Whether two fingerprints disagree (tags are context, never compared). */
