@@ -72,11 +72,32 @@ uint64_t rt_flight_begin(rt_flight *f, int kind, bool is_send, rt_dtype dtype, s
     return id;
 }
 
+static void fp_of_entry(const rt_flight_entry *e, rt_flight_fp *fp);
+
+/* under f->mu */
+static void cell_put(rt_flight *f, rt_flight_fp *dst, const rt_flight_entry *e) {
+    __atomic_add_fetch(&f->cell->gen, 1, __ATOMIC_SEQ_CST);
+    fp_of_entry(e, dst);
+    __atomic_add_fetch(&f->cell->gen, 1, __ATOMIC_SEQ_CST);
+}
+
+bool rt_flight_cell_read(const volatile rt_flight_cell *c, rt_flight_cell *out) {
+    for (int tries = 0; tries < 1000; tries++) {
+        uint32_t g0 = __atomic_load_n(&c->gen, __ATOMIC_SEQ_CST);
+        if (g0 & 1) continue;
+        memcpy(out, (const void *)c, sizeof *out);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&c->gen, __ATOMIC_SEQ_CST) == g0) return out->magic == RT_FLIGHT_CELL_MAGIC;
+    }
+    return false;
+}
+
 void rt_flight_set_seq(rt_flight *f, uint64_t id, uint32_t seq) {
     if (!f || !f->cap || !id) return;
     pthread_mutex_lock(&f->mu);
     rt_flight_entry *e = slot(f, id);
     if (e) e->seq = seq;
+    if (e && f->cell && e->kind != RT_K_P2P) cell_put(f, &f->cell->last_begun, e);
     pthread_mutex_unlock(&f->mu);
 }
 
@@ -101,6 +122,7 @@ void rt_flight_end(rt_flight *f, uint64_t id, bool ok) {
         if (!e->t_started) e->t_started = t;
         e->state = ok ? RT_FLIGHT_DONE : RT_FLIGHT_FAILED;
         e->t_done = t;
+        if (ok && f->cell && e->kind != RT_K_P2P && e->seq) cell_put(f, &f->cell->last_done, e);
     }
     pthread_mutex_unlock(&f->mu);
 }
@@ -391,20 +413,23 @@ int rt_flight_diagnose(const rt_flight_state_rec *rec, int n, char *out, size_t 
     rank_list(waiting, nw, lw, sizeof lw);
     rank_list(behind, nbh, lb, sizeof lb);
     rt_flight_fp_describe(&rec[w].pending[0], what, sizeof what);
-    size_t l = (size_t)snprintf(out, len, "rank%s %s %s not started %s; rank%s %s wait%s in it since %.1f s",
-                                nbh > 1 ? "s" : "", lb, nbh > 1 ? "have" : "has", what, nw > 1 ? "s" : "", lw,
-                                nw > 1 ? "" : "s", since_s);
+    /* a rank known (its shared page) to have begun it is stuck inside, not behind */
+    bool inside = nbh == 1 && rec[behind[0]].from_cell && rec[behind[0]].begun.seq >= seq;
+    size_t l = (size_t)snprintf(out, len, "rank%s %s %s %s; rank%s %s wait%s in it since %.1f s", nbh > 1 ? "s" : "",
+                                lb, inside ? "began but has not completed" : nbh > 1 ? "have not started" : "has not started",
+                                what, nw > 1 ? "s" : "", lw, nw > 1 ? "" : "s", since_s);
     for (int k = 0; k < nbh && l < len; k++) {
         const rt_flight_state_rec *b = &rec[behind[k]];
         if (b->last_done.seq) {
             char d[200];
             rt_flight_fp_describe(&b->last_done, d, sizeof d);
             l += (size_t)snprintf(out + l, len - l, "; rank %d's last completed: %s", behind[k], d);
-        } else if (!b->present) {
-            l += (size_t)snprintf(out + l, len - l,
-                                  "; rank %d published nothing (stopped, hung outside the communicator, or dead)",
-                                  behind[k]);
         }
+        if (!b->present && l < len)
+            l += (size_t)snprintf(out + l, len - l, "; rank %d published nothing (%s)", behind[k],
+                                  b->from_cell ? "stopped or hung outside the communicator: read from its shared "
+                                                 "recorder page"
+                                               : "stopped, hung outside the communicator, or dead");
         if (b->present && b->npending && b->pending[0].seq > seq && l < len)
             l += (size_t)snprintf(out + l, len - l, "; rank %d waits in #%u", behind[k], b->pending[0].seq);
     }

@@ -349,6 +349,9 @@ static rt_status shm_setup(rt_pg_world *w, double timeout_s) {
 /* ---- init / destroy ---- */
 
 static void world_free(rt_pg_world *w) {
+    if (w->cell) munmap(w->cell, 4096);
+    if (w->cell_fd > 0) close(w->cell_fd);
+    w->cell = NULL;
     if (w->eng.my_bell) munmap(w->eng.my_bell, 4096);
     w->eng.my_bell = NULL;
     rt_engine_destroy(&w->eng);
@@ -438,6 +441,65 @@ static int read_states(rt_pg *pg, const rt_flight_state_rec *mine, rt_flight_sta
     return have;
 }
 
+/* The world group's shared page (flight.h, rt_flight_cell): a memfd the peers on this
+ * host open through /proc/<pid>/fd/<n>. Best effort: without it, a stopped rank's last
+ * operation is unknown. */
+static void cell_create(rt_pg *pg) {
+    rt_pg_world *w = pg->w;
+    int fd = memfd_create("ringtrain-flight", MFD_CLOEXEC);
+    if (fd < 0) return;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, 4096) == 0) p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return;
+    }
+    w->cell = p;
+    w->cell_fd = fd;
+    w->cell->magic = RT_FLIGHT_CELL_MAGIC;
+    char key[64], val[64];
+    snprintf(key, sizeof key, "rt/frcell/%d", pg->rank);
+    int n = snprintf(val, sizeof val, "%d %d", (int)getpid(), fd);
+    if (rt_store_set(w->store, key, val, (size_t)n) != RT_OK) rt_error_clear();
+    pg->flight.cell = w->cell;
+}
+
+/* A rank that published nothing: what its shared page says, when it is on this host. */
+static void cell_read(rt_pg *pg, int j, rt_flight_state_rec *rec) {
+    if (!pg->is_world) return;
+    rt_store *st = pg->w->store;
+    char key[64], val[300] = "", mine[300];
+    size_t n = 0;
+    bool ex = false;
+    snprintf(key, sizeof key, "rt/host/%d", j);
+    if (rt_store_get(st, key, val, sizeof val - 1, &n) != RT_OK) goto out;
+    val[n] = '\0';
+    rt_dist_host_id(mine, sizeof mine);
+    if (strcmp(val, mine) != 0) goto out;
+    snprintf(key, sizeof key, "rt/frcell/%d", j);
+    if (rt_store_check(st, key, &ex) != RT_OK || !ex || rt_store_get(st, key, val, sizeof val - 1, &n) != RT_OK)
+        goto out;
+    val[n] = '\0';
+    int pid = 0, fdn = -1;
+    if (sscanf(val, "%d %d", &pid, &fdn) != 2) goto out;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fdn);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) goto out;
+    void *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) goto out;
+    rt_flight_cell c;
+    if (rt_flight_cell_read(p, &c)) {
+        rec->from_cell = true;
+        rec->last_done = c.last_done;
+        rec->begun = c.last_begun;
+    }
+    munmap(p, 4096);
+out:
+    rt_error_clear();
+}
+
 rt_status rt_pg_slow_check(rt_pg *pg) {
     if (!pg || !pg->w->store || !pg->flight.cap) return RT_OK;
     rt_flight_state_rec mine;
@@ -470,6 +532,8 @@ static int diagnose_flight(rt_pg *pg, double grace_s, char *out, size_t n) {
     if (!rec) return 0;
     uint64_t deadline = rt_now_ns() + (uint64_t)(grace_s * 1e9);
     while (read_states(pg, &mine, rec) < pg->size && rt_now_ns() < deadline) sleep_ms(20);
+    for (int j = 0; j < pg->size; j++)
+        if (!rec[j].present) cell_read(pg, j, &rec[j]);
     int kind = rt_flight_diagnose(rec, pg->size, out, n);
     free(rec);
     return kind;
@@ -668,6 +732,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     pg->debug = o->debug;
     pg->p2p_n = calloc(2 * (size_t)r->world, sizeof *pg->p2p_n);
     RT_CHECK_ALLOC(pg->p2p_n, 2 * (size_t)r->world * sizeof *pg->p2p_n);
+    if (o->flight_entries > 0) cell_create(pg);
     pg->buf_device = o->device;
     if (t == RT_TRANSPORT_NCCL) {
         RT_REQUIRE(o->device.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
@@ -706,6 +771,7 @@ rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
     if (s != RT_OK) {
         rt_error_record rec;
         rt_error_save(&rec);
+        pg->flight.cell = NULL;
         if (pg->has_flight) rt_flight_destroy(&pg->flight);
         free(pg->p2p_n);
         free(pg->ranks);
@@ -753,6 +819,7 @@ void rt_pg_destroy(rt_pg *pg) {
                 }
             }
         }
+        pg->flight.cell = NULL;
         world_free(w);
     }
     rt_stage_pool_free(pg);

@@ -38,8 +38,11 @@ typedef struct rt_flight_entry {
     uint64_t t_queued, t_started, t_done; /* ns since the recorder's creation; 0: not reached */
 } rt_flight_entry;
 
+struct rt_flight_cell;
+
 typedef struct rt_flight {
     pthread_mutex_t mu;
+    struct rt_flight_cell *cell; /* NULL, or a shared page this recorder keeps current (below) */
     rt_flight_entry *e;
     uint32_t cap;
     uint64_t next_id;
@@ -76,11 +79,27 @@ typedef struct rt_flight_fp {
 #define RT_FLIGHT_PENDING 4
 typedef struct rt_flight_state_rec {
     bool present; /* the rank published (false: it is stopped, hung, or dead) */
+    /* not published: read from its shared page (rt_flight_cell) when it is on this host */
+    bool from_cell;
+    rt_flight_fp begun; /* with from_cell: the last collective it began */
     int npending;
     rt_flight_fp pending[RT_FLIGHT_PENDING]; /* oldest first */
     double wait_s;                           /* in pending[0] */
     rt_flight_fp last_done;                  /* seq 0: none */
 } rt_flight_state_rec;
+
+/* A page of shared memory (a memfd, readable by the other ranks of the host through
+ * /proc/<pid>/fd/<n>) where the recorder keeps the last collective it began and the last
+ * it completed: a rank that is stopped or hung cannot publish anything, but its peers
+ * can still read this. Writers bump `gen` to odd before and to even after a change. */
+#define RT_FLIGHT_CELL_MAGIC 0x52544643u
+typedef struct rt_flight_cell {
+    uint32_t magic;
+    uint32_t gen;
+    rt_flight_fp last_begun, last_done;
+} rt_flight_cell;
+/* A consistent copy of a cell (false: not a cell, or it kept changing). */
+bool rt_flight_cell_read(const volatile rt_flight_cell *c, rt_flight_cell *out);
 
 /* This recorder's state now (collectives only). */
 void rt_flight_get_state(rt_flight *f, rt_flight_state_rec *out);

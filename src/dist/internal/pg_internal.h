@@ -16,6 +16,8 @@ typedef struct rt_pg_world {
     uint8_t token[RT_TOKEN_BYTES];
     char tokhex[2 * RT_TOKEN_BYTES + 1];
     int next_group;
+    rt_flight_cell *cell; /* the world group's shared recorder page (flight.h), NULL: none */
+    int cell_fd;
     void *nccl; /* nccl transport state (CUDA builds) */
 } rt_pg_world;
 
