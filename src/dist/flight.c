@@ -201,8 +201,8 @@ rt_status rt_flight_dump(rt_flight *f, int rank, int world, int group, const cha
 /* ---- hangs and desyncs ---- */
 
 static void fp_of_entry(const rt_flight_entry *e, rt_flight_fp *fp) {
-    *fp = (rt_flight_fp){.seq = e->seq, .kind = e->kind, .rop = e->rop, .dtype = (int)e->dtype, .root = e->peer,
-                         .count = e->count};
+    *fp = (rt_flight_fp){
+        .seq = e->seq, .kind = e->kind, .rop = e->rop, .dtype = (int)e->dtype, .root = e->peer, .count = e->count};
     memcpy(fp->tag, e->tag, sizeof fp->tag);
 }
 
@@ -415,9 +415,12 @@ int rt_flight_diagnose(const rt_flight_state_rec *rec, int n, char *out, size_t 
     rt_flight_fp_describe(&rec[w].pending[0], what, sizeof what);
     /* a rank known (its shared page) to have begun it is stuck inside, not behind */
     bool inside = nbh == 1 && rec[behind[0]].from_cell && rec[behind[0]].begun.seq >= seq;
-    size_t l = (size_t)snprintf(out, len, "rank%s %s %s %s; rank%s %s wait%s in it since %.1f s", nbh > 1 ? "s" : "",
-                                lb, inside ? "began but has not completed" : nbh > 1 ? "have not started" : "has not started",
-                                what, nw > 1 ? "s" : "", lw, nw > 1 ? "" : "s", since_s);
+    size_t l =
+        (size_t)snprintf(out, len, "rank%s %s %s %s; rank%s %s wait%s in it since %.1f s", nbh > 1 ? "s" : "", lb,
+                         inside    ? "began but has not completed"
+                         : nbh > 1 ? "have not started"
+                                   : "has not started",
+                         what, nw > 1 ? "s" : "", lw, nw > 1 ? "" : "s", since_s);
     for (int k = 0; k < nbh && l < len; k++) {
         const rt_flight_state_rec *b = &rec[behind[k]];
         if (b->last_done.seq) {

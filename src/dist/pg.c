@@ -514,8 +514,7 @@ rt_status rt_pg_slow_check(rt_pg *pg) {
     int kind = rt_flight_diagnose(rec, pg->size, diag, sizeof diag);
     free(rec);
     rt_error_clear();
-    if (kind == 1)
-        return RT_ERROR(RT_ERR_PEER, "group %d: the ranks called different collectives: %s", pg->id, diag);
+    if (kind == 1) return RT_ERROR(RT_ERR_PEER, "group %d: the ranks called different collectives: %s", pg->id, diag);
     return RT_OK;
 }
 
@@ -906,10 +905,33 @@ static rt_status dev_poll(rt_request *r, bool *done) {
 /* Wait for the device part on the host: spin a little (rt_cpu_relax), then yield the
  * processor between looks; never sleep a fixed time per look. */
 static rt_status dev_wait(rt_request *r) {
+    uint64_t slow = r->owner && r->slow_s > 0 ? rt_now_ns() + (uint64_t)(r->slow_s * 1e9) : 0;
     for (unsigned i = 0;; i++) {
         bool done = false;
         rt_status s = dev_poll(r, &done);
         if (s != RT_OK || done) return s;
+        if (slow && (i & 1023) == 0 && rt_now_ns() >= slow) {
+            /* slow (nccl has no message headers to compare): publish and compare states;
+             * a desync breaks the group (the communicator is aborted when it is closed) */
+            slow = rt_now_ns() + 1000000000ull;
+            rt_pg *pg = r->owner;
+            s = rt_pg_slow_check(pg);
+            if (s != RT_OK) {
+                rt_engine *e = &pg->w->eng;
+                rt_error_trace(__FILE__, __LINE__, r->opname);
+                pthread_mutex_lock(&e->mu);
+                if (!e->broken) {
+                    e->broken = true;
+                    rt_error_save(&e->err);
+                }
+                pthread_mutex_unlock(&e->mu);
+                if (r->fr_id) {
+                    rt_flight_end(r->fr, r->fr_id, false);
+                    r->fr_id = 0;
+                }
+                return s;
+            }
+        }
         if (i < 2000)
             rt_cpu_relax();
         else

@@ -63,7 +63,6 @@ void rt_flight_end(rt_flight *f, uint64_t id, bool ok);
 /* JSON of the buffer, oldest first (rank, world size: the group's). */
 rt_status rt_flight_dump(rt_flight *f, int rank, int world, int group, const char *path);
 
-
 /* ---- hangs and desyncs (docs/dist.md, "Hangs and desyncs") ----
  * A collective's fingerprint: what every rank must agree on at one sequence number. */
 typedef struct rt_flight_fp {

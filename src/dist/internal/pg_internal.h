@@ -49,8 +49,8 @@ struct rt_pg {
     double timeout_s;
     rt_algo algo;
     rt_transport transport;
-    rt_flight flight; /* this group's last operations (flight.h) */
-    bool has_flight;  /* flight initialised (destroy it) */
+    rt_flight flight;                               /* this group's last operations (flight.h) */
+    bool has_flight;                                /* flight initialised (destroy it) */
     char tag[RT_FLIGHT_TAG], op_tag[RT_FLIGHT_TAG]; /* rt_pg_set_tag, rt_pg_set_op_tag */
     uint32_t *p2p_n;                                /* [2 * size]: messages sent to / received from each peer */
     bool debug;                                     /* rt_pg_options.debug */
