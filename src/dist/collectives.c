@@ -602,8 +602,7 @@ static rt_status run_staged(rt_pg *pg, const char *name, const rt_op *op, rt_req
      * ring and rsag all-reduce (the small one-round form copies it at build time) and
      * broadcast; the others wait here */
     if (nb && s == RT_OK) {
-        if (op->kind == RT_K_BCAST ||
-            (op->kind == RT_K_ALLREDUCE && (op->algo == RT_ALGO_RING || op->algo == RT_ALGO_RSAG)))
+        if (op->kind == RT_K_BCAST || (op->kind == RT_K_ALLREDUCE && (op->algo == RT_ALGO_RING || op->algo == RT_ALGO_RSAG)))
             host.gate = b->ev;
         else
             s = rt_event_sync(b->ev);

@@ -317,8 +317,9 @@ static void reap(launch *L) {
          * while a peer then failed: the failure is what the user must see, and restart) */
         int first = L->res->first_failure;
         bool clean_stop = p > 0 && clean_exit(L, i);
-        if (!L->res->signal && ((first < 0 && !r->stopped) || (first >= 0 && own_death(L, i) && !own_death(L, first)) ||
-                                (first >= 0 && clean_exit(L, first) && !clean_stop && !r->stopped)))
+        if (!L->res->signal &&
+            ((first < 0 && !r->stopped) || (first >= 0 && own_death(L, i) && !own_death(L, first)) ||
+             (first >= 0 && clean_exit(L, first) && !clean_stop && !r->stopped)))
             L->res->first_failure = i;
         /* exit 130/143: it stopped cleanly on SIGINT/SIGTERM, and its peers stop with it
          * (they agreed to): wait for them while they make progress, send them nothing */
