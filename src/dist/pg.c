@@ -522,7 +522,7 @@ static rt_status engine_on_slow(void *owner) { return rt_pg_slow_check(owner); }
 
 /* After a failure: publish, wait up to grace_s for every rank's state (a stopped rank
  * never comes), diagnose. Returns rt_flight_diagnose's kind. */
-static int diagnose_flight(rt_pg *pg, double grace_s, char *out, size_t n) {
+static int diagnose_flight(rt_pg *pg, double grace_s, int wait_rank, char *out, size_t n) {
     out[0] = '\0';
     if (!pg || !pg->flight.cap) return 0;
     rt_flight_state_rec mine;
@@ -530,7 +530,12 @@ static int diagnose_flight(rt_pg *pg, double grace_s, char *out, size_t n) {
     rt_flight_state_rec *rec = calloc((size_t)pg->size, sizeof *rec);
     if (!rec) return 0;
     uint64_t deadline = rt_now_ns() + (uint64_t)(grace_s * 1e9);
-    while (read_states(pg, &mine, rec) < pg->size && rt_now_ns() < deadline) sleep_ms(20);
+    for (;;) { /* every rank's state, or wait_rank's (>= 0) */
+        int have = read_states(pg, &mine, rec);
+        if (wait_rank >= 0 ? rec[wait_rank].present : have == pg->size) break;
+        if (rt_now_ns() >= deadline) break;
+        sleep_ms(20);
+    }
     for (int j = 0; j < pg->size; j++)
         if (!rec[j].present) cell_read(pg, j, &rec[j]);
     int kind = rt_flight_diagnose(rec, pg->size, out, n);
@@ -591,12 +596,18 @@ static void report_failure(void *ctx, rt_error_record *rec) {
     }
     /* every failing rank publishes its state. A timeout waits for the others' (2 s) and
      * says who is behind or which calls differ; any other failure reads what is there
-     * and reports only a desync: the rank that saw a mismatched message fails first and
-     * publishes, its peer (blocked in its own call until the first one's abort reaches
-     * it) publishes next and finds both calls */
+     * and reports only a desync: the rank that saw a mismatched message publishes and
+     * waits a moment for that peer's state; a peer blocked in its own call publishes when
+     * the first one's abort reaches it, and finds both calls */
     char diag[800] = "";
     bool timeout = rec->status == RT_ERR_TIMEOUT;
-    int kind = diagnose_flight(w->eng.fail_owner, timeout ? 2.0 : 0, diag, sizeof diag);
+    rt_pg *fpg = w->eng.fail_owner;
+    int mm = -1; /* the peer whose message did not match, as a rank of the failing group */
+    for (int j = 0; fpg && w->eng.mismatch_peer >= 0 && j < fpg->size; j++)
+        if (fpg->ranks[j] == w->eng.mismatch_peer) mm = j;
+    /* a mismatch: the peer publishes soon when it saw one too (both fail at once), else
+     * only after this rank's abort reaches it (then this 1 s is lost, once) */
+    int kind = diagnose_flight(fpg, timeout ? 2.0 : mm >= 0 ? 1.0 : 0, timeout ? -1 : mm, diag, sizeof diag);
     if (!timeout && kind != 1) diag[0] = '\0';
     if (diag[0] || timeout) {
         if (!diag[0]) diagnose_timeout(w, 2.0, diag, sizeof diag);
