@@ -97,7 +97,14 @@ void rt_flight_set_seq(rt_flight *f, uint64_t id, uint32_t seq) {
     pthread_mutex_lock(&f->mu);
     rt_flight_entry *e = slot(f, id);
     if (e) e->seq = seq;
-    if (e && f->cell && e->kind != RT_K_P2P) cell_put(f, &f->cell->last_begun, e);
+    if (e && f->cell && e->kind != RT_K_P2P) {
+        rt_flight_cell *c = f->cell;
+        __atomic_add_fetch(&c->gen, 1, __ATOMIC_SEQ_CST);
+        fp_of_entry(e, &c->begun[seq % RT_FLIGHT_PENDING]);
+        c->t_begun_ns[seq % RT_FLIGHT_PENDING] = f->t0_ns + e->t_queued;
+        c->last_begun = seq;
+        __atomic_add_fetch(&c->gen, 1, __ATOMIC_SEQ_CST);
+    }
     pthread_mutex_unlock(&f->mu);
 }
 

@@ -352,6 +352,7 @@ static void world_free(rt_pg_world *w) {
     if (w->cell) munmap(w->cell, 4096);
     if (w->cell_fd > 0) close(w->cell_fd);
     w->cell = NULL;
+    free(w->cellref);
     if (w->eng.my_bell) munmap(w->eng.my_bell, 4096);
     w->eng.my_bell = NULL;
     rt_engine_destroy(&w->eng);
@@ -403,12 +404,20 @@ static void diagnose_timeout(rt_pg_world *w, double grace_s, char *out, size_t n
 
 double rt_pg_slow_after_s(double timeout_s) { return timeout_s / 4 < 10 ? timeout_s / 4 : 10; }
 
+/* Store requests of these checks: a store that does not answer this fast is as stuck as
+ * a peer (its host, rank 0 or the launcher, is stopped): without it, the shared pages. */
+static double check_timeout(const rt_pg *pg) {
+    double t = rt_pg_slow_after_s(pg->timeout_s);
+    return t < 2 ? t : 2;
+}
+
 static rt_status publish_state(rt_pg *pg, rt_flight_state_rec *mine) {
     rt_flight_get_state(&pg->flight, mine);
     char key[64], val[512];
     snprintf(key, sizeof key, "rt/fr/%d/%d", pg->id, pg->rank);
     int n = rt_flight_state_format(mine, val, sizeof val);
-    return rt_store_set(pg->w->store, key, val, (size_t)(n < (int)sizeof val ? n : (int)sizeof val - 1));
+    return rt_store_set_within(pg->w->store, key, val, (size_t)(n < (int)sizeof val ? n : (int)sizeof val - 1),
+                               check_timeout(pg));
 }
 
 /* The others' published states into rec[] (rec[me] = mine). A state older than this
@@ -426,9 +435,9 @@ static int read_states(rt_pg *pg, const rt_flight_state_rec *mine, rt_flight_sta
         char key[64], val[512];
         snprintf(key, sizeof key, "rt/fr/%d/%d", pg->id, j);
         bool ex = false;
-        if (rt_store_check(pg->w->store, key, &ex) != RT_OK || !ex) continue;
+        if (rt_store_check_within(pg->w->store, key, &ex, check_timeout(pg)) != RT_OK || !ex) continue;
         size_t n = 0;
-        if (rt_store_get(pg->w->store, key, val, sizeof val - 1, &n) != RT_OK) continue;
+        if (rt_store_get_within(pg->w->store, key, val, sizeof val - 1, &n, check_timeout(pg)) != RT_OK) continue;
         val[n] = '\0';
         if (!rt_flight_state_parse(val, &rec[j])) continue;
         if (mine->npending && rec[j].npending && rec[j].pending[0].seq < mine->pending[0].seq &&
@@ -442,10 +451,10 @@ static int read_states(rt_pg *pg, const rt_flight_state_rec *mine, rt_flight_sta
 }
 
 /* The world group's shared page (flight.h, rt_flight_cell): a memfd the peers on this
- * host open through /proc/<pid>/fd/<n>. Best effort: without it, a stopped rank's last
- * operation is unknown. */
-static void cell_create(rt_pg *pg) {
-    rt_pg_world *w = pg->w;
+ * host open through /proc/<pid>/fd/<n>, published before the rendezvous' addresses (so
+ * every rank reads the others' at init, while the store surely answers). Best effort:
+ * without it, a stopped rank's last operation is unknown. */
+static void cell_create(rt_pg_world *w, int rank) {
     int fd = memfd_create("ringtrain-flight", MFD_CLOEXEC);
     if (fd < 0) return;
     void *p = MAP_FAILED;
@@ -458,46 +467,58 @@ static void cell_create(rt_pg *pg) {
     w->cell_fd = fd;
     w->cell->magic = RT_FLIGHT_CELL_MAGIC;
     char key[64], val[64];
-    snprintf(key, sizeof key, "rt/frcell/%d", pg->rank);
+    snprintf(key, sizeof key, "rt/frcell/%d", rank);
     int n = snprintf(val, sizeof val, "%d %d", (int)getpid(), fd);
     if (rt_store_set(w->store, key, val, (size_t)n) != RT_OK) rt_error_clear();
-    pg->flight.cell = w->cell;
 }
 
-/* A rank that published nothing: what its shared page says, when it is on this host. */
-static void cell_read(rt_pg *pg, int j, rt_flight_state_rec *rec) {
-    if (!pg->is_world) return;
-    rt_store *st = pg->w->store;
-    char key[64], val[300] = "", mine[300];
+/* rank j's page reference, when it is on this host and has one (at init) */
+static void cell_ref(rt_pg_world *w, int j) {
+    char key[64], val[64];
     size_t n = 0;
     bool ex = false;
-    snprintf(key, sizeof key, "rt/host/%d", j);
-    if (rt_store_get(st, key, val, sizeof val - 1, &n) != RT_OK) goto out;
-    val[n] = '\0';
-    rt_dist_host_id(mine, sizeof mine);
-    if (strcmp(val, mine) != 0) goto out;
     snprintf(key, sizeof key, "rt/frcell/%d", j);
-    if (rt_store_check(st, key, &ex) != RT_OK || !ex || rt_store_get(st, key, val, sizeof val - 1, &n) != RT_OK)
-        goto out;
-    val[n] = '\0';
-    int pid = 0, fdn = -1;
-    if (sscanf(val, "%d %d", &pid, &fdn) != 2) goto out;
+    if (rt_store_check(w->store, key, &ex) == RT_OK && ex &&
+        rt_store_get(w->store, key, val, sizeof val - 1, &n) == RT_OK) {
+        val[n] = '\0';
+        if (sscanf(val, "%d %d", &w->cellref[j][0], &w->cellref[j][1]) != 2) w->cellref[j][0] = 0;
+    }
+    rt_error_clear();
+}
+
+/* Group rank j's shared page, when it is on this host: its last begun and last completed
+ * collective. `waiting`: a rank inside an operation (begun after its last completed one)
+ * counts as waiting in it, since it began (without the store, nobody published). */
+static void cell_read(rt_pg *pg, int j, rt_flight_state_rec *rec, bool waiting) {
+    if (!pg->is_world || !pg->w->cellref || !pg->w->cellref[j][0]) return;
     char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fdn);
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", pg->w->cellref[j][0], pg->w->cellref[j][1]);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) goto out;
+    if (fd < 0) return;
     void *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
-    if (p == MAP_FAILED) goto out;
+    if (p == MAP_FAILED) return;
     rt_flight_cell c;
     if (rt_flight_cell_read(p, &c)) {
         rec->from_cell = true;
         rec->last_done = c.last_done;
-        rec->begun = c.last_begun;
+        rec->begun = c.begun[c.last_begun % RT_FLIGHT_PENDING];
+        /* the ones begun after the last completed, oldest first, as far as the page keeps them */
+        uint32_t from = c.last_done.seq + 1;
+        if (c.last_begun >= RT_FLIGHT_PENDING && from < c.last_begun - RT_FLIGHT_PENDING + 1)
+            from = c.last_begun - RT_FLIGHT_PENDING + 1;
+        for (uint32_t q = from; waiting && !rec->present && q && q <= c.last_begun; q++) {
+            const rt_flight_fp *b = &c.begun[q % RT_FLIGHT_PENDING];
+            if (b->seq != q) continue;
+            if (rec->npending == 0) {
+                uint64_t now = rt_now_ns(), t = c.t_begun_ns[q % RT_FLIGHT_PENDING];
+                rec->wait_s = now > t ? (double)(now - t) * 1e-9 : 0;
+            }
+            rec->pending[rec->npending++] = *b;
+        }
+        if (rec->npending) rec->present = true;
     }
     munmap(p, 4096);
-out:
-    rt_error_clear();
 }
 
 rt_status rt_pg_slow_check(rt_pg *pg) {
@@ -526,9 +547,22 @@ static int diagnose_flight(rt_pg *pg, double grace_s, int wait_rank, char *out, 
     out[0] = '\0';
     if (!pg || !pg->flight.cap) return 0;
     rt_flight_state_rec mine;
-    if (publish_state(pg, &mine) != RT_OK) return 0;
     rt_flight_state_rec *rec = calloc((size_t)pg->size, sizeof *rec);
     if (!rec) return 0;
+    if (publish_state(pg, &mine) != RT_OK) {
+        /* no store (its host is stopped or dead): this rank's own state and the pages of
+         * the ranks on this host */
+        rt_error_clear();
+        for (int j = 0; j < pg->size; j++) {
+            if (j == pg->rank)
+                rec[j] = mine;
+            else
+                cell_read(pg, j, &rec[j], true);
+        }
+        int kind = rt_flight_diagnose(rec, pg->size, out, n);
+        free(rec);
+        return kind;
+    }
     uint64_t deadline = rt_now_ns() + (uint64_t)(grace_s * 1e9);
     for (;;) { /* every rank's state, or wait_rank's (>= 0) */
         int have = read_states(pg, &mine, rec);
@@ -537,7 +571,7 @@ static int diagnose_flight(rt_pg *pg, double grace_s, int wait_rank, char *out, 
         sleep_ms(20);
     }
     for (int j = 0; j < pg->size; j++)
-        if (!rec[j].present) cell_read(pg, j, &rec[j]);
+        if (!rec[j].present) cell_read(pg, j, &rec[j], false);
     int kind = rt_flight_diagnose(rec, pg->size, out, n);
     free(rec);
     return kind;
@@ -680,6 +714,9 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     if (!ip || !*ip) ip = rt_store_local_addr(w->store);
     RT_CHECK(rt_sock_listen(ip, 0, &lfd, &port));
     char key[64], val[400], hid[300];
+    if (o->flight_entries > 0) cell_create(w, r->rank);
+    w->cellref = calloc((size_t)r->world, sizeof *w->cellref);
+    RT_CHECK_ALLOC(w->cellref, (size_t)r->world * sizeof *w->cellref);
     rt_dist_host_id(hid, sizeof hid);
     snprintf(key, sizeof key, "rt/host/%d", r->rank);
     rt_status s = rt_store_set(w->store, key, hid, strlen(hid));
@@ -700,6 +737,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
         s = rt_store_get(w->store, key, addrs[j], sizeof addrs[j] - 1, &n);
         snprintf(key, sizeof key, "rt/host/%d", j);
         if (s == RT_OK) s = rt_store_get(w->store, key, other, sizeof other - 1, &n);
+        if (s == RT_OK && j != r->rank && strcmp(other, hid) == 0) cell_ref(w, j);
         if (strcmp(other, hid) != 0) {
             same_host = false;
             /* a loopback address is unreachable from another host (MASTER_ADDR resolving to
@@ -742,7 +780,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     pg->debug = o->debug;
     pg->p2p_n = calloc(2 * (size_t)r->world, sizeof *pg->p2p_n);
     RT_CHECK_ALLOC(pg->p2p_n, 2 * (size_t)r->world * sizeof *pg->p2p_n);
-    if (o->flight_entries > 0) cell_create(pg);
+    pg->flight.cell = w->cell;
     pg->buf_device = o->device;
     if (t == RT_TRANSPORT_NCCL) {
         RT_REQUIRE(o->device.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,

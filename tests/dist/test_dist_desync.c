@@ -7,7 +7,8 @@
  *     calls of every kind pass; TORCH_DISTRIBUTED_DEBUG=DETAIL turns it on;
  *   - a rank stopped with SIGSTOP before a collective: the others time out and their
  *     diagnosis names it, the operation it has not started, the ranks that wait, and its
- *     last completed operation (read from its shared recorder page).
+ *     last completed operation (read from its shared recorder page); also rank 0, the
+ *     store's host (the diagnosis from the shared pages alone).
  * Each rank writes its error to <dir>/err-rank<r> and the parent checks the texts. */
 #include "../test_util.h"
 #include "dist/dist.h"
@@ -23,6 +24,7 @@ typedef struct cfg {
     rt_transport transport;
     bool debug;
     int mode;
+    int stop_rank; /* STOPPED: the rank that stops itself */
     char dir[64];
 } cfg;
 
@@ -107,7 +109,7 @@ static int body(int rank, int world, int port, void *arg) {
         return 0;
     }
     case STOPPED:
-        if (rank == world - 1) {
+        if (rank == c->stop_rank) {
             char pid[32];
             snprintf(pid, sizeof pid, "%d", (int)getpid());
             put(c, "pid", rank, pid);
@@ -118,10 +120,12 @@ static int body(int rank, int world, int port, void *arg) {
         break;
     }
     put(c, "err", rank, s == RT_OK ? "OK" : rt_error_message());
-    if (c->mode == STOPPED && rank == 0) { /* every live rank has written its error: end the stopped one */
-        for (int r = 1; r < world - 1; r++) MP_CHECK(wait_file(c, "err", r), "rank %d wrote no error", r);
-        MP_CHECK(wait_file(c, "pid", world - 1), "the stopped rank wrote no pid");
-        kill(atoi(get(c, "pid", world - 1)), SIGKILL);
+    int first_live = c->stop_rank == 0 ? 1 : 0;
+    if (c->mode == STOPPED && rank == first_live) { /* every live rank has written its error: end the stopped one */
+        for (int r = 0; r < world; r++)
+            if (r != c->stop_rank) MP_CHECK(wait_file(c, "err", r), "rank %d wrote no error", r);
+        MP_CHECK(wait_file(c, "pid", c->stop_rank), "the stopped rank wrote no pid");
+        kill(atoi(get(c, "pid", c->stop_rank)), SIGKILL);
     }
     rt_pg_destroy(pg);
     return 0;
@@ -240,20 +244,23 @@ static void debug_env(void **s) {
     unsetenv("RINGTRAIN_DIST_DEBUG");
 }
 
-/* the last rank stops itself before #2; the others' diagnosis names it */
-static void stopped(rt_transport t, int world) {
-    cfg c = {.transport = t, .mode = STOPPED};
+/* a rank stops itself before #2; the others' diagnosis names it (rank 0 hosts the store:
+ * then the diagnosis comes from the shared pages alone) */
+static void stopped(rt_transport t, int world, int stop_rank) {
+    cfg c = {.transport = t, .mode = STOPPED, .stop_rank = stop_rank};
     int codes[4];
     run(&c, world, codes);
     char want[200], waiters[32] = "";
     snprintf(want, sizeof want, "rank %d has not started all_reduce #2 (f32 x 1000, 4.0 kB, avg, the second, step 1)",
-             world - 1);
-    for (int r = 0; r < world - 1; r++)
-        snprintf(waiters + strlen(waiters), sizeof waiters - strlen(waiters), "%s%d", r ? "," : "", r);
+             stop_rank);
+    for (int r = 0; r < world; r++)
+        if (r != stop_rank)
+            snprintf(waiters + strlen(waiters), sizeof waiters - strlen(waiters), "%s%d", waiters[0] ? "," : "", r);
     char wait_s[64], last[200];
     snprintf(wait_s, sizeof wait_s, "ranks %s wait in it since ", waiters);
-    snprintf(last, sizeof last, "rank %d's last completed: all_reduce #1 (f32 x 10, 40 B, sum, step 1)", world - 1);
-    for (int r = 0; r < world - 1; r++) {
+    snprintf(last, sizeof last, "rank %d's last completed: all_reduce #1 (f32 x 10, 40 B, sum, step 1)", stop_rank);
+    for (int r = 0; r < world; r++) {
+        if (r == stop_rank) continue;
         assert_int_equal(codes[r], 0);
         const char *e = get(&c, "err", r);
         fprintf(stderr, "rank %d: %s\n", r, e);
@@ -262,17 +269,21 @@ static void stopped(rt_transport t, int world) {
         assert_non_null(strstr(e, wait_s));
         assert_non_null(strstr(e, last));
     }
-    assert_int_equal(codes[world - 1], 128 + SIGKILL);
+    assert_int_equal(codes[stop_rank], 128 + SIGKILL);
     cleanup(&c);
 }
 
 static void stopped_shm_3(void **s) {
     (void)s;
-    stopped(RT_TRANSPORT_SHM, 3);
+    stopped(RT_TRANSPORT_SHM, 3, 2);
 }
 static void stopped_tcp_3(void **s) {
     (void)s;
-    stopped(RT_TRANSPORT_TCP, 3);
+    stopped(RT_TRANSPORT_TCP, 3, 2);
+}
+static void stopped_store_host_shm_3(void **s) {
+    (void)s;
+    stopped(RT_TRANSPORT_SHM, 3, 0);
 }
 
 int main(void) {
@@ -286,6 +297,7 @@ int main(void) {
         cmocka_unit_test(debug_matching_calls_pass),
         cmocka_unit_test(stopped_shm_3),
         cmocka_unit_test(stopped_tcp_3),
+        cmocka_unit_test(stopped_store_host_shm_3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

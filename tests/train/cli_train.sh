@@ -272,6 +272,18 @@ assert bad and bad[0]["op"] == "all_reduce" and bad[0]["tag"].startswith("bucket
 PY
   no_leftovers "stopped rank"
   echo "ok: a stopped rank is named by the launcher's diagnosis"
+  # rank 0, which hosts the store: the live ranks diagnose from the shared recorder pages
+  rm -rf "$tmp/run"
+  RINGTRAIN_TEST_SIGNAL_AT=step:3:self:0:STOP "$bin" train "$tmp/ok.yaml" "${small[@]}" dist.nproc=3 \
+    data.batch_size=48 dist.timeout_s=6 "${buckets[@]}" >"$tmp/out" 2>"$tmp/err"; rc=$?
+  [ "$rc" -eq 1 ] || fail "stopped rank 0: exit $rc, expected 1"
+  d=$(grep "^ringtrain: diagnosis: " "$tmp/err")
+  case $d in
+    *"rank 0 has not started all_reduce #"*"bucket 1 of "*", step 3); ranks 1,2 wait in it since "*"; rank 0's last completed: all_reduce #"*"step 2)"*) ;;
+    *) fail "stopped rank 0: diagnosis '$d'" ;;
+  esac
+  no_leftovers "stopped rank 0"
+  echo "ok: a stopped rank 0 (the store's host) is named by the launcher's diagnosis"
   ;;
 desync)
   # a rank skips one bucket's all-reduce, or calls it with one element fewer (test-only

@@ -95,7 +95,10 @@ typedef struct rt_flight_state_rec {
 typedef struct rt_flight_cell {
     uint32_t magic;
     uint32_t gen;
-    rt_flight_fp last_begun, last_done;
+    uint32_t last_begun;                    /* the sequence number of the last collective begun */
+    rt_flight_fp begun[RT_FLIGHT_PENDING];  /* the last ones begun, at [seq % RT_FLIGHT_PENDING] */
+    uint64_t t_begun_ns[RT_FLIGHT_PENDING]; /* rt_now_ns() (CLOCK_MONOTONIC: one clock per host) when each began */
+    rt_flight_fp last_done;
 } rt_flight_cell;
 /* A consistent copy of a cell (false: not a cell, or it kept changing). */
 bool rt_flight_cell_read(const volatile rt_flight_cell *c, rt_flight_cell *out);

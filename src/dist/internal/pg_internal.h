@@ -18,6 +18,7 @@ typedef struct rt_pg_world {
     int next_group;
     rt_flight_cell *cell; /* the world group's shared recorder page (flight.h), NULL: none */
     int cell_fd;
+    int (*cellref)[2]; /* [world]: the pid and fd of each rank's page on this host ({0, 0}: none) */
     void *nccl; /* nccl transport state (CUDA builds) */
 } rt_pg_world;
 
