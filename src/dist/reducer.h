@@ -21,6 +21,8 @@
  * rt_reducer_ready is called (backward calls it when it has enqueued a segment, not when
  * the GPU has run it), and rt_reducer_finish makes that stream wait for every bucket on
  * the device instead of blocking the host (docs/dist.md, "Streams").
+ * Each bucket's all-reduce is tagged "bucket i of n" (i = 1 the first started) in the
+ * group's flight recorder and in hang/desync diagnoses (rt_pg_set_op_tag).
  * dist knows nothing about models: segments are byte ranges. */
 #ifndef RT_DIST_REDUCER_H
 #define RT_DIST_REDUCER_H
