@@ -82,10 +82,11 @@ rt_status rt_req_new(rt_engine *e, const char *opname, int group, double timeout
 
 void rt_req_free(rt_request *r) {
     if (!r) return;
-    /* still open: failed before it ran, or a device part handed to a stream
-     * (rt_wait_stream): done as far as the host sees it */
-    if (r->fr_id) rt_flight_end(r->fr, r->fr_id, r->done && r->status == RT_OK && r->dev_status == RT_OK);
+    /* a device part handed to a stream (rt_wait_stream): its transport may keep its
+     * recorder entry open until it sees the completion (nccl's watchdog takes fr_id) */
     if (r->dev && r->dev->release) r->dev->release(r);
+    /* still open: failed before it ran, or handed to a stream: done as far as the host sees it */
+    if (r->fr_id) rt_flight_end(r->fr, r->fr_id, r->done && r->status == RT_OK && r->dev_status == RT_OK);
     free(r->scratch);
     free(r);
 }
@@ -375,6 +376,19 @@ static rt_status progress_pass(rt_engine *e, bool *moved_any) {
     return RT_OK;
 }
 
+void rt_engine_abort_peers(rt_engine *e) {
+    if (e->peers_aborted) return;
+    e->peers_aborted = true;
+    /* make the peers fail fast instead of waiting for their timeout */
+    for (int i = 0; i < e->world; i++)
+        if (e->ch[i].fd >= 0) {
+            /* shm: the control line carries no data, so one byte says "aborted, not dead" */
+            if (e->shm && send(e->ch[i].fd, "A", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+            }
+            shutdown(e->ch[i].fd, SHUT_RDWR);
+        }
+}
+
 void rt_engine_fail(rt_engine *e) {
     rt_error_record rec;
     rt_error_save(&rec);
@@ -391,14 +405,7 @@ void rt_engine_fail(rt_engine *e) {
                 }
         if (e->on_fail) e->on_fail(e->on_fail_ctx, &rec);
         e->err = rec;
-        /* make the peers fail fast instead of waiting for their timeout */
-        for (int i = 0; i < e->world; i++)
-            if (e->ch[i].fd >= 0) {
-                /* shm: the control line carries no data, so one byte says "aborted, not dead" */
-                if (e->shm && send(e->ch[i].fd, "A", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-                }
-                shutdown(e->ch[i].fd, SHUT_RDWR);
-            }
+        rt_engine_abort_peers(e);
     }
     while (e->active) req_complete(e, e->active, rec.status, &rec);
     for (int i = 0; i < e->world; i++) e->ch[i].sq_head = e->ch[i].sq_tail = e->ch[i].rq_head = e->ch[i].rq_tail = NULL;

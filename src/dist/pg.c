@@ -523,6 +523,11 @@ static void cell_read(rt_pg *pg, int j, rt_flight_state_rec *rec, bool waiting) 
 
 rt_status rt_pg_slow_check(rt_pg *pg) {
     if (!pg || !pg->w->store || !pg->flight.cap) return RT_OK;
+    for (int j = 0; pg->cell_cache && j < pg->size; j++) { /* first: needs no store */
+        rt_flight_state_rec t = {0};
+        if (j != pg->rank) cell_read(pg, j, &t, true);
+        if (t.from_cell) pg->cell_cache[j] = t;
+    }
     rt_flight_state_rec mine;
     if (publish_state(pg, &mine) != RT_OK) {
         rt_error_clear();
@@ -558,6 +563,8 @@ static int diagnose_flight(rt_pg *pg, double grace_s, int wait_rank, char *out, 
                 rec[j] = mine;
             else
                 cell_read(pg, j, &rec[j], true);
+            if (!rec[j].from_cell && j != pg->rank && pg->cell_cache && pg->cell_cache[j].from_cell)
+                rec[j] = pg->cell_cache[j]; /* it exited since (its own timeout) */
         }
         int kind = rt_flight_diagnose(rec, pg->size, out, n);
         free(rec);
@@ -618,38 +625,9 @@ void rt_pg_set_op_tag(rt_pg *pg, const char *tag) {
     if (pg) snprintf(pg->op_tag, sizeof pg->op_tag, "%s", tag ? tag : "");
 }
 
-static void report_failure(void *ctx, rt_error_record *rec) {
-    rt_pg_world *w = ctx;
-    if (!w->store) return;
-    rt_store_set_timeout(w->store, 2.0);
-    if (w->eng.fail_peer >= 0) {
-        char key[64], val[32];
-        snprintf(key, sizeof key, "rt/waiting/%d", w->eng.rank);
-        int n = snprintf(val, sizeof val, "%d", w->eng.fail_peer);
-        rt_store_set(w->store, key, val, (size_t)n);
-    }
-    /* every failing rank publishes its state. A timeout waits for the others' (2 s) and
-     * says who is behind or which calls differ; any other failure reads what is there
-     * and reports only a desync: the rank that saw a mismatched message publishes and
-     * waits a moment for that peer's state; a peer blocked in its own call publishes when
-     * the first one's abort reaches it, and finds both calls */
-    char diag[800] = "";
-    bool timeout = rec->status == RT_ERR_TIMEOUT;
-    rt_pg *fpg = w->eng.fail_owner;
-    int mm = -1; /* the peer whose message did not match, as a rank of the failing group */
-    for (int j = 0; fpg && w->eng.mismatch_peer >= 0 && j < fpg->size; j++)
-        if (fpg->ranks[j] == w->eng.mismatch_peer) mm = j;
-    /* a mismatch: the peer publishes soon when it saw one too (both fail at once), else
-     * only after this rank's abort reaches it (then this 1 s is lost, once) */
-    int kind = diagnose_flight(fpg, timeout ? 2.0 : mm >= 0 ? 1.0 : 0, timeout ? -1 : mm, diag, sizeof diag);
-    if (!timeout && kind != 1) diag[0] = '\0';
-    if (diag[0] || timeout) {
-        if (!diag[0]) diagnose_timeout(w, 2.0, diag, sizeof diag);
-        if (diag[0]) {
-            size_t len = strlen(rec->msg);
-            snprintf(rec->msg + len, sizeof rec->msg - len, "\n  diagnosis: %s", diag);
-        }
-    }
+/* The group's first failure: the first rank to fail records its message (with `diag`)
+ * in the store; a later one appends that first message to its own. */
+static void register_failure(rt_pg_world *w, rt_error_record *rec, const char *diag) {
     rt_error_record mine = *rec;
     int64_t k = 0;
     if (rt_store_add(w->store, "rt/failures", 1, &k) != RT_OK) {
@@ -658,7 +636,7 @@ static void report_failure(void *ctx, rt_error_record *rec) {
             snprintf(rec->msg + len, sizeof rec->msg - len,
                      "\n  and the store (hosted by rank 0 or the launcher) is unreachable: rank 0 probably died");
         }
-        goto out;
+        return;
     }
     if (k == 1) {
         char msg[1600];
@@ -680,8 +658,49 @@ static void report_failure(void *ctx, rt_error_record *rec) {
             snprintf(rec->msg + len, sizeof rec->msg - len, "\n  first failure in the group: %s", first);
         }
     }
-out:
-    return;
+}
+
+static void append_diag(rt_error_record *rec, const char *diag) {
+    if (!diag[0]) return;
+    size_t len = strlen(rec->msg);
+    snprintf(rec->msg + len, sizeof rec->msg - len, "\n  diagnosis: %s", diag);
+}
+
+static void report_failure(void *ctx, rt_error_record *rec) {
+    rt_pg_world *w = ctx;
+    if (!w->store) return;
+    rt_store_set_timeout(w->store, 2.0);
+    if (w->eng.fail_peer >= 0) {
+        char key[64], val[32];
+        snprintf(key, sizeof key, "rt/waiting/%d", w->eng.rank);
+        int n = snprintf(val, sizeof val, "%d", w->eng.fail_peer);
+        rt_store_set(w->store, key, val, (size_t)n);
+    }
+    /* every failing rank publishes its state (docs/dist.md, "Hangs and desyncs") */
+    char diag[800] = "";
+    bool timeout = rec->status == RT_ERR_TIMEOUT;
+    rt_pg *fpg = w->eng.fail_owner;
+    int mm = -1; /* the peer whose message did not match, as a rank of the failing group */
+    for (int j = 0; fpg && w->eng.mismatch_peer >= 0 && j < fpg->size; j++)
+        if (fpg->ranks[j] == w->eng.mismatch_peer) mm = j;
+    if (mm >= 0 && !timeout) {
+        /* a message that did not match this rank's call: publish, record the failure, then
+         * abort the peers at once (the peer is usually blocked in its own call: it then
+         * fails, publishes its state and finds both calls) and wait up to 2 s for its state */
+        rt_flight_state_rec mine;
+        if (publish_state(fpg, &mine) != RT_OK) rt_error_clear();
+        register_failure(w, rec, "");
+        rt_engine_abort_peers(&w->eng);
+        if (diagnose_flight(fpg, 2.0, mm, diag, sizeof diag) == 1) append_diag(rec, diag);
+        return;
+    }
+    /* a timeout waits for the others' states (2 s) and says who is behind or which calls
+     * differ; any other failure reads what is there and reports only a desync */
+    int kind = diagnose_flight(fpg, timeout ? 2.0 : 0, -1, diag, sizeof diag);
+    if (!timeout && kind != 1) diag[0] = '\0';
+    if (timeout && !diag[0]) diagnose_timeout(w, 2.0, diag, sizeof diag);
+    append_diag(rec, diag);
+    register_failure(w, rec, diag);
 }
 
 static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
@@ -781,6 +800,8 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     pg->p2p_n = calloc(2 * (size_t)r->world, sizeof *pg->p2p_n);
     RT_CHECK_ALLOC(pg->p2p_n, 2 * (size_t)r->world * sizeof *pg->p2p_n);
     pg->flight.cell = w->cell;
+    pg->cell_cache = calloc((size_t)r->world, sizeof *pg->cell_cache);
+    RT_CHECK_ALLOC(pg->cell_cache, (size_t)r->world * sizeof *pg->cell_cache);
     pg->buf_device = o->device;
     if (t == RT_TRANSPORT_NCCL) {
         RT_REQUIRE(o->device.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
@@ -822,6 +843,7 @@ rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
         pg->flight.cell = NULL;
         if (pg->has_flight) rt_flight_destroy(&pg->flight);
         free(pg->p2p_n);
+        free(pg->cell_cache);
         free(pg->ranks);
         free(pg);
         world_free(w);
@@ -873,6 +895,7 @@ void rt_pg_destroy(rt_pg *pg) {
     rt_stage_pool_free(pg);
     if (pg->has_flight) rt_flight_destroy(&pg->flight);
     free(pg->p2p_n);
+    free(pg->cell_cache);
     free(pg->ranks);
     free(pg);
 }

@@ -146,8 +146,9 @@ struct rt_engine {
      * a second; an error (a desync found) breaks the engine with it */
     rt_status (*on_slow)(void *owner);
     uint64_t slow_next_ns;
-    int mismatch_peer; /* the failure is a header that did not match (-1: no) */
-    void *fail_owner;  /* at the failure: the group of the first active request (NULL: none) */
+    int mismatch_peer;  /* the failure is a header that did not match (-1: no) */
+    void *fail_owner;   /* at the failure: the group of the first active request (NULL: none) */
+    bool peers_aborted; /* rt_engine_abort_peers ran */
 };
 
 rt_status rt_engine_init(rt_engine *e, int rank, int world);
@@ -174,5 +175,8 @@ rt_status rt_req_test(rt_request *r, bool *done);
 
 /* Fail the engine with the calling thread's current error. */
 void rt_engine_fail(rt_engine *e);
+/* Shut every peer connection down (shm: an "aborted" byte first) so that the peers fail
+ * fast; once (rt_engine_fail does it after on_fail; on_fail may do it earlier). */
+void rt_engine_abort_peers(rt_engine *e);
 
 #endif

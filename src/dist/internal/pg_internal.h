@@ -19,7 +19,7 @@ typedef struct rt_pg_world {
     rt_flight_cell *cell; /* the world group's shared recorder page (flight.h), NULL: none */
     int cell_fd;
     int (*cellref)[2]; /* [world]: the pid and fd of each rank's page on this host ({0, 0}: none) */
-    void *nccl; /* nccl transport state (CUDA builds) */
+    void *nccl;        /* nccl transport state (CUDA builds) */
 } rt_pg_world;
 
 /* One pinned host buffer of the staging pool (device buffers over tcp/shm). `ev` is
@@ -55,6 +55,9 @@ struct rt_pg {
     char tag[RT_FLIGHT_TAG], op_tag[RT_FLIGHT_TAG]; /* rt_pg_set_tag, rt_pg_set_op_tag */
     uint32_t *p2p_n;                                /* [2 * size]: messages sent to / received from each peer */
     bool debug;                                     /* rt_pg_options.debug */
+    /* world group: the peers' shared pages as the last slow check read them (a peer may
+     * exit before this rank's own timeout reads them again) */
+    rt_flight_state_rec *cell_cache;
 };
 
 /* Host identity: hostname | boot id | network namespace (ranks with equal ids share
