@@ -501,6 +501,7 @@ static int train_or_eval(int argc, char **argv) {
             else
                 fprintf(stderr, "ringtrain: rank %d exited with code %d%s; the other ranks were stopped%s\n", f->rank,
                         f->exit_code, f->last_line[0] ? " (its error is above)" : " without printing an error", tail);
+            if (res.diagnosis[0]) fprintf(stderr, "ringtrain: diagnosis: %s\n", res.diagnosis);
             int code = rt_launch_rank_code(f);
             rc = code > 0 && code < 256 ? code : 1;
         } else if (res.signal) { /* interrupted: quiet when every rank stopped cleanly */

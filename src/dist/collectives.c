@@ -16,6 +16,7 @@
  */
 #include "dist/internal/pg_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -395,6 +396,15 @@ static const struct {
 
 /* ---- the shared submit path: every operation of every transport goes through here ---- */
 
+/* The operation's tag: "<op tag>, <context>" (rt_pg_set_op_tag, rt_pg_set_tag), cut to fit. */
+static void compose_tag(const rt_pg *pg, char *tag) {
+    size_t l = 0, cap = RT_FLIGHT_TAG - 1;
+    const char *parts[3] = {pg->op_tag, pg->op_tag[0] && pg->tag[0] ? ", " : "", pg->tag};
+    for (int i = 0; i < 3; i++)
+        for (const char *p = parts[i]; *p && l < cap; p++) tag[l++] = *p;
+    tag[l] = '\0';
+}
+
 /* The algorithm as the flight recorder names it. */
 static const char *flight_algo(const rt_pg *pg, const rt_op *op) {
     if (pg->transport == RT_TRANSPORT_NCCL) return "nccl";
@@ -414,8 +424,11 @@ static rt_status submit_req(rt_pg *pg, const char *name, const rt_op *op, bool b
                             rt_request **out) {
     int maxx = build ? k_ops[op->kind].per_rank * pg->size + k_ops[op->kind].extra : 0;
     rt_request *r;
-    uint64_t fid =
-        rt_flight_begin(&pg->flight, op->kind, op->is_send, op->dtype, op->count, op->root, flight_algo(pg, op));
+    char tag[RT_FLIGHT_TAG];
+    compose_tag(pg, tag);
+    pg->op_tag[0] = '\0';
+    uint64_t fid = rt_flight_begin(&pg->flight, op->kind, op->is_send, op->dtype, op->count, op->root,
+                                   reduces(op->kind) ? (int)op->rop : -1, flight_algo(pg, op), tag);
     rt_status s = rt_req_new(&pg->w->eng, name, pg->id, pg->timeout_s, maxx, &r);
     if (s != RT_OK) {
         rt_flight_end(&pg->flight, fid, false);
@@ -423,12 +436,16 @@ static rt_status submit_req(rt_pg *pg, const char *name, const rt_op *op, bool b
     }
     r->fr = &pg->flight;
     r->fr_id = fid;
+    r->owner = pg;
+    r->slow_s = rt_pg_slow_after_s(pg->timeout_s);
     r->fr_dev = dev_part;
     r->gate = op->gate;
     uint32_t seq0 = pg->seq;
     s = build ? k_ops[op->kind].build(pg, r, op) : RT_OK;
     if (s == RT_OK && !build && op->kind != RT_K_P2P) ++pg->seq; /* nccl: numbered like the others */
     if (pg->seq != seq0) rt_flight_set_seq(&pg->flight, fid, pg->seq);
+    if (s == RT_OK && op->kind == RT_K_P2P && pg->p2p_n) /* p2p: the n-th message to (from) that peer */
+        rt_flight_set_seq(&pg->flight, fid, ++pg->p2p_n[2 * op->root + (op->is_send ? 0 : 1)]);
     if (s == RT_OK) {
         rt_flight_started(&pg->flight, fid); /* before the progress thread may end it */
         s = rt_req_submit(r, async && r->nx > 0);
@@ -616,6 +633,16 @@ static rt_status run(rt_pg *pg, const rt_op *op, bool async, rt_request **req) {
     rt_request **out = async ? req : NULL;
     RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "%s: NULL process group", name);
     RT_CHECK(check_args(pg, name, op));
+    if (pg->debug && op->kind != RT_K_P2P) { /* debug mode: the ranks agree before anything runs */
+        rt_flight_fp fp = {.seq = pg->seq + 1,
+                           .kind = op->kind,
+                           .rop = reduces(op->kind) ? (int)op->rop : -1,
+                           .dtype = (int)op->dtype,
+                           .root = op->root,
+                           .count = op->count};
+        compose_tag(pg, fp.tag);
+        RT_CHECK(rt_pg_debug_check(pg, &fp));
+    }
     if (pg->transport == RT_TRANSPORT_NCCL) {
         /* an empty request (no host part) whose device part is the operation on the
          * communication stream: handed back before it completes, or waited for */

@@ -101,6 +101,12 @@ typedef struct rt_pg_options {
     /* the flight recorder keeps the group's last this many operations (each sub-group
      * too); 0 disables it. Default 512, or RINGTRAIN_FLIGHT_ENTRIES. */
     int flight_entries;
+    /* debug mode: every collective's fingerprint (sequence number, operation, reduce op,
+     * dtype, count, root) is compared across the group's ranks through the store before
+     * it runs; a mismatch fails the call on every rank with a desync error naming both
+     * calls. Default false, or true with RINGTRAIN_DIST_DEBUG=1 or
+     * TORCH_DISTRIBUTED_DEBUG=DETAIL (docs/dist.md, "Hangs and desyncs"). */
+    bool debug;
 } rt_pg_options;
 
 void rt_pg_options_default(rt_pg_options *o);
@@ -199,6 +205,12 @@ rt_status rt_ibarrier(rt_pg *pg, rt_request **req);
  * as JSON to `path` (written under path.tmp, then renamed), oldest first. Safe to call
  * while asynchronous operations are in flight (the progress thread keeps recording). */
 rt_status rt_pg_flight_dump(rt_pg *pg, const char *path);
+/* Context the recorder keeps with every following operation of the group, shown in the
+ * flight files and in hang and desync diagnoses (e.g. "step 212"); NULL or "" clears it.
+ * At most 63 bytes are kept. */
+void rt_pg_set_tag(rt_pg *pg, const char *tag);
+/* The same for the next operation only, put before the context (e.g. "bucket 3 of 6"). */
+void rt_pg_set_op_tag(rt_pg *pg, const char *tag);
 
 /* The libraries src/dist links (NCCL), for `ringtrain info`. */
 int rt_dist_lib_versions(rt_lib_version *out, int cap);

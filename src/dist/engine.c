@@ -27,6 +27,7 @@ rt_status rt_engine_init(rt_engine *e, int rank, int world) {
         e->ch[i].peer = i;
         e->ch[i].fd = -1;
     }
+    e->mismatch_peer = -1;
     e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (e->evfd < 0) {
         free(e->ch);
@@ -81,10 +82,11 @@ rt_status rt_req_new(rt_engine *e, const char *opname, int group, double timeout
 
 void rt_req_free(rt_request *r) {
     if (!r) return;
-    /* still open: failed before it ran, or a device part handed to a stream
-     * (rt_wait_stream): done as far as the host sees it */
-    if (r->fr_id) rt_flight_end(r->fr, r->fr_id, r->done && r->status == RT_OK && r->dev_status == RT_OK);
+    /* a device part handed to a stream (rt_wait_stream): its transport may keep its
+     * recorder entry open until it sees the completion (nccl's watchdog takes fr_id) */
     if (r->dev && r->dev->release) r->dev->release(r);
+    /* still open: failed before it ran, or handed to a stream: done as far as the host sees it */
+    if (r->fr_id) rt_flight_end(r->fr, r->fr_id, r->done && r->status == RT_OK && r->dev_status == RT_OK);
     free(r->scratch);
     free(r);
 }
@@ -234,6 +236,7 @@ static rt_status progress_send(rt_xfer *x, bool *moved_any) {
 }
 
 static rt_status bad_header(rt_xfer *x, const rt_msg_hdr *got) {
+    x->req->eng->mismatch_peer = x->ch->peer;
     return RT_ERROR(RT_ERR_PEER,
                     "peer rank %d sent %s (group %u, op #%u, %llu bytes) but this rank expected %s (group %u, op #%u, "
                     "%llu bytes): the ranks called different operations or sizes",
@@ -373,12 +376,27 @@ static rt_status progress_pass(rt_engine *e, bool *moved_any) {
     return RT_OK;
 }
 
+void rt_engine_abort_peers(rt_engine *e) {
+    if (e->peers_aborted) return;
+    e->peers_aborted = true;
+    /* make the peers fail fast instead of waiting for their timeout */
+    for (int i = 0; i < e->world; i++)
+        if (e->ch[i].fd >= 0) {
+            /* shm: the control line carries no data, so one byte says "aborted, not dead" */
+            if (e->shm && send(e->ch[i].fd, "A", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+            }
+            shutdown(e->ch[i].fd, SHUT_RDWR);
+        }
+}
+
 void rt_engine_fail(rt_engine *e) {
     rt_error_record rec;
     rt_error_save(&rec);
     if (!e->broken) {
         e->broken = true;
         e->fail_peer = -1;
+        e->fail_owner = NULL;
+        for (rt_request *r = e->active; r && !e->fail_owner; r = r->next) e->fail_owner = r->owner;
         for (rt_request *r = e->active; r && e->fail_peer < 0; r = r->next)
             for (int i = 0; i < r->nx; i++)
                 if (!r->x[i].complete && !r->x[i].is_send) {
@@ -387,14 +405,7 @@ void rt_engine_fail(rt_engine *e) {
                 }
         if (e->on_fail) e->on_fail(e->on_fail_ctx, &rec);
         e->err = rec;
-        /* make the peers fail fast instead of waiting for their timeout */
-        for (int i = 0; i < e->world; i++)
-            if (e->ch[i].fd >= 0) {
-                /* shm: the control line carries no data, so one byte says "aborted, not dead" */
-                if (e->shm && send(e->ch[i].fd, "A", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-                }
-                shutdown(e->ch[i].fd, SHUT_RDWR);
-            }
+        rt_engine_abort_peers(e);
     }
     while (e->active) req_complete(e, e->active, rec.status, &rec);
     for (int i = 0; i < e->world; i++) e->ch[i].sq_head = e->ch[i].sq_tail = e->ch[i].rq_head = e->ch[i].rq_tail = NULL;
@@ -523,8 +534,29 @@ static void drive(rt_engine *e, rt_request *target) {
             fail_timeout(e, late);
             continue;
         }
+        /* a slow wait: the group publishes its state and compares it with its peers' */
+        uint64_t slow = UINT64_MAX;
+        rt_request *slowest = NULL;
+        for (rt_request *r = e->active; r; r = r->next)
+            if (r->slow_ns && r->owner && r->slow_ns < slow) {
+                slow = r->slow_ns;
+                slowest = r;
+            }
+        if (slowest && e->on_slow) {
+            if (slow < e->slow_next_ns) slow = e->slow_next_ns;
+            if (now >= slow) {
+                e->slow_next_ns = now + 1000000000ull;
+                if (e->on_slow(slowest->owner) != RT_OK) {
+                    rt_engine_fail(e);
+                    continue;
+                }
+                slow = e->slow_next_ns;
+            }
+            if (slow < earliest) earliest = slow;
+        }
         int ms = 1000;
-        if (late && (earliest - now) / 1000000 + 1 < (uint64_t)ms) ms = (int)((earliest - now) / 1000000 + 1);
+        if (earliest != UINT64_MAX && (earliest - now) / 1000000 + 1 < (uint64_t)ms)
+            ms = (int)((earliest - now) / 1000000 + 1);
         for (rt_request *r = e->active; r; r = r->next)
             if (r->gate && !r->gate_open) ms = 1; /* nobody rings when a device copy lands: look again soon */
         if (idle == 0) spin_start = now;
@@ -609,6 +641,7 @@ rt_status rt_req_submit(rt_request *r, bool async) {
     r->submitted = true;
     r->async = async;
     r->deadline_ns = rt_now_ns() + (uint64_t)(r->timeout_s * 1e9);
+    r->slow_ns = r->slow_s > 0 ? rt_now_ns() + (uint64_t)(r->slow_s * 1e9) : 0;
     r->pending = r->nx;
     if (async) e->nasync++;
     r->next = e->active;

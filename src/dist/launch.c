@@ -184,6 +184,13 @@ static void emit_line(launch *L, int i, const char *p, size_t n) {
     while (b < n && (p[b] == ' ' || p[b] == '\t')) b++;
     if (b == n) return;
     rt_launch_rank *r = &L->res->ranks[i];
+    const char *dg = memmem(p, n, "diagnosis: ", 11);
+    if (dg && !L->res->diagnosis[0]) { /* every rank that timed out prints it: keep one */
+        size_t dl = n - (size_t)(dg + 11 - p);
+        if (dl > sizeof L->res->diagnosis - 1) dl = sizeof L->res->diagnosis - 1;
+        memcpy(L->res->diagnosis, dg + 11, dl);
+        L->res->diagnosis[dl] = '\0';
+    }
     /* an indented line continues the one before (an error's trace): keep the head line */
     if (b > 0 && L->slots[i].have_head) return;
     L->slots[i].have_head = b == 0;

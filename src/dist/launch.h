@@ -93,6 +93,9 @@ typedef struct rt_launch_result {
     int signal;            /* SIGINT/SIGTERM the launcher received and forwarded, 0 if none */
     int master_port;       /* the port the ranks were given */
     double timeout_s;      /* the time limit it ran under (0: none) */
+    /* the first "diagnosis: ..." any rank printed (a hang or desync explained: docs/dist.md,
+     * "Hangs and desyncs"), the text after the marker; "" if none */
+    char diagnosis[RT_LAUNCH_LINE];
 } rt_launch_result;
 
 /* The code a process exits with for this rank: its exit code, or 128 + signal. */

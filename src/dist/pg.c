@@ -34,6 +34,8 @@ void rt_pg_options_default(rt_pg_options *o) {
     if (t && atof(t) > 0) o->timeout_s = atof(t);
     const char *fe = getenv("RINGTRAIN_FLIGHT_ENTRIES");
     if (fe && *fe && atol(fe) >= 0 && atol(fe) <= (1L << 24)) o->flight_entries = (int)atol(fe);
+    const char *d = getenv("RINGTRAIN_DIST_DEBUG"), *td = getenv("TORCH_DISTRIBUTED_DEBUG");
+    o->debug = (d && strcmp(d, "1") == 0) || (td && strcmp(td, "DETAIL") == 0);
 }
 
 int rt_pg_rank(const rt_pg *pg) { return pg->rank; }
@@ -347,6 +349,10 @@ static rt_status shm_setup(rt_pg_world *w, double timeout_s) {
 /* ---- init / destroy ---- */
 
 static void world_free(rt_pg_world *w) {
+    if (w->cell) munmap(w->cell, 4096);
+    if (w->cell_fd > 0) close(w->cell_fd);
+    w->cell = NULL;
+    free(w->cellref);
     if (w->eng.my_bell) munmap(w->eng.my_bell, 4096);
     w->eng.my_bell = NULL;
     rt_engine_destroy(&w->eng);
@@ -391,24 +397,237 @@ static void diagnose_timeout(rt_pg_world *w, double grace_s, char *out, size_t n
     }
 }
 
-static void report_failure(void *ctx, rt_error_record *rec) {
-    rt_pg_world *w = ctx;
-    if (!w->store) return;
-    rt_store_set_timeout(w->store, 2.0);
-    if (w->eng.fail_peer >= 0) {
-        char key[64], val[32];
-        snprintf(key, sizeof key, "rt/waiting/%d", w->eng.rank);
-        int n = snprintf(val, sizeof val, "%d", w->eng.fail_peer);
-        rt_store_set(w->store, key, val, (size_t)n);
+/* ---- hangs and desyncs (docs/dist.md, "Hangs and desyncs") ----
+ * Every rank's state (its oldest pending collective, how long it waits in it, its last
+ * completed one) is published under rt/fr/<group>/<rank> only when something is slow or
+ * failed; the step itself never touches the store. */
+
+double rt_pg_slow_after_s(double timeout_s) { return timeout_s / 4 < 10 ? timeout_s / 4 : 10; }
+
+/* Store requests of these checks: a store that does not answer this fast is as stuck as
+ * a peer (its host, rank 0 or the launcher, is stopped): without it, the shared pages. */
+static double check_timeout(const rt_pg *pg) {
+    double t = rt_pg_slow_after_s(pg->timeout_s);
+    return t < 2 ? t : 2;
+}
+
+static rt_status publish_state(rt_pg *pg, rt_flight_state_rec *mine) {
+    rt_flight_get_state(&pg->flight, mine);
+    char key[64], val[512];
+    snprintf(key, sizeof key, "rt/fr/%d/%d", pg->id, pg->rank);
+    int n = rt_flight_state_format(mine, val, sizeof val);
+    return rt_store_set_within(pg->w->store, key, val, (size_t)(n < (int)sizeof val ? n : (int)sizeof val - 1),
+                               check_timeout(pg));
+}
+
+/* The others' published states into rec[] (rec[me] = mine). A state older than this
+ * rank's (its pending operation before this rank's) is from an earlier slow wait that
+ * ended: it counts as not published. Returns how many ranks published. */
+static int read_states(rt_pg *pg, const rt_flight_state_rec *mine, rt_flight_state_rec *rec) {
+    int have = 0;
+    for (int j = 0; j < pg->size; j++) {
+        memset(&rec[j], 0, sizeof rec[j]);
+        if (j == pg->rank) {
+            rec[j] = *mine;
+            have++;
+            continue;
+        }
+        char key[64], val[512];
+        snprintf(key, sizeof key, "rt/fr/%d/%d", pg->id, j);
+        bool ex = false;
+        if (rt_store_check_within(pg->w->store, key, &ex, check_timeout(pg)) != RT_OK || !ex) continue;
+        size_t n = 0;
+        if (rt_store_get_within(pg->w->store, key, val, sizeof val - 1, &n, check_timeout(pg)) != RT_OK) continue;
+        val[n] = '\0';
+        if (!rt_flight_state_parse(val, &rec[j])) continue;
+        if (mine->npending && rec[j].npending && rec[j].pending[0].seq < mine->pending[0].seq &&
+            rec[j].pending[rec[j].npending - 1].seq < mine->pending[0].seq) {
+            memset(&rec[j], 0, sizeof rec[j]); /* stale */
+            continue;
+        }
+        have++;
     }
-    char diag[400] = "";
-    if (rec->status == RT_ERR_TIMEOUT) {
-        diagnose_timeout(w, 2.0, diag, sizeof diag);
-        if (diag[0]) {
-            size_t len = strlen(rec->msg);
-            snprintf(rec->msg + len, sizeof rec->msg - len, "\n  diagnosis: %s", diag);
+    return have;
+}
+
+/* The world group's shared page (flight.h, rt_flight_cell): a memfd the peers on this
+ * host open through /proc/<pid>/fd/<n>, published before the rendezvous' addresses (so
+ * every rank reads the others' at init, while the store surely answers). Best effort:
+ * without it, a stopped rank's last operation is unknown. */
+static void cell_create(rt_pg_world *w, int rank) {
+    int fd = memfd_create("ringtrain-flight", MFD_CLOEXEC);
+    if (fd < 0) return;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, 4096) == 0) p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return;
+    }
+    w->cell = p;
+    w->cell_fd = fd;
+    w->cell->magic = RT_FLIGHT_CELL_MAGIC;
+    char key[64], val[64];
+    snprintf(key, sizeof key, "rt/frcell/%d", rank);
+    int n = snprintf(val, sizeof val, "%d %d", (int)getpid(), fd);
+    if (rt_store_set(w->store, key, val, (size_t)n) != RT_OK) rt_error_clear();
+}
+
+/* rank j's page reference, when it is on this host and has one (at init) */
+static void cell_ref(rt_pg_world *w, int j) {
+    char key[64], val[64];
+    size_t n = 0;
+    bool ex = false;
+    snprintf(key, sizeof key, "rt/frcell/%d", j);
+    if (rt_store_check(w->store, key, &ex) == RT_OK && ex &&
+        rt_store_get(w->store, key, val, sizeof val - 1, &n) == RT_OK) {
+        val[n] = '\0';
+        if (sscanf(val, "%d %d", &w->cellref[j][0], &w->cellref[j][1]) != 2) w->cellref[j][0] = 0;
+    }
+    rt_error_clear();
+}
+
+/* Group rank j's shared page, when it is on this host: its last begun and last completed
+ * collective. `waiting`: a rank inside an operation (begun after its last completed one)
+ * counts as waiting in it, since it began (without the store, nobody published). */
+static void cell_read(rt_pg *pg, int j, rt_flight_state_rec *rec, bool waiting) {
+    if (!pg->is_world || !pg->w->cellref || !pg->w->cellref[j][0]) return;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", pg->w->cellref[j][0], pg->w->cellref[j][1]);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    void *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return;
+    rt_flight_cell c;
+    if (rt_flight_cell_read(p, &c)) {
+        rec->from_cell = true;
+        rec->last_done = c.last_done;
+        rec->begun = c.begun[c.last_begun % RT_FLIGHT_PENDING];
+        /* the ones begun after the last completed, oldest first, as far as the page keeps them */
+        uint32_t from = c.last_done.seq + 1;
+        if (c.last_begun >= RT_FLIGHT_PENDING && from < c.last_begun - RT_FLIGHT_PENDING + 1)
+            from = c.last_begun - RT_FLIGHT_PENDING + 1;
+        for (uint32_t q = from; waiting && !rec->present && q && q <= c.last_begun; q++) {
+            const rt_flight_fp *b = &c.begun[q % RT_FLIGHT_PENDING];
+            if (b->seq != q) continue;
+            if (rec->npending == 0) {
+                uint64_t now = rt_now_ns(), t = c.t_begun_ns[q % RT_FLIGHT_PENDING];
+                rec->wait_s = now > t ? (double)(now - t) * 1e-9 : 0;
+            }
+            rec->pending[rec->npending++] = *b;
+        }
+        if (rec->npending) rec->present = true;
+    }
+    munmap(p, 4096);
+}
+
+rt_status rt_pg_slow_check(rt_pg *pg) {
+    if (!pg || !pg->w->store || !pg->flight.cap) return RT_OK;
+    for (int j = 0; pg->cell_cache && j < pg->size; j++) { /* first: needs no store */
+        rt_flight_state_rec t = {0};
+        if (j != pg->rank) cell_read(pg, j, &t, true);
+        if (t.from_cell) pg->cell_cache[j] = t;
+    }
+    rt_flight_state_rec mine;
+    if (publish_state(pg, &mine) != RT_OK) {
+        rt_error_clear();
+        return RT_OK;
+    }
+    rt_flight_state_rec *rec = calloc((size_t)pg->size, sizeof *rec);
+    if (!rec) return RT_OK;
+    read_states(pg, &mine, rec);
+    char diag[800];
+    int kind = rt_flight_diagnose(rec, pg->size, diag, sizeof diag);
+    free(rec);
+    rt_error_clear();
+    if (kind == 1) return RT_ERROR(RT_ERR_PEER, "group %d: the ranks called different collectives: %s", pg->id, diag);
+    return RT_OK;
+}
+
+static rt_status engine_on_slow(void *owner) { return rt_pg_slow_check(owner); }
+
+/* After a failure: publish, wait up to grace_s for every rank's state (a stopped rank
+ * never comes), diagnose. Returns rt_flight_diagnose's kind. */
+static int diagnose_flight(rt_pg *pg, double grace_s, int wait_rank, char *out, size_t n) {
+    out[0] = '\0';
+    if (!pg || !pg->flight.cap) return 0;
+    rt_flight_state_rec mine;
+    rt_flight_state_rec *rec = calloc((size_t)pg->size, sizeof *rec);
+    if (!rec) return 0;
+    if (publish_state(pg, &mine) != RT_OK) {
+        /* no store (its host is stopped or dead): this rank's own state and the pages of
+         * the ranks on this host */
+        rt_error_clear();
+        for (int j = 0; j < pg->size; j++) {
+            if (j == pg->rank)
+                rec[j] = mine;
+            else
+                cell_read(pg, j, &rec[j], true);
+            if (!rec[j].from_cell && j != pg->rank && pg->cell_cache && pg->cell_cache[j].from_cell)
+                rec[j] = pg->cell_cache[j]; /* it exited since (its own timeout) */
+        }
+        int kind = rt_flight_diagnose(rec, pg->size, out, n);
+        free(rec);
+        return kind;
+    }
+    uint64_t deadline = rt_now_ns() + (uint64_t)(grace_s * 1e9);
+    for (;;) { /* every rank's state, or wait_rank's (>= 0) */
+        int have = read_states(pg, &mine, rec);
+        if (wait_rank >= 0 ? rec[wait_rank].present : have == pg->size) break;
+        if (rt_now_ns() >= deadline) break;
+        sleep_ms(20);
+    }
+    for (int j = 0; j < pg->size; j++)
+        if (!rec[j].present) cell_read(pg, j, &rec[j], false);
+    int kind = rt_flight_diagnose(rec, pg->size, out, n);
+    free(rec);
+    return kind;
+}
+
+rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp) {
+    rt_store *st = pg->w->store;
+    RT_REQUIRE(st != NULL, RT_ERR_INVALID, "dist debug mode: no store");
+    char key[64], val[256];
+    snprintf(key, sizeof key, "rt/fpd/%d/%u/%d", pg->id, fp->seq, pg->rank);
+    int n = rt_flight_fp_format(fp, val, sizeof val);
+    RT_CHECK(rt_store_set(st, key, val, (size_t)n));
+    char dmine[200];
+    rt_flight_fp_describe(fp, dmine, sizeof dmine);
+    for (int j = 0; j < pg->size; j++) {
+        if (j == pg->rank) continue;
+        snprintf(key, sizeof key, "rt/fpd/%d/%u/%d", pg->id, fp->seq, j);
+        const char *keys[1] = {key};
+        rt_status s = rt_store_wait(st, keys, 1);
+        if (s != RT_OK)
+            return RT_ERROR(s, "dist debug mode: rank %d never checked in for %s (group %d): %s", j, dmine, pg->id,
+                            rt_error_message());
+        size_t got = 0;
+        RT_CHECK(rt_store_get(st, key, val, sizeof val - 1, &got));
+        val[got] = '\0';
+        rt_flight_fp other;
+        RT_REQUIRE(rt_flight_fp_parse(val, &other), RT_ERR_PEER, "dist debug mode: rank %d published '%s'", j, val);
+        if (rt_flight_fp_differ(fp, &other)) {
+            char dother[200];
+            rt_flight_fp_describe(&other, dother, sizeof dother);
+            return RT_ERROR(RT_ERR_PEER,
+                            "desync at #%u (group %d, dist debug mode, before it ran): rank %d called %s but rank %d "
+                            "called %s",
+                            fp->seq, pg->id, pg->rank, dmine, j, dother);
         }
     }
+    return RT_OK;
+}
+
+void rt_pg_set_tag(rt_pg *pg, const char *tag) {
+    if (pg) snprintf(pg->tag, sizeof pg->tag, "%s", tag ? tag : "");
+}
+void rt_pg_set_op_tag(rt_pg *pg, const char *tag) {
+    if (pg) snprintf(pg->op_tag, sizeof pg->op_tag, "%s", tag ? tag : "");
+}
+
+/* The group's first failure: the first rank to fail records its message (with `diag`)
+ * in the store; a later one appends that first message to its own. */
+static void register_failure(rt_pg_world *w, rt_error_record *rec, const char *diag) {
     rt_error_record mine = *rec;
     int64_t k = 0;
     if (rt_store_add(w->store, "rt/failures", 1, &k) != RT_OK) {
@@ -417,7 +636,7 @@ static void report_failure(void *ctx, rt_error_record *rec) {
             snprintf(rec->msg + len, sizeof rec->msg - len,
                      "\n  and the store (hosted by rank 0 or the launcher) is unreachable: rank 0 probably died");
         }
-        goto out;
+        return;
     }
     if (k == 1) {
         char msg[1600];
@@ -426,7 +645,7 @@ static void report_failure(void *ctx, rt_error_record *rec) {
         char who[32]; /* the rank once: the message and the errors nested in it may carry it already */
         size_t wl = (size_t)snprintf(who, sizeof who, "rank %d: ", w->eng.rank);
         for (char *p; (p = strstr(mine.msg, who)) != NULL;) memmove(p, p + wl, strlen(p + wl) + 1);
-        int n = snprintf(msg, sizeof msg, "%s%.1100s%s%.400s", who, mine.msg, diag[0] ? "; " : "", diag);
+        int n = snprintf(msg, sizeof msg, "%s%.800s%s%.700s", who, mine.msg, diag[0] ? "; " : "", diag);
         rt_store_set(w->store, "rt/failure/first", msg, (size_t)n);
     } else {
         char first[1700] = "";
@@ -439,8 +658,49 @@ static void report_failure(void *ctx, rt_error_record *rec) {
             snprintf(rec->msg + len, sizeof rec->msg - len, "\n  first failure in the group: %s", first);
         }
     }
-out:
-    return;
+}
+
+static void append_diag(rt_error_record *rec, const char *diag) {
+    if (!diag[0]) return;
+    size_t len = strlen(rec->msg);
+    snprintf(rec->msg + len, sizeof rec->msg - len, "\n  diagnosis: %s", diag);
+}
+
+static void report_failure(void *ctx, rt_error_record *rec) {
+    rt_pg_world *w = ctx;
+    if (!w->store) return;
+    rt_store_set_timeout(w->store, 2.0);
+    if (w->eng.fail_peer >= 0) {
+        char key[64], val[32];
+        snprintf(key, sizeof key, "rt/waiting/%d", w->eng.rank);
+        int n = snprintf(val, sizeof val, "%d", w->eng.fail_peer);
+        rt_store_set(w->store, key, val, (size_t)n);
+    }
+    /* every failing rank publishes its state (docs/dist.md, "Hangs and desyncs") */
+    char diag[800] = "";
+    bool timeout = rec->status == RT_ERR_TIMEOUT;
+    rt_pg *fpg = w->eng.fail_owner;
+    int mm = -1; /* the peer whose message did not match, as a rank of the failing group */
+    for (int j = 0; fpg && w->eng.mismatch_peer >= 0 && j < fpg->size; j++)
+        if (fpg->ranks[j] == w->eng.mismatch_peer) mm = j;
+    if (mm >= 0 && !timeout) {
+        /* a message that did not match this rank's call: publish, record the failure, then
+         * abort the peers at once (the peer is usually blocked in its own call: it then
+         * fails, publishes its state and finds both calls) and wait up to 2 s for its state */
+        rt_flight_state_rec mine;
+        if (publish_state(fpg, &mine) != RT_OK) rt_error_clear();
+        register_failure(w, rec, "");
+        rt_engine_abort_peers(&w->eng);
+        if (diagnose_flight(fpg, 2.0, mm, diag, sizeof diag) == 1) append_diag(rec, diag);
+        return;
+    }
+    /* a timeout waits for the others' states (2 s) and says who is behind or which calls
+     * differ; any other failure reads what is there and reports only a desync */
+    int kind = diagnose_flight(fpg, timeout ? 2.0 : 0, -1, diag, sizeof diag);
+    if (!timeout && kind != 1) diag[0] = '\0';
+    if (timeout && !diag[0]) diagnose_timeout(w, 2.0, diag, sizeof diag);
+    append_diag(rec, diag);
+    register_failure(w, rec, diag);
 }
 
 static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
@@ -455,6 +715,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     RT_CHECK(rt_engine_init(&w->eng, r->rank, r->world));
     w->eng.on_fail = report_failure;
     w->eng.on_fail_ctx = w;
+    w->eng.on_slow = engine_on_slow;
     /* the per-launch nonce: with the job secret it keys the transport handshake (auth.h) */
     if (r->rank == 0) {
         RT_CHECK(rt_random_bytes(w->token, sizeof w->token));
@@ -472,6 +733,9 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     if (!ip || !*ip) ip = rt_store_local_addr(w->store);
     RT_CHECK(rt_sock_listen(ip, 0, &lfd, &port));
     char key[64], val[400], hid[300];
+    if (o->flight_entries > 0) cell_create(w, r->rank);
+    w->cellref = calloc((size_t)r->world, sizeof *w->cellref);
+    RT_CHECK_ALLOC(w->cellref, (size_t)r->world * sizeof *w->cellref);
     rt_dist_host_id(hid, sizeof hid);
     snprintf(key, sizeof key, "rt/host/%d", r->rank);
     rt_status s = rt_store_set(w->store, key, hid, strlen(hid));
@@ -492,6 +756,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
         s = rt_store_get(w->store, key, addrs[j], sizeof addrs[j] - 1, &n);
         snprintf(key, sizeof key, "rt/host/%d", j);
         if (s == RT_OK) s = rt_store_get(w->store, key, other, sizeof other - 1, &n);
+        if (s == RT_OK && j != r->rank && strcmp(other, hid) == 0) cell_ref(w, j);
         if (strcmp(other, hid) != 0) {
             same_host = false;
             /* a loopback address is unreachable from another host (MASTER_ADDR resolving to
@@ -531,6 +796,12 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     RT_REQUIRE(o->flight_entries >= 0, RT_ERR_INVALID, "rt_pg_options.flight_entries %d < 0", o->flight_entries);
     RT_CHECK(rt_flight_init(&pg->flight, (uint32_t)o->flight_entries));
     pg->has_flight = true;
+    pg->debug = o->debug;
+    pg->p2p_n = calloc(2 * (size_t)r->world, sizeof *pg->p2p_n);
+    RT_CHECK_ALLOC(pg->p2p_n, 2 * (size_t)r->world * sizeof *pg->p2p_n);
+    pg->flight.cell = w->cell;
+    pg->cell_cache = calloc((size_t)r->world, sizeof *pg->cell_cache);
+    RT_CHECK_ALLOC(pg->cell_cache, (size_t)r->world * sizeof *pg->cell_cache);
     pg->buf_device = o->device;
     if (t == RT_TRANSPORT_NCCL) {
         RT_REQUIRE(o->device.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
@@ -569,7 +840,10 @@ rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
     if (s != RT_OK) {
         rt_error_record rec;
         rt_error_save(&rec);
+        pg->flight.cell = NULL;
         if (pg->has_flight) rt_flight_destroy(&pg->flight);
+        free(pg->p2p_n);
+        free(pg->cell_cache);
         free(pg->ranks);
         free(pg);
         world_free(w);
@@ -615,10 +889,13 @@ void rt_pg_destroy(rt_pg *pg) {
                 }
             }
         }
+        pg->flight.cell = NULL;
         world_free(w);
     }
     rt_stage_pool_free(pg);
     if (pg->has_flight) rt_flight_destroy(&pg->flight);
+    free(pg->p2p_n);
+    free(pg->cell_cache);
     free(pg->ranks);
     free(pg);
 }
@@ -661,6 +938,14 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
         return fs;
     }
     g->has_flight = true;
+    g->debug = pg->debug;
+    g->p2p_n = calloc(2 * (size_t)n, sizeof *g->p2p_n);
+    if (!g->p2p_n) {
+        rt_flight_destroy(&g->flight);
+        free(g->ranks);
+        free(g);
+        RT_CHECK_ALLOC(NULL, 2 * (size_t)n * sizeof(uint32_t));
+    }
     *out = g;
     return RT_OK;
 }
@@ -692,10 +977,33 @@ static rt_status dev_poll(rt_request *r, bool *done) {
 /* Wait for the device part on the host: spin a little (rt_cpu_relax), then yield the
  * processor between looks; never sleep a fixed time per look. */
 static rt_status dev_wait(rt_request *r) {
+    uint64_t slow = r->owner && r->slow_s > 0 ? rt_now_ns() + (uint64_t)(r->slow_s * 1e9) : 0;
     for (unsigned i = 0;; i++) {
         bool done = false;
         rt_status s = dev_poll(r, &done);
         if (s != RT_OK || done) return s;
+        if (slow && (i & 1023) == 0 && rt_now_ns() >= slow) {
+            /* slow (nccl has no message headers to compare): publish and compare states;
+             * a desync breaks the group (the communicator is aborted when it is closed) */
+            slow = rt_now_ns() + 1000000000ull;
+            rt_pg *pg = r->owner;
+            s = rt_pg_slow_check(pg);
+            if (s != RT_OK) {
+                rt_engine *e = &pg->w->eng;
+                rt_error_trace(__FILE__, __LINE__, r->opname);
+                pthread_mutex_lock(&e->mu);
+                if (!e->broken) {
+                    e->broken = true;
+                    rt_error_save(&e->err);
+                }
+                pthread_mutex_unlock(&e->mu);
+                if (r->fr_id) {
+                    rt_flight_end(r->fr, r->fr_id, false);
+                    r->fr_id = 0;
+                }
+                return s;
+            }
+        }
         if (i < 2000)
             rt_cpu_relax();
         else

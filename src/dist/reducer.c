@@ -12,6 +12,7 @@
 #include "dist/internal/names.h"
 #include "dist/internal/pg_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,7 @@ struct rt_reducer {
     int next;  /* the next bucket to start: buckets start in order on every rank */
     bool open; /* between begin and finish */
     rt_reducer_stats stats;
+    int fault_bucket, fault; /* rt_reducer_test_fault (-1: none) */
 };
 
 void rt_reducer_options_default(rt_reducer_options *o) {
@@ -58,6 +60,7 @@ rt_status rt_reducer_create(rt_pg *pg, void *buf, const size_t *bounds, int nseg
                    bounds[i], bounds[i + 1], es);
     rt_reducer *r = calloc(1, sizeof *r);
     RT_CHECK_ALLOC(r, sizeof *r);
+    r->fault_bucket = -1;
     r->b = calloc((size_t)nseg, sizeof *r->b);
     r->bounds = malloc(sizeof *r->bounds * (size_t)(nseg + 1));
     r->seg_ready = calloc((size_t)nseg, sizeof *r->seg_ready);
@@ -125,34 +128,18 @@ rt_status rt_reducer_begin(rt_reducer *r) {
 /* Tracing: the id of the all-reduce of `count` elements this thread has just begun on
  * the group (the newest entry of its flight recorder), 0 if the recorder has none. */
 static uint64_t flight_last(rt_pg *pg, size_t count) {
-    rt_flight *f = &pg->flight;
-    if (!pg->has_flight || !f->cap) return 0;
-    pthread_mutex_lock(&f->mu);
-    uint64_t id = f->next_id - 1;
-    const rt_flight_entry *e = id ? &f->e[(id - 1) % f->cap] : NULL;
-    bool ok = e && e->id == id && e->kind == RT_K_ALLREDUCE && e->count == count;
-    pthread_mutex_unlock(&f->mu);
-    return ok ? id : 0;
+    return pg->has_flight ? rt_flight_last_allreduce(&pg->flight, count) : 0;
 }
 
 /* Tracing: every bucket's span, after the step's waits. */
 static void trace_buckets(rt_reducer *r) {
-    rt_flight *f = &r->pg->flight;
     uint64_t prev_end = 0;
     for (int i = 0; i < r->nb; i++) {
         bucket *b = &r->b[i];
         if (!b->t_start) continue;
         uint64_t done = 0;
         const char *algo = NULL;
-        if (b->fr_id && r->pg->has_flight && f->cap) {
-            pthread_mutex_lock(&f->mu);
-            const rt_flight_entry *e = &f->e[(b->fr_id - 1) % f->cap];
-            if (e->id == b->fr_id) {
-                if (e->t_done) done = f->t0_ns + e->t_done;
-                algo = e->algo;
-            }
-            pthread_mutex_unlock(&f->mu);
-        }
+        if (r->pg->has_flight) rt_flight_end_of(&r->pg->flight, b->fr_id, &done, &algo);
         if (!done) done = b->t_waited;
         uint64_t t0 = b->t_start > prev_end ? b->t_start : prev_end;
         if (done < t0) done = t0;
@@ -169,9 +156,16 @@ static rt_status start(rt_reducer *r, bucket *b) {
     /* ordered after what the producer has enqueued so far (the stream contract) */
     rt_stream *saved = rt_pg_stream(r->pg);
     if (r->opt.stream) rt_pg_set_stream(r->pg, r->opt.stream);
-    b->t_start = rt_trace_now();
-    size_t count = (b->end - b->begin) / es;
-    rt_status s = rt_iall_reduce(r->pg, r->buf + b->begin, count, r->opt.dtype, r->opt.op, &b->req);
+    int idx = (int)(b - r->b), fault = idx == r->fault_bucket ? r->fault : RT_REDUCER_FAULT_NONE;
+    char tag[48];
+    snprintf(tag, sizeof tag, "bucket %d of %d", idx + 1, r->nb); /* in flight files and diagnoses */
+    rt_pg_set_op_tag(r->pg, tag);
+    b->t_start = fault == RT_REDUCER_FAULT_SKIP ? 0 : rt_trace_now();
+    size_t count = (b->end - b->begin) / es - (fault == RT_REDUCER_FAULT_SHORT && b->end - b->begin > es ? 1 : 0);
+    rt_status s = fault == RT_REDUCER_FAULT_SKIP
+                      ? RT_OK
+                      : rt_iall_reduce(r->pg, r->buf + b->begin, count, r->opt.dtype, r->opt.op, &b->req);
+    if (fault == RT_REDUCER_FAULT_SKIP) rt_pg_set_op_tag(r->pg, NULL);
     rt_pg_set_stream(r->pg, saved);
     RT_CHECK(s);
     if (b->t_start) b->fr_id = flight_last(r->pg, count);
@@ -241,6 +235,7 @@ rt_status rt_reducer_finish(rt_reducer *r) {
     }
     r->stats.end_ns = rt_now_ns();
     if (rt_trace_enabled()) trace_buckets(r);
+    r->fault_bucket = -1;
     r->stats.exposed_ms = (double)(r->stats.end_ns - r->stats.finish_call_ns) * 1e-6;
     r->stats.busy_ms = r->stats.first_start_ns ? (double)(r->stats.end_ns - r->stats.first_start_ns) * 1e-6 : 0;
     r->open = false;
@@ -248,3 +243,8 @@ rt_status rt_reducer_finish(rt_reducer *r) {
 }
 
 void rt_reducer_stats_get(const rt_reducer *r, rt_reducer_stats *out) { *out = r->stats; }
+
+void rt_reducer_test_fault(rt_reducer *r, int bucket, int fault) {
+    r->fault_bucket = bucket;
+    r->fault = fault;
+}

@@ -21,6 +21,8 @@
  * rt_reducer_ready is called (backward calls it when it has enqueued a segment, not when
  * the GPU has run it), and rt_reducer_finish makes that stream wait for every bucket on
  * the device instead of blocking the host (docs/dist.md, "Streams").
+ * Each bucket's all-reduce is tagged "bucket i of n" (i = 1 the first started) in the
+ * group's flight recorder and in hang/desync diagnoses (rt_pg_set_op_tag).
  * dist knows nothing about models: segments are byte ranges. With tracing on
  * (core/trace.h, log.trace) each bucket's all-reduce is a span of the comm track, ended
  * by the group's flight recorder entry (docs/debugging.md). */
@@ -85,6 +87,12 @@ typedef struct rt_reducer_stats {
     int buckets_before_finish; /* buckets started while backward was still running */
 } rt_reducer_stats;
 void rt_reducer_stats_get(const rt_reducer *r, rt_reducer_stats *out);
+
+/* Tests only (a desync on purpose, docs/dist.md "Hangs and desyncs"): in the next step,
+ * bucket `bucket` is not all-reduced at all (RT_REDUCER_FAULT_SKIP) or is all-reduced
+ * with one element fewer (RT_REDUCER_FAULT_SHORT). */
+enum { RT_REDUCER_FAULT_NONE = 0, RT_REDUCER_FAULT_SKIP, RT_REDUCER_FAULT_SHORT };
+void rt_reducer_test_fault(rt_reducer *r, int bucket, int fault);
 
 #ifdef __cplusplus
 }

@@ -653,20 +653,30 @@ void rt_store_close(rt_store *st) {
     free(st);
 }
 
-rt_status rt_store_set(rt_store *st, const char *key, const void *value, size_t n) {
+rt_status rt_store_set_within(rt_store *st, const char *key, const void *value, size_t n, double timeout_s) {
     uint8_t status;
     pthread_mutex_lock(&st->mu);
-    rt_status s = request(st, RT_STORE_SET, key, value, n, NULL, 0, NULL, &status, st->timeout_s);
+    rt_status s =
+        request(st, RT_STORE_SET, key, value, n, NULL, 0, NULL, &status, timeout_s > 0 ? timeout_s : st->timeout_s);
+    pthread_mutex_unlock(&st->mu);
+    return s;
+}
+
+rt_status rt_store_set(rt_store *st, const char *key, const void *value, size_t n) {
+    return rt_store_set_within(st, key, value, n, 0);
+}
+
+rt_status rt_store_get_within(rt_store *st, const char *key, void *buf, size_t cap, size_t *n, double timeout_s) {
+    uint8_t status;
+    pthread_mutex_lock(&st->mu);
+    rt_status s =
+        request(st, RT_STORE_GET, key, NULL, 0, buf, cap, n, &status, timeout_s > 0 ? timeout_s : st->timeout_s);
     pthread_mutex_unlock(&st->mu);
     return s;
 }
 
 rt_status rt_store_get(rt_store *st, const char *key, void *buf, size_t cap, size_t *n) {
-    uint8_t status;
-    pthread_mutex_lock(&st->mu);
-    rt_status s = request(st, RT_STORE_GET, key, NULL, 0, buf, cap, n, &status, st->timeout_s);
-    pthread_mutex_unlock(&st->mu);
-    return s;
+    return rt_store_get_within(st, key, buf, cap, n, 0);
 }
 
 rt_status rt_store_add(rt_store *st, const char *key, int64_t delta, int64_t *total) {
@@ -683,13 +693,18 @@ rt_status rt_store_add(rt_store *st, const char *key, int64_t delta, int64_t *to
     return RT_OK;
 }
 
-rt_status rt_store_check(rt_store *st, const char *key, bool *exists) {
+rt_status rt_store_check_within(rt_store *st, const char *key, bool *exists, double timeout_s) {
     uint8_t status = 0;
     pthread_mutex_lock(&st->mu);
-    rt_status s = request(st, RT_STORE_CHECK, key, NULL, 0, NULL, 0, NULL, &status, st->timeout_s);
+    rt_status s =
+        request(st, RT_STORE_CHECK, key, NULL, 0, NULL, 0, NULL, &status, timeout_s > 0 ? timeout_s : st->timeout_s);
     pthread_mutex_unlock(&st->mu);
     if (s == RT_OK) *exists = status == 0;
     return s;
+}
+
+rt_status rt_store_check(rt_store *st, const char *key, bool *exists) {
+    return rt_store_check_within(st, key, exists, 0);
 }
 
 rt_status rt_store_wait(rt_store *st, const char *const *keys, int n) {

@@ -51,6 +51,11 @@ rt_status rt_store_set(rt_store *st, const char *key, const void *value, size_t 
 rt_status rt_store_get(rt_store *st, const char *key, void *buf, size_t cap, size_t *n);
 rt_status rt_store_add(rt_store *st, const char *key, int64_t delta, int64_t *total);
 rt_status rt_store_check(rt_store *st, const char *key, bool *exists);
+/* The same with their own timeout (> 0; 0: the store's), leaving the store's default as it
+ * is for other threads (the hang and desync checks use a short one: pg.c). */
+rt_status rt_store_set_within(rt_store *st, const char *key, const void *value, size_t n, double timeout_s);
+rt_status rt_store_get_within(rt_store *st, const char *key, void *buf, size_t cap, size_t *n, double timeout_s);
+rt_status rt_store_check_within(rt_store *st, const char *key, bool *exists, double timeout_s);
 /* Waits until every key exists. */
 rt_status rt_store_wait(rt_store *st, const char *const *keys, int n);
 /* The local IPv4 address of the connection (the interface that reaches the store). */

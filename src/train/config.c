@@ -242,6 +242,9 @@ static const key k_keys[] = {
      "every N steps check that all ranks hold identical parameters (0: never)"},
     {"dist.timeout_s", K_FLOAT, F(dist.timeout_s), 0, 0, "300", 0.001, 1e8, false, NULL, NULL,
      "a peer silent this long is an error naming it"},
+    {"dist.debug", K_BOOL, F(dist.debug), 0, 0, "false", 0, 0, false, NULL, NULL,
+     "check every collective's call (op, count, dtype, root) across ranks before it runs (slow; also "
+     "RINGTRAIN_DIST_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL)"},
     {"dist.max_restarts", K_INT, F(dist.max_restarts), 0, 0, "0", 0, 1000000, false, NULL, NULL,
      "the launcher restarts the job from its newest checkpoint after a rank failed, at most N times "
      "(torchrun's --max-restarts)"},

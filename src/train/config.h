@@ -120,6 +120,7 @@ typedef struct rt_config {
         int64_t check_sync_every;
         double timeout_s;
         int64_t max_restarts; /* the launcher restarts a failed job this many times (torchrun's) */
+        bool debug;           /* every collective's fingerprint checked across ranks before it runs */
     } dist;
     struct {
         char dir[RT_CONFIG_PATH_MAX];    /* auto: RUN_DIR/checkpoints */

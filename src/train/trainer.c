@@ -215,7 +215,8 @@ static rt_status agree_stop(run *r) {
  * (while the checkpoint of step <step> is written: rank 0 right before it writes the
  * files, the others before they wait for the outcome). <target>: launcher (default; its
  * parent when ringtrain's launcher started it, else itself) or self. <signal>: TERM
- * (default), INT, KILL or USR1 (the flight recorder). After TERM, INT or USR1 the rank
+ * (default), INT, KILL, USR1 (the flight recorder) or STOP (with target self: a rank that
+ * hangs, for the timeout diagnosis). After TERM, INT or USR1 the rank
  * waits (at most 60 s) until its own handler has the signal (the launcher forwards it),
  * so the stop (or dump) is decided at the next agreement point, never at a later one. */
 static void test_signal_at(run *r, const char *where, int64_t step) {
@@ -231,6 +232,7 @@ static void test_signal_at(run *r, const char *where, int64_t step) {
     int sig = strcmp(name, "INT") == 0    ? SIGINT
               : strcmp(name, "KILL") == 0 ? SIGKILL
               : strcmp(name, "USR1") == 0 ? SIGUSR1
+              : strcmp(name, "STOP") == 0 ? SIGSTOP
                                           : SIGTERM;
     fflush(NULL);
     if (strcmp(target, "launcher") == 0 && getenv("RINGTRAIN_JOB_TOKEN")) { /* ringtrain's launcher forked this rank */
@@ -329,6 +331,7 @@ static rt_status setup_group(run *r) {
     RT_CHECK(rt_transport_parse(c->dist.transport, &po.transport));
     RT_CHECK(rt_algo_parse(c->dist.algo, &po.algo));
     po.device = r->dev;
+    po.debug = po.debug || c->dist.debug; /* or RINGTRAIN_DIST_DEBUG=1, TORCH_DISTRIBUTED_DEBUG=DETAIL */
     return rt_pg_init(&po, &r->pg);
 }
 
@@ -945,8 +948,28 @@ static rt_status nonfinite_ranks(run *r, char *who, size_t n) {
     return RT_OK;
 }
 
+/* Tests only (a desync on purpose, docs/dist.md "Hangs and desyncs"):
+ *   RINGTRAIN_TEST_SKIP_BUCKET=<rank>:<step>:<bucket>   that rank does not all-reduce
+ *       gradient bucket <bucket> (1 = the first started, as in "bucket 1 of 6") in step <step>;
+ *   RINGTRAIN_TEST_BUCKET_COUNT=<rank>:<step>:<bucket>  it all-reduces it with one element
+ *       fewer. */
+static void test_bucket_fault(run *r) {
+    const char *names[2] = {"RINGTRAIN_TEST_SKIP_BUCKET", "RINGTRAIN_TEST_BUCKET_COUNT"};
+    for (int k = 0; k < 2; k++) {
+        const char *v = getenv(names[k]);
+        long long rank = -1, step = -1, bucket = -1;
+        if (!v || sscanf(v, "%lld:%lld:%lld", &rank, &step, &bucket) != 3) continue;
+        if (rank != r->who.rank || step != (long long)r->step + 1) continue;
+        fprintf(stderr, "%s: rank %lld, step %lld, bucket %lld\n", names[k], rank, step, bucket);
+        rt_reducer_test_fault(r->reducer, (int)bucket - 1, k == 0 ? RT_REDUCER_FAULT_SKIP : RT_REDUCER_FAULT_SHORT);
+    }
+}
+
 static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t epoch) {
     const rt_config *c = r->cfg;
+    char tag[32]; /* the step in flight files and hang/desync diagnoses */
+    snprintf(tag, sizeof tag, "step %lld", (long long)r->step + 1);
+    rt_pg_set_tag(r->pg, tag);
     pending *p = &r->pend[r->step % 2];
     RT_CHECK(complete(r, p, true)); /* two steps back (the older pending record): surely done */
     r->cur = p;
@@ -975,7 +998,10 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
     RT_CHECK(rt_event_record(p->ev[EV_FWD], st));
     rt_trace_end(RT_TRACK_MAIN, "forward", t);
     t = rt_trace_now();
-    if (r->reducer) RT_CHECK(rt_reducer_begin(r->reducer));
+    if (r->reducer) {
+        RT_CHECK(rt_reducer_begin(r->reducer));
+        test_bucket_fault(r);
+    }
     RT_CHECK(rt_model_backward(r->model, r->reducer ? on_grad_ready : NULL, r));
     RT_CHECK(rt_event_record(p->ev[EV_BWD], st));
     rt_trace_end(RT_TRACK_MAIN, "backward", t);

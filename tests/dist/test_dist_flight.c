@@ -2,7 +2,8 @@
  * sequence of collectives (blocking and asynchronous, the small one-round and the ring
  * all-reduce) and point-to-point calls, dumps its recorder with rt_pg_flight_dump and
  * checks the JSON: the operations, dtypes, counts, peers and algorithms as called, in
- * order, ids and collective sequence numbers consecutive, every entry done with ordered
+ * order, ids and collective sequence numbers consecutive (a send or receive: the first to
+ * or from its peer, seq 1), every entry done with ordered
  * times; a recorder of 4 entries after 10 all-reduces keeps the newest 4; a sub-group
  * records its own operations; an all-reduce whose peer left is failed; flight_entries 0
  * records nothing. */
@@ -99,7 +100,11 @@ static int sequence(int rank, int world, int port, void *arg) {
     long long want = 1;
     for (size_t k = 0; k < json_array_size(es); k++) {
         json_t *e = json_array_get(es, k);
-        if (!strcmp(str(e, "op"), "send") || !strcmp(str(e, "op"), "recv")) continue;
+        if (!strcmp(str(e, "op"), "send") || !strcmp(str(e, "op"), "recv")) {
+            /* numbered per peer and direction: the first message to (from) that peer */
+            MP_CHECK(num(e, "seq") == 1, "%s: seq %lld, want 1", str(e, "op"), num(e, "seq"));
+            continue;
+        }
         MP_CHECK(num(e, "seq") == want, "entry %zu (%s): seq %lld, want %lld", k, str(e, "op"), num(e, "seq"), want);
         want++;
     }

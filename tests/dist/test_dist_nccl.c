@@ -169,6 +169,65 @@ static int on_chosen_device(int rank, int world, int port, void *arg) {
     return 0;
 }
 
+/* Debug mode over nccl (which has no message headers to compare): ranks that call
+ * all_reduce with different counts fail before the operation is enqueued, each naming both
+ * calls; the recorder holds the first (matching, tagged) all-reduce only. */
+static int debug_desync(int rank, int world, int port, void *arg) {
+    (void)arg;
+    char method[MP_METHOD_LEN];
+    rt_pg_options o;
+    mp_pg_options(&o, method, rank, world, port, RT_TRANSPORT_NCCL, 60);
+    o.debug = true;
+    setenv("LOCAL_RANK", rank ? "1" : "0", 1);
+    rt_device dev;
+    MP_OK(rt_device_select("cuda", rank, &dev));
+    o.device = dev;
+    rt_pg *pg;
+    MP_OK(rt_pg_init(&o, &pg));
+    MP_CHECK(rt_pg_transport(pg) == RT_TRANSPORT_NCCL, "transport %s", rt_transport_name(rt_pg_transport(pg)));
+    float *d = NULL;
+    MP_OK(rt_malloc(dev, 1000 * sizeof *d, (void **)&d));
+    MP_OK(rt_memset(dev, d, 0, 1000 * sizeof *d, NULL));
+    rt_pg_set_tag(pg, "step 7");
+    MP_OK(rt_all_reduce(pg, d, 1000, RT_F32, RT_OP_SUM));
+    rt_status s = rt_all_reduce(pg, d, rank == 0 ? 1000 : 999, RT_F32, RT_OP_SUM);
+    MP_CHECK(s == RT_ERR_PEER, "a count mismatch over nccl in debug mode: %s: %s", rt_status_name(s),
+             rt_error_message());
+    const char *e = rt_error_message();
+    MP_CHECK(strstr(e, "desync at #2 (group 0, dist debug mode, before it ran)") &&
+                 strstr(e, "all_reduce #2 (f32 x 1000, 4.0 kB, sum, step 7)") &&
+                 strstr(e, "all_reduce #2 (f32 x 999, 4.0 kB, sum, step 7)"),
+             "message: %s", e);
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/rt_flight_nccl_debug_%d_%d.json", (int)getpid(), rank);
+    MP_OK(rt_pg_flight_dump(pg, path));
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    remove(path);
+    MP_CHECK(j != NULL, "flight dump: %s", err.text);
+    json_t *es = json_object_get(j, "entries");
+    MP_CHECK(json_array_size(es) == 1, "flight: %zu entries, want the first all_reduce only", json_array_size(es));
+    json_t *e0 = json_array_get(es, 0);
+    MP_CHECK(!strcmp(json_string_value(json_object_get(e0, "algo")), "nccl") &&
+                 !strcmp(json_string_value(json_object_get(e0, "state")), "done") &&
+                 !strcmp(json_string_value(json_object_get(e0, "tag")), "step 7"),
+             "flight entry 0 is not the tagged, done nccl all_reduce");
+    json_decref(j);
+    rt_free(dev, d);
+    rt_pg_destroy(pg);
+    return 0;
+}
+
+static void nccl_debug_desync(void **s) {
+    (void)s;
+    if (g_gpus < 2) {
+        printf("nccl_debug_desync: skipped, needs 2 GPUs (this machine has %d)\n", g_gpus);
+        skip();
+    }
+    int codes[2];
+    assert_int_equal(mp_run(2, debug_desync, NULL, 120, codes), 0);
+}
+
 static void nccl_on_chosen_device(void **s) {
     (void)s;
     int codes[1];
@@ -217,6 +276,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(shared_gpu_staged), cmocka_unit_test(nccl_one_rank), cmocka_unit_test(nccl_shared_gpu_refused),
         cmocka_unit_test(nccl_two_gpus),     cmocka_unit_test(auto_picks),    cmocka_unit_test(nccl_on_chosen_device),
+        cmocka_unit_test(nccl_debug_desync),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -51,6 +51,10 @@ typedef struct watched {
     cudaEvent_t ev;
     uint64_t deadline;
     const char *op;
+    rt_flight *fr; /* the flight recorder entry it ends (fr NULL or fr_id 0: none) */
+    uint64_t fr_id;
+    rt_pg *owner;     /* the group (NULL: none): a wait past slow_at runs its desync check */
+    uint64_t slow_at; /* docs/dist.md, "Hangs and desyncs" */
 } watched;
 
 typedef struct nccl_state {
@@ -68,6 +72,7 @@ typedef struct nccl_state {
     pthread_cond_t cv;
     watched *watch;
     int nwatch, capwatch;
+    uint64_t slow_next; /* the next desync check of a slow watched operation (at most one a second) */
     pthread_t thread;
     bool thread_started, stop;
 } nccl_state;
@@ -175,8 +180,18 @@ static void watch_pass_locked(nccl_state *st) {
         watched *x = &st->watch[i];
         cudaError_t e = cudaEventQuery(x->ev);
         bool gone = e == cudaSuccess || st->aborting; /* done, or cut short by the abort */
+        if (gone && x->fr_id) rt_flight_end(x->fr, x->fr_id, e == cudaSuccess && !st->aborting);
         if (!gone && e == cudaErrorNotReady) {
             (void)cudaGetLastError();
+            if (x->owner && now >= x->slow_at && now >= st->slow_next && !st->aborting) {
+                /* slow: publish and compare the ranks' states (a desync aborts) */
+                st->slow_next = now + 1000000000ull;
+                if (rt_pg_slow_check(x->owner) != RT_OK) {
+                    char why[900];
+                    snprintf(why, sizeof why, "%s", rt_error_message());
+                    (void)fail_locked(st, RT_ERR_PEER, x->op, why);
+                }
+            }
             if (now >= x->deadline) {
                 char why[128];
                 snprintf(why, sizeof why, "timed out after %.1f s (a stream waited for it; a peer is gone or stuck?)",
@@ -230,7 +245,8 @@ static void *watchdog_main(void *arg) {
 }
 
 /* Hand a completion event to the watchdog (it destroys it). */
-static void watch_add(nccl_state *st, cudaEvent_t ev, uint64_t deadline, const char *op) {
+static void watch_add(nccl_state *st, cudaEvent_t ev, uint64_t deadline, const char *op, rt_flight *fr, uint64_t fr_id,
+                      rt_pg *owner, uint64_t slow_at) {
     pthread_mutex_lock(&st->mu);
     bool ok = true;
     if (st->nwatch == st->capwatch) {
@@ -250,7 +266,7 @@ static void watch_add(nccl_state *st, cudaEvent_t ev, uint64_t deadline, const c
             ok = false;
     }
     if (ok) {
-        st->watch[st->nwatch++] = (watched){ev, deadline, op};
+        st->watch[st->nwatch++] = (watched){ev, deadline, op, fr, fr_id, owner, slow_at};
         pthread_cond_signal(&st->cv);
     }
     pthread_mutex_unlock(&st->mu);
@@ -259,6 +275,7 @@ static void watch_add(nccl_state *st, cudaEvent_t ev, uint64_t deadline, const c
         for (unsigned i = 0; cudaEventQuery(ev) == cudaErrorNotReady; i++) poll_pause(i);
         (void)cudaGetLastError();
         cudaEventDestroy(ev);
+        if (fr_id) rt_flight_end(fr, fr_id, true);
     }
 }
 
@@ -321,8 +338,16 @@ static void nccl_release(rt_request *r) {
     if (!c) return;
     if (r->dev_done)
         cudaEventDestroy(c->ev);
-    else /* a stream waits for it (or nobody did): the watchdog keeps an eye on it */
-        watch_add(c->st, c->ev, c->deadline, c->op);
+    else { /* a stream waits for it (or nobody did): the watchdog keeps an eye on it, and
+            * its recorder entry stays open until the watchdog sees the completion (world
+            * group only: a sub-group's recorder may be freed before) */
+        rt_pg *pg = r->owner;
+        bool own = r->fr_id && pg && pg->is_world;
+        uint64_t slow_at = c->deadline - (uint64_t)((c->st->timeout_s - r->slow_s) * 1e9);
+        watch_add(c->st, c->ev, c->deadline, c->op, own ? r->fr : NULL, own ? r->fr_id : 0,
+                  own && r->slow_s > 0 ? pg : NULL, slow_at);
+        if (own) r->fr_id = 0;
+    }
     free(c);
     r->dev_ctx = NULL;
 }

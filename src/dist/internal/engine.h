@@ -115,6 +115,11 @@ struct rt_request {
     struct rt_flight *fr;
     uint64_t fr_id;
     bool fr_dev;
+    /* hangs and desyncs: the group that submitted it (NULL: none), and after how many
+     * seconds a wait in it is slow (0: never): the engine then calls on_slow */
+    void *owner;
+    double slow_s;
+    uint64_t slow_ns;
 };
 
 struct rt_engine {
@@ -137,6 +142,13 @@ struct rt_engine {
     void (*on_fail)(void *ctx, rt_error_record *rec);
     void *on_fail_ctx;
     int fail_peer; /* at the failure: the peer of the first unfinished receive (-1: none) */
+    /* a request has waited past its slow_ns: called with its owner (mu held), at most once
+     * a second; an error (a desync found) breaks the engine with it */
+    rt_status (*on_slow)(void *owner);
+    uint64_t slow_next_ns;
+    int mismatch_peer;  /* the failure is a header that did not match (-1: no) */
+    void *fail_owner;   /* at the failure: the group of the first active request (NULL: none) */
+    bool peers_aborted; /* rt_engine_abort_peers ran */
 };
 
 rt_status rt_engine_init(rt_engine *e, int rank, int world);
@@ -163,5 +175,8 @@ rt_status rt_req_test(rt_request *r, bool *done);
 
 /* Fail the engine with the calling thread's current error. */
 void rt_engine_fail(rt_engine *e);
+/* Shut every peer connection down (shm: an "aborted" byte first) so that the peers fail
+ * fast; once (rt_engine_fail does it after on_fail; on_fail may do it earlier). */
+void rt_engine_abort_peers(rt_engine *e);
 
 #endif

@@ -16,7 +16,10 @@ typedef struct rt_pg_world {
     uint8_t token[RT_TOKEN_BYTES];
     char tokhex[2 * RT_TOKEN_BYTES + 1];
     int next_group;
-    void *nccl; /* nccl transport state (CUDA builds) */
+    rt_flight_cell *cell; /* the world group's shared recorder page (flight.h), NULL: none */
+    int cell_fd;
+    int (*cellref)[2]; /* [world]: the pid and fd of each rank's page on this host ({0, 0}: none) */
+    void *nccl;        /* nccl transport state (CUDA builds) */
 } rt_pg_world;
 
 /* One pinned host buffer of the staging pool (device buffers over tcp/shm). `ev` is
@@ -47,8 +50,14 @@ struct rt_pg {
     double timeout_s;
     rt_algo algo;
     rt_transport transport;
-    rt_flight flight; /* this group's last operations (flight.h) */
-    bool has_flight;  /* flight initialised (destroy it) */
+    rt_flight flight;                               /* this group's last operations (flight.h) */
+    bool has_flight;                                /* flight initialised (destroy it) */
+    char tag[RT_FLIGHT_TAG], op_tag[RT_FLIGHT_TAG]; /* rt_pg_set_tag, rt_pg_set_op_tag */
+    uint32_t *p2p_n;                                /* [2 * size]: messages sent to / received from each peer */
+    bool debug;                                     /* rt_pg_options.debug */
+    /* world group: the peers' shared pages as the last slow check read them (a peer may
+     * exit before this rank's own timeout reads them again) */
+    rt_flight_state_rec *cell_cache;
 };
 
 /* Host identity: hostname | boot id | network namespace (ranks with equal ids share
@@ -68,6 +77,15 @@ typedef struct rt_op {
     rt_algo algo;     /* RT_K_ALLREDUCE */
     rt_event *gate;   /* staging: no transfer starts before this device event (the copy to the host) */
 } rt_op;
+
+/* Hangs and desyncs (pg.c): debug mode's check of one collective's fingerprint across
+ * the group before it runs; the engine's hook for a wait that is slow (a quarter of the
+ * timeout, at most 10 s). */
+rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp);
+/* Publish this group's state to the store and compare it with the others'. A desync
+ * found returns RT_ERR_PEER with the report. */
+rt_status rt_pg_slow_check(rt_pg *pg);
+double rt_pg_slow_after_s(double timeout_s);
 
 /* Frees the staging pool and its stream (collectives.c). */
 void rt_stage_pool_free(rt_pg *pg);
