@@ -89,7 +89,9 @@ void rt_trace_set_header(int rank, int world_size, int64_t offset_ns, int64_t er
 
 /* under g.mu */
 static rt_status flush_locked(void) {
-    if (!g.s) return RT_OK;
+    /* nothing before the header (the rank's clock offset): a file without it could not be
+     * merged, and would carry rank 0's number */
+    if (!g.s || !g.header_set) return RT_OK;
     FILE *f = fopen(g.path, g.written ? "a" : "w");
     if (!f) return RT_ERROR(RT_ERR_IO, "trace file %s: %s", g.path, strerror(errno));
     if (!g.written) {
@@ -137,7 +139,11 @@ static void add(span *s) {
     if (g.s && g.n == g.cap) {
         if (g.header_set) {
             g.full_flushes++;
-            if (flush_locked() != RT_OK) rt_error_clear(); /* the next flush reports it */
+            /* the next flush reports a failure; the caller's error (a span recorded on an
+             * error path) is kept */
+            rt_error_record saved;
+            rt_error_save(&saved);
+            if (flush_locked() != RT_OK) rt_error_restore(&saved);
         }
     }
     if (g.s && g.n < g.cap)

@@ -400,24 +400,36 @@ rt_status rt_trace_overlap(const rt_trace_run *t, rt_trace_epoch **out, int *n) 
     *out = NULL;
     *n = 0;
     if (t->world_size < 2) return RT_OK; /* no collectives with one rank */
-    int64_t maxe = -1;
-    for (size_t i = 0; i < t->ranks[0].n; i++)
-        if (t->ranks[0].s[i].comm && t->ranks[0].s[i].epoch > maxe) maxe = t->ranks[0].s[i].epoch;
-    if (maxe < 0) return RT_OK;
-    rt_trace_epoch *e = calloc((size_t)maxe + 1, sizeof *e);
-    RT_CHECK_ALLOC(e, ((size_t)maxe + 1) * sizeof *e);
+    /* the epochs rank 0's collectives belong to, each once, in order (only those present:
+     * a file's epoch numbers are not trusted to be small) */
+    const rt_trace_rank *k0 = &t->ranks[0];
+    int64_t *eps = k0->n ? malloc(k0->n * sizeof *eps) : NULL;
+    if (k0->n) RT_CHECK_ALLOC(eps, k0->n * sizeof *eps);
+    size_t ne = 0;
+    for (size_t i = 0; i < k0->n; i++)
+        if (k0->s[i].comm) eps[ne++] = k0->s[i].epoch;
+    qsort(eps, ne, sizeof *eps, cmp_i64);
+    size_t nu = 0;
+    for (size_t i = 0; i < ne; i++)
+        if (nu == 0 || eps[i] != eps[nu - 1]) eps[nu++] = eps[i];
+    if (nu == 0) {
+        free(eps);
+        return RT_OK;
+    }
+    rt_trace_epoch *e = calloc(nu, sizeof *e);
+    if (!e) free(eps);
+    RT_CHECK_ALLOC(e, nu * sizeof *e);
     int m = 0;
-    for (int64_t ep = 0; ep <= maxe; ep++) {
-        bool any = false;
-        for (size_t i = 0; i < t->ranks[0].n && !any; i++) any = t->ranks[0].s[i].comm && t->ranks[0].s[i].epoch == ep;
-        if (!any) continue;
-        rt_status st = epoch_summary(t, ep, &e[m]);
+    for (size_t j = 0; j < nu; j++) {
+        rt_status st = epoch_summary(t, eps[j], &e[m]);
         m++;
         if (st != RT_OK) {
+            free(eps);
             rt_trace_overlap_free(e, m);
             return st;
         }
     }
+    free(eps);
     *out = e;
     *n = m;
     return RT_OK;

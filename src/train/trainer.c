@@ -1816,6 +1816,8 @@ static rt_status train_all(run *r, rt_train_result *res) {
             rt_batch b;
             RT_CHECK(rt_loader_next(r->train_loader, &b));
             if (b.size == 0) {
+                /* the epoch is over: its evaluation and checkpoint belong to its last step */
+                rt_trace_set_step(r->step, epoch);
                 next_batch = -1;
                 break;
             }

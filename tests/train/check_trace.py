@@ -98,6 +98,17 @@ for m in modes:
                 fail("rank %d has no span %r" % (r, missing))
         if not any(e["tid"] == 1 for e in buckets):
             fail("bucket spans are not on the comm track (tid 1)")
+        # an epoch's evaluation belongs to the step it follows: its epoch's last step
+        for r in range(world):
+            last = {}
+            for e in by_rank[r]:
+                if e["name"] == "step":
+                    ep = e["args"]["epoch"]
+                    last[ep] = max(last.get(ep, 0), e["args"]["step"])
+            for e in by_rank[r]:
+                if e["name"] == "evaluation" and e["args"]["step"] != last.get(e["args"]["epoch"]):
+                    fail("rank %d: the evaluation of epoch %d is tagged step %d, its last step is %r"
+                         % (r, e["args"]["epoch"], e["args"]["step"], last.get(e["args"]["epoch"])))
     elif m == "overlap":
         if not any(overlaps(r) for r in range(world)):
             fail("no bucket all-reduce overlaps backward in any step")
