@@ -171,19 +171,32 @@ void rt_trace_span(int track, const char *name, uint64_t t0, uint64_t t1) {
     rt_trace_span_at(track, name, t0, t1, CURRENT, 0);
 }
 
-void rt_trace_span_comm(int track, const char *name, uint64_t t0, uint64_t t1, int bucket, int64_t bytes,
-                        const char *algo, uint64_t queued_ns) {
+void rt_trace_span_comm_at(int track, const char *name, uint64_t t0, uint64_t t1, int bucket, int64_t bytes,
+                           const char *algo, uint64_t queued_ns, int64_t step, int64_t epoch) {
     if (!rt_trace_on_ || !t0) return;
     span s = {.t0 = t0,
               .t1 = t1 < t0 ? t0 : t1,
               .queued_ns = queued_ns,
-              .step = CURRENT,
+              .step = step,
+              .epoch = epoch,
               .bytes = bytes < 0 ? 0 : bytes,
               .name = name,
               .algo = algo,
               .track = track,
               .bucket = bucket < -1 ? -1 : bucket};
     add(&s);
+}
+
+void rt_trace_span_comm(int track, const char *name, uint64_t t0, uint64_t t1, int bucket, int64_t bytes,
+                        const char *algo, uint64_t queued_ns) {
+    rt_trace_span_comm_at(track, name, t0, t1, bucket, bytes, algo, queued_ns, CURRENT, 0);
+}
+
+void rt_trace_get_step(int64_t *step, int64_t *epoch) {
+    pthread_mutex_lock(&g.mu);
+    *step = g.step;
+    *epoch = g.epoch;
+    pthread_mutex_unlock(&g.mu);
 }
 
 rt_status rt_trace_flush(void) {

@@ -78,6 +78,11 @@ void rt_trace_span_at(int track, const char *name, uint64_t t0, uint64_t t1, int
 void rt_trace_span_comm(int track, const char *name, uint64_t t0, uint64_t t1, int bucket, int64_t bytes,
                         const char *algo, uint64_t queued_ns);
 
+/* The same with an explicit step and epoch (a span recorded a step late). */
+void rt_trace_span_comm_at(int track, const char *name, uint64_t t0, uint64_t t1, int bucket, int64_t bytes,
+                           const char *algo, uint64_t queued_ns, int64_t step, int64_t epoch);
+/* The current step and epoch (rt_trace_set_step). */
+void rt_trace_get_step(int64_t *step, int64_t *epoch);
 /* Append the spans recorded since the last flush to the file and empty the buffer; the
  * first flush creates (truncates) the file and writes the header. After it, a buffer
  * that fills up is flushed at once; before it (the header is not known yet) the spans

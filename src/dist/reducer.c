@@ -24,6 +24,7 @@ typedef struct bucket {
     /* tracing: when it was started, its flight recorder entry (0: none), when its wait
      * returned (the completion when the recorder has none) */
     uint64_t t_start, fr_id, t_waited;
+    uint64_t p_start, p_fr_id, p_waited; /* the same of the previous step, not yet traced */
 } bucket;
 
 struct rt_reducer {
@@ -40,6 +41,7 @@ struct rt_reducer {
     bool open; /* between begin and finish */
     rt_reducer_stats stats;
     int fault_bucket, fault; /* rt_reducer_test_fault (-1: none) */
+    int64_t p_step, p_epoch; /* tracing: the step of the p_* fields */
 };
 
 void rt_reducer_options_default(rt_reducer_options *o) {
@@ -131,23 +133,56 @@ static uint64_t flight_last(rt_pg *pg, size_t count) {
     return pg->has_flight ? rt_flight_last_allreduce(&pg->flight, count) : 0;
 }
 
-/* Tracing: every bucket's span, after the step's waits. */
-static void trace_buckets(rt_reducer *r) {
+/* Tracing: one step's bucket spans, this step's (late false) or the previous step's. */
+static void emit_spans(rt_reducer *r, bool late) {
     uint64_t prev_end = 0;
     for (int i = 0; i < r->nb; i++) {
         bucket *b = &r->b[i];
-        if (!b->t_start) continue;
+        uint64_t ts = late ? b->p_start : b->t_start;
+        if (!ts) continue;
         uint64_t done = 0;
         const char *algo = NULL;
-        if (r->pg->has_flight) rt_flight_end_of(&r->pg->flight, b->fr_id, &done, &algo);
-        if (!done) done = b->t_waited;
-        uint64_t t0 = b->t_start > prev_end ? b->t_start : prev_end;
+        if (r->pg->has_flight) rt_flight_end_of(&r->pg->flight, late ? b->p_fr_id : b->fr_id, &done, &algo);
+        if (!done) done = late ? b->p_waited : b->t_waited;
+        uint64_t t0 = ts > prev_end ? ts : prev_end;
         if (done < t0) done = t0;
-        rt_trace_span_comm(RT_TRACK_COMM, "all_reduce bucket", t0, done, i, (int64_t)(b->end - b->begin), algo,
-                           t0 - b->t_start);
+        int64_t bytes = (int64_t)(b->end - b->begin);
+        if (late)
+            rt_trace_span_comm_at(RT_TRACK_COMM, "all_reduce bucket", t0, done, i, bytes, algo, t0 - ts, r->p_step,
+                                  r->p_epoch);
+        else
+            rt_trace_span_comm(RT_TRACK_COMM, "all_reduce bucket", t0, done, i, bytes, algo, t0 - ts);
         prev_end = done;
+        if (late)
+            b->p_start = 0;
+        else
+            b->t_start = 0;
+    }
+}
+
+/* Tracing, after the step's waits. The host waited for the operations: their spans now.
+ * A device stream waits for them (opt.stream): they complete after this returns, so
+ * their spans are recorded a step later (or at rt_reducer_trace_flush), with the end the
+ * flight recorder saw by then (nccl: its watchdog's; else, or not seen yet, the
+ * hand-off to the stream). */
+static void trace_buckets(rt_reducer *r) {
+    emit_spans(r, true);
+    if (!r->opt.stream) {
+        emit_spans(r, false);
+        return;
+    }
+    for (int i = 0; i < r->nb; i++) {
+        bucket *b = &r->b[i];
+        b->p_start = b->t_start;
+        b->p_fr_id = b->fr_id;
+        b->p_waited = b->t_waited;
         b->t_start = 0;
     }
+    rt_trace_get_step(&r->p_step, &r->p_epoch);
+}
+
+void rt_reducer_trace_flush(rt_reducer *r) {
+    if (r && rt_trace_enabled()) emit_spans(r, true);
 }
 
 static rt_status start(rt_reducer *r, bucket *b) {

@@ -94,6 +94,10 @@ void rt_reducer_stats_get(const rt_reducer *r, rt_reducer_stats *out);
 enum { RT_REDUCER_FAULT_NONE = 0, RT_REDUCER_FAULT_SKIP, RT_REDUCER_FAULT_SHORT };
 void rt_reducer_test_fault(rt_reducer *r, int bucket, int fault);
 
+/* Tracing: record the bucket spans still held back (a device stream's, recorded a step
+ * late); call before the trace is flushed at an epoch's or the run's end. */
+void rt_reducer_trace_flush(rt_reducer *r);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1842,6 +1842,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
             }
         }
         RT_CHECK(complete_in_order(r, true));
+        rt_reducer_trace_flush(r->reducer);
         RT_CHECK(rt_trace_flush()); /* the epoch's spans (stream spans completed just above) */
         if (r->stop) break;
         bool last = epoch + 1 == c->train.epochs || r->step >= r->total_steps;
@@ -1947,6 +1948,7 @@ rt_status rt_train(const rt_config *cfg, const rt_train_rank *who, FILE *out, rt
     if (rt_trace_enabled()) { /* the spans since the last epoch's end (a failure's included) */
         rt_error_record saved_err;
         if (s != RT_OK) rt_error_save(&saved_err);
+        rt_reducer_trace_flush(r.reducer);
         rt_status fs = rt_trace_flush();
         if (s != RT_OK)
             rt_error_restore(&saved_err); /* the run's error comes first */

@@ -98,6 +98,14 @@ for m in modes:
                 fail("rank %d has no span %r" % (r, missing))
         if not any(e["tid"] == 1 for e in buckets):
             fail("bucket spans are not on the comm track (tid 1)")
+        # every step's gradients were all-reduced (on a GPU their spans are recorded a
+        # step late: none may be lost at an epoch's or the run's end)
+        for r in range(world):
+            steps = {e["args"]["step"] for e in by_rank[r] if e["name"] == "step"}
+            with_b = {e["args"]["step"] for e in buckets if e["pid"] == r}
+            if steps != with_b:
+                fail("rank %d: steps without bucket spans %r, bucket spans of no step %r"
+                     % (r, sorted(steps - with_b)[:5], sorted(with_b - steps)[:5]))
         # an epoch's evaluation belongs to the step it follows: its epoch's last step
         for r in range(world):
             last = {}
