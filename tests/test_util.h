@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +23,17 @@
     do {                                                                                                               \
         rt_status s_ = (expr);                                                                                         \
         if (s_ != RT_OK) fail_msg("%s -> %s: %s", #expr, rt_status_name(s_), rt_error_message());                      \
+    } while (0)
+
+/* Assert that an expression fails with `code` and an error message containing `needle`. */
+#define assert_rt_fails(expr, code, needle)                                                                            \
+    do {                                                                                                               \
+        rt_status s_ = (expr);                                                                                         \
+        if (s_ != (code))                                                                                              \
+            fail_msg("%s -> %s, expected %s (%s)", #expr, rt_status_name(s_), rt_status_name(code),                    \
+                     rt_error_message());                                                                              \
+        if (!strstr(rt_error_message(), (needle)))                                                                     \
+            fail_msg("%s: message \"%s\" lacks \"%s\"", #expr, rt_error_message(), (needle));                          \
     } while (0)
 
 /* GPU tests: what main() does about the device, from the status of rt_cuda_device_count

@@ -15,16 +15,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define assert_rt_fails(expr, code, needle)                                                                            \
-    do {                                                                                                               \
-        rt_status s_ = (expr);                                                                                         \
-        if (s_ != (code))                                                                                              \
-            fail_msg("%s -> %s, expected %s (%s)", #expr, rt_status_name(s_), rt_status_name(code),                    \
-                     rt_error_message());                                                                              \
-        if (!strstr(rt_error_message(), (needle)))                                                                     \
-            fail_msg("%s: message \"%s\" lacks \"%s\"", #expr, rt_error_message(), (needle));                          \
-    } while (0)
-
 typedef struct scase {
     int n, k;
     double eps;

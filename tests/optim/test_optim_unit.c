@@ -14,16 +14,6 @@
 #include <math.h>
 #include <string.h>
 
-#define assert_rt_fails(expr, code, needle)                                                                            \
-    do {                                                                                                               \
-        rt_status s_ = (expr);                                                                                         \
-        if (s_ != (code))                                                                                              \
-            fail_msg("%s -> %s, expected %s (%s)", #expr, rt_status_name(s_), rt_status_name(code),                    \
-                     rt_error_message());                                                                              \
-        if (!strstr(rt_error_message(), (needle)))                                                                     \
-            fail_msg("%s: message \"%s\" lacks \"%s\"", #expr, rt_error_message(), (needle));                          \
-    } while (0)
-
 static void assert_close(double got, double want, double tol) {
     if (!(fabs(got - want) <= tol * fmax(1.0, fabs(want)))) fail_msg("got %.12g want %.12g", got, want);
 }
