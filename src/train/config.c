@@ -69,7 +69,7 @@ static rt_status check_stem(const char *v) {
     return strcasecmp(v, "auto") == 0 || rt_stem_parse(v, &s) == 0 ? RT_OK : RT_ERR_INVALID;
 }
 
-static const char *const k_precision[] = {"fp32", "tf32", NULL};
+static const char *const k_precision[] = {"fp32", "tf32", "bf16", NULL};
 static const char *const k_interval[] = {"iteration", "epoch", NULL};
 static const char *const k_anneal[] = {"cos", "linear", NULL};
 static const char *const k_progress[] = {"auto", "on", "off", NULL};

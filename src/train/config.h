@@ -88,7 +88,7 @@ typedef struct rt_config {
         int64_t eval_every; /* epochs; 0: only at the end */
         int64_t seed;
         char device[RT_CONFIG_NAME_MAX];    /* auto | cpu | cuda | cuda:N */
-        char precision[RT_CONFIG_NAME_MAX]; /* fp32 | tf32 */
+        char precision[RT_CONFIG_NAME_MAX]; /* fp32 | tf32 | bf16 */
         int64_t threads;                    /* auto: the cores shared by the local ranks */
         bool skip_nonfinite;
         bool deterministic; /* GPU: deterministic convolution algorithms, kept in the checkpoint */

@@ -447,7 +447,7 @@ static rt_status setup_model(run *r) {
     } else {
         o.threads = (int)c->train.threads;
     }
-    o.precision = strcmp(c->train.precision, "tf32") == 0 ? RT_PRECISION_TF32 : RT_PRECISION_FP32;
+    RT_CHECK(rt_precision_parse(c->train.precision, &o.precision));
     o.deterministic = c->train.deterministic;
     RT_CHECK(rt_model_ctx_create(&o, &r->ctx));
     RT_CHECK(create_model(r, &mc));
