@@ -21,11 +21,23 @@
  *
  * Every conv shape runs twice: at the batch the layer was prepared for (oneDNN's bf16
  * primitives) and at a smaller batch (the im2col/dense path on rounded copies), and in
- * a context with RINGTRAIN_CONV=im2col. Skipped (77) without torch.
+ * a context with RINGTRAIN_CONV=im2col.
+ *
+ * A whole ResNet18 training step (logits, loss, every parameter gradient) against the
+ * same step under autocast (tests/model/torch_reference.py --autocast). Autocast also
+ * rounds batch-norm outputs, relu outputs and residual sums to bf16 where we keep fp32
+ * (docs/model.md), and a relu input near 0 may flip, so bits do not match; the bound is
+ * relative to bf16's own error: with e = max|autocast - f64| / max|f64| (PyTorch's
+ * bf16 step against its float64 step, per tensor), ours must satisfy
+ *   max|ours - autocast| / max|autocast| <= 3 e
+ * (triangle inequality, granting our step up to twice autocast's own error; a planted
+ * fp32 conv, or a bf16 rounding in the wrong place, shows up as a factor far from 1).
+ * Skipped (77) without torch.
  */
 #include "model_test_util.h"
 
 #include "core/bf16.h"
+#include "core/safetensors.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -234,8 +246,116 @@ static void test_linear(void **state) {
     run(&c);
 }
 
+static float *st_f32(const rt_safetensors *st, const char *name, size_t want) {
+    const rt_st_tensor *t = rt_safetensors_find(st, name);
+    if (!t) fail_msg("torch output lacks %s", name);
+    if (t->dtype != RT_F32 || (size_t)(t->end - t->begin) != want * 4) fail_msg("torch output %s: size mismatch", name);
+    float *p = malloc(want * 4);
+    assert_non_null(p);
+    memcpy(p, t->data, want * 4);
+    return p;
+}
+
+/* max|a - b| / max|b| */
+static double rel(const float *a, const float *b, size_t n) {
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return d / fmax(m, 1e-30);
+}
+
+static void within(const char *what, double e, double e_ac) {
+    print_message("%-28s ours vs autocast %.3g, autocast vs f64 %.3g (ratio %.2f)\n", what, e, e_ac,
+                  e / fmax(e_ac, 1e-30));
+    if (!(e <= 3 * e_ac)) fail_msg("%s: ours vs autocast %.3g > 3 x autocast's own error %.3g", what, e, e_ac);
+}
+
+static void test_resnet18_step(void **state) {
+    (void)state;
+    rt_model_ctx *ctx = NULL;
+    rt_model_ctx_options o = {.device = rt_device_cpu(), .threads = 2, .precision = RT_PRECISION_BF16};
+    assert_rt_ok(rt_model_ctx_create(&o, &ctx));
+    rt_model_config cfg;
+    rt_model_config_default(&cfg);
+    cfg.arch = RT_ARCH_RESNET18;
+    cfg.stem = RT_STEM_CIFAR;
+    cfg.in_channels = 3;
+    cfg.in_h = cfg.in_w = 32;
+    cfg.max_batch = 8;
+    cfg.num_classes = 10;
+    rt_model *m = NULL;
+    assert_rt_ok(rt_model_create(&cfg, ctx, &m));
+    assert_rt_ok(rt_model_init_weights(m, 20261124));
+    snprintf(g_dir, sizeof g_dir, "/tmp/rt-bf16-XXXXXX");
+    assert_non_null(mkdtemp(g_dir));
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", g_dir);
+    assert_rt_ok(rt_model_save(m, path));
+    const int n = 8, k = 10;
+    const size_t xn = (size_t)n * 3 * 32 * 32;
+    float *x = malloc(xn * 4);
+    assert_non_null(x);
+    mt_randn(x, xn, 4242);
+    int64_t labels[8];
+    for (int i = 0; i < n; i++) labels[i] = (i * 7 + 3) % k;
+    rt_st_writer *w;
+    assert_rt_ok(rt_st_writer_create(&w));
+    assert_rt_ok(rt_st_writer_add(w, "x", RT_F32, 4, (int64_t[]){n, 3, 32, 32}, x));
+    assert_rt_ok(rt_st_writer_add(w, "labels", RT_I64, 1, (int64_t[]){n}, labels));
+    snprintf(path, sizeof path, "%s/input.safetensors", g_dir);
+    assert_rt_ok(rt_st_writer_write(w, path));
+    rt_st_writer_free(w);
+    float loss = 0;
+    assert_rt_ok(rt_model_train_step(m, x, labels, n, NULL, NULL, &loss));
+    const char *src = getenv("RINGTRAIN_SOURCE_DIR");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 %s/tests/model/torch_reference.py --arch resnet18 --stem cifar --in-channels 3 "
+             "--classes 10 --autocast --dir %s",
+             src ? src : RT_SOURCE_DIR, g_dir);
+    int rc = system(cmd);
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3) {
+        print_message("SKIP: /usr/bin/python3 has no torch\n");
+        skip();
+    }
+    if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0) fail_msg("%s failed (status %d)", cmd, rc);
+    snprintf(path, sizeof path, "%s/out.safetensors", g_dir);
+    rt_safetensors *out = NULL;
+    assert_rt_ok(rt_safetensors_read(path, &out));
+    float *t = st_f32(out, "output", (size_t)n * k), *e = st_f32(out, "err.output", 1);
+    within("output", rel(rt_model_output(m), t, (size_t)n * k), e[0]);
+    free(t), free(e);
+    t = st_f32(out, "loss", 1), e = st_f32(out, "err.loss", 1);
+    within("loss", fabs(loss - t[0]) / fabs(t[0]), e[0]);
+    free(t), free(e);
+    int grads = 0;
+    for (int i = 0; i < rt_model_param_count(m); i++) {
+        const rt_param *p = rt_model_param(m, i);
+        if (!rt_param_trainable(p)) continue;
+        size_t cnt = (size_t)rt_tensor_numel(&p->value);
+        char key[128];
+        snprintf(key, sizeof key, "grad.%s", p->name);
+        t = st_f32(out, key, cnt);
+        snprintf(key, sizeof key, "err.grad.%s", p->name);
+        e = st_f32(out, key, 1);
+        within(key + 4, rel(rt_tensor_data(&p->grad), t, cnt), e[0]);
+        free(t), free(e);
+        grads++;
+    }
+    assert_int_equal(grads, 62); /* resnet18: 20 convs, 20 batch norms x 2, fc x 2 */
+    rt_safetensors_free(out);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    (void)system(cmd);
+    free(x);
+    rt_model_destroy(m);
+    rt_model_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_conv3x3), cmocka_unit_test(test_conv_shapes),
-                                       cmocka_unit_test(test_conv_im2col), cmocka_unit_test(test_linear)};
+                                       cmocka_unit_test(test_conv_im2col), cmocka_unit_test(test_linear),
+                                       cmocka_unit_test(test_resnet18_step)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
