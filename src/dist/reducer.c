@@ -262,12 +262,14 @@ rt_status rt_reducer_finish(rt_reducer *r) {
             rt_error_trace(__FILE__, __LINE__, "all_reduce of a gradient bucket");
             st = w;
         }
-        if (st == RT_OK && r->opt.compress_bf16) { /* the reduced bf16 widened back: exact */
-            float *dst = (float *)(r->buf + r->b[i].begin);
-            const uint16_t *src = r->wire + r->b[i].begin / sizeof(float);
-            for (size_t k = 0, n = (r->b[i].end - r->b[i].begin) / sizeof(float); k < n; k++)
-                dst[k] = rt_bf16_to_f32(src[k]);
-        }
+
+    }
+    /* compress_bf16: the reduced bf16 widened back into the f32 buffer (exact) */
+    for (int i = 0; i < r->nb && st == RT_OK && r->opt.compress_bf16; i++) {
+        float *dst = (float *)(r->buf + r->b[i].begin);
+        const uint16_t *src = r->wire + r->b[i].begin / sizeof(float);
+        for (size_t k = 0, n = (r->b[i].end - r->b[i].begin) / sizeof(float); k < n; k++)
+            dst[k] = rt_bf16_to_f32(src[k]);
     }
     r->stats.end_ns = rt_now_ns();
     if (rt_trace_enabled()) trace_buckets(r);

@@ -599,6 +599,13 @@ static rt_status setup_reducer(run *r) {
     ro.first_bucket_bytes = (size_t)(r->cfg->dist.first_bucket_mb * 1024 * 1024);
     if (ro.bucket_bytes == 0) ro.first_bucket_bytes = 0;
     ro.stream = r->ctx->stream; /* buckets are ordered after the backward work enqueued so far */
+    if (strcmp(r->cfg->dist.compress, "bf16") == 0) {
+        RT_REQUIRE(r->dev.kind == RT_DEVICE_CPU, RT_ERR_UNSUPPORTED,
+                   "dist.compress bf16 is implemented for CPU training only (this run is on a GPU); use "
+                   "dist.compress=none");
+        ro.compress_bf16 = true;
+        ro.stream = NULL; /* CPU: the gradients are final when reported */
+    }
     return rt_reducer_create(r->pg, rt_model_grads(r->model)->base, r->bounds, nb, &ro, &r->reducer);
 }
 
