@@ -12,12 +12,13 @@
 #include <stdint.h>
 #include <string.h>
 
+/* branch-free, so that loops over arrays vectorize (the reduce kernels, dist/reduce.c) */
 static inline uint16_t rt_bf16_from_f32(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN: keep it quiet */
-    u += 0x7fffu + ((u >> 16) & 1u);                                           /* ties to even */
-    return (uint16_t)(u >> 16);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16; /* ties to even */
+    const uint32_t nan = (u >> 16) | 0x40u;                           /* NaN: keep it quiet */
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 static inline float rt_bf16_to_f32(uint16_t h) {
