@@ -5,6 +5,7 @@ torchvision resnet34 (or resnet18) with conv1/maxpool set for the stem as ringtr
 builds it, torch.set_num_threads(THREADS), SGD(lr=0.01, momentum=0.9), random data made
 once; a step is zero_grad + forward + cross_entropy + backward + optimizer.step.
 Prints one JSON object per batch size (images/s, step ms, peak RSS of this process).
+--autocast: forward and loss under torch.autocast("cpu", torch.bfloat16) (bench/bf16.sh).
 """
 import argparse
 import json
@@ -37,6 +38,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--autocast", action="store_true", help="CPU autocast bfloat16")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -49,7 +51,8 @@ def main():
     for it in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast):
+            loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         dt = time.perf_counter() - t0
@@ -57,7 +60,8 @@ def main():
             total += dt
     ms = total / a.steps * 1000.0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(json.dumps({"impl": "torch", "torch": torch.__version__, "arch": a.arch, "stem": a.stem,
+    print(json.dumps({"impl": "torch", "torch": torch.__version__,
+                      "precision": "autocast_bf16" if a.autocast else "fp32", "arch": a.arch, "stem": a.stem,
                       "channels": a.channels, "size": a.size, "batch": a.batch, "threads": a.threads,
                       "steps": a.steps, "images_per_s": round(a.batch * 1000.0 / ms, 2), "step_ms": round(ms, 3),
                       "last_loss": round(loss.item(), 5), "peak_rss_mb": round(rss, 1)}))

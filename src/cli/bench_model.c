@@ -40,6 +40,15 @@ static void names(FILE *out, int count, const char *(*name_of)(int)) {
 }
 static const char *arch_name(int i) { return rt_model_arch_name((rt_model_arch)i); }
 static const char *stem_name(int i) { return rt_stem_name((rt_stem)i); }
+/* oneDNN's version as `ringtrain info` shows it, for the JSON rows */
+static const char *onednn_version(void) {
+    static rt_lib_version v[16];
+    int n = rt_model_lib_versions(v, 16);
+    for (int i = 0; i < n && i < 16; i++)
+        if (strcmp(v[i].key, "onednn") == 0) return v[i].version;
+    return "?";
+}
+
 static const char *precision_name(int i) { return rt_precision_name((rt_precision)i); }
 
 static void usage(FILE *out) {
@@ -436,10 +445,12 @@ int rt_cmd_bench_model(int argc, char **argv) {
                            "\"arch\": \"%s\", \"stem\": \"%s\", \"channels\": %d, "
                            "\"size\": %d, \"batch\": %d, \"threads\": %d, \"steps\": %d, \"images_per_s\": %.2f, "
                            "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
-                           "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f}\n",
+                           "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f, \"cpu_avx512_bf16\": %s, "
+                           "\"onednn\": \"%s\", \"onednn_isa\": \"%s\"}\n",
                            devstr, rt_precision_name(precision), rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem),
                            cfg.in_channels, cfg.in_h, n, threads, steps, ips, ms, t_fwd / steps, t_bwd / steps,
-                           t_sgd / steps, (double)loss, ru.ru_maxrss / 1024.0);
+                           t_sgd / steps, (double)loss, ru.ru_maxrss / 1024.0, rt_model_cpu_bf16() ? "true" : "false",
+                           onednn_version(), rt_model_onednn_isa());
                 else
                     printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f\n",
                            rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, cfg.in_w, n,

@@ -9,7 +9,7 @@
 static const struct {
     const char *name;
     size_t size;
-} k_dtypes[RT_DTYPE_COUNT_] = {{"f32", 4}, {"f64", 8}, {"i32", 4}, {"i64", 8}, {"u8", 1}};
+} k_dtypes[RT_DTYPE_COUNT_] = {{"f32", 4}, {"f64", 8}, {"i32", 4}, {"i64", 8}, {"u8", 1}, {"bf16", 2}};
 
 size_t rt_dtype_size(rt_dtype t) { return (unsigned)t < RT_DTYPE_COUNT_ ? k_dtypes[t].size : 0; }
 const char *rt_dtype_name(rt_dtype t) { return (unsigned)t < RT_DTYPE_COUNT_ ? k_dtypes[t].name : "?"; }
@@ -19,7 +19,7 @@ rt_status rt_dtype_parse(const char *text, rt_dtype *out) {
         const char *name;
         rt_dtype t;
     } aliases[] = {{"float32", RT_F32}, {"float", RT_F32}, {"float64", RT_F64}, {"double", RT_F64},
-                   {"int32", RT_I32},   {"int64", RT_I64}, {"uint8", RT_U8}};
+                   {"int32", RT_I32},   {"int64", RT_I64}, {"uint8", RT_U8},    {"bfloat16", RT_BF16}};
     const char *names[RT_DTYPE_COUNT_];
     for (int i = 0; i < RT_DTYPE_COUNT_; i++) names[i] = k_dtypes[i].name;
     int k = rt_names_find(names, RT_DTYPE_COUNT_, text);

@@ -20,11 +20,13 @@ extern "C" {
 
 #define RT_MAX_DIMS 8
 
-typedef enum rt_dtype { RT_F32 = 0, RT_F64, RT_I32, RT_I64, RT_U8, RT_DTYPE_COUNT_ } rt_dtype;
+/* RT_BF16: bfloat16 (core/bf16.h), 2 bytes; used for compressed gradients on the wire
+ * (dist.compress: bf16), not for model tensors or files */
+typedef enum rt_dtype { RT_F32 = 0, RT_F64, RT_I32, RT_I64, RT_U8, RT_BF16, RT_DTYPE_COUNT_ } rt_dtype;
 
 size_t rt_dtype_size(rt_dtype t);
 const char *rt_dtype_name(rt_dtype t); /* "f32", ... */
-/* "f32" | "f64" | "i32" | "i64" | "u8", or float32, float, float64, double, int32, int64,
+/* "f32" | "f64" | "i32" | "i64" | "u8" | "bf16", or float32, bfloat16, float, float64, double, int32, int64,
  * uint8 (case-insensitive: safetensors' "F32" too); RT_ERR_INVALID naming the accepted
  * names otherwise. */
 rt_status rt_dtype_parse(const char *text, rt_dtype *out);

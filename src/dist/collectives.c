@@ -43,7 +43,7 @@ static rt_status check_args(rt_pg *pg, const char *name, const rt_op *op) {
     RT_REQUIRE((unsigned)op->dtype < RT_DTYPE_COUNT_ && es > 0, RT_ERR_INVALID, "%s: bad dtype %d", name,
                (int)op->dtype);
     RT_REQUIRE(!reduces(op->kind) || rt_reduce_dtype_ok(op->dtype), RT_ERR_INVALID,
-               "%s: dtype %s cannot be reduced (f32 f64 i32 i64 can)", name, rt_dtype_name(op->dtype));
+               "%s: dtype %s cannot be reduced (f32 f64 i32 i64 bf16 can)", name, rt_dtype_name(op->dtype));
     RT_REQUIRE(!reduces(op->kind) || (unsigned)op->rop < RT_OP_COUNT_, RT_ERR_INVALID, "%s: bad reduce op %d", name,
                (int)op->rop);
     bool host_or_nccl =

@@ -5,6 +5,8 @@
 #include "dist/reduce.h"
 #include "dist/internal/names.h"
 
+#include "core/bf16.h"
+
 #include <string.h>
 
 static const char *const k_ops[RT_OP_COUNT_] = {"sum", "avg", "product", "min", "max"};
@@ -18,7 +20,35 @@ rt_status rt_reduce_op_parse(const char *text, rt_reduce_op *out) {
     return RT_OK;
 }
 
-int rt_reduce_dtype_ok(rt_dtype t) { return t == RT_F32 || t == RT_F64 || t == RT_I32 || t == RT_I64; }
+int rt_reduce_dtype_ok(rt_dtype t) { return t == RT_F32 || t == RT_F64 || t == RT_I32 || t == RT_I64 || t == RT_BF16; }
+
+/* bf16: each element widened to fp32 (exact), combined in fp32, rounded back to bf16
+ * (nearest, ties to even) once per step: dst = bf16(f32(dst) op f32(src)). The ring's
+ * reduce-scatter applies this once per hop, so a sum over n ranks is rounded n - 1
+ * times (n with AVG's fused division), in the ring's order, which is the same on every
+ * rank for a given chunk; the all-gather then copies bits, so every rank ends with the
+ * same bits (docs/dist.md, "Compression"). */
+static float bf16_op(float a, float b, rt_reduce_op op) {
+    switch (op) {
+    case RT_OP_PRODUCT:
+        return a * b;
+    case RT_OP_MIN:
+        return b < a ? b : a;
+    case RT_OP_MAX:
+        return b > a ? b : a;
+    default:
+        return a + b;
+    }
+}
+static void bf16_apply(uint16_t *restrict d, const uint16_t *restrict s, size_t n, rt_reduce_op op) {
+    for (size_t i = 0; i < n; i++) d[i] = rt_bf16_from_f32(bf16_op(rt_bf16_to_f32(d[i]), rt_bf16_to_f32(s[i]), op));
+}
+static void bf16_sumdiv(uint16_t *restrict d, const uint16_t *restrict s, size_t n, float div) {
+    for (size_t i = 0; i < n; i++) d[i] = rt_bf16_from_f32((rt_bf16_to_f32(d[i]) + rt_bf16_to_f32(s[i])) / div);
+}
+static void bf16_div(uint16_t *restrict d, size_t n, float div) {
+    for (size_t i = 0; i < n; i++) d[i] = rt_bf16_from_f32(rt_bf16_to_f32(d[i]) / div);
+}
 
 #define DEFINE_KERNELS(T, NAME)                                                                                        \
     static void NAME##_sum(T *restrict d, const T *restrict s, size_t n) {                                             \
@@ -78,6 +108,9 @@ void rt_reduce_apply(void *dst, const void *src, size_t n, rt_dtype t, rt_reduce
     case RT_I64:
         i64_apply(dst, src, n, op);
         break;
+    case RT_BF16:
+        bf16_apply(dst, src, n, op);
+        break;
     default:
         break;
     }
@@ -97,6 +130,9 @@ void rt_reduce_apply_div(void *dst, const void *src, size_t n, rt_dtype t, int d
     case RT_I64:
         i64_sumdiv(dst, src, n, (int64_t)divisor);
         break;
+    case RT_BF16:
+        bf16_sumdiv(dst, src, n, (float)divisor);
+        break;
     default:
         break;
     }
@@ -115,6 +151,9 @@ void rt_reduce_div(void *dst, size_t n, rt_dtype t, int divisor) {
         break;
     case RT_I64:
         i64_div(dst, n, (int64_t)divisor);
+        break;
+    case RT_BF16:
+        bf16_div(dst, n, (float)divisor);
         break;
     default:
         break;

@@ -1,6 +1,6 @@
 /* Element-wise reduction kernels: dst[i] = dst[i] OP src[i] over f32 f64 i32 i64, and
- * the final division of AVG. Written as plain loops the compiler vectorizes (this file
- * is compiled with -O3 semantics via a pragma); the hot path is SUM/AVG over f32. */
+ * the final division of AVG (and bf16, combined in fp32 and rounded per step). Written as plain loops the compiler
+ * vectorizes (this file is compiled with -O3 semantics via a pragma); the hot path is SUM/AVG over f32. */
 #ifndef RT_DIST_REDUCE_H
 #define RT_DIST_REDUCE_H
 
@@ -17,7 +17,7 @@ typedef enum rt_reduce_op { RT_OP_SUM = 0, RT_OP_AVG, RT_OP_PRODUCT, RT_OP_MIN, 
 const char *rt_reduce_op_name(rt_reduce_op op); /* "sum", ... */
 /* Case-insensitive; an unknown name is RT_ERR_INVALID listing the accepted ones. */
 rt_status rt_reduce_op_parse(const char *text, rt_reduce_op *out);
-/* f32 f64 i32 i64 are reducible. */
+/* f32 f64 i32 i64 bf16 are reducible (bf16 computed in fp32, rounded per step). */
 int rt_reduce_dtype_ok(rt_dtype t);
 
 /* dst[i] = dst[i] op src[i] for n elements (AVG adds; the division comes last). */

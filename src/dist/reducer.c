@@ -7,6 +7,7 @@
  * group's flight recorder entry (the time the progress thread ended it). */
 #include "dist/reducer.h"
 
+#include "core/bf16.h"
 #include "core/timer.h"
 #include "core/trace.h"
 #include "dist/internal/names.h"
@@ -37,8 +38,9 @@ struct rt_reducer {
     size_t *bounds; /* the segments, nseg + 1 offsets */
     bool *seg_ready;
     int nseg;
-    int next;  /* the next bucket to start: buckets start in order on every rank */
-    bool open; /* between begin and finish */
+    uint16_t *wire; /* compress_bf16: the bf16 copy of the buffer (element i at i) */
+    int next;       /* the next bucket to start: buckets start in order on every rank */
+    bool open;      /* between begin and finish */
     rt_reducer_stats stats;
     int fault_bucket, fault; /* rt_reducer_test_fault (-1: none) */
     int64_t p_step, p_epoch; /* tracing: the step of the p_* fields */
@@ -55,6 +57,9 @@ rt_status rt_reducer_create(rt_pg *pg, void *buf, const size_t *bounds, int nseg
     RT_REQUIRE(nseg >= 1, RT_ERR_INVALID, "rt_reducer_create: %d segments (expected at least 1)", nseg);
     size_t es = rt_dtype_size(o->dtype);
     RT_REQUIRE(es > 0, RT_ERR_INVALID, "rt_reducer_create: dtype %d", (int)o->dtype);
+    RT_REQUIRE(!o->compress_bf16 || (o->dtype == RT_F32 && !o->stream), RT_ERR_UNSUPPORTED,
+               "rt_reducer_create: bf16 compression needs an f32 buffer in host memory (dtype %s%s)",
+               rt_dtype_name(o->dtype), o->stream ? ", a device stream was given" : "");
     RT_REQUIRE(bounds[0] == 0, RT_ERR_INVALID, "rt_reducer_create: bounds[0] = %zu (expected 0)", bounds[0]);
     for (int i = 0; i < nseg; i++)
         RT_REQUIRE(bounds[i + 1] > bounds[i] && bounds[i + 1] % es == 0, RT_ERR_INVALID,
@@ -69,6 +74,13 @@ rt_status rt_reducer_create(rt_pg *pg, void *buf, const size_t *bounds, int nseg
     if (!r->b || !r->bounds || !r->seg_ready) {
         rt_reducer_destroy(r);
         return RT_ERROR(RT_ERR_NOMEM, "rt_reducer_create: %d segments", nseg);
+    }
+    if (o->compress_bf16) {
+        r->wire = malloc(bounds[nseg] / 2);
+        if (!r->wire) {
+            rt_reducer_destroy(r);
+            return RT_ERROR(RT_ERR_NOMEM, "rt_reducer_create: %zu bytes of bf16 staging", bounds[nseg] / 2);
+        }
     }
     memcpy(r->bounds, bounds, sizeof *r->bounds * (size_t)(nseg + 1));
     r->nseg = nseg;
@@ -102,6 +114,7 @@ void rt_reducer_destroy(rt_reducer *r) {
     free(r->b);
     free(r->bounds);
     free(r->seg_ready);
+    free(r->wire);
     free(r);
 }
 
@@ -197,10 +210,20 @@ static rt_status start(rt_reducer *r, bucket *b) {
     rt_pg_set_op_tag(r->pg, tag);
     b->t_start = fault == RT_REDUCER_FAULT_SKIP ? 0 : rt_trace_now();
     size_t count = (b->end - b->begin) / es - (fault == RT_REDUCER_FAULT_SHORT && b->end - b->begin > es ? 1 : 0);
-    rt_status s = fault == RT_REDUCER_FAULT_SKIP
-                      ? RT_OK
-                      : rt_iall_reduce(r->pg, r->buf + b->begin, count, r->opt.dtype, r->opt.op, &b->req);
-    if (fault == RT_REDUCER_FAULT_SKIP) rt_pg_set_op_tag(r->pg, NULL);
+    rt_status s = RT_OK;
+    if (fault == RT_REDUCER_FAULT_SKIP) {
+        rt_pg_set_op_tag(r->pg, NULL);
+    } else if (r->opt.compress_bf16) {
+        /* rounding point 1: this rank's f32 gradient to bf16 */
+        const float *src = (const float *)(r->buf + b->begin);
+        uint16_t *w = r->wire + b->begin / es;
+        for (size_t i = 0; i < count; i++) w[i] = rt_bf16_from_f32(src[i]);
+        s = rt_iall_reduce(r->pg, w, count, RT_BF16, r->opt.op, &b->req);
+        r->stats.bytes += count * rt_dtype_size(RT_BF16);
+    } else {
+        s = rt_iall_reduce(r->pg, r->buf + b->begin, count, r->opt.dtype, r->opt.op, &b->req);
+        r->stats.bytes += count * es;
+    }
     rt_pg_set_stream(r->pg, saved);
     RT_CHECK(s);
     if (b->t_start) b->fr_id = flight_last(r->pg, count);
@@ -267,6 +290,13 @@ rt_status rt_reducer_finish(rt_reducer *r) {
             rt_error_trace(__FILE__, __LINE__, "all_reduce of a gradient bucket");
             st = w;
         }
+    }
+    /* compress_bf16: the reduced bf16 widened back into the f32 buffer (exact) */
+    for (int i = 0; i < r->nb && st == RT_OK && r->opt.compress_bf16; i++) {
+        float *dst = (float *)(r->buf + r->b[i].begin);
+        const uint16_t *src = r->wire + r->b[i].begin / sizeof(float);
+        for (size_t k = 0, n = (r->b[i].end - r->b[i].begin) / sizeof(float); k < n; k++)
+            dst[k] = rt_bf16_to_f32(src[k]);
     }
     r->stats.end_ns = rt_now_ns();
     if (rt_trace_enabled()) trace_buckets(r);

@@ -47,6 +47,12 @@ typedef struct rt_reducer_options {
     /* the producer's stream: the one backward writes the gradients on (NULL: none, the
      * gradients are final on the host when reported, as on the CPU) */
     rt_stream *stream;
+    /* Gradient compression (DDP's bf16_compress_hook): each bucket's f32 values are
+     * rounded to bf16 (nearest, ties to even) into a staging buffer, all-reduced as bf16
+     * (every reduction step combines in fp32 and rounds to bf16, dist/reduce.c; the
+     * all-gather copies), then widened back into the f32 buffer: half the bytes on the
+     * wire, every rank the same bits. Host buffers (no stream) with dtype f32 only. */
+    bool compress_bf16;
 } rt_reducer_options;
 
 /* 25 MiB buckets, a 1 MiB first bucket, f32, AVG: DDP's defaults. */
@@ -85,6 +91,8 @@ typedef struct rt_reducer_stats {
                                 * device waits instead: time it with events on the stream) */
     double busy_ms;            /* first start to last completion: the span communication took */
     int buckets_before_finish; /* buckets started while backward was still running */
+    size_t bytes;              /* bytes all-reduced (the buffer's, half with compress_bf16); the
+                                * ring moves 2 (n - 1) / n of them in and out of each rank */
 } rt_reducer_stats;
 void rt_reducer_stats_get(const rt_reducer *r, rt_reducer_stats *out);
 

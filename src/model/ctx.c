@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 static const char *const k_precision_names[RT_PRECISION_COUNT_] = {
-    [RT_PRECISION_FP32] = "fp32", [RT_PRECISION_TF32] = "tf32"};
+    [RT_PRECISION_FP32] = "fp32", [RT_PRECISION_TF32] = "tf32", [RT_PRECISION_BF16] = "bf16"};
 
 static const char *precision_name(int i) { return k_precision_names[i]; }
 

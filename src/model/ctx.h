@@ -22,10 +22,11 @@ extern "C" {
 typedef enum rt_precision {
     RT_PRECISION_FP32 = 0, /* exact fp32 everywhere (no tensor cores) */
     RT_PRECISION_TF32 = 1, /* CUDA: allow TF32 tensor cores in conv and matmul */
+    RT_PRECISION_BF16 = 2, /* conv and linear in bf16 with fp32 accumulation (autocast; docs/model.md) */
     RT_PRECISION_COUNT_
 } rt_precision;
 
-/* "fp32" | "tf32", ASCII case-insensitive; RT_ERR_INVALID naming the accepted names if
+/* "fp32" | "tf32" | "bf16", ASCII case-insensitive; RT_ERR_INVALID naming the accepted names if
  * unknown (or NULL). rt_precision_name gives the lowercase name ("?" if out of range). */
 rt_status rt_precision_parse(const char *text, rt_precision *out);
 const char *rt_precision_name(rt_precision p);
@@ -35,10 +36,10 @@ const char *rt_precision_name(rt_precision p);
  * the numbers are cuDNN's own enum values (cudnnConvolutionFwdAlgo_t, ...BwdDataAlgo_t,
  * ...BwdFilterAlgo_t, cudnnMathType_t), meaningful only to the backend that made them. */
 typedef struct rt_conv_algo {
-    int in_c, out_c, in_h, in_w, k, stride, pad; /* the convolution */
-    int n;                                       /* the batch it was chosen at (max_batch) */
-    int precision;                               /* the rt_precision it was chosen under */
-    int fwd, bwd_data, bwd_filter;               /* algorithms */
+    int in_c, out_c, in_h, in_w, k, stride, pad;  /* the convolution */
+    int n;                                        /* the batch it was chosen at (max_batch) */
+    int precision;                                /* the rt_precision it was chosen under */
+    int fwd, bwd_data, bwd_filter;                /* algorithms */
     int fwd_math, bwd_data_math, bwd_filter_math; /* math types */
 } rt_conv_algo;
 
@@ -55,10 +56,10 @@ typedef struct rt_model_ctx {
     rt_stream *stream; /* all layer work is enqueued here (CPU: ordering token) */
     int threads;       /* CPU backend: worker threads (>= 1) */
     rt_precision precision;
-    bool deterministic;          /* GPU: only deterministic algorithms, chosen without timing on reuse */
-    rt_conv_algos *conv_preset;  /* choices to take instead of searching (rt_model_ctx_set_conv_algos) */
-    rt_conv_algos *conv_chosen;  /* the choices in use, one per shape (rt_model_ctx_get_conv_algos) */
-    void *work; /* workspace on `device`, `work_bytes` long; shared by all layers */
+    bool deterministic;         /* GPU: only deterministic algorithms, chosen without timing on reuse */
+    rt_conv_algos *conv_preset; /* choices to take instead of searching (rt_model_ctx_set_conv_algos) */
+    rt_conv_algos *conv_chosen; /* the choices in use, one per shape (rt_model_ctx_get_conv_algos) */
+    void *work;                 /* workspace on `device`, `work_bytes` long; shared by all layers */
     size_t work_bytes;
     const struct rt_model_backend *ops; /* the backend of `device` */
     void *backend;                      /* backend state: CPU thread pool; cuDNN/cuBLAS handles, ... */

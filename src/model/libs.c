@@ -43,3 +43,42 @@ int rt_model_lib_versions(rt_lib_version *out, int cap) {
 #endif
     return n;
 }
+
+bool rt_model_cpu_bf16(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+}
+
+const char *rt_model_onednn_isa(void) {
+#ifdef RT_HAVE_DNNL
+    switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41:
+        return "sse41";
+    case dnnl_cpu_isa_avx:
+        return "avx";
+    case dnnl_cpu_isa_avx2:
+        return "avx2";
+    case dnnl_cpu_isa_avx2_vnni:
+        return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic:
+        return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops:
+        return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core:
+        return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni:
+        return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16:
+        return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx:
+        return "avx512_core_amx";
+    default:
+        return "other";
+    }
+#else
+    return "not built";
+#endif
+}

@@ -165,6 +165,13 @@ rt_status rt_model_load(rt_model *m, const char *path);
 /* The libraries src/model links (cuDNN, cuBLAS, OpenBLAS, oneDNN), for `ringtrain info`. */
 int rt_model_lib_versions(rt_lib_version *out, int cap);
 
+/* For benchmark records (issue 22): cpu_bf16 is whether this CPU has the AVX-512 BF16
+ * instructions (vcvtneps2bf16, vdpbf16ps); onednn_isa the instruction set oneDNN's
+ * kernels use here ("avx512_core_bf16", "avx512_core" (bf16 then emulated),
+ * "avx2", ...; "not built" without oneDNN). */
+bool rt_model_cpu_bf16(void);
+const char *rt_model_onednn_isa(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -69,7 +69,8 @@ static rt_status check_stem(const char *v) {
     return strcasecmp(v, "auto") == 0 || rt_stem_parse(v, &s) == 0 ? RT_OK : RT_ERR_INVALID;
 }
 
-static const char *const k_precision[] = {"fp32", "tf32", NULL};
+static const char *const k_precision[] = {"fp32", "tf32", "bf16", NULL};
+static const char *const k_compress[] = {"none", "bf16", NULL};
 static const char *const k_interval[] = {"iteration", "epoch", NULL};
 static const char *const k_anneal[] = {"cos", "linear", NULL};
 static const char *const k_progress[] = {"auto", "on", "off", NULL};
@@ -234,6 +235,8 @@ static const key k_keys[] = {
      "gradient all-reduce: ring | naive | rsag | nccl"},
     {"dist.transport", K_CHOICE, F(dist.transport), SZ(dist.transport), 0, "auto", 0, 0, false, NULL, check_transport,
      "auto | tcp | shm | nccl (auto: shm on one host, nccl between GPUs, else tcp)"},
+    {"dist.compress", K_CHOICE, F(dist.compress), SZ(dist.compress), 0, "none", 0, 0, false, k_compress, NULL,
+     "none | bf16 (gradients all-reduced in bf16, DDP's bf16_compress_hook; CPU only)"},
     {"dist.bucket_mb", K_FLOAT, F(dist.bucket_mb), 0, 0, "25", 0, 1e6, false, NULL, NULL,
      "gradient bucket size in MiB (0: one all-reduce after backward)"},
     {"dist.first_bucket_mb", K_FLOAT, F(dist.first_bucket_mb), 0, 0, "1", 0, 1e6, false, NULL, NULL,

@@ -97,7 +97,7 @@ typedef struct rt_config {
         int64_t eval_every; /* epochs; 0: only at the end */
         int64_t seed;
         char device[RT_CONFIG_NAME_MAX];    /* auto | cpu | cuda | cuda:N */
-        char precision[RT_CONFIG_NAME_MAX]; /* fp32 | tf32 */
+        char precision[RT_CONFIG_NAME_MAX]; /* fp32 | tf32 | bf16 */
         int64_t threads;                    /* auto: the cores shared by the local ranks */
         bool skip_nonfinite;
         bool deterministic;           /* GPU: deterministic convolution algorithms, kept in the checkpoint */
@@ -115,8 +115,9 @@ typedef struct rt_config {
         int64_t master_port; /* 0: a free port (single node) */
         char algo[RT_CONFIG_NAME_MAX];
         char transport[RT_CONFIG_NAME_MAX];
-        double bucket_mb;       /* 0: one all-reduce after backward */
-        double first_bucket_mb; /* DDP's small first bucket */
+        char compress[RT_CONFIG_NAME_MAX]; /* none | bf16 (gradients all-reduced as bf16) */
+        double bucket_mb;                  /* 0: one all-reduce after backward */
+        double first_bucket_mb;            /* DDP's small first bucket */
         int64_t check_sync_every;
         double timeout_s;
         int64_t max_restarts; /* the launcher restarts a failed job this many times (torchrun's) */

@@ -452,7 +452,7 @@ static rt_status setup_model(run *r) {
     } else {
         o.threads = (int)c->train.threads;
     }
-    o.precision = strcmp(c->train.precision, "tf32") == 0 ? RT_PRECISION_TF32 : RT_PRECISION_FP32;
+    RT_CHECK(rt_precision_parse(c->train.precision, &o.precision));
     o.deterministic = c->train.deterministic;
     RT_CHECK(rt_model_ctx_create(&o, &r->ctx));
     RT_CHECK(create_model(r, &mc));
@@ -614,6 +614,13 @@ static rt_status setup_reducer(run *r) {
     ro.first_bucket_bytes = (size_t)(r->cfg->dist.first_bucket_mb * 1024 * 1024);
     if (ro.bucket_bytes == 0) ro.first_bucket_bytes = 0;
     ro.stream = r->ctx->stream; /* buckets are ordered after the backward work enqueued so far */
+    if (strcmp(r->cfg->dist.compress, "bf16") == 0) {
+        RT_REQUIRE(r->dev.kind == RT_DEVICE_CPU, RT_ERR_UNSUPPORTED,
+                   "dist.compress bf16 is implemented for CPU training only (this run is on a GPU); use "
+                   "dist.compress=none");
+        ro.compress_bf16 = true;
+        ro.stream = NULL; /* CPU: the gradients are final when reported */
+    }
     return rt_reducer_create(r->pg, rt_model_grads(r->model)->base, r->bounds, nb, &ro, &r->reducer);
 }
 

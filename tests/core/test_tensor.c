@@ -47,8 +47,10 @@ static void test_dtypes(void **state) {
     assert_int_equal(d, RT_I64);
     assert_rt_ok(rt_dtype_parse("Float64", &d));
     assert_int_equal(d, RT_F64);
-    assert_invalid_with(rt_dtype_parse("bf16", &d),
-                        "unknown dtype 'bf16' (expected f32 | f64 | i32 | i64 | u8; or float32");
+    assert_rt_ok(rt_dtype_parse("BF16", &d));
+    assert_int_equal(d, RT_BF16);
+    assert_invalid_with(rt_dtype_parse("f16", &d),
+                        "unknown dtype 'f16' (expected f32 | f64 | i32 | i64 | u8 | bf16; or float32");
     assert_invalid_with(rt_dtype_parse(NULL, &d), "(null)");
     assert_int_equal(rt_dtype_size(RT_F64), 8);
     assert_int_equal(rt_dtype_size(RT_U8), 1);

@@ -155,7 +155,7 @@ static void test_names(void **state) {
     assert_rt_ok(rt_precision_parse("TF32", &p));
     assert_int_equal(p, RT_PRECISION_TF32);
     assert_int_equal(rt_precision_parse("fp16", &p), RT_ERR_INVALID);
-    assert_non_null(strstr(rt_error_message(), "unknown precision 'fp16' (expected fp32 | tf32)"));
+    assert_non_null(strstr(rt_error_message(), "unknown precision 'fp16' (expected fp32 | tf32 | bf16)"));
     assert_string_equal(rt_precision_name(RT_PRECISION_COUNT_), "?");
 }
 

@@ -18,7 +18,11 @@ backward in training mode and writes DIR/out.safetensors:
 Dropout in Net: the masks are regenerated here from ringtrain's documented rule,
 element i of a draw is dropped when philox_uniform(seed, subseq, i) < p, with an
 independent numpy implementation of Philox4x32-10, so the comparison runs with
-dropout on. Exit code 3: torch/torchvision not importable (the C test then skips).
+dropout on. With --autocast the step runs under torch.autocast("cpu", torch.bfloat16)
+(tests/model/test_bf16_layers.c): output is the bf16 logits widened to float32, and
+err.output, err.loss, err.grad.<name> hold that step's relative error against the same
+step in float64 (max|autocast - f64| / max|f64|), the scale of bf16's own error.
+Exit code 3: torch/torchvision not importable (the C test then skips).
 """
 import argparse
 import copy
@@ -147,6 +151,7 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--dropout-seed", type=int, default=0)
     ap.add_argument("--dir", required=True)
+    ap.add_argument("--autocast", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     model = build(args)
@@ -166,7 +171,12 @@ def main():
         m.train()
         if masks:
             m.masks = tuple(t.to(xx.dtype) for t in masks)
-        out = m(xx)
+        if args.autocast and xx.dtype == torch.float32:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = m(xx)
+            out = out.float()
+        else:
+            out = m(xx)
         loss = F.nll_loss(out, labels) if args.arch == "net" else F.cross_entropy(out, labels)
         loss.backward()
         return out.detach(), loss.detach().reshape(1)
@@ -187,6 +197,11 @@ def main():
     for name, buf in model.named_buffers():
         res["state." + name] = buf
     res["condition"] = torch.tensor([cond], dtype=torch.float32)
+    if args.autocast:
+        res["err.output"] = torch.tensor([rel(out, out64)], dtype=torch.float32)
+        res["err.loss"] = torch.tensor([rel(loss, loss64)], dtype=torch.float32)
+        for (name, prm), (_, p64) in zip(model.named_parameters(), model64.named_parameters()):
+            res["err.grad." + name] = torch.tensor([rel(prm.grad, p64.grad)], dtype=torch.float32)
     st_save(args.dir + "/out.safetensors", res)
     print("torch_reference.py: %s %s loss %.6f, %d parameters, condition %.3g (%s)" %
           (args.arch, args.stem, loss.item(), sum(p.numel() for p in model.parameters()), cond, worst))

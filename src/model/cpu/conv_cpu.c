@@ -30,6 +30,7 @@
 #include "model/cpu/cpu_internal.h"
 #include "model/cpu/gemm.h"
 
+#include "core/bf16.h"
 #include "core/log.h"
 
 #include <stdlib.h>
@@ -54,6 +55,10 @@ typedef struct cpu_conv {
     /* dense path: the unrolled weights W' (O*OP, C*IP), zeroed once by prepare; each
      * forward writes only its non-zero entries (a fixed pattern), backward reuses it */
     float *wd;
+    /* precision bf16, for the paths other than oneDNN's: the bf16-rounded input, weights
+     * (+ bias), output gradient and the input gradient before rounding (see
+     * rt_cpu_conv2d_forward); NULL under fp32/tf32 */
+    float *bx, *bw, *bdy, *bdx;
 } cpu_conv;
 
 #define CONV_CACHE_CAP ((size_t)32 << 20)
@@ -99,7 +104,8 @@ static rt_status conv_choose_dnnl(rt_model_ctx *ctx, const rt_conv2d *l, cpu_con
     if (s->conv == RT_CPU_CONV_IM2COL || !s->dnnl) return RT_OK; /* (ctx_init failed for dnnl without one) */
     if (s->conv == RT_CPU_CONV_AUTO && cc->dense && dense_floats(l) <= (size_t)l->out_c * l->in_c * l->k * l->k)
         return RT_OK;
-    rt_status st = rt_dnnl_conv_create(s->dnnl, l, max_n, ctx->threads, ws, &cc->dnnl);
+    rt_status st =
+        rt_dnnl_conv_create(s->dnnl, l, max_n, ctx->threads, ctx->precision == RT_PRECISION_BF16, ws, &cc->dnnl);
     if (st != RT_OK) {
         if (s->conv == RT_CPU_CONV_DNNL) return st;
         RT_LOG_DEBUG("conv2d %d->%d k%d s%d on %dx%d: oneDNN not used (%s); im2col", l->in_c, l->out_c, l->k, l->stride,
@@ -112,6 +118,31 @@ static rt_status conv_choose_dnnl(rt_model_ctx *ctx, const rt_conv2d *l, cpu_con
     (void)cc;
     (void)max_n;
 #endif
+    return RT_OK;
+}
+
+static void bf16_free(cpu_conv *cc) {
+    free(cc->bx);
+    free(cc->bw);
+    free(cc->bdy);
+    free(cc->bdx);
+    cc->bx = cc->bw = cc->bdy = cc->bdx = NULL;
+}
+
+static rt_status bf16_buffers(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv *cc, int max_n) {
+    bf16_free(cc);
+    if (ctx->precision != RT_PRECISION_BF16) return RT_OK;
+    const size_t xs = (size_t)max_n * l->in_c * l->in_h * l->in_w, ys = (size_t)max_n * l->out_c * l->out_h * l->out_w,
+                 ws = (size_t)l->out_c * l->in_c * l->k * l->k + (l->has_bias ? (size_t)l->out_c : 0);
+    cc->bx = malloc(xs * sizeof(float));
+    cc->bdx = malloc(xs * sizeof(float));
+    cc->bw = malloc(ws * sizeof(float));
+    cc->bdy = malloc(ys * sizeof(float));
+    if (!cc->bx || !cc->bdx || !cc->bw || !cc->bdy) {
+        bf16_free(cc);
+        RT_FAIL(RT_ERR_NOMEM, "conv2d %d->%d k%d: out of memory for the bf16 buffers of batch %d", l->in_c, l->out_c,
+                l->k, max_n);
+    }
     return RT_OK;
 }
 
@@ -140,7 +171,9 @@ rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size
      * instead of OP*T with im2col, and needs no im2col at all: use it when IP <= T. */
     cc->dense = l->in_h * l->in_w <= cc->ntaps && dense_floats(l) <= ((size_t)4 << 20);
     size_t dnnl_ws = 0;
+    cc->max_n = max_n;
     RT_CHECK(conv_choose_dnnl(ctx, l, cc, max_n, &dnnl_ws));
+    RT_CHECK(bf16_buffers(ctx, l, cc, max_n));
     free(cc->wd);
     cc->wd = NULL;
     if (cc->dense) {
@@ -177,6 +210,7 @@ void rt_cpu_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l) {
 #endif
     if (l->priv) free(((cpu_conv *)l->priv)->cache);
     if (l->priv) free(((cpu_conv *)l->priv)->wd);
+    if (l->priv) bf16_free(l->priv);
     free(l->priv);
     l->priv = NULL;
 }
@@ -543,7 +577,7 @@ static rt_status dense_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
     return RT_OK;
 }
 
-rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+static rt_status conv_forward_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
 #ifdef RT_HAVE_DNNL
     cpu_conv *dc = l->priv;
     if (dc && dc->dnnl && n == rt_dnnl_conv_batch(dc->dnnl))
@@ -578,8 +612,8 @@ rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
     return RT_OK;
 }
 
-rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
-                                 bool accumulate) {
+static rt_status conv_backward_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+                                   bool accumulate) {
 #ifdef RT_HAVE_DNNL
     cpu_conv *dc = l->priv;
     if (dc && dc->dnnl && n == rt_dnnl_conv_batch(dc->dnnl))
@@ -658,6 +692,86 @@ rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
             for (int t = 0; t < kk; t++) dst[t] = 0.0f;
             for (int t = 0; t < nt; t++) dst[J.cc->ki[t] * l->k + J.cc->kj[t]] = v[t];
         }
+    }
+    return RT_OK;
+}
+
+/* ---- precision bf16 ------------------------------------------------------------------
+ *
+ * PyTorch's autocast (torch.autocast("cpu", torch.bfloat16)) runs a convolution on
+ * bf16 copies of its input, weights and bias and returns a bf16 output; its backward
+ * takes a bf16 output gradient and returns a bf16 input gradient. Here, with fp32
+ * buffers at the interface, the rounding points are (each fp32 -> bf16, ties to even):
+ *   forward:  x, W, b rounded; products exact in fp32; sums in fp32; y rounded
+ *   backward: dy rounded; dx = conv^T(dy, W) summed in fp32, then rounded (before it
+ *             is added to an accumulating dx); dW, db summed in fp32 and NOT rounded
+ *             (autocast rounds them to bf16 and widens them again: ours is closer to
+ *             the exact gradient, by at most one bf16 rounding, 2^-9 relative)
+ * oneDNN's bf16 primitives (conv_dnnl.c) do exactly this for the batch they were made
+ * for; every other batch and layer (im2col, dense, pruned taps; a CPU without oneDNN's
+ * bf16 kernels) runs the fp32 path on rounded copies, which gives the same bits up to the
+ * order of the fp32 sums: a bf16 x bf16 product is exact in fp32. */
+
+static void round_into(float *dst, const float *src, size_t count) {
+    for (size_t i = 0; i < count; i++) dst[i] = rt_bf16_round(src[i]);
+}
+
+static bool dnnl_runs(const rt_conv2d *l, int n) {
+#ifdef RT_HAVE_DNNL
+    const cpu_conv *cc = l->priv;
+    return cc && cc->dnnl && n == rt_dnnl_conv_batch(cc->dnnl);
+#else
+    (void)l;
+    (void)n;
+    return false;
+#endif
+}
+
+/* l with its weights (and bias) replaced by their bf16 roundings in cc->bw */
+static rt_conv2d bf16_layer(const rt_conv2d *l, cpu_conv *cc) {
+    rt_conv2d r = *l;
+    const size_t nw = (size_t)rt_tensor_numel(&l->weight);
+    round_into(cc->bw, rt_tensor_data(&l->weight), nw);
+    r.weight.arena = NULL;
+    r.weight.data = cc->bw;
+    if (l->has_bias) {
+        round_into(cc->bw + nw, rt_tensor_data(&l->bias), (size_t)l->out_c);
+        r.bias.arena = NULL;
+        r.bias.data = cc->bw + nw;
+    }
+    return r;
+}
+
+rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+    cpu_conv *cc = l->priv;
+    if (ctx->precision != RT_PRECISION_BF16 || dnnl_runs(l, n)) return conv_forward_f32(ctx, l, n, x, y);
+    RT_REQUIRE(cc && cc->bx && n <= cc->max_n, RT_ERR_INVALID,
+               "conv2d %d->%d k%d: bf16 batch %d without rt_conv2d_prepare for it", l->in_c, l->out_c, l->k, n);
+    round_into(cc->bx, x, (size_t)n * l->in_c * l->in_h * l->in_w);
+    rt_conv2d r = bf16_layer(l, cc);
+    RT_CHECK(conv_forward_f32(ctx, &r, n, cc->bx, y));
+    round_into(y, y, (size_t)n * l->out_c * l->out_h * l->out_w);
+    return RT_OK;
+}
+
+rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+                                 bool accumulate) {
+    cpu_conv *cc = l->priv;
+    if (ctx->precision != RT_PRECISION_BF16 || dnnl_runs(l, n))
+        return conv_backward_f32(ctx, l, n, x, dy, dx, accumulate);
+    RT_REQUIRE(cc && cc->bx && n <= cc->max_n, RT_ERR_INVALID,
+               "conv2d %d->%d k%d: bf16 batch %d without rt_conv2d_prepare for it", l->in_c, l->out_c, l->k, n);
+    /* (the same bits the forward rounded into bx: its column cache stays valid) */
+    round_into(cc->bx, x, (size_t)n * l->in_c * l->in_h * l->in_w);
+    round_into(cc->bdy, dy, (size_t)n * l->out_c * l->out_h * l->out_w);
+    rt_conv2d r = bf16_layer(l, cc);
+    RT_CHECK(conv_backward_f32(ctx, &r, n, cc->bx, cc->bdy, dx ? cc->bdx : NULL, false));
+    if (dx) {
+        const size_t count = (size_t)n * l->in_c * l->in_h * l->in_w;
+        if (accumulate)
+            for (size_t i = 0; i < count; i++) dx[i] += rt_bf16_round(cc->bdx[i]);
+        else
+            round_into(dx, cc->bdx, count);
     }
     return RT_OK;
 }

@@ -80,6 +80,7 @@ typedef struct dn_part {
 
 struct rt_dnnl_conv {
     int max_n, nparts;
+    bool bf16;      /* bf16 src/weights/dst, fp32 accumulation and weight gradient */
     int bww_parts;  /* nparts, or 1: backward-weights in part 0 on oneDNN's OpenMP threads */
     bool bww_batch; /* backward-weights split by images (partial dW summed), else by output channels */
     size_t wfloats, partial_off, partial_stride; /* dW + db floats; partial sums of parts 1.. in the workspace */
@@ -292,11 +293,14 @@ static rt_status pd_create(rt_dnnl_env *e, const dnnl_convolution_desc_t *cd, co
  * ours (plain, dy possibly a channel slice of the whole tensor) and `any`. */
 typedef struct dn_descs {
     dnnl_memory_desc_t x, y, w, b;          /* ours */
-    dnnl_memory_desc_t x_any, y_any, w_any; /* what the primitives may choose */
+    dnnl_memory_desc_t x_any, y_any, w_any; /* what the primitives may choose (bf16 under bf16) */
+    dnnl_memory_desc_t b_in;                /* the forward's bias (bf16 under bf16) */
+    dnnl_memory_desc_t dw_any;              /* the weight gradient: f32 always */
     dnnl_dims_t strides, pad_l, pad_r;
 } dn_descs;
 
-static rt_status make_descs(const rt_conv2d *l, int n, int oc, bool plain, dn_descs *d) {
+static rt_status make_descs(const rt_conv2d *l, int n, int oc, bool plain, bool bf16, dn_descs *d) {
+    const dnnl_data_type_t lp = bf16 ? dnnl_bf16 : dnnl_f32;
     dnnl_dims_t xd = {n, l->in_c, l->in_h, l->in_w}, yd = {n, oc, l->out_h, l->out_w}, wd = {oc, l->in_c, l->k, l->k},
                 bd = {oc};
     const dnnl_dim_t P = (dnnl_dim_t)l->out_h * l->out_w;
@@ -305,9 +309,11 @@ static rt_status make_descs(const rt_conv2d *l, int n, int oc, bool plain, dn_de
     DN_CHECK(dnnl_memory_desc_init_by_strides(&d->y, 4, yd, dnnl_f32, ys));
     DN_CHECK(dnnl_memory_desc_init_by_tag(&d->w, 4, wd, dnnl_f32, dnnl_oihw));
     DN_CHECK(dnnl_memory_desc_init_by_tag(&d->b, 1, bd, dnnl_f32, dnnl_a));
-    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->x_any, 4, xd, dnnl_f32, plain ? dnnl_nchw : dnnl_format_tag_any));
-    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->y_any, 4, yd, dnnl_f32, plain ? dnnl_nchw : dnnl_format_tag_any));
-    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->w_any, 4, wd, dnnl_f32, dnnl_format_tag_any));
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->x_any, 4, xd, lp, plain ? dnnl_nchw : dnnl_format_tag_any));
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->y_any, 4, yd, lp, plain ? dnnl_nchw : dnnl_format_tag_any));
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->w_any, 4, wd, lp, dnnl_format_tag_any));
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->dw_any, 4, wd, dnnl_f32, dnnl_format_tag_any));
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&d->b_in, 1, bd, lp, dnnl_a));
     d->strides[0] = d->strides[1] = l->stride;
     d->pad_l[0] = d->pad_l[1] = l->pad;
     /* right padding so that out = (in + pad_l + pad_r - k) / stride + 1 exactly */
@@ -330,15 +336,15 @@ static rt_status make_descs(const rt_conv2d *l, int n, int oc, bool plain, dn_de
 static rt_status part_build(rt_dnnl_env *e, const rt_conv2d *l, int max_n, bool plain, bool with_bww, dn_part *p,
                             rt_dnnl_conv *c) {
     dn_descs d, dw;
-    RT_CHECK(make_descs(l, p->nb, l->out_c, plain, &d));
-    RT_CHECK(make_descs(l, c->bww_batch ? p->nb : max_n, p->ob, plain, &dw));
+    RT_CHECK(make_descs(l, p->nb, l->out_c, plain, c->bf16, &d));
+    RT_CHECK(make_descs(l, c->bww_batch ? p->nb : max_n, p->ob, plain, c->bf16, &dw));
     dnnl_convolution_desc_t cd;
     dnnl_primitive_desc_t fpd = NULL, hpd = NULL, wpd = NULL, dpd = NULL;
     rt_status st = RT_OK;
     DN_CHECK(dnnl_stream_create(&p->stream, e->engine, dnnl_stream_default_flags));
 
     DN_CHECK(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &d.x_any, &d.w_any,
-                                                l->has_bias ? &d.b : NULL, &d.y_any, d.strides, d.pad_l, d.pad_r));
+                                                l->has_bias ? &d.b_in : NULL, &d.y_any, d.strides, d.pad_l, d.pad_r));
     RT_CHECK(pd_create(e, &cd, NULL, &fpd));
     RT_CHECK_GOTO(stage_arg(e, &p->fwd, fpd, DNNL_ARG_SRC, &d.x, false, false), st, out);
     RT_CHECK_GOTO(stage_arg(e, &p->fwd, fpd, DNNL_ARG_WEIGHTS, &d.w, false, false), st, out);
@@ -350,10 +356,10 @@ static rt_status part_build(rt_dnnl_env *e, const rt_conv2d *l, int max_n, bool 
      * descriptor is only the hint oneDNN wants */
     if (!with_bww) goto bwd;
     DN_GOTO(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &dw.x_any,
-                                               &dw.w_any, l->has_bias ? &dw.b : NULL, &dw.y_any, dw.strides, dw.pad_l,
-                                               dw.pad_r));
+                                               &dw.w_any, l->has_bias ? &dw.b_in : NULL, &dw.y_any, dw.strides,
+                                               dw.pad_l, dw.pad_r));
     RT_CHECK_GOTO(pd_create(e, &cd, NULL, &hpd), st, out);
-    DN_GOTO(dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &dw.x_any, &dw.w_any,
+    DN_GOTO(dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &dw.x_any, &dw.dw_any,
                                                         l->has_bias ? &dw.b : NULL, &dw.y_any, dw.strides, dw.pad_l,
                                                         dw.pad_r));
     RT_CHECK_GOTO(pd_create(e, &cd, hpd, &wpd), st, out);
@@ -386,12 +392,13 @@ static void part_range(int total, int parts, int unit, int t, int *lo, int *len)
     *len = (t == parts - 1 ? total : b * unit) - *lo;
 }
 
-rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int threads, size_t *workspace,
+rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int threads, bool bf16, size_t *workspace,
                               rt_dnnl_conv **out) {
     *out = NULL;
     rt_dnnl_conv *c = calloc(1, sizeof *c);
     RT_CHECK_ALLOC(c, sizeof *c);
     c->max_n = max_n;
+    c->bf16 = bf16;
     int T = threads;
     if (T > max_n) T = max_n;
     if (T > l->out_c) T = l->out_c;
@@ -443,9 +450,9 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
         region += (size_t)(T - 1) * c->partial_stride;
     }
     *workspace = c->ws = region;
-    RT_LOG_DEBUG("conv2d %d->%d k%d s%d on %dx%d, batch %d in %d parts: oneDNN %s / %s / %s, workspace %zu bytes",
-                 l->in_c, l->out_c, l->k, l->stride, l->in_h, l->in_w, max_n, T, c->impl[0], c->impl[1], c->impl[2],
-                 region);
+    RT_LOG_DEBUG("conv2d %d->%d k%d s%d on %dx%d, batch %d in %d parts, %s: oneDNN %s / %s / %s, workspace %zu bytes",
+                 l->in_c, l->out_c, l->k, l->stride, l->in_h, l->in_w, max_n, T, bf16 ? "bf16" : "f32", c->impl[0],
+                 c->impl[1], c->impl[2], region);
     *out = c;
     return RT_OK;
 }

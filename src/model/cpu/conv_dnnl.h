@@ -19,8 +19,12 @@ rt_status rt_dnnl_env_create(rt_dnnl_env **out);
 void rt_dnnl_env_destroy(rt_dnnl_env *e);
 
 /* Make the primitives of layer l for batch max_n, split over `threads` parts;
- * *workspace: the bytes of ctx->work they need (blocked copies and scratchpads). */
-rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int threads, size_t *workspace,
+ * *workspace: the bytes of ctx->work they need (blocked copies and scratchpads).
+ * bf16: the primitives take bf16 src, weights, bias and dst / diff_dst / diff_src
+ * (oneDNN's reorders round our fp32 to bf16, ties to even, and widen the bf16 results
+ * back into our fp32 buffers), accumulate in fp32 and write the weight gradient in
+ * fp32; RT_ERR_UNSUPPORTED where this oneDNN has no bf16 convolution for the CPU. */
+rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int threads, bool bf16, size_t *workspace,
                               rt_dnnl_conv **out);
 void rt_dnnl_conv_destroy(rt_dnnl_conv *c);
 int rt_dnnl_conv_batch(const rt_dnnl_conv *c);

@@ -58,6 +58,12 @@ static void cuda_ctx_release(rt_model_ctx *ctx) {
 
 static rt_status cuda_ctx_init(rt_model_ctx *ctx) {
     RT_REQUIRE(ctx->device.kind == RT_DEVICE_CUDA, RT_ERR_INTERNAL, "CUDA model backend on a non-CUDA device");
+    /* TODO(issue 22, item 1): cuDNN/cuBLAS bf16 (CUDNN_DATA_BFLOAT16, CUDA_R_16BF with
+     * CUBLAS_COMPUTE_32F); until then the GPU refuses bf16 rather than run it in fp32 */
+    RT_REQUIRE(ctx->precision != RT_PRECISION_BF16, RT_ERR_UNSUPPORTED,
+               "train.precision bf16 is not implemented on the CUDA backend yet (cuda:%d); use fp32 or tf32 on a GPU, "
+               "or bf16 on the CPU",
+               ctx->device.index);
     rt_cuda_state *s = calloc(1, sizeof *s);
     RT_CHECK_ALLOC(s, sizeof *s);
     ctx->backend = s; /* released by cuda_ctx_release, also after a failure below */
