@@ -349,7 +349,7 @@ static rt_status shm_setup(rt_pg_world *w, double timeout_s) {
 /* ---- init / destroy ---- */
 
 static void world_free(rt_pg_world *w) {
-    if (w->cell) munmap(w->cell, 4096);
+    if (w->cell) munmap(w->cell, RT_FLIGHT_CELL_BYTES);
     if (w->cell_fd > 0) close(w->cell_fd);
     w->cell = NULL;
     free(w->cellref);
@@ -455,10 +455,12 @@ static int read_states(rt_pg *pg, const rt_flight_state_rec *mine, rt_flight_sta
  * every rank reads the others' at init, while the store surely answers). Best effort:
  * without it, a stopped rank's last operation is unknown. */
 static void cell_create(rt_pg_world *w, int rank) {
-    int fd = memfd_create("ringtrain-flight", MFD_CLOEXEC);
+    _Static_assert(sizeof(rt_flight_cell) <= RT_FLIGHT_CELL_BYTES, "the cell fits its page");
+    int fd = memfd_create(RT_FLIGHT_CELL_NAME, MFD_CLOEXEC);
     if (fd < 0) return;
     void *p = MAP_FAILED;
-    if (ftruncate(fd, 4096) == 0) p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (ftruncate(fd, RT_FLIGHT_CELL_BYTES) == 0)
+        p = mmap(NULL, RT_FLIGHT_CELL_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         close(fd);
         return;
@@ -493,9 +495,9 @@ static void cell_read(rt_pg *pg, int j, rt_flight_state_rec *rec, bool waiting) 
     if (!pg->is_world || !pg->w->cellref || !pg->w->cellref[j][0]) return;
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/fd/%d", pg->w->cellref[j][0], pg->w->cellref[j][1]);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = rt_flight_cell_open(path); /* -1: absent, or not a cell (a reused pid) */
     if (fd < 0) return;
-    void *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+    void *p = mmap(NULL, RT_FLIGHT_CELL_BYTES, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) return;
     rt_flight_cell c;
@@ -518,7 +520,7 @@ static void cell_read(rt_pg *pg, int j, rt_flight_state_rec *rec, bool waiting) 
         }
         if (rec->npending) rec->present = true;
     }
-    munmap(p, 4096);
+    munmap(p, RT_FLIGHT_CELL_BYTES);
 }
 
 rt_status rt_pg_slow_check(rt_pg *pg) {
@@ -526,7 +528,11 @@ rt_status rt_pg_slow_check(rt_pg *pg) {
     for (int j = 0; pg->cell_cache && j < pg->size; j++) { /* first: needs no store */
         rt_flight_state_rec t = {0};
         if (j != pg->rank) cell_read(pg, j, &t, true);
-        if (t.from_cell) pg->cell_cache[j] = t;
+        if (t.from_cell) {
+            pthread_mutex_lock(&pg->cache_mu);
+            pg->cell_cache[j] = t;
+            pthread_mutex_unlock(&pg->cache_mu);
+        }
     }
     rt_flight_state_rec mine;
     if (publish_state(pg, &mine) != RT_OK) {
@@ -563,8 +569,11 @@ static int diagnose_flight(rt_pg *pg, double grace_s, int wait_rank, char *out, 
                 rec[j] = mine;
             else
                 cell_read(pg, j, &rec[j], true);
-            if (!rec[j].from_cell && j != pg->rank && pg->cell_cache && pg->cell_cache[j].from_cell)
-                rec[j] = pg->cell_cache[j]; /* it exited since (its own timeout) */
+            if (!rec[j].from_cell && j != pg->rank && pg->cell_cache) {
+                pthread_mutex_lock(&pg->cache_mu);
+                if (pg->cell_cache[j].from_cell) rec[j] = pg->cell_cache[j]; /* it exited since (its own timeout) */
+                pthread_mutex_unlock(&pg->cache_mu);
+            }
         }
         int kind = rt_flight_diagnose(rec, pg->size, out, n);
         free(rec);
@@ -836,6 +845,7 @@ rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
         free(w);
         RT_CHECK_ALLOC(NULL, sizeof *pg);
     }
+    pthread_mutex_init(&pg->cache_mu, NULL);
     rt_status s = pg_init_(o, w, pg);
     if (s != RT_OK) {
         rt_error_record rec;
@@ -844,6 +854,7 @@ rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
         if (pg->has_flight) rt_flight_destroy(&pg->flight);
         free(pg->p2p_n);
         free(pg->cell_cache);
+        pthread_mutex_destroy(&pg->cache_mu);
         free(pg->ranks);
         free(pg);
         world_free(w);
@@ -896,6 +907,7 @@ void rt_pg_destroy(rt_pg *pg) {
     if (pg->has_flight) rt_flight_destroy(&pg->flight);
     free(pg->p2p_n);
     free(pg->cell_cache);
+    pthread_mutex_destroy(&pg->cache_mu);
     free(pg->ranks);
     free(pg);
 }
@@ -916,6 +928,7 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
     if (me < 0) return RT_OK;
     rt_pg *g = calloc(1, sizeof *g);
     RT_CHECK_ALLOC(g, sizeof *g);
+    pthread_mutex_init(&g->cache_mu, NULL);
     g->ranks = malloc((size_t)n * sizeof *g->ranks);
     if (!g->ranks) {
         free(g);

@@ -58,6 +58,9 @@ struct rt_pg {
     /* world group: the peers' shared pages as the last slow check read them (a peer may
      * exit before this rank's own timeout reads them again) */
     rt_flight_state_rec *cell_cache;
+    /* guards cell_cache: the progress thread, the main thread (dev_wait) and the nccl
+     * watchdog may run rt_pg_slow_check at once; diagnose_flight reads it (world group) */
+    pthread_mutex_t cache_mu;
 };
 
 /* Host identity: hostname | boot id | network namespace (ranks with equal ids share
