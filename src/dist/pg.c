@@ -424,20 +424,20 @@ static rt_status publish_state(rt_pg *pg, rt_flight_state_rec *mine) {
  * rank's (its pending operation before this rank's) is from an earlier slow wait that
  * ended: it counts as not published. Returns how many ranks published. */
 static int read_states(rt_pg *pg, const rt_flight_state_rec *mine, rt_flight_state_rec *rec) {
-    int have = 0;
+    memset(rec, 0, (size_t)pg->size * sizeof *rec);
+    rec[pg->rank] = *mine;
+    int have = 1;
     for (int j = 0; j < pg->size; j++) {
-        memset(&rec[j], 0, sizeof rec[j]);
-        if (j == pg->rank) {
-            rec[j] = *mine;
-            have++;
-            continue;
-        }
+        if (j == pg->rank) continue;
         char key[64], val[512];
         snprintf(key, sizeof key, "rt/fr/%d/%d", pg->id, j);
         bool ex = false;
-        if (rt_store_check_within(pg->w->store, key, &ex, check_timeout(pg)) != RT_OK || !ex) continue;
+        /* a request that fails (the store does not answer in time) ends the round: the
+         * next ones would wait as long for nothing */
+        if (rt_store_check_within(pg->w->store, key, &ex, check_timeout(pg)) != RT_OK) break;
+        if (!ex) continue;
         size_t n = 0;
-        if (rt_store_get_within(pg->w->store, key, val, sizeof val - 1, &n, check_timeout(pg)) != RT_OK) continue;
+        if (rt_store_get_within(pg->w->store, key, val, sizeof val - 1, &n, check_timeout(pg)) != RT_OK) break;
         val[n] = '\0';
         if (!rt_flight_state_parse(val, &rec[j])) continue;
         if (mine->npending && rec[j].npending && rec[j].pending[0].seq < mine->pending[0].seq &&
@@ -534,6 +534,9 @@ rt_status rt_pg_slow_check(rt_pg *pg) {
             pthread_mutex_unlock(&pg->cache_mu);
         }
     }
+    /* another thread holds the store connection (debug mode's wait for a peer's
+     * fingerprint): skip this round rather than wait for it (it is tried again in 1 s) */
+    if (rt_store_busy(pg->w->store)) return RT_OK;
     rt_flight_state_rec mine;
     if (publish_state(pg, &mine) != RT_OK) {
         rt_error_clear();
