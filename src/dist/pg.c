@@ -603,6 +603,8 @@ rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp) {
     snprintf(key, sizeof key, "rt/fpd/%d/%u/%d", pg->id, fp->seq, pg->rank);
     int n = rt_flight_fp_format(fp, val, sizeof val);
     RT_CHECK(rt_store_set(st, key, val, (size_t)n));
+    if (pg->ndebug_keys < (int)(sizeof pg->debug_keys / sizeof pg->debug_keys[0]))
+        pg->debug_keys[pg->ndebug_keys++] = fp->seq;
     char dmine[200];
     rt_flight_fp_describe(fp, dmine, sizeof dmine);
     for (int j = 0; j < pg->size; j++) {
@@ -627,6 +629,18 @@ rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp) {
                             fp->seq, pg->id, pg->rank, dmine, j, dother);
         }
     }
+    /* The store keeps each rank's key of its last check only (else it grows with every
+     * collective: issue 21). This check read every rank's key of it, and a rank writes its
+     * key only after its previous check returned (one thread per group): nobody reads
+     * a key of an earlier check any more, so this rank's keys of its earlier checks go
+     * (the previous one, and those of checks that failed since the last that passed). */
+    for (int i = 0; i < pg->ndebug_keys; i++) {
+        if (pg->debug_keys[i] == fp->seq) continue;
+        snprintf(key, sizeof key, "rt/fpd/%d/%u/%d", pg->id, pg->debug_keys[i], pg->rank);
+        RT_CHECK(rt_store_delete(st, key, NULL));
+    }
+    pg->debug_keys[0] = fp->seq;
+    pg->ndebug_keys = 1;
     return RT_OK;
 }
 

@@ -205,6 +205,16 @@ static int handle(rt_store_server *s, client *c, const rt_store_frame *f) {
     case RT_STORE_CHECK:
         reply(c, kv_find(s, key) ? 0 : 2, NULL, 0);
         return 0;
+    case RT_STORE_DELETE: {
+        kv *e = kv_find(s, key);
+        if (e) {
+            free(e->key);
+            free(e->val);
+            *e = s->kvs[--s->nkv];
+        }
+        reply(c, e ? 0 : 2, NULL, 0);
+        return 0;
+    }
     case RT_STORE_ADD: {
         char v[32] = "";
         size_t n = f->vallen < sizeof v - 1 ? f->vallen : sizeof v - 1;
@@ -775,6 +785,15 @@ rt_status rt_store_check_within(rt_store *st, const char *key, bool *exists, dou
                           timeout_s > 0 ? timeout_s : st->timeout_s, timeout_s > 0);
     pthread_mutex_unlock(&st->mu);
     if (s == RT_OK) *exists = status == 0;
+    return s;
+}
+
+rt_status rt_store_delete(rt_store *st, const char *key, bool *existed) {
+    uint8_t status = 0;
+    pthread_mutex_lock(&st->mu);
+    rt_status s = request(st, RT_STORE_DELETE, key, NULL, 0, NULL, 0, NULL, &status, st->timeout_s, false);
+    pthread_mutex_unlock(&st->mu);
+    if (s == RT_OK && existed) *existed = status == 0;
     return s;
 }
 

@@ -59,6 +59,8 @@ rt_status rt_store_check(rt_store *st, const char *key, bool *exists);
 rt_status rt_store_set_within(rt_store *st, const char *key, const void *value, size_t n, double timeout_s);
 rt_status rt_store_get_within(rt_store *st, const char *key, void *buf, size_t cap, size_t *n, double timeout_s);
 rt_status rt_store_check_within(rt_store *st, const char *key, bool *exists, double timeout_s);
+/* Remove a key (existed: whether it was there; may be NULL). A GET waiting for it waits on. */
+rt_status rt_store_delete(rt_store *st, const char *key, bool *existed);
 /* Whether another thread's request holds the connection now (a hint: the slow check skips
  * a round rather than wait). */
 bool rt_store_busy(rt_store *st);
