@@ -546,11 +546,16 @@ static void drive(rt_engine *e, rt_request *target) {
             if (slow < e->slow_next_ns) slow = e->slow_next_ns;
             if (now >= slow) {
                 e->slow_next_ns = now + 1000000000ull;
-                if (e->on_slow(slowest->owner) != RT_OK) {
-                    rt_engine_fail(e);
-                    continue;
-                }
-                slow = e->slow_next_ns;
+                /* the check makes store requests (up to 2 s each): it runs without the lock, so
+                 * that other threads' rt_test / rt_wait / submits go on. e->driving stays set
+                 * (as around the sleeps below): nobody else drives meanwhile, so no request of
+                 * this group completes and the owner stays alive. Then rescan everything. */
+                void *owner = slowest->owner;
+                pthread_mutex_unlock(&e->mu);
+                rt_status s = e->on_slow(owner);
+                pthread_mutex_lock(&e->mu);
+                if (s != RT_OK) rt_engine_fail(e);
+                continue;
             }
             if (slow < earliest) earliest = slow;
         }

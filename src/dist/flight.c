@@ -6,11 +6,14 @@
 #include "dist/reduce.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *const k_states[] = {"queued", "started", "done", "failed"};
 
@@ -468,4 +471,22 @@ int rt_flight_diagnose(const rt_flight_state_rec *rec, int n, char *out, size_t 
             l += (size_t)snprintf(out + l, len - l, "; rank %d waits in #%u", behind[k], b->pending[0].seq);
     }
     return 2;
+}
+
+int rt_flight_cell_open(const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat sb;
+    char self[64], link[256];
+    /* the name of what was opened (not of the path again: its pid may be reused meanwhile) */
+    snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(self, link, sizeof link - 1);
+    if (n >= 0) link[n] = '\0';
+    static const char want[] = "/memfd:" RT_FLIGHT_CELL_NAME;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < RT_FLIGHT_CELL_BYTES || n < 0 ||
+        strncmp(link, want, sizeof want - 1) != 0 || (link[sizeof want - 1] != '\0' && link[sizeof want - 1] != ' ')) {
+        close(fd);
+        return -1;
+    }
+    return fd;
 }

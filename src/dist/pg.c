@@ -349,7 +349,7 @@ static rt_status shm_setup(rt_pg_world *w, double timeout_s) {
 /* ---- init / destroy ---- */
 
 static void world_free(rt_pg_world *w) {
-    if (w->cell) munmap(w->cell, 4096);
+    if (w->cell) munmap(w->cell, RT_FLIGHT_CELL_BYTES);
     if (w->cell_fd > 0) close(w->cell_fd);
     w->cell = NULL;
     free(w->cellref);
@@ -424,20 +424,20 @@ static rt_status publish_state(rt_pg *pg, rt_flight_state_rec *mine) {
  * rank's (its pending operation before this rank's) is from an earlier slow wait that
  * ended: it counts as not published. Returns how many ranks published. */
 static int read_states(rt_pg *pg, const rt_flight_state_rec *mine, rt_flight_state_rec *rec) {
-    int have = 0;
+    memset(rec, 0, (size_t)pg->size * sizeof *rec);
+    rec[pg->rank] = *mine;
+    int have = 1;
     for (int j = 0; j < pg->size; j++) {
-        memset(&rec[j], 0, sizeof rec[j]);
-        if (j == pg->rank) {
-            rec[j] = *mine;
-            have++;
-            continue;
-        }
+        if (j == pg->rank) continue;
         char key[64], val[512];
         snprintf(key, sizeof key, "rt/fr/%d/%d", pg->id, j);
         bool ex = false;
-        if (rt_store_check_within(pg->w->store, key, &ex, check_timeout(pg)) != RT_OK || !ex) continue;
+        /* a request that fails (the store does not answer in time) ends the round: the
+         * next ones would wait as long for nothing */
+        if (rt_store_check_within(pg->w->store, key, &ex, check_timeout(pg)) != RT_OK) break;
+        if (!ex) continue;
         size_t n = 0;
-        if (rt_store_get_within(pg->w->store, key, val, sizeof val - 1, &n, check_timeout(pg)) != RT_OK) continue;
+        if (rt_store_get_within(pg->w->store, key, val, sizeof val - 1, &n, check_timeout(pg)) != RT_OK) break;
         val[n] = '\0';
         if (!rt_flight_state_parse(val, &rec[j])) continue;
         if (mine->npending && rec[j].npending && rec[j].pending[0].seq < mine->pending[0].seq &&
@@ -455,10 +455,12 @@ static int read_states(rt_pg *pg, const rt_flight_state_rec *mine, rt_flight_sta
  * every rank reads the others' at init, while the store surely answers). Best effort:
  * without it, a stopped rank's last operation is unknown. */
 static void cell_create(rt_pg_world *w, int rank) {
-    int fd = memfd_create("ringtrain-flight", MFD_CLOEXEC);
+    _Static_assert(sizeof(rt_flight_cell) <= RT_FLIGHT_CELL_BYTES, "the cell fits its page");
+    int fd = memfd_create(RT_FLIGHT_CELL_NAME, MFD_CLOEXEC);
     if (fd < 0) return;
     void *p = MAP_FAILED;
-    if (ftruncate(fd, 4096) == 0) p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (ftruncate(fd, RT_FLIGHT_CELL_BYTES) == 0)
+        p = mmap(NULL, RT_FLIGHT_CELL_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         close(fd);
         return;
@@ -493,9 +495,9 @@ static void cell_read(rt_pg *pg, int j, rt_flight_state_rec *rec, bool waiting) 
     if (!pg->is_world || !pg->w->cellref || !pg->w->cellref[j][0]) return;
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/fd/%d", pg->w->cellref[j][0], pg->w->cellref[j][1]);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = rt_flight_cell_open(path); /* -1: absent, or not a cell (a reused pid) */
     if (fd < 0) return;
-    void *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+    void *p = mmap(NULL, RT_FLIGHT_CELL_BYTES, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) return;
     rt_flight_cell c;
@@ -518,7 +520,7 @@ static void cell_read(rt_pg *pg, int j, rt_flight_state_rec *rec, bool waiting) 
         }
         if (rec->npending) rec->present = true;
     }
-    munmap(p, 4096);
+    munmap(p, RT_FLIGHT_CELL_BYTES);
 }
 
 rt_status rt_pg_slow_check(rt_pg *pg) {
@@ -526,8 +528,15 @@ rt_status rt_pg_slow_check(rt_pg *pg) {
     for (int j = 0; pg->cell_cache && j < pg->size; j++) { /* first: needs no store */
         rt_flight_state_rec t = {0};
         if (j != pg->rank) cell_read(pg, j, &t, true);
-        if (t.from_cell) pg->cell_cache[j] = t;
+        if (t.from_cell) {
+            pthread_mutex_lock(&pg->cache_mu);
+            pg->cell_cache[j] = t;
+            pthread_mutex_unlock(&pg->cache_mu);
+        }
     }
+    /* another thread holds the store connection (debug mode's wait for a peer's
+     * fingerprint): skip this round rather than wait for it (it is tried again in 1 s) */
+    if (rt_store_busy(pg->w->store)) return RT_OK;
     rt_flight_state_rec mine;
     if (publish_state(pg, &mine) != RT_OK) {
         rt_error_clear();
@@ -563,8 +572,11 @@ static int diagnose_flight(rt_pg *pg, double grace_s, int wait_rank, char *out, 
                 rec[j] = mine;
             else
                 cell_read(pg, j, &rec[j], true);
-            if (!rec[j].from_cell && j != pg->rank && pg->cell_cache && pg->cell_cache[j].from_cell)
-                rec[j] = pg->cell_cache[j]; /* it exited since (its own timeout) */
+            if (!rec[j].from_cell && j != pg->rank && pg->cell_cache) {
+                pthread_mutex_lock(&pg->cache_mu);
+                if (pg->cell_cache[j].from_cell) rec[j] = pg->cell_cache[j]; /* it exited since (its own timeout) */
+                pthread_mutex_unlock(&pg->cache_mu);
+            }
         }
         int kind = rt_flight_diagnose(rec, pg->size, out, n);
         free(rec);
@@ -591,6 +603,8 @@ rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp) {
     snprintf(key, sizeof key, "rt/fpd/%d/%u/%d", pg->id, fp->seq, pg->rank);
     int n = rt_flight_fp_format(fp, val, sizeof val);
     RT_CHECK(rt_store_set(st, key, val, (size_t)n));
+    if (pg->ndebug_keys < (int)(sizeof pg->debug_keys / sizeof pg->debug_keys[0]))
+        pg->debug_keys[pg->ndebug_keys++] = fp->seq;
     char dmine[200];
     rt_flight_fp_describe(fp, dmine, sizeof dmine);
     for (int j = 0; j < pg->size; j++) {
@@ -615,6 +629,18 @@ rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp) {
                             fp->seq, pg->id, pg->rank, dmine, j, dother);
         }
     }
+    /* The store keeps each rank's key of its last check only (else it grows with every
+     * collective: issue 21). This check read every rank's key of it, and a rank writes its
+     * key only after its previous check returned (one thread per group): nobody reads
+     * a key of an earlier check any more, so this rank's keys of its earlier checks go
+     * (the previous one, and those of checks that failed since the last that passed). */
+    for (int i = 0; i < pg->ndebug_keys; i++) {
+        if (pg->debug_keys[i] == fp->seq) continue;
+        snprintf(key, sizeof key, "rt/fpd/%d/%u/%d", pg->id, pg->debug_keys[i], pg->rank);
+        RT_CHECK(rt_store_delete(st, key, NULL));
+    }
+    pg->debug_keys[0] = fp->seq;
+    pg->ndebug_keys = 1;
     return RT_OK;
 }
 
@@ -836,6 +862,7 @@ rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
         free(w);
         RT_CHECK_ALLOC(NULL, sizeof *pg);
     }
+    pthread_mutex_init(&pg->cache_mu, NULL);
     rt_status s = pg_init_(o, w, pg);
     if (s != RT_OK) {
         rt_error_record rec;
@@ -844,6 +871,7 @@ rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
         if (pg->has_flight) rt_flight_destroy(&pg->flight);
         free(pg->p2p_n);
         free(pg->cell_cache);
+        pthread_mutex_destroy(&pg->cache_mu);
         free(pg->ranks);
         free(pg);
         world_free(w);
@@ -896,6 +924,7 @@ void rt_pg_destroy(rt_pg *pg) {
     if (pg->has_flight) rt_flight_destroy(&pg->flight);
     free(pg->p2p_n);
     free(pg->cell_cache);
+    pthread_mutex_destroy(&pg->cache_mu);
     free(pg->ranks);
     free(pg);
 }
@@ -916,6 +945,7 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
     if (me < 0) return RT_OK;
     rt_pg *g = calloc(1, sizeof *g);
     RT_CHECK_ALLOC(g, sizeof *g);
+    pthread_mutex_init(&g->cache_mu, NULL);
     g->ranks = malloc((size_t)n * sizeof *g->ranks);
     if (!g->ranks) {
         free(g);

@@ -205,6 +205,16 @@ static int handle(rt_store_server *s, client *c, const rt_store_frame *f) {
     case RT_STORE_CHECK:
         reply(c, kv_find(s, key) ? 0 : 2, NULL, 0);
         return 0;
+    case RT_STORE_DELETE: {
+        kv *e = kv_find(s, key);
+        if (e) {
+            free(e->key);
+            free(e->val);
+            *e = s->kvs[--s->nkv];
+        }
+        reply(c, e ? 0 : 2, NULL, 0);
+        return 0;
+    }
     case RT_STORE_ADD: {
         char v[32] = "";
         size_t n = f->vallen < sizeof v - 1 ? f->vallen : sizeof v - 1;
@@ -497,6 +507,7 @@ struct rt_store {
     pthread_mutex_t mu;
     double timeout_s;
     bool broken;
+    int owed; /* replies still due to requests that timed out (the *_within ones): read first */
     char where[300];
     char local[64];
 };
@@ -524,9 +535,28 @@ static rt_status read_frame(int fd, uint64_t deadline, const char *what, rt_stor
     return RT_OK;
 }
 
-/* Send a request and read the reply. The value is copied into buf (cap bytes). */
+/* Whether fd has something to read (or an error or end) before the deadline: 1 yes, 0 no,
+ * -1 poll failed. */
+static int readable_by(int fd, uint64_t deadline) {
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int r = poll(&p, 1, rt_sock_ms_left(deadline, 1000));
+        if (r > 0) return 1;
+        if (r < 0 && errno != EINTR) return -1;
+        if (r == 0 && rt_now_ns() >= deadline) return 0;
+    }
+}
+
+/* A reply that started arriving is read within this (the server writes it at once). */
+#define REPLY_REST_S 10.0
+
+/* Send a request and read the reply. The value is copied into buf (cap bytes).
+ * may_owe (the *_within calls: short timeouts of the hang and desync checks): a reply not
+ * begun by the deadline is owed, not an error of the connection: the next request reads
+ * and drops it first. Any other failure (a reply cut short, or any timeout of the
+ * others) breaks the connection for good (the stream's position is lost). */
 static rt_status request(rt_store *st, uint8_t op, const char *key, const void *val, size_t n, void *buf, size_t cap,
-                         size_t *out_n, uint8_t *status, double timeout_s) {
+                         size_t *out_n, uint8_t *status, double timeout_s, bool may_owe) {
     size_t keylen = strlen(key);
     RT_REQUIRE(keylen <= RT_STORE_MAX_KEY, RT_ERR_INVALID, "store key '%.40s...' longer than %d bytes", key,
                RT_STORE_MAX_KEY);
@@ -534,15 +564,43 @@ static rt_status request(rt_store *st, uint8_t op, const char *key, const void *
                RT_STORE_MAX_VALUE);
     if (st->broken)
         return RT_ERROR(RT_ERR_PEER, "store connection to %s is broken by an earlier error or timeout", st->where);
-    size_t cap_frame = RT_STORE_HDR + keylen + n;
-    uint8_t *frame = malloc(cap_frame);
-    RT_CHECK_ALLOC(frame, cap_frame);
-    size_t len = rt_store_frame_encode(frame, cap_frame, op, 0, key, keylen, val, n);
     uint64_t deadline = rt_now_ns() + (uint64_t)(timeout_s * 1e9);
-    rt_status s = rt_sock_write_all(st->fd, frame, len, deadline, st->where);
-    free(frame);
+    rt_status s = RT_OK;
     rt_store_frame f;
     uint8_t *v = NULL;
+    while (st->owed > 0) { /* late replies to earlier requests: read and drop them */
+        int r = readable_by(st->fd, deadline);
+        if (r == 0)
+            return RT_ERROR(RT_ERR_TIMEOUT,
+                            "store request for key '%s' timed out after %.1f s: the store has not answered an "
+                            "earlier request yet (%s)",
+                            key, timeout_s, st->where);
+        s = r < 0 ? rt_error_sys(__FILE__, __LINE__, "poll (store connection)")
+                  : read_frame(st->fd, rt_now_ns() + (uint64_t)(REPLY_REST_S * 1e9), st->where, &f, &v);
+        free(v);
+        v = NULL;
+        if (s != RT_OK) break;
+        st->owed--;
+    }
+    if (s == RT_OK) {
+        size_t cap_frame = RT_STORE_HDR + keylen + n;
+        uint8_t *frame = malloc(cap_frame);
+        RT_CHECK_ALLOC(frame, cap_frame);
+        size_t len = rt_store_frame_encode(frame, cap_frame, op, 0, key, keylen, val, n);
+        s = rt_sock_write_all(st->fd, frame, len, deadline, st->where);
+        free(frame);
+    }
+    if (s == RT_OK && may_owe) {
+        int r = readable_by(st->fd, deadline);
+        if (r == 0) {
+            st->owed++;
+            return RT_ERROR(RT_ERR_TIMEOUT, "store request for key '%s' timed out after %.1f s (%s)", key, timeout_s,
+                            st->where);
+        }
+        if (r < 0) s = rt_error_sys(__FILE__, __LINE__, "poll (store connection)");
+        uint64_t rest = rt_now_ns() + (uint64_t)(REPLY_REST_S * 1e9);
+        if (rest > deadline) deadline = rest;
+    }
     if (s == RT_OK) s = read_frame(st->fd, deadline, st->where, &f, &v);
     if (s == RT_OK && f.op != RT_STORE_REPLY) s = RT_ERROR(RT_ERR_FORMAT, "store sent op %u instead of a reply", f.op);
     if (s != RT_OK) {
@@ -653,11 +711,38 @@ void rt_store_close(rt_store *st) {
     free(st);
 }
 
+/* The connection's lock; with a timeout of its own (> 0) the wait for it counts in it: a
+ * thread blocked in a long request (debug mode's waits) makes a check time out, not hang. */
+static rt_status lock_within(rt_store *st, const char *key, double timeout_s) {
+    if (timeout_s <= 0) {
+        pthread_mutex_lock(&st->mu);
+        return RT_OK;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double end = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + timeout_s;
+    ts.tv_sec = (time_t)end;
+    ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
+    int e;
+    while ((e = pthread_mutex_timedlock(&st->mu, &ts)) == EINTR) {
+    }
+    if (e == 0) return RT_OK;
+    return RT_ERROR(RT_ERR_TIMEOUT,
+                    "store request for key '%s': the connection stayed busy with another request for %.1f s (%s)", key,
+                    timeout_s, st->where);
+}
+
+bool rt_store_busy(rt_store *st) {
+    if (pthread_mutex_trylock(&st->mu) != 0) return true;
+    pthread_mutex_unlock(&st->mu);
+    return false;
+}
+
 rt_status rt_store_set_within(rt_store *st, const char *key, const void *value, size_t n, double timeout_s) {
     uint8_t status;
-    pthread_mutex_lock(&st->mu);
-    rt_status s =
-        request(st, RT_STORE_SET, key, value, n, NULL, 0, NULL, &status, timeout_s > 0 ? timeout_s : st->timeout_s);
+    RT_CHECK(lock_within(st, key, timeout_s));
+    rt_status s = request(st, RT_STORE_SET, key, value, n, NULL, 0, NULL, &status,
+                          timeout_s > 0 ? timeout_s : st->timeout_s, timeout_s > 0);
     pthread_mutex_unlock(&st->mu);
     return s;
 }
@@ -668,9 +753,9 @@ rt_status rt_store_set(rt_store *st, const char *key, const void *value, size_t 
 
 rt_status rt_store_get_within(rt_store *st, const char *key, void *buf, size_t cap, size_t *n, double timeout_s) {
     uint8_t status;
-    pthread_mutex_lock(&st->mu);
-    rt_status s =
-        request(st, RT_STORE_GET, key, NULL, 0, buf, cap, n, &status, timeout_s > 0 ? timeout_s : st->timeout_s);
+    RT_CHECK(lock_within(st, key, timeout_s));
+    rt_status s = request(st, RT_STORE_GET, key, NULL, 0, buf, cap, n, &status,
+                          timeout_s > 0 ? timeout_s : st->timeout_s, timeout_s > 0);
     pthread_mutex_unlock(&st->mu);
     return s;
 }
@@ -685,7 +770,7 @@ rt_status rt_store_add(rt_store *st, const char *key, int64_t delta, int64_t *to
     size_t n = 0;
     uint8_t status;
     pthread_mutex_lock(&st->mu);
-    rt_status s = request(st, RT_STORE_ADD, key, v, strlen(v), r, sizeof r - 1, &n, &status, st->timeout_s);
+    rt_status s = request(st, RT_STORE_ADD, key, v, strlen(v), r, sizeof r - 1, &n, &status, st->timeout_s, false);
     pthread_mutex_unlock(&st->mu);
     if (s != RT_OK) return s;
     r[n < sizeof r ? n : sizeof r - 1] = '\0';
@@ -695,11 +780,20 @@ rt_status rt_store_add(rt_store *st, const char *key, int64_t delta, int64_t *to
 
 rt_status rt_store_check_within(rt_store *st, const char *key, bool *exists, double timeout_s) {
     uint8_t status = 0;
-    pthread_mutex_lock(&st->mu);
-    rt_status s =
-        request(st, RT_STORE_CHECK, key, NULL, 0, NULL, 0, NULL, &status, timeout_s > 0 ? timeout_s : st->timeout_s);
+    RT_CHECK(lock_within(st, key, timeout_s));
+    rt_status s = request(st, RT_STORE_CHECK, key, NULL, 0, NULL, 0, NULL, &status,
+                          timeout_s > 0 ? timeout_s : st->timeout_s, timeout_s > 0);
     pthread_mutex_unlock(&st->mu);
     if (s == RT_OK) *exists = status == 0;
+    return s;
+}
+
+rt_status rt_store_delete(rt_store *st, const char *key, bool *existed) {
+    uint8_t status = 0;
+    pthread_mutex_lock(&st->mu);
+    rt_status s = request(st, RT_STORE_DELETE, key, NULL, 0, NULL, 0, NULL, &status, st->timeout_s, false);
+    pthread_mutex_unlock(&st->mu);
+    if (s == RT_OK && existed) *existed = status == 0;
     return s;
 }
 

@@ -52,10 +52,18 @@ rt_status rt_store_get(rt_store *st, const char *key, void *buf, size_t cap, siz
 rt_status rt_store_add(rt_store *st, const char *key, int64_t delta, int64_t *total);
 rt_status rt_store_check(rt_store *st, const char *key, bool *exists);
 /* The same with their own timeout (> 0; 0: the store's), leaving the store's default as it
- * is for other threads (the hang and desync checks use a short one: pg.c). */
+ * is for other threads (the hang and desync checks use a short one: pg.c). The wait for
+ * the connection (another thread's request) counts in it. Their timeout does not break
+ * the connection: the late reply is read and dropped by the next request (which times out
+ * in turn while it has not come; so never get_within a key that may never be set). */
 rt_status rt_store_set_within(rt_store *st, const char *key, const void *value, size_t n, double timeout_s);
 rt_status rt_store_get_within(rt_store *st, const char *key, void *buf, size_t cap, size_t *n, double timeout_s);
 rt_status rt_store_check_within(rt_store *st, const char *key, bool *exists, double timeout_s);
+/* Remove a key (existed: whether it was there; may be NULL). A GET waiting for it waits on. */
+rt_status rt_store_delete(rt_store *st, const char *key, bool *existed);
+/* Whether another thread's request holds the connection now (a hint: the slow check skips
+ * a round rather than wait). */
+bool rt_store_busy(rt_store *st);
 /* Waits until every key exists. */
 rt_status rt_store_wait(rt_store *st, const char *const *keys, int n);
 /* The local IPv4 address of the connection (the interface that reaches the store). */

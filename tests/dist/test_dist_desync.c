@@ -8,10 +8,14 @@
  *   - a rank stopped with SIGSTOP before a collective: the others time out and their
  *     diagnosis names it, the operation it has not started, the ranks that wait, and its
  *     last completed operation (read from its shared recorder page); also rank 0, the
- *     store's host (the diagnosis from the shared pages alone).
+ *     store's host (the diagnosis from the shared pages alone);
+ *   - debug mode keeps only each rank's key of its last check in the store, however many
+ *     collectives ran.
  * Each rank writes its error to <dir>/err-rank<r> and the parent checks the texts. */
 #include "../test_util.h"
 #include "dist/dist.h"
+#include "dist/internal/pg_internal.h"
+#include "dist/store.h"
 #include "mp.h"
 
 #include <signal.h>
@@ -28,7 +32,7 @@ typedef struct cfg {
     char dir[64];
 } cfg;
 
-enum { COUNT, ROOT, ROP, MATCH, STOPPED };
+enum { COUNT, ROOT, ROP, MATCH, STOPPED, KEYS };
 
 static void put(const cfg *c, const char *name, int rank, const char *text) {
     char path[128];
@@ -105,6 +109,24 @@ static int body(int rank, int world, int port, void *arg) {
         int32_t v = rank;
         if (rank == 0) MP_OK(rt_send(pg, &v, 1, RT_I32, 1));
         if (rank == 1) MP_OK(rt_recv(pg, &v, 1, RT_I32, 0));
+        rt_pg_destroy(pg);
+        return 0;
+    }
+    case KEYS: { /* #2..#41, then count this rank's fingerprint keys left in the store */
+        for (int i = 0; i < 40; i++) MP_OK(rt_all_reduce(pg, buf, 10, RT_F32, RT_OP_SUM));
+        int left = 0;
+        char key[64], which[256] = "";
+        for (int q = 1; q <= 45; q++) {
+            snprintf(key, sizeof key, "rt/fpd/%d/%d/%d", pg->id, q, rank);
+            bool ex = false;
+            MP_OK(rt_store_check(pg->w->store, key, &ex));
+            if (ex) {
+                left++;
+                snprintf(which + strlen(which), sizeof which - strlen(which), " #%d", q);
+            }
+        }
+        MP_CHECK(left == 1 && strcmp(which, " #41") == 0, "rank %d: %d fingerprint keys left:%s", rank, left, which);
+        MP_OK(rt_barrier(pg));
         rt_pg_destroy(pg);
         return 0;
     }
@@ -224,6 +246,16 @@ static void debug_matching_calls_pass(void **s) {
     cleanup(&c);
 }
 
+/* debug mode's fingerprints do not pile up in the store (issue 21) */
+static void debug_keys_bounded(void **s) {
+    (void)s;
+    cfg c = {.transport = RT_TRANSPORT_SHM, .debug = true, .mode = KEYS};
+    int codes[3];
+    run(&c, 3, codes);
+    for (int r = 0; r < 3; r++) assert_int_equal(codes[r], 0);
+    cleanup(&c);
+}
+
 static void debug_env(void **s) {
     (void)s;
     rt_pg_options o;
@@ -289,6 +321,7 @@ static void stopped_store_host_shm_3(void **s) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(debug_env),
+        cmocka_unit_test(debug_keys_bounded),
         cmocka_unit_test(count_tcp_2),
         cmocka_unit_test(count_shm_3),
         cmocka_unit_test(count_debug_tcp_2),

@@ -7,7 +7,13 @@
 #include "dist/internal/names.h"
 #include "dist/reduce.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static rt_flight_fp fp(uint32_t seq, int kind, int rop, rt_dtype dt, int root, uint64_t count, const char *tag) {
     rt_flight_fp f = {.seq = seq, .kind = kind, .rop = rop, .dtype = (int)dt, .root = root, .count = count};
@@ -128,12 +134,53 @@ static void text_round_trip(void **s) {
     assert_false(rt_flight_state_parse("1.0 9\n", &back)); /* more pending than kept */
 }
 
+/* a peer's page through /proc/<pid>/fd/<n>: what a reused pid can point at is refused
+ * without blocking (a FIFO) and without a SIGBUS later (an empty file) */
+static void cell_open_checks_the_file(void **s) {
+    (void)s;
+    char dir[] = "/tmp/rt_cellXXXXXX", path[128];
+    assert_non_null(mkdtemp(dir));
+    /* a FIFO nobody writes: a blocking open would hang here */
+    snprintf(path, sizeof path, "%s/fifo", dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(rt_flight_cell_open(path), -1);
+    unlink(path);
+    /* an empty regular file, and one of a page that is no memfd */
+    snprintf(path, sizeof path, "%s/empty", dir);
+    int fd = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    assert_int_equal(rt_flight_cell_open(proc), -1);
+    assert_int_equal(ftruncate(fd, RT_FLIGHT_CELL_BYTES), 0);
+    assert_int_equal(rt_flight_cell_open(proc), -1);
+    close(fd);
+    unlink(path);
+    rmdir(dir);
+    /* memfds: another name, one too short, then a real cell */
+    fd = memfd_create("ringtrain-flightx", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, RT_FLIGHT_CELL_BYTES), 0);
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    assert_int_equal(rt_flight_cell_open(proc), -1);
+    close(fd);
+    fd = memfd_create(RT_FLIGHT_CELL_NAME, MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    assert_int_equal(rt_flight_cell_open(proc), -1); /* empty */
+    assert_int_equal(ftruncate(fd, RT_FLIGHT_CELL_BYTES), 0);
+    int g = rt_flight_cell_open(proc);
+    assert_true(g >= 0);
+    close(g);
+    close(fd);
+    assert_int_equal(rt_flight_cell_open("/proc/self/fd/987654"), -1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(behind_names_the_rank),
-        cmocka_unit_test(nobody_behind),
-        cmocka_unit_test(desync_names_both_calls),
-        cmocka_unit_test(text_round_trip),
+        cmocka_unit_test(behind_names_the_rank),     cmocka_unit_test(nobody_behind),
+        cmocka_unit_test(desync_names_both_calls),   cmocka_unit_test(text_round_trip),
+        cmocka_unit_test(cell_open_checks_the_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

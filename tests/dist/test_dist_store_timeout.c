@@ -167,11 +167,86 @@ static void file_rendezvous_late_rank(void **s) {
     assert_true(a[1].waited_s > 1.2); /* rank 1 did wait past the connect timeout */
 }
 
+/* A short check's timeout (the *_within calls) leaves the connection usable: the late
+ * reply is read and dropped by the next request (issue 21: before, one slow reply broke
+ * the connection for good and a later failure report said "rank 0 probably died"). */
+static void late_reply_keeps_connection(void **s) {
+    (void)s;
+    rt_store_server *srv;
+    int port;
+    assert_rt_ok(rt_store_server_start("127.0.0.1", 0, "jobT", 2, &srv, &port));
+    rt_store *a, *b;
+    assert_rt_ok(rt_store_connect("127.0.0.1", port, "jobT", 0, 2, 5, &a));
+    assert_rt_ok(rt_store_connect("127.0.0.1", port, "jobT", 1, 2, 30, &b));
+    char v[16];
+    size_t n = 0;
+    /* the server answers this get only once the key exists: its reply comes late */
+    assert_int_equal(rt_store_get_within(b, "slow", v, sizeof v, &n, 0.2), RT_ERR_TIMEOUT);
+    assert_non_null(strstr(rt_error_message(), "slow"));
+    /* still owed: the next short request times out too, without breaking anything */
+    bool ex = true;
+    assert_int_equal(rt_store_check_within(b, "other", &ex, 0.2), RT_ERR_TIMEOUT);
+    assert_rt_ok(rt_store_set(a, "slow", "now", 3));
+    /* the late reply comes, is dropped, and the connection answers the next ones */
+    assert_rt_ok(rt_store_check(b, "other", &ex));
+    assert_false(ex);
+    int64_t total = 0;
+    assert_rt_ok(rt_store_add(b, "count", 2, &total));
+    assert_int_equal(total, 2);
+    assert_rt_ok(rt_store_get(b, "slow", v, sizeof v, &n));
+    assert_int_equal(n, 3);
+    assert_memory_equal(v, "now", 3);
+    rt_store_close(a);
+    rt_store_close(b);
+    rt_store_server_stop(srv);
+}
+
+typedef struct blocked_get {
+    rt_store *st;
+    rt_status status;
+} blocked_get;
+
+static void *get_blocking(void *arg) {
+    blocked_get *g = arg;
+    char v[16];
+    size_t n = 0;
+    g->status = rt_store_get(g->st, "gate", v, sizeof v, &n);
+    return NULL;
+}
+
+/* another thread's long request (debug mode's wait) holds the connection: a short check
+ * says so (rt_store_busy) and times out instead of waiting behind it */
+static void busy_connection_times_out_checks(void **s) {
+    (void)s;
+    rt_store_server *srv;
+    int port;
+    assert_rt_ok(rt_store_server_start("127.0.0.1", 0, "jobT", 2, &srv, &port));
+    rt_store *a, *b;
+    assert_rt_ok(rt_store_connect("127.0.0.1", port, "jobT", 0, 2, 5, &a));
+    assert_rt_ok(rt_store_connect("127.0.0.1", port, "jobT", 1, 2, 60, &b));
+    assert_false(rt_store_busy(b));
+    blocked_get g = {b, RT_OK};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, get_blocking, &g), 0);
+    uint64_t t0 = rt_now_ns();
+    while (!rt_store_busy(b) && since(t0) < 30) sleep_s(0.001);
+    assert_true(rt_store_busy(b));
+    assert_int_equal(rt_store_set_within(b, "mine", "1", 1, 0.2), RT_ERR_TIMEOUT);
+    assert_non_null(strstr(rt_error_message(), "busy"));
+    assert_rt_ok(rt_store_set(a, "gate", "open", 4));
+    pthread_join(t, NULL);
+    assert_rt_ok(g.status);
+    assert_rt_ok(rt_store_set_within(b, "mine", "1", 1, 5));
+    rt_store_close(a);
+    rt_store_close(b);
+    rt_store_server_stop(srv);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(get_times_out_when_told),
-        cmocka_unit_test(longer_timeout_waits),
-        cmocka_unit_test(file_rendezvous_late_rank),
+        cmocka_unit_test(get_times_out_when_told),          cmocka_unit_test(longer_timeout_waits),
+        cmocka_unit_test(file_rendezvous_late_rank),        cmocka_unit_test(late_reply_keeps_connection),
+        cmocka_unit_test(busy_connection_times_out_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,13 +5,19 @@
  * result (an error stays the answer); rt_wait polls it to completion and frees the
  * request; rt_wait_stream hands it to a device stream without polling (a CPU or NULL
  * stream: the host waits instead); every request's device part is released once. A real
- * one-rank group checks that a CPU stream changes nothing for host buffers. */
+ * one-rank group checks that a CPU stream changes nothing for host buffers. The engine's
+ * slow-wait hook (on_slow: the hang and desync check, which makes store requests) runs
+ * without the engine lock: another thread's rt_test returns meanwhile (issue 21). */
 #include "../test_util.h"
 #include "core/internal/device_backend.h"
 #include "dist/internal/engine.h"
 #include "mp.h"
 
+#include <pthread.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 typedef struct fake {
     int looks, complete_after; /* done at look number complete_after (1-based) */
@@ -169,12 +175,77 @@ static void test_cpu_stream_group(void **state) {
     assert_int_equal(mp_run(2, one_rank, NULL, 30, NULL), 0);
 }
 
+static int g_slow; /* 1: the hook runs; 2: the main thread's rt_test returned meanwhile */
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static rt_status slow_hook(void *owner) {
+    (void)owner;
+    __atomic_store_n(&g_slow, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 30000 && __atomic_load_n(&g_slow, __ATOMIC_SEQ_CST) != 2; i++) sleep_ms(1);
+    if (__atomic_load_n(&g_slow, __ATOMIC_SEQ_CST) != 2)
+        return RT_ERROR(RT_ERR_PEER, "slow hook: rt_test stayed blocked for 30 s (the engine lock held)");
+    return RT_ERROR(RT_ERR_PEER, "slow hook: done");
+}
+
+typedef struct slow_wait {
+    rt_request *r;
+    rt_status status;
+    char msg[512];
+} slow_wait;
+
+static void *wait_main(void *arg) {
+    slow_wait *w = arg;
+    w->status = rt_req_wait(w->r);
+    snprintf(w->msg, sizeof w->msg, "%s", w->status == RT_OK ? "" : rt_error_message());
+    return NULL;
+}
+
+/* a receive that never comes is slow: while the driving thread runs the hook, rt_test on
+ * the main thread returns (not done) instead of waiting for the engine lock */
+static void test_slow_hook_without_lock(void **state) {
+    (void)state;
+    rt_engine e;
+    assert_int_equal(rt_engine_init(&e, 0, 2), RT_OK);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+    e.ch[1].fd = sv[0];
+    e.on_slow = slow_hook;
+    rt_request *r;
+    float buf[4];
+    assert_int_equal(rt_req_new(&e, "slow_op", 0, 120.0, 1, &r), RT_OK);
+    assert_non_null(rt_req_recv(r, 1, buf, sizeof buf, 1, 1, -1, RT_F32, 0, NULL, false));
+    r->owner = &e;
+    r->slow_s = 0.01;
+    assert_int_equal(rt_req_submit(r, false), RT_OK);
+    slow_wait w = {r, RT_OK, ""};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, wait_main, &w), 0);
+    for (int i = 0; i < 30000 && __atomic_load_n(&g_slow, __ATOMIC_SEQ_CST) != 1; i++) sleep_ms(1);
+    assert_int_equal(__atomic_load_n(&g_slow, __ATOMIC_SEQ_CST), 1);
+    bool done = true;
+    rt_status st = rt_req_test(r, &done); /* blocks while the hook holds the lock */
+    __atomic_store_n(&g_slow, 2, __ATOMIC_SEQ_CST);
+    assert_int_equal(st, RT_OK);
+    assert_false(done);
+    pthread_join(t, NULL);
+    print_message("the wait ended with: %s\n", w.msg);
+    assert_int_equal(w.status, RT_ERR_PEER);
+    assert_non_null(strstr(w.msg, "slow hook: done"));
+    rt_req_free(r);
+    rt_engine_destroy(&e);
+    close(sv[1]);
+}
+
 int main(void) {
     if (rt_engine_init(&g_eng, 0, 1) != RT_OK) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_test_then_wait),   cmocka_unit_test(test_wait_polls_to_completion),
         cmocka_unit_test(test_failure_is_final), cmocka_unit_test(test_wait_stream),
-        cmocka_unit_test(test_cpu_stream_group),
+        cmocka_unit_test(test_cpu_stream_group), cmocka_unit_test(test_slow_hook_without_lock),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rt_engine_destroy(&g_eng);

@@ -176,6 +176,8 @@ static rt_status wait_ready_locked(nccl_state *st, const char *op, uint64_t dead
 /* One look at every watched completion, and at the communicator. st->mu held. */
 static void watch_pass_locked(nccl_state *st) {
     uint64_t now = rt_now_ns();
+    rt_pg *slow_owner = NULL; /* a slow wait to check, after the pass, without the lock */
+    const char *slow_op = NULL;
     for (int i = 0; i < st->nwatch;) {
         watched *x = &st->watch[i];
         cudaError_t e = cudaEventQuery(x->ev);
@@ -186,11 +188,8 @@ static void watch_pass_locked(nccl_state *st) {
             if (x->owner && now >= x->slow_at && now >= st->slow_next && !st->aborting) {
                 /* slow: publish and compare the ranks' states (a desync aborts) */
                 st->slow_next = now + 1000000000ull;
-                if (rt_pg_slow_check(x->owner) != RT_OK) {
-                    char why[900];
-                    snprintf(why, sizeof why, "%s", rt_error_message());
-                    (void)fail_locked(st, RT_ERR_PEER, x->op, why);
-                }
+                slow_owner = x->owner;
+                slow_op = x->op;
             }
             if (now >= x->deadline) {
                 char why[128];
@@ -216,6 +215,17 @@ static void watch_pass_locked(nccl_state *st) {
             (void)fail_locked(st, RT_ERR_CUDA, st->watch[0].op, ncclGetErrorString(q));
         else if (a != ncclSuccess && a != ncclInProgress)
             (void)fail_locked(st, RT_ERR_PEER, st->watch[0].op, ncclGetErrorString(a));
+    }
+    if (slow_owner) {
+        /* the check makes store requests (up to 2 s each): without st->mu, so that watch_add
+         * and the waits on the main thread go on. The owner outlives its watched entries
+         * (the group destroys this state, joining this thread, before it frees itself). */
+        pthread_mutex_unlock(&st->mu);
+        rt_status s = rt_pg_slow_check(slow_owner);
+        char why[900] = "";
+        if (s != RT_OK) snprintf(why, sizeof why, "%s", rt_error_message());
+        pthread_mutex_lock(&st->mu);
+        if (s != RT_OK && !st->aborting) (void)fail_locked(st, RT_ERR_PEER, slow_op, why);
     }
 }
 

@@ -142,8 +142,9 @@ struct rt_engine {
     void (*on_fail)(void *ctx, rt_error_record *rec);
     void *on_fail_ctx;
     int fail_peer; /* at the failure: the peer of the first unfinished receive (-1: none) */
-    /* a request has waited past its slow_ns: called with its owner (mu held), at most once
-     * a second; an error (a desync found) breaks the engine with it */
+    /* a request has waited past its slow_ns: called with its owner, at most once a second,
+     * by the driving thread with mu released (e->driving stays set); an error (a desync
+     * found) breaks the engine with it */
     rt_status (*on_slow)(void *owner);
     uint64_t slow_next_ns;
     int mismatch_peer;  /* the failure is a header that did not match (-1: no) */

@@ -105,6 +105,14 @@ typedef struct rt_flight_cell {
     uint64_t t_begun_ns[RT_FLIGHT_PENDING]; /* rt_now_ns() (CLOCK_MONOTONIC: one clock per host) when each began */
     rt_flight_fp last_done;
 } rt_flight_cell;
+/* The bytes of a cell's memfd (one page; the peers map this much) and its name. */
+#define RT_FLIGHT_CELL_BYTES 4096
+#define RT_FLIGHT_CELL_NAME "ringtrain-flight"
+/* Open a peer's cell for reading through `path` (/proc/<pid>/fd/<n>): a descriptor, or -1
+ * when the path is not such a cell (a reused pid or another pid namespace can point it at
+ * anything): never blocks (a FIFO), and the file is a regular memfd named
+ * RT_FLIGHT_CELL_NAME of at least RT_FLIGHT_CELL_BYTES (a shorter one: SIGBUS on read). */
+int rt_flight_cell_open(const char *path);
 /* A consistent copy of a cell (false: not a cell, or it kept changing). */
 bool rt_flight_cell_read(const volatile rt_flight_cell *c, rt_flight_cell *out);
 

@@ -55,9 +55,16 @@ struct rt_pg {
     char tag[RT_FLIGHT_TAG], op_tag[RT_FLIGHT_TAG]; /* rt_pg_set_tag, rt_pg_set_op_tag */
     uint32_t *p2p_n;                                /* [2 * size]: messages sent to / received from each peer */
     bool debug;                                     /* rt_pg_options.debug */
+    /* debug mode: the sequence numbers of this rank's keys in the store (its last check
+     * that passed, and the checks after it) */
+    uint32_t debug_keys[8];
+    int ndebug_keys;
     /* world group: the peers' shared pages as the last slow check read them (a peer may
      * exit before this rank's own timeout reads them again) */
     rt_flight_state_rec *cell_cache;
+    /* guards cell_cache: the progress thread, the main thread (dev_wait) and the nccl
+     * watchdog may run rt_pg_slow_check at once; diagnose_flight reads it (world group) */
+    pthread_mutex_t cache_mu;
 };
 
 /* Host identity: hostname | boot id | network namespace (ranks with equal ids share

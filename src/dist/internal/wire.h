@@ -31,6 +31,7 @@ typedef enum rt_store_op {
     RT_STORE_CHECK = 5,     /* reply status 0 = exists, 1 = missing (never waits) */
     RT_STORE_REPLY = 6,     /* status 0 ok; else value = error text. To HELLO: value = the server's proof */
     RT_STORE_CHALLENGE = 7, /* the server's first frame: value = its nonce (RT_AUTH_NONCE bytes) */
+    RT_STORE_DELETE = 8,    /* reply status 0 = deleted, 1 = missing */
     RT_STORE_OP_MAX_
 } rt_store_op;
 
