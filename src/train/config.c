@@ -208,8 +208,6 @@ static const key k_keys[] = {
     {"train.label_smoothing", K_FLOAT, F(train.label_smoothing), 0, 0, "0", 0, 1, false, NULL, NULL,
      "label smoothing of the training loss (CrossEntropyLoss(label_smoothing=); resnet only; evaluation reports plain "
      "cross-entropy)"},
-    {"train.tta", K_CHOICE, F(train.tta), SZ(train.tta), 0, "none", 0, 0, false, k_tta, NULL,
-     "test-time augmentation in evaluation: none | flip (the mean of the logits of each image and its mirror)"},
     {"train.ema_decay", K_FLOAT, F(train.ema_decay), 0, 0, "0", 0, 0.999999999, false, NULL, NULL,
      "moving average of the parameters (AveragedModel with an EMA avg_fn; BN buffers are the model's): evaluation and "
      "model.safetensors use it (0: off)"},
@@ -219,6 +217,9 @@ static const key k_keys[] = {
      "the decay of the n-th update is min(ema_decay, (1 + n) / (10 + n)), so the first weights fade fast (false: "
      "ema_decay from the start)"},
     /* dist */
+    {"eval.tta", K_CHOICE, F(train.tta), SZ(train.tta), 0, "none", 0, 0, false, k_tta, NULL,
+     "test-time augmentation in evaluation: none | flip (the mean of the logits of each image and its mirror); "
+     "`train.tta` is read as this key"},
     {"dist.nproc", K_INT, F(dist.nproc), 0, 0, "auto", 1, 1024, true, NULL, NULL,
      "ranks on this node; auto: one per local GPU, else 2 on the CPU"},
     {"dist.init_method", K_STR, F(dist.init_method), SZ(dist.init_method), 0, "env://", 0, 0, false, NULL, NULL,
@@ -284,7 +285,7 @@ static const key k_keys[] = {
 /* clang-format on */
 enum { N_KEYS = (int)(sizeof k_keys / sizeof k_keys[0]) };
 
-static const char *const k_sections[] = {"model", "data", "optim", "train", "dist", "checkpoint", "log"};
+static const char *const k_sections[] = {"model", "data", "optim", "train", "eval", "dist", "checkpoint", "log"};
 enum { N_SECTIONS = (int)(sizeof k_sections / sizeof k_sections[0]) };
 
 static const char *const k_type_names[] = {"int",    "float", "bool",           "string",
@@ -344,6 +345,7 @@ static const char *suggest_section(const char *s) {
 }
 
 static const key *find_key(const char *full) {
+    if (strcmp(full, "train.tta") == 0) full = "eval.tta"; /* its name before the eval section */
     for (int i = 0; i < N_KEYS; i++)
         if (strcmp(k_keys[i].name, full) == 0) return &k_keys[i];
     return NULL;
@@ -630,7 +632,7 @@ rt_status rt_config_parse_text(rt_config *cfg, const char *text, size_t len, con
     if (!root) goto done; /* an empty file: every default */
     if (root->type != YAML_MAPPING_NODE) {
         st = RT_ERROR(RT_ERR_INVALID,
-                      "%s:%zu: expected sections (model:, data:, optim:, train:, dist:, checkpoint:, log:)", name,
+                      "%s:%zu: expected sections (model:, data:, optim:, train:, eval:, dist:, checkpoint:, log:)", name,
                       (size_t)root->start_mark.line + 1);
         goto done;
     }
@@ -648,7 +650,7 @@ rt_status rt_config_parse_text(rt_config *cfg, const char *text, size_t len, con
                               name, line, sect, (int)(strchr(sect, '.') - sect), sect, strchr(sect, '.') + 1);
             else
                 st = RT_ERROR(RT_ERR_INVALID,
-                              "%s:%zu: unknown section '%s'%s%s%s (sections: model, data, optim, train, dist, "
+                              "%s:%zu: unknown section '%s'%s%s%s (sections: model, data, optim, train, eval, dist, "
                               "checkpoint, log)",
                               name, line, sect, s ? " (did you mean " : "", s ? s : "", s ? "?)" : "");
             break;

@@ -115,8 +115,8 @@ typedef struct run {
     rt_event *ev_vals;
     int64_t *label_dev; /* CUDA */
     float *out_host;    /* evaluation: logits on the host */
-    float *tta_x;       /* train.tta flip: the mirrored batch (host) */
-    float *tta_out;     /* train.tta flip: the mirrored batch's logits (host) */
+    float *tta_x;       /* eval.tta flip: the mirrored batch (host) */
+    float *tta_out;     /* eval.tta flip: the mirrored batch's logits (host) */
     rt_metrics *metrics, *rank_metrics;
     rt_stage_stats *stats;
     rt_progress progress;
@@ -653,7 +653,7 @@ static void flip_images(const float *x, int n, int c, int h, int w, float *y) {
     }
 }
 
-/* train.tta: flip. The outputs of the batch and of its mirror (both on the host) are
+/* eval.tta: flip. The outputs of the batch and of its mirror (both on the host) are
  * averaged in place into a, as torch.stack([model(x), model(x.flip(-1))]).mean(0);
  * returns the summed cross-entropy of the averaged rows (log_softmax of them, also for
  * Net, whose outputs are log-probabilities) in double. */
@@ -1432,7 +1432,7 @@ static bool free_key(const char *k) {
                                        "train.threads",       "train.device",         "train.precision",
                                        "train.deterministic", "train.skip_nonfinite", "data.path",
                                        "data.prefetch",       "data.eval_batch_size", "data.test_subset",
-                                       "train.tta"};
+                                       "eval.tta"};
     for (size_t i = 0; i < sizeof sections / sizeof *sections; i++)
         if (strncmp(k, sections[i], strlen(sections[i])) == 0) return true;
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)

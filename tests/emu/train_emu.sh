@@ -113,7 +113,7 @@ final_acc() { grep -o 'test accuracy [0-9.]*%' "$tmp/$1.out" | tail -1; }
 case $what in
 recipes)
   rec=(optim.name=adadelta optim.lr=1.0 optim.momentum=0 optim.schedule=step optim.interval=epoch optim.gamma=0.7
-       train.ema_decay=0.9 train.ema_every=2 train.tta=flip)
+       train.ema_decay=0.9 train.ema_every=2 eval.tta=flip)
   train net-cpu "${net[@]}" "${rec[@]}" train.device=cpu dist.nproc=2
   train net-gpu "${net[@]}" "${rec[@]}" train.device=cuda dist.nproc=2
   compare_runs net-gpu net-cpu "Net with the recipes: 2 emulated GPUs differ from the CPU run"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The training recipes of issue 23 end to end with real ranks:
-#   tta     train.tta: flip: the evaluation (2 ranks in training, `ringtrain eval` with 1
+#   tta     eval.tta: flip: the evaluation (2 ranks in training, `ringtrain eval` with 1
 #           and 3) gives PyTorch's loss and accuracy of the mean of model(x) and
 #           model(x.flip(-1)) on the checkpoint's weights (torch_tta.py), and plain
 #           evaluation gives PyTorch's model(x): a reference test
@@ -45,7 +45,7 @@ resume)
   args=(model.arch=resnet18 model.width=4 data.train_subset=1024 data.test_subset=256 data.batch_size=32
         train.threads=1 train.epochs=2 log.progress=off dist.nproc=2 optim.name=adadelta optim.lr=1.0
         optim.schedule=step optim.interval=epoch optim.gamma=0.7 train.label_smoothing=0.1 data.erasing=0.5
-        data.erasing_value=random train.ema_decay=0.9 train.ema_every=2 train.tta=flip)
+        data.erasing_value=random train.ema_decay=0.9 train.ema_every=2 eval.tta=flip)
   "$bin" train "$tmp/c.yaml" "${args[@]}" "log.dir=$tmp/full" >"$tmp/full.out" 2>"$tmp/full.err" || fail "straight run"
   rc=0
   RINGTRAIN_TEST_KILL_AFTER_CKPT=10 "$bin" train "$tmp/c.yaml" "${args[@]}" checkpoint.every_steps=5 "log.dir=$tmp/k" \
@@ -82,9 +82,10 @@ tta)
   args=(model.arch=resnet34 model.width=64 model.stem=imagenet data.train_subset=128 data.test_subset=100
         data.batch_size=32 train.epochs=1 train.threads=1 log.progress=off optim.lr=0.01 optim.momentum=0.9
         dist.nproc=2)
-  "$bin" train "$tmp/c.yaml" "${args[@]}" train.tta=flip "log.dir=$tmp/r" >"$tmp/r.out" 2>"$tmp/r.err" || fail "train"
+  "$bin" train "$tmp/c.yaml" "${args[@]}" eval.tta=flip "log.dir=$tmp/r" >"$tmp/r.out" 2>"$tmp/r.err" || fail "train"
   ck=$(ls -d "$tmp"/r/checkpoints/ckpt-* | tail -1)
   read -r tl ta < <(eval_of_metrics "$tmp/r/metrics.jsonl")
+  # train.tta: the key's old name, still read as eval.tta
   "$bin" eval "$ck" --nproc 1 train.tta=none >"$tmp/p.out" 2>"$tmp/p.err" || fail "eval, no tta"
   read -r pl pa < <(eval_of_line "$tmp/p.out")
   # the printed loss has 4 decimals: compare PyTorch with the metrics file's 6 digits for

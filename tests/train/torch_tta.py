@@ -7,7 +7,7 @@ Loads CKPT_DIR/model.safetensors into torchvision.models.resnet34 (1-channel con
 strict=True), normalises the first N Fashion-MNIST test images of DATA_DIR as ringtrain
 does ((v/255 - 0.2860) / 0.3530) and computes, in eval mode, the mean cross-entropy and
 accuracy of model(x) (plain) and of torch.stack([model(x), model(x.flip(-1))]).mean(0)
-(train.tta: flip). Each must match ringtrain's numbers: the plain loss (printed with 4
+(eval.tta: flip). Each must match ringtrain's numbers: the plain loss (printed with 4
 decimals) within 6e-5, the flip loss (metrics.jsonl, 6 digits) within 1e-5 relative,
 accuracies exactly. Exit 0 equal, 1 not, 3 torch/torchvision not importable.
 """
