@@ -182,8 +182,8 @@ fail:
 rt_status rt_bytes_read_maybe_gz(const char *path, size_t max_out, const rt_bytes_rule *rule, rt_bytes *out) {
     out->data = NULL;
     out->len = 0;
-    int fd;
-    size_t size;
+    int fd = -1;
+    size_t size = 0; /* set by open_sized (initialised for gcc's -Wmaybe-uninitialized once it inlines it) */
     RT_CHECK(open_sized(path, max_out, &fd, &size));
     /* the first bytes: the gzip magic, or the raw header the rule checks */
     uint8_t head[64];
