@@ -51,23 +51,12 @@ static void run_config(const rt_optim_config *c, int resume_at, int generic) {
     for (int t = 0; t < STEPS; t++) {
         double lr = c->lr * (1.0 + 0.1 * t);
         if (t == resume_at) { /* the emulated optimizer's state, saved and loaded into a new one */
-            int ns = rt_optimizer_state_count(&og);
-            float *saved = rt_test_floats((size_t)ns * N);
-            for (int i = 0; i < ns; i++) {
-                rt_optim_state st;
-                assert_rt_ok(rt_optimizer_state_get(&og, i, &st));
-                assert_rt_ok(rt_optimizer_state_save(&og, st.name, saved + (size_t)i * N, N));
-            }
-            int64_t k = rt_optimizer_get_steps(&og);
+            int ns;
+            int64_t k;
+            float *saved = optim_test_save(&og, N, &ns, &k);
             rt_optimizer_free(&og);
             emu_optimizer_init(&og, c);
-            for (int i = 0; i < ns; i++) {
-                rt_optim_state st;
-                assert_rt_ok(rt_optimizer_state_get(&og, i, &st));
-                assert_rt_ok(rt_optimizer_state_load(&og, st.name, saved + (size_t)i * N, N));
-            }
-            assert_rt_ok(rt_optimizer_set_steps(&og, k));
-            free(saved);
+            optim_test_load(&og, saved, N, k);
         }
         assert_rt_ok(rt_optimizer_step(&oc, p, g + (size_t)t * N, lr, NULL));
         assert_rt_ok(rt_optimizer_step(&og, gp, g + (size_t)t * N, lr, NULL));

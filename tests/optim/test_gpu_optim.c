@@ -55,24 +55,17 @@ static void run_config(const rt_optim_config *c, int resume_at) {
     for (int t = 0; t < STEPS; t++) {
         double lr = c->lr * (1.0 + 0.1 * t);
         if (t == resume_at) {
-            int ns = rt_optimizer_state_count(&og);
-            float *saved = malloc((size_t)ns * bytes);
-            for (int i = 0; i < ns; i++) {
+            for (int i = 0; i < rt_optimizer_state_count(&og); i++) { /* the state lives on the GPU */
                 rt_optim_state st;
                 assert_rt_ok(rt_optimizer_state_get(&og, i, &st));
                 assert_true(rt_device_is_cuda(st.tensor.device));
-                assert_rt_ok(rt_optimizer_state_save(&og, st.name, saved + (size_t)i * N, N));
             }
-            int64_t k = rt_optimizer_get_steps(&og);
+            int ns;
+            int64_t k;
+            float *saved = optim_test_save(&og, N, &ns, &k);
             rt_optimizer_free(&og);
             assert_rt_ok(rt_optimizer_init(&og, c, gpu, N));
-            for (int i = 0; i < ns; i++) {
-                rt_optim_state st;
-                assert_rt_ok(rt_optimizer_state_get(&og, i, &st));
-                assert_rt_ok(rt_optimizer_state_load(&og, st.name, saved + (size_t)i * N, N));
-            }
-            assert_rt_ok(rt_optimizer_set_steps(&og, k));
-            free(saved);
+            optim_test_load(&og, saved, N, k);
         }
         assert_rt_ok(rt_memcpy(g_dev, gpu, g + (size_t)t * N, cpu, bytes, s));
         assert_rt_ok(rt_optimizer_step(&og, p_dev, g_dev, lr, s));
