@@ -127,7 +127,6 @@ int rt_pg_world_rank(const rt_pg *pg, int r);
 rt_transport rt_pg_transport(const rt_pg *pg);
 rt_algo rt_pg_algo(const rt_pg *pg);
 void rt_pg_set_algo(rt_pg *pg, rt_algo a);
-void rt_pg_set_timeout(rt_pg *pg, double timeout_s);
 /* Where the buffers given to this group's operations live (default: host memory).
  * With the nccl transport every buffer is a device pointer on the rank's GPU. With
  * tcp/shm and a CUDA device, all_reduce and broadcast stage through pinned host

@@ -48,7 +48,6 @@ int rt_pg_world_rank(const rt_pg *pg, int r) { return r >= 0 && r < pg->size ? p
 rt_transport rt_pg_transport(const rt_pg *pg) { return pg->transport; }
 rt_algo rt_pg_algo(const rt_pg *pg) { return pg->algo; }
 void rt_pg_set_algo(rt_pg *pg, rt_algo a) { pg->algo = a; }
-void rt_pg_set_timeout(rt_pg *pg, double timeout_s) { pg->timeout_s = timeout_s; }
 rt_store *rt_pg_store(rt_pg *pg) { return pg->w->store; }
 
 static void sleep_ms(int ms) {

@@ -97,7 +97,7 @@ static const key k_keys[] = {
     {"model.num_classes", K_INT, F(model.num_classes), 0, 0, "auto", 2, 1000000, true, NULL, NULL,
      "output classes; auto: the dataset's"},
     {"model.dropout", K_FLOAT, F(model.dropout), 0, 0, "auto", 0, 0.999999, true, NULL, NULL,
-     "Net's dropout probability; auto: the tutorial's (0.25 / 0.5)"},
+     "Net's dropout probability; auto: the tutorial's 0.5 (both dropouts)"},
     /* data */
     {"data.kind", K_CHOICE, F(data.kind), SZ(data.kind), 0, "auto", 0, 0, false, NULL, check_dataset,
      "auto | mnist | fashion-mnist | cifar10 (auto: detected from the files)"},
