@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "core/info.h"
+#include "core/settings.h"
 #include "dist/comm_bench.h"
 #include "dist/dist.h"
 #include "dist/launch.h"
@@ -164,7 +165,7 @@ static int write_json(const opts *o, int n, rt_transport t, const rt_comm_bench_
 /* One rank: join the group, run the benchmark, rank 0 prints. Returns the exit code. */
 static int rank_main(const opts *o) {
     rt_pg_options po;
-    rt_pg_options_default(&po);
+    if (rt_pg_options_default(&po) != RT_OK) return rt_cli_fail();
     po.init_method = o->init;
     po.transport = o->transport;
     po.timeout_s = o->timeout_s;
@@ -215,11 +216,9 @@ static int local_rank_main(int local_rank, void *arg) {
 int rt_cmd_bench_comm(int argc, char **argv) {
     const char *prog = "ringtrain bench comm";
     opts o = {.nproc = 2, .transport = RT_TRANSPORT_SHM, .init = "env://", .timeout_s = 120, .bind = true};
-    /* RINGTRAIN_DIST_TIMEOUT sets the default timeout, as for every process group (docs/dist.md) */
-    const char *env_timeout = getenv("RINGTRAIN_DIST_TIMEOUT");
-    if (env_timeout && *env_timeout && rt_cli_parse_double(env_timeout, 1e-3, 86400, &o.timeout_s) != 0) {
-        fprintf(stderr, "%s: RINGTRAIN_DIST_TIMEOUT '%s': expected seconds, above 0 and at most 86400\n", prog,
-                env_timeout);
+    /* RINGTRAIN_DIST_TIMEOUT sets the default timeout, as for every process group (docs/settings.md) */
+    if (rt_setting_is_set(RT_SET_DIST_TIMEOUT) && rt_setting_float(RT_SET_DIST_TIMEOUT, &o.timeout_s) != RT_OK) {
+        fprintf(stderr, "%s: %s\n", prog, rt_error_message());
         return 2;
     }
     rt_comm_bench_options_default(&o.bench);

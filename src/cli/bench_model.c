@@ -3,20 +3,21 @@
  * One step is forward + cross-entropy + backward + src/optim's SGD with momentum
  * (lr 0.01, momentum 0.9: torch.optim.SGD(lr=0.01, momentum=0.9)), on random data
  * generated once, so the number compares with bench/model_torch.py running the same
- * model in PyTorch. On the CPU the update is split over --threads threads (one
- * optimizer per slice of the parameter arena), like PyTorch's parallel elementwise
- * kernels. Prints a table (or one JSON object per batch size with --json) with images/s,
- * the mean time of forward, backward and update, and the process's peak RSS.
+ * model in PyTorch. The update is the one training makes: one optimizer over the whole
+ * parameter arena, rt_optimizer_step_arena on the model's stream (src/train/trainer.c);
+ * --threads sets the model context's threads (the layers), as train.threads does.
+ * Prints a table (or one JSON object per batch size with --json) with images/s, the mean
+ * time of forward, backward and update, and the process's peak RSS.
  *
  * On a GPU the steps are timed with events on the model context's stream and the host
  * synchronises once per batch size, after the last timed step (as bench/gpu_torch.py
  * does on the PyTorch side): nothing in the loop waits for the GPU, the loss is read
  * after the run. The table and JSON add the peak GPU memory of the run (peak_gpu_mb):
- * the rise of the device's used memory (cudaMemGetInfo) since the model context was
- * created, plus the backend's own buffers (cuBLAS workspace); the CUDA context and the
- * cuDNN/cuBLAS handles are not counted, as torch.cuda.max_memory_allocated does not
- * count them. ringtrain allocates everything before the first step, so the memory in
- * use after the run is the run's peak.
+ * the rise of the device's used memory (rt_model_ctx_memory: cudaMemGetInfo) since the
+ * model context was created, plus the backend's own buffers (cuBLAS workspace); the CUDA
+ * context and the cuDNN/cuBLAS handles are not counted, as
+ * torch.cuda.max_memory_allocated does not count them. ringtrain allocates everything
+ * before the first step, so the memory in use after the run is the run's peak.
  */
 #include "cli/args.h"
 #include "cli/cli.h"
@@ -24,11 +25,7 @@
 #include "core/timer.h"
 #include "model/model.h"
 #include "optim/optimizer.h"
-#ifdef RT_HAVE_CUDA
-#include "model/cuda/mem_cuda.h"
-#endif
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,86 +88,24 @@ static int bad_name(const char *opt) {
     return 2;
 }
 
-#define MAX_SGD_PARTS 16
-
-/* SGD with momentum over the whole parameter arena (padding included: harmless): one
- * rt_optimizer per slice, each slice stepped on its own thread (the first on the caller) */
-typedef struct sgd {
-    rt_optimizer part[MAX_SGD_PARTS];
-    size_t lo[MAX_SGD_PARTS];
-    int nparts;
-    rt_stream *stream;
-} sgd;
-
-typedef struct sgd_job {
-    sgd *s;
-    int i;
-    float *w;
-    const float *g;
-    rt_status st;
-} sgd_job;
-
-static rt_status sgd_init(sgd *s, rt_device dev, size_t n, int parts, rt_stream *stream) {
-    memset(s, 0, sizeof *s);
+/* The update users get: one optimizer over the whole parameter arena, stepped with
+ * rt_optimizer_step_arena on the model's stream, as src/train/trainer.c does */
+static rt_status sgd_init(rt_optimizer *opt, rt_model *m, rt_device dev) {
     rt_optim_config oc;
     rt_optim_config_default(&oc, RT_OPTIM_SGD);
     oc.lr = 0.01;
     oc.momentum = 0.9;
-    if (parts > MAX_SGD_PARTS) parts = MAX_SGD_PARTS;
-    if ((size_t)parts > n) parts = n ? (int)n : 1;
-    s->stream = stream;
-    for (int t = 0; t < parts; t++) {
-        s->lo[t] = n * (size_t)t / (size_t)parts;
-        size_t hi = n * (size_t)(t + 1) / (size_t)parts;
-        RT_CHECK(rt_optimizer_init(&s->part[t], &oc, dev, hi - s->lo[t]));
-        s->nparts = t + 1;
-    }
+    const size_t n = rt_model_params(m)->size / sizeof(float);
+    RT_CHECK(rt_optim_config_validate(&oc, n));
+    RT_CHECK(rt_optimizer_init(opt, &oc, dev, n));
     return RT_OK;
 }
 
-static void sgd_free(sgd *s) {
-    for (int t = 0; t < s->nparts; t++) rt_optimizer_free(&s->part[t]);
-    s->nparts = 0;
-}
-
-static void *sgd_run(void *arg) {
-    sgd_job *j = arg;
-    size_t lo = j->s->lo[j->i];
-    j->st = rt_optimizer_step(&j->s->part[j->i], j->w + lo, j->g + lo, -1.0, j->s->stream);
-    return NULL;
-}
-
-static rt_status sgd_step(sgd *s, float *w, const float *g) {
-    sgd_job jobs[MAX_SGD_PARTS];
-    pthread_t tid[MAX_SGD_PARTS];
-    bool started[MAX_SGD_PARTS] = {false};
-    for (int t = 0; t < s->nparts; t++) {
-        jobs[t] = (sgd_job){s, t, w, g, RT_OK};
-        if (t > 0 && pthread_create(&tid[t], NULL, sgd_run, &jobs[t]) == 0)
-            started[t] = true;
-        else if (t > 0)
-            sgd_run(&jobs[t]);
-    }
-    sgd_run(&jobs[0]);
-    for (int t = 1; t < s->nparts; t++)
-        if (started[t]) pthread_join(tid[t], NULL);
-    for (int t = 0; t < s->nparts; t++) RT_CHECK(jobs[t].st);
-    return RT_OK;
+static rt_status sgd_step(rt_optimizer *opt, rt_model *m, rt_stream *stream) {
+    return rt_optimizer_step_arena(opt, rt_model_params(m), rt_model_grads(m), -1.0, stream);
 }
 
 /* ---- GPU: event timing, one synchronisation per run, peak device memory ------------ */
-
-/* bytes in use on ctx's GPU (cudaMemGetInfo), and the CUDA backend's own buffers */
-static rt_status gpu_mem_used(rt_model_ctx *ctx, size_t *used, size_t *backend) {
-#ifdef RT_HAVE_CUDA
-    *backend = rt_model_cuda_backend_bytes(ctx);
-    return rt_model_cuda_mem_used(ctx, used);
-#else
-    (void)ctx;
-    *used = *backend = 0;
-    return RT_OK;
-#endif
-}
 
 /* steps whose events are kept at once; a longer run reads a slot's times before reusing
  * it (an event recorded GPU_EVENT_RING steps earlier: long complete, nothing waits) */
@@ -196,8 +131,8 @@ typedef struct step_times {
 /* warmup + steps training steps on the GPU: events around forward + loss, backward and
  * the update of every timed step, one event before the first and one after the last,
  * then one stream synchronisation */
-static rt_status gpu_run(rt_model *m, rt_model_ctx *ctx, sgd *s, const float *x, const int64_t *labels, int n,
-                         int warmup, int steps, step_times *t, float *loss) {
+static rt_status gpu_run(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, const float *x, const int64_t *labels,
+                         int n, int warmup, int steps, step_times *t, float *loss) {
     memset(t, 0, sizeof *t);
     const int ring = steps < GPU_EVENT_RING ? steps : GPU_EVENT_RING;
     rt_event *ev[GPU_EVENT_RING][4] = {{NULL}}, *start = NULL, *end = NULL;
@@ -220,7 +155,7 @@ static rt_status gpu_run(rt_model *m, rt_model_ctx *ctx, sgd *s, const float *x,
             (timed >= 0 && (st = rt_event_record(e[1], ctx->stream)) != RT_OK) ||
             (st = rt_model_backward(m, NULL, NULL)) != RT_OK ||
             (timed >= 0 && (st = rt_event_record(e[2], ctx->stream)) != RT_OK) ||
-            (st = sgd_step(s, rt_model_params(m)->base, rt_model_grads(m)->base)) != RT_OK ||
+            (st = sgd_step(opt, m, ctx->stream)) != RT_OK ||
             (timed >= 0 && (st = rt_event_record(e[3], ctx->stream)) != RT_OK))
             break;
     }
@@ -336,7 +271,7 @@ int rt_cmd_bench_model(int argc, char **argv) {
     rt_model_ctx_options o = {.device = dev, .threads = threads, .precision = precision};
     if (rt_model_ctx_create(&o, &ctx) != RT_OK) return rt_cli_fail();
     size_t mem_base = 0, backend_bytes = 0;
-    if (gpu && gpu_mem_used(ctx, &mem_base, &backend_bytes) != RT_OK) {
+    if (gpu && rt_model_ctx_memory(ctx, &mem_base, &backend_bytes) != RT_OK) {
         rt_model_ctx_destroy(ctx);
         return rt_cli_fail();
     }
@@ -350,7 +285,7 @@ int rt_cmd_bench_model(int argc, char **argv) {
         rt_model *m = NULL;
         float *x = NULL, *x_dev = NULL;
         int64_t *labels = NULL, *labels_dev = NULL;
-        sgd s = {0};
+        rt_optimizer opt = {0};
         if (rt_model_create(&cfg, ctx, &m) != RT_OK || rt_model_init_weights(m, 1) != RT_OK) {
             status = rt_cli_fail();
             break;
@@ -358,11 +293,10 @@ int rt_cmd_bench_model(int argc, char **argv) {
         size_t xn = (size_t)n * cfg.in_channels * cfg.in_h * cfg.in_w;
         x = malloc(xn * sizeof(float));
         labels = malloc((size_t)n * sizeof(int64_t));
-        const size_t nw = rt_model_params(m)->size / sizeof(float);
         if (!x || !labels) {
             fprintf(stderr, "ringtrain bench model: out of memory\n");
             status = 1;
-        } else if (sgd_init(&s, dev, nw, gpu ? 1 : threads, ctx->stream) != RT_OK) {
+        } else if (sgd_init(&opt, m, dev) != RT_OK) {
             status = rt_cli_fail();
         } else {
             rt_rng rng;
@@ -382,8 +316,8 @@ int rt_cmd_bench_model(int argc, char **argv) {
             step_times t;
             float loss = 0;
             size_t used = 0;
-            if (gpu_run(m, ctx, &s, x_dev, labels_dev, n, warmup, steps, &t, &loss) != RT_OK ||
-                gpu_mem_used(ctx, &used, &backend_bytes) != RT_OK) {
+            if (gpu_run(m, ctx, &opt, x_dev, labels_dev, n, warmup, steps, &t, &loss) != RT_OK ||
+                rt_model_ctx_memory(ctx, &used, &backend_bytes) != RT_OK) {
                 status = rt_cli_fail();
             } else {
                 double peak_gpu_mb =
@@ -424,7 +358,7 @@ int rt_cmd_bench_model(int argc, char **argv) {
                     break;
                 }
                 uint64_t t2 = rt_now_ns();
-                if (sgd_step(&s, rt_model_params(m)->base, rt_model_grads(m)->base) != RT_OK) {
+                if (sgd_step(&opt, m, ctx->stream) != RT_OK) {
                     status = rt_cli_fail();
                     break;
                 }
@@ -460,7 +394,7 @@ int rt_cmd_bench_model(int argc, char **argv) {
         }
         free(x);
         free(labels);
-        sgd_free(&s);
+        rt_optimizer_free(&opt);
         rt_free(dev, x_dev);
         rt_free(dev, labels_dev);
         rt_model_destroy(m);

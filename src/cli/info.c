@@ -5,6 +5,7 @@
 #include "core/build_info.h"
 #include "core/device.h"
 #include "core/info.h"
+#include "core/settings.h"
 #include "core/status.h"
 #include "data/dataset.h"
 #include "dist/dist.h"
@@ -134,27 +135,153 @@ void rt_cli_info_json(FILE *out) {
     fprintf(out, "}");
 }
 
+/* ---- `ringtrain info --settings`: the table of core/settings.h with the values in force ---- */
+
+/* Row i's range or choices as text ("0..65535", "auto|im2col|dnnl", "" for none). */
+static void setting_range(const rt_setting_info *s, char *buf, size_t n) {
+    if (s->type == RT_SETTING_INT || s->type == RT_SETTING_FLOAT)
+        snprintf(buf, n, "%.15g..%.15g", s->lo, s->hi);
+    else if (s->type == RT_SETTING_CHOICE)
+        snprintf(buf, n, "%s", s->choices);
+    else if (s->type == RT_SETTING_BOOL)
+        snprintf(buf, n, "0|1");
+    else
+        buf[0] = '\0';
+}
+
+/* The value in force: the variable's text (source "environment"), else the default
+ * ("default"), else "" ("unset"); `why` gets the parse error of a bad value, else "". */
+static const char *setting_value(rt_setting_id id, const char **source, char *why, size_t n) {
+    const rt_setting_info *s = rt_setting_info_get(id);
+    const char *v = rt_setting_text(id);
+    why[0] = '\0';
+    if (v && rt_setting_parse(id, v, NULL) != RT_OK) {
+        snprintf(why, n, "%s", rt_error_message());
+        rt_error_clear();
+    }
+    *source = v ? "environment" : *s->def ? "default" : "unset";
+    return v ? v : s->def;
+}
+
+static void print_md_cell(FILE *out, const char *text) {
+    fputc(' ', out);
+    for (const char *p = text; *p; p++) {
+        if (*p == '|') fputc('\\', out);
+        fputc(*p, out);
+    }
+    fprintf(out, " |");
+}
+
+/* docs/settings.md's table (every group but test): pasted from this output, compared by
+ * tests/core/settings_docs.sh. */
+static void settings_markdown(FILE *out) {
+    fprintf(out, "| variable | set by | type | default | range or choices | meaning |\n");
+    fprintf(out, "|---|---|---|---|---|---|\n");
+    for (int i = 0; i < RT_SETTING_COUNT_; i++) {
+        const rt_setting_info *s = rt_setting_info_get((rt_setting_id)i);
+        if (s->group == RT_SETTING_TEST) continue;
+        char range[160], def[80];
+        setting_range(s, range, sizeof range);
+        def[0] = '\0';
+        if (*s->def) snprintf(def, sizeof def, "`%s`", s->def);
+        fprintf(out, "| `%s` |", s->name);
+        print_md_cell(out, rt_setting_group_name(s->group));
+        print_md_cell(out, rt_setting_type_name(s->type));
+        print_md_cell(out, def);
+        print_md_cell(out, range);
+        print_md_cell(out, s->doc);
+        fputc('\n', out);
+    }
+}
+
+static void settings_text(FILE *out) {
+    fprintf(out, "environment variables (docs/settings.md): NAME=value (where it came from)\n");
+    for (int g = RT_SETTING_USER; g <= RT_SETTING_TEST; g++) {
+        fprintf(out, "\n%s:\n", rt_setting_group_name((rt_setting_group)g));
+        for (int i = 0; i < RT_SETTING_COUNT_; i++) {
+            const rt_setting_info *s = rt_setting_info_get((rt_setting_id)i);
+            if ((int)s->group != g) continue;
+            char range[160], why[2048];
+            const char *source;
+            const char *v = setting_value((rt_setting_id)i, &source, why, sizeof why);
+            setting_range(s, range, sizeof range);
+            fprintf(out, "%s=%s (%s%s%s)\n", s->name, v, source, *why ? "; INVALID: " : "", why);
+            fprintf(out, "    %s%s%s: %s\n", rt_setting_type_name(s->type), *range ? " " : "", range, s->doc);
+        }
+    }
+}
+
+static void settings_json(FILE *out) {
+    fprintf(out, "[");
+    for (int i = 0; i < RT_SETTING_COUNT_; i++) {
+        const rt_setting_info *s = rt_setting_info_get((rt_setting_id)i);
+        char range[160], why[2048];
+        const char *source;
+        const char *v = setting_value((rt_setting_id)i, &source, why, sizeof why);
+        setting_range(s, range, sizeof range);
+        fprintf(out, "%s{", i ? ",\n " : "");
+        json_str(out, "name", s->name, 1);
+        json_str(out, "group", rt_setting_group_name(s->group), 1);
+        json_str(out, "type", rt_setting_type_name(s->type), 1);
+        json_str(out, "default", s->def, 1);
+        json_str(out, "range", range, 1);
+        json_str(out, "value", v, 1);
+        json_str(out, "source", source, 1);
+        json_str(out, "error", why, 1);
+        json_str(out, "meaning", s->doc, 0);
+        fprintf(out, "}");
+    }
+    fprintf(out, "]\n");
+}
+
+static void info_usage(void) {
+    printf("usage: ringtrain info [--json] [--settings [--markdown]]\n\n"
+           "Print the version, git commit, build features, library versions (CUDA, cuDNN,\n"
+           "cuBLAS, NCCL, OpenBLAS, oneDNN, zlib, libyaml) and the devices found now. With no\n"
+           "GPU it says why (the driver's reason) and exits 0.\n\n"
+           "  --json       one JSON object instead (as written into benchmark results)\n"
+           "  --settings   every environment variable ringtrain reads: its value and where it\n"
+           "               came from (environment or default), type, range and meaning; a bad\n"
+           "               value is marked INVALID (other commands refuse to start with it).\n"
+           "               With --json: a JSON array\n"
+           "  --markdown   with --settings: the table of docs/settings.md\n");
+}
+
 int rt_cmd_info(int argc, char **argv) {
-    if (argc > 2) {
-        fprintf(stderr, "ringtrain info: unexpected argument '%s' (try --help)\n", argv[2]);
+    bool json = false, settings = false, markdown = false;
+    for (int i = 1; i < argc; i++) {
+        if (rt_cli_is_help(argv[i])) {
+            info_usage();
+            return 0;
+        }
+        bool *flag = strcmp(argv[i], "--json") == 0       ? &json
+                     : strcmp(argv[i], "--settings") == 0 ? &settings
+                     : strcmp(argv[i], "--markdown") == 0 ? &markdown
+                                                          : NULL;
+        if (!flag) {
+            fprintf(stderr, "ringtrain info: %s '%s' (try --help)\n",
+                    argv[i][0] == '-' ? "unknown option" : "unexpected argument", argv[i]);
+            return 2;
+        }
+        *flag = true;
+    }
+    if (markdown && (!settings || json)) {
+        fprintf(stderr, "ringtrain info: --markdown goes with --settings alone (try --help)\n");
         return 2;
     }
-    if (argc > 1) {
-        if (rt_cli_is_help(argv[1])) {
-            printf("usage: ringtrain info [--json]\n\n"
-                   "Print the version, git commit, build features, library versions (CUDA, cuDNN,\n"
-                   "cuBLAS, NCCL, OpenBLAS, oneDNN, zlib, libyaml) and the devices found now. With no\n"
-                   "GPU it says why (the driver's reason) and exits 0.\n\n"
-                   "  --json   one JSON object instead (as written into benchmark results)\n");
-            return 0;
-        }
-        if (strcmp(argv[1], "--json") == 0) {
-            rt_cli_info_json(stdout);
-            printf("\n");
-            return 0;
-        }
-        fprintf(stderr, "ringtrain info: unknown option '%s' (try --help)\n", argv[1]);
-        return 2;
+    if (settings) {
+        if (markdown)
+            settings_markdown(stdout);
+        else if (json)
+            settings_json(stdout);
+        else
+            settings_text(stdout);
+        return 0;
+    }
+    if (json) {
+        rt_cli_info_json(stdout);
+        printf("\n");
+        return 0;
     }
     rt_cli_info_print(stdout);
     return 0;

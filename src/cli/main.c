@@ -4,6 +4,7 @@
  * records a message, and the command prints it. */
 #include "cli/cli.h"
 #include "core/info.h"
+#include "core/settings.h"
 #include "core/status.h"
 
 #include <stdio.h>
@@ -59,6 +60,12 @@ int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
         printf("ringtrain %s\n", rt_version_string());
         return 0;
+    }
+    /* a bad environment variable fails every command at once, naming it (core/settings.h);
+     * info still runs: `ringtrain info --settings` shows what is wrong */
+    if (argc >= 2 && strcmp(argv[1], "info") != 0 && !rt_cli_is_help(argv[1]) && rt_settings_check() != RT_OK) {
+        fprintf(stderr, "ringtrain: error: %s\n", rt_error_message());
+        return 2;
     }
     return rt_cli_dispatch("ringtrain", k_commands, (int)(sizeof k_commands / sizeof k_commands[0]), argc, argv);
 }

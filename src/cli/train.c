@@ -14,6 +14,7 @@
 
 #include "core/device.h"
 #include "core/log.h"
+#include "core/settings.h"
 #include "data/dataset.h"
 #include "dist/dist.h"
 #include "dist/launch.h"
@@ -169,6 +170,10 @@ static rt_status load(const args *a, rt_config *cfg) {
     for (int k = 0; k < N_KOPTS; k++)
         if (a->cli_over[k][0]) RT_CHECK(rt_config_override(cfg, a->cli_over[k]));
     if (a->trace) RT_CHECK(rt_config_override(cfg, "log.trace=true"));
+    /* log.level (RINGTRAIN_LOG_LEVEL set its default, rt_config_load) from here on */
+    rt_log_level level;
+    RT_CHECK(rt_log_parse_level(cfg->log.level, &level));
+    rt_log_set_level(level);
     return RT_OK;
 }
 
@@ -452,8 +457,8 @@ static int train_or_eval(int argc, char **argv) {
     lo.node_rank = (int)cfg.dist.node_rank;
     lo.master_addr = cfg.dist.master_addr;
     lo.master_port = (int)cfg.dist.master_port;
-    lo.progress_s = cfg.dist.timeout_s;           /* after Ctrl-C: as long as the ranks make progress */
-    lo.job_token = getenv("RINGTRAIN_JOB_TOKEN"); /* every node's launcher needs the same one */
+    lo.progress_s = cfg.dist.timeout_s;               /* after Ctrl-C: as long as the ranks make progress */
+    lo.job_token = rt_setting_text(RT_SET_JOB_TOKEN); /* every node's launcher needs the same one */
     if (cfg.dist.nnodes > 1 && !lo.job_token) {
         fprintf(stderr, "ringtrain: error: with %lld nodes set RINGTRAIN_JOB_TOKEN to the same secret on every node\n",
                 (long long)cfg.dist.nnodes);

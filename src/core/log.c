@@ -1,6 +1,7 @@
 #include "core/log.h"
 
 #include "core/names.h"
+#include "core/settings.h"
 #include "core/status.h"
 
 #include <pthread.h>
@@ -40,8 +41,10 @@ rt_log_level rt_log_get_level(void) {
     int lv = atomic_load(&g_level);
     if (lv < 0) {
         int parsed = RT_LOG_INFO;
-        const char *env = getenv("RINGTRAIN_LOG_LEVEL");
+        const char *env = rt_setting_text(RT_SET_LOG_LEVEL);
         if (env && (parsed = level_find(env)) < 0) {
+            /* no error can be returned from here: the CLI refuses the value before any
+             * command runs (rt_settings_check) */
             char list[64];
             fprintf(stderr, "[ringtrain] W RINGTRAIN_LOG_LEVEL='%s' is not one of %s; using info\n", env,
                     rt_names_join(k_level_names, RT_LOG_LEVEL_COUNT_, list, sizeof list));

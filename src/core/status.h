@@ -65,10 +65,12 @@ rt_status rt_error_restore(const rt_error_record *rec);
 #define RT_STR_(x) #x
 #define RT_STR(x) RT_STR_(x)
 
-/* Fail with a new error: `return RT_FAIL(RT_ERR_INVALID, "batch_size %d", n);` style. */
+/* A new error recorded, as a value: `return RT_ERROR(RT_ERR_INVALID, "batch_size %d", n);`, or
+ * `st = RT_ERROR(...); goto fail;` on a cleanup path. */
 #define RT_ERROR(code, ...) rt_error_set((code), __FILE__, __LINE__, NULL, __VA_ARGS__)
 
-/* Record and return a new error from the current function. */
+/* Record and return a new error from the current function: a statement, not a value
+ * (`RT_FAIL(RT_ERR_INVALID, "batch_size %d", n);`, never `return RT_FAIL(...)`). */
 #define RT_FAIL(code, ...)                                                                    \
     do {                                                                                      \
         return rt_error_set((code), __FILE__, __LINE__, NULL, __VA_ARGS__);                   \

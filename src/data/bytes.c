@@ -47,17 +47,6 @@ static rt_status open_sized(const char *path, size_t max_size, int *fd, size_t *
     return RT_OK;
 }
 
-rt_status rt_bytes_read_file(const char *path, size_t max_size, rt_bytes *out) {
-    out->data = NULL;
-    out->len = 0;
-    int fd;
-    size_t size;
-    RT_CHECK(open_sized(path, max_size, &fd, &size));
-    rt_status st = read_rest(fd, path, NULL, 0, size, out);
-    close(fd);
-    return st;
-}
-
 /* Grow dst to ncap bytes, keeping the first `used`. */
 static rt_status grow(uint8_t **dst, size_t used, size_t ncap) {
     void *q = NULL;
@@ -193,8 +182,8 @@ fail:
 rt_status rt_bytes_read_maybe_gz(const char *path, size_t max_out, const rt_bytes_rule *rule, rt_bytes *out) {
     out->data = NULL;
     out->len = 0;
-    int fd;
-    size_t size;
+    int fd = -1;
+    size_t size = 0; /* set by open_sized (initialised for gcc's -Wmaybe-uninitialized once it inlines it) */
     RT_CHECK(open_sized(path, max_out, &fd, &size));
     /* the first bytes: the gzip magic, or the raw header the rule checks */
     uint8_t head[64];

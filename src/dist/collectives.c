@@ -220,17 +220,9 @@ static rt_status bcast_build(rt_pg *pg, rt_request *r, uint8_t *buf, size_t nb, 
     return RT_OK;
 }
 
-/* Below this many bytes the ring all-reduce becomes one exchange round
- * (RINGTRAIN_ALLREDUCE_SMALL_BYTES; 0 disables). */
-static size_t small_bytes(void) {
-    static long v = -1;
-    if (v < 0) {
-        const char *s = getenv("RINGTRAIN_ALLREDUCE_SMALL_BYTES");
-        v = s && *s ? atol(s) : 4096;
-        if (v < 0) v = 0;
-    }
-    return (size_t)v;
-}
+/* Below this many bytes the ring all-reduce becomes one exchange round (0 disables):
+ * RINGTRAIN_ALLREDUCE_SMALL_BYTES, read once when the world group is made. */
+static size_t small_bytes(const rt_pg *pg) { return pg->w->allreduce_small_bytes; }
 
 /* ---- one builder per operation: the transfers of this rank ---- */
 
@@ -258,7 +250,7 @@ static rt_status build_all_reduce(rt_pg *pg, rt_request *r, const rt_op *op) {
         return bcast_build(pg, r, buf, count * rt_dtype_size(dtype), 0, true, RT_K_ALLREDUCE, seq,
                            pg->rank == 0 ? last : NULL, pg->rank == 0 ? NULL : last);
     }
-    if (op->algo == RT_ALGO_RING && n > 1 && count * rt_dtype_size(dtype) <= small_bytes() && !op->gate) {
+    if (op->algo == RT_ALGO_RING && n > 1 && count * rt_dtype_size(dtype) <= small_bytes(pg) && !op->gate) {
         /* small buffers: one exchange round (everyone sends its buffer to everyone),
          * then every rank reduces the n buffers in rank order: latency-bound sizes
          * pay one message delay instead of 2(n-1), results stay bitwise identical */
@@ -602,7 +594,8 @@ static rt_status run_staged(rt_pg *pg, const char *name, const rt_op *op, rt_req
      * ring and rsag all-reduce (the small one-round form copies it at build time) and
      * broadcast; the others wait here */
     if (nb && s == RT_OK) {
-        if (op->kind == RT_K_BCAST || (op->kind == RT_K_ALLREDUCE && (op->algo == RT_ALGO_RING || op->algo == RT_ALGO_RSAG)))
+        if (op->kind == RT_K_BCAST ||
+            (op->kind == RT_K_ALLREDUCE && (op->algo == RT_ALGO_RING || op->algo == RT_ALGO_RSAG)))
             host.gate = b->ev;
         else
             s = rt_event_sync(b->ev);

@@ -91,7 +91,7 @@ typedef struct rt_pg_options {
     int rank, world_size;    /* -1: from the environment */
     rt_transport transport;
     rt_algo algo;     /* all_reduce algorithm */
-    double timeout_s; /* every blocking call; default 300 */
+    double timeout_s; /* every blocking call; default: RINGTRAIN_DIST_TIMEOUT, else 300 */
     /* where the buffers live (rt_pg_set_buffer_device). With a CUDA device and transport
      * auto, the group uses nccl when every rank has its own GPU, else shm/tcp with
      * staging through pinned host memory. The nccl transport runs on this GPU (pick it
@@ -99,17 +99,20 @@ typedef struct rt_pg_options {
      * the CPU. */
     rt_device device;
     /* the flight recorder keeps the group's last this many operations (each sub-group
-     * too); 0 disables it. Default 512, or RINGTRAIN_FLIGHT_ENTRIES. */
+     * too); 0 disables it. Default: RINGTRAIN_FLIGHT_ENTRIES, else 512. */
     int flight_entries;
     /* debug mode: every collective's fingerprint (sequence number, operation, reduce op,
      * dtype, count, root) is compared across the group's ranks through the store before
      * it runs; a mismatch fails the call on every rank with a desync error naming both
-     * calls. Default false, or true with RINGTRAIN_DIST_DEBUG=1 or
-     * TORCH_DISTRIBUTED_DEBUG=DETAIL (docs/dist.md, "Hangs and desyncs"). */
+     * calls. Default: RINGTRAIN_DIST_DEBUG when set, else true with
+     * TORCH_DISTRIBUTED_DEBUG=DETAIL, else false (docs/dist.md, "Hangs and desyncs"). */
     bool debug;
 } rt_pg_options;
 
-void rt_pg_options_default(rt_pg_options *o);
+/* Fill `o` with the defaults; those an environment variable sets come from core/settings.h
+ * (docs/settings.md). A bad value of one is RT_ERR_INVALID naming it (`o` is then filled
+ * with what could be read). */
+rt_status rt_pg_options_default(rt_pg_options *o);
 /* Rendezvous, then connect every pair of ranks. Collective over all ranks. */
 rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out);
 /* World group: says goodbye through the store, closes everything. Sub-group: frees it
@@ -124,7 +127,6 @@ int rt_pg_world_rank(const rt_pg *pg, int r);
 rt_transport rt_pg_transport(const rt_pg *pg);
 rt_algo rt_pg_algo(const rt_pg *pg);
 void rt_pg_set_algo(rt_pg *pg, rt_algo a);
-void rt_pg_set_timeout(rt_pg *pg, double timeout_s);
 /* Where the buffers given to this group's operations live (default: host memory).
  * With the nccl transport every buffer is a device pointer on the rank's GPU. With
  * tcp/shm and a CUDA device, all_reduce and broadcast stage through pinned host

@@ -5,6 +5,7 @@
 #include "core/spin.h"
 
 #include "core/log.h"
+#include "core/settings.h"
 #include "core/timer.h"
 
 #include <errno.h>
@@ -19,6 +20,9 @@
 
 rt_status rt_engine_init(rt_engine *e, int rank, int world) {
     memset(e, 0, sizeof *e);
+    int64_t spin_us = 0; /* at most 1 s (the table's range): no overflow in the product */
+    RT_CHECK(rt_setting_int(RT_SET_SHM_SPIN_US, &spin_us));
+    e->spin_ns = (uint64_t)spin_us * 1000;
     e->rank = rank;
     e->world = world;
     e->ch = calloc((size_t)world, sizeof *e->ch);
@@ -491,17 +495,7 @@ static void wait_tcp(rt_engine *e, int max_ms) {
 #define SPIN_PASSES 30 /* progress passes spun (lock held) before yielding */
 /* ...and at least this long (RINGTRAIN_SHM_SPIN_US): a peer on the other core answers
  * within a microsecond, and yielding early hands the core to other processes */
-static uint64_t spin_ns(void) {
-    static int64_t v = -1;
-    if (v < 0) {
-        const char *s = getenv("RINGTRAIN_SHM_SPIN_US");
-        long us = s && *s ? atol(s) : 20;
-        if (us < 0) us = 0;
-        if (us > 1000000) us = 1000000; /* at most 1 s (and no overflow in the product) */
-        v = (int64_t)us * 1000;
-    }
-    return (uint64_t)v;
-}
+static uint64_t spin_ns(const rt_engine *e) { return e->spin_ns; } /* read in rt_engine_init */
 #define YIELD_PASSES 2000 /* then passes with sched_yield() between, before sleeping */
 
 /* Drive until `target` is done (or, with NULL, until nothing is active). mu held.
@@ -566,7 +560,7 @@ static void drive(rt_engine *e, rt_request *target) {
             if (r->gate && !r->gate_open) ms = 1; /* nobody rings when a device copy lands: look again soon */
         if (idle == 0) spin_start = now;
         if (!e->shm) { /* tcp: a few non-blocking passes (a reply is often microseconds away), then poll */
-            if (now - spin_start < spin_ns()) {
+            if (now - spin_start < spin_ns(e)) {
                 idle++;
                 rt_cpu_relax();
                 continue;
@@ -576,7 +570,7 @@ static void drive(rt_engine *e, rt_request *target) {
             continue;
         }
         idle++;
-        if (now - spin_start < spin_ns()) {
+        if (now - spin_start < spin_ns(e)) {
             rt_cpu_relax();
             continue;
         }

@@ -3,6 +3,7 @@
 #include "dist/launch.h"
 
 #include "core/timer.h"
+#include "core/settings.h"
 #include "dist/internal/sock.h"
 
 #include <errno.h>
@@ -317,9 +318,8 @@ static void reap(launch *L) {
          * while a peer then failed: the failure is what the user must see, and restart) */
         int first = L->res->first_failure;
         bool clean_stop = p > 0 && clean_exit(L, i);
-        if (!L->res->signal &&
-            ((first < 0 && !r->stopped) || (first >= 0 && own_death(L, i) && !own_death(L, first)) ||
-             (first >= 0 && clean_exit(L, first) && !clean_stop && !r->stopped)))
+        if (!L->res->signal && ((first < 0 && !r->stopped) || (first >= 0 && own_death(L, i) && !own_death(L, first)) ||
+                                (first >= 0 && clean_exit(L, first) && !clean_stop && !r->stopped)))
             L->res->first_failure = i;
         /* exit 130/143: it stopped cleanly on SIGINT/SIGTERM, and its peers stop with it
          * (they agreed to): wait for them while they make progress, send them nothing */
@@ -674,11 +674,10 @@ void rt_launch_heartbeat(void) {
     static uint64_t last;
     if (fd == -2) {
         fd = -1;
-        const char *v = getenv("RINGTRAIN_HEARTBEAT_FD");
-        char *end = NULL;
-        long k = v && *v ? strtol(v, &end, 10) : -1;
+        int64_t k = -1; /* unset or not a descriptor number: no heartbeat (it must never fail the rank) */
+        if (rt_setting_int(RT_SET_HEARTBEAT_FD, &k) != RT_OK) rt_error_clear();
         struct stat sb;
-        int fl = k >= 0 && k <= INT_MAX && end && !*end ? fcntl((int)k, F_GETFL) : -1;
+        int fl = k >= 0 ? fcntl((int)k, F_GETFL) : -1;
         /* only the pipe the launcher made (write end, non-blocking): an inherited stale
          * number must not send bytes into an unrelated file */
         if (fl >= 0 && (fl & O_ACCMODE) == O_WRONLY && (fl & O_NONBLOCK) && fstat((int)k, &sb) == 0 &&

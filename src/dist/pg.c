@@ -3,6 +3,7 @@
 #include "dist/internal/pg_internal.h"
 
 #include "core/log.h"
+#include "core/settings.h"
 #include "core/spin.h"
 #include "core/timer.h"
 #include "dist/internal/auth.h"
@@ -20,22 +21,24 @@
 #include <time.h>
 #include <unistd.h>
 
-void rt_pg_options_default(rt_pg_options *o) {
+rt_status rt_pg_options_default(rt_pg_options *o) {
     memset(o, 0, sizeof *o);
     o->init_method = "env://";
     o->rank = -1;
     o->world_size = -1;
     o->transport = RT_TRANSPORT_AUTO;
     o->algo = RT_ALGO_RING;
-    o->timeout_s = 300.0;
     o->device = rt_device_cpu();
-    o->flight_entries = 512;
-    const char *t = getenv("RINGTRAIN_DIST_TIMEOUT");
-    if (t && atof(t) > 0) o->timeout_s = atof(t);
-    const char *fe = getenv("RINGTRAIN_FLIGHT_ENTRIES");
-    if (fe && *fe && atol(fe) >= 0 && atol(fe) <= (1L << 24)) o->flight_entries = (int)atol(fe);
-    const char *d = getenv("RINGTRAIN_DIST_DEBUG"), *td = getenv("TORCH_DISTRIBUTED_DEBUG");
-    o->debug = (d && strcmp(d, "1") == 0) || (td && strcmp(td, "DETAIL") == 0);
+    /* the defaults are the settings' (core/settings.h): their defaults or the environment */
+    int64_t fe = 0;
+    int torch_debug = 0;
+    RT_CHECK(rt_setting_float(RT_SET_DIST_TIMEOUT, &o->timeout_s));
+    RT_CHECK(rt_setting_int(RT_SET_FLIGHT_ENTRIES, &fe));
+    o->flight_entries = (int)fe;
+    RT_CHECK(rt_setting_choice(RT_SET_TORCH_DEBUG, &torch_debug));
+    o->debug = torch_debug == 2; /* TORCH_DISTRIBUTED_DEBUG=DETAIL, unless RINGTRAIN_DIST_DEBUG says */
+    if (rt_setting_is_set(RT_SET_DIST_DEBUG)) RT_CHECK(rt_setting_bool(RT_SET_DIST_DEBUG, &o->debug));
+    return RT_OK;
 }
 
 int rt_pg_rank(const rt_pg *pg) { return pg->rank; }
@@ -45,7 +48,6 @@ int rt_pg_world_rank(const rt_pg *pg, int r) { return r >= 0 && r < pg->size ? p
 rt_transport rt_pg_transport(const rt_pg *pg) { return pg->transport; }
 rt_algo rt_pg_algo(const rt_pg *pg) { return pg->algo; }
 void rt_pg_set_algo(rt_pg *pg, rt_algo a) { pg->algo = a; }
-void rt_pg_set_timeout(rt_pg *pg, double timeout_s) { pg->timeout_s = timeout_s; }
 rt_store *rt_pg_store(rt_pg *pg) { return pg->w->store; }
 
 static void sleep_ms(int ms) {
@@ -163,15 +165,13 @@ static rt_status mesh_connect(rt_pg_world *w, int lfd, char (*addrs)[80], double
 
 /* ---- shm rings ---- */
 
-static size_t shm_ring_bytes(void) {
-    const char *v = getenv("RINGTRAIN_SHM_RING_BYTES");
-    size_t cap = 1u << 20;
-    if (v && atol(v) >= 4096) {
-        size_t want = (size_t)atol(v);
-        cap = 4096;
-        while (cap < want && cap < (1u << 30)) cap <<= 1;
-    }
-    return cap;
+/* RINGTRAIN_SHM_RING_BYTES rounded up to a power of two */
+static rt_status shm_ring_bytes(size_t *cap) {
+    int64_t want = 0;
+    RT_CHECK(rt_setting_int(RT_SET_SHM_RING_BYTES, &want));
+    *cap = 4096;
+    while (*cap < (size_t)want && *cap < (1u << 30)) *cap <<= 1;
+    return RT_OK;
 }
 
 static rt_status shm_map(const char *name, size_t len, bool create, void **out) {
@@ -196,9 +196,9 @@ static rt_status shm_map(const char *name, size_t len, bool create, void **out) 
 /* /dev/shm names: ringtrain-[TAG-]TOKEN-b<rank> (bell) and -p<lo>-<hi> (pair rings).
  * RINGTRAIN_SHM_TAG (tests) makes them easy to look for. */
 static void shm_name(char *buf, size_t n, const rt_pg_world *w, int a, int b) {
-    const char *tag = getenv("RINGTRAIN_SHM_TAG");
+    const char *tag = rt_setting_text(RT_SET_SHM_TAG);
     char t[48] = "";
-    if (tag && *tag) snprintf(t, sizeof t, "%.40s-", tag);
+    if (tag) snprintf(t, sizeof t, "%.40s-", tag);
     if (b < 0)
         snprintf(buf, n, "/ringtrain-%s%.16s-b%d", t, w->tokhex, a);
     else
@@ -220,17 +220,14 @@ static void shm_unlink_mine(rt_pg_world *w) {
  * be left behind whenever a rank dies), and peers open the creator's descriptor through
  * /proc/<pid>/fd/<n>. RINGTRAIN_SHM_NAMED=1 uses named shm_open() segments instead
  * (for systems where /proc of a sibling process cannot be opened); those are unlinked
- * as soon as every rank has mapped them. */
-static bool shm_named(void) {
-    const char *v = getenv("RINGTRAIN_SHM_NAMED");
-    return v && strcmp(v, "1") == 0;
-}
+ * as soon as every rank has mapped them. Read once in shm_setup (w->shm_named). */
+static bool shm_named(const rt_pg_world *w) { return w->shm_named; }
 
 static rt_status seg_create(rt_pg_world *w, int a, int b, size_t len, void **out, int *fd_keep) {
     char name[128];
     shm_name(name, sizeof name, w, a, b);
     *fd_keep = -1;
-    if (shm_named()) return shm_map(name, len, true, out);
+    if (shm_named(w)) return shm_map(name, len, true, out);
     int fd = memfd_create(name + 1, MFD_CLOEXEC);
     if (fd < 0) return RT_ERROR(RT_ERR_SYS, "memfd_create(%s): %s", name + 1, strerror(errno));
     if (ftruncate(fd, (off_t)len) < 0) {
@@ -261,7 +258,7 @@ static rt_status seg_create(rt_pg_world *w, int a, int b, size_t len, void **out
 static rt_status seg_open(rt_pg_world *w, int a, int b, size_t len, void **out) {
     char name[128];
     shm_name(name, sizeof name, w, a, b);
-    if (shm_named()) return shm_map(name, len, false, out);
+    if (shm_named(w)) return shm_map(name, len, false, out);
     char key[64], val[64] = "", path[96];
     size_t n = 0;
     snprintf(key, sizeof key, "rt/shm/fd/%d/%d", a, b);
@@ -292,7 +289,9 @@ static rt_status seg_open(rt_pg_world *w, int a, int b, size_t len, void **out) 
 
 static rt_status shm_setup_(rt_pg_world *w, double timeout_s, int *fds) {
     rt_engine *e = &w->eng;
-    size_t cap = shm_ring_bytes();
+    size_t cap = 0;
+    RT_CHECK(shm_ring_bytes(&cap));
+    RT_CHECK(rt_setting_bool(RT_SET_SHM_NAMED, &w->shm_named));
     size_t seglen = 4096 + 2 * cap;
     char key[64];
     void *p;
@@ -339,7 +338,7 @@ static rt_status shm_setup(rt_pg_world *w, double timeout_s) {
     for (int i = 0; i < w->eng.world; i++) fds[i] = -1;
     rt_status s = shm_setup_(w, timeout_s, fds);
     /* every rank mapped the segments (or setup failed): drop the names and descriptors */
-    if (shm_named()) shm_unlink_mine(w);
+    if (shm_named(w)) shm_unlink_mine(w);
     for (int i = 0; i < w->eng.world; i++)
         if (fds[i] >= 0) close(fds[i]);
     free(fds);
@@ -734,6 +733,9 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     RT_REQUIRE(o->timeout_s > 0 && o->timeout_s <= 1e8, RT_ERR_INVALID,
                "dist.timeout_s %g: expected seconds above 0 and at most 1e8 (RINGTRAIN_DIST_TIMEOUT sets the default)",
                o->timeout_s);
+    int64_t small = 0;
+    RT_CHECK(rt_setting_int(RT_SET_ALLREDUCE_SMALL_BYTES, &small)); /* read once: collectives use it */
+    w->allreduce_small_bytes = (size_t)small;
     RT_CHECK(rt_rdzv_parse(o->init_method, o->rank, o->world_size, &w->rdzv));
     rt_rdzv *r = &w->rdzv;
     rt_set_rank(r->rank);
@@ -755,8 +757,8 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     /* our address and host */
     int lfd = -1, port = 0;
     /* the interface that reaches the store, unless RINGTRAIN_ADDR says otherwise */
-    const char *ip = getenv("RINGTRAIN_ADDR");
-    if (!ip || !*ip) ip = rt_store_local_addr(w->store);
+    const char *ip = rt_setting_text(RT_SET_ADDR);
+    if (!ip) ip = rt_store_local_addr(w->store);
     RT_CHECK(rt_sock_listen(ip, 0, &lfd, &port));
     char key[64], val[400], hid[300];
     if (o->flight_entries > 0) cell_create(w, r->rank);

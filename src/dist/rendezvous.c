@@ -4,6 +4,7 @@
 #include "dist/dist.h"
 
 #include "core/log.h"
+#include "core/settings.h"
 #include "core/timer.h"
 #include "dist/internal/env.h"
 #include "dist/internal/sock.h"
@@ -42,35 +43,39 @@ rt_status rt_rdzv_parse(const char *init_method, int rank, int world, rt_rdzv *o
     if (out->local_rank < 0) out->local_rank = 0;
 
     /* the job secret (rendezvous.h, docs/security.md) */
-    const char *job = rt_env_get("RINGTRAIN_JOB_TOKEN");
+    const char *job = rt_setting_text(RT_SET_JOB_TOKEN);
     char buf[256] = "";
     out->secret_source = "RINGTRAIN_JOB_TOKEN";
-    if (!job && (job = rt_env_get("TORCHELASTIC_RUN_ID")) != NULL) out->secret_source = "TORCHELASTIC_RUN_ID";
-    if (!job && rt_env_get("SLURM_JOB_ID")) {
-        snprintf(buf, sizeof buf, "slurm-%s.%s", rt_env_get("SLURM_JOB_ID"),
-                 rt_env_get("SLURM_STEP_ID") ? rt_env_get("SLURM_STEP_ID") : "0");
+    if (!job && (job = rt_setting_text(RT_SET_TE_RUN_ID)) != NULL) out->secret_source = "TORCHELASTIC_RUN_ID";
+    if (!job && rt_setting_is_set(RT_SET_SLURM_JOB_ID)) {
+        snprintf(buf, sizeof buf, "slurm-%s.%s", rt_setting_text(RT_SET_SLURM_JOB_ID),
+                 rt_setting_str(RT_SET_SLURM_STEP_ID)); /* default "0" */
         job = buf;
         out->secret_source = "SLURM_JOB_ID.SLURM_STEP_ID";
     }
-    if (!job && (job = rt_env_get("OMPI_MCA_ess_base_jobid")) != NULL) out->secret_source = "OMPI_MCA_ess_base_jobid";
+    if (!job && (job = rt_setting_text(RT_SET_OMPI_JOBID)) != NULL) out->secret_source = "OMPI_MCA_ess_base_jobid";
     if (!job) out->secret_source = NULL;
     RT_REQUIRE(!job || strlen(job) < sizeof out->job, RT_ERR_INVALID, "rendezvous: %s is longer than %zu bytes",
                out->secret_source, sizeof out->job - 1);
     snprintf(out->job, sizeof out->job, "%s", job ? job : "");
 
-    const char *hosted = rt_env_get("RINGTRAIN_STORE_HOSTED");
-    out->host_store = out->rank == 0 && !(hosted && strcmp(hosted, "1") == 0);
+    bool hosted = false; /* ringtrain's launcher hosts the store */
+    RT_CHECK(rt_setting_bool(RT_SET_STORE_HOSTED, &hosted));
+    out->host_store = out->rank == 0 && !hosted;
 
     if (strncmp(init_method, "env://", 6) == 0) {
         out->kind = RT_RDZV_ENV;
-        const char *addr = rt_env_get("MASTER_ADDR"), *port = rt_env_get("MASTER_PORT");
+        const char *addr = rt_setting_text(RT_SET_MASTER_ADDR), *port = rt_setting_text(RT_SET_MASTER_PORT);
         if (!addr || !port)
             return RT_ERROR(RT_ERR_INVALID, "rendezvous env://: MASTER_ADDR and MASTER_PORT must be set (got %s, %s)",
                             addr ? addr : "unset", port ? port : "unset");
         snprintf(out->host, sizeof out->host, "%s", addr);
-        RT_CHECK(rt_env_parse_int("MASTER_PORT", port, 1, 65535, &out->port));
-        const char *agent = rt_env_get("TORCHELASTIC_USE_AGENT_STORE");
-        if (agent && (strcmp(agent, "True") == 0 || strcmp(agent, "true") == 0 || strcmp(agent, "1") == 0)) {
+        int64_t p = 0;
+        RT_CHECK(rt_setting_int(RT_SET_MASTER_PORT, &p));
+        out->port = (int)p;
+        bool agent = false; /* torchrun's own store holds MASTER_PORT */
+        RT_CHECK(rt_setting_bool(RT_SET_TE_AGENT_STORE, &agent));
+        if (agent) {
             RT_REQUIRE(out->port < 65535, RT_ERR_INVALID, "MASTER_PORT 65535 leaves no port for the store");
             out->port += 1; /* torchrun's own store holds MASTER_PORT */
         }
@@ -95,8 +100,11 @@ rt_status rt_rdzv_parse(const char *init_method, int rank, int world, rt_rdzv *o
                         "file:///PATH)",
                         init_method);
     }
-    const char *sp = rt_env_get("RINGTRAIN_STORE_PORT");
-    if (sp && out->kind != RT_RDZV_FILE) RT_CHECK(rt_env_parse_int("RINGTRAIN_STORE_PORT", sp, 1, 65535, &out->port));
+    if (rt_setting_is_set(RT_SET_STORE_PORT) && out->kind != RT_RDZV_FILE) {
+        int64_t p = 0;
+        RT_CHECK(rt_setting_int(RT_SET_STORE_PORT, &p));
+        out->port = (int)p;
+    }
     return RT_OK;
 }
 
@@ -108,8 +116,8 @@ static void sleep_ms(int ms) {
 /* file://: the store listens on the address it publishes (RINGTRAIN_STORE_ADDR, else
  * MASTER_ADDR, else loopback). */
 static const char *store_bind_addr(void) {
-    const char *host = rt_env_get("RINGTRAIN_STORE_ADDR");
-    if (!host) host = rt_env_get("MASTER_ADDR");
+    const char *host = rt_setting_text(RT_SET_STORE_ADDR);
+    if (!host) host = rt_setting_text(RT_SET_MASTER_ADDR);
     return host ? host : "127.0.0.1";
 }
 

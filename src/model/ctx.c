@@ -3,6 +3,9 @@
 
 #include "model/internal/backend.h"
 #include "model/internal/names.h"
+#ifdef RT_HAVE_CUDA
+#include "model/cuda/mem_cuda.h"
+#endif
 
 #include <stdlib.h>
 
@@ -105,3 +108,14 @@ rt_status rt_model_ctx_reserve(rt_model_ctx *ctx, size_t nbytes) {
 }
 
 rt_status rt_model_ctx_sync(rt_model_ctx *ctx) { return ctx->stream ? rt_stream_sync(ctx->stream) : RT_OK; }
+
+rt_status rt_model_ctx_memory(rt_model_ctx *ctx, size_t *used, size_t *backend) {
+    *used = *backend = 0;
+    RT_REQUIRE(ctx != NULL, RT_ERR_INVALID, "rt_model_ctx_memory: NULL context");
+    if (!rt_device_is_cuda(ctx->device)) return RT_OK;
+#ifdef RT_HAVE_CUDA
+    *backend = rt_model_cuda_backend_bytes(ctx);
+    RT_CHECK(rt_model_cuda_mem_used(ctx, used));
+#endif
+    return RT_OK;
+}

@@ -99,6 +99,13 @@ void rt_model_ctx_get_conv_algos(const rt_model_ctx *ctx, rt_conv_algos *out);
 /* Wait until all work enqueued on the context's stream is done (no-op on the CPU). */
 rt_status rt_model_ctx_sync(rt_model_ctx *ctx);
 
+/* Device memory, for benchmarks and tests: *used = bytes of the context's GPU in use
+ * (total - free, as cudaMemGetInfo reports it: every process, the CUDA context and the
+ * libraries' code included; the difference of two calls isolates a run), *backend =
+ * device bytes the backend holds besides the models and ctx->work (the cuBLAS workspace,
+ * counters). Both 0 on the CPU. */
+rt_status rt_model_ctx_memory(rt_model_ctx *ctx, size_t *used, size_t *backend);
+
 #ifdef __cplusplus
 }
 #endif

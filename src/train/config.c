@@ -8,6 +8,7 @@
 
 #include "core/file.h"
 #include "core/log.h"
+#include "core/settings.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "dist/dist.h"
@@ -96,7 +97,7 @@ static const key k_keys[] = {
     {"model.num_classes", K_INT, F(model.num_classes), 0, 0, "auto", 2, 1000000, true, NULL, NULL,
      "output classes; auto: the dataset's"},
     {"model.dropout", K_FLOAT, F(model.dropout), 0, 0, "auto", 0, 0.999999, true, NULL, NULL,
-     "Net's dropout probability; auto: the tutorial's (0.25 / 0.5)"},
+     "Net's dropout probability; auto: the tutorial's 0.5 (both dropouts)"},
     /* data */
     {"data.kind", K_CHOICE, F(data.kind), SZ(data.kind), 0, "auto", 0, 0, false, NULL, check_dataset,
      "auto | mnist | fashion-mnist | cifar10 (auto: detected from the files)"},
@@ -245,10 +246,10 @@ static const key k_keys[] = {
     {"dist.check_sync_every", K_INT, F(dist.check_sync_every), 0, 0, "0", 0, I64, false, NULL, NULL,
      "every N steps check that all ranks hold identical parameters (0: never)"},
     {"dist.timeout_s", K_FLOAT, F(dist.timeout_s), 0, 0, "300", 0.001, 1e8, false, NULL, NULL,
-     "a peer silent this long is an error naming it"},
+     "a peer silent this long is an error naming it (default: RINGTRAIN_DIST_TIMEOUT when set, else 300)"},
     {"dist.debug", K_BOOL, F(dist.debug), 0, 0, "false", 0, 0, false, NULL, NULL,
-     "check every collective's call (op, count, dtype, root) across ranks before it runs (slow; also "
-     "RINGTRAIN_DIST_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL)"},
+     "check every collective's call (op, count, dtype, root) across ranks before it runs (slow; default: "
+     "RINGTRAIN_DIST_DEBUG, or TORCH_DISTRIBUTED_DEBUG=DETAIL)"},
     {"dist.max_restarts", K_INT, F(dist.max_restarts), 0, 0, "0", 0, 1000000, false, NULL, NULL,
      "the launcher restarts the job from its newest checkpoint after a rank failed, at most N times "
      "(torchrun's --max-restarts)"},
@@ -278,7 +279,7 @@ static const key k_keys[] = {
     {"log.trace", K_BOOL, F(log.trace), 0, 0, "false", 0, 0, false, NULL, NULL,
      "every rank records a timeline to RUN_DIR/trace-rank<R>.jsonl (ringtrain trace merges them; docs/debugging.md)"},
     {"log.level", K_CHOICE, F(log.level), SZ(log.level), 0, "info", 0, 0, false, NULL, check_level,
-     "error | warn | info | debug | trace"},
+     "error | warn | info | debug | trace (default: RINGTRAIN_LOG_LEVEL when set)"},
     {"log.progress", K_CHOICE, F(log.progress), SZ(log.progress), 0, "auto", 0, 0, false, k_progress, NULL,
      "progress bar: auto (on a terminal) | on | off"},
 };
@@ -450,9 +451,8 @@ static rt_status set_scalar(rt_config *cfg, const key *k, const char *where, con
         if (!*v) return RT_ERROR(RT_ERR_INVALID, "%s%s: empty (expected a value)", where, k->name);
         if (strncmp(v, "~/", 2) == 0 && (strstr(k->name, "path") || strstr(k->name, "dir"))) {
             /* a path written as in a shell: ~/ is $HOME/ */
-            const char *home = getenv("HOME");
-            RT_REQUIRE(home && *home, RT_ERR_INVALID, "%s%s: '%s' starts with ~/ but HOME is not set", where, k->name,
-                       v);
+            const char *home = rt_setting_text(RT_SET_HOME);
+            RT_REQUIRE(home, RT_ERR_INVALID, "%s%s: '%s' starts with ~/ but HOME is not set", where, k->name, v);
             RT_REQUIRE(strlen(home) + strlen(v) < k->size, RT_ERR_INVALID, "%s%s: path too long", where, k->name);
             snprintf(base, k->size, "%s%s", home, v + 1);
             return RT_OK;
@@ -632,8 +632,8 @@ rt_status rt_config_parse_text(rt_config *cfg, const char *text, size_t len, con
     if (!root) goto done; /* an empty file: every default */
     if (root->type != YAML_MAPPING_NODE) {
         st = RT_ERROR(RT_ERR_INVALID,
-                      "%s:%zu: expected sections (model:, data:, optim:, train:, eval:, dist:, checkpoint:, log:)", name,
-                      (size_t)root->start_mark.line + 1);
+                      "%s:%zu: expected sections (model:, data:, optim:, train:, eval:, dist:, checkpoint:, log:)",
+                      name, (size_t)root->start_mark.line + 1);
         goto done;
     }
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top && st == RT_OK; p++) {
@@ -705,8 +705,24 @@ static rt_status read_file(const char *path, char **out, size_t *len) {
     return rt_file_read_all(path, "config", (size_t)1 << 24, out, len);
 }
 
+/* Keys whose default an environment variable sets (core/settings.h): the variable, when
+ * set, replaces the table's default; the file and the overrides, applied after, win. One
+ * place for the rule "config over environment over built-in default". */
+static rt_status env_defaults(rt_config *cfg) {
+    rt_pg_options po; /* dist's defaults: RINGTRAIN_DIST_TIMEOUT, RINGTRAIN_DIST_DEBUG, TORCH_DISTRIBUTED_DEBUG */
+    RT_CHECK(rt_pg_options_default(&po));
+    cfg->dist.timeout_s = po.timeout_s;
+    cfg->dist.debug = po.debug;
+    int level = 0;
+    RT_CHECK(rt_setting_choice(RT_SET_LOG_LEVEL, &level)); /* checks the text */
+    if (rt_setting_is_set(RT_SET_LOG_LEVEL))
+        snprintf(cfg->log.level, sizeof cfg->log.level, "%s", rt_setting_text(RT_SET_LOG_LEVEL));
+    return RT_OK;
+}
+
 rt_status rt_config_load(rt_config *cfg, const char *path, int n_overrides, const char *const *overrides) {
     rt_config_default(cfg);
+    RT_CHECK(env_defaults(cfg));
     if (path) {
         char *text = NULL;
         size_t len = 0;

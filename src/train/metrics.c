@@ -42,8 +42,6 @@ void rt_metrics_close(rt_metrics *m) {
     free(m);
 }
 
-const char *rt_metrics_path(const rt_metrics *m) { return m->path; }
-
 json_t *rt_metrics_num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 json_t *rt_metrics_str(const char *s) {

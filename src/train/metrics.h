@@ -73,8 +73,6 @@ struct json_t *rt_metrics_num(double v);
 /* A JSON string of `s` (a path: any bytes), its bytes that are not UTF-8 as '?' (JSON
  * strings are Unicode; json_pack's "s" fails on them); a new reference, for "o". */
 struct json_t *rt_metrics_str(const char *s);
-/* The path it writes. */
-const char *rt_metrics_path(const rt_metrics *m);
 
 /* ---- per-epoch stage table ------------------------------------------------------------- */
 

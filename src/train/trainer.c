@@ -9,6 +9,7 @@
 #include "core/device.h"
 #include "core/file.h"
 #include "core/log.h"
+#include "core/settings.h"
 #include "core/timer.h"
 #include "core/trace.h"
 #include "data/dataset.h"
@@ -221,8 +222,8 @@ static rt_status agree_stop(run *r) {
  * so the stop (or dump) is decided at the next agreement point, never at a later one. */
 static void test_signal_at(run *r, const char *where, int64_t step) {
     static bool fired;
-    const char *v = getenv("RINGTRAIN_TEST_SIGNAL_AT");
-    if (fired || !v || !*v) return;
+    const char *v = rt_setting_text(RT_SET_TEST_SIGNAL_AT);
+    if (fired || !v) return;
     char w[16] = "", target[16] = "launcher", name[8] = "TERM";
     long long at = -1;
     int rank = 0;
@@ -235,7 +236,8 @@ static void test_signal_at(run *r, const char *where, int64_t step) {
               : strcmp(name, "STOP") == 0 ? SIGSTOP
                                           : SIGTERM;
     fflush(NULL);
-    if (strcmp(target, "launcher") == 0 && getenv("RINGTRAIN_JOB_TOKEN")) { /* ringtrain's launcher forked this rank */
+    if (strcmp(target, "launcher") == 0 &&
+        rt_setting_is_set(RT_SET_JOB_TOKEN)) { /* ringtrain's launcher forked this rank */
         kill(getppid(), sig);
         if (sig == SIGKILL)
             for (;;) pause(); /* PR_SET_PDEATHSIG: this rank dies with its launcher */
@@ -323,15 +325,15 @@ static rt_status setup_group(run *r) {
     const rt_config *c = r->cfg;
     if (r->who.world_size == 1) return RT_OK;
     rt_pg_options po;
-    rt_pg_options_default(&po);
+    RT_CHECK(rt_pg_options_default(&po));
     po.init_method = c->dist.init_method;
     po.rank = r->who.rank;
     po.world_size = r->who.world_size;
-    po.timeout_s = c->dist.timeout_s;
+    po.timeout_s = c->dist.timeout_s; /* likewise */
     RT_CHECK(rt_transport_parse(c->dist.transport, &po.transport));
     RT_CHECK(rt_algo_parse(c->dist.algo, &po.algo));
     po.device = r->dev;
-    po.debug = po.debug || c->dist.debug; /* or RINGTRAIN_DIST_DEBUG=1, TORCH_DISTRIBUTED_DEBUG=DETAIL */
+    po.debug = c->dist.debug; /* whose default the environment set (rt_config_load) */
     return rt_pg_init(&po, &r->pg);
 }
 
@@ -490,7 +492,8 @@ static rt_status setup_loaders(run *r, bool train) {
     lc.crop_pad = c->data.crop_pad == RT_CONFIG_AUTO ? -1 : (int)c->data.crop_pad;
     lc.hflip = c->data.hflip == RT_CONFIG_AUTO ? -1 : (int)c->data.hflip;
     lc.erase_p = c->data.erasing;
-    for (int i = 0; i < 2; i++) lc.erase_scale[i] = c->data.erasing_scale[i], lc.erase_ratio[i] = c->data.erasing_ratio[i];
+    for (int i = 0; i < 2; i++)
+        lc.erase_scale[i] = c->data.erasing_scale[i], lc.erase_ratio[i] = c->data.erasing_ratio[i];
     lc.erase_random = strcmp(c->data.erasing_value, "random") == 0;
     lc.erase_value = lc.erase_random ? 0.0f : (float)strtod(c->data.erasing_value, NULL);
     lc.prefetch = (int)c->data.prefetch;
@@ -903,8 +906,8 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
  * rank's batch at that step (1-based), so that rank alone produces non-finite gradients
  * (its loss may stay finite: a ReLU turns a NaN into 0 on the way forward, not back). */
 static void test_nan_batch(const run *r, const rt_batch *b) {
-    const char *v = getenv("RINGTRAIN_TEST_NAN_AT");
-    if (!v || !*v || b->size < 1) return;
+    const char *v = rt_setting_text(RT_SET_TEST_NAN_AT);
+    if (!v || b->size < 1) return;
     char *end = NULL;
     long rank = strtol(v, &end, 10);
     if (*end != ':') return;
@@ -952,13 +955,14 @@ static rt_status nonfinite_ranks(run *r, char *who, size_t n) {
  *   RINGTRAIN_TEST_BUCKET_COUNT=<rank>:<step>:<bucket>  it all-reduces it with one element
  *       fewer. */
 static void test_bucket_fault(run *r) {
-    const char *names[2] = {"RINGTRAIN_TEST_SKIP_BUCKET", "RINGTRAIN_TEST_BUCKET_COUNT"};
+    const rt_setting_id ids[2] = {RT_SET_TEST_SKIP_BUCKET, RT_SET_TEST_BUCKET_COUNT};
     for (int k = 0; k < 2; k++) {
-        const char *v = getenv(names[k]);
+        const char *v = rt_setting_text(ids[k]);
         long long rank = -1, step = -1, bucket = -1;
         if (!v || sscanf(v, "%lld:%lld:%lld", &rank, &step, &bucket) != 3) continue;
         if (rank != r->who.rank || step != (long long)r->step + 1) continue;
-        fprintf(stderr, "%s: rank %lld, step %lld, bucket %lld\n", names[k], rank, step, bucket);
+        fprintf(stderr, "%s: rank %lld, step %lld, bucket %lld\n", rt_setting_info_get(ids[k])->name, rank, step,
+                bucket);
         rt_reducer_test_fault(r->reducer, (int)bucket - 1, k == 0 ? RT_REDUCER_FAULT_SKIP : RT_REDUCER_FAULT_SHORT);
     }
 }
@@ -1076,9 +1080,9 @@ static rt_status train_step(run *r, const rt_batch *b, double data_ms, int64_t e
  *       first parameter (a diverged rank: dist.check_sync_every must name the step);
  *   RINGTRAIN_TEST_BN_PERTURB=<rank>         before every evaluation, that rank scales its
  *       batch-norm running means and variances by 4 (evaluation uses rank 0's). */
-static bool test_env_rank(const run *r, const char *name, long long *step) {
-    const char *v = getenv(name);
-    if (!v || !*v || !r->pg) return false;
+static bool test_env_rank(const run *r, rt_setting_id id, long long *step) {
+    const char *v = rt_setting_text(id);
+    if (!v || !r->pg) return false;
     char *end = NULL;
     long long rank = strtoll(v, &end, 10);
     if (step) {
@@ -1106,18 +1110,18 @@ static rt_status test_edit_floats(run *r, float *x, size_t n, float mul, float a
 }
 
 static rt_status test_init_seed_rank(run *r) {
-    if (!test_env_rank(r, "RINGTRAIN_TEST_INIT_SEED_RANK", NULL)) return RT_OK;
+    if (!test_env_rank(r, RT_SET_TEST_INIT_SEED_RANK, NULL)) return RT_OK;
     return rt_model_init_weights(r->model, (uint64_t)r->cfg->train.seed + 1);
 }
 
 static rt_status test_perturb_at(run *r) {
     long long at = -1;
-    if (!test_env_rank(r, "RINGTRAIN_TEST_PERTURB_AT", &at) || at != (long long)r->step) return RT_OK;
+    if (!test_env_rank(r, RT_SET_TEST_PERTURB_AT, &at) || at != (long long)r->step) return RT_OK;
     return test_edit_floats(r, rt_model_params(r->model)->base, 1, 1.0f, 1e-3f);
 }
 
 static rt_status test_bn_perturb(run *r) {
-    if (!test_env_rank(r, "RINGTRAIN_TEST_BN_PERTURB", NULL)) return RT_OK;
+    if (!test_env_rank(r, RT_SET_TEST_BN_PERTURB, NULL)) return RT_OK;
     for (int i = 0; i < rt_model_param_count(r->model); i++) {
         const rt_param *p = rt_model_param(r->model, i);
         if (p->kind == RT_PARAM_BUFFER && p->value.dtype == RT_F32)
@@ -1131,23 +1135,27 @@ static rt_status test_bn_perturb(run *r) {
  * ranks then die with it, PR_SET_PDEATHSIG) and itself (one rank: there is no launcher): a crash at an exact point,
  * where a test that polls for the checkpoint and then kills races with the run (which may have pruned it by then). */
 static void test_kill_after_checkpoint(run *r) {
-    const char *v = getenv("RINGTRAIN_TEST_KILL_AFTER_CKPT");
-    if (!v || !*v || !is_root(r)) return;
+    const char *v = rt_setting_text(RT_SET_TEST_KILL_AFTER_CKPT);
+    if (!v || !is_root(r)) return;
     char *end = NULL;
     long long at = strtoll(v, &end, 10);
     if (*end || at != (long long)r->step) return;
     fflush(NULL);
-    if (getenv("RINGTRAIN_JOB_TOKEN")) kill(getppid(), SIGKILL); /* ringtrain's launcher forked this rank */
+    if (rt_setting_is_set(RT_SET_JOB_TOKEN)) kill(getppid(), SIGKILL); /* ringtrain's launcher forked this rank */
     kill(getpid(), SIGKILL);
 }
 
 /* The job's attempt: TORCHELASTIC_RESTART_COUNT, set by ringtrain's launcher (--max-restarts)
- * and by torchrun; 0 (the first attempt) when unset. */
+ * and by torchrun; 0 (the first attempt) when unset. A launcher's variable that does not
+ * parse reads as 0 here (this only labels metrics and test hooks), with a warning. */
 static long long restart_count(void) {
-    const char *v = getenv("TORCHELASTIC_RESTART_COUNT");
-    char *end = NULL;
-    long long n = v && *v ? strtoll(v, &end, 10) : 0;
-    return v && *v && !*end && n > 0 ? n : 0;
+    int64_t n = 0;
+    if (rt_setting_int(RT_SET_TE_RESTART_COUNT, &n) != RT_OK) {
+        RT_LOG_WARN("%s; taking attempt 0", rt_error_message());
+        rt_error_clear();
+        n = 0;
+    }
+    return (long long)n;
 }
 
 /* Tests only: RINGTRAIN_TEST_KILL_RANK_AT=<rank>:<step> makes that rank SIGKILL itself right
@@ -1155,8 +1163,8 @@ static long long restart_count(void) {
  * runs on); <rank>:<step>:every in every attempt. A rank that dies at an exact point, for
  * the launcher's restarts (tests/train/resume.sh restart). */
 static void test_kill_rank_at(const run *r) {
-    const char *v = getenv("RINGTRAIN_TEST_KILL_RANK_AT");
-    if (!v || !*v) return;
+    const char *v = rt_setting_text(RT_SET_TEST_KILL_RANK_AT);
+    if (!v) return;
     char *end = NULL;
     long long rank = strtoll(v, &end, 10);
     if (*end != ':' || rank != r->who.rank) return;
@@ -1287,8 +1295,8 @@ static rt_status truncate_metrics(const char *path, int64_t step, int64_t *eval_
  * name: the checkpoint folder's listing and the checkpoints it loads. */
 static void rank_view(const run *r, const char *path, char *out, size_t n) {
     snprintf(out, n, "%s", path);
-    const char *v = getenv("RINGTRAIN_TEST_RANK_PATH");
-    if (!v || !*v) return;
+    const char *v = rt_setting_text(RT_SET_TEST_RANK_PATH);
+    if (!v) return;
     char *end = NULL;
     long rank = strtol(v, &end, 10);
     const char *eq = *end == ':' ? strchr(end + 1, '=') : NULL;
@@ -1419,11 +1427,11 @@ static rt_status agree_loaded(run *r, rt_status st, const char *path) {
  * named in checkpoint.allow_changes. */
 static bool free_key(const char *k) {
     static const char *const sections[] = {"checkpoint.", "log.", "dist."};
-    static const char *const keys[] = {"train.epochs",        "train.max_steps",      "train.eval_every",
-                                       "train.threads",       "train.device",         "train.precision",
-                                       "train.deterministic", "train.skip_nonfinite", "data.path",
-                                       "data.prefetch",       "data.eval_batch_size", "data.test_subset",
-                                       "eval.tta"};
+    static const char *const keys[] = {
+        "train.epochs", "train.max_steps", "train.eval_every",     "train.threads",
+        "train.device", "train.precision", "train.deterministic",  "train.skip_nonfinite",
+        "data.path",    "data.prefetch",   "data.eval_batch_size", "data.test_subset",
+        "eval.tta"};
     for (size_t i = 0; i < sizeof sections / sizeof *sections; i++)
         if (strncmp(k, sections[i], strlen(sections[i])) == 0) return true;
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)

@@ -6,14 +6,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* `expr` fails with RT_ERR_INVALID and the recorded message contains `needle`. */
-#define assert_invalid_with(expr, needle)                                                                              \
-    do {                                                                                                               \
-        assert_int_equal((expr), RT_ERR_INVALID);                                                                      \
-        if (!strstr(rt_error_message(), (needle)))                                                                     \
-            fail_msg("message \"%s\" lacks \"%s\"", rt_error_message(), (needle));                                     \
-    } while (0)
-
 static void test_parse(void **state) {
     (void)state;
     rt_log_level lv;
@@ -25,10 +17,10 @@ static void test_parse(void **state) {
     assert_int_equal(lv, RT_LOG_ERROR);
     assert_rt_ok(rt_log_parse_level("Warning", &lv));
     assert_int_equal(lv, RT_LOG_WARN);
-    assert_invalid_with(rt_log_parse_level("loud", &lv),
-                        "unknown log level 'loud' (expected error | warn | info | debug | trace");
-    assert_invalid_with(rt_log_parse_level("", &lv), "''");
-    assert_invalid_with(rt_log_parse_level("5", &lv), "'5'");
+    assert_rt_fails(rt_log_parse_level("loud", &lv), RT_ERR_INVALID,
+                    "unknown log level 'loud' (expected error | warn | info | debug | trace");
+    assert_rt_fails(rt_log_parse_level("", &lv), RT_ERR_INVALID, "''");
+    assert_rt_fails(rt_log_parse_level("5", &lv), RT_ERR_INVALID, "'5'");
 }
 
 /* capture stderr into a pipe while running fn */

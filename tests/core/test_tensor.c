@@ -5,14 +5,6 @@
 
 #include <string.h>
 
-/* `expr` fails with RT_ERR_INVALID and the recorded message contains `needle`. */
-#define assert_invalid_with(expr, needle)                                                                              \
-    do {                                                                                                               \
-        assert_int_equal((expr), RT_ERR_INVALID);                                                                      \
-        if (!strstr(rt_error_message(), (needle)))                                                                     \
-            fail_msg("message \"%s\" lacks \"%s\"", rt_error_message(), (needle));                                     \
-    } while (0)
-
 static void test_descriptor(void **state) {
     (void)state;
     rt_tensor t;
@@ -49,9 +41,9 @@ static void test_dtypes(void **state) {
     assert_int_equal(d, RT_F64);
     assert_rt_ok(rt_dtype_parse("BF16", &d));
     assert_int_equal(d, RT_BF16);
-    assert_invalid_with(rt_dtype_parse("f16", &d),
-                        "unknown dtype 'f16' (expected f32 | f64 | i32 | i64 | u8 | bf16; or float32");
-    assert_invalid_with(rt_dtype_parse(NULL, &d), "(null)");
+    assert_rt_fails(rt_dtype_parse("f16", &d), RT_ERR_INVALID,
+                    "unknown dtype 'f16' (expected f32 | f64 | i32 | i64 | u8 | bf16; or float32");
+    assert_rt_fails(rt_dtype_parse(NULL, &d), RT_ERR_INVALID, "(null)");
     assert_int_equal(rt_dtype_size(RT_F64), 8);
     assert_int_equal(rt_dtype_size(RT_U8), 1);
     assert_string_equal(rt_dtype_name(RT_I32), "i32");

@@ -1,6 +1,6 @@
 /* The model backend's own CUDA kernels (src/model/cuda/kernels_cuda.cu),
  * compiled as host code through the CUDA emulation, against the CPU backend on the
- * cases of tests/model_gpu/test_gpu_layers.c, plus NaN in max pooling and out-of-range
+ * cases of tests/model/test_gpu_layers.c, plus NaN in max pooling and out-of-range
  * labels in the losses. Sizes are not multiples of the 256-thread blocks, and grids have
  * many blocks, so partial blocks and the index arithmetic of every block are exercised.
  *
@@ -43,18 +43,18 @@ static int teardown(void **state) {
 static void test_elementwise(void **state) {
     (void)state;
     const size_t n = 100003; /* 391 blocks, the last one partial */
-    float *a = et_randn(n, 1.0f), *b = et_randn(n, 1.0f);
+    float *a = rt_test_randn(n, 1.0f), *b = rt_test_randn(n, 1.0f);
     a[0] = 0.0f, a[1] = -0.0f, a[2] = NAN, a[n - 1] = -INFINITY; /* relu's edges */
-    float *cy = et_nan(n), *gy = et_nan(n);
+    float *cy = rt_test_nans(n), *gy = rt_test_nans(n);
 
     assert_rt_ok(rt_relu_forward(g_cpu, n, a, cy));
     assert_cuda_ok(rt_cuk_relu_forward(NULL, n, a, gy));
     et_check_exact("relu forward", cy, gy, n);
-    float *cdx = et_copy(b, n), *gdx = et_copy(b, n); /* backward in place on dy */
+    float *cdx = rt_test_copy(b, n), *gdx = rt_test_copy(b, n); /* backward in place on dy */
     assert_rt_ok(rt_relu_backward(g_cpu, n, cy, cdx, cdx));
     assert_cuda_ok(rt_cuk_relu_backward(NULL, n, gy, gdx, gdx));
     et_check_exact("relu backward (in place)", cdx, gdx, n);
-    float *cx = et_copy(a, n), *gx = et_copy(a, n);
+    float *cx = rt_test_copy(a, n), *gx = rt_test_copy(a, n);
     assert_rt_ok(rt_relu_forward(g_cpu, n, cx, cx));
     assert_cuda_ok(rt_cuk_relu_forward(NULL, n, gx, gx));
     et_check_exact("relu forward (in place)", cx, gx, n);
@@ -83,12 +83,12 @@ static void pool_case(int n, int c, int h, int w, int k, int s, int pad, int kin
     assert_rt_ok(rt_maxpool2d_init(&l, c, h, w, k, s, pad));
     assert_rt_ok(rt_maxpool2d_prepare(g_cpu, &l, n));
     const size_t xn = (size_t)n * c * h * w, yn = (size_t)n * c * l.out_h * l.out_w;
-    float *x = et_randn(xn, 1.0f), *dy = et_randn(yn, 1.0f);
+    float *x = rt_test_randn(xn, 1.0f), *dy = rt_test_randn(yn, 1.0f);
     if (kind != POOL_PLAIN) /* few distinct values: tied maxima everywhere (the first wins) */
         for (size_t i = 0; i < xn; i++) x[i] = roundf(x[i] * 2.0f) * 0.5f;
     if (kind == POOL_NAN) /* NaN wins its windows, wherever it is in them */
         for (size_t i = 3; i < xn; i += 37) x[i] = NAN;
-    float *cy = et_nan(yn), *gy = et_nan(yn), *cdx = et_nan(xn), *gdx = et_nan(xn);
+    float *cy = rt_test_nans(yn), *gy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *gdx = rt_test_nans(xn);
     char what[96];
     const char *tag = kind == POOL_TIES ? " ties" : kind == POOL_NAN ? " ties+NaN" : "";
     assert_rt_ok(rt_maxpool2d_forward(g_cpu, &l, n, x, cy));
@@ -123,8 +123,8 @@ static void test_avgpool(void **state) {
     for (int ci = 0; ci < 4; ci++) {
         const int n = cases[ci][0], c = cases[ci][1], hw = cases[ci][2];
         const size_t xn = (size_t)n * c * hw, yn = (size_t)n * c;
-        float *x = et_randn(xn, 1.0f), *dy = et_randn(yn, 1.0f);
-        float *cy = et_nan(yn), *gy = et_nan(yn), *cdx = et_nan(xn), *gdx = et_nan(xn);
+        float *x = rt_test_randn(xn, 1.0f), *dy = rt_test_randn(yn, 1.0f);
+        float *cy = rt_test_nans(yn), *gy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *gdx = rt_test_nans(xn);
         char what[96];
         assert_rt_ok(rt_avgpool_forward(g_cpu, n, c, hw, x, cy));
         assert_cuda_ok(rt_cuk_avgpool_forward(NULL, n, c, hw, x, gy));
@@ -153,26 +153,26 @@ static void linear_case(int n, int in_f, int out_f) {
     g.size = p.size;
     assert_rt_ok(rt_arena_alloc(&p));
     assert_rt_ok(rt_arena_alloc(&g));
-    float *w = et_randn((size_t)out_f * in_f, 0.1f), *b = et_randn((size_t)out_f, 0.5f);
+    float *w = rt_test_randn((size_t)out_f * in_f, 0.1f), *b = rt_test_randn((size_t)out_f, 0.5f);
     memcpy(rt_tensor_data(&l.weight), w, (size_t)out_f * in_f * sizeof(float));
     memcpy(rt_tensor_data(&l.bias), b, (size_t)out_f * sizeof(float));
     size_t ws = 0;
     assert_rt_ok(rt_linear_prepare(g_cpu, &l, n, &ws));
     assert_rt_ok(rt_model_ctx_reserve(g_cpu, ws));
     const size_t xn = (size_t)n * in_f, yn = (size_t)n * out_f;
-    float *x = et_randn(xn, 1.0f), *dy = et_randn(yn, 1.0f), *dx = et_nan(xn);
+    float *x = rt_test_randn(xn, 1.0f), *dy = rt_test_randn(yn, 1.0f), *dx = rt_test_nans(xn);
     char what[96];
 
     /* the bias broadcast: what the CUDA forward puts in y before cuBLAS adds x W^T (the
      * CPU forward memcpy's the bias into each row the same way) */
-    float *rows = et_alloc(yn), *gy = et_nan(yn);
+    float *rows = rt_test_floats(yn), *gy = rt_test_nans(yn);
     for (int i = 0; i < n; i++) memcpy(rows + (size_t)i * out_f, b, (size_t)out_f * sizeof(float));
     assert_cuda_ok(rt_cuk_bias_rows(NULL, n, out_f, b, gy));
     snprintf(what, sizeof what, "bias rows n%d out%d", n, out_f);
     et_check_exact(what, rows, gy, yn);
 
     /* the bias gradient: the CPU backward's column sums (double, rows in order) */
-    float *gdb = et_nan((size_t)out_f);
+    float *gdb = rt_test_nans((size_t)out_f);
     assert_rt_ok(rt_linear_backward(g_cpu, &l, n, x, dy, dx));
     assert_cuda_ok(rt_cuk_column_sums(NULL, n, out_f, dy, gdb));
     snprintf(what, sizeof what, "bias gradient n%d out%d", n, out_f);
@@ -198,10 +198,10 @@ static void dropout_case(float p, bool channelwise, int n, int c, int h, int w) 
     assert_rt_ok(rt_dropout_init(&lc, p, channelwise, c, h, w, g_seed ^ 0x5eedu, 3));
     lg = lc;
     const size_t cnt = (size_t)n * c * h * w, draws = cnt / (size_t)lc.plane;
-    lc.mask = et_nan(draws);
-    lg.mask = et_nan(draws);
-    float *x = et_randn(cnt, 1.0f), *dy = et_randn(cnt, 1.0f);
-    float *cy = et_nan(cnt), *gy = et_nan(cnt), *cdx = et_nan(cnt), *gdx = et_nan(cnt);
+    lc.mask = rt_test_nans(draws);
+    lg.mask = rt_test_nans(draws);
+    float *x = rt_test_randn(cnt, 1.0f), *dy = rt_test_randn(cnt, 1.0f);
+    float *cy = rt_test_nans(cnt), *gy = rt_test_nans(cnt), *cdx = rt_test_nans(cnt), *gdx = rt_test_nans(cnt);
     for (int rep = 0; rep < 2; rep++) { /* the second draw continues the counter */
         char what[96];
         assert_rt_ok(rt_dropout_forward(g_cpu, &lc, n, x, cy, true));
@@ -255,9 +255,9 @@ static void test_losses(void **state) {
         const int n = cases[ci][0], k = cases[ci][1];
         const size_t nk = (size_t)n * k;
         char what[96];
-        float *x = et_randn(nk, 3.0f), *dy = et_randn(nk, 1.0f);
+        float *x = rt_test_randn(nk, 3.0f), *dy = rt_test_randn(nk, 1.0f);
         int64_t *lab = labels_for((size_t)n, k);
-        float *cd = et_nan(nk), *gd = et_nan(nk), *cy = et_nan(nk), *gy = et_nan(nk);
+        float *cd = rt_test_nans(nk), *gd = rt_test_nans(nk), *cy = rt_test_nans(nk), *gy = rt_test_nans(nk);
         float closs = NAN, gloss = NAN;
         int bad = 0;
 
@@ -311,13 +311,13 @@ static void test_losses_bad_labels(void **state) {
     (void)state;
     const int n = 300, k = 10;
     const size_t nk = (size_t)n * k;
-    float *x = et_randn(nk, 3.0f), *logp = et_nan(nk);
+    float *x = rt_test_randn(nk, 3.0f), *logp = rt_test_nans(nk);
     int64_t *lab = labels_for((size_t)n, k), *fixed = malloc(n * sizeof *fixed);
     const int bad_rows[3] = {1, 200, 299}; /* in different threads, the last in a second pass */
     lab[bad_rows[0]] = k, lab[bad_rows[1]] = -1, lab[bad_rows[2]] = (int64_t)1 << 32; /* would be 0 as an int32 */
     memcpy(fixed, lab, n * sizeof *fixed);
     for (int b = 0; b < 3; b++) fixed[bad_rows[b]] = 0;
-    float closs = 0, gloss = 0, *cd = et_nan(nk), *gd = et_nan(nk);
+    float closs = 0, gloss = 0, *cd = rt_test_nans(nk), *gd = rt_test_nans(nk);
     int bad = 5; /* counts on from what is there */
 
     assert_int_equal(rt_softmax_xent(g_cpu, n, k, x, lab, &closs, cd), RT_ERR_INVALID);

@@ -18,6 +18,7 @@
  * 1e-12 relative (double sums of 10^5 squares in two orders differ by far less).
  */
 #include "emu_test_util.h"
+#include "optim/optim_test_util.h"
 
 #include "optim/clip.h"
 #include "optim/internal/optim_kernels.h"
@@ -31,31 +32,6 @@
 
 static const rt_optim_range ranges[3] = {{0, 5}, {33, 64}, {N - 13, 13}}; /* straddling mask words */
 
-/* test_gpu_optim.c's configurations */
-static void make_configs(rt_optim_config *cs, int *count) {
-    int k = 0;
-    rt_optim_config_default(&cs[k++], RT_OPTIM_SGD);
-    rt_optim_config_default(&cs[k], RT_OPTIM_SGD);
-    cs[k].momentum = 0.9, cs[k].dampening = 0.2, cs[k].weight_decay = 1e-2, k++;
-    rt_optim_config_default(&cs[k], RT_OPTIM_SGD);
-    cs[k].momentum = 0.9, cs[k].nesterov = true, cs[k].weight_decay = 5e-4, cs[k].no_decay = ranges,
-    cs[k].n_no_decay = 3, k++;
-    rt_optim_config_default(&cs[k++], RT_OPTIM_ADAM);
-    rt_optim_config_default(&cs[k], RT_OPTIM_ADAM);
-    cs[k].weight_decay = 1e-2, cs[k].amsgrad = true, cs[k].no_decay = ranges, cs[k].n_no_decay = 3, k++;
-    rt_optim_config_default(&cs[k++], RT_OPTIM_ADAMW);
-    rt_optim_config_default(&cs[k], RT_OPTIM_ADAMW);
-    cs[k].weight_decay = 0.1, cs[k].amsgrad = true, cs[k].betas[0] = 0.8, cs[k].eps = 1e-6, cs[k].no_decay = ranges,
-    cs[k].n_no_decay = 3, k++;
-    rt_optim_config_default(&cs[k++], RT_OPTIM_ADADELTA);
-    rt_optim_config_default(&cs[k], RT_OPTIM_ADADELTA);
-    cs[k].rho = 0.95, cs[k].eps = 1e-4, cs[k].lr = 0.5, cs[k].weight_decay = 1e-2, cs[k].no_decay = ranges,
-    cs[k].n_no_decay = 3, k++;
-    rt_optim_config_default(&cs[k], RT_OPTIM_SGD); /* the parameters' moving average, every 2 steps */
-    cs[k].momentum = 0.9, cs[k].ema_decay = 0.9, cs[k].ema_every = 2, k++;
-    *count = k;
-}
-
 /* an optimizer whose backend is the emulated CUDA one */
 static void emu_optimizer_init(rt_optimizer *o, const rt_optim_config *c) {
     assert_rt_ok(rt_optimizer_init(o, c, rt_device_cpu(), N));
@@ -67,7 +43,7 @@ static void emu_optimizer_init(rt_optimizer *o, const rt_optim_config *c) {
 }
 
 static void run_config(const rt_optim_config *c, int resume_at, int generic) {
-    float *p = et_randn(N, 1.0f), *g = et_randn(STEPS * N, 1.0f), *gp = et_copy(p, N);
+    float *p = rt_test_randn(N, 1.0f), *g = rt_test_randn(STEPS * N, 1.0f), *gp = rt_test_copy(p, N);
     rt_optimizer oc, og;
     assert_rt_ok(rt_optimizer_init(&oc, c, rt_device_cpu(), N));
     emu_optimizer_init(&og, c);
@@ -75,23 +51,12 @@ static void run_config(const rt_optim_config *c, int resume_at, int generic) {
     for (int t = 0; t < STEPS; t++) {
         double lr = c->lr * (1.0 + 0.1 * t);
         if (t == resume_at) { /* the emulated optimizer's state, saved and loaded into a new one */
-            int ns = rt_optimizer_state_count(&og);
-            float *saved = et_alloc((size_t)ns * N);
-            for (int i = 0; i < ns; i++) {
-                rt_optim_state st;
-                assert_rt_ok(rt_optimizer_state_get(&og, i, &st));
-                assert_rt_ok(rt_optimizer_state_save(&og, st.name, saved + (size_t)i * N, N));
-            }
-            int64_t k = rt_optimizer_get_steps(&og);
+            int ns;
+            int64_t k;
+            float *saved = optim_test_save(&og, N, &ns, &k);
             rt_optimizer_free(&og);
             emu_optimizer_init(&og, c);
-            for (int i = 0; i < ns; i++) {
-                rt_optim_state st;
-                assert_rt_ok(rt_optimizer_state_get(&og, i, &st));
-                assert_rt_ok(rt_optimizer_state_load(&og, st.name, saved + (size_t)i * N, N));
-            }
-            assert_rt_ok(rt_optimizer_set_steps(&og, k));
-            free(saved);
+            optim_test_load(&og, saved, N, k);
         }
         assert_rt_ok(rt_optimizer_step(&oc, p, g + (size_t)t * N, lr, NULL));
         assert_rt_ok(rt_optimizer_step(&og, gp, g + (size_t)t * N, lr, NULL));
@@ -117,9 +82,9 @@ static void run_config(const rt_optim_config *c, int resume_at, int generic) {
 
 static void test_optimizers(void **state) {
     (void)state;
-    rt_optim_config cs[11];
+    rt_optim_config cs[OPTIM_TEST_CONFIGS_MAX];
     int n;
-    make_configs(cs, &n);
+    optim_test_configs(cs, &n, ranges);
     for (int i = 0; i < n; i++) {
         run_config(&cs[i], -1, 0);
         run_config(&cs[i], STEPS / 2, 0);
@@ -166,7 +131,7 @@ static void test_sumsq(void **state) {
     const size_t sizes[] = {300007, 1000, 1, 0};
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         const size_t n = sizes[si];
-        float *x = et_randn(n, 2.0f);
+        float *x = rt_test_randn(n, 2.0f);
         double out = NAN, again = NAN;
         assert_rt_ok(cg.backend->sumsq(&cg, x, n, NULL, &out));
         double model = tree_model(x, n), cpu = rt_optim_sumsq_cpu(x, n);
@@ -186,7 +151,7 @@ static void test_sumsq(void **state) {
 static void test_clip(void **state) {
     (void)state;
     const size_t n = 100003;
-    float *gc = et_randn(n, 2.0f), *gg = et_copy(gc, n);
+    float *gc = rt_test_randn(n, 2.0f), *gg = rt_test_copy(gc, n);
     rt_grad_clip cc, cg;
     assert_rt_ok(rt_grad_clip_init(&cc, rt_device_cpu()));
     emu_clip_init(&cg);
@@ -220,7 +185,7 @@ static void test_clip(void **state) {
 static void test_scale(void **state) {
     (void)state;
     const size_t n = 70001;
-    float *x = et_randn(n, 3.0f), *c = et_copy(x, n);
+    float *x = rt_test_randn(n, 3.0f), *c = rt_test_copy(x, n);
     rt_grad_clip cg;
     emu_clip_init(&cg);
     rt_optim_scale_cpu(c, n, 0.3712f);

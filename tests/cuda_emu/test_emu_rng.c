@@ -6,7 +6,7 @@
  *
  * The normal draw scales as `mean + std * z`: the CPU (ISO C) and the emulation do a
  * multiply and an add; nvcc contracts them into one fma by default, so on hardware the
- * GPU test (tests/gpu/test_gpu_core.c) allows 1e-6 for mean/std other than 0/1. The
+ * GPU test (tests/core/test_gpu_core.c) allows 1e-6 for mean/std other than 0/1. The
  * emulation checks the stream itself exactly. */
 #include "emu_test_util.h"
 
@@ -24,12 +24,12 @@ static void test_uniform(void **state) {
     rt_rng rc, rg;
     rt_rng_init(&rc, g_seed, 5);
     rt_rng_init(&rg, g_seed, 5);
-    float *skip = et_alloc(3);
+    float *skip = rt_test_floats(3);
     rt_rng_uniform(&rc, skip, 3); /* an odd offset first: blocks of 4 words split */
     rt_rng_uniform(&rg, skip, 3);
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         const size_t n = sizes[si];
-        float *c = et_nan(n), *g = et_nan(n);
+        float *c = rt_test_nans(n), *g = rt_test_nans(n);
         rt_rng_uniform(&rc, c, n);
         assert_rt_ok(rt_rng_uniform_cuda(&rg, g, n, NULL));
         char what[64];
@@ -51,7 +51,7 @@ static void test_normal(void **state) {
     rt_rng_init(&rg, g_seed ^ 0xabcdefu, 9);
     for (int pi = 0; pi < 3; pi++) {
         const size_t n = 10007 + (size_t)pi; /* and offsets that are not multiples of 4 */
-        float *c = et_nan(n), *g = et_nan(n);
+        float *c = rt_test_nans(n), *g = rt_test_nans(n);
         rt_rng_normal(&rc, c, n, params[pi][0], params[pi][1]);
         assert_rt_ok(rt_rng_normal_cuda(&rg, g, n, params[pi][0], params[pi][1], NULL));
         char what[64];

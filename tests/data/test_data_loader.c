@@ -118,7 +118,7 @@ static void test_eval_normalised_and_complete(void **state) {
 }
 
 /* One label type from the loader to the loss: int64, as PyTorch's cross_entropy takes
- * (DESIGN.md). A change of rt_batch.labels' type fails to compile here. */
+ * (docs/architecture.md). A change of rt_batch.labels' type fails to compile here. */
 _Static_assert(_Generic(((rt_batch *)0)->labels, int64_t * : 1, default : 0), "rt_batch.labels must be int64_t *");
 
 static void test_rgb_normalisation_int64_labels(void **state) {

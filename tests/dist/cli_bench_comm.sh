@@ -39,7 +39,7 @@ expect 0 'timeout 9 s' --nproc 2 $small --timeout=9
 unset RINGTRAIN_DIST_TIMEOUT
 expect 0 'timeout 120 s' --nproc 2 $small
 export RINGTRAIN_DIST_TIMEOUT=abc
-expect 2 "RINGTRAIN_DIST_TIMEOUT 'abc': expected seconds" --nproc 2 $small
+expect 2 "RINGTRAIN_DIST_TIMEOUT='abc': expected a number" --nproc 2 $small
 unset RINGTRAIN_DIST_TIMEOUT
 
 expect_done

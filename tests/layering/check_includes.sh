@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Layering of DESIGN.md: cli -> train -> {data, model, dist, optim} -> core.
+# Layering of docs/architecture.md: cli -> train -> {data, model, dist, optim} -> core.
 # Fails, naming file:line, when a source under src/ includes a header of an area it may
 # not use: core includes only core; each middle area only itself and core; train
 # everything but cli; nothing but cli includes cli/ or calls rt_cli_*.

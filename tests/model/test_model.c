@@ -455,6 +455,16 @@ static void test_save_load(void **state) {
     rmdir(dir);
 }
 
+/* rt_model_ctx_memory: a CPU context holds no device memory (the GPU side is
+ * test_gpu_layers' test_mem_used); a NULL context is an error, not a crash */
+static void test_ctx_memory(void **state) {
+    (void)state;
+    size_t used = 1, backend = 1;
+    assert_rt_ok(rt_model_ctx_memory(g_ctx, &used, &backend));
+    assert_true(used == 0 && backend == 0);
+    assert_rt_fails(rt_model_ctx_memory(NULL, &used, &backend), RT_ERR_INVALID, "NULL context");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
@@ -466,6 +476,7 @@ int main(void) {
         cmocka_unit_test(test_every_layer_used),
         cmocka_unit_test(test_save_load),
         cmocka_unit_test(test_partial_batch),
+        cmocka_unit_test(test_ctx_memory),
     };
     return cmocka_run_group_tests(tests, mt_group_setup, mt_group_teardown);
 }

@@ -5,6 +5,7 @@
  * the gradient norm / clipping / non-finite check must agree, and a save/load of the
  * GPU state mid-run must continue the same trajectory. Exits 77 without a GPU. */
 #include "test_util.h"
+#include "optim_test_util.h"
 
 #include "core/rng.h"
 #include "optim/clip.h"
@@ -17,30 +18,6 @@
 #define STEPS 12
 
 static const rt_optim_range ranges[3] = {{0, 5}, {33, 64}, {999990, 13}};
-
-static void make_configs(rt_optim_config *cs, int *count) {
-    int k = 0;
-    rt_optim_config_default(&cs[k++], RT_OPTIM_SGD);
-    rt_optim_config_default(&cs[k], RT_OPTIM_SGD);
-    cs[k].momentum = 0.9, cs[k].dampening = 0.2, cs[k].weight_decay = 1e-2, k++;
-    rt_optim_config_default(&cs[k], RT_OPTIM_SGD);
-    cs[k].momentum = 0.9, cs[k].nesterov = true, cs[k].weight_decay = 5e-4, cs[k].no_decay = ranges,
-    cs[k].n_no_decay = 3, k++;
-    rt_optim_config_default(&cs[k++], RT_OPTIM_ADAM);
-    rt_optim_config_default(&cs[k], RT_OPTIM_ADAM);
-    cs[k].weight_decay = 1e-2, cs[k].amsgrad = true, cs[k].no_decay = ranges, cs[k].n_no_decay = 3, k++;
-    rt_optim_config_default(&cs[k++], RT_OPTIM_ADAMW);
-    rt_optim_config_default(&cs[k], RT_OPTIM_ADAMW);
-    cs[k].weight_decay = 0.1, cs[k].amsgrad = true, cs[k].betas[0] = 0.8, cs[k].eps = 1e-6, cs[k].no_decay = ranges,
-    cs[k].n_no_decay = 3, k++;
-    rt_optim_config_default(&cs[k++], RT_OPTIM_ADADELTA);
-    rt_optim_config_default(&cs[k], RT_OPTIM_ADADELTA);
-    cs[k].rho = 0.95, cs[k].eps = 1e-4, cs[k].lr = 0.5, cs[k].weight_decay = 1e-2, cs[k].no_decay = ranges,
-    cs[k].n_no_decay = 3, k++;
-    rt_optim_config_default(&cs[k], RT_OPTIM_SGD); /* the parameters' moving average, every 2 steps */
-    cs[k].momentum = 0.9, cs[k].ema_decay = 0.9, cs[k].ema_every = 2, k++;
-    *count = k;
-}
 
 /* compare n floats; returns the number of elements off by more than 1e-6 relative */
 static size_t compare(const char *what, const float *cpu, const float *gpu, size_t n) {
@@ -78,24 +55,17 @@ static void run_config(const rt_optim_config *c, int resume_at) {
     for (int t = 0; t < STEPS; t++) {
         double lr = c->lr * (1.0 + 0.1 * t);
         if (t == resume_at) {
-            int ns = rt_optimizer_state_count(&og);
-            float *saved = malloc((size_t)ns * bytes);
-            for (int i = 0; i < ns; i++) {
+            for (int i = 0; i < rt_optimizer_state_count(&og); i++) { /* the state lives on the GPU */
                 rt_optim_state st;
                 assert_rt_ok(rt_optimizer_state_get(&og, i, &st));
                 assert_true(rt_device_is_cuda(st.tensor.device));
-                assert_rt_ok(rt_optimizer_state_save(&og, st.name, saved + (size_t)i * N, N));
             }
-            int64_t k = rt_optimizer_get_steps(&og);
+            int ns;
+            int64_t k;
+            float *saved = optim_test_save(&og, N, &ns, &k);
             rt_optimizer_free(&og);
             assert_rt_ok(rt_optimizer_init(&og, c, gpu, N));
-            for (int i = 0; i < ns; i++) {
-                rt_optim_state st;
-                assert_rt_ok(rt_optimizer_state_get(&og, i, &st));
-                assert_rt_ok(rt_optimizer_state_load(&og, st.name, saved + (size_t)i * N, N));
-            }
-            assert_rt_ok(rt_optimizer_set_steps(&og, k));
-            free(saved);
+            optim_test_load(&og, saved, N, k);
         }
         assert_rt_ok(rt_memcpy(g_dev, gpu, g + (size_t)t * N, cpu, bytes, s));
         assert_rt_ok(rt_optimizer_step(&og, p_dev, g_dev, lr, s));
@@ -128,9 +98,9 @@ static void run_config(const rt_optim_config *c, int resume_at) {
 
 static void test_optimizers_match_cpu(void **state) {
     (void)state;
-    rt_optim_config cs[11];
+    rt_optim_config cs[OPTIM_TEST_CONFIGS_MAX];
     int n;
-    make_configs(cs, &n);
+    optim_test_configs(cs, &n, ranges);
     for (int i = 0; i < n; i++) {
         run_config(&cs[i], -1);
         run_config(&cs[i], STEPS / 2);

@@ -239,8 +239,8 @@ static void test_string_list(void **state) {
     expect_error(parse(&c, "checkpoint:\n  allow_changes: [[optim.lr]]\n"), "checkpoint.allow_changes", "plain values",
                  NULL);
     /* a misspelled key is an error of its line, on a fresh run too (not only on a resume) */
-    expect_error(parse(&c, "checkpoint:\n  allow_changes: [optim.lr, optim.lrr]\n"), "cfg.yaml:2:",
-                 "checkpoint.allow_changes[1]", "'optim.lrr' is not a config key");
+    expect_error(parse(&c, "checkpoint:\n  allow_changes: [optim.lr, optim.lrr]\n"),
+                 "cfg.yaml:2:", "checkpoint.allow_changes[1]", "'optim.lrr' is not a config key");
     expect_error(rt_config_override(&c, "checkpoint.allow_changes=[model.widht]"), "checkpoint.allow_changes[0]",
                  "'model.widht' is not a config key", NULL);
 }
@@ -295,8 +295,8 @@ static void test_deterministic(void **state) {
     assert_false(c.train.deterministic);
     assert_rt_ok(rt_config_override(&c, "train.deterministic=true"));
     assert_true(c.train.deterministic);
-    expect_error(parse(&c, "train:\n  epochs: 1\n  deterministic: sometimes\n"), "cfg.yaml:3:",
-                 "train.deterministic", "not a boolean");
+    expect_error(parse(&c, "train:\n  epochs: 1\n  deterministic: sometimes\n"), "cfg.yaml:3:", "train.deterministic",
+                 "not a boolean");
     expect_error(parse(&c, "train:\n  deterministic: 2\n"), "train.deterministic", "not a boolean", NULL);
     expect_error(rt_config_override(&c, "train.deterministic="), "train.deterministic", "no value", NULL);
     expect_error(rt_config_override(&c, "train.determinstic=1"), "did you mean train.deterministic?", NULL, NULL);
@@ -328,12 +328,66 @@ static void test_shipped_configs(void **state) {
     }
 }
 
+/* RINGTRAIN_DIST_TIMEOUT, RINGTRAIN_DIST_DEBUG (else TORCH_DISTRIBUTED_DEBUG=DETAIL) and
+ * RINGTRAIN_LOG_LEVEL set the defaults of dist.timeout_s, dist.debug and log.level; the
+ * file and the overrides win (docs/settings.md, "One source per setting"). */
+static void test_env_defaults(void **state) {
+    (void)state;
+    rt_config c;
+    setenv("RINGTRAIN_DIST_TIMEOUT", "7", 1);
+    setenv("RINGTRAIN_DIST_DEBUG", "1", 1);
+    setenv("RINGTRAIN_LOG_LEVEL", "debug", 1);
+    assert_rt_ok(rt_config_load(&c, NULL, 0, NULL));
+    assert_true(c.dist.timeout_s == 7.0);
+    assert_true(c.dist.debug);
+    assert_string_equal(c.log.level, "debug");
+    char dir[] = "/tmp/rt-config-env-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/a.yaml", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("dist:\n  timeout_s: 9\n  debug: false\n", f);
+    fclose(f);
+    assert_rt_ok(rt_config_load(&c, path, 0, NULL)); /* the file wins */
+    assert_true(c.dist.timeout_s == 9.0);
+    assert_false(c.dist.debug);
+    assert_string_equal(c.log.level, "debug"); /* not in the file: the variable's */
+    const char *ov[] = {"dist.timeout_s=11", "log.level=warn"};
+    assert_rt_ok(rt_config_load(&c, path, 2, ov)); /* and the overrides win over both */
+    assert_true(c.dist.timeout_s == 11.0);
+    assert_string_equal(c.log.level, "warn");
+    unlink(path);
+    rmdir(dir);
+    /* a bad value is an error naming the variable */
+    setenv("RINGTRAIN_DIST_TIMEOUT", "abc", 1);
+    expect_error(rt_config_load(&c, NULL, 0, NULL), "RINGTRAIN_DIST_TIMEOUT='abc'", "expected a number", NULL);
+    unsetenv("RINGTRAIN_DIST_TIMEOUT");
+    setenv("RINGTRAIN_LOG_LEVEL", "loud", 1);
+    expect_error(rt_config_load(&c, NULL, 0, NULL), "RINGTRAIN_LOG_LEVEL='loud'", "error|warn|info|debug|trace", NULL);
+    unsetenv("RINGTRAIN_LOG_LEVEL");
+    /* RINGTRAIN_DIST_DEBUG, when set, wins over TORCH_DISTRIBUTED_DEBUG */
+    setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL", 1);
+    setenv("RINGTRAIN_DIST_DEBUG", "0", 1);
+    assert_rt_ok(rt_config_load(&c, NULL, 0, NULL));
+    assert_false(c.dist.debug);
+    unsetenv("RINGTRAIN_DIST_DEBUG");
+    assert_rt_ok(rt_config_load(&c, NULL, 0, NULL));
+    assert_true(c.dist.debug);
+    unsetenv("TORCH_DISTRIBUTED_DEBUG");
+    assert_rt_ok(rt_config_load(&c, NULL, 0, NULL)); /* unset: the table's defaults */
+    assert_true(c.dist.timeout_s == 300.0);
+    assert_false(c.dist.debug);
+    assert_string_equal(c.log.level, "info");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),        cmocka_unit_test(test_values),    cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_overrides),       cmocka_unit_test(test_load_file), cmocka_unit_test(test_docs),
+        cmocka_unit_test(test_defaults),        cmocka_unit_test(test_values),
+        cmocka_unit_test(test_errors),          cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_load_file),       cmocka_unit_test(test_docs),
         cmocka_unit_test(test_shipped_configs), cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_string_list),
+        cmocka_unit_test(test_string_list),     cmocka_unit_test(test_env_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,7 @@
  * with (cudaErrorInsufficientDriver while libcuda.so.1 loads), a driver updated without a
  * reboot, GPUs busy in exclusive mode, a failed initialisation... are errors that name
  * the cause and the remedy, so `device: auto` never trains on the CPU by accident.
- * Pure functions, no CUDA headers: the unit test tests/gpu/test_gpu_rules.c checks them
+ * Pure functions, no CUDA headers: the unit test tests/core/test_gpu_rules.c checks them
  * without a GPU. Internal to src/core. */
 #ifndef RT_CORE_CUDA_DRIVER_VERSION_H
 #define RT_CORE_CUDA_DRIVER_VERSION_H

@@ -41,11 +41,6 @@ typedef struct rt_bytes_rule {
     const void *arg;
 } rt_bytes_rule;
 
-/* The whole regular file `path` into memory (opened with rt_file_open_regular: a FIFO,
- * a directory, a device, a symlink loop or a permission problem is named as such);
- * larger than max_size is refused before it is read. */
-rt_status rt_bytes_read_file(const char *path, size_t max_size, rt_bytes *out);
-
 /* Inflate the gzip data held in buf (one member, or several concatenated as gzip -d
  * reads them); name is used in error messages. The output may not exceed max_out bytes
  * (an error says so); other bytes after the last member are an error (no silently

@@ -124,7 +124,8 @@ struct rt_request {
 
 struct rt_engine {
     int rank, world;
-    rt_chan *ch; /* [world] */
+    uint64_t spin_ns; /* shm: spin this long before yielding (RINGTRAIN_SHM_SPIN_US) */
+    rt_chan *ch;      /* [world] */
     bool shm;
     rt_shm_bell *my_bell;
     int evfd;

@@ -18,8 +18,10 @@ typedef struct rt_pg_world {
     int next_group;
     rt_flight_cell *cell; /* the world group's shared recorder page (flight.h), NULL: none */
     int cell_fd;
-    int (*cellref)[2]; /* [world]: the pid and fd of each rank's page on this host ({0, 0}: none) */
-    void *nccl;        /* nccl transport state (CUDA builds) */
+    int (*cellref)[2];            /* [world]: the pid and fd of each rank's page on this host ({0, 0}: none) */
+    void *nccl;                   /* nccl transport state (CUDA builds) */
+    size_t allreduce_small_bytes; /* RINGTRAIN_ALLREDUCE_SMALL_BYTES, read at init */
+    bool shm_named;               /* RINGTRAIN_SHM_NAMED, read at shm setup */
 } rt_pg_world;
 
 /* One pinned host buffer of the staging pool (device buffers over tcp/shm). `ev` is

@@ -2,7 +2,7 @@
 #include "model/cpu/cpu_internal.h"
 
 #include "core/log.h"
-#include "model/internal/names.h"
+#include "core/settings.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -25,19 +25,22 @@ static void blas_hint(void) {
         __builtin_cpu_supports("avx512vl"))
         RT_LOG_INFO("OpenBLAS uses its %s kernels on this AVX-512 CPU%s; OPENBLAS_CORETYPE=SkylakeX in the "
                     "environment makes CPU training faster",
-                    core, getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE is set)" : "");
+                    core, rt_setting_is_set(RT_SET_OPENBLAS_CORETYPE) ? " (OPENBLAS_CORETYPE is set)" : "");
 #endif
 }
 #endif
 
 static void cpu_ctx_release(rt_model_ctx *ctx);
 
-static const char *const k_conv_impl_names[RT_CPU_CONV_COUNT_] = {
-    [RT_CPU_CONV_AUTO] = "auto", [RT_CPU_CONV_IM2COL] = "im2col", [RT_CPU_CONV_DNNL] = "dnnl"};
-
-static const char *conv_impl_name(int i) { return k_conv_impl_names[i]; }
+/* RINGTRAIN_CONV's choices (core/settings.h) name rt_cpu_conv_impl in order: auto, im2col, dnnl */
+_Static_assert(RT_CPU_CONV_AUTO == 0 && RT_CPU_CONV_IM2COL == 1 && RT_CPU_CONV_DNNL == 2 && RT_CPU_CONV_COUNT_ == 3,
+               "RINGTRAIN_CONV's choices follow rt_cpu_conv_impl");
 
 static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
+    int impl = RT_CPU_CONV_AUTO; /* RINGTRAIN_CONV */
+    int64_t blas_threads = 1;    /* RINGTRAIN_BLAS_THREADS */
+    RT_CHECK(rt_setting_choice(RT_SET_CONV, &impl));
+    RT_CHECK(rt_setting_int(RT_SET_BLAS_THREADS, &blas_threads));
     rt_cpu_state *s = calloc(1, sizeof *s);
     RT_CHECK_ALLOC(s, sizeof *s);
     rt_status st = rt_threadpool_create(ctx->threads, &s->pool);
@@ -47,17 +50,7 @@ static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
         return st;
     }
     ctx->backend = s;
-    const char *conv = getenv("RINGTRAIN_CONV");
-    if (conv && *conv) {
-        int impl = rt_model_name_find(conv, conv_impl_name, RT_CPU_CONV_COUNT_);
-        if (impl < 0) {
-            char names[64];
-            cpu_ctx_release(ctx);
-            RT_FAIL(RT_ERR_INVALID, "RINGTRAIN_CONV=%s: unknown convolution implementation (expected %s)", conv,
-                    rt_model_name_list(names, sizeof names, conv_impl_name, RT_CPU_CONV_COUNT_));
-        }
-        s->conv = (rt_cpu_conv_impl)impl;
-    }
+    s->conv = (rt_cpu_conv_impl)impl;
 #ifdef RT_HAVE_DNNL
     if (s->conv != RT_CPU_CONV_IM2COL) {
         st = rt_dnnl_env_create(&s->dnnl);
@@ -80,9 +73,10 @@ static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
     /* our pool threads split the batch and each calls a single-threaded sgemm
      * (conv_cpu.c); OpenBLAS's own threads would only compete with them.
      * RINGTRAIN_BLAS_THREADS overrides (for measuring the alternative). */
-    const char *bt = getenv("RINGTRAIN_BLAS_THREADS");
-    openblas_set_num_threads(bt && atoi(bt) > 0 ? atoi(bt) : 1);
+    openblas_set_num_threads((int)blas_threads);
     blas_hint();
+#else
+    (void)blas_threads;
 #endif
     return RT_OK;
 }

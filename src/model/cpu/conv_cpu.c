@@ -32,6 +32,7 @@
 
 #include "core/bf16.h"
 #include "core/log.h"
+#include "core/settings.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +150,8 @@ static rt_status bf16_buffers(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv *c
 rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace) {
     RT_REQUIRE(l->k * l->k <= MAX_TAPS, RT_ERR_UNSUPPORTED,
                "conv2d kernel %dx%d: the CPU backend handles up to %d taps", l->k, l->k, MAX_TAPS);
+    bool nocache = false; /* RINGTRAIN_CONV_NOCACHE: no column cache (for measurements) */
+    RT_CHECK(rt_setting_bool(RT_SET_CONV_NOCACHE, &nocache));
     cpu_conv *cc = l->priv;
     if (!cc) {
         cc = calloc(1, sizeof *cc);
@@ -190,7 +193,7 @@ rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size
     cc->cached_x = NULL;
     cc->max_n = max_n;
     /* with oneDNN, im2col only runs batches smaller than max_n: no cache for those */
-    if (!cc->dnnl && cache_floats <= CONV_CACHE_CAP && !getenv("RINGTRAIN_CONV_NOCACHE")) {
+    if (!cc->dnnl && cache_floats <= CONV_CACHE_CAP && !nocache) {
         cc->cache = malloc(cache_floats * sizeof(float));
         RT_CHECK_ALLOC(cc->cache, cache_floats * sizeof(float));
     }

@@ -35,6 +35,7 @@
 #ifdef RT_HAVE_DNNL
 
 #include "core/log.h"
+#include "core/settings.h"
 
 #include <dlfcn.h>
 #include <dnnl.h>
@@ -395,6 +396,10 @@ static void part_range(int total, int parts, int unit, int t, int *lo, int *len)
 rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int threads, bool bf16, size_t *workspace,
                               rt_dnnl_conv **out) {
     *out = NULL;
+    enum { BWW_AUTO, BWW_OMP, BWW_OC, BWW_BATCH }; /* RINGTRAIN_DNNL_BWW's choices, in order */
+    int bw = BWW_AUTO, layout = 0;                 /* RINGTRAIN_DNNL_LAYOUT: auto (0) | plain (1) */
+    RT_CHECK(rt_setting_choice(RT_SET_DNNL_BWW, &bw));
+    RT_CHECK(rt_setting_choice(RT_SET_DNNL_LAYOUT, &layout));
     rt_dnnl_conv *c = calloc(1, sizeof *c);
     RT_CHECK_ALLOC(c, sizeof *c);
     c->max_n = max_n;
@@ -406,16 +411,14 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
     if (T < 1) T = 1;
     /* output channels split in multiples of 16 (oneDNN's AVX-512 block) when they can */
     const int unit = l->out_c % (16 * T) == 0 ? 16 : 1;
-    const char *bw = getenv("RINGTRAIN_DNNL_BWW");
-    c->bww_parts = bw && strcmp(bw, "omp") == 0 ? 1 : T;
+    c->bww_parts = bw == BWW_OMP ? 1 : T;
     /* backward-weights: split by images where the activations outweigh the weights
      * (ResNet's layer1/layer2: each part then reorders only its own images), else by
      * output channels (no partial sums of large weights to add up) */
     c->wfloats = (size_t)l->out_c * l->in_c * l->k * l->k + (l->has_bias ? (size_t)l->out_c : 0);
     const size_t xfloats = (size_t)max_n * l->in_c * l->in_h * l->in_w;
-    c->bww_batch = c->bww_parts > 1 && (bw && *bw ? strcmp(bw, "batch") == 0 : xfloats > c->wfloats);
-    const char *lay = getenv("RINGTRAIN_DNNL_LAYOUT");
-    const bool plain = lay && strcmp(lay, "plain") == 0;
+    c->bww_batch = c->bww_parts > 1 && (bw != BWW_AUTO ? bw == BWW_BATCH : xfloats > c->wfloats);
+    const bool plain = layout == 1;
     /* oneDNN plans a primitive (blocking, reduction order) for the OpenMP thread count of
      * the creating thread; by default that follows the CPU affinity mask (1 under mpirun's
      * core binding, all cores otherwise), which made results depend on the launcher. Plan

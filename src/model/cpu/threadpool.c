@@ -1,5 +1,5 @@
 /* Thread pool: workers take tasks from an atomic counter, so uneven tasks balance
- * themselves. Between runs a worker spins a little (POOL_SPIN pause instructions,
+ * themselves. Between runs a worker spins a little (RINGTRAIN_POOL_SPIN pause instructions,
  * some microseconds) before it sleeps on a condition variable: a training step
  * is hundreds of short runs back to back (every layer's forward and backward), and the
  * futex wake-ups of those showed as several percent of a ResNet34 step in perf on 2
@@ -8,13 +8,12 @@
  * spinning off. */
 #include "model/cpu/threadpool.h"
 #include "core/spin.h"
+#include "core/settings.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
-
-#define POOL_SPIN 1000 /* default; RINGTRAIN_POOL_SPIN overrides (0: sleep at once) */
 
 struct rt_threadpool {
     int nthreads; /* including the caller */
@@ -77,11 +76,12 @@ static void *worker_main(void *vp) {
 rt_status rt_threadpool_create(int threads, rt_threadpool **out) {
     *out = NULL;
     if (threads < 1) threads = 1;
+    int64_t spin = 0; /* RINGTRAIN_POOL_SPIN (default 1000; 0: sleep at once) */
+    RT_CHECK(rt_setting_int(RT_SET_POOL_SPIN, &spin));
     rt_threadpool *p = calloc(1, sizeof *p);
     RT_CHECK_ALLOC(p, sizeof *p);
     p->nthreads = threads;
-    const char *spin = getenv("RINGTRAIN_POOL_SPIN");
-    p->spin = spin && *spin ? atoi(spin) : POOL_SPIN;
+    p->spin = (int)spin;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);

@@ -1,6 +1,6 @@
-/* Device memory of a CUDA model context, for the GPU tests and benchmarks: what the
- * backend holds besides the model, and what the GPU has in use. Built with RT_HAVE_CUDA
- * only. */
+/* Device memory of a CUDA model context: what the backend holds besides the model, and
+ * what the GPU has in use; the public face is rt_model_ctx_memory (model/ctx.h). Built
+ * with RT_HAVE_CUDA only. */
 #ifndef RT_MODEL_CUDA_MEM_H
 #define RT_MODEL_CUDA_MEM_H
 

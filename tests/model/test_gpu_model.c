@@ -198,7 +198,7 @@ static void compare_tables(trio *t, int which, double fixed, double tol_l2, cons
         const size_t n = bytes / sizeof(float);
         float *v[NSIDE];
         for (int s = 0; s < NSIDE; s++) {
-            v[s] = gt_host(n);
+            v[s] = rt_test_floats(n);
             fetch(t->m[s], v[s], rt_tensor_data(tt[s]), bytes);
         }
         const double emax = gt_rel_err(v[REF], v[GPU], n, NULL), dmax = gt_rel_err(v[REF], v[ALT], n, NULL);
@@ -242,7 +242,7 @@ typedef struct batch {
 static batch make_batch(const rt_model_config *cfg, int n) {
     batch b;
     const size_t xn = (size_t)n * cfg->in_channels * cfg->in_h * cfg->in_w;
-    b.hx = gt_randn(xn, 1.0f);
+    b.hx = rt_test_randn(xn, 1.0f);
     b.dx = gt_dev_copy(b.hx, xn);
     b.hl = gt_labels((size_t)n, cfg->num_classes);
     b.dl = gt_dev((size_t)n * sizeof(int64_t));
@@ -259,7 +259,7 @@ static void compare_outputs(trio *t, int n, double fixed, const char *label) {
     const size_t nk = (size_t)n * rt_model_config_of(t->m[REF])->num_classes;
     float *v[NSIDE];
     for (int s = 0; s < NSIDE; s++) {
-        v[s] = gt_host(nk);
+        v[s] = rt_test_floats(nk);
         fetch(t->m[s], v[s], rt_model_output(t->m[s]), nk * sizeof(float));
     }
     size_t at = 0;
@@ -362,7 +362,7 @@ static void sgd_trio(const rt_model_config *cfg, uint64_t wseed, int n, int step
     rt_optimizer opt[NSIDE];
     for (int s = 0; s < NSIDE; s++)
         assert_rt_ok(rt_optimizer_init(&opt[s], &oc, rt_model_context(t.m[s])->device, nf));
-    float *p0 = gt_host(nf);
+    float *p0 = rt_test_floats(nf);
     fetch(t.m[REF], p0, rt_model_params(t.m[REF])->base, nf * sizeof(float));
     batch data[2] = {make_batch(cfg, n), make_batch(cfg, n)};
     float first = NAN, last = NAN;
@@ -385,7 +385,7 @@ static void sgd_trio(const rt_model_config *cfg, uint64_t wseed, int n, int step
     compare_tables(&t, 0, tol_param, tol_update, "parameters after the steps");
     float *d[NSIDE];
     for (int s = 0; s < NSIDE; s++) {
-        d[s] = gt_host(nf);
+        d[s] = rt_test_floats(nf);
         fetch(t.m[s], d[s], rt_model_params(t.m[s])->base, nf * sizeof(float));
         for (size_t i = 0; i < nf; i++) d[s][i] -= p0[i];
     }
@@ -465,7 +465,7 @@ static void test_tf32_close(void **state) {
     for (size_t i = 0; i < pa->size / sizeof(float); i++) ((float *)pa->base)[i] = tf32_round(((float *)pa->base)[i]);
     batch b = make_batch(&cfg, 4);
     const size_t xn = (size_t)4 * 3 * 32 * 32;
-    float *xa = gt_host(xn);
+    float *xa = rt_test_floats(xn);
     for (size_t i = 0; i < xn; i++) xa[i] = tf32_round(b.hx[i]);
     step_trio(&t, &b, xa, 4, TOL_TF32_OUT, "tf32 resnet18 step");
     compare_tables(&t, 1, 0.0, TOL_TF32_GRAD, "tf32 gradients");

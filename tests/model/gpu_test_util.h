@@ -1,7 +1,8 @@
 /* Helpers of the GPU model tests: a CPU and a CUDA context, a seed that changes every
  * run (printed; RINGTRAIN_TEST_SEED repeats a run), random host data, device buffers
  * poisoned with NaN before a layer writes them, and the comparison against the CPU
- * backend.
+ * backend. Host buffers (rt_test_floats, rt_test_nans, rt_test_randn), g_seed and the
+ * bit count of the exact comparison are float_test_util.h's, shared with tests/cuda_emu.
  *
  * Relative error of a result is max_i |gpu_i - cpu_i| / max_i |cpu_i| (the max-norm
  * error relative to the result's scale); a NaN or infinity in the GPU result where the
@@ -18,7 +19,7 @@
 #ifndef RT_GPU_TEST_UTIL_H
 #define RT_GPU_TEST_UTIL_H
 
-#include "test_util.h"
+#include "float_test_util.h"
 
 #include "core/rng.h"
 #include "model/layers.h"
@@ -32,8 +33,6 @@
 #endif
 
 static rt_model_ctx *g_cpu, *g_gpu;
-static uint64_t g_seed;
-static uint64_t g_subseq; /* every random fill draws from a new Philox subsequence */
 
 /* 1e-5 forward, 1e-4 gradients (fp32, the bounds) */
 #define TOL_FWD 1e-5
@@ -104,27 +103,10 @@ static inline int gt_teardown(void **state) {
     return 0;
 }
 
-/* ---- host data ------------------------------------------------------------------- */
+/* ---- host data (more in float_test_util.h) ------------------------------------------ */
 
-static inline float *gt_host(size_t n) {
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    if (!p) fail_msg("out of memory (%zu floats)", n);
-    return p;
-}
-static inline float *gt_host_nan(size_t n) {
-    float *p = gt_host(n);
-    for (size_t i = 0; i < n; i++) p[i] = NAN;
-    return p;
-}
-static inline float *gt_randn(size_t n, float std) {
-    float *p = gt_host(n);
-    rt_rng r;
-    rt_rng_init(&r, g_seed, ++g_subseq);
-    rt_rng_normal(&r, p, n, 0.0f, std);
-    return p;
-}
 static inline float *gt_uniform(size_t n, float lo, float hi) {
-    float *p = gt_host(n);
+    float *p = rt_test_floats(n);
     rt_rng r;
     rt_rng_init(&r, g_seed, ++g_subseq);
     rt_rng_uniform_range(&r, p, n, lo, hi);
@@ -202,7 +184,7 @@ static inline double gt_rel_err(const float *cpu, const float *gpu, size_t n, si
 
 /* compare host cpu[] with device gpu_dev[] (n floats) within tol; prints the error */
 static inline double gt_check_dev(const char *what, const float *cpu, const float *gpu_dev, size_t n, double tol) {
-    float *g = gt_host(n);
+    float *g = rt_test_floats(n);
     gt_download(g, gpu_dev, n * sizeof(float));
     size_t at = 0;
     double e = gt_rel_err(cpu, g, n, &at);
@@ -216,14 +198,9 @@ static inline double gt_check_dev(const char *what, const float *cpu, const floa
 
 /* bit-exact comparison for the ops whose kernels repeat the CPU arithmetic */
 static inline void gt_check_exact(const char *what, const float *cpu, const float *gpu_dev, size_t n) {
-    float *g = gt_host(n);
+    float *g = rt_test_floats(n);
     gt_download(g, gpu_dev, n * sizeof(float));
-    size_t differ = 0, first = 0;
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(&cpu[i], &g[i], sizeof(float)) != 0 && !(isnan(cpu[i]) && isnan(g[i]))) {
-            if (!differ) first = i;
-            differ++;
-        }
+    size_t first = 0, differ = rt_test_count_differ(cpu, g, n, &first);
     printf("  %-40s %zu of %zu elements differ\n", what, differ, n);
     if (differ)
         fail_msg("%s: %zu elements differ from the CPU backend (first %zu: cpu %.9g gpu %.9g, seed %llu)", what, differ,

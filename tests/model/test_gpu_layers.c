@@ -14,7 +14,6 @@
 
 #ifdef RT_HAVE_CUDA
 #include "model/cuda/cuda_internal.h" /* the chosen convolution algorithms (rt_cuda_state) */
-#include "model/cuda/mem_cuda.h"
 #endif
 
 #include <stdlib.h>
@@ -52,12 +51,12 @@ static void conv_setup(conv_pair *P, int max_n, int in_c, int out_c, int h, int 
     assert_rt_ok(rt_arena_alloc(&P->gg));
     gt_sync();
     size_t wn = (size_t)out_c * in_c * k * k;
-    *h_w = gt_randn(wn, (float)(1.0 / sqrt((double)in_c * k * k)));
+    *h_w = rt_test_randn(wn, (float)(1.0 / sqrt((double)in_c * k * k)));
     memcpy(rt_tensor_data(&P->c.weight), *h_w, wn * sizeof(float));
     gt_upload(rt_tensor_data(&P->g.weight), *h_w, wn * sizeof(float));
     *h_b = NULL;
     if (bias) {
-        *h_b = gt_randn((size_t)out_c, 0.5f);
+        *h_b = rt_test_randn((size_t)out_c, 0.5f);
         memcpy(rt_tensor_data(&P->c.bias), *h_b, (size_t)out_c * sizeof(float));
         gt_upload(rt_tensor_data(&P->g.bias), *h_b, (size_t)out_c * sizeof(float));
     }
@@ -84,9 +83,9 @@ static void conv_run(conv_pair *P, int n, const char *name, double tf, double tg
     const size_t xn = (size_t)n * l->in_c * l->in_h * l->in_w, yn = (size_t)n * l->out_c * l->out_h * l->out_w;
     const size_t wn = (size_t)l->out_c * l->in_c * l->k * l->k;
     char what[96];
-    float *hx = gt_randn(xn, 1.0f), *hdy = gt_randn(yn, 1.0f), *hdx0 = gt_randn(xn, 1.0f);
+    float *hx = rt_test_randn(xn, 1.0f), *hdy = rt_test_randn(yn, 1.0f), *hdx0 = rt_test_randn(xn, 1.0f);
     float *x_dev = gt_dev_copy(hx, xn), *ddy = gt_dev_copy(hdy, yn);
-    float *cy = gt_host_nan(yn), *cdx = gt_host_nan(xn);
+    float *cy = rt_test_nans(yn), *cdx = rt_test_nans(xn);
     float *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
 
     assert_rt_ok(rt_conv2d_forward(g_cpu, &P->c, n, hx, cy));
@@ -189,13 +188,13 @@ static void bn_case(int max_n, int C, int H, int W, const int *ns, int nns) {
     bn_place(&P.c, &P.cp, &P.cg, &P.cb);
     bn_place(&P.g, &P.gp, &P.gg, &P.gb);
     gt_sync();
-    float *c_save_mean = gt_host_nan((size_t)C), *c_save_invstd = gt_host_nan((size_t)C);
+    float *c_save_mean = rt_test_nans((size_t)C), *c_save_invstd = rt_test_nans((size_t)C);
     P.c.save_mean = c_save_mean, P.c.save_invstd = c_save_invstd;
     P.g_save_mean = gt_dev_nan((size_t)C), P.g_save_invstd = gt_dev_nan((size_t)C);
     P.g.save_mean = P.g_save_mean, P.g.save_invstd = P.g_save_invstd;
     /* parameters and running statistics: random (running_var > 0) */
-    float *hg = gt_uniform((size_t)C, 0.5f, 1.5f), *hb = gt_randn((size_t)C, 0.3f);
-    float *hrm = gt_randn((size_t)C, 0.2f), *hrv = gt_uniform((size_t)C, 0.5f, 2.0f);
+    float *hg = gt_uniform((size_t)C, 0.5f, 1.5f), *hb = rt_test_randn((size_t)C, 0.3f);
+    float *hrm = rt_test_randn((size_t)C, 0.2f), *hrv = gt_uniform((size_t)C, 0.5f, 2.0f);
     int64_t nbt = 3;
     memcpy(rt_tensor_data(&P.c.weight), hg, C * sizeof(float));
     memcpy(rt_tensor_data(&P.c.bias), hb, C * sizeof(float));
@@ -215,13 +214,13 @@ static void bn_case(int max_n, int C, int H, int W, const int *ns, int nns) {
         const size_t cnt = (size_t)n * C * H * W;
         char what[96];
         /* inputs with a per-channel offset and scale, as activations have */
-        float *hx = gt_randn(cnt, 1.0f), *hdy = gt_randn(cnt, 1.0f), *hdx0 = gt_randn(cnt, 1.0f);
+        float *hx = rt_test_randn(cnt, 1.0f), *hdy = rt_test_randn(cnt, 1.0f), *hdx0 = rt_test_randn(cnt, 1.0f);
         for (size_t i = 0; i < cnt; i++) {
             int ch = (int)((i / ((size_t)H * W)) % (size_t)C);
             hx[i] = hx[i] * (1.0f + 0.1f * (float)ch) + 0.5f * (float)(ch % 3);
         }
         float *dx_in = gt_dev_copy(hx, cnt), *ddy = gt_dev_copy(hdy, cnt);
-        float *cy = gt_host_nan(cnt), *cdx = gt_host_nan(cnt);
+        float *cy = rt_test_nans(cnt), *cdx = rt_test_nans(cnt);
         float *gy = gt_dev_nan(cnt), *gdx = gt_dev_nan(cnt);
         gt_poison(P.g_save_mean, C * sizeof(float));
         gt_poison(P.g_save_invstd, C * sizeof(float));
@@ -417,16 +416,16 @@ static void test_train_shapes_tf32(void **state) {
 static void test_elementwise(void **state) {
     (void)state;
     const size_t n = 100003; /* not a multiple of the block size */
-    float *ha = gt_randn(n, 1.0f), *hb = gt_randn(n, 1.0f);
+    float *ha = rt_test_randn(n, 1.0f), *hb = rt_test_randn(n, 1.0f);
     ha[0] = 0.0f, ha[1] = -0.0f; /* relu's edge */
     float *da = gt_dev_copy(ha, n), *db = gt_dev_copy(hb, n), *dy = gt_dev_nan(n);
-    float *cy = gt_host_nan(n), *cx = gt_host(n);
+    float *cy = rt_test_nans(n), *cx = rt_test_floats(n);
 
     assert_rt_ok(rt_relu_forward(g_cpu, n, ha, cy));
     assert_rt_ok(rt_relu_forward(g_gpu, n, da, dy));
     gt_check_exact("relu forward", cy, dy, n);
     /* backward from the output, in place on dy */
-    float *cdx = gt_host(n);
+    float *cdx = rt_test_floats(n);
     memcpy(cdx, hb, n * sizeof(float));
     float *gdx = gt_dev_copy(hb, n);
     assert_rt_ok(rt_relu_backward(g_cpu, n, cy, cdx, cdx));
@@ -464,11 +463,11 @@ static void pool_case(int n, int c, int h, int w, int k, int s, int pad, bool ti
     rt_maxpool2d lg = l;
     assert_rt_ok(rt_maxpool2d_prepare(g_gpu, &lg, n));
     const size_t xn = (size_t)n * c * h * w, yn = (size_t)n * c * l.out_h * l.out_w;
-    float *hx = gt_randn(xn, 1.0f), *hdy = gt_randn(yn, 1.0f);
+    float *hx = rt_test_randn(xn, 1.0f), *hdy = rt_test_randn(yn, 1.0f);
     if (ties) /* few distinct values: many windows with tied maxima (the first must win) */
         for (size_t i = 0; i < xn; i++) hx[i] = roundf(hx[i] * 2.0f) * 0.5f;
     float *dx_in = gt_dev_copy(hx, xn), *ddy = gt_dev_copy(hdy, yn);
-    float *cy = gt_host_nan(yn), *cdx = gt_host_nan(xn), *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
+    float *cy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
     char what[96];
     assert_rt_ok(rt_maxpool2d_forward(g_cpu, &l, n, hx, cy));
     assert_rt_ok(rt_maxpool2d_forward(g_gpu, &lg, n, dx_in, gy));
@@ -502,9 +501,9 @@ static void test_avgpool(void **state) {
     for (int ci = 0; ci < 3; ci++) {
         const int n = cases[ci][0], c = cases[ci][1], hw = cases[ci][2];
         const size_t xn = (size_t)n * c * hw, yn = (size_t)n * c;
-        float *hx = gt_randn(xn, 1.0f), *hdy = gt_randn(yn, 1.0f);
+        float *hx = rt_test_randn(xn, 1.0f), *hdy = rt_test_randn(yn, 1.0f);
         float *dx_in = gt_dev_copy(hx, xn), *ddy = gt_dev_copy(hdy, yn);
-        float *cy = gt_host_nan(yn), *cdx = gt_host_nan(xn), *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
+        float *cy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
         assert_rt_ok(rt_avgpool_forward(g_cpu, n, c, hw, hx, cy));
         assert_rt_ok(rt_avgpool_forward(g_gpu, n, c, hw, dx_in, gy));
         gt_check_exact("avgpool forward", cy, gy, yn);
@@ -540,7 +539,7 @@ static void linear_case(int max_n, int in_f, int out_f) {
     assert_rt_ok(rt_arena_alloc(&gg));
     gt_sync();
     const size_t wn = (size_t)out_f * in_f;
-    float *hw = gt_randn(wn, (float)(1.0 / sqrt((double)in_f))), *hb = gt_randn((size_t)out_f, 0.5f);
+    float *hw = rt_test_randn(wn, (float)(1.0 / sqrt((double)in_f))), *hb = rt_test_randn((size_t)out_f, 0.5f);
     memcpy(rt_tensor_data(&c.weight), hw, wn * sizeof(float));
     memcpy(rt_tensor_data(&c.bias), hb, out_f * sizeof(float));
     gt_upload(rt_tensor_data(&g.weight), hw, wn * sizeof(float));
@@ -555,9 +554,9 @@ static void linear_case(int max_n, int in_f, int out_f) {
         const int n = ns[ni];
         const size_t xn = (size_t)n * in_f, yn = (size_t)n * out_f;
         char what[96];
-        float *hx = gt_randn(xn, 1.0f), *hdy = gt_randn(yn, 1.0f);
+        float *hx = rt_test_randn(xn, 1.0f), *hdy = rt_test_randn(yn, 1.0f);
         float *dx_in = gt_dev_copy(hx, xn), *ddy = gt_dev_copy(hdy, yn);
-        float *cy = gt_host_nan(yn), *cdx = gt_host_nan(xn), *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
+        float *cy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
         assert_rt_ok(rt_linear_forward(g_cpu, &c, n, hx, cy));
         assert_rt_ok(rt_linear_forward(g_gpu, &g, n, dx_in, gy));
         snprintf(what, sizeof what, "linear %d->%d n=%d forward", in_f, out_f, n);
@@ -597,12 +596,12 @@ static void dropout_case(float p, bool channelwise, int n, int c, int h, int w) 
     assert_rt_ok(rt_dropout_init(&lc, p, channelwise, c, h, w, seed, subseq));
     lg = lc;
     const size_t cnt = (size_t)n * c * h * w, draws = cnt / (size_t)lc.plane;
-    float *cmask = gt_host_nan(draws);
+    float *cmask = rt_test_nans(draws);
     lc.mask = cmask;
     lg.mask = gt_dev_nan(draws);
-    float *hx = gt_randn(cnt, 1.0f), *hdy = gt_randn(cnt, 1.0f);
+    float *hx = rt_test_randn(cnt, 1.0f), *hdy = rt_test_randn(cnt, 1.0f);
     float *dx_in = gt_dev_copy(hx, cnt), *ddy = gt_dev_copy(hdy, cnt);
-    float *cy = gt_host_nan(cnt), *cdx = gt_host_nan(cnt), *gy = gt_dev_nan(cnt), *gdx = gt_dev_nan(cnt);
+    float *cy = rt_test_nans(cnt), *cdx = rt_test_nans(cnt), *gy = gt_dev_nan(cnt), *gdx = gt_dev_nan(cnt);
     for (int rep = 0; rep < 2; rep++) { /* the second draw continues the counter */
         char what[96];
         assert_rt_ok(rt_dropout_forward(g_cpu, &lc, n, hx, cy, true));
@@ -639,13 +638,13 @@ static void test_losses(void **state) {
         const int n = cases[ci][0], k = cases[ci][1];
         const size_t nk = (size_t)n * k;
         char what[96];
-        float *hx = gt_randn(nk, 3.0f), *hdy = gt_randn(nk, 1.0f);
+        float *hx = rt_test_randn(nk, 3.0f), *hdy = rt_test_randn(nk, 1.0f);
         int64_t *hl = gt_labels((size_t)n, k);
         float *dx_in = gt_dev_copy(hx, nk), *ddy = gt_dev_copy(hdy, nk);
         int64_t *dl = gt_dev((size_t)n * sizeof(int64_t));
         gt_upload(dl, hl, (size_t)n * sizeof(int64_t));
-        float *cd = gt_host_nan(nk), *gd = gt_dev_nan(nk), *gloss = gt_dev_nan(1), closs = NAN;
-        float *cy = gt_host_nan(nk), *gy = gt_dev_nan(nk);
+        float *cd = rt_test_nans(nk), *gd = gt_dev_nan(nk), *gloss = gt_dev_nan(1), closs = NAN;
+        float *cy = rt_test_nans(nk), *gy = gt_dev_nan(nk);
 
         assert_rt_ok(rt_softmax_xent(g_cpu, n, k, hx, hl, &closs, cd));
         assert_rt_ok(rt_softmax_xent(g_gpu, n, k, dx_in, dl, gloss, gd));
@@ -685,7 +684,7 @@ static void test_losses(void **state) {
      * comes back NaN */
     if (rt_device_is_cuda(g_gpu->device)) {
         const int n = 4, k = 10;
-        float *hx = gt_randn((size_t)n * k, 1.0f);
+        float *hx = rt_test_randn((size_t)n * k, 1.0f);
         int64_t hl[4] = {1, 2, 10, 3};
         float *dx_in = gt_dev_copy(hx, (size_t)n * k), *gloss = gt_dev_nan(1), loss = 0;
         int64_t *dl = gt_dev(sizeof hl);
@@ -703,18 +702,18 @@ static void test_losses(void **state) {
 
 static void test_mem_used(void **state) {
     (void)state;
-#ifdef RT_HAVE_CUDA
+    size_t used = 1, backend = 1;
+    assert_rt_ok(rt_model_ctx_memory(g_cpu, &used, &backend));
+    assert_true(used == 0 && backend == 0); /* the CPU context has no device memory */
     if (!rt_device_is_cuda(g_gpu->device)) return;
     const size_t n = 70001;
-    size_t used = 0;
-    float *w = gt_randn(n, 1.0f);
+    float *w = rt_test_randn(n, 1.0f);
     float *dw = gt_dev_copy(w, n);
-    assert_rt_ok(rt_model_cuda_mem_used(g_gpu, &used));
+    assert_rt_ok(rt_model_ctx_memory(g_gpu, &used, &backend));
     assert_true(used >= n * sizeof(float));
-    assert_true(rt_model_cuda_backend_bytes(g_gpu) > 0);
+    assert_true(backend > 0);
     free(w);
     gt_free(dw);
-#endif
 }
 
 int main(void) {

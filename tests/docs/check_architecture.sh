@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# docs/architecture.md against the tree, so that the map cannot drift (issue 24, item 6).
+# Fails, naming each problem, when the page
+#  - does not name a folder under src/ (as `src/<area>/` or `src/<area>/<sub>/`);
+#  - lacks a public header (src/<area>/*.h) in its area's row of the public headers
+#    table, or names a header there that the area does not have;
+#  - does not name a source file of src/cli (the page lists the command's files);
+#  - names a path that does not exist: `src/...`, `tests/...`, `docs/...` paths, paths
+#    that start with an area (`core/cuda/cuda_check.h`), and file names in backticks
+#    (`arch.c`, `internal/optim_kernels.h`: some file under src/ or tests/ must end so);
+#  - links a page of docs/ that does not exist.
+# usage: check_architecture.sh SOURCE_DIR [PAGE]   (PAGE: docs/architecture.md by default)
+set -u
+root=${1:?usage: check_architecture.sh SOURCE_DIR [PAGE]}
+doc=${2:-$root/docs/architecture.md}
+cd "$root" || exit 2
+[ -f "$doc" ] || { echo "docs: $doc not found"; exit 2; }
+[ -d src/core ] && [ -d src/cli ] || { echo "docs: $root has no src/core or src/cli"; exit 2; }
+bad=0
+complain() { echo "docs/architecture.md: $*"; bad=1; }
+areas=$(cd src && ls -d */ | tr -d /)
+
+# 1. every folder under src/
+while IFS= read -r d; do
+  grep -qF "\`$d/\`" "$doc" || complain "folder $d/ is not named (expected \`$d/\` in the Folders table)"
+done < <(find src -mindepth 1 -type d | sort)
+
+# 2. the public headers table: one row per area, `| <area> | ... |`
+for a in $areas; do
+  row=$(grep -E "^\| $a \|" "$doc")
+  if [ -z "$row" ]; then
+    complain "no row for area $a in the public headers table (expected a line starting '| $a |')"
+    continue
+  fi
+  for h in src/"$a"/*.h; do
+    [ -e "$h" ] || continue
+    grep -qF "\`${h##*/}\`" <<<"$row" || complain "public header $h is missing from the $a row of the public headers table"
+  done
+  for h in $(grep -oE '`[A-Za-z0-9_]+\.h`' <<<"$row" | tr -d '`'); do
+    [ -f "src/$a/$h" ] || complain "the $a row names $h, but src/$a/$h does not exist"
+  done
+done
+
+# 3. the files of src/cli
+for f in src/cli/*.c; do
+  grep -qF "${f##*/}" "$doc" || complain "$f is not named (the page lists the command's files)"
+done
+
+# 4. every path the page names exists
+exists_path() { # path relative to the root; a trailing glob part is cut off
+  local p=${1%%\**}
+  [ -e "$p" ]
+}
+while IFS= read -r p; do
+  exists_path "$p" || complain "names $p, which does not exist"
+done < <(grep -oE '(^|[^A-Za-z0-9_/.-])(src|tests|docs|scripts|bench|configs)/[A-Za-z0-9_./*-]*' "$doc" |
+  sed -E 's/^[^a-z]//' | sort -u)
+for a in $areas; do
+  while IFS= read -r p; do
+    exists_path "src/$p" || complain "names $p, but src/$p does not exist"
+  done < <(grep -oE "(^|[^A-Za-z0-9_/.<>-])$a/[A-Za-z0-9_./*-]+" "$doc" | sed -E 's/^[^a-z]//' | sort -u)
+done
+all_files=$(find src tests -type f | sed 's|^|/|')$'\n'
+while IFS= read -r f; do
+  [[ $all_files == *"/$f"$'\n'* ]] || complain "names \`$f\`, but no file under src/ or tests/ is called so"
+done < <(grep -oE '`[A-Za-z0-9_./-]+\.(c|h|cu|sh|cmake|in)`' "$doc" | tr -d '`' | sort -u)
+
+# 5. links to other pages
+while IFS= read -r l; do
+  [ -f "docs/$l" ] || complain "links $l, which is not in docs/"
+done < <(grep -oE '\]\([A-Za-z0-9_.-]+\.md' "$doc" | sed 's/^](//' | sort -u)
+
+[ $bad = 0 ] && echo "docs/architecture.md: every folder, public header and src/cli file named; every path named exists"
+exit $bad
