@@ -1,19 +1,16 @@
-/* Optimizer front end: config defaults and validation, state allocation, the step's
- * scalar coefficients (computed in double exactly as PyTorch's Python code computes
- * them, then rounded to float as its kernels do), the step through the backend table of
- * the optimizer's device (internal/optim_kernels.h), and the state accessors for
- * checkpoints. See optimizer.h and docs/optim.md.
+/* Optimizer front end: validation of the common keys, state allocation, the step's
+ * common coefficients, the step through the backend table of the optimizer's device,
+ * the moving average, and the state accessors for checkpoints. What differs between
+ * optimizers (defaults, their keys' validation, state buffers, coefficients, loops) is
+ * in their rows (kinds.c, internal/optim_kernels.h): nothing here branches on the kind.
+ * See optimizer.h and docs/optim.md.
  */
 #include "optim/optimizer.h"
 #include "optim/internal/optim_kernels.h"
 
-#include "core/names.h"
-
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *const kind_names[RT_OPTIM_KIND_COUNT_] = {"sgd", "adam", "adamw", "adadelta"};
 
 /* The one place where the build decides which backends exist. */
 const rt_optim_backend *rt_optim_backend_get(rt_device_kind kind) {
@@ -26,39 +23,6 @@ const rt_optim_backend *rt_optim_backend_get(rt_device_kind kind) {
     return (unsigned)kind < RT_DEVICE_KIND_COUNT_ ? k_backends[kind] : NULL;
 }
 
-rt_status rt_optim_kind_parse(const char *text, rt_optim_kind *out) {
-    int k = rt_names_find(kind_names, RT_OPTIM_KIND_COUNT_, text);
-    if (k < 0) {
-        char list[64];
-        return RT_ERROR(RT_ERR_INVALID, "unknown optimizer '%s' (expected %s)", text ? text : "(null)",
-                        rt_names_join(kind_names, RT_OPTIM_KIND_COUNT_, list, sizeof list));
-    }
-    *out = (rt_optim_kind)k;
-    return RT_OK;
-}
-
-const char *rt_optim_kind_name(rt_optim_kind kind) {
-    return (kind >= 0 && kind < RT_OPTIM_KIND_COUNT_) ? kind_names[kind] : "?";
-}
-
-void rt_optim_config_default(rt_optim_config *cfg, rt_optim_kind kind) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->kind = kind;
-    cfg->beta1 = 0.9;
-    cfg->beta2 = 0.999;
-    cfg->eps = 1e-8;
-    cfg->rho = 0.9;
-    if (kind == RT_OPTIM_SGD) {
-        cfg->lr = 0.1;
-    } else if (kind == RT_OPTIM_ADADELTA) {
-        cfg->lr = 1.0;
-        cfg->eps = 1e-6;
-    } else {
-        cfg->lr = 1e-3;
-        cfg->weight_decay = kind == RT_OPTIM_ADAMW ? 1e-2 : 0.0;
-    }
-}
-
 static int range_cmp(const void *a, const void *b) {
     const rt_optim_range *x = a, *y = b;
     return x->offset < y->offset ? -1 : x->offset > y->offset;
@@ -66,33 +30,17 @@ static int range_cmp(const void *a, const void *b) {
 
 rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n) {
     RT_REQUIRE(cfg != NULL, RT_ERR_INVALID, "optim: config is NULL");
+    const rt_optim_kind_ops *ops = rt_optim_kind_ops_of(cfg->kind);
     char names[64];
-    RT_REQUIRE(cfg->kind >= 0 && cfg->kind < RT_OPTIM_KIND_COUNT_, RT_ERR_INVALID,
-               "optim.name: unknown optimizer %d (expected %s)", (int)cfg->kind,
-               rt_names_join(kind_names, RT_OPTIM_KIND_COUNT_, names, sizeof names));
+    RT_REQUIRE(ops != NULL, RT_ERR_INVALID, "optim.name: unknown optimizer %d (expected %s)", (int)cfg->kind,
+               rt_optim_kind_list(names, sizeof names));
     RT_REQUIRE(isfinite(cfg->lr) && cfg->lr >= 0, RT_ERR_INVALID, "optim.lr: %g (expected a finite value >= 0)",
                cfg->lr);
     RT_REQUIRE(isfinite(cfg->weight_decay) && cfg->weight_decay >= 0, RT_ERR_INVALID,
                "optim.weight_decay: %g (expected a finite value >= 0)", cfg->weight_decay);
-    if (cfg->kind == RT_OPTIM_SGD) {
-        RT_REQUIRE(isfinite(cfg->momentum) && cfg->momentum >= 0, RT_ERR_INVALID,
-                   "optim.momentum: %g (expected a finite value >= 0)", cfg->momentum);
-        RT_REQUIRE(isfinite(cfg->dampening), RT_ERR_INVALID, "optim.dampening: %g (expected a finite value)",
-                   cfg->dampening);
-        RT_REQUIRE(!cfg->nesterov || (cfg->momentum > 0 && cfg->dampening == 0), RT_ERR_INVALID,
-                   "optim.nesterov: needs momentum > 0 and dampening = 0 (got momentum %g, dampening %g)",
-                   cfg->momentum, cfg->dampening);
-    } else if (cfg->kind == RT_OPTIM_ADADELTA) {
-        RT_REQUIRE(cfg->rho >= 0 && cfg->rho <= 1, RT_ERR_INVALID, "optim.rho: %g (expected 0 <= rho <= 1)", cfg->rho);
-        RT_REQUIRE(isfinite(cfg->eps) && cfg->eps >= 0, RT_ERR_INVALID, "optim.eps: %g (expected a finite value >= 0)",
-                   cfg->eps);
-    } else {
-        RT_REQUIRE(cfg->beta1 >= 0 && cfg->beta1 < 1, RT_ERR_INVALID, "optim.betas[0]: %g (expected 0 <= beta1 < 1)",
-                   cfg->beta1);
-        RT_REQUIRE(cfg->beta2 >= 0 && cfg->beta2 < 1, RT_ERR_INVALID, "optim.betas[1]: %g (expected 0 <= beta2 < 1)",
-                   cfg->beta2);
-        RT_REQUIRE(isfinite(cfg->eps) && cfg->eps >= 0, RT_ERR_INVALID, "optim.eps: %g (expected a finite value >= 0)",
-                   cfg->eps);
+    if (ops->validate) {
+        rt_status st = ops->validate(cfg);
+        if (st != RT_OK) return st; /* the message names the key: no trace line */
     }
     RT_REQUIRE(isfinite(cfg->ema_decay) && cfg->ema_decay >= 0 && cfg->ema_decay < 1, RT_ERR_INVALID,
                "train.ema_decay: %g (expected 0 <= decay < 1)", cfg->ema_decay);
@@ -120,6 +68,7 @@ rt_status rt_optimizer_init(rt_optimizer *opt, const rt_optim_config *cfg, rt_de
     RT_REQUIRE(backend, RT_ERR_UNSUPPORTED, "optim: no optimizer backend for device kind %s",
                rt_device_kind_name(device.kind));
     opt->cfg = *cfg;
+    opt->ops = rt_optim_kind_ops_of(cfg->kind); /* validated */
     opt->device = device;
     opt->n = n;
     rt_status st = RT_OK;
@@ -142,16 +91,14 @@ rt_status rt_optimizer_init(rt_optimizer *opt, const rt_optim_config *cfg, rt_de
     opt->cfg.no_decay = opt->ranges;
     opt->cfg.n_no_decay = nr;
 
-    if (cfg->kind == RT_OPTIM_SGD) {
-        if (cfg->momentum != 0) optimizer_add_state(opt, "momentum_buffer");
-    } else if (cfg->kind == RT_OPTIM_ADADELTA) {
-        optimizer_add_state(opt, "square_avg");
-        optimizer_add_state(opt, "acc_delta");
-    } else {
-        optimizer_add_state(opt, "exp_avg");
-        optimizer_add_state(opt, "exp_avg_sq");
-        if (cfg->amsgrad) optimizer_add_state(opt, "max_exp_avg_sq");
+    const char *names[RT_OPTIM_MAX_STATE];
+    int ns = opt->ops->states(cfg, names);
+    if (ns < 0 || ns >= RT_OPTIM_MAX_STATE) {
+        st = RT_ERROR(RT_ERR_INTERNAL, "optim: %s declares %d state buffers (expected 0 to %d)", opt->ops->name, ns,
+                      RT_OPTIM_MAX_STATE - 1);
+        goto fail;
     }
+    for (int i = 0; i < ns; i++) optimizer_add_state(opt, names[i]);
     if (cfg->ema_decay > 0) optimizer_add_state(opt, "ema");
     if (opt->cfg.ema_every < 1) opt->cfg.ema_every = 1;
     for (int i = 0; i < opt->n_state; i++) {
@@ -176,43 +123,16 @@ void rt_optimizer_free(rt_optimizer *opt) {
     memset(opt, 0, sizeof *opt);
 }
 
-/* The float coefficients of one step, from PyTorch 1.13's _single_tensor_sgd/adam/adamw/adadelta:
- * Python computes in double; the kernels receive the values rounded to float. */
+/* The float coefficients of one step, from PyTorch 1.13's _single_tensor_<kind>: Python
+ * computes in double; the kernels receive the values rounded to float. The common part
+ * here, the kind's own in its row. */
 static void optimizer_scalars(const rt_optimizer *opt, double lr, int64_t step, rt_optim_scalars *s) {
     const rt_optim_config *c = &opt->cfg;
     memset(s, 0, sizeof *s);
     s->has_wd = c->weight_decay != 0;
     s->wd = (float)c->weight_decay;
-    if (c->kind == RT_OPTIM_SGD) {
-        s->momentum = c->momentum != 0;
-        s->first = step == 1;
-        s->nesterov = c->nesterov;
-        s->mom = (float)c->momentum;
-        s->damp1 = (float)(1.0 - c->dampening);
-        s->neglr = (float)(-lr);
-        return;
-    }
-    if (c->kind == RT_OPTIM_ADADELTA) {
-        s->adadelta = 1;
-        s->rho = (float)c->rho;           /* square_avg.mul_(rho) */
-        s->omrho = (float)(1.0 - c->rho); /* addcmul_(grad, grad, value=1 - rho) */
-        s->eps = (float)c->eps;
-        s->neglr = (float)(-lr); /* param.add_(delta, alpha=-lr) */
-        return;
-    }
-    double bc1 = 1.0 - pow(c->beta1, (double)step);
-    double bc2 = 1.0 - pow(c->beta2, (double)step);
-    double step_size = lr / bc1;
-    s->amsgrad = c->amsgrad;
-    s->decoupled = c->kind == RT_OPTIM_ADAMW;
-    s->b1 = (float)c->beta1;
-    s->omb1 = (float)(1.0 - c->beta1);
-    s->b2 = (float)c->beta2;
-    s->omb2 = (float)(1.0 - c->beta2);
-    s->bc2s = (float)sqrt(bc2);
-    s->eps = (float)c->eps;
-    s->negss = (float)(-step_size);
-    s->decay_mul = (float)(1.0 - lr * c->weight_decay);
+    s->neglr = (float)(-lr);
+    opt->ops->scalars(c, lr, step, s);
 }
 
 rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads, double lr, rt_stream *stream) {
@@ -256,19 +176,9 @@ rt_status rt_optimizer_step_arena(rt_optimizer *opt, rt_arena *params, rt_arena 
 
 rt_status rt_optimizer_set_momentum(rt_optimizer *opt, double momentum) {
     RT_REQUIRE(opt != NULL && opt->n > 0, RT_ERR_INVALID, "optim: optimizer not initialised");
-    RT_REQUIRE(opt->cfg.kind != RT_OPTIM_ADADELTA, RT_ERR_INVALID,
-               "optim: adadelta has no momentum to cycle (optim.cycle_momentum: false)");
-    if (opt->cfg.kind == RT_OPTIM_SGD) {
-        RT_REQUIRE(opt->cfg.momentum != 0 && isfinite(momentum) && momentum > 0, RT_ERR_INVALID,
-                   "optim.momentum: cannot set %g on an SGD optimizer created with momentum %g", momentum,
-                   opt->cfg.momentum);
-        opt->cfg.momentum = momentum;
-    } else {
-        RT_REQUIRE(momentum >= 0 && momentum < 1, RT_ERR_INVALID, "optim.betas[0]: %g (expected 0 <= beta1 < 1)",
-                   momentum);
-        opt->cfg.beta1 = momentum;
-    }
-    return RT_OK;
+    RT_REQUIRE(opt->ops->set_momentum != NULL, RT_ERR_INVALID,
+               "optim: %s has no momentum to cycle (optim.cycle_momentum: false)", opt->ops->name);
+    return opt->ops->set_momentum(&opt->cfg, momentum); /* the message names the key: no trace line */
 }
 
 float *rt_optimizer_ema(const rt_optimizer *opt) {
@@ -314,10 +224,9 @@ rt_status rt_optimizer_state_find(const rt_optimizer *opt, const char *name, rt_
     RT_REQUIRE(opt != NULL && name != NULL, RT_ERR_INVALID, "optim: NULL argument");
     for (int i = 0; i < opt->n_state; i++)
         if (strcmp(opt->state_name[i], name) == 0) return rt_optimizer_state_get(opt, i, out);
-    RT_FAIL(RT_ERR_INVALID, "optim: no state \"%s\" in this %s optimizer%s", name, rt_optim_kind_name(opt->cfg.kind),
-            opt->cfg.kind == RT_OPTIM_SGD        ? " (momentum_buffer exists only with momentum > 0)"
-            : opt->cfg.kind == RT_OPTIM_ADADELTA ? " (adadelta keeps square_avg and acc_delta)"
-                                                 : " (max_exp_avg_sq exists only with amsgrad)");
+    RT_REQUIRE(opt->ops != NULL, RT_ERR_INVALID, "optim: optimizer not initialised");
+    RT_FAIL(RT_ERR_INVALID, "optim: no state \"%s\" in this %s optimizer%s", name, opt->ops->name,
+            opt->ops->state_hint);
 }
 
 rt_status rt_optimizer_state_load(rt_optimizer *opt, const char *name, const float *host, size_t count) {

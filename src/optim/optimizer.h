@@ -32,6 +32,8 @@
 extern "C" {
 #endif
 
+/* One row per optimizer (src/optim/<name>.c, listed in kinds.c); a new one adds its
+ * member here, before RT_OPTIM_KIND_COUNT_ (docs/optim.md, "Adding an optimizer"). */
 typedef enum rt_optim_kind {
     RT_OPTIM_SGD = 0,
     RT_OPTIM_ADAM,
@@ -50,6 +52,9 @@ typedef struct rt_optim_range {
     size_t count;
 } rt_optim_range;
 
+/* The hyper-parameters are the config's optim keys of the same names (src/train/config.c
+ * points each key at its field here; the config holds an rt_optim_config), so a new one
+ * is a field here, its key there and its use in its row. */
 typedef struct rt_optim_config {
     rt_optim_kind kind;
     double lr;           /* used by rt_optimizer_step when its lr argument is < 0 */
@@ -59,7 +64,8 @@ typedef struct rt_optim_config {
     double dampening; /* buf = momentum*buf + (1-dampening)*grad (not on the first step) */
     bool nesterov;    /* needs momentum > 0 and dampening == 0, as in PyTorch */
     /* Adam / AdamW (eps also Adadelta's) */
-    double beta1, beta2, eps;
+    double betas[2]; /* beta1, beta2 */
+    double eps;
     bool amsgrad;
     /* Adadelta: square_avg = rho*square_avg + (1-rho)*g^2, the same for acc_delta */
     double rho;
@@ -85,6 +91,16 @@ typedef struct rt_optim_config {
  * AdamW the same with weight_decay 1e-2; Adadelta lr 1.0, rho 0.9, eps 1e-6, weight_decay 0. */
 void rt_optim_config_default(rt_optim_config *cfg, rt_optim_kind kind);
 
+/* Replace the hyper-parameters that may be "auto" in the config (NaN here: lr,
+ * weight_decay, eps, whose defaults depend on the optimizer) by cfg->kind's defaults;
+ * RT_ERR_INVALID for an unknown kind. */
+rt_status rt_optim_config_resolve(rt_optim_config *cfg);
+
+/* True when an optimizer of this config has a momentum rt_optimizer_set_momentum can
+ * change (one-cycle's cycle_momentum): SGD with momentum > 0, Adam, AdamW; false for
+ * Adadelta, SGD without momentum and an unknown kind. */
+bool rt_optim_config_has_momentum(const rt_optim_config *cfg);
+
 /* Check a config against PyTorch's rules (lr >= 0, 0 <= beta < 1, eps >= 0, nesterov
  * needs momentum > 0 and dampening 0, ...); the error names the field. n is the arena
  * size in floats the ranges must fit in. */
@@ -96,8 +112,9 @@ rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n);
 #define RT_OPTIM_MAX_STATE 4
 
 typedef struct rt_optimizer {
-    rt_optim_config cfg;    /* cfg.no_decay points at the sorted copy below */
-    rt_optim_range *ranges; /* sorted copy of the excluded ranges */
+    rt_optim_config cfg;                 /* cfg.no_decay points at the sorted copy below */
+    const struct rt_optim_kind_ops *ops; /* the kind's row (internal/optim_kernels.h), set by rt_optimizer_init */
+    rt_optim_range *ranges;              /* sorted copy of the excluded ranges */
     rt_device device;
     size_t n;      /* floats in the arena */
     int64_t steps; /* optimizer steps taken: PyTorch's state['step'] */
@@ -132,7 +149,7 @@ float *rt_optimizer_ema(const rt_optimizer *opt);
 rt_status rt_optimizer_ema_swap(rt_optimizer *opt, float *params, rt_stream *stream);
 
 /* Change SGD's momentum or Adam's beta1 between steps (one-cycle momentum cycling);
- * Adadelta has neither (RT_ERR_INVALID). */
+ * RT_ERR_INVALID where rt_optim_config_has_momentum is false (Adadelta has neither). */
 rt_status rt_optimizer_set_momentum(rt_optimizer *opt, double momentum);
 
 /* The step counter (PyTorch's state['step']; for SGD it says whether the momentum

@@ -15,6 +15,7 @@
 #define RT_TRAIN_CONFIG_H
 
 #include "core/status.h"
+#include "optim/optimizer.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -61,16 +62,12 @@ typedef struct rt_config {
         char erasing_value[RT_CONFIG_NAME_MAX];
     } data;
     struct {
-        char name[RT_CONFIG_NAME_MAX]; /* sgd | adam | adamw | adadelta */
-        double lr;                     /* NaN: the optimizer's default */
-        double momentum, dampening;
-        bool nesterov;
-        double weight_decay; /* NaN: the optimizer's default */
-        double betas[2];
+        char name[RT_CONFIG_NAME_MAX]; /* an optimizer's name (src/optim/kinds.c) */
+        /* the optimizer's keys (optim.lr, optim.momentum, optim.betas, ...), each in its
+         * field; NaN where auto (lr, weight_decay, eps: rt_optim_config_resolve). The
+         * trainer sets its kind (from name), the ema fields (train.ema_*) and the ranges. */
+        rt_optim_config opt;
         int n_betas;
-        double eps; /* NaN: the optimizer's default */
-        double rho; /* Adadelta */
-        bool amsgrad;
         bool no_decay_bn_bias;
         double clip_grad_norm; /* 0: off */
         char schedule[RT_CONFIG_NAME_MAX];

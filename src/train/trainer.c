@@ -535,23 +535,14 @@ static rt_status setup_loaders(run *r, bool train) {
 
 static rt_status setup_optim(run *r) {
     const rt_config *c = r->cfg;
-    rt_optim_kind kind;
-    RT_CHECK(rt_optim_kind_parse(c->optim.name, &kind));
-    rt_optim_config oc;
-    rt_optim_config_default(&oc, kind);
-    if (!isnan(c->optim.lr)) oc.lr = c->optim.lr;
-    if (!isnan(c->optim.weight_decay)) oc.weight_decay = c->optim.weight_decay;
-    oc.momentum = c->optim.momentum;
-    oc.dampening = c->optim.dampening;
-    oc.nesterov = c->optim.nesterov;
-    oc.beta1 = c->optim.betas[0];
-    oc.beta2 = c->optim.betas[1];
-    if (!isnan(c->optim.eps)) oc.eps = c->optim.eps;
-    oc.rho = c->optim.rho;
+    rt_optim_config oc = c->optim.opt; /* the optimizer's keys, NaN where auto */
+    RT_CHECK(rt_optim_kind_parse(c->optim.name, &oc.kind));
+    RT_CHECK(rt_optim_config_resolve(&oc));
     oc.ema_decay = c->train.ema_decay;
     oc.ema_every = c->train.ema_every;
     oc.ema_warmup = c->train.ema_warmup;
-    oc.amsgrad = c->optim.amsgrad;
+    oc.no_decay = NULL;
+    oc.n_no_decay = 0;
     size_t n = rt_model_params(r->model)->size / sizeof(float);
     if (c->optim.no_decay_bn_bias) {
         int np = rt_model_param_count(r->model);
@@ -595,8 +586,7 @@ static rt_status setup_optim(run *r) {
     sc->div_factor = c->optim.div_factor;
     sc->final_div_factor = c->optim.final_div_factor;
     sc->three_phase = c->optim.three_phase;
-    sc->cycle_momentum =
-        c->optim.cycle_momentum && kind != RT_OPTIM_ADADELTA && (kind != RT_OPTIM_SGD || oc.momentum > 0);
+    sc->cycle_momentum = c->optim.cycle_momentum && rt_optim_config_has_momentum(&oc);
     sc->base_momentum = c->optim.base_momentum;
     sc->max_momentum = c->optim.max_momentum;
     s = rt_schedule_validate(sc);
@@ -1467,11 +1457,17 @@ static void pretty_value(const char *v, char *out, size_t n) {
         snprintf(out, n, "%s", v);
 }
 
-/* optim.eps as the optimizer uses it: auto is 1e-6 for adadelta, else 1e-8 (what a
- * checkpoint written before auto existed holds) */
+/* optim.eps as the optimizer uses it: auto is the optimizer's default (1e-8 unless its
+ * row says otherwise: what a checkpoint written before auto existed holds) */
 static double effective_eps(const rt_config *c) {
-    if (!isnan(c->optim.eps)) return c->optim.eps;
-    return strcmp(c->optim.name, "adadelta") == 0 ? 1e-6 : 1e-8;
+    if (!isnan(c->optim.opt.eps)) return c->optim.opt.eps;
+    rt_optim_kind kind = RT_OPTIM_SGD;
+    rt_error_record saved;
+    rt_error_save(&saved);
+    if (rt_optim_kind_parse(c->optim.name, &kind) != RT_OK) (void)rt_error_restore(&saved); /* unknown: 1e-8 */
+    rt_optim_config d;
+    rt_optim_config_default(&d, kind);
+    return d.eps;
 }
 
 /* The checkpoint's config (metadata "config", the resolved config it was written with)

@@ -29,7 +29,7 @@ static inline void optim_test_configs(rt_optim_config *cs, int *count, const rt_
     cs[k].weight_decay = 1e-2, cs[k].amsgrad = true, cs[k].no_decay = ranges, cs[k].n_no_decay = 3, k++;
     rt_optim_config_default(&cs[k++], RT_OPTIM_ADAMW);
     rt_optim_config_default(&cs[k], RT_OPTIM_ADAMW);
-    cs[k].weight_decay = 0.1, cs[k].amsgrad = true, cs[k].beta1 = 0.8, cs[k].eps = 1e-6, cs[k].no_decay = ranges,
+    cs[k].weight_decay = 0.1, cs[k].amsgrad = true, cs[k].betas[0] = 0.8, cs[k].eps = 1e-6, cs[k].no_decay = ranges,
     cs[k].n_no_decay = 3, k++;
     rt_optim_config_default(&cs[k++], RT_OPTIM_ADADELTA);
     rt_optim_config_default(&cs[k], RT_OPTIM_ADADELTA);

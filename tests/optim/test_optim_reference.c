@@ -374,7 +374,7 @@ static double run_case(const ocase *c, int resume_at) {
     cfg.dampening = c->dampening;
     cfg.nesterov = c->nesterov;
     cfg.weight_decay = c->wd;
-    if (c->kind != RT_OPTIM_SGD) cfg.beta1 = c->b1, cfg.beta2 = c->b2, cfg.eps = c->eps;
+    if (c->kind != RT_OPTIM_SGD) cfg.betas[0] = c->b1, cfg.betas[1] = c->b2, cfg.eps = c->eps;
     cfg.amsgrad = c->amsgrad;
     cfg.rho = c->rho;
     cfg.ema_decay = c->ema_decay;

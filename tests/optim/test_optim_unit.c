@@ -45,6 +45,64 @@ static void test_kind_names(void **state) {
     assert_string_equal(rt_sched_kind_name(RT_SCHED_MULTISTEP), "multistep");
 }
 
+/* The rows (kinds.c): every kind has one, complete, under a distinct name, with valid
+ * defaults; "auto" resolution and the momentum that one-cycle may cycle come from them. */
+static void test_kind_rows(void **state) {
+    (void)state;
+    for (int i = 0; i < RT_OPTIM_KIND_COUNT_; i++) {
+        const rt_optim_kind_ops *ops = rt_optim_kind_ops_of((rt_optim_kind)i);
+        assert_non_null(ops);
+        assert_non_null(ops->name);
+        assert_non_null(ops->defaults);
+        assert_non_null(ops->states);
+        assert_non_null(ops->state_hint);
+        assert_non_null(ops->scalars);
+        assert_non_null(ops->cpu);
+        assert_true((ops->has_momentum == NULL) == (ops->set_momentum == NULL));
+        for (int j = 0; j < i; j++) assert_string_not_equal(ops->name, rt_optim_kind_ops_of((rt_optim_kind)j)->name);
+        rt_optim_config c;
+        rt_optim_config_default(&c, (rt_optim_kind)i);
+        assert_int_equal(c.kind, i);
+        assert_rt_ok(rt_optim_config_validate(&c, 4)); /* the defaults are valid */
+        const char *names[RT_OPTIM_MAX_STATE];
+        c.amsgrad = true, c.momentum = 0.9;
+        int ns = ops->states(&c, names);
+        assert_true(ns >= 0 && ns < RT_OPTIM_MAX_STATE);
+    }
+    assert_null(rt_optim_kind_ops_of(RT_OPTIM_KIND_COUNT_));
+    assert_null(rt_optim_kind_ops_of((rt_optim_kind)-1));
+    char list[64];
+    assert_string_equal(rt_optim_kind_list(list, sizeof list), "sgd | adam | adamw | adadelta");
+
+    /* auto (NaN) keys take the kind's defaults, set ones stay */
+    rt_optim_config c;
+    rt_optim_config_default(&c, RT_OPTIM_SGD);
+    c.kind = RT_OPTIM_ADADELTA, c.lr = NAN, c.eps = NAN, c.weight_decay = NAN;
+    assert_rt_ok(rt_optim_config_resolve(&c));
+    assert_true(c.lr == 1.0 && c.eps == 1e-6 && c.weight_decay == 0);
+    c.kind = RT_OPTIM_ADAMW, c.lr = 0.5, c.eps = NAN, c.weight_decay = NAN;
+    assert_rt_ok(rt_optim_config_resolve(&c));
+    assert_true(c.lr == 0.5 && c.eps == 1e-8 && c.weight_decay == 1e-2);
+    c.kind = RT_OPTIM_KIND_COUNT_;
+    assert_rt_fails(rt_optim_config_resolve(&c), RT_ERR_INVALID, "expected sgd | adam | adamw | adadelta");
+    assert_rt_fails(rt_optim_config_validate(&c, 4), RT_ERR_INVALID, "optim.name: unknown optimizer");
+
+    /* what one-cycle may cycle */
+    rt_optim_config_default(&c, RT_OPTIM_SGD);
+    assert_false(rt_optim_config_has_momentum(&c));
+    c.momentum = 0.9;
+    assert_true(rt_optim_config_has_momentum(&c));
+    rt_optim_config_default(&c, RT_OPTIM_ADAM);
+    assert_true(rt_optim_config_has_momentum(&c));
+    rt_optim_config_default(&c, RT_OPTIM_ADAMW);
+    assert_true(rt_optim_config_has_momentum(&c));
+    rt_optim_config_default(&c, RT_OPTIM_ADADELTA);
+    assert_false(rt_optim_config_has_momentum(&c));
+    c.kind = RT_OPTIM_KIND_COUNT_;
+    assert_false(rt_optim_config_has_momentum(&c));
+    assert_false(rt_optim_config_has_momentum(NULL));
+}
+
 static void test_config_validation(void **state) {
     (void)state;
     rt_optimizer opt;
@@ -60,7 +118,7 @@ static void test_config_validation(void **state) {
     c.lr = NAN;
     assert_rt_fails(rt_optimizer_init(&opt, &c, rt_device_cpu(), 10), RT_ERR_INVALID, "optim.lr");
     rt_optim_config_default(&c, RT_OPTIM_ADAM);
-    c.beta2 = 1.0;
+    c.betas[1] = 1.0;
     assert_rt_fails(rt_optimizer_init(&opt, &c, rt_device_cpu(), 10), RT_ERR_INVALID, "optim.betas[1]");
     rt_optim_config_default(&c, RT_OPTIM_ADAMW);
     c.weight_decay = -0.1;
@@ -476,11 +534,17 @@ static void test_schedule_values(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kind_names),          cmocka_unit_test(test_config_validation),
-        cmocka_unit_test(test_sgd_by_hand),         cmocka_unit_test(test_adam_by_hand),
-        cmocka_unit_test(test_state_accessors),     cmocka_unit_test(test_save_load_exact),
-        cmocka_unit_test(test_cpu_variants_equal),  cmocka_unit_test(test_clip),
-        cmocka_unit_test(test_schedule_validation), cmocka_unit_test(test_schedule_values),
+        cmocka_unit_test(test_kind_names),
+        cmocka_unit_test(test_kind_rows),
+        cmocka_unit_test(test_config_validation),
+        cmocka_unit_test(test_sgd_by_hand),
+        cmocka_unit_test(test_adam_by_hand),
+        cmocka_unit_test(test_state_accessors),
+        cmocka_unit_test(test_save_load_exact),
+        cmocka_unit_test(test_cpu_variants_equal),
+        cmocka_unit_test(test_clip),
+        cmocka_unit_test(test_schedule_validation),
+        cmocka_unit_test(test_schedule_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,13 +32,13 @@ static void test_defaults(void **state) {
     assert_string_equal(c.model.arch, "resnet34");
     assert_int_equal(c.model.width, 64);
     assert_int_equal(c.model.num_classes, RT_CONFIG_AUTO);
-    assert_true(isnan(c.optim.lr));
+    assert_true(isnan(c.optim.opt.lr));
     assert_int_equal(c.data.batch_size, 128);
     assert_true(c.data.shuffle);
     assert_string_equal(c.data.path, "/usr/share/datasets/fashion-mnist");
     assert_true(fabs(c.dist.bucket_mb - 25.0) < 1e-12);
     assert_int_equal(c.optim.n_betas, 2);
-    assert_true(fabs(c.optim.betas[1] - 0.999) < 1e-15);
+    assert_true(fabs(c.optim.opt.betas[1] - 0.999) < 1e-15);
     assert_int_equal(c.optim.n_milestones, 0);
     assert_int_equal(c.dist.nproc, RT_CONFIG_AUTO);
     assert_string_equal(c.checkpoint.resume, "auto");
@@ -60,8 +60,8 @@ static void test_values(void **state) {
     assert_false(c.data.shuffle);
     assert_string_equal(c.data.path, "/tmp/x y");
     assert_string_equal(c.optim.name, "adamw");
-    assert_true(fabs(c.optim.lr - 3e-4) < 1e-18);
-    assert_true(fabs(c.optim.betas[0] - 0.8) < 1e-15 && fabs(c.optim.betas[1] - 0.99) < 1e-15);
+    assert_true(fabs(c.optim.opt.lr - 3e-4) < 1e-18);
+    assert_true(fabs(c.optim.opt.betas[0] - 0.8) < 1e-15 && fabs(c.optim.opt.betas[1] - 0.99) < 1e-15);
     assert_int_equal(c.optim.n_milestones, 3);
     assert_int_equal(c.optim.milestones[2], 9);
     assert_int_equal(c.dist.nproc, 3);
@@ -122,7 +122,7 @@ static void test_overrides(void **state) {
     rt_config c;
     rt_config_default(&c);
     assert_rt_ok(rt_config_override(&c, "optim.lr=0.05"));
-    assert_true(fabs(c.optim.lr - 0.05) < 1e-15);
+    assert_true(fabs(c.optim.opt.lr - 0.05) < 1e-15);
     assert_rt_ok(rt_config_override(&c, "optim.milestones=[2,4]"));
     assert_int_equal(c.optim.n_milestones, 2);
     assert_rt_ok(rt_config_override(&c, "optim.milestones=7,8,9"));
@@ -185,7 +185,7 @@ static void test_load_file(void **state) {
     assert_string_equal(b.model.arch, "net");
     assert_int_equal(b.train.epochs, 3);
     assert_int_equal(b.optim.n_milestones, 2);
-    assert_true(b.optim.lr == a.optim.lr);
+    assert_true(b.optim.opt.lr == a.optim.opt.lr);
     assert_true(isnan(b.model.dropout));
     assert_string_equal(b.data.path, "/x\"y");
     assert_int_equal(b.checkpoint.n_allow_changes, 2);

@@ -1,9 +1,12 @@
-/* The CUDA optimizer backend (SGD, Adam/AdamW, Adadelta): one fused kernel per optimizer over the whole arena (one
- * launch per step, however many tensors), the deterministic sum-of-squares reduction
- * for gradient clipping, the scaling, and the table (rt_optim_backend_cuda).
+/* The CUDA optimizer backend: one fused kernel per optimizer over the whole arena (one
+ * launch per step, however many tensors) with its launch function, chosen by kind in
+ * cuda_kind_step (the one place here that names the optimizers: the rest of an
+ * optimizer is its row, src/optim/<name>.c), the deterministic sum-of-squares reduction
+ * for gradient clipping, the scaling, the moving average, and the table
+ * (rt_optim_backend_cuda).
  *
- * The arithmetic is the CPU loops' (cpu/optim_cpu.c) with explicit IEEE rounding
- * intrinsics (__fmaf_rn, __fmul_rn, __fdiv_rn, __fsqrt_rn, ...) so nvcc cannot contract
+ * The arithmetic is that of the rows' CPU loops (src/optim/<name>.c), with explicit IEEE
+ * rounding intrinsics (__fmaf_rn, __fmul_rn, __fdiv_rn, __fsqrt_rn, ...) so nvcc cannot contract
  * or approximate anything: the GPU result equals the CPU result bit for bit. Weight
  * decay exclusions come as a bit mask (one bit per element, 1/32 of the arena).
  */
@@ -36,10 +39,10 @@ static __global__ void sgd_kernel(float *__restrict__ p, const float *__restrict
         float pi = p[i];
         float d = g[i];
         if (optim_decays(s, mask, i)) d = __fmaf_rn(s.wd, pi, d);
-        if (s.momentum) {
-            float b = s.first ? d : __fmaf_rn(s.damp1, d, __fmul_rn(buf[i], s.mom));
+        if (s.sgd.momentum) {
+            float b = s.sgd.first ? d : __fmaf_rn(s.sgd.damp1, d, __fmul_rn(buf[i], s.sgd.mom));
             buf[i] = b;
-            d = s.nesterov ? __fmaf_rn(s.mom, b, d) : b;
+            d = s.sgd.nesterov ? __fmaf_rn(s.sgd.mom, b, d) : b;
         }
         p[i] = __fmaf_rn(s.neglr, d, pi);
     }
@@ -53,23 +56,23 @@ static __global__ void adam_kernel(float *__restrict__ p, const float *__restric
         float pi = p[i];
         float gi = g[i];
         if (optim_decays(s, mask, i)) {
-            if (s.decoupled)
-                pi = __fmul_rn(pi, s.decay_mul);
+            if (s.adam.decoupled)
+                pi = __fmul_rn(pi, s.adam.decay_mul);
             else
                 gi = __fmaf_rn(s.wd, pi, gi);
         }
-        float mi = __fmaf_rn(s.omb1, gi, __fmul_rn(m[i], s.b1));
-        float vi = __fmaf_rn(__fmul_rn(s.omb2, gi), gi, __fmul_rn(v[i], s.b2));
+        float mi = __fmaf_rn(s.adam.omb1, gi, __fmul_rn(m[i], s.adam.b1));
+        float vi = __fmaf_rn(__fmul_rn(s.adam.omb2, gi), gi, __fmul_rn(v[i], s.adam.b2));
         m[i] = mi;
         v[i] = vi;
         float vh = vi;
-        if (s.amsgrad) {
+        if (s.adam.amsgrad) {
             float a = vmax[i];
             vh = a >= vi ? a : vi;
             vmax[i] = vh;
         }
-        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vh), s.bc2s), s.eps);
-        p[i] = __fadd_rn(pi, __fdiv_rn(__fmul_rn(s.negss, mi), denom));
+        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vh), s.adam.bc2s), s.adam.eps);
+        p[i] = __fadd_rn(pi, __fdiv_rn(__fmul_rn(s.adam.negss, mi), denom));
     }
 }
 
@@ -81,40 +84,65 @@ static __global__ void adadelta_kernel(float *__restrict__ p, const float *__res
         float pi = p[i];
         float gi = g[i];
         if (optim_decays(s, mask, i)) gi = __fmaf_rn(s.wd, pi, gi);
-        float si = __fmaf_rn(__fmul_rn(s.omrho, gi), gi, __fmul_rn(sq[i], s.rho));
+        float si = __fmaf_rn(__fmul_rn(s.adadelta.omrho, gi), gi, __fmul_rn(sq[i], s.adadelta.rho));
         sq[i] = si;
-        float sd = __fsqrt_rn(__fadd_rn(si, s.eps));
-        float delta = __fmul_rn(__fdiv_rn(__fsqrt_rn(__fadd_rn(acc[i], s.eps)), sd), gi);
-        acc[i] = __fmaf_rn(__fmul_rn(s.omrho, delta), delta, __fmul_rn(acc[i], s.rho));
+        float sd = __fsqrt_rn(__fadd_rn(si, s.adadelta.eps));
+        float delta = __fmul_rn(__fdiv_rn(__fsqrt_rn(__fadd_rn(acc[i], s.adadelta.eps)), sd), gi);
+        acc[i] = __fmaf_rn(__fmul_rn(s.adadelta.omrho, delta), delta, __fmul_rn(acc[i], s.adadelta.rho));
         p[i] = __fmaf_rn(s.neglr, delta, pi);
     }
 }
 
-static rt_status adadelta_cuda(float *params, const float *grads, float *sq, float *acc, size_t n,
-                               const rt_optim_scalars *s, const uint32_t *decay_mask, rt_stream *stream) {
+/* The launches: the state buffers in the row's order, one launch over the whole arena. */
+static rt_status sgd_cuda(const rt_optimizer *opt, float *params, const float *grads, const rt_optim_scalars *s,
+                          const uint32_t *mask, rt_stream *stream) {
+    size_t n = opt->n;
+    if (n == 0) return RT_OK;
+    float *buf = s->sgd.momentum ? opt->state[0] : NULL;
+    sgd_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(params, grads, buf, n,
+                                                                                               *s, mask);
+    RT_CHECK_LAUNCH();
+    return RT_OK;
+}
+
+static rt_status adam_cuda(const rt_optimizer *opt, float *params, const float *grads, const rt_optim_scalars *s,
+                           const uint32_t *mask, rt_stream *stream) {
+    size_t n = opt->n;
+    if (n == 0) return RT_OK;
+    float *vmax = s->adam.amsgrad ? opt->state[2] : NULL;
+    adam_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(
+        params, grads, opt->state[0], opt->state[1], vmax, n, *s, mask);
+    RT_CHECK_LAUNCH();
+    return RT_OK;
+}
+
+static rt_status adadelta_cuda(const rt_optimizer *opt, float *params, const float *grads, const rt_optim_scalars *s,
+                               const uint32_t *mask, rt_stream *stream) {
+    size_t n = opt->n;
     if (n == 0) return RT_OK;
     adadelta_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(
-        params, grads, sq, acc, n, *s, decay_mask);
+        params, grads, opt->state[0], opt->state[1], n, *s, mask);
     RT_CHECK_LAUNCH();
     return RT_OK;
 }
 
-static rt_status sgd_cuda(float *params, const float *grads, float *buf, size_t n,
-                                       const rt_optim_scalars *s, const uint32_t *decay_mask, rt_stream *stream) {
-    if (n == 0) return RT_OK;
-    sgd_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(params, grads, buf, n,
-                                                                                               *s, decay_mask);
-    RT_CHECK_LAUNCH();
-    return RT_OK;
-}
-
-static rt_status adam_cuda(float *params, const float *grads, float *m, float *v, float *vmax, size_t n,
-                                        const rt_optim_scalars *s, const uint32_t *decay_mask, rt_stream *stream) {
-    if (n == 0) return RT_OK;
-    adam_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(
-        params, grads, m, v, vmax, n, *s, decay_mask);
-    RT_CHECK_LAUNCH();
-    return RT_OK;
+/* The kind's kernel. A row cannot point at its launch function as it does at its CPU
+ * loop: the rows are compiled without CUDA in the builds where tests/cuda_emu still runs
+ * this file on the host. A new optimizer adds its case here (-Wswitch names a missing one). */
+static rt_status cuda_kind_step(const rt_optimizer *opt, float *params, const float *grads, const rt_optim_scalars *s,
+                                const uint32_t *mask, rt_stream *stream) {
+    switch (opt->cfg.kind) {
+    case RT_OPTIM_SGD:
+        return sgd_cuda(opt, params, grads, s, mask, stream);
+    case RT_OPTIM_ADAM:
+    case RT_OPTIM_ADAMW: /* s->adam.decoupled tells them apart */
+        return adam_cuda(opt, params, grads, s, mask, stream);
+    case RT_OPTIM_ADADELTA:
+        return adadelta_cuda(opt, params, grads, s, mask, stream);
+    case RT_OPTIM_KIND_COUNT_:
+        break;
+    }
+    RT_FAIL(RT_ERR_INTERNAL, "optim: no CUDA kernel for optimizer %s", rt_optim_kind_name(opt->cfg.kind));
 }
 
 /* ---- gradient norm: fixed grid, fixed tree order => deterministic ---------------- */
@@ -238,14 +266,7 @@ static void cuda_release(rt_optimizer *opt) {
 
 static rt_status cuda_step(rt_optimizer *opt, float *params, const float *grads, const rt_optim_scalars *s,
                            rt_stream *stream) {
-    const uint32_t *mask = (const uint32_t *)opt->backend_state;
-    if (opt->cfg.kind == RT_OPTIM_SGD)
-        RT_CHECK(sgd_cuda(params, grads, s->momentum ? opt->state[0] : NULL, opt->n, s, mask, stream));
-    else if (opt->cfg.kind == RT_OPTIM_ADADELTA)
-        RT_CHECK(adadelta_cuda(params, grads, opt->state[0], opt->state[1], opt->n, s, mask, stream));
-    else
-        RT_CHECK(adam_cuda(params, grads, opt->state[0], opt->state[1], s->amsgrad ? opt->state[2] : NULL, opt->n, s,
-                           mask, stream));
+    RT_CHECK(cuda_kind_step(opt, params, grads, s, (const uint32_t *)opt->backend_state, stream));
     return RT_OK;
 }
 
