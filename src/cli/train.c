@@ -151,6 +151,7 @@ static rt_status load_eval(const args *a, rt_config *cfg) {
         if (s == RT_OK) s = rt_config_parse_text(cfg, text, strlen(text), probe);
         rt_ckpt_meta_free(&m);
         RT_CHECK(s);
+        RT_CHECK(rt_config_apply_env(cfg)); /* the environment over the checkpoint's config */
         for (int i = 0; i < a->n_overrides; i++) RT_CHECK(rt_config_override(cfg, a->overrides[i]));
     } else {
         /* the newest checkpoint of checkpoint.dir: rank 0 chooses it (rt_evaluate) and
@@ -170,7 +171,7 @@ static rt_status load(const args *a, rt_config *cfg) {
     for (int k = 0; k < N_KOPTS; k++)
         if (a->cli_over[k][0]) RT_CHECK(rt_config_override(cfg, a->cli_over[k]));
     if (a->trace) RT_CHECK(rt_config_override(cfg, "log.trace=true"));
-    /* log.level (RINGTRAIN_LOG_LEVEL set its default, rt_config_load) from here on */
+    /* log.level (RINGTRAIN_LOG_LEVEL replaces the file's, rt_config_apply_env) from here on */
     rt_log_level level;
     RT_CHECK(rt_log_parse_level(cfg->log.level, &level));
     rt_log_set_level(level);

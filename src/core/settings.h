@@ -44,20 +44,21 @@ typedef enum rt_setting_group {
 #define RT_I32MAX 2147483647.0
 
 /* X(ID, "NAME", TYPE, "default", lo, hi, "choices", GROUP, "meaning").
- * Where a config key and a variable both exist, the variable sets the key's default and
- * a value in the config file or on the command line wins (said in the meaning). */
+ * Where a config key and a variable both exist, a variable that is set replaces the config
+ * file's value and a command-line override wins over both (said in the meaning;
+ * rt_config_apply_env). */
 #define RT_SETTINGS(X)                                                                                                 \
     /* ---- user ---- */                                                                                               \
     X(LOG_LEVEL, "RINGTRAIN_LOG_LEVEL", CHOICE, "info", 0, 0, "error|warn|info|debug|trace", USER,                     \
-      "log level of every process (or 0-4); the default of log.level: the config file or command line wins")           \
+      "log level of every process (or 0-4); sets log.level over the config file (a command-line override wins)")           \
     X(DIST_TIMEOUT, "RINGTRAIN_DIST_TIMEOUT", FLOAT, "300", 1e-3, 1e8, NULL, USER,                                     \
       "seconds a blocking distributed call waits before it fails naming the peer (rt_pg_options.timeout_s, bench "     \
-      "comm); the default of dist.timeout_s: a value in the config file or on the command line wins")                  \
+      "comm); sets dist.timeout_s over the config file (a command-line override wins)")                  \
     X(DIST_DEBUG, "RINGTRAIN_DIST_DEBUG", BOOL, "0", 0, 0, NULL, USER,                                                 \
-      "debug mode: every collective's call is checked across the ranks before it runs; the default of dist.debug "     \
-      "(the config file or command line wins); when set it wins over TORCH_DISTRIBUTED_DEBUG")                         \
+      "debug mode: every collective's call is checked across the ranks before it runs; sets dist.debug over the "      \
+      "config file (a command-line override wins); when set it wins over TORCH_DISTRIBUTED_DEBUG")                         \
     X(TORCH_DEBUG, "TORCH_DISTRIBUTED_DEBUG", CHOICE, "OFF", 0, 0, "OFF|INFO|DETAIL", USER,                            \
-      "as in PyTorch: DETAIL turns debug mode on when RINGTRAIN_DIST_DEBUG is unset")                                  \
+      "as in PyTorch: DETAIL turns debug mode on (dist.debug over the config file) when RINGTRAIN_DIST_DEBUG is unset")                                  \
     X(FLIGHT_ENTRIES, "RINGTRAIN_FLIGHT_ENTRIES", INT, "512", 0, 16777216, NULL, USER,                                 \
       "operations each process group's flight recorder keeps (0: off)")                                                \
     X(ALLREDUCE_SMALL_BYTES, "RINGTRAIN_ALLREDUCE_SMALL_BYTES", INT, "4096", 0, 1073741824, NULL, USER,                \

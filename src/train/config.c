@@ -705,14 +705,17 @@ static rt_status read_file(const char *path, char **out, size_t *len) {
     return rt_file_read_all(path, "config", (size_t)1 << 24, out, len);
 }
 
-/* Keys whose default an environment variable sets (core/settings.h): the variable, when
- * set, replaces the table's default; the file and the overrides, applied after, win. One
- * place for the rule "config over environment over built-in default". */
-static rt_status env_defaults(rt_config *cfg) {
-    rt_pg_options po; /* dist's defaults: RINGTRAIN_DIST_TIMEOUT, RINGTRAIN_DIST_DEBUG, TORCH_DISTRIBUTED_DEBUG */
+/* Keys an environment variable sets (core/settings.h): a variable that is set replaces
+ * the key's value from the config file (or the checkpoint's config); the command-line
+ * overrides, applied after, win over both. One place for the rule "command line over
+ * environment over config file over built-in default", as with torchrun's variables: a
+ * resolved config.yaml or a checkpoint names every key, so TORCH_DISTRIBUTED_DEBUG=DETAIL
+ * must still turn debug mode on for it. */
+rt_status rt_config_apply_env(rt_config *cfg) {
+    rt_pg_options po; /* dist's: RINGTRAIN_DIST_TIMEOUT, RINGTRAIN_DIST_DEBUG, TORCH_DISTRIBUTED_DEBUG */
     RT_CHECK(rt_pg_options_default(&po));
-    cfg->dist.timeout_s = po.timeout_s;
-    cfg->dist.debug = po.debug;
+    if (rt_setting_is_set(RT_SET_DIST_TIMEOUT)) cfg->dist.timeout_s = po.timeout_s;
+    if (rt_setting_is_set(RT_SET_DIST_DEBUG) || rt_setting_is_set(RT_SET_TORCH_DEBUG)) cfg->dist.debug = po.debug;
     int level = 0;
     RT_CHECK(rt_setting_choice(RT_SET_LOG_LEVEL, &level)); /* checks the text */
     if (rt_setting_is_set(RT_SET_LOG_LEVEL))
@@ -722,7 +725,6 @@ static rt_status env_defaults(rt_config *cfg) {
 
 rt_status rt_config_load(rt_config *cfg, const char *path, int n_overrides, const char *const *overrides) {
     rt_config_default(cfg);
-    RT_CHECK(env_defaults(cfg));
     if (path) {
         char *text = NULL;
         size_t len = 0;
@@ -732,6 +734,7 @@ rt_status rt_config_load(rt_config *cfg, const char *path, int n_overrides, cons
         RT_CHECK(s);
         snprintf(cfg->source, sizeof cfg->source, "%s", path);
     }
+    RT_CHECK(rt_config_apply_env(cfg));
     for (int i = 0; i < n_overrides; i++) RT_CHECK(rt_config_override(cfg, overrides[i]));
     return RT_OK;
 }

@@ -151,6 +151,13 @@ rt_status rt_config_load(rt_config *cfg, const char *path, int n_overrides, cons
 /* Parse YAML text (`name` is used in errors) onto cfg (which holds defaults or earlier values). */
 rt_status rt_config_parse_text(rt_config *cfg, const char *text, size_t len, const char *name);
 
+/* The environment variables that set config keys (docs/settings.md): each one that is set
+ * replaces its key's value (RINGTRAIN_DIST_TIMEOUT -> dist.timeout_s, RINGTRAIN_DIST_DEBUG or
+ * TORCH_DISTRIBUTED_DEBUG -> dist.debug, RINGTRAIN_LOG_LEVEL -> log.level). Call it after the
+ * file and before the command-line overrides (rt_config_load does). Errors: a bad value,
+ * naming the variable. */
+rt_status rt_config_apply_env(rt_config *cfg);
+
 /* Apply one "section.key=value" override. */
 rt_status rt_config_override(rt_config *cfg, const char *assignment);
 

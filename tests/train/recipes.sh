@@ -73,6 +73,11 @@ PY
   read -r el ea < <(eval_of_line "$tmp/e.out")
   close "$el" "$tl" && close "$ea" "$ta" ||
     fail "eval of the final checkpoint: loss $el accuracy $ea, the training's final evaluation said $tl $ta"
+  # the environment over the checkpoint's config, the command line over both (rt_config_apply_env)
+  RINGTRAIN_LOG_LEVEL=debug "$bin" eval "$ck" --nproc 1 >/dev/null 2>"$tmp/d.err" || fail "eval with RINGTRAIN_LOG_LEVEL=debug"
+  grep -q '\] D ' "$tmp/d.err" || fail "RINGTRAIN_LOG_LEVEL=debug did not reach ringtrain eval of a checkpoint (no debug lines)"
+  RINGTRAIN_LOG_LEVEL=debug "$bin" eval "$ck" --nproc 1 log.level=info >/dev/null 2>"$tmp/i.err" || fail "eval, log.level=info"
+  ! grep -q '\] D ' "$tmp/i.err" || fail "log.level=info on the command line did not win over RINGTRAIN_LOG_LEVEL=debug"
   echo "ok: adadelta + label smoothing + random erasing + EMA + flip TTA resume bit for bit; model.safetensors holds the average"
   ;;
 tta)

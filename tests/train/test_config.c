@@ -349,12 +349,16 @@ static void test_env_defaults(void **state) {
     assert_non_null(f);
     fputs("dist:\n  timeout_s: 9\n  debug: false\n", f);
     fclose(f);
-    assert_rt_ok(rt_config_load(&c, path, 0, NULL)); /* the file wins */
+    assert_rt_ok(rt_config_load(&c, path, 0, NULL)); /* the environment wins over the file */
+    assert_true(c.dist.timeout_s == 7.0);
+    assert_true(c.dist.debug);
+    assert_string_equal(c.log.level, "debug");
+    unsetenv("RINGTRAIN_DIST_TIMEOUT"); /* an unset variable leaves the file's value */
+    assert_rt_ok(rt_config_load(&c, path, 0, NULL));
     assert_true(c.dist.timeout_s == 9.0);
-    assert_false(c.dist.debug);
-    assert_string_equal(c.log.level, "debug"); /* not in the file: the variable's */
+    setenv("RINGTRAIN_DIST_TIMEOUT", "7", 1);
     const char *ov[] = {"dist.timeout_s=11", "log.level=warn"};
-    assert_rt_ok(rt_config_load(&c, path, 2, ov)); /* and the overrides win over both */
+    assert_rt_ok(rt_config_load(&c, path, 2, ov)); /* and the command line wins over both */
     assert_true(c.dist.timeout_s == 11.0);
     assert_string_equal(c.log.level, "warn");
     unlink(path);
@@ -382,6 +386,9 @@ static void test_env_defaults(void **state) {
 }
 
 int main(void) {
+    /* the variables that set config keys (rt_config_apply_env): the developer's own must not change the defaults */
+    const char *env[] = {"RINGTRAIN_DIST_TIMEOUT", "RINGTRAIN_DIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG", "RINGTRAIN_LOG_LEVEL"};
+    for (size_t i = 0; i < sizeof env / sizeof *env; i++) unsetenv(env[i]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),        cmocka_unit_test(test_values),
         cmocka_unit_test(test_errors),          cmocka_unit_test(test_overrides),
