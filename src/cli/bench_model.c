@@ -7,7 +7,11 @@
  * parameter arena, rt_optimizer_step_arena on the model's stream (src/train/trainer.c);
  * --threads sets the model context's threads (the layers), as train.threads does.
  * Prints a table (or one JSON object per batch size with --json) with images/s, the mean
- * time of forward, backward and update, and the process's peak RSS.
+ * time of forward, backward and update, and the process's peak RSS. Every row also gives
+ * the step's GFLOP/s (rt_model_flops_per_image: the convolutions and linear layers, from
+ * the layer shapes) and, on the CPU, its share of the CPU's peak for the precision
+ * (fp32: FMA, bf16: bf16 dot products), measured first on as many threads by
+ * src/cli/bench_peak.c's loop.
  *
  * On a GPU the steps are timed with events on the model context's stream and the host
  * synchronises once per batch size, after the last timed step (as bench/gpu_torch.py
@@ -275,9 +279,17 @@ int rt_cmd_bench_model(int argc, char **argv) {
         rt_model_ctx_destroy(ctx);
         return rt_cli_fail();
     }
+    /* the CPU's peak for this precision on as many threads (bench peak's loop): every CPU
+     * row reports its step as a share of it */
+    rt_cpu_peak peak = {0};
+    if (!gpu && rt_cli_cpu_peak(precision == RT_PRECISION_BF16, threads, 0.2, 3, &peak) < 0) {
+        fprintf(stderr, "ringtrain bench model: could not start %d threads for the peak\n", threads);
+        rt_model_ctx_destroy(ctx);
+        return 1;
+    }
     if (!json)
-        printf("%-9s %-8s %-9s %5s %7s | %9s %8s %9s %8s %8s%s\n", "model", "stem", "input", "batch", "threads",
-               "img/s", "step ms", "fwd ms", "bwd ms", "sgd ms", gpu ? "  GPU MiB" : "");
+        printf("%-9s %-8s %-9s %5s %7s | %9s %8s %9s %8s %8s %8s%s\n", "model", "stem", "input", "batch", "threads",
+               "img/s", "step ms", "fwd ms", "bwd ms", "sgd ms", "GFLOP/s", gpu ? "  GPU MiB" : "  % peak");
     int status = 0;
     for (int bi = 0; bi < nbatch && status == 0; bi++) {
         int n = batches[bi];
@@ -325,20 +337,22 @@ int rt_cmd_bench_model(int argc, char **argv) {
                 struct rusage ru;
                 getrusage(RUSAGE_SELF, &ru);
                 double ms = t.all / steps, ips = n * 1000.0 / ms;
+                const double gflop = rt_model_flops_per_image(m, true) * 1e-9;
                 if (json)
                     printf("{\"impl\": \"ringtrain\", \"device\": \"%s\", \"precision\": \"%s\", "
                            "\"arch\": \"%s\", \"stem\": \"%s\", \"channels\": %d, "
                            "\"size\": %d, \"batch\": %d, \"threads\": %d, \"steps\": %d, \"images_per_s\": %.2f, "
                            "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
                            "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f, \"peak_gpu_mb\": %.1f, "
+                           "\"gflop_per_image\": %.5f, \"gflops\": %.1f, "
                            "\"timing\": \"cuda events, one synchronisation per run\"}\n",
                            devstr, rt_precision_name(precision), rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem),
                            cfg.in_channels, cfg.in_h, n, threads, steps, ips, ms, t.fwd / steps, t.bwd / steps,
-                           t.sgd / steps, (double)loss, ru.ru_maxrss / 1024.0, peak_gpu_mb);
+                           t.sgd / steps, (double)loss, ru.ru_maxrss / 1024.0, peak_gpu_mb, gflop, gflop * ips);
                 else
-                    printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.0f\n",
+                    printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.0f\n",
                            rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, cfg.in_w, n,
-                           threads, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps, peak_gpu_mb);
+                           threads, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps, gflop * ips, peak_gpu_mb);
                 fflush(stdout);
             }
         } else if (status == 0) {
@@ -374,21 +388,26 @@ int rt_cmd_bench_model(int argc, char **argv) {
                 struct rusage ru;
                 getrusage(RUSAGE_SELF, &ru);
                 double ms = t_all / steps, ips = n * 1000.0 / ms;
+                const double gflop = rt_model_flops_per_image(m, true) * 1e-9, gflops = gflop * ips;
+                const double share = peak.available ? 100.0 * gflops / peak.gflops : -1;
                 if (json)
                     printf("{\"impl\": \"ringtrain\", \"device\": \"%s\", \"precision\": \"%s\", "
                            "\"arch\": \"%s\", \"stem\": \"%s\", \"channels\": %d, "
                            "\"size\": %d, \"batch\": %d, \"threads\": %d, \"steps\": %d, \"images_per_s\": %.2f, "
                            "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
                            "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f, \"cpu_avx512_bf16\": %s, "
-                           "\"onednn\": \"%s\", \"onednn_isa\": \"%s\"}\n",
+                           "\"onednn\": \"%s\", \"onednn_isa\": \"%s\", \"gflop_per_image\": %.5f, "
+                           "\"gflops\": %.1f, \"peak_instruction\": \"%s\", \"peak_gflops\": %.1f, "
+                           "\"peak_share_percent\": %.1f}\n",
                            devstr, rt_precision_name(precision), rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem),
                            cfg.in_channels, cfg.in_h, n, threads, steps, ips, ms, t_fwd / steps, t_bwd / steps,
                            t_sgd / steps, (double)loss, ru.ru_maxrss / 1024.0, rt_model_cpu_bf16() ? "true" : "false",
-                           onednn_version(), rt_model_onednn_isa());
+                           onednn_version(), rt_model_onednn_isa(), gflop, gflops, peak.available ? peak.isa : "none",
+                           peak.available ? peak.gflops : 0.0, share);
                 else
-                    printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f\n",
+                    printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.1f\n",
                            rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, cfg.in_w, n,
-                           threads, ips, ms, t_fwd / steps, t_bwd / steps, t_sgd / steps);
+                           threads, ips, ms, t_fwd / steps, t_bwd / steps, t_sgd / steps, gflops, share);
                 fflush(stdout);
             }
         }
@@ -403,6 +422,9 @@ int rt_cmd_bench_model(int argc, char **argv) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         printf("peak RSS %.1f MiB\n", ru.ru_maxrss / 1024.0);
+        if (!gpu && peak.available)
+            printf("%% peak: of this CPU's %s peak on %d threads, %.1f GFLOP/s (%s, ringtrain bench peak)\n",
+                   rt_precision_name(precision), threads, peak.gflops, peak.isa);
     }
     rt_model_ctx_destroy(ctx);
     return status;

@@ -5,6 +5,8 @@
 #ifndef RT_CLI_H
 #define RT_CLI_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 typedef struct rt_command {
@@ -24,6 +26,23 @@ int rt_cli_dispatch(const char *prog, const rt_command *cmds, int n, int argc, c
 void rt_cli_info_print(FILE *out);
 void rt_cli_info_json(FILE *out);
 
+/* The CPU's measured arithmetic peak (src/cli/bench_peak.c): a register-only loop of
+ * multiply-adds on `threads` threads at once, the best of `repeats` runs of about
+ * `seconds` each. fp32: vfmadd231ps (zmm, else ymm); bf16: vdpbf16ps (zmm). */
+typedef struct rt_cpu_peak {
+    bool available;        /* the CPU has the instruction */
+    const char *isa;       /* e.g. "avx512f vfmadd231ps zmm" */
+    double flops_per_insn; /* FLOPs of one instruction (a multiply and an add count 2) */
+    int threads;
+    double gflops;          /* the peak */
+    double seconds;         /* the best run's wall time */
+    int64_t insns_expected; /* the loop's instructions over the check run */
+    int64_t insns_counted;  /* retired instructions over it (perf_event_open); -1: no counter */
+} rt_cpu_peak;
+/* Returns 1 measured, 0 the CPU lacks the instruction (out->available false), -1 threads
+ * could not start. */
+int rt_cli_cpu_peak(bool bf16, int threads, double seconds, int repeats, rt_cpu_peak *out);
+
 /* ---- entry points ---- */
 int rt_cmd_train(int argc, char **argv);        /* src/cli/train.c */
 int rt_cmd_eval(int argc, char **argv);         /* src/cli/train.c */
@@ -34,5 +53,6 @@ int rt_cmd_trace(int argc, char **argv);        /* src/cli/trace.c */
 int rt_cmd_bench_comm(int argc, char **argv);   /* src/cli/bench_comm.c */
 int rt_cmd_bench_loader(int argc, char **argv); /* src/cli/data.c */
 int rt_cmd_bench_model(int argc, char **argv);  /* src/cli/bench_model.c */
+int rt_cmd_bench_peak(int argc, char **argv);   /* src/cli/bench_peak.c */
 
 #endif

@@ -93,6 +93,12 @@ int64_t rt_model_num_parameters(const rt_model *m) {
 }
 const float *rt_model_output(const rt_model *m) { return m->out; }
 
+double rt_model_flops_per_image(const rt_model *m, bool training) {
+    /* backward: the input gradient and the weight gradient of each layer cost its forward,
+     * but the first convolution's input gradient is never computed (dx NULL) */
+    return training ? 3.0 * m->flops_fwd - m->flops_input : m->flops_fwd;
+}
+
 /* ---- initialisation ---------------------------------------------------------------- */
 
 static rt_status fill(rt_model *m, const rt_param *p, const void *host) {

@@ -37,6 +37,11 @@ rt_status rt_model_add_param(rt_model *m, const char *prefix, const char *suffix
 }
 
 rt_status rt_model_add_conv(rt_model *m, const char *prefix, int block, rt_conv2d *l) {
+    /* 2 FLOPs per multiply-accumulate; the first convolution registered is the one that
+     * reads the input (both architectures register conv1 first) */
+    const double flops = 2.0 * l->out_c * l->out_h * l->out_w * (double)l->in_c * l->k * l->k;
+    if (m->flops_fwd == 0) m->flops_input = flops;
+    m->flops_fwd += flops;
     RT_CHECK(rt_model_add_param(m, prefix, "weight", RT_PARAM_WEIGHT, block, &l->weight, &l->dweight));
     if (l->has_bias) RT_CHECK(rt_model_add_param(m, prefix, "bias", RT_PARAM_BIAS, block, &l->bias, &l->dbias));
     return RT_OK;
@@ -55,6 +60,7 @@ rt_status rt_model_add_bn(rt_model *m, const char *prefix, int block, rt_batchno
 }
 
 rt_status rt_model_add_linear(rt_model *m, const char *prefix, int block, rt_linear *l) {
+    m->flops_fwd += 2.0 * l->in_f * (double)l->out_f;
     RT_CHECK(rt_model_add_param(m, prefix, "weight", RT_PARAM_WEIGHT, block, &l->weight, &l->dweight));
     RT_CHECK(rt_model_add_param(m, prefix, "bias", RT_PARAM_BIAS, block, &l->bias, &l->dbias));
     return RT_OK;

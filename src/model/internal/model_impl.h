@@ -71,6 +71,8 @@ struct rt_model {
     float *dout; /* gradient of the loss w.r.t. out */
     float *loss_dev;
     double label_smoothing; /* rt_model_set_label_smoothing: 0 = plain cross-entropy */
+    double flops_fwd;       /* per image: convolutions and linear layers (rt_model_add_conv/_linear) */
+    double flops_input;     /* per image: the first convolution's forward (it sees the input) */
     const float *input;     /* the last forward's input (kept by the caller until backward) */
     int last_n;
     bool last_training, have_loss;
