@@ -50,6 +50,12 @@ static void usage(FILE *f) {
                "                     ringtrain trace RUN_DIR; docs/debugging.md)\n"
                "\nThe run directory (log.dir, default runs/<config name>) gets config.yaml and\n"
                "metrics.jsonl; the last line printed is the test accuracy.\n");
+    /* from the name tables of the areas, as the config parses them */
+    fprintf(f, "\nThe keys that take a name (any case), and the names:\n");
+    const char *name;
+    char names[512];
+    for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++)
+        if (rt_config_key_choices(i, names, sizeof names)) fprintf(f, "  %-20s %s\n", name, names);
 }
 
 /* The options that stand for a config key (torchrun's names); each may be given again,

@@ -174,6 +174,11 @@ rt_status rt_config_write_file(const rt_config *cfg, const char *path);
  * as text, meaning. Returns false past the end. */
 bool rt_config_key_at(int i, const char **name, const char **type, const char **def, const char **doc);
 
+/* Key i's accepted names when it is a choice among the names of a table ("auto | imagenet
+ * | cifar", from the area's rt_names: what --help and docs/config.md's type column show);
+ * false (and "") for other keys or past the end. */
+bool rt_config_key_choices(int i, char *buf, size_t n);
+
 /* Key i's value in cfg as rt_config_write writes it ("auto", "0.10000000000000001",
  * "\"sgd\"", "[1, 2]"); false past the end. */
 bool rt_config_value_at(const rt_config *cfg, int i, char *out, size_t n);

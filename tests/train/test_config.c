@@ -109,6 +109,21 @@ static void test_errors(void **state) {
     /* a name the owning area does not know */
     expect_error(parse(&c, "model:\n  arch: resnet35\n"), "cfg.yaml:2:", "model.arch", "resnet35");
     expect_error(parse(&c, "optim:\n  interval: fortnight\n"), "optim.interval", "iteration | epoch", NULL);
+    /* the one message of core/names.h, listed from the area's table ("auto" first where
+     * the key takes it); data.sampler takes the training modes only */
+    expect_error(parse(&c, "model:\n  arch: resnet35\n"),
+                 "cfg.yaml:2: model.arch: ", "unknown model arch 'resnet35' (expected resnet18 | resnet34 | net)",
+                 NULL);
+    expect_error(parse(&c, "optim:\n  schedule: poly\n"), "optim.schedule: ",
+                 "unknown schedule 'poly' (expected constant | step | multistep | cosine | onecycle)", NULL);
+    expect_error(parse(&c, "model:\n  stem: tiny\n"), "model.stem: ", "'tiny' (expected auto | imagenet | cifar)",
+                 NULL);
+    expect_error(parse(&c, "data:\n  sampler: eval\n"),
+                 "data.sampler: ", "unknown sampler mode 'eval' (expected distributed | partition)", NULL);
+    expect_error(parse(&c, "data:\n  kind: synthetic\n"),
+                 "data.kind: ", "(expected auto | mnist | fashion-mnist | cifar10)", NULL);
+    expect_error(rt_config_override(&c, "dist.algo=tree"),
+                 "dist.algo: ", "unknown algorithm 'tree' (expected ring | naive | rsag | nccl)", NULL);
     /* duplicates are errors, not silent overrides */
     expect_error(parse(&c, "model:\n  width: 8\n  width: 16\n"), "cfg.yaml:3:", "given twice", "line 2");
     /* YAML syntax, with line */
@@ -259,12 +274,29 @@ static void test_docs(void **state) {
     size_t n = fread(doc, 1, sizeof doc - 1, f);
     fclose(f);
     doc[n] = '\0';
-    const char *name;
+    const char *name, *type;
     int keys = 0;
-    for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++, keys++) {
+    for (int i = 0; rt_config_key_at(i, &name, &type, NULL, NULL); i++, keys++) {
         char row[128];
         snprintf(row, sizeof row, "| `%s` |", name);
-        if (!strstr(doc, row)) fail_msg("docs/config.md has no row for %s", name);
+        const char *at = strstr(doc, row);
+        if (!at) fail_msg("docs/config.md has no row for %s", name);
+        /* the type column: a choice among a table's names lists exactly those names (the
+         * area's rt_names, so a name added to a table and not to the docs fails here) */
+        char names[512], want[768], *w = want;
+        const char *t = rt_config_key_choices(i, names, sizeof names) ? names : type;
+        for (; *t && w < want + sizeof want - 3; t++) {
+            if (*t == '|') *w++ = '\\';
+            *w++ = *t;
+        }
+        *w = '\0';
+        char cell[1024];
+        snprintf(cell, sizeof cell, "%s %s |", row, want);
+        if (strncmp(at, cell, strlen(cell)) != 0) {
+            const char *eol = strchr(at, '\n');
+            fail_msg("docs/config.md: the row of %s should begin\n  %s\nbut is\n  %.*s", name, cell,
+                     (int)(eol ? eol - at : 200), at);
+        }
     }
     int rows = 0;
     for (const char *p = strstr(doc, "\n| `"); p; p = strstr(p + 1, "\n| `")) {
@@ -387,7 +419,8 @@ static void test_env_defaults(void **state) {
 
 int main(void) {
     /* the variables that set config keys (rt_config_apply_env): the developer's own must not change the defaults */
-    const char *env[] = {"RINGTRAIN_DIST_TIMEOUT", "RINGTRAIN_DIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG", "RINGTRAIN_LOG_LEVEL"};
+    const char *env[] = {"RINGTRAIN_DIST_TIMEOUT", "RINGTRAIN_DIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG",
+                         "RINGTRAIN_LOG_LEVEL"};
     for (size_t i = 0; i < sizeof env / sizeof *env; i++) unsetenv(env[i]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),        cmocka_unit_test(test_values),
