@@ -178,17 +178,14 @@ static rt_status load(const args *a, rt_config *cfg) {
         if (a->cli_over[k][0]) RT_CHECK(rt_config_override(cfg, a->cli_over[k]));
     if (a->trace) RT_CHECK(rt_config_override(cfg, "log.trace=true"));
     /* log.level (RINGTRAIN_LOG_LEVEL replaces the file's, rt_config_apply_env) from here on */
-    rt_log_level level;
-    RT_CHECK(rt_log_parse_level(cfg->log.level, &level));
-    rt_log_set_level(level);
+    rt_log_set_level(cfg->log.level);
     return RT_OK;
 }
 
 /* The dataset is there and whole: checked once by the launcher, so a missing or
  * truncated file is one error, not one per rank. */
 static rt_status check_data(const rt_config *cfg) {
-    rt_dataset_kind kind;
-    RT_CHECK(rt_dataset_kind_parse(cfg->data.kind, &kind));
+    rt_dataset_kind kind = cfg->data.kind;
     const char *splits[2] = {"train", "test"};
     for (int i = 0; i < 2; i++) {
         rt_dataset ds;

@@ -29,7 +29,9 @@
 
 /* ---- the key table ------------------------------------------------------------------ */
 
-typedef enum ktype { K_INT, K_FLOAT, K_BOOL, K_STR, K_CHOICE, K_INTLIST, K_FLOATLIST, K_STRLIST } ktype;
+/* K_ENUM: a name of a table, held as its index (an enum, int or bool field: `size` says
+ * which); K_CHOICE: a value checked by `check`, held as text */
+typedef enum ktype { K_INT, K_FLOAT, K_BOOL, K_STR, K_CHOICE, K_INTLIST, K_FLOATLIST, K_STRLIST, K_ENUM } ktype;
 
 typedef struct key {
     const char *name; /* "section.key" */
@@ -40,9 +42,9 @@ typedef struct key {
     const char *def;  /* default, as the file would say it */
     double lo, hi;    /* numeric range, inclusive */
     bool allow_auto;  /* "auto" accepted (int: RT_CONFIG_AUTO, float: NaN, choice: "auto") */
-    /* K_CHOICE: the name table of the area that owns the choice (core/names.h), which
+    /* K_ENUM: the name table of the area that owns the choice (core/names.h), which
      * parses the value, lists the names in the error, in `ringtrain train --help` and in
-     * docs/config.md (checked); or, for a value that is not a name, a check */
+     * docs/config.md (checked); K_CHOICE (a value that is not a name): a check */
     const rt_names *names;
     rt_status (*check)(const char *value);
     const char *doc;
@@ -55,10 +57,11 @@ typedef struct key {
 #define I64 9.2e18
 
 /* train's own choices, indexed by the value they select */
-static const char *const k_tta_names[] = {"none", "flip"}; /* eval.tta: flip */
+static const char *const k_tta_names[] = {"none", "flip"}; /* indexed by tta_flip */
 static const rt_names k_tta = {"test-time augmentation", 2, k_tta_names, NULL, NULL};
-static const char *const k_progress_names[] = {"auto", "on", "off"};
-static const rt_names k_progress = {"progress mode", 3, k_progress_names, NULL, NULL};
+static const char *const k_progress_names[RT_PROGRESS_COUNT_] = {
+    [RT_PROGRESS_AUTO] = "auto", [RT_PROGRESS_ON] = "on", [RT_PROGRESS_OFF] = "off"};
+static const rt_names k_progress = {"progress mode", RT_PROGRESS_COUNT_, k_progress_names, NULL, NULL};
 
 /* data.erasing_value: "random" or a finite number */
 static rt_status check_erasing_value(const char *v) {
@@ -72,18 +75,18 @@ static rt_status check_erasing_value(const char *v) {
 /* clang-format off */
 static const key k_keys[] = {
     /* model */
-    {"model.arch", K_CHOICE, F(model.arch), SZ(model.arch), 0, "resnet34", 0, 0, false, &rt_model_arch_names, NULL,
+    {"model.arch", K_ENUM, F(model.arch), SZ(model.arch), 0, "resnet34", 0, 0, false, &rt_model_arch_names, NULL,
      "architecture (net: the PyTorch tutorial's CNN)"},
     {"model.width", K_INT, F(model.width), 0, 0, "64", 1, 4096, false, NULL, NULL,
      "ResNet base channels (64 is torchvision's; smaller for quick tests)"},
-    {"model.stem", K_CHOICE, F(model.stem), SZ(model.stem), 0, "auto", 0, 0, true, &rt_stem_names, NULL,
+    {"model.stem", K_ENUM, F(model.stem), SZ(model.stem), 0, "auto", 0, 0, true, &rt_stem_names, NULL,
      "ResNet stem: imagenet (7x7/2 conv + max-pool), cifar (3x3/1 conv); auto: cifar for 32x32 images"},
     {"model.num_classes", K_INT, F(model.num_classes), 0, 0, "auto", 2, 1000000, true, NULL, NULL,
      "output classes; auto: the dataset's"},
     {"model.dropout", K_FLOAT, F(model.dropout), 0, 0, "auto", 0, 0.999999, true, NULL, NULL,
      "Net's dropout probability; auto: the tutorial's 0.5 (both dropouts)"},
     /* data */
-    {"data.kind", K_CHOICE, F(data.kind), SZ(data.kind), 0, "auto", 0, 0, false, &rt_dataset_kind_names, NULL,
+    {"data.kind", K_ENUM, F(data.kind), SZ(data.kind), 0, "auto", 0, 0, false, &rt_dataset_kind_names, NULL,
      "the dataset's format (auto: detected from the files)"},
     {"data.path", K_STR, F(data.path), SZ(data.path), 0, RT_DATASET_DEFAULT_PATH, 0, 0, false, NULL, NULL,
      "folder with the IDX files (gzip or raw) or the CIFAR-10 binary batches"},
@@ -91,7 +94,7 @@ static const key k_keys[] = {
      "global batch over all ranks (each rank takes batch_size / world_size)"},
     {"data.eval_batch_size", K_INT, F(data.eval_batch_size), 0, 0, "auto", 1, 1 << 20, true, NULL, NULL,
      "global batch for evaluation; auto: batch_size"},
-    {"data.sampler", K_CHOICE, F(data.sampler), SZ(data.sampler), 0, "distributed", 0, 0, false, &rt_sampler_train_mode_names, NULL,
+    {"data.sampler", K_ENUM, F(data.sampler), SZ(data.sampler), 0, "distributed", 0, 0, false, &rt_sampler_train_mode_names, NULL,
      "distributed (PyTorch's DistributedSampler) or partition (contiguous shards)"},
     {"data.shuffle", K_BOOL, F(data.shuffle), 0, 0, "true", 0, 0, false, NULL, NULL,
      "shuffle the training set every epoch (seed + epoch)"},
@@ -118,7 +121,7 @@ static const key k_keys[] = {
     {"data.erasing_value", K_CHOICE, F(data.erasing_value), SZ(data.erasing_value), 0, "0", 0, 0, false, NULL,
      check_erasing_value, "random erasing: the value written (after normalisation): a number | random (N(0, 1) per pixel)"},
     /* optim */
-    {"optim.name", K_CHOICE, F(optim.name), SZ(optim.name), 0, "sgd", 0, 0, false, &rt_optim_kind_names, NULL,
+    {"optim.name", K_ENUM, F(optim.opt.kind), SZ(optim.opt.kind), 0, "sgd", 0, 0, false, &rt_optim_kind_names, NULL,
      "the optimizer (docs/optim.md)"},
     {"optim.lr", K_FLOAT, F(optim.opt.lr), 0, 0, "auto", 0, INF, true, NULL, NULL,
      "base learning rate; auto: 0.1 for sgd, 1e-3 for adam and adamw, 1.0 for adadelta"},
@@ -139,38 +142,38 @@ static const key k_keys[] = {
      "no weight decay on batch-norm parameters and biases"},
     {"optim.clip_grad_norm", K_FLOAT, F(optim.clip_grad_norm), 0, 0, "0", 0, INF, false, NULL, NULL,
      "clip the global gradient norm to this value (0: off)"},
-    {"optim.schedule", K_CHOICE, F(optim.schedule), SZ(optim.schedule), 0, "constant", 0, 0, false, &rt_sched_kind_names, NULL,
+    {"optim.schedule", K_ENUM, F(optim.sched.kind), SZ(optim.sched.kind), 0, "constant", 0, 0, false, &rt_sched_kind_names, NULL,
      "the learning-rate schedule (docs/optim.md)"},
-    {"optim.interval", K_CHOICE, F(optim.interval), SZ(optim.interval), 0, "iteration", 0, 0, false, &rt_sched_interval_names, NULL,
+    {"optim.interval", K_ENUM, F(optim.sched.per_epoch), SZ(optim.sched.per_epoch), 0, "iteration", 0, 0, false, &rt_sched_interval_names, NULL,
      "the unit the schedule counts in"},
-    {"optim.step_size", K_INT, F(optim.step_size), 0, 0, "1", 1, I64, false, NULL, NULL, "step: decay every N units"},
-    {"optim.gamma", K_FLOAT, F(optim.gamma), 0, 0, "0.1", 0, INF, false, NULL, NULL, "step, multistep: decay factor"},
-    {"optim.milestones", K_INTLIST, F(optim.milestones), CAP(optim.milestones), F(optim.n_milestones), "[]", 0, I64,
+    {"optim.step_size", K_INT, F(optim.sched.step_size), 0, 0, "1", 1, I64, false, NULL, NULL, "step: decay every N units"},
+    {"optim.gamma", K_FLOAT, F(optim.sched.gamma), 0, 0, "0.1", 0, INF, false, NULL, NULL, "step, multistep: decay factor"},
+    {"optim.milestones", K_INTLIST, F(optim.sched.milestones), CAP(optim.sched.milestones), F(optim.sched.n_milestones), "[]", 0, I64,
      false, NULL, NULL, "multistep: increasing unit counts where the lr is multiplied by gamma"},
-    {"optim.t_max", K_INT, F(optim.t_max), 0, 0, "auto", 1, I64, true, NULL, NULL,
+    {"optim.t_max", K_INT, F(optim.sched.t_max), 0, 0, "auto", 1, I64, true, NULL, NULL,
      "cosine: period in units after the warmup; auto: the rest of the run"},
-    {"optim.eta_min", K_FLOAT, F(optim.eta_min), 0, 0, "0", 0, INF, false, NULL, NULL, "cosine: final lr"},
-    {"optim.warmup_steps", K_INT, F(optim.warmup_steps), 0, 0, "0", 0, I64, false, NULL, NULL,
+    {"optim.eta_min", K_FLOAT, F(optim.sched.eta_min), 0, 0, "0", 0, INF, false, NULL, NULL, "cosine: final lr"},
+    {"optim.warmup_steps", K_INT, F(optim.sched.warmup_steps), 0, 0, "0", 0, I64, false, NULL, NULL,
      "linear warmup over the first N units (not with onecycle)"},
-    {"optim.warmup_start_factor", K_FLOAT, F(optim.warmup_start_factor), 0, 0, "0.3333333333333333", 1e-12, 1, false,
+    {"optim.warmup_start_factor", K_FLOAT, F(optim.sched.warmup_start_factor), 0, 0, "0.3333333333333333", 1e-12, 1, false,
      NULL, NULL, "warmup starts at lr * this factor (LinearLR's start_factor)"},
-    {"optim.max_lr", K_FLOAT, F(optim.max_lr), 0, 0, "auto", 0, INF, true, NULL, NULL, "onecycle: peak lr; auto: lr"},
-    {"optim.total_steps", K_INT, F(optim.total_steps), 0, 0, "auto", 1, I64, true, NULL, NULL,
+    {"optim.max_lr", K_FLOAT, F(optim.sched.max_lr), 0, 0, "auto", 0, INF, true, NULL, NULL, "onecycle: peak lr; auto: lr"},
+    {"optim.total_steps", K_INT, F(optim.sched.total_steps), 0, 0, "auto", 1, I64, true, NULL, NULL,
      "onecycle: length in units; auto: the run's"},
-    {"optim.pct_start", K_FLOAT, F(optim.pct_start), 0, 0, "0.3", 0, 1, false, NULL, NULL,
+    {"optim.pct_start", K_FLOAT, F(optim.sched.pct_start), 0, 0, "0.3", 0, 1, false, NULL, NULL,
      "onecycle: share of the cycle spent increasing the lr"},
-    {"optim.anneal", K_CHOICE, F(optim.anneal), SZ(optim.anneal), 0, "cos", 0, 0, false, &rt_sched_anneal_names, NULL,
+    {"optim.anneal", K_ENUM, F(optim.sched.anneal_linear), SZ(optim.sched.anneal_linear), 0, "cos", 0, 0, false, &rt_sched_anneal_names, NULL,
      "onecycle: the annealing strategy"},
-    {"optim.div_factor", K_FLOAT, F(optim.div_factor), 0, 0, "25", 1e-12, INF, false, NULL, NULL,
+    {"optim.div_factor", K_FLOAT, F(optim.sched.div_factor), 0, 0, "25", 1e-12, INF, false, NULL, NULL,
      "onecycle: initial lr = max_lr / div_factor"},
-    {"optim.final_div_factor", K_FLOAT, F(optim.final_div_factor), 0, 0, "1e4", 1e-12, INF, false, NULL, NULL,
+    {"optim.final_div_factor", K_FLOAT, F(optim.sched.final_div_factor), 0, 0, "1e4", 1e-12, INF, false, NULL, NULL,
      "onecycle: final lr = initial lr / final_div_factor"},
-    {"optim.three_phase", K_BOOL, F(optim.three_phase), 0, 0, "false", 0, 0, false, NULL, NULL, "onecycle: three phases"},
-    {"optim.cycle_momentum", K_BOOL, F(optim.cycle_momentum), 0, 0, "true", 0, 0, false, NULL, NULL,
+    {"optim.three_phase", K_BOOL, F(optim.sched.three_phase), 0, 0, "false", 0, 0, false, NULL, NULL, "onecycle: three phases"},
+    {"optim.cycle_momentum", K_BOOL, F(optim.sched.cycle_momentum), 0, 0, "true", 0, 0, false, NULL, NULL,
      "onecycle: cycle momentum (SGD) or beta1 (Adam) inversely to the lr"},
-    {"optim.base_momentum", K_FLOAT, F(optim.base_momentum), 0, 0, "0.85", 0, 1, false, NULL, NULL,
+    {"optim.base_momentum", K_FLOAT, F(optim.sched.base_momentum), 0, 0, "0.85", 0, 1, false, NULL, NULL,
      "onecycle: lowest momentum"},
-    {"optim.max_momentum", K_FLOAT, F(optim.max_momentum), 0, 0, "0.95", 0, 1, false, NULL, NULL,
+    {"optim.max_momentum", K_FLOAT, F(optim.sched.max_momentum), 0, 0, "0.95", 0, 1, false, NULL, NULL,
      "onecycle: highest momentum"},
     /* train */
     {"train.epochs", K_INT, F(train.epochs), 0, 0, "1", 0, 1000000, false, NULL, NULL, "passes over the training set"},
@@ -182,7 +185,7 @@ static const key k_keys[] = {
      "initialisation, shuffling, augmentation and dropout"},
     {"train.device", K_STR, F(train.device), SZ(train.device), 0, "auto", 0, 0, false, NULL, NULL,
      "auto | cpu | cuda | cuda:N (auto: GPU LOCAL_RANK % count when one answers, else the CPU)"},
-    {"train.precision", K_CHOICE, F(train.precision), SZ(train.precision), 0, "fp32", 0, 0, false, &rt_precision_names, NULL,
+    {"train.precision", K_ENUM, F(train.precision), SZ(train.precision), 0, "fp32", 0, 0, false, &rt_precision_names, NULL,
      "arithmetic of convolutions and linear layers (tf32: GPU tensor cores; bf16: docs/model.md)"},
     {"train.threads", K_INT, F(train.threads), 0, 0, "auto", 1, 1024, true, NULL, NULL,
      "CPU threads per rank; auto: the cores divided among the local ranks"},
@@ -202,7 +205,7 @@ static const key k_keys[] = {
      "the decay of the n-th update is min(ema_decay, (1 + n) / (10 + n)), so the first weights fade fast (false: "
      "ema_decay from the start)"},
     /* dist */
-    {"eval.tta", K_CHOICE, F(train.tta), SZ(train.tta), 0, "none", 0, 0, false, &k_tta, NULL,
+    {"eval.tta", K_ENUM, F(train.tta_flip), SZ(train.tta_flip), 0, "none", 0, 0, false, &k_tta, NULL,
      "test-time augmentation in evaluation (flip: the mean of the logits of each image and its mirror); "
      "`train.tta` is read as this key"},
     {"dist.nproc", K_INT, F(dist.nproc), 0, 0, "auto", 1, 1024, true, NULL, NULL,
@@ -217,11 +220,11 @@ static const key k_keys[] = {
      "address of node 0 (torchrun's --master-addr)"},
     {"dist.master_port", K_INT, F(dist.master_port), 0, 0, "0", 0, 65535, false, NULL, NULL,
      "port of node 0 (0: a free port, single node only)"},
-    {"dist.algo", K_CHOICE, F(dist.algo), SZ(dist.algo), 0, "ring", 0, 0, false, &rt_algo_names, NULL,
+    {"dist.algo", K_ENUM, F(dist.algo), SZ(dist.algo), 0, "ring", 0, 0, false, &rt_algo_names, NULL,
      "gradient all-reduce algorithm (docs/comm-algorithms.md)"},
-    {"dist.transport", K_CHOICE, F(dist.transport), SZ(dist.transport), 0, "auto", 0, 0, false, &rt_transport_names, NULL,
+    {"dist.transport", K_ENUM, F(dist.transport), SZ(dist.transport), 0, "auto", 0, 0, false, &rt_transport_names, NULL,
      "transport between ranks (auto: shm on one host, nccl between GPUs, else tcp)"},
-    {"dist.compress", K_CHOICE, F(dist.compress), SZ(dist.compress), 0, "none", 0, 0, false, &rt_compress_names, NULL,
+    {"dist.compress", K_ENUM, F(dist.compress_bf16), SZ(dist.compress_bf16), 0, "none", 0, 0, false, &rt_compress_names, NULL,
      "gradient compression (bf16: all-reduced in bf16, DDP's bf16_compress_hook; CPU only)"},
     {"dist.bucket_mb", K_FLOAT, F(dist.bucket_mb), 0, 0, "25", 0, 1e6, false, NULL, NULL,
      "gradient bucket size in MiB (0: one all-reduce after backward)"},
@@ -262,9 +265,9 @@ static const key k_keys[] = {
      "every rank writes metrics-rank<R>.jsonl too (to find stragglers)"},
     {"log.trace", K_BOOL, F(log.trace), 0, 0, "false", 0, 0, false, NULL, NULL,
      "every rank records a timeline to RUN_DIR/trace-rank<R>.jsonl (ringtrain trace merges them; docs/debugging.md)"},
-    {"log.level", K_CHOICE, F(log.level), SZ(log.level), 0, "info", 0, 0, false, &rt_log_level_names, NULL,
+    {"log.level", K_ENUM, F(log.level), SZ(log.level), 0, "info", 0, 0, false, &rt_log_level_names, NULL,
      "log level (default: RINGTRAIN_LOG_LEVEL when set)"},
-    {"log.progress", K_CHOICE, F(log.progress), SZ(log.progress), 0, "auto", 0, 0, false, &k_progress, NULL,
+    {"log.progress", K_ENUM, F(log.progress), SZ(log.progress), 0, "auto", 0, 0, false, &k_progress, NULL,
      "progress bar (auto: on a terminal)"},
 };
 /* clang-format on */
@@ -273,8 +276,8 @@ enum { N_KEYS = (int)(sizeof k_keys / sizeof k_keys[0]) };
 static const char *const k_sections[] = {"model", "data", "optim", "train", "eval", "dist", "checkpoint", "log"};
 enum { N_SECTIONS = (int)(sizeof k_sections / sizeof k_sections[0]) };
 
-static const char *const k_type_names[] = {"int",    "float", "bool",           "string",
-                                           "choice", "[int]", "[float, float]", "[string]"};
+static const char *const k_type_names[] = {"int",   "float",          "bool",     "string", "choice",
+                                           "[int]", "[float, float]", "[string]", "choice"};
 
 bool rt_config_key_at(int i, const char **name, const char **type, const char **def, const char **doc) {
     if (i < 0 || i >= N_KEYS) return false;
@@ -413,13 +416,33 @@ static rt_status choice_index(const key *k, const char *where, const char *v, in
                     choice_list(k, list, sizeof list));
 }
 
+/* K_ENUM: the index held in the field (size 1: a bool; else an int or an enum). */
+static int enum_get(const key *k, const void *base) {
+    return k->size == sizeof(bool) ? (int)*(const bool *)base : *(const int *)base;
+}
+static void enum_set(const key *k, void *base, int v) {
+    if (k->size == sizeof(bool))
+        *(bool *)base = v != 0;
+    else
+        *(int *)base = v;
+}
+
+/* The name (or "auto") a K_ENUM field holds, as files say it. */
+static const char *enum_name(const key *k, const void *base) {
+    int i = enum_get(k, base);
+    if (k->allow_auto && i == RT_CONFIG_AUTO) return "auto";
+    const char *name = rt_names_name(k->names, i);
+    return name ? name : "?";
+}
+
+static rt_status parse_enum(const key *k, const char *where, const char *v, void *dst) {
+    int i = 0;
+    rt_status st = choice_index(k, where, v, &i);
+    if (st == RT_OK) enum_set(k, dst, i);
+    return st;
+}
+
 static rt_status parse_choice(const key *k, const char *where, const char *v, char *dst) {
-    if (k->names) { /* stored by its canonical name */
-        int i = 0;
-        RT_CHECK(choice_index(k, where, v, &i));
-        snprintf(dst, k->size, "%s", i == RT_CONFIG_AUTO ? "auto" : rt_names_name(k->names, i));
-        return RT_OK;
-    }
     size_t n = strlen(v);
     if (n >= k->size) return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is too long", where, k->name, v);
     rt_error_clear();
@@ -466,6 +489,8 @@ static rt_status set_scalar(rt_config *cfg, const key *k, const char *where, con
         return RT_OK;
     case K_CHOICE:
         return parse_choice(k, where, v, base);
+    case K_ENUM:
+        return parse_enum(k, where, v, base);
     case K_INTLIST:
     case K_FLOATLIST:
     case K_STRLIST:
@@ -549,7 +574,14 @@ static rt_status set_text(rt_config *cfg, const key *k, const char *where, const
 void rt_config_default(rt_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     for (int i = 0; i < N_KEYS; i++) {
-        rt_status s = set_text(cfg, &k_keys[i], "default: ", k_keys[i].def);
+        const key *k = &k_keys[i];
+        /* a K_ENUM field is an int-sized enum, or a bool for a table of two names */
+        rt_status s = k->type != K_ENUM || (k->names && ((k->size == sizeof(int) && k->names->count > 0) ||
+                                                         (k->size == sizeof(bool) && k->names->count == 2)))
+                          ? RT_OK
+                          : RT_ERROR(RT_ERR_INTERNAL, "%s: a K_ENUM key needs a table and an int or bool field",
+                                     k->name);
+        if (s == RT_OK) s = set_text(cfg, k, "default: ", k->def);
         if (s != RT_OK) { /* a bug in the table: loud in every test */
             fprintf(stderr, "ringtrain: internal error: %s\n", rt_error_message());
             abort();
@@ -720,8 +752,7 @@ rt_status rt_config_apply_env(rt_config *cfg) {
     if (rt_setting_is_set(RT_SET_DIST_DEBUG) || rt_setting_is_set(RT_SET_TORCH_DEBUG)) cfg->dist.debug = po.debug;
     int level = 0;
     RT_CHECK(rt_setting_choice(RT_SET_LOG_LEVEL, &level)); /* checks the text */
-    if (rt_setting_is_set(RT_SET_LOG_LEVEL))
-        snprintf(cfg->log.level, sizeof cfg->log.level, "%s", rt_setting_text(RT_SET_LOG_LEVEL));
+    if (rt_setting_is_set(RT_SET_LOG_LEVEL)) RT_CHECK(rt_log_parse_level(rt_setting_text(RT_SET_LOG_LEVEL), &cfg->log.level));
     return RT_OK;
 }
 
@@ -784,6 +815,9 @@ static void write_value(const rt_config *cfg, const key *k, FILE *out) {
     case K_STR:
     case K_CHOICE:
         write_str(out, base);
+        break;
+    case K_ENUM:
+        write_str(out, enum_name(k, base));
         break;
     case K_STRLIST: {
         int n = *(const int *)((const char *)cfg + k->count_off);

@@ -29,7 +29,23 @@ static void test_defaults(void **state) {
     (void)state;
     rt_config c;
     rt_config_default(&c);
-    assert_string_equal(c.model.arch, "resnet34");
+    assert_int_equal(c.model.arch, RT_ARCH_RESNET34);
+    assert_int_equal(c.model.stem, RT_CONFIG_AUTO);
+    assert_int_equal(c.data.kind, RT_DATASET_AUTO);
+    assert_int_equal(c.data.sampler, RT_SAMPLER_DISTRIBUTED);
+    assert_int_equal(c.optim.opt.kind, RT_OPTIM_SGD);
+    assert_int_equal(c.optim.sched.kind, RT_SCHED_CONSTANT);
+    assert_false(c.optim.sched.per_epoch);
+    assert_false(c.optim.sched.anneal_linear);
+    assert_int_equal(c.optim.sched.t_max, RT_CONFIG_AUTO);
+    assert_true(isnan(c.optim.sched.max_lr));
+    assert_int_equal(c.train.precision, RT_PRECISION_FP32);
+    assert_false(c.train.tta_flip);
+    assert_int_equal(c.dist.algo, RT_ALGO_RING);
+    assert_int_equal(c.dist.transport, RT_TRANSPORT_AUTO);
+    assert_false(c.dist.compress_bf16);
+    assert_int_equal(c.log.level, RT_LOG_INFO);
+    assert_int_equal(c.log.progress, RT_PROGRESS_AUTO);
     assert_int_equal(c.model.width, 64);
     assert_int_equal(c.model.num_classes, RT_CONFIG_AUTO);
     assert_true(isnan(c.optim.opt.lr));
@@ -39,7 +55,7 @@ static void test_defaults(void **state) {
     assert_true(fabs(c.dist.bucket_mb - 25.0) < 1e-12);
     assert_int_equal(c.optim.n_betas, 2);
     assert_true(fabs(c.optim.opt.betas[1] - 0.999) < 1e-15);
-    assert_int_equal(c.optim.n_milestones, 0);
+    assert_int_equal(c.optim.sched.n_milestones, 0);
     assert_int_equal(c.dist.nproc, RT_CONFIG_AUTO);
     assert_string_equal(c.checkpoint.resume, "auto");
 }
@@ -53,17 +69,17 @@ static void test_values(void **state) {
                            "dist:\n  nproc: 3\n  bucket_mb: 0\n"
                            "train:\n  max_steps: 5\n"
                            "log:\n"));
-    assert_string_equal(c.model.arch, "net"); /* names are matched case-insensitively, stored lower-case */
+    assert_int_equal(c.model.arch, RT_ARCH_NET); /* names are matched case-insensitively */
     assert_int_equal(c.model.width, 16);
     assert_true(fabs(c.model.dropout - 0.25) < 1e-15);
     assert_int_equal(c.data.batch_size, 64);
     assert_false(c.data.shuffle);
     assert_string_equal(c.data.path, "/tmp/x y");
-    assert_string_equal(c.optim.name, "adamw");
+    assert_int_equal(c.optim.opt.kind, RT_OPTIM_ADAMW);
     assert_true(fabs(c.optim.opt.lr - 3e-4) < 1e-18);
     assert_true(fabs(c.optim.opt.betas[0] - 0.8) < 1e-15 && fabs(c.optim.opt.betas[1] - 0.99) < 1e-15);
-    assert_int_equal(c.optim.n_milestones, 3);
-    assert_int_equal(c.optim.milestones[2], 9);
+    assert_int_equal(c.optim.sched.n_milestones, 3);
+    assert_int_equal(c.optim.sched.milestones[2], 9);
     assert_int_equal(c.dist.nproc, 3);
     assert_true(c.dist.bucket_mb == 0.0);
     assert_int_equal(c.train.max_steps, 5);
@@ -71,7 +87,48 @@ static void test_values(void **state) {
     assert_int_equal(c.train.epochs, 1);
     /* an empty document is every default */
     assert_rt_ok(parse(&c, ""));
-    assert_string_equal(c.model.arch, "resnet34");
+    assert_int_equal(c.model.arch, RT_ARCH_RESNET34);
+    /* each choice parsed once into its area's enum (or bool), written back as its name */
+    assert_rt_ok(parse(&c, "model:\n  stem: CIFAR\ndata:\n  kind: FASHION_MNIST\n  sampler: partition\n"
+                           "optim:\n  schedule: onecycle\n  interval: Epoch\n  anneal: linear\n"
+                           "train:\n  precision: bf16\neval:\n  tta: flip\n"
+                           "dist:\n  algo: rsag\n  transport: shm\n  compress: bf16\n"
+                           "log:\n  level: warning\n  progress: off\n"));
+    assert_int_equal(c.model.stem, RT_STEM_CIFAR);
+    assert_int_equal(c.data.kind, RT_DATASET_FASHION_MNIST); /* an alias */
+    assert_int_equal(c.data.sampler, RT_SAMPLER_PARTITION);
+    assert_int_equal(c.optim.sched.kind, RT_SCHED_ONECYCLE);
+    assert_true(c.optim.sched.per_epoch);
+    assert_true(c.optim.sched.anneal_linear);
+    assert_int_equal(c.train.precision, RT_PRECISION_BF16);
+    assert_true(c.train.tta_flip);
+    assert_int_equal(c.dist.algo, RT_ALGO_RSAG);
+    assert_int_equal(c.dist.transport, RT_TRANSPORT_SHM);
+    assert_true(c.dist.compress_bf16);
+    assert_int_equal(c.log.level, RT_LOG_WARN);
+    assert_int_equal(c.log.progress, RT_PROGRESS_OFF);
+    static const char *const want[][2] = {
+        {"model.stem", "\"cifar\""},    {"data.kind", "\"fashion-mnist\""}, {"optim.interval", "\"epoch\""},
+        {"optim.anneal", "\"linear\""}, {"eval.tta", "\"flip\""},           {"dist.compress", "\"bf16\""},
+        {"log.level", "\"warn\""},      {"optim.name", "\"sgd\""},          {"optim.t_max", "auto"},
+    };
+    const char *name;
+    for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++)
+        for (size_t j = 0; j < sizeof want / sizeof want[0]; j++)
+            if (strcmp(name, want[j][0]) == 0) {
+                char v[128];
+                assert_true(rt_config_value_at(&c, i, v, sizeof v));
+                if (strcmp(v, want[j][1]) != 0) fail_msg("%s: written as %s, expected %s", name, v, want[j][1]);
+            }
+    rt_config_default(&c);
+    char v[64];
+    for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++)
+        if (strcmp(name, "model.stem") == 0) {
+            assert_true(rt_config_value_at(&c, i, v, sizeof v));
+            assert_string_equal(v, "\"auto\"");
+            assert_true(rt_config_key_choices(i, v, sizeof v));
+            assert_string_equal(v, "auto | imagenet | cifar");
+        }
 }
 
 static void test_errors(void **state) {
@@ -139,11 +196,11 @@ static void test_overrides(void **state) {
     assert_rt_ok(rt_config_override(&c, "optim.lr=0.05"));
     assert_true(fabs(c.optim.opt.lr - 0.05) < 1e-15);
     assert_rt_ok(rt_config_override(&c, "optim.milestones=[2,4]"));
-    assert_int_equal(c.optim.n_milestones, 2);
+    assert_int_equal(c.optim.sched.n_milestones, 2);
     assert_rt_ok(rt_config_override(&c, "optim.milestones=7,8,9"));
-    assert_int_equal(c.optim.n_milestones, 3);
+    assert_int_equal(c.optim.sched.n_milestones, 3);
     assert_rt_ok(rt_config_override(&c, "optim.milestones="));
-    assert_int_equal(c.optim.n_milestones, 0);
+    assert_int_equal(c.optim.sched.n_milestones, 0);
     setenv("HOME", "/home/u", 1);
     assert_rt_ok(rt_config_override(&c, "data.path=~/mnist"));
     assert_string_equal(c.data.path, "/home/u/mnist"); /* ~/ as in a shell */
@@ -197,9 +254,9 @@ static void test_load_file(void **state) {
     snprintf(out1, sizeof out1, "%s/resolved.yaml", dir);
     assert_rt_ok(rt_config_write_file(&a, out1));
     assert_rt_ok(rt_config_load(&b, out1, 0, NULL));
-    assert_string_equal(b.model.arch, "net");
+    assert_int_equal(b.model.arch, RT_ARCH_NET);
     assert_int_equal(b.train.epochs, 3);
-    assert_int_equal(b.optim.n_milestones, 2);
+    assert_int_equal(b.optim.sched.n_milestones, 2);
     assert_true(b.optim.opt.lr == a.optim.opt.lr);
     assert_true(isnan(b.model.dropout));
     assert_string_equal(b.data.path, "/x\"y");
@@ -372,7 +429,7 @@ static void test_env_defaults(void **state) {
     assert_rt_ok(rt_config_load(&c, NULL, 0, NULL));
     assert_true(c.dist.timeout_s == 7.0);
     assert_true(c.dist.debug);
-    assert_string_equal(c.log.level, "debug");
+    assert_int_equal(c.log.level, RT_LOG_DEBUG);
     char dir[] = "/tmp/rt-config-env-XXXXXX";
     assert_non_null(mkdtemp(dir));
     char path[256];
@@ -384,7 +441,7 @@ static void test_env_defaults(void **state) {
     assert_rt_ok(rt_config_load(&c, path, 0, NULL)); /* the environment wins over the file */
     assert_true(c.dist.timeout_s == 7.0);
     assert_true(c.dist.debug);
-    assert_string_equal(c.log.level, "debug");
+    assert_int_equal(c.log.level, RT_LOG_DEBUG);
     unsetenv("RINGTRAIN_DIST_TIMEOUT"); /* an unset variable leaves the file's value */
     assert_rt_ok(rt_config_load(&c, path, 0, NULL));
     assert_true(c.dist.timeout_s == 9.0);
@@ -392,7 +449,7 @@ static void test_env_defaults(void **state) {
     const char *ov[] = {"dist.timeout_s=11", "log.level=warn"};
     assert_rt_ok(rt_config_load(&c, path, 2, ov)); /* and the command line wins over both */
     assert_true(c.dist.timeout_s == 11.0);
-    assert_string_equal(c.log.level, "warn");
+    assert_int_equal(c.log.level, RT_LOG_WARN);
     unlink(path);
     rmdir(dir);
     /* a bad value is an error naming the variable */
@@ -414,7 +471,7 @@ static void test_env_defaults(void **state) {
     assert_rt_ok(rt_config_load(&c, NULL, 0, NULL)); /* unset: the table's defaults */
     assert_true(c.dist.timeout_s == 300.0);
     assert_false(c.dist.debug);
-    assert_string_equal(c.log.level, "info");
+    assert_int_equal(c.log.level, RT_LOG_INFO);
 }
 
 int main(void) {
