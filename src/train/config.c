@@ -19,6 +19,7 @@
 #include "optim/schedule.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -46,7 +47,7 @@ typedef struct key {
      * parses the value, lists the names in the error, in `ringtrain train --help` and in
      * docs/config.md (checked); K_CHOICE (a value that is not a name): a check */
     const rt_names *names;
-    rt_status (*check)(const char *value);
+    rt_status (*check)(rt_config *cfg, const char *value); /* and stores the typed value */
     const char *doc;
 } key;
 
@@ -63,13 +64,20 @@ static const char *const k_progress_names[RT_PROGRESS_COUNT_] = {
     [RT_PROGRESS_AUTO] = "auto", [RT_PROGRESS_ON] = "on", [RT_PROGRESS_OFF] = "off"};
 static const rt_names k_progress = {"progress mode", RT_PROGRESS_COUNT_, k_progress_names, NULL, NULL};
 
-/* data.erasing_value: "random" or a finite number */
-static rt_status check_erasing_value(const char *v) {
-    if (strcasecmp(v, "random") == 0) return RT_OK;
+/* data.erasing_value: "random" or a finite number, into the loader's erase_random and
+ * erase_value */
+static rt_status check_erasing_value(rt_config *cfg, const char *v) {
+    if (strcasecmp(v, "random") == 0) {
+        cfg->data.loader.erase_random = true;
+        cfg->data.loader.erase_value = 0.0f;
+        return RT_OK;
+    }
     char *end;
     double x = strtod(v, &end);
-    if (end != v && *end == 0 && isfinite(x)) return RT_OK;
-    return RT_ERROR(RT_ERR_INVALID, "expected random or a finite number");
+    if (end == v || *end != 0 || !isfinite(x)) return RT_ERROR(RT_ERR_INVALID, "expected random or a finite number");
+    cfg->data.loader.erase_random = false;
+    cfg->data.loader.erase_value = (float)x;
+    return RT_OK;
 }
 
 /* clang-format off */
@@ -94,29 +102,29 @@ static const key k_keys[] = {
      "global batch over all ranks (each rank takes batch_size / world_size)"},
     {"data.eval_batch_size", K_INT, F(data.eval_batch_size), 0, 0, "auto", 1, 1 << 20, true, NULL, NULL,
      "global batch for evaluation; auto: batch_size"},
-    {"data.sampler", K_ENUM, F(data.sampler), SZ(data.sampler), 0, "distributed", 0, 0, false, &rt_sampler_train_mode_names, NULL,
+    {"data.sampler", K_ENUM, F(data.loader.mode), SZ(data.loader.mode), 0, "distributed", 0, 0, false, &rt_sampler_train_mode_names, NULL,
      "distributed (PyTorch's DistributedSampler) or partition (contiguous shards)"},
-    {"data.shuffle", K_BOOL, F(data.shuffle), 0, 0, "true", 0, 0, false, NULL, NULL,
+    {"data.shuffle", K_BOOL, F(data.loader.shuffle), 0, 0, "true", 0, 0, false, NULL, NULL,
      "shuffle the training set every epoch (seed + epoch)"},
-    {"data.drop_last", K_BOOL, F(data.drop_last), 0, 0, "false", 0, 0, false, NULL, NULL,
+    {"data.drop_last", K_BOOL, F(data.loader.drop_last), 0, 0, "false", 0, 0, false, NULL, NULL,
      "sampler drops the tail instead of padding it (DistributedSampler's drop_last)"},
-    {"data.augment", K_BOOL, F(data.augment), 0, 0, "true", 0, 0, false, NULL, NULL,
+    {"data.augment", K_BOOL, F(data.loader.augment), 0, 0, "true", 0, 0, false, NULL, NULL,
      "random crop (and flip where it keeps the class) on training batches"},
-    {"data.crop_pad", K_INT, F(data.crop_pad), 0, 0, "auto", 0, 64, true, NULL, NULL,
+    {"data.crop_pad", K_INT, F(data.loader.crop_pad), SZ(data.loader.crop_pad), 0, "auto", 0, 64, true, NULL, NULL,
      "padding of the random crop; auto: 2 for 28x28 data, 4 for CIFAR-10"},
-    {"data.hflip", K_INT, F(data.hflip), 0, 0, "auto", 0, 1, true, NULL, NULL,
+    {"data.hflip", K_INT, F(data.loader.hflip), SZ(data.loader.hflip), 0, "auto", 0, 1, true, NULL, NULL,
      "random horizontal flip: 0 | 1 | auto (on for Fashion-MNIST and CIFAR-10, off for MNIST digits)"},
-    {"data.prefetch", K_INT, F(data.prefetch), 0, 0, "4", 2, 64, false, NULL, NULL,
+    {"data.prefetch", K_INT, F(data.loader.prefetch), SZ(data.loader.prefetch), 0, "4", 2, 64, false, NULL, NULL,
      "batches prepared ahead by the loader thread"},
     {"data.train_subset", K_INT, F(data.train_subset), 0, 0, "0", 0, I64, false, NULL, NULL,
      "use only the first N training samples (0: all)"},
     {"data.test_subset", K_INT, F(data.test_subset), 0, 0, "0", 0, I64, false, NULL, NULL,
      "use only the first N test samples (0: all)"},
-    {"data.erasing", K_FLOAT, F(data.erasing), 0, 0, "0", 0, 1, false, NULL, NULL,
+    {"data.erasing", K_FLOAT, F(data.loader.erase_p), 0, 0, "0", 0, 1, false, NULL, NULL,
      "random erasing probability per training image (torchvision RandomErasing's p, on the normalised image; 0: off)"},
-    {"data.erasing_scale", K_FLOATLIST, F(data.erasing_scale), CAP(data.erasing_scale), F(data.n_erasing_scale),
+    {"data.erasing_scale", K_FLOATLIST, F(data.loader.erase_scale), CAP(data.loader.erase_scale), F(data.n_erasing_scale),
      "[0.02, 0.33]", 0, 1, false, NULL, NULL, "random erasing: range of the erased area as a fraction of the image"},
-    {"data.erasing_ratio", K_FLOATLIST, F(data.erasing_ratio), CAP(data.erasing_ratio), F(data.n_erasing_ratio),
+    {"data.erasing_ratio", K_FLOATLIST, F(data.loader.erase_ratio), CAP(data.loader.erase_ratio), F(data.n_erasing_ratio),
      "[0.3, 3.3]", 1e-6, 1e6, false, NULL, NULL, "random erasing: range of the aspect ratio (height / width) of the area"},
     {"data.erasing_value", K_CHOICE, F(data.erasing_value), SZ(data.erasing_value), 0, "0", 0, 0, false, NULL,
      check_erasing_value, "random erasing: the value written (after normalisation): a number | random (N(0, 1) per pixel)"},
@@ -442,11 +450,11 @@ static rt_status parse_enum(const key *k, const char *where, const char *v, void
     return st;
 }
 
-static rt_status parse_choice(const key *k, const char *where, const char *v, char *dst) {
+static rt_status parse_choice(rt_config *cfg, const key *k, const char *where, const char *v, char *dst) {
     size_t n = strlen(v);
     if (n >= k->size) return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is too long", where, k->name, v);
     rt_error_clear();
-    if (k->check(v) != RT_OK) {
+    if (k->check(cfg, v) != RT_OK) {
         char why[512] = "";
         if (rt_error_status() != RT_OK) {
             snprintf(why, sizeof why, "%s", rt_error_message());
@@ -466,8 +474,16 @@ static rt_status parse_choice(const key *k, const char *where, const char *v, ch
 static rt_status set_scalar(rt_config *cfg, const key *k, const char *where, const char *v) {
     char *base = (char *)cfg + k->off;
     switch (k->type) {
-    case K_INT:
-        return parse_int(k, where, v, (int64_t *)base);
+    case K_INT: {
+        int64_t x = 0;
+        rt_status st = parse_int(k, where, v, &x);
+        if (st != RT_OK) return st;
+        if (k->size == sizeof(int))
+            *(int *)base = (int)x; /* an int field of an area's struct: the range fits it */
+        else
+            *(int64_t *)base = x;
+        return RT_OK;
+    }
     case K_FLOAT:
         return parse_float(k, where, v, (double *)base);
     case K_BOOL:
@@ -488,7 +504,7 @@ static rt_status set_scalar(rt_config *cfg, const key *k, const char *where, con
         snprintf(base, k->size, "%s", v);
         return RT_OK;
     case K_CHOICE:
-        return parse_choice(k, where, v, base);
+        return parse_choice(cfg, k, where, v, base);
     case K_ENUM:
         return parse_enum(k, where, v, base);
     case K_INTLIST:
@@ -575,12 +591,16 @@ void rt_config_default(rt_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     for (int i = 0; i < N_KEYS; i++) {
         const key *k = &k_keys[i];
-        /* a K_ENUM field is an int-sized enum, or a bool for a table of two names */
+        /* a K_ENUM field is an int-sized enum, or a bool for a table of two names; a K_INT
+         * field an int64_t (size 0) or an int whose range fits */
         rt_status s = k->type != K_ENUM || (k->names && ((k->size == sizeof(int) && k->names->count > 0) ||
                                                          (k->size == sizeof(bool) && k->names->count == 2)))
                           ? RT_OK
                           : RT_ERROR(RT_ERR_INTERNAL, "%s: a K_ENUM key needs a table and an int or bool field",
                                      k->name);
+        if (s == RT_OK && k->type == K_INT && k->size != 0 &&
+            !(k->size == sizeof(int) && k->lo >= INT_MIN && k->hi <= INT_MAX))
+            s = RT_ERROR(RT_ERR_INTERNAL, "%s: a K_INT field is an int64_t (size 0) or an int in range", k->name);
         if (s == RT_OK) s = set_text(cfg, k, "default: ", k->def);
         if (s != RT_OK) { /* a bug in the table: loud in every test */
             fprintf(stderr, "ringtrain: internal error: %s\n", rt_error_message());
@@ -794,7 +814,7 @@ static void write_value(const rt_config *cfg, const key *k, FILE *out) {
     const char *base = (const char *)cfg + k->off;
     switch (k->type) {
     case K_INT: {
-        int64_t v = *(const int64_t *)base;
+        int64_t v = k->size == sizeof(int) ? *(const int *)base : *(const int64_t *)base;
         if (k->allow_auto && v == RT_CONFIG_AUTO)
             fprintf(out, "auto");
         else

@@ -10,7 +10,7 @@
  *
  * A choice is parsed once, here, by the name table of the area that owns it, and held as
  * that area's enum (or bool) in the area's own option struct where it has one
- * (rt_optim_config, rt_schedule); the trainer never compares names. Files, checkpoints
+ * (rt_optim_config, rt_schedule, rt_loader_config); the trainer never compares names. Files, checkpoints
  * and rt_config_write still say names, never numbers.
  *
  * Values that depend on others are "auto" in the table (stored as RT_CONFIG_AUTO for
@@ -23,6 +23,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "data/dataset.h"
+#include "data/loader.h"
 #include "data/sampler.h"
 #include "dist/dist.h"
 #include "model/model.h"
@@ -63,22 +64,16 @@ typedef struct rt_config {
         char path[RT_CONFIG_PATH_MAX];
         int64_t batch_size;      /* global, over all ranks */
         int64_t eval_batch_size; /* auto: batch_size */
-        rt_sampler_mode sampler; /* a training mode: distributed | partition */
-        bool shuffle;
-        bool drop_last;
-        bool augment;
-        int64_t crop_pad; /* auto: the dataset's */
-        int64_t hflip;    /* auto (-1): the dataset's; 0 off; 1 on */
-        int64_t prefetch;
+        /* the training loader's keys, each in its field (data.sampler is its mode,
+         * data.shuffle, data.drop_last, data.augment, data.crop_pad and data.hflip: -1
+         * where auto, data.prefetch, data.erasing*: erase_*). The trainer sets the
+         * dataset, the ranks, the batch, the seed and the device. */
+        rt_loader_config loader;
         int64_t train_subset; /* 0: every training sample; N: the first N */
         int64_t test_subset;  /* 0: every test sample; N: the first N */
-        /* random erasing (torchvision RandomErasing after Normalize): probability, area
-         * fraction [lo, hi], aspect ratio [lo, hi], value ("random" or a number) */
-        double erasing;
-        double erasing_scale[2];
-        int n_erasing_scale;
-        double erasing_ratio[2];
-        int n_erasing_ratio;
+        int n_erasing_scale, n_erasing_ratio;
+        /* data.erasing_value as written ("random" or a number); parsed once into
+         * loader.erase_random and loader.erase_value */
         char erasing_value[RT_CONFIG_NAME_MAX];
     } data;
     struct {

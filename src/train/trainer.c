@@ -479,23 +479,12 @@ static rt_status setup_model(run *r) {
 /* The test loader, and with `train` the training loader. */
 static rt_status setup_loaders(run *r, bool train) {
     const rt_config *c = r->cfg;
-    rt_loader_config lc = rt_loader_config_default(&r->train_ds);
-    lc.mode = c->data.sampler;
+    rt_loader_config lc = c->data.loader; /* the loader's keys, parsed once */
+    lc.dataset = &r->train_ds;
     lc.world_size = r->who.world_size;
     lc.rank = r->who.rank;
     lc.global_batch = c->data.batch_size;
     lc.seed = (uint64_t)c->train.seed;
-    lc.shuffle = c->data.shuffle;
-    lc.drop_last = c->data.drop_last;
-    lc.augment = c->data.augment;
-    lc.crop_pad = c->data.crop_pad == RT_CONFIG_AUTO ? -1 : (int)c->data.crop_pad;
-    lc.hflip = c->data.hflip == RT_CONFIG_AUTO ? -1 : (int)c->data.hflip;
-    lc.erase_p = c->data.erasing;
-    for (int i = 0; i < 2; i++)
-        lc.erase_scale[i] = c->data.erasing_scale[i], lc.erase_ratio[i] = c->data.erasing_ratio[i];
-    lc.erase_random = strcmp(c->data.erasing_value, "random") == 0;
-    lc.erase_value = lc.erase_random ? 0.0f : (float)strtod(c->data.erasing_value, NULL);
-    lc.prefetch = (int)c->data.prefetch;
     lc.device = r->dev;
     if (train) RT_CHECK(rt_loader_create(&lc, &r->train_loader));
 
@@ -508,7 +497,7 @@ static rt_status setup_loaders(run *r, bool train) {
     ec.global_batch = (per < 1 ? 1 : per) * r->who.world_size;
     ec.shuffle = false;
     ec.augment = false;
-    ec.prefetch = (int)c->data.prefetch;
+    ec.prefetch = c->data.loader.prefetch;
     ec.device = r->dev;
     RT_CHECK(rt_loader_create(&ec, &r->test_loader));
     if (!train) return RT_OK;

@@ -32,7 +32,13 @@ static void test_defaults(void **state) {
     assert_int_equal(c.model.arch, RT_ARCH_RESNET34);
     assert_int_equal(c.model.stem, RT_CONFIG_AUTO);
     assert_int_equal(c.data.kind, RT_DATASET_AUTO);
-    assert_int_equal(c.data.sampler, RT_SAMPLER_DISTRIBUTED);
+    assert_int_equal(c.data.loader.mode, RT_SAMPLER_DISTRIBUTED);
+    assert_int_equal(c.data.loader.crop_pad, -1); /* auto: the dataset's */
+    assert_int_equal(c.data.loader.hflip, -1);
+    assert_int_equal(c.data.loader.prefetch, 4);
+    assert_false(c.data.loader.erase_random);
+    assert_true(c.data.loader.erase_value == 0.0f);
+    assert_true(c.data.loader.erase_scale[1] == 0.33 && c.data.loader.erase_ratio[0] == 0.3);
     assert_int_equal(c.optim.opt.kind, RT_OPTIM_SGD);
     assert_int_equal(c.optim.sched.kind, RT_SCHED_CONSTANT);
     assert_false(c.optim.sched.per_epoch);
@@ -50,7 +56,7 @@ static void test_defaults(void **state) {
     assert_int_equal(c.model.num_classes, RT_CONFIG_AUTO);
     assert_true(isnan(c.optim.opt.lr));
     assert_int_equal(c.data.batch_size, 128);
-    assert_true(c.data.shuffle);
+    assert_true(c.data.loader.shuffle);
     assert_string_equal(c.data.path, "/usr/share/datasets/fashion-mnist");
     assert_true(fabs(c.dist.bucket_mb - 25.0) < 1e-12);
     assert_int_equal(c.optim.n_betas, 2);
@@ -73,7 +79,7 @@ static void test_values(void **state) {
     assert_int_equal(c.model.width, 16);
     assert_true(fabs(c.model.dropout - 0.25) < 1e-15);
     assert_int_equal(c.data.batch_size, 64);
-    assert_false(c.data.shuffle);
+    assert_false(c.data.loader.shuffle);
     assert_string_equal(c.data.path, "/tmp/x y");
     assert_int_equal(c.optim.opt.kind, RT_OPTIM_ADAMW);
     assert_true(fabs(c.optim.opt.lr - 3e-4) < 1e-18);
@@ -96,7 +102,18 @@ static void test_values(void **state) {
                            "log:\n  level: warning\n  progress: off\n"));
     assert_int_equal(c.model.stem, RT_STEM_CIFAR);
     assert_int_equal(c.data.kind, RT_DATASET_FASHION_MNIST); /* an alias */
-    assert_int_equal(c.data.sampler, RT_SAMPLER_PARTITION);
+    assert_int_equal(c.data.loader.mode, RT_SAMPLER_PARTITION);
+    /* the loader's int fields and data.erasing_value, parsed once into the loader's struct */
+    assert_rt_ok(rt_config_override(&c, "data.crop_pad=3"));
+    assert_int_equal(c.data.loader.crop_pad, 3);
+    assert_rt_ok(rt_config_override(&c, "data.erasing_value=Random"));
+    assert_true(c.data.loader.erase_random);
+    assert_rt_ok(rt_config_override(&c, "data.erasing_value=0.5"));
+    assert_false(c.data.loader.erase_random);
+    assert_true(c.data.loader.erase_value == 0.5f);
+    expect_error(rt_config_override(&c, "data.erasing_value=half"), "data.erasing_value", "random or a finite number",
+                 NULL);
+    expect_error(rt_config_override(&c, "data.prefetch=99"), "data.prefetch", "out of range", NULL);
     assert_int_equal(c.optim.sched.kind, RT_SCHED_ONECYCLE);
     assert_true(c.optim.sched.per_epoch);
     assert_true(c.optim.sched.anneal_linear);
@@ -111,6 +128,7 @@ static void test_values(void **state) {
         {"model.stem", "\"cifar\""},    {"data.kind", "\"fashion-mnist\""}, {"optim.interval", "\"epoch\""},
         {"optim.anneal", "\"linear\""}, {"eval.tta", "\"flip\""},           {"dist.compress", "\"bf16\""},
         {"log.level", "\"warn\""},      {"optim.name", "\"sgd\""},          {"optim.t_max", "auto"},
+        {"data.crop_pad", "3"},         {"data.erasing_value", "\"0.5\""},  {"data.hflip", "auto"},
     };
     const char *name;
     for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++)
