@@ -80,6 +80,17 @@ static rt_status check_erasing_value(rt_config *cfg, const char *v) {
     return RT_OK;
 }
 
+/* train.device: a form core's rt_device_choose knows (auto | cpu | cuda | cuda:N), checked
+ * when the config is read; which device it names depends on the rank and the GPUs, so
+ * the trainer resolves it (rt_device_select) and the config keeps the text */
+static rt_status check_device(rt_config *cfg, const char *v) {
+    (void)cfg;
+    rt_device d;
+    rt_status st = rt_device_choose(v, 0, 0, &d); /* with no GPU: only the form is judged */
+    if (st == RT_ERR_NODEVICE) rt_error_clear();
+    return st == RT_ERR_NODEVICE ? RT_OK : st;
+}
+
 /* clang-format off */
 static const key k_keys[] = {
     /* model */
@@ -191,7 +202,7 @@ static const key k_keys[] = {
      "evaluate every N epochs (0: only at the end; always at the end)"},
     {"train.seed", K_INT, F(train.seed), 0, 0, "0", 0, I64, false, NULL, NULL,
      "initialisation, shuffling, augmentation and dropout"},
-    {"train.device", K_STR, F(train.device), SZ(train.device), 0, "auto", 0, 0, false, NULL, NULL,
+    {"train.device", K_CHOICE, F(train.device), SZ(train.device), 0, "auto", 0, 0, false, NULL, check_device,
      "auto | cpu | cuda | cuda:N (auto: GPU LOCAL_RANK % count when one answers, else the CPU)"},
     {"train.precision", K_ENUM, F(train.precision), SZ(train.precision), 0, "fp32", 0, 0, false, &rt_precision_names, NULL,
      "arithmetic of convolutions and linear layers (tf32: GPU tensor cores; bf16: docs/model.md)"},

@@ -114,6 +114,12 @@ static void test_values(void **state) {
     expect_error(rt_config_override(&c, "data.erasing_value=half"), "data.erasing_value", "random or a finite number",
                  NULL);
     expect_error(rt_config_override(&c, "data.prefetch=99"), "data.prefetch", "out of range", NULL);
+    /* train.device: its form is checked when the config is read, on any machine; the text is kept */
+    expect_error(rt_config_override(&c, "train.device=tpu"), "train.device: 'tpu' is not accepted",
+                 "unknown device 'tpu' (expected auto | cpu | cuda | cuda:N)", NULL);
+    expect_error(rt_config_override(&c, "train.device=cuda:x"), "train.device", "not a GPU index", NULL);
+    assert_rt_ok(rt_config_override(&c, "train.device=CUDA:1"));
+    assert_string_equal(c.train.device, "cuda:1");
     assert_int_equal(c.optim.sched.kind, RT_SCHED_ONECYCLE);
     assert_true(c.optim.sched.per_epoch);
     assert_true(c.optim.sched.anneal_linear);
