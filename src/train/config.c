@@ -598,21 +598,23 @@ static rt_status set_text(rt_config *cfg, const key *k, const char *where, const
     return set_scalar(cfg, k, where, v);
 }
 
+/* What is wrong with the shape of row k (the parsers and writers rely on it); NULL if nothing. */
+static const char *row_problem(const key *k) {
+    if (k->type == K_ENUM && !(k->names && ((k->size == sizeof(int) && k->names->count > 0) ||
+                                            (k->size == sizeof(bool) && k->names->count == 2))))
+        return "a K_ENUM key needs a table and an int (or enum) field, or a bool for a table of two names";
+    if (k->type == K_INT && k->size != 0 && !(k->size == sizeof(int) && k->lo >= INT_MIN && k->hi <= INT_MAX))
+        return "a K_INT field is an int64_t (size 0) or an int whose range fits";
+    if (k->type == K_CHOICE && !k->check) return "a K_CHOICE key needs a check";
+    return NULL;
+}
+
 void rt_config_default(rt_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     for (int i = 0; i < N_KEYS; i++) {
         const key *k = &k_keys[i];
-        /* a K_ENUM field is an int-sized enum, or a bool for a table of two names; a K_INT
-         * field an int64_t (size 0) or an int whose range fits */
-        rt_status s = k->type != K_ENUM || (k->names && ((k->size == sizeof(int) && k->names->count > 0) ||
-                                                         (k->size == sizeof(bool) && k->names->count == 2)))
-                          ? RT_OK
-                          : RT_ERROR(RT_ERR_INTERNAL, "%s: a K_ENUM key needs a table and an int or bool field",
-                                     k->name);
-        if (s == RT_OK && k->type == K_INT && k->size != 0 &&
-            !(k->size == sizeof(int) && k->lo >= INT_MIN && k->hi <= INT_MAX))
-            s = RT_ERROR(RT_ERR_INTERNAL, "%s: a K_INT field is an int64_t (size 0) or an int in range", k->name);
-        if (s == RT_OK) s = set_text(cfg, k, "default: ", k->def);
+        const char *bad = row_problem(k);
+        rt_status s = bad ? RT_ERROR(RT_ERR_INTERNAL, "%s: %s", k->name, bad) : set_text(cfg, k, "default: ", k->def);
         if (s != RT_OK) { /* a bug in the table: loud in every test */
             fprintf(stderr, "ringtrain: internal error: %s\n", rt_error_message());
             abort();
@@ -783,7 +785,8 @@ rt_status rt_config_apply_env(rt_config *cfg) {
     if (rt_setting_is_set(RT_SET_DIST_DEBUG) || rt_setting_is_set(RT_SET_TORCH_DEBUG)) cfg->dist.debug = po.debug;
     int level = 0;
     RT_CHECK(rt_setting_choice(RT_SET_LOG_LEVEL, &level)); /* checks the text */
-    if (rt_setting_is_set(RT_SET_LOG_LEVEL)) RT_CHECK(rt_log_parse_level(rt_setting_text(RT_SET_LOG_LEVEL), &cfg->log.level));
+    if (rt_setting_is_set(RT_SET_LOG_LEVEL))
+        RT_CHECK(rt_log_parse_level(rt_setting_text(RT_SET_LOG_LEVEL), &cfg->log.level));
     return RT_OK;
 }
 
