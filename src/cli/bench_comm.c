@@ -85,7 +85,17 @@ static int parse_algos(const char *s, unsigned *mask) {
     return *mask ? 0 : -1;
 }
 
+/* The algorithms the benchmark times: dist's table up to RT_COMM_BENCH_ALGOS. */
+static const char *algo_list(char *buf, size_t n) {
+    rt_names t = rt_algo_names;
+    t.count = RT_COMM_BENCH_ALGOS;
+    return rt_names_list(&t, buf, n);
+}
+
 static void usage(FILE *f) {
+    char colls[256], algos[128];
+    rt_names_list(&rt_comm_bench_coll_names, colls, sizeof colls);
+    algo_list(algos, sizeof algos);
     fprintf(f,
             "usage: ringtrain bench comm [options]\n\n"
             "Time collectives per size, nccl-tests style: size, count, time(us), algbw, busbw (GB/s), #wrong.\n\n"
@@ -96,14 +106,15 @@ static void usage(FILE *f) {
             "  --transport T        tcp | shm | auto (default shm)\n"
             "  --min-size S         smallest size, e.g. 8, 4K, 1M (default 8)\n"
             "  --max-size S         largest size (default 64M; nccl-tests go to 256M)\n"
-            "  --collective C,...   all_reduce broadcast reduce all_gather reduce_scatter | all (default all_reduce)\n"
-            "  --algo A,...         ring naive rsag | all (default all; broadcast/reduce: ring=chain, naive=flat)\n"
+            "  --collective C,...   %s | all (default all_reduce)\n"
+            "  --algo A,...         %s | all (default all; broadcast/reduce: ring=chain, naive=flat)\n"
             "  --iters N            timed iterations per size (default: by size, 5..200)\n"
             "  --warmup N           untimed iterations first (default 2)\n"
             "  --compare            all_reduce vs reduce+broadcast vs reduce_scatter+all_gather side by side\n"
             "  --json FILE          write all rows (and `ringtrain info --json`) to FILE\n"
             "  --timeout S          dist timeout (default: RINGTRAIN_DIST_TIMEOUT, else 120)\n"
-            "\nEvery option takes its value as --opt VALUE or --opt=VALUE.\n");
+            "\nEvery option takes its value as --opt VALUE or --opt=VALUE.\n",
+            colls, algos);
 }
 
 /* ---- output (rank 0) ---- */
@@ -258,6 +269,7 @@ int rt_cmd_bench_comm(int argc, char **argv) {
         a = name;
         int bad = 0;
         const char *want = NULL; /* what a bad value should have been */
+        char want_buf[384], names[256];
         if (strcmp(a, "--nproc") == 0) {
             want = "an integer in 0..64";
             bad = parse_int(v, 0, 64, &o.nproc) != 0;
@@ -273,10 +285,13 @@ int rt_cmd_bench_comm(int argc, char **argv) {
             want = "a size in bytes such as 8, 4K, 1M, at most 4G";
             bad = parse_size(v, &o.bench.max_size) != 0 || o.bench.max_size > (4ull << 30);
         } else if (strcmp(a, "--collective") == 0) {
-            want = "a comma-separated list of all_reduce broadcast reduce all_gather reduce_scatter, or all";
+            snprintf(want_buf, sizeof want_buf, "a comma-separated list of %s, or all",
+                     rt_names_list(&rt_comm_bench_coll_names, names, sizeof names));
+            want = want_buf;
             bad = parse_collectives(v, &o.bench.coll_mask) != 0;
         } else if (strcmp(a, "--algo") == 0) {
-            want = "a comma-separated list of ring naive rsag, or all";
+            snprintf(want_buf, sizeof want_buf, "a comma-separated list of %s, or all", algo_list(names, sizeof names));
+            want = want_buf;
             bad = parse_algos(v, &o.bench.algo_mask) != 0;
         } else if (strcmp(a, "--iters") == 0) {
             want = "an integer in 1..1000000";

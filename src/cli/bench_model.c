@@ -36,11 +36,10 @@
 #include <sys/resource.h>
 
 /* "a | b | c" from the model's name tables, so the help never drifts from them */
-static void names(FILE *out, int count, const char *(*name_of)(int)) {
-    for (int i = 0; i < count; i++) fprintf(out, "%s%s", i ? " | " : "", name_of(i));
+static void names(FILE *out, const rt_names *t) {
+    char list[256];
+    fputs(rt_names_list(t, list, sizeof list), out);
 }
-static const char *arch_name(int i) { return rt_model_arch_name((rt_model_arch)i); }
-static const char *stem_name(int i) { return rt_stem_name((rt_stem)i); }
 /* oneDNN's version as `ringtrain info` shows it, for the JSON rows */
 static const char *onednn_version(void) {
     static rt_lib_version v[16];
@@ -50,16 +49,14 @@ static const char *onednn_version(void) {
     return "?";
 }
 
-static const char *precision_name(int i) { return rt_precision_name((rt_precision)i); }
-
 static void usage(FILE *out) {
     fprintf(out, "usage: ringtrain bench model [options]\n\n"
                  "Training-step throughput on this device: forward, loss, backward and an SGD-momentum update.\n\n"
                  "  --arch NAME      ");
-    names(out, RT_ARCH_COUNT_, arch_name);
+    names(out, &rt_model_arch_names);
     fprintf(out, " (default resnet34)\n"
                  "  --stem NAME      ");
-    names(out, RT_STEM_COUNT_, stem_name);
+    names(out, &rt_stem_names);
     fprintf(out, " (default imagenet)\n"
                  "  --channels N     input channels (default 1)\n"
                  "  --size N         input height and width (default 28)\n"
@@ -68,7 +65,7 @@ static void usage(FILE *out) {
                  "  --threads N      CPU threads (default 2)\n"
                  "  --device D       cpu | cuda | cuda:N | auto (default cpu)\n"
                  "  --precision P    ");
-    names(out, RT_PRECISION_COUNT_, precision_name);
+    names(out, &rt_precision_names);
     fprintf(out, " (CUDA: tf32 allows tensor cores; default fp32)\n"
                  "  --steps N        timed steps per batch size (default 10)\n"
                  "  --warmup N       untimed steps first (default 2)\n"

@@ -82,12 +82,8 @@ static void print_split(const rt_dataset *ds) {
 static void kind_lists(char *bar, char *comma, size_t n) {
     bar[0] = comma[0] = '\0';
     for (int k = 0; k < RT_DATASET_KIND_COUNT_; k++) {
-        rt_dataset_kind parsed;
-        const char *name = rt_dataset_kind_name((rt_dataset_kind)k);
-        if (rt_dataset_kind_parse(name, &parsed) != RT_OK) { /* built in memory only */
-            rt_error_clear();
-            continue;
-        }
+        const char *name = rt_names_name(&rt_dataset_kind_names, k);
+        if (!name) continue; /* built in memory only */
         size_t lb = strlen(bar), lc = strlen(comma);
         snprintf(bar + lb, n - lb, "%s%s", lb ? "|" : "", name);
         if (k != RT_DATASET_AUTO) snprintf(comma + lc, n - lc, ", %s", name);

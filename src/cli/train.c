@@ -50,6 +50,12 @@ static void usage(FILE *f) {
                "                     ringtrain trace RUN_DIR; docs/debugging.md)\n"
                "\nThe run directory (log.dir, default runs/<config name>) gets config.yaml and\n"
                "metrics.jsonl; the last line printed is the test accuracy.\n");
+    /* from the name tables of the areas, as the config parses them */
+    fprintf(f, "\nThe keys that take a name (any case), and the names:\n");
+    const char *name;
+    char names[512];
+    for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++)
+        if (rt_config_key_choices(i, names, sizeof names)) fprintf(f, "  %-20s %s\n", name, names);
 }
 
 /* The options that stand for a config key (torchrun's names); each may be given again,
@@ -172,17 +178,14 @@ static rt_status load(const args *a, rt_config *cfg) {
         if (a->cli_over[k][0]) RT_CHECK(rt_config_override(cfg, a->cli_over[k]));
     if (a->trace) RT_CHECK(rt_config_override(cfg, "log.trace=true"));
     /* log.level (RINGTRAIN_LOG_LEVEL replaces the file's, rt_config_apply_env) from here on */
-    rt_log_level level;
-    RT_CHECK(rt_log_parse_level(cfg->log.level, &level));
-    rt_log_set_level(level);
+    rt_log_set_level(cfg->log.level);
     return RT_OK;
 }
 
 /* The dataset is there and whole: checked once by the launcher, so a missing or
  * truncated file is one error, not one per rank. */
 static rt_status check_data(const rt_config *cfg) {
-    rt_dataset_kind kind;
-    RT_CHECK(rt_dataset_kind_parse(cfg->data.kind, &kind));
+    rt_dataset_kind kind = cfg->data.kind;
     const char *splits[2] = {"train", "test"};
     for (int i = 0; i < 2; i++) {
         rt_dataset ds;

@@ -10,31 +10,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 static atomic_int g_level = -1;
 
-static const char *const k_level_names[RT_LOG_LEVEL_COUNT_] = {"error", "warn", "info", "debug", "trace"};
+static const char *const k_level_names[RT_LOG_LEVEL_COUNT_] = {[RT_LOG_ERROR] = "error",
+                                                               [RT_LOG_WARN] = "warn",
+                                                               [RT_LOG_INFO] = "info",
+                                                               [RT_LOG_DEBUG] = "debug",
+                                                               [RT_LOG_TRACE] = "trace"};
+/* also accepted: "warning", and the level's number */
+static const rt_name_alias k_level_aliases[] = {
+    {"warning", RT_LOG_WARN}, {"0", RT_LOG_ERROR}, {"1", RT_LOG_WARN}, {"2", RT_LOG_INFO},
+    {"3", RT_LOG_DEBUG},      {"4", RT_LOG_TRACE}, {NULL, 0}};
+const rt_names rt_log_level_names = {"log level", RT_LOG_LEVEL_COUNT_, k_level_names, NULL, k_level_aliases};
 
 /* The level `text` names, or -1 (records no error: rt_log_get_level uses it). */
-static int level_find(const char *text) {
-    int k = rt_names_find(k_level_names, RT_LOG_LEVEL_COUNT_, text);
-    if (k >= 0) return k;
-    if (text && strcasecmp(text, "warning") == 0) return RT_LOG_WARN;
-    if (text && text[0] >= '0' && text[0] < '0' + RT_LOG_LEVEL_COUNT_ && text[1] == '\0') return text[0] - '0';
-    return -1;
-}
+static int level_find(const char *text) { return rt_names_index(&rt_log_level_names, text); }
 
 rt_status rt_log_parse_level(const char *text, rt_log_level *out) {
-    int k = level_find(text);
-    if (k < 0) {
-        char list[64];
-        return RT_ERROR(RT_ERR_INVALID, "unknown log level '%s' (expected %s, or 0-%d)", text ? text : "(null)",
-                        rt_names_join(k_level_names, RT_LOG_LEVEL_COUNT_, list, sizeof list), RT_LOG_LEVEL_COUNT_ - 1);
-    }
-    *out = (rt_log_level)k;
-    return RT_OK;
+    int k = 0;
+    rt_status st = rt_names_parse(&rt_log_level_names, text, &k); /* a complete message: no trace line */
+    if (st == RT_OK) *out = (rt_log_level)k;
+    return st;
 }
 
 rt_log_level rt_log_get_level(void) {
@@ -47,7 +45,7 @@ rt_log_level rt_log_get_level(void) {
              * command runs (rt_settings_check) */
             char list[64];
             fprintf(stderr, "[ringtrain] W RINGTRAIN_LOG_LEVEL='%s' is not one of %s; using info\n", env,
-                    rt_names_join(k_level_names, RT_LOG_LEVEL_COUNT_, list, sizeof list));
+                    rt_names_list(&rt_log_level_names, list, sizeof list));
             parsed = RT_LOG_INFO;
         }
         int expected = -1;

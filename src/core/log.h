@@ -7,6 +7,7 @@
 #ifndef RT_LOG_H
 #define RT_LOG_H
 
+#include "core/names.h"
 #include "core/status.h"
 
 #ifdef __cplusplus
@@ -24,8 +25,9 @@ typedef enum rt_log_level {
 
 rt_log_level rt_log_get_level(void);
 void rt_log_set_level(rt_log_level level);
-/* Parse "error" | "warn" | "info" | "debug" | "trace" (case-insensitive; also "warning"
- * and the numbers 0-4). RT_ERR_INVALID naming the accepted names otherwise. */
+/* The levels' names (core/names.h): "error" | "warn" | "info" | "debug" | "trace", also
+ * "warning" and the numbers 0-4. rt_log_parse_level is rt_names_parse of it. */
+extern const rt_names rt_log_level_names;
 rt_status rt_log_parse_level(const char *text, rt_log_level *out);
 
 void rt_log(rt_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -38,28 +38,19 @@ static const struct kind_info {
     [RT_DATASET_SYNTHETIC] = {"synthetic", false, {0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}, false, 0},
 };
 
+/* the names a user may write (synthetic data is made, never named) */
+static const char *kind_name(int i) { return k_kinds[i].parsable ? k_kinds[i].name : NULL; }
+static const rt_name_alias k_kind_aliases[] = {{"fashion_mnist", RT_DATASET_FASHION_MNIST},
+                                               {"fashionmnist", RT_DATASET_FASHION_MNIST},
+                                               {"cifar-10", RT_DATASET_CIFAR10},
+                                               {NULL, 0}};
+const rt_names rt_dataset_kind_names = {"dataset kind", RT_DATASET_KIND_COUNT_, NULL, kind_name, k_kind_aliases};
+
 rt_status rt_dataset_kind_parse(const char *text, rt_dataset_kind *out) {
-    static const struct {
-        const char *name;
-        rt_dataset_kind kind;
-    } aliases[] = {{"fashion_mnist", RT_DATASET_FASHION_MNIST},
-                   {"fashionmnist", RT_DATASET_FASHION_MNIST},
-                   {"cifar-10", RT_DATASET_CIFAR10}};
-    const char *names[RT_DATASET_KIND_COUNT_];
-    for (int k = 0; k < RT_DATASET_KIND_COUNT_; k++) names[k] = k_kinds[k].parsable ? k_kinds[k].name : NULL;
-    int k = rt_names_find(names, RT_DATASET_KIND_COUNT_, text);
-    if (k >= 0) {
-        *out = (rt_dataset_kind)k;
-        return RT_OK;
-    }
-    for (size_t i = 0; text && i < sizeof aliases / sizeof aliases[0]; i++)
-        if (strcasecmp(text, aliases[i].name) == 0) {
-            *out = aliases[i].kind;
-            return RT_OK;
-        }
-    char list[128];
-    return RT_ERROR(RT_ERR_INVALID, "unknown dataset kind '%s' (expected %s)", text ? text : "(null)",
-                    rt_names_join(names, RT_DATASET_KIND_COUNT_, list, sizeof list));
+    int k = 0;
+    rt_status st = rt_names_parse(&rt_dataset_kind_names, text, &k); /* a complete message: no trace line */
+    if (st == RT_OK) *out = (rt_dataset_kind)k;
+    return st;
 }
 
 const char *rt_dataset_kind_name(rt_dataset_kind kind) {

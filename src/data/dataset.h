@@ -10,6 +10,7 @@
 #ifndef RT_DATA_DATASET_H
 #define RT_DATA_DATASET_H
 
+#include "core/names.h"
 #include "core/status.h"
 #include "core/info.h"
 #include <stdbool.h>
@@ -51,8 +52,12 @@ typedef struct rt_dataset {
     void *owned_[2];                                     /* private: the buffers images/labels point into */
 } rt_dataset;
 
-/* "auto" | "mnist" | "fashion-mnist" | "cifar10" (also "fashion_mnist", "fashionmnist",
- * "cifar-10"; case-insensitive); RT_ERR_INVALID naming them otherwise. */
+/* The formats a user may name (core/names.h, one row each in dataset.c's kind table):
+ * "auto" | "mnist" | "fashion-mnist" | "cifar10", also spelt "fashion_mnist",
+ * "fashionmnist", "cifar-10". */
+extern const rt_names rt_dataset_kind_names;
+
+/* rt_names_parse of rt_dataset_kind_names. */
 rt_status rt_dataset_kind_parse(const char *text, rt_dataset_kind *out);
 const char *rt_dataset_kind_name(rt_dataset_kind kind);
 

@@ -14,15 +14,14 @@
 
 static const char *const k_mode_names[RT_SAMPLER_MODE_COUNT_] = {"distributed", "partition", "eval"};
 
+const rt_names rt_sampler_mode_names = {"sampler mode", RT_SAMPLER_MODE_COUNT_, k_mode_names, NULL, NULL};
+const rt_names rt_sampler_train_mode_names = {"sampler mode", RT_SAMPLER_EVAL, k_mode_names, NULL, NULL};
+
 rt_status rt_sampler_mode_parse(const char *text, rt_sampler_mode *out) {
-    int k = rt_names_find(k_mode_names, RT_SAMPLER_MODE_COUNT_, text);
-    if (k < 0) {
-        char list[64];
-        return RT_ERROR(RT_ERR_INVALID, "unknown sampler mode '%s' (expected %s)", text ? text : "(null)",
-                        rt_names_join(k_mode_names, RT_SAMPLER_MODE_COUNT_, list, sizeof list));
-    }
-    *out = (rt_sampler_mode)k;
-    return RT_OK;
+    int k = 0;
+    rt_status st = rt_names_parse(&rt_sampler_mode_names, text, &k); /* a complete message: no trace line */
+    if (st == RT_OK) *out = (rt_sampler_mode)k;
+    return st;
 }
 
 const char *rt_sampler_mode_name(rt_sampler_mode mode) {
@@ -59,7 +58,7 @@ rt_status rt_sampler_init(rt_sampler *s, const rt_sampler_config *cfg) {
                cfg->world_size - 1);
     char names[64];
     RT_REQUIRE((unsigned)cfg->mode < RT_SAMPLER_MODE_COUNT_, RT_ERR_INVALID, "sampler mode %d: expected %s",
-               (int)cfg->mode, rt_names_join(k_mode_names, RT_SAMPLER_MODE_COUNT_, names, sizeof names));
+               (int)cfg->mode, rt_names_list(&rt_sampler_mode_names, names, sizeof names));
     s->cfg = *cfg;
     int64_t n = cfg->n, w = cfg->world_size, r = cfg->rank;
     switch (cfg->mode) {

@@ -21,6 +21,7 @@
 #ifndef RT_DATA_SAMPLER_H
 #define RT_DATA_SAMPLER_H
 
+#include "core/names.h"
 #include "core/status.h"
 #include <stdbool.h>
 #include <stdint.h>
@@ -32,12 +33,15 @@ extern "C" {
 typedef enum rt_sampler_mode {
     RT_SAMPLER_DISTRIBUTED = 0,
     RT_SAMPLER_PARTITION,
-    RT_SAMPLER_EVAL,
+    RT_SAMPLER_EVAL, /* last: the modes before it are the training modes */
     RT_SAMPLER_MODE_COUNT_
 } rt_sampler_mode;
 
-/* "distributed" | "partition" | "eval" (case-insensitive); RT_ERR_INVALID naming them
- * otherwise. */
+/* The modes' names (core/names.h): "distributed" | "partition" | "eval"; and the modes a
+ * training loader takes (data.sampler): the same table without eval. */
+extern const rt_names rt_sampler_mode_names, rt_sampler_train_mode_names;
+
+/* rt_names_parse of rt_sampler_mode_names. */
 rt_status rt_sampler_mode_parse(const char *text, rt_sampler_mode *out);
 const char *rt_sampler_mode_name(rt_sampler_mode mode);
 

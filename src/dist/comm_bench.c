@@ -1,6 +1,7 @@
 /* The collective benchmark (see comm_bench.h). */
 #include "dist/comm_bench.h"
 
+#include "core/names.h"
 #include "core/timer.h"
 #include "dist/internal/names.h"
 
@@ -20,13 +21,14 @@ const char *rt_comm_bench_coll_name(rt_comm_bench_coll c) {
     return (unsigned)c < RT_BENCH_COLL_COUNT_ ? rt_comm_kind_name(k_kind[c]) : "?";
 }
 
+static const char *coll_name(int c) { return rt_comm_kind_name(k_kind[c]); }
+const rt_names rt_comm_bench_coll_names = {"collective", RT_BENCH_COLL_COUNT_, NULL, coll_name, NULL};
+
 rt_status rt_comm_bench_coll_parse(const char *text, rt_comm_bench_coll *out) {
-    const char *names[RT_BENCH_COLL_COUNT_];
-    for (int c = 0; c < RT_BENCH_COLL_COUNT_; c++) names[c] = rt_comm_bench_coll_name((rt_comm_bench_coll)c);
     int i = 0;
-    RT_CHECK(rt_dist_name_parse("collective", names, RT_BENCH_COLL_COUNT_, text, &i));
-    *out = (rt_comm_bench_coll)i;
-    return RT_OK;
+    rt_status st = rt_names_parse(&rt_comm_bench_coll_names, text, &i); /* a complete message: no trace line */
+    if (st == RT_OK) *out = (rt_comm_bench_coll)i;
+    return st;
 }
 
 void rt_comm_bench_options_default(rt_comm_bench_options *o) {

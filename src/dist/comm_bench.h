@@ -36,6 +36,8 @@ typedef enum rt_comm_bench_coll {
  * an unknown name is RT_ERR_INVALID listing the accepted ones. */
 const char *rt_comm_bench_coll_name(rt_comm_bench_coll c);
 rt_status rt_comm_bench_coll_parse(const char *text, rt_comm_bench_coll *out);
+/* The collectives' names, rt_comm_bench_coll_parse's table (core/names.h). */
+extern const rt_names rt_comm_bench_coll_names;
 
 /* The algorithms the benchmark runs over tcp/shm (ring, naive, rsag): bits of algo_mask. */
 #define RT_COMM_BENCH_ALGOS ((int)RT_ALGO_NCCL) /* the enum's members before nccl */

@@ -57,8 +57,10 @@ typedef enum rt_algo {
     RT_ALGO_COUNT_
 } rt_algo;
 
-/* Names are lowercase ("shm", "ring"). Parsing is ASCII case-insensitive; an unknown
- * or NULL name is RT_ERR_INVALID with a message listing the accepted names. */
+/* Names are lowercase ("shm", "ring"); parsing is rt_names_parse of these tables
+ * (core/names.h), which also list them in dist.transport's and dist.algo's errors,
+ * `ringtrain train --help` and the check of docs/config.md. */
+extern const rt_names rt_transport_names, rt_algo_names;
 const char *rt_transport_name(rt_transport t);
 rt_status rt_transport_parse(const char *text, rt_transport *out);
 const char *rt_algo_name(rt_algo a);

@@ -3,21 +3,22 @@
 #pragma GCC optimize("O3")
 #endif
 #include "dist/reduce.h"
-#include "dist/internal/names.h"
 
 #include "core/bf16.h"
+#include "core/names.h"
 
 #include <string.h>
 
 static const char *const k_ops[RT_OP_COUNT_] = {"sum", "avg", "product", "min", "max"};
+const rt_names rt_reduce_op_names = {"reduce op", RT_OP_COUNT_, k_ops, NULL, NULL};
 
 const char *rt_reduce_op_name(rt_reduce_op op) { return (unsigned)op < RT_OP_COUNT_ ? k_ops[op] : "?"; }
 
 rt_status rt_reduce_op_parse(const char *text, rt_reduce_op *out) {
     int i = 0;
-    RT_CHECK(rt_dist_name_parse("reduce op", k_ops, RT_OP_COUNT_, text, &i));
-    *out = (rt_reduce_op)i;
-    return RT_OK;
+    rt_status st = rt_names_parse(&rt_reduce_op_names, text, &i); /* a complete message: no trace line */
+    if (st == RT_OK) *out = (rt_reduce_op)i;
+    return st;
 }
 
 int rt_reduce_dtype_ok(rt_dtype t) { return t == RT_F32 || t == RT_F64 || t == RT_I32 || t == RT_I64 || t == RT_BF16; }

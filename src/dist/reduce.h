@@ -4,6 +4,7 @@
 #ifndef RT_DIST_REDUCE_H
 #define RT_DIST_REDUCE_H
 
+#include "core/names.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include <stddef.h>
@@ -15,7 +16,8 @@ extern "C" {
 typedef enum rt_reduce_op { RT_OP_SUM = 0, RT_OP_AVG, RT_OP_PRODUCT, RT_OP_MIN, RT_OP_MAX, RT_OP_COUNT_ } rt_reduce_op;
 
 const char *rt_reduce_op_name(rt_reduce_op op); /* "sum", ... */
-/* Case-insensitive; an unknown name is RT_ERR_INVALID listing the accepted ones. */
+/* rt_names_parse of rt_reduce_op_names (core/names.h). */
+extern const rt_names rt_reduce_op_names;
 rt_status rt_reduce_op_parse(const char *text, rt_reduce_op *out);
 /* f32 f64 i32 i64 bf16 are reducible (bf16 computed in fp32, rounded per step). */
 int rt_reduce_dtype_ok(rt_dtype t);

@@ -55,6 +55,9 @@ typedef struct rt_reducer_options {
     bool compress_bf16;
 } rt_reducer_options;
 
+/* dist.compress's names (core/names.h): "none" | "bf16", indexed by compress_bf16. */
+extern const rt_names rt_compress_names;
+
 /* 25 MiB buckets, a 1 MiB first bucket, f32, AVG: DDP's defaults. */
 void rt_reducer_options_default(rt_reducer_options *o);
 

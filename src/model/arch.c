@@ -6,7 +6,7 @@
  * differs from the defaults), add its enum member before RT_ARCH_COUNT_ in model.h and
  * its row here. Nothing else in src/model changes. */
 #include "model/internal/model_impl.h"
-#include "model/internal/names.h"
+#include "core/names.h"
 
 /* resnet.c */
 extern const rt_model_arch_ops rt_arch_resnet18, rt_arch_resnet34;
@@ -36,14 +36,18 @@ void rt_model_config_default(rt_model_config *cfg) {
                              .dropout = -1.0f};
 }
 
-static const char *arch_name(int i) { return k_archs[i] ? k_archs[i]->name : "?"; }
+static const char *arch_name(int i) { return k_archs[i] ? k_archs[i]->name : NULL; }
+const rt_names rt_model_arch_names = {"model arch", RT_ARCH_COUNT_, NULL, arch_name, NULL};
 
 rt_status rt_model_arch_parse(const char *text, rt_model_arch *out) {
     int i = 0;
-    rt_status st = rt_model_name_parse("model arch", text, arch_name, RT_ARCH_COUNT_, &i);
+    rt_status st = rt_names_parse(&rt_model_arch_names, text, &i);
     if (st != RT_OK) return st; /* the message is complete: no trace line */
     *out = (rt_model_arch)i;
     return RT_OK;
 }
 
-const char *rt_model_arch_name(rt_model_arch a) { return (unsigned)a < RT_ARCH_COUNT_ ? arch_name((int)a) : "?"; }
+const char *rt_model_arch_name(rt_model_arch a) {
+    const char *name = rt_names_name(&rt_model_arch_names, (int)a);
+    return name ? name : "?";
+}

@@ -2,7 +2,6 @@
 #include "model/ctx.h"
 
 #include "model/internal/backend.h"
-#include "model/internal/names.h"
 #ifdef RT_HAVE_CUDA
 #include "model/cuda/mem_cuda.h"
 #endif
@@ -12,11 +11,11 @@
 static const char *const k_precision_names[RT_PRECISION_COUNT_] = {
     [RT_PRECISION_FP32] = "fp32", [RT_PRECISION_TF32] = "tf32", [RT_PRECISION_BF16] = "bf16"};
 
-static const char *precision_name(int i) { return k_precision_names[i]; }
+const rt_names rt_precision_names = {"precision", RT_PRECISION_COUNT_, k_precision_names, NULL, NULL};
 
 rt_status rt_precision_parse(const char *text, rt_precision *out) {
     int i = 0;
-    rt_status st = rt_model_name_parse("precision", text, precision_name, RT_PRECISION_COUNT_, &i);
+    rt_status st = rt_names_parse(&rt_precision_names, text, &i);
     if (st != RT_OK) return st; /* the message is complete: no trace line */
     *out = (rt_precision)i;
     return RT_OK;
@@ -46,7 +45,7 @@ rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **o
                opts->threads);
     char names[64];
     RT_REQUIRE((unsigned)opts->precision < RT_PRECISION_COUNT_, RT_ERR_INVALID, "precision %d (expected %s)",
-               (int)opts->precision, rt_model_name_list(names, sizeof names, precision_name, RT_PRECISION_COUNT_));
+               (int)opts->precision, rt_names_list(&rt_precision_names, names, sizeof names));
     rt_model_ctx *ctx = calloc(1, sizeof *ctx);
     RT_CHECK_ALLOC(ctx, sizeof *ctx);
     ctx->device = opts->device;

@@ -11,6 +11,7 @@
 #define RT_MODEL_CTX_H
 
 #include "core/device.h"
+#include "core/names.h"
 #include "core/status.h"
 #include <stdbool.h>
 #include <stddef.h>
@@ -30,6 +31,7 @@ typedef enum rt_precision {
  * unknown (or NULL). rt_precision_name gives the lowercase name ("?" if out of range). */
 rt_status rt_precision_parse(const char *text, rt_precision *out);
 const char *rt_precision_name(rt_precision p);
+extern const rt_names rt_precision_names; /* the table rt_precision_parse reads (core/names.h) */
 
 /* One convolution shape's algorithm choice on a GPU, as plain ints so that a caller (the
  * trainer, which keeps it in checkpoints) needs no library header. The shape is the key;

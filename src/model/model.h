@@ -49,6 +49,8 @@ void rt_model_config_default(rt_model_config *cfg);
 /* "resnet18" | "resnet34" | "net" and "imagenet" | "cifar", ASCII case-insensitive;
  * RT_ERR_INVALID naming the accepted names if unknown (or NULL). Names are lowercase. */
 rt_status rt_model_arch_parse(const char *text, rt_model_arch *out);
+/* The name tables those parse (core/names.h): the architectures' names from their rows. */
+extern const rt_names rt_model_arch_names, rt_stem_names;
 rt_status rt_stem_parse(const char *text, rt_stem *out);
 const char *rt_model_arch_name(rt_model_arch a);
 const char *rt_stem_name(rt_stem s);

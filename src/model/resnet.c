@@ -14,7 +14,7 @@
  * two temporaries inside a block, each as large as the largest activation.
  */
 #include "model/internal/model_impl.h"
-#include "model/internal/names.h"
+#include "core/names.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -24,11 +24,11 @@
 
 static const char *const k_stem_names[RT_STEM_COUNT_] = {[RT_STEM_IMAGENET] = "imagenet", [RT_STEM_CIFAR] = "cifar"};
 
-static const char *stem_name(int i) { return k_stem_names[i]; }
+const rt_names rt_stem_names = {"stem", RT_STEM_COUNT_, k_stem_names, NULL, NULL};
 
 rt_status rt_stem_parse(const char *text, rt_stem *out) {
     int i = 0;
-    rt_status st = rt_model_name_parse("stem", text, stem_name, RT_STEM_COUNT_, &i);
+    rt_status st = rt_names_parse(&rt_stem_names, text, &i);
     if (st != RT_OK) return st; /* the message is complete: no trace line */
     *out = (rt_stem)i;
     return RT_OK;
@@ -233,7 +233,7 @@ static rt_status resnet_backward(rt_model *m, rt_grad_ready_fn ready, void *user
 static rt_status resnet_check(const rt_model_config *c) {
     char list[64];
     RT_REQUIRE((unsigned)c->stem < RT_STEM_COUNT_, RT_ERR_INVALID, "model stem %d (expected %s)", (int)c->stem,
-               rt_model_name_list(list, sizeof list, stem_name, RT_STEM_COUNT_));
+               rt_names_list(&rt_stem_names, list, sizeof list));
     RT_REQUIRE(c->width > 0 && c->width <= 4096, RT_ERR_INVALID, "model width %d (expected 1..4096)", c->width);
     return RT_OK;
 }

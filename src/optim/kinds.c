@@ -32,27 +32,16 @@ const rt_optim_kind_ops *rt_optim_kind_ops_of(rt_optim_kind kind) {
     return (unsigned)kind < RT_OPTIM_KIND_COUNT_ ? k_kinds[kind] : NULL;
 }
 
-static void kind_names(const char *names[RT_OPTIM_KIND_COUNT_]) {
-    for (int i = 0; i < RT_OPTIM_KIND_COUNT_; i++) names[i] = k_kinds[i]->name;
-}
+static const char *kind_name(int i) { return k_kinds[i]->name; }
+const rt_names rt_optim_kind_names = {"optimizer", RT_OPTIM_KIND_COUNT_, NULL, kind_name, NULL};
 
-const char *rt_optim_kind_list(char *buf, size_t size) {
-    const char *names[RT_OPTIM_KIND_COUNT_];
-    kind_names(names);
-    return rt_names_join(names, RT_OPTIM_KIND_COUNT_, buf, size);
-}
+const char *rt_optim_kind_list(char *buf, size_t size) { return rt_names_list(&rt_optim_kind_names, buf, size); }
 
 rt_status rt_optim_kind_parse(const char *text, rt_optim_kind *out) {
-    const char *names[RT_OPTIM_KIND_COUNT_];
-    kind_names(names);
-    int k = rt_names_find(names, RT_OPTIM_KIND_COUNT_, text);
-    if (k < 0) {
-        char list[64];
-        return RT_ERROR(RT_ERR_INVALID, "unknown optimizer '%s' (expected %s)", text ? text : "(null)",
-                        rt_names_join(names, RT_OPTIM_KIND_COUNT_, list, sizeof list));
-    }
-    *out = (rt_optim_kind)k;
-    return RT_OK;
+    int k = 0;
+    rt_status st = rt_names_parse(&rt_optim_kind_names, text, &k); /* a complete message: no trace line */
+    if (st == RT_OK) *out = (rt_optim_kind)k;
+    return st;
 }
 
 const char *rt_optim_kind_name(rt_optim_kind kind) {

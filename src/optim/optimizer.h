@@ -22,6 +22,7 @@
 #define RT_OPTIM_OPTIMIZER_H
 
 #include "core/device.h"
+#include "core/names.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include <stdbool.h>
@@ -42,7 +43,10 @@ typedef enum rt_optim_kind {
     RT_OPTIM_KIND_COUNT_
 } rt_optim_kind;
 
-/* "sgd" | "adam" | "adamw" | "adadelta" (case-insensitive); RT_ERR_INVALID naming them otherwise. */
+/* The optimizers' names, "sgd" | "adam" | "adamw" | "adadelta", from their rows (core/names.h). */
+extern const rt_names rt_optim_kind_names;
+
+/* rt_names_parse of rt_optim_kind_names. */
 rt_status rt_optim_kind_parse(const char *text, rt_optim_kind *out);
 const char *rt_optim_kind_name(rt_optim_kind kind);
 

@@ -8,21 +8,28 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const sched_names[RT_SCHED_KIND_COUNT_] = {"constant", "step", "multistep", "cosine", "onecycle"};
+static const char *const sched_names[RT_SCHED_KIND_COUNT_] = {
+    [RT_SCHED_CONSTANT] = "constant", [RT_SCHED_STEP] = "step",         [RT_SCHED_MULTISTEP] = "multistep",
+    [RT_SCHED_COSINE] = "cosine",     [RT_SCHED_ONECYCLE] = "onecycle",
+};
+const rt_names rt_sched_kind_names = {"schedule", RT_SCHED_KIND_COUNT_, sched_names, NULL, NULL};
+
+/* indexed by the bool they set: per_epoch, anneal_linear */
+static const char *const interval_names[2] = {"iteration", "epoch"};
+const rt_names rt_sched_interval_names = {"schedule interval", 2, interval_names, NULL, NULL};
+static const char *const anneal_names[2] = {"cos", "linear"};
+const rt_names rt_sched_anneal_names = {"anneal strategy", 2, anneal_names, NULL, NULL};
 
 rt_status rt_sched_kind_parse(const char *text, rt_sched_kind *out) {
-    int k = rt_names_find(sched_names, RT_SCHED_KIND_COUNT_, text);
-    if (k < 0) {
-        char list[128];
-        return RT_ERROR(RT_ERR_INVALID, "unknown schedule '%s' (expected %s)", text ? text : "(null)",
-                        rt_names_join(sched_names, RT_SCHED_KIND_COUNT_, list, sizeof list));
-    }
-    *out = (rt_sched_kind)k;
-    return RT_OK;
+    int k = 0;
+    rt_status st = rt_names_parse(&rt_sched_kind_names, text, &k); /* a complete message: no trace line */
+    if (st == RT_OK) *out = (rt_sched_kind)k;
+    return st;
 }
 
 const char *rt_sched_kind_name(rt_sched_kind kind) {
-    return (kind >= 0 && kind < RT_SCHED_KIND_COUNT_) ? sched_names[kind] : "?";
+    const char *name = rt_names_name(&rt_sched_kind_names, (int)kind);
+    return name ? name : "?";
 }
 
 void rt_schedule_default(rt_schedule *s, rt_sched_kind kind, double base_lr) {
@@ -45,7 +52,7 @@ rt_status rt_schedule_validate(const rt_schedule *s) {
     char names[128];
     RT_REQUIRE(s->kind >= 0 && s->kind < RT_SCHED_KIND_COUNT_, RT_ERR_INVALID,
                "optim.schedule: unknown kind %d (expected %s)", (int)s->kind,
-               rt_names_join(sched_names, RT_SCHED_KIND_COUNT_, names, sizeof names));
+               rt_names_list(&rt_sched_kind_names, names, sizeof names));
     RT_REQUIRE(isfinite(s->base_lr) && s->base_lr >= 0, RT_ERR_INVALID, "optim.lr: %g (expected a finite value >= 0)",
                s->base_lr);
     RT_REQUIRE(!s->per_epoch || s->steps_per_epoch > 0, RT_ERR_INVALID,

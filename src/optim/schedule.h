@@ -12,6 +12,7 @@
 #ifndef RT_OPTIM_SCHEDULE_H
 #define RT_OPTIM_SCHEDULE_H
 
+#include "core/names.h"
 #include "core/status.h"
 #include <stdbool.h>
 #include <stdint.h>
@@ -29,8 +30,12 @@ typedef enum rt_sched_kind {
     RT_SCHED_KIND_COUNT_
 } rt_sched_kind;
 
-/* "constant" | "step" | "multistep" | "cosine" | "onecycle" (case-insensitive);
- * RT_ERR_INVALID naming them otherwise. */
+/* The names of the schedules ("constant" | "step" | "multistep" | "cosine" | "onecycle"),
+ * of the units (optim.interval: "iteration" | "epoch", index 1 is per_epoch) and of the
+ * one-cycle annealing ("cos" | "linear", index 1 is anneal_linear): core/names.h. */
+extern const rt_names rt_sched_kind_names, rt_sched_interval_names, rt_sched_anneal_names;
+
+/* rt_names_parse of rt_sched_kind_names. */
 rt_status rt_sched_kind_parse(const char *text, rt_sched_kind *out);
 const char *rt_sched_kind_name(rt_sched_kind kind);
 

@@ -7,16 +7,19 @@
 #include "train/config.h"
 
 #include "core/file.h"
+#include "core/names.h"
 #include "core/log.h"
 #include "core/settings.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "dist/dist.h"
+#include "dist/reducer.h"
 #include "model/model.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -27,7 +30,9 @@
 
 /* ---- the key table ------------------------------------------------------------------ */
 
-typedef enum ktype { K_INT, K_FLOAT, K_BOOL, K_STR, K_CHOICE, K_INTLIST, K_FLOATLIST, K_STRLIST } ktype;
+/* K_ENUM: a name of a table, held as its index (an enum, int or bool field: `size` says
+ * which); K_CHOICE: a value checked by `check`, held as text */
+typedef enum ktype { K_INT, K_FLOAT, K_BOOL, K_STR, K_CHOICE, K_INTLIST, K_FLOATLIST, K_STRLIST, K_ENUM } ktype;
 
 typedef struct key {
     const char *name; /* "section.key" */
@@ -37,11 +42,12 @@ typedef struct key {
     size_t count_off; /* lists: offset of the int count */
     const char *def;  /* default, as the file would say it */
     double lo, hi;    /* numeric range, inclusive */
-    bool allow_auto;  /* "auto" accepted (int: RT_CONFIG_AUTO, float: NaN) */
-    /* K_CHOICE: the accepted values (NULL-terminated), or a parser of the area that
-     * owns the name; either way the error lists what is accepted */
-    const char *const *choices;
-    rt_status (*check)(const char *value);
+    bool allow_auto;  /* "auto" accepted (int: RT_CONFIG_AUTO, float: NaN, choice: "auto") */
+    /* K_ENUM: the name table of the area that owns the choice (core/names.h), which
+     * parses the value, lists the names in the error, in `ringtrain train --help` and in
+     * docs/config.md (checked); K_CHOICE (a value that is not a name): a check */
+    const rt_names *names;
+    rt_status (*check)(rt_config *cfg, const char *value); /* and stores the typed value */
     const char *doc;
 } key;
 
@@ -51,91 +57,91 @@ typedef struct key {
 #define INF HUGE_VAL
 #define I64 9.2e18
 
-/* Area parsers return 0 on success (int or rt_status); this turns them into checks. */
-#define AREA_CHECK(fn, T, parse)                                                                                       \
-    static rt_status fn(const char *v) {                                                                               \
-        T out_;                                                                                                        \
-        return parse(v, &out_) == 0 ? RT_OK : RT_ERR_INVALID;                                                          \
-    }
-AREA_CHECK(check_arch, rt_model_arch, rt_model_arch_parse)
-AREA_CHECK(check_dataset, rt_dataset_kind, rt_dataset_kind_parse)
-AREA_CHECK(check_sampler, rt_sampler_mode, rt_sampler_mode_parse)
-AREA_CHECK(check_optim, rt_optim_kind, rt_optim_kind_parse)
-AREA_CHECK(check_sched, rt_sched_kind, rt_sched_kind_parse)
-AREA_CHECK(check_algo, rt_algo, rt_algo_parse)
-AREA_CHECK(check_transport, rt_transport, rt_transport_parse)
-AREA_CHECK(check_level, rt_log_level, rt_log_parse_level)
-static rt_status check_stem(const char *v) {
-    rt_stem s;
-    return strcasecmp(v, "auto") == 0 || rt_stem_parse(v, &s) == 0 ? RT_OK : RT_ERR_INVALID;
-}
+/* train's own choices, indexed by the value they select */
+static const char *const k_tta_names[] = {"none", "flip"}; /* indexed by tta_flip */
+static const rt_names k_tta = {"test-time augmentation", 2, k_tta_names, NULL, NULL};
+static const char *const k_progress_names[RT_PROGRESS_COUNT_] = {
+    [RT_PROGRESS_AUTO] = "auto", [RT_PROGRESS_ON] = "on", [RT_PROGRESS_OFF] = "off"};
+static const rt_names k_progress = {"progress mode", RT_PROGRESS_COUNT_, k_progress_names, NULL, NULL};
 
-static const char *const k_precision[] = {"fp32", "tf32", "bf16", NULL};
-static const char *const k_compress[] = {"none", "bf16", NULL};
-static const char *const k_interval[] = {"iteration", "epoch", NULL};
-static const char *const k_anneal[] = {"cos", "linear", NULL};
-static const char *const k_progress[] = {"auto", "on", "off", NULL};
-static const char *const k_tta[] = {"none", "flip", NULL};
-/* data.erasing_value: "random" or a finite number */
-static rt_status check_erasing_value(const char *v) {
-    if (strcasecmp(v, "random") == 0) return RT_OK;
+/* data.erasing_value: "random" or a finite number, into the loader's erase_random and
+ * erase_value */
+static rt_status check_erasing_value(rt_config *cfg, const char *v) {
+    if (strcasecmp(v, "random") == 0) {
+        cfg->data.loader.erase_random = true;
+        cfg->data.loader.erase_value = 0.0f;
+        return RT_OK;
+    }
     char *end;
     double x = strtod(v, &end);
-    if (end != v && *end == 0 && isfinite(x)) return RT_OK;
-    return RT_ERROR(RT_ERR_INVALID, "expected random or a finite number");
+    if (end == v || *end != 0 || !isfinite(x)) return RT_ERROR(RT_ERR_INVALID, "expected random or a finite number");
+    cfg->data.loader.erase_random = false;
+    cfg->data.loader.erase_value = (float)x;
+    return RT_OK;
+}
+
+/* train.device: a form core's rt_device_choose knows (auto | cpu | cuda | cuda:N), checked
+ * when the config is read; which device it names depends on the rank and the GPUs, so
+ * the trainer resolves it (rt_device_select) and the config keeps the text */
+static rt_status check_device(rt_config *cfg, const char *v) {
+    (void)cfg;
+    rt_device d;
+    rt_status st = rt_device_choose(v, 0, 0, &d); /* with no GPU: only the form is judged */
+    if (st == RT_ERR_NODEVICE) rt_error_clear();
+    return st == RT_ERR_NODEVICE ? RT_OK : st;
 }
 
 /* clang-format off */
 static const key k_keys[] = {
     /* model */
-    {"model.arch", K_CHOICE, F(model.arch), SZ(model.arch), 0, "resnet34", 0, 0, false, NULL, check_arch,
-     "architecture: resnet18 | resnet34 | net (the PyTorch tutorial's CNN)"},
+    {"model.arch", K_ENUM, F(model.arch), SZ(model.arch), 0, "resnet34", 0, 0, false, &rt_model_arch_names, NULL,
+     "architecture (net: the PyTorch tutorial's CNN)"},
     {"model.width", K_INT, F(model.width), 0, 0, "64", 1, 4096, false, NULL, NULL,
      "ResNet base channels (64 is torchvision's; smaller for quick tests)"},
-    {"model.stem", K_CHOICE, F(model.stem), SZ(model.stem), 0, "auto", 0, 0, false, NULL, check_stem,
-     "ResNet stem: imagenet (7x7/2 conv + max-pool) | cifar (3x3/1 conv) | auto (cifar for 32x32 images)"},
+    {"model.stem", K_ENUM, F(model.stem), SZ(model.stem), 0, "auto", 0, 0, true, &rt_stem_names, NULL,
+     "ResNet stem: imagenet (7x7/2 conv + max-pool), cifar (3x3/1 conv); auto: cifar for 32x32 images"},
     {"model.num_classes", K_INT, F(model.num_classes), 0, 0, "auto", 2, 1000000, true, NULL, NULL,
      "output classes; auto: the dataset's"},
     {"model.dropout", K_FLOAT, F(model.dropout), 0, 0, "auto", 0, 0.999999, true, NULL, NULL,
      "Net's dropout probability; auto: the tutorial's 0.5 (both dropouts)"},
     /* data */
-    {"data.kind", K_CHOICE, F(data.kind), SZ(data.kind), 0, "auto", 0, 0, false, NULL, check_dataset,
-     "auto | mnist | fashion-mnist | cifar10 (auto: detected from the files)"},
+    {"data.kind", K_ENUM, F(data.kind), SZ(data.kind), 0, "auto", 0, 0, false, &rt_dataset_kind_names, NULL,
+     "the dataset's format (auto: detected from the files)"},
     {"data.path", K_STR, F(data.path), SZ(data.path), 0, RT_DATASET_DEFAULT_PATH, 0, 0, false, NULL, NULL,
      "folder with the IDX files (gzip or raw) or the CIFAR-10 binary batches"},
     {"data.batch_size", K_INT, F(data.batch_size), 0, 0, "128", 1, 1 << 20, false, NULL, NULL,
      "global batch over all ranks (each rank takes batch_size / world_size)"},
     {"data.eval_batch_size", K_INT, F(data.eval_batch_size), 0, 0, "auto", 1, 1 << 20, true, NULL, NULL,
      "global batch for evaluation; auto: batch_size"},
-    {"data.sampler", K_CHOICE, F(data.sampler), SZ(data.sampler), 0, "distributed", 0, 0, false, NULL, check_sampler,
-     "distributed (PyTorch's DistributedSampler) | partition (contiguous shards)"},
-    {"data.shuffle", K_BOOL, F(data.shuffle), 0, 0, "true", 0, 0, false, NULL, NULL,
+    {"data.sampler", K_ENUM, F(data.loader.mode), SZ(data.loader.mode), 0, "distributed", 0, 0, false, &rt_sampler_train_mode_names, NULL,
+     "distributed (PyTorch's DistributedSampler) or partition (contiguous shards)"},
+    {"data.shuffle", K_BOOL, F(data.loader.shuffle), 0, 0, "true", 0, 0, false, NULL, NULL,
      "shuffle the training set every epoch (seed + epoch)"},
-    {"data.drop_last", K_BOOL, F(data.drop_last), 0, 0, "false", 0, 0, false, NULL, NULL,
+    {"data.drop_last", K_BOOL, F(data.loader.drop_last), 0, 0, "false", 0, 0, false, NULL, NULL,
      "sampler drops the tail instead of padding it (DistributedSampler's drop_last)"},
-    {"data.augment", K_BOOL, F(data.augment), 0, 0, "true", 0, 0, false, NULL, NULL,
+    {"data.augment", K_BOOL, F(data.loader.augment), 0, 0, "true", 0, 0, false, NULL, NULL,
      "random crop (and flip where it keeps the class) on training batches"},
-    {"data.crop_pad", K_INT, F(data.crop_pad), 0, 0, "auto", 0, 64, true, NULL, NULL,
+    {"data.crop_pad", K_INT, F(data.loader.crop_pad), SZ(data.loader.crop_pad), 0, "auto", 0, 64, true, NULL, NULL,
      "padding of the random crop; auto: 2 for 28x28 data, 4 for CIFAR-10"},
-    {"data.hflip", K_INT, F(data.hflip), 0, 0, "auto", 0, 1, true, NULL, NULL,
+    {"data.hflip", K_INT, F(data.loader.hflip), SZ(data.loader.hflip), 0, "auto", 0, 1, true, NULL, NULL,
      "random horizontal flip: 0 | 1 | auto (on for Fashion-MNIST and CIFAR-10, off for MNIST digits)"},
-    {"data.prefetch", K_INT, F(data.prefetch), 0, 0, "4", 2, 64, false, NULL, NULL,
+    {"data.prefetch", K_INT, F(data.loader.prefetch), SZ(data.loader.prefetch), 0, "4", 2, 64, false, NULL, NULL,
      "batches prepared ahead by the loader thread"},
     {"data.train_subset", K_INT, F(data.train_subset), 0, 0, "0", 0, I64, false, NULL, NULL,
      "use only the first N training samples (0: all)"},
     {"data.test_subset", K_INT, F(data.test_subset), 0, 0, "0", 0, I64, false, NULL, NULL,
      "use only the first N test samples (0: all)"},
-    {"data.erasing", K_FLOAT, F(data.erasing), 0, 0, "0", 0, 1, false, NULL, NULL,
+    {"data.erasing", K_FLOAT, F(data.loader.erase_p), 0, 0, "0", 0, 1, false, NULL, NULL,
      "random erasing probability per training image (torchvision RandomErasing's p, on the normalised image; 0: off)"},
-    {"data.erasing_scale", K_FLOATLIST, F(data.erasing_scale), CAP(data.erasing_scale), F(data.n_erasing_scale),
+    {"data.erasing_scale", K_FLOATLIST, F(data.loader.erase_scale), CAP(data.loader.erase_scale), F(data.n_erasing_scale),
      "[0.02, 0.33]", 0, 1, false, NULL, NULL, "random erasing: range of the erased area as a fraction of the image"},
-    {"data.erasing_ratio", K_FLOATLIST, F(data.erasing_ratio), CAP(data.erasing_ratio), F(data.n_erasing_ratio),
+    {"data.erasing_ratio", K_FLOATLIST, F(data.loader.erase_ratio), CAP(data.loader.erase_ratio), F(data.n_erasing_ratio),
      "[0.3, 3.3]", 1e-6, 1e6, false, NULL, NULL, "random erasing: range of the aspect ratio (height / width) of the area"},
     {"data.erasing_value", K_CHOICE, F(data.erasing_value), SZ(data.erasing_value), 0, "0", 0, 0, false, NULL,
      check_erasing_value, "random erasing: the value written (after normalisation): a number | random (N(0, 1) per pixel)"},
     /* optim */
-    {"optim.name", K_CHOICE, F(optim.name), SZ(optim.name), 0, "sgd", 0, 0, false, NULL, check_optim,
-     "sgd | adam | adamw | adadelta"},
+    {"optim.name", K_ENUM, F(optim.opt.kind), SZ(optim.opt.kind), 0, "sgd", 0, 0, false, &rt_optim_kind_names, NULL,
+     "the optimizer (docs/optim.md)"},
     {"optim.lr", K_FLOAT, F(optim.opt.lr), 0, 0, "auto", 0, INF, true, NULL, NULL,
      "base learning rate; auto: 0.1 for sgd, 1e-3 for adam and adamw, 1.0 for adadelta"},
     {"optim.momentum", K_FLOAT, F(optim.opt.momentum), 0, 0, "0", 0, 1, false, NULL, NULL, "SGD momentum"},
@@ -155,38 +161,38 @@ static const key k_keys[] = {
      "no weight decay on batch-norm parameters and biases"},
     {"optim.clip_grad_norm", K_FLOAT, F(optim.clip_grad_norm), 0, 0, "0", 0, INF, false, NULL, NULL,
      "clip the global gradient norm to this value (0: off)"},
-    {"optim.schedule", K_CHOICE, F(optim.schedule), SZ(optim.schedule), 0, "constant", 0, 0, false, NULL, check_sched,
-     "constant | step | multistep | cosine | onecycle"},
-    {"optim.interval", K_CHOICE, F(optim.interval), SZ(optim.interval), 0, "iteration", 0, 0, false, k_interval, NULL,
-     "the unit the schedule counts in: iteration | epoch"},
-    {"optim.step_size", K_INT, F(optim.step_size), 0, 0, "1", 1, I64, false, NULL, NULL, "step: decay every N units"},
-    {"optim.gamma", K_FLOAT, F(optim.gamma), 0, 0, "0.1", 0, INF, false, NULL, NULL, "step, multistep: decay factor"},
-    {"optim.milestones", K_INTLIST, F(optim.milestones), CAP(optim.milestones), F(optim.n_milestones), "[]", 0, I64,
+    {"optim.schedule", K_ENUM, F(optim.sched.kind), SZ(optim.sched.kind), 0, "constant", 0, 0, false, &rt_sched_kind_names, NULL,
+     "the learning-rate schedule (docs/optim.md)"},
+    {"optim.interval", K_ENUM, F(optim.sched.per_epoch), SZ(optim.sched.per_epoch), 0, "iteration", 0, 0, false, &rt_sched_interval_names, NULL,
+     "the unit the schedule counts in"},
+    {"optim.step_size", K_INT, F(optim.sched.step_size), 0, 0, "1", 1, I64, false, NULL, NULL, "step: decay every N units"},
+    {"optim.gamma", K_FLOAT, F(optim.sched.gamma), 0, 0, "0.1", 0, INF, false, NULL, NULL, "step, multistep: decay factor"},
+    {"optim.milestones", K_INTLIST, F(optim.sched.milestones), CAP(optim.sched.milestones), F(optim.sched.n_milestones), "[]", 0, I64,
      false, NULL, NULL, "multistep: increasing unit counts where the lr is multiplied by gamma"},
-    {"optim.t_max", K_INT, F(optim.t_max), 0, 0, "auto", 1, I64, true, NULL, NULL,
+    {"optim.t_max", K_INT, F(optim.sched.t_max), 0, 0, "auto", 1, I64, true, NULL, NULL,
      "cosine: period in units after the warmup; auto: the rest of the run"},
-    {"optim.eta_min", K_FLOAT, F(optim.eta_min), 0, 0, "0", 0, INF, false, NULL, NULL, "cosine: final lr"},
-    {"optim.warmup_steps", K_INT, F(optim.warmup_steps), 0, 0, "0", 0, I64, false, NULL, NULL,
+    {"optim.eta_min", K_FLOAT, F(optim.sched.eta_min), 0, 0, "0", 0, INF, false, NULL, NULL, "cosine: final lr"},
+    {"optim.warmup_steps", K_INT, F(optim.sched.warmup_steps), 0, 0, "0", 0, I64, false, NULL, NULL,
      "linear warmup over the first N units (not with onecycle)"},
-    {"optim.warmup_start_factor", K_FLOAT, F(optim.warmup_start_factor), 0, 0, "0.3333333333333333", 1e-12, 1, false,
+    {"optim.warmup_start_factor", K_FLOAT, F(optim.sched.warmup_start_factor), 0, 0, "0.3333333333333333", 1e-12, 1, false,
      NULL, NULL, "warmup starts at lr * this factor (LinearLR's start_factor)"},
-    {"optim.max_lr", K_FLOAT, F(optim.max_lr), 0, 0, "auto", 0, INF, true, NULL, NULL, "onecycle: peak lr; auto: lr"},
-    {"optim.total_steps", K_INT, F(optim.total_steps), 0, 0, "auto", 1, I64, true, NULL, NULL,
+    {"optim.max_lr", K_FLOAT, F(optim.sched.max_lr), 0, 0, "auto", 0, INF, true, NULL, NULL, "onecycle: peak lr; auto: lr"},
+    {"optim.total_steps", K_INT, F(optim.sched.total_steps), 0, 0, "auto", 1, I64, true, NULL, NULL,
      "onecycle: length in units; auto: the run's"},
-    {"optim.pct_start", K_FLOAT, F(optim.pct_start), 0, 0, "0.3", 0, 1, false, NULL, NULL,
+    {"optim.pct_start", K_FLOAT, F(optim.sched.pct_start), 0, 0, "0.3", 0, 1, false, NULL, NULL,
      "onecycle: share of the cycle spent increasing the lr"},
-    {"optim.anneal", K_CHOICE, F(optim.anneal), SZ(optim.anneal), 0, "cos", 0, 0, false, k_anneal, NULL,
-     "onecycle: cos | linear"},
-    {"optim.div_factor", K_FLOAT, F(optim.div_factor), 0, 0, "25", 1e-12, INF, false, NULL, NULL,
+    {"optim.anneal", K_ENUM, F(optim.sched.anneal_linear), SZ(optim.sched.anneal_linear), 0, "cos", 0, 0, false, &rt_sched_anneal_names, NULL,
+     "onecycle: the annealing strategy"},
+    {"optim.div_factor", K_FLOAT, F(optim.sched.div_factor), 0, 0, "25", 1e-12, INF, false, NULL, NULL,
      "onecycle: initial lr = max_lr / div_factor"},
-    {"optim.final_div_factor", K_FLOAT, F(optim.final_div_factor), 0, 0, "1e4", 1e-12, INF, false, NULL, NULL,
+    {"optim.final_div_factor", K_FLOAT, F(optim.sched.final_div_factor), 0, 0, "1e4", 1e-12, INF, false, NULL, NULL,
      "onecycle: final lr = initial lr / final_div_factor"},
-    {"optim.three_phase", K_BOOL, F(optim.three_phase), 0, 0, "false", 0, 0, false, NULL, NULL, "onecycle: three phases"},
-    {"optim.cycle_momentum", K_BOOL, F(optim.cycle_momentum), 0, 0, "true", 0, 0, false, NULL, NULL,
+    {"optim.three_phase", K_BOOL, F(optim.sched.three_phase), 0, 0, "false", 0, 0, false, NULL, NULL, "onecycle: three phases"},
+    {"optim.cycle_momentum", K_BOOL, F(optim.sched.cycle_momentum), 0, 0, "true", 0, 0, false, NULL, NULL,
      "onecycle: cycle momentum (SGD) or beta1 (Adam) inversely to the lr"},
-    {"optim.base_momentum", K_FLOAT, F(optim.base_momentum), 0, 0, "0.85", 0, 1, false, NULL, NULL,
+    {"optim.base_momentum", K_FLOAT, F(optim.sched.base_momentum), 0, 0, "0.85", 0, 1, false, NULL, NULL,
      "onecycle: lowest momentum"},
-    {"optim.max_momentum", K_FLOAT, F(optim.max_momentum), 0, 0, "0.95", 0, 1, false, NULL, NULL,
+    {"optim.max_momentum", K_FLOAT, F(optim.sched.max_momentum), 0, 0, "0.95", 0, 1, false, NULL, NULL,
      "onecycle: highest momentum"},
     /* train */
     {"train.epochs", K_INT, F(train.epochs), 0, 0, "1", 0, 1000000, false, NULL, NULL, "passes over the training set"},
@@ -196,10 +202,10 @@ static const key k_keys[] = {
      "evaluate every N epochs (0: only at the end; always at the end)"},
     {"train.seed", K_INT, F(train.seed), 0, 0, "0", 0, I64, false, NULL, NULL,
      "initialisation, shuffling, augmentation and dropout"},
-    {"train.device", K_STR, F(train.device), SZ(train.device), 0, "auto", 0, 0, false, NULL, NULL,
+    {"train.device", K_CHOICE, F(train.device), SZ(train.device), 0, "auto", 0, 0, false, NULL, check_device,
      "auto | cpu | cuda | cuda:N (auto: GPU LOCAL_RANK % count when one answers, else the CPU)"},
-    {"train.precision", K_CHOICE, F(train.precision), SZ(train.precision), 0, "fp32", 0, 0, false, k_precision, NULL,
-     "fp32 | tf32 (GPU tensor cores for convolutions and linear layers)"},
+    {"train.precision", K_ENUM, F(train.precision), SZ(train.precision), 0, "fp32", 0, 0, false, &rt_precision_names, NULL,
+     "arithmetic of convolutions and linear layers (tf32: GPU tensor cores; bf16: docs/model.md)"},
     {"train.threads", K_INT, F(train.threads), 0, 0, "auto", 1, 1024, true, NULL, NULL,
      "CPU threads per rank; auto: the cores divided among the local ranks"},
     {"train.skip_nonfinite", K_BOOL, F(train.skip_nonfinite), 0, 0, "false", 0, 0, false, NULL, NULL,
@@ -218,8 +224,8 @@ static const key k_keys[] = {
      "the decay of the n-th update is min(ema_decay, (1 + n) / (10 + n)), so the first weights fade fast (false: "
      "ema_decay from the start)"},
     /* dist */
-    {"eval.tta", K_CHOICE, F(train.tta), SZ(train.tta), 0, "none", 0, 0, false, k_tta, NULL,
-     "test-time augmentation in evaluation: none | flip (the mean of the logits of each image and its mirror); "
+    {"eval.tta", K_ENUM, F(train.tta_flip), SZ(train.tta_flip), 0, "none", 0, 0, false, &k_tta, NULL,
+     "test-time augmentation in evaluation (flip: the mean of the logits of each image and its mirror); "
      "`train.tta` is read as this key"},
     {"dist.nproc", K_INT, F(dist.nproc), 0, 0, "auto", 1, 1024, true, NULL, NULL,
      "ranks on this node; auto: one per local GPU, else 2 on the CPU"},
@@ -233,12 +239,12 @@ static const key k_keys[] = {
      "address of node 0 (torchrun's --master-addr)"},
     {"dist.master_port", K_INT, F(dist.master_port), 0, 0, "0", 0, 65535, false, NULL, NULL,
      "port of node 0 (0: a free port, single node only)"},
-    {"dist.algo", K_CHOICE, F(dist.algo), SZ(dist.algo), 0, "ring", 0, 0, false, NULL, check_algo,
-     "gradient all-reduce: ring | naive | rsag | nccl"},
-    {"dist.transport", K_CHOICE, F(dist.transport), SZ(dist.transport), 0, "auto", 0, 0, false, NULL, check_transport,
-     "auto | tcp | shm | nccl (auto: shm on one host, nccl between GPUs, else tcp)"},
-    {"dist.compress", K_CHOICE, F(dist.compress), SZ(dist.compress), 0, "none", 0, 0, false, k_compress, NULL,
-     "none | bf16 (gradients all-reduced in bf16, DDP's bf16_compress_hook; CPU only)"},
+    {"dist.algo", K_ENUM, F(dist.algo), SZ(dist.algo), 0, "ring", 0, 0, false, &rt_algo_names, NULL,
+     "gradient all-reduce algorithm (docs/comm-algorithms.md)"},
+    {"dist.transport", K_ENUM, F(dist.transport), SZ(dist.transport), 0, "auto", 0, 0, false, &rt_transport_names, NULL,
+     "transport between ranks (auto: shm on one host, nccl between GPUs, else tcp)"},
+    {"dist.compress", K_ENUM, F(dist.compress_bf16), SZ(dist.compress_bf16), 0, "none", 0, 0, false, &rt_compress_names, NULL,
+     "gradient compression (bf16: all-reduced in bf16, DDP's bf16_compress_hook; CPU only)"},
     {"dist.bucket_mb", K_FLOAT, F(dist.bucket_mb), 0, 0, "25", 0, 1e6, false, NULL, NULL,
      "gradient bucket size in MiB (0: one all-reduce after backward)"},
     {"dist.first_bucket_mb", K_FLOAT, F(dist.first_bucket_mb), 0, 0, "1", 0, 1e6, false, NULL, NULL,
@@ -278,10 +284,10 @@ static const key k_keys[] = {
      "every rank writes metrics-rank<R>.jsonl too (to find stragglers)"},
     {"log.trace", K_BOOL, F(log.trace), 0, 0, "false", 0, 0, false, NULL, NULL,
      "every rank records a timeline to RUN_DIR/trace-rank<R>.jsonl (ringtrain trace merges them; docs/debugging.md)"},
-    {"log.level", K_CHOICE, F(log.level), SZ(log.level), 0, "info", 0, 0, false, NULL, check_level,
-     "error | warn | info | debug | trace (default: RINGTRAIN_LOG_LEVEL when set)"},
-    {"log.progress", K_CHOICE, F(log.progress), SZ(log.progress), 0, "auto", 0, 0, false, k_progress, NULL,
-     "progress bar: auto (on a terminal) | on | off"},
+    {"log.level", K_ENUM, F(log.level), SZ(log.level), 0, "info", 0, 0, false, &rt_log_level_names, NULL,
+     "log level (default: RINGTRAIN_LOG_LEVEL when set)"},
+    {"log.progress", K_ENUM, F(log.progress), SZ(log.progress), 0, "auto", 0, 0, false, &k_progress, NULL,
+     "progress bar (auto: on a terminal)"},
 };
 /* clang-format on */
 enum { N_KEYS = (int)(sizeof k_keys / sizeof k_keys[0]) };
@@ -289,8 +295,8 @@ enum { N_KEYS = (int)(sizeof k_keys / sizeof k_keys[0]) };
 static const char *const k_sections[] = {"model", "data", "optim", "train", "eval", "dist", "checkpoint", "log"};
 enum { N_SECTIONS = (int)(sizeof k_sections / sizeof k_sections[0]) };
 
-static const char *const k_type_names[] = {"int",    "float", "bool",           "string",
-                                           "choice", "[int]", "[float, float]", "[string]"};
+static const char *const k_type_names[] = {"int",   "float",          "bool",     "string", "choice",
+                                           "[int]", "[float, float]", "[string]", "choice"};
 
 bool rt_config_key_at(int i, const char **name, const char **type, const char **def, const char **doc) {
     if (i < 0 || i >= N_KEYS) return false;
@@ -402,25 +408,64 @@ static rt_status parse_bool(const key *k, const char *where, const char *v, bool
     return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not a boolean (expected true or false)", where, k->name, v);
 }
 
-static rt_status parse_choice(const key *k, const char *where, const char *v, char *dst) {
-    if (k->choices) {
-        char list[256] = "";
-        for (const char *const *c = k->choices; *c; c++) {
-            if (strcasecmp(v, *c) == 0) {
-                snprintf(dst, k->size, "%s", *c);
-                return RT_OK;
-            }
-            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", c == k->choices ? "" : " | ", *c);
-        }
-        return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not one of %s", where, k->name, v, list);
+/* "auto | a | b": the names a choice key accepts (its table's, after "auto" where the key
+ * takes it); "" for a key that is not a name of a table. */
+static const char *choice_list(const key *k, char *buf, size_t n) {
+    if (n) buf[0] = '\0';
+    if (!k->names) return buf;
+    if (k->allow_auto) rt_names_append(buf, n, "auto");
+    size_t len = strlen(buf);
+    char rest[512];
+    rt_names_list(k->names, rest, sizeof rest);
+    snprintf(buf + len, n - len, "%s%s", len && *rest ? " | " : "", rest);
+    return buf;
+}
+
+/* The value `v` names in k's table (core's rt_names_index, ASCII case-insensitive), or
+ * RT_CONFIG_AUTO for "auto" where the key takes it; the one error format of core/names.h. */
+static rt_status choice_index(const key *k, const char *where, const char *v, int *out) {
+    if (k->allow_auto && strcasecmp(v, "auto") == 0) {
+        *out = RT_CONFIG_AUTO;
+        return RT_OK;
     }
-    /* names are canonical in lower case and matched case-insensitively */
-    char low[RT_CONFIG_PATH_MAX];
+    *out = rt_names_index(k->names, v);
+    if (*out >= 0) return RT_OK;
+    char list[512];
+    return RT_ERROR(RT_ERR_INVALID, "%s%s: unknown %s '%s' (expected %s)", where, k->name, k->names->what, v,
+                    choice_list(k, list, sizeof list));
+}
+
+/* K_ENUM: the index held in the field (size 1: a bool; else an int or an enum). */
+static int enum_get(const key *k, const void *base) {
+    return k->size == sizeof(bool) ? (int)*(const bool *)base : *(const int *)base;
+}
+static void enum_set(const key *k, void *base, int v) {
+    if (k->size == sizeof(bool))
+        *(bool *)base = v != 0;
+    else
+        *(int *)base = v;
+}
+
+/* The name (or "auto") a K_ENUM field holds, as files say it. */
+static const char *enum_name(const key *k, const void *base) {
+    int i = enum_get(k, base);
+    if (k->allow_auto && i == RT_CONFIG_AUTO) return "auto";
+    const char *name = rt_names_name(k->names, i);
+    return name ? name : "?";
+}
+
+static rt_status parse_enum(const key *k, const char *where, const char *v, void *dst) {
+    int i = 0;
+    rt_status st = choice_index(k, where, v, &i);
+    if (st == RT_OK) enum_set(k, dst, i);
+    return st;
+}
+
+static rt_status parse_choice(rt_config *cfg, const key *k, const char *where, const char *v, char *dst) {
     size_t n = strlen(v);
-    if (n >= k->size || n >= sizeof low) return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is too long", where, k->name, v);
-    for (size_t i = 0; i <= n; i++) low[i] = (char)((v[i] >= 'A' && v[i] <= 'Z') ? v[i] - 'A' + 'a' : v[i]);
+    if (n >= k->size) return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is too long", where, k->name, v);
     rt_error_clear();
-    if (k->check(low) != RT_OK) {
+    if (k->check(cfg, v) != RT_OK) {
         char why[512] = "";
         if (rt_error_status() != RT_OK) {
             snprintf(why, sizeof why, "%s", rt_error_message());
@@ -430,10 +475,9 @@ static rt_status parse_choice(const key *k, const char *where, const char *v, ch
             if (nl) *nl = '\0';
         }
         rt_error_clear();
-        return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not accepted%s%s (the key's values: %s)", where, k->name, v,
-                        *why ? ": " : "", why, k->doc);
+        return RT_ERROR(RT_ERR_INVALID, "%s%s: '%s' is not accepted%s%s", where, k->name, v, *why ? ": " : "", why);
     }
-    memcpy(dst, low, n + 1);
+    for (size_t i = 0; i <= n; i++) dst[i] = (char)((v[i] >= 'A' && v[i] <= 'Z') ? v[i] - 'A' + 'a' : v[i]);
     return RT_OK;
 }
 
@@ -441,8 +485,16 @@ static rt_status parse_choice(const key *k, const char *where, const char *v, ch
 static rt_status set_scalar(rt_config *cfg, const key *k, const char *where, const char *v) {
     char *base = (char *)cfg + k->off;
     switch (k->type) {
-    case K_INT:
-        return parse_int(k, where, v, (int64_t *)base);
+    case K_INT: {
+        int64_t x = 0;
+        rt_status st = parse_int(k, where, v, &x);
+        if (st != RT_OK) return st;
+        if (k->size == sizeof(int))
+            *(int *)base = (int)x; /* an int field of an area's struct: the range fits it */
+        else
+            *(int64_t *)base = x;
+        return RT_OK;
+    }
     case K_FLOAT:
         return parse_float(k, where, v, (double *)base);
     case K_BOOL:
@@ -463,7 +515,9 @@ static rt_status set_scalar(rt_config *cfg, const key *k, const char *where, con
         snprintf(base, k->size, "%s", v);
         return RT_OK;
     case K_CHOICE:
-        return parse_choice(k, where, v, base);
+        return parse_choice(cfg, k, where, v, base);
+    case K_ENUM:
+        return parse_enum(k, where, v, base);
     case K_INTLIST:
     case K_FLOATLIST:
     case K_STRLIST:
@@ -544,10 +598,23 @@ static rt_status set_text(rt_config *cfg, const key *k, const char *where, const
     return set_scalar(cfg, k, where, v);
 }
 
+/* What is wrong with the shape of row k (the parsers and writers rely on it); NULL if nothing. */
+static const char *row_problem(const key *k) {
+    if (k->type == K_ENUM && !(k->names && ((k->size == sizeof(int) && k->names->count > 0) ||
+                                            (k->size == sizeof(bool) && k->names->count == 2))))
+        return "a K_ENUM key needs a table and an int (or enum) field, or a bool for a table of two names";
+    if (k->type == K_INT && k->size != 0 && !(k->size == sizeof(int) && k->lo >= INT_MIN && k->hi <= INT_MAX))
+        return "a K_INT field is an int64_t (size 0) or an int whose range fits";
+    if (k->type == K_CHOICE && !k->check) return "a K_CHOICE key needs a check";
+    return NULL;
+}
+
 void rt_config_default(rt_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     for (int i = 0; i < N_KEYS; i++) {
-        rt_status s = set_text(cfg, &k_keys[i], "default: ", k_keys[i].def);
+        const key *k = &k_keys[i];
+        const char *bad = row_problem(k);
+        rt_status s = bad ? RT_ERROR(RT_ERR_INTERNAL, "%s: %s", k->name, bad) : set_text(cfg, k, "default: ", k->def);
         if (s != RT_OK) { /* a bug in the table: loud in every test */
             fprintf(stderr, "ringtrain: internal error: %s\n", rt_error_message());
             abort();
@@ -719,7 +786,7 @@ rt_status rt_config_apply_env(rt_config *cfg) {
     int level = 0;
     RT_CHECK(rt_setting_choice(RT_SET_LOG_LEVEL, &level)); /* checks the text */
     if (rt_setting_is_set(RT_SET_LOG_LEVEL))
-        snprintf(cfg->log.level, sizeof cfg->log.level, "%s", rt_setting_text(RT_SET_LOG_LEVEL));
+        RT_CHECK(rt_log_parse_level(rt_setting_text(RT_SET_LOG_LEVEL), &cfg->log.level));
     return RT_OK;
 }
 
@@ -761,7 +828,7 @@ static void write_value(const rt_config *cfg, const key *k, FILE *out) {
     const char *base = (const char *)cfg + k->off;
     switch (k->type) {
     case K_INT: {
-        int64_t v = *(const int64_t *)base;
+        int64_t v = k->size == sizeof(int) ? *(const int *)base : *(const int64_t *)base;
         if (k->allow_auto && v == RT_CONFIG_AUTO)
             fprintf(out, "auto");
         else
@@ -782,6 +849,9 @@ static void write_value(const rt_config *cfg, const key *k, FILE *out) {
     case K_STR:
     case K_CHOICE:
         write_str(out, base);
+        break;
+    case K_ENUM:
+        write_str(out, enum_name(k, base));
         break;
     case K_STRLIST: {
         int n = *(const int *)((const char *)cfg + k->count_off);
@@ -854,3 +924,10 @@ bool rt_config_value_at(const rt_config *cfg, int i, char *out, size_t n) {
 }
 
 bool rt_config_has_key(const char *name) { return find_key(name) != NULL; }
+
+bool rt_config_key_choices(int i, char *buf, size_t n) {
+    if (n) buf[0] = '\0';
+    if (i < 0 || i >= N_KEYS || !k_keys[i].names) return false;
+    choice_list(&k_keys[i], buf, n);
+    return true;
+}

@@ -8,14 +8,27 @@
  *   configs/x.yaml:9: data.batch_size: 'many' is not an integer
  *   override 'optim.lr=abc': optim.lr: 'abc' is not a number
  *
+ * A choice is parsed once, here, by the name table of the area that owns it, and held as
+ * that area's enum (or bool) in the area's own option struct where it has one
+ * (rt_optim_config, rt_schedule, rt_loader_config); the trainer never compares names. Files, checkpoints
+ * and rt_config_write still say names, never numbers.
+ *
  * Values that depend on others are "auto" in the table (stored as RT_CONFIG_AUTO for
- * integers, NaN for floats, "auto" for strings) and resolved by the trainer, which then
- * writes the resolved config (rt_config_write) into the run directory. */
+ * integers and choices, NaN for floats, "auto" for strings) and resolved by the
+ * trainer, which then writes the resolved config (rt_config_write) into the run
+ * directory. */
 #ifndef RT_TRAIN_CONFIG_H
 #define RT_TRAIN_CONFIG_H
 
+#include "core/log.h"
 #include "core/status.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "data/sampler.h"
+#include "dist/dist.h"
+#include "model/model.h"
 #include "optim/optimizer.h"
+#include "optim/schedule.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -28,81 +41,71 @@ extern "C" {
 #define RT_CONFIG_AUTO (-1) /* an integer key left to "auto" */
 #define RT_CONFIG_PATH_MAX 1024
 #define RT_CONFIG_NAME_MAX 64
-#define RT_CONFIG_MAX_LIST 64 /* optim.milestones */
+#define RT_CONFIG_MAX_LIST 64 /* checkpoint.allow_changes */
+
+/* log.progress */
+typedef enum rt_progress_mode {
+    RT_PROGRESS_AUTO = 0,
+    RT_PROGRESS_ON,
+    RT_PROGRESS_OFF,
+    RT_PROGRESS_COUNT_
+} rt_progress_mode;
 
 typedef struct rt_config {
     struct {
-        char arch[RT_CONFIG_NAME_MAX]; /* resnet18 | resnet34 | net */
-        int64_t width;                 /* ResNet base channels (64 = torchvision) */
-        char stem[RT_CONFIG_NAME_MAX]; /* imagenet | cifar | auto (cifar for 32x32 data) */
-        int64_t num_classes;           /* auto: the dataset's */
-        double dropout;                /* Net's dropout; NaN: the architecture's default */
+        rt_model_arch arch;
+        int64_t width;       /* ResNet base channels (64 = torchvision) */
+        int stem;            /* an rt_stem, or RT_CONFIG_AUTO: cifar for 32x32 data */
+        int64_t num_classes; /* auto: the dataset's */
+        double dropout;      /* Net's dropout; NaN: the architecture's default */
     } model;
     struct {
-        char kind[RT_CONFIG_NAME_MAX]; /* auto | mnist | fashion-mnist | cifar10 */
+        rt_dataset_kind kind; /* RT_DATASET_AUTO: detected from the files */
         char path[RT_CONFIG_PATH_MAX];
         int64_t batch_size;      /* global, over all ranks */
         int64_t eval_batch_size; /* auto: batch_size */
-        char sampler[RT_CONFIG_NAME_MAX];
-        bool shuffle;
-        bool drop_last;
-        bool augment;
-        int64_t crop_pad; /* auto: the dataset's */
-        int64_t hflip;    /* auto (-1): the dataset's; 0 off; 1 on */
-        int64_t prefetch;
+        /* the training loader's keys, each in its field (data.sampler is its mode,
+         * data.shuffle, data.drop_last, data.augment, data.crop_pad and data.hflip: -1
+         * where auto, data.prefetch, data.erasing*: erase_*). The trainer sets the
+         * dataset, the ranks, the batch, the seed and the device. */
+        rt_loader_config loader;
         int64_t train_subset; /* 0: every training sample; N: the first N */
         int64_t test_subset;  /* 0: every test sample; N: the first N */
-        /* random erasing (torchvision RandomErasing after Normalize): probability, area
-         * fraction [lo, hi], aspect ratio [lo, hi], value ("random" or a number) */
-        double erasing;
-        double erasing_scale[2];
-        int n_erasing_scale;
-        double erasing_ratio[2];
-        int n_erasing_ratio;
+        int n_erasing_scale, n_erasing_ratio;
+        /* data.erasing_value as written ("random" or a number); parsed once into
+         * loader.erase_random and loader.erase_value */
         char erasing_value[RT_CONFIG_NAME_MAX];
     } data;
     struct {
-        char name[RT_CONFIG_NAME_MAX]; /* an optimizer's name (src/optim/kinds.c) */
-        /* the optimizer's keys (optim.lr, optim.momentum, optim.betas, ...), each in its
-         * field; NaN where auto (lr, weight_decay, eps: rt_optim_config_resolve). The
-         * trainer sets its kind (from name), the ema fields (train.ema_*) and the ranges. */
+        /* the optimizer's keys (optim.name is its kind, optim.lr, optim.momentum,
+         * optim.betas, ...), each in its field; NaN where auto (lr, weight_decay, eps:
+         * rt_optim_config_resolve). The trainer sets the ema fields (train.ema_*) and the
+         * ranges. */
         rt_optim_config opt;
         int n_betas;
         bool no_decay_bn_bias;
         double clip_grad_norm; /* 0: off */
-        char schedule[RT_CONFIG_NAME_MAX];
-        char interval[RT_CONFIG_NAME_MAX]; /* iteration | epoch */
-        int64_t step_size;
-        double gamma;
-        int64_t milestones[RT_CONFIG_MAX_LIST];
-        int n_milestones;
-        int64_t t_max; /* auto: the run's length after warmup */
-        double eta_min;
-        int64_t warmup_steps;
-        double warmup_start_factor;
-        double max_lr;       /* NaN: lr */
-        int64_t total_steps; /* auto: the run's length */
-        double pct_start;
-        char anneal[RT_CONFIG_NAME_MAX]; /* cos | linear */
-        double div_factor, final_div_factor;
-        bool three_phase, cycle_momentum;
-        double base_momentum, max_momentum;
+        /* the schedule's keys (optim.schedule is its kind, optim.interval per_epoch,
+         * optim.anneal anneal_linear, optim.step_size, ...), each in its field; auto:
+         * t_max and total_steps RT_CONFIG_AUTO (the run's length), max_lr NaN (lr). The
+         * trainer sets base_lr and steps_per_epoch and resolves the autos. */
+        rt_schedule sched;
     } optim;
     struct {
         int64_t epochs;
         int64_t max_steps;  /* 0: no limit */
         int64_t eval_every; /* epochs; 0: only at the end */
         int64_t seed;
-        char device[RT_CONFIG_NAME_MAX];    /* auto | cpu | cuda | cuda:N */
-        char precision[RT_CONFIG_NAME_MAX]; /* fp32 | tf32 | bf16 */
-        int64_t threads;                    /* auto: the cores shared by the local ranks */
+        char device[RT_CONFIG_NAME_MAX]; /* auto | cpu | cuda | cuda:N */
+        rt_precision precision;
+        int64_t threads; /* auto: the cores shared by the local ranks */
         bool skip_nonfinite;
-        bool deterministic;           /* GPU: deterministic convolution algorithms, kept in the checkpoint */
-        double label_smoothing;       /* CrossEntropyLoss(label_smoothing=) */
-        char tta[RT_CONFIG_NAME_MAX]; /* none | flip: evaluation averages the logits of x and its mirror */
-        double ema_decay;             /* 0: off; else the weights' exponential moving average */
-        int64_t ema_every;            /* EMA update every N optimizer steps */
-        bool ema_warmup;              /* decay min(ema_decay, (1 + n) / (10 + n)) at update n */
+        bool deterministic;     /* GPU: deterministic convolution algorithms, kept in the checkpoint */
+        double label_smoothing; /* CrossEntropyLoss(label_smoothing=) */
+        bool tta_flip;          /* eval.tta flip: evaluation averages the logits of x and its mirror */
+        double ema_decay;       /* 0: off; else the weights' exponential moving average */
+        int64_t ema_every;      /* EMA update every N optimizer steps */
+        bool ema_warmup;        /* decay min(ema_decay, (1 + n) / (10 + n)) at update n */
     } train;
     struct {
         int64_t nproc;                        /* auto: one per local GPU, else 2 on CPU */
@@ -110,11 +113,11 @@ typedef struct rt_config {
         int64_t nnodes, node_rank;
         char master_addr[256];
         int64_t master_port; /* 0: a free port (single node) */
-        char algo[RT_CONFIG_NAME_MAX];
-        char transport[RT_CONFIG_NAME_MAX];
-        char compress[RT_CONFIG_NAME_MAX]; /* none | bf16 (gradients all-reduced as bf16) */
-        double bucket_mb;                  /* 0: one all-reduce after backward */
-        double first_bucket_mb;            /* DDP's small first bucket */
+        rt_algo algo;
+        rt_transport transport;
+        bool compress_bf16;     /* dist.compress bf16: gradients all-reduced as bf16 */
+        double bucket_mb;       /* 0: one all-reduce after backward */
+        double first_bucket_mb; /* DDP's small first bucket */
         int64_t check_sync_every;
         double timeout_s;
         int64_t max_restarts; /* the launcher restarts a failed job this many times (torchrun's) */
@@ -134,9 +137,9 @@ typedef struct rt_config {
         char dir[RT_CONFIG_PATH_MAX]; /* the run directory; auto: runs/<config file name> */
         int64_t every_steps;          /* a plain line every N steps when not on a terminal */
         bool all_ranks;
-        bool trace;                        /* timeline spans to RUN_DIR/trace-rank<R>.jsonl (docs/debugging.md) */
-        char level[RT_CONFIG_NAME_MAX];    /* error | warn | info | debug | trace */
-        char progress[RT_CONFIG_NAME_MAX]; /* auto | on | off */
+        bool trace; /* timeline spans to RUN_DIR/trace-rank<R>.jsonl (docs/debugging.md) */
+        rt_log_level level;
+        rt_progress_mode progress;
     } log;
     char source[RT_CONFIG_PATH_MAX]; /* the file it was read from ("" for defaults) */
 } rt_config;
@@ -173,6 +176,11 @@ rt_status rt_config_write_file(const rt_config *cfg, const char *path);
  * type ("int", "float", "bool", "string", "choice", "[int]", "[float, float]"), default
  * as text, meaning. Returns false past the end. */
 bool rt_config_key_at(int i, const char **name, const char **type, const char **def, const char **doc);
+
+/* Key i's accepted names when it is a choice among the names of a table ("auto | imagenet
+ * | cifar", from the area's rt_names: what --help and docs/config.md's type column show);
+ * false (and "") for other keys or past the end. */
+bool rt_config_key_choices(int i, char *buf, size_t n);
 
 /* Key i's value in cfg as rt_config_write writes it ("auto", "0.10000000000000001",
  * "\"sgd\"", "[1, 2]"); false past the end. */

@@ -253,8 +253,7 @@ static void test_signal_at(run *r, const char *where, int64_t step) {
 
 static rt_status load_data(run *r) {
     const rt_config *c = r->cfg;
-    rt_dataset_kind kind;
-    RT_CHECK(rt_dataset_kind_parse(c->data.kind, &kind));
+    rt_dataset_kind kind = c->data.kind;
     rt_status s = rt_dataset_load(c->data.path, "train", kind, &r->train_ds);
     if (s != RT_OK) return rt_error_trace(__FILE__, __LINE__, "data.path: the training set"), s;
     r->have_train = true;
@@ -330,8 +329,8 @@ static rt_status setup_group(run *r) {
     po.rank = r->who.rank;
     po.world_size = r->who.world_size;
     po.timeout_s = c->dist.timeout_s; /* likewise */
-    RT_CHECK(rt_transport_parse(c->dist.transport, &po.transport));
-    RT_CHECK(rt_algo_parse(c->dist.algo, &po.algo));
+    po.transport = c->dist.transport;
+    po.algo = c->dist.algo;
     po.device = r->dev;
     po.debug = c->dist.debug; /* whose default the environment set (rt_config_load) */
     return rt_pg_init(&po, &r->pg);
@@ -429,15 +428,15 @@ static rt_status setup_model(run *r) {
     const rt_config *c = r->cfg;
     rt_model_config mc;
     rt_model_config_default(&mc);
-    RT_CHECK(rt_model_arch_parse(c->model.arch, &mc.arch));
+    mc.arch = c->model.arch;
     mc.in_channels = r->train_ds.c;
     mc.in_h = r->train_ds.h;
     mc.in_w = r->train_ds.w;
     mc.num_classes = c->model.num_classes == RT_CONFIG_AUTO ? r->train_ds.num_classes : (int)c->model.num_classes;
-    if (strcmp(c->model.stem, "auto") == 0)
+    if (c->model.stem == RT_CONFIG_AUTO)
         mc.stem = r->train_ds.h >= 32 ? RT_STEM_CIFAR : RT_STEM_IMAGENET;
     else
-        RT_CHECK(rt_stem_parse(c->model.stem, &mc.stem));
+        mc.stem = (rt_stem)c->model.stem;
     mc.width = (int)c->model.width;
     mc.dropout = isnan(c->model.dropout) ? -1.0f : (float)c->model.dropout;
     int per_rank = (int)(c->data.batch_size / r->who.world_size);
@@ -454,7 +453,7 @@ static rt_status setup_model(run *r) {
     } else {
         o.threads = (int)c->train.threads;
     }
-    RT_CHECK(rt_precision_parse(c->train.precision, &o.precision));
+    o.precision = c->train.precision;
     o.deterministic = c->train.deterministic;
     RT_CHECK(rt_model_ctx_create(&o, &r->ctx));
     RT_CHECK(create_model(r, &mc));
@@ -480,23 +479,12 @@ static rt_status setup_model(run *r) {
 /* The test loader, and with `train` the training loader. */
 static rt_status setup_loaders(run *r, bool train) {
     const rt_config *c = r->cfg;
-    rt_loader_config lc = rt_loader_config_default(&r->train_ds);
-    RT_CHECK(rt_sampler_mode_parse(c->data.sampler, &lc.mode));
+    rt_loader_config lc = c->data.loader; /* the loader's keys, parsed once */
+    lc.dataset = &r->train_ds;
     lc.world_size = r->who.world_size;
     lc.rank = r->who.rank;
     lc.global_batch = c->data.batch_size;
     lc.seed = (uint64_t)c->train.seed;
-    lc.shuffle = c->data.shuffle;
-    lc.drop_last = c->data.drop_last;
-    lc.augment = c->data.augment;
-    lc.crop_pad = c->data.crop_pad == RT_CONFIG_AUTO ? -1 : (int)c->data.crop_pad;
-    lc.hflip = c->data.hflip == RT_CONFIG_AUTO ? -1 : (int)c->data.hflip;
-    lc.erase_p = c->data.erasing;
-    for (int i = 0; i < 2; i++)
-        lc.erase_scale[i] = c->data.erasing_scale[i], lc.erase_ratio[i] = c->data.erasing_ratio[i];
-    lc.erase_random = strcmp(c->data.erasing_value, "random") == 0;
-    lc.erase_value = lc.erase_random ? 0.0f : (float)strtod(c->data.erasing_value, NULL);
-    lc.prefetch = (int)c->data.prefetch;
     lc.device = r->dev;
     if (train) RT_CHECK(rt_loader_create(&lc, &r->train_loader));
 
@@ -509,7 +497,7 @@ static rt_status setup_loaders(run *r, bool train) {
     ec.global_batch = (per < 1 ? 1 : per) * r->who.world_size;
     ec.shuffle = false;
     ec.augment = false;
-    ec.prefetch = (int)c->data.prefetch;
+    ec.prefetch = c->data.loader.prefetch;
     ec.device = r->dev;
     RT_CHECK(rt_loader_create(&ec, &r->test_loader));
     if (!train) return RT_OK;
@@ -536,7 +524,6 @@ static rt_status setup_loaders(run *r, bool train) {
 static rt_status setup_optim(run *r) {
     const rt_config *c = r->cfg;
     rt_optim_config oc = c->optim.opt; /* the optimizer's keys, NaN where auto */
-    RT_CHECK(rt_optim_kind_parse(c->optim.name, &oc.kind));
     RT_CHECK(rt_optim_config_resolve(&oc));
     oc.ema_decay = c->train.ema_decay;
     oc.ema_every = c->train.ema_every;
@@ -561,34 +548,18 @@ static rt_status setup_optim(run *r) {
     RT_CHECK(rt_optimizer_init(&r->opt, &oc, r->dev, n));
     r->have_opt = true;
 
-    rt_sched_kind sk;
-    RT_CHECK(rt_sched_kind_parse(c->optim.schedule, &sk));
-    rt_schedule_default(&r->sched, sk, oc.lr);
+    r->sched = c->optim.sched; /* the schedule's keys; auto where the config says so */
     rt_schedule *sc = &r->sched;
-    sc->per_epoch = strcmp(c->optim.interval, "epoch") == 0;
+    sc->base_lr = oc.lr;
     sc->steps_per_epoch = r->steps_per_epoch;
     /* auto lengths fit the planned run (train.epochs): a run stopped by train.max_steps and
      * resumed with more steps follows the schedule of the uninterrupted run */
     int64_t units = sc->per_epoch ? (r->plan_steps + r->steps_per_epoch - 1) / r->steps_per_epoch : r->plan_steps;
-    sc->step_size = c->optim.step_size;
-    sc->gamma = c->optim.gamma;
-    sc->n_milestones = c->optim.n_milestones;
-    for (int i = 0; i < c->optim.n_milestones; i++) sc->milestones[i] = c->optim.milestones[i];
-    sc->warmup_steps = c->optim.warmup_steps;
-    sc->warmup_start_factor = c->optim.warmup_start_factor;
-    sc->t_max = c->optim.t_max == RT_CONFIG_AUTO ? units - c->optim.warmup_steps : c->optim.t_max;
+    if (sc->t_max == RT_CONFIG_AUTO) sc->t_max = units - sc->warmup_steps;
     if (sc->t_max < 1) sc->t_max = 1;
-    sc->eta_min = c->optim.eta_min;
-    sc->max_lr = isnan(c->optim.max_lr) ? oc.lr : c->optim.max_lr;
-    sc->total_steps = c->optim.total_steps == RT_CONFIG_AUTO ? units : c->optim.total_steps;
-    sc->pct_start = c->optim.pct_start;
-    sc->anneal_linear = strcmp(c->optim.anneal, "linear") == 0;
-    sc->div_factor = c->optim.div_factor;
-    sc->final_div_factor = c->optim.final_div_factor;
-    sc->three_phase = c->optim.three_phase;
-    sc->cycle_momentum = c->optim.cycle_momentum && rt_optim_config_has_momentum(&oc);
-    sc->base_momentum = c->optim.base_momentum;
-    sc->max_momentum = c->optim.max_momentum;
+    if (isnan(sc->max_lr)) sc->max_lr = oc.lr;
+    if (sc->total_steps == RT_CONFIG_AUTO) sc->total_steps = units;
+    sc->cycle_momentum = sc->cycle_momentum && rt_optim_config_has_momentum(&oc);
     s = rt_schedule_validate(sc);
     if (s != RT_OK) return rt_error_trace(__FILE__, __LINE__, "optim: the config's schedule keys"), s;
     RT_CHECK(rt_grad_clip_init(&r->clip, r->dev));
@@ -608,7 +579,7 @@ static rt_status setup_reducer(run *r) {
     ro.first_bucket_bytes = (size_t)(r->cfg->dist.first_bucket_mb * 1024 * 1024);
     if (ro.bucket_bytes == 0) ro.first_bucket_bytes = 0;
     ro.stream = r->ctx->stream; /* buckets are ordered after the backward work enqueued so far */
-    if (strcmp(r->cfg->dist.compress, "bf16") == 0) {
+    if (r->cfg->dist.compress_bf16) {
         RT_REQUIRE(r->dev.kind == RT_DEVICE_CPU, RT_ERR_UNSUPPORTED,
                    "dist.compress bf16 is implemented for CPU training only (this run is on a GPU); use "
                    "dist.compress=none");
@@ -692,7 +663,7 @@ static rt_status evaluate_model(run *r, double *loss, double *acc, int64_t *samp
     /* evaluation reports plain cross-entropy whatever the training loss's smoothing */
     double smoothing = rt_model_label_smoothing(r->model);
     RT_CHECK(rt_model_set_label_smoothing(r->model, 0.0));
-    bool tta = strcmp(r->cfg->train.tta, "flip") == 0;
+    bool tta = r->cfg->train.tta_flip;
     if (tta && !r->tta_x) {
         size_t img = rt_dataset_image_bytes(&r->test_ds), bmax = (size_t)mc->max_batch;
         r->tta_x = malloc(sizeof(float) * img * bmax);
@@ -1461,12 +1432,8 @@ static void pretty_value(const char *v, char *out, size_t n) {
  * row says otherwise: what a checkpoint written before auto existed holds) */
 static double effective_eps(const rt_config *c) {
     if (!isnan(c->optim.opt.eps)) return c->optim.opt.eps;
-    rt_optim_kind kind = RT_OPTIM_SGD;
-    rt_error_record saved;
-    rt_error_save(&saved);
-    if (rt_optim_kind_parse(c->optim.name, &kind) != RT_OK) (void)rt_error_restore(&saved); /* unknown: 1e-8 */
     rt_optim_config d;
-    rt_optim_config_default(&d, kind);
+    rt_optim_config_default(&d, c->optim.opt.kind);
     return d.eps;
 }
 
@@ -1542,8 +1509,8 @@ static rt_status restore_schedule(run *r, const rt_ckpt_meta *m, int64_t step) {
                m->source, (long long)saved_step, (long long)step);
     rt_schedule s = *sc;
     if (spe > 0) s.steps_per_epoch = spe;
-    if (c->optim.t_max == RT_CONFIG_AUTO) s.t_max = t_max;
-    if (c->optim.total_steps == RT_CONFIG_AUTO) s.total_steps = total;
+    if (c->optim.sched.t_max == RT_CONFIG_AUTO) s.t_max = t_max;
+    if (c->optim.sched.total_steps == RT_CONFIG_AUTO) s.total_steps = total;
     rt_status st = rt_schedule_validate(&s);
     if (st != RT_OK) return rt_error_trace(__FILE__, __LINE__, "the checkpoint's schedule.* metadata"), st;
     bool kept = s.t_max != sc->t_max || s.total_steps != sc->total_steps || s.steps_per_epoch != sc->steps_per_epoch;
@@ -1793,7 +1760,7 @@ static rt_status train_all(run *r, rt_train_result *res) {
         if (resumed) RT_CHECK(truncate_metrics(path, r->step, NULL));
         RT_CHECK(rt_metrics_open(path, resumed, &r->rank_metrics));
     }
-    bool tty = strcmp(c->log.progress, "on") == 0 || (strcmp(c->log.progress, "auto") == 0 && isatty(fileno(out)));
+    bool tty = c->log.progress == RT_PROGRESS_ON || (c->log.progress == RT_PROGRESS_AUTO && isatty(fileno(out)));
     rt_progress_init(&r->progress, out, tty, c->log.every_steps, c->train.epochs, r->steps_per_epoch, r->total_steps,
                      r->step);
     if (is_root(r)) {
@@ -1801,8 +1768,9 @@ static rt_status train_all(run *r, rt_train_result *res) {
         fprintf(out,
                 "ringtrain: %s (width %lld) on %s, %d rank(s), global batch %lld, %lld steps/epoch, %lld steps; run "
                 "directory %s\n",
-                c->model.arch, (long long)c->model.width, rt_device_str(r->dev, devs, sizeof devs), r->who.world_size,
-                (long long)c->data.batch_size, (long long)r->steps_per_epoch, (long long)r->total_steps, r->run_dir);
+                rt_model_arch_name(c->model.arch), (long long)c->model.width, rt_device_str(r->dev, devs, sizeof devs),
+                r->who.world_size, (long long)c->data.batch_size, (long long)r->steps_per_epoch,
+                (long long)r->total_steps, r->run_dir);
         fflush(out);
     }
     r->t0 = rt_now_ns();

@@ -2,6 +2,7 @@
 #include "test_util.h"
 
 #include "core/log.h"
+#include "core/settings.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -21,6 +22,15 @@ static void test_parse(void **state) {
                     "unknown log level 'loud' (expected error | warn | info | debug | trace");
     assert_rt_fails(rt_log_parse_level("", &lv), RT_ERR_INVALID, "''");
     assert_rt_fails(rt_log_parse_level("5", &lv), RT_ERR_INVALID, "'5'");
+    /* RINGTRAIN_LOG_LEVEL's row (core/settings.h) lists the same names, in the same order
+     * (its digits are their indexes), as the level table that log.level parses with */
+    char list[128], bars[128];
+    rt_names_list(&rt_log_level_names, list, sizeof list);
+    size_t j = 0;
+    for (const char *p = list; *p && j + 1 < sizeof bars; p++)
+        if (*p != ' ') bars[j++] = *p;
+    bars[j] = '\0';
+    assert_string_equal(rt_setting_info_get(RT_SET_LOG_LEVEL)->choices, bars);
 }
 
 /* capture stderr into a pipe while running fn */

@@ -114,10 +114,44 @@ static void test_names(void **state) {
     assert_string_equal(rt_names_append(small, sizeof small, "x"), "tcp | shm");
 }
 
+/* A table (rt_names): the one parser, its one message, aliases, unnamed values, rows. */
+static const char *row_name(int i) { return i == 1 ? NULL : i == 0 ? "ring" : "rsag"; }
+
+static void test_name_tables(void **state) {
+    (void)state;
+    static const char *const names[] = {"tcp", NULL, "shm"};
+    static const rt_name_alias aliases[] = {{"sharedmem", 2}, {NULL, 0}};
+    const rt_names t = {"transport", 3, names, NULL, aliases};
+    int v = -7;
+    assert_int_equal(rt_names_parse(&t, "SHM", &v), RT_OK);
+    assert_int_equal(v, 2);
+    assert_int_equal(rt_names_parse(&t, "sharedMem", &v), RT_OK); /* an alias, any case */
+    assert_int_equal(v, 2);
+    assert_int_equal(rt_names_index(&t, "?"), -1);
+    assert_int_equal(rt_names_index(&t, NULL), -1);
+    v = -7;
+    assert_int_equal(rt_names_parse(&t, "pigeon", &v), RT_ERR_INVALID);
+    assert_int_equal(v, -7); /* untouched */
+    assert_non_null(strstr(rt_error_message(), "unknown transport 'pigeon' (expected tcp | shm) ("));
+    assert_int_equal(rt_names_parse(&t, NULL, &v), RT_ERR_INVALID);
+    assert_non_null(strstr(rt_error_message(), "no transport given (expected tcp | shm) ("));
+    rt_error_clear();
+    char buf[64];
+    assert_string_equal(rt_names_list(&t, buf, sizeof buf), "tcp | shm"); /* aliases are not listed */
+    assert_null(rt_names_name(&t, 1));
+    assert_null(rt_names_name(&t, 3));
+    assert_string_equal(rt_names_name(&t, 0), "tcp");
+    /* a table of rows names its values through a function */
+    const rt_names rows = {"algorithm", 3, NULL, row_name, NULL};
+    assert_string_equal(rt_names_list(&rows, buf, sizeof buf), "ring | rsag");
+    assert_int_equal(rt_names_index(&rows, "RSAG"), 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_propagation),  cmocka_unit_test(test_rank_prefix),  cmocka_unit_test(test_sys),
         cmocka_unit_test(test_thread_local), cmocka_unit_test(test_save_restore), cmocka_unit_test(test_names),
+        cmocka_unit_test(test_name_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,6 @@
 /* The name tables of src/dist, each in one place: operations (the kinds every message
- * header carries, used in errors and by the nccl transport), and the parse rule of
- * every public *_parse (ASCII case-insensitive; an unknown name is RT_ERR_INVALID
- * listing the accepted names from the table). */
+ * header carries, used in errors and by the nccl transport). Every public *_parse of a
+ * name is core's rt_names_parse of its table (core/names.h). */
 #ifndef RT_DIST_NAMES_H
 #define RT_DIST_NAMES_H
 
@@ -28,9 +27,5 @@ typedef enum rt_comm_kind {
 const char *rt_comm_kind_name(int kind);
 /* The name of one call: as rt_comm_kind_name, with "send" or "recv" for RT_K_P2P. */
 const char *rt_comm_op_name(int kind, bool is_send);
-
-/* Find `text` (case-insensitive) among names[0..n); *out = its index. Otherwise
- * RT_ERR_INVALID: "unknown WHAT 'text' (expected a | b | c)". */
-rt_status rt_dist_name_parse(const char *what, const char *const *names, int n, const char *text, int *out);
 
 #endif
