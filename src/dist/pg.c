@@ -1,5 +1,6 @@
-/* Process groups: init (rendezvous, token, tcp mesh, shm rings), sub-groups and
- * requests. The operations themselves are in collectives.c. */
+/* Process groups: init (rendezvous, token, the tcp mesh, then the transport:
+ * transports.c), sub-groups, requests, hangs and failures. The operations themselves are
+ * in collectives.c, the transports in transport_*.c and cuda/nccl.c. */
 #include "dist/internal/pg_internal.h"
 
 #include "core/log.h"
@@ -55,9 +56,7 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
-/* Wait until key "<prefix><j>" exists for every rank j, polling; a rank that never
- * arrives is named. */
-static rt_status wait_ranks(rt_store *st, const char *prefix, int world, double timeout_s, const char *what) {
+rt_status rt_pg_wait_ranks(rt_store *st, const char *prefix, int world, double timeout_s, const char *what) {
     uint64_t deadline = rt_now_ns() + (uint64_t)(timeout_s * 1e9);
     char *seen = calloc((size_t)world, 1);
     RT_CHECK_ALLOC(seen, (size_t)world);
@@ -109,242 +108,6 @@ void rt_dist_host_id(char *buf, size_t n) {
     snprintf(buf, n, "%s|%s|%s", host, boot, ns);
 }
 
-/* ---- tcp mesh ---- */
-
-static rt_status mesh_connect(rt_pg_world *w, int lfd, char (*addrs)[80], double timeout_s) {
-    rt_engine *e = &w->eng;
-    uint64_t deadline = rt_now_ns() + (uint64_t)(timeout_s * 1e9);
-    /* every connection proves the job secret (auth.h); the secret itself never travels */
-    uint8_t key[RT_AUTH_MAC];
-    RT_CHECK(rt_auth_peer_key(w->rdzv.job, w->token, key));
-    for (int j = 0; j < e->rank; j++) {
-        char host[64];
-        int port = 0;
-        if (sscanf(addrs[j], "%63s %d", host, &port) != 2)
-            return RT_ERROR(RT_ERR_PEER, "rank %d published a malformed address '%s'", j, addrs[j]);
-        char what[96];
-        snprintf(what, sizeof what, "peer rank %d", j);
-        int fd;
-        RT_CHECK(rt_sock_connect(host, port, deadline, what, &fd));
-        rt_status s = rt_auth_peer_connect(fd, key, e->rank, j, e->world, deadline, what);
-        if (s != RT_OK) {
-            close(fd);
-            rt_error_trace(__FILE__, __LINE__, what);
-            return s;
-        }
-        e->ch[j].fd = fd;
-    }
-    int need = e->world - 1 - e->rank;
-    while (need > 0) {
-        int fd;
-        rt_status s = rt_sock_accept(lfd, deadline, &fd);
-        if (s != RT_OK) {
-            char list[256] = "";
-            size_t n = 0;
-            for (int j = e->rank + 1; j < e->world && n < sizeof list - 16; j++)
-                if (e->ch[j].fd < 0) n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", n ? ", " : "", j);
-            return RT_ERROR(RT_ERR_TIMEOUT, "rank(s) %s never connected within %.1f s", list, timeout_s);
-        }
-        int peer = -1;
-        uint64_t hs = rt_now_ns() + 5000000000ull < deadline ? rt_now_ns() + 5000000000ull : deadline;
-        s = rt_auth_peer_accept(fd, key, e->rank, e->world, hs, &peer);
-        if (s == RT_OK && e->ch[peer].fd >= 0)
-            s = RT_ERROR(RT_ERR_PEER, "duplicate rank %d: two processes connected as rank %d", peer, peer);
-        if (s != RT_OK) { /* not one of ours (or broken): reject it and keep waiting */
-            RT_LOG_WARN("rejected a connection: %s", rt_error_message());
-            close(fd);
-            continue;
-        }
-        e->ch[peer].fd = fd;
-        need--;
-    }
-    for (int j = 0; j < e->world; j++)
-        if (e->ch[j].fd >= 0) RT_CHECK(rt_sock_set_nonblock(e->ch[j].fd, 1));
-    return RT_OK;
-}
-
-/* ---- shm rings ---- */
-
-/* RINGTRAIN_SHM_RING_BYTES rounded up to a power of two */
-static rt_status shm_ring_bytes(size_t *cap) {
-    int64_t want = 0;
-    RT_CHECK(rt_setting_int(RT_SET_SHM_RING_BYTES, &want));
-    *cap = 4096;
-    while (*cap < (size_t)want && *cap < (1u << 30)) *cap <<= 1;
-    return RT_OK;
-}
-
-static rt_status shm_map(const char *name, size_t len, bool create, void **out) {
-    int fd = shm_open(name, create ? (O_RDWR | O_CREAT | O_EXCL) : O_RDWR, 0600);
-    if (fd < 0) return RT_ERROR(RT_ERR_SYS, "shm_open(%s): %s", name, strerror(errno));
-    if (create && ftruncate(fd, (off_t)len) < 0) {
-        int er = errno;
-        close(fd);
-        shm_unlink(name);
-        return RT_ERROR(RT_ERR_SYS, "ftruncate(%s, %zu): %s (is /dev/shm big enough?)", name, len, strerror(er));
-    }
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) {
-        if (create) shm_unlink(name);
-        return RT_ERROR(RT_ERR_SYS, "mmap(%s, %zu): %s", name, len, strerror(errno));
-    }
-    *out = p;
-    return RT_OK;
-}
-
-/* /dev/shm names: ringtrain-[TAG-]TOKEN-b<rank> (bell) and -p<lo>-<hi> (pair rings).
- * RINGTRAIN_SHM_TAG (tests) makes them easy to look for. */
-static void shm_name(char *buf, size_t n, const rt_pg_world *w, int a, int b) {
-    const char *tag = rt_setting_text(RT_SET_SHM_TAG);
-    char t[48] = "";
-    if (tag) snprintf(t, sizeof t, "%.40s-", tag);
-    if (b < 0)
-        snprintf(buf, n, "/ringtrain-%s%.16s-b%d", t, w->tokhex, a);
-    else
-        snprintf(buf, n, "/ringtrain-%s%.16s-p%d-%d", t, w->tokhex, a, b);
-}
-
-static void shm_unlink_mine(rt_pg_world *w) {
-    rt_engine *e = &w->eng;
-    char name[128];
-    shm_name(name, sizeof name, w, e->rank, -1);
-    shm_unlink(name);
-    for (int j = e->rank + 1; j < e->world; j++) {
-        shm_name(name, sizeof name, w, e->rank, j);
-        shm_unlink(name);
-    }
-}
-
-/* Segments are anonymous by default: memfd_create() (no name anywhere, so nothing can
- * be left behind whenever a rank dies), and peers open the creator's descriptor through
- * /proc/<pid>/fd/<n>. RINGTRAIN_SHM_NAMED=1 uses named shm_open() segments instead
- * (for systems where /proc of a sibling process cannot be opened); those are unlinked
- * as soon as every rank has mapped them. Read once in shm_setup (w->shm_named). */
-static bool shm_named(const rt_pg_world *w) { return w->shm_named; }
-
-static rt_status seg_create(rt_pg_world *w, int a, int b, size_t len, void **out, int *fd_keep) {
-    char name[128];
-    shm_name(name, sizeof name, w, a, b);
-    *fd_keep = -1;
-    if (shm_named(w)) return shm_map(name, len, true, out);
-    int fd = memfd_create(name + 1, MFD_CLOEXEC);
-    if (fd < 0) return RT_ERROR(RT_ERR_SYS, "memfd_create(%s): %s", name + 1, strerror(errno));
-    if (ftruncate(fd, (off_t)len) < 0) {
-        int er = errno;
-        close(fd);
-        return RT_ERROR(RT_ERR_SYS, "ftruncate(memfd %s, %zu): %s", name + 1, len, strerror(er));
-    }
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        int er = errno;
-        close(fd);
-        return RT_ERROR(RT_ERR_SYS, "mmap(memfd %s, %zu): %s", name + 1, len, strerror(er));
-    }
-    char key[64], val[64];
-    snprintf(key, sizeof key, "rt/shm/fd/%d/%d", a, b);
-    int n = snprintf(val, sizeof val, "%d %d", (int)getpid(), fd);
-    rt_status s = rt_store_set(w->store, key, val, (size_t)n);
-    if (s != RT_OK) {
-        munmap(p, len);
-        close(fd);
-        return s;
-    }
-    *out = p;
-    *fd_keep = fd;
-    return RT_OK;
-}
-
-static rt_status seg_open(rt_pg_world *w, int a, int b, size_t len, void **out) {
-    char name[128];
-    shm_name(name, sizeof name, w, a, b);
-    if (shm_named(w)) return shm_map(name, len, false, out);
-    char key[64], val[64] = "", path[96];
-    size_t n = 0;
-    snprintf(key, sizeof key, "rt/shm/fd/%d/%d", a, b);
-    RT_CHECK(rt_store_get(w->store, key, val, sizeof val - 1, &n));
-    val[n] = '\0';
-    int pid = 0, fdn = -1;
-    RT_REQUIRE(sscanf(val, "%d %d", &pid, &fdn) == 2 && pid > 0 && fdn >= 0, RT_ERR_PEER,
-               "rank %d published a malformed segment '%s'", a, val);
-    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fdn);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return RT_ERROR(RT_ERR_SYS,
-                        "shm: cannot open rank %d's segment %s: %s (different pid namespaces or a locked-down "
-                        "/proc? set RINGTRAIN_SHM_NAMED=1, or use transport tcp)",
-                        a, path, strerror(errno));
-    struct stat stt;
-    if (fstat(fd, &stt) < 0 || (size_t)stt.st_size != len) {
-        close(fd);
-        return RT_ERROR(RT_ERR_PEER, "shm: rank %d's segment %s has %lld bytes, expected %zu", a, path,
-                        (long long)stt.st_size, len);
-    }
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) return RT_ERROR(RT_ERR_SYS, "mmap(%s, %zu): %s", path, len, strerror(errno));
-    *out = p;
-    return RT_OK;
-}
-
-static rt_status shm_setup_(rt_pg_world *w, double timeout_s, int *fds) {
-    rt_engine *e = &w->eng;
-    size_t cap = 0;
-    RT_CHECK(shm_ring_bytes(&cap));
-    RT_CHECK(rt_setting_bool(RT_SET_SHM_NAMED, &w->shm_named));
-    size_t seglen = 4096 + 2 * cap;
-    char key[64];
-    void *p;
-    RT_CHECK(seg_create(w, e->rank, -1, 4096, &p, &fds[e->rank]));
-    e->my_bell = p;
-    for (int j = e->rank + 1; j < e->world; j++) {
-        RT_CHECK(seg_create(w, e->rank, j, seglen, &e->ch[j].seg, &fds[j]));
-        e->ch[j].seglen = seglen;
-    }
-    snprintf(key, sizeof key, "rt/shm/c/%d", e->rank);
-    RT_CHECK(rt_store_set(w->store, key, "1", 1));
-    RT_CHECK(wait_ranks(w->store, "rt/shm/c/", e->world, timeout_s, "shm setup"));
-    for (int j = 0; j < e->world; j++) {
-        if (j == e->rank) continue;
-        rt_chan *c = &e->ch[j];
-        RT_CHECK(seg_open(w, j, -1, 4096, &p));
-        c->peer_bell = p;
-        if (j < e->rank) {
-            RT_CHECK(seg_open(w, j, e->rank, seglen, &c->seg));
-            c->seglen = seglen;
-        }
-        uint8_t *base = c->seg;
-        rt_shm_ring *r0 = (rt_shm_ring *)base, *r1 = (rt_shm_ring *)(base + sizeof(rt_shm_ring));
-        uint8_t *d0 = base + 4096, *d1 = base + 4096 + cap;
-        bool lo = e->rank < j;
-        c->tx = lo ? r0 : r1;
-        c->rx = lo ? r1 : r0;
-        c->txd = lo ? d0 : d1;
-        c->rxd = lo ? d1 : d0;
-        c->cap = cap;
-        c->piece = cap / 4;
-        c->shm = true;
-    }
-    snprintf(key, sizeof key, "rt/shm/m/%d", e->rank);
-    RT_CHECK(rt_store_set(w->store, key, "1", 1));
-    RT_CHECK(wait_ranks(w->store, "rt/shm/m/", e->world, timeout_s, "shm setup"));
-    e->shm = true;
-    return RT_OK;
-}
-
-static rt_status shm_setup(rt_pg_world *w, double timeout_s) {
-    int *fds = malloc((size_t)w->eng.world * sizeof *fds);
-    RT_CHECK_ALLOC(fds, (size_t)w->eng.world * sizeof(int));
-    for (int i = 0; i < w->eng.world; i++) fds[i] = -1;
-    rt_status s = shm_setup_(w, timeout_s, fds);
-    /* every rank mapped the segments (or setup failed): drop the names and descriptors */
-    if (shm_named(w)) shm_unlink_mine(w);
-    for (int i = 0; i < w->eng.world; i++)
-        if (fds[i] >= 0) close(fds[i]);
-    free(fds);
-    return s;
-}
-
 /* ---- init / destroy ---- */
 
 static void world_free(rt_pg_world *w) {
@@ -352,9 +115,7 @@ static void world_free(rt_pg_world *w) {
     if (w->cell_fd > 0) close(w->cell_fd);
     w->cell = NULL;
     free(w->cellref);
-    if (w->eng.my_bell) munmap(w->eng.my_bell, 4096);
-    w->eng.my_bell = NULL;
-    rt_engine_destroy(&w->eng);
+    rt_engine_destroy(&w->eng); /* closes the channels and the transport's engine state */
     rt_store_close(w->store);
     rt_store_server_stop(w->server);
     free(w);
@@ -770,7 +531,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     snprintf(key, sizeof key, "rt/addr/%d", r->rank);
     snprintf(val, sizeof val, "%s %d", ip, port);
     if (s == RT_OK) s = rt_store_set(w->store, key, val, strlen(val));
-    if (s == RT_OK) s = wait_ranks(w->store, "rt/addr/", r->world, o->timeout_s, "rendezvous");
+    if (s == RT_OK) s = rt_pg_wait_ranks(w->store, "rt/addr/", r->world, o->timeout_s, "rendezvous");
     char(*addrs)[80] = calloc((size_t)r->world, sizeof *addrs);
     bool same_host = true;
     for (int j = 0; s == RT_OK && j < r->world; j++) {
@@ -797,18 +558,11 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
                              j, addrs[j]);
         }
     }
-    if (s == RT_OK) s = mesh_connect(w, lfd, addrs, o->timeout_s);
+    if (s == RT_OK) s = rt_tcp_mesh_connect(w, lfd, addrs, o->timeout_s);
     close(lfd);
     free(addrs);
     RT_CHECK(s);
 
-    rt_transport t = o->transport;
-    if (t == RT_TRANSPORT_AUTO) t = same_host && r->world > 1 ? RT_TRANSPORT_SHM : RT_TRANSPORT_TCP;
-    if (t == RT_TRANSPORT_SHM) {
-        RT_REQUIRE(same_host, RT_ERR_INVALID,
-                   "transport shm needs all ranks on one host; they are not (use tcp or auto)");
-        if (r->world > 1) RT_CHECK(shm_setup(w, o->timeout_s));
-    }
     pg->w = w;
     pg->is_world = true;
     pg->rank = r->rank;
@@ -820,7 +574,6 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     w->next_group = 1;
     pg->timeout_s = o->timeout_s;
     pg->algo = o->algo;
-    pg->transport = t;
     RT_REQUIRE(o->flight_entries >= 0, RT_ERR_INVALID, "rt_pg_options.flight_entries %d < 0", o->flight_entries);
     RT_CHECK(rt_flight_init(&pg->flight, (uint32_t)o->flight_entries));
     pg->has_flight = true;
@@ -831,25 +584,8 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     pg->cell_cache = calloc((size_t)r->world, sizeof *pg->cell_cache);
     RT_CHECK_ALLOC(pg->cell_cache, (size_t)r->world * sizeof *pg->cell_cache);
     pg->buf_device = o->device;
-    if (t == RT_TRANSPORT_NCCL) {
-        RT_REQUIRE(o->device.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
-                   "transport nccl needs device buffers (rt_pg_options.device = cuda)");
-        RT_CHECK(rt_pg_nccl_init(pg));
-    } else if (o->transport == RT_TRANSPORT_AUTO && o->device.kind == RT_DEVICE_CUDA && rt_cuda_built()) {
-        /* auto with GPU buffers: nccl when every rank has its own GPU (the check is the
-         * same on every rank, so they all decide alike), else stage over shm/tcp */
-        rt_status ns = rt_pg_nccl_init(pg);
-        if (ns == RT_OK) {
-            pg->transport = RT_TRANSPORT_NCCL;
-        } else if (ns == RT_ERR_UNSUPPORTED) {
-            RT_LOG_INFO("transport auto: %s; device buffers go through pinned host memory over %s", rt_error_message(),
-                        rt_transport_name(t));
-            rt_pg_nccl_destroy(w);
-            rt_error_clear();
-        } else {
-            return ns;
-        }
-    }
+    rt_transport_setup ts = {.same_host = same_host, .timeout_s = o->timeout_s};
+    RT_CHECK(rt_transport_connect(pg, o, &ts));
     RT_LOG_DEBUG("process group ready: rank %d of %d, transport %s", r->rank, r->world,
                  rt_transport_name(pg->transport));
     return RT_OK;
@@ -889,7 +625,7 @@ void rt_pg_destroy(rt_pg *pg) {
     if (!pg) return;
     if (pg->is_world) {
         rt_pg_world *w = pg->w;
-        if (pg->transport == RT_TRANSPORT_NCCL) rt_pg_nccl_destroy(w);
+        if (pg->tp && pg->tp->teardown) pg->tp->teardown(w);
         /* say goodbye; the store's host keeps the store up until every rank said goodbye
          * or its connection closed (the server marks "rt/left/<rank>") */
         if (w->store) {
@@ -963,6 +699,7 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
     g->timeout_s = pg->timeout_s;
     g->algo = pg->algo;
     g->transport = pg->transport;
+    g->tp = pg->tp;
     rt_status fs = rt_flight_init(&g->flight, pg->flight.cap);
     if (fs != RT_OK) {
         free(g->ranks);
@@ -1093,20 +830,8 @@ rt_stream *rt_pg_stream(const rt_pg *pg) { return pg ? pg->stream : NULL; }
 rt_status rt_pg_set_buffer_device(rt_pg *pg, rt_device d) {
     RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "NULL process group");
     RT_REQUIRE(d.kind == RT_DEVICE_CPU || rt_cuda_built(), RT_ERR_UNSUPPORTED, "device buffers: built without CUDA");
-    RT_REQUIRE(pg->transport != RT_TRANSPORT_NCCL || d.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
-               "the nccl transport takes device buffers only");
+    RT_REQUIRE(!pg->tp->device_only || d.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
+               "the %s transport takes device buffers only", pg->tp->name);
     pg->buf_device = d;
     return RT_OK;
 }
-
-#ifndef RT_HAVE_CUDA
-rt_status rt_pg_nccl_init(rt_pg *pg) {
-    (void)pg;
-    return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
-}
-void rt_pg_nccl_destroy(rt_pg_world *w) { (void)w; }
-rt_status rt_nccl_run(rt_pg *pg, const rt_op *op, rt_request *r) {
-    (void)pg, (void)op, (void)r;
-    return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
-}
-#endif
