@@ -89,7 +89,7 @@ typedef struct rt_op {
     rt_event *gate;   /* staging: no transfer starts before this device event (the copy to the host) */
 } rt_op;
 
-/* Hangs and desyncs (pg.c): debug mode's check of one collective's fingerprint across
+/* Hangs and desyncs (hangs.c): debug mode's check of one collective's fingerprint across
  * the group before it runs; the engine's hook for a wait that is slow (a quarter of the
  * timeout, at most 10 s). */
 rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp);
@@ -97,6 +97,15 @@ rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp);
  * found returns RT_ERR_PEER with the report. */
 rt_status rt_pg_slow_check(rt_pg *pg);
 double rt_pg_slow_after_s(double timeout_s);
+/* The engine's hooks (hangs.c): on_slow runs rt_pg_slow_check for the request's group;
+ * on_fail publishes the failing rank's state, diagnoses and records the group's first
+ * failure in the store (ctx: the rt_pg_world). */
+rt_status rt_pg_on_slow(void *owner);
+void rt_pg_report_failure(void *ctx, rt_error_record *rec);
+/* The world's shared recorder page (flight.h): create this rank's and publish it (best
+ * effort), and read rank j's reference when it is on this host (at init). */
+void rt_pg_cell_create(rt_pg_world *w, int rank);
+void rt_pg_cell_ref(rt_pg_world *w, int j);
 
 /* Wait until key "<prefix><j>" exists in the store for every rank j < world, polling;
  * a rank that never arrives within timeout_s is named (`what` says which wait). */
