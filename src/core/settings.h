@@ -126,7 +126,7 @@ typedef enum rt_setting_group {
       "ringtrain's launcher: it hosts the store, so rank 0 does not")                                                  \
     X(HEARTBEAT_FD, "RINGTRAIN_HEARTBEAT_FD", INT, "", 0, RT_I32MAX, NULL, LAUNCHER,                                   \
       "ringtrain's launcher: the pipe a rank writes its heartbeat to (checked to be that pipe)")                       \
-    /* ---- test hooks (formats in src/train/trainer.c and src/dist/pg.c) ---- */                                      \
+    /* ---- test hooks (formats: src/train/trainer.c, src/dist/transport_shm.c) ---- */                                \
     X(SHM_TAG, "RINGTRAIN_SHM_TAG", STRING, "", 0, 0, NULL, TEST, "shm segment names carry this tag")                  \
     X(TEST_SIGNAL_AT, "RINGTRAIN_TEST_SIGNAL_AT", STRING, "", 0, 0, NULL, TEST,                                        \
       "<where>:<step>[:<target>[:<rank>[:<signal>]]]: a signal at an exact point")                                     \

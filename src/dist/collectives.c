@@ -1,8 +1,10 @@
 /* Point-to-point and collectives as graphs of transfers (engine.h): ring, chain and flat
- * algorithms. Every public call fills an rt_op and goes through run(): the argument
- * checks, the NULL-request guard of the rt_i* forms, the choice between the nccl
- * transport, staging of device buffers and the engine, and one submit path that frees
- * the request whatever fails. A new operation is a builder and a row of k_ops.
+ * algorithms, over any byte-stream transport. Every public call fills an rt_op and goes
+ * through run(): the argument checks, the NULL-request guard of the rt_i* forms, then
+ * the group's transport runs it (transport.h: the transfers here, staged through host
+ * memory for device buffers in staging.c, or a whole-operation transport such as nccl),
+ * through one submit path that frees the request whatever fails. A new operation is a
+ * builder and a row of k_ops.
  *
  * Ring all-reduce over n ranks: the buffer is split into n chunks (the first
  * count % n chunks one element longer). Reduce-scatter: at step s rank r sends chunk
@@ -33,7 +35,8 @@ static size_t chunk_len(size_t count, int n, int c) {
 }
 
 static bool reduces(int kind) { return kind == RT_K_REDUCE || kind == RT_K_ALLREDUCE || kind == RT_K_REDUCE_SCATTER; }
-/* all_reduce and broadcast of device buffers over tcp/shm go through pinned host memory */
+/* all_reduce and broadcast of device buffers over a host transport (tcp, shm) go through
+ * pinned host memory (staging.c) */
 static bool stageable(int kind) { return kind == RT_K_ALLREDUCE || kind == RT_K_BCAST; }
 /* a barrier moves no buffer: it runs on the host engine whatever the buffers' device */
 static bool moves_data(int kind) { return kind != RT_K_BARRIER; }
@@ -46,8 +49,9 @@ static rt_status check_args(rt_pg *pg, const char *name, const rt_op *op) {
                "%s: dtype %s cannot be reduced (f32 f64 i32 i64 bf16 can)", name, rt_dtype_name(op->dtype));
     RT_REQUIRE(!reduces(op->kind) || (unsigned)op->rop < RT_OP_COUNT_, RT_ERR_INVALID, "%s: bad reduce op %d", name,
                (int)op->rop);
-    bool host_or_nccl =
-        pg->buf_device.kind == RT_DEVICE_CPU || pg->transport == RT_TRANSPORT_NCCL || !moves_data(op->kind);
+    /* the buffers go to the transport as they are: host memory, a transport that takes
+     * device buffers, or none moved */
+    bool direct = pg->buf_device.kind == RT_DEVICE_CPU || pg->tp->device_only || !moves_data(op->kind);
     if (op->kind == RT_K_P2P) {
         RT_REQUIRE(op->root >= 0 && op->root < pg->size && op->root != pg->rank, RT_ERR_INVALID,
                    "%s: peer rank %d is not another rank of the group (size %d, this rank %d)", name, op->root,
@@ -55,7 +59,7 @@ static rt_status check_args(rt_pg *pg, const char *name, const rt_op *op) {
         RT_REQUIRE(op->count <= RT_MSG_MAX_BYTES / es, RT_ERR_INVALID, "%s: %zu elements of dtype %d", name, op->count,
                    (int)op->dtype);
         RT_REQUIRE(op->recv || op->count == 0, RT_ERR_INVALID, "%s: NULL buffer", name);
-        RT_REQUIRE(host_or_nccl, RT_ERR_UNSUPPORTED,
+        RT_REQUIRE(direct, RT_ERR_UNSUPPORTED,
                    "%s: device buffers over tcp/shm: only all_reduce and broadcast stage through host memory", name);
         return RT_OK;
     }
@@ -82,7 +86,7 @@ static rt_status check_args(rt_pg *pg, const char *name, const rt_op *op) {
         RT_REQUIRE(op->recv || none, RT_ERR_INVALID, "%s: NULL buffer", name);
         break;
     }
-    RT_REQUIRE(host_or_nccl || stageable(op->kind), RT_ERR_UNSUPPORTED,
+    RT_REQUIRE(direct || stageable(op->kind), RT_ERR_UNSUPPORTED,
                "%s: device buffers over %s: only all_reduce and broadcast stage through host memory (or use the "
                "nccl transport)",
                name, rt_transport_name(pg->transport));
@@ -399,7 +403,7 @@ static void compose_tag(const rt_pg *pg, char *tag) {
 
 /* The algorithm as the flight recorder names it. */
 static const char *flight_algo(const rt_pg *pg, const rt_op *op) {
-    if (pg->transport == RT_TRANSPORT_NCCL) return "nccl";
+    if (pg->tp->algo) return pg->tp->algo; /* a transport that runs operations whole */
     if (op->kind == RT_K_P2P) return "direct";
     if (op->kind == RT_K_ALLREDUCE) return rt_algo_name(op->algo);
     if (op->kind == RT_K_BCAST || op->kind == RT_K_REDUCE) return pg->algo == RT_ALGO_NAIVE ? "flat" : "chain";
@@ -412,8 +416,8 @@ static const char *flight_algo(const rt_pg *pg, const rt_op *op) {
  * It is recorded in the group's flight recorder: queued here, started just before it is
  * submitted, ended by the engine (or, with `dev_part`, by its device part: pg.c's
  * dev_poll; a request freed still open is ended by rt_req_free). */
-static rt_status submit_req(rt_pg *pg, const char *name, const rt_op *op, bool build, bool async, bool dev_part,
-                            rt_request **out) {
+rt_status rt_pg_submit_req(rt_pg *pg, const char *name, const rt_op *op, bool build, bool async, bool dev_part,
+                           rt_request **out) {
     int maxx = build ? k_ops[op->kind].per_rank * pg->size + k_ops[op->kind].extra : 0;
     rt_request *r;
     char tag[RT_FLIGHT_TAG];
@@ -453,7 +457,7 @@ static rt_status submit_req(rt_pg *pg, const char *name, const rt_op *op, bool b
 /* Submitted, then waited for and freed (blocking, out == NULL) or handed back in *out. */
 static rt_status submit(rt_pg *pg, const char *name, const rt_op *op, bool build, rt_request **out) {
     rt_request *r;
-    RT_CHECK(submit_req(pg, name, op, build, out != NULL, false, &r));
+    RT_CHECK(rt_pg_submit_req(pg, name, op, build, out != NULL, false, &r));
     if (out) {
         *out = r;
         return RT_OK;
@@ -463,157 +467,29 @@ static rt_status submit(rt_pg *pg, const char *name, const rt_op *op, bool build
     return s;
 }
 
-/* ---- staging: device buffers over tcp/shm (ranks sharing one GPU) ----
- *
- * On the group's copy stream, after the caller's stream (an event recorded there):
- * device -> a pinned host buffer of the pool; the host operation on the pinned buffer
- * starts when that copy has landed (its transfers are gated by the copy's event, polled
- * by the engine: the thread that queues the backward pass does not wait; on the progress
- * thread when asynchronous), and the request's device part then copies the
- * result back on the copy stream. rt_wait waits for the copy back on the host,
- * rt_wait_stream makes the caller's stream wait for it. A pinned buffer is reused only
- * after its last copy back (its event). */
+/* ---- the paths a transport's run takes (transport.h) ---- */
 
-void rt_stage_pool_free(rt_pg *pg) {
-    for (int i = 0; i < pg->nstage; i++) {
-        rt_stage_buf *b = &pg->stage[i];
-        if (b->ev) {
-            (void)rt_event_sync(b->ev); /* a copy back may still read the buffer */
-            rt_event_destroy(b->ev);
-        }
-        if (b->p) rt_host_free(b->p, b->pinned);
-    }
-    free(pg->stage);
-    pg->stage = NULL;
-    pg->nstage = 0;
-    rt_event_destroy(pg->stage_ev_in);
-    pg->stage_ev_in = NULL;
-    rt_stream_destroy(pg->stage_stream);
-    pg->stage_stream = NULL;
+rt_status rt_run_transfers(rt_pg *pg, const char *name, const rt_op *op, rt_request **out) {
+    return submit(pg, name, op, true, out);
 }
 
-/* A free pinned buffer of at least nb bytes (index into pg->stage), its last copy
- * back complete. */
-static rt_status stage_acquire(rt_pg *pg, size_t nb, int *slot) {
-    if (!pg->stage_stream) RT_CHECK(rt_stream_create(pg->buf_device, &pg->stage_stream));
-    if (!pg->stage_ev_in) RT_CHECK(rt_event_create(pg->buf_device, &pg->stage_ev_in));
-    int pick = -1;
-    for (int i = 0; i < pg->nstage; i++) {
-        if (pg->stage[i].busy) continue;
-        if (pg->stage[i].bytes >= nb) {
-            pick = i;
-            break;
-        }
-        if (pick < 0) pick = i; /* free but small: grown below */
-    }
-    if (pick < 0) {
-        rt_stage_buf *grown = realloc(pg->stage, sizeof *grown * (size_t)(pg->nstage + 1));
-        RT_CHECK_ALLOC(grown, sizeof *grown * (size_t)(pg->nstage + 1));
-        pg->stage = grown;
-        pick = pg->nstage++;
-        pg->stage[pick] = (rt_stage_buf){0};
-        RT_CHECK(rt_event_create(pg->buf_device, &pg->stage[pick].ev));
-    }
-    rt_stage_buf *b = &pg->stage[pick];
-    RT_CHECK(rt_event_sync(b->ev)); /* its last copy back (a no-op when never recorded) */
-    if (b->bytes < nb) {
-        if (b->p) rt_host_free(b->p, b->pinned);
-        b->p = NULL;
-        b->bytes = 0;
-        RT_CHECK(rt_host_alloc(nb ? nb : 1, true, &b->p, &b->pinned));
-        b->bytes = nb;
-    }
-    b->busy = true;
-    *slot = pick;
-    return RT_OK;
-}
-
-typedef struct staged {
-    rt_pg *pg;
-    int slot;
-    void *dst; /* the device buffer */
-    size_t nb;
-    bool back; /* the copy back is enqueued */
-} staged;
-
-static rt_status staged_copy_back(staged *c) {
-    if (c->back) return RT_OK;
-    rt_pg *pg = c->pg;
-    rt_stage_buf *b = &pg->stage[c->slot];
-    if (c->nb) RT_CHECK(rt_memcpy(c->dst, pg->buf_device, b->p, rt_device_cpu(), c->nb, pg->stage_stream));
-    RT_CHECK(rt_event_record(b->ev, pg->stage_stream));
-    c->back = true;
-    return RT_OK;
-}
-
-static rt_status staged_poll(rt_request *r, bool *done) {
-    staged *c = r->dev_ctx;
-    RT_CHECK(staged_copy_back(c));
-    return rt_event_query(c->pg->stage[c->slot].ev, done);
-}
-
-static rt_status staged_stream_wait(rt_request *r, rt_stream *s) {
-    staged *c = r->dev_ctx;
-    RT_CHECK(staged_copy_back(c));
-    return rt_stream_wait_event(s, c->pg->stage[c->slot].ev);
-}
-
-static void staged_release(rt_request *r) {
-    staged *c = r->dev_ctx;
-    c->pg->stage[c->slot].busy = false; /* reused after its event (stage_acquire) */
-    free(c);
-    r->dev_ctx = NULL;
-}
-
-static const rt_req_dev_ops k_staged_ops = {staged_poll, staged_stream_wait, staged_release};
-
-static rt_status run_staged(rt_pg *pg, const char *name, const rt_op *op, rt_request **out) {
-    size_t nb = op->count * rt_dtype_size(op->dtype);
-    int slot = -1;
-    RT_CHECK(stage_acquire(pg, nb, &slot));
-    staged *c = calloc(1, sizeof *c);
-    if (!c) {
-        pg->stage[slot].busy = false;
-        RT_CHECK_ALLOC(NULL, sizeof *c);
-    }
-    *c = (staged){.pg = pg, .slot = slot, .dst = op->recv, .nb = nb};
-    rt_stage_buf *b = &pg->stage[slot];
-    rt_status s = RT_OK;
-    if (nb) { /* device -> pinned, after everything already on the caller's stream */
-        if (pg->stream) {
-            s = rt_event_record(pg->stage_ev_in, pg->stream);
-            if (s == RT_OK) s = rt_stream_wait_event(pg->stage_stream, pg->stage_ev_in);
-        }
-        if (s == RT_OK) s = rt_memcpy(b->p, rt_device_cpu(), op->recv, pg->buf_device, nb, pg->stage_stream);
-        if (s == RT_OK) s = rt_event_record(b->ev, pg->stage_stream);
-    }
-    rt_op host = *op;
-    host.send = host.recv = b->p;
-    /* the transfers wait for the copy on the engine (the calling thread goes on queueing
-     * the backward pass) where the builder reads the buffer only through transfers: the
-     * ring and rsag all-reduce (the small one-round form copies it at build time) and
-     * broadcast; the others wait here */
-    if (nb && s == RT_OK) {
-        if (op->kind == RT_K_BCAST ||
-            (op->kind == RT_K_ALLREDUCE && (op->algo == RT_ALGO_RING || op->algo == RT_ALGO_RSAG)))
-            host.gate = b->ev;
-        else
-            s = rt_event_sync(b->ev);
-    }
-    rt_request *r = NULL;
-    if (s == RT_OK) s = submit_req(pg, name, &host, true, out != NULL, true, &r);
+rt_status rt_run_enqueued(rt_pg *pg, const char *name, const rt_op *op, rt_request **out,
+                          rt_status (*enqueue)(rt_pg *pg, const rt_op *op, rt_request *r)) {
+    /* an empty request (no host part) whose device part is the operation on the
+     * transport's stream: handed back before it completes, or waited for */
+    rt_request *r;
+    RT_CHECK(rt_pg_submit_req(pg, name, op, false, false, true, &r));
+    rt_status s = enqueue(pg, op, r);
     if (s != RT_OK) {
-        b->busy = false;
-        free(c);
+        rt_flight_end(&pg->flight, r->fr_id, false);
+        rt_req_free(r);
         return s;
     }
-    r->dev = &k_staged_ops;
-    r->dev_ctx = c;
     if (out) {
         *out = r;
         return RT_OK;
     }
-    return rt_wait(r); /* blocking: the result is in the device buffer on return */
+    return rt_wait(r);
 }
 
 /* Every public operation: check, then run it on the group's transport. */
@@ -636,25 +512,7 @@ static rt_status run(rt_pg *pg, const rt_op *op, bool async, rt_request **req) {
         compose_tag(pg, fp.tag);
         RT_CHECK(rt_pg_debug_check(pg, &fp));
     }
-    if (pg->transport == RT_TRANSPORT_NCCL) {
-        /* an empty request (no host part) whose device part is the operation on the
-         * communication stream: handed back before it completes, or waited for */
-        rt_request *r;
-        RT_CHECK(submit_req(pg, name, op, false, false, true, &r));
-        rt_status s = rt_nccl_run(pg, op, r);
-        if (s != RT_OK) {
-            rt_flight_end(&pg->flight, r->fr_id, false);
-            rt_req_free(r);
-            return s;
-        }
-        if (out) {
-            *out = r;
-            return RT_OK;
-        }
-        return rt_wait(r);
-    }
-    if (pg->buf_device.kind == RT_DEVICE_CUDA && moves_data(op->kind)) return run_staged(pg, name, op, out);
-    return submit(pg, name, op, true, out);
+    return pg->tp->run(pg, name, op, out);
 }
 
 /* ---- the public calls ---- */
@@ -748,8 +606,8 @@ rt_status rt_iall_gather(rt_pg *pg, const void *send, void *recv, size_t count, 
 rt_status rt_all_gather_list(rt_pg *pg, const void *send, void *const *recv_list, size_t count, rt_dtype dtype) {
     RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "all_gather: NULL process group");
     RT_REQUIRE(recv_list != NULL, RT_ERR_INVALID, "all_gather: NULL receive list");
-    RT_REQUIRE(pg->transport != RT_TRANSPORT_NCCL, RT_ERR_UNSUPPORTED,
-               "all_gather (list form) over nccl: use rt_all_gather into one device buffer");
+    RT_REQUIRE(!pg->tp->device_only, RT_ERR_UNSUPPORTED,
+               "all_gather (list form) over %s: use rt_all_gather into one device buffer", pg->tp->name);
     size_t es = rt_dtype_size(dtype);
     RT_REQUIRE(es > 0 && count <= RT_MSG_MAX_BYTES / es / (size_t)pg->size, RT_ERR_INVALID,
                "all_gather: %zu elements of dtype %d", count, (int)dtype);

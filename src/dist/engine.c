@@ -9,7 +9,6 @@
 #include "core/timer.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +42,7 @@ rt_status rt_engine_init(rt_engine *e, int rank, int world) {
 }
 
 static void wake_driver(rt_engine *e) {
-    if (e->shm && e->my_bell) rt_shm_bell_force(e->my_bell);
+    if (e->tp && e->tp->wake) e->tp->wake(e);
     uint64_t one = 1;
     if (write(e->evfd, &one, sizeof one) < 0) { /* counter full: the driver is awake anyway */
     }
@@ -59,9 +58,17 @@ void rt_engine_destroy(rt_engine *e) {
         wake_driver(e);
         pthread_join(e->thread, NULL);
     }
-    for (int i = 0; i < e->world; i++) rt_chan_close(&e->ch[i]);
+    for (int i = 0; i < e->world; i++) {
+        rt_chan *c = &e->ch[i];
+        if (c->ops && c->ops->close) c->ops->close(c);
+        c->ops = NULL;
+        if (c->fd >= 0) close(c->fd);
+        c->fd = -1;
+    }
     free(e->ch);
     e->ch = NULL;
+    if (e->tp && e->tp->engine_close) e->tp->engine_close(e);
+    e->tp = NULL;
     close(e->evfd);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
@@ -380,17 +387,18 @@ static rt_status progress_pass(rt_engine *e, bool *moved_any) {
     return RT_OK;
 }
 
+rt_status rt_engine_pass(rt_engine *e, bool *moved_any) { return progress_pass(e, moved_any); }
+
 void rt_engine_abort_peers(rt_engine *e) {
     if (e->peers_aborted) return;
     e->peers_aborted = true;
     /* make the peers fail fast instead of waiting for their timeout */
-    for (int i = 0; i < e->world; i++)
-        if (e->ch[i].fd >= 0) {
-            /* shm: the control line carries no data, so one byte says "aborted, not dead" */
-            if (e->shm && send(e->ch[i].fd, "A", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-            }
-            shutdown(e->ch[i].fd, SHUT_RDWR);
-        }
+    for (int i = 0; i < e->world; i++) {
+        rt_chan *c = &e->ch[i];
+        if (c->fd < 0) continue;
+        if (c->ops && c->ops->abort) c->ops->abort(c);
+        shutdown(c->fd, SHUT_RDWR);
+    }
 }
 
 void rt_engine_fail(rt_engine *e) {
@@ -431,67 +439,6 @@ static void fail_timeout(rt_engine *e, rt_request *r) {
     rt_engine_fail(e);
 }
 
-/* Liveness of shm peers: their control sockets must stay silent and open. */
-static rt_status check_control(rt_engine *e) {
-    struct pollfd pf[64];
-    int idx[64], n = 0;
-    for (int i = 0; i < e->world; i++) {
-        rt_chan *c = &e->ch[i];
-        if (c->fd < 0 || !(c->sq_head || c->rq_head)) continue;
-        if (n == 64) break;
-        pf[n] = (struct pollfd){c->fd, POLLIN, 0};
-        idx[n++] = i;
-    }
-    if (n == 0 || poll(pf, (nfds_t)n, 0) <= 0) return RT_OK;
-    /* prefer a peer that died (EOF) over one that aborted because of it (an 'A' byte) */
-    int dead = -1, aborted = -1;
-    for (int k = 0; k < n; k++) {
-        if (!pf[k].revents) continue;
-        char b = 0;
-        ssize_t r = recv(pf[k].fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (r == 1 && b == 'A') {
-            if (aborted < 0) aborted = idx[k];
-        } else if (dead < 0) {
-            dead = idx[k];
-        }
-    }
-    int who = dead >= 0 ? dead : aborted;
-    if (who >= 0) {
-        rt_chan *c = &e->ch[who];
-        rt_xfer *x = c->rq_head ? c->rq_head : c->sq_head;
-        return RT_ERROR(
-            RT_ERR_PEER, "%s (group %u, op #%u) failed: peer rank %d %s", x->req->opname, x->hdr.group, x->hdr.seq, who,
-            dead >= 0 ? "closed its connection (the process died)" : "aborted the operation after an error of its own");
-    }
-    return RT_OK;
-}
-
-/* tcp: block in poll() until a socket or the wake-up eventfd is ready. Called with mu
- * held: the poll set is built under the lock, the lock is dropped only for poll(). */
-static void wait_tcp(rt_engine *e, int max_ms) {
-    struct pollfd pf[65];
-    int n = 0;
-    pf[n++] = (struct pollfd){e->evfd, POLLIN, 0};
-    for (int i = 0; i < e->world && n < 65; i++) {
-        rt_chan *c = &e->ch[i];
-        if (c->fd < 0) continue;
-        short ev = 0;
-        if (c->rq_head) ev |= POLLIN;
-        if (c->sq_head && c->send_blocked) ev |= POLLOUT;
-        if (!ev) continue;
-        pf[n++] = (struct pollfd){c->fd, ev, 0};
-    }
-    pthread_mutex_unlock(&e->mu);
-    int pr = poll(pf, (nfds_t)n, max_ms);
-    if (pr > 0 && pf[0].revents) {
-        uint64_t v;
-        if (read(e->evfd, &v, sizeof v) < 0) { /* already drained */
-        }
-    }
-    pthread_mutex_lock(&e->mu);
-    for (int i = 0; i < e->world; i++) e->ch[i].send_blocked = false;
-}
-
 #define SPIN_PASSES 30 /* progress passes spun (lock held) before yielding */
 /* ...and at least this long (RINGTRAIN_SHM_SPIN_US): a peer on the other core answers
  * within a microsecond, and yielding early hands the core to other processes */
@@ -499,8 +446,9 @@ static uint64_t spin_ns(const rt_engine *e) { return e->spin_ns; } /* read in rt
 #define YIELD_PASSES 2000 /* then passes with sched_yield() between, before sleeping */
 
 /* Drive until `target` is done (or, with NULL, until nothing is active). mu held.
- * shm: spin on the rings, then yield (2 ranks on 2 cores must not starve each
- * other), then sleep on the futex bell; tcp: poll(). */
+ * When nothing moves: spin (a reply is often microseconds away), then, where the
+ * transport asks for it, yield (2 ranks on 2 cores must not starve each other), then
+ * sleep in the transport (shm: the futex bell; tcp: poll()). */
 static void drive(rt_engine *e, rt_request *target) {
     e->driving = true;
     int idle = 0;
@@ -559,49 +507,32 @@ static void drive(rt_engine *e, rt_request *target) {
         for (rt_request *r = e->active; r; r = r->next)
             if (r->gate && !r->gate_open) ms = 1; /* nobody rings when a device copy lands: look again soon */
         if (idle == 0) spin_start = now;
-        if (!e->shm) { /* tcp: a few non-blocking passes (a reply is often microseconds away), then poll */
-            if (now - spin_start < spin_ns(e)) {
-                idle++;
-                rt_cpu_relax();
-                continue;
-            }
-            wait_tcp(e, ms);
-            idle = 0;
-            continue;
-        }
         idle++;
         if (now - spin_start < spin_ns(e)) {
             rt_cpu_relax();
             continue;
         }
-        if (idle < SPIN_PASSES) idle = SPIN_PASSES;
-        if (idle < SPIN_PASSES + YIELD_PASSES) {
+        const rt_transport_ops *tp = e->tp;
+        if (!tp || !tp->sleep) { /* no peers (a group of one): nothing to sleep on */
             pthread_mutex_unlock(&e->mu);
             sched_yield();
             pthread_mutex_lock(&e->mu);
             continue;
         }
-        /* sleep: announce it, re-check, then wait on the bell */
-        atomic_store_explicit(&e->my_bell->waiting, 1, memory_order_seq_cst);
-        atomic_thread_fence(memory_order_seq_cst);
-        uint32_t seen = atomic_load_explicit(&e->my_bell->seq, memory_order_seq_cst);
-        if (progress_pass(e, &moved) != RT_OK) {
-            atomic_store_explicit(&e->my_bell->waiting, 0, memory_order_relaxed);
+        if (tp->yield_before_sleep) {
+            if (idle < SPIN_PASSES) idle = SPIN_PASSES;
+            if (idle < SPIN_PASSES + YIELD_PASSES) {
+                pthread_mutex_unlock(&e->mu);
+                sched_yield();
+                pthread_mutex_lock(&e->mu);
+                continue;
+            }
+        }
+        if (tp->sleep(e, ms) != RT_OK) {
             rt_engine_fail(e);
             continue;
         }
-        if (!moved) {
-            rt_status st = check_control(e);
-            if (st == RT_OK) {
-                pthread_mutex_unlock(&e->mu);
-                rt_shm_bell_wait(e->my_bell, seen, ms < 100 ? ms : 100);
-                pthread_mutex_lock(&e->mu);
-            } else {
-                rt_engine_fail(e);
-            }
-        }
-        atomic_store_explicit(&e->my_bell->waiting, 0, memory_order_relaxed);
-        idle = SPIN_PASSES; /* after a sleep, yield a little before sleeping again */
+        idle = tp->yield_before_sleep ? SPIN_PASSES : 0; /* after a sleep, yield a little before sleeping again */
     }
     e->driving = false;
     pthread_cond_broadcast(&e->cv);

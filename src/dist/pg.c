@@ -1,5 +1,7 @@
-/* Process groups: init (rendezvous, token, tcp mesh, shm rings), sub-groups and
- * requests. The operations themselves are in collectives.c. */
+/* Process groups: init (rendezvous, token, the tcp mesh, then the transport:
+ * transports.c), sub-groups and requests. The operations themselves are in
+ * collectives.c, the transports in transport_*.c and cuda/nccl.c, hangs, desyncs and
+ * failure reports in hangs.c. */
 #include "dist/internal/pg_internal.h"
 
 #include "core/log.h"
@@ -55,9 +57,7 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
-/* Wait until key "<prefix><j>" exists for every rank j, polling; a rank that never
- * arrives is named. */
-static rt_status wait_ranks(rt_store *st, const char *prefix, int world, double timeout_s, const char *what) {
+rt_status rt_pg_wait_ranks(rt_store *st, const char *prefix, int world, double timeout_s, const char *what) {
     uint64_t deadline = rt_now_ns() + (uint64_t)(timeout_s * 1e9);
     char *seen = calloc((size_t)world, 1);
     RT_CHECK_ALLOC(seen, (size_t)world);
@@ -109,242 +109,6 @@ void rt_dist_host_id(char *buf, size_t n) {
     snprintf(buf, n, "%s|%s|%s", host, boot, ns);
 }
 
-/* ---- tcp mesh ---- */
-
-static rt_status mesh_connect(rt_pg_world *w, int lfd, char (*addrs)[80], double timeout_s) {
-    rt_engine *e = &w->eng;
-    uint64_t deadline = rt_now_ns() + (uint64_t)(timeout_s * 1e9);
-    /* every connection proves the job secret (auth.h); the secret itself never travels */
-    uint8_t key[RT_AUTH_MAC];
-    RT_CHECK(rt_auth_peer_key(w->rdzv.job, w->token, key));
-    for (int j = 0; j < e->rank; j++) {
-        char host[64];
-        int port = 0;
-        if (sscanf(addrs[j], "%63s %d", host, &port) != 2)
-            return RT_ERROR(RT_ERR_PEER, "rank %d published a malformed address '%s'", j, addrs[j]);
-        char what[96];
-        snprintf(what, sizeof what, "peer rank %d", j);
-        int fd;
-        RT_CHECK(rt_sock_connect(host, port, deadline, what, &fd));
-        rt_status s = rt_auth_peer_connect(fd, key, e->rank, j, e->world, deadline, what);
-        if (s != RT_OK) {
-            close(fd);
-            rt_error_trace(__FILE__, __LINE__, what);
-            return s;
-        }
-        e->ch[j].fd = fd;
-    }
-    int need = e->world - 1 - e->rank;
-    while (need > 0) {
-        int fd;
-        rt_status s = rt_sock_accept(lfd, deadline, &fd);
-        if (s != RT_OK) {
-            char list[256] = "";
-            size_t n = 0;
-            for (int j = e->rank + 1; j < e->world && n < sizeof list - 16; j++)
-                if (e->ch[j].fd < 0) n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", n ? ", " : "", j);
-            return RT_ERROR(RT_ERR_TIMEOUT, "rank(s) %s never connected within %.1f s", list, timeout_s);
-        }
-        int peer = -1;
-        uint64_t hs = rt_now_ns() + 5000000000ull < deadline ? rt_now_ns() + 5000000000ull : deadline;
-        s = rt_auth_peer_accept(fd, key, e->rank, e->world, hs, &peer);
-        if (s == RT_OK && e->ch[peer].fd >= 0)
-            s = RT_ERROR(RT_ERR_PEER, "duplicate rank %d: two processes connected as rank %d", peer, peer);
-        if (s != RT_OK) { /* not one of ours (or broken): reject it and keep waiting */
-            RT_LOG_WARN("rejected a connection: %s", rt_error_message());
-            close(fd);
-            continue;
-        }
-        e->ch[peer].fd = fd;
-        need--;
-    }
-    for (int j = 0; j < e->world; j++)
-        if (e->ch[j].fd >= 0) RT_CHECK(rt_sock_set_nonblock(e->ch[j].fd, 1));
-    return RT_OK;
-}
-
-/* ---- shm rings ---- */
-
-/* RINGTRAIN_SHM_RING_BYTES rounded up to a power of two */
-static rt_status shm_ring_bytes(size_t *cap) {
-    int64_t want = 0;
-    RT_CHECK(rt_setting_int(RT_SET_SHM_RING_BYTES, &want));
-    *cap = 4096;
-    while (*cap < (size_t)want && *cap < (1u << 30)) *cap <<= 1;
-    return RT_OK;
-}
-
-static rt_status shm_map(const char *name, size_t len, bool create, void **out) {
-    int fd = shm_open(name, create ? (O_RDWR | O_CREAT | O_EXCL) : O_RDWR, 0600);
-    if (fd < 0) return RT_ERROR(RT_ERR_SYS, "shm_open(%s): %s", name, strerror(errno));
-    if (create && ftruncate(fd, (off_t)len) < 0) {
-        int er = errno;
-        close(fd);
-        shm_unlink(name);
-        return RT_ERROR(RT_ERR_SYS, "ftruncate(%s, %zu): %s (is /dev/shm big enough?)", name, len, strerror(er));
-    }
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) {
-        if (create) shm_unlink(name);
-        return RT_ERROR(RT_ERR_SYS, "mmap(%s, %zu): %s", name, len, strerror(errno));
-    }
-    *out = p;
-    return RT_OK;
-}
-
-/* /dev/shm names: ringtrain-[TAG-]TOKEN-b<rank> (bell) and -p<lo>-<hi> (pair rings).
- * RINGTRAIN_SHM_TAG (tests) makes them easy to look for. */
-static void shm_name(char *buf, size_t n, const rt_pg_world *w, int a, int b) {
-    const char *tag = rt_setting_text(RT_SET_SHM_TAG);
-    char t[48] = "";
-    if (tag) snprintf(t, sizeof t, "%.40s-", tag);
-    if (b < 0)
-        snprintf(buf, n, "/ringtrain-%s%.16s-b%d", t, w->tokhex, a);
-    else
-        snprintf(buf, n, "/ringtrain-%s%.16s-p%d-%d", t, w->tokhex, a, b);
-}
-
-static void shm_unlink_mine(rt_pg_world *w) {
-    rt_engine *e = &w->eng;
-    char name[128];
-    shm_name(name, sizeof name, w, e->rank, -1);
-    shm_unlink(name);
-    for (int j = e->rank + 1; j < e->world; j++) {
-        shm_name(name, sizeof name, w, e->rank, j);
-        shm_unlink(name);
-    }
-}
-
-/* Segments are anonymous by default: memfd_create() (no name anywhere, so nothing can
- * be left behind whenever a rank dies), and peers open the creator's descriptor through
- * /proc/<pid>/fd/<n>. RINGTRAIN_SHM_NAMED=1 uses named shm_open() segments instead
- * (for systems where /proc of a sibling process cannot be opened); those are unlinked
- * as soon as every rank has mapped them. Read once in shm_setup (w->shm_named). */
-static bool shm_named(const rt_pg_world *w) { return w->shm_named; }
-
-static rt_status seg_create(rt_pg_world *w, int a, int b, size_t len, void **out, int *fd_keep) {
-    char name[128];
-    shm_name(name, sizeof name, w, a, b);
-    *fd_keep = -1;
-    if (shm_named(w)) return shm_map(name, len, true, out);
-    int fd = memfd_create(name + 1, MFD_CLOEXEC);
-    if (fd < 0) return RT_ERROR(RT_ERR_SYS, "memfd_create(%s): %s", name + 1, strerror(errno));
-    if (ftruncate(fd, (off_t)len) < 0) {
-        int er = errno;
-        close(fd);
-        return RT_ERROR(RT_ERR_SYS, "ftruncate(memfd %s, %zu): %s", name + 1, len, strerror(er));
-    }
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        int er = errno;
-        close(fd);
-        return RT_ERROR(RT_ERR_SYS, "mmap(memfd %s, %zu): %s", name + 1, len, strerror(er));
-    }
-    char key[64], val[64];
-    snprintf(key, sizeof key, "rt/shm/fd/%d/%d", a, b);
-    int n = snprintf(val, sizeof val, "%d %d", (int)getpid(), fd);
-    rt_status s = rt_store_set(w->store, key, val, (size_t)n);
-    if (s != RT_OK) {
-        munmap(p, len);
-        close(fd);
-        return s;
-    }
-    *out = p;
-    *fd_keep = fd;
-    return RT_OK;
-}
-
-static rt_status seg_open(rt_pg_world *w, int a, int b, size_t len, void **out) {
-    char name[128];
-    shm_name(name, sizeof name, w, a, b);
-    if (shm_named(w)) return shm_map(name, len, false, out);
-    char key[64], val[64] = "", path[96];
-    size_t n = 0;
-    snprintf(key, sizeof key, "rt/shm/fd/%d/%d", a, b);
-    RT_CHECK(rt_store_get(w->store, key, val, sizeof val - 1, &n));
-    val[n] = '\0';
-    int pid = 0, fdn = -1;
-    RT_REQUIRE(sscanf(val, "%d %d", &pid, &fdn) == 2 && pid > 0 && fdn >= 0, RT_ERR_PEER,
-               "rank %d published a malformed segment '%s'", a, val);
-    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fdn);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return RT_ERROR(RT_ERR_SYS,
-                        "shm: cannot open rank %d's segment %s: %s (different pid namespaces or a locked-down "
-                        "/proc? set RINGTRAIN_SHM_NAMED=1, or use transport tcp)",
-                        a, path, strerror(errno));
-    struct stat stt;
-    if (fstat(fd, &stt) < 0 || (size_t)stt.st_size != len) {
-        close(fd);
-        return RT_ERROR(RT_ERR_PEER, "shm: rank %d's segment %s has %lld bytes, expected %zu", a, path,
-                        (long long)stt.st_size, len);
-    }
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) return RT_ERROR(RT_ERR_SYS, "mmap(%s, %zu): %s", path, len, strerror(errno));
-    *out = p;
-    return RT_OK;
-}
-
-static rt_status shm_setup_(rt_pg_world *w, double timeout_s, int *fds) {
-    rt_engine *e = &w->eng;
-    size_t cap = 0;
-    RT_CHECK(shm_ring_bytes(&cap));
-    RT_CHECK(rt_setting_bool(RT_SET_SHM_NAMED, &w->shm_named));
-    size_t seglen = 4096 + 2 * cap;
-    char key[64];
-    void *p;
-    RT_CHECK(seg_create(w, e->rank, -1, 4096, &p, &fds[e->rank]));
-    e->my_bell = p;
-    for (int j = e->rank + 1; j < e->world; j++) {
-        RT_CHECK(seg_create(w, e->rank, j, seglen, &e->ch[j].seg, &fds[j]));
-        e->ch[j].seglen = seglen;
-    }
-    snprintf(key, sizeof key, "rt/shm/c/%d", e->rank);
-    RT_CHECK(rt_store_set(w->store, key, "1", 1));
-    RT_CHECK(wait_ranks(w->store, "rt/shm/c/", e->world, timeout_s, "shm setup"));
-    for (int j = 0; j < e->world; j++) {
-        if (j == e->rank) continue;
-        rt_chan *c = &e->ch[j];
-        RT_CHECK(seg_open(w, j, -1, 4096, &p));
-        c->peer_bell = p;
-        if (j < e->rank) {
-            RT_CHECK(seg_open(w, j, e->rank, seglen, &c->seg));
-            c->seglen = seglen;
-        }
-        uint8_t *base = c->seg;
-        rt_shm_ring *r0 = (rt_shm_ring *)base, *r1 = (rt_shm_ring *)(base + sizeof(rt_shm_ring));
-        uint8_t *d0 = base + 4096, *d1 = base + 4096 + cap;
-        bool lo = e->rank < j;
-        c->tx = lo ? r0 : r1;
-        c->rx = lo ? r1 : r0;
-        c->txd = lo ? d0 : d1;
-        c->rxd = lo ? d1 : d0;
-        c->cap = cap;
-        c->piece = cap / 4;
-        c->shm = true;
-    }
-    snprintf(key, sizeof key, "rt/shm/m/%d", e->rank);
-    RT_CHECK(rt_store_set(w->store, key, "1", 1));
-    RT_CHECK(wait_ranks(w->store, "rt/shm/m/", e->world, timeout_s, "shm setup"));
-    e->shm = true;
-    return RT_OK;
-}
-
-static rt_status shm_setup(rt_pg_world *w, double timeout_s) {
-    int *fds = malloc((size_t)w->eng.world * sizeof *fds);
-    RT_CHECK_ALLOC(fds, (size_t)w->eng.world * sizeof(int));
-    for (int i = 0; i < w->eng.world; i++) fds[i] = -1;
-    rt_status s = shm_setup_(w, timeout_s, fds);
-    /* every rank mapped the segments (or setup failed): drop the names and descriptors */
-    if (shm_named(w)) shm_unlink_mine(w);
-    for (int i = 0; i < w->eng.world; i++)
-        if (fds[i] >= 0) close(fds[i]);
-    free(fds);
-    return s;
-}
-
 /* ---- init / destroy ---- */
 
 static void world_free(rt_pg_world *w) {
@@ -352,295 +116,10 @@ static void world_free(rt_pg_world *w) {
     if (w->cell_fd > 0) close(w->cell_fd);
     w->cell = NULL;
     free(w->cellref);
-    if (w->eng.my_bell) munmap(w->eng.my_bell, 4096);
-    w->eng.my_bell = NULL;
-    rt_engine_destroy(&w->eng);
+    rt_engine_destroy(&w->eng); /* closes the channels and the transport's engine state */
     rt_store_close(w->store);
     rt_store_server_stop(w->server);
     free(w);
-}
-
-/* The first rank to fail reports its error through the store; a rank that fails
- * later (typically because a failed rank shut its sockets) appends that first report,
- * so every survivor names the rank that really died. */
-/* After a timeout: follow "who waits for whom" (each failing rank publishes the peer it
- * was receiving from) to the first rank that reported nothing within a short grace
- * period: that rank is stuck or dead, while the peers in between merely wait behind it. */
-static void diagnose_timeout(rt_pg_world *w, double grace_s, char *out, size_t n) {
-    int me = w->eng.rank, cur = w->eng.fail_peer, hops = 0;
-    out[0] = '\0';
-    uint64_t deadline = rt_now_ns() + (uint64_t)(grace_s * 1e9);
-    char chain[256] = "";
-    size_t cl = 0;
-    while (cur >= 0 && cur != me && hops < w->eng.world) {
-        char key[64], val[32] = "";
-        snprintf(key, sizeof key, "rt/waiting/%d", cur);
-        bool ex = false;
-        if (rt_store_check(w->store, key, &ex) != RT_OK) return;
-        if (ex) {
-            size_t len = 0;
-            if (rt_store_get(w->store, key, val, sizeof val - 1, &len) != RT_OK) return;
-            val[len] = '\0';
-            int next = atoi(val);
-            if (cl < sizeof chain - 40)
-                cl += (size_t)snprintf(chain + cl, sizeof chain - cl, "rank %d waits for rank %d; ", cur, next);
-            cur = next;
-            hops++;
-            continue;
-        }
-        if (rt_now_ns() >= deadline) {
-            snprintf(out, n, "%srank %d reported nothing: it is probably stuck or dead", chain, cur);
-            return;
-        }
-        sleep_ms(20);
-    }
-}
-
-/* ---- hangs and desyncs (docs/dist.md, "Hangs and desyncs") ----
- * Every rank's state (its oldest pending collective, how long it waits in it, its last
- * completed one) is published under rt/fr/<group>/<rank> only when something is slow or
- * failed; the step itself never touches the store. */
-
-double rt_pg_slow_after_s(double timeout_s) { return timeout_s / 4 < 10 ? timeout_s / 4 : 10; }
-
-/* Store requests of these checks: a store that does not answer this fast is as stuck as
- * a peer (its host, rank 0 or the launcher, is stopped): without it, the shared pages. */
-static double check_timeout(const rt_pg *pg) {
-    double t = rt_pg_slow_after_s(pg->timeout_s);
-    return t < 2 ? t : 2;
-}
-
-static rt_status publish_state(rt_pg *pg, rt_flight_state_rec *mine) {
-    rt_flight_get_state(&pg->flight, mine);
-    char key[64], val[512];
-    snprintf(key, sizeof key, "rt/fr/%d/%d", pg->id, pg->rank);
-    int n = rt_flight_state_format(mine, val, sizeof val);
-    return rt_store_set_within(pg->w->store, key, val, (size_t)(n < (int)sizeof val ? n : (int)sizeof val - 1),
-                               check_timeout(pg));
-}
-
-/* The others' published states into rec[] (rec[me] = mine). A state older than this
- * rank's (its pending operation before this rank's) is from an earlier slow wait that
- * ended: it counts as not published. Returns how many ranks published. */
-static int read_states(rt_pg *pg, const rt_flight_state_rec *mine, rt_flight_state_rec *rec) {
-    memset(rec, 0, (size_t)pg->size * sizeof *rec);
-    rec[pg->rank] = *mine;
-    int have = 1;
-    for (int j = 0; j < pg->size; j++) {
-        if (j == pg->rank) continue;
-        char key[64], val[512];
-        snprintf(key, sizeof key, "rt/fr/%d/%d", pg->id, j);
-        bool ex = false;
-        /* a request that fails (the store does not answer in time) ends the round: the
-         * next ones would wait as long for nothing */
-        if (rt_store_check_within(pg->w->store, key, &ex, check_timeout(pg)) != RT_OK) break;
-        if (!ex) continue;
-        size_t n = 0;
-        if (rt_store_get_within(pg->w->store, key, val, sizeof val - 1, &n, check_timeout(pg)) != RT_OK) break;
-        val[n] = '\0';
-        if (!rt_flight_state_parse(val, &rec[j])) continue;
-        if (mine->npending && rec[j].npending && rec[j].pending[0].seq < mine->pending[0].seq &&
-            rec[j].pending[rec[j].npending - 1].seq < mine->pending[0].seq) {
-            memset(&rec[j], 0, sizeof rec[j]); /* stale */
-            continue;
-        }
-        have++;
-    }
-    return have;
-}
-
-/* The world group's shared page (flight.h, rt_flight_cell): a memfd the peers on this
- * host open through /proc/<pid>/fd/<n>, published before the rendezvous' addresses (so
- * every rank reads the others' at init, while the store surely answers). Best effort:
- * without it, a stopped rank's last operation is unknown. */
-static void cell_create(rt_pg_world *w, int rank) {
-    _Static_assert(sizeof(rt_flight_cell) <= RT_FLIGHT_CELL_BYTES, "the cell fits its page");
-    int fd = memfd_create(RT_FLIGHT_CELL_NAME, MFD_CLOEXEC);
-    if (fd < 0) return;
-    void *p = MAP_FAILED;
-    if (ftruncate(fd, RT_FLIGHT_CELL_BYTES) == 0)
-        p = mmap(NULL, RT_FLIGHT_CELL_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        close(fd);
-        return;
-    }
-    w->cell = p;
-    w->cell_fd = fd;
-    w->cell->magic = RT_FLIGHT_CELL_MAGIC;
-    char key[64], val[64];
-    snprintf(key, sizeof key, "rt/frcell/%d", rank);
-    int n = snprintf(val, sizeof val, "%d %d", (int)getpid(), fd);
-    if (rt_store_set(w->store, key, val, (size_t)n) != RT_OK) rt_error_clear();
-}
-
-/* rank j's page reference, when it is on this host and has one (at init) */
-static void cell_ref(rt_pg_world *w, int j) {
-    char key[64], val[64];
-    size_t n = 0;
-    bool ex = false;
-    snprintf(key, sizeof key, "rt/frcell/%d", j);
-    if (rt_store_check(w->store, key, &ex) == RT_OK && ex &&
-        rt_store_get(w->store, key, val, sizeof val - 1, &n) == RT_OK) {
-        val[n] = '\0';
-        if (sscanf(val, "%d %d", &w->cellref[j][0], &w->cellref[j][1]) != 2) w->cellref[j][0] = 0;
-    }
-    rt_error_clear();
-}
-
-/* Group rank j's shared page, when it is on this host: its last begun and last completed
- * collective. `waiting`: a rank inside an operation (begun after its last completed one)
- * counts as waiting in it, since it began (without the store, nobody published). */
-static void cell_read(rt_pg *pg, int j, rt_flight_state_rec *rec, bool waiting) {
-    if (!pg->is_world || !pg->w->cellref || !pg->w->cellref[j][0]) return;
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd/%d", pg->w->cellref[j][0], pg->w->cellref[j][1]);
-    int fd = rt_flight_cell_open(path); /* -1: absent, or not a cell (a reused pid) */
-    if (fd < 0) return;
-    void *p = mmap(NULL, RT_FLIGHT_CELL_BYTES, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) return;
-    rt_flight_cell c;
-    if (rt_flight_cell_read(p, &c)) {
-        rec->from_cell = true;
-        rec->last_done = c.last_done;
-        rec->begun = c.begun[c.last_begun % RT_FLIGHT_PENDING];
-        /* the ones begun after the last completed, oldest first, as far as the page keeps them */
-        uint32_t from = c.last_done.seq + 1;
-        if (c.last_begun >= RT_FLIGHT_PENDING && from < c.last_begun - RT_FLIGHT_PENDING + 1)
-            from = c.last_begun - RT_FLIGHT_PENDING + 1;
-        for (uint32_t q = from; waiting && !rec->present && q && q <= c.last_begun; q++) {
-            const rt_flight_fp *b = &c.begun[q % RT_FLIGHT_PENDING];
-            if (b->seq != q) continue;
-            if (rec->npending == 0) {
-                uint64_t now = rt_now_ns(), t = c.t_begun_ns[q % RT_FLIGHT_PENDING];
-                rec->wait_s = now > t ? (double)(now - t) * 1e-9 : 0;
-            }
-            rec->pending[rec->npending++] = *b;
-        }
-        if (rec->npending) rec->present = true;
-    }
-    munmap(p, RT_FLIGHT_CELL_BYTES);
-}
-
-rt_status rt_pg_slow_check(rt_pg *pg) {
-    if (!pg || !pg->w->store || !pg->flight.cap) return RT_OK;
-    for (int j = 0; pg->cell_cache && j < pg->size; j++) { /* first: needs no store */
-        rt_flight_state_rec t = {0};
-        if (j != pg->rank) cell_read(pg, j, &t, true);
-        if (t.from_cell) {
-            pthread_mutex_lock(&pg->cache_mu);
-            pg->cell_cache[j] = t;
-            pthread_mutex_unlock(&pg->cache_mu);
-        }
-    }
-    /* another thread holds the store connection (debug mode's wait for a peer's
-     * fingerprint): skip this round rather than wait for it (it is tried again in 1 s) */
-    if (rt_store_busy(pg->w->store)) return RT_OK;
-    rt_flight_state_rec mine;
-    if (publish_state(pg, &mine) != RT_OK) {
-        rt_error_clear();
-        return RT_OK;
-    }
-    rt_flight_state_rec *rec = calloc((size_t)pg->size, sizeof *rec);
-    if (!rec) return RT_OK;
-    read_states(pg, &mine, rec);
-    char diag[800];
-    int kind = rt_flight_diagnose(rec, pg->size, diag, sizeof diag);
-    free(rec);
-    rt_error_clear();
-    if (kind == 1) return RT_ERROR(RT_ERR_PEER, "group %d: the ranks called different collectives: %s", pg->id, diag);
-    return RT_OK;
-}
-
-static rt_status engine_on_slow(void *owner) { return rt_pg_slow_check(owner); }
-
-/* After a failure: publish, wait up to grace_s for every rank's state (a stopped rank
- * never comes), diagnose. Returns rt_flight_diagnose's kind. */
-static int diagnose_flight(rt_pg *pg, double grace_s, int wait_rank, char *out, size_t n) {
-    out[0] = '\0';
-    if (!pg || !pg->flight.cap) return 0;
-    rt_flight_state_rec mine;
-    rt_flight_state_rec *rec = calloc((size_t)pg->size, sizeof *rec);
-    if (!rec) return 0;
-    if (publish_state(pg, &mine) != RT_OK) {
-        /* no store (its host is stopped or dead): this rank's own state and the pages of
-         * the ranks on this host */
-        rt_error_clear();
-        for (int j = 0; j < pg->size; j++) {
-            if (j == pg->rank)
-                rec[j] = mine;
-            else
-                cell_read(pg, j, &rec[j], true);
-            if (!rec[j].from_cell && j != pg->rank && pg->cell_cache) {
-                pthread_mutex_lock(&pg->cache_mu);
-                if (pg->cell_cache[j].from_cell) rec[j] = pg->cell_cache[j]; /* it exited since (its own timeout) */
-                pthread_mutex_unlock(&pg->cache_mu);
-            }
-        }
-        int kind = rt_flight_diagnose(rec, pg->size, out, n);
-        free(rec);
-        return kind;
-    }
-    uint64_t deadline = rt_now_ns() + (uint64_t)(grace_s * 1e9);
-    for (;;) { /* every rank's state, or wait_rank's (>= 0) */
-        int have = read_states(pg, &mine, rec);
-        if (wait_rank >= 0 ? rec[wait_rank].present : have == pg->size) break;
-        if (rt_now_ns() >= deadline) break;
-        sleep_ms(20);
-    }
-    for (int j = 0; j < pg->size; j++)
-        if (!rec[j].present) cell_read(pg, j, &rec[j], false);
-    int kind = rt_flight_diagnose(rec, pg->size, out, n);
-    free(rec);
-    return kind;
-}
-
-rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp) {
-    rt_store *st = pg->w->store;
-    RT_REQUIRE(st != NULL, RT_ERR_INVALID, "dist debug mode: no store");
-    char key[64], val[256];
-    snprintf(key, sizeof key, "rt/fpd/%d/%u/%d", pg->id, fp->seq, pg->rank);
-    int n = rt_flight_fp_format(fp, val, sizeof val);
-    RT_CHECK(rt_store_set(st, key, val, (size_t)n));
-    if (pg->ndebug_keys < (int)(sizeof pg->debug_keys / sizeof pg->debug_keys[0]))
-        pg->debug_keys[pg->ndebug_keys++] = fp->seq;
-    char dmine[200];
-    rt_flight_fp_describe(fp, dmine, sizeof dmine);
-    for (int j = 0; j < pg->size; j++) {
-        if (j == pg->rank) continue;
-        snprintf(key, sizeof key, "rt/fpd/%d/%u/%d", pg->id, fp->seq, j);
-        const char *keys[1] = {key};
-        rt_status s = rt_store_wait(st, keys, 1);
-        if (s != RT_OK)
-            return RT_ERROR(s, "dist debug mode: rank %d never checked in for %s (group %d): %s", j, dmine, pg->id,
-                            rt_error_message());
-        size_t got = 0;
-        RT_CHECK(rt_store_get(st, key, val, sizeof val - 1, &got));
-        val[got] = '\0';
-        rt_flight_fp other;
-        RT_REQUIRE(rt_flight_fp_parse(val, &other), RT_ERR_PEER, "dist debug mode: rank %d published '%s'", j, val);
-        if (rt_flight_fp_differ(fp, &other)) {
-            char dother[200];
-            rt_flight_fp_describe(&other, dother, sizeof dother);
-            return RT_ERROR(RT_ERR_PEER,
-                            "desync at #%u (group %d, dist debug mode, before it ran): rank %d called %s but rank %d "
-                            "called %s",
-                            fp->seq, pg->id, pg->rank, dmine, j, dother);
-        }
-    }
-    /* The store keeps each rank's key of its last check only (else it grows with every
-     * collective: issue 21). This check read every rank's key of it, and a rank writes its
-     * key only after its previous check returned (one thread per group): nobody reads
-     * a key of an earlier check any more, so this rank's keys of its earlier checks go
-     * (the previous one, and those of checks that failed since the last that passed). */
-    for (int i = 0; i < pg->ndebug_keys; i++) {
-        if (pg->debug_keys[i] == fp->seq) continue;
-        snprintf(key, sizeof key, "rt/fpd/%d/%u/%d", pg->id, pg->debug_keys[i], pg->rank);
-        RT_CHECK(rt_store_delete(st, key, NULL));
-    }
-    pg->debug_keys[0] = fp->seq;
-    pg->ndebug_keys = 1;
-    return RT_OK;
 }
 
 void rt_pg_set_tag(rt_pg *pg, const char *tag) {
@@ -648,84 +127,6 @@ void rt_pg_set_tag(rt_pg *pg, const char *tag) {
 }
 void rt_pg_set_op_tag(rt_pg *pg, const char *tag) {
     if (pg) snprintf(pg->op_tag, sizeof pg->op_tag, "%s", tag ? tag : "");
-}
-
-/* The group's first failure: the first rank to fail records its message (with `diag`)
- * in the store; a later one appends that first message to its own. */
-static void register_failure(rt_pg_world *w, rt_error_record *rec, const char *diag) {
-    rt_error_record mine = *rec;
-    int64_t k = 0;
-    if (rt_store_add(w->store, "rt/failures", 1, &k) != RT_OK) {
-        if (!w->server) {
-            size_t len = strlen(rec->msg);
-            snprintf(rec->msg + len, sizeof rec->msg - len,
-                     "\n  and the store (hosted by rank 0 or the launcher) is unreachable: rank 0 probably died");
-        }
-        return;
-    }
-    if (k == 1) {
-        char msg[1600];
-        char *nl = strchr(mine.msg, '\n');
-        if (nl) *nl = '\0';
-        char who[32]; /* the rank once: the message and the errors nested in it may carry it already */
-        size_t wl = (size_t)snprintf(who, sizeof who, "rank %d: ", w->eng.rank);
-        for (char *p; (p = strstr(mine.msg, who)) != NULL;) memmove(p, p + wl, strlen(p + wl) + 1);
-        int n = snprintf(msg, sizeof msg, "%s%.800s%s%.700s", who, mine.msg, diag[0] ? "; " : "", diag);
-        rt_store_set(w->store, "rt/failure/first", msg, (size_t)n);
-    } else {
-        char first[1700] = "";
-        size_t n = 0;
-        if (rt_store_get(w->store, "rt/failure/first", first, sizeof first - 1, &n) == RT_OK) {
-            first[n < sizeof first ? n : sizeof first - 1] = '\0';
-            char *nl = strchr(first, '\n');
-            if (nl) *nl = '\0';
-            size_t len = strlen(rec->msg);
-            snprintf(rec->msg + len, sizeof rec->msg - len, "\n  first failure in the group: %s", first);
-        }
-    }
-}
-
-static void append_diag(rt_error_record *rec, const char *diag) {
-    if (!diag[0]) return;
-    size_t len = strlen(rec->msg);
-    snprintf(rec->msg + len, sizeof rec->msg - len, "\n  diagnosis: %s", diag);
-}
-
-static void report_failure(void *ctx, rt_error_record *rec) {
-    rt_pg_world *w = ctx;
-    if (!w->store) return;
-    rt_store_set_timeout(w->store, 2.0);
-    if (w->eng.fail_peer >= 0) {
-        char key[64], val[32];
-        snprintf(key, sizeof key, "rt/waiting/%d", w->eng.rank);
-        int n = snprintf(val, sizeof val, "%d", w->eng.fail_peer);
-        rt_store_set(w->store, key, val, (size_t)n);
-    }
-    /* every failing rank publishes its state (docs/dist.md, "Hangs and desyncs") */
-    char diag[800] = "";
-    bool timeout = rec->status == RT_ERR_TIMEOUT;
-    rt_pg *fpg = w->eng.fail_owner;
-    int mm = -1; /* the peer whose message did not match, as a rank of the failing group */
-    for (int j = 0; fpg && w->eng.mismatch_peer >= 0 && j < fpg->size; j++)
-        if (fpg->ranks[j] == w->eng.mismatch_peer) mm = j;
-    if (mm >= 0 && !timeout) {
-        /* a message that did not match this rank's call: publish, record the failure, then
-         * abort the peers at once (the peer is usually blocked in its own call: it then
-         * fails, publishes its state and finds both calls) and wait up to 2 s for its state */
-        rt_flight_state_rec mine;
-        if (publish_state(fpg, &mine) != RT_OK) rt_error_clear();
-        register_failure(w, rec, "");
-        rt_engine_abort_peers(&w->eng);
-        if (diagnose_flight(fpg, 2.0, mm, diag, sizeof diag) == 1) append_diag(rec, diag);
-        return;
-    }
-    /* a timeout waits for the others' states (2 s) and says who is behind or which calls
-     * differ; any other failure reads what is there and reports only a desync */
-    int kind = diagnose_flight(fpg, timeout ? 2.0 : 0, -1, diag, sizeof diag);
-    if (!timeout && kind != 1) diag[0] = '\0';
-    if (timeout && !diag[0]) diagnose_timeout(w, 2.0, diag, sizeof diag);
-    append_diag(rec, diag);
-    register_failure(w, rec, diag);
 }
 
 static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
@@ -741,9 +142,9 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     rt_set_rank(r->rank);
     RT_CHECK(rt_rdzv_connect(r, o->timeout_s, &w->server, &w->store));
     RT_CHECK(rt_engine_init(&w->eng, r->rank, r->world));
-    w->eng.on_fail = report_failure;
+    w->eng.on_fail = rt_pg_report_failure;
     w->eng.on_fail_ctx = w;
-    w->eng.on_slow = engine_on_slow;
+    w->eng.on_slow = rt_pg_on_slow;
     /* the per-launch nonce: with the job secret it keys the transport handshake (auth.h) */
     if (r->rank == 0) {
         RT_CHECK(rt_random_bytes(w->token, sizeof w->token));
@@ -761,7 +162,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     if (!ip) ip = rt_store_local_addr(w->store);
     RT_CHECK(rt_sock_listen(ip, 0, &lfd, &port));
     char key[64], val[400], hid[300];
-    if (o->flight_entries > 0) cell_create(w, r->rank);
+    if (o->flight_entries > 0) rt_pg_cell_create(w, r->rank);
     w->cellref = calloc((size_t)r->world, sizeof *w->cellref);
     RT_CHECK_ALLOC(w->cellref, (size_t)r->world * sizeof *w->cellref);
     rt_dist_host_id(hid, sizeof hid);
@@ -770,7 +171,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     snprintf(key, sizeof key, "rt/addr/%d", r->rank);
     snprintf(val, sizeof val, "%s %d", ip, port);
     if (s == RT_OK) s = rt_store_set(w->store, key, val, strlen(val));
-    if (s == RT_OK) s = wait_ranks(w->store, "rt/addr/", r->world, o->timeout_s, "rendezvous");
+    if (s == RT_OK) s = rt_pg_wait_ranks(w->store, "rt/addr/", r->world, o->timeout_s, "rendezvous");
     char(*addrs)[80] = calloc((size_t)r->world, sizeof *addrs);
     bool same_host = true;
     for (int j = 0; s == RT_OK && j < r->world; j++) {
@@ -784,7 +185,7 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
         s = rt_store_get(w->store, key, addrs[j], sizeof addrs[j] - 1, &n);
         snprintf(key, sizeof key, "rt/host/%d", j);
         if (s == RT_OK) s = rt_store_get(w->store, key, other, sizeof other - 1, &n);
-        if (s == RT_OK && j != r->rank && strcmp(other, hid) == 0) cell_ref(w, j);
+        if (s == RT_OK && j != r->rank && strcmp(other, hid) == 0) rt_pg_cell_ref(w, j);
         if (strcmp(other, hid) != 0) {
             same_host = false;
             /* a loopback address is unreachable from another host (MASTER_ADDR resolving to
@@ -797,18 +198,11 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
                              j, addrs[j]);
         }
     }
-    if (s == RT_OK) s = mesh_connect(w, lfd, addrs, o->timeout_s);
+    if (s == RT_OK) s = rt_tcp_mesh_connect(w, lfd, addrs, o->timeout_s);
     close(lfd);
     free(addrs);
     RT_CHECK(s);
 
-    rt_transport t = o->transport;
-    if (t == RT_TRANSPORT_AUTO) t = same_host && r->world > 1 ? RT_TRANSPORT_SHM : RT_TRANSPORT_TCP;
-    if (t == RT_TRANSPORT_SHM) {
-        RT_REQUIRE(same_host, RT_ERR_INVALID,
-                   "transport shm needs all ranks on one host; they are not (use tcp or auto)");
-        if (r->world > 1) RT_CHECK(shm_setup(w, o->timeout_s));
-    }
     pg->w = w;
     pg->is_world = true;
     pg->rank = r->rank;
@@ -820,7 +214,6 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     w->next_group = 1;
     pg->timeout_s = o->timeout_s;
     pg->algo = o->algo;
-    pg->transport = t;
     RT_REQUIRE(o->flight_entries >= 0, RT_ERR_INVALID, "rt_pg_options.flight_entries %d < 0", o->flight_entries);
     RT_CHECK(rt_flight_init(&pg->flight, (uint32_t)o->flight_entries));
     pg->has_flight = true;
@@ -831,25 +224,8 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     pg->cell_cache = calloc((size_t)r->world, sizeof *pg->cell_cache);
     RT_CHECK_ALLOC(pg->cell_cache, (size_t)r->world * sizeof *pg->cell_cache);
     pg->buf_device = o->device;
-    if (t == RT_TRANSPORT_NCCL) {
-        RT_REQUIRE(o->device.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
-                   "transport nccl needs device buffers (rt_pg_options.device = cuda)");
-        RT_CHECK(rt_pg_nccl_init(pg));
-    } else if (o->transport == RT_TRANSPORT_AUTO && o->device.kind == RT_DEVICE_CUDA && rt_cuda_built()) {
-        /* auto with GPU buffers: nccl when every rank has its own GPU (the check is the
-         * same on every rank, so they all decide alike), else stage over shm/tcp */
-        rt_status ns = rt_pg_nccl_init(pg);
-        if (ns == RT_OK) {
-            pg->transport = RT_TRANSPORT_NCCL;
-        } else if (ns == RT_ERR_UNSUPPORTED) {
-            RT_LOG_INFO("transport auto: %s; device buffers go through pinned host memory over %s", rt_error_message(),
-                        rt_transport_name(t));
-            rt_pg_nccl_destroy(w);
-            rt_error_clear();
-        } else {
-            return ns;
-        }
-    }
+    rt_transport_setup ts = {.same_host = same_host, .timeout_s = o->timeout_s};
+    RT_CHECK(rt_transport_connect(pg, o, &ts));
     RT_LOG_DEBUG("process group ready: rank %d of %d, transport %s", r->rank, r->world,
                  rt_transport_name(pg->transport));
     return RT_OK;
@@ -889,7 +265,7 @@ void rt_pg_destroy(rt_pg *pg) {
     if (!pg) return;
     if (pg->is_world) {
         rt_pg_world *w = pg->w;
-        if (pg->transport == RT_TRANSPORT_NCCL) rt_pg_nccl_destroy(w);
+        if (pg->tp && pg->tp->teardown) pg->tp->teardown(w);
         /* say goodbye; the store's host keeps the store up until every rank said goodbye
          * or its connection closed (the server marks "rt/left/<rank>") */
         if (w->store) {
@@ -963,6 +339,7 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
     g->timeout_s = pg->timeout_s;
     g->algo = pg->algo;
     g->transport = pg->transport;
+    g->tp = pg->tp;
     rt_status fs = rt_flight_init(&g->flight, pg->flight.cap);
     if (fs != RT_OK) {
         free(g->ranks);
@@ -1093,20 +470,8 @@ rt_stream *rt_pg_stream(const rt_pg *pg) { return pg ? pg->stream : NULL; }
 rt_status rt_pg_set_buffer_device(rt_pg *pg, rt_device d) {
     RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "NULL process group");
     RT_REQUIRE(d.kind == RT_DEVICE_CPU || rt_cuda_built(), RT_ERR_UNSUPPORTED, "device buffers: built without CUDA");
-    RT_REQUIRE(pg->transport != RT_TRANSPORT_NCCL || d.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
-               "the nccl transport takes device buffers only");
+    RT_REQUIRE(!pg->tp->device_only || d.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
+               "the %s transport takes device buffers only", pg->tp->name);
     pg->buf_device = d;
     return RT_OK;
 }
-
-#ifndef RT_HAVE_CUDA
-rt_status rt_pg_nccl_init(rt_pg *pg) {
-    (void)pg;
-    return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
-}
-void rt_pg_nccl_destroy(rt_pg_world *w) { (void)w; }
-rt_status rt_nccl_run(rt_pg *pg, const rt_op *op, rt_request *r) {
-    (void)pg, (void)op, (void)r;
-    return RT_ERROR(RT_ERR_UNSUPPORTED, "transport nccl: built without CUDA/NCCL");
-}
-#endif

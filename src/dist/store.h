@@ -52,7 +52,7 @@ rt_status rt_store_get(rt_store *st, const char *key, void *buf, size_t cap, siz
 rt_status rt_store_add(rt_store *st, const char *key, int64_t delta, int64_t *total);
 rt_status rt_store_check(rt_store *st, const char *key, bool *exists);
 /* The same with their own timeout (> 0; 0: the store's), leaving the store's default as it
- * is for other threads (the hang and desync checks use a short one: pg.c). The wait for
+ * is for other threads (the hang and desync checks use a short one: hangs.c). The wait for
  * the connection (another thread's request) counts in it. Their timeout does not break
  * the connection: the late reply is read and dropped by the next request (which times out
  * in turn while it has not come; so never get_within a key that may never be set). */

@@ -213,6 +213,7 @@ static void test_slow_hook_without_lock(void **state) {
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
     e.ch[1].fd = sv[0];
+    assert_int_equal(rt_tcp_attach(&e), RT_OK); /* the channel is a tcp one over the socket pair */
     e.on_slow = slow_hook;
     rt_request *r;
     float buf[4];

@@ -596,6 +596,34 @@ static void hex_secrets(void **state) {
     assert_string_not_equal(a, b); /* 128 random bits twice */
 }
 
+/* Every built transport is one complete table (transport.h): the kind and the name are
+ * the name table's, a byte-stream transport fills every channel and wait entry, a
+ * whole-operation one none of them and has a teardown; auto has no table; nccl is
+ * built exactly when CUDA is. */
+static void transport_tables(void **s) {
+    (void)s;
+    assert_null(rt_transport_ops_of(RT_TRANSPORT_AUTO));
+    assert_null(rt_transport_ops_of(RT_TRANSPORT_COUNT_));
+    for (int k = 0; k < RT_TRANSPORT_COUNT_; k++) {
+        const rt_transport_ops *t = rt_transport_ops_of((rt_transport)k);
+        if (!t) continue;
+        assert_int_equal(t->kind, k);
+        assert_string_equal(t->name, rt_transport_name((rt_transport)k));
+        assert_non_null(t->setup);
+        assert_non_null(t->run);
+        bool host = t->send != NULL;
+        assert_int_equal(host, t->peek != NULL);
+        assert_int_equal(host, t->consume != NULL);
+        assert_int_equal(host, t->recv != NULL);
+        assert_int_equal(host, t->close != NULL);
+        assert_int_equal(host, t->sleep != NULL);
+        assert_true(host ? !t->device_only && !t->algo : t->teardown != NULL);
+    }
+    assert_non_null(rt_transport_ops_of(RT_TRANSPORT_TCP));
+    assert_non_null(rt_transport_ops_of(RT_TRANSPORT_SHM));
+    assert_int_equal(rt_transport_ops_of(RT_TRANSPORT_NCCL) != NULL, rt_cuda_built());
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(store_frames),
@@ -610,6 +638,7 @@ int main(void) {
         cmocka_unit_test(dist_env),
         cmocka_unit_test(submit_failure_frees_request),
         cmocka_unit_test(hex_secrets),
+        cmocka_unit_test(transport_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,6 @@
-/* The nccl transport (CUDA builds): device buffers on distinct GPUs.
+/* The nccl transport (CUDA builds): device buffers on distinct GPUs. It fills the
+ * transport table (transport.h, rt_tp_nccl) as a whole-operation transport: `run`
+ * enqueues each operation on NCCL; it has no channels (the engine keeps the tcp mesh).
  *
  * Each rank runs on the group's buffer device (rt_pg_options.device, chosen by the
  * program, e.g. rt_device_select(want, local_rank)): the model and the communicator
@@ -77,7 +79,7 @@ typedef struct nccl_state {
     bool thread_started, stop;
 } nccl_state;
 
-static nccl_state *st_of(rt_pg *pg) { return pg->w->nccl; }
+static nccl_state *st_of(rt_pg *pg) { return pg->w->op_state; }
 
 /* Spin briefly, then give the processor away: a poll loop's pause between looks. */
 static void poll_pause(unsigned i) {
@@ -489,7 +491,12 @@ static rt_status init_(rt_pg *pg, nccl_state *st) {
     return RT_OK;
 }
 
-rt_status rt_pg_nccl_init(rt_pg *pg) {
+static void nccl_teardown(rt_pg_world *w);
+
+/* Cleans up after itself when it fails (a communicator it created is aborted, so the
+ * peers fail fast). */
+static rt_status nccl_setup(rt_pg *pg, const rt_transport_setup *setup) {
+    (void)setup;
     rt_pg_world *w = pg->w;
     int ndev = 0;
     RT_CHECK(rt_cuda_device_count(&ndev));
@@ -503,7 +510,7 @@ rt_status rt_pg_nccl_init(rt_pg *pg) {
     st->timeout_s = pg->timeout_s;
     pthread_mutex_init(&st->mu, NULL);
     pthread_cond_init(&st->cv, NULL);
-    w->nccl = st;
+    w->op_state = st;
     rt_status s = init_(pg, st);
     if (s != RT_OK) {
         /* a communicator that exists is aborted, not left for the peers to time out on */
@@ -517,7 +524,7 @@ rt_status rt_pg_nccl_init(rt_pg *pg) {
             st->comm = NULL;
         }
         pthread_mutex_unlock(&st->mu);
-        rt_pg_nccl_destroy(w);
+        nccl_teardown(w);
         rt_error_restore(&rec);
         return s;
     }
@@ -564,8 +571,8 @@ static void close_comm(nccl_state *st) {
     st->comm = NULL;
 }
 
-void rt_pg_nccl_destroy(rt_pg_world *w) {
-    nccl_state *st = w->nccl;
+static void nccl_teardown(rt_pg_world *w) {
+    nccl_state *st = w->op_state;
     if (!st) return;
     pthread_mutex_lock(&st->mu);
     st->stop = true;
@@ -582,7 +589,7 @@ void rt_pg_nccl_destroy(rt_pg_world *w) {
     pthread_cond_destroy(&st->cv);
     pthread_mutex_destroy(&st->mu);
     free(st);
-    w->nccl = NULL;
+    w->op_state = NULL;
 }
 
 /* ---- operations ---- */
@@ -682,7 +689,10 @@ static rt_status enqueue_locked_ev(rt_pg *pg, nccl_state *st, const rt_op *o, co
     return enqueue_locked(pg, st, o, name, dt, c->deadline, c->ev);
 }
 
-rt_status rt_nccl_run(rt_pg *pg, const rt_op *o, rt_request *r) {
+/* Enqueue the operation on the communication stream, ordered after the group's stream
+ * (rt_pg_set_stream), and give `r` (an empty request, host part complete) its device
+ * part: the completion event, polled against the timeout. */
+static rt_status nccl_enqueue(rt_pg *pg, const rt_op *o, rt_request *r) {
     const char *name = rt_comm_op_name(o->kind, o->is_send);
     RT_CHECK(precheck(pg, name));
     nccl_state *st = st_of(pg);
@@ -703,3 +713,25 @@ rt_status rt_nccl_run(rt_pg *pg, const rt_op *o, rt_request *r) {
     r->dev_ctx = c;
     return RT_OK;
 }
+
+static rt_status nccl_run(rt_pg *pg, const char *name, const rt_op *op, rt_request **out) {
+    return rt_run_enqueued(pg, name, op, out, nccl_enqueue);
+}
+
+static rt_status nccl_can_connect(rt_pg *pg, const rt_transport_setup *s) {
+    (void)s;
+    RT_REQUIRE(pg->buf_device.kind == RT_DEVICE_CUDA, RT_ERR_INVALID,
+               "transport nccl needs device buffers (rt_pg_options.device = cuda)");
+    return RT_OK;
+}
+
+const rt_transport_ops rt_tp_nccl = {
+    .name = "nccl",
+    .kind = RT_TRANSPORT_NCCL,
+    .device_only = true,
+    .algo = "nccl",
+    .can_connect = nccl_can_connect,
+    .setup = nccl_setup,
+    .teardown = nccl_teardown,
+    .run = nccl_run,
+};

@@ -124,11 +124,13 @@ struct rt_request {
 
 struct rt_engine {
     int rank, world;
-    uint64_t spin_ns; /* shm: spin this long before yielding (RINGTRAIN_SHM_SPIN_US) */
+    uint64_t spin_ns; /* spin this long before yielding or sleeping (RINGTRAIN_SHM_SPIN_US) */
     rt_chan *ch;      /* [world] */
-    bool shm;
-    rt_shm_bell *my_bell;
-    int evfd;
+    /* the transport the engine waits through (its setup installs it; NULL: no peers) and
+     * its engine-wide state (shm: this rank's wake-up word) */
+    const rt_transport_ops *tp;
+    void *tp_state;
+    int evfd; /* written by every wake-up (tcp polls it) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool driving;
@@ -175,10 +177,14 @@ rt_status rt_req_wait(rt_request *r);
 /* Non-blocking: one progress pass if nobody drives; *done says whether it finished. */
 rt_status rt_req_test(rt_request *r, bool *done);
 
+/* One progress pass over every channel (mu held): *moved_any when something moved.
+ * For transports' sleep (transport.h), which re-checks before sleeping. */
+rt_status rt_engine_pass(rt_engine *e, bool *moved_any);
+
 /* Fail the engine with the calling thread's current error. */
 void rt_engine_fail(rt_engine *e);
-/* Shut every peer connection down (shm: an "aborted" byte first) so that the peers fail
- * fast; once (rt_engine_fail does it after on_fail; on_fail may do it earlier). */
+/* Shut every peer connection down (the transport's abort first: shm writes an "aborted"
+ * byte) so that the peers fail fast; once (rt_engine_fail does it after on_fail; on_fail may do it earlier). */
 void rt_engine_abort_peers(rt_engine *e);
 
 #endif

@@ -1,4 +1,5 @@
-/* Process-group internals shared by pg.c, collectives.c and the nccl transport. */
+/* Process-group internals shared by pg.c, collectives.c, staging.c and the transports
+ * (transport.h). */
 #ifndef RT_DIST_PG_INTERNAL_H
 #define RT_DIST_PG_INTERNAL_H
 
@@ -7,6 +8,7 @@
 #include "dist/internal/flight.h"
 #include "dist/internal/names.h"
 #include "dist/internal/rendezvous.h"
+#include "dist/internal/transport.h"
 
 typedef struct rt_pg_world {
     rt_engine eng;
@@ -19,9 +21,8 @@ typedef struct rt_pg_world {
     rt_flight_cell *cell; /* the world group's shared recorder page (flight.h), NULL: none */
     int cell_fd;
     int (*cellref)[2];            /* [world]: the pid and fd of each rank's page on this host ({0, 0}: none) */
-    void *nccl;                   /* nccl transport state (CUDA builds) */
+    void *op_state;               /* a whole-operation transport's state (nccl), NULL: none */
     size_t allreduce_small_bytes; /* RINGTRAIN_ALLREDUCE_SMALL_BYTES, read at init */
-    bool shm_named;               /* RINGTRAIN_SHM_NAMED, read at shm setup */
 } rt_pg_world;
 
 /* One pinned host buffer of the staging pool (device buffers over tcp/shm). `ev` is
@@ -51,7 +52,8 @@ struct rt_pg {
     uint32_t seq;
     double timeout_s;
     rt_algo algo;
-    rt_transport transport;
+    rt_transport transport;                         /* tp->kind */
+    const rt_transport_ops *tp;                     /* runs this group's operations (transport.h) */
     rt_flight flight;                               /* this group's last operations (flight.h) */
     bool has_flight;                                /* flight initialised (destroy it) */
     char tag[RT_FLIGHT_TAG], op_tag[RT_FLIGHT_TAG]; /* rt_pg_set_tag, rt_pg_set_op_tag */
@@ -87,7 +89,7 @@ typedef struct rt_op {
     rt_event *gate;   /* staging: no transfer starts before this device event (the copy to the host) */
 } rt_op;
 
-/* Hangs and desyncs (pg.c): debug mode's check of one collective's fingerprint across
+/* Hangs and desyncs (hangs.c): debug mode's check of one collective's fingerprint across
  * the group before it runs; the engine's hook for a wait that is slow (a quarter of the
  * timeout, at most 10 s). */
 rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp);
@@ -95,19 +97,28 @@ rt_status rt_pg_debug_check(rt_pg *pg, const rt_flight_fp *fp);
  * found returns RT_ERR_PEER with the report. */
 rt_status rt_pg_slow_check(rt_pg *pg);
 double rt_pg_slow_after_s(double timeout_s);
+/* The engine's hooks (hangs.c): on_slow runs rt_pg_slow_check for the request's group;
+ * on_fail publishes the failing rank's state, diagnoses and records the group's first
+ * failure in the store (ctx: the rt_pg_world). */
+rt_status rt_pg_on_slow(void *owner);
+void rt_pg_report_failure(void *ctx, rt_error_record *rec);
+/* The world's shared recorder page (flight.h): create this rank's and publish it (best
+ * effort), and read rank j's reference when it is on this host (at init). */
+void rt_pg_cell_create(rt_pg_world *w, int rank);
+void rt_pg_cell_ref(rt_pg_world *w, int j);
 
-/* Frees the staging pool and its stream (collectives.c). */
+/* Wait until key "<prefix><j>" exists in the store for every rank j < world, polling;
+ * a rank that never arrives within timeout_s is named (`what` says which wait). */
+rt_status rt_pg_wait_ranks(rt_store *st, const char *prefix, int world, double timeout_s, const char *what);
+
+/* A new request for `op` (built into transfers when `build`), recorded in the group's
+ * flight recorder and submitted (driven by the progress thread when `async` and it has
+ * transfers), not waited for; `dev_part`: it ends with its device part. Whatever fails,
+ * it is freed (collectives.c). */
+rt_status rt_pg_submit_req(rt_pg *pg, const char *name, const rt_op *op, bool build, bool async, bool dev_part,
+                           rt_request **out);
+
+/* Frees the staging pool and its stream (staging.c). */
 void rt_stage_pool_free(rt_pg *pg);
-
-/* nccl transport (cuda/nccl.c in CUDA builds; stubs in pg.c otherwise). Runs on the
- * group's buffer device (rt_pg_options.device); the buffers are device pointers there.
- * Peers are world ranks (world group only). rt_pg_nccl_init cleans up after itself when
- * it fails (a communicator it created is aborted, so the peers fail fast).
- * rt_nccl_run enqueues the operation on the communication stream, ordered after the
- * group's stream (rt_pg_set_stream), and gives `r` (an empty request, host part
- * complete) its device part: the completion event, polled against the timeout. */
-rt_status rt_pg_nccl_init(rt_pg *pg);
-void rt_pg_nccl_destroy(rt_pg_world *w);
-rt_status rt_nccl_run(rt_pg *pg, const rt_op *op, rt_request *r);
 
 #endif
