@@ -4,7 +4,8 @@
  *
  * Every call validates on the calling thread and returns cuDNN's status (BAD_PARAM for
  * inconsistent shapes or an undersized workspace, NOT_SUPPORTED for what the emulation
- * does not implement: anything but 4-d NCHW float), copies the descriptors' contents and
+ * does not implement: anything but 4-d NCHW float, and bf16 outside the convolutions),
+ * copies the descriptors' contents and
  * the host scalars alpha/beta into the operation and enqueues it on the handle's stream
  * (cudnnSetStream; default the legacy stream). Inside the operation every device
  * pointer goes through rt_emu_access, so a host pointer, a freed buffer or a range past
@@ -44,6 +45,19 @@
  * exact in double); the float ones are within (taps) * 2^-24 * sum|terms| of it, like the
  * CPU backend's sgemm: the tolerance against the CPU backend is that bound, in practice
  * a few 1e-7 relative to the output's scale (test_emu_cudnn checks 1e-5).
+ *
+ * bf16 (PSEUDO_BFLOAT16_CONFIG: x, w and y, or w, dy and dx, or x, dy and dw all
+ * CUDNN_DATA_BFLOAT16, the convolution descriptor's compute type CUDNN_DATA_FLOAT; any
+ * other mix of data types is CUDNN_STATUS_NOT_SUPPORTED, as is a compute type other than
+ * float, which cudnnSetConvolution2dDescriptor already refuses): the operands are widened
+ * exactly to float, the algorithm runs as above (its own order and precision), alpha and
+ * beta are applied in float and the result is rounded once to bf16, to nearest even: the
+ * rounding points of a tensor-core kernel with fp32 accumulation. Only IMPLICIT_GEMM,
+ * IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_0/1 and BWD_FILTER_ALGO_0/1 run bf16 here (FFT,
+ * GEMM and BWD_FILTER_ALGO_3 are NOT_SUPPORTED for bf16: the emulation claims no more
+ * than cuDNN's documented bf16 support, which may be smaller than a given release's);
+ * the tensor-core variants read bf16 exactly, so they differ from the FMA ones only in
+ * the summation order and precision.
  *
  * Math types (cuDNN 9 on an sm_90 device): with CUDNN_FMA_MATH on the descriptor
  * everything is plain fp32 and every perf result says CUDNN_FMA_MATH. With
@@ -106,11 +120,13 @@ struct cudnnTensorStruct {
     uint32_t magic;
     bool set;
     int n, c, h, w;
+    cudnnDataType_t type; /* CUDNN_DATA_FLOAT or CUDNN_DATA_BFLOAT16 */
 };
 struct cudnnFilterStruct {
     uint32_t magic;
     bool set;
     int k, c, h, w;
+    cudnnDataType_t type;
 };
 struct cudnnConvolutionStruct {
     uint32_t magic;
@@ -167,6 +183,20 @@ template <class T> T *dev_view(const void *p, size_t bytes, int dev, const char 
     return static_cast<T *>(rt_emu_access(p, bytes, what));
 }
 
+/* bf16 (the top half of a float): round to nearest, ties to even; NaN stays a quiet NaN */
+uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float bf16_widen(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* TF32: keep 10 mantissa bits, round to nearest even (what tensor cores read) */
 float tf32(float f) {
     uint32_t u;
@@ -191,6 +221,7 @@ struct geom {
     int oh, ow;        /* y (n, k, oh, ow) */
     int ph, pw, u, v, dh, dw;
     bool flip;         /* CUDNN_CONVOLUTION: the filter is applied flipped */
+    bool bf16;         /* x, w, y are CUDNN_DATA_BFLOAT16 (else CUDNN_DATA_FLOAT) */
     size_t x_elems() const { return (size_t)n * c * h * w; }
     size_t y_elems() const { return (size_t)n * k * oh * ow; }
     size_t w_elems() const { return (size_t)k * c * r * s; }
@@ -228,38 +259,39 @@ enum support_t { SUP_ALWAYS, SUP_UNIT_STRIDE, SUP_NEVER };
 struct algo_spec {
     int algo;
     bool deterministic;
-    bool tensor_cores; /* has a TF32 tensor-core variant */
+    bool tensor_cores; /* has a tensor-core variant (TF32 for float data, bf16 for bf16) */
+    bool bf16;         /* runs the bf16 configuration (x, w, y bf16, compute float) */
     double gflops;     /* FMA rate of the timing model (the TF32 variant: 10x) */
     ws_kind ws;
     support_t support;
 };
 
 const algo_spec kFwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT] = {
-    {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, true, false, 38, WS_NONE, SUP_ALWAYS},
-    {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, true, true, 40, WS_INDEX, SUP_ALWAYS},
-    {CUDNN_CONVOLUTION_FWD_ALGO_GEMM, true, false, 36, WS_IM2COL, SUP_ALWAYS},
-    {CUDNN_CONVOLUTION_FWD_ALGO_DIRECT, true, false, 0, WS_NONE, SUP_NEVER},
-    {CUDNN_CONVOLUTION_FWD_ALGO_FFT, true, false, 60, WS_FFT, SUP_UNIT_STRIDE},
-    {CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING, true, false, 0, WS_NONE, SUP_NEVER},
-    {CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD, true, false, 0, WS_NONE, SUP_NEVER},
-    {CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED, true, false, 0, WS_NONE, SUP_NEVER},
+    {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, true, false, true, 38, WS_NONE, SUP_ALWAYS},
+    {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, true, true, true, 40, WS_INDEX, SUP_ALWAYS},
+    {CUDNN_CONVOLUTION_FWD_ALGO_GEMM, true, false, false, 36, WS_IM2COL, SUP_ALWAYS},
+    {CUDNN_CONVOLUTION_FWD_ALGO_DIRECT, true, false, false, 0, WS_NONE, SUP_NEVER},
+    {CUDNN_CONVOLUTION_FWD_ALGO_FFT, true, false, false, 60, WS_FFT, SUP_UNIT_STRIDE},
+    {CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING, true, false, false, 0, WS_NONE, SUP_NEVER},
+    {CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD, true, false, false, 0, WS_NONE, SUP_NEVER},
+    {CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED, true, false, false, 0, WS_NONE, SUP_NEVER},
 };
 const algo_spec kData[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT] = {
-    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, false, false, 44, WS_NONE, SUP_ALWAYS},
-    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true, true, 40, WS_NONE, SUP_ALWAYS},
-    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, true, false, 60, WS_FFT, SUP_UNIT_STRIDE},
-    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING, true, false, 0, WS_NONE, SUP_NEVER},
-    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD, true, false, 0, WS_NONE, SUP_NEVER},
-    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED, true, false, 0, WS_NONE, SUP_NEVER},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, false, false, true, 44, WS_NONE, SUP_ALWAYS},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true, true, true, 40, WS_NONE, SUP_ALWAYS},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, true, false, false, 60, WS_FFT, SUP_UNIT_STRIDE},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING, true, false, false, 0, WS_NONE, SUP_NEVER},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD, true, false, false, 0, WS_NONE, SUP_NEVER},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED, true, false, false, 0, WS_NONE, SUP_NEVER},
 };
 const algo_spec kFilter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT] = {
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false, false, 44, WS_NONE, SUP_ALWAYS},
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true, true, 40, WS_NONE, SUP_ALWAYS},
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, true, false, 60, WS_FFT, SUP_UNIT_STRIDE},
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, false, false, 46, WS_PARTIAL, SUP_ALWAYS},
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD, true, false, 0, WS_NONE, SUP_NEVER},
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED, true, false, 0, WS_NONE, SUP_NEVER},
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING, true, false, 0, WS_NONE, SUP_NEVER},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false, false, true, 44, WS_NONE, SUP_ALWAYS},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true, true, true, 40, WS_NONE, SUP_ALWAYS},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, true, false, false, 60, WS_FFT, SUP_UNIT_STRIDE},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, false, false, false, 46, WS_PARTIAL, SUP_ALWAYS},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD, true, false, false, 0, WS_NONE, SUP_NEVER},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED, true, false, false, 0, WS_NONE, SUP_NEVER},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING, true, false, false, 0, WS_NONE, SUP_NEVER},
 };
 
 int algo_count(dir_t d) {
@@ -271,6 +303,7 @@ const algo_spec *spec_of(dir_t d, int algo) {
     return d == DIR_FWD ? &kFwd[algo] : d == DIR_DATA ? &kData[algo] : &kFilter[algo];
 }
 bool supported(const algo_spec *a, const geom &g) {
+    if (g.bf16 && !a->bf16) return false;
     return a->support == SUP_ALWAYS || (a->support == SUP_UNIT_STRIDE && g.unit_stride());
 }
 
@@ -713,27 +746,50 @@ void run_filter(const conv_args &A, const float *x, const float *dy, float *dw) 
     }
 }
 
-void run_conv(const conv_args &A) {
-    const dir_names &nm = kNames[A.dir];
-    const geom &g = A.g;
-    const size_t fb = sizeof(float);
-    size_t a_bytes, b_bytes, out_bytes;
-    if (A.dir == DIR_FWD)
-        a_bytes = g.x_elems() * fb, b_bytes = g.w_elems() * fb, out_bytes = g.y_elems() * fb;
-    else if (A.dir == DIR_DATA)
-        a_bytes = g.w_elems() * fb, b_bytes = g.y_elems() * fb, out_bytes = g.x_elems() * fb;
-    else
-        a_bytes = g.x_elems() * fb, b_bytes = g.y_elems() * fb, out_bytes = g.w_elems() * fb;
-    const float *a = dev_view<const float>(A.a, a_bytes, A.dev, nm.a);
-    const float *b = dev_view<const float>(A.b, b_bytes, A.dev, nm.b);
-    float *out = dev_view<float>(A.out, out_bytes, A.dev, nm.out);
-    unsigned char *ws = A.ws_need ? dev_view<unsigned char>(A.ws, A.ws_need, A.dev, nm.ws) : nullptr;
+/* n bf16 values as floats (exact) */
+std::vector<float> widen_all(const void *p, size_t n) {
+    std::vector<float> v(n);
+    const uint16_t *h = static_cast<const uint16_t *>(p);
+    for (size_t i = 0; i < n; i++) v[i] = bf16_widen(h[i]);
+    return v;
+}
+
+void run_dir(const conv_args &A, const float *a, const float *b, float *out) {
     if (A.dir == DIR_FWD)
         run_fwd(A, a, b, out);
     else if (A.dir == DIR_DATA)
         run_data(A, a, b, out);
     else
         run_filter(A, a, b, out);
+}
+
+void run_conv(const conv_args &A) {
+    const dir_names &nm = kNames[A.dir];
+    const geom &g = A.g;
+    size_t a_n, b_n, out_n; /* elements */
+    if (A.dir == DIR_FWD)
+        a_n = g.x_elems(), b_n = g.w_elems(), out_n = g.y_elems();
+    else if (A.dir == DIR_DATA)
+        a_n = g.w_elems(), b_n = g.y_elems(), out_n = g.x_elems();
+    else
+        a_n = g.x_elems(), b_n = g.y_elems(), out_n = g.w_elems();
+    const size_t eb = g.bf16 ? sizeof(uint16_t) : sizeof(float);
+    const void *a = dev_view<const void>(A.a, a_n * eb, A.dev, nm.a);
+    const void *b = dev_view<const void>(A.b, b_n * eb, A.dev, nm.b);
+    void *out = dev_view<void>(A.out, out_n * eb, A.dev, nm.out);
+    unsigned char *ws = A.ws_need ? dev_view<unsigned char>(A.ws, A.ws_need, A.dev, nm.ws) : nullptr;
+    if (!g.bf16) {
+        run_dir(A, static_cast<const float *>(a), static_cast<const float *>(b), static_cast<float *>(out));
+    } else {
+        /* the bf16 configuration: operands read exactly as floats, the algorithm's own
+         * float/double arithmetic, alpha/beta applied in float (the prior output widened
+         * when beta != 0), the result rounded once to bf16 */
+        const std::vector<float> af = widen_all(a, a_n), bf = widen_all(b, b_n);
+        std::vector<float> of = A.beta != 0.0f ? widen_all(out, out_n) : std::vector<float>(out_n, 0.0f);
+        run_dir(A, af.data(), bf.data(), of.data());
+        uint16_t *o = static_cast<uint16_t *>(out);
+        for (size_t i = 0; i < out_n; i++) o[i] = bf16_round(of[i]);
+    }
     if (ws) memset(ws, 0xff, A.ws_need); /* scratch left behind: NaN bytes */
 }
 
@@ -746,7 +802,15 @@ void conv_op(void *p) { run_conv(*static_cast<conv_args *>(p)); }
 cudnnStatus_t dir_geom(cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd, cudnnConvolutionDescriptor_t cd,
                        cudnnTensorDescriptor_t yd, geom *g) {
     if (!yd) return CUDNN_STATUS_BAD_PARAM;
-    return make_geom(xd, wd, cd, yd, g);
+    cudnnStatus_t st = make_geom(xd, wd, cd, yd, g);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    /* the configurations: FLOAT_CONFIG (x, w, y float) and PSEUDO_BFLOAT16_CONFIG (x, w,
+     * y bf16); both compute in float (the only compute type a descriptor takes here).
+     * Mixed data types (e.g. bf16 x with a float y or dw) are no configuration. */
+    if (xd->type != wd->type || yd->type != xd->type || cd->compute != CUDNN_DATA_FLOAT)
+        return CUDNN_STATUS_NOT_SUPPORTED;
+    g->bf16 = xd->type == CUDNN_DATA_BFLOAT16;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 bool tf32_allowed(cudnnMathType_t m) { return m != CUDNN_FMA_MATH; }
@@ -1018,7 +1082,7 @@ cudnnStatus_t cudnnGetStream(cudnnHandle_t handle, cudaStream_t *streamId) {
 
 cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t *tensorDesc) {
     if (!tensorDesc) return CUDNN_STATUS_BAD_PARAM;
-    *tensorDesc = new cudnnTensorStruct{kTensorMagic, false, 0, 0, 0, 0};
+    *tensorDesc = new cudnnTensorStruct{kTensorMagic, false, 0, 0, 0, 0, CUDNN_DATA_FLOAT};
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1027,7 +1091,8 @@ static cudnnStatus_t check_4d(int format, cudnnDataType_t type, int n, int c, in
     if (n <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
     if (format < CUDNN_TENSOR_NCHW || format > CUDNN_TENSOR_NCHW_VECT_C) return CUDNN_STATUS_BAD_PARAM;
     if ((double)n * c * h * w > (double)INT_MAX) return CUDNN_STATUS_NOT_SUPPORTED;
-    if (format != CUDNN_TENSOR_NCHW || type != CUDNN_DATA_FLOAT) return CUDNN_STATUS_NOT_SUPPORTED;
+    if (format != CUDNN_TENSOR_NCHW) return CUDNN_STATUS_NOT_SUPPORTED;
+    if (type != CUDNN_DATA_FLOAT && type != CUDNN_DATA_BFLOAT16) return CUDNN_STATUS_NOT_SUPPORTED;
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1036,14 +1101,14 @@ cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorF
     if (!d || d->magic != kTensorMagic) return CUDNN_STATUS_BAD_PARAM;
     cudnnStatus_t st = check_4d(format, dataType, n, c, h, w);
     if (st != CUDNN_STATUS_SUCCESS) return st;
-    d->n = n, d->c = c, d->h = h, d->w = w, d->set = true;
+    d->n = n, d->c = c, d->h = h, d->w = w, d->type = dataType, d->set = true;
     return CUDNN_STATUS_SUCCESS;
 }
 
 cudnnStatus_t cudnnGetTensor4dDescriptor(const cudnnTensorDescriptor_t d, cudnnDataType_t *dataType, int *n, int *c,
                                          int *h, int *w, int *nStride, int *cStride, int *hStride, int *wStride) {
     if (!tensor_ok(d)) return CUDNN_STATUS_BAD_PARAM;
-    if (dataType) *dataType = CUDNN_DATA_FLOAT;
+    if (dataType) *dataType = d->type;
     if (n) *n = d->n;
     if (c) *c = d->c;
     if (h) *h = d->h;
@@ -1065,7 +1130,7 @@ cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) {
 
 cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *filterDesc) {
     if (!filterDesc) return CUDNN_STATUS_BAD_PARAM;
-    *filterDesc = new cudnnFilterStruct{kFilterMagic, false, 0, 0, 0, 0};
+    *filterDesc = new cudnnFilterStruct{kFilterMagic, false, 0, 0, 0, 0, CUDNN_DATA_FLOAT};
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1074,14 +1139,14 @@ cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataTyp
     if (!d || d->magic != kFilterMagic) return CUDNN_STATUS_BAD_PARAM;
     cudnnStatus_t st = check_4d(format, dataType, k, c, h, w);
     if (st != CUDNN_STATUS_SUCCESS) return st;
-    d->k = k, d->c = c, d->h = h, d->w = w, d->set = true;
+    d->k = k, d->c = c, d->h = h, d->w = w, d->type = dataType, d->set = true;
     return CUDNN_STATUS_SUCCESS;
 }
 
 cudnnStatus_t cudnnGetFilter4dDescriptor(const cudnnFilterDescriptor_t d, cudnnDataType_t *dataType,
                                          cudnnTensorFormat_t *format, int *k, int *c, int *h, int *w) {
     if (!filter_ok(d)) return CUDNN_STATUS_BAD_PARAM;
-    if (dataType) *dataType = CUDNN_DATA_FLOAT;
+    if (dataType) *dataType = d->type;
     if (format) *format = CUDNN_TENSOR_NCHW;
     if (k) *k = d->k;
     if (c) *c = d->c;
@@ -1324,6 +1389,8 @@ struct dims {
 dims dims_of(const cudnnTensorStruct *t) { return {t->n, t->c, t->h, t->w}; }
 bool same(const dims &a, const dims &b) { return a.n == b.n && a.c == b.c && a.h == b.h && a.w == b.w; }
 bool is_param(const dims &p, int c) { return p.n == 1 && p.c == c && p.h == 1 && p.w == 1; }
+/* bias, tensor add and batch norm are emulated for float data only (cuDNN has more) */
+bool float_data(const cudnnTensorStruct *t) { return t->type == CUDNN_DATA_FLOAT; }
 
 struct bias_args {
     dims dy;
@@ -1518,6 +1585,7 @@ cudnnStatus_t bn_check(cudnnHandle_t h, cudnnBatchNormMode_t mode, cudnnTensorDe
     if (!same(dims_of(xd), dims_of(yd))) return CUDNN_STATUS_BAD_PARAM;
     if (!is_param(dims_of(pd), xd->c)) return CUDNN_STATUS_BAD_PARAM;
     if (!(eps >= CUDNN_BN_MIN_EPSILON)) return CUDNN_STATUS_BAD_PARAM;
+    if (!float_data(xd) || !float_data(yd) || !float_data(pd)) return CUDNN_STATUS_NOT_SUPPORTED;
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1530,6 +1598,7 @@ cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t handle, const void *alp
                                            const cudnnTensorDescriptor_t dbDesc, void *db) {
     if (!handle_ok(handle) || !tensor_ok(dyDesc) || !tensor_ok(dbDesc)) return CUDNN_STATUS_BAD_PARAM;
     if (!alpha || !beta || !dy || !db) return CUDNN_STATUS_BAD_PARAM;
+    if (!float_data(dyDesc) || !float_data(dbDesc)) return CUDNN_STATUS_NOT_SUPPORTED;
     if (!is_param(dims_of(dbDesc), dyDesc->c)) return CUDNN_STATUS_BAD_PARAM;
     auto *op = new bias_args{dims_of(dyDesc), rt_emu_stream_device(handle->stream), host_scalar(alpha),
                              host_scalar(beta), dy, db};
@@ -1540,6 +1609,7 @@ cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha, const cudn
                              const void *A, const void *beta, const cudnnTensorDescriptor_t cDesc, void *C) {
     if (!handle_ok(handle) || !tensor_ok(aDesc) || !tensor_ok(cDesc)) return CUDNN_STATUS_BAD_PARAM;
     if (!alpha || !beta || !A || !C) return CUDNN_STATUS_BAD_PARAM;
+    if (!float_data(aDesc) || !float_data(cDesc)) return CUDNN_STATUS_NOT_SUPPORTED;
     const dims a = dims_of(aDesc), c = dims_of(cDesc);
     if ((a.n != c.n && a.n != 1) || (a.c != c.c && a.c != 1) || (a.h != c.h && a.h != 1) || (a.w != c.w && a.w != 1))
         return CUDNN_STATUS_BAD_PARAM;
@@ -1604,6 +1674,7 @@ cudnnStatus_t cudnnBatchNormalizationBackward(cudnnHandle_t handle, cudnnBatchNo
     cudnnStatus_t st = bn_check(handle, mode, xDesc, dxDesc, dBnScaleBiasDesc, epsilon);
     if (st != CUDNN_STATUS_SUCCESS) return st;
     if (!tensor_ok(dyDesc) || !same(dims_of(xDesc), dims_of(dyDesc))) return CUDNN_STATUS_BAD_PARAM;
+    if (!float_data(dyDesc)) return CUDNN_STATUS_NOT_SUPPORTED;
     if (!alphaDataDiff || !betaDataDiff || !alphaParamDiff || !betaParamDiff || !x || !dy || !dx || !bnScale ||
         !dBnScaleResult || !dBnBiasResult)
         return CUDNN_STATUS_BAD_PARAM;

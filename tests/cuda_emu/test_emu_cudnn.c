@@ -17,7 +17,9 @@
  * statistics included; bias gradient and tensor add; sgemm in all four transpose
  * combinations, host and device pointer mode; math types; handle-stream binding, a
  * destroyed stream, stream of another device; error codes; a host pointer given to
- * cuDNN is a fault of the emulation (checked in a child process).
+ * cuDNN is a fault of the emulation (checked in a child process). bf16 (issue 22): a
+ * convolution and cublasGemmEx on bf16 operands equal the float computation on the same
+ * values, rounded once; mixed data types and unsupported combinations are refused.
  */
 #include "test_util.h"
 
@@ -689,6 +691,208 @@ static void test_sgemm(void **state) {
     cudaFree(dA), cudaFree(dC);
 }
 
+/* ---- bf16 (precision bf16, issue 22) -------------------------------------------------- */
+
+/* fp32 -> bf16 to nearest even (written out here, independent of core/bf16.h) */
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+/* n floats rounded to bf16: the bf16 words (*h) and their float values (returned) */
+static float *bf16_pair(const float *x, size_t n, uint16_t **h) {
+    float *f = malloc(n * sizeof(float));
+    *h = malloc(n * sizeof(uint16_t));
+    assert_true(f && *h);
+    for (size_t i = 0; i < n; i++) (*h)[i] = to_bf16(x[i]), f[i] = from_bf16((*h)[i]);
+    return f;
+}
+static void *dev_put16(const uint16_t *h, size_t n) {
+    void *d = NULL;
+    assert_cuda_ok(cudaMalloc(&d, n * sizeof(uint16_t)));
+    assert_cuda_ok(cudaMemcpy(d, h, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    return d;
+}
+static uint16_t *dev_get16(const void *d, size_t n) {
+    uint16_t *h = malloc(n * sizeof(uint16_t));
+    assert_non_null(h);
+    assert_cuda_ok(cudaStreamSynchronize(g_stream));
+    assert_cuda_ok(cudaMemcpy(h, d, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+/* The bf16 configuration: the same algorithm on float data holding the bf16 values,
+ * rounded once, bit for bit (forward with beta 0 and with beta 1 on a bf16 prior y, and
+ * backward filter); mixed data types, the algorithms without bf16 support and bf16 in
+ * the float-only calls are refused */
+static void test_conv_bf16(void **state) {
+    (void)state;
+    const int N = 2, C = 3, H = 7, K = 4, R = 3, OH = 4;
+    const size_t nx = (size_t)N * C * H * H, nw = (size_t)K * C * R * R, ny = (size_t)N * K * OH * OH;
+    float *x = randn(nx, 1.0f), *w = randn(nw, 0.5f), *y0 = randn(ny, 1.0f);
+    uint16_t *xh, *wh, *y0h;
+    float *xf = bf16_pair(x, nx, &xh), *wf = bf16_pair(w, nw, &wh), *y0f = bf16_pair(y0, ny, &y0h);
+    cudnnTensorDescriptor_t xb, yb, xf_d, yf_d;
+    cudnnFilterDescriptor_t wb, wf_d;
+    cudnnConvolutionDescriptor_t c;
+    assert_dnn_ok(cudnnCreateTensorDescriptor(&xb));
+    assert_dnn_ok(cudnnCreateTensorDescriptor(&yb));
+    assert_dnn_ok(cudnnCreateTensorDescriptor(&xf_d));
+    assert_dnn_ok(cudnnCreateTensorDescriptor(&yf_d));
+    assert_dnn_ok(cudnnCreateFilterDescriptor(&wb));
+    assert_dnn_ok(cudnnCreateFilterDescriptor(&wf_d));
+    assert_dnn_ok(cudnnCreateConvolutionDescriptor(&c));
+    assert_dnn_ok(cudnnSetTensor4dDescriptor(xb, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, N, C, H, H));
+    assert_dnn_ok(cudnnSetTensor4dDescriptor(yb, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, N, K, OH, OH));
+    assert_dnn_ok(cudnnSetTensor4dDescriptor(xf_d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, N, C, H, H));
+    assert_dnn_ok(cudnnSetTensor4dDescriptor(yf_d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, N, K, OH, OH));
+    assert_dnn_ok(cudnnSetFilter4dDescriptor(wb, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NCHW, K, C, R, R));
+    assert_dnn_ok(cudnnSetFilter4dDescriptor(wf_d, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, K, C, R, R));
+    assert_dnn_ok(cudnnSetConvolution2dDescriptor(c, 1, 1, 2, 2, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    assert_dnn_ok(cudnnSetConvolutionMathType(c, CUDNN_TENSOR_OP_MATH));
+    cudnnDataType_t t;
+    assert_dnn_ok(cudnnGetTensor4dDescriptor(xb, &t, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
+    assert_int_equal(t, CUDNN_DATA_BFLOAT16);
+    /* a compute type other than float is refused when set */
+    cudnnConvolutionDescriptor_t c16;
+    assert_dnn_ok(cudnnCreateConvolutionDescriptor(&c16));
+    assert_int_equal(
+        cudnnSetConvolution2dDescriptor(c16, 1, 1, 2, 2, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_BFLOAT16),
+        CUDNN_STATUS_NOT_SUPPORTED);
+    assert_dnn_ok(cudnnDestroyConvolutionDescriptor(c16));
+
+    void *dxb = dev_put16(xh, nx), *dwb = dev_put16(wh, nw), *dyb = dev_put16(y0h, ny);
+    void *dxf = dev_put(xf, nx), *dwf = dev_put(wf, nw), *dyf = dev_put(y0f, ny);
+    const float one = 1.0f, zero = 0.0f;
+    size_t ws = 0;
+    /* mixed types: no configuration */
+    assert_int_equal(cudnnConvolutionForward(g_dnn, &one, xb, dxb, wb, dwb, c, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+                                             NULL, 0, &zero, yf_d, dyf),
+                     CUDNN_STATUS_NOT_SUPPORTED);
+    assert_int_equal(cudnnConvolutionForward(g_dnn, &one, xb, dxb, wf_d, dwf, c,
+                                             CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, NULL, 0, &zero, yb, dyb),
+                     CUDNN_STATUS_NOT_SUPPORTED);
+    /* no bf16 FFT or explicit GEMM here; the heuristics list them as NOT_SUPPORTED */
+    assert_int_equal(
+        cudnnGetConvolutionForwardWorkspaceSize(g_dnn, xb, wb, c, yb, CUDNN_CONVOLUTION_FWD_ALGO_GEMM, &ws),
+        CUDNN_STATUS_NOT_SUPPORTED);
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int got = 0;
+    assert_dnn_ok(
+        cudnnGetConvolutionForwardAlgorithm_v7(g_dnn, xb, wb, c, yb, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
+    for (int i = 0; i < got; i++)
+        if (perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT)
+            assert_int_equal(perf[i].status, CUDNN_STATUS_NOT_SUPPORTED);
+    assert_int_equal(perf[0].status, CUDNN_STATUS_SUCCESS);
+    /* bias add and batch norm take no bf16 here */
+    cudnnTensorDescriptor_t bb;
+    assert_dnn_ok(cudnnCreateTensorDescriptor(&bb));
+    assert_dnn_ok(cudnnSetTensor4dDescriptor(bb, CUDNN_TENSOR_NCHW, CUDNN_DATA_BFLOAT16, 1, K, 1, 1));
+    assert_int_equal(cudnnAddTensor(g_dnn, &one, bb, dwb, &one, yb, dyb), CUDNN_STATUS_NOT_SUPPORTED);
+    assert_dnn_ok(cudnnDestroyTensorDescriptor(bb));
+
+    /* forward, beta 0 and beta 1: bf16 = round(the float computation on the same values) */
+    const float betas[2] = {0.0f, 1.0f};
+    for (int bi = 0; bi < 2; bi++) {
+        dev_set(dyf, y0f, ny);
+        assert_cuda_ok(cudaMemcpy(dyb, y0h, ny * sizeof(uint16_t), cudaMemcpyHostToDevice));
+        assert_dnn_ok(cudnnConvolutionForward(g_dnn, &one, xb, dxb, wb, dwb, c,
+                                              CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, NULL, 0, &betas[bi], yb, dyb));
+        assert_dnn_ok(cudnnSetConvolutionMathType(c, CUDNN_FMA_MATH));
+        assert_dnn_ok(cudnnConvolutionForward(g_dnn, &one, xf_d, dxf, wf_d, dwf, c,
+                                              CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, NULL, 0, &betas[bi], yf_d,
+                                              dyf));
+        assert_dnn_ok(cudnnSetConvolutionMathType(c, CUDNN_TENSOR_OP_MATH));
+        uint16_t *gb = dev_get16(dyb, ny);
+        float *gf = dev_get(dyf, ny);
+        size_t differ = 0;
+        for (size_t i = 0; i < ny; i++) differ += gb[i] != to_bf16(gf[i]);
+        printf("  bf16 forward, beta %g: %zu of %zu differ from round(float)\n", (double)betas[bi], differ, ny);
+        assert_int_equal(differ, 0);
+        free(gb), free(gf);
+    }
+    /* backward filter (ALGO_1, FMA on both: the tensor-op variant sums in another precision): dw in bf16;
+     * dy: the bf16 y above, and its values as floats */
+    uint16_t *dyh = dev_get16(dyb, ny);
+    for (size_t i = 0; i < ny; i++) y0f[i] = from_bf16(dyh[i]);
+    dev_set(dyf, y0f, ny);
+    free(dyh);
+    assert_dnn_ok(cudnnSetConvolutionMathType(c, CUDNN_FMA_MATH));
+    assert_dnn_ok(cudnnConvolutionBackwardFilter(g_dnn, &one, xb, dxb, yb, dyb, c, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+                                                 NULL, 0, &zero, wb, dwb));
+    assert_dnn_ok(cudnnConvolutionBackwardFilter(g_dnn, &one, xf_d, dxf, yf_d, dyf, c,
+                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, NULL, 0, &zero, wf_d, dwf));
+    uint16_t *gwb = dev_get16(dwb, nw);
+    float *gwf = dev_get(dwf, nw);
+    size_t differ = 0;
+    for (size_t i = 0; i < nw; i++) differ += gwb[i] != to_bf16(gwf[i]);
+    assert_int_equal(differ, 0);
+    free(gwb), free(gwf);
+    assert_int_equal(cudnnConvolutionBackwardFilter(g_dnn, &one, xb, dxb, yb, dyb, c,
+                                                    CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, NULL, 0, &zero, wb, dwb),
+                     CUDNN_STATUS_NOT_SUPPORTED);
+
+    cudaFree(dxb), cudaFree(dwb), cudaFree(dyb), cudaFree(dxf), cudaFree(dwf), cudaFree(dyf);
+    cudnnDestroyTensorDescriptor(xb), cudnnDestroyTensorDescriptor(yb);
+    cudnnDestroyTensorDescriptor(xf_d), cudnnDestroyTensorDescriptor(yf_d);
+    cudnnDestroyFilterDescriptor(wb), cudnnDestroyFilterDescriptor(wf_d);
+    cudnnDestroyConvolutionDescriptor(c);
+    free(x), free(w), free(y0), free(xh), free(wh), free(y0h), free(xf), free(wf), free(y0f);
+}
+
+/* cublasGemmEx: bf16 A, B with an fp32 C = cublasSgemm on the same values, bit for bit;
+ * with a bf16 C its rounding; the combinations cuBLAS rejects are refused */
+static void test_gemm_ex_bf16(void **state) {
+    (void)state;
+    const int m = 5, n = 3, k = 37;
+    float *a = randn((size_t)m * k, 1.0f), *b = randn((size_t)k * n, 1.0f), *c0 = randn((size_t)m * n, 1.0f);
+    uint16_t *ah, *bh, *ch;
+    float *af = bf16_pair(a, (size_t)m * k, &ah), *bf = bf16_pair(b, (size_t)k * n, &bh);
+    float *cf0 = bf16_pair(c0, (size_t)m * n, &ch);
+    void *dA = dev_put16(ah, (size_t)m * k), *dB = dev_put16(bh, (size_t)k * n);
+    void *dAf = dev_put(af, (size_t)m * k), *dBf = dev_put(bf, (size_t)k * n);
+    void *dC = dev_put(c0, (size_t)m * n), *dCf = dev_put(c0, (size_t)m * n), *dCh = dev_put16(ch, (size_t)m * n);
+    const float one = 1.0f, half = 0.5f;
+    assert_blas_ok(cublasSetMathMode(g_blas, CUBLAS_DEFAULT_MATH));
+    assert_blas_ok(cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, m, dB, CUDA_R_16BF, k,
+                                &half, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    assert_blas_ok(cublasSgemm(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dAf, m, dBf, k, &half, dCf, m));
+    float *g = dev_get(dC, (size_t)m * n), *r = dev_get(dCf, (size_t)m * n);
+    assert_true(bits_equal(g, r, (size_t)m * n));
+    /* bf16 C: round(alpha AB + beta C) with the prior C widened */
+    dev_set(dCf, cf0, (size_t)m * n);
+    assert_blas_ok(cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, m, dB, CUDA_R_16BF, k,
+                                &half, dCh, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+    assert_blas_ok(cublasSgemm(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dAf, m, dBf, k, &half, dCf, m));
+    uint16_t *gh = dev_get16(dCh, (size_t)m * n);
+    free(r);
+    r = dev_get(dCf, (size_t)m * n);
+    for (int i = 0; i < m * n; i++) assert_int_equal(gh[i], to_bf16(r[i]));
+    /* refused: mixed A/B, a bf16 C from fp32 inputs, a half-precision compute type, an unknown algo */
+    assert_int_equal(cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, m, dBf, CUDA_R_32F,
+                                  k, &half, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     CUBLAS_STATUS_NOT_SUPPORTED);
+    assert_int_equal(cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dAf, CUDA_R_32F, m, dBf, CUDA_R_32F,
+                                  k, &half, dCh, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     CUBLAS_STATUS_NOT_SUPPORTED);
+    assert_int_equal(cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, m, dB, CUDA_R_16BF,
+                                  k, &half, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_16F, CUBLAS_GEMM_DEFAULT),
+                     CUBLAS_STATUS_NOT_SUPPORTED);
+    assert_int_equal(cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16BF, m, dB, CUDA_R_16BF,
+                                  k, &half, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, (cublasGemmAlgo_t)50),
+                     CUBLAS_STATUS_INVALID_VALUE);
+    assert_blas_ok(cublasSetMathMode(g_blas, CUBLAS_PEDANTIC_MATH));
+    free(g), free(r), free(gh);
+    cudaFree(dA), cudaFree(dB), cudaFree(dAf), cudaFree(dBf), cudaFree(dC), cudaFree(dCf), cudaFree(dCh);
+    free(a), free(b), free(c0), free(ah), free(bh), free(ch), free(af), free(bf), free(cf0);
+}
+
 /* ---- math types, handles, streams, errors --------------------------------------------- */
 
 static void test_math_types(void **state) {
@@ -934,6 +1138,7 @@ int main(void) {
         cmocka_unit_test(test_conv_default_math), cmocka_unit_test(test_nondeterministic),
         cmocka_unit_test(test_workspace),      cmocka_unit_test(test_bias_and_add), cmocka_unit_test(test_batchnorm),
         cmocka_unit_test(test_sgemm),          cmocka_unit_test(test_streams),
+        cmocka_unit_test(test_conv_bf16),      cmocka_unit_test(test_gemm_ex_bf16),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

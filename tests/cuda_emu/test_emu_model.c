@@ -16,6 +16,7 @@
  */
 #include "emu_test_util.h"
 
+#include "core/bf16.h"
 #include "core/tensor.h"
 #include "model/cuda/cuda_internal.h"
 #include "model/layers.h"
@@ -349,12 +350,69 @@ static void test_losses_bad_labels(void **state) {
     free(x), free(logp), free(lab), free(fixed), free(cd), free(gd);
 }
 
+/* ---- precision bf16: casts and bias pieces ------------------------------------------- */
+
+/* the cast kernels round as core/bf16.h does (ties to even, NaN quiet, infinities and
+ * signed zeros kept), bit for bit; fill and channel sums against loops over those roundings */
+static void test_bf16_casts(void **state) {
+    (void)state;
+    const size_t n = 70001;
+    float *x = rt_test_randn(n, 3.0f);
+    const float edges[] = {0.0f,
+                           -0.0f,
+                           INFINITY,
+                           -INFINITY,
+                           NAN,
+                           1.0f + 0x1p-8f /* a tie: to even (1) */,
+                           1.0f + 0x1p-7f + 0x1p-8f /* a tie: to even (up) */,
+                           0x1p-130f /* subnormal */,
+                           3.4e38f /* rounds to infinity */};
+    memcpy(x, edges, sizeof edges);
+    uint16_t *h = malloc(n * sizeof(uint16_t));
+    assert_non_null(h);
+    assert_cuda_ok(rt_cuk_to_bf16(NULL, n, x, h));
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) differ += h[i] != rt_bf16_from_f32(x[i]);
+    printf("  to_bf16: %zu of %zu differ from rt_bf16_from_f32\n", differ, n);
+    assert_int_equal(differ, 0);
+    /* widen, accumulate, round in place */
+    float *w = rt_test_nans(n), *cw = rt_test_floats(n);
+    assert_cuda_ok(rt_cuk_from_bf16(NULL, n, h, w, false));
+    for (size_t i = 0; i < n; i++) cw[i] = rt_bf16_to_f32(h[i]);
+    et_check_exact("from_bf16", cw, w, n);
+    float *acc = rt_test_randn(n, 1.0f), *cacc = rt_test_copy(acc, n);
+    assert_cuda_ok(rt_cuk_from_bf16(NULL, n, h, acc, true));
+    for (size_t i = 0; i < n; i++) cacc[i] += rt_bf16_to_f32(h[i]);
+    et_check_exact("from_bf16 accumulate", cacc, acc, n);
+    float *r = rt_test_copy(x, n);
+    assert_cuda_ok(rt_cuk_round_bf16(NULL, n, r));
+    for (size_t i = 0; i < n; i++) cw[i] = rt_bf16_round(x[i]);
+    et_check_exact("round_bf16", cw, r, n);
+    /* fill (n, c, plane) with round(b), then the channel sums of it */
+    const int N = 3, C = 5;
+    const size_t P = 37, total = (size_t)N * C * P;
+    float *b = rt_test_randn((size_t)C, 1.0f), *db = rt_test_nans((size_t)C), *cdb = rt_test_floats((size_t)C);
+    uint16_t *y = malloc(total * sizeof(uint16_t));
+    assert_non_null(y);
+    assert_cuda_ok(rt_cuk_bf16_fill_channels(NULL, N, C, P, b, y));
+    for (size_t i = 0; i < total; i++) assert_int_equal(y[i], rt_bf16_from_f32(b[(i / P) % C]));
+    assert_cuda_ok(rt_cuk_bf16_channel_sums(NULL, N, C, P, y, db));
+    for (int c = 0; c < C; c++) {
+        double s = 0;
+        for (int i = 0; i < N; i++)
+            for (size_t p = 0; p < P; p++) s += rt_bf16_to_f32(y[((size_t)i * C + c) * P + p]);
+        cdb[c] = (float)s;
+    }
+    et_check_exact("bf16_channel_sums", cdb, db, (size_t)C);
+    free(x), free(h), free(w), free(cw), free(acc), free(cacc), free(r), free(b), free(db), free(cdb), free(y);
+}
+
 int main(void) {
     et_pick_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_maxpool),           cmocka_unit_test(test_avgpool),
         cmocka_unit_test(test_linear_bias), cmocka_unit_test(test_dropout),           cmocka_unit_test(test_increment),
-        cmocka_unit_test(test_losses),      cmocka_unit_test(test_losses_bad_labels),
+        cmocka_unit_test(test_losses),      cmocka_unit_test(test_losses_bad_labels), cmocka_unit_test(test_bf16_casts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -9,7 +9,10 @@
  * CUDNN_FMA_MATH, cuBLAS CUBLAS_PEDANTIC_MATH: plain fp32 arithmetic throughout; the
  * linear layers are too small for the mode to cost anything); tf32
  * allows TF32 tensor cores (cuDNN CUDNN_DEFAULT_MATH, cuBLAS
- * CUBLAS_TF32_TENSOR_OP_MATH), what PyTorch does with allow_tf32 = True.
+ * CUBLAS_TF32_TENSOR_OP_MATH), what PyTorch does with allow_tf32 = True; bf16 runs
+ * convolutions (conv_cuda.c) and linear layers (cublasGemmEx, below) on bf16 copies with
+ * fp32 accumulation, at the CPU's rounding points (docs/model.md, "Precision bf16"),
+ * and everything else (batch norm, relu, pooling, the losses) in fp32 as before.
  *
  * Batch norm: cudnnBatchNormalization* in CUDNN_BATCHNORM_SPATIAL mode with
  * exponentialAverageFactor = momentum (0.1). cuDNN updates the running variance with
@@ -56,14 +59,16 @@ static void cuda_ctx_release(rt_model_ctx *ctx) {
     ctx->backend = NULL;
 }
 
+/* cuBLAS's math mode per precision: fp32 pedantic (plain fp32), tf32 TF32 tensor cores;
+ * bf16 default (its GEMMs are cublasGemmEx on bf16 operands with CUBLAS_COMPUTE_32F,
+ * which run on bf16 tensor cores with fp32 accumulation; no fp32 GEMM is left) */
+static cublasMath_t blas_math(rt_precision p) {
+    if (p == RT_PRECISION_TF32) return CUBLAS_TF32_TENSOR_OP_MATH;
+    return p == RT_PRECISION_BF16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH;
+}
+
 static rt_status cuda_ctx_init(rt_model_ctx *ctx) {
     RT_REQUIRE(ctx->device.kind == RT_DEVICE_CUDA, RT_ERR_INTERNAL, "CUDA model backend on a non-CUDA device");
-    /* TODO(issue 22, item 1): cuDNN/cuBLAS bf16 (CUDNN_DATA_BFLOAT16, CUDA_R_16BF with
-     * CUBLAS_COMPUTE_32F); until then the GPU refuses bf16 rather than run it in fp32 */
-    RT_REQUIRE(ctx->precision != RT_PRECISION_BF16, RT_ERR_UNSUPPORTED,
-               "train.precision bf16 is not implemented on the CUDA backend yet (cuda:%d); use fp32 or tf32 on a GPU, "
-               "or bf16 on the CPU",
-               ctx->device.index);
     rt_cuda_state *s = calloc(1, sizeof *s);
     RT_CHECK_ALLOC(s, sizeof *s);
     ctx->backend = s; /* released by cuda_ctx_release, also after a failure below */
@@ -74,15 +79,14 @@ static rt_status cuda_ctx_init(rt_model_ctx *ctx) {
     RT_CHECK_CUBLAS(cublasCreate(&s->blas));
     RT_CHECK_CUBLAS(cublasSetStream(s->blas, s->stream));
     RT_CHECK_CUBLAS(cublasSetPointerMode(s->blas, CUBLAS_POINTER_MODE_HOST));
-    RT_CHECK_CUBLAS(cublasSetMathMode(s->blas, ctx->precision == RT_PRECISION_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                                                   : CUBLAS_PEDANTIC_MATH));
+    RT_CHECK_CUBLAS(cublasSetMathMode(s->blas, blas_math(ctx->precision)));
     RT_CHECK_CUDA(cudaMalloc(&s->blas_ws, BLAS_WS_BYTES));
     s->blas_ws_bytes = BLAS_WS_BYTES;
     RT_CHECK_CUBLAS(cublasSetWorkspace(s->blas, s->blas_ws, s->blas_ws_bytes));
     RT_CHECK_CUDA(cudaMalloc((void **)&s->bad_labels, sizeof(int)));
     RT_CHECK_CUDA(cudaMemsetAsync(s->bad_labels, 0, sizeof(int), s->stream));
     RT_LOG_DEBUG("model on cuda:%d: cuDNN %zu, cuBLAS, precision %s", ctx->device.index, cudnnGetVersion(),
-                 ctx->precision == RT_PRECISION_TF32 ? "tf32" : "fp32");
+                 rt_precision_name(ctx->precision));
     return RT_OK;
 }
 
@@ -187,9 +191,93 @@ static rt_status cuda_bn_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, c
 /* ---- linear (cuBLAS, column-major view of row-major data) ---------------------------- */
 
 /* Row-major x (n, in) is column-major x^T (in, n); row-major W (out, in) is column-major
- * W^T (in, out). So y^T (out, n) = W x^T = op_T(W^T) x^T. */
+ * W^T (in, out). So y^T (out, n) = W x^T = op_T(W^T) x^T.
+ *
+ * Precision bf16 (the CPU's linear_forward_bf16 / linear_backward_bf16, ops_cpu.c):
+ * cublasGemmEx with CUDA_R_16BF A and B, CUBLAS_COMPUTE_32F (fp32 accumulation, bf16
+ * tensor cores) and a CUDA_R_32F C. Forward: y starts as the rounded bias, the GEMM adds
+ * round(W) round(x) to it in fp32 (beta 1), then y is rounded once. Backward: dW = the
+ * fp32 GEMM of round(dy) and round(x), not rounded; db = fp32 column sums of round(dy);
+ * dx = round(the fp32 GEMM of round(dy) and round(W)). The bf16 copies (W, then x, then
+ * dy) live in ctx->work, reserved by linear_prepare for max_n. */
+
+/* the bf16 copies' offsets in ctx->work for batch n, and their total */
+typedef struct lin_bf16 {
+    size_t off_w, off_x, off_dy, total;
+} lin_bf16;
+
+static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+static lin_bf16 lin_layout(const rt_linear *l, int n) {
+    lin_bf16 b;
+    b.off_w = 0;
+    b.off_x = align256(sizeof(uint16_t) * (size_t)l->out_f * l->in_f);
+    b.off_dy = b.off_x + align256(sizeof(uint16_t) * (size_t)n * l->in_f);
+    b.total = b.off_dy + align256(sizeof(uint16_t) * (size_t)n * l->out_f);
+    return b;
+}
+
+static rt_status cuda_linear_prepare(rt_model_ctx *ctx, rt_linear *l, int max_n, size_t *workspace) {
+    *workspace = ctx->precision == RT_PRECISION_BF16 ? lin_layout(l, max_n).total : 0;
+    return RT_OK;
+}
+
+static rt_status lin_bf16_ready(const rt_model_ctx *ctx, const rt_linear *l, int n, lin_bf16 *b) {
+    *b = lin_layout(l, n);
+    RT_REQUIRE(ctx->work != NULL && ctx->work_bytes >= b->total, RT_ERR_INVALID,
+               "linear %d->%d bf16, batch %d: workspace of %zu bytes is smaller than the %zu its bf16 copies need; "
+               "call rt_linear_prepare and rt_model_ctx_reserve",
+               l->in_f, l->out_f, n, ctx->work_bytes, b->total);
+    return RT_OK;
+}
+
+static void *work_at(const rt_model_ctx *ctx, size_t off) { return (char *)ctx->work + off; }
+
+static rt_status linear_forward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, float *y) {
+    rt_cuda_state *s = cuda_state(ctx);
+    lin_bf16 b;
+    RT_CHECK(lin_bf16_ready(ctx, l, n, &b));
+    uint16_t *wb = work_at(ctx, b.off_w), *xb = work_at(ctx, b.off_x);
+    const size_t yn = (size_t)n * l->out_f;
+    const float one = 1.0f;
+    RT_CHECK_CUDA(rt_cuk_to_bf16(s->stream, (size_t)l->out_f * l->in_f, rt_tensor_data(&l->weight), wb));
+    RT_CHECK_CUDA(rt_cuk_to_bf16(s->stream, (size_t)n * l->in_f, x, xb));
+    RT_CHECK_CUDA(rt_cuk_bias_rows(s->stream, n, l->out_f, rt_tensor_data(&l->bias), y));
+    RT_CHECK_CUDA(rt_cuk_round_bf16(s->stream, yn, y));
+    RT_CHECK_CUBLAS(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, l->out_f, n, l->in_f, &one, wb, CUDA_R_16BF,
+                                 l->in_f, xb, CUDA_R_16BF, l->in_f, &one, y, CUDA_R_32F, l->out_f, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+    RT_CHECK_CUDA(rt_cuk_round_bf16(s->stream, yn, y));
+    return RT_OK;
+}
+
+static rt_status linear_backward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy,
+                                      float *dx) {
+    rt_cuda_state *s = cuda_state(ctx);
+    lin_bf16 b;
+    RT_CHECK(lin_bf16_ready(ctx, l, n, &b));
+    uint16_t *wb = work_at(ctx, b.off_w), *xb = work_at(ctx, b.off_x), *dyb = work_at(ctx, b.off_dy);
+    const float one = 1.0f, zero = 0.0f;
+    RT_CHECK_CUDA(rt_cuk_to_bf16(s->stream, (size_t)n * l->in_f, x, xb));
+    RT_CHECK_CUDA(rt_cuk_to_bf16(s->stream, (size_t)n * l->out_f, dy, dyb));
+    /* dW^T (in, out) = x^T (in, n) dy (n, out): fp32, not rounded */
+    RT_CHECK_CUBLAS(cublasGemmEx(s->blas, CUBLAS_OP_N, CUBLAS_OP_T, l->in_f, l->out_f, n, &one, xb, CUDA_R_16BF,
+                                 l->in_f, dyb, CUDA_R_16BF, l->out_f, &zero, rt_tensor_data(&l->dweight), CUDA_R_32F,
+                                 l->in_f, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    RT_CHECK_CUDA(rt_cuk_bf16_channel_sums(s->stream, n, l->out_f, 1, dyb, rt_tensor_data(&l->dbias)));
+    if (!dx) return RT_OK;
+    /* dx^T (in, n) = W^T (in, out) dy^T (out, n), rounded once */
+    RT_CHECK_CUDA(rt_cuk_to_bf16(s->stream, (size_t)l->out_f * l->in_f, rt_tensor_data(&l->weight), wb));
+    RT_CHECK_CUBLAS(cublasGemmEx(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, l->in_f, n, l->out_f, &one, wb, CUDA_R_16BF,
+                                 l->in_f, dyb, CUDA_R_16BF, l->out_f, &zero, dx, CUDA_R_32F, l->in_f,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    RT_CHECK_CUDA(rt_cuk_round_bf16(s->stream, (size_t)n * l->in_f, dx));
+    return RT_OK;
+}
+
 static rt_status cuda_linear_forward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, float *y) {
     RT_CHECK(rt_cuda_bind(ctx));
+    if (ctx->precision == RT_PRECISION_BF16) return linear_forward_bf16(ctx, l, n, x, y);
     rt_cuda_state *s = cuda_state(ctx);
     const float one = 1.0f;
     RT_CHECK_CUDA(rt_cuk_bias_rows(s->stream, n, l->out_f, rt_tensor_data(&l->bias), y));
@@ -201,6 +289,7 @@ static rt_status cuda_linear_forward(rt_model_ctx *ctx, rt_linear *l, int n, con
 static rt_status cuda_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy,
                                       float *dx) {
     RT_CHECK(rt_cuda_bind(ctx));
+    if (ctx->precision == RT_PRECISION_BF16) return linear_backward_bf16(ctx, l, n, x, dy, dx);
     rt_cuda_state *s = cuda_state(ctx);
     const float one = 1.0f, zero = 0.0f;
     /* dW (out, in) = dy^T x  <=>  column-major dW^T (in, out) = x^T (in, n) dy (n, out) */
@@ -335,6 +424,7 @@ const rt_model_backend rt_model_backend_cuda = {
     .maxpool2d_backward = cuda_maxpool_backward,
     .avgpool_forward = cuda_avgpool_forward,
     .avgpool_backward = cuda_avgpool_backward,
+    .linear_prepare = cuda_linear_prepare,
     .linear_forward = cuda_linear_forward,
     .linear_backward = cuda_linear_backward,
     .dropout_forward = cuda_dropout_forward,

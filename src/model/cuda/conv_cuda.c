@@ -1,4 +1,5 @@
-/* conv2d on CUDA: cuDNN forward, backward-data and backward-filter (NCHW, fp32).
+/* conv2d on CUDA: cuDNN forward, backward-data and backward-filter (NCHW; fp32 data, or
+ * bf16 copies under precision bf16, below).
  *
  * Prepare (once per layer, setup time) creates the filter and convolution descriptors
  * and the x/y tensor descriptors for the largest batch, and chooses the three
@@ -14,6 +15,28 @@
  * measured with, as cuDNN recommends. fp32 is the exact-comparison mode: it also
  * passes over FFT, FFT-tiling and non-fused Winograd algorithms, whose transforms
  * round more than a direct sum (tf32 may use everything).
+ *
+ * Precision bf16 (docs/model.md, "Precision bf16"; the CPU's rounding points,
+ * conv_cpu.c): cuDNN's PSEUDO_BFLOAT16 configuration, x/w/y descriptors
+ * CUDNN_DATA_BFLOAT16 with compute type CUDNN_DATA_FLOAT (fp32 accumulation) and
+ * CUDNN_TENSOR_OP_MATH; each direction then keeps the math type its algorithm was
+ * measured with (tensor-core bf16 or FMA: both read bf16 exactly and sum in fp32), and
+ * transform algorithms are passed over as under fp32. The algorithm search (Find or the
+ * heuristics) and the workspace sizes are asked with these bf16 descriptors. Activations,
+ * parameters and gradients stay fp32 at the interface; the bf16 copies live in ctx->work
+ * ahead of cuDNN's workspace (p->scratch bytes, sized for max_n), made on ctx->stream by
+ * the cast kernels of kernels_cuda.cu (round to nearest even, core/bf16.h's rule):
+ *   forward:  x and W rounded (W on every call: no copy outlives the call, so the
+ *             optimizer's update is always seen); with a bias, y is first filled with
+ *             the rounded bias and cuDNN adds the convolution with beta = 1 (one fp32 sum,
+ *             one rounding, as the CPU's round(sum + round(b))); y rounded to bf16 by
+ *             cuDNN, widened into the fp32 output
+ *   backward: x, dy and W rounded; dx rounded by cuDNN, widened into (or added in fp32 to)
+ *             the fp32 dx; db = fp32 sums of the rounded dy (a kernel); dW comes back
+ *             from cuDNN in bf16 (its bf16 configuration has a bf16 dw descriptor, there
+ *             is no float-dw variant) and is widened into the fp32 gradient arena: one
+ *             rounding more than the CPU (which keeps the fp32 sum), at most 2^-9
+ *             relative, as PyTorch's CUDA autocast does.
  *
  * Determinism (ctx->deterministic, train.deterministic): nothing is timed. The candidates
  * come in cuDNN's heuristic order (cudnnGet*Algorithm_v7, a function of the shape, the
@@ -53,15 +76,43 @@ typedef struct conv_shape {
 typedef struct conv_priv {
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv_fwd, conv_bwd_data, conv_bwd_filter;
-    cudnnTensorDescriptor_t bias; /* (1, out_c, 1, 1) */
+    cudnnTensorDescriptor_t bias; /* (1, out_c, 1, 1), fp32 */
     conv_shape full, spare;       /* full: max_n; spare: the last other n (-1: none) */
     int max_n;
+    cudnnDataType_t dtype; /* of x, w, y: CUDNN_DATA_FLOAT, or CUDNN_DATA_BFLOAT16 under bf16 */
+    /* bf16: byte offsets of the copies in ctx->work (x, y or dy, W, dW, dx; 256-aligned,
+     * sized for max_n) and their total `scratch`, where cuDNN's workspace begins (0 in fp32) */
+    size_t off_x, off_y, off_w, off_dw, off_dx, scratch;
 } conv_priv;
 
-static rt_status set_4d(cudnnTensorDescriptor_t d, int n, int c, int h, int w) {
-    RT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+static rt_status set_4d(cudnnTensorDescriptor_t d, cudnnDataType_t t, int n, int c, int h, int w) {
+    RT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, t, n, c, h, w));
     return RT_OK;
 }
+
+static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* the bf16 copies' layout in ctx->work for batches up to max_n */
+static void bf16_layout(conv_priv *p, const rt_conv2d *l, int max_n) {
+    const size_t xb = sizeof(uint16_t) * (size_t)max_n * l->in_c * l->in_h * l->in_w;
+    const size_t yb = sizeof(uint16_t) * (size_t)max_n * l->out_c * l->out_h * l->out_w;
+    const size_t wb = sizeof(uint16_t) * (size_t)l->out_c * l->in_c * l->k * l->k;
+    p->off_x = 0;
+    p->off_y = p->off_x + align256(xb);
+    p->off_w = p->off_y + align256(yb);
+    p->off_dw = p->off_w + align256(wb);
+    p->off_dx = p->off_dw + align256(wb);
+    p->scratch = p->off_dx + align256(xb);
+}
+
+/* cuDNN's share of ctx->work: what follows the bf16 copies */
+static size_t dnn_ws_bytes(const rt_model_ctx *ctx, const conv_priv *p) {
+    return ctx->work_bytes > p->scratch ? ctx->work_bytes - p->scratch : 0;
+}
+static void *dnn_ws(const rt_model_ctx *ctx, const conv_priv *p) {
+    return dnn_ws_bytes(ctx, p) ? (char *)ctx->work + p->scratch : NULL;
+}
+static void *work_at(const rt_model_ctx *ctx, size_t off) { return (char *)ctx->work + off; }
 
 static rt_status shape_create(conv_shape *s) {
     s->n = -1;
@@ -76,9 +127,9 @@ static void shape_destroy(conv_shape *s) {
     s->x = s->y = NULL;
 }
 
-static rt_status shape_set(conv_shape *s, const rt_conv2d *l, int n) {
-    RT_CHECK(set_4d(s->x, n, l->in_c, l->in_h, l->in_w));
-    RT_CHECK(set_4d(s->y, n, l->out_c, l->out_h, l->out_w));
+static rt_status shape_set(conv_shape *s, const rt_conv2d *l, cudnnDataType_t t, int n) {
+    RT_CHECK(set_4d(s->x, t, n, l->in_c, l->in_h, l->in_w));
+    RT_CHECK(set_4d(s->y, t, n, l->out_c, l->out_h, l->out_w));
     s->n = n;
     return RT_OK;
 }
@@ -114,7 +165,15 @@ static rt_status conv_desc(cudnnConvolutionDescriptor_t *d, const rt_conv2d *l, 
 static bool math_allowed(const rt_model_ctx *ctx, cudnnMathType_t m, bool approx) {
     if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
     if (ctx->precision == RT_PRECISION_TF32) return true;
+    if (ctx->precision == RT_PRECISION_BF16) return !approx; /* bf16 tensor cores or FMA: fp32 sums */
     return m != CUDNN_TENSOR_OP_MATH && !approx;
+}
+
+/* The math type the descriptors start with (and the fallbacks keep): fp32
+ * CUDNN_FMA_MATH, tf32 CUDNN_DEFAULT_MATH, bf16 CUDNN_TENSOR_OP_MATH. */
+static cudnnMathType_t desc_math(const rt_model_ctx *ctx) {
+    if (ctx->precision == RT_PRECISION_TF32) return CUDNN_DEFAULT_MATH;
+    return ctx->precision == RT_PRECISION_BF16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
 }
 
 /* Whether a measured result may be used: it succeeded, fits the workspace bound, is
@@ -149,9 +208,9 @@ static bool bwd_filter_approx(cudnnConvolutionBwdFilterAlgo_t a) {
 }
 
 /* The math type a direction's descriptor gets: fp32 always CUDNN_FMA_MATH (the search
- * ran under it); tf32 the type the algorithm was measured with (cuDNN's advice). */
+ * ran under it); tf32 and bf16 the type the algorithm was measured with (cuDNN's advice). */
 static cudnnMathType_t perf_math(const rt_model_ctx *ctx, cudnnMathType_t m) {
-    return ctx->precision == RT_PRECISION_TF32 ? m : CUDNN_FMA_MATH;
+    return ctx->precision == RT_PRECISION_FP32 ? CUDNN_FMA_MATH : m;
 }
 
 /* ---- measurement --------------------------------------------------------------------- */
@@ -222,9 +281,10 @@ static rt_status ask(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, perf_l
 /* Otherwise: every candidate run and timed on scratch buffers (cudnnFind*AlgorithmEx). */
 static rt_status measure(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, perf_lists *pl) {
     rt_cuda_state *s = cuda_state(ctx);
-    const size_t xb = sizeof(float) * (size_t)p->max_n * l->in_c * l->in_h * l->in_w;
-    const size_t yb = sizeof(float) * (size_t)p->max_n * l->out_c * l->out_h * l->out_w;
-    const size_t wb = sizeof(float) * (size_t)l->out_c * l->in_c * l->k * l->k;
+    const size_t es = p->dtype == CUDNN_DATA_BFLOAT16 ? sizeof(uint16_t) : sizeof(float);
+    const size_t xb = es * (size_t)p->max_n * l->in_c * l->in_h * l->in_w;
+    const size_t yb = es * (size_t)p->max_n * l->out_c * l->out_h * l->out_w;
+    const size_t wb = es * (size_t)l->out_c * l->in_c * l->k * l->k;
     find_bufs b = {0};
     /* scratch at the real sizes: x doubles as dx, y as dy, w as dw (never the model's
      * own buffers, so measuring cannot disturb parameters or gradients) */
@@ -289,7 +349,7 @@ static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p,
     /* results come ranked (by time, or by the heuristics): keep the first usable one; the
      * zero-workspace algorithms are the fallback if none is (deterministic ones when asked) */
     out->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-    out->fwd_math = ctx->precision == RT_PRECISION_TF32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    out->fwd_math = desc_math(ctx);
     out->fwd_ws = 0;
     for (int i = 0; i < nf; i++)
         if (perf_usable(ctx, fr[i].status, fr[i].memory, fr[i].mathType, fwd_approx(fr[i].algo), fr[i].determinism)) {
@@ -319,8 +379,8 @@ static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p,
     RT_LOG_DEBUG("conv2d %d->%d %dx%d k%d s%d n%d%s: fwd algo %d (math %d, %zu B), bwd-data %d (math %d, %zu B), "
                  "bwd-filter %d (math %d, %zu B)",
                  l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, p->max_n,
-                 ctx->deterministic ? " (deterministic)" : "", (int)out->fwd, (int)out->fwd_math,
-                 out->fwd_ws, (int)out->bwd_data, (int)out->bwd_data_math, out->bwd_data_ws, (int)out->bwd_filter,
+                 ctx->deterministic ? " (deterministic)" : "", (int)out->fwd, (int)out->fwd_math, out->fwd_ws,
+                 (int)out->bwd_data, (int)out->bwd_data_math, out->bwd_data_ws, (int)out->bwd_filter,
                  (int)out->bwd_filter_math, out->bwd_filter_ws);
     return RT_OK;
 }
@@ -344,11 +404,21 @@ static void cache_put(rt_model_ctx *ctx, const rt_conv2d *l, int n, rt_cuda_conv
     if (s->nalgos < RT_CUDA_ALGO_CACHE) s->algos[s->nalgos++] = *a;
     rt_conv_algos *chosen = ctx->conv_chosen;
     if (chosen->n < RT_CONV_ALGOS_MAX)
-        chosen->a[chosen->n++] = (rt_conv_algo){
-            .in_c = a->in_c, .out_c = a->out_c, .in_h = a->in_h, .in_w = a->in_w, .k = a->k, .stride = a->stride,
-            .pad = a->pad, .n = a->n, .precision = a->precision, .fwd = (int)a->fwd, .bwd_data = (int)a->bwd_data,
-            .bwd_filter = (int)a->bwd_filter, .fwd_math = (int)a->fwd_math, .bwd_data_math = (int)a->bwd_data_math,
-            .bwd_filter_math = (int)a->bwd_filter_math};
+        chosen->a[chosen->n++] = (rt_conv_algo){.in_c = a->in_c,
+                                                .out_c = a->out_c,
+                                                .in_h = a->in_h,
+                                                .in_w = a->in_w,
+                                                .k = a->k,
+                                                .stride = a->stride,
+                                                .pad = a->pad,
+                                                .n = a->n,
+                                                .precision = a->precision,
+                                                .fwd = (int)a->fwd,
+                                                .bwd_data = (int)a->bwd_data,
+                                                .bwd_filter = (int)a->bwd_filter,
+                                                .fwd_math = (int)a->fwd_math,
+                                                .bwd_data_math = (int)a->bwd_data_math,
+                                                .bwd_filter_math = (int)a->bwd_filter_math};
 }
 
 /* The preset choice for this layer's shape (rt_model_ctx_set_conv_algos), or NULL. */
@@ -380,7 +450,7 @@ static rt_status preset_check(const rt_model_ctx *ctx, const char *shape, const 
     RT_REQUIRE(math_known(math), RT_ERR_INVALID, "%s: the given %s math type %d is unknown to this cuDNN", shape, what,
                math);
     RT_REQUIRE(math_allowed(ctx, (cudnnMathType_t)math, approx) &&
-                   (ctx->precision == RT_PRECISION_TF32 || math == CUDNN_FMA_MATH),
+                   (ctx->precision != RT_PRECISION_FP32 || math == CUDNN_FMA_MATH),
                RT_ERR_INVALID, "%s: the given %s algorithm %d with math type %d is not allowed under precision %s",
                shape, what, algo, math, rt_precision_name(ctx->precision));
     return RT_OK;
@@ -412,8 +482,7 @@ static rt_status preset_take(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p
                           pre->bwd_data >= 0 && bwd_data_approx((cudnnConvolutionBwdDataAlgo_t)pre->bwd_data)));
     RT_CHECK(preset_check(ctx, shape, "backward-filter", pre->bwd_filter, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
                           pre->bwd_filter_math,
-                          pre->bwd_filter >= 0 &&
-                              bwd_filter_approx((cudnnConvolutionBwdFilterAlgo_t)pre->bwd_filter)));
+                          pre->bwd_filter >= 0 && bwd_filter_approx((cudnnConvolutionBwdFilterAlgo_t)pre->bwd_filter)));
     out->fwd = (cudnnConvolutionFwdAlgo_t)pre->fwd;
     out->bwd_data = (cudnnConvolutionBwdDataAlgo_t)pre->bwd_data;
     out->bwd_filter = (cudnnConvolutionBwdFilterAlgo_t)pre->bwd_filter;
@@ -441,19 +510,20 @@ static rt_status preset_take(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p
 /* ---- prepare ------------------------------------------------------------------------- */
 
 static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int max_n, size_t *workspace) {
-    const cudnnMathType_t math = ctx->precision == RT_PRECISION_TF32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    const cudnnMathType_t math = desc_math(ctx);
     p->max_n = max_n;
+    p->dtype = ctx->precision == RT_PRECISION_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    if (p->dtype == CUDNN_DATA_BFLOAT16) bf16_layout(p, l, max_n);
     RT_CHECK_CUDNN(cudnnCreateFilterDescriptor(&p->w));
-    RT_CHECK_CUDNN(
-        cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, l->out_c, l->in_c, l->k, l->k));
+    RT_CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w, p->dtype, CUDNN_TENSOR_NCHW, l->out_c, l->in_c, l->k, l->k));
     RT_CHECK(conv_desc(&p->conv_fwd, l, math));
     RT_CHECK(conv_desc(&p->conv_bwd_data, l, math));
     RT_CHECK(conv_desc(&p->conv_bwd_filter, l, math));
     RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&p->bias));
-    RT_CHECK(set_4d(p->bias, 1, l->out_c, 1, 1));
+    RT_CHECK(set_4d(p->bias, CUDNN_DATA_FLOAT, 1, l->out_c, 1, 1));
     RT_CHECK(shape_create(&p->full));
     RT_CHECK(shape_create(&p->spare));
-    RT_CHECK(shape_set(&p->full, l, max_n));
+    RT_CHECK(shape_set(&p->full, l, p->dtype, max_n));
     /* cuDNN must agree on the output shape */
     int on, oc, oh, ow;
     RT_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(p->conv_fwd, p->full.x, p->w, &on, &oc, &oh, &ow));
@@ -490,7 +560,7 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
     RT_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(cuda_state(ctx)->dnn, p->full.x, p->full.y,
                                                                   p->conv_bwd_filter, p->w, a.bwd_filter, &ws));
     if (ws > need) need = ws;
-    *workspace = need;
+    *workspace = p->scratch + need; /* the bf16 copies (none in fp32), then cuDNN's */
     return RT_OK;
 }
 
@@ -523,22 +593,23 @@ static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **
     conv_shape *s = &p->spare;
     if (s->n != n) {
         cudnnHandle_t h = cuda_state(ctx)->dnn;
-        RT_CHECK(shape_set(s, l, n));
+        RT_CHECK(shape_set(s, l, p->dtype, n));
+        const size_t avail = dnn_ws_bytes(ctx, p);
         size_t ws;
         s->fwd = p->full.fwd;
         if (cudnnGetConvolutionForwardWorkspaceSize(h, s->x, p->w, p->conv_fwd, s->y, s->fwd, &ws) !=
                 CUDNN_STATUS_SUCCESS ||
-            ws > ctx->work_bytes)
+            ws > avail)
             s->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
         s->bwd_data = p->full.bwd_data;
         if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, s->y, p->conv_bwd_data, s->x, s->bwd_data, &ws) !=
                 CUDNN_STATUS_SUCCESS ||
-            ws > ctx->work_bytes)
+            ws > avail)
             s->bwd_data = bwd_data_fallback(ctx);
         s->bwd_filter = p->full.bwd_filter;
         if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, s->x, s->y, p->conv_bwd_filter, p->w, s->bwd_filter,
                                                            &ws) != CUDNN_STATUS_SUCCESS ||
-            ws > ctx->work_bytes)
+            ws > avail)
             s->bwd_filter = bwd_filter_fallback(ctx);
     }
     *out = s;
@@ -547,16 +618,73 @@ static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **
 
 /* ---- forward / backward -------------------------------------------------------------- */
 
+/* bf16: the copies fit ctx->work (rt_conv2d_prepare + rt_model_ctx_reserve ran) */
+static rt_status bf16_ready(const rt_model_ctx *ctx, const rt_conv2d *l, const conv_priv *p) {
+    RT_REQUIRE(ctx->work != NULL && ctx->work_bytes >= p->scratch, RT_ERR_INVALID,
+               "conv2d %d->%d k%d bf16: workspace of %zu bytes is smaller than the %zu its bf16 copies need; call "
+               "rt_conv2d_prepare and rt_model_ctx_reserve",
+               l->in_c, l->out_c, l->k, ctx->work_bytes, p->scratch);
+    return RT_OK;
+}
+
+static rt_status forward_bf16(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, int n, const float *x, float *y) {
+    conv_priv *p = l->priv;
+    RT_CHECK(bf16_ready(ctx, l, p));
+    cudaStream_t st = cuda_state(ctx)->stream;
+    uint16_t *xb = work_at(ctx, p->off_x), *yb = work_at(ctx, p->off_y), *wb = work_at(ctx, p->off_w);
+    const size_t xn = (size_t)n * l->in_c * l->in_h * l->in_w, yn = (size_t)n * l->out_c * l->out_h * l->out_w;
+    RT_CHECK_CUDA(rt_cuk_to_bf16(st, xn, x, xb));
+    RT_CHECK_CUDA(rt_cuk_to_bf16(st, (size_t)rt_tensor_numel(&l->weight), rt_tensor_data(&l->weight), wb));
+    if (l->has_bias) /* y = round(conv + round(b)): cuDNN adds to the rounded bias (beta 1) */
+        RT_CHECK_CUDA(
+            rt_cuk_bf16_fill_channels(st, n, l->out_c, (size_t)l->out_h * l->out_w, rt_tensor_data(&l->bias), yb));
+    const float one = 1.0f, zero = 0.0f;
+    RT_CHECK_CUDNN(cudnnConvolutionForward(cuda_state(ctx)->dnn, &one, s->x, xb, p->w, wb, p->conv_fwd, s->fwd,
+                                           dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), l->has_bias ? &one : &zero, s->y, yb));
+    RT_CHECK_CUDA(rt_cuk_from_bf16(st, yn, yb, y, false));
+    return RT_OK;
+}
+
 rt_status rt_cuda_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
     RT_CHECK(rt_cuda_bind(ctx));
     conv_shape *s;
     RT_CHECK(shape_for(ctx, l, n, &s));
     conv_priv *p = l->priv;
+    if (p->dtype == CUDNN_DATA_BFLOAT16) return forward_bf16(ctx, l, s, n, x, y);
     cudnnHandle_t h = cuda_state(ctx)->dnn;
     const float one = 1.0f, zero = 0.0f;
     RT_CHECK_CUDNN(cudnnConvolutionForward(h, &one, s->x, x, p->w, rt_tensor_data(&l->weight), p->conv_fwd, s->fwd,
-                                           ctx->work, ctx->work_bytes, &zero, s->y, y));
+                                           dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), &zero, s->y, y));
     if (l->has_bias) RT_CHECK_CUDNN(cudnnAddTensor(h, &one, p->bias, rt_tensor_data(&l->bias), &one, s->y, y));
+    return RT_OK;
+}
+
+static rt_status backward_bf16(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, int n, const float *x, const float *dy,
+                               float *dx, bool accumulate) {
+    conv_priv *p = l->priv;
+    RT_CHECK(bf16_ready(ctx, l, p));
+    cudaStream_t st = cuda_state(ctx)->stream;
+    cudnnHandle_t h = cuda_state(ctx)->dnn;
+    uint16_t *xb = work_at(ctx, p->off_x), *dyb = work_at(ctx, p->off_y), *wb = work_at(ctx, p->off_w);
+    uint16_t *dwb = work_at(ctx, p->off_dw), *dxb = work_at(ctx, p->off_dx);
+    const size_t xn = (size_t)n * l->in_c * l->in_h * l->in_w, yn = (size_t)n * l->out_c * l->out_h * l->out_w;
+    const size_t wn = (size_t)rt_tensor_numel(&l->weight);
+    const float one = 1.0f, zero = 0.0f;
+    RT_CHECK_CUDA(rt_cuk_to_bf16(st, xn, x, xb));
+    RT_CHECK_CUDA(rt_cuk_to_bf16(st, yn, dy, dyb));
+    /* dW: cuDNN's bf16 dw, widened into the fp32 gradient (written, beta 0) */
+    RT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(h, &one, s->x, xb, s->y, dyb, p->conv_bwd_filter, s->bwd_filter,
+                                                  dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), &zero, p->w, dwb));
+    RT_CHECK_CUDA(rt_cuk_from_bf16(st, wn, dwb, rt_tensor_data(&l->dweight), false));
+    if (l->has_bias) /* db: fp32 sums of the rounded dy, not rounded (the CPU's) */
+        RT_CHECK_CUDA(
+            rt_cuk_bf16_channel_sums(st, n, l->out_c, (size_t)l->out_h * l->out_w, dyb, rt_tensor_data(&l->dbias)));
+    if (dx) { /* dx rounded once by cuDNN, then written or added in fp32 */
+        RT_CHECK_CUDA(rt_cuk_to_bf16(st, wn, rt_tensor_data(&l->weight), wb));
+        RT_CHECK_CUDNN(cudnnConvolutionBackwardData(h, &one, p->w, wb, s->y, dyb, p->conv_bwd_data, s->bwd_data,
+                                                    dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), &zero, s->x, dxb));
+        RT_CHECK_CUDA(rt_cuk_from_bf16(st, xn, dxb, dx, accumulate));
+    }
     return RT_OK;
 }
 
@@ -566,17 +694,18 @@ rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const 
     conv_shape *s;
     RT_CHECK(shape_for(ctx, l, n, &s));
     conv_priv *p = l->priv;
+    if (p->dtype == CUDNN_DATA_BFLOAT16) return backward_bf16(ctx, l, s, n, x, dy, dx, accumulate);
     cudnnHandle_t h = cuda_state(ctx)->dnn;
     const float one = 1.0f, zero = 0.0f;
     /* parameter gradients are written (beta 0) */
     RT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(h, &one, s->x, x, s->y, dy, p->conv_bwd_filter, s->bwd_filter,
-                                                  ctx->work, ctx->work_bytes, &zero, p->w,
+                                                  dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), &zero, p->w,
                                                   rt_tensor_data(&l->dweight)));
     if (l->has_bias)
         RT_CHECK_CUDNN(cudnnConvolutionBackwardBias(h, &one, s->y, dy, &zero, p->bias, rt_tensor_data(&l->dbias)));
     if (dx)
         RT_CHECK_CUDNN(cudnnConvolutionBackwardData(h, &one, p->w, rt_tensor_data(&l->weight), s->y, dy,
-                                                    p->conv_bwd_data, s->bwd_data, ctx->work, ctx->work_bytes,
+                                                    p->conv_bwd_data, s->bwd_data, dnn_ws(ctx, p), dnn_ws_bytes(ctx, p),
                                                     accumulate ? &one : &zero, s->x, dx));
     return RT_OK;
 }

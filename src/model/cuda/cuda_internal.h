@@ -74,6 +74,16 @@ cudaError_t rt_cuk_column_sums(cudaStream_t s, int n, int out, const float *dy, 
 /* dropout: mask (draws) from Philox, y = x * mask[j / plane] */
 cudaError_t rt_cuk_dropout_forward(cudaStream_t s, const rt_dropout *l, int n, const float *x, float *y);
 cudaError_t rt_cuk_dropout_backward(cudaStream_t s, const rt_dropout *l, int n, const float *dy, float *dx);
+/* precision bf16 (bf16 as uint16_t, the top half of a float): y = round(x) to nearest
+ * even (core/bf16.h's rule); y = x widened, or y += x widened in fp32 when accumulate;
+ * y = round(y) in place (kept as a float); y (n, c, plane) = round(b[channel]); and
+ * db[ch] = fp32 sum over n and plane of dy (n, c, plane) (a row-major (n, out) matrix's
+ * column sums with plane 1) */
+cudaError_t rt_cuk_to_bf16(cudaStream_t s, size_t count, const float *x, uint16_t *y);
+cudaError_t rt_cuk_from_bf16(cudaStream_t s, size_t count, const uint16_t *x, float *y, bool accumulate);
+cudaError_t rt_cuk_round_bf16(cudaStream_t s, size_t count, float *y);
+cudaError_t rt_cuk_bf16_fill_channels(cudaStream_t s, int n, int c, size_t plane, const float *b, uint16_t *y);
+cudaError_t rt_cuk_bf16_channel_sums(cudaStream_t s, int n, int c, size_t plane, const uint16_t *dy, float *db);
 /* *counter += 1 (num_batches_tracked) */
 cudaError_t rt_cuk_increment_i64(cudaStream_t s, int64_t *counter);
 /* losses: an out-of-range label adds 1 to *bad and makes the loss (and that row's

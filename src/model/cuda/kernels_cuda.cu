@@ -5,8 +5,9 @@
  * (padding -inf, the first maximum of a window gets the gradient, NaN wins), global
  * average pooling, the linear layer's bias broadcast and bias gradient, dropout with the
  * shared Philox stream (core/philox.h compiles for the device: the masks equal the CPU
- * backend's for the same counter), the BN step counter, and the losses (softmax
- * cross-entropy, log-softmax, NLL). Each kernel does the CPU loop's arithmetic in the
+ * backend's for the same counter), the BN step counter, the losses (softmax
+ * cross-entropy, log-softmax, NLL), and for precision bf16 the fp32 <-> bf16 casts
+ * (core/bf16.h's rounding) and bias pieces around the bf16 cuDNN / cuBLAS calls. Each kernel does the CPU loop's arithmetic in the
  * same order and precision (sums in double where the CPU sums in double), so these ops
  * agree with the CPU backend to the last bit or nearly; only the convolutions and batch
  * norm (cuDNN) and the matrix products (cuBLAS) differ by rounding.
@@ -18,6 +19,7 @@
 #include "model/cuda/cuda_internal.h"
 
 #include <math.h>
+#include <string.h>
 
 #define THREADS 256
 #define REDUCE_THREADS 256
@@ -256,6 +258,87 @@ static __global__ void increment_i64_kernel(int64_t *c) { *c += 1; }
 
 extern "C" cudaError_t rt_cuk_increment_i64(cudaStream_t s, int64_t *counter) {
     increment_i64_kernel<<<1, 1, 0, s>>>(counter);
+    return cudaGetLastError();
+}
+
+/* ---- precision bf16: casts and the bias pieces around cuDNN / cuBLAS ---------------- */
+
+/* fp32 -> bf16, round to nearest, ties to even; NaN stays a quiet NaN: core/bf16.h's
+ * rt_bf16_from_f32, line for line (that one is host-only) */
+static __device__ __forceinline__ uint16_t bf16_from_f32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+static __device__ __forceinline__ float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static __global__ void to_bf16_kernel(size_t count, const float *x, uint16_t *y) {
+    GRID_STRIDE(i, count) { y[i] = bf16_from_f32(x[i]); }
+}
+
+static __global__ void from_bf16_kernel(size_t count, const uint16_t *x, float *y, int accumulate) {
+    GRID_STRIDE(i, count) { y[i] = accumulate ? __fadd_rn(y[i], bf16_to_f32(x[i])) : bf16_to_f32(x[i]); }
+}
+
+static __global__ void round_bf16_kernel(size_t count, float *y) {
+    GRID_STRIDE(i, count) { y[i] = bf16_to_f32(bf16_from_f32(y[i])); }
+}
+
+/* y (n, c, plane) bf16 = round(b[channel]) */
+static __global__ void bf16_fill_channels_kernel(size_t total, size_t plane, int c, const float *b, uint16_t *y) {
+    GRID_STRIDE(i, total) { y[i] = bf16_from_f32(b[(i / plane) % (size_t)c]); }
+}
+
+/* db[ch] = sum over images and the plane of dy (bf16), in double as the bias gradients above */
+static __global__ void bf16_channel_sums_kernel(int n, int c, size_t plane, const uint16_t *dy, float *db) {
+    GRID_STRIDE(ch, (size_t)c) {
+        double acc = 0;
+        for (int i = 0; i < n; i++) {
+            const uint16_t *p = dy + ((size_t)i * c + ch) * plane;
+            for (size_t j = 0; j < plane; j++) acc += (double)bf16_to_f32(p[j]);
+        }
+        db[ch] = (float)acc;
+    }
+}
+
+extern "C" cudaError_t rt_cuk_to_bf16(cudaStream_t s, size_t count, const float *x, uint16_t *y) {
+    if (count == 0) return cudaSuccess;
+    to_bf16_kernel<<<grid_for(count), THREADS, 0, s>>>(count, x, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_from_bf16(cudaStream_t s, size_t count, const uint16_t *x, float *y, bool accumulate) {
+    if (count == 0) return cudaSuccess;
+    from_bf16_kernel<<<grid_for(count), THREADS, 0, s>>>(count, x, y, accumulate ? 1 : 0);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_round_bf16(cudaStream_t s, size_t count, float *y) {
+    if (count == 0) return cudaSuccess;
+    round_bf16_kernel<<<grid_for(count), THREADS, 0, s>>>(count, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_bf16_fill_channels(cudaStream_t s, int n, int c, size_t plane, const float *b,
+                                                 uint16_t *y) {
+    const size_t total = (size_t)n * c * plane;
+    if (total == 0) return cudaSuccess;
+    bf16_fill_channels_kernel<<<grid_for(total), THREADS, 0, s>>>(total, plane, c, b, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_bf16_channel_sums(cudaStream_t s, int n, int c, size_t plane, const uint16_t *dy,
+                                                float *db) {
+    if (c == 0) return cudaSuccess;
+    bf16_channel_sums_kernel<<<grid_for((size_t)c), THREADS, 0, s>>>(n, c, plane, dy, db);
     return cudaGetLastError();
 }
 

@@ -31,6 +31,23 @@ extern "C" {
 #define RT_EMU_LIBRARY_TYPES 1
 typedef enum libraryPropertyType_t { MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL } libraryPropertyType;
 #endif
+/* library_types.h's element types (the ones the emulation knows; values as there) */
+#ifndef RT_EMU_CUDA_DATA_TYPE
+#define RT_EMU_CUDA_DATA_TYPE 1
+typedef enum cudaDataType_t {
+    CUDA_R_16F = 2,
+    CUDA_C_16F = 6,
+    CUDA_R_16BF = 14,
+    CUDA_C_16BF = 15,
+    CUDA_R_32F = 0,
+    CUDA_C_32F = 4,
+    CUDA_R_64F = 1,
+    CUDA_C_64F = 5,
+    CUDA_R_8I = 3,
+    CUDA_R_32I = 10,
+} cudaDataType;
+typedef enum cudaDataType_t cudaDataType_t;
+#endif
 
 typedef struct cublasContext *cublasHandle_t;
 
@@ -67,6 +84,35 @@ typedef enum {
     CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16,
 } cublasMath_t;
 
+typedef enum {
+    CUBLAS_COMPUTE_16F = 64,
+    CUBLAS_COMPUTE_16F_PEDANTIC = 65,
+    CUBLAS_COMPUTE_32F = 68,
+    CUBLAS_COMPUTE_32F_PEDANTIC = 69,
+    CUBLAS_COMPUTE_32F_FAST_16F = 74,
+    CUBLAS_COMPUTE_32F_FAST_16BF = 75,
+    CUBLAS_COMPUTE_32F_FAST_TF32 = 77,
+    CUBLAS_COMPUTE_32F_EMULATED_16BFX9 = 78,
+    CUBLAS_COMPUTE_64F = 70,
+    CUBLAS_COMPUTE_64F_PEDANTIC = 71,
+    CUBLAS_COMPUTE_64F_EMULATED_FIXEDPOINT = 79,
+    CUBLAS_COMPUTE_32I = 72,
+    CUBLAS_COMPUTE_32I_PEDANTIC = 73,
+} cublasComputeType_t;
+
+/* CUBLAS_GEMM_ALGO1..23 and ALGO1..15_TENSOR_OP exist too (values 1..23, 101..115) */
+typedef enum {
+    CUBLAS_GEMM_DFALT = -1,
+    CUBLAS_GEMM_DEFAULT = -1,
+    CUBLAS_GEMM_ALGO0 = 0,
+    CUBLAS_GEMM_ALGO23 = 23,
+    CUBLAS_GEMM_DEFAULT_TENSOR_OP = 99,
+    CUBLAS_GEMM_DFALT_TENSOR_OP = 99,
+    CUBLAS_GEMM_ALGO0_TENSOR_OP = 100,
+    CUBLAS_GEMM_ALGO15_TENSOR_OP = 115,
+    CUBLAS_GEMM_AUTOTUNE = 999,
+} cublasGemmAlgo_t;
+
 cublasStatus_t cublasCreate_v2(cublasHandle_t *handle);
 cublasStatus_t cublasDestroy_v2(cublasHandle_t handle);
 cublasStatus_t cublasGetVersion_v2(cublasHandle_t handle, int *version);
@@ -84,6 +130,12 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
 cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                               int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
                               const float *beta, float *C, int ldc);
+/* C = alpha op(A) op(B) + beta C with typed operands; the combinations the emulation
+ * accepts are listed in cublas.cpp (others: CUBLAS_STATUS_NOT_SUPPORTED) */
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
+                            cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo);
 
 #define cublasCreate cublasCreate_v2
 #define cublasDestroy cublasDestroy_v2

@@ -6,8 +6,8 @@
  * Two users: the kernels-only emulation (rt_cuda_emu) needs only the types named by
  * src/model/cuda/cuda_internal.h; the emulated-GPU build (RINGTRAIN_CUDA=EMU) links the
  * functions from tests/cuda_emu/cudnn.cpp (rt_emu_cudnn), which run on the emulated
- * runtime's streams. 4-d NCHW float tensors only; anything else is
- * CUDNN_STATUS_NOT_SUPPORTED there. */
+ * runtime's streams. 4-d NCHW float tensors (and bf16 ones for the convolutions)
+ * only; anything else is CUDNN_STATUS_NOT_SUPPORTED there. */
 #ifndef RT_EMU_CUDNN_H
 #define RT_EMU_CUDNN_H
 

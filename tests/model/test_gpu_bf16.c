@@ -1,0 +1,512 @@
+/* train.precision bf16 on the GPU against bf16 on the CPU (issue 22, item 1).
+ *
+ * Both backends compute conv2d and linear layers at the same rounding points
+ * (docs/model.md, "Precision bf16"): x, W, b and dy rounded to bf16 (ties to even), exact
+ * bf16 x bf16 products summed in fp32, y and dx rounded once; the CPU keeps dW as the fp32
+ * sum, the GPU gets it from cuDNN in bf16 (its bf16 configuration has a bf16 dw), one
+ * rounding more. Runs on a real GPU, and on the emulated one (RINGTRAIN_CUDA=EMU) whose
+ * cuDNN/cuBLAS read and write bf16 buffers; exits 77 without a GPU.
+ *
+ * Per layer (conv2d: with bias, 3x3 stride 1 and 2, the 7x7 stem, 1x1; the prepared batch
+ * and a smaller one; linear: ResNet's fc and an odd size), element by element. Each side's
+ * fp32 sum of the same K exact products lies within gamma_K A of the exact sum
+ * (gamma_K ~ K 2^-24, A = the sum of |products|, computed here by the CPU in fp32 from
+ * |round(x)|, |round(W)|, |round(b)|, |round(dy)|), so the two sums differ by at most
+ * K 2^-23 A; rounding both to bf16 changes them by at most half an ulp each, and where
+ * they straddle a rounding boundary the results differ by one bf16 ulp. So
+ *     |gpu - cpu| <= ulp_bf16(max(|gpu|, |cpu|)) + K 2^-22 A + 2^-22 |cpu|
+ * (a factor 2 of margin on the sum term; the last term is the fp32 addition of an
+ * accumulating dx). The same bound covers the GPU's extra rounding of the convolutions'
+ * dW (half an ulp); the linear layer's dW and both layers' db stay fp32 sums on both
+ * sides: the sum term alone.
+ * K: taps (in_c k^2, +1 with a bias) for y, out_c k^2 for dx, n oh ow for dW; linear:
+ * in (+1), out, n. And checks that fail when the GPU does not run bf16:
+ *   - every element of y and dx (and the convolutions' dW) from the GPU is a bf16 value:
+ *     low 16 bits zero, which fails without the output rounding;
+ *   - at least 90% of y and dx elements (and of round(dW) of the CPU) equal the CPU's
+ *     bits: a missing rounding of x or W moves a sum by ~2^-9 of its terms, far more than
+ *     the order of the fp32 sums does (measured on the emulated GPU: 100% equal for y, dx
+ *     and round(dW) of every convolution case, 97.5-100% for the linear dW, which stays
+ *     fp32; the worst error was 0.5 of the bound, the dW rounding);
+ *   - a whole step: the GPU's bf16 logits differ from its own fp32 logits by more than
+ *     fp32's noise (1e-4, the fp32 GPU tests' bound; measured 1e-2).
+ *
+ * Whole step (ResNet18, 3x32x32, cifar stem, batch 4, the same weights and input on all
+ * sides): the CPU in bf16 with im2col convolutions is the reference, the CPU in bf16 with
+ * oneDNN's bf16 convolutions (another summation order at the same rounding points) is
+ * the second CPU computation, as in test_gpu_model.c: the GPU may be DRIFT_FACTOR times as
+ * far from the reference as that, or within the fixed floors: loss and logits 2^-6
+ * (relative; four bf16 ulps: one boundary straddle moves an element by one ulp, and a few
+ * stack up across layers), gradients 0.1 in L2 per tensor (the fp32 test's floor: ReLU
+ * and max-pool decisions that rounding flips move whole gradient slices), and all
+ * gradients together (L2 over the trainable tensors) within max(0.05, 2 x the drift).
+ * bf16 at random initialisation is that noisy: measured over 9 seeds on the emulated
+ * GPU, the two CPU computations differ by 0.6-1.2% in the logits and by 17-22% (L2) in
+ * all gradients together (26-35% in the worst tensor, always a batch-norm parameter:
+ * whole slices flip), the GPU by 0.4-1.1% and 16-21% (21-33%); a wrong or missing
+ * gradient (error 1) still fails the L2 bound over all tensors.
+ */
+#include "gpu_test_util.h"
+
+#include "core/bf16.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#define EQUAL_MIN 0.90
+#define TOL_OUT_FLOOR (1.0 / 64)
+#define TOL_GRAD_FLOOR 0.1
+#define TOL_ALL_FLOOR 0.05
+#define DRIFT_FACTOR_ALL 2.0
+#define DRIFT_FACTOR 4.0
+#define FP32_NOISE 1e-4
+
+static rt_model_ctx *g_alt;   /* CPU bf16, oneDNN convolutions: the second CPU computation */
+static rt_model_ctx *g_cpu32; /* CPU fp32: the sums of |terms| (A), and the fp32 model */
+static rt_model_ctx *g_gpu32; /* GPU fp32 */
+
+static rt_model_ctx *cpu_ctx(const char *conv, int threads, rt_precision prec, bool must) {
+    const char *prev = getenv("RINGTRAIN_CONV");
+    char *saved = prev ? strdup(prev) : NULL;
+    setenv("RINGTRAIN_CONV", conv, 1);
+    rt_model_ctx *ctx = NULL;
+    rt_model_ctx_options o = {.device = rt_device_cpu(), .threads = threads, .precision = prec};
+    rt_status st = rt_model_ctx_create(&o, &ctx);
+    if (saved)
+        setenv("RINGTRAIN_CONV", saved, 1);
+    else
+        unsetenv("RINGTRAIN_CONV");
+    free(saved);
+    if (must) assert_rt_ok(st);
+    return st == RT_OK ? ctx : NULL;
+}
+
+static int setup(void **state) {
+    (void)state;
+    g_cpu = cpu_ctx("im2col", 4, RT_PRECISION_BF16, true);
+    g_alt = cpu_ctx("dnnl", 4, RT_PRECISION_BF16, false);
+    if (!g_alt) g_alt = cpu_ctx("im2col", 3, RT_PRECISION_BF16, true); /* built without oneDNN */
+    g_cpu32 = cpu_ctx("im2col", 4, RT_PRECISION_FP32, true);
+    g_gpu = gt_ctx(gt_gpu_device(), RT_PRECISION_BF16);
+    g_gpu32 = gt_ctx(gt_gpu_device(), RT_PRECISION_FP32);
+    return 0;
+}
+static int teardown(void **state) {
+    rt_model_ctx_destroy(g_gpu32);
+    rt_model_ctx_destroy(g_cpu32);
+    rt_model_ctx_destroy(g_alt);
+    return gt_teardown(state);
+}
+
+/* ---- the element bound --------------------------------------------------------------- */
+
+/* one bf16 ulp at |v|: 2^(e - 8) for |v| in [2^(e-1), 2^e) (8 significant bits) */
+static double bf16_ulp(double v) {
+    int e = 0;
+    (void)frexp(fabs(v), &e);
+    return ldexp(1.0, e - 8);
+}
+
+static float *abs_round(const float *x, size_t n) {
+    float *p = rt_test_floats(n);
+    for (size_t i = 0; i < n; i++) p[i] = fabsf(rt_bf16_round(x[i]));
+    return p;
+}
+
+static bool is_bf16(float v) {
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    return (u & 0xffffu) == 0;
+}
+
+/* what check_bf16 asks of a result */
+enum {
+    CK_ROUNDED = 1,     /* rounded to bf16 on both sides: the ulp term, and EQUAL_MIN equal bits */
+    CK_BF16_VALUES = 2, /* every GPU element must be a bf16 value */
+    CK_CPU_ROUNDED = 4, /* the CPU keeps the fp32 sum: compare bits with round(cpu) (dW) */
+};
+
+/* gpu_dev (n floats) against cpu within the header's bound with K terms of sizes A[]
+ * (without the ulp term for results that stay fp32 on both sides) */
+static void check_bf16(const char *what, const float *cpu, const float *gpu_dev, const float *A, size_t n, double K,
+                       unsigned flags) {
+    const bool rounded = flags & CK_ROUNDED, representable = flags & CK_BF16_VALUES;
+    const bool cpu_rounded = flags & CK_CPU_ROUNDED;
+    float *g = rt_test_floats(n);
+    gt_download(g, gpu_dev, n * sizeof(float));
+    size_t equal = 0, not_bf16 = 0, worst_at = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double c = cpu[i], v = g[i];
+        const double bound =
+            (rounded ? bf16_ulp(fmax(fabs(c), fabs(v))) : 0.0) + K * ldexp(A[i], -22) + ldexp(fabs(c), -22);
+        const double r = isfinite(v) ? fabs(v - c) / bound : INFINITY;
+        if (!(r <= worst)) worst = r, worst_at = i;
+        const float cb = cpu_rounded ? rt_bf16_round(cpu[i]) : cpu[i];
+        equal += memcmp(&cb, &g[i], sizeof cb) == 0;
+        not_bf16 += !is_bf16(g[i]);
+    }
+    const double share = n ? (double)equal / (double)n : 1.0;
+    printf("  %-44s err/bound max %.3g, %5.1f%% equal bits%s\n", what, worst, 100.0 * share,
+           representable ? (not_bf16 ? ", NOT bf16 values" : ", all bf16 values") : "");
+    if (!(worst <= 1.0))
+        fail_msg("%s: element %zu: cpu %.9g gpu %.9g, error %.3g times the bound (A %.6g, K %.0f; seed %llu)", what,
+                 worst_at, (double)cpu[worst_at], (double)g[worst_at], worst, (double)A[worst_at], K,
+                 (unsigned long long)g_seed);
+    if (rounded && !(share >= EQUAL_MIN))
+        fail_msg("%s: only %.1f%% of the elements equal the CPU's bf16 bits (at least %.0f%% expected): a rounding "
+                 "point differs (seed %llu)",
+                 what, 100.0 * share, 100.0 * EQUAL_MIN, (unsigned long long)g_seed);
+    if (representable && not_bf16)
+        fail_msg("%s: %zu of %zu GPU elements are not bf16 values: the result was not rounded to bf16 (seed %llu)",
+                 what, not_bf16, n, (unsigned long long)g_seed);
+    free(g);
+}
+
+/* ---- conv2d -------------------------------------------------------------------------- */
+
+/* one layer on a context with its own arenas */
+typedef struct side_conv {
+    rt_conv2d l;
+    rt_arena p, g;
+    rt_model_ctx *ctx;
+} side_conv;
+
+static void side_conv_make(side_conv *s, rt_model_ctx *ctx, const rt_conv2d *shape, const float *w, const float *b,
+                           int max_n) {
+    s->l = *shape;
+    s->ctx = ctx;
+    rt_arena_init(&s->p, ctx->device);
+    rt_arena_init(&s->g, ctx->device);
+    assert_rt_ok(rt_tensor_place(&s->l.weight, &s->p));
+    s->l.dweight = rt_tensor_in(&s->l.weight, &s->g);
+    if (shape->has_bias) {
+        assert_rt_ok(rt_tensor_place(&s->l.bias, &s->p));
+        s->l.dbias = rt_tensor_in(&s->l.bias, &s->g);
+    }
+    s->g.size = s->p.size;
+    assert_rt_ok(rt_arena_alloc(&s->p));
+    assert_rt_ok(rt_arena_alloc(&s->g));
+    gt_sync();
+    const size_t wn = (size_t)shape->out_c * shape->in_c * shape->k * shape->k;
+    assert_rt_ok(rt_memcpy(rt_tensor_data(&s->l.weight), ctx->device, w, rt_device_cpu(), wn * sizeof(float), NULL));
+    if (shape->has_bias)
+        assert_rt_ok(rt_memcpy(rt_tensor_data(&s->l.bias), ctx->device, b, rt_device_cpu(),
+                               (size_t)shape->out_c * sizeof(float), NULL));
+    gt_sync();
+    size_t ws = 0;
+    assert_rt_ok(rt_conv2d_prepare(ctx, &s->l, max_n, &ws));
+    assert_rt_ok(rt_model_ctx_reserve(ctx, ws));
+}
+
+static void side_conv_free(side_conv *s) {
+    rt_conv2d_release(s->ctx, &s->l);
+    rt_arena_free(&s->p);
+    rt_arena_free(&s->g);
+}
+
+/* forward and backward (dx written, dx accumulated) at batch n */
+static void conv_run(side_conv *C, side_conv *G, side_conv *A, int n, const char *name) {
+    const rt_conv2d *l = &C->l;
+    const size_t xn = (size_t)n * l->in_c * l->in_h * l->in_w, yn = (size_t)n * l->out_c * l->out_h * l->out_w;
+    const size_t wn = (size_t)l->out_c * l->in_c * l->k * l->k;
+    const double k_y = (double)l->in_c * l->k * l->k + (l->has_bias ? 1 : 0);
+    const double k_dx = (double)l->out_c * l->k * l->k, k_dw = (double)n * l->out_h * l->out_w;
+    char what[128];
+    float *hx = rt_test_randn(xn, 1.0f), *hdy = rt_test_randn(yn, 1.0f), *hdx0 = rt_test_randn(xn, 1.0f);
+    float *ax = abs_round(hx, xn), *ady = abs_round(hdy, yn);
+    float *x_dev = gt_dev_copy(hx, xn), *dy_dev = gt_dev_copy(hdy, yn);
+    float *cy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *ay = rt_test_nans(yn), *adx = rt_test_nans(xn);
+    float *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
+
+    /* A: the same sums over |terms|, in fp32 on the CPU */
+    assert_rt_ok(rt_conv2d_forward(g_cpu32, &A->l, n, ax, ay));
+    assert_rt_ok(rt_conv2d_backward(g_cpu32, &A->l, n, ax, ady, adx, false));
+
+    assert_rt_ok(rt_conv2d_forward(g_cpu, &C->l, n, hx, cy));
+    assert_rt_ok(rt_conv2d_forward(g_gpu, &G->l, n, x_dev, gy));
+    snprintf(what, sizeof what, "%s n=%d y", name, n);
+    check_bf16(what, cy, gy, ay, yn, k_y, CK_ROUNDED | CK_BF16_VALUES);
+
+    gt_poison(rt_tensor_data(&G->l.dweight), wn * sizeof(float));
+    if (l->has_bias) gt_poison(rt_tensor_data(&G->l.dbias), (size_t)l->out_c * sizeof(float));
+    assert_rt_ok(rt_conv2d_backward(g_cpu, &C->l, n, hx, hdy, cdx, false));
+    assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, x_dev, dy_dev, gdx, false));
+    snprintf(what, sizeof what, "%s n=%d dx", name, n);
+    check_bf16(what, cdx, gdx, adx, xn, k_dx, CK_ROUNDED | CK_BF16_VALUES);
+    snprintf(what, sizeof what, "%s n=%d dweight", name, n);
+    check_bf16(what, rt_tensor_data(&C->l.dweight), rt_tensor_data(&G->l.dweight), rt_tensor_data(&A->l.dweight), wn,
+               k_dw, CK_ROUNDED | CK_BF16_VALUES | CK_CPU_ROUNDED);
+    if (l->has_bias) { /* fp32 sums of round(dy) on both sides: the sum term only */
+        const size_t oc = (size_t)l->out_c;
+        float *gb = rt_test_floats(oc);
+        gt_download(gb, rt_tensor_data(&G->l.dbias), oc * sizeof(float));
+        const float *cb = rt_tensor_data(&C->l.dbias), *ab = rt_tensor_data(&A->l.dbias);
+        for (size_t i = 0; i < oc; i++)
+            if (!(fabs((double)gb[i] - cb[i]) <= k_dw * ldexp(ab[i], -22)))
+                fail_msg("%s n=%d dbias[%zu]: cpu %.9g gpu %.9g (A %.6g; seed %llu)", name, n, i, (double)cb[i],
+                         (double)gb[i], (double)ab[i], (unsigned long long)g_seed);
+        printf("  %-44s within K 2^-22 A\n", "dbias");
+        free(gb);
+    }
+
+    /* accumulate into a random dx */
+    memcpy(cdx, hdx0, xn * sizeof(float));
+    gt_upload(gdx, hdx0, xn * sizeof(float));
+    assert_rt_ok(rt_conv2d_backward(g_cpu, &C->l, n, hx, hdy, cdx, true));
+    assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, x_dev, dy_dev, gdx, true));
+    snprintf(what, sizeof what, "%s n=%d dx accumulated", name, n);
+    check_bf16(what, cdx, gdx, adx, xn, k_dx, CK_ROUNDED);
+
+    free(hx), free(hdy), free(hdx0), free(ax), free(ady), free(cy), free(cdx), free(ay), free(adx);
+    gt_free(x_dev), gt_free(dy_dev), gt_free(gy), gt_free(gdx);
+}
+
+static void conv_case(int max_n, int in_c, int out_c, int h, int w, int k, int s, int pad, bool bias) {
+    rt_conv2d shape;
+    assert_rt_ok(rt_conv2d_init(&shape, in_c, out_c, h, w, k, s, pad, bias));
+    const size_t wn = (size_t)out_c * in_c * k * k;
+    float *hw = rt_test_randn(wn, (float)(1.0 / sqrt((double)in_c * k * k)));
+    float *hb = rt_test_randn((size_t)out_c, 0.5f);
+    float *aw = abs_round(hw, wn), *ab = abs_round(hb, (size_t)out_c);
+    side_conv C, G, A;
+    side_conv_make(&C, g_cpu, &shape, hw, hb, max_n);
+    side_conv_make(&G, g_gpu, &shape, hw, hb, max_n);
+    side_conv_make(&A, g_cpu32, &shape, aw, ab, max_n);
+    char name[96];
+    snprintf(name, sizeof name, "conv %d->%d %dx%d k%d s%d%s", in_c, out_c, h, w, k, s, bias ? " bias" : "");
+    conv_run(&C, &G, &A, max_n, name);
+    conv_run(&C, &G, &A, max_n - 3, name); /* the GPU's second descriptor set */
+    side_conv_free(&C), side_conv_free(&G), side_conv_free(&A);
+    free(hw), free(hb), free(aw), free(ab);
+}
+
+static void test_conv2d_bf16(void **state) {
+    (void)state;
+    conv_case(6, 16, 32, 8, 8, 3, 2, 1, true); /* bias: y = round(conv + round(b)) */
+    conv_case(6, 32, 32, 6, 6, 3, 1, 1, false);
+    conv_case(5, 3, 16, 16, 16, 7, 2, 3, false); /* the imagenet stem's shape */
+    conv_case(7, 16, 8, 5, 5, 1, 1, 0, false);
+}
+
+/* ---- linear -------------------------------------------------------------------------- */
+
+typedef struct side_lin {
+    rt_linear l;
+    rt_arena p, g;
+    rt_model_ctx *ctx;
+} side_lin;
+
+static void side_lin_make(side_lin *s, rt_model_ctx *ctx, int in_f, int out_f, const float *w, const float *b,
+                          int max_n) {
+    assert_rt_ok(rt_linear_init(&s->l, in_f, out_f));
+    s->ctx = ctx;
+    rt_arena_init(&s->p, ctx->device);
+    rt_arena_init(&s->g, ctx->device);
+    assert_rt_ok(rt_tensor_place(&s->l.weight, &s->p));
+    s->l.dweight = rt_tensor_in(&s->l.weight, &s->g);
+    assert_rt_ok(rt_tensor_place(&s->l.bias, &s->p));
+    s->l.dbias = rt_tensor_in(&s->l.bias, &s->g);
+    s->g.size = s->p.size;
+    assert_rt_ok(rt_arena_alloc(&s->p));
+    assert_rt_ok(rt_arena_alloc(&s->g));
+    gt_sync();
+    assert_rt_ok(rt_memcpy(rt_tensor_data(&s->l.weight), ctx->device, w, rt_device_cpu(),
+                           (size_t)in_f * out_f * sizeof(float), NULL));
+    assert_rt_ok(
+        rt_memcpy(rt_tensor_data(&s->l.bias), ctx->device, b, rt_device_cpu(), (size_t)out_f * sizeof(float), NULL));
+    gt_sync();
+    size_t ws = 0;
+    assert_rt_ok(rt_linear_prepare(ctx, &s->l, max_n, &ws));
+    assert_rt_ok(rt_model_ctx_reserve(ctx, ws));
+}
+
+static void side_lin_free(side_lin *s) {
+    rt_linear_release(s->ctx, &s->l);
+    rt_arena_free(&s->p);
+    rt_arena_free(&s->g);
+}
+
+static void linear_case(int max_n, int in_f, int out_f) {
+    const size_t wn = (size_t)in_f * out_f;
+    float *hw = rt_test_randn(wn, (float)(1.0 / sqrt((double)in_f))), *hb = rt_test_randn((size_t)out_f, 0.5f);
+    float *aw = abs_round(hw, wn), *ab = abs_round(hb, (size_t)out_f);
+    side_lin C, G, A;
+    side_lin_make(&C, g_cpu, in_f, out_f, hw, hb, max_n);
+    side_lin_make(&G, g_gpu, in_f, out_f, hw, hb, max_n);
+    side_lin_make(&A, g_cpu32, in_f, out_f, aw, ab, max_n);
+    const int ns[2] = {max_n, max_n / 2 + 1};
+    for (int ni = 0; ni < 2; ni++) {
+        const int n = ns[ni];
+        const size_t xn = (size_t)n * in_f, yn = (size_t)n * out_f;
+        char what[96];
+        float *hx = rt_test_randn(xn, 1.0f), *hdy = rt_test_randn(yn, 1.0f);
+        float *ax = abs_round(hx, xn), *ady = abs_round(hdy, yn);
+        float *x_dev = gt_dev_copy(hx, xn), *dy_dev = gt_dev_copy(hdy, yn);
+        float *cy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *ay = rt_test_nans(yn), *adx = rt_test_nans(xn);
+        float *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
+        assert_rt_ok(rt_linear_forward(g_cpu32, &A.l, n, ax, ay));
+        assert_rt_ok(rt_linear_backward(g_cpu32, &A.l, n, ax, ady, adx));
+        assert_rt_ok(rt_linear_forward(g_cpu, &C.l, n, hx, cy));
+        assert_rt_ok(rt_linear_forward(g_gpu, &G.l, n, x_dev, gy));
+        snprintf(what, sizeof what, "linear %d->%d n=%d y", in_f, out_f, n);
+        check_bf16(what, cy, gy, ay, yn, in_f + 1.0, CK_ROUNDED | CK_BF16_VALUES);
+        gt_poison(rt_tensor_data(&G.l.dweight), wn * sizeof(float));
+        gt_poison(rt_tensor_data(&G.l.dbias), (size_t)out_f * sizeof(float));
+        assert_rt_ok(rt_linear_backward(g_cpu, &C.l, n, hx, hdy, cdx));
+        assert_rt_ok(rt_linear_backward(g_gpu, &G.l, n, x_dev, dy_dev, gdx));
+        snprintf(what, sizeof what, "linear %d->%d n=%d dx", in_f, out_f, n);
+        check_bf16(what, cdx, gdx, adx, xn, out_f, CK_ROUNDED | CK_BF16_VALUES);
+        /* dW and db: fp32 sums on both sides (cuBLAS's C is fp32): within the sum term,
+         * no ulp term, no bf16 values */
+        snprintf(what, sizeof what, "linear %d->%d n=%d dweight", in_f, out_f, n);
+        check_bf16(what, rt_tensor_data(&C.l.dweight), rt_tensor_data(&G.l.dweight), rt_tensor_data(&A.l.dweight), wn,
+                   n, 0);
+        snprintf(what, sizeof what, "linear %d->%d n=%d dbias", in_f, out_f, n);
+        check_bf16(what, rt_tensor_data(&C.l.dbias), rt_tensor_data(&G.l.dbias), rt_tensor_data(&A.l.dbias),
+                   (size_t)out_f, n, 0);
+        free(hx), free(hdy), free(ax), free(ady), free(cy), free(cdx), free(ay), free(adx);
+        gt_free(x_dev), gt_free(dy_dev), gt_free(gy), gt_free(gdx);
+    }
+    side_lin_free(&C), side_lin_free(&G), side_lin_free(&A);
+    free(hw), free(hb), free(aw), free(ab);
+}
+
+static void test_linear_bf16(void **state) {
+    (void)state;
+    linear_case(8, 512, 10); /* ResNet's fc */
+    linear_case(9, 129, 67); /* odd sizes */
+}
+
+/* ---- a whole ResNet step ------------------------------------------------------------- */
+
+enum { REF, ALT, GPU, F32, G32, NSIDE };
+static const char *const side_name[NSIDE] = {"cpu bf16", "cpu bf16 (2)", "gpu bf16", "cpu fp32", "gpu fp32"};
+
+static bool on_host(rt_model *m) { return !rt_device_is_cuda(rt_model_context(m)->device); }
+
+static void fetch(rt_model *m, void *dst, const void *src, size_t bytes) {
+    rt_model_ctx *c = rt_model_context(m);
+    assert_rt_ok(rt_model_ctx_sync(c));
+    gt_sync();
+    assert_rt_ok(rt_memcpy(dst, rt_device_cpu(), src, c->device, bytes, NULL));
+    gt_sync();
+}
+
+static double l2_rel_err(const float *ref, const float *x, size_t n) {
+    double s0 = 0, sd = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(ref[i]) && !isfinite(x[i])) return INFINITY;
+        const double d = (double)x[i] - ref[i];
+        s0 += (double)ref[i] * ref[i], sd += d * d;
+    }
+    return s0 > 0 ? sqrt(sd / s0) : sqrt(sd);
+}
+
+static void test_resnet_step_bf16(void **state) {
+    (void)state;
+    rt_model_config cfg;
+    rt_model_config_default(&cfg);
+    cfg.arch = RT_ARCH_RESNET18;
+    cfg.in_channels = 3, cfg.in_h = 32, cfg.in_w = 32;
+    cfg.stem = RT_STEM_CIFAR;
+    cfg.max_batch = 4;
+    const int n = 4;
+    rt_model_ctx *ctxs[NSIDE] = {g_cpu, g_alt, g_gpu, g_cpu32, g_gpu32};
+    rt_model *m[NSIDE];
+    for (int s = 0; s < NSIDE; s++) {
+        assert_rt_ok(rt_model_create(&cfg, ctxs[s], &m[s]));
+        assert_rt_ok(rt_model_init_weights(m[s], g_seed ^ 0x61));
+    }
+    const size_t xn = (size_t)n * 3 * 32 * 32;
+    float *hx = rt_test_randn(xn, 1.0f), *x_dev = gt_dev_copy(hx, xn);
+    int64_t *hl = gt_labels((size_t)n, cfg.num_classes), *l_dev = gt_dev((size_t)n * sizeof(int64_t));
+    gt_upload(l_dev, hl, (size_t)n * sizeof(int64_t));
+    float loss[NSIDE], *logits[NSIDE];
+    const size_t nk = (size_t)n * cfg.num_classes;
+    for (int s = 0; s < NSIDE; s++) {
+        if (!on_host(m[s])) gt_poison(rt_model_grads(m[s])->base, rt_model_grads(m[s])->size);
+        loss[s] = NAN;
+        assert_rt_ok(
+            rt_model_train_step(m[s], on_host(m[s]) ? hx : x_dev, on_host(m[s]) ? hl : l_dev, n, NULL, NULL, &loss[s]));
+        logits[s] = rt_test_floats(nk);
+        fetch(m[s], logits[s], rt_model_output(m[s]), nk * sizeof(float));
+    }
+    for (int s = 0; s < NSIDE; s++) printf("  loss %-14s %.7f\n", side_name[s], (double)loss[s]);
+
+    /* loss and logits: max(floor, DRIFT_FACTOR x the CPU's own drift) */
+    const double ls = fmax(fabs((double)loss[REF]), 1.0);
+    const double el = fabs((double)loss[GPU] - loss[REF]) / ls, dl = fabs((double)loss[ALT] - loss[REF]) / ls;
+    const double tl = fmax(TOL_OUT_FLOOR, DRIFT_FACTOR * dl);
+    const double eo = gt_rel_err(logits[REF], logits[GPU], nk, NULL),
+                 d_o = gt_rel_err(logits[REF], logits[ALT], nk, NULL);
+    const double to = fmax(TOL_OUT_FLOOR, DRIFT_FACTOR * d_o);
+    const double e32 = gt_rel_err(logits[REF], logits[F32], nk, NULL);
+    const double gg = gt_rel_err(logits[G32], logits[GPU], nk, NULL);
+    printf("  loss: gpu err %.3g, cpu drift %.3g, tol %.3g\n", el, dl, tl);
+    printf("  logits: gpu err %.3g, cpu drift %.3g, tol %.3g; cpu fp32 vs cpu bf16 %.3g; gpu bf16 vs gpu fp32 %.3g\n",
+           eo, d_o, to, e32, gg);
+    if (!(el <= tl))
+        fail_msg("loss: cpu %.9g gpu %.9g (seed %llu)", (double)loss[REF], (double)loss[GPU],
+                 (unsigned long long)g_seed);
+    if (!(eo <= to)) fail_msg("logits: error %.3g > %.3g (seed %llu)", eo, to, (unsigned long long)g_seed);
+    if (!(gg > FP32_NOISE))
+        fail_msg("logits: the GPU's bf16 and fp32 results differ by only %.3g: the GPU ran fp32 (seed %llu)", gg,
+                 (unsigned long long)g_seed);
+
+    /* gradients: L2 per trainable tensor, and over all of them together */
+    const int np = rt_model_param_count(m[REF]);
+    double drift = 0, worst = 0, s_ref = 0, s_gpu = 0, s_alt = 0;
+    const char *worst_name = "";
+    double *err = calloc((size_t)np, sizeof *err);
+    for (int i = 0; i < np; i++) {
+        const rt_param *p[3];
+        for (int s = 0; s < 3; s++) p[s] = rt_model_param(m[s], i);
+        if (!rt_param_trainable(p[REF])) continue;
+        const size_t bytes = rt_tensor_nbytes(&p[REF]->grad), cnt = bytes / sizeof(float);
+        float *v[3];
+        for (int s = 0; s < 3; s++) {
+            v[s] = rt_test_floats(cnt);
+            fetch(m[s], v[s], rt_tensor_data(&p[s]->grad), bytes);
+        }
+        const double d = l2_rel_err(v[REF], v[ALT], cnt);
+        err[i] = l2_rel_err(v[REF], v[GPU], cnt);
+        if (!(d <= drift)) drift = d;
+        if (!(err[i] <= worst)) worst = err[i], worst_name = p[REF]->name;
+        for (size_t j = 0; j < cnt; j++) {
+            const double r = v[REF][j], eg = (double)v[GPU][j] - r, ea = (double)v[ALT][j] - r;
+            s_ref += r * r, s_gpu += eg * eg, s_alt += ea * ea;
+        }
+        for (int s = 0; s < 3; s++) free(v[s]);
+    }
+    const double tg = fmax(TOL_GRAD_FLOOR, DRIFT_FACTOR * drift);
+    printf("  gradients: gpu err %.3g (%s), cpu drift %.3g, tol %.3g [L2 per tensor]\n", worst, worst_name, drift, tg);
+    for (int i = 0; i < np; i++)
+        if (!(err[i] <= tg))
+            fail_msg("gradient %s: relative error %.3g > %.3g [L2] (cpu drift %.3g; seed %llu)",
+                     rt_model_param(m[REF], i)->name, err[i], tg, drift, (unsigned long long)g_seed);
+    const double eall = isfinite(s_gpu) ? sqrt(s_gpu / s_ref) : INFINITY, dall = sqrt(s_alt / s_ref);
+    const double tall = fmax(TOL_ALL_FLOOR, DRIFT_FACTOR_ALL * dall);
+    printf("  all gradients: gpu err %.3g, cpu drift %.3g, tol %.3g [L2]\n", eall, dall, tall);
+    if (!(eall <= tall))
+        fail_msg("all gradients together: relative error %.3g > %.3g [L2] (cpu drift %.3g; seed %llu)", eall, tall,
+                 dall, (unsigned long long)g_seed);
+    free(err);
+    for (int s = 0; s < NSIDE; s++) {
+        free(logits[s]);
+        rt_model_destroy(m[s]);
+    }
+    free(hx), free(hl);
+    gt_free(x_dev), gt_free(l_dev);
+}
+
+int main(void) {
+    GT_SKIP_WITHOUT_GPU();
+    g_seed = gt_pick_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv2d_bf16),
+        cmocka_unit_test(test_linear_bf16),
+        cmocka_unit_test(test_resnet_step_bf16),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
