@@ -9,6 +9,7 @@
 #include "core/timer.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -513,9 +514,14 @@ static void drive(rt_engine *e, rt_request *target) {
             continue;
         }
         const rt_transport_ops *tp = e->tp;
-        if (!tp || !tp->sleep) { /* no peers (a group of one): nothing to sleep on */
+        if (!tp || !tp->sleep) { /* no peers (a group of one): sleep on the wake-up eventfd alone */
             pthread_mutex_unlock(&e->mu);
-            sched_yield();
+            struct pollfd pf = {e->evfd, POLLIN, 0};
+            if (poll(&pf, 1, ms) > 0 && (pf.revents & POLLIN)) {
+                uint64_t v;
+                if (read(e->evfd, &v, sizeof v) < 0) { /* already drained */
+                }
+            }
             pthread_mutex_lock(&e->mu);
             continue;
         }

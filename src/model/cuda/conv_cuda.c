@@ -186,12 +186,16 @@ static bool perf_usable(const rt_model_ctx *ctx, cudnnStatus_t status, size_t me
 }
 
 /* The zero-workspace fallbacks of the backward passes: ALGO_0 adds with atomics (not
- * deterministic), ALGO_1 does not. (The forward's IMPLICIT_GEMM is deterministic.) */
+ * deterministic), ALGO_1 does not. (The forward's IMPLICIT_GEMM is deterministic.) In
+ * bf16 always ALGO_1: ALGO_0's atomics could add partial sums into the bf16 dx/dW,
+ * rounding many times where the CPU rounds once. */
 static cudnnConvolutionBwdDataAlgo_t bwd_data_fallback(const rt_model_ctx *ctx) {
-    return ctx->deterministic ? CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 : CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+    return ctx->deterministic || ctx->precision == RT_PRECISION_BF16 ? CUDNN_CONVOLUTION_BWD_DATA_ALGO_1
+                                                                      : CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
 }
 static cudnnConvolutionBwdFilterAlgo_t bwd_filter_fallback(const rt_model_ctx *ctx) {
-    return ctx->deterministic ? CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 : CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+    return ctx->deterministic || ctx->precision == RT_PRECISION_BF16 ? CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1
+                                                                      : CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
 }
 
 static bool fwd_approx(cudnnConvolutionFwdAlgo_t a) {

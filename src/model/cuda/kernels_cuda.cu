@@ -297,7 +297,9 @@ static __global__ void bf16_fill_channels_kernel(size_t total, size_t plane, int
     GRID_STRIDE(i, total) { y[i] = bf16_from_f32(b[(i / plane) % (size_t)c]); }
 }
 
-/* db[ch] = sum over images and the plane of dy (bf16), in double as the bias gradients above */
+/* db[ch] = sum over images and the plane of dy (bf16), accumulated in double as the bias
+ * gradients above and rounded to fp32 once (the CPU sums in fp32: the two agree to fp32
+ * rounding of the sum, within test_gpu_bf16's bound); one thread per channel */
 static __global__ void bf16_channel_sums_kernel(int n, int c, size_t plane, const uint16_t *dy, float *db) {
     GRID_STRIDE(ch, (size_t)c) {
         double acc = 0;
