@@ -33,122 +33,35 @@
 #define PEAK_UNROLL 12
 #define PEAK_LOOP_INSNS (PEAK_UNROLL + 2)
 
-#define REP12(s) s s s s s s s s s s s s
-
 #if defined(__x86_64__)
+/* One loop in assembly text: zero the 12 accumulators (registers 0-11) and the two
+ * operands (12, 13) with `zero`, then iterate 12 x `insn` 12, 13 -> accumulator, dec, jnz. */
+#define PEAK_Z(zero, r, n) zero " %%" r #n ", %%" r #n ", %%" r #n "\n\t"
+#define PEAK_M(insn, r, n) insn " %%" r "12, %%" r "13, %%" r #n "\n\t"
+#define PEAK_ASM(zero, insn, r)                                                                                        \
+    PEAK_Z(zero, r, 0)                                                                                                 \
+    PEAK_Z(zero, r, 1) PEAK_Z(zero, r, 2) PEAK_Z(zero, r, 3) PEAK_Z(zero, r, 4) PEAK_Z(zero, r, 5) PEAK_Z(zero, r, 6)  \
+        PEAK_Z(zero, r, 7) PEAK_Z(zero, r, 8) PEAK_Z(zero, r, 9) PEAK_Z(zero, r, 10) PEAK_Z(zero, r, 11)               \
+            PEAK_Z(zero, r, 12) PEAK_Z(zero, r, 13) "1:\n\t" PEAK_M(insn, r, 0) PEAK_M(insn, r, 1) PEAK_M(insn, r, 2)  \
+                PEAK_M(insn, r, 3) PEAK_M(insn, r, 4) PEAK_M(insn, r, 5) PEAK_M(insn, r, 6) PEAK_M(insn, r, 7)         \
+                    PEAK_M(insn, r, 8) PEAK_M(insn, r, 9) PEAK_M(insn, r, 10) PEAK_M(insn, r, 11) "dec %0\n\t"         \
+                                                                                                  "jnz 1b\n\t"         \
+                                                                                                  "vzeroupper\n\t"
+#define PEAK_CLOBBERS                                                                                                  \
+    "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",         \
+        "xmm13", "cc"
+
 /* The loops: noinline and used so each is one symbol in the binary whose body the
  * disassembly test can read. The accumulators start at zero (no denormals). */
 __attribute__((noinline, used)) void rt_peak_loop_fma512(uint64_t iters) {
-    __asm__ volatile("vpxord %%zmm12, %%zmm12, %%zmm12\n\t"
-                     "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"
-                     "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
-                     "vmovaps %%zmm0, %%zmm1\n\t"
-                     "vmovaps %%zmm0, %%zmm2\n\t"
-                     "vmovaps %%zmm0, %%zmm3\n\t"
-                     "vmovaps %%zmm0, %%zmm4\n\t"
-                     "vmovaps %%zmm0, %%zmm5\n\t"
-                     "vmovaps %%zmm0, %%zmm6\n\t"
-                     "vmovaps %%zmm0, %%zmm7\n\t"
-                     "vmovaps %%zmm0, %%zmm8\n\t"
-                     "vmovaps %%zmm0, %%zmm9\n\t"
-                     "vmovaps %%zmm0, %%zmm10\n\t"
-                     "vmovaps %%zmm0, %%zmm11\n\t"
-                     "1:\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm0\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm1\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm2\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm3\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm4\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm5\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm6\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm7\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm8\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm9\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm10\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm11\n\t"
-                     "dec %0\n\t"
-                     "jnz 1b\n\t"
-                     "vzeroupper\n\t"
-                     : "+r"(iters)
-                     :
-                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-                       "xmm12", "xmm13", "cc");
+    __asm__ volatile(PEAK_ASM("vpxord", "vfmadd231ps", "zmm") : "+r"(iters) : : PEAK_CLOBBERS);
 }
-
 __attribute__((noinline, used)) void rt_peak_loop_fma256(uint64_t iters) {
-    __asm__ volatile("vxorps %%ymm12, %%ymm12, %%ymm12\n\t"
-                     "vxorps %%ymm13, %%ymm13, %%ymm13\n\t"
-                     "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"
-                     "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"
-                     "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"
-                     "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"
-                     "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"
-                     "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"
-                     "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"
-                     "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"
-                     "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"
-                     "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"
-                     "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"
-                     "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"
-                     "1:\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm0\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm1\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm2\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm3\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm4\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm5\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm6\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm7\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm8\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm9\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm10\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm11\n\t"
-                     "dec %0\n\t"
-                     "jnz 1b\n\t"
-                     "vzeroupper\n\t"
-                     : "+r"(iters)
-                     :
-                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-                       "xmm12", "xmm13", "cc");
+    __asm__ volatile(PEAK_ASM("vpxor", "vfmadd231ps", "ymm") : "+r"(iters) : : PEAK_CLOBBERS);
 }
-
 __attribute__((noinline, used)) void rt_peak_loop_dpbf16(uint64_t iters) {
-    __asm__ volatile("vpxord %%zmm12, %%zmm12, %%zmm12\n\t"
-                     "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"
-                     "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
-                     "vmovaps %%zmm0, %%zmm1\n\t"
-                     "vmovaps %%zmm0, %%zmm2\n\t"
-                     "vmovaps %%zmm0, %%zmm3\n\t"
-                     "vmovaps %%zmm0, %%zmm4\n\t"
-                     "vmovaps %%zmm0, %%zmm5\n\t"
-                     "vmovaps %%zmm0, %%zmm6\n\t"
-                     "vmovaps %%zmm0, %%zmm7\n\t"
-                     "vmovaps %%zmm0, %%zmm8\n\t"
-                     "vmovaps %%zmm0, %%zmm9\n\t"
-                     "vmovaps %%zmm0, %%zmm10\n\t"
-                     "vmovaps %%zmm0, %%zmm11\n\t"
-                     "1:\n\t"
-                     "vdpbf16ps %%zmm12, %%zmm13, %%zmm0\n\t"
-                     "vdpbf16ps %%zmm12, %%zmm13, %%zmm1\n\t"
-                     "vdpbf16ps %%zmm12, %%zmm13, %%zmm2\n\t"
-                     "vdpbf16ps %%zmm12, %%zmm13, %%zmm3\n\t"
-                     "vdpbf16ps %%zmm12, %%zmm13, %%zmm4\n\t"
-                     "vdpbf16ps %%zmm12, %%zmm13, %%zmm5\n\t"
-                     "vdpbf16ps %%zmm12, %%zmm13, %%zmm6\n\t"
-                     "vdpbf16ps %%zmm12, %%zmm13, %%zmm7\n\t"
-                     "vdpbf16ps %%zmm12, %%zmm13, %%zmm8\n\t"
-                     "vdpbf16ps %%zmm12, %%zmm13, %%zmm9\n\t"
-                     "vdpbf16ps %%zmm12, %%zmm13, %%zmm10\n\t"
-                     "vdpbf16ps %%zmm12, %%zmm13, %%zmm11\n\t"
-                     "dec %0\n\t"
-                     "jnz 1b\n\t"
-                     "vzeroupper\n\t"
-                     : "+r"(iters)
-                     :
-                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-                       "xmm12", "xmm13", "cc");
+    __asm__ volatile(PEAK_ASM("vpxord", "vdpbf16ps", "zmm") : "+r"(iters) : : PEAK_CLOBBERS);
 }
-
 #endif /* __x86_64__ */
 
 typedef struct peak_kernel {
