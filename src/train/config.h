@@ -10,7 +10,8 @@
  *
  * A choice is parsed once, here, by the name table of the area that owns it, and held as
  * that area's enum (or bool) in the area's own option struct where it has one
- * (rt_optim_config, rt_schedule, rt_loader_config); the trainer never compares names. Files, checkpoints
+ * (rt_model_config, rt_optim_config, rt_schedule, rt_loader_config, rt_pg_options); the
+ * trainer never compares names nor copies keys one by one into those structs. Files, checkpoints
  * and rt_config_write still say names, never numbers.
  *
  * Values that depend on others are "auto" in the table (stored as RT_CONFIG_AUTO for
@@ -52,13 +53,11 @@ typedef enum rt_progress_mode {
 } rt_progress_mode;
 
 typedef struct rt_config {
-    struct {
-        rt_model_arch arch;
-        int64_t width;       /* ResNet base channels (64 = torchvision) */
-        int stem;            /* an rt_stem, or RT_CONFIG_AUTO: cifar for 32x32 data */
-        int64_t num_classes; /* auto: the dataset's */
-        double dropout;      /* Net's dropout; NaN: the architecture's default */
-    } model;
+    /* the model's keys (model.arch, width, stem, num_classes, dropout), each in its field
+     * of the model's own option struct; auto: stem RT_STEM_AUTO (cifar for 32x32 data),
+     * num_classes RT_CONFIG_AUTO (the dataset's), dropout NaN (the architecture's). The
+     * trainer resolves the autos and sets the input shape and max_batch. */
+    rt_model_config model;
     struct {
         rt_dataset_kind kind; /* RT_DATASET_AUTO: detected from the files */
         char path[RT_CONFIG_PATH_MAX];
@@ -113,15 +112,16 @@ typedef struct rt_config {
         int64_t nnodes, node_rank;
         char master_addr[256];
         int64_t master_port; /* 0: a free port (single node) */
-        rt_algo algo;
-        rt_transport transport;
+        /* the process group's keys (dist.algo, dist.transport, dist.timeout_s, dist.debug),
+         * each in its field, and its settings' defaults (the flight recorder's size); the
+         * trainer sets the run-time fields: init_method (from the key above), rank,
+         * world_size and device */
+        rt_pg_options pg;
         bool compress_bf16;     /* dist.compress bf16: gradients all-reduced as bf16 */
         double bucket_mb;       /* 0: one all-reduce after backward */
         double first_bucket_mb; /* DDP's small first bucket */
         int64_t check_sync_every;
-        double timeout_s;
         int64_t max_restarts; /* the launcher restarts a failed job this many times (torchrun's) */
-        bool debug;           /* every collective's fingerprint checked across ranks before it runs */
     } dist;
     struct {
         char dir[RT_CONFIG_PATH_MAX];    /* auto: RUN_DIR/checkpoints */

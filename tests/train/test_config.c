@@ -30,7 +30,7 @@ static void test_defaults(void **state) {
     rt_config c;
     rt_config_default(&c);
     assert_int_equal(c.model.arch, RT_ARCH_RESNET34);
-    assert_int_equal(c.model.stem, RT_CONFIG_AUTO);
+    assert_int_equal(c.model.stem, RT_STEM_AUTO);
     assert_int_equal(c.data.kind, RT_DATASET_AUTO);
     assert_int_equal(c.data.loader.mode, RT_SAMPLER_DISTRIBUTED);
     assert_int_equal(c.data.loader.crop_pad, -1); /* auto: the dataset's */
@@ -47,8 +47,8 @@ static void test_defaults(void **state) {
     assert_true(isnan(c.optim.sched.max_lr));
     assert_int_equal(c.train.precision, RT_PRECISION_FP32);
     assert_false(c.train.tta_flip);
-    assert_int_equal(c.dist.algo, RT_ALGO_RING);
-    assert_int_equal(c.dist.transport, RT_TRANSPORT_AUTO);
+    assert_int_equal(c.dist.pg.algo, RT_ALGO_RING);
+    assert_int_equal(c.dist.pg.transport, RT_TRANSPORT_AUTO);
     assert_false(c.dist.compress_bf16);
     assert_int_equal(c.log.level, RT_LOG_INFO);
     assert_int_equal(c.log.progress, RT_PROGRESS_AUTO);
@@ -125,8 +125,8 @@ static void test_values(void **state) {
     assert_true(c.optim.sched.anneal_linear);
     assert_int_equal(c.train.precision, RT_PRECISION_BF16);
     assert_true(c.train.tta_flip);
-    assert_int_equal(c.dist.algo, RT_ALGO_RSAG);
-    assert_int_equal(c.dist.transport, RT_TRANSPORT_SHM);
+    assert_int_equal(c.dist.pg.algo, RT_ALGO_RSAG);
+    assert_int_equal(c.dist.pg.transport, RT_TRANSPORT_SHM);
     assert_true(c.dist.compress_bf16);
     assert_int_equal(c.log.level, RT_LOG_WARN);
     assert_int_equal(c.log.progress, RT_PROGRESS_OFF);
@@ -451,8 +451,8 @@ static void test_env_defaults(void **state) {
     setenv("RINGTRAIN_DIST_DEBUG", "1", 1);
     setenv("RINGTRAIN_LOG_LEVEL", "debug", 1);
     assert_rt_ok(rt_config_load(&c, NULL, 0, NULL));
-    assert_true(c.dist.timeout_s == 7.0);
-    assert_true(c.dist.debug);
+    assert_true(c.dist.pg.timeout_s == 7.0);
+    assert_true(c.dist.pg.debug);
     assert_int_equal(c.log.level, RT_LOG_DEBUG);
     char dir[] = "/tmp/rt-config-env-XXXXXX";
     assert_non_null(mkdtemp(dir));
@@ -463,16 +463,16 @@ static void test_env_defaults(void **state) {
     fputs("dist:\n  timeout_s: 9\n  debug: false\n", f);
     fclose(f);
     assert_rt_ok(rt_config_load(&c, path, 0, NULL)); /* the environment wins over the file */
-    assert_true(c.dist.timeout_s == 7.0);
-    assert_true(c.dist.debug);
+    assert_true(c.dist.pg.timeout_s == 7.0);
+    assert_true(c.dist.pg.debug);
     assert_int_equal(c.log.level, RT_LOG_DEBUG);
     unsetenv("RINGTRAIN_DIST_TIMEOUT"); /* an unset variable leaves the file's value */
     assert_rt_ok(rt_config_load(&c, path, 0, NULL));
-    assert_true(c.dist.timeout_s == 9.0);
+    assert_true(c.dist.pg.timeout_s == 9.0);
     setenv("RINGTRAIN_DIST_TIMEOUT", "7", 1);
     const char *ov[] = {"dist.timeout_s=11", "log.level=warn"};
     assert_rt_ok(rt_config_load(&c, path, 2, ov)); /* and the command line wins over both */
-    assert_true(c.dist.timeout_s == 11.0);
+    assert_true(c.dist.pg.timeout_s == 11.0);
     assert_int_equal(c.log.level, RT_LOG_WARN);
     unlink(path);
     rmdir(dir);
@@ -487,14 +487,14 @@ static void test_env_defaults(void **state) {
     setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL", 1);
     setenv("RINGTRAIN_DIST_DEBUG", "0", 1);
     assert_rt_ok(rt_config_load(&c, NULL, 0, NULL));
-    assert_false(c.dist.debug);
+    assert_false(c.dist.pg.debug);
     unsetenv("RINGTRAIN_DIST_DEBUG");
     assert_rt_ok(rt_config_load(&c, NULL, 0, NULL));
-    assert_true(c.dist.debug);
+    assert_true(c.dist.pg.debug);
     unsetenv("TORCH_DISTRIBUTED_DEBUG");
     assert_rt_ok(rt_config_load(&c, NULL, 0, NULL)); /* unset: the table's defaults */
-    assert_true(c.dist.timeout_s == 300.0);
-    assert_false(c.dist.debug);
+    assert_true(c.dist.pg.timeout_s == 300.0);
+    assert_false(c.dist.pg.debug);
     assert_int_equal(c.log.level, RT_LOG_INFO);
 }
 
