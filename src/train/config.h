@@ -10,7 +10,8 @@
  *
  * A choice is parsed once, here, by the name table of the area that owns it, and held as
  * that area's enum (or bool) in the area's own option struct where it has one
- * (rt_model_config, rt_optim_config, rt_schedule, rt_loader_config, rt_pg_options); the
+ * (rt_model_config, rt_model_ctx_options, rt_optim_config, rt_schedule, rt_loader_config,
+ * rt_pg_options); the
  * trainer never compares names nor copies keys one by one into those structs. Files, checkpoints
  * and rt_config_write still say names, never numbers.
  *
@@ -96,10 +97,12 @@ typedef struct rt_config {
         int64_t eval_every; /* epochs; 0: only at the end */
         int64_t seed;
         char device[RT_CONFIG_NAME_MAX]; /* auto | cpu | cuda | cuda:N */
-        rt_precision precision;
-        int64_t threads; /* auto: the cores shared by the local ranks */
+        /* the model context's keys (train.precision, train.threads, train.deterministic:
+         * deterministic GPU convolution algorithms, kept in the checkpoint), each in its
+         * field; threads RT_CONFIG_AUTO where auto (the cores shared by the local ranks).
+         * The trainer sets the device and resolves the threads. */
+        rt_model_ctx_options ctx;
         bool skip_nonfinite;
-        bool deterministic;     /* GPU: deterministic convolution algorithms, kept in the checkpoint */
         double label_smoothing; /* CrossEntropyLoss(label_smoothing=) */
         bool tta_flip;          /* eval.tta flip: evaluation averages the logits of x and its mirror */
         double ema_decay;       /* 0: off; else the weights' exponential moving average */

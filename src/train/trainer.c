@@ -338,7 +338,7 @@ static rt_status setup_group(run *r) {
  * with train.deterministic off, or this run has it off: the search chooses afresh). */
 static rt_status checkpoint_conv_algos(run *r, rt_conv_algos *out) {
     out->n = 0;
-    if (!r->resume_path[0] || !r->cfg->train.deterministic) return RT_OK;
+    if (!r->resume_path[0] || !r->cfg->train.ctx.deterministic) return RT_OK;
     rt_ckpt_meta m;
     rt_ckpt_meta_init(&m);
     rt_status st = rt_ckpt_verify(r->resume_path, &m);
@@ -444,16 +444,13 @@ static rt_status setup_model(run *r) {
     if (eval_per_rank < 1) eval_per_rank = 1;
     mc.max_batch = per_rank > eval_per_rank ? per_rank : eval_per_rank;
 
-    rt_model_ctx_options o = {.device = r->dev};
-    if (c->train.threads == RT_CONFIG_AUTO) {
+    rt_model_ctx_options o = c->train.ctx;
+    o.device = r->dev;
+    if (o.threads == RT_CONFIG_AUTO) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         o.threads = (int)(cores / (r->who.local_world_size > 0 ? r->who.local_world_size : 1));
         if (o.threads < 1) o.threads = 1;
-    } else {
-        o.threads = (int)c->train.threads;
     }
-    o.precision = c->train.precision;
-    o.deterministic = c->train.deterministic;
     RT_CHECK(rt_model_ctx_create(&o, &r->ctx));
     RT_CHECK(create_model(r, &mc));
     RT_CHECK(rt_model_init_weights(r->model, (uint64_t)c->train.seed));

@@ -45,7 +45,7 @@ static void test_defaults(void **state) {
     assert_false(c.optim.sched.anneal_linear);
     assert_int_equal(c.optim.sched.t_max, RT_CONFIG_AUTO);
     assert_true(isnan(c.optim.sched.max_lr));
-    assert_int_equal(c.train.precision, RT_PRECISION_FP32);
+    assert_int_equal(c.train.ctx.precision, RT_PRECISION_FP32);
     assert_false(c.train.tta_flip);
     assert_int_equal(c.dist.pg.algo, RT_ALGO_RING);
     assert_int_equal(c.dist.pg.transport, RT_TRANSPORT_AUTO);
@@ -123,7 +123,7 @@ static void test_values(void **state) {
     assert_int_equal(c.optim.sched.kind, RT_SCHED_ONECYCLE);
     assert_true(c.optim.sched.per_epoch);
     assert_true(c.optim.sched.anneal_linear);
-    assert_int_equal(c.train.precision, RT_PRECISION_BF16);
+    assert_int_equal(c.train.ctx.precision, RT_PRECISION_BF16);
     assert_true(c.train.tta_flip);
     assert_int_equal(c.dist.pg.algo, RT_ALGO_RSAG);
     assert_int_equal(c.dist.pg.transport, RT_TRANSPORT_SHM);
@@ -399,15 +399,15 @@ static void test_deterministic(void **state) {
     (void)state;
     rt_config c;
     rt_config_default(&c);
-    assert_true(c.train.deterministic);
+    assert_true(c.train.ctx.deterministic);
     assert_rt_ok(parse(&c, "train:\n  deterministic: false\n"));
-    assert_false(c.train.deterministic);
+    assert_false(c.train.ctx.deterministic);
     assert_rt_ok(parse(&c, "train:\n  deterministic: on\n"));
-    assert_true(c.train.deterministic);
+    assert_true(c.train.ctx.deterministic);
     assert_rt_ok(rt_config_override(&c, "train.deterministic=no"));
-    assert_false(c.train.deterministic);
+    assert_false(c.train.ctx.deterministic);
     assert_rt_ok(rt_config_override(&c, "train.deterministic=true"));
-    assert_true(c.train.deterministic);
+    assert_true(c.train.ctx.deterministic);
     expect_error(parse(&c, "train:\n  epochs: 1\n  deterministic: sometimes\n"), "cfg.yaml:3:", "train.deterministic",
                  "not a boolean");
     expect_error(parse(&c, "train:\n  deterministic: 2\n"), "train.deterministic", "not a boolean", NULL);
@@ -424,7 +424,7 @@ static void test_deterministic(void **state) {
     fclose(m);
     assert_non_null(strstr(t, "deterministic: false"));
     assert_rt_ok(parse(&b, t));
-    assert_false(b.train.deterministic);
+    assert_false(b.train.ctx.deterministic);
     free(t);
 }
 
