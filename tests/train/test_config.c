@@ -341,43 +341,65 @@ static void test_string_list(void **state) {
                  "'model.widht' is not a config key", NULL);
 }
 
+/* docs/NAME read into buf (skips the test without RINGTRAIN_SOURCE_DIR). */
+static void read_doc(const char *name, char *buf, size_t cap) {
+    const char *src = getenv("RINGTRAIN_SOURCE_DIR");
+    if (!src) skip();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/docs/%s", src, name);
+    FILE *f = fopen(path, "r");
+    if (!f) fail_msg("%s: missing", path);
+    size_t n = fread(buf, 1, cap - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+}
+
+/* Key i's type column as the docs write it: a choice among a table's names lists exactly
+ * those names (the area's rt_names, so a name added to a table and not to the docs fails),
+ * each in backticks when `ticks`, '|' escaped for the markdown table. */
+static void doc_type(int i, const char *type, bool ticks, char *want, size_t cap) {
+    char names[512];
+    bool choice = rt_config_key_choices(i, names, sizeof names);
+    bool tick = choice && ticks;
+    const char *t = choice ? names : type;
+    char *w = want;
+    if (tick) *w++ = '`';
+    for (; *t && w < want + cap - 5; t++) {
+        if (tick && *t == ' ' && t[1] == '|') *w++ = '`';
+        if (*t == '|') *w++ = '\\';
+        *w++ = *t;
+        if (tick && *t == ' ' && t > names && t[-1] == '|') *w++ = '`';
+    }
+    if (tick) *w++ = '`';
+    *w = '\0';
+}
+
+/* The row `row` of `name` in doc begins "row want |"; where: the doc's name. */
+static void check_row_type(const char *doc, const char *where, const char *row, const char *name, const char *want) {
+    const char *at = strstr(doc, row);
+    char cell[1024];
+    snprintf(cell, sizeof cell, "%s %s |", row, want);
+    if (strncmp(at, cell, strlen(cell)) != 0) {
+        const char *eol = strchr(at, '\n');
+        fail_msg("%s: the row of %s should begin\n  %s\nbut is\n  %.*s", where, name, cell, (int)(eol ? eol - at : 200),
+                 at);
+    }
+}
+
 /* docs/config.md has one table row per key ("| `section.key` |") and no row for a key
  * that does not exist. */
 static void test_docs(void **state) {
     (void)state;
-    const char *src = getenv("RINGTRAIN_SOURCE_DIR");
-    if (!src) skip();
-    char path[1024];
-    snprintf(path, sizeof path, "%s/docs/config.md", src);
-    FILE *f = fopen(path, "r");
-    if (!f) fail_msg("%s: missing", path);
     static char doc[1 << 17];
-    size_t n = fread(doc, 1, sizeof doc - 1, f);
-    fclose(f);
-    doc[n] = '\0';
+    read_doc("config.md", doc, sizeof doc);
     const char *name, *type;
     int keys = 0;
     for (int i = 0; rt_config_key_at(i, &name, &type, NULL, NULL); i++, keys++) {
-        char row[128];
+        char row[128], want[768];
         snprintf(row, sizeof row, "| `%s` |", name);
-        const char *at = strstr(doc, row);
-        if (!at) fail_msg("docs/config.md has no row for %s", name);
-        /* the type column: a choice among a table's names lists exactly those names (the
-         * area's rt_names, so a name added to a table and not to the docs fails here) */
-        char names[512], want[768], *w = want;
-        const char *t = rt_config_key_choices(i, names, sizeof names) ? names : type;
-        for (; *t && w < want + sizeof want - 3; t++) {
-            if (*t == '|') *w++ = '\\';
-            *w++ = *t;
-        }
-        *w = '\0';
-        char cell[1024];
-        snprintf(cell, sizeof cell, "%s %s |", row, want);
-        if (strncmp(at, cell, strlen(cell)) != 0) {
-            const char *eol = strchr(at, '\n');
-            fail_msg("docs/config.md: the row of %s should begin\n  %s\nbut is\n  %.*s", name, cell,
-                     (int)(eol ? eol - at : 200), at);
-        }
+        if (!strstr(doc, row)) fail_msg("docs/config.md has no row for %s", name);
+        doc_type(i, type, false, want, sizeof want);
+        check_row_type(doc, "docs/config.md", row, name, want);
     }
     int rows = 0;
     for (const char *p = strstr(doc, "\n| `"); p; p = strstr(p + 1, "\n| `")) {
@@ -389,6 +411,25 @@ static void test_docs(void **state) {
         rows++;
     }
     assert_int_equal(rows, keys);
+}
+
+/* docs/optim.md's key table: each choice key it has a row for lists the table's names
+ * (in backticks), as docs/config.md does. */
+static void test_docs_optim(void **state) {
+    (void)state;
+    static char doc[1 << 17];
+    read_doc("optim.md", doc, sizeof doc);
+    const char *name, *type;
+    int checked = 0;
+    for (int i = 0; rt_config_key_at(i, &name, &type, NULL, NULL); i++) {
+        char row[128], want[768], names[512];
+        snprintf(row, sizeof row, "| `%s` |", name);
+        if (!rt_config_key_choices(i, names, sizeof names) || !strstr(doc, row)) continue;
+        doc_type(i, type, true, want, sizeof want);
+        check_row_type(doc, "docs/optim.md", row, name, want);
+        checked++;
+    }
+    assert_true(checked >= 3); /* optim.name, optim.schedule, optim.interval */
 }
 
 /* Every shipped config loads (a renamed key would break them silently otherwise). */
@@ -504,11 +545,12 @@ int main(void) {
                          "RINGTRAIN_LOG_LEVEL"};
     for (size_t i = 0; i < sizeof env / sizeof *env; i++) unsetenv(env[i]);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),        cmocka_unit_test(test_values),
-        cmocka_unit_test(test_errors),          cmocka_unit_test(test_overrides),
-        cmocka_unit_test(test_load_file),       cmocka_unit_test(test_docs),
-        cmocka_unit_test(test_shipped_configs), cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_string_list),     cmocka_unit_test(test_env_defaults),
+        cmocka_unit_test(test_defaults),      cmocka_unit_test(test_values),
+        cmocka_unit_test(test_errors),        cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_load_file),     cmocka_unit_test(test_docs),
+        cmocka_unit_test(test_docs_optim),    cmocka_unit_test(test_shipped_configs),
+        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_string_list),
+        cmocka_unit_test(test_env_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
