@@ -215,12 +215,12 @@ static const key k_keys[] = {
     {"train.label_smoothing", K_FLOAT, F(train.label_smoothing), 0, 0, "0", 0, 1, false, NULL, NULL,
      "label smoothing of the training loss (CrossEntropyLoss(label_smoothing=); resnet only; evaluation reports plain "
      "cross-entropy)"},
-    {"train.ema_decay", K_FLOAT, F(train.ema_decay), 0, 0, "0", 0, 0.999999999, false, NULL, NULL,
+    {"train.ema_decay", K_FLOAT, F(optim.opt.ema_decay), 0, 0, "0", 0, 0.999999999, false, NULL, NULL,
      "moving average of the parameters (AveragedModel with an EMA avg_fn; BN buffers are the model's): evaluation and "
      "model.safetensors use it (0: off)"},
-    {"train.ema_every", K_INT, F(train.ema_every), 0, 0, "1", 1, I64, false, NULL, NULL,
+    {"train.ema_every", K_INT, F(optim.opt.ema_every), 0, 0, "1", 1, I64, false, NULL, NULL,
      "update the moving average every N optimizer steps"},
-    {"train.ema_warmup", K_BOOL, F(train.ema_warmup), 0, 0, "true", 0, 0, false, NULL, NULL,
+    {"train.ema_warmup", K_BOOL, F(optim.opt.ema_warmup), 0, 0, "true", 0, 0, false, NULL, NULL,
      "the decay of the n-th update is min(ema_decay, (1 + n) / (10 + n)), so the first weights fade fast (false: "
      "ema_decay from the start)"},
     /* dist */

@@ -78,9 +78,9 @@ typedef struct rt_config {
     } data;
     struct {
         /* the optimizer's keys (optim.name is its kind, optim.lr, optim.momentum,
-         * optim.betas, ...), each in its field; NaN where auto (lr, weight_decay, eps:
-         * rt_optim_config_resolve). The trainer sets the ema fields (train.ema_*) and the
-         * ranges. */
+         * optim.betas, ...), each in its field, and train.ema_* in its ema fields; NaN
+         * where auto (lr, weight_decay, eps: rt_optim_config_resolve). The trainer sets
+         * the ranges. */
         rt_optim_config opt;
         int n_betas;
         bool no_decay_bn_bias;
@@ -105,9 +105,8 @@ typedef struct rt_config {
         bool skip_nonfinite;
         double label_smoothing; /* CrossEntropyLoss(label_smoothing=) */
         bool tta_flip;          /* eval.tta flip: evaluation averages the logits of x and its mirror */
-        double ema_decay;       /* 0: off; else the weights' exponential moving average */
-        int64_t ema_every;      /* EMA update every N optimizer steps */
-        bool ema_warmup;        /* decay min(ema_decay, (1 + n) / (10 + n)) at update n */
+        /* train.ema_decay, train.ema_every, train.ema_warmup: the optimizer's fields
+         * (optim.opt.ema_*), which keep the moving average */
     } train;
     struct {
         int64_t nproc;                        /* auto: one per local GPU, else 2 on CPU */

@@ -519,11 +519,8 @@ static rt_status setup_loaders(run *r, bool train) {
 
 static rt_status setup_optim(run *r) {
     const rt_config *c = r->cfg;
-    rt_optim_config oc = c->optim.opt; /* the optimizer's keys, NaN where auto */
+    rt_optim_config oc = c->optim.opt; /* the optimizer's keys (train.ema_* too), NaN where auto */
     RT_CHECK(rt_optim_config_resolve(&oc));
-    oc.ema_decay = c->train.ema_decay;
-    oc.ema_every = c->train.ema_every;
-    oc.ema_warmup = c->train.ema_warmup;
     oc.no_decay = NULL;
     oc.n_no_decay = 0;
     size_t n = rt_model_params(r->model)->size / sizeof(float);
