@@ -85,6 +85,14 @@ static int parse_algos(const char *s, unsigned *mask) {
     return *mask ? 0 : -1;
 }
 
+/* The transports the benchmark (host buffers) takes: dist's table's that carry them. */
+static const char *transport_list(char *buf, size_t n) {
+    if (n) buf[0] = '\0';
+    for (int i = 0; i < RT_TRANSPORT_COUNT_; i++)
+        if (rt_transport_takes_host((rt_transport)i)) rt_names_append(buf, n, rt_transport_name((rt_transport)i));
+    return buf;
+}
+
 /* The algorithms the benchmark times: dist's table up to RT_COMM_BENCH_ALGOS. */
 static const char *algo_list(char *buf, size_t n) {
     rt_names t = rt_algo_names;
@@ -93,9 +101,10 @@ static const char *algo_list(char *buf, size_t n) {
 }
 
 static void usage(FILE *f) {
-    char colls[256], algos[128];
+    char colls[256], algos[128], transports[128];
     rt_names_list(&rt_comm_bench_coll_names, colls, sizeof colls);
     algo_list(algos, sizeof algos);
+    transport_list(transports, sizeof transports);
     fprintf(f,
             "usage: ringtrain bench comm [options]\n\n"
             "Time collectives per size, nccl-tests style: size, count, time(us), algbw, busbw (GB/s), #wrong.\n\n"
@@ -103,7 +112,7 @@ static void usage(FILE *f) {
             "  --no-bind            do not pin local rank r to CPU r (pinned by default when N <= CPUs,\n"
             "                       as mpirun binds to cores by default)\n"
             "  --init METHOD        rendezvous without --nproc (default env://)\n"
-            "  --transport T        tcp | shm | auto (default shm)\n"
+            "  --transport T        %s (default shm)\n"
             "  --min-size S         smallest size, e.g. 8, 4K, 1M (default 8)\n"
             "  --max-size S         largest size (default 64M; nccl-tests go to 256M)\n"
             "  --collective C,...   %s | all (default all_reduce)\n"
@@ -114,7 +123,7 @@ static void usage(FILE *f) {
             "  --json FILE          write all rows (and `ringtrain info --json`) to FILE\n"
             "  --timeout S          dist timeout (default: RINGTRAIN_DIST_TIMEOUT, else 120)\n"
             "\nEvery option takes its value as --opt VALUE or --opt=VALUE.\n",
-            colls, algos);
+            transports, colls, algos);
 }
 
 /* ---- output (rank 0) ---- */
@@ -276,8 +285,9 @@ int rt_cmd_bench_comm(int argc, char **argv) {
         } else if (strcmp(a, "--init") == 0) {
             o.init = v;
         } else if (strcmp(a, "--transport") == 0) {
-            want = "tcp, shm or auto";
-            bad = rt_transport_parse(v, &o.transport) != RT_OK || o.transport == RT_TRANSPORT_NCCL;
+            snprintf(want_buf, sizeof want_buf, "one of %s", transport_list(names, sizeof names));
+            want = want_buf;
+            bad = rt_transport_parse(v, &o.transport) != RT_OK || !rt_transport_takes_host(o.transport);
         } else if (strcmp(a, "--min-size") == 0) {
             want = "a size in bytes such as 8, 4K, 1M";
             bad = parse_size(v, &o.bench.min_size) != 0;

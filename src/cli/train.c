@@ -461,7 +461,7 @@ static int train_or_eval(int argc, char **argv) {
     lo.node_rank = (int)cfg.dist.node_rank;
     lo.master_addr = cfg.dist.master_addr;
     lo.master_port = (int)cfg.dist.master_port;
-    lo.progress_s = cfg.dist.timeout_s;               /* after Ctrl-C: as long as the ranks make progress */
+    lo.progress_s = cfg.dist.pg.timeout_s;            /* after Ctrl-C: as long as the ranks make progress */
     lo.job_token = rt_setting_text(RT_SET_JOB_TOKEN); /* every node's launcher needs the same one */
     if (cfg.dist.nnodes > 1 && !lo.job_token) {
         fprintf(stderr, "ringtrain: error: with %lld nodes set RINGTRAIN_JOB_TOKEN to the same secret on every node\n",

@@ -2,21 +2,48 @@
  * ringtrain that calls getenv (tests/core/settings_docs.sh checks it). */
 #include "core/settings.h"
 
+#include "core/log.h"
+#include "core/names.h"
+
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-static const rt_setting_info k_settings[RT_SETTING_COUNT_] = {
+static rt_setting_info k_settings[RT_SETTING_COUNT_] = {
 #define RT_SETTING_ROW_(id, name, type, def, lo, hi, choices, group, doc)                                              \
     [RT_SET_##id] = {name, RT_SETTING_##type, def, lo, hi, choices, RT_SETTING_##group, doc},
     RT_SETTINGS(RT_SETTING_ROW_)
 #undef RT_SETTING_ROW_
 };
 
+/* CHOICE rows whose choices are an area's name table (core/names.h; the row says NULL):
+ * parsed by it, aliases included (the log level's "warning" and digits), their choices
+ * text built from it, so the two cannot drift. Other CHOICE rows list theirs. */
+static const rt_names *choice_table(rt_setting_id id) { return id == RT_SET_LOG_LEVEL ? &rt_log_level_names : NULL; }
+
+/* The table rows' choices text ("a|b|c") from their name tables, once. */
+static pthread_once_t g_choices_once = PTHREAD_ONCE_INIT;
+static char g_choices[RT_SETTING_COUNT_][128];
+static void fill_choices(void) {
+    for (int i = 0; i < RT_SETTING_COUNT_; i++) {
+        const rt_names *t = choice_table((rt_setting_id)i);
+        if (!t) continue;
+        char list[128];
+        rt_names_list(t, list, sizeof list);
+        size_t j = 0;
+        for (const char *p = list; *p && j + 1 < sizeof g_choices[i]; p++)
+            if (*p != ' ') g_choices[i][j++] = *p;
+        g_choices[i][j] = '\0';
+        k_settings[i].choices = g_choices[i];
+    }
+}
+
 const rt_setting_info *rt_setting_info_get(rt_setting_id id) {
+    pthread_once(&g_choices_once, fill_choices);
     return (int)id >= 0 && id < RT_SETTING_COUNT_ ? &k_settings[id] : NULL;
 }
 
@@ -56,7 +83,8 @@ static bool is_word(const char *text, const char *const *words) {
     return false;
 }
 
-/* The index of `text` among "a|b|c" (any case), or its index written as a digit; -1. */
+/* The index of `text` among "a|b|c" (any case; a digit is a name only where the list
+ * says it, as torch's TORCH_DISTRIBUTED_DEBUG takes no number); -1. */
 static int choice_index(const char *choices, const char *text) {
     int i = 0;
     for (const char *p = choices; p && *p; i++) {
@@ -65,7 +93,6 @@ static int choice_index(const char *choices, const char *text) {
         if (strlen(text) == len && strncasecmp(p, text, len) == 0) return i;
         p = bar ? bar + 1 : p + len;
     }
-    if (text[0] >= '0' && text[0] <= '9' && text[1] == '\0' && text[0] - '0' < i) return text[0] - '0';
     return -1;
 }
 
@@ -104,7 +131,8 @@ rt_status rt_setting_parse(rt_setting_id id, const char *text, double *num) {
         if (num) *num = is_word(text, k_true) ? 1 : 0;
         return RT_OK;
     case RT_SETTING_CHOICE: {
-        int k = choice_index(s->choices, text);
+        const rt_names *t = choice_table(id);
+        int k = t ? rt_names_index(t, text) : choice_index(s->choices, text);
         if (k < 0)
             return RT_ERROR(RT_ERR_INVALID, "%s='%s': expected one of %s (%s)", s->name, text, s->choices, s->doc);
         if (num) *num = k;
@@ -168,7 +196,7 @@ const char *rt_setting_str(rt_setting_id id) {
 
 rt_status rt_settings_check(void) {
     for (int i = 0; i < RT_SETTING_COUNT_; i++) {
-        const rt_setting_info *s = &k_settings[i];
+        const rt_setting_info *s = rt_setting_info_get((rt_setting_id)i);
         const char *v = rt_setting_text((rt_setting_id)i);
         if (v && (s->group == RT_SETTING_USER || s->group == RT_SETTING_SYSTEM))
             RT_CHECK(rt_setting_parse((rt_setting_id)i, v, NULL));

@@ -31,7 +31,8 @@ typedef enum rt_setting_type {
     RT_SETTING_FLOAT,  /* finite number in lo..hi */
     RT_SETTING_BOOL,   /* 1/0, true/false, yes/no, on/off (any case) */
     RT_SETTING_STRING, /* any text (its format, if any, is the reader's) */
-    RT_SETTING_CHOICE  /* one of the '|'-separated choices (any case), or its index */
+    RT_SETTING_CHOICE  /* one of the '|'-separated choices (any case; no index), or a name of the
+                        * area's table where the row's choices are NULL (settings.c, choice_table) */
 } rt_setting_type;
 
 typedef enum rt_setting_group {
@@ -49,16 +50,17 @@ typedef enum rt_setting_group {
  * rt_config_apply_env). */
 #define RT_SETTINGS(X)                                                                                                 \
     /* ---- user ---- */                                                                                               \
-    X(LOG_LEVEL, "RINGTRAIN_LOG_LEVEL", CHOICE, "info", 0, 0, "error|warn|info|debug|trace", USER,                     \
-      "log level of every process (or 0-4); sets log.level over the config file (a command-line override wins)")           \
+    X(LOG_LEVEL, "RINGTRAIN_LOG_LEVEL", CHOICE, "info", 0, 0, NULL /* rt_log_level_names */, USER,                     \
+      "log level of every process (or 0-4); sets log.level over the config file (a command-line override wins)")       \
     X(DIST_TIMEOUT, "RINGTRAIN_DIST_TIMEOUT", FLOAT, "300", 1e-3, 1e8, NULL, USER,                                     \
       "seconds a blocking distributed call waits before it fails naming the peer (rt_pg_options.timeout_s, bench "     \
-      "comm); sets dist.timeout_s over the config file (a command-line override wins)")                  \
+      "comm); sets dist.timeout_s over the config file (a command-line override wins)")                                \
     X(DIST_DEBUG, "RINGTRAIN_DIST_DEBUG", BOOL, "0", 0, 0, NULL, USER,                                                 \
       "debug mode: every collective's call is checked across the ranks before it runs; sets dist.debug over the "      \
-      "config file (a command-line override wins); when set it wins over TORCH_DISTRIBUTED_DEBUG")                         \
+      "config file (a command-line override wins); when set it wins over TORCH_DISTRIBUTED_DEBUG")                     \
     X(TORCH_DEBUG, "TORCH_DISTRIBUTED_DEBUG", CHOICE, "OFF", 0, 0, "OFF|INFO|DETAIL", USER,                            \
-      "as in PyTorch: DETAIL turns debug mode on (dist.debug over the config file) when RINGTRAIN_DIST_DEBUG is unset")                                  \
+      "as in PyTorch: DETAIL turns debug mode on (dist.debug over the config file) when RINGTRAIN_DIST_DEBUG is "      \
+      "unset")                                                                                                         \
     X(FLIGHT_ENTRIES, "RINGTRAIN_FLIGHT_ENTRIES", INT, "512", 0, 16777216, NULL, USER,                                 \
       "operations each process group's flight recorder keeps (0: off)")                                                \
     X(ALLREDUCE_SMALL_BYTES, "RINGTRAIN_ALLREDUCE_SMALL_BYTES", INT, "4096", 0, 1073741824, NULL, USER,                \
@@ -161,7 +163,7 @@ typedef struct rt_setting_info {
     rt_setting_type type;
     const char *def;
     double lo, hi;       /* INT and FLOAT: inclusive range */
-    const char *choices; /* CHOICE: "a|b|c" */
+    const char *choices; /* CHOICE: "a|b|c" (for a row that names none: its name table's) */
     rt_setting_group group;
     const char *doc;
 } rt_setting_info;

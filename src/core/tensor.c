@@ -14,29 +14,18 @@ static const struct {
 size_t rt_dtype_size(rt_dtype t) { return (unsigned)t < RT_DTYPE_COUNT_ ? k_dtypes[t].size : 0; }
 const char *rt_dtype_name(rt_dtype t) { return (unsigned)t < RT_DTYPE_COUNT_ ? k_dtypes[t].name : "?"; }
 
+static const char *dtype_name(int i) { return k_dtypes[i].name; }
+/* also accepted: torch's and C's spellings */
+static const rt_name_alias k_dtype_aliases[] = {{"float32", RT_F32}, {"float", RT_F32},     {"float64", RT_F64},
+                                                {"double", RT_F64},  {"int32", RT_I32},     {"int64", RT_I64},
+                                                {"uint8", RT_U8},    {"bfloat16", RT_BF16}, {NULL, 0}};
+const rt_names rt_dtype_names = {"dtype", RT_DTYPE_COUNT_, NULL, dtype_name, k_dtype_aliases};
+
 rt_status rt_dtype_parse(const char *text, rt_dtype *out) {
-    static const struct {
-        const char *name;
-        rt_dtype t;
-    } aliases[] = {{"float32", RT_F32}, {"float", RT_F32}, {"float64", RT_F64}, {"double", RT_F64},
-                   {"int32", RT_I32},   {"int64", RT_I64}, {"uint8", RT_U8},    {"bfloat16", RT_BF16}};
-    const char *names[RT_DTYPE_COUNT_];
-    for (int i = 0; i < RT_DTYPE_COUNT_; i++) names[i] = k_dtypes[i].name;
-    int k = rt_names_find(names, RT_DTYPE_COUNT_, text);
-    if (k >= 0) {
-        *out = (rt_dtype)k;
-        return RT_OK;
-    }
-    for (size_t i = 0; text && i < sizeof aliases / sizeof aliases[0]; i++)
-        if (strcasecmp(text, aliases[i].name) == 0) {
-            *out = aliases[i].t;
-            return RT_OK;
-        }
-    char list[64], alias[128] = "";
-    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
-        rt_names_append(alias, sizeof alias, aliases[i].name);
-    return RT_ERROR(RT_ERR_INVALID, "unknown dtype '%s' (expected %s; or %s)", text ? text : "(null)",
-                    rt_names_join(names, RT_DTYPE_COUNT_, list, sizeof list), alias);
+    int k = 0;
+    rt_status st = rt_names_parse(&rt_dtype_names, text, &k); /* a complete message: no trace line */
+    if (st == RT_OK) *out = (rt_dtype)k;
+    return st;
 }
 
 void rt_arena_init(rt_arena *a, rt_device device) {

@@ -9,6 +9,7 @@
 #define RT_TENSOR_H
 
 #include "core/device.h"
+#include "core/names.h"
 #include "core/status.h"
 #include <stdbool.h>
 #include <stddef.h>
@@ -28,8 +29,9 @@ size_t rt_dtype_size(rt_dtype t);
 const char *rt_dtype_name(rt_dtype t); /* "f32", ... */
 /* "f32" | "f64" | "i32" | "i64" | "u8" | "bf16", or float32, bfloat16, float, float64, double, int32, int64,
  * uint8 (case-insensitive: safetensors' "F32" too); RT_ERR_INVALID naming the accepted
- * names otherwise. */
+ * names otherwise. It parses with rt_dtype_names (core/names.h), the one table. */
 rt_status rt_dtype_parse(const char *text, rt_dtype *out);
+extern const rt_names rt_dtype_names;
 
 /* A bump allocator of one device buffer. Plan with rt_arena_push (offsets only), then
  * rt_arena_alloc allocates `size` bytes, zeroed. Offsets are aligned to 64 bytes by

@@ -63,6 +63,10 @@ typedef enum rt_algo {
 extern const rt_names rt_transport_names, rt_algo_names;
 const char *rt_transport_name(rt_transport t);
 rt_status rt_transport_parse(const char *text, rt_transport *out);
+/* True when transport t, as built, carries host (CPU) buffers: auto and the byte-stream
+ * transports of the table (tcp, shm); false for a device-only one (nccl), one not in
+ * this build, or a value out of range. */
+bool rt_transport_takes_host(rt_transport t);
 const char *rt_algo_name(rt_algo a);
 rt_status rt_algo_parse(const char *text, rt_algo *out);
 

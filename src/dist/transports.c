@@ -17,6 +17,11 @@ const rt_transport_ops *rt_transport_ops_of(rt_transport t) {
     return (unsigned)t < RT_TRANSPORT_COUNT_ ? k_tables[t] : NULL;
 }
 
+bool rt_transport_takes_host(rt_transport t) {
+    const rt_transport_ops *tp = rt_transport_ops_of(t);
+    return t == RT_TRANSPORT_AUTO || (tp && !tp->device_only);
+}
+
 /* A byte-stream transport (the engine drives it): its channels carry the transfers. */
 static bool is_host(const rt_transport_ops *tp) { return tp->send != NULL; }
 

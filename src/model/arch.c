@@ -33,7 +33,7 @@ void rt_model_config_default(rt_model_config *cfg) {
                              .stem = RT_STEM_IMAGENET,
                              .width = 64,
                              .max_batch = 64,
-                             .dropout = -1.0f};
+                             .dropout = -1.0};
 }
 
 static const char *arch_name(int i) { return k_archs[i] ? k_archs[i]->name : NULL; }

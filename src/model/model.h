@@ -31,7 +31,9 @@ extern "C" {
 
 /* Each architecture is one row of the table in arch.c (see docs/model.md). */
 typedef enum rt_model_arch { RT_ARCH_RESNET18 = 0, RT_ARCH_RESNET34, RT_ARCH_NET, RT_ARCH_COUNT_ } rt_model_arch;
-typedef enum rt_stem { RT_STEM_IMAGENET = 0, RT_STEM_CIFAR, RT_STEM_COUNT_ } rt_stem;
+/* RT_STEM_AUTO: only in a config (train's model.stem auto), which resolves it from the
+ * dataset before rt_model_create; the model takes imagenet or cifar. */
+typedef enum rt_stem { RT_STEM_AUTO = -1, RT_STEM_IMAGENET = 0, RT_STEM_CIFAR, RT_STEM_COUNT_ } rt_stem;
 
 typedef struct rt_model_config {
     rt_model_arch arch;
@@ -41,7 +43,7 @@ typedef struct rt_model_config {
     rt_stem stem;    /* ResNet: imagenet (7x7/2 conv + 3x3/2 maxpool) or cifar (3x3/1 conv) */
     int width;       /* ResNet base channels (64 = torchvision) */
     int max_batch;   /* activations are allocated for this many images */
-    float dropout;   /* Net: drop probability of both dropouts (0.5 in the tutorial); -1 = default */
+    double dropout;  /* Net: drop probability of both dropouts (0.5 in the tutorial); NaN or -1 = default */
 } rt_model_config;
 
 /* Defaults: resnet34, 1x28x28, 10 classes, imagenet stem, width 64, max_batch 64. */

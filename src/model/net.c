@@ -24,6 +24,7 @@
  */
 #include "model/internal/model_impl.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 typedef struct net {
@@ -123,7 +124,7 @@ static rt_status net_check(const rt_model_config *c) {
     RT_REQUIRE(c->in_channels == 1 && c->in_h == 28 && c->in_w == 28, RT_ERR_INVALID,
                "model net is the MNIST tutorial CNN: input must be 1x28x28 (got %dx%dx%d)", c->in_channels, c->in_h,
                c->in_w);
-    RT_REQUIRE(c->dropout < 1.0f, RT_ERR_INVALID, "model dropout %g (expected < 1)", (double)c->dropout);
+    RT_REQUIRE(isnan(c->dropout) || c->dropout < 1.0, RT_ERR_INVALID, "model dropout %g (expected < 1)", c->dropout);
     return RT_OK;
 }
 
@@ -137,7 +138,7 @@ static rt_status net_build(rt_model *m) {
     RT_CHECK_ALLOC(t, sizeof *t);
     m->arch = t;
     const size_t N = (size_t)m->cfg.max_batch;
-    const float p = m->cfg.dropout < 0.0f ? 0.5f : m->cfg.dropout;
+    const float p = isnan(m->cfg.dropout) || m->cfg.dropout < 0.0 ? 0.5f : (float)m->cfg.dropout;
     RT_CHECK(rt_conv2d_init(&t->conv1, 1, 10, 28, 28, 5, 1, 0, true));
     RT_CHECK(rt_maxpool2d_init(&t->pool1, 10, 24, 24, 2, 2, 0));
     RT_CHECK(rt_conv2d_init(&t->conv2, 10, 20, 12, 12, 5, 1, 0, true));

@@ -96,11 +96,11 @@ static const key k_keys[] = {
     /* model */
     {"model.arch", K_ENUM, F(model.arch), SZ(model.arch), 0, "resnet34", 0, 0, false, &rt_model_arch_names, NULL,
      "architecture (net: the PyTorch tutorial's CNN)"},
-    {"model.width", K_INT, F(model.width), 0, 0, "64", 1, 4096, false, NULL, NULL,
+    {"model.width", K_INT, F(model.width), SZ(model.width), 0, "64", 1, 4096, false, NULL, NULL,
      "ResNet base channels (64 is torchvision's; smaller for quick tests)"},
     {"model.stem", K_ENUM, F(model.stem), SZ(model.stem), 0, "auto", 0, 0, true, &rt_stem_names, NULL,
      "ResNet stem: imagenet (7x7/2 conv + max-pool), cifar (3x3/1 conv); auto: cifar for 32x32 images"},
-    {"model.num_classes", K_INT, F(model.num_classes), 0, 0, "auto", 2, 1000000, true, NULL, NULL,
+    {"model.num_classes", K_INT, F(model.num_classes), SZ(model.num_classes), 0, "auto", 2, 1000000, true, NULL, NULL,
      "output classes; auto: the dataset's"},
     {"model.dropout", K_FLOAT, F(model.dropout), 0, 0, "auto", 0, 0.999999, true, NULL, NULL,
      "Net's dropout probability; auto: the tutorial's 0.5 (both dropouts)"},
@@ -204,23 +204,23 @@ static const key k_keys[] = {
      "initialisation, shuffling, augmentation and dropout"},
     {"train.device", K_CHOICE, F(train.device), SZ(train.device), 0, "auto", 0, 0, false, NULL, check_device,
      "auto | cpu | cuda | cuda:N (auto: GPU LOCAL_RANK % count when one answers, else the CPU)"},
-    {"train.precision", K_ENUM, F(train.precision), SZ(train.precision), 0, "fp32", 0, 0, false, &rt_precision_names, NULL,
+    {"train.precision", K_ENUM, F(train.ctx.precision), SZ(train.ctx.precision), 0, "fp32", 0, 0, false, &rt_precision_names, NULL,
      "arithmetic of convolutions and linear layers (tf32: GPU tensor cores; bf16: docs/model.md)"},
-    {"train.threads", K_INT, F(train.threads), 0, 0, "auto", 1, 1024, true, NULL, NULL,
+    {"train.threads", K_INT, F(train.ctx.threads), SZ(train.ctx.threads), 0, "auto", 1, 1024, true, NULL, NULL,
      "CPU threads per rank; auto: the cores divided among the local ranks"},
     {"train.skip_nonfinite", K_BOOL, F(train.skip_nonfinite), 0, 0, "false", 0, 0, false, NULL, NULL,
      "skip a step whose loss or gradient is not finite instead of stopping"},
-    {"train.deterministic", K_BOOL, F(train.deterministic), 0, 0, "true", 0, 0, false, NULL, NULL,
+    {"train.deterministic", K_BOOL, F(train.ctx.deterministic), 0, 0, "true", 0, 0, false, NULL, NULL,
      "GPU: only deterministic cuDNN convolution algorithms, the choice kept in the checkpoint (exact resume)"},
     {"train.label_smoothing", K_FLOAT, F(train.label_smoothing), 0, 0, "0", 0, 1, false, NULL, NULL,
      "label smoothing of the training loss (CrossEntropyLoss(label_smoothing=); resnet only; evaluation reports plain "
      "cross-entropy)"},
-    {"train.ema_decay", K_FLOAT, F(train.ema_decay), 0, 0, "0", 0, 0.999999999, false, NULL, NULL,
+    {"train.ema_decay", K_FLOAT, F(optim.opt.ema_decay), 0, 0, "0", 0, 0.999999999, false, NULL, NULL,
      "moving average of the parameters (AveragedModel with an EMA avg_fn; BN buffers are the model's): evaluation and "
      "model.safetensors use it (0: off)"},
-    {"train.ema_every", K_INT, F(train.ema_every), 0, 0, "1", 1, I64, false, NULL, NULL,
+    {"train.ema_every", K_INT, F(optim.opt.ema_every), 0, 0, "1", 1, I64, false, NULL, NULL,
      "update the moving average every N optimizer steps"},
-    {"train.ema_warmup", K_BOOL, F(train.ema_warmup), 0, 0, "true", 0, 0, false, NULL, NULL,
+    {"train.ema_warmup", K_BOOL, F(optim.opt.ema_warmup), 0, 0, "true", 0, 0, false, NULL, NULL,
      "the decay of the n-th update is min(ema_decay, (1 + n) / (10 + n)), so the first weights fade fast (false: "
      "ema_decay from the start)"},
     /* dist */
@@ -239,9 +239,9 @@ static const key k_keys[] = {
      "address of node 0 (torchrun's --master-addr)"},
     {"dist.master_port", K_INT, F(dist.master_port), 0, 0, "0", 0, 65535, false, NULL, NULL,
      "port of node 0 (0: a free port, single node only)"},
-    {"dist.algo", K_ENUM, F(dist.algo), SZ(dist.algo), 0, "ring", 0, 0, false, &rt_algo_names, NULL,
+    {"dist.algo", K_ENUM, F(dist.pg.algo), SZ(dist.pg.algo), 0, "ring", 0, 0, false, &rt_algo_names, NULL,
      "gradient all-reduce algorithm (docs/comm-algorithms.md)"},
-    {"dist.transport", K_ENUM, F(dist.transport), SZ(dist.transport), 0, "auto", 0, 0, false, &rt_transport_names, NULL,
+    {"dist.transport", K_ENUM, F(dist.pg.transport), SZ(dist.pg.transport), 0, "auto", 0, 0, false, &rt_transport_names, NULL,
      "transport between ranks (auto: shm on one host, nccl between GPUs, else tcp)"},
     {"dist.compress", K_ENUM, F(dist.compress_bf16), SZ(dist.compress_bf16), 0, "none", 0, 0, false, &rt_compress_names, NULL,
      "gradient compression (bf16: all-reduced in bf16, DDP's bf16_compress_hook; CPU only)"},
@@ -251,9 +251,9 @@ static const key k_keys[] = {
      "size of the first bucket, small so communication starts early (DDP's)"},
     {"dist.check_sync_every", K_INT, F(dist.check_sync_every), 0, 0, "0", 0, I64, false, NULL, NULL,
      "every N steps check that all ranks hold identical parameters (0: never)"},
-    {"dist.timeout_s", K_FLOAT, F(dist.timeout_s), 0, 0, "300", 0.001, 1e8, false, NULL, NULL,
+    {"dist.timeout_s", K_FLOAT, F(dist.pg.timeout_s), 0, 0, "300", 0.001, 1e8, false, NULL, NULL,
      "a peer silent this long is an error naming it (default: RINGTRAIN_DIST_TIMEOUT when set, else 300)"},
-    {"dist.debug", K_BOOL, F(dist.debug), 0, 0, "false", 0, 0, false, NULL, NULL,
+    {"dist.debug", K_BOOL, F(dist.pg.debug), 0, 0, "false", 0, 0, false, NULL, NULL,
      "check every collective's call (op, count, dtype, root) across ranks before it runs (slow; default: "
      "RINGTRAIN_DIST_DEBUG, or TORCH_DISTRIBUTED_DEBUG=DETAIL)"},
     {"dist.max_restarts", K_INT, F(dist.max_restarts), 0, 0, "0", 0, 1000000, false, NULL, NULL,
@@ -609,8 +609,21 @@ static const char *row_problem(const key *k) {
     return NULL;
 }
 
+/* model.stem auto is held as the model's RT_STEM_AUTO */
+_Static_assert(RT_STEM_AUTO == RT_CONFIG_AUTO, "model.stem auto");
+
+/* The fields of the areas' option structs that are not keys hold their area's defaults:
+ * the model's input shape (the trainer sets it), the process group's run-time fields
+ * and the flight recorder's size (its setting; a bad value of a setting is
+ * rt_config_apply_env's error, reported by rt_config_load). */
+static void area_defaults(rt_config *cfg) {
+    rt_model_config_default(&cfg->model);
+    if (rt_pg_options_default(&cfg->dist.pg) != RT_OK) rt_error_clear();
+}
+
 void rt_config_default(rt_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
+    area_defaults(cfg);
     for (int i = 0; i < N_KEYS; i++) {
         const key *k = &k_keys[i];
         const char *bad = row_problem(k);
@@ -781,8 +794,8 @@ static rt_status read_file(const char *path, char **out, size_t *len) {
 rt_status rt_config_apply_env(rt_config *cfg) {
     rt_pg_options po; /* dist's: RINGTRAIN_DIST_TIMEOUT, RINGTRAIN_DIST_DEBUG, TORCH_DISTRIBUTED_DEBUG */
     RT_CHECK(rt_pg_options_default(&po));
-    if (rt_setting_is_set(RT_SET_DIST_TIMEOUT)) cfg->dist.timeout_s = po.timeout_s;
-    if (rt_setting_is_set(RT_SET_DIST_DEBUG) || rt_setting_is_set(RT_SET_TORCH_DEBUG)) cfg->dist.debug = po.debug;
+    if (rt_setting_is_set(RT_SET_DIST_TIMEOUT)) cfg->dist.pg.timeout_s = po.timeout_s;
+    if (rt_setting_is_set(RT_SET_DIST_DEBUG) || rt_setting_is_set(RT_SET_TORCH_DEBUG)) cfg->dist.pg.debug = po.debug;
     int level = 0;
     RT_CHECK(rt_setting_choice(RT_SET_LOG_LEVEL, &level)); /* checks the text */
     if (rt_setting_is_set(RT_SET_LOG_LEVEL))

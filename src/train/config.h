@@ -10,7 +10,9 @@
  *
  * A choice is parsed once, here, by the name table of the area that owns it, and held as
  * that area's enum (or bool) in the area's own option struct where it has one
- * (rt_optim_config, rt_schedule, rt_loader_config); the trainer never compares names. Files, checkpoints
+ * (rt_model_config, rt_model_ctx_options, rt_optim_config, rt_schedule, rt_loader_config,
+ * rt_pg_options); the
+ * trainer never compares names nor copies keys one by one into those structs. Files, checkpoints
  * and rt_config_write still say names, never numbers.
  *
  * Values that depend on others are "auto" in the table (stored as RT_CONFIG_AUTO for
@@ -52,13 +54,11 @@ typedef enum rt_progress_mode {
 } rt_progress_mode;
 
 typedef struct rt_config {
-    struct {
-        rt_model_arch arch;
-        int64_t width;       /* ResNet base channels (64 = torchvision) */
-        int stem;            /* an rt_stem, or RT_CONFIG_AUTO: cifar for 32x32 data */
-        int64_t num_classes; /* auto: the dataset's */
-        double dropout;      /* Net's dropout; NaN: the architecture's default */
-    } model;
+    /* the model's keys (model.arch, width, stem, num_classes, dropout), each in its field
+     * of the model's own option struct; auto: stem RT_STEM_AUTO (cifar for 32x32 data),
+     * num_classes RT_CONFIG_AUTO (the dataset's), dropout NaN (the architecture's). The
+     * trainer resolves the autos and sets the input shape and max_batch. */
+    rt_model_config model;
     struct {
         rt_dataset_kind kind; /* RT_DATASET_AUTO: detected from the files */
         char path[RT_CONFIG_PATH_MAX];
@@ -78,9 +78,9 @@ typedef struct rt_config {
     } data;
     struct {
         /* the optimizer's keys (optim.name is its kind, optim.lr, optim.momentum,
-         * optim.betas, ...), each in its field; NaN where auto (lr, weight_decay, eps:
-         * rt_optim_config_resolve). The trainer sets the ema fields (train.ema_*) and the
-         * ranges. */
+         * optim.betas, ...), each in its field, and train.ema_* in its ema fields; NaN
+         * where auto (lr, weight_decay, eps: rt_optim_config_resolve). The trainer sets
+         * the ranges. */
         rt_optim_config opt;
         int n_betas;
         bool no_decay_bn_bias;
@@ -97,15 +97,16 @@ typedef struct rt_config {
         int64_t eval_every; /* epochs; 0: only at the end */
         int64_t seed;
         char device[RT_CONFIG_NAME_MAX]; /* auto | cpu | cuda | cuda:N */
-        rt_precision precision;
-        int64_t threads; /* auto: the cores shared by the local ranks */
+        /* the model context's keys (train.precision, train.threads, train.deterministic:
+         * deterministic GPU convolution algorithms, kept in the checkpoint), each in its
+         * field; threads RT_CONFIG_AUTO where auto (the cores shared by the local ranks).
+         * The trainer sets the device and resolves the threads. */
+        rt_model_ctx_options ctx;
         bool skip_nonfinite;
-        bool deterministic;     /* GPU: deterministic convolution algorithms, kept in the checkpoint */
         double label_smoothing; /* CrossEntropyLoss(label_smoothing=) */
         bool tta_flip;          /* eval.tta flip: evaluation averages the logits of x and its mirror */
-        double ema_decay;       /* 0: off; else the weights' exponential moving average */
-        int64_t ema_every;      /* EMA update every N optimizer steps */
-        bool ema_warmup;        /* decay min(ema_decay, (1 + n) / (10 + n)) at update n */
+        /* train.ema_decay, train.ema_every, train.ema_warmup: the optimizer's fields
+         * (optim.opt.ema_*), which keep the moving average */
     } train;
     struct {
         int64_t nproc;                        /* auto: one per local GPU, else 2 on CPU */
@@ -113,15 +114,16 @@ typedef struct rt_config {
         int64_t nnodes, node_rank;
         char master_addr[256];
         int64_t master_port; /* 0: a free port (single node) */
-        rt_algo algo;
-        rt_transport transport;
+        /* the process group's keys (dist.algo, dist.transport, dist.timeout_s, dist.debug),
+         * each in its field, and its settings' defaults (the flight recorder's size); the
+         * trainer sets the run-time fields: init_method (from the key above), rank,
+         * world_size and device */
+        rt_pg_options pg;
         bool compress_bf16;     /* dist.compress bf16: gradients all-reduced as bf16 */
         double bucket_mb;       /* 0: one all-reduce after backward */
         double first_bucket_mb; /* DDP's small first bucket */
         int64_t check_sync_every;
-        double timeout_s;
         int64_t max_restarts; /* the launcher restarts a failed job this many times (torchrun's) */
-        bool debug;           /* every collective's fingerprint checked across ranks before it runs */
     } dist;
     struct {
         char dir[RT_CONFIG_PATH_MAX];    /* auto: RUN_DIR/checkpoints */

@@ -319,20 +319,17 @@ static rt_status broadcast_state(run *r, bool params) {
     return RT_OK;
 }
 
-/* The process group (none with one rank): dist.* keys, buffers on the training device. */
+/* The process group (none with one rank): the dist.* keys as the config holds them in
+ * the group's options, with the run-time fields (rendezvous, ranks, buffers on the
+ * training device). */
 static rt_status setup_group(run *r) {
     const rt_config *c = r->cfg;
     if (r->who.world_size == 1) return RT_OK;
-    rt_pg_options po;
-    RT_CHECK(rt_pg_options_default(&po));
+    rt_pg_options po = c->dist.pg;
     po.init_method = c->dist.init_method;
     po.rank = r->who.rank;
     po.world_size = r->who.world_size;
-    po.timeout_s = c->dist.timeout_s; /* likewise */
-    po.transport = c->dist.transport;
-    po.algo = c->dist.algo;
     po.device = r->dev;
-    po.debug = c->dist.debug; /* whose default the environment set (rt_config_load) */
     return rt_pg_init(&po, &r->pg);
 }
 
@@ -341,7 +338,7 @@ static rt_status setup_group(run *r) {
  * with train.deterministic off, or this run has it off: the search chooses afresh). */
 static rt_status checkpoint_conv_algos(run *r, rt_conv_algos *out) {
     out->n = 0;
-    if (!r->resume_path[0] || !r->cfg->train.deterministic) return RT_OK;
+    if (!r->resume_path[0] || !r->cfg->train.ctx.deterministic) return RT_OK;
     rt_ckpt_meta m;
     rt_ckpt_meta_init(&m);
     rt_status st = rt_ckpt_verify(r->resume_path, &m);
@@ -424,37 +421,36 @@ static rt_status create_model(run *r, const rt_model_config *mc) {
     return st;
 }
 
+/* The model's options as the config holds them (model.*), the autos resolved from the
+ * training set (the one place: stem cifar for images 32 pixels high or more, else
+ * imagenet; num_classes the dataset's) and its input shape set; max_batch is the
+ * caller's. */
+static rt_model_config resolved_model(const rt_config *c, const rt_dataset *ds) {
+    rt_model_config mc = c->model;
+    mc.in_channels = ds->c;
+    mc.in_h = ds->h;
+    mc.in_w = ds->w;
+    if (mc.num_classes == RT_CONFIG_AUTO) mc.num_classes = ds->num_classes;
+    if (mc.stem == RT_STEM_AUTO) mc.stem = ds->h >= 32 ? RT_STEM_CIFAR : RT_STEM_IMAGENET;
+    return mc;
+}
+
 static rt_status setup_model(run *r) {
     const rt_config *c = r->cfg;
-    rt_model_config mc;
-    rt_model_config_default(&mc);
-    mc.arch = c->model.arch;
-    mc.in_channels = r->train_ds.c;
-    mc.in_h = r->train_ds.h;
-    mc.in_w = r->train_ds.w;
-    mc.num_classes = c->model.num_classes == RT_CONFIG_AUTO ? r->train_ds.num_classes : (int)c->model.num_classes;
-    if (c->model.stem == RT_CONFIG_AUTO)
-        mc.stem = r->train_ds.h >= 32 ? RT_STEM_CIFAR : RT_STEM_IMAGENET;
-    else
-        mc.stem = (rt_stem)c->model.stem;
-    mc.width = (int)c->model.width;
-    mc.dropout = isnan(c->model.dropout) ? -1.0f : (float)c->model.dropout;
+    rt_model_config mc = resolved_model(c, &r->train_ds);
     int per_rank = (int)(c->data.batch_size / r->who.world_size);
     int64_t eval_global = c->data.eval_batch_size == RT_CONFIG_AUTO ? c->data.batch_size : c->data.eval_batch_size;
     int eval_per_rank = (int)(eval_global / r->who.world_size);
     if (eval_per_rank < 1) eval_per_rank = 1;
     mc.max_batch = per_rank > eval_per_rank ? per_rank : eval_per_rank;
 
-    rt_model_ctx_options o = {.device = r->dev};
-    if (c->train.threads == RT_CONFIG_AUTO) {
+    rt_model_ctx_options o = c->train.ctx;
+    o.device = r->dev;
+    if (o.threads == RT_CONFIG_AUTO) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         o.threads = (int)(cores / (r->who.local_world_size > 0 ? r->who.local_world_size : 1));
         if (o.threads < 1) o.threads = 1;
-    } else {
-        o.threads = (int)c->train.threads;
     }
-    o.precision = c->train.precision;
-    o.deterministic = c->train.deterministic;
     RT_CHECK(rt_model_ctx_create(&o, &r->ctx));
     RT_CHECK(create_model(r, &mc));
     RT_CHECK(rt_model_init_weights(r->model, (uint64_t)c->train.seed));
@@ -523,11 +519,8 @@ static rt_status setup_loaders(run *r, bool train) {
 
 static rt_status setup_optim(run *r) {
     const rt_config *c = r->cfg;
-    rt_optim_config oc = c->optim.opt; /* the optimizer's keys, NaN where auto */
+    rt_optim_config oc = c->optim.opt; /* the optimizer's keys (train.ema_* too), NaN where auto */
     RT_CHECK(rt_optim_config_resolve(&oc));
-    oc.ema_decay = c->train.ema_decay;
-    oc.ema_every = c->train.ema_every;
-    oc.ema_warmup = c->train.ema_warmup;
     oc.no_decay = NULL;
     oc.n_no_decay = 0;
     size_t n = rt_model_params(r->model)->size / sizeof(float);

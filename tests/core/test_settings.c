@@ -2,6 +2,7 @@
  * error naming the variable, lookup by name, and rt_settings_check. */
 #include "test_util.h"
 
+#include "core/log.h"
 #include "core/settings.h"
 
 #include <math.h>
@@ -98,11 +99,27 @@ static void test_bool_and_choice(void **state) {
     set("RINGTRAIN_CONV", "DNNL");
     assert_rt_ok(rt_setting_choice(RT_SET_CONV, &k));
     assert_int_equal(k, 2);
-    set("RINGTRAIN_CONV", "1"); /* an index */
-    assert_rt_ok(rt_setting_choice(RT_SET_CONV, &k));
-    assert_int_equal(k, 1);
-    set("RINGTRAIN_CONV", "3");
-    assert_rt_fails(rt_setting_choice(RT_SET_CONV, &k), RT_ERR_INVALID, "RINGTRAIN_CONV='3'");
+    set("RINGTRAIN_CONV", "1"); /* an index is not a choice */
+    assert_rt_fails(rt_setting_choice(RT_SET_CONV, &k), RT_ERR_INVALID, "RINGTRAIN_CONV='1'");
+    /* TORCH_DISTRIBUTED_DEBUG as torch reads it: OFF | INFO | DETAIL in any case, no number */
+    set("TORCH_DISTRIBUTED_DEBUG", "detail");
+    assert_rt_ok(rt_setting_choice(RT_SET_TORCH_DEBUG, &k));
+    assert_int_equal(k, 2);
+    set("TORCH_DISTRIBUTED_DEBUG", "2");
+    assert_rt_fails(rt_setting_choice(RT_SET_TORCH_DEBUG, &k), RT_ERR_INVALID,
+                    "TORCH_DISTRIBUTED_DEBUG='2': expected one of OFF|INFO|DETAIL");
+    unsetenv("TORCH_DISTRIBUTED_DEBUG");
+    /* RINGTRAIN_LOG_LEVEL is parsed by the level table (core/log.c): its aliases too */
+    set("RINGTRAIN_LOG_LEVEL", "Warning");
+    assert_rt_ok(rt_setting_choice(RT_SET_LOG_LEVEL, &k));
+    assert_int_equal(k, RT_LOG_WARN);
+    set("RINGTRAIN_LOG_LEVEL", "3");
+    assert_rt_ok(rt_setting_choice(RT_SET_LOG_LEVEL, &k));
+    assert_int_equal(k, RT_LOG_DEBUG);
+    set("RINGTRAIN_LOG_LEVEL", "loud");
+    assert_rt_fails(rt_setting_choice(RT_SET_LOG_LEVEL, &k), RT_ERR_INVALID,
+                    "RINGTRAIN_LOG_LEVEL='loud': expected one of error|warn|info|debug|trace");
+    unsetenv("RINGTRAIN_LOG_LEVEL");
     set("RINGTRAIN_CONV", "im2co"); /* a prefix is not a choice */
     assert_rt_fails(rt_setting_choice(RT_SET_CONV, &k), RT_ERR_INVALID,
                     "RINGTRAIN_CONV='im2co': expected one of auto|im2col|dnnl");

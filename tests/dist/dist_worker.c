@@ -27,7 +27,7 @@
 
 int main(int argc, char **argv) {
     rt_pg_options o;
-    rt_pg_options_default(&o);
+    OK(rt_pg_options_default(&o));
     if (argc > 1) o.init_method = argv[1];
     o.timeout_s = 60;
     rt_pg *pg;

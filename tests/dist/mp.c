@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -75,7 +76,10 @@ int mp_run(int world, mp_fn fn, void *arg, double limit_s, int *codes) {
 
 void mp_pg_options(rt_pg_options *o, char method[MP_METHOD_LEN], int rank, int world, int port, rt_transport transport,
                    double timeout_s) {
-    rt_pg_options_default(o);
+    if (rt_pg_options_default(o) != RT_OK) { /* a bad setting in the test's environment */
+        fprintf(stderr, "mp_pg_options: %s\n", rt_error_message());
+        abort();
+    }
     snprintf(method, MP_METHOD_LEN, "tcp://127.0.0.1:%d", port);
     o->init_method = method;
     o->rank = rank;

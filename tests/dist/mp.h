@@ -21,7 +21,8 @@ int mp_free_port(void);
 int mp_run(int world, mp_fn fn, void *arg, double limit_s, int *codes);
 
 /* Default process-group options for rank `rank` of `world` meeting at
- * tcp://127.0.0.1:port (the string is kept in `method`, which must outlive *o). */
+ * tcp://127.0.0.1:port (the string is kept in `method`, which must outlive *o). A bad
+ * setting (rt_pg_options_default fails) aborts the child with the error. */
 #define MP_METHOD_LEN 64
 void mp_pg_options(rt_pg_options *o, char method[MP_METHOD_LEN], int rank, int world, int port, rt_transport transport,
                    double timeout_s);

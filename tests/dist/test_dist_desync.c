@@ -261,19 +261,24 @@ static void debug_env(void **s) {
     rt_pg_options o;
     unsetenv("RINGTRAIN_DIST_DEBUG");
     unsetenv("TORCH_DISTRIBUTED_DEBUG");
-    rt_pg_options_default(&o);
+    assert_rt_ok(rt_pg_options_default(&o));
     assert_false(o.debug);
     setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL", 1);
-    rt_pg_options_default(&o);
+    assert_rt_ok(rt_pg_options_default(&o));
     assert_true(o.debug);
     setenv("TORCH_DISTRIBUTED_DEBUG", "INFO", 1);
-    rt_pg_options_default(&o);
+    assert_rt_ok(rt_pg_options_default(&o));
     assert_false(o.debug);
     unsetenv("TORCH_DISTRIBUTED_DEBUG");
     setenv("RINGTRAIN_DIST_DEBUG", "1", 1);
-    rt_pg_options_default(&o);
+    assert_rt_ok(rt_pg_options_default(&o));
     assert_true(o.debug);
     unsetenv("RINGTRAIN_DIST_DEBUG");
+    /* torch's values only: a number is an error naming the variable and the choices */
+    setenv("TORCH_DISTRIBUTED_DEBUG", "2", 1);
+    assert_rt_fails(rt_pg_options_default(&o), RT_ERR_INVALID,
+                    "TORCH_DISTRIBUTED_DEBUG='2': expected one of OFF|INFO|DETAIL");
+    unsetenv("TORCH_DISTRIBUTED_DEBUG");
 }
 
 /* a rank stops itself before #2; the others' diagnosis names it (rank 0 hosts the store:

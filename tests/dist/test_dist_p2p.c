@@ -18,7 +18,7 @@ typedef struct cfg {
 
 static int init(int rank, int world, int port, const cfg *c, double timeout, rt_pg **pg) {
     rt_pg_options o;
-    rt_pg_options_default(&o);
+    MP_CHECK(rt_pg_options_default(&o) == RT_OK, "%s", rt_error_message());
     char method[64];
     if (c->use_env) { /* as torchrun would set it */
         char v[32];

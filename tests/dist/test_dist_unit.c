@@ -406,7 +406,7 @@ static void bad_timeout(void **s) {
     const double bad[] = {0.0, -1.0, 1.0 / 0.0, 0.0 / 0.0, 1e30};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rt_pg_options o;
-        rt_pg_options_default(&o);
+        assert_rt_ok(rt_pg_options_default(&o));
         o.init_method = "tcp://127.0.0.1:1";
         o.rank = 0;
         o.world_size = 1;
@@ -544,7 +544,7 @@ static void submit_failure_frees_request(void **s) {
     char method[64];
     snprintf(method, sizeof method, "tcp://127.0.0.1:%d", port);
     rt_pg_options o;
-    rt_pg_options_default(&o);
+    assert_rt_ok(rt_pg_options_default(&o));
     o.init_method = method;
     o.rank = 0;
     o.world_size = 1;

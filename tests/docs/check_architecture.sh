@@ -8,7 +8,8 @@
 #  - names a path that does not exist: `src/...`, `tests/...`, `docs/...` paths, paths
 #    that start with an area (`core/cuda/cuda_check.h`), and file names in backticks
 #    (`arch.c`, `internal/optim_kernels.h`: some file under src/ or tests/ must end so);
-#  - links a page of docs/ that does not exist.
+#  - links a page of docs/ that does not exist;
+#  - has a row of the "Where to add" table without its count after issue 24.
 # usage: check_architecture.sh SOURCE_DIR [PAGE]   (PAGE: docs/architecture.md by default)
 set -u
 root=${1:?usage: check_architecture.sh SOURCE_DIR [PAGE]}
@@ -69,6 +70,12 @@ done < <(grep -oE '`[A-Za-z0-9_./-]+\.(c|h|cu|sh|cmake|in)`' "$doc" | tr -d '`' 
 while IFS= read -r l; do
   [ -f "docs/$l" ] || complain "links $l, which is not in docs/"
 done < <(grep -oE '\]\([A-Za-z0-9_.-]+\.md' "$doc" | sed 's/^](//' | sort -u)
+
+# 6. the "Where to add" table: every row has its count after issue 24 (the last column)
+while IFS= read -r row; do
+  last=$(sed -E 's/\|[[:space:]]*$//; s/.*\|//' <<<"$row" | tr -d '[:space:]')
+  [ -n "$last" ] || complain "the 'Where to add' row '${row:0:40}...' has no 'after issue 24' value"
+done < <(awk '/^## Where to add/{on=1; next} /^## /{on=0} on && /^\| (a|an) /' "$doc")
 
 [ $bad = 0 ] && echo "docs/architecture.md: every folder, public header and src/cli file named; every path named exists"
 exit $bad

@@ -352,17 +352,24 @@ static void test_conv_dnnl_parts(void **state) {
 }
 #endif
 
-/* a value RINGTRAIN_CONV does not know is an error naming it, not a silent default */
-static void test_conv_impl_bad_env(void **state) {
-    (void)state;
-    assert_int_equal(setenv("RINGTRAIN_CONV", "fastest", 1), 0);
+/* a value a CPU convolution setting does not know is an error of the context naming it,
+ * not a silent default (nor, for oneDNN's, a silent im2col fallback in the auto mode) */
+static void check_bad_env(const char *name, const char *value, const char *want) {
+    assert_int_equal(setenv(name, value, 1), 0);
     rt_model_ctx *ctx = NULL;
     rt_model_ctx_options o = {.device = rt_device_cpu(), .threads = 2};
     rt_status st = rt_model_ctx_create(&o, &ctx);
-    unsetenv("RINGTRAIN_CONV");
+    unsetenv(name);
     assert_int_equal(st, RT_ERR_INVALID);
     assert_null(ctx);
-    assert_non_null(strstr(rt_error_message(), "RINGTRAIN_CONV='fastest': expected one of auto|im2col|dnnl"));
+    if (!strstr(rt_error_message(), want)) fail_msg("%s: '%s' lacks '%s'", name, rt_error_message(), want);
+}
+
+static void test_conv_impl_bad_env(void **state) {
+    (void)state;
+    check_bad_env("RINGTRAIN_CONV", "fastest", "RINGTRAIN_CONV='fastest': expected one of auto|im2col|dnnl");
+    check_bad_env("RINGTRAIN_DNNL_BWW", "images", "RINGTRAIN_DNNL_BWW='images': expected one of auto|omp|oc|batch");
+    check_bad_env("RINGTRAIN_DNNL_LAYOUT", "nhwc", "RINGTRAIN_DNNL_LAYOUT='nhwc': expected one of auto|plain");
 }
 
 int main(void) {

@@ -30,7 +30,7 @@ static void test_defaults(void **state) {
     rt_config c;
     rt_config_default(&c);
     assert_int_equal(c.model.arch, RT_ARCH_RESNET34);
-    assert_int_equal(c.model.stem, RT_CONFIG_AUTO);
+    assert_int_equal(c.model.stem, RT_STEM_AUTO);
     assert_int_equal(c.data.kind, RT_DATASET_AUTO);
     assert_int_equal(c.data.loader.mode, RT_SAMPLER_DISTRIBUTED);
     assert_int_equal(c.data.loader.crop_pad, -1); /* auto: the dataset's */
@@ -45,10 +45,10 @@ static void test_defaults(void **state) {
     assert_false(c.optim.sched.anneal_linear);
     assert_int_equal(c.optim.sched.t_max, RT_CONFIG_AUTO);
     assert_true(isnan(c.optim.sched.max_lr));
-    assert_int_equal(c.train.precision, RT_PRECISION_FP32);
+    assert_int_equal(c.train.ctx.precision, RT_PRECISION_FP32);
     assert_false(c.train.tta_flip);
-    assert_int_equal(c.dist.algo, RT_ALGO_RING);
-    assert_int_equal(c.dist.transport, RT_TRANSPORT_AUTO);
+    assert_int_equal(c.dist.pg.algo, RT_ALGO_RING);
+    assert_int_equal(c.dist.pg.transport, RT_TRANSPORT_AUTO);
     assert_false(c.dist.compress_bf16);
     assert_int_equal(c.log.level, RT_LOG_INFO);
     assert_int_equal(c.log.progress, RT_PROGRESS_AUTO);
@@ -123,10 +123,10 @@ static void test_values(void **state) {
     assert_int_equal(c.optim.sched.kind, RT_SCHED_ONECYCLE);
     assert_true(c.optim.sched.per_epoch);
     assert_true(c.optim.sched.anneal_linear);
-    assert_int_equal(c.train.precision, RT_PRECISION_BF16);
+    assert_int_equal(c.train.ctx.precision, RT_PRECISION_BF16);
     assert_true(c.train.tta_flip);
-    assert_int_equal(c.dist.algo, RT_ALGO_RSAG);
-    assert_int_equal(c.dist.transport, RT_TRANSPORT_SHM);
+    assert_int_equal(c.dist.pg.algo, RT_ALGO_RSAG);
+    assert_int_equal(c.dist.pg.transport, RT_TRANSPORT_SHM);
     assert_true(c.dist.compress_bf16);
     assert_int_equal(c.log.level, RT_LOG_WARN);
     assert_int_equal(c.log.progress, RT_PROGRESS_OFF);
@@ -341,44 +341,76 @@ static void test_string_list(void **state) {
                  "'model.widht' is not a config key", NULL);
 }
 
+/* docs/NAME read into buf (skips the test without RINGTRAIN_SOURCE_DIR). */
+static void read_doc(const char *name, char *buf, size_t cap) {
+    const char *src = getenv("RINGTRAIN_SOURCE_DIR");
+    if (!src) skip();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/docs/%s", src, name);
+    FILE *f = fopen(path, "r");
+    if (!f) fail_msg("%s: missing", path);
+    size_t n = fread(buf, 1, cap - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+}
+
+/* Key i's type column as the docs write it: a choice among a table's names lists exactly
+ * those names (the area's rt_names, so a name added to a table and not to the docs fails),
+ * each in backticks when `ticks`, '|' escaped for the markdown table. */
+static void doc_type(int i, const char *type, bool ticks, char *want, size_t cap) {
+    char names[512];
+    bool choice = rt_config_key_choices(i, names, sizeof names);
+    bool tick = choice && ticks;
+    const char *t = choice ? names : type;
+    char *w = want;
+    if (tick) *w++ = '`';
+    for (; *t && w < want + cap - 5; t++) {
+        if (tick && *t == ' ' && t[1] == '|') *w++ = '`';
+        if (*t == '|') *w++ = '\\';
+        *w++ = *t;
+        if (tick && *t == ' ' && t > names && t[-1] == '|') *w++ = '`';
+    }
+    if (tick) *w++ = '`';
+    *w = '\0';
+}
+
+/* The row `row` of `name` in doc begins "row want |"; where: the doc's name. */
+static void check_row_type(const char *doc, const char *where, const char *row, const char *name, const char *want) {
+    const char *at = strstr(doc, row);
+    char cell[1024];
+    snprintf(cell, sizeof cell, "%s %s |", row, want);
+    if (strncmp(at, cell, strlen(cell)) != 0) {
+        const char *eol = strchr(at, '\n');
+        fail_msg("%s: the row of %s should begin\n  %s\nbut is\n  %.*s", where, name, cell, (int)(eol ? eol - at : 200),
+                 at);
+    }
+}
+
+/* The type column of each key's row in doc (named `where`): every key must have a row
+ * when `every`, else the choice keys that have one are checked; the number checked. */
+static int check_doc_types(const char *doc, const char *where, bool ticks, bool every) {
+    const char *name, *type;
+    int checked = 0;
+    for (int i = 0; rt_config_key_at(i, &name, &type, NULL, NULL); i++) {
+        char row[128], want[768];
+        snprintf(row, sizeof row, "| `%s` |", name);
+        if (!strstr(doc, row) && every) fail_msg("%s has no row for %s", where, name);
+        if (!strstr(doc, row) || (!every && !rt_config_key_choices(i, want, sizeof want))) continue;
+        doc_type(i, type, ticks, want, sizeof want);
+        check_row_type(doc, where, row, name, want);
+        checked++;
+    }
+    return checked;
+}
+
 /* docs/config.md has one table row per key ("| `section.key` |") and no row for a key
  * that does not exist. */
 static void test_docs(void **state) {
     (void)state;
-    const char *src = getenv("RINGTRAIN_SOURCE_DIR");
-    if (!src) skip();
-    char path[1024];
-    snprintf(path, sizeof path, "%s/docs/config.md", src);
-    FILE *f = fopen(path, "r");
-    if (!f) fail_msg("%s: missing", path);
     static char doc[1 << 17];
-    size_t n = fread(doc, 1, sizeof doc - 1, f);
-    fclose(f);
-    doc[n] = '\0';
-    const char *name, *type;
-    int keys = 0;
-    for (int i = 0; rt_config_key_at(i, &name, &type, NULL, NULL); i++, keys++) {
-        char row[128];
-        snprintf(row, sizeof row, "| `%s` |", name);
-        const char *at = strstr(doc, row);
-        if (!at) fail_msg("docs/config.md has no row for %s", name);
-        /* the type column: a choice among a table's names lists exactly those names (the
-         * area's rt_names, so a name added to a table and not to the docs fails here) */
-        char names[512], want[768], *w = want;
-        const char *t = rt_config_key_choices(i, names, sizeof names) ? names : type;
-        for (; *t && w < want + sizeof want - 3; t++) {
-            if (*t == '|') *w++ = '\\';
-            *w++ = *t;
-        }
-        *w = '\0';
-        char cell[1024];
-        snprintf(cell, sizeof cell, "%s %s |", row, want);
-        if (strncmp(at, cell, strlen(cell)) != 0) {
-            const char *eol = strchr(at, '\n');
-            fail_msg("docs/config.md: the row of %s should begin\n  %s\nbut is\n  %.*s", name, cell,
-                     (int)(eol ? eol - at : 200), at);
-        }
-    }
+    read_doc("config.md", doc, sizeof doc);
+    int keys = check_doc_types(doc, "docs/config.md", false, true);
+    const char *name;
     int rows = 0;
     for (const char *p = strstr(doc, "\n| `"); p; p = strstr(p + 1, "\n| `")) {
         char key[128];
@@ -391,6 +423,15 @@ static void test_docs(void **state) {
     assert_int_equal(rows, keys);
 }
 
+/* docs/optim.md's key table: each choice key it has a row for lists the table's names
+ * (in backticks), as docs/config.md does. */
+static void test_docs_optim(void **state) {
+    (void)state;
+    static char doc[1 << 17];
+    read_doc("optim.md", doc, sizeof doc);
+    assert_true(check_doc_types(doc, "docs/optim.md", true, false) >= 3); /* name, schedule, interval */
+}
+
 /* Every shipped config loads (a renamed key would break them silently otherwise). */
 /* train.deterministic: on by default (exact resume on a GPU, docs/config.md says why),
  * YAML booleans and overrides, a non-boolean refused with the key and the line, and the
@@ -399,15 +440,15 @@ static void test_deterministic(void **state) {
     (void)state;
     rt_config c;
     rt_config_default(&c);
-    assert_true(c.train.deterministic);
+    assert_true(c.train.ctx.deterministic);
     assert_rt_ok(parse(&c, "train:\n  deterministic: false\n"));
-    assert_false(c.train.deterministic);
+    assert_false(c.train.ctx.deterministic);
     assert_rt_ok(parse(&c, "train:\n  deterministic: on\n"));
-    assert_true(c.train.deterministic);
+    assert_true(c.train.ctx.deterministic);
     assert_rt_ok(rt_config_override(&c, "train.deterministic=no"));
-    assert_false(c.train.deterministic);
+    assert_false(c.train.ctx.deterministic);
     assert_rt_ok(rt_config_override(&c, "train.deterministic=true"));
-    assert_true(c.train.deterministic);
+    assert_true(c.train.ctx.deterministic);
     expect_error(parse(&c, "train:\n  epochs: 1\n  deterministic: sometimes\n"), "cfg.yaml:3:", "train.deterministic",
                  "not a boolean");
     expect_error(parse(&c, "train:\n  deterministic: 2\n"), "train.deterministic", "not a boolean", NULL);
@@ -424,7 +465,7 @@ static void test_deterministic(void **state) {
     fclose(m);
     assert_non_null(strstr(t, "deterministic: false"));
     assert_rt_ok(parse(&b, t));
-    assert_false(b.train.deterministic);
+    assert_false(b.train.ctx.deterministic);
     free(t);
 }
 
@@ -451,8 +492,8 @@ static void test_env_defaults(void **state) {
     setenv("RINGTRAIN_DIST_DEBUG", "1", 1);
     setenv("RINGTRAIN_LOG_LEVEL", "debug", 1);
     assert_rt_ok(rt_config_load(&c, NULL, 0, NULL));
-    assert_true(c.dist.timeout_s == 7.0);
-    assert_true(c.dist.debug);
+    assert_true(c.dist.pg.timeout_s == 7.0);
+    assert_true(c.dist.pg.debug);
     assert_int_equal(c.log.level, RT_LOG_DEBUG);
     char dir[] = "/tmp/rt-config-env-XXXXXX";
     assert_non_null(mkdtemp(dir));
@@ -463,16 +504,16 @@ static void test_env_defaults(void **state) {
     fputs("dist:\n  timeout_s: 9\n  debug: false\n", f);
     fclose(f);
     assert_rt_ok(rt_config_load(&c, path, 0, NULL)); /* the environment wins over the file */
-    assert_true(c.dist.timeout_s == 7.0);
-    assert_true(c.dist.debug);
+    assert_true(c.dist.pg.timeout_s == 7.0);
+    assert_true(c.dist.pg.debug);
     assert_int_equal(c.log.level, RT_LOG_DEBUG);
     unsetenv("RINGTRAIN_DIST_TIMEOUT"); /* an unset variable leaves the file's value */
     assert_rt_ok(rt_config_load(&c, path, 0, NULL));
-    assert_true(c.dist.timeout_s == 9.0);
+    assert_true(c.dist.pg.timeout_s == 9.0);
     setenv("RINGTRAIN_DIST_TIMEOUT", "7", 1);
     const char *ov[] = {"dist.timeout_s=11", "log.level=warn"};
     assert_rt_ok(rt_config_load(&c, path, 2, ov)); /* and the command line wins over both */
-    assert_true(c.dist.timeout_s == 11.0);
+    assert_true(c.dist.pg.timeout_s == 11.0);
     assert_int_equal(c.log.level, RT_LOG_WARN);
     unlink(path);
     rmdir(dir);
@@ -487,14 +528,14 @@ static void test_env_defaults(void **state) {
     setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL", 1);
     setenv("RINGTRAIN_DIST_DEBUG", "0", 1);
     assert_rt_ok(rt_config_load(&c, NULL, 0, NULL));
-    assert_false(c.dist.debug);
+    assert_false(c.dist.pg.debug);
     unsetenv("RINGTRAIN_DIST_DEBUG");
     assert_rt_ok(rt_config_load(&c, NULL, 0, NULL));
-    assert_true(c.dist.debug);
+    assert_true(c.dist.pg.debug);
     unsetenv("TORCH_DISTRIBUTED_DEBUG");
     assert_rt_ok(rt_config_load(&c, NULL, 0, NULL)); /* unset: the table's defaults */
-    assert_true(c.dist.timeout_s == 300.0);
-    assert_false(c.dist.debug);
+    assert_true(c.dist.pg.timeout_s == 300.0);
+    assert_false(c.dist.pg.debug);
     assert_int_equal(c.log.level, RT_LOG_INFO);
 }
 
@@ -504,11 +545,12 @@ int main(void) {
                          "RINGTRAIN_LOG_LEVEL"};
     for (size_t i = 0; i < sizeof env / sizeof *env; i++) unsetenv(env[i]);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),        cmocka_unit_test(test_values),
-        cmocka_unit_test(test_errors),          cmocka_unit_test(test_overrides),
-        cmocka_unit_test(test_load_file),       cmocka_unit_test(test_docs),
-        cmocka_unit_test(test_shipped_configs), cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_string_list),     cmocka_unit_test(test_env_defaults),
+        cmocka_unit_test(test_defaults),      cmocka_unit_test(test_values),
+        cmocka_unit_test(test_errors),        cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_load_file),     cmocka_unit_test(test_docs),
+        cmocka_unit_test(test_docs_optim),    cmocka_unit_test(test_shipped_configs),
+        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_string_list),
+        cmocka_unit_test(test_env_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

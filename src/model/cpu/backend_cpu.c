@@ -39,7 +39,12 @@ _Static_assert(RT_CPU_CONV_AUTO == 0 && RT_CPU_CONV_IM2COL == 1 && RT_CPU_CONV_D
 static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
     int impl = RT_CPU_CONV_AUTO; /* RINGTRAIN_CONV */
     int64_t blas_threads = 1;    /* RINGTRAIN_BLAS_THREADS */
+    int dnnl_choice = 0;         /* oneDNN's settings, read again by each convolution: */
     RT_CHECK(rt_setting_choice(RT_SET_CONV, &impl));
+    /* checked here, so a bad value is this call's error, never a silent im2col fallback
+     * (the auto mode falls back when oneDNN cannot take a convolution) */
+    RT_CHECK(rt_setting_choice(RT_SET_DNNL_BWW, &dnnl_choice));
+    RT_CHECK(rt_setting_choice(RT_SET_DNNL_LAYOUT, &dnnl_choice));
     RT_CHECK(rt_setting_int(RT_SET_BLAS_THREADS, &blas_threads));
     rt_cpu_state *s = calloc(1, sizeof *s);
     RT_CHECK_ALLOC(s, sizeof *s);
