@@ -32,15 +32,22 @@ rt_status rt_pg_options_default(rt_pg_options *o) {
     o->algo = RT_ALGO_RING;
     o->device = rt_device_cpu();
     /* the defaults are the settings' (core/settings.h): their defaults or the environment */
+    /* every setting is read even after a bad one, so the fields that can be read get their
+     * values; the first error is the one returned */
     int64_t fe = 0;
     int torch_debug = 0;
-    RT_CHECK(rt_setting_float(RT_SET_DIST_TIMEOUT, &o->timeout_s));
-    RT_CHECK(rt_setting_int(RT_SET_FLIGHT_ENTRIES, &fe));
-    o->flight_entries = (int)fe;
-    RT_CHECK(rt_setting_choice(RT_SET_TORCH_DEBUG, &torch_debug));
-    o->debug = torch_debug == 2; /* TORCH_DISTRIBUTED_DEBUG=DETAIL, unless RINGTRAIN_DIST_DEBUG says */
-    if (rt_setting_is_set(RT_SET_DIST_DEBUG)) RT_CHECK(rt_setting_bool(RT_SET_DIST_DEBUG, &o->debug));
-    return RT_OK;
+    rt_status st = rt_setting_float(RT_SET_DIST_TIMEOUT, &o->timeout_s);
+    rt_status s2 = rt_setting_int(RT_SET_FLIGHT_ENTRIES, &fe);
+    if (s2 == RT_OK) o->flight_entries = (int)fe;
+    if (st == RT_OK) st = s2;
+    s2 = rt_setting_choice(RT_SET_TORCH_DEBUG, &torch_debug);
+    o->debug = s2 == RT_OK && torch_debug == 2; /* TORCH_DISTRIBUTED_DEBUG=DETAIL, unless RINGTRAIN_DIST_DEBUG says */
+    if (st == RT_OK) st = s2;
+    if (rt_setting_is_set(RT_SET_DIST_DEBUG)) {
+        s2 = rt_setting_bool(RT_SET_DIST_DEBUG, &o->debug);
+        if (st == RT_OK) st = s2;
+    }
+    return st;
 }
 
 int rt_pg_rank(const rt_pg *pg) { return pg->rank; }

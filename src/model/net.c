@@ -124,7 +124,8 @@ static rt_status net_check(const rt_model_config *c) {
     RT_REQUIRE(c->in_channels == 1 && c->in_h == 28 && c->in_w == 28, RT_ERR_INVALID,
                "model net is the MNIST tutorial CNN: input must be 1x28x28 (got %dx%dx%d)", c->in_channels, c->in_h,
                c->in_w);
-    RT_REQUIRE(isnan(c->dropout) || c->dropout < 1.0, RT_ERR_INVALID, "model dropout %g (expected < 1)", c->dropout);
+    RT_REQUIRE(isnan(c->dropout) || (float)c->dropout < 1.0f, RT_ERR_INVALID,
+               "model dropout %g (expected < 1 as a float: the layers keep p in single precision)", c->dropout);
     return RT_OK;
 }
 

@@ -618,10 +618,14 @@ _Static_assert(RT_STEM_AUTO == RT_CONFIG_AUTO, "model.stem auto");
  * rt_config_apply_env's error, reported by rt_config_load). */
 static void area_defaults(rt_config *cfg) {
     rt_model_config_default(&cfg->model);
-    if (rt_pg_options_default(&cfg->dist.pg) != RT_OK) rt_error_clear();
+    (void)rt_pg_options_default(&cfg->dist.pg); /* its error, if any, is dropped by rt_config_default */
 }
 
 void rt_config_default(rt_config *cfg) {
+    /* defaulting is not an error of the caller's: whatever error it has pending survives
+     * (a bad setting, or a choice check on the way, records its own and is dropped) */
+    rt_error_record pending;
+    rt_error_save(&pending);
     memset(cfg, 0, sizeof *cfg);
     area_defaults(cfg);
     for (int i = 0; i < N_KEYS; i++) {
@@ -633,6 +637,7 @@ void rt_config_default(rt_config *cfg) {
             abort();
         }
     }
+    rt_error_restore(&pending);
 }
 
 /* ---- YAML -------------------------------------------------------------------------- */
@@ -796,6 +801,7 @@ rt_status rt_config_apply_env(rt_config *cfg) {
     RT_CHECK(rt_pg_options_default(&po));
     if (rt_setting_is_set(RT_SET_DIST_TIMEOUT)) cfg->dist.pg.timeout_s = po.timeout_s;
     if (rt_setting_is_set(RT_SET_DIST_DEBUG) || rt_setting_is_set(RT_SET_TORCH_DEBUG)) cfg->dist.pg.debug = po.debug;
+    cfg->dist.pg.flight_entries = po.flight_entries; /* a setting with no key: the environment at load time */
     int level = 0;
     RT_CHECK(rt_setting_choice(RT_SET_LOG_LEVEL, &level)); /* checks the text */
     if (rt_setting_is_set(RT_SET_LOG_LEVEL))

@@ -537,12 +537,30 @@ static void test_env_defaults(void **state) {
     assert_true(c.dist.pg.timeout_s == 300.0);
     assert_false(c.dist.pg.debug);
     assert_int_equal(c.log.level, RT_LOG_INFO);
+    /* RINGTRAIN_FLIGHT_ENTRIES (no key) is read when the config is loaded, not when it was
+     * defaulted: a variable set in between counts */
+    rt_config_default(&c);
+    setenv("RINGTRAIN_FLIGHT_ENTRIES", "7", 1);
+    assert_rt_ok(rt_config_apply_env(&c));
+    assert_int_equal(c.dist.pg.flight_entries, 7);
+    /* defaulting a config with a bad setting keeps the caller's pending error, and the
+     * settings after the bad one still get their values */
+    setenv("RINGTRAIN_DIST_TIMEOUT", "abc", 1);
+    rt_error_clear();
+    (void)RT_ERROR(RT_ERR_IO, "the caller's own error");
+    rt_config_default(&c);
+    assert_int_equal(rt_error_status(), RT_ERR_IO);
+    assert_non_null(strstr(rt_error_message(), "the caller's own error"));
+    assert_int_equal(c.dist.pg.flight_entries, 7);
+    rt_error_clear();
+    unsetenv("RINGTRAIN_DIST_TIMEOUT");
+    unsetenv("RINGTRAIN_FLIGHT_ENTRIES");
 }
 
 int main(void) {
     /* the variables that set config keys (rt_config_apply_env): the developer's own must not change the defaults */
     const char *env[] = {"RINGTRAIN_DIST_TIMEOUT", "RINGTRAIN_DIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG",
-                         "RINGTRAIN_LOG_LEVEL"};
+                         "RINGTRAIN_LOG_LEVEL", "RINGTRAIN_FLIGHT_ENTRIES"};
     for (size_t i = 0; i < sizeof env / sizeof *env; i++) unsetenv(env[i]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),      cmocka_unit_test(test_values),
