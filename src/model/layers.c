@@ -169,7 +169,7 @@ rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float
     return ctx->ops->conv2d_backward(ctx, l, n, x, dy, dx, accumulate);
 }
 
-rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
+static rt_status bn_forward_check(rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
     REQUIRE_N(n);
     RT_REQUIRE(x && y && x != y, RT_ERR_INVALID, "batchnorm2d forward: NULL or aliased input/output");
     RT_CHECK(need_params(&l->weight, "batchnorm2d weight"));
@@ -178,17 +178,48 @@ rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, co
                "batchnorm2d training forward without save_mean/save_invstd buffers");
     RT_REQUIRE(!training || (int64_t)n * l->h * l->w > 1, RT_ERR_INVALID,
                "batchnorm2d training needs more than one value per channel (n %d, %dx%d)", n, l->h, l->w);
+    return RT_OK;
+}
+
+static rt_status bn_backward_check(rt_batchnorm2d *l, int n, const float *x, const float *dy, float *dx) {
+    REQUIRE_N(n);
+    RT_REQUIRE(x && dy && dx, RT_ERR_INVALID, "batchnorm2d backward: NULL argument");
+    return need_params(&l->dweight, "batchnorm2d weight gradient");
+}
+
+rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
+    RT_CHECK(bn_forward_check(l, n, x, y, training));
     OPS(ctx, batchnorm2d_forward);
     return ctx->ops->batchnorm2d_forward(ctx, l, n, x, y, training);
 }
 
 rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
                                   float *dx, bool accumulate) {
-    REQUIRE_N(n);
-    RT_REQUIRE(x && dy && dx, RT_ERR_INVALID, "batchnorm2d backward: NULL argument");
-    RT_CHECK(need_params(&l->dweight, "batchnorm2d weight gradient"));
+    RT_CHECK(bn_backward_check(l, n, x, dy, dx));
     OPS(ctx, batchnorm2d_backward);
     return ctx->ops->batchnorm2d_backward(ctx, l, n, x, dy, dx, accumulate);
+}
+
+rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
+                                     float *y, bool training, bool relu) {
+    RT_CHECK(bn_forward_check(l, n, x, y, training));
+    if (ctx->ops->batchnorm2d_forward_act)
+        return ctx->ops->batchnorm2d_forward_act(ctx, l, n, x, residual, y, training, relu);
+    const size_t count = (size_t)n * l->c * l->h * l->w;
+    RT_CHECK(rt_batchnorm2d_forward(ctx, l, n, x, y, training));
+    if (residual) RT_CHECK(rt_add_forward(ctx, count, y, residual, y));
+    if (relu) RT_CHECK(rt_relu_forward(ctx, count, y, y));
+    return RT_OK;
+}
+
+rt_status rt_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                      float *dy, float *dx, bool accumulate) {
+    RT_CHECK(bn_backward_check(l, n, x, dy, dx));
+    RT_REQUIRE(act, RT_ERR_INVALID, "batchnorm2d backward through relu: NULL relu output");
+    if (ctx->ops->batchnorm2d_backward_act)
+        return ctx->ops->batchnorm2d_backward_act(ctx, l, n, x, act, dy, dx, accumulate);
+    RT_CHECK(rt_relu_backward(ctx, (size_t)n * l->c * l->h * l->w, act, dy, dy));
+    return rt_batchnorm2d_backward(ctx, l, n, x, dy, dx, accumulate);
 }
 
 rt_status rt_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y) {

@@ -120,6 +120,17 @@ rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, co
 rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
                                   float *dx, bool accumulate);
 
+/* batch norm, then (optional) a residual added and (optional) ReLU, in one pass where the
+ * backend fuses them: y = relu(bn(x) + residual); residual NULL: none; y may not alias x
+ * (it may alias residual). Same values as the three layers one after another. */
+rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
+                                     float *y, bool training, bool relu);
+/* Backward of batch norm followed by a ReLU whose output was act: the batch norm's output
+ * gradient is dy where act > 0, else 0. dy may be overwritten (backends without the fused
+ * op apply the ReLU's backward to it in place). */
+rt_status rt_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                      float *dy, float *dx, bool accumulate);
+
 /* relu over `count` elements; y may be x. Backward from the output: dx = dy * (y > 0);
  * dx may be dy. */
 rt_status rt_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y);

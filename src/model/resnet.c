@@ -8,7 +8,8 @@
  * BasicBlock:  out = relu(bn2(conv2(relu(bn1(conv1(x))))) + identity(x))
  *
  * Every activation a backward pass needs is kept (allocated once for max_batch);
- * relu runs in place on the BN outputs. Backward walks the head, the blocks in
+ * batch norm, the residual add and relu are one layer call (rt_batchnorm2d_forward_act,
+ * fused on the CPU), and so are relu's and batch norm's backward inside a block. Backward walks the head, the blocks in
  * reverse and the stem, reporting each finished block to the grad-ready callback.
  * Gradient scratch: two ping-pong buffers for the block input/output gradients and
  * two temporaries inside a block, each as large as the largest activation.
@@ -145,21 +146,17 @@ static void resnet_release(rt_model *m) {
 }
 
 static rt_status block_forward(rt_model_ctx *ctx, basic_block *b, int n, const float *x, bool training) {
-    const size_t cnt = (size_t)n * b->out_count;
     b->x = x;
     RT_CHECK(rt_conv2d_forward(ctx, &b->conv1, n, x, b->c1));
-    RT_CHECK(rt_batchnorm2d_forward(ctx, &b->bn1, n, b->c1, b->a1, training));
-    RT_CHECK(rt_relu_forward(ctx, cnt, b->a1, b->a1));
+    RT_CHECK(rt_batchnorm2d_forward_act(ctx, &b->bn1, n, b->c1, NULL, b->a1, training, true));
     RT_CHECK(rt_conv2d_forward(ctx, &b->conv2, n, b->a1, b->c2));
-    RT_CHECK(rt_batchnorm2d_forward(ctx, &b->bn2, n, b->c2, b->out, training));
+    const float *identity = x;
     if (b->has_ds) {
         RT_CHECK(rt_conv2d_forward(ctx, &b->ds_conv, n, x, b->dsc));
         RT_CHECK(rt_batchnorm2d_forward(ctx, &b->ds_bn, n, b->dsc, b->dsb, training));
-        RT_CHECK(rt_add_forward(ctx, cnt, b->out, b->dsb, b->out));
-    } else {
-        RT_CHECK(rt_add_forward(ctx, cnt, b->out, x, b->out));
+        identity = b->dsb;
     }
-    RT_CHECK(rt_relu_forward(ctx, cnt, b->out, b->out));
+    RT_CHECK(rt_batchnorm2d_forward_act(ctx, &b->bn2, n, b->c2, identity, b->out, training, true));
     return RT_OK;
 }
 
@@ -171,8 +168,7 @@ static rt_status block_backward(rt_model_ctx *ctx, resnet *r, basic_block *b, in
     RT_CHECK(rt_relu_backward(ctx, cnt, b->out, gout, gout));
     RT_CHECK(rt_batchnorm2d_backward(ctx, &b->bn2, n, b->c2, gout, r->t1, false));
     RT_CHECK(rt_conv2d_backward(ctx, &b->conv2, n, b->a1, r->t1, r->t2, false));
-    RT_CHECK(rt_relu_backward(ctx, cnt, b->a1, r->t2, r->t2));
-    RT_CHECK(rt_batchnorm2d_backward(ctx, &b->bn1, n, b->c1, r->t2, r->t1, false));
+    RT_CHECK(rt_batchnorm2d_backward_act(ctx, &b->bn1, n, b->c1, b->a1, r->t2, r->t1, false));
     RT_CHECK(rt_conv2d_backward(ctx, &b->conv1, n, x, r->t1, gin, false));
     if (b->has_ds) {
         RT_CHECK(rt_batchnorm2d_backward(ctx, &b->ds_bn, n, b->dsc, gout, r->t2, false));
@@ -187,8 +183,7 @@ static rt_status resnet_forward(rt_model *m, const float *x, int n, bool trainin
     resnet *r = m->arch;
     rt_model_ctx *ctx = m->ctx;
     RT_CHECK(rt_conv2d_forward(ctx, &r->conv1, n, x, r->stem_c));
-    RT_CHECK(rt_batchnorm2d_forward(ctx, &r->bn1, n, r->stem_c, r->stem_a, training));
-    RT_CHECK(rt_relu_forward(ctx, (size_t)n * r->stem_c_count, r->stem_a, r->stem_a));
+    RT_CHECK(rt_batchnorm2d_forward_act(ctx, &r->bn1, n, r->stem_c, NULL, r->stem_a, training, true));
     if (r->has_maxpool) RT_CHECK(rt_maxpool2d_forward(ctx, &r->maxpool, n, r->stem_a, r->stem_out));
     const float *h = r->stem_out;
     for (int i = 0; i < r->nblocks; i++) {
@@ -216,15 +211,13 @@ static rt_status resnet_backward(rt_model *m, rt_grad_ready_fn ready, void *user
         other = t;
     }
     /* g: gradient of stem_out */
-    const size_t cnt = (size_t)n * r->stem_c_count;
     float *ga = g;
     if (r->has_maxpool) {
         RT_CHECK(rt_maxpool2d_backward(ctx, &r->maxpool, n, r->stem_a, r->stem_out, g, other));
         ga = other;
     }
-    RT_CHECK(rt_relu_backward(ctx, cnt, r->stem_a, ga, ga));
     float *gc = ga == r->g0 ? r->g1 : r->g0;
-    RT_CHECK(rt_batchnorm2d_backward(ctx, &r->bn1, n, r->stem_c, ga, gc, false));
+    RT_CHECK(rt_batchnorm2d_backward_act(ctx, &r->bn1, n, r->stem_c, r->stem_a, ga, gc, false));
     RT_CHECK(rt_conv2d_backward(ctx, &r->conv1, n, m->input, gc, NULL, false));
     RT_CHECK(rt_model_block_done(m, 0, ready, user));
     return RT_OK;

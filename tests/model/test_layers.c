@@ -140,10 +140,10 @@ static double bn_eval(void *u) {
     return mt_dot(c->y, c->r, c->cnt);
 }
 
-static void test_batchnorm2d(void **state) {
-    (void)state;
-    bn_case c = {.n = 3};
-    const int C = 4, H = 3, W = 2;
+/* batch norm's training forward against the formulas, backward by finite differences,
+ * evaluation forward against the formula; planes of C x H x W, n images */
+static void check_batchnorm2d(int C, int H, int W, int n) {
+    bn_case c = {.n = n};
     mt_arenas A;
     mt_arenas_init(&A);
     assert_rt_ok(rt_batchnorm2d_init(&c.l, C, H, W));
@@ -153,7 +153,8 @@ static void test_batchnorm2d(void **state) {
     assert_rt_ok(rt_tensor_place(&c.l.running_var, &A.buffers));
     assert_rt_ok(rt_tensor_place(&c.l.num_batches_tracked, &A.buffers));
     mt_alloc(&A);
-    float save_m[4], save_i[4];
+    float save_m[8], save_i[8];
+    assert_true(C <= 8);
     c.l.save_mean = save_m;
     c.l.save_invstd = save_i;
     c.cnt = (size_t)c.n * C * H * W;
@@ -220,6 +221,118 @@ static void test_batchnorm2d(void **state) {
     free(c.r);
     free(dx);
     mt_free(&A);
+}
+
+static void test_batchnorm2d(void **state) {
+    (void)state;
+    check_batchnorm2d(4, 3, 2, 3);   /* small planes: the CPU's row path */
+    check_batchnorm2d(2, 17, 16, 2); /* 272 values per plane: the plane-by-plane path */
+}
+
+/* ---- fused batch norm (+ residual) (+ relu) ----------------------------------------- */
+
+typedef struct bn_fx {
+    rt_batchnorm2d l;
+    mt_arenas A;
+    float save_m[64], save_i[64];
+} bn_fx;
+
+static void bn_fx_init(bn_fx *f, int C, int H, int W) {
+    assert_true(C <= 64);
+    mt_arenas_init(&f->A);
+    assert_rt_ok(rt_batchnorm2d_init(&f->l, C, H, W));
+    mt_place(&f->A, &f->l.weight, &f->l.dweight);
+    mt_place(&f->A, &f->l.bias, &f->l.dbias);
+    assert_rt_ok(rt_tensor_place(&f->l.running_mean, &f->A.buffers));
+    assert_rt_ok(rt_tensor_place(&f->l.running_var, &f->A.buffers));
+    assert_rt_ok(rt_tensor_place(&f->l.num_batches_tracked, &f->A.buffers));
+    mt_alloc(&f->A);
+    f->l.save_mean = f->save_m;
+    f->l.save_invstd = f->save_i;
+    mt_randn(rt_tensor_data(&f->l.weight), (size_t)C, 21);
+    mt_randn(rt_tensor_data(&f->l.bias), (size_t)C, 22);
+    float *rv = rt_tensor_data(&f->l.running_var);
+    for (int i = 0; i < C; i++) rv[i] = 1.0f;
+}
+
+static void assert_same_bits(const float *a, const float *b, size_t n, const char *what) {
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
+            fail_msg("%s: element %zu differs: %.9g vs %.9g", what, i, (double)a[i], (double)b[i]);
+}
+
+/* Forward: rt_batchnorm2d_forward_act (fused on the CPU) against batch norm, add and
+ * relu one after another, bit for bit, with the running statistics; backward through
+ * the ReLU against relu's backward then batch norm's. Both on a context of `threads`;
+ * results (y, dx, dgamma, dbeta) returned for the thread-count comparison. */
+static void bn_fused_run(int threads, int C, int H, int W, int n, float *y_out, float *dx_out, float *dg_out) {
+    rt_model_ctx *ctx = mt_ctx(threads);
+    const size_t cnt = (size_t)n * C * H * W;
+    float *x = alloc_f(cnt), *res = alloc_f(cnt), *y1 = alloc_f(cnt), *y2 = alloc_f(cnt), *dy = alloc_f(cnt);
+    float *g = alloc_f(cnt), *dx1 = alloc_f(cnt), *dx2 = alloc_f(cnt);
+    mt_randn(x, cnt, 31);
+    mt_randn(res, cnt, 32);
+    mt_randn(dy, cnt, 33);
+    for (int pass = 0; pass < 2; pass++) { /* 0: composed, 1: fused; fresh statistics each */
+        bn_fx f;
+        bn_fx_init(&f, C, H, W);
+        float *y = pass ? y2 : y1, *dx = pass ? dx2 : dx1;
+        if (pass) {
+            assert_rt_ok(rt_batchnorm2d_forward_act(ctx, &f.l, n, x, res, y, true, true));
+            memcpy(g, dy, cnt * sizeof *g);
+            assert_rt_ok(rt_batchnorm2d_backward_act(ctx, &f.l, n, x, y, g, dx, false));
+        } else {
+            assert_rt_ok(rt_batchnorm2d_forward(ctx, &f.l, n, x, y, true));
+            assert_rt_ok(rt_add_forward(ctx, cnt, y, res, y));
+            assert_rt_ok(rt_relu_forward(ctx, cnt, y, y));
+            assert_rt_ok(rt_relu_backward(ctx, cnt, y, dy, g));
+            assert_rt_ok(rt_batchnorm2d_backward(ctx, &f.l, n, x, g, dx, false));
+        }
+        static float rm[2][64], rv[2][64], dgb[2][128];
+        memcpy(rm[pass], rt_tensor_data(&f.l.running_mean), sizeof(float) * (size_t)C);
+        memcpy(rv[pass], rt_tensor_data(&f.l.running_var), sizeof(float) * (size_t)C);
+        memcpy(dgb[pass], rt_tensor_data(&f.l.dweight), sizeof(float) * (size_t)C);
+        memcpy(dgb[pass] + C, rt_tensor_data(&f.l.dbias), sizeof(float) * (size_t)C);
+        if (pass) {
+            assert_same_bits(y1, y2, cnt, "fused forward y");
+            assert_same_bits(dx1, dx2, cnt, "fused backward dx");
+            assert_same_bits(rm[0], rm[1], (size_t)C, "running_mean");
+            assert_same_bits(rv[0], rv[1], (size_t)C, "running_var");
+            assert_same_bits(dgb[0], dgb[1], 2 * (size_t)C, "dgamma, dbeta");
+            memcpy(dg_out, dgb[1], sizeof(float) * 2 * (size_t)C);
+            /* evaluation mode, with a residual and without relu, against the composed ops */
+            assert_rt_ok(rt_batchnorm2d_forward(ctx, &f.l, n, x, y1, false));
+            assert_rt_ok(rt_add_forward(ctx, cnt, y1, res, y1));
+            assert_rt_ok(rt_batchnorm2d_forward_act(ctx, &f.l, n, x, res, y2, false, false));
+            assert_same_bits(y1, y2, cnt, "fused evaluation forward y");
+        }
+        mt_free(&f.A);
+    }
+    memcpy(y_out, y2, cnt * sizeof *y2);
+    memcpy(dx_out, dx2, cnt * sizeof *dx2);
+    free(x), free(res), free(y1), free(y2), free(dy), free(g), free(dx1), free(dx2);
+    rt_model_ctx_destroy(ctx);
+}
+
+static void test_batchnorm2d_fused(void **state) {
+    (void)state;
+    /* 1x1, 2x2 (row path, one and several row blocks per task), 7x7, 17x17 (plane path) */
+    const int shapes[][4] = {{64, 1, 1, 9}, {40, 2, 2, 5}, {6, 7, 7, 3}, {3, 17, 17, 2}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int C = shapes[s][0], H = shapes[s][1], W = shapes[s][2], n = shapes[s][3];
+        const size_t cnt = (size_t)n * C * H * W;
+        float *y[2], *dx[2], dg[2][128];
+        for (int t = 0; t < 2; t++) {
+            y[t] = alloc_f(cnt);
+            dx[t] = alloc_f(cnt);
+            bn_fused_run(t ? 3 : 1, C, H, W, n, y[t], dx[t], dg[t]);
+        }
+        /* the thread count changes no bit */
+        assert_same_bits(y[0], y[1], cnt, "y, 1 vs 3 threads");
+        assert_same_bits(dx[0], dx[1], cnt, "dx, 1 vs 3 threads");
+        assert_same_bits(dg[0], dg[1], 2 * (size_t)C, "dgamma/dbeta, 1 vs 3 threads");
+        for (int t = 0; t < 2; t++) free(y[t]), free(dx[t]);
+    }
 }
 
 /* ---- relu, add, flatten, avgpool ----------------------------------------------------- */
@@ -550,9 +663,10 @@ static void test_losses(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d),      cmocka_unit_test(test_conv2d_workspace_error),
-        cmocka_unit_test(test_batchnorm2d), cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_maxpool2d),   cmocka_unit_test(test_linear),
-        cmocka_unit_test(test_dropout),     cmocka_unit_test(test_losses),
+        cmocka_unit_test(test_batchnorm2d), cmocka_unit_test(test_batchnorm2d_fused),
+        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_maxpool2d),
+        cmocka_unit_test(test_linear),      cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_losses),
     };
     return cmocka_run_group_tests(tests, mt_group_setup, mt_group_teardown);
 }

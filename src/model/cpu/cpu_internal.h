@@ -15,6 +15,17 @@ typedef enum rt_cpu_conv_impl {
     RT_CPU_CONV_COUNT_
 } rt_cpu_conv_impl;
 
+/* The elementwise hot loops (batch norm, ReLU, pooling) are compiled for the baseline
+ * x86-64 and again for AVX2 and AVX-512, the best picked at load time (GCC's
+ * target_clones): the build stays portable and the loops run full-width where the CPU
+ * has it. The AVX-512 copy may contract a * b + c into one FMA, so its last bit can
+ * differ from the baseline copy's (within one rounding); one machine always runs one. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define RT_CPU_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define RT_CPU_HOT
+#endif
+
 typedef struct rt_cpu_state {
     rt_threadpool *pool;
     rt_cpu_conv_impl conv;
@@ -35,6 +46,10 @@ rt_status rt_cpu_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n
                                      bool training);
 rt_status rt_cpu_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
                                       float *dx, bool accumulate);
+rt_status rt_cpu_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
+                                         const float *residual, float *y, bool training, bool relu);
+rt_status rt_cpu_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                          const float *dy, float *dx, bool accumulate);
 rt_status rt_cpu_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y);
 rt_status rt_cpu_relu_backward(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx);
 rt_status rt_cpu_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y);

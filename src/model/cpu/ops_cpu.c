@@ -1,6 +1,6 @@
 /* The CPU kernels of every layer but conv2d: batch norm, relu, pooling, linear,
  * dropout, elementwise ops and the losses. Per-channel and per-image loops run on the
- * pool; sums are accumulated in double so results do not depend on the thread count. */
+ * pool; every sum has one order, whatever the thread count, so results do not depend on it. */
 /* These loops are the elementwise hot spots; gcc's -O2 cost model does not vectorise
  * loops that need an aliasing check (in-place ops alias), -O3's does. */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -19,18 +19,34 @@
 
 /* ---- batch norm ------------------------------------------------------------------- */
 
+/* Each task owns a range of channels and walks every image's rows of them, so the
+ * statistics of a channel are summed in the same order whatever the thread count.
+ * Planes of up to BN_ROW_PLANE values (ResNet's 7x7, 4x4, 2x2, 1x1 maps at 28x28) take
+ * the row path: a task's channels are one contiguous run of at most BN_ROW values in
+ * each image, so every loop runs over that run with unit stride (vectorised, whole cache
+ * lines), summing per position in double and per channel at the end. Larger planes go
+ * channel by channel, each plane summed in float lanes and the images in double.
+ * The forward can add a residual and apply ReLU as it writes y (y = relu(bn(x) + r));
+ * the backward can take the gradient through a ReLU whose output was `act` (dy is
+ * used where act > 0): the same values as the separate ops, in one pass less each. */
+#define BN_ROW 1024
+#define BN_ROW_PLANE 256
+#define BN_LANES 16
+
 typedef struct bn_job {
     rt_batchnorm2d *l;
-    int n;
-    const float *x, *dy;
+    int n, cpt; /* images; channels per task */
+    const float *x, *dy, *res, *act;
     float *y, *dx;
-    bool training, accumulate;
+    bool training, accumulate, relu;
 } bn_job;
 
-/* Sums over one image's plane of a channel (P values) in 16 float lanes (vectorised;
- * P <= a few hundred, so float partials lose nothing that matters), returned in double
- * for the sum over the batch: s1 = sum x, s2 = sum x^2. */
-#define BN_LANES 16
+static inline float bn_grad(const float *dy, const float *act, size_t p) {
+    const float d = dy[p];
+    return act ? (act[p] > 0.0f ? d : 0.0f) : d;
+}
+
+/* s1 = sum x, s2 = sum x^2 over one image's plane (P values) */
 static inline void bn_sums(const float *x, size_t P, double *s1, double *s2) {
     float a[BN_LANES] = {0}, b[BN_LANES] = {0};
     size_t p = 0;
@@ -51,14 +67,17 @@ static inline void bn_sums(const float *x, size_t P, double *s1, double *s2) {
     *s1 += da;
     *s2 += db;
 }
-/* s1 = sum dy, s2 = sum dy * (x - mean) over one plane */
-static inline void bn_dsums(const float *dy, const float *x, float mean, size_t P, double *s1, double *s2) {
+
+/* s1 = sum g, s2 = sum g * (x - mean) over one plane, g the gradient through the ReLU */
+static inline void bn_dsums(const float *dy, const float *act, const float *x, float mean, size_t P, double *s1,
+                            double *s2) {
     float a[BN_LANES] = {0}, b[BN_LANES] = {0};
     size_t p = 0;
     for (; p + BN_LANES <= P; p += BN_LANES)
         for (int j = 0; j < BN_LANES; j++) {
-            a[j] += dy[p + j];
-            b[j] += dy[p + j] * (x[p + j] - mean);
+            float g = bn_grad(dy, act, p + j);
+            a[j] += g;
+            b[j] += g * (x[p + j] - mean);
         }
     double da = 0, db = 0;
     for (int j = 0; j < BN_LANES; j++) {
@@ -66,87 +85,274 @@ static inline void bn_dsums(const float *dy, const float *x, float mean, size_t 
         db += b[j];
     }
     for (; p < P; p++) {
-        da += dy[p];
-        db += (double)dy[p] * (x[p] - mean);
+        float g = bn_grad(dy, act, p);
+        da += g;
+        db += (double)g * (x[p] - mean);
     }
     *s1 += da;
     *s2 += db;
 }
 
-static void bn_forward_task(void *arg, int c) {
-    const bn_job *J = arg;
+/* channel c's batch statistics from its sums s = sum x, ss = sum x^2 over m values:
+ * saved for the backward, folded into the running statistics */
+static void bn_stats(const bn_job *J, int c, double s, double ss, double *mean, double *invstd) {
     rt_batchnorm2d *l = J->l;
-    const size_t P = (size_t)l->h * l->w, stride = (size_t)l->c * P;
-    const float gamma = ((const float *)rt_tensor_data(&l->weight))[c];
-    const float beta = ((const float *)rt_tensor_data(&l->bias))[c];
     float *rm = rt_tensor_data(&l->running_mean), *rv = rt_tensor_data(&l->running_var);
-    double mean, invstd;
+    const double m = (double)J->n * (double)l->h * (double)l->w;
+    *mean = s / m;
+    double var = ss / m - *mean * *mean;
+    if (var < 0) var = 0;
+    *invstd = 1.0 / sqrt(var + (double)l->eps);
+    l->save_mean[c] = (float)*mean;
+    l->save_invstd[c] = (float)*invstd;
+    const double mo = l->momentum;
+    rm[c] = (float)((1.0 - mo) * rm[c] + mo * *mean);
+    rv[c] = (float)((1.0 - mo) * rv[c] + mo * var * m / (m - 1.0));
+}
+
+/* y = x * a + b [+ r] [relu] over `len` values; a, b per value */
+static inline void bn_apply(const float *x, const float *r, const float *a, const float *b, float *y, size_t len,
+                            bool relu) {
+    if (r && relu)
+        for (size_t e = 0; e < len; e++) {
+            float v = x[e] * a[e] + b[e] + r[e];
+            y[e] = v > 0.0f ? v : 0.0f;
+        }
+    else if (r)
+        for (size_t e = 0; e < len; e++) y[e] = x[e] * a[e] + b[e] + r[e];
+    else if (relu)
+        for (size_t e = 0; e < len; e++) {
+            float v = x[e] * a[e] + b[e];
+            y[e] = v > 0.0f ? v : 0.0f;
+        }
+    else
+        for (size_t e = 0; e < len; e++) y[e] = x[e] * a[e] + b[e];
+}
+
+/* the scale and shift of channel c: y = x * a + b */
+static void bn_affine(const bn_job *J, int c, double mean, double invstd, float *a, float *b) {
+    const float gamma = ((const float *)rt_tensor_data(&J->l->weight))[c];
+    const float beta = ((const float *)rt_tensor_data(&J->l->bias))[c];
+    *a = (float)(gamma * invstd);
+    *b = (float)(beta - mean * gamma * invstd);
+}
+
+static void bn_eval_stats(const bn_job *J, int c, double *mean, double *invstd) {
+    *mean = ((const float *)rt_tensor_data(&J->l->running_mean))[c];
+    *invstd = 1.0 / sqrt((double)((const float *)rt_tensor_data(&J->l->running_var))[c] + (double)J->l->eps);
+}
+
+RT_CPU_HOT static void bn_forward_rows(const bn_job *J, int c0, int c1) {
+    const size_t P = (size_t)J->l->h * J->l->w, stride = (size_t)J->l->c * P, off = (size_t)c0 * P;
+    const size_t len = (size_t)(c1 - c0) * P;
+    float a[BN_ROW], b[BN_ROW];
     if (J->training) {
-        /* one pass: sum and sum of squares, per image in float lanes, over the batch in
-         * double */
-        double s = 0, ss = 0;
-        for (int i = 0; i < J->n; i++) bn_sums(J->x + i * stride + (size_t)c * P, P, &s, &ss);
-        const double m = (double)J->n * (double)P;
-        mean = s / m;
-        double var = ss / m - mean * mean;
-        if (var < 0) var = 0;
-        invstd = 1.0 / sqrt(var + (double)l->eps);
-        l->save_mean[c] = (float)mean;
-        l->save_invstd[c] = (float)invstd;
-        const double mo = l->momentum;
-        rm[c] = (float)((1.0 - mo) * rm[c] + mo * mean);
-        rv[c] = (float)((1.0 - mo) * rv[c] + mo * var * m / (m - 1.0));
+        double s1[BN_ROW] = {0}, s2[BN_ROW] = {0};
+        for (int i = 0; i < J->n; i++) {
+            const float *xr = J->x + i * stride + off;
+#pragma GCC ivdep
+            for (size_t e = 0; e < len; e++) {
+                s1[e] += xr[e];
+                s2[e] += (double)xr[e] * xr[e];
+            }
+        }
+        for (int c = c0; c < c1; c++) {
+            double s = 0, ss = 0, mean, invstd;
+            for (size_t p = 0; p < P; p++) {
+                s += s1[(c - c0) * P + p];
+                ss += s2[(c - c0) * P + p];
+            }
+            bn_stats(J, c, s, ss, &mean, &invstd);
+            bn_affine(J, c, mean, invstd, &a[(c - c0) * P], &b[(c - c0) * P]);
+        }
     } else {
-        mean = rm[c];
-        invstd = 1.0 / sqrt((double)rv[c] + (double)l->eps);
+        for (int c = c0; c < c1; c++) {
+            double mean, invstd;
+            bn_eval_stats(J, c, &mean, &invstd);
+            bn_affine(J, c, mean, invstd, &a[(c - c0) * P], &b[(c - c0) * P]);
+        }
     }
-    const float a = (float)(gamma * invstd), b = (float)(beta - mean * gamma * invstd);
-    for (int i = 0; i < J->n; i++) {
-        const float *xp = J->x + i * stride + (size_t)c * P;
-        float *yp = J->y + i * stride + (size_t)c * P;
-        for (size_t p = 0; p < P; p++) yp[p] = xp[p] * a + b;
+    for (int c = c0; c < c1; c++)
+        for (size_t p = 1; p < P; p++) {
+            a[(c - c0) * P + p] = a[(c - c0) * P];
+            b[(c - c0) * P + p] = b[(c - c0) * P];
+        }
+    for (int i = 0; i < J->n; i++)
+        bn_apply(J->x + i * stride + off, J->res ? J->res + i * stride + off : NULL, a, b, J->y + i * stride + off, len,
+                 J->relu);
+}
+
+RT_CPU_HOT static void bn_forward_planes(const bn_job *J, int c0, int c1) {
+    const size_t P = (size_t)J->l->h * J->l->w, stride = (size_t)J->l->c * P;
+    float a[BN_LANES], b[BN_LANES];
+    for (int c = c0; c < c1; c++) {
+        double mean, invstd;
+        if (J->training) {
+            double s = 0, ss = 0;
+            for (int i = 0; i < J->n; i++) bn_sums(J->x + i * stride + (size_t)c * P, P, &s, &ss);
+            bn_stats(J, c, s, ss, &mean, &invstd);
+        } else {
+            bn_eval_stats(J, c, &mean, &invstd);
+        }
+        bn_affine(J, c, mean, invstd, &a[0], &b[0]);
+        for (int j = 1; j < BN_LANES; j++) a[j] = a[0], b[j] = b[0];
+        for (int i = 0; i < J->n; i++) {
+            const size_t o = i * stride + (size_t)c * P;
+            for (size_t p = 0; p < P; p += BN_LANES) {
+                size_t len = P - p < BN_LANES ? P - p : BN_LANES;
+                bn_apply(J->x + o + p, J->res ? J->res + o + p : NULL, a, b, J->y + o + p, len, J->relu);
+            }
+        }
     }
 }
 
-rt_status rt_cpu_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
-                                     bool training) {
-    bn_job J = {.l = l, .n = n, .x = x, .y = y, .training = training};
-    rt_threadpool_run(cpu_pool(ctx), l->c, bn_forward_task, &J);
+static void bn_forward_task(void *arg, int t) {
+    const bn_job *J = arg;
+    int c0 = t * J->cpt, c1 = c0 + J->cpt < J->l->c ? c0 + J->cpt : J->l->c;
+    if ((size_t)J->l->h * J->l->w <= BN_ROW_PLANE)
+        bn_forward_rows(J, c0, c1);
+    else
+        bn_forward_planes(J, c0, c1);
+}
+
+/* g = dy where act > 0, else 0: the gradient through the ReLU, into a row buffer (a
+ * separate loop: gcc vectorises it, not the select inside the double sums below) */
+static inline const float *bn_relu_grad(const float *dy, const float *act, float *g, size_t len) {
+    if (!act) return dy;
+    for (size_t e = 0; e < len; e++) {
+        const float d = dy[e];
+        g[e] = act[e] > 0.0f ? d : 0.0f;
+    }
+    return g;
+}
+
+/* dx = k * (g - mean(g) - xhat * mean(g * xhat)), k = gamma * invstd, per value (rows;
+ * ivdep: dx may be g's source dy, each value read before it is written) */
+static inline void bn_dx(const float *g, const float *x, const float *k, const float *mdy, const float *mu,
+                         const float *q, float *dx, size_t len, bool accumulate) {
+    if (accumulate)
+#pragma GCC ivdep
+        for (size_t e = 0; e < len; e++) dx[e] += k[e] * (g[e] - mdy[e] - (x[e] - mu[e]) * q[e]);
+    else
+#pragma GCC ivdep
+        for (size_t e = 0; e < len; e++) dx[e] = k[e] * (g[e] - mdy[e] - (x[e] - mu[e]) * q[e]);
+}
+
+/* channel c's gradient sums -> dgamma, dbeta and the per-channel factors of dx */
+static void bn_dfactors(const bn_job *J, int c, double sdy, double sdyx, float *k, float *mdy, float *mu, float *q) {
+    rt_batchnorm2d *l = J->l;
+    const float gamma = ((const float *)rt_tensor_data(&l->weight))[c];
+    const double invstd = l->save_invstd[c];
+    sdyx *= invstd; /* sum g * xhat */
+    ((float *)rt_tensor_data(&l->dweight))[c] = (float)sdyx;
+    ((float *)rt_tensor_data(&l->dbias))[c] = (float)sdy;
+    const double m = (double)J->n * (double)l->h * (double)l->w;
+    *k = (float)(gamma * invstd);
+    *mdy = (float)(sdy / m);
+    *mu = l->save_mean[c];
+    *q = (float)invstd * (float)(sdyx / m);
+}
+
+RT_CPU_HOT static void bn_backward_rows(const bn_job *J, int c0, int c1) {
+    const size_t P = (size_t)J->l->h * J->l->w, stride = (size_t)J->l->c * P, off = (size_t)c0 * P;
+    const size_t len = (size_t)(c1 - c0) * P;
+    float k[BN_ROW], mdy[BN_ROW], mu[BN_ROW], q[BN_ROW];
+    double s1[BN_ROW] = {0}, s2[BN_ROW] = {0};
+    for (int c = c0; c < c1; c++)
+        for (size_t p = 0; p < P; p++) mu[(c - c0) * P + p] = J->l->save_mean[c];
+    float gbuf[BN_ROW];
+    for (int i = 0; i < J->n; i++) {
+        const size_t o = i * stride + off;
+        const float *g = bn_relu_grad(J->dy + o, J->act ? J->act + o : NULL, gbuf, len), *xr = J->x + o;
+#pragma GCC ivdep
+        for (size_t e = 0; e < len; e++) {
+            s1[e] += g[e];
+            s2[e] += (double)g[e] * (xr[e] - mu[e]);
+        }
+    }
+    for (int c = c0; c < c1; c++) {
+        double sdy = 0, sdyx = 0;
+        const size_t o = (size_t)(c - c0) * P;
+        for (size_t p = 0; p < P; p++) {
+            sdy += s1[o + p];
+            sdyx += s2[o + p];
+        }
+        bn_dfactors(J, c, sdy, sdyx, &k[o], &mdy[o], &mu[o], &q[o]);
+        for (size_t p = 1; p < P; p++) k[o + p] = k[o], mdy[o + p] = mdy[o], mu[o + p] = mu[o], q[o + p] = q[o];
+    }
+    for (int i = 0; i < J->n; i++) {
+        const size_t o = i * stride + off;
+        const float *g = bn_relu_grad(J->dy + o, J->act ? J->act + o : NULL, gbuf, len);
+        bn_dx(g, J->x + o, k, mdy, mu, q, J->dx + o, len, J->accumulate);
+    }
+}
+
+RT_CPU_HOT static void bn_backward_planes(const bn_job *J, int c0, int c1) {
+    const size_t P = (size_t)J->l->h * J->l->w, stride = (size_t)J->l->c * P;
+    float k[BN_LANES], mdy[BN_LANES], mu[BN_LANES], q[BN_LANES];
+    for (int c = c0; c < c1; c++) {
+        double sdy = 0, sdyx = 0;
+        const float mean = J->l->save_mean[c];
+        for (int i = 0; i < J->n; i++) {
+            const size_t o = i * stride + (size_t)c * P;
+            bn_dsums(J->dy + o, J->act ? J->act + o : NULL, J->x + o, mean, P, &sdy, &sdyx);
+        }
+        bn_dfactors(J, c, sdy, sdyx, &k[0], &mdy[0], &mu[0], &q[0]);
+        for (int j = 1; j < BN_LANES; j++) k[j] = k[0], mdy[j] = mdy[0], mu[j] = mu[0], q[j] = q[0];
+        for (int i = 0; i < J->n; i++) {
+            const size_t o = i * stride + (size_t)c * P;
+            for (size_t p = 0; p < P; p += BN_LANES) {
+                size_t len = P - p < BN_LANES ? P - p : BN_LANES;
+                float gbuf[BN_LANES];
+                const float *g = bn_relu_grad(J->dy + o + p, J->act ? J->act + o + p : NULL, gbuf, len);
+                bn_dx(g, J->x + o + p, k, mdy, mu, q, J->dx + o + p, len, J->accumulate);
+            }
+        }
+    }
+}
+
+static void bn_backward_task(void *arg, int t) {
+    const bn_job *J = arg;
+    int c0 = t * J->cpt, c1 = c0 + J->cpt < J->l->c ? c0 + J->cpt : J->l->c;
+    if ((size_t)J->l->h * J->l->w <= BN_ROW_PLANE)
+        bn_backward_rows(J, c0, c1);
+    else
+        bn_backward_planes(J, c0, c1);
+}
+
+/* channels per task: at most one row block, else about four tasks per thread (the
+ * split does not change any result) */
+static void bn_run(rt_model_ctx *ctx, bn_job *J, rt_threadpool_fn fn) {
+    const int C = J->l->c, P = J->l->h * J->l->w, T = rt_threadpool_threads(cpu_pool(ctx));
+    int cpt = (C + 4 * T - 1) / (4 * T);
+    if (P <= BN_ROW_PLANE && cpt > BN_ROW / P) cpt = BN_ROW / P;
+    J->cpt = cpt < 1 ? 1 : cpt;
+    rt_threadpool_run(cpu_pool(ctx), (C + J->cpt - 1) / J->cpt, fn, J);
+}
+
+rt_status rt_cpu_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
+                                         const float *residual, float *y, bool training, bool relu) {
+    bn_job J = {.l = l, .n = n, .x = x, .res = residual, .y = y, .training = training, .relu = relu};
+    bn_run(ctx, &J, bn_forward_task);
     if (training) ((int64_t *)rt_tensor_data(&l->num_batches_tracked))[0] += 1;
     return RT_OK;
 }
 
-static void bn_backward_task(void *arg, int c) {
-    const bn_job *J = arg;
-    rt_batchnorm2d *l = J->l;
-    const size_t P = (size_t)l->h * l->w, stride = (size_t)l->c * P;
-    const float gamma = ((const float *)rt_tensor_data(&l->weight))[c];
-    const double mean = l->save_mean[c], invstd = l->save_invstd[c];
-    double sdy = 0, sdyx = 0;
-    for (int i = 0; i < J->n; i++)
-        bn_dsums(J->dy + i * stride + (size_t)c * P, J->x + i * stride + (size_t)c * P, (float)mean, P, &sdy, &sdyx);
-    sdyx *= invstd; /* sum dy * xhat */
-    ((float *)rt_tensor_data(&l->dweight))[c] = (float)sdyx;
-    ((float *)rt_tensor_data(&l->dbias))[c] = (float)sdy;
-    const double m = (double)J->n * (double)P;
-    /* dx = gamma*invstd * (dy - sdy/m - xhat * sdyx/m) */
-    const float k = (float)(gamma * invstd), mdy = (float)(sdy / m), mdyx = (float)(sdyx / m);
-    const float fmean = (float)mean, finv = (float)invstd;
-    for (int i = 0; i < J->n; i++) {
-        const float *xp = J->x + i * stride + (size_t)c * P, *dyp = J->dy + i * stride + (size_t)c * P;
-        float *dxp = J->dx + i * stride + (size_t)c * P;
-        if (J->accumulate)
-            for (size_t p = 0; p < P; p++) dxp[p] += k * (dyp[p] - mdy - (xp[p] - fmean) * finv * mdyx);
-        else
-            for (size_t p = 0; p < P; p++) dxp[p] = k * (dyp[p] - mdy - (xp[p] - fmean) * finv * mdyx);
-    }
+rt_status rt_cpu_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
+                                     bool training) {
+    return rt_cpu_batchnorm2d_forward_act(ctx, l, n, x, NULL, y, training, false);
+}
+
+rt_status rt_cpu_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                          const float *dy, float *dx, bool accumulate) {
+    bn_job J = {.l = l, .n = n, .x = x, .act = act, .dy = dy, .dx = dx, .accumulate = accumulate};
+    bn_run(ctx, &J, bn_backward_task);
+    return RT_OK;
 }
 
 rt_status rt_cpu_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
                                       float *dx, bool accumulate) {
-    bn_job J = {.l = l, .n = n, .x = x, .dy = dy, .dx = dx, .accumulate = accumulate};
-    rt_threadpool_run(cpu_pool(ctx), l->c, bn_backward_task, &J);
-    return RT_OK;
+    return rt_cpu_batchnorm2d_backward_act(ctx, l, n, x, NULL, dy, dx, accumulate);
 }
 
 /* ---- elementwise: split into blocks of 64 Ki elements ------------------------------ */
@@ -162,7 +368,7 @@ typedef struct ew_job {
 
 enum { EW_RELU, EW_RELU_BW, EW_ADD, EW_ACC, EW_COPY };
 
-static void ew_task(void *arg, int t) {
+RT_CPU_HOT static void ew_task(void *arg, int t) {
     const ew_job *J = arg;
     size_t lo = (size_t)t * EW_BLOCK, hi = lo + EW_BLOCK < J->count ? lo + EW_BLOCK : J->count;
     const float *a = J->a, *b = J->b;
@@ -273,11 +479,11 @@ static void maxpool_bw_plane(const pool_job *J, int plane) {
         }
 }
 
-static void maxpool_fw_task(void *arg, int t) {
+RT_CPU_HOT static void maxpool_fw_task(void *arg, int t) {
     const pool_job *J = arg;
     for (int p = t * MP_PLANES; p < (t + 1) * MP_PLANES && p < J->planes; p++) maxpool_fw_plane(J, p);
 }
-static void maxpool_bw_task(void *arg, int t) {
+RT_CPU_HOT static void maxpool_bw_task(void *arg, int t) {
     const pool_job *J = arg;
     for (int p = t * MP_PLANES; p < (t + 1) * MP_PLANES && p < J->planes; p++) maxpool_bw_plane(J, p);
 }

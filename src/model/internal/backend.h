@@ -45,6 +45,12 @@ typedef struct rt_model_backend {
                                      bool training);
     rt_status (*batchnorm2d_backward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
                                       float *dx, bool accumulate);
+    /* optional, fused (NULL: the layer composes batch norm, add and relu):
+     * y = relu?(bn(x) + residual?); dx from dy taken through a ReLU whose output was act */
+    rt_status (*batchnorm2d_forward_act)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
+                                         const float *residual, float *y, bool training, bool relu);
+    rt_status (*batchnorm2d_backward_act)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                          const float *dy, float *dx, bool accumulate);
 
     rt_status (*relu_forward)(rt_model_ctx *ctx, size_t count, const float *x, float *y);
     rt_status (*relu_backward)(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx);
