@@ -470,6 +470,19 @@ static void test_maxpool2d(void **state) {
     assert_rt_ok(rt_maxpool2d_backward(g_ctx, &l, 1, x, y, dy, dx));
     assert_float_equal(dx[0], 3, 0);
     assert_float_equal(dx[1] + dx[2] + dx[3], 0, 0);
+    /* 3x3 window, stride 2, padding 1 on 3x3: four windows clipped to the plane; a NaN
+     * wins its windows (output NaN, gradient to it), a tie goes to the first value */
+    rt_maxpool2d q;
+    assert_rt_ok(rt_maxpool2d_init(&q, 1, 3, 3, 3, 2, 1));
+    float xq[9] = {5, 1, 5, /**/ 0, 2, NAN, /**/ 7, 7, -1}, yq[4], dyq[4] = {1, 10, 100, 1000}, dxq[9];
+    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &q, 1, xq, yq));
+    assert_float_equal(yq[0], 5, 0); /* rows 0-1, cols 0-1: {5, 1, 0, 2} */
+    assert_true(isnan(yq[1]));       /* rows 0-1, cols 1-2 */
+    assert_float_equal(yq[2], 7, 0); /* rows 1-2, cols 0-1: {0, 2, 7, 7}: the first 7 */
+    assert_true(isnan(yq[3]));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &q, 1, xq, yq, dyq, dxq));
+    const float want[9] = {1, 0, 0, /**/ 0, 0, 1010, /**/ 100, 0, 0};
+    for (int i = 0; i < 9; i++) assert_float_equal(dxq[i], want[i], 0);
 }
 
 /* ---- linear ------------------------------------------------------------------------ */

@@ -426,25 +426,23 @@ typedef struct pool_job {
     int planes; /* n * c */
 } pool_job;
 
-/* index (into the input plane) of the first maximum of window (oh, ow); -1 if the
- * window only covers padding (cannot happen with pad <= k/2) */
+/* index (into the input plane) of the first maximum of window (oh, ow), the window
+ * clipped to the plane first (padding never wins; pad <= k/2 leaves every window at least
+ * one value); a NaN wins over everything before it (PyTorch's CPU rule) */
 static inline int window_argmax(const rt_maxpool2d *l, const float *xp, int oh, int ow, float *best) {
-    int h0 = oh * l->stride - l->pad, w0 = ow * l->stride - l->pad;
-    int arg = -1;
-    float m = -INFINITY;
-    for (int i = 0; i < l->k; i++) {
-        int ih = h0 + i;
-        if (ih < 0 || ih >= l->in_h) continue;
-        for (int j = 0; j < l->k; j++) {
-            int iw = w0 + j;
-            if (iw < 0 || iw >= l->in_w) continue;
-            float v = xp[ih * l->in_w + iw];
-            if (arg < 0 || v > m || isnan(v)) { /* PyTorch's CPU rule */
+    const int h0 = oh * l->stride - l->pad, w0 = ow * l->stride - l->pad;
+    const int i0 = h0 < 0 ? 0 : h0, i1 = h0 + l->k < l->in_h ? h0 + l->k : l->in_h;
+    const int j0 = w0 < 0 ? 0 : w0, j1 = w0 + l->k < l->in_w ? w0 + l->k : l->in_w;
+    int arg = i0 * l->in_w + j0;
+    float m = xp[arg];
+    for (int ih = i0; ih < i1; ih++)
+        for (int iw = j0; iw < j1; iw++) {
+            const float v = xp[ih * l->in_w + iw];
+            if (v > m || isnan(v)) {
                 m = v;
                 arg = ih * l->in_w + iw;
             }
         }
-    }
     *best = m;
     return arg;
 }
@@ -474,8 +472,7 @@ static void maxpool_bw_plane(const pool_job *J, int plane) {
     for (int oh = 0; oh < l->out_h; oh++)
         for (int ow = 0; ow < l->out_w; ow++) {
             float m;
-            int a = window_argmax(l, xp, oh, ow, &m);
-            if (a >= 0) dxp[a] += dyp[oh * l->out_w + ow];
+            dxp[window_argmax(l, xp, oh, ow, &m)] += dyp[oh * l->out_w + ow];
         }
 }
 
