@@ -7,6 +7,8 @@ ranks, Fashion-MNIST images from Debian's package (read with the stdlib: gzip + 
 A step is zero_grad + forward + cross_entropy + backward (all-reduce overlapped by DDP) +
 optimizer.step. Prints one JSON object: images/s over the timed steps (after warm-up),
 measured on rank 0 between barriers.
+--autocast: forward and loss under torch.autocast("cpu", torch.bfloat16) (fp32 master
+weights, gradients and all-reduce: DDP's default, no compression hook).
 """
 import argparse
 import gzip
@@ -57,13 +59,15 @@ def worker(rank, a, port, out):
         j = (it % 4) * a.nproc + rank
         xb, yb = x[j * per:(j + 1) * per], y[j * per:(j + 1) * per]
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xb), yb)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast):
+            loss = F.cross_entropy(model(xb), yb)
         loss.backward()
         opt.step()
     dist.barrier()
     dt = time.perf_counter() - t0
     if rank == 0:
-        out.put({"impl": "torch-ddp-gloo", "torch": torch.__version__, "nproc": a.nproc, "threads_per_rank": 1,
+        out.put({"impl": "torch-ddp-gloo", "precision": "autocast_bf16" if a.autocast else "fp32",
+                 "torch": torch.__version__, "nproc": a.nproc, "threads_per_rank": 1,
                  "global_batch": a.batch, "steps": a.steps, "step_ms": dt / a.steps * 1000.0,
                  "images_per_s": a.batch * a.steps / dt})
     dist.destroy_process_group()
@@ -77,6 +81,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--port", type=int, default=29611)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--autocast", action="store_true", help="CPU autocast bfloat16")
     a = ap.parse_args()
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
