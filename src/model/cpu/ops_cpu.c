@@ -7,6 +7,15 @@
 #pragma GCC optimize("O3")
 #endif
 
+/* a loop whose iterations read and write only their own index (in-place ops alias) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define RT_IVDEP _Pragma("GCC ivdep")
+#elif defined(__clang__)
+#define RT_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#else
+#define RT_IVDEP
+#endif
+
 #include "core/bf16.h"
 #include "core/philox.h"
 #include "model/cpu/cpu_internal.h"
@@ -150,7 +159,7 @@ RT_CPU_HOT static void bn_forward_rows(const bn_job *J, int c0, int c1) {
         double s1[BN_ROW] = {0}, s2[BN_ROW] = {0};
         for (int i = 0; i < J->n; i++) {
             const float *xr = J->x + i * stride + off;
-#pragma GCC ivdep
+            RT_IVDEP
             for (size_t e = 0; e < len; e++) {
                 s1[e] += xr[e];
                 s2[e] += (double)xr[e] * xr[e];
@@ -230,12 +239,9 @@ static inline const float *bn_relu_grad(const float *dy, const float *act, float
  * ivdep: dx may be g's source dy, each value read before it is written) */
 static inline void bn_dx(const float *g, const float *x, const float *k, const float *mdy, const float *mu,
                          const float *q, float *dx, size_t len, bool accumulate) {
-    if (accumulate)
-#pragma GCC ivdep
-        for (size_t e = 0; e < len; e++) dx[e] += k[e] * (g[e] - mdy[e] - (x[e] - mu[e]) * q[e]);
-    else
-#pragma GCC ivdep
-        for (size_t e = 0; e < len; e++) dx[e] = k[e] * (g[e] - mdy[e] - (x[e] - mu[e]) * q[e]);
+    if (accumulate) RT_IVDEP
+    for (size_t e = 0; e < len; e++) dx[e] += k[e] * (g[e] - mdy[e] - (x[e] - mu[e]) * q[e]);
+    else RT_IVDEP for (size_t e = 0; e < len; e++) dx[e] = k[e] * (g[e] - mdy[e] - (x[e] - mu[e]) * q[e]);
 }
 
 /* channel c's gradient sums -> dgamma, dbeta and the per-channel factors of dx */
@@ -264,7 +270,7 @@ RT_CPU_HOT static void bn_backward_rows(const bn_job *J, int c0, int c1) {
     for (int i = 0; i < J->n; i++) {
         const size_t o = i * stride + off;
         const float *g = bn_relu_grad(J->dy + o, J->act ? J->act + o : NULL, gbuf, len), *xr = J->x + o;
-#pragma GCC ivdep
+        RT_IVDEP
         for (size_t e = 0; e < len; e++) {
             s1[e] += g[e];
             s2[e] += (double)g[e] * (xr[e] - mu[e]);
