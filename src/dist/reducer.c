@@ -124,6 +124,7 @@ void rt_reducer_destroy(rt_reducer *r) {
     free(r->b);
     free(r->bounds);
     free(r->seg_ready);
+    if (r->wire && r->opt.stream) (void)rt_stream_sync(r->opt.stream); /* its widening may still read it */
     if (r->wire) rt_free(r->wire_dev, r->wire);
     free(r);
 }
