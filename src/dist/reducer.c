@@ -17,6 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef RT_HAVE_CUDA
+#include "core/cuda/cuda_check.h"
+#include "dist/internal/bf16_cuda.h"
+#endif
+
 typedef struct bucket {
     size_t begin, end; /* bytes of the buffer */
     size_t ready;      /* bytes reported this step */
@@ -38,9 +43,10 @@ struct rt_reducer {
     size_t *bounds; /* the segments, nseg + 1 offsets */
     bool *seg_ready;
     int nseg;
-    uint16_t *wire; /* compress_bf16: the bf16 copy of the buffer (element i at i) */
-    int next;       /* the next bucket to start: buckets start in order on every rank */
-    bool open;      /* between begin and finish */
+    uint16_t *wire;     /* compress_bf16: the bf16 copy of the buffer (element i at i) */
+    rt_device wire_dev; /* where it lives: the group's buffer device with a stream, else the host */
+    int next;           /* the next bucket to start: buckets start in order on every rank */
+    bool open;          /* between begin and finish */
     rt_reducer_stats stats;
     int fault_bucket, fault; /* rt_reducer_test_fault (-1: none) */
     int64_t p_step, p_epoch; /* tracing: the step of the p_* fields */
@@ -57,9 +63,12 @@ rt_status rt_reducer_create(rt_pg *pg, void *buf, const size_t *bounds, int nseg
     RT_REQUIRE(nseg >= 1, RT_ERR_INVALID, "rt_reducer_create: %d segments (expected at least 1)", nseg);
     size_t es = rt_dtype_size(o->dtype);
     RT_REQUIRE(es > 0, RT_ERR_INVALID, "rt_reducer_create: dtype %d", (int)o->dtype);
-    RT_REQUIRE(!o->compress_bf16 || (o->dtype == RT_F32 && !o->stream), RT_ERR_UNSUPPORTED,
-               "rt_reducer_create: bf16 compression needs an f32 buffer in host memory (dtype %s%s)",
-               rt_dtype_name(o->dtype), o->stream ? ", a device stream was given" : "");
+    RT_REQUIRE(!o->compress_bf16 || o->dtype == RT_F32, RT_ERR_UNSUPPORTED,
+               "rt_reducer_create: bf16 compression needs an f32 buffer (dtype %s)", rt_dtype_name(o->dtype));
+    RT_REQUIRE(!o->compress_bf16 || !o->stream || (rt_cuda_built() && pg->buf_device.kind == RT_DEVICE_CUDA),
+               RT_ERR_UNSUPPORTED,
+               "rt_reducer_create: bf16 compression with a device stream needs the group's buffers on a GPU "
+               "(rt_pg_set_buffer_device) in a CUDA build");
     RT_REQUIRE(bounds[0] == 0, RT_ERR_INVALID, "rt_reducer_create: bounds[0] = %zu (expected 0)", bounds[0]);
     for (int i = 0; i < nseg; i++)
         RT_REQUIRE(bounds[i + 1] > bounds[i] && bounds[i + 1] % es == 0, RT_ERR_INVALID,
@@ -75,11 +84,12 @@ rt_status rt_reducer_create(rt_pg *pg, void *buf, const size_t *bounds, int nseg
         rt_reducer_destroy(r);
         return RT_ERROR(RT_ERR_NOMEM, "rt_reducer_create: %d segments", nseg);
     }
+    r->wire_dev = o->stream ? pg->buf_device : rt_device_cpu();
     if (o->compress_bf16) {
-        r->wire = malloc(bounds[nseg] / 2);
-        if (!r->wire) {
+        rt_status ws = rt_malloc(r->wire_dev, bounds[nseg] / 2, (void **)&r->wire);
+        if (ws != RT_OK) {
             rt_reducer_destroy(r);
-            return RT_ERROR(RT_ERR_NOMEM, "rt_reducer_create: %zu bytes of bf16 staging", bounds[nseg] / 2);
+            return rt_error_trace(__FILE__, __LINE__, "rt_reducer_create: the bf16 staging buffer"), ws;
         }
     }
     memcpy(r->bounds, bounds, sizeof *r->bounds * (size_t)(nseg + 1));
@@ -114,7 +124,8 @@ void rt_reducer_destroy(rt_reducer *r) {
     free(r->b);
     free(r->bounds);
     free(r->seg_ready);
-    free(r->wire);
+    if (r->wire && r->opt.stream) (void)rt_stream_sync(r->opt.stream); /* its widening may still read it */
+    if (r->wire) rt_free(r->wire_dev, r->wire);
     free(r);
 }
 
@@ -198,6 +209,38 @@ void rt_reducer_trace_flush(rt_reducer *r) {
     if (r && rt_trace_enabled()) emit_spans(r, true);
 }
 
+/* compress_bf16, rounding point 1: dst = bf16(src), n elements; with a stream enqueued
+ * there (after the producer's work), else on the host now. */
+static rt_status to_bf16(rt_reducer *r, const float *src, uint16_t *dst, size_t n) {
+    if (r->opt.stream) {
+#ifdef RT_HAVE_CUDA
+        RT_CHECK_CUDA(rt_dist_bf16_pack((cudaStream_t)rt_stream_native(r->opt.stream), src, dst, n));
+        return RT_OK;
+#else
+        return RT_ERROR(RT_ERR_UNSUPPORTED, "rt_reducer: bf16 compression on a device stream needs a CUDA build");
+#endif
+    }
+    for (size_t i = 0; i < n; i++) dst[i] = rt_bf16_from_f32(src[i]);
+    return RT_OK;
+}
+
+/* compress_bf16: the whole reduced bf16 copy widened back into the f32 buffer (the
+ * buckets tile it), on the stream when there is one. */
+static rt_status from_bf16(rt_reducer *r) {
+    float *dst = (float *)r->buf;
+    size_t n = r->total / sizeof(float);
+    if (r->opt.stream) {
+#ifdef RT_HAVE_CUDA
+        RT_CHECK_CUDA(rt_dist_bf16_unpack((cudaStream_t)rt_stream_native(r->opt.stream), r->wire, dst, n));
+        return RT_OK;
+#else
+        return RT_ERROR(RT_ERR_UNSUPPORTED, "rt_reducer: bf16 compression on a device stream needs a CUDA build");
+#endif
+    }
+    for (size_t k = 0; k < n; k++) dst[k] = rt_bf16_to_f32(r->wire[k]);
+    return RT_OK;
+}
+
 static rt_status start(rt_reducer *r, bucket *b) {
     size_t es = rt_dtype_size(r->opt.dtype);
     if (r->next == 0) r->stats.first_start_ns = rt_now_ns();
@@ -214,11 +257,10 @@ static rt_status start(rt_reducer *r, bucket *b) {
     if (fault == RT_REDUCER_FAULT_SKIP) {
         rt_pg_set_op_tag(r->pg, NULL);
     } else if (r->opt.compress_bf16) {
-        /* rounding point 1: this rank's f32 gradient to bf16 */
-        const float *src = (const float *)(r->buf + b->begin);
+        /* rounding point 1: this rank's f32 gradient to bf16 (on the producer's stream) */
         uint16_t *w = r->wire + b->begin / es;
-        for (size_t i = 0; i < count; i++) w[i] = rt_bf16_from_f32(src[i]);
-        s = rt_iall_reduce(r->pg, w, count, RT_BF16, r->opt.op, &b->req);
+        s = to_bf16(r, (const float *)(r->buf + b->begin), w, count);
+        if (s == RT_OK) s = rt_iall_reduce(r->pg, w, count, RT_BF16, r->opt.op, &b->req);
         r->stats.bytes += count * rt_dtype_size(RT_BF16);
     } else {
         s = rt_iall_reduce(r->pg, r->buf + b->begin, count, r->opt.dtype, r->opt.op, &b->req);
@@ -291,13 +333,9 @@ rt_status rt_reducer_finish(rt_reducer *r) {
             st = w;
         }
     }
-    /* compress_bf16: the reduced bf16 widened back into the f32 buffer (exact) */
-    for (int i = 0; i < r->nb && st == RT_OK && r->opt.compress_bf16; i++) {
-        float *dst = (float *)(r->buf + r->b[i].begin);
-        const uint16_t *src = r->wire + r->b[i].begin / sizeof(float);
-        for (size_t k = 0, n = (r->b[i].end - r->b[i].begin) / sizeof(float); k < n; k++)
-            dst[k] = rt_bf16_to_f32(src[k]);
-    }
+    /* compress_bf16: the reduced bf16 widened back into the f32 buffer (exact; with a
+     * stream, enqueued there behind the waits above) */
+    if (st == RT_OK && r->opt.compress_bf16) st = from_bf16(r);
     r->stats.end_ns = rt_now_ns();
     if (rt_trace_enabled()) trace_buckets(r);
     r->fault_bucket = -1;

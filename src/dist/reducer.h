@@ -51,7 +51,10 @@ typedef struct rt_reducer_options {
      * rounded to bf16 (nearest, ties to even) into a staging buffer, all-reduced as bf16
      * (every reduction step combines in fp32 and rounds to bf16, dist/reduce.c; the
      * all-gather copies), then widened back into the f32 buffer: half the bytes on the
-     * wire, every rank the same bits. Host buffers (no stream) with dtype f32 only. */
+     * wire, every rank the same bits. dtype f32 only. With a stream (a GPU: the group's
+     * buffers on it) the rounding and the widening are kernels on that stream, the bf16
+     * copy is device memory, and the bits are those the host path gives the same
+     * gradients (docs/dist.md, "Compression"). */
     bool compress_bf16;
 } rt_reducer_options;
 

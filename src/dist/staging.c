@@ -131,11 +131,13 @@ static rt_status run_staged(rt_pg *pg, const char *name, const rt_op *op, rt_req
     host.send = host.recv = b->p;
     /* the transfers wait for the copy on the engine (the calling thread goes on queueing
      * the backward pass) where the builder reads the buffer only through transfers: the
-     * ring and rsag all-reduce (the small one-round form copies it at build time) and
-     * broadcast; the others wait here */
+     * ring and rsag all-reduce and broadcast; the others wait here, and so does a ring
+     * all-reduce small enough for the one-round form (it copies the buffer at build
+     * time), so that it takes the form, and gives the bits, a host buffer would */
+    bool one_round = op->kind == RT_K_ALLREDUCE && op->algo == RT_ALGO_RING && nb <= pg->w->allreduce_small_bytes;
     if (nb && s == RT_OK) {
         if (op->kind == RT_K_BCAST ||
-            (op->kind == RT_K_ALLREDUCE && (op->algo == RT_ALGO_RING || op->algo == RT_ALGO_RSAG)))
+            (op->kind == RT_K_ALLREDUCE && !one_round && (op->algo == RT_ALGO_RING || op->algo == RT_ALGO_RSAG)))
             host.gate = b->ev;
         else
             s = rt_event_sync(b->ev);

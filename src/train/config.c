@@ -244,7 +244,7 @@ static const key k_keys[] = {
     {"dist.transport", K_ENUM, F(dist.pg.transport), SZ(dist.pg.transport), 0, "auto", 0, 0, false, &rt_transport_names, NULL,
      "transport between ranks (auto: shm on one host, nccl between GPUs, else tcp)"},
     {"dist.compress", K_ENUM, F(dist.compress_bf16), SZ(dist.compress_bf16), 0, "none", 0, 0, false, &rt_compress_names, NULL,
-     "gradient compression (bf16: all-reduced in bf16, DDP's bf16_compress_hook; CPU only)"},
+     "gradient compression (bf16: all-reduced in bf16, DDP's bf16_compress_hook; CPU and GPU)"},
     {"dist.bucket_mb", K_FLOAT, F(dist.bucket_mb), 0, 0, "25", 0, 1e6, false, NULL, NULL,
      "gradient bucket size in MiB (0: one all-reduce after backward)"},
     {"dist.first_bucket_mb", K_FLOAT, F(dist.first_bucket_mb), 0, 0, "1", 0, 1e6, false, NULL, NULL,

@@ -573,11 +573,8 @@ static rt_status setup_reducer(run *r) {
     if (ro.bucket_bytes == 0) ro.first_bucket_bytes = 0;
     ro.stream = r->ctx->stream; /* buckets are ordered after the backward work enqueued so far */
     if (r->cfg->dist.compress_bf16) {
-        RT_REQUIRE(r->dev.kind == RT_DEVICE_CPU, RT_ERR_UNSUPPORTED,
-                   "dist.compress bf16 is implemented for CPU training only (this run is on a GPU); use "
-                   "dist.compress=none");
-        ro.compress_bf16 = true;
-        ro.stream = NULL; /* CPU: the gradients are final when reported */
+        ro.compress_bf16 = true; /* GPU: rounded and widened on the model's stream (dist/reducer.h) */
+        if (r->dev.kind == RT_DEVICE_CPU) ro.stream = NULL; /* CPU: the gradients are final when reported */
     }
     return rt_reducer_create(r->pg, rt_model_grads(r->model)->base, r->bounds, nb, &ro, &r->reducer);
 }

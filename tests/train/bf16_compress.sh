@@ -3,7 +3,7 @@
 # keeps the ranks' parameters bitwise identical (dist.check_sync_every=1 compares them
 # every step and fails the run otherwise) and converges: its test accuracy is within 3
 # points of the same run uncompressed (the same seed; 2 short epochs of the tutorial Net,
-# 1000 test images: 3 points = 30 images; measured: 54.5% and 54.2%). GPU runs refuse it with a clear error.
+# 1000 test images: 3 points = 30 images; measured: 54.5% and 54.2%). GPU runs: tests/emu/train_emu.sh compress.
 #   tests/train/bf16_compress.sh RINGTRAIN
 # Exit 77 (skipped) without Debian's Fashion-MNIST.
 set -u

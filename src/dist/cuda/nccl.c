@@ -33,6 +33,7 @@
 #include "core/log.h"
 #include "core/spin.h"
 #include "core/timer.h"
+#include "dist/internal/bf16_cuda.h"
 #include "dist/internal/pg_internal.h"
 
 #include <pthread.h>
@@ -66,6 +67,12 @@ typedef struct nccl_state {
     cudaEvent_t ev_in; /* recorded on the caller's stream; the communication stream waits on it */
     int device;
     int *flag_dev; /* barrier */
+    /* bf16 all-reduce (bf16_all_reduce_locked): device scratch, grown by doubling; a
+     * buffer outgrown may still be read by work on the stream, so it is kept until teardown */
+    void *scratch;
+    size_t scratch_bytes;
+    void *retired[64];
+    int nretired;
     double timeout_s;
     pthread_mutex_t mu; /* every NCCL call on comm, and the abort */
     bool aborting;      /* set before ncclCommAbort: completions seen after it may be cut short */
@@ -584,6 +591,9 @@ static void nccl_teardown(rt_pg_world *w) {
     for (int i = 0; i < st->nwatch; i++) cudaEventDestroy(st->watch[i].ev);
     free(st->watch);
     if (st->ev_in) cudaEventDestroy(st->ev_in);
+    if (st->stream) (void)cudaStreamSynchronize(st->stream); /* nothing reads the scratch any more */
+    if (st->scratch) cudaFree(st->scratch);
+    for (int i = 0; i < st->nretired; i++) cudaFree(st->retired[i]);
     if (st->stream) cudaStreamDestroy(st->stream);
     if (st->flag_dev) cudaFree(st->flag_dev);
     pthread_cond_destroy(&st->cv);
@@ -599,6 +609,105 @@ static rt_status precheck(rt_pg *pg, const char *op) {
     RT_REQUIRE(pg->is_world, RT_ERR_UNSUPPORTED, "%s: sub-groups are not supported on the nccl transport", op);
     if (group_broken(pg->w, NULL)) return broken_error(pg->w, op);
     RT_CHECK_CUDA(cudaSetDevice(st_of(pg)->device));
+    return RT_OK;
+}
+
+/* ---- bf16 all-reduce: the CPU's algorithms, bit for bit ---- */
+
+/* collectives.c's chunking: n chunks, the first count % n one element longer */
+static size_t chunk_off(size_t count, int n, int c) {
+    size_t base = count / (size_t)n, rem = count % (size_t)n;
+    return (size_t)c * base + ((size_t)c < rem ? (size_t)c : rem);
+}
+static size_t chunk_len(size_t count, int n, int c) {
+    return count / (size_t)n + ((size_t)c < count % (size_t)n ? 1 : 0);
+}
+
+/* At least nb bytes of device scratch in st->scratch. st->mu held. */
+static rt_status scratch_locked(nccl_state *st, size_t nb, const char *name) {
+    if (st->scratch_bytes >= nb) return RT_OK;
+    size_t want = st->scratch_bytes * 2 > nb ? st->scratch_bytes * 2 : nb;
+    void *p = NULL;
+    CCALL(st, name, cudaMalloc(&p, want));
+    if (st->scratch) {
+        if (st->nretired == (int)(sizeof st->retired / sizeof st->retired[0])) {
+            cudaFree(p);
+            return fail_locked(st, RT_ERR_NOMEM, name, "bf16 scratch grown too often");
+        }
+        st->retired[st->nretired++] = st->scratch;
+    }
+    st->scratch = p;
+    st->scratch_bytes = want;
+    return RT_OK;
+}
+
+/* One grouped step of the ring: send `sn` bf16 from `sp` to the right, receive `rn` into
+ * `rp` from the left (zero-length sides are left out, on both ends alike). st->mu held. */
+static rt_status ring_step_locked(nccl_state *st, const char *name, uint64_t deadline, int right, const void *sp,
+                                  size_t sn, int left, void *rp, size_t rn) {
+    if (sn == 0 && rn == 0) return RT_OK;
+    ncclComm_t comm = st->comm;
+    cudaStream_t cs = st->stream;
+    NCALL(st, name, deadline, ncclGroupStart());
+    st->in_group = true;
+    if (sn) NCALL(st, name, deadline, ncclSend(sp, sn * 2, ncclUint8, right, comm, cs));
+    if (rn) NCALL(st, name, deadline, ncclRecv(rp, rn * 2, ncclUint8, left, comm, cs));
+    st->in_group = false;
+    NCALL(st, name, deadline, ncclGroupEnd()); /* polled: the kernels below come after it */
+    return RT_OK;
+}
+
+/* All-reduce of bf16 in place with the algorithm a host buffer gets (collectives.c), so
+ * the bits are the CPU run's: NCCL has no bf16 reduction with our rounding points (its
+ * AVG pre-multiplies, its order is its own), so NCCL only moves bytes and every
+ * reduction step is dist/reduce.c's, on the device (bf16_cuda.h):
+ * - ring / rsag / nccl: the ring's reduce-scatter (chunk c starts at rank c+1, each hop
+ *   adds its own element and rounds, AVG's division fused into the last hop, at rank c),
+ *   then its all-gather (copies);
+ * - ring at most RINGTRAIN_ALLREDUCE_SMALL_BYTES: the one-round form, every rank folds
+ *   the n buffers in rank order, then AVG divides (a rounding of its own);
+ * - naive: rank 0's fold in rank order with AVG's division fused into the last step,
+ *   computed by every rank from an all-gather (the same bits rank 0 would broadcast).
+ * st->mu held. */
+static rt_status bf16_all_reduce_locked(rt_pg *pg, nccl_state *st, const rt_op *o, const char *name,
+                                        uint64_t deadline) {
+    int n = pg->size, me = pg->rank;
+    size_t count = o->count, nb = count * 2;
+    uint16_t *buf = o->recv;
+    int op = (int)o->rop;
+    cudaStream_t cs = st->stream;
+    if (n == 1 || count == 0) return RT_OK;
+    if (o->send != o->recv) CCALL(st, name, cudaMemcpyAsync(buf, o->send, nb, cudaMemcpyDeviceToDevice, cs));
+    bool naive = o->algo == RT_ALGO_NAIVE;
+    bool one_round = o->algo == RT_ALGO_RING && nb <= pg->w->allreduce_small_bytes;
+    if (naive || one_round) {
+        RT_CHECK(scratch_locked(st, nb * (size_t)n, name));
+        uint16_t *slots = st->scratch;
+        NCALL(st, name, deadline, ncclAllGather(buf, slots, nb, ncclUint8, st->comm, cs));
+        CCALL(st, name, cudaMemcpyAsync(buf, slots, nb, cudaMemcpyDeviceToDevice, cs));
+        for (int k = 1; k < n; k++) {
+            int div = naive && k == n - 1 && op == RT_OP_AVG ? n : 0;
+            CCALL(st, name, rt_dist_bf16_combine(cs, buf, slots + (size_t)k * count, count, op, div));
+        }
+        if (one_round && op == RT_OP_AVG) CCALL(st, name, rt_dist_bf16_div(cs, buf, count, n));
+        return RT_OK;
+    }
+    RT_CHECK(scratch_locked(st, chunk_len(count, n, 0) * 2, name));
+    uint16_t *tmp = st->scratch;
+    int right = (me + 1) % n, left = (me + n - 1) % n;
+    for (int s = 0; s < n - 1; s++) { /* reduce-scatter */
+        int sc = ((me - s - 1) % n + n) % n, rc = ((me - s - 2) % n + n) % n;
+        size_t rn = chunk_len(count, n, rc);
+        RT_CHECK(ring_step_locked(st, name, deadline, right, buf + chunk_off(count, n, sc), chunk_len(count, n, sc),
+                                  left, tmp, rn));
+        int div = s == n - 2 && op == RT_OP_AVG ? n : 0;
+        CCALL(st, name, rt_dist_bf16_combine(cs, buf + chunk_off(count, n, rc), tmp, rn, op, div));
+    }
+    for (int s = 0; s < n - 1; s++) { /* all-gather */
+        int sc = ((me - s) % n + n) % n, rc = ((me - s - 1) % n + n) % n;
+        RT_CHECK(ring_step_locked(st, name, deadline, right, buf + chunk_off(count, n, sc), chunk_len(count, n, sc),
+                                  left, buf + chunk_off(count, n, rc), chunk_len(count, n, rc)));
+    }
     return RT_OK;
 }
 
@@ -623,7 +732,10 @@ static rt_status enqueue_locked(rt_pg *pg, nccl_state *st, const rt_op *o, const
     cudaStream_t cs = st->stream;
     switch (kind) {
     case RT_K_ALLREDUCE:
-        NCALL(st, name, deadline, ncclAllReduce(send, recv, count, dt, op_of(op), comm, cs));
+        if (o->dtype == RT_BF16)
+            RT_CHECK(bf16_all_reduce_locked(pg, st, o, name, deadline));
+        else
+            NCALL(st, name, deadline, ncclAllReduce(send, recv, count, dt, op_of(op), comm, cs));
         break;
     case RT_K_BCAST:
         NCALL(st, name, deadline, ncclBroadcast(send, recv, count, dt, root, comm, cs));
@@ -697,7 +809,10 @@ static rt_status nccl_enqueue(rt_pg *pg, const rt_op *o, rt_request *r) {
     RT_CHECK(precheck(pg, name));
     nccl_state *st = st_of(pg);
     ncclDataType_t dt = ncclFloat32;
-    RT_CHECK(dtype_of(o->dtype, &dt));
+    if (o->dtype == RT_BF16 && o->kind == RT_K_ALLREDUCE)
+        dt = ncclUint8; /* bf16_all_reduce_locked: NCCL moves the bytes, our kernels reduce */
+    else
+        RT_CHECK(dtype_of(o->dtype, &dt));
     nccl_done *c = calloc(1, sizeof *c);
     RT_CHECK_ALLOC(c, sizeof *c);
     *c = (nccl_done){.st = st, .deadline = rt_now_ns() + (uint64_t)(pg->timeout_s * 1e9), .op = name};
