@@ -149,8 +149,9 @@ shared)
   echo "ok: 2 ranks on 1 GPU (staging) = 2 ranks on 2 GPUs (nccl), bit for bit"
   ;;
 compress)
-  # 10 KiB buckets: several per step, the small ones in the one-round form
-  c=("${net[@]}" train.epochs=1 dist.nproc=2 dist.compress=bf16 dist.bucket_mb=0.01 dist.check_sync_every=1)
+  # 10 KiB buckets (the first one too): several per step, the small ones in the one-round form
+  c=("${net[@]}" train.epochs=1 dist.nproc=2 dist.compress=bf16 dist.bucket_mb=0.01 dist.first_bucket_mb=0.01
+    dist.check_sync_every=1)
   train cpu "${c[@]}" train.device=cpu
   train cpuf "${c[@]}" train.device=cpu dist.compress=none
   RINGTRAIN_LOG_LEVEL=debug RINGTRAIN_EMU_DELAY_US=300 train gpu2 "${c[@]}" train.device=cuda

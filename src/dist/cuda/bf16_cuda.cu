@@ -3,7 +3,8 @@
  * The casts are core/bf16.h's functions themselves (compiled __host__ __device__ by
  * nvcc), and each reduction step is dist/reduce.c's bf16 kernel line for line: both
  * operands widened (exact), one IEEE fp32 operation (__fadd_rn, __fmul_rn, __fdiv_rn:
- * never fused, never approximate, whatever the compiler flags), rounded once to bf16.
+ * never fused, never approximate; the build passes no -ftz or --use_fast_math, which would
+ * flush subnormals), rounded once to bf16.
  * So a bucket reduced on the GPU has the bits the CPU ring gives the same inputs.
  */
 #include "core/bf16.h"

@@ -264,7 +264,8 @@ extern "C" cudaError_t rt_cuk_increment_i64(cudaStream_t s, int64_t *counter) {
 /* ---- precision bf16: casts and the bias pieces around cuDNN / cuBLAS ---------------- */
 
 /* fp32 -> bf16, round to nearest, ties to even; NaN stays a quiet NaN: core/bf16.h's
- * rt_bf16_from_f32, line for line (that one is host-only) */
+ * rt_bf16_from_f32, line for line (a copy from when that one was host-only; it is
+ * __host__ __device__ now, which src/dist/cuda/bf16_cuda.cu uses, so this copy could go) */
 static __device__ __forceinline__ uint16_t bf16_from_f32(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
