@@ -30,6 +30,10 @@ rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
 rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
                                  bool accumulate);
 
+/* bf16_cpu.c: dst[i] = bf16(src[i]) (add: dst[i] += bf16(src[i])) for i < count, split
+ * over the pool; dst == src is allowed (not with add), other overlaps are not */
+void rt_cpu_bf16_round(rt_model_ctx *ctx, size_t count, const float *src, float *dst, bool add);
+
 /* ops_cpu.c */
 rt_status rt_cpu_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
                                      bool training);
