@@ -12,9 +12,11 @@
  * activations, for measuring), so oneDNN picks its blocked layouts (nChw16c on AVX-512)
  * and its JIT kernels; every argument whose chosen layout differs from ours gets a
  * reorder into or out of a buffer in the shared workspace (weights too: they change
- * every step, so they are reordered once per call). Scratchpads are user-managed, also
- * in the workspace: no buffer is allocated after prepare (oneDNN's execute call still
- * makes small bookkeeping allocations of its own; see docs/model.md).
+ * every step, so they are reordered once per call, into one copy that the parts fill
+ * together, a block of output channels each, and then all read: dn_wsplit). Scratchpads
+ * are user-managed, also in the workspace: no buffer is allocated after prepare
+ * (oneDNN's execute call still makes small bookkeeping allocations of its own; see
+ * docs/model.md).
  *
  * Threads: Debian's oneDNN 2.6 uses the OpenMP runtime (DNNL_CPU_RUNTIME OMP, libgomp).
  * Letting OpenMP's threads run next to our pool's oversubscribed the cores (a step ran
@@ -52,8 +54,11 @@ struct rt_dnnl_env {
 #define DN_MAX_PARTS 64
 
 typedef struct dn_arg {
-    int arg;                      /* DNNL_ARG_* */
-    bool output;                  /* written by the primitive */
+    int arg;     /* DNNL_ARG_* */
+    bool output; /* written by the primitive */
+    bool shared; /* inner is the layer's shared weights copy at `shared_off` in the
+                    workspace, filled before the stage runs (dn_wsplit) */
+    size_t shared_off;
     dnnl_memory_t user;           /* our plain layout; handle set per call */
     dnnl_memory_t inner;          /* the primitive's layout in the workspace, or NULL: use `user` */
     dnnl_primitive_t reorder;     /* input: user -> inner; output: inner -> user; NULL when same layout */
@@ -69,6 +74,19 @@ typedef struct dn_stage {
     size_t scratch_off;
     size_t bytes; /* of the part's region this stage uses */
 } dn_stage;
+
+/* The weights of forward or backward-data, reordered once per call into one buffer that
+ * all parts read: part t converts output channels [o0, o0+ob) of them (a block of the
+ * blocked layout, so the parts write disjoint bytes), then every part runs its stage.
+ * Each part converting all the weights for itself did the same work `nparts` times
+ * (ResNet34's 256x256 3x3 weights: 4 reorders a step where 2 suffice). */
+typedef struct dn_wsplit {
+    bool on;
+    size_t off;                                            /* of the shared copy in the workspace */
+    int warg;                                              /* index of the weights argument in the stage */
+    dnnl_memory_t user[DN_MAX_PARTS], inner[DN_MAX_PARTS]; /* part t's channel block of each */
+    dnnl_primitive_t reorder[DN_MAX_PARTS];
+} dn_wsplit;
 
 /* One task's share of a layer: images [n0, n0+nb) in forward and backward-data,
  * output channels [o0, o0+ob) of backward-weights (all images: no reduction). */
@@ -87,7 +105,8 @@ struct rt_dnnl_conv {
     size_t wfloats, partial_off, partial_stride; /* dW + db floats; partial sums of parts 1.. in the workspace */
     size_t ws;                                   /* workspace bytes of all parts */
     dn_part part[DN_MAX_PARTS];
-    char impl[3][48]; /* oneDNN implementation names, for the log */
+    dn_wsplit wsplit[2]; /* forward's and backward-data's weights (dn_wsplit) */
+    char impl[3][48];    /* oneDNN implementation names, for the log */
 };
 
 static const char *dn_status_name(dnnl_status_t s) {
@@ -152,8 +171,19 @@ static void stage_destroy(dn_stage *st) {
     memset(st, 0, sizeof *st);
 }
 
+static void wsplit_destroy(dn_wsplit *w) {
+    for (int t = 0; t < DN_MAX_PARTS; t++) {
+        if (w->user[t]) dnnl_memory_destroy(w->user[t]);
+        if (w->inner[t]) dnnl_memory_destroy(w->inner[t]);
+        if (w->reorder[t]) dnnl_primitive_destroy(w->reorder[t]);
+    }
+    memset(w, 0, sizeof *w);
+}
+
 void rt_dnnl_conv_destroy(rt_dnnl_conv *c) {
     if (!c) return;
+    wsplit_destroy(&c->wsplit[0]);
+    wsplit_destroy(&c->wsplit[1]);
     for (int t = 0; t < c->nparts; t++) {
         dn_part *p = &c->part[t];
         stage_destroy(&p->fwd);
@@ -236,8 +266,10 @@ static rt_status stage_finish(rt_dnnl_env *e, dn_stage *st, const_dnnl_primitive
 }
 
 /* Run a stage with its buffers at `region`: set the handles, reorder inputs in, run,
- * reorder outputs out. ptrs[i] is our pointer for args[i]. */
-static dnnl_status_t stage_run(dnnl_stream_t stream, dn_stage *st, char *region, void *const *ptrs, bool accumulate) {
+ * reorder outputs out. ptrs[i] is our pointer for args[i]; a shared argument is already
+ * in its layout at ws + shared_off. */
+static dnnl_status_t stage_run(dnnl_stream_t stream, dn_stage *st, char *region, char *ws, void *const *ptrs,
+                               bool accumulate) {
     dnnl_exec_arg_t ex[DN_MAX_ARGS + 1];
     int nex = 0;
     dnnl_status_t s;
@@ -251,7 +283,10 @@ static dnnl_status_t stage_run(dnnl_stream_t stream, dn_stage *st, char *region,
         dnnl_memory_t m = a->user;
         /* an output written (not added) in our layout goes straight to the user */
         bool direct = !a->inner || (a->output && !a->reorder && !accumulate);
-        if (!direct) {
+        if (a->shared) {
+            DN_RUN(dnnl_memory_set_data_handle(a->inner, ws + a->shared_off));
+            m = a->inner;
+        } else if (!direct) {
             DN_RUN(dnnl_memory_set_data_handle(a->inner, region + a->off));
             m = a->inner;
             if (!a->output) {
@@ -393,6 +428,61 @@ static void part_range(int total, int parts, int unit, int t, int *lo, int *len)
     *len = (t == parts - 1 ? total : b * unit) - *lo;
 }
 
+/* Share the weights reorder of forward (k 0) or backward-data (k 1) among the parts
+ * (dn_wsplit): where every part wants them reordered into the same layout and the output
+ * channels split into whole 16-channel blocks. The copy goes at *region (advanced).
+ * Anything oneDNN cannot do here leaves each part reordering for itself, as before. */
+static rt_status wsplit_build(rt_dnnl_env *e, const rt_conv2d *l, rt_dnnl_conv *c, int k, size_t *region) {
+    dn_wsplit *w = &c->wsplit[k];
+    const int T = c->nparts;
+    if (T < 2 || l->out_c % (16 * T) != 0) return RT_OK;
+    dn_stage *st0 = k == 0 ? &c->part[0].fwd : &c->part[0].bwd;
+    w->warg = -1;
+    for (int i = 0; i < st0->nargs; i++)
+        if (st0->args[i].arg == DNNL_ARG_WEIGHTS) w->warg = i;
+    if (w->warg < 0 || !st0->args[w->warg].reorder) return RT_OK; /* no reorder to share */
+    const dnnl_memory_desc_t *umd = NULL, *imd = NULL, *md_t = NULL;
+    DN_CHECK(dnnl_memory_get_memory_desc(st0->args[w->warg].user, &umd));
+    DN_CHECK(dnnl_memory_get_memory_desc(st0->args[w->warg].inner, &imd));
+    for (int t = 1; t < T; t++) {
+        dn_arg *a = &(k == 0 ? &c->part[t].fwd : &c->part[t].bwd)->args[w->warg];
+        if (!a->inner || !a->reorder) return RT_OK;
+        DN_CHECK(dnnl_memory_get_memory_desc(a->inner, &md_t));
+        if (!dnnl_memory_desc_equal(md_t, imd)) return RT_OK;
+    }
+    rt_status st = RT_OK;
+    for (int t = 0; t < T && st == RT_OK; t++) {
+        int o0, ob;
+        part_range(l->out_c, T, 16, t, &o0, &ob);
+        dnnl_dims_t dims = {ob, l->in_c, l->k, l->k}, offs = {o0, 0, 0, 0};
+        dnnl_memory_desc_t us, is;
+        dnnl_status_t s = dnnl_memory_desc_init_submemory(&us, umd, dims, offs);
+        if (s == dnnl_success) s = dnnl_memory_desc_init_submemory(&is, imd, dims, offs);
+        if (s == dnnl_success) s = dnnl_memory_create(&w->user[t], &us, e->engine, DNNL_MEMORY_NONE);
+        if (s == dnnl_success) s = dnnl_memory_create(&w->inner[t], &is, e->engine, DNNL_MEMORY_NONE);
+        if (s != dnnl_success)
+            st = rt_error_set(RT_ERR_UNSUPPORTED, __FILE__, __LINE__, NULL, "oneDNN weights block %d: %s", t,
+                              dn_status_name(s));
+        if (st == RT_OK) st = make_reorder(e, &us, &is, false, &w->reorder[t]);
+    }
+    if (st != RT_OK) {
+        RT_LOG_DEBUG("conv2d %d->%d k%d: %s weights reorder not shared among the parts (%s)", l->in_c, l->out_c, l->k,
+                     k == 0 ? "forward" : "backward-data", rt_error_message());
+        rt_error_clear();
+        wsplit_destroy(w);
+        return RT_OK;
+    }
+    w->on = true;
+    w->off = *region;
+    *region += align64(dnnl_memory_desc_get_size(imd));
+    for (int t = 0; t < T; t++) {
+        dn_arg *a = &(k == 0 ? &c->part[t].fwd : &c->part[t].bwd)->args[w->warg];
+        a->shared = true;
+        a->shared_off = w->off;
+    }
+    return RT_OK;
+}
+
 rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int threads, bool bf16, size_t *workspace,
                               rt_dnnl_conv **out) {
     *out = NULL;
@@ -447,6 +537,11 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
         rt_dnnl_conv_destroy(c);
         return st;
     }
+    for (int k = 0; k < 2 && st == RT_OK; k++) st = wsplit_build(e, l, c, k, &region);
+    if (st != RT_OK) {
+        rt_dnnl_conv_destroy(c);
+        return st;
+    }
     if (c->bww_batch) {
         c->partial_off = region;
         c->partial_stride = align64(c->wfloats * sizeof(float));
@@ -488,7 +583,7 @@ static void dn_task(void *arg, int t) {
         ptr[i++] = rt_tensor_data(&l->weight);
         if (l->has_bias) ptr[i++] = rt_tensor_data(&l->bias);
         ptr[i++] = J->y + p->n0 * yi;
-        J->status[t] = stage_run(p->stream, &p->fwd, region, ptr, false);
+        J->status[t] = stage_run(p->stream, &p->fwd, region, J->ws, ptr, false);
     } else if (J->which == 1 && J->c->bww_batch) {
         void *ptr[4];
         int i = 0;
@@ -498,7 +593,7 @@ static void dn_task(void *arg, int t) {
         ptr[i++] = (void *)(J->dy + p->n0 * yi);
         ptr[i++] = dw;
         if (l->has_bias) ptr[i++] = t == 0 ? (float *)rt_tensor_data(&l->dbias) : dw + (size_t)l->out_c * wo;
-        J->status[t] = stage_run(p->stream, &p->bww, region, ptr, false);
+        J->status[t] = stage_run(p->stream, &p->bww, region, J->ws, ptr, false);
     } else if (J->which == 1) {
         void *ptr[4];
         int i = 0;
@@ -506,11 +601,27 @@ static void dn_task(void *arg, int t) {
         ptr[i++] = (void *)(J->dy + (size_t)p->o0 * l->out_h * l->out_w);
         ptr[i++] = (float *)rt_tensor_data(&l->dweight) + (size_t)p->o0 * wo;
         if (l->has_bias) ptr[i++] = (float *)rt_tensor_data(&l->dbias) + p->o0;
-        J->status[t] = stage_run(p->stream, &p->bww, region, ptr, false);
+        J->status[t] = stage_run(p->stream, &p->bww, region, J->ws, ptr, false);
     } else {
         void *ptr[3] = {(void *)(J->dy + p->n0 * yi), rt_tensor_data(&l->weight), J->dx + p->n0 * xi};
-        J->status[t] = stage_run(p->stream, &p->bwd, region, ptr, J->accumulate);
+        J->status[t] = stage_run(p->stream, &p->bwd, region, J->ws, ptr, J->accumulate);
     }
+}
+
+/* part t's block of the shared weights copy (dn_wsplit) */
+static void dn_wsplit_task(void *arg, int t) {
+    dn_job *J = arg;
+    dn_wsplit *w = &J->c->wsplit[J->which == 0 ? 0 : 1];
+    dnnl_status_t s;
+    if (J->e->set_threads) J->e->set_threads(J->omp_threads);
+    if ((s = dnnl_memory_set_data_handle(w->user[t], rt_tensor_data(&J->l->weight))) != dnnl_success ||
+        (s = dnnl_memory_set_data_handle(w->inner[t], J->ws + w->off)) != dnnl_success) {
+        J->status[t] = s;
+        return;
+    }
+    dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, w->user[t]}, {DNNL_ARG_TO, w->inner[t]}};
+    s = dnnl_primitive_execute(w->reorder[t], J->c->part[t].stream, 2, r);
+    J->status[t] = s == dnnl_success ? dnnl_stream_wait(J->c->part[t].stream) : s;
 }
 
 /* dW (+ db) += the partial sums of parts 1.. (in part order: deterministic) */
@@ -541,6 +652,13 @@ static rt_status dn_run(rt_model_ctx *ctx, dn_job *J) {
      * running its primitive single-threaded */
     const int parts = J->which == 1 ? c->bww_parts : c->nparts;
     J->omp_threads = parts == 1 ? ctx->threads : 1;
+    if (J->which != 1 && c->wsplit[J->which == 0 ? 0 : 1].on) {
+        rt_threadpool_run(cpu_pool(ctx), parts, dn_wsplit_task, J);
+        for (int t = 0; t < parts; t++)
+            RT_REQUIRE(J->status[t] == dnnl_success, RT_ERR_INTERNAL,
+                       "conv2d %d->%d k%d: oneDNN weights reorder failed: %s", J->l->in_c, J->l->out_c, J->l->k,
+                       dn_status_name(J->status[t]));
+    }
     rt_threadpool_run(cpu_pool(ctx), parts, dn_task, J);
     for (int t = 0; t < parts; t++)
         RT_REQUIRE(J->status[t] == dnnl_success, RT_ERR_INTERNAL, "conv2d %d->%d k%d: oneDNN %s failed: %s", J->l->in_c,
