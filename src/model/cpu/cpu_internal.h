@@ -34,6 +34,12 @@ rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
  * over the pool; dst == src is allowed (not with add), other overlaps are not */
 void rt_cpu_bf16_round(rt_model_ctx *ctx, size_t count, const float *src, float *dst, bool add);
 
+/* linear_bf16.c: the linear layer under precision bf16, the same bits as ops_cpu.c's
+ * plain loops (the specification), split over the pool and vectorised */
+rt_status rt_cpu_linear_forward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, float *y);
+rt_status rt_cpu_linear_backward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy,
+                                      float *dx);
+
 /* ops_cpu.c */
 rt_status rt_cpu_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
                                      bool training);
