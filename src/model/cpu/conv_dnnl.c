@@ -430,12 +430,14 @@ static void part_range(int total, int parts, int unit, int t, int *lo, int *len)
 
 /* Share the weights reorder of forward (k 0) or backward-data (k 1) among the parts
  * (dn_wsplit): where every part wants them reordered into the same layout and the output
- * channels split into whole 16-channel blocks. The copy goes at *region (advanced).
- * Anything oneDNN cannot do here leaves each part reordering for itself, as before. */
+ * channels split into whole 16-channel blocks, at least one per part (not necessarily
+ * as many in each: 64 channels on 3 threads are 1 + 1 + 2 blocks). The copy goes at
+ * *region (advanced). Anything oneDNN cannot do here leaves each part reordering for
+ * itself, as before. */
 static rt_status wsplit_build(rt_dnnl_env *e, const rt_conv2d *l, rt_dnnl_conv *c, int k, size_t *region) {
     dn_wsplit *w = &c->wsplit[k];
     const int T = c->nparts;
-    if (T < 2 || l->out_c % (16 * T) != 0) return RT_OK;
+    if (T < 2 || l->out_c % 16 != 0 || l->out_c / 16 < T) return RT_OK; /* every part a whole block or more */
     dn_stage *st0 = k == 0 ? &c->part[0].fwd : &c->part[0].bwd;
     w->warg = -1;
     for (int i = 0; i < st0->nargs; i++)
