@@ -458,6 +458,23 @@ typedef struct unroll_job {
     bool round;
 } unroll_job;
 
+/* unroll_task for an output position that reads one tap: row[c*IP] <- w[o, c, tap]
+ * (rounded to bf16 when U->round), or dW[o, c, tap] += row[c*IP] when folding */
+static void unroll_one(const unroll_job *U, int o, float *row, int tap) {
+    const rt_conv2d *l = U->l;
+    const size_t IP = (size_t)l->in_h * l->in_w, kk = (size_t)l->k * l->k, C = (size_t)l->in_c;
+    if (U->fold) {
+        float *dw = U->dw + (size_t)o * C * kk + tap;
+        for (size_t c = 0; c < C; c++) dw[c * kk] += row[c * IP];
+    } else if (U->round) {
+        const float *w = U->w + (size_t)o * C * kk + tap;
+        for (size_t c = 0; c < C; c++) row[c * IP] = rt_bf16_round(w[c * kk]);
+    } else {
+        const float *w = U->w + (size_t)o * C * kk + tap;
+        for (size_t c = 0; c < C; c++) row[c * IP] = w[c * kk];
+    }
+}
+
 static void unroll_task(void *arg, int o) {
     const unroll_job *U = arg;
     const rt_conv2d *l = U->l;
@@ -483,6 +500,10 @@ static void unroll_task(void *arg, int o) {
                 }
             }
             float *row = rows + ((size_t)oh * OW + ow) * cols;
+            if (nt == 1) { /* one tap (ResNet's layer4 at 1x1): a strided copy, no inner loop */
+                unroll_one(U, o, row + xoff[0], tap[0]);
+                continue;
+            }
             if (!U->fold && U->round) {
                 const float *w = U->w + (size_t)o * l->in_c * kk;
                 for (int c = 0; c < l->in_c; c++, w += kk, row += IP)
