@@ -42,3 +42,7 @@ void rt_cpu_bf16_round(rt_model_ctx *ctx, size_t count, const float *src, float 
     else
         rt_threadpool_run(cpu_pool(ctx), (int)blocks, bf16_task, &J);
 }
+
+void rt_cpu_bf16_pack(size_t count, const float *src, uint16_t *dst) {
+    for (size_t i = 0; i < count; i++) dst[i] = rt_bf16_from_f32(src[i]);
+}

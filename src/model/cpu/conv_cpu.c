@@ -526,6 +526,10 @@ static void dense_unroll(rt_model_ctx *ctx, const rt_conv2d *l, const float *w, 
     rt_threadpool_run(cpu_pool(ctx), l->out_c, unroll_task, &U);
 }
 
+void rt_cpu_conv2d_fold(rt_model_ctx *ctx, const rt_conv2d *l, const float *dwd, float *dw) {
+    dense_unroll(ctx, l, NULL, (float *)dwd, 1, dw, false);
+}
+
 /* y[lo:hi] (.., O*OP) = x[lo:hi] (.., C*IP) W'^T + bias */
 static void dense_fwd_part(void *arg, int t) {
     dense_job *D = arg;
