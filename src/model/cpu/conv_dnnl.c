@@ -28,8 +28,10 @@
  * the images; backward-weights splits the images too where the activations outweigh
  * the weights (each part writes a partial dW, added up in part order afterwards, so the
  * result does not depend on timing), else the output channels (dy is then a strided
- * channel slice; no partial sums). RINGTRAIN_DNNL_BWW=omp|oc|batch overrides that (omp:
- * one part on oneDNN's OpenMP threads), for measuring.
+ * channel slice; no partial sums). On tiny inputs (no larger than the kernel: 3x3 on 2x2)
+ * backward-weights is no convolution at all but a matmul per part and a fold (dn_mm).
+ * RINGTRAIN_DNNL_BWW=omp|oc|batch overrides that (omp: one part on oneDNN's OpenMP
+ * threads; all three run the convolution primitive), for measuring.
  */
 #include "model/cpu/conv_dnnl.h"
 #include "model/cpu/cpu_internal.h"
