@@ -458,8 +458,9 @@ typedef struct unroll_job {
     bool round;
 } unroll_job;
 
-/* unroll_task for an output position that reads one tap: row[c*IP] <- w[o, c, tap]
- * (rounded to bf16 when U->round), or dW[o, c, tap] += row[c*IP] when folding */
+/* unroll_task's work for one (output position, tap) pair: row[c*IP] <- w[o, c, tap] for
+ * every input channel c (rounded to bf16 when U->round), or dW[o, c, tap] += row[c*IP]
+ * when folding; row points at the pair's input position in the position's row of W' */
 static void unroll_one(const unroll_job *U, int o, float *row, int tap) {
     const rt_conv2d *l = U->l;
     const size_t IP = (size_t)l->in_h * l->in_w, kk = (size_t)l->k * l->k, C = (size_t)l->in_c;
@@ -500,23 +501,10 @@ static void unroll_task(void *arg, int o) {
                 }
             }
             float *row = rows + ((size_t)oh * OW + ow) * cols;
-            if (nt == 1) { /* one tap (ResNet's layer4 at 1x1): a strided copy, no inner loop */
-                unroll_one(U, o, row + xoff[0], tap[0]);
-                continue;
-            }
-            if (!U->fold && U->round) {
-                const float *w = U->w + (size_t)o * l->in_c * kk;
-                for (int c = 0; c < l->in_c; c++, w += kk, row += IP)
-                    for (int t = 0; t < nt; t++) row[xoff[t]] = rt_bf16_round(w[tap[t]]);
-            } else if (!U->fold) {
-                const float *w = U->w + (size_t)o * l->in_c * kk;
-                for (int c = 0; c < l->in_c; c++, w += kk, row += IP)
-                    for (int t = 0; t < nt; t++) row[xoff[t]] = w[tap[t]];
-            } else {
-                float *dw = U->dw + (size_t)o * l->in_c * kk;
-                for (int c = 0; c < l->in_c; c++, dw += kk, row += IP)
-                    for (int t = 0; t < nt; t++) dw[tap[t]] += row[xoff[t]];
-            }
+            /* tap by tap, each a strided copy over the input channels: within one output
+             * position every tap meets one input position, so a weight's gradient still
+             * gets its terms in the order of the positions */
+            for (int t = 0; t < nt; t++) unroll_one(U, o, row + xoff[t], tap[t]);
         }
 }
 
