@@ -227,11 +227,13 @@ static void test_conv3x3(void **state) {
     run(&a);
     run(&b);
 }
-/* stride 2 with bias; the 7x7 stem on one channel; a 1x1 downsample */
+/* stride 2 with bias; the 7x7 stem on one channel; a 1x1 downsample; 1x1 and 2x2 inputs */
 static void test_conv_shapes(void **state) {
     (void)state;
     lcase cs[] = {CONV(8, 16, 9, 3, 2, 1, true, 4, 4, NULL), CONV(1, 16, 14, 7, 2, 3, false, 4, 4, NULL),
-                  CONV(16, 32, 4, 1, 2, 0, false, 4, 4, NULL), CONV(32, 32, 1, 3, 1, 1, false, 4, 4, NULL)};
+                  CONV(16, 32, 4, 1, 2, 0, false, 4, 4, NULL), CONV(32, 32, 1, 3, 1, 1, false, 4, 4, NULL),
+                  /* 3x3 on 2x2 (ResNet's layer3 at 28x28): oneDNN's dW as a bf16 matmul + fold */
+                  CONV(16, 32, 2, 3, 1, 1, false, 4, 4, NULL)};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run(&cs[i]);
 }
 /* the same layers on the im2col path only */

@@ -139,6 +139,7 @@ static const conv_shape shapes[] = {
     {1, 16, 28, 7, 2, 3, false, 4, 2}, /* the imagenet stem */
     {32, 32, 1, 3, 1, 1, false, 6, 2}, /* 1x1 input: only the centre tap lives */
     {16, 32, 2, 3, 2, 1, false, 4, 3}, /* tiny input, 3 threads */
+    {16, 32, 2, 3, 1, 1, false, 4, 2}, /* layer3 at 28x28 (3x3 on 2x2): oneDNN's dW as a matmul + fold */
     {5, 7, 8, 5, 1, 2, true, 3, 4},    /* odd channels, more threads than work */
     {1, 10, 28, 5, 1, 0, true, 2, 1},  /* the tutorial Net's conv1, one thread */
 };

@@ -57,7 +57,8 @@ typedef struct cpu_conv {
      * forward writes only its non-zero entries (a fixed pattern), backward reuses it */
     float *wd;
     /* precision bf16, for the paths other than oneDNN's: the bf16-rounded input, weights
-     * (+ bias), output gradient and the input gradient before rounding (see
+     * (not for the dense and pruned paths, which round the live taps as they read them)
+     * and bias, output gradient and the input gradient before rounding (see
      * rt_cpu_conv2d_forward); NULL under fp32/tf32 */
     float *bx, *bw, *bdy, *bdx;
 } cpu_conv;
@@ -134,7 +135,8 @@ static rt_status bf16_buffers(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv *c
     bf16_free(cc);
     if (ctx->precision != RT_PRECISION_BF16) return RT_OK;
     const size_t xs = (size_t)max_n * l->in_c * l->in_h * l->in_w, ys = (size_t)max_n * l->out_c * l->out_h * l->out_w,
-                 ws = (size_t)l->out_c * l->in_c * l->k * l->k + (l->has_bias ? (size_t)l->out_c : 0);
+                 ws = (cc->dense || cc->pruned ? 0 : (size_t)l->out_c * l->in_c * l->k * l->k) +
+                      (l->has_bias ? (size_t)l->out_c : 0) + 1;
     cc->bx = malloc(xs * sizeof(float));
     cc->bdx = malloc(xs * sizeof(float));
     cc->bw = malloc(ws * sizeof(float));
@@ -415,14 +417,16 @@ static void job_chunk(conv_job *J, float *ws, int nb) {
     }
 }
 
-/* gather the live taps of W (O, C, k, k) into wl (O, C*T) */
-static void gather_weights(const rt_conv2d *l, const cpu_conv *cc, const float *w, float *wl) {
+/* gather the live taps of W (O, C, k, k) into wl (O, C*T), each rounded to bf16 when
+ * `round` (precision bf16: the only read of the weights on this path) */
+static void gather_weights(const rt_conv2d *l, const cpu_conv *cc, const float *w, float *wl, bool round) {
     const int kk = l->k * l->k;
     for (int o = 0; o < l->out_c; o++)
         for (int c = 0; c < l->in_c; c++)
-            for (int t = 0; t < cc->ntaps; t++)
-                wl[((size_t)o * l->in_c + c) * cc->ntaps + t] =
-                    w[((size_t)o * l->in_c + c) * kk + cc->ki[t] * l->k + cc->kj[t]];
+            for (int t = 0; t < cc->ntaps; t++) {
+                const float v = w[((size_t)o * l->in_c + c) * kk + cc->ki[t] * l->k + cc->kj[t]];
+                wl[((size_t)o * l->in_c + c) * cc->ntaps + t] = round ? rt_bf16_round(v) : v;
+            }
 }
 
 static int parts_for(rt_model_ctx *ctx, int nb) {
@@ -443,13 +447,34 @@ typedef struct dense_job {
 } dense_job;
 
 /* W' (O*OP, C*IP) from W (O, C, k, k), or back: fold dW' into dW. One task per output
- * channel o (its OP rows of W' and its C*k*k weights). */
+ * channel o (its OP rows of W' and its C*k*k weights). `round` (precision bf16): W' holds
+ * the bf16 roundings of the weights, rounded here as they are read (only the live taps
+ * are read: at 1x1 one in nine), so bf16 needs no rounded copy of the whole of W. */
 typedef struct unroll_job {
     const rt_conv2d *l;
     const float *w;
     float *wd, *dw;
     int fold;
+    bool round;
 } unroll_job;
+
+/* unroll_task's work for one (output position, tap) pair: row[c*IP] <- w[o, c, tap] for
+ * every input channel c (rounded to bf16 when U->round), or dW[o, c, tap] += row[c*IP]
+ * when folding; row points at the pair's input position in the position's row of W' */
+static void unroll_one(const unroll_job *U, int o, float *row, int tap) {
+    const rt_conv2d *l = U->l;
+    const size_t IP = (size_t)l->in_h * l->in_w, kk = (size_t)l->k * l->k, C = (size_t)l->in_c;
+    if (U->fold) {
+        float *dw = U->dw + (size_t)o * C * kk + tap;
+        for (size_t c = 0; c < C; c++) dw[c * kk] += row[c * IP];
+    } else if (U->round) {
+        const float *w = U->w + (size_t)o * C * kk + tap;
+        for (size_t c = 0; c < C; c++) row[c * IP] = rt_bf16_round(w[c * kk]);
+    } else {
+        const float *w = U->w + (size_t)o * C * kk + tap;
+        for (size_t c = 0; c < C; c++) row[c * IP] = w[c * kk];
+    }
+}
 
 static void unroll_task(void *arg, int o) {
     const unroll_job *U = arg;
@@ -476,21 +501,21 @@ static void unroll_task(void *arg, int o) {
                 }
             }
             float *row = rows + ((size_t)oh * OW + ow) * cols;
-            if (!U->fold) {
-                const float *w = U->w + (size_t)o * l->in_c * kk;
-                for (int c = 0; c < l->in_c; c++, w += kk, row += IP)
-                    for (int t = 0; t < nt; t++) row[xoff[t]] = w[tap[t]];
-            } else {
-                float *dw = U->dw + (size_t)o * l->in_c * kk;
-                for (int c = 0; c < l->in_c; c++, dw += kk, row += IP)
-                    for (int t = 0; t < nt; t++) dw[tap[t]] += row[xoff[t]];
-            }
+            /* tap by tap, each a strided copy over the input channels: within one output
+             * position every tap meets one input position, so a weight's gradient still
+             * gets its terms in the order of the positions */
+            for (int t = 0; t < nt; t++) unroll_one(U, o, row + xoff[t], tap[t]);
         }
 }
 
-static void dense_unroll(rt_model_ctx *ctx, const rt_conv2d *l, const float *w, float *wd, int fold, float *dw) {
-    unroll_job U = {.l = l, .w = w, .wd = wd, .dw = dw, .fold = fold};
+static void dense_unroll(rt_model_ctx *ctx, const rt_conv2d *l, const float *w, float *wd, int fold, float *dw,
+                         bool round) {
+    unroll_job U = {.l = l, .w = w, .wd = wd, .dw = dw, .fold = fold, .round = round};
     rt_threadpool_run(cpu_pool(ctx), l->out_c, unroll_task, &U);
+}
+
+void rt_cpu_conv2d_fold(rt_model_ctx *ctx, const rt_conv2d *l, const float *dwd, float *dw) {
+    dense_unroll(ctx, l, NULL, (float *)dwd, 1, dw, false);
 }
 
 /* y[lo:hi] (.., O*OP) = x[lo:hi] (.., C*IP) W'^T + bias */
@@ -547,10 +572,10 @@ static rt_status dense_init(rt_model_ctx *ctx, rt_conv2d *l, int n, dense_job *D
     return RT_OK;
 }
 
-static rt_status dense_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+static rt_status dense_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y, bool round_w) {
     dense_job D;
     RT_CHECK(dense_init(ctx, l, n, &D));
-    dense_unroll(ctx, l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL);
+    dense_unroll(ctx, l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL, round_w);
     D.x = x;
     D.y = y;
     D.bias = l->has_bias ? rt_tensor_data(&l->bias) : NULL;
@@ -560,7 +585,7 @@ static rt_status dense_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const flo
 }
 
 static rt_status dense_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
-                                bool accumulate) {
+                                bool accumulate, bool round_w) {
     dense_job D;
     RT_CHECK(dense_init(ctx, l, n, &D));
     D.x = x;
@@ -570,30 +595,32 @@ static rt_status dense_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
     int T = rt_threadpool_threads(cpu_pool(ctx));
     D.parts = D.rows < T ? D.rows : T;
     rt_threadpool_run(cpu_pool(ctx), D.parts, dense_dw_part, &D);
-    dense_unroll(ctx, l, NULL, D.dwd, 1, rt_tensor_data(&l->dweight));
+    dense_unroll(ctx, l, NULL, D.dwd, 1, rt_tensor_data(&l->dweight), false);
     if (dx) {
         /* unrolled again: the weights may have changed since the forward */
-        dense_unroll(ctx, l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL);
+        dense_unroll(ctx, l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL, round_w);
         D.parts = parts_for(ctx, n);
         rt_threadpool_run(cpu_pool(ctx), D.parts, dense_dx_part, &D);
     }
     return RT_OK;
 }
 
-static rt_status conv_forward_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+/* The fp32 paths. round_w: round the weights to bf16 as they are read (the dense and
+ * pruned paths under precision bf16; see bf16_layer). */
+static rt_status conv_forward_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y, bool round_w) {
 #ifdef RT_HAVE_DNNL
     cpu_conv *dc = l->priv;
     if (dc && dc->dnnl && n == rt_dnnl_conv_batch(dc->dnnl))
         return rt_dnnl_conv_forward(ctx, ((rt_cpu_state *)ctx->backend)->dnnl, dc->dnnl, l, x, y);
 #endif
-    if (l->priv && ((cpu_conv *)l->priv)->dense) return dense_forward(ctx, l, n, x, y);
+    if (l->priv && ((cpu_conv *)l->priv)->dense) return dense_forward(ctx, l, n, x, y, round_w);
     conv_job J;
     int nbmax;
     float *wl;
     RT_CHECK(job_init(ctx, l, n, &J, &nbmax, &wl));
     const size_t P = (size_t)l->out_h * l->out_w;
     const float *w = rt_tensor_data(&l->weight);
-    if (J.cc->pruned) gather_weights(l, J.cc, w, wl);
+    if (J.cc->pruned) gather_weights(l, J.cc, w, wl, round_w);
     J.w = J.cc->pruned ? wl : w;
     J.x = x;
     J.y = y;
@@ -616,7 +643,7 @@ static rt_status conv_forward_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const 
 }
 
 static rt_status conv_backward_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
-                                   bool accumulate) {
+                                   bool accumulate, bool round_w) {
 #ifdef RT_HAVE_DNNL
     cpu_conv *dc = l->priv;
     if (dc && dc->dnnl && n == rt_dnnl_conv_batch(dc->dnnl))
@@ -635,7 +662,7 @@ static rt_status conv_backward_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const
                 db[o] = (float)sum;
             }
         }
-        return dense_backward(ctx, l, n, x, dy, dx, accumulate);
+        return dense_backward(ctx, l, n, x, dy, dx, accumulate, round_w);
     }
     int nbmax;
     float *wl;
@@ -659,7 +686,7 @@ static rt_status conv_backward_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const
      * the col region's tail is not possible (col is per chunk), so it goes to the
      * dweight tensor itself through a second gather buffer: dW (O, C*T) is computed
      * into the front of dweight and spread out afterwards (back to front: in place). */
-    if (J.cc->pruned) gather_weights(l, J.cc, w, wl);
+    if (J.cc->pruned) gather_weights(l, J.cc, w, wl, round_w);
     J.w = J.cc->pruned ? wl : w;
     J.dw = dw;
     J.x = x;
@@ -713,11 +740,11 @@ static rt_status conv_backward_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const
  * oneDNN's bf16 primitives (conv_dnnl.c) do exactly this for the batch they were made
  * for; every other batch and layer (im2col, dense, pruned taps; a CPU without oneDNN's
  * bf16 kernels) runs the fp32 path on rounded copies, which gives the same bits up to the
- * order of the fp32 sums: a bf16 x bf16 product is exact in fp32. */
-
-static void round_into(float *dst, const float *src, size_t count) {
-    for (size_t i = 0; i < count; i++) dst[i] = rt_bf16_round(src[i]);
-}
+ * order of the fp32 sums: a bf16 x bf16 product is exact in fp32. The weights are the
+ * exception where it pays: the dense and pruned paths read only the live taps (one in
+ * nine for a 3x3 conv on 1x1, ResNet's layer4 at 28x28) into a matrix of their own
+ * anyway, and round them there (round_w); rounding a copy of all of W first cost a bf16
+ * ResNet34 step at 28x28 about 20 ms of one thread, 13 M weights twice per step. */
 
 static bool dnnl_runs(const rt_conv2d *l, int n) {
 #ifdef RT_HAVE_DNNL
@@ -730,15 +757,20 @@ static bool dnnl_runs(const rt_conv2d *l, int n) {
 #endif
 }
 
-/* l with its weights (and bias) replaced by their bf16 roundings in cc->bw */
-static rt_conv2d bf16_layer(const rt_conv2d *l, cpu_conv *cc) {
+/* l with its bias replaced by its bf16 rounding in cc->bw, and its weights too unless
+ * the path that runs reads them through a gather or an unroll that rounds them itself
+ * (*round_w true: dense or pruned taps) */
+static rt_conv2d bf16_layer(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv *cc, bool *round_w) {
     rt_conv2d r = *l;
-    const size_t nw = (size_t)rt_tensor_numel(&l->weight);
-    round_into(cc->bw, rt_tensor_data(&l->weight), nw);
-    r.weight.arena = NULL;
-    r.weight.data = cc->bw;
+    *round_w = cc->dense || cc->pruned; /* (bf16_buffers sized cc->bw by the same test) */
+    const size_t nw = *round_w ? 0 : (size_t)rt_tensor_numel(&l->weight);
+    if (!*round_w) {
+        rt_cpu_bf16_round(ctx, nw, rt_tensor_data(&l->weight), cc->bw, false);
+        r.weight.arena = NULL;
+        r.weight.data = cc->bw;
+    }
     if (l->has_bias) {
-        round_into(cc->bw + nw, rt_tensor_data(&l->bias), (size_t)l->out_c);
+        rt_cpu_bf16_round(ctx, (size_t)l->out_c, rt_tensor_data(&l->bias), cc->bw + nw, false);
         r.bias.arena = NULL;
         r.bias.data = cc->bw + nw;
     }
@@ -747,13 +779,14 @@ static rt_conv2d bf16_layer(const rt_conv2d *l, cpu_conv *cc) {
 
 rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
     cpu_conv *cc = l->priv;
-    if (ctx->precision != RT_PRECISION_BF16 || dnnl_runs(l, n)) return conv_forward_f32(ctx, l, n, x, y);
+    if (ctx->precision != RT_PRECISION_BF16 || dnnl_runs(l, n)) return conv_forward_f32(ctx, l, n, x, y, false);
     RT_REQUIRE(cc && cc->bx && n <= cc->max_n, RT_ERR_INVALID,
                "conv2d %d->%d k%d: bf16 batch %d without rt_conv2d_prepare for it", l->in_c, l->out_c, l->k, n);
-    round_into(cc->bx, x, (size_t)n * l->in_c * l->in_h * l->in_w);
-    rt_conv2d r = bf16_layer(l, cc);
-    RT_CHECK(conv_forward_f32(ctx, &r, n, cc->bx, y));
-    round_into(y, y, (size_t)n * l->out_c * l->out_h * l->out_w);
+    rt_cpu_bf16_round(ctx, (size_t)n * l->in_c * l->in_h * l->in_w, x, cc->bx, false);
+    bool round_w;
+    rt_conv2d r = bf16_layer(ctx, l, cc, &round_w);
+    RT_CHECK(conv_forward_f32(ctx, &r, n, cc->bx, y, round_w));
+    rt_cpu_bf16_round(ctx, (size_t)n * l->out_c * l->out_h * l->out_w, y, y, false);
     return RT_OK;
 }
 
@@ -761,20 +794,15 @@ rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
                                  bool accumulate) {
     cpu_conv *cc = l->priv;
     if (ctx->precision != RT_PRECISION_BF16 || dnnl_runs(l, n))
-        return conv_backward_f32(ctx, l, n, x, dy, dx, accumulate);
+        return conv_backward_f32(ctx, l, n, x, dy, dx, accumulate, false);
     RT_REQUIRE(cc && cc->bx && n <= cc->max_n, RT_ERR_INVALID,
                "conv2d %d->%d k%d: bf16 batch %d without rt_conv2d_prepare for it", l->in_c, l->out_c, l->k, n);
     /* (the same bits the forward rounded into bx: its column cache stays valid) */
-    round_into(cc->bx, x, (size_t)n * l->in_c * l->in_h * l->in_w);
-    round_into(cc->bdy, dy, (size_t)n * l->out_c * l->out_h * l->out_w);
-    rt_conv2d r = bf16_layer(l, cc);
-    RT_CHECK(conv_backward_f32(ctx, &r, n, cc->bx, cc->bdy, dx ? cc->bdx : NULL, false));
-    if (dx) {
-        const size_t count = (size_t)n * l->in_c * l->in_h * l->in_w;
-        if (accumulate)
-            for (size_t i = 0; i < count; i++) dx[i] += rt_bf16_round(cc->bdx[i]);
-        else
-            round_into(dx, cc->bdx, count);
-    }
+    rt_cpu_bf16_round(ctx, (size_t)n * l->in_c * l->in_h * l->in_w, x, cc->bx, false);
+    rt_cpu_bf16_round(ctx, (size_t)n * l->out_c * l->out_h * l->out_w, dy, cc->bdy, false);
+    bool round_w;
+    rt_conv2d r = bf16_layer(ctx, l, cc, &round_w);
+    RT_CHECK(conv_backward_f32(ctx, &r, n, cc->bx, cc->bdy, dx ? cc->bdx : NULL, false, round_w));
+    if (dx) rt_cpu_bf16_round(ctx, (size_t)n * l->in_c * l->in_h * l->in_w, cc->bdx, dx, accumulate);
     return RT_OK;
 }

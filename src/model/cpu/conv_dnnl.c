@@ -12,9 +12,11 @@
  * activations, for measuring), so oneDNN picks its blocked layouts (nChw16c on AVX-512)
  * and its JIT kernels; every argument whose chosen layout differs from ours gets a
  * reorder into or out of a buffer in the shared workspace (weights too: they change
- * every step, so they are reordered once per call). Scratchpads are user-managed, also
- * in the workspace: no buffer is allocated after prepare (oneDNN's execute call still
- * makes small bookkeeping allocations of its own; see docs/model.md).
+ * every step, so they are reordered once per call, into one copy that the parts fill
+ * together, a block of output channels each, and then all read: dn_wsplit). Scratchpads
+ * are user-managed, also in the workspace: no buffer is allocated after prepare
+ * (oneDNN's execute call still makes small bookkeeping allocations of its own; see
+ * docs/model.md).
  *
  * Threads: Debian's oneDNN 2.6 uses the OpenMP runtime (DNNL_CPU_RUNTIME OMP, libgomp).
  * Letting OpenMP's threads run next to our pool's oversubscribed the cores (a step ran
@@ -26,8 +28,10 @@
  * the images; backward-weights splits the images too where the activations outweigh
  * the weights (each part writes a partial dW, added up in part order afterwards, so the
  * result does not depend on timing), else the output channels (dy is then a strided
- * channel slice; no partial sums). RINGTRAIN_DNNL_BWW=omp|oc|batch overrides that (omp:
- * one part on oneDNN's OpenMP threads), for measuring.
+ * channel slice; no partial sums). On tiny inputs (no larger than the kernel: 3x3 on 2x2)
+ * backward-weights is no convolution at all but a matmul per part and a fold (dn_mm).
+ * RINGTRAIN_DNNL_BWW=omp|oc|batch overrides that (omp: one part on oneDNN's OpenMP
+ * threads; all three run the convolution primitive), for measuring.
  */
 #include "model/cpu/conv_dnnl.h"
 #include "model/cpu/cpu_internal.h"
@@ -52,8 +56,11 @@ struct rt_dnnl_env {
 #define DN_MAX_PARTS 64
 
 typedef struct dn_arg {
-    int arg;                      /* DNNL_ARG_* */
-    bool output;                  /* written by the primitive */
+    int arg;     /* DNNL_ARG_* */
+    bool output; /* written by the primitive */
+    bool shared; /* inner is the layer's shared weights copy at `shared_off` in the
+                    workspace, filled before the stage runs (dn_wsplit) */
+    size_t shared_off;
     dnnl_memory_t user;           /* our plain layout; handle set per call */
     dnnl_memory_t inner;          /* the primitive's layout in the workspace, or NULL: use `user` */
     dnnl_primitive_t reorder;     /* input: user -> inner; output: inner -> user; NULL when same layout */
@@ -70,13 +77,29 @@ typedef struct dn_stage {
     size_t bytes; /* of the part's region this stage uses */
 } dn_stage;
 
+/* The weights of forward or backward-data, reordered once per call into one buffer that
+ * all parts read: part t converts output channels [o0, o0+ob) of them (a block of the
+ * blocked layout, so the parts write disjoint bytes), then every part runs its stage.
+ * Each part converting all the weights for itself did the same work `nparts` times
+ * (ResNet34's 256x256 3x3 weights: 4 reorders a step where 2 suffice). */
+typedef struct dn_wsplit {
+    bool on;
+    size_t off;                                            /* of the shared copy in the workspace */
+    int warg;                                              /* index of the weights argument in the stage */
+    dnnl_memory_t user[DN_MAX_PARTS], inner[DN_MAX_PARTS]; /* part t's channel block of each */
+    dnnl_primitive_t reorder[DN_MAX_PARTS];
+} dn_wsplit;
+
 /* One task's share of a layer: images [n0, n0+nb) in forward and backward-data,
  * output channels [o0, o0+ob) of backward-weights (all images: no reduction). */
 typedef struct dn_part {
     int n0, nb, o0, ob;
     dnnl_stream_t stream;
     dn_stage fwd, bww, bwd;
-    size_t region; /* offset of its buffers in the workspace */
+    /* backward-weights as a matmul (dn_mm): rows [o0*P, (o0+ob)*P) of dW' */
+    dnnl_primitive_t mm;
+    dnnl_memory_t mm_a, mm_b, mm_c, mm_scratch; /* dy^T rows, x, dW' rows, scratchpad (or NULL) */
+    size_t region;                              /* offset of its buffers in the workspace */
 } dn_part;
 
 struct rt_dnnl_conv {
@@ -87,7 +110,10 @@ struct rt_dnnl_conv {
     size_t wfloats, partial_off, partial_stride; /* dW + db floats; partial sums of parts 1.. in the workspace */
     size_t ws;                                   /* workspace bytes of all parts */
     dn_part part[DN_MAX_PARTS];
-    char impl[3][48]; /* oneDNN implementation names, for the log */
+    dn_wsplit wsplit[2];                    /* forward's and backward-data's weights (dn_wsplit) */
+    bool bww_mm;                            /* backward-weights as one matmul per part, then folded (dn_mm) */
+    size_t mm_dwd_off, mm_x_off, mm_dy_off; /* dW' (f32), bf16 x and dy (bf16 only) in the workspace */
+    char impl[3][48];                       /* oneDNN implementation names, for the log */
 };
 
 static const char *dn_status_name(dnnl_status_t s) {
@@ -152,13 +178,29 @@ static void stage_destroy(dn_stage *st) {
     memset(st, 0, sizeof *st);
 }
 
+static void wsplit_destroy(dn_wsplit *w) {
+    for (int t = 0; t < DN_MAX_PARTS; t++) {
+        if (w->user[t]) dnnl_memory_destroy(w->user[t]);
+        if (w->inner[t]) dnnl_memory_destroy(w->inner[t]);
+        if (w->reorder[t]) dnnl_primitive_destroy(w->reorder[t]);
+    }
+    memset(w, 0, sizeof *w);
+}
+
 void rt_dnnl_conv_destroy(rt_dnnl_conv *c) {
     if (!c) return;
+    wsplit_destroy(&c->wsplit[0]);
+    wsplit_destroy(&c->wsplit[1]);
     for (int t = 0; t < c->nparts; t++) {
         dn_part *p = &c->part[t];
         stage_destroy(&p->fwd);
         stage_destroy(&p->bww);
         stage_destroy(&p->bwd);
+        if (p->mm) dnnl_primitive_destroy(p->mm);
+        if (p->mm_a) dnnl_memory_destroy(p->mm_a);
+        if (p->mm_b) dnnl_memory_destroy(p->mm_b);
+        if (p->mm_c) dnnl_memory_destroy(p->mm_c);
+        if (p->mm_scratch) dnnl_memory_destroy(p->mm_scratch);
         if (p->stream) dnnl_stream_destroy(p->stream);
     }
     free(c);
@@ -236,8 +278,10 @@ static rt_status stage_finish(rt_dnnl_env *e, dn_stage *st, const_dnnl_primitive
 }
 
 /* Run a stage with its buffers at `region`: set the handles, reorder inputs in, run,
- * reorder outputs out. ptrs[i] is our pointer for args[i]. */
-static dnnl_status_t stage_run(dnnl_stream_t stream, dn_stage *st, char *region, void *const *ptrs, bool accumulate) {
+ * reorder outputs out. ptrs[i] is our pointer for args[i]; a shared argument is already
+ * in its layout at ws + shared_off. */
+static dnnl_status_t stage_run(dnnl_stream_t stream, dn_stage *st, char *region, char *ws, void *const *ptrs,
+                               bool accumulate) {
     dnnl_exec_arg_t ex[DN_MAX_ARGS + 1];
     int nex = 0;
     dnnl_status_t s;
@@ -251,7 +295,10 @@ static dnnl_status_t stage_run(dnnl_stream_t stream, dn_stage *st, char *region,
         dnnl_memory_t m = a->user;
         /* an output written (not added) in our layout goes straight to the user */
         bool direct = !a->inner || (a->output && !a->reorder && !accumulate);
-        if (!direct) {
+        if (a->shared) {
+            DN_RUN(dnnl_memory_set_data_handle(a->inner, ws + a->shared_off));
+            m = a->inner;
+        } else if (!direct) {
             DN_RUN(dnnl_memory_set_data_handle(a->inner, region + a->off));
             m = a->inner;
             if (!a->output) {
@@ -393,6 +440,110 @@ static void part_range(int total, int parts, int unit, int t, int *lo, int *len)
     *len = (t == parts - 1 ? total : b * unit) - *lo;
 }
 
+/* Share the weights reorder of forward (k 0) or backward-data (k 1) among the parts
+ * (dn_wsplit): where every part wants them reordered into the same layout and the output
+ * channels split into whole 16-channel blocks, at least one per part (not necessarily
+ * as many in each: 64 channels on 3 threads are 1 + 1 + 2 blocks). The copy goes at
+ * *region (advanced). Anything oneDNN cannot do here leaves each part reordering for
+ * itself, as before. */
+static rt_status wsplit_build(rt_dnnl_env *e, const rt_conv2d *l, rt_dnnl_conv *c, int k, size_t *region) {
+    dn_wsplit *w = &c->wsplit[k];
+    const int T = c->nparts;
+    if (T < 2 || l->out_c % 16 != 0 || l->out_c / 16 < T) return RT_OK; /* every part a whole block or more */
+    dn_stage *st0 = k == 0 ? &c->part[0].fwd : &c->part[0].bwd;
+    w->warg = -1;
+    for (int i = 0; i < st0->nargs; i++)
+        if (st0->args[i].arg == DNNL_ARG_WEIGHTS) w->warg = i;
+    if (w->warg < 0 || !st0->args[w->warg].reorder) return RT_OK; /* no reorder to share */
+    const dnnl_memory_desc_t *umd = NULL, *imd = NULL, *md_t = NULL;
+    DN_CHECK(dnnl_memory_get_memory_desc(st0->args[w->warg].user, &umd));
+    DN_CHECK(dnnl_memory_get_memory_desc(st0->args[w->warg].inner, &imd));
+    for (int t = 1; t < T; t++) {
+        dn_arg *a = &(k == 0 ? &c->part[t].fwd : &c->part[t].bwd)->args[w->warg];
+        if (!a->inner || !a->reorder) return RT_OK;
+        DN_CHECK(dnnl_memory_get_memory_desc(a->inner, &md_t));
+        if (!dnnl_memory_desc_equal(md_t, imd)) return RT_OK;
+    }
+    rt_status st = RT_OK;
+    for (int t = 0; t < T && st == RT_OK; t++) {
+        int o0, ob;
+        part_range(l->out_c, T, 16, t, &o0, &ob);
+        dnnl_dims_t dims = {ob, l->in_c, l->k, l->k}, offs = {o0, 0, 0, 0};
+        dnnl_memory_desc_t us, is;
+        dnnl_status_t s = dnnl_memory_desc_init_submemory(&us, umd, dims, offs);
+        if (s == dnnl_success) s = dnnl_memory_desc_init_submemory(&is, imd, dims, offs);
+        if (s == dnnl_success) s = dnnl_memory_create(&w->user[t], &us, e->engine, DNNL_MEMORY_NONE);
+        if (s == dnnl_success) s = dnnl_memory_create(&w->inner[t], &is, e->engine, DNNL_MEMORY_NONE);
+        if (s != dnnl_success)
+            st = rt_error_set(RT_ERR_UNSUPPORTED, __FILE__, __LINE__, NULL, "oneDNN weights block %d: %s", t,
+                              dn_status_name(s));
+        if (st == RT_OK) st = make_reorder(e, &us, &is, false, &w->reorder[t]);
+    }
+    if (st != RT_OK) {
+        RT_LOG_DEBUG("conv2d %d->%d k%d: %s weights reorder not shared among the parts (%s)", l->in_c, l->out_c, l->k,
+                     k == 0 ? "forward" : "backward-data", rt_error_message());
+        rt_error_clear();
+        wsplit_destroy(w);
+        return RT_OK;
+    }
+    w->on = true;
+    w->off = *region;
+    *region += align64(dnnl_memory_desc_get_size(imd));
+    for (int t = 0; t < T; t++) {
+        dn_arg *a = &(k == 0 ? &c->part[t].fwd : &c->part[t].bwd)->args[w->warg];
+        a->shared = true;
+        a->shared_off = w->off;
+    }
+    return RT_OK;
+}
+
+/* Backward-weights of a layer on a tiny input (ResNet's layer3 at 28x28: 3x3 on 2x2) as
+ * a matrix product (dn_mm). oneDNN's convolution kernels run it at a small share of the
+ * machine there (256x256 on 2x2, batch 64: ~1 ms per part in bf16 and fp32 alike, the
+ * layer's forward ~0.2 ms), where its matmul reaches ~470 GFLOP/s in bf16 (~240 f32) on
+ * one core. NCHW already stores dy as (n, O*P) and x as (n, C*IP), so
+ *   dW' (O*P, C*IP) = dy^T x        (one sum over the images per element, in fp32)
+ * holds, for each output position p and input position q, the gradient of the one tap
+ * that joins them; conv_cpu.c's fold (the dense path's) adds them into dW (O, C, k, k),
+ * over the positions in order. The sums run over only the taps that read the image (4
+ * of 9 on 2x2), and dW' is 16/9 the weights. Part t computes rows [o0*P, (o0+ob)*P)
+ * over all images. Under bf16 the matmul reads bf16 copies of x and dy (each part packs
+ * its own images first), as the convolution did. */
+static bool mm_wanted(const rt_conv2d *l) {
+    const size_t P = (size_t)l->out_h * l->out_w, IP = (size_t)l->in_h * l->in_w;
+    return !l->has_bias && IP <= (size_t)l->k * l->k && (size_t)l->out_c * P * l->in_c * IP <= ((size_t)4 << 20);
+}
+
+static rt_status mm_build(rt_dnnl_env *e, const rt_conv2d *l, int max_n, bool bf16, dn_part *p, size_t *bytes) {
+    const dnnl_data_type_t lp = bf16 ? dnnl_bf16 : dnnl_f32;
+    const dnnl_dim_t P = (dnnl_dim_t)l->out_h * l->out_w, N = (dnnl_dim_t)l->in_c * l->in_h * l->in_w;
+    dnnl_memory_desc_t a, b, cm;
+    dnnl_dims_t ad = {p->ob * P, max_n}, as = {1, (dnnl_dim_t)l->out_c * P}, bd = {max_n, N}, cd = {p->ob * P, N};
+    DN_CHECK(dnnl_memory_desc_init_by_strides(&a, 2, ad, lp, as)); /* dy^T: a column slice of (n, O*P) */
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&b, 2, bd, lp, dnnl_ab));
+    DN_CHECK(dnnl_memory_desc_init_by_tag(&cm, 2, cd, dnnl_f32, dnnl_ab));
+    dnnl_matmul_desc_t md;
+    DN_CHECK(dnnl_matmul_desc_init(&md, &a, &b, NULL, &cm));
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    DN_CHECK(dnnl_primitive_attr_create(&attr));
+    dnnl_status_t s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, attr, e->engine, NULL);
+    dnnl_primitive_attr_destroy(attr);
+    RT_REQUIRE(s == dnnl_success, s == dnnl_unimplemented ? RT_ERR_UNSUPPORTED : RT_ERR_INTERNAL,
+               "oneDNN matmul primitive descriptor: %s", dn_status_name(s));
+    const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    *bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
+    if (s == dnnl_success && *bytes > 0) s = dnnl_memory_create(&p->mm_scratch, sp, e->engine, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) s = dnnl_memory_create(&p->mm_a, &a, e->engine, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) s = dnnl_memory_create(&p->mm_b, &b, e->engine, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) s = dnnl_memory_create(&p->mm_c, &cm, e->engine, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) s = dnnl_primitive_create(&p->mm, pd);
+    dnnl_primitive_desc_destroy(pd);
+    RT_REQUIRE(s == dnnl_success, RT_ERR_INTERNAL, "oneDNN matmul: %s", dn_status_name(s));
+    return RT_OK;
+}
+
 rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int threads, bool bf16, size_t *workspace,
                               rt_dnnl_conv **out) {
     *out = NULL;
@@ -418,6 +569,8 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
     c->wfloats = (size_t)l->out_c * l->in_c * l->k * l->k + (l->has_bias ? (size_t)l->out_c : 0);
     const size_t xfloats = (size_t)max_n * l->in_c * l->in_h * l->in_w;
     c->bww_batch = c->bww_parts > 1 && (bw != BWW_AUTO ? bw == BWW_BATCH : xfloats > c->wfloats);
+    c->bww_mm = bw == BWW_AUTO && mm_wanted(l); /* (RINGTRAIN_DNNL_BWW=oc|batch|omp: the convolution) */
+    if (c->bww_mm) c->bww_batch = false;
     const bool plain = layout == 1;
     /* oneDNN plans a primitive (blocking, reduction order) for the OpenMP thread count of
      * the creating thread; by default that follows the CPU affinity mask (1 under mpirun's
@@ -436,8 +589,10 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
         } else {
             part_range(l->out_c, c->bww_parts, unit, t, &p->o0, &p->ob);
         }
-        st = part_build(e, l, max_n, plain, t < c->bww_parts, p, c);
-        size_t b = p->fwd.bytes;
+        st = part_build(e, l, max_n, plain, t < c->bww_parts && !c->bww_mm, p, c);
+        size_t mmb = 0;
+        if (st == RT_OK && c->bww_mm) st = mm_build(e, l, max_n, bf16, p, &mmb);
+        size_t b = p->fwd.bytes > mmb ? p->fwd.bytes : mmb; /* (the scratchpad at the region's start) */
         if (p->bww.bytes > b) b = p->bww.bytes;
         if (p->bwd.bytes > b) b = p->bwd.bytes;
         p->region = region;
@@ -447,6 +602,22 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
         rt_dnnl_conv_destroy(c);
         return st;
     }
+    for (int k = 0; k < 2 && st == RT_OK; k++) st = wsplit_build(e, l, c, k, &region);
+    if (st != RT_OK) {
+        rt_dnnl_conv_destroy(c);
+        return st;
+    }
+    if (c->bww_mm) {
+        const size_t P = (size_t)l->out_h * l->out_w, IP = (size_t)l->in_h * l->in_w;
+        c->mm_dwd_off = region;
+        region += align64((size_t)l->out_c * P * l->in_c * IP * sizeof(float));
+        if (bf16) {
+            c->mm_x_off = region;
+            region += align64((size_t)max_n * l->in_c * IP * sizeof(uint16_t));
+            c->mm_dy_off = region;
+            region += align64((size_t)max_n * l->out_c * P * sizeof(uint16_t));
+        }
+    }
     if (c->bww_batch) {
         c->partial_off = region;
         c->partial_stride = align64(c->wfloats * sizeof(float));
@@ -455,7 +626,7 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
     *workspace = c->ws = region;
     RT_LOG_DEBUG("conv2d %d->%d k%d s%d on %dx%d, batch %d in %d parts, %s: oneDNN %s / %s / %s, workspace %zu bytes",
                  l->in_c, l->out_c, l->k, l->stride, l->in_h, l->in_w, max_n, T, bf16 ? "bf16" : "f32", c->impl[0],
-                 c->impl[1], c->impl[2], region);
+                 c->bww_mm ? "matmul + fold" : c->impl[1], c->impl[2], region);
     *out = c;
     return RT_OK;
 }
@@ -488,7 +659,7 @@ static void dn_task(void *arg, int t) {
         ptr[i++] = rt_tensor_data(&l->weight);
         if (l->has_bias) ptr[i++] = rt_tensor_data(&l->bias);
         ptr[i++] = J->y + p->n0 * yi;
-        J->status[t] = stage_run(p->stream, &p->fwd, region, ptr, false);
+        J->status[t] = stage_run(p->stream, &p->fwd, region, J->ws, ptr, false);
     } else if (J->which == 1 && J->c->bww_batch) {
         void *ptr[4];
         int i = 0;
@@ -498,7 +669,7 @@ static void dn_task(void *arg, int t) {
         ptr[i++] = (void *)(J->dy + p->n0 * yi);
         ptr[i++] = dw;
         if (l->has_bias) ptr[i++] = t == 0 ? (float *)rt_tensor_data(&l->dbias) : dw + (size_t)l->out_c * wo;
-        J->status[t] = stage_run(p->stream, &p->bww, region, ptr, false);
+        J->status[t] = stage_run(p->stream, &p->bww, region, J->ws, ptr, false);
     } else if (J->which == 1) {
         void *ptr[4];
         int i = 0;
@@ -506,11 +677,27 @@ static void dn_task(void *arg, int t) {
         ptr[i++] = (void *)(J->dy + (size_t)p->o0 * l->out_h * l->out_w);
         ptr[i++] = (float *)rt_tensor_data(&l->dweight) + (size_t)p->o0 * wo;
         if (l->has_bias) ptr[i++] = (float *)rt_tensor_data(&l->dbias) + p->o0;
-        J->status[t] = stage_run(p->stream, &p->bww, region, ptr, false);
+        J->status[t] = stage_run(p->stream, &p->bww, region, J->ws, ptr, false);
     } else {
         void *ptr[3] = {(void *)(J->dy + p->n0 * yi), rt_tensor_data(&l->weight), J->dx + p->n0 * xi};
-        J->status[t] = stage_run(p->stream, &p->bwd, region, ptr, J->accumulate);
+        J->status[t] = stage_run(p->stream, &p->bwd, region, J->ws, ptr, J->accumulate);
     }
+}
+
+/* part t's block of the shared weights copy (dn_wsplit) */
+static void dn_wsplit_task(void *arg, int t) {
+    dn_job *J = arg;
+    dn_wsplit *w = &J->c->wsplit[J->which == 0 ? 0 : 1];
+    dnnl_status_t s;
+    if (J->e->set_threads) J->e->set_threads(J->omp_threads);
+    if ((s = dnnl_memory_set_data_handle(w->user[t], rt_tensor_data(&J->l->weight))) != dnnl_success ||
+        (s = dnnl_memory_set_data_handle(w->inner[t], J->ws + w->off)) != dnnl_success) {
+        J->status[t] = s;
+        return;
+    }
+    dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, w->user[t]}, {DNNL_ARG_TO, w->inner[t]}};
+    s = dnnl_primitive_execute(w->reorder[t], J->c->part[t].stream, 2, r);
+    J->status[t] = s == dnnl_success ? dnnl_stream_wait(J->c->part[t].stream) : s;
 }
 
 /* dW (+ db) += the partial sums of parts 1.. (in part order: deterministic) */
@@ -530,6 +717,59 @@ static void dn_sum_task(void *arg, int task) {
     }
 }
 
+/* dn_mm, bf16: part t packs its images of x and dy */
+static void dn_mm_pack_task(void *arg, int t) {
+    dn_job *J = arg;
+    const rt_conv2d *l = J->l;
+    const dn_part *p = &J->c->part[t];
+    const size_t xi = (size_t)l->in_c * l->in_h * l->in_w, yi = (size_t)l->out_c * l->out_h * l->out_w;
+    rt_cpu_bf16_pack((size_t)p->nb * xi, J->x + p->n0 * xi, (uint16_t *)(J->ws + J->c->mm_x_off) + p->n0 * xi);
+    rt_cpu_bf16_pack((size_t)p->nb * yi, J->dy + p->n0 * yi, (uint16_t *)(J->ws + J->c->mm_dy_off) + p->n0 * yi);
+}
+
+/* dn_mm: part t's rows of dW' */
+static void dn_mm_task(void *arg, int t) {
+    dn_job *J = arg;
+    const rt_conv2d *l = J->l;
+    dn_part *p = &J->c->part[t];
+    const size_t P = (size_t)l->out_h * l->out_w, N = (size_t)l->in_c * l->in_h * l->in_w;
+    if (J->e->set_threads) J->e->set_threads(J->omp_threads);
+    char *a, *b;
+    if (J->c->bf16) {
+        a = (char *)((uint16_t *)(J->ws + J->c->mm_dy_off) + (size_t)p->o0 * P);
+        b = J->ws + J->c->mm_x_off;
+    } else {
+        a = (char *)(J->dy + (size_t)p->o0 * P);
+        b = (char *)J->x;
+    }
+    float *cp = (float *)(J->ws + J->c->mm_dwd_off) + (size_t)p->o0 * P * N;
+    dnnl_status_t s;
+    if ((s = dnnl_memory_set_data_handle(p->mm_a, a)) != dnnl_success ||
+        (s = dnnl_memory_set_data_handle(p->mm_b, b)) != dnnl_success ||
+        (s = dnnl_memory_set_data_handle(p->mm_c, cp)) != dnnl_success ||
+        (p->mm_scratch && (s = dnnl_memory_set_data_handle(p->mm_scratch, J->ws + p->region)) != dnnl_success)) {
+        J->status[t] = s;
+        return;
+    }
+    dnnl_exec_arg_t ex[4] = {{DNNL_ARG_SRC, p->mm_a}, {DNNL_ARG_WEIGHTS, p->mm_b}, {DNNL_ARG_DST, p->mm_c}};
+    int nex = 3;
+    if (p->mm_scratch) ex[nex++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, p->mm_scratch};
+    s = dnnl_primitive_execute(p->mm, p->stream, nex, ex);
+    J->status[t] = s == dnnl_success ? dnnl_stream_wait(p->stream) : s;
+}
+
+static rt_status dn_run_mm(rt_model_ctx *ctx, dn_job *J) {
+    rt_dnnl_conv *c = J->c;
+    if (c->bf16) rt_threadpool_run(cpu_pool(ctx), c->nparts, dn_mm_pack_task, J);
+    rt_threadpool_run(cpu_pool(ctx), c->nparts, dn_mm_task, J);
+    for (int t = 0; t < c->nparts; t++)
+        RT_REQUIRE(J->status[t] == dnnl_success, RT_ERR_INTERNAL,
+                   "conv2d %d->%d k%d: oneDNN matmul (backward-weights) failed: %s", J->l->in_c, J->l->out_c, J->l->k,
+                   dn_status_name(J->status[t]));
+    rt_cpu_conv2d_fold(ctx, J->l, (const float *)(J->ws + c->mm_dwd_off), rt_tensor_data(&J->l->dweight));
+    return RT_OK;
+}
+
 static rt_status dn_run(rt_model_ctx *ctx, dn_job *J) {
     rt_dnnl_conv *c = J->c;
     RT_REQUIRE(ctx->work && ctx->work_bytes >= c->ws, RT_ERR_INVALID,
@@ -541,6 +781,14 @@ static rt_status dn_run(rt_model_ctx *ctx, dn_job *J) {
      * running its primitive single-threaded */
     const int parts = J->which == 1 ? c->bww_parts : c->nparts;
     J->omp_threads = parts == 1 ? ctx->threads : 1;
+    if (J->which == 1 && c->bww_mm) return dn_run_mm(ctx, J);
+    if (J->which != 1 && c->wsplit[J->which == 0 ? 0 : 1].on) {
+        rt_threadpool_run(cpu_pool(ctx), parts, dn_wsplit_task, J);
+        for (int t = 0; t < parts; t++)
+            RT_REQUIRE(J->status[t] == dnnl_success, RT_ERR_INTERNAL,
+                       "conv2d %d->%d k%d: oneDNN weights reorder failed: %s", J->l->in_c, J->l->out_c, J->l->k,
+                       dn_status_name(J->status[t]));
+    }
     rt_threadpool_run(cpu_pool(ctx), parts, dn_task, J);
     for (int t = 0; t < parts; t++)
         RT_REQUIRE(J->status[t] == dnnl_success, RT_ERR_INTERNAL, "conv2d %d->%d k%d: oneDNN %s failed: %s", J->l->in_c,

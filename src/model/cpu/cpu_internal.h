@@ -35,11 +35,28 @@ typedef struct rt_cpu_state {
 static inline rt_threadpool *cpu_pool(rt_model_ctx *ctx) { return ((rt_cpu_state *)ctx->backend)->pool; }
 
 /* conv_cpu.c */
+/* dW (O, C, k, k) of layer l from its unrolled gradient dW' (O*OH*OW, C*H*W) (the
+ * dense path's layout: row (o, output position), column (c, input position)); dead taps
+ * 0; on the pool */
+void rt_cpu_conv2d_fold(rt_model_ctx *ctx, const rt_conv2d *l, const float *dwd, float *dw);
 rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
 void rt_cpu_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l);
 rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y);
 rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
                                  bool accumulate);
+
+/* bf16_cpu.c: dst[i] = bf16(src[i]) (add: dst[i] += bf16(src[i])) for i < count, split
+ * over the pool; dst == src is allowed (not with add), other overlaps are not */
+void rt_cpu_bf16_round(rt_model_ctx *ctx, size_t count, const float *src, float *dst, bool add);
+/* dst[i] = the bf16 bits of src[i] (nearest, ties to even) for i < count, on the calling
+ * thread (vectorised) */
+void rt_cpu_bf16_pack(size_t count, const float *src, uint16_t *dst);
+
+/* linear_bf16.c: the linear layer under precision bf16, the same bits as ops_cpu.c's
+ * plain loops (the specification), split over the pool and vectorised */
+rt_status rt_cpu_linear_forward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, float *y);
+rt_status rt_cpu_linear_backward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy,
+                                      float *dx);
 
 /* ops_cpu.c */
 rt_status rt_cpu_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
