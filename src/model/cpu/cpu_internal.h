@@ -18,8 +18,8 @@ typedef enum rt_cpu_conv_impl {
 /* The elementwise hot loops (batch norm, ReLU, pooling) are compiled for the baseline
  * x86-64 and again for AVX2 and AVX-512, the best picked at load time (GCC's
  * target_clones): the build stays portable and the loops run full-width where the CPU
- * has it. The AVX-512 copy may contract a * b + c into one FMA, so its last bit can
- * differ from the baseline copy's (within one rounding); one machine always runs one. */
+ * has it. ISO C mode (-std=c11) lets gcc contract no a * b + c into an FMA, so every
+ * copy computes the same bits (the objects hold no vfmadd). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define RT_CPU_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
 #else

@@ -1,5 +1,5 @@
 /* The linear layer under precision bf16 on the CPU, on the pool and vectorised, with the
- * bits of the plain loops that specify it (ops_cpu.c, "linear"):
+ * bits of the plain loops that specify it (the reference in tests/model/test_linear_bf16.c):
  *   y[i,o]  = bf16( sum_k bf16(x[i,k]) bf16(W[o,k])  +  bf16(b[o]) )   (sum over k in order)
  *   dW[o,k] = sum_i bf16(dy[i,o]) bf16(x[i,k])                         (over i in order)
  *   db[o]   = sum_i bf16(dy[i,o])

@@ -16,7 +16,6 @@
 #define RT_IVDEP
 #endif
 
-#include "core/bf16.h"
 #include "core/philox.h"
 #include "model/cpu/cpu_internal.h"
 #include "model/cpu/gemm.h"
@@ -529,53 +528,8 @@ rt_status rt_cpu_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const
 
 /* ---- linear ------------------------------------------------------------------------ */
 
-/* Precision bf16 (autocast's linear: bf16 x, W and b, bf16 y; backward bf16 dy and dx):
- * every operand is rounded to bf16 (ties to even) as it is read, products are exact in
- * fp32 and summed in fp32, y and dx are rounded once at the end; dW and db stay fp32
- * sums (as for conv2d, conv_cpu.c). Plain loops: ResNet's one linear layer is 512 x 10,
- * and the loops are the specification the rounding tests check. */
-static void linear_forward_bf16(const rt_linear *l, int n, const float *x, float *y) {
-    const float *w = rt_tensor_data(&l->weight), *b = rt_tensor_data(&l->bias);
-    for (int i = 0; i < n; i++) {
-        const float *xi = x + (size_t)i * l->in_f;
-        for (int o = 0; o < l->out_f; o++) {
-            const float *wo = w + (size_t)o * l->in_f;
-            float s = 0.0f;
-            for (int k = 0; k < l->in_f; k++) s += rt_bf16_round(xi[k]) * rt_bf16_round(wo[k]);
-            y[(size_t)i * l->out_f + o] = rt_bf16_round(s + rt_bf16_round(b[o]));
-        }
-    }
-}
-
-static void linear_backward_bf16(const rt_linear *l, int n, const float *x, const float *dy, float *dx) {
-    const float *w = rt_tensor_data(&l->weight);
-    float *dw = rt_tensor_data(&l->dweight), *db = rt_tensor_data(&l->dbias);
-    for (int o = 0; o < l->out_f; o++) {
-        float sb = 0.0f;
-        for (int i = 0; i < n; i++) sb += rt_bf16_round(dy[(size_t)i * l->out_f + o]);
-        db[o] = sb;
-        for (int k = 0; k < l->in_f; k++) {
-            float s = 0.0f;
-            for (int i = 0; i < n; i++)
-                s += rt_bf16_round(dy[(size_t)i * l->out_f + o]) * rt_bf16_round(x[(size_t)i * l->in_f + k]);
-            dw[(size_t)o * l->in_f + k] = s;
-        }
-    }
-    if (!dx) return;
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < l->in_f; k++) {
-            float s = 0.0f;
-            for (int o = 0; o < l->out_f; o++)
-                s += rt_bf16_round(dy[(size_t)i * l->out_f + o]) * rt_bf16_round(w[(size_t)o * l->in_f + k]);
-            dx[(size_t)i * l->in_f + k] = rt_bf16_round(s);
-        }
-}
-
 rt_status rt_cpu_linear_forward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, float *y) {
-    if (ctx->precision == RT_PRECISION_BF16) {
-        linear_forward_bf16(l, n, x, y);
-        return RT_OK;
-    }
+    if (ctx->precision == RT_PRECISION_BF16) return rt_cpu_linear_forward_bf16(ctx, l, n, x, y);
     const float *w = rt_tensor_data(&l->weight), *b = rt_tensor_data(&l->bias);
     for (int i = 0; i < n; i++) memcpy(y + (size_t)i * l->out_f, b, sizeof(float) * (size_t)l->out_f);
     /* y (n, out) += x (n, in) W^T (in, out) */
@@ -584,10 +538,7 @@ rt_status rt_cpu_linear_forward(rt_model_ctx *ctx, rt_linear *l, int n, const fl
 }
 
 rt_status rt_cpu_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy, float *dx) {
-    if (ctx->precision == RT_PRECISION_BF16) {
-        linear_backward_bf16(l, n, x, dy, dx);
-        return RT_OK;
-    }
+    if (ctx->precision == RT_PRECISION_BF16) return rt_cpu_linear_backward_bf16(ctx, l, n, x, dy, dx);
     const float *w = rt_tensor_data(&l->weight);
     float *dw = rt_tensor_data(&l->dweight), *db = rt_tensor_data(&l->dbias);
     /* dW (out, in) = dy^T (out, n) x (n, in) */
