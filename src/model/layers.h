@@ -106,8 +106,9 @@ void rt_linear_release(rt_model_ctx *ctx, rt_linear *l);
 /* conv2d: x (n, in_c, in_h, in_w) -> y (n, out_c, out_h, out_w) */
 rt_status rt_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y);
 /* writes dweight (and dbias); dx (n, in_c, in_h, in_w) written or accumulated, or NULL.
- * x must be the (unchanged) input of this layer's last forward with the same n: the
- * CPU backend reuses that forward's unfolded columns. */
+ * x must be the (unchanged) input of this layer's last forward with the same n, and the
+ * weights those of that forward: the CPU backend reuses that forward's unfolded columns
+ * and unrolled weights. */
 rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
                              bool accumulate);
 

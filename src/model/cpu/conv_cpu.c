@@ -597,8 +597,9 @@ static rt_status dense_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
     rt_threadpool_run(cpu_pool(ctx), D.parts, dense_dw_part, &D);
     dense_unroll(ctx, l, NULL, D.dwd, 1, rt_tensor_data(&l->dweight), false);
     if (dx) {
-        /* unrolled again: the weights may have changed since the forward */
-        dense_unroll(ctx, l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL, round_w);
+        /* W' is still the forward's: the weights are those of the last forward
+         * (rt_conv2d_backward's contract), and so is the precision (round_w) */
+        (void)round_w;
         D.parts = parts_for(ctx, n);
         rt_threadpool_run(cpu_pool(ctx), D.parts, dense_dx_part, &D);
     }
