@@ -483,6 +483,38 @@ static void test_maxpool2d(void **state) {
     assert_rt_ok(rt_maxpool2d_backward(g_ctx, &q, 1, xq, yq, dyq, dxq));
     const float want[9] = {1, 0, 0, /**/ 0, 0, 1010, /**/ 100, 0, 0};
     for (int i = 0; i < 9; i++) assert_float_equal(dxq[i], want[i], 0);
+    /* prepared: backward scatters the forward's recorded maxima: the same dx */
+    assert_rt_ok(rt_maxpool2d_prepare(g_ctx, &q, 2));
+    memset(dxq, 0, sizeof dxq);
+    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &q, 1, xq, yq));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &q, 1, xq, yq, dyq, dxq));
+    for (int i = 0; i < 9; i++) assert_float_equal(dxq[i], want[i], 0);
+    rt_maxpool2d_release(g_ctx, &q);
+    /* and on random planes, against the unprepared layer; then a backward for another
+     * input than the last forward's finds that input's maxima */
+    const int n = 3, C = 5, H = 14;
+    rt_maxpool2d u, v;
+    assert_rt_ok(rt_maxpool2d_init(&u, C, H, H, 3, 2, 1));
+    assert_rt_ok(rt_maxpool2d_init(&v, C, H, H, 3, 2, 1));
+    assert_rt_ok(rt_maxpool2d_prepare(g_ctx, &v, n));
+    const size_t xn = (size_t)n * C * H * H, yn = (size_t)n * C * u.out_h * u.out_w;
+    float *xa = alloc_f(xn), *xb = alloc_f(xn), *ya = alloc_f(yn), *yb = alloc_f(yn), *g = alloc_f(yn);
+    float *da = alloc_f(xn), *db = alloc_f(xn);
+    mt_randn(xa, xn, 41);
+    mt_randn(xb, xn, 42);
+    mt_randn(g, yn, 43);
+    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &u, n, xa, ya));
+    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &v, n, xa, yb));
+    assert_memory_equal(ya, yb, yn * sizeof *ya);
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &u, n, xa, ya, g, da));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &v, n, xa, yb, g, db));
+    assert_memory_equal(da, db, xn * sizeof *da);
+    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &u, n, xb, ya));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &u, n, xb, ya, g, da));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &v, n, xb, ya, g, db)); /* v's last forward was xa */
+    assert_memory_equal(da, db, xn * sizeof *da);
+    rt_maxpool2d_release(g_ctx, &v);
+    free(xa), free(xb), free(ya), free(yb), free(g), free(da), free(db);
 }
 
 /* ---- linear ------------------------------------------------------------------------ */

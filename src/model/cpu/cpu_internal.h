@@ -69,6 +69,8 @@ rt_status rt_cpu_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, 
                                           const float *dy, float *dx, bool accumulate);
 rt_status rt_cpu_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y);
 rt_status rt_cpu_relu_backward(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx);
+rt_status rt_cpu_maxpool2d_prepare(rt_model_ctx *ctx, rt_maxpool2d *l, int max_n);
+void rt_cpu_maxpool2d_release(rt_model_ctx *ctx, rt_maxpool2d *l);
 rt_status rt_cpu_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y);
 rt_status rt_cpu_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
                                     const float *dy, float *dx);

@@ -23,6 +23,7 @@
 #include <float.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- batch norm ------------------------------------------------------------------- */
@@ -422,18 +423,29 @@ rt_status rt_cpu_copy(rt_model_ctx *ctx, size_t count, const float *x, float *y)
     return RT_OK;
 }
 
-/* ---- max pooling: one task per (image, channel) plane ------------------------------ */
+/* ---- max pooling: tasks of a few (image, channel) planes --------------------------- */
+
+/* Prepared layers (rt_maxpool2d_prepare) keep the forward's argmax of every output, so
+ * that backward only scatters dy; without it (or for an input other than the last
+ * forward's) backward finds the maxima again. */
+typedef struct cpu_maxpool {
+    int max_n, n;   /* capacity; images of the last forward (0: none recorded) */
+    const float *x; /* that forward's input */
+    int32_t *arg;   /* (max_n, c, out_h, out_w): index into the input plane */
+} cpu_maxpool;
 
 typedef struct pool_job {
     const rt_maxpool2d *l;
     const float *x, *dy;
     float *y, *dx;
-    int planes; /* n * c */
+    int32_t *arg; /* written by forward / read by backward, or NULL */
+    int planes;   /* n * c */
 } pool_job;
 
 /* index (into the input plane) of the first maximum of window (oh, ow), the window
  * clipped to the plane first (padding never wins; pad <= k/2 leaves every window at least
- * one value); a NaN wins over everything before it (PyTorch's CPU rule) */
+ * one value); a NaN wins over everything before it (PyTorch's CPU rule). Branch-free
+ * selects: the comparisons of random data mispredict half the time. */
 static inline int window_argmax(const rt_maxpool2d *l, const float *xp, int oh, int ow, float *best) {
     const int h0 = oh * l->stride - l->pad, w0 = ow * l->stride - l->pad;
     const int i0 = h0 < 0 ? 0 : h0, i1 = h0 + l->k < l->in_h ? h0 + l->k : l->in_h;
@@ -442,11 +454,11 @@ static inline int window_argmax(const rt_maxpool2d *l, const float *xp, int oh, 
     float m = xp[arg];
     for (int ih = i0; ih < i1; ih++)
         for (int iw = j0; iw < j1; iw++) {
-            const float v = xp[ih * l->in_w + iw];
-            if (v > m || isnan(v)) {
-                m = v;
-                arg = ih * l->in_w + iw;
-            }
+            const int idx = ih * l->in_w + iw;
+            const float v = xp[idx];
+            const bool take = (v > m) | (v != v);
+            m = take ? v : m;
+            arg = take ? idx : arg;
         }
     *best = m;
     return arg;
@@ -456,24 +468,54 @@ static inline int window_argmax(const rt_maxpool2d *l, const float *xp, int oh, 
  * counter a contended cache line */
 #define MP_PLANES 16
 
+/* window_argmax for a 3x3 window wholly inside the plane at row-major offset a0 (the
+ * ResNet stem's pooling: all but the first row and column of outputs), unrolled */
+static inline int window3_argmax(const float *xp, int W, int a0, float *best) {
+    int arg = a0;
+    float m = xp[a0];
+    const int off[8] = {1, 2, W, W + 1, W + 2, 2 * W, 2 * W + 1, 2 * W + 2};
+    for (int t = 0; t < 8; t++) {
+        const float v = xp[a0 + off[t]];
+        const bool take = (v > m) | (v != v);
+        m = take ? v : m;
+        arg = take ? a0 + off[t] : arg;
+    }
+    *best = m;
+    return arg;
+}
+
 static void maxpool_fw_plane(const pool_job *J, int plane) {
     const rt_maxpool2d *l = J->l;
+    const size_t OP = (size_t)l->out_h * l->out_w;
     const float *xp = J->x + (size_t)plane * l->in_h * l->in_w;
-    float *yp = J->y + (size_t)plane * l->out_h * l->out_w;
-    for (int oh = 0; oh < l->out_h; oh++)
+    float *yp = J->y + (size_t)plane * OP;
+    int32_t *ap = J->arg ? J->arg + (size_t)plane * OP : NULL;
+    for (int oh = 0; oh < l->out_h; oh++) {
+        const int h0 = oh * l->stride - l->pad;
         for (int ow = 0; ow < l->out_w; ow++) {
+            const int w0 = ow * l->stride - l->pad;
             float m;
-            (void)window_argmax(l, xp, oh, ow, &m);
+            const int a = l->k == 3 && h0 >= 0 && w0 >= 0 && h0 + 3 <= l->in_h && w0 + 3 <= l->in_w
+                              ? window3_argmax(xp, l->in_w, h0 * l->in_w + w0, &m)
+                              : window_argmax(l, xp, oh, ow, &m);
             yp[oh * l->out_w + ow] = m;
+            if (ap) ap[oh * l->out_w + ow] = a;
         }
+    }
 }
 
 static void maxpool_bw_plane(const pool_job *J, int plane) {
     const rt_maxpool2d *l = J->l;
+    const size_t OP = (size_t)l->out_h * l->out_w;
     const float *xp = J->x + (size_t)plane * l->in_h * l->in_w;
-    const float *dyp = J->dy + (size_t)plane * l->out_h * l->out_w;
+    const float *dyp = J->dy + (size_t)plane * OP;
     float *dxp = J->dx + (size_t)plane * l->in_h * l->in_w;
     memset(dxp, 0, sizeof(float) * (size_t)l->in_h * l->in_w);
+    if (J->arg) {
+        const int32_t *ap = J->arg + (size_t)plane * OP;
+        for (size_t o = 0; o < OP; o++) dxp[ap[o]] += dyp[o];
+        return;
+    }
     for (int oh = 0; oh < l->out_h; oh++)
         for (int ow = 0; ow < l->out_w; ow++) {
             float m;
@@ -490,8 +532,40 @@ RT_CPU_HOT static void maxpool_bw_task(void *arg, int t) {
     for (int p = t * MP_PLANES; p < (t + 1) * MP_PLANES && p < J->planes; p++) maxpool_bw_plane(J, p);
 }
 
+rt_status rt_cpu_maxpool2d_prepare(rt_model_ctx *ctx, rt_maxpool2d *l, int max_n) {
+    rt_cpu_maxpool2d_release(ctx, l);
+    const size_t count = (size_t)max_n * l->c * l->out_h * l->out_w;
+    cpu_maxpool *mp = calloc(1, sizeof *mp);
+    int32_t *arg = malloc(sizeof *arg * count);
+    if (!mp || !arg) {
+        free(mp);
+        free(arg);
+        RT_FAIL(RT_ERR_NOMEM, "maxpool2d on %dx%dx%d: %zu bytes of argmax for batch %d", l->c, l->in_h, l->in_w,
+                sizeof *arg * count, max_n);
+    }
+    mp->max_n = max_n;
+    mp->arg = arg;
+    l->priv = mp;
+    return RT_OK;
+}
+
+void rt_cpu_maxpool2d_release(rt_model_ctx *ctx, rt_maxpool2d *l) {
+    (void)ctx;
+    cpu_maxpool *mp = l->priv;
+    if (mp) free(mp->arg);
+    free(mp);
+    l->priv = NULL;
+}
+
 rt_status rt_cpu_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y) {
+    cpu_maxpool *mp = l->priv;
     pool_job J = {.l = l, .x = x, .y = y, .planes = n * l->c};
+    if (mp) {
+        const bool fits = n <= mp->max_n;
+        J.arg = fits ? mp->arg : NULL;
+        mp->n = fits ? n : 0;
+        mp->x = x;
+    }
     rt_threadpool_run(cpu_pool(ctx), (J.planes + MP_PLANES - 1) / MP_PLANES, maxpool_fw_task, &J);
     return RT_OK;
 }
@@ -499,7 +573,9 @@ rt_status rt_cpu_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, co
 rt_status rt_cpu_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
                                     const float *dy, float *dx) {
     (void)y;
+    const cpu_maxpool *mp = l->priv;
     pool_job J = {.l = l, .x = x, .dy = dy, .dx = dx, .planes = n * l->c};
+    if (mp && mp->n == n && mp->x == x) J.arg = mp->arg; /* the last forward's maxima */
     rt_threadpool_run(cpu_pool(ctx), (J.planes + MP_PLANES - 1) / MP_PLANES, maxpool_bw_task, &J);
     return RT_OK;
 }
