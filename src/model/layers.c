@@ -203,6 +203,7 @@ rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, c
 rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
                                      float *y, bool training, bool relu) {
     RT_CHECK(bn_forward_check(l, n, x, y, training));
+    RT_REQUIRE(residual != y, RT_ERR_INVALID, "batchnorm2d forward: output aliases the residual");
     if (ctx->ops->batchnorm2d_forward_act)
         return ctx->ops->batchnorm2d_forward_act(ctx, l, n, x, residual, y, training, relu);
     const size_t count = (size_t)n * l->c * l->h * l->w;

@@ -122,8 +122,8 @@ rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, c
                                   float *dx, bool accumulate);
 
 /* batch norm, then (optional) a residual added and (optional) ReLU, in one pass where the
- * backend fuses them: y = relu(bn(x) + residual); residual NULL: none; y may not alias x
- * (it may alias residual). Same values as the three layers one after another. */
+ * backend fuses them: y = relu(bn(x) + residual); residual NULL: none; y may alias
+ * neither x nor residual. Same values as the three layers one after another. */
 rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
                                      float *y, bool training, bool relu);
 /* Backward of batch norm followed by a ReLU whose output was act: the batch norm's output

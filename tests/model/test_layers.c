@@ -75,7 +75,9 @@ static void check_conv(int n, int in_c, int out_c, int h, int w, int k, int s, i
     if (bias)
         fails += mt_fd_check("conv db", rt_tensor_data(&c.l.bias), rt_tensor_data(&c.l.dbias), (size_t)out_c, 60, EPS,
                              RTOL, ATOL, conv_eval, &c);
-    /* accumulate adds to what dx holds */
+    /* accumulate adds to what dx holds (after a forward with the unperturbed weights:
+     * backward's contract) */
+    assert_rt_ok(rt_conv2d_forward(g_ctx, &c.l, n, c.x, c.y));
     for (size_t i = 0; i < c.xn; i++) dx2[i] = 1.0f;
     assert_rt_ok(rt_conv2d_backward(g_ctx, &c.l, n, c.x, c.r, dx2, true));
     for (size_t i = 0; i < c.xn; i++) assert_float_equal(dx2[i], dx[i] + 1.0f, 1e-4);
@@ -316,8 +318,10 @@ static void bn_fused_run(int threads, int C, int H, int W, int n, float *y_out, 
 
 static void test_batchnorm2d_fused(void **state) {
     (void)state;
-    /* 1x1, 2x2 (row path, one and several row blocks per task), 7x7, 17x17 (plane path) */
-    const int shapes[][4] = {{64, 1, 1, 9}, {40, 2, 2, 5}, {6, 7, 7, 3}, {3, 17, 17, 2}};
+    /* 1x1, 2x2 (row path, one and several row blocks per task), 7x7, 17x17 (plane path), */
+    /* ... 14x14 with more channels than one row block holds, 16x16 = BN_ROW_PLANE */
+    const int shapes[][4] = {{64, 1, 1, 9},  {40, 2, 2, 5},   {6, 7, 7, 3},
+                             {3, 17, 17, 2}, {64, 14, 14, 2}, {3, 16, 16, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int C = shapes[s][0], H = shapes[s][1], W = shapes[s][2], n = shapes[s][3];
         const size_t cnt = (size_t)n * C * H * W;

@@ -458,6 +458,10 @@ static rt_status wsplit_build(rt_dnnl_env *e, const rt_conv2d *l, rt_dnnl_conv *
     const dnnl_memory_desc_t *umd = NULL, *imd = NULL, *md_t = NULL;
     DN_CHECK(dnnl_memory_get_memory_desc(st0->args[w->warg].user, &umd));
     DN_CHECK(dnnl_memory_get_memory_desc(st0->args[w->warg].inner, &imd));
+    /* a padded layout is not shared: setting a memory's handle zero-fills its padding,
+     * and the parts would do that to one buffer while the others read it */
+    for (int d = 0; d < imd->ndims; d++)
+        if (imd->padded_dims[d] != imd->dims[d]) return RT_OK;
     for (int t = 1; t < T; t++) {
         dn_arg *a = &(k == 0 ? &c->part[t].fwd : &c->part[t].bwd)->args[w->warg];
         if (!a->inner || !a->reorder) return RT_OK;
@@ -544,8 +548,9 @@ static rt_status mm_build(rt_dnnl_env *e, const rt_conv2d *l, int max_n, bool bf
     return RT_OK;
 }
 
-rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int threads, bool bf16, size_t *workspace,
-                              rt_dnnl_conv **out) {
+/* allow_mm: backward-weights may be the matmul where mm_wanted says so */
+static rt_status conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int threads, bool bf16, bool allow_mm,
+                             size_t *workspace, rt_dnnl_conv **out) {
     *out = NULL;
     enum { BWW_AUTO, BWW_OMP, BWW_OC, BWW_BATCH }; /* RINGTRAIN_DNNL_BWW's choices, in order */
     int bw = BWW_AUTO, layout = 0;                 /* RINGTRAIN_DNNL_LAYOUT: auto (0) | plain (1) */
@@ -569,7 +574,7 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
     c->wfloats = (size_t)l->out_c * l->in_c * l->k * l->k + (l->has_bias ? (size_t)l->out_c : 0);
     const size_t xfloats = (size_t)max_n * l->in_c * l->in_h * l->in_w;
     c->bww_batch = c->bww_parts > 1 && (bw != BWW_AUTO ? bw == BWW_BATCH : xfloats > c->wfloats);
-    c->bww_mm = bw == BWW_AUTO && mm_wanted(l); /* (RINGTRAIN_DNNL_BWW=oc|batch|omp: the convolution) */
+    c->bww_mm = allow_mm && bw == BWW_AUTO && mm_wanted(l); /* (RINGTRAIN_DNNL_BWW=oc|batch|omp: the convolution) */
     if (c->bww_mm) c->bww_batch = false;
     const bool plain = layout == 1;
     /* oneDNN plans a primitive (blocking, reduction order) for the OpenMP thread count of
@@ -629,6 +634,20 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
                  c->bww_mm ? "matmul + fold" : c->impl[1], c->impl[2], region);
     *out = c;
     return RT_OK;
+}
+
+rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int threads, bool bf16, size_t *workspace,
+                              rt_dnnl_conv **out) {
+    rt_status st = conv_create(e, l, max_n, threads, bf16, true, workspace, out);
+    if (st == RT_ERR_UNSUPPORTED && mm_wanted(l)) {
+        /* a oneDNN without this matmul (data type, strides): the layer keeps oneDNN's
+         * convolutions, backward-weights included */
+        RT_LOG_DEBUG("conv2d %d->%d k%d on %dx%d: backward-weights matmul not available (%s); convolution instead",
+                     l->in_c, l->out_c, l->k, l->in_h, l->in_w, rt_error_message());
+        rt_error_clear();
+        st = conv_create(e, l, max_n, threads, bf16, false, workspace, out);
+    }
+    return st;
 }
 
 typedef struct dn_job {
