@@ -437,6 +437,7 @@ static int parts_for(rt_model_ctx *ctx, int nb) {
 /* ---- dense path for tiny inputs ---------------------------------------------------- */
 
 typedef struct dense_job {
+    rt_dnnl_env *dnnl; /* oneDNN's sgemm for the products, or NULL: OpenBLAS */
     const rt_conv2d *l;
     int n, parts;
     int rows, cols; /* O*OP, C*IP */
@@ -518,14 +519,27 @@ void rt_cpu_conv2d_fold(rt_model_ctx *ctx, const rt_conv2d *l, const float *dwd,
     dense_unroll(ctx, l, NULL, (float *)dwd, 1, dw, false);
 }
 
+/* the dense path's products: oneDNN's sgemm (AVX-512 kernels) where the build has it,
+ * else OpenBLAS's (whose kernel on CPUs it does not know, or under
+ * OPENBLAS_CORETYPE=Haswell, is AVX2). Measured on the Zen 5 development machine,
+ * ResNet34 1x28x28, 2 threads, interleaved: 3-5% faster steps (layer4's products) at
+ * batch 64 and 128, in fp32 and bf16. */
+static void dense_gemm(const dense_job *D, bool ta, bool tb, int m, int n, int k, const float *a, int lda,
+                       const float *b, int ldb, float beta, float *c, int ldc) {
+#ifdef RT_HAVE_DNNL
+    if (D->dnnl && rt_dnnl_sgemm(D->dnnl, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc)) return;
+#endif
+    rt_cpu_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+}
+
 /* y[lo:hi] (.., O*OP) = x[lo:hi] (.., C*IP) W'^T + bias */
 static void dense_fwd_part(void *arg, int t) {
     dense_job *D = arg;
     int lo, hi;
     part_range(D->n, D->parts, t, &lo, &hi);
     if (hi <= lo) return;
-    rt_cpu_sgemm(false, true, hi - lo, D->rows, D->cols, 1.0f, D->x + (size_t)lo * D->cols, D->cols, D->wd, D->cols,
-                 0.0f, D->y + (size_t)lo * D->rows, D->rows);
+    dense_gemm(D, false, true, hi - lo, D->rows, D->cols, D->x + (size_t)lo * D->cols, D->cols, D->wd, D->cols, 0.0f,
+               D->y + (size_t)lo * D->rows, D->rows);
     if (D->bias) {
         const size_t OP = (size_t)D->l->out_h * D->l->out_w;
         for (int i = lo; i < hi; i++)
@@ -542,8 +556,8 @@ static void dense_dw_part(void *arg, int t) {
     int lo, hi;
     part_range(D->rows, D->parts, t, &lo, &hi);
     if (hi <= lo) return;
-    rt_cpu_sgemm(true, false, hi - lo, D->cols, D->n, 1.0f, D->dy + lo, D->rows, D->x, D->cols, 0.0f,
-                 D->dwd + (size_t)lo * D->cols, D->cols);
+    dense_gemm(D, true, false, hi - lo, D->cols, D->n, D->dy + lo, D->rows, D->x, D->cols, 0.0f,
+               D->dwd + (size_t)lo * D->cols, D->cols);
 }
 
 /* dx[lo:hi] (.., C*IP) (+)= dy[lo:hi] (.., O*OP) W' */
@@ -552,8 +566,8 @@ static void dense_dx_part(void *arg, int t) {
     int lo, hi;
     part_range(D->n, D->parts, t, &lo, &hi);
     if (hi <= lo) return;
-    rt_cpu_sgemm(false, false, hi - lo, D->cols, D->rows, 1.0f, D->dy + (size_t)lo * D->rows, D->rows, D->wd, D->cols,
-                 D->accumulate ? 1.0f : 0.0f, D->dx + (size_t)lo * D->cols, D->cols);
+    dense_gemm(D, false, false, hi - lo, D->cols, D->rows, D->dy + (size_t)lo * D->rows, D->rows, D->wd, D->cols,
+               D->accumulate ? 1.0f : 0.0f, D->dx + (size_t)lo * D->cols, D->cols);
 }
 
 static rt_status dense_init(rt_model_ctx *ctx, rt_conv2d *l, int n, dense_job *D) {
@@ -563,6 +577,7 @@ static rt_status dense_init(rt_model_ctx *ctx, rt_conv2d *l, int n, dense_job *D
                "rt_model_ctx_reserve",
                l->in_c, l->out_c, l->k, l->in_h, l->in_w, ctx->work_bytes, need);
     memset(D, 0, sizeof *D);
+    D->dnnl = ((rt_cpu_state *)ctx->backend)->dnnl;
     D->l = l;
     D->n = n;
     D->rows = l->out_c * l->out_h * l->out_w;

@@ -208,6 +208,13 @@ void rt_dnnl_conv_destroy(rt_dnnl_conv *c) {
 
 int rt_dnnl_conv_batch(const rt_dnnl_conv *c) { return c->max_n; }
 
+bool rt_dnnl_sgemm(rt_dnnl_env *e, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                   const float *b, int ldb, float beta, float *c, int ldc) {
+    if (!e) return false;
+    if (e->set_threads) e->set_threads(1);
+    return dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == dnnl_success;
+}
+
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
 static rt_status make_reorder(rt_dnnl_env *e, const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to, bool sum,

@@ -28,6 +28,12 @@ rt_status rt_dnnl_conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int
                               rt_dnnl_conv **out);
 void rt_dnnl_conv_destroy(rt_dnnl_conv *c);
 int rt_dnnl_conv_batch(const rt_dnnl_conv *c);
+
+/* C (m, n) = alpha op(A) op(B) + beta C, row-major, through oneDNN's sgemm (its AVX-512
+ * JIT kernels) on the calling thread alone (its OpenMP team set to one thread first).
+ * Returns false where oneDNN refuses; the caller then runs another GEMM. */
+bool rt_dnnl_sgemm(rt_dnnl_env *e, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                   const float *b, int ldb, float beta, float *c, int ldc);
 /* n must be the batch the primitives were made for */
 rt_status rt_dnnl_conv_forward(rt_model_ctx *ctx, rt_dnnl_env *e, rt_dnnl_conv *c, rt_conv2d *l, const float *x,
                                float *y);
