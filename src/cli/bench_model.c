@@ -91,7 +91,7 @@ static int bad_name(const char *opt) {
 
 /* The update users get: one optimizer over the whole parameter arena, stepped with
  * rt_optimizer_step_arena on the model's stream, as src/train/trainer.c does */
-static rt_status sgd_init(rt_optimizer *opt, rt_model *m, rt_device dev) {
+static rt_status sgd_init(rt_optimizer *opt, rt_model *m, rt_model_ctx *ctx, rt_device dev) {
     rt_optim_config oc;
     rt_optim_config_default(&oc, RT_OPTIM_SGD);
     oc.lr = 0.01;
@@ -99,6 +99,7 @@ static rt_status sgd_init(rt_optimizer *opt, rt_model *m, rt_device dev) {
     const size_t n = rt_model_params(m)->size / sizeof(float);
     RT_CHECK(rt_optim_config_validate(&oc, n));
     RT_CHECK(rt_optimizer_init(opt, &oc, dev, n));
+    rt_optimizer_set_parallel(opt, rt_model_ctx_parallel, ctx); /* the model's threads, as training */
     return RT_OK;
 }
 
@@ -305,7 +306,7 @@ int rt_cmd_bench_model(int argc, char **argv) {
         if (!x || !labels) {
             fprintf(stderr, "ringtrain bench model: out of memory\n");
             status = 1;
-        } else if (sgd_init(&opt, m, dev) != RT_OK) {
+        } else if (sgd_init(&opt, m, ctx, dev) != RT_OK) {
             status = rt_cli_fail();
         } else {
             rt_rng rng;

@@ -95,6 +95,15 @@ void rt_model_ctx_get_conv_algos(const rt_model_ctx *ctx, rt_conv_algos *out) {
     for (int i = 0; i < out->n; i++) out->a[i] = ctx->conv_chosen->a[i];
 }
 
+void rt_model_ctx_parallel(void *vctx, int ntasks, void (*fn)(void *arg, int task), void *arg) {
+    rt_model_ctx *ctx = vctx;
+    if (ctx && ctx->ops->host_parallel) {
+        ctx->ops->host_parallel(ctx, ntasks, fn, arg);
+        return;
+    }
+    for (int t = 0; t < ntasks; t++) fn(arg, t);
+}
+
 rt_status rt_model_ctx_reserve(rt_model_ctx *ctx, size_t nbytes) {
     if (nbytes <= ctx->work_bytes) return RT_OK;
     RT_CHECK(rt_model_ctx_sync(ctx));

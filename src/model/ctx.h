@@ -83,6 +83,12 @@ typedef struct rt_model_ctx_options {
 rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **out);
 void rt_model_ctx_destroy(rt_model_ctx *ctx);
 
+/* fn(arg, t) for every t in [0, ntasks), on the context's host threads (the CPU
+ * backend's pool: `threads` of them, the caller included) or, on a GPU context, on the
+ * calling thread; returns when all are done. ctx is an rt_model_ctx (void * so that
+ * the signature fits rt_optim_parallel_fn: the optimizer's CPU step uses it). */
+void rt_model_ctx_parallel(void *ctx, int ntasks, void (*fn)(void *arg, int task), void *arg);
+
 /* Make sure the workspace holds at least `nbytes` (grows it; only at setup time). */
 rt_status rt_model_ctx_reserve(rt_model_ctx *ctx, size_t nbytes);
 

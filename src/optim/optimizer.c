@@ -135,6 +135,11 @@ static void optimizer_scalars(const rt_optimizer *opt, double lr, int64_t step, 
     opt->ops->scalars(c, lr, step, s);
 }
 
+void rt_optimizer_set_parallel(rt_optimizer *opt, rt_optim_parallel_fn run, void *pool) {
+    opt->parallel = run;
+    opt->parallel_pool = pool;
+}
+
 rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads, double lr, rt_stream *stream) {
     RT_REQUIRE(opt != NULL && opt->n > 0 && opt->backend, RT_ERR_INVALID, "optim: optimizer not initialised");
     RT_REQUIRE(params != NULL && grads != NULL, RT_ERR_INVALID, "optim: params or grads is NULL");

@@ -115,6 +115,10 @@ rt_status rt_optim_config_validate(const rt_optim_config *cfg, size_t n);
  * (Adadelta), PyTorch's names; then "ema" (the parameters' moving average, any kind). */
 #define RT_OPTIM_MAX_STATE 4
 
+/* Runs fn(arg, t) for t in [0, ntasks) on some threads and returns when all are done
+ * (rt_model_ctx_parallel fits, with the model context as `pool`). */
+typedef void (*rt_optim_parallel_fn)(void *pool, int ntasks, void (*fn)(void *arg, int task), void *arg);
+
 typedef struct rt_optimizer {
     rt_optim_config cfg;                 /* cfg.no_decay points at the sorted copy below */
     const struct rt_optim_kind_ops *ops; /* the kind's row (internal/optim_kernels.h), set by rt_optimizer_init */
@@ -129,7 +133,14 @@ typedef struct rt_optimizer {
     void *backend_state;                    /* the backend's (CUDA: the weight-decay bit mask) */
     rt_event *step_done;                    /* recorded after each step on its stream: the state is read or
                                              * overwritten on the host only after it (created at the first step) */
+    rt_optim_parallel_fn parallel;          /* CPU steps: the threads to split the arena over (NULL: the caller's) */
+    void *parallel_pool;
 } rt_optimizer;
+
+/* CPU optimizers: split each step's update over `run`'s threads (chunks of the arena;
+ * every element's update is independent, so the result is the same bits for any
+ * thread count). run NULL: the calling thread. No effect on a GPU optimizer. */
+void rt_optimizer_set_parallel(rt_optimizer *opt, rt_optim_parallel_fn run, void *pool);
 
 /* Set up an optimizer for an arena of n floats on `device` and allocate its state
  * (zeroed). */

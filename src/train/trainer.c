@@ -540,6 +540,8 @@ static rt_status setup_optim(run *r) {
     if (s != RT_OK) return rt_error_trace(__FILE__, __LINE__, "optim: the config's optimizer keys"), s;
     RT_CHECK(rt_optimizer_init(&r->opt, &oc, r->dev, n));
     r->have_opt = true;
+    /* on the CPU, the update runs on the model's threads (train.threads) */
+    rt_optimizer_set_parallel(&r->opt, rt_model_ctx_parallel, r->ctx);
 
     r->sched = c->optim.sched; /* the schedule's keys; auto where the config says so */
     rt_schedule *sc = &r->sched;

@@ -3,6 +3,7 @@
  * gradient, decoupled weight decay, excluded ranges), the state accessors and an exact
  * save/load round trip, gradient norm / clipping / non-finite check, schedule values
  * worked out by hand, and the AVX2 and baseline CPU loops giving identical bits. */
+#include "optim_test_util.h"
 #include "test_util.h"
 
 #include "core/rng.h"
@@ -417,6 +418,48 @@ static void test_cpu_variants_equal(void **state) {
     assert_true(s1 == rt_optim_sumsq_cpu(x, 37));
 }
 
+/* a "pool" that runs the tasks last to first, with the pool pointer checked */
+static int g_parallel_calls;
+static void reverse_parallel(void *pool, int ntasks, void (*fn)(void *arg, int task), void *arg) {
+    assert_ptr_equal(pool, &g_parallel_calls);
+    g_parallel_calls++;
+    for (int t = ntasks - 1; t >= 0; t--) fn(arg, t);
+}
+
+/* A CPU step split into chunks (rt_optimizer_set_parallel) gives the bits of the whole
+ * arena in one pass: every configuration, excluded ranges that cross the chunks'
+ * boundaries (chunks are 2^18 floats), three steps. */
+static void test_parallel_step_equal(void **state) {
+    (void)state;
+    const size_t n = 3 * ((size_t)1 << 18) + 12345, K = (size_t)1 << 18;
+    const rt_optim_range ranges[3] = {{K - 100, 300}, {2 * K - 5, K + 10}, {n - 7, 7}};
+    rt_optim_config cs[OPTIM_TEST_CONFIGS_MAX];
+    int count = 0;
+    optim_test_configs(cs, &count, ranges);
+    float *p[2], *g = malloc(n * sizeof(float));
+    assert_non_null(g);
+    for (int k = 0; k < 2; k++) assert_non_null(p[k] = malloc(n * sizeof(float)));
+    for (int c = 0; c < count; c++) {
+        rt_optimizer opt[2];
+        for (int k = 0; k < 2; k++) {
+            for (size_t i = 0; i < n; i++) p[k][i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+            assert_rt_ok(rt_optimizer_init(&opt[k], &cs[c], rt_device_cpu(), n));
+        }
+        rt_optimizer_set_parallel(&opt[1], reverse_parallel, &g_parallel_calls);
+        g_parallel_calls = 0;
+        for (int step = 0; step < 3; step++) {
+            for (size_t i = 0; i < n; i++) g[i] = (float)(((i + step) * 40503u) % 997) * 1e-3f - 0.4f;
+            for (int k = 0; k < 2; k++) assert_rt_ok(rt_optimizer_step(&opt[k], p[k], g, -1.0, NULL));
+        }
+        assert_int_equal(g_parallel_calls, 3);
+        assert_memory_equal(p[0], p[1], n * sizeof(float));
+        for (int i = 0; i < opt[0].n_state; i++)
+            assert_memory_equal(opt[0].state[i], opt[1].state[i], n * sizeof(float));
+        for (int k = 0; k < 2; k++) rt_optimizer_free(&opt[k]);
+    }
+    free(g), free(p[0]), free(p[1]);
+}
+
 static void test_clip(void **state) {
     (void)state;
     rt_grad_clip c;
@@ -535,17 +578,12 @@ static void test_schedule_values(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kind_names),
-        cmocka_unit_test(test_kind_rows),
-        cmocka_unit_test(test_config_validation),
-        cmocka_unit_test(test_sgd_by_hand),
-        cmocka_unit_test(test_adam_by_hand),
-        cmocka_unit_test(test_state_accessors),
-        cmocka_unit_test(test_save_load_exact),
-        cmocka_unit_test(test_cpu_variants_equal),
-        cmocka_unit_test(test_clip),
-        cmocka_unit_test(test_schedule_validation),
-        cmocka_unit_test(test_schedule_values),
+        cmocka_unit_test(test_kind_names),          cmocka_unit_test(test_kind_rows),
+        cmocka_unit_test(test_config_validation),   cmocka_unit_test(test_sgd_by_hand),
+        cmocka_unit_test(test_adam_by_hand),        cmocka_unit_test(test_state_accessors),
+        cmocka_unit_test(test_save_load_exact),     cmocka_unit_test(test_cpu_variants_equal),
+        cmocka_unit_test(test_parallel_step_equal), cmocka_unit_test(test_clip),
+        cmocka_unit_test(test_schedule_validation), cmocka_unit_test(test_schedule_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -96,10 +96,15 @@ static void cpu_ctx_release(rt_model_ctx *ctx) {
     ctx->backend = NULL;
 }
 
+static void cpu_host_parallel(rt_model_ctx *ctx, int ntasks, void (*fn)(void *arg, int task), void *arg) {
+    rt_threadpool_run(cpu_pool(ctx), ntasks, fn, arg);
+}
+
 const rt_model_backend rt_model_backend_cpu = {
     .name = "cpu",
     .ctx_init = cpu_ctx_init,
     .ctx_release = cpu_ctx_release,
+    .host_parallel = cpu_host_parallel,
     .conv2d_prepare = rt_cpu_conv2d_prepare,
     .conv2d_release = rt_cpu_conv2d_release,
     .conv2d_forward = rt_cpu_conv2d_forward,

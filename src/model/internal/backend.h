@@ -32,6 +32,8 @@ typedef struct rt_model_backend {
 
     rt_status (*ctx_init)(rt_model_ctx *ctx);
     void (*ctx_release)(rt_model_ctx *ctx);
+    /* optional: fn(arg, t) for t < ntasks on the context's host threads (CPU: its pool) */
+    void (*host_parallel)(rt_model_ctx *ctx, int ntasks, void (*fn)(void *arg, int task), void *arg);
 
     rt_status (*conv2d_prepare)(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
     void (*conv2d_release)(rt_model_ctx *ctx, rt_conv2d *l);
