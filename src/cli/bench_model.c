@@ -28,6 +28,7 @@
 #include "core/rng.h"
 #include "core/timer.h"
 #include "model/model.h"
+#include "model/profile.h"
 #include "optim/optimizer.h"
 
 #include <stdio.h>
@@ -70,6 +71,8 @@ static void usage(FILE *out) {
                  "  --steps N        timed steps per batch size (default 10)\n"
                  "  --warmup N       untimed steps first (default 2)\n"
                  "  --json           one JSON object per batch size instead of the table\n"
+                 "  --layers         also time every layer call (CPU): a table per batch size of each\n"
+                 "                   layer shape and pass, ms per step, share of the step, GFLOP/s\n"
                  "\nEvery option takes its value as --opt VALUE or --opt=VALUE.\n");
 }
 
@@ -177,10 +180,86 @@ static rt_status gpu_run(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, cons
     return st;
 }
 
+/* The profile's rows summed by (kind, shape, pass), in order of first call: the same
+ * shape recurs in ResNet's blocks. instances: how many layers had the shape. */
+typedef struct layer_sum {
+    const char *kind;
+    const char *shape;
+    rt_prof_pass pass;
+    int instances;
+    long calls;
+    double seconds, flops; /* flops: summed over the calls */
+} layer_sum;
+
+static int layer_sums(const rt_layer_profile *p, layer_sum *out) {
+    int n = 0;
+    for (int i = 0; i < p->n; i++) {
+        const rt_layer_prof_row *r = &p->rows[i];
+        int j = 0;
+        while (j < n &&
+               !(out[j].pass == r->pass && strcmp(out[j].kind, r->kind) == 0 && strcmp(out[j].shape, r->shape) == 0))
+            j++;
+        if (j == n) out[n++] = (layer_sum){.kind = r->kind, .shape = r->shape, .pass = r->pass};
+        out[j].instances++;
+        out[j].calls += r->calls;
+        out[j].seconds += r->seconds;
+        out[j].flops += r->flops * (double)r->calls;
+    }
+    return n;
+}
+
+/* the per-layer table (text) or the "layers" members of the JSON object; step_ms and
+ * optim_ms: the run's means, for the shares and the line of what the layers leave out */
+static void print_layers(const rt_layer_profile *p, int steps, double step_ms, double optim_ms, const rt_cpu_peak *peak,
+                         bool json) {
+    layer_sum *sums = calloc((size_t)p->n + 1, sizeof *sums);
+    if (!sums) return;
+    const int n = layer_sums(p, sums);
+    double total_ms = 0;
+    for (int i = 0; i < n; i++) total_ms += sums[i].seconds * 1e3 / steps;
+    if (json)
+        printf(", \"layers_ms_per_step\": %.3f, \"layers_overflow\": %s, \"layers\": [", total_ms,
+               p->overflow ? "true" : "false");
+    else
+        printf("  %-21s %-36s %-8s %5s %8s %7s %8s %7s\n", "layer", "shape", "pass", "calls", "ms/step", "% step",
+               "GFLOP/s", "% peak");
+    for (int i = 0; i < n; i++) {
+        const layer_sum *u = &sums[i];
+        const double ms = u->seconds * 1e3 / steps, share = 100.0 * ms / step_ms;
+        const double gflops = u->flops > 0 && u->seconds > 0 ? u->flops * 1e-9 / u->seconds : 0;
+        const double pk = gflops > 0 && peak->available ? 100.0 * gflops / peak->gflops : 0;
+        if (json) {
+            printf("%s{\"kind\": \"%s\", \"shape\": \"%s\", \"pass\": \"%s\", \"instances\": %d, "
+                   "\"calls_per_step\": %.2f, \"ms_per_step\": %.4f, \"step_share_percent\": %.2f, "
+                   "\"gflop_per_step\": %.5f, \"gflops\": %.1f, \"peak_share_percent\": %.1f}",
+                   i ? ", " : "", u->kind, u->shape, rt_prof_pass_name(u->pass), u->instances, (double)u->calls / steps,
+                   ms, share, u->flops * 1e-9 / steps, gflops, pk);
+        } else {
+            char g[16] = "", q[16] = "";
+            if (gflops > 0) snprintf(g, sizeof g, "%.1f", gflops);
+            if (pk > 0) snprintf(q, sizeof q, "%.1f", pk);
+            printf("  %-21s %-36s %-8s %5.0f %8.3f %7.1f %8s %7s\n", u->kind, u->shape, rt_prof_pass_name(u->pass),
+                   (double)u->calls / steps, ms, share, g, q);
+        }
+    }
+    if (json) {
+        printf("]");
+    } else {
+        const double rest = step_ms - total_ms - optim_ms;
+        printf("  %-21s %-36s %-8s %5s %8.3f %7.1f\n", "all layers", "", "", "", total_ms, 100.0 * total_ms / step_ms);
+        printf("  %-21s %-36s %-8s %5s %8.3f %7.1f\n", "optimizer", "SGD momentum", "", "", optim_ms,
+               100.0 * optim_ms / step_ms);
+        printf("  %-21s %-36s %-8s %5s %8.3f %7.1f\n", "rest", "model glue, timing", "", "", rest,
+               100.0 * rest / step_ms);
+        if (p->overflow) printf("  (more layer shapes than the profile holds: some calls are not counted)\n");
+    }
+    free(sums);
+}
+
 int rt_cmd_bench_model(int argc, char **argv) {
     rt_model_config cfg;
     rt_model_config_default(&cfg);
-    int threads = 2, steps = 10, warmup = 2, json = 0;
+    int threads = 2, steps = 10, warmup = 2, json = 0, layers = 0;
     const char *device_name = "cpu";
     rt_precision precision = RT_PRECISION_FP32;
     int batches[16] = {64, 128}, nbatch = 2;
@@ -195,6 +274,11 @@ int rt_cmd_bench_model(int argc, char **argv) {
         if ((f = rt_cli_flag(prog, a, "--json")) != 0) {
             if (f < 0) return 2;
             json = 1;
+            continue;
+        }
+        if ((f = rt_cli_flag(prog, a, "--layers")) != 0) {
+            if (f < 0) return 2;
+            layers = 1;
             continue;
         }
         /* --opt VALUE or --opt=VALUE */
@@ -267,6 +351,11 @@ int rt_cmd_bench_model(int argc, char **argv) {
         return dst == RT_ERR_INVALID ? 2 : rc;
     }
     const bool gpu = rt_device_is_cuda(dev);
+    if (gpu && layers) {
+        fprintf(stderr, "ringtrain bench model: --layers times the CPU's layers; on a GPU the per-layer "
+                        "synchronisation would change what it measures (use nsys there)\n");
+        return 2;
+    }
     char devstr[32];
     rt_device_str(dev, devstr, sizeof devstr);
     rt_model_ctx *ctx = NULL;
@@ -358,7 +447,10 @@ int rt_cmd_bench_model(int argc, char **argv) {
             const int64_t *lin = labels;
             double t_fwd = 0, t_bwd = 0, t_sgd = 0, t_all = 0;
             float loss = 0;
+            rt_layer_profile prof = {0};
+            if (layers && rt_layer_profile_init(&prof, 1024) != RT_OK) status = rt_cli_fail();
             for (int it = 0; it < warmup + steps && status == 0; it++) {
+                if (layers && it == warmup) rt_model_ctx_set_profile(ctx, &prof);
                 uint64_t t0 = rt_now_ns();
                 if (rt_model_forward(m, xin, n, true) != RT_OK || rt_model_loss(m, lin) != RT_OK) {
                     status = rt_cli_fail();
@@ -382,6 +474,7 @@ int rt_cmd_bench_model(int argc, char **argv) {
                     t_all += rt_ns_to_ms(t3 - t0);
                 }
             }
+            rt_model_ctx_set_profile(ctx, NULL);
             if (status == 0) {
                 struct rusage ru;
                 getrusage(RUSAGE_SELF, &ru);
@@ -396,7 +489,7 @@ int rt_cmd_bench_model(int argc, char **argv) {
                            "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f, \"cpu_avx512_bf16\": %s, "
                            "\"onednn\": \"%s\", \"onednn_isa\": \"%s\", \"gflop_per_image\": %.5f, "
                            "\"gflops\": %.1f, \"peak_instruction\": \"%s\", \"peak_gflops\": %.1f, "
-                           "\"peak_share_percent\": %.1f}\n",
+                           "\"peak_share_percent\": %.1f",
                            devstr, rt_precision_name(precision), rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem),
                            cfg.in_channels, cfg.in_h, n, threads, steps, ips, ms, t_fwd / steps, t_bwd / steps,
                            t_sgd / steps, (double)loss, ru.ru_maxrss / 1024.0, rt_model_cpu_bf16() ? "true" : "false",
@@ -406,8 +499,11 @@ int rt_cmd_bench_model(int argc, char **argv) {
                     printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.1f\n",
                            rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, cfg.in_w, n,
                            threads, ips, ms, t_fwd / steps, t_bwd / steps, t_sgd / steps, gflops, share);
+                if (layers) print_layers(&prof, steps, ms, t_sgd / steps, &peak, json);
+                if (json) printf("}\n");
                 fflush(stdout);
             }
+            rt_layer_profile_free(&prof);
         }
         free(x);
         free(labels);

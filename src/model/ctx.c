@@ -127,3 +127,5 @@ rt_status rt_model_ctx_memory(rt_model_ctx *ctx, size_t *used, size_t *backend) 
 #endif
     return RT_OK;
 }
+
+void rt_model_ctx_set_profile(rt_model_ctx *ctx, struct rt_layer_profile *p) { ctx->profile = p; }

@@ -65,6 +65,7 @@ typedef struct rt_model_ctx {
     size_t work_bytes;
     const struct rt_model_backend *ops; /* the backend of `device` */
     void *backend;                      /* backend state: CPU thread pool; cuDNN/cuBLAS handles, ... */
+    struct rt_layer_profile *profile;   /* per-layer times (model/profile.h), or NULL: none taken */
 } rt_model_ctx;
 
 typedef struct rt_model_ctx_options {
@@ -88,6 +89,10 @@ void rt_model_ctx_destroy(rt_model_ctx *ctx);
  * calling thread; returns when all are done. ctx is an rt_model_ctx (void * so that
  * the signature fits rt_optim_parallel_fn: the optimizer's CPU step uses it). */
 void rt_model_ctx_parallel(void *ctx, int ntasks, void (*fn)(void *arg, int task), void *arg);
+
+/* Time every layer call from now on into p (model/profile.h), or stop timing (NULL).
+ * The profile is the caller's; it must outlive its use here. */
+void rt_model_ctx_set_profile(rt_model_ctx *ctx, struct rt_layer_profile *p);
 
 /* Make sure the workspace holds at least `nbytes` (grows it; only at setup time). */
 rt_status rt_model_ctx_reserve(rt_model_ctx *ctx, size_t nbytes);

@@ -6,8 +6,13 @@
 #include "model/layers.h"
 
 #include "model/internal/backend.h"
+#include "model/profile.h"
+
+#include "core/timer.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 
 #define OPS(ctx, fn)                                                                                                   \
     do {                                                                                                               \
@@ -145,6 +150,82 @@ void rt_linear_release(rt_model_ctx *ctx, rt_linear *l) {
     l->priv = NULL;
 }
 
+/* ---- per-layer profile (profile.h) ------------------------------------------------ */
+
+typedef struct prof_call {
+    uint64_t t0;
+    bool on; /* this call is timed (the outermost one with a profile attached) */
+} prof_call;
+
+static prof_call prof_begin(rt_model_ctx *ctx) {
+    rt_layer_profile *p = ctx->profile;
+    prof_call c = {0, false};
+    if (!p || p->depth++ > 0) return c;
+    if (ctx->device.kind != RT_DEVICE_CPU) (void)rt_stream_sync(ctx->stream); /* its error comes back later */
+    c.on = true;
+    c.t0 = rt_now_ns();
+    return c;
+}
+
+static rt_layer_prof_row *prof_row(rt_layer_profile *p, const void *layer, const char *kind, rt_prof_pass pass,
+                                   size_t count, bool *fresh) {
+    *fresh = false;
+    for (int i = 0; i < p->n; i++) {
+        rt_layer_prof_row *r = &p->rows[i];
+        if (r->layer == layer && r->kind == kind && r->pass == pass && r->count == count) return r;
+    }
+    if (p->n == p->cap) {
+        p->overflow = true;
+        return NULL;
+    }
+    *fresh = true;
+    rt_layer_prof_row *r = &p->rows[p->n++];
+    *r = (rt_layer_prof_row){.layer = layer, .kind = kind, .pass = pass, .count = count};
+    return r;
+}
+
+/* Close a call begun by prof_begin: add its time to the row of (layer, kind, pass,
+ * count), made on first use with the shape printed from fmt. Returns st, or the
+ * stream's error on a GPU where the layer itself succeeded. */
+static rt_status prof_end(rt_model_ctx *ctx, prof_call c, rt_status st, const void *layer, const char *kind,
+                          rt_prof_pass pass, size_t count, double flops, const char *fmt, ...) {
+    rt_layer_profile *p = ctx->profile;
+    if (!p) return st;
+    p->depth--;
+    if (!c.on) return st;
+    if (st == RT_OK && ctx->device.kind != RT_DEVICE_CPU) st = rt_stream_sync(ctx->stream);
+    const uint64_t t1 = rt_now_ns();
+    bool fresh;
+    rt_layer_prof_row *r = prof_row(p, layer, kind, pass, count, &fresh);
+    if (!r) return st;
+    if (fresh) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(r->shape, sizeof r->shape, fmt, ap);
+        va_end(ap);
+        r->flops = flops;
+    }
+    r->seconds += (double)(t1 - c.t0) * 1e-9;
+    r->calls++;
+    return st;
+}
+
+/* return `call`'s status, timed into the context's profile as (layer, kind, pass, count) */
+#define TIMED(ctx, call, layer, kind, pass, count, flops, ...)                                                         \
+    do {                                                                                                               \
+        prof_call pc_ = prof_begin(ctx);                                                                               \
+        rt_status st_ = (call);                                                                                        \
+        return prof_end(ctx, pc_, st_, layer, kind, pass, count, flops, __VA_ARGS__);                                  \
+    } while (0)
+
+static double conv_flops(const rt_conv2d *l, int n) {
+    return 2.0 * n * l->out_c * l->out_h * l->out_w * (double)l->in_c * l->k * l->k;
+}
+#define CONV_SHAPE "%d->%d k%d s%d p%d on %dx%d, n %d"
+#define CONV_ARGS(l, n) (l)->in_c, (l)->out_c, (l)->k, (l)->stride, (l)->pad, (l)->in_h, (l)->in_w, (n)
+#define BN_SHAPE "%d ch %dx%d, n %d"
+#define BN_ARGS(l, n) (l)->c, (l)->h, (l)->w, (n)
+
 /* ---- forward / backward --------------------------------------------------------- */
 
 static rt_status need_params(const rt_tensor *t, const char *what) {
@@ -157,7 +238,8 @@ rt_status rt_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float 
     RT_REQUIRE(x && y, RT_ERR_INVALID, "conv2d forward: NULL input or output");
     RT_CHECK(need_params(&l->weight, "conv2d weight"));
     OPS(ctx, conv2d_forward);
-    return ctx->ops->conv2d_forward(ctx, l, n, x, y);
+    TIMED(ctx, ctx->ops->conv2d_forward(ctx, l, n, x, y), l, "conv2d", RT_PROF_FORWARD, (size_t)n, conv_flops(l, n),
+          CONV_SHAPE, CONV_ARGS(l, n));
 }
 
 rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
@@ -166,7 +248,8 @@ rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float
     RT_REQUIRE(x && dy, RT_ERR_INVALID, "conv2d backward: NULL input or output gradient");
     RT_CHECK(need_params(&l->dweight, "conv2d weight gradient"));
     OPS(ctx, conv2d_backward);
-    return ctx->ops->conv2d_backward(ctx, l, n, x, dy, dx, accumulate);
+    TIMED(ctx, ctx->ops->conv2d_backward(ctx, l, n, x, dy, dx, accumulate), l, "conv2d", RT_PROF_BACKWARD, (size_t)n,
+          conv_flops(l, n) * (dx ? 2 : 1), CONV_SHAPE, CONV_ARGS(l, n));
 }
 
 static rt_status bn_forward_check(rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
@@ -190,20 +273,20 @@ static rt_status bn_backward_check(rt_batchnorm2d *l, int n, const float *x, con
 rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
     RT_CHECK(bn_forward_check(l, n, x, y, training));
     OPS(ctx, batchnorm2d_forward);
-    return ctx->ops->batchnorm2d_forward(ctx, l, n, x, y, training);
+    TIMED(ctx, ctx->ops->batchnorm2d_forward(ctx, l, n, x, y, training), l, "batchnorm2d", RT_PROF_FORWARD, (size_t)n,
+          0, BN_SHAPE, BN_ARGS(l, n));
 }
 
 rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
                                   float *dx, bool accumulate) {
     RT_CHECK(bn_backward_check(l, n, x, dy, dx));
     OPS(ctx, batchnorm2d_backward);
-    return ctx->ops->batchnorm2d_backward(ctx, l, n, x, dy, dx, accumulate);
+    TIMED(ctx, ctx->ops->batchnorm2d_backward(ctx, l, n, x, dy, dx, accumulate), l, "batchnorm2d", RT_PROF_BACKWARD,
+          (size_t)n, 0, BN_SHAPE, BN_ARGS(l, n));
 }
 
-rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
-                                     float *y, bool training, bool relu) {
-    RT_CHECK(bn_forward_check(l, n, x, y, training));
-    RT_REQUIRE(residual != y, RT_ERR_INVALID, "batchnorm2d forward: output aliases the residual");
+static rt_status bn_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
+                                float *y, bool training, bool relu) {
     if (ctx->ops->batchnorm2d_forward_act)
         return ctx->ops->batchnorm2d_forward_act(ctx, l, n, x, residual, y, training, relu);
     const size_t count = (size_t)n * l->c * l->h * l->w;
@@ -213,61 +296,85 @@ rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n
     return RT_OK;
 }
 
-rt_status rt_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                      float *dy, float *dx, bool accumulate) {
-    RT_CHECK(bn_backward_check(l, n, x, dy, dx));
-    RT_REQUIRE(act, RT_ERR_INVALID, "batchnorm2d backward through relu: NULL relu output");
+rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
+                                     float *y, bool training, bool relu) {
+    RT_CHECK(bn_forward_check(l, n, x, y, training));
+    RT_REQUIRE(residual != y, RT_ERR_INVALID, "batchnorm2d forward: output aliases the residual");
+    const char *kind =
+        residual ? (relu ? "batchnorm2d+add+relu" : "batchnorm2d+add") : (relu ? "batchnorm2d+relu" : "batchnorm2d");
+    TIMED(ctx, bn_forward_act(ctx, l, n, x, residual, y, training, relu), l, kind, RT_PROF_FORWARD, (size_t)n, 0,
+          BN_SHAPE, BN_ARGS(l, n));
+}
+
+static rt_status bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                 float *dy, float *dx, bool accumulate) {
     if (ctx->ops->batchnorm2d_backward_act)
         return ctx->ops->batchnorm2d_backward_act(ctx, l, n, x, act, dy, dx, accumulate);
     RT_CHECK(rt_relu_backward(ctx, (size_t)n * l->c * l->h * l->w, act, dy, dy));
     return rt_batchnorm2d_backward(ctx, l, n, x, dy, dx, accumulate);
 }
 
+rt_status rt_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                      float *dy, float *dx, bool accumulate) {
+    RT_CHECK(bn_backward_check(l, n, x, dy, dx));
+    RT_REQUIRE(act, RT_ERR_INVALID, "batchnorm2d backward through relu: NULL relu output");
+    TIMED(ctx, bn_backward_act(ctx, l, n, x, act, dy, dx, accumulate), l, "batchnorm2d+relu", RT_PROF_BACKWARD,
+          (size_t)n, 0, BN_SHAPE, BN_ARGS(l, n));
+}
+
 rt_status rt_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
     OPS(ctx, relu_forward);
-    return ctx->ops->relu_forward(ctx, count, x, y);
+    TIMED(ctx, ctx->ops->relu_forward(ctx, count, x, y), NULL, "relu", RT_PROF_FORWARD, count, 0, "%zu elements",
+          count);
 }
 rt_status rt_relu_backward(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx) {
     OPS(ctx, relu_backward);
-    return ctx->ops->relu_backward(ctx, count, y, dy, dx);
+    TIMED(ctx, ctx->ops->relu_backward(ctx, count, y, dy, dx), NULL, "relu", RT_PROF_BACKWARD, count, 0, "%zu elements",
+          count);
 }
 
 rt_status rt_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y) {
     REQUIRE_N(n);
     OPS(ctx, maxpool2d_forward);
-    return ctx->ops->maxpool2d_forward(ctx, l, n, x, y);
+    TIMED(ctx, ctx->ops->maxpool2d_forward(ctx, l, n, x, y), l, "maxpool2d", RT_PROF_FORWARD, (size_t)n, 0,
+          "%d ch %dx%d k%d s%d p%d, n %d", l->c, l->in_h, l->in_w, l->k, l->stride, l->pad, n);
 }
 rt_status rt_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
                                 const float *dy, float *dx) {
     REQUIRE_N(n);
     OPS(ctx, maxpool2d_backward);
-    return ctx->ops->maxpool2d_backward(ctx, l, n, x, y, dy, dx);
+    TIMED(ctx, ctx->ops->maxpool2d_backward(ctx, l, n, x, y, dy, dx), l, "maxpool2d", RT_PROF_BACKWARD, (size_t)n, 0,
+          "%d ch %dx%d k%d s%d p%d, n %d", l->c, l->in_h, l->in_w, l->k, l->stride, l->pad, n);
 }
 
 rt_status rt_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const float *x, float *y) {
     REQUIRE_N(n);
     RT_REQUIRE(c > 0 && hw > 0, RT_ERR_INVALID, "avgpool of %d channels x %d", c, hw);
     OPS(ctx, avgpool_forward);
-    return ctx->ops->avgpool_forward(ctx, n, c, hw, x, y);
+    TIMED(ctx, ctx->ops->avgpool_forward(ctx, n, c, hw, x, y), NULL, "avgpool", RT_PROF_FORWARD, (size_t)n * c * hw, 0,
+          "%d ch x %d, n %d", c, hw, n);
 }
 rt_status rt_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, float *dx) {
     REQUIRE_N(n);
     RT_REQUIRE(c > 0 && hw > 0, RT_ERR_INVALID, "avgpool of %d channels x %d", c, hw);
     OPS(ctx, avgpool_backward);
-    return ctx->ops->avgpool_backward(ctx, n, c, hw, dy, dx);
+    TIMED(ctx, ctx->ops->avgpool_backward(ctx, n, c, hw, dy, dx), NULL, "avgpool", RT_PROF_BACKWARD, (size_t)n * c * hw,
+          0, "%d ch x %d, n %d", c, hw, n);
 }
 
 rt_status rt_linear_forward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, float *y) {
     REQUIRE_N(n);
     RT_CHECK(need_params(&l->weight, "linear weight"));
     OPS(ctx, linear_forward);
-    return ctx->ops->linear_forward(ctx, l, n, x, y);
+    TIMED(ctx, ctx->ops->linear_forward(ctx, l, n, x, y), l, "linear", RT_PROF_FORWARD, (size_t)n,
+          2.0 * n * l->in_f * l->out_f, "%d->%d, n %d", l->in_f, l->out_f, n);
 }
 rt_status rt_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy, float *dx) {
     REQUIRE_N(n);
     RT_CHECK(need_params(&l->dweight, "linear weight gradient"));
     OPS(ctx, linear_backward);
-    return ctx->ops->linear_backward(ctx, l, n, x, dy, dx);
+    TIMED(ctx, ctx->ops->linear_backward(ctx, l, n, x, dy, dx), l, "linear", RT_PROF_BACKWARD, (size_t)n,
+          2.0 * n * l->in_f * l->out_f * (dx ? 2 : 1), "%d->%d, n %d", l->in_f, l->out_f, n);
 }
 
 rt_status rt_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y, bool training) {
@@ -298,11 +405,13 @@ rt_status rt_flatten_backward(rt_model_ctx *ctx, size_t count, const float *dy, 
 
 rt_status rt_add_forward(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y) {
     OPS(ctx, add_forward);
-    return ctx->ops->add_forward(ctx, count, a, b, y);
+    TIMED(ctx, ctx->ops->add_forward(ctx, count, a, b, y), NULL, "add", RT_PROF_FORWARD, count, 0, "%zu elements",
+          count);
 }
 rt_status rt_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx) {
     OPS(ctx, add_backward);
-    return ctx->ops->add_backward(ctx, count, dy, dx);
+    TIMED(ctx, ctx->ops->add_backward(ctx, count, dy, dx), NULL, "add", RT_PROF_BACKWARD, count, 0, "%zu elements",
+          count);
 }
 
 rt_status rt_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, float *loss,
@@ -310,7 +419,8 @@ rt_status rt_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, 
     REQUIRE_N(n);
     RT_REQUIRE(k > 0 && logits && labels && loss, RT_ERR_INVALID, "softmax_xent: %d classes or NULL argument", k);
     OPS(ctx, softmax_xent);
-    return ctx->ops->softmax_xent(ctx, n, k, logits, labels, 0.0, loss, dlogits);
+    TIMED(ctx, ctx->ops->softmax_xent(ctx, n, k, logits, labels, 0.0, loss, dlogits), NULL, "softmax_xent",
+          RT_PROF_FORWARD, (size_t)n * k, 0, "%d x %d", n, k);
 }
 rt_status rt_softmax_xent_smooth(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels,
                                  double smoothing, float *loss, float *dlogits) {
@@ -319,7 +429,8 @@ rt_status rt_softmax_xent_smooth(rt_model_ctx *ctx, int n, int k, const float *l
     RT_REQUIRE(smoothing >= 0 && smoothing <= 1, RT_ERR_INVALID, "softmax_xent: label smoothing %g (expected 0..1)",
                smoothing);
     OPS(ctx, softmax_xent);
-    return ctx->ops->softmax_xent(ctx, n, k, logits, labels, smoothing, loss, dlogits);
+    TIMED(ctx, ctx->ops->softmax_xent(ctx, n, k, logits, labels, smoothing, loss, dlogits), NULL, "softmax_xent",
+          RT_PROF_FORWARD, (size_t)n * k, 0, "%d x %d", n, k);
 }
 rt_status rt_log_softmax_forward(rt_model_ctx *ctx, int n, int k, const float *x, float *y) {
     REQUIRE_N(n);

@@ -1,6 +1,9 @@
 /* Models: parameter table and names, initialisation, the grad-ready callback, a
  * whole-model finite-difference check, "no layer is skipped", save/load. */
 #include "model_test_util.h"
+#include "model/profile.h"
+
+#include "core/timer.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -465,6 +468,83 @@ static void test_ctx_memory(void **state) {
     assert_rt_fails(rt_model_ctx_memory(NULL, &used, &backend), RT_ERR_INVALID, "NULL context");
 }
 
+/* The per-layer profile (model/profile.h): ResNet18 at width 4 on 16x16, two steps. Every
+ * convolution of the model appears once per pass with two calls, its FLOPs those of its
+ * shape as counted here (the profile prints in, out, k, stride, pad, input size and n;
+ * the output size follows from them), the linear layer too; the times add up to no more
+ * than the steps' wall time; a profile too small says so. */
+static void test_layer_profile(void **state) {
+    (void)state;
+    const int n = 3;
+    rt_model *m = make(RT_ARCH_RESNET18, RT_STEM_IMAGENET, 1, 16, 4, n);
+    float x[3 * 16 * 16];
+    for (int i = 0; i < 3 * 16 * 16; i++) x[i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
+    const int64_t labels[3] = {1, 4, 9};
+    rt_layer_profile p;
+    assert_rt_ok(rt_layer_profile_init(&p, 512));
+    rt_model_ctx_set_profile(g_ctx, &p);
+    const uint64_t t0 = rt_now_ns();
+    for (int step = 0; step < 2; step++) {
+        assert_rt_ok(rt_model_forward(m, x, n, true));
+        assert_rt_ok(rt_model_loss(m, labels));
+        assert_rt_ok(rt_model_backward(m, NULL, NULL));
+    }
+    const double wall = (double)(rt_now_ns() - t0) * 1e-9;
+    rt_model_ctx_set_profile(g_ctx, NULL);
+    assert_false(p.overflow);
+    assert_int_equal(p.depth, 0);
+    int convs[2] = {0, 0}, linears[2] = {0, 0}, bns = 0;
+    double total = 0;
+    for (int i = 0; i < p.n; i++) {
+        const rt_layer_prof_row *r = &p.rows[i];
+        /* an elementwise row (no layer) sums the calls of one size */
+        if (r->layer) assert_int_equal(r->calls, 2);
+        else assert_int_equal(r->calls % 2, 0);
+        assert_true(r->seconds >= 0);
+        total += r->seconds;
+        if (strcmp(r->kind, "conv2d") == 0) {
+            int ci, co, k, s, pad, h, w, nn;
+            assert_int_equal(sscanf(r->shape, "%d->%d k%d s%d p%d on %dx%d, n %d", &ci, &co, &k, &s, &pad, &h, &w, &nn),
+                             8);
+            assert_int_equal(nn, n);
+            const int oh = (h + 2 * pad - k) / s + 1, ow = (w + 2 * pad - k) / s + 1;
+            const double f = 2.0 * n * co * oh * ow * ci * k * k;
+            /* backward: the weight gradient, and the input gradient but for the stem's */
+            const double want = r->pass == RT_PROF_FORWARD ? f : (ci == 1 ? f : 2 * f);
+            assert_true(fabs(r->flops - want) <= 1e-9 * want);
+            convs[r->pass]++;
+        } else if (strcmp(r->kind, "linear") == 0) {
+            assert_string_equal(r->shape, "32->10, n 3");
+            const double f = 2.0 * n * 32 * 10;
+            assert_true(fabs(r->flops - (r->pass == RT_PROF_FORWARD ? f : 2 * f)) <= 1e-9 * f);
+            linears[r->pass]++;
+        } else if (strncmp(r->kind, "batchnorm2d", 11) == 0) {
+            bns++;
+        }
+    }
+    /* ResNet18: the stem, 16 block convolutions, 3 downsamples */
+    assert_int_equal(convs[RT_PROF_FORWARD], 20);
+    assert_int_equal(convs[RT_PROF_BACKWARD], 20);
+    assert_int_equal(linears[RT_PROF_FORWARD], 1);
+    assert_int_equal(linears[RT_PROF_BACKWARD], 1);
+    assert_true(bns >= 2 * 20);
+    assert_true(total > 0 && total <= wall);
+    /* a profile too small keeps what fits and says that it lost the rest */
+    rt_layer_profile small;
+    assert_rt_ok(rt_layer_profile_init(&small, 3));
+    rt_model_ctx_set_profile(g_ctx, &small);
+    assert_rt_ok(rt_model_forward(m, x, n, true));
+    rt_model_ctx_set_profile(g_ctx, NULL);
+    assert_int_equal(small.n, 3);
+    assert_true(small.overflow);
+    rt_layer_profile_reset(&small);
+    assert_int_equal(small.n, 0);
+    assert_false(small.overflow);
+    rt_layer_profile_free(&small);
+    rt_layer_profile_free(&p);
+    rt_model_destroy(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
@@ -477,6 +557,7 @@ int main(void) {
         cmocka_unit_test(test_save_load),
         cmocka_unit_test(test_partial_batch),
         cmocka_unit_test(test_ctx_memory),
+        cmocka_unit_test(test_layer_profile),
     };
     return cmocka_run_group_tests(tests, mt_group_setup, mt_group_teardown);
 }

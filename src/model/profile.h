@@ -1,0 +1,59 @@
+/* Per-layer wall-clock profile of the model's forward and backward passes.
+ *
+ * With a profile attached to a context (rt_model_ctx_set_profile), every layer call of
+ * layers.h (conv2d, batch norm with its fused residual add and ReLU, pooling, linear,
+ * the loss, the elementwise layers) adds its wall time and one call to a row of its own:
+ * one row per layer and pass (an elementwise layer, which has no identity, per size). A
+ * layer call that runs others (the unfused batch norm + add + ReLU) counts once, as the
+ * outer call. On a GPU context the stream is synchronized before and after each call,
+ * so the times are the layers' own but the step loses its overlap of host and device.
+ *
+ * It is what `ringtrain bench model --layers` prints (docs/model.md): unlike oneDNN's
+ * verbose mode it also times our own loops (batch norm, pooling, the dense and im2col
+ * convolution paths) and it adds no logging inside the timed calls.
+ */
+#ifndef RT_MODEL_PROFILE_H
+#define RT_MODEL_PROFILE_H
+
+#include "core/status.h"
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum rt_prof_pass { RT_PROF_FORWARD = 0, RT_PROF_BACKWARD = 1 } rt_prof_pass;
+
+typedef struct rt_layer_prof_row {
+    const void *layer; /* the layer (its struct), or NULL for an elementwise layer */
+    const char *kind;  /* static string: "conv2d", "batchnorm2d", ... */
+    rt_prof_pass pass;
+    size_t count;   /* elementwise layers: elements per call (with kind, their key) */
+    char shape[64]; /* e.g. "64->128 k3 s2 p1 on 14x14, n 64" */
+    double flops;   /* per call (multiply-add = 2), 0 where not counted */
+    double seconds; /* summed over the calls */
+    long calls;
+} rt_layer_prof_row;
+
+typedef struct rt_layer_profile {
+    rt_layer_prof_row *rows;
+    int n, cap;
+    bool overflow; /* a call found no free row (cap too small); its time is lost */
+    int depth;     /* calls in progress (only the outermost is timed) */
+} rt_layer_profile;
+
+/* Room for `cap` rows (ResNet34: about 200); RT_ERR_NOMEM if that fails. */
+rt_status rt_layer_profile_init(rt_layer_profile *p, int cap);
+void rt_layer_profile_free(rt_layer_profile *p);
+/* forget every row (e.g. after warm-up steps) */
+void rt_layer_profile_reset(rt_layer_profile *p);
+
+/* the pass's name: "forward" | "backward" */
+const char *rt_prof_pass_name(rt_prof_pass pass);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
