@@ -61,6 +61,12 @@ typedef struct cpu_conv {
      * and bias, output gradient and the input gradient before rounding (see
      * rt_cpu_conv2d_forward); NULL under fp32/tf32 */
     float *bx, *bw, *bdy, *bdx;
+    /* dense path under bf16 for batches of max_n (dense16_*): W', x and dy in bf16 and the
+     * three products on oneDNN's bf16 matmul, one per part; NULL mm: not in use */
+    uint16_t *wd16, *x16, *dy16;
+    int mparts, wparts;     /* parts of forward and dx (images), of dW' (rows of W') */
+    struct rt_dnnl_mm **mm; /* [mparts] forward, [mparts] dx, [wparts] dW', or NULL */
+    size_t mm_scratch;      /* bytes per part, in the workspace after dW' */
 } cpu_conv;
 
 #define CONV_CACHE_CAP ((size_t)32 << 20)
@@ -90,12 +96,13 @@ static bool tap_live(int kk, int out, int in, int s, int pad) {
 
 /* Which implementation runs this layer (RINGTRAIN_CONV, see cpu_internal.h): make the
  * oneDNN primitives for batch max_n when it is oneDNN. By default (auto) that is every
- * layer except those the dense path below takes with an unrolled matrix W' no larger
- * than the weights (ResNet34 at 28x28: layer4's 3x3 convs on 1x1 and its first, stride
- * 2, on 2x2), where it measured 1.5-4x faster than oneDNN (512->512 3x3 on 1x1, batch
- * 64: 0.3 + 0.8 ms against 1.2 + 3.3 ms forward + backward). Where W' is larger
- * (layer3's 2x2 convs: 1.8x the weights) writing it each step costs memory traffic and
- * oneDNN is as fast or a little faster. A oneDNN that cannot do a layer (or fails)
+ * layer except those the dense path below takes with an unrolled matrix W' at most
+ * twice the weights (ResNet34 at 28x28: layer4's 3x3 convs on 1x1 and its first, stride
+ * 2, on 2x2, where it measured 1.5-4x faster than oneDNN; and layer3's 3x3 convs on 2x2,
+ * W' 1.8x the weights, since the AVX-512 unroll and fold and, in bf16, the bf16 matmul
+ * products: forward + backward of the 11 layers, batch 64, 2 threads, per step, bf16
+ * 17.0 -> 13.0-13.3 ms, fp32 21.2-22.1 -> 19.8-20.6 ms against oneDNN's convolutions;
+ * `bench model --layers`, interleaved). A oneDNN that cannot do a layer (or fails)
  * leaves it to im2col, unless RINGTRAIN_CONV=dnnl asked for oneDNN. */
 static rt_status conv_choose_dnnl(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv *cc, int max_n, size_t *ws) {
     *ws = 0;
@@ -104,7 +111,7 @@ static rt_status conv_choose_dnnl(rt_model_ctx *ctx, const rt_conv2d *l, cpu_con
     cc->dnnl = NULL;
     rt_cpu_state *s = ctx->backend;
     if (s->conv == RT_CPU_CONV_IM2COL || !s->dnnl) return RT_OK; /* (ctx_init failed for dnnl without one) */
-    if (s->conv == RT_CPU_CONV_AUTO && cc->dense && dense_floats(l) <= (size_t)l->out_c * l->in_c * l->k * l->k)
+    if (s->conv == RT_CPU_CONV_AUTO && cc->dense && dense_floats(l) <= (size_t)2 * l->out_c * l->in_c * l->k * l->k)
         return RT_OK;
     rt_status st =
         rt_dnnl_conv_create(s->dnnl, l, max_n, ctx->threads, ctx->precision == RT_PRECISION_BF16, ws, &cc->dnnl);
@@ -149,6 +156,92 @@ static rt_status bf16_buffers(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv *c
     return RT_OK;
 }
 
+static void part_range(int total, int parts, int t, int *lo, int *hi) {
+    *lo = (int)((long)total * t / parts);
+    *hi = (int)((long)total * (t + 1) / parts);
+}
+
+static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+static void dense16_free(cpu_conv *cc) {
+#ifdef RT_HAVE_DNNL
+    if (cc->mm)
+        for (int i = 0; i < 2 * cc->mparts + cc->wparts; i++) rt_dnnl_mm_destroy(cc->mm[i]);
+#endif
+    free(cc->mm);
+    free(cc->wd16);
+    free(cc->x16);
+    free(cc->dy16);
+    cc->mm = NULL;
+    cc->wd16 = cc->x16 = cc->dy16 = NULL;
+    cc->mparts = cc->wparts = 0;
+    cc->mm_scratch = 0;
+}
+
+/* The dense path under bf16, for batches of max_n: W' (O*OP, C*IP), x and dy in bf16
+ * and three oneDNN bf16 matmuls per part, fp32 accumulation (dense16_forward/backward):
+ *   forward   y[images]   = x16[images] W'16^T   (rows of y: images; part t its images)
+ *   dW'       dW'[rows]   = dy16^T[rows] x16     (part t its rows of W'; sums over all images)
+ *   dx        dx[images]  = dy16[images] W'16
+ * the bf16 products the other dense batches run as fp32 products of bf16-rounded values
+ * (same rounding points, docs/model.md). Where oneDNN has no such matmul, nothing is made
+ * and every batch takes that fp32 path. */
+static rt_status dense16_prepare(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv *cc, int max_n) {
+    dense16_free(cc);
+#ifdef RT_HAVE_DNNL
+    rt_cpu_state *s = ctx->backend;
+    if (ctx->precision != RT_PRECISION_BF16 || !cc->dense || cc->dnnl || !s->dnnl) return RT_OK;
+    const int T = rt_threadpool_threads(cpu_pool(ctx));
+    const int64_t R = (int64_t)l->out_c * l->out_h * l->out_w, K = (int64_t)l->in_c * l->in_h * l->in_w;
+    cc->mparts = max_n < T ? max_n : T;
+    cc->wparts = R < T ? (int)R : T;
+    const int nmm = 2 * cc->mparts + cc->wparts;
+    cc->mm = calloc((size_t)nmm, sizeof *cc->mm);
+    cc->wd16 = calloc((size_t)(R * K), sizeof(uint16_t)); /* the zeros of W' stay zero */
+    cc->x16 = malloc((size_t)max_n * (size_t)K * sizeof(uint16_t));
+    cc->dy16 = malloc((size_t)max_n * (size_t)R * sizeof(uint16_t));
+    if (!cc->mm || !cc->wd16 || !cc->x16 || !cc->dy16) {
+        dense16_free(cc);
+        RT_FAIL(RT_ERR_NOMEM, "conv2d %d->%d k%d on %dx%d: out of memory for its bf16 matrices (batch %d)", l->in_c,
+                l->out_c, l->k, l->in_h, l->in_w, max_n);
+    }
+    rt_status st = RT_OK;
+    size_t most = 0, sb = 0;
+    for (int t = 0; t < cc->mparts && st == RT_OK; t++) {
+        int lo, hi;
+        part_range(max_n, cc->mparts, t, &lo, &hi);
+        const int64_t fa[2] = {K, 1}, fb[2] = {1, K}, da[2] = {R, 1}, db[2] = {K, 1};
+        st = rt_dnnl_mm_create(s->dnnl, true, 1, hi - lo, (int)R, (int)K, fa, fb, R, &sb, &cc->mm[t]);
+        if (sb > most) most = sb;
+        if (st == RT_OK)
+            st = rt_dnnl_mm_create(s->dnnl, true, 1, hi - lo, (int)K, (int)R, da, db, K, &sb, &cc->mm[cc->mparts + t]);
+        if (sb > most) most = sb;
+    }
+    for (int t = 0; t < cc->wparts && st == RT_OK; t++) {
+        int r0, r1;
+        part_range((int)R, cc->wparts, t, &r0, &r1);
+        const int64_t wa[2] = {1, R}, wb[2] = {K, 1};
+        st = rt_dnnl_mm_create(s->dnnl, true, 1, r1 - r0, (int)K, max_n, wa, wb, K, &sb, &cc->mm[2 * cc->mparts + t]);
+        if (sb > most) most = sb;
+    }
+    if (st != RT_OK) {
+        dense16_free(cc);
+        if (st != RT_ERR_UNSUPPORTED) return st;
+        RT_LOG_DEBUG("conv2d %d->%d k%d on %dx%d: no oneDNN bf16 matmul (%s); fp32 products of bf16 values", l->in_c,
+                     l->out_c, l->k, l->in_h, l->in_w, rt_error_message());
+        rt_error_clear();
+        return RT_OK;
+    }
+    cc->mm_scratch = align64(most);
+#else
+    (void)ctx;
+    (void)l;
+    (void)cc;
+    (void)max_n;
+#endif
+    return RT_OK;
+}
+
 rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace) {
     RT_REQUIRE(l->k * l->k <= MAX_TAPS, RT_ERR_UNSUPPORTED,
                "conv2d kernel %dx%d: the CPU backend handles up to %d taps", l->k, l->k, MAX_TAPS);
@@ -184,7 +277,11 @@ rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size
     if (cc->dense) {
         cc->wd = calloc(dense_floats(l), sizeof(float));
         RT_CHECK_ALLOC(cc->wd, dense_floats(l) * sizeof(float));
+        RT_CHECK(dense16_prepare(ctx, l, cc, max_n));
         *workspace = fixed_floats(l, cc) * sizeof(float);
+        if (cc->mm) /* dW', then each part's matmul scratchpad */
+            *workspace =
+                align64(*workspace) + (size_t)(cc->mparts > cc->wparts ? cc->mparts : cc->wparts) * cc->mm_scratch;
         if (dnnl_ws > *workspace) *workspace = dnnl_ws;
         return RT_OK;
     }
@@ -215,6 +312,7 @@ void rt_cpu_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l) {
 #endif
     if (l->priv) free(((cpu_conv *)l->priv)->cache);
     if (l->priv) free(((cpu_conv *)l->priv)->wd);
+    if (l->priv) dense16_free(l->priv);
     if (l->priv) bf16_free(l->priv);
     free(l->priv);
     l->priv = NULL;
@@ -326,11 +424,6 @@ static void gather_task(const conv_job *J, int j) {
     const float *dy = J->dy + (size_t)(J->n0 + j) * l->out_c * P;
     for (int o = 0; o < l->out_c; o++)
         memcpy(J->yt + (size_t)o * ld + (size_t)j * P, dy + (size_t)o * P, sizeof(float) * P);
-}
-
-static void part_range(int total, int parts, int t, int *lo, int *hi) {
-    *lo = (int)((long)total * t / parts);
-    *hi = (int)((long)total * (t + 1) / parts);
 }
 
 /* forward, one task per thread: unfold its images, one gemm over their columns, scatter */
@@ -450,43 +543,236 @@ typedef struct dense_job {
 /* W' (O*OP, C*IP) from W (O, C, k, k), or back: fold dW' into dW. One task per output
  * channel o (its OP rows of W' and its C*k*k weights). `round` (precision bf16): W' holds
  * the bf16 roundings of the weights, rounded here as they are read (only the live taps
- * are read: at 1x1 one in nine), so bf16 needs no rounded copy of the whole of W. */
+ * are read: at 1x1 one in nine), so bf16 needs no rounded copy of the whole of W; with
+ * wd16 set, W' is that bf16 matrix itself (for oneDNN's bf16 matmul), else floats. */
 typedef struct unroll_job {
     const rt_conv2d *l;
     const float *w;
     float *wd, *dw;
+    uint16_t *wd16;
     int fold;
     bool round;
 } unroll_job;
 
-/* unroll_task's work for one (output position, tap) pair: row[c*IP] <- w[o, c, tap] for
- * every input channel c (rounded to bf16 when U->round), or dW[o, c, tap] += row[c*IP]
- * when folding; row points at the pair's input position in the position's row of W' */
-static void unroll_one(const unroll_job *U, int o, float *row, int tap) {
+/* One output position's row of W' (or dW'): `row`, C segments of IP; its nt live (tap,
+ * input position) pairs. Channel by channel, so that both W[o] (C groups of k*k) and the
+ * row are walked in order. The fold adds each weight's one term of this position: over
+ * the positions, in order, whatever the loop inside. */
+static void unroll_row_from(const unroll_job *U, int o, size_t r, int nt, const int *tap, const int *xoff, int c0) {
     const rt_conv2d *l = U->l;
     const size_t IP = (size_t)l->in_h * l->in_w, kk = (size_t)l->k * l->k, C = (size_t)l->in_c;
+    const size_t cols = C * IP;
     if (U->fold) {
-        float *dw = U->dw + (size_t)o * C * kk + tap;
-        for (size_t c = 0; c < C; c++) dw[c * kk] += row[c * IP];
-    } else if (U->round) {
-        const float *w = U->w + (size_t)o * C * kk + tap;
-        for (size_t c = 0; c < C; c++) row[c * IP] = rt_bf16_round(w[c * kk]);
-    } else {
-        const float *w = U->w + (size_t)o * C * kk + tap;
-        for (size_t c = 0; c < C; c++) row[c * IP] = w[c * kk];
+        const float *row = U->wd + r * cols;
+        float *dw = U->dw + (size_t)o * C * kk;
+        for (size_t c = (size_t)c0; c < C; c++)
+            for (int t = 0; t < nt; t++) dw[c * kk + tap[t]] += row[c * IP + xoff[t]];
+        return;
     }
+    const float *w = U->w + (size_t)o * C * kk;
+    if (U->wd16) {
+        uint16_t *row = U->wd16 + r * cols;
+        for (size_t c = (size_t)c0; c < C; c++)
+            for (int t = 0; t < nt; t++) row[c * IP + xoff[t]] = rt_bf16_from_f32(w[c * kk + tap[t]]);
+    } else if (U->round) {
+        float *row = U->wd + r * cols;
+        for (size_t c = (size_t)c0; c < C; c++)
+            for (int t = 0; t < nt; t++) row[c * IP + xoff[t]] = rt_bf16_round(w[c * kk + tap[t]]);
+    } else {
+        float *row = U->wd + r * cols;
+        for (size_t c = (size_t)c0; c < C; c++)
+            for (int t = 0; t < nt; t++) row[c * IP + xoff[t]] = w[c * kk + tap[t]];
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define RT_UNROLL_AVX512 1
+#define RT_AVX512 __attribute__((target("avx512f,avx512bw")))
+
+/* unroll_row on AVX-512, where 16 is a multiple of IP: a block of G = 16 / IP input
+ * channels is 16 consecutive entries of the row (lane j: channel j / IP, input position
+ * j % IP) and G groups of k*k weights; one gather reads the block's live weights (lanes
+ * of dead pairs are off: they read nothing and write the zero they already hold), and
+ * the fold adds the block's row entries to a gather of its weight gradients and
+ * scatters them back (the lanes' weights are distinct: one term each, as in unroll_row).
+ * Rounding to bf16 is core/bf16.h's, lane by lane in integers. Returns false where it
+ * does not apply. */
+RT_AVX512 static bool unroll_row_avx512(const unroll_job *U, int o, size_t r, int nt, const int *tap, const int *xoff) {
+    const rt_conv2d *l = U->l;
+    const int IP = l->in_h * l->in_w, kk = l->k * l->k, C = l->in_c;
+    if (IP > 16 || 16 % IP != 0) return false;
+    const int G = 16 / IP;
+    int idx[16];
+    __mmask16 live = 0;
+    for (int j = 0; j < 16; j++) {
+        idx[j] = 0;
+        for (int t = 0; t < nt; t++)
+            if (xoff[t] == j % IP) {
+                idx[j] = (j / IP) * kk + tap[t];
+                live |= (__mmask16)(1u << j);
+            }
+    }
+    const __m512i vidx = _mm512_loadu_si512(idx);
+    const size_t cols = (size_t)C * IP;
+    int c = 0;
+    if (U->fold) {
+        const float *row = U->wd + r * cols;
+        float *dw = U->dw + (size_t)o * C * kk;
+        for (; c + G <= C; c += G) {
+            const __m512 g = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, vidx, dw + (size_t)c * kk, 4);
+            const __m512 v = _mm512_add_ps(g, _mm512_loadu_ps(row + (size_t)c * IP));
+            _mm512_mask_i32scatter_ps(dw + (size_t)c * kk, live, vidx, v, 4);
+        }
+    } else {
+        const float *w = U->w + (size_t)o * C * kk;
+        const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
+                      absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                      quiet = _mm512_set1_epi32(0x40);
+        for (; c + G <= C; c += G) {
+            const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, vidx, w + (size_t)c * kk, 4);
+            if (!U->round) {
+                _mm512_storeu_ps(U->wd + r * cols + (size_t)c * IP, v);
+                continue;
+            }
+            /* rt_bf16_from_f32: (u + 0x7fff + ((u >> 16) & 1)) >> 16, a NaN kept quiet */
+            const __m512i u = _mm512_castps_si512(v);
+            const __m512i hi = _mm512_srli_epi32(u, 16);
+            __m512i b = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(hi, one)), 16);
+            const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
+            b = _mm512_mask_or_epi32(b, nan, hi, quiet);
+            if (U->wd16)
+                _mm256_storeu_si256((__m256i *)(U->wd16 + r * cols + (size_t)c * IP), _mm512_cvtepi32_epi16(b));
+            else
+                _mm512_storeu_ps(U->wd + r * cols + (size_t)c * IP, _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)));
+        }
+    }
+    /* the channels left over, one at a time */
+    if (c < C) unroll_row_from(U, o, r, nt, tap, xoff, c);
+    return true;
+}
+
+/* The whole of output channel o's rows of W' where the input is 4 positions and the
+ * output at most 4 (ResNet's layers on 2x2 maps), the kernel at most 16 taps: per input channel c one load of its k*k
+ * weights, one permute into the OP * IP entries (lane p * IP + q: the tap joining output p and input q; off, so zero,
+ * where none does), rounding, then IP entries into each of the OP rows. The per-row gathers of unroll_row_avx512 read
+ * each weight OP times. Not for the fold. */
+RT_AVX512 static bool unroll_o_avx512(const unroll_job *U, int o) {
+    const rt_conv2d *l = U->l;
+    const int IP = l->in_h * l->in_w, OP = l->out_h * l->out_w, kk = l->k * l->k, C = l->in_c;
+    if (U->fold || IP != 4 || OP > 4 || kk > 16) return false; /* (IP 4: copies of a constant size) */
+    int idx[16] = {0};
+    __mmask16 live = 0;
+    for (int oh = 0; oh < l->out_h; oh++)
+        for (int ow = 0; ow < l->out_w; ow++)
+            for (int ih = 0; ih < l->in_h; ih++)
+                for (int iw = 0; iw < l->in_w; iw++) {
+                    const int ki = ih - oh * l->stride + l->pad, kj = iw - ow * l->stride + l->pad;
+                    if (ki < 0 || ki >= l->k || kj < 0 || kj >= l->k) continue;
+                    const int j = (oh * l->out_w + ow) * IP + ih * l->in_w + iw;
+                    idx[j] = ki * l->k + kj;
+                    live |= (__mmask16)(1u << j);
+                }
+    const __m512i vidx = _mm512_loadu_si512(idx);
+    const __mmask16 taps = (__mmask16)((1u << kk) - 1);
+    const size_t cols = (size_t)C * IP, r0 = (size_t)o * OP;
+    const float *w = U->w + (size_t)o * C * kk;
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), absm = _mm512_set1_epi32(0x7fffffff),
+                  inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x40);
+    float tf[16];
+    uint16_t th[16];
+    for (int c = 0; c < C; c++) {
+        const __m512 v = _mm512_maskz_permutexvar_ps(live, vidx, _mm512_maskz_loadu_ps(taps, w + (size_t)c * kk));
+        if (!U->round) {
+            _mm512_storeu_ps(tf, v);
+            for (int p = 0; p < OP; p++) memcpy(U->wd + (r0 + p) * cols + (size_t)c * 4, tf + p * 4, sizeof(float) * 4);
+            continue;
+        }
+        const __m512i u = _mm512_castps_si512(v);
+        const __m512i hi = _mm512_srli_epi32(u, 16);
+        __m512i b = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(hi, one)), 16);
+        b = _mm512_mask_or_epi32(b, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf), hi, quiet);
+        if (U->wd16) {
+            _mm256_storeu_si256((__m256i *)th, _mm512_cvtepi32_epi16(b));
+            for (int p = 0; p < OP; p++)
+                memcpy(U->wd16 + (r0 + p) * cols + (size_t)c * 4, th + p * 4, sizeof(uint16_t) * 4);
+        } else {
+            _mm512_storeu_ps(tf, _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)));
+            for (int p = 0; p < OP; p++) memcpy(U->wd + (r0 + p) * cols + (size_t)c * 4, tf + p * 4, sizeof(float) * 4);
+        }
+    }
+    return true;
+}
+
+/* The fold of output channel o where the input is 4 positions and the output at most 4
+ * (as unroll_o_avx512): per input channel c its OP row segments of dW' (4 entries each)
+ * in one vector, then, output position by position in order, each tap's one term (a
+ * permute, added under the mask of the taps live at that position) onto a vector of its
+ * k*k gradients, which starts at zero: the scalar fold's memset and additions, in the
+ * same order. The k*k gradients are stored whole (dead taps: zero). */
+RT_AVX512 static bool fold_o_avx512(const unroll_job *U, int o) {
+    const rt_conv2d *l = U->l;
+    const int IP = l->in_h * l->in_w, OP = l->out_h * l->out_w, kk = l->k * l->k, C = l->in_c;
+    if (!U->fold || IP != 4 || OP > 4 || kk > 16) return false;
+    int idx[4][16];
+    __mmask16 m[4] = {0, 0, 0, 0};
+    memset(idx, 0, sizeof idx);
+    for (int oh = 0; oh < l->out_h; oh++)
+        for (int ow = 0; ow < l->out_w; ow++)
+            for (int ih = 0; ih < l->in_h; ih++)
+                for (int iw = 0; iw < l->in_w; iw++) {
+                    const int ki = ih - oh * l->stride + l->pad, kj = iw - ow * l->stride + l->pad;
+                    if (ki < 0 || ki >= l->k || kj < 0 || kj >= l->k) continue;
+                    const int p = oh * l->out_w + ow, t = ki * l->k + kj;
+                    idx[p][t] = p * 4 + ih * l->in_w + iw;
+                    m[p] |= (__mmask16)(1u << t);
+                }
+    __m512i vidx[4];
+    for (int p = 0; p < OP; p++) vidx[p] = _mm512_loadu_si512(idx[p]);
+    const __mmask16 taps = (__mmask16)((1u << kk) - 1);
+    const size_t cols = (size_t)C * 4, r0 = (size_t)o * OP;
+    float *dw = U->dw + (size_t)o * C * kk;
+    for (int c = 0; c < C; c++) {
+        __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(U->wd + r0 * cols + (size_t)c * 4));
+        if (OP > 1) v = _mm512_insertf32x4(v, _mm_loadu_ps(U->wd + (r0 + 1) * cols + (size_t)c * 4), 1);
+        if (OP > 2) v = _mm512_insertf32x4(v, _mm_loadu_ps(U->wd + (r0 + 2) * cols + (size_t)c * 4), 2);
+        if (OP > 3) v = _mm512_insertf32x4(v, _mm_loadu_ps(U->wd + (r0 + 3) * cols + (size_t)c * 4), 3);
+        __m512 acc = _mm512_setzero_ps();
+        for (int p = 0; p < OP; p++) acc = _mm512_mask_add_ps(acc, m[p], acc, _mm512_permutexvar_ps(vidx[p], v));
+        _mm512_mask_storeu_ps(dw + (size_t)c * kk, taps, acc);
+    }
+    return true;
+}
+#endif
+
+static bool g_force_plain; /* rt_cpu_conv2d_force_plain */
+
+void rt_cpu_conv2d_force_plain(bool on) { g_force_plain = on; }
+
+bool rt_cpu_conv2d_dense16(const rt_conv2d *l) { return l->priv && ((const cpu_conv *)l->priv)->mm; }
+
+static bool use_avx512(void) {
+#ifdef RT_UNROLL_AVX512
+    return !g_force_plain && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#else
+    return false;
+#endif
 }
 
 static void unroll_task(void *arg, int o) {
     const unroll_job *U = arg;
     const rt_conv2d *l = U->l;
     const int H = l->in_h, W = l->in_w, OH = l->out_h, OW = l->out_w, k = l->k, s = l->stride, pad = l->pad;
-    const size_t OP = (size_t)OH * OW, IP = (size_t)H * W, cols = (size_t)l->in_c * IP, kk = (size_t)k * k;
-    float *rows = U->wd + (size_t)o * OP * cols;
+    const size_t OP = (size_t)OH * OW, kk = (size_t)k * k;
+    const bool avx512 = use_avx512();
+#ifdef RT_UNROLL_AVX512
+    if (avx512 && (U->fold ? fold_o_avx512(U, o) : unroll_o_avx512(U, o))) return;
+#else
+    (void)avx512;
+#endif
     /* unroll: the entries not written here are zero since prepare */
     if (U->fold) memset(U->dw + (size_t)o * l->in_c * kk, 0, sizeof(float) * (size_t)l->in_c * kk);
-    /* the (tap, input position) pairs of each output position, then per input channel
-     * c: the k*k weights w[o, c] are contiguous and so is the row segment of c */
+    /* the (tap, input position) pairs of each output position */
     int tap[MAX_TAPS], xoff[MAX_TAPS];
     for (int oh = 0; oh < OH; oh++)
         for (int ow = 0; ow < OW; ow++) {
@@ -501,11 +787,11 @@ static void unroll_task(void *arg, int o) {
                     xoff[nt++] = ih * W + iw;
                 }
             }
-            float *row = rows + ((size_t)oh * OW + ow) * cols;
-            /* tap by tap, each a strided copy over the input channels: within one output
-             * position every tap meets one input position, so a weight's gradient still
-             * gets its terms in the order of the positions */
-            for (int t = 0; t < nt; t++) unroll_one(U, o, row + xoff[t], tap[t]);
+            const size_t r = (size_t)o * OP + (size_t)oh * OW + ow;
+#ifdef RT_UNROLL_AVX512
+            if (avx512 && unroll_row_avx512(U, o, r, nt, tap, xoff)) continue;
+#endif
+            unroll_row_from(U, o, r, nt, tap, xoff, 0);
         }
 }
 
@@ -620,6 +906,142 @@ static rt_status dense_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
     }
     return RT_OK;
 }
+
+#ifdef RT_HAVE_DNNL
+/* dense16_prepare's products for one batch of max_n images */
+typedef struct d16_job {
+    rt_dnnl_env *e;
+    const rt_conv2d *l;
+    const cpu_conv *cc;
+    int n;
+    const float *x, *dy;
+    float *y, *dwd, *dxf; /* dxf: dx before its rounding (cc->bdx) */
+    char *scratch;        /* part t's at scratch + t * cc->mm_scratch */
+    int failed;           /* a matmul failed (set by any part) */
+} d16_job;
+
+static void d16_run(d16_job *J, int i, int t, const void *a, const void *b, float *c) {
+    if (!rt_dnnl_mm_run(J->e, J->cc->mm[i], a, b, c, J->scratch + (size_t)t * J->cc->mm_scratch))
+        __atomic_store_n(&J->failed, 1, __ATOMIC_RELAXED);
+}
+
+/* forward, part t: pack its images of x, then y[images] = x16 W'16^T */
+static void d16_fwd_part(void *arg, int t) {
+    d16_job *J = arg;
+    const cpu_conv *cc = J->cc;
+    const size_t K = (size_t)J->l->in_c * J->l->in_h * J->l->in_w, R = (size_t)J->l->out_c * J->l->out_h * J->l->out_w;
+    int lo, hi;
+    part_range(J->n, cc->mparts, t, &lo, &hi);
+    rt_cpu_bf16_pack((size_t)(hi - lo) * K, J->x + (size_t)lo * K, cc->x16 + (size_t)lo * K);
+    d16_run(J, t, t, cc->x16 + (size_t)lo * K, cc->wd16, J->y + (size_t)lo * R);
+}
+
+/* backward, part t: pack its images of x and dy */
+static void d16_pack_part(void *arg, int t) {
+    d16_job *J = arg;
+    const cpu_conv *cc = J->cc;
+    const size_t K = (size_t)J->l->in_c * J->l->in_h * J->l->in_w, R = (size_t)J->l->out_c * J->l->out_h * J->l->out_w;
+    int lo, hi;
+    part_range(J->n, cc->mparts, t, &lo, &hi);
+    rt_cpu_bf16_pack((size_t)(hi - lo) * K, J->x + (size_t)lo * K, cc->x16 + (size_t)lo * K);
+    rt_cpu_bf16_pack((size_t)(hi - lo) * R, J->dy + (size_t)lo * R, cc->dy16 + (size_t)lo * R);
+}
+
+/* rows [r0, r1) of dW' = dy16^T[rows] x16 (a sum over all the images) */
+static void d16_dw_part(void *arg, int t) {
+    d16_job *J = arg;
+    const cpu_conv *cc = J->cc;
+    const size_t K = (size_t)J->l->in_c * J->l->in_h * J->l->in_w, R = (size_t)J->l->out_c * J->l->out_h * J->l->out_w;
+    int r0, r1;
+    part_range((int)R, cc->wparts, t, &r0, &r1);
+    d16_run(J, 2 * cc->mparts + t, t, cc->dy16 + r0, cc->x16, J->dwd + (size_t)r0 * K);
+}
+
+/* dx[images] = dy16[images] W'16, in fp32 (rounded by the caller) */
+static void d16_dx_part(void *arg, int t) {
+    d16_job *J = arg;
+    const cpu_conv *cc = J->cc;
+    const size_t K = (size_t)J->l->in_c * J->l->in_h * J->l->in_w, R = (size_t)J->l->out_c * J->l->out_h * J->l->out_w;
+    int lo, hi;
+    part_range(J->n, cc->mparts, t, &lo, &hi);
+    d16_run(J, cc->mparts + t, t, cc->dy16 + (size_t)lo * R, cc->wd16, J->dxf + (size_t)lo * K);
+}
+
+static rt_status d16_init(rt_model_ctx *ctx, const rt_conv2d *l, int n, d16_job *J) {
+    const cpu_conv *cc = l->priv;
+    const size_t dwb = align64(dense_floats(l) * sizeof(float));
+    const int parts = cc->mparts > cc->wparts ? cc->mparts : cc->wparts;
+    RT_REQUIRE(ctx->work && ctx->work_bytes >= dwb + (size_t)parts * cc->mm_scratch, RT_ERR_INVALID,
+               "conv2d %d->%d k%d on %dx%d: workspace of %zu bytes is smaller than %zu; call rt_conv2d_prepare and "
+               "rt_model_ctx_reserve",
+               l->in_c, l->out_c, l->k, l->in_h, l->in_w, ctx->work_bytes, dwb + (size_t)parts * cc->mm_scratch);
+    *J = (d16_job){.e = ((rt_cpu_state *)ctx->backend)->dnnl, .l = l, .cc = cc, .n = n};
+    J->dwd = (float *)ctx->work;
+    J->scratch = (char *)ctx->work + dwb;
+    return RT_OK;
+}
+
+static rt_status d16_check(const d16_job *J, const char *what) {
+    RT_REQUIRE(!J->failed, RT_ERR_INTERNAL, "conv2d %d->%d k%d on %dx%d: oneDNN bf16 matmul (%s) failed", J->l->in_c,
+               J->l->out_c, J->l->k, J->l->in_h, J->l->in_w, what);
+    return RT_OK;
+}
+
+/* bf16, dense, batch max_n: y = round(x16 W'16^T + round(b)) */
+static rt_status dense16_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+    cpu_conv *cc = l->priv;
+    d16_job J;
+    RT_CHECK(d16_init(ctx, l, n, &J));
+    unroll_job U = {.l = l, .w = rt_tensor_data(&l->weight), .wd16 = cc->wd16, .round = true};
+    rt_threadpool_run(cpu_pool(ctx), l->out_c, unroll_task, &U);
+    J.x = x;
+    J.y = y;
+    rt_threadpool_run(cpu_pool(ctx), cc->mparts, d16_fwd_part, &J);
+    RT_CHECK(d16_check(&J, "forward"));
+    const size_t R = (size_t)l->out_c * l->out_h * l->out_w, OP = (size_t)l->out_h * l->out_w;
+    if (l->has_bias) {
+        const float *b = rt_tensor_data(&l->bias);
+        for (int i = 0; i < n; i++)
+            for (int o = 0; o < l->out_c; o++) {
+                const float bo = rt_bf16_round(b[o]);
+                for (size_t p = 0; p < OP; p++) y[(size_t)i * R + (size_t)o * OP + p] += bo;
+            }
+    }
+    rt_cpu_bf16_round(ctx, (size_t)n * R, y, y, false);
+    return RT_OK;
+}
+
+/* bf16, dense, batch max_n: dW (and db) from the fp32 sums of bf16 products, dx rounded
+ * once (then added where accumulating); W'16 is the last forward's */
+static rt_status dense16_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+                                  bool accumulate) {
+    cpu_conv *cc = l->priv;
+    d16_job J;
+    RT_CHECK(d16_init(ctx, l, n, &J));
+    J.x = x;
+    J.dy = dy;
+    J.dxf = cc->bdx;
+    rt_threadpool_run(cpu_pool(ctx), cc->mparts, d16_pack_part, &J);
+    rt_threadpool_run(cpu_pool(ctx), cc->wparts, d16_dw_part, &J);
+    RT_CHECK(d16_check(&J, "weight gradient"));
+    rt_cpu_conv2d_fold(ctx, l, J.dwd, rt_tensor_data(&l->dweight));
+    if (l->has_bias) { /* db: the sum of the rounded dy, as conv_backward_f32 sums it */
+        float *db = rt_tensor_data(&l->dbias);
+        const size_t R = (size_t)l->out_c * l->out_h * l->out_w, OP = (size_t)l->out_h * l->out_w;
+        for (int o = 0; o < l->out_c; o++) {
+            double sum = 0;
+            for (int i = 0; i < n; i++)
+                for (size_t p = 0; p < OP; p++) sum += rt_bf16_to_f32(cc->dy16[(size_t)i * R + (size_t)o * OP + p]);
+            db[o] = (float)sum;
+        }
+    }
+    if (!dx) return RT_OK;
+    rt_threadpool_run(cpu_pool(ctx), cc->mparts, d16_dx_part, &J);
+    RT_CHECK(d16_check(&J, "input gradient"));
+    rt_cpu_bf16_round(ctx, (size_t)n * l->in_c * l->in_h * l->in_w, cc->bdx, dx, accumulate);
+    return RT_OK;
+}
+#endif
 
 /* The fp32 paths. round_w: round the weights to bf16 as they are read (the dense and
  * pruned paths under precision bf16; see bf16_layer). */
@@ -796,6 +1218,9 @@ static rt_conv2d bf16_layer(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv *cc,
 rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
     cpu_conv *cc = l->priv;
     if (ctx->precision != RT_PRECISION_BF16 || dnnl_runs(l, n)) return conv_forward_f32(ctx, l, n, x, y, false);
+#ifdef RT_HAVE_DNNL
+    if (cc && cc->mm && n == cc->max_n) return dense16_forward(ctx, l, n, x, y);
+#endif
     RT_REQUIRE(cc && cc->bx && n <= cc->max_n, RT_ERR_INVALID,
                "conv2d %d->%d k%d: bf16 batch %d without rt_conv2d_prepare for it", l->in_c, l->out_c, l->k, n);
     rt_cpu_bf16_round(ctx, (size_t)n * l->in_c * l->in_h * l->in_w, x, cc->bx, false);
@@ -811,6 +1236,9 @@ rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
     cpu_conv *cc = l->priv;
     if (ctx->precision != RT_PRECISION_BF16 || dnnl_runs(l, n))
         return conv_backward_f32(ctx, l, n, x, dy, dx, accumulate, false);
+#ifdef RT_HAVE_DNNL
+    if (cc && cc->mm && n == cc->max_n) return dense16_backward(ctx, l, n, x, dy, dx, accumulate);
+#endif
     RT_REQUIRE(cc && cc->bx && n <= cc->max_n, RT_ERR_INVALID,
                "conv2d %d->%d k%d: bf16 batch %d without rt_conv2d_prepare for it", l->in_c, l->out_c, l->k, n);
     /* (the same bits the forward rounded into bx: its column cache stays valid) */

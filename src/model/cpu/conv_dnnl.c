@@ -96,10 +96,9 @@ typedef struct dn_part {
     int n0, nb, o0, ob;
     dnnl_stream_t stream;
     dn_stage fwd, bww, bwd;
-    /* backward-weights as a matmul (dn_mm): rows [o0*P, (o0+ob)*P) of dW' */
-    dnnl_primitive_t mm;
-    dnnl_memory_t mm_a, mm_b, mm_c, mm_scratch; /* dy^T rows, x, dW' rows, scratchpad (or NULL) */
-    size_t region;                              /* offset of its buffers in the workspace */
+    /* backward-weights as a matmul (dn_mm): rows [o0*P, (o0+ob)*P) of dW' = dy^T rows x */
+    rt_dnnl_mm *mm;
+    size_t region; /* offset of its buffers in the workspace */
 } dn_part;
 
 struct rt_dnnl_conv {
@@ -196,11 +195,7 @@ void rt_dnnl_conv_destroy(rt_dnnl_conv *c) {
         stage_destroy(&p->fwd);
         stage_destroy(&p->bww);
         stage_destroy(&p->bwd);
-        if (p->mm) dnnl_primitive_destroy(p->mm);
-        if (p->mm_a) dnnl_memory_destroy(p->mm_a);
-        if (p->mm_b) dnnl_memory_destroy(p->mm_b);
-        if (p->mm_c) dnnl_memory_destroy(p->mm_c);
-        if (p->mm_scratch) dnnl_memory_destroy(p->mm_scratch);
+        rt_dnnl_mm_destroy(p->mm);
         if (p->stream) dnnl_stream_destroy(p->stream);
     }
     free(c);
@@ -213,6 +208,81 @@ bool rt_dnnl_sgemm(rt_dnnl_env *e, bool ta, bool tb, int m, int n, int k, float 
     if (!e) return false;
     if (e->set_threads) e->set_threads(1);
     return dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == dnnl_success;
+}
+
+struct rt_dnnl_mm {
+    dnnl_primitive_t prim;
+    dnnl_memory_t a, b, c, scratch; /* handles set per run; scratch NULL when none */
+    dnnl_stream_t stream;
+    int threads;
+};
+
+void rt_dnnl_mm_destroy(rt_dnnl_mm *mm) {
+    if (!mm) return;
+    if (mm->prim) dnnl_primitive_destroy(mm->prim);
+    if (mm->a) dnnl_memory_destroy(mm->a);
+    if (mm->b) dnnl_memory_destroy(mm->b);
+    if (mm->c) dnnl_memory_destroy(mm->c);
+    if (mm->scratch) dnnl_memory_destroy(mm->scratch);
+    if (mm->stream) dnnl_stream_destroy(mm->stream);
+    free(mm);
+}
+
+rt_status rt_dnnl_mm_create(rt_dnnl_env *e, bool bf16, int threads, int m, int n, int k, const int64_t as[2],
+                            const int64_t bs[2], int64_t ldc, size_t *scratch_bytes, rt_dnnl_mm **out) {
+    *out = NULL;
+    *scratch_bytes = 0;
+    if (e->set_threads) e->set_threads(threads);
+    const dnnl_data_type_t lp = bf16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_memory_desc_t a, b, cm;
+    dnnl_dims_t ad = {m, k}, bd = {k, n}, cd = {m, n}, ast = {as[0], as[1]}, bst = {bs[0], bs[1]}, cst = {ldc, 1};
+    DN_CHECK(dnnl_memory_desc_init_by_strides(&a, 2, ad, lp, ast));
+    DN_CHECK(dnnl_memory_desc_init_by_strides(&b, 2, bd, lp, bst));
+    DN_CHECK(dnnl_memory_desc_init_by_strides(&cm, 2, cd, dnnl_f32, cst));
+    dnnl_matmul_desc_t md;
+    DN_CHECK(dnnl_matmul_desc_init(&md, &a, &b, NULL, &cm));
+    rt_dnnl_mm *mm = calloc(1, sizeof *mm);
+    RT_CHECK_ALLOC(mm, sizeof *mm);
+    mm->threads = threads;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t s = dnnl_primitive_attr_create(&attr);
+    if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, attr, e->engine, NULL);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (s == dnnl_success) {
+        const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        *scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
+        if (*scratch_bytes > 0) s = dnnl_memory_create(&mm->scratch, sp, e->engine, DNNL_MEMORY_NONE);
+    }
+    if (s == dnnl_success) s = dnnl_memory_create(&mm->a, &a, e->engine, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) s = dnnl_memory_create(&mm->b, &b, e->engine, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) s = dnnl_memory_create(&mm->c, &cm, e->engine, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) s = dnnl_stream_create(&mm->stream, e->engine, dnnl_stream_default_flags);
+    if (s == dnnl_success) s = dnnl_primitive_create(&mm->prim, pd);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (s != dnnl_success) {
+        rt_dnnl_mm_destroy(mm);
+        RT_FAIL(s == dnnl_unimplemented ? RT_ERR_UNSUPPORTED : RT_ERR_INTERNAL,
+                "oneDNN %s matmul %dx%d x %dx%d (strides %lld,%lld and %lld,%lld): %s", bf16 ? "bf16" : "f32", m, k, k,
+                n, (long long)as[0], (long long)as[1], (long long)bs[0], (long long)bs[1], dn_status_name(s));
+    }
+    *out = mm;
+    return RT_OK;
+}
+
+bool rt_dnnl_mm_run(rt_dnnl_env *e, rt_dnnl_mm *mm, const void *a, const void *b, float *c, void *scratch) {
+    if (e->set_threads) e->set_threads(mm->threads);
+    if (dnnl_memory_set_data_handle(mm->a, (void *)a) != dnnl_success ||
+        dnnl_memory_set_data_handle(mm->b, (void *)b) != dnnl_success ||
+        dnnl_memory_set_data_handle(mm->c, c) != dnnl_success ||
+        (mm->scratch && dnnl_memory_set_data_handle(mm->scratch, scratch) != dnnl_success))
+        return false;
+    dnnl_exec_arg_t ex[4] = {{DNNL_ARG_SRC, mm->a}, {DNNL_ARG_WEIGHTS, mm->b}, {DNNL_ARG_DST, mm->c}};
+    int nex = 3;
+    if (mm->scratch) ex[nex++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mm->scratch};
+    return dnnl_primitive_execute(mm->prim, mm->stream, nex, ex) == dnnl_success &&
+           dnnl_stream_wait(mm->stream) == dnnl_success;
 }
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
@@ -525,34 +595,12 @@ static bool mm_wanted(const rt_conv2d *l) {
     return !l->has_bias && IP <= (size_t)l->k * l->k && (size_t)l->out_c * P * l->in_c * IP <= ((size_t)4 << 20);
 }
 
-static rt_status mm_build(rt_dnnl_env *e, const rt_conv2d *l, int max_n, bool bf16, dn_part *p, size_t *bytes) {
-    const dnnl_data_type_t lp = bf16 ? dnnl_bf16 : dnnl_f32;
-    const dnnl_dim_t P = (dnnl_dim_t)l->out_h * l->out_w, N = (dnnl_dim_t)l->in_c * l->in_h * l->in_w;
-    dnnl_memory_desc_t a, b, cm;
-    dnnl_dims_t ad = {p->ob * P, max_n}, as = {1, (dnnl_dim_t)l->out_c * P}, bd = {max_n, N}, cd = {p->ob * P, N};
-    DN_CHECK(dnnl_memory_desc_init_by_strides(&a, 2, ad, lp, as)); /* dy^T: a column slice of (n, O*P) */
-    DN_CHECK(dnnl_memory_desc_init_by_tag(&b, 2, bd, lp, dnnl_ab));
-    DN_CHECK(dnnl_memory_desc_init_by_tag(&cm, 2, cd, dnnl_f32, dnnl_ab));
-    dnnl_matmul_desc_t md;
-    DN_CHECK(dnnl_matmul_desc_init(&md, &a, &b, NULL, &cm));
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_primitive_desc_t pd = NULL;
-    DN_CHECK(dnnl_primitive_attr_create(&attr));
-    dnnl_status_t s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, attr, e->engine, NULL);
-    dnnl_primitive_attr_destroy(attr);
-    RT_REQUIRE(s == dnnl_success, s == dnnl_unimplemented ? RT_ERR_UNSUPPORTED : RT_ERR_INTERNAL,
-               "oneDNN matmul primitive descriptor: %s", dn_status_name(s));
-    const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-    *bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
-    if (s == dnnl_success && *bytes > 0) s = dnnl_memory_create(&p->mm_scratch, sp, e->engine, DNNL_MEMORY_NONE);
-    if (s == dnnl_success) s = dnnl_memory_create(&p->mm_a, &a, e->engine, DNNL_MEMORY_NONE);
-    if (s == dnnl_success) s = dnnl_memory_create(&p->mm_b, &b, e->engine, DNNL_MEMORY_NONE);
-    if (s == dnnl_success) s = dnnl_memory_create(&p->mm_c, &cm, e->engine, DNNL_MEMORY_NONE);
-    if (s == dnnl_success) s = dnnl_primitive_create(&p->mm, pd);
-    dnnl_primitive_desc_destroy(pd);
-    RT_REQUIRE(s == dnnl_success, RT_ERR_INTERNAL, "oneDNN matmul: %s", dn_status_name(s));
-    return RT_OK;
+static rt_status mm_build(rt_dnnl_env *e, const rt_conv2d *l, int max_n, bool bf16, int threads, dn_part *p,
+                          size_t *bytes) {
+    const int64_t P = (int64_t)l->out_h * l->out_w, N = (int64_t)l->in_c * l->in_h * l->in_w;
+    /* dy^T: a column slice of (n, O*P); x (n, N); dW' rows (ob*P, N) */
+    const int64_t as[2] = {1, (int64_t)l->out_c * P}, bs[2] = {N, 1};
+    return rt_dnnl_mm_create(e, bf16, threads, p->ob * P, N, max_n, as, bs, N, bytes, &p->mm);
 }
 
 /* allow_mm: backward-weights may be the matmul where mm_wanted says so */
@@ -603,7 +651,7 @@ static rt_status conv_create(rt_dnnl_env *e, const rt_conv2d *l, int max_n, int 
         }
         st = part_build(e, l, max_n, plain, t < c->bww_parts && !c->bww_mm, p, c);
         size_t mmb = 0;
-        if (st == RT_OK && c->bww_mm) st = mm_build(e, l, max_n, bf16, p, &mmb);
+        if (st == RT_OK && c->bww_mm) st = mm_build(e, l, max_n, bf16, T == 1 ? threads : 1, p, &mmb);
         size_t b = p->fwd.bytes > mmb ? p->fwd.bytes : mmb; /* (the scratchpad at the region's start) */
         if (p->bww.bytes > b) b = p->bww.bytes;
         if (p->bwd.bytes > b) b = p->bwd.bytes;
@@ -759,7 +807,6 @@ static void dn_mm_task(void *arg, int t) {
     const rt_conv2d *l = J->l;
     dn_part *p = &J->c->part[t];
     const size_t P = (size_t)l->out_h * l->out_w, N = (size_t)l->in_c * l->in_h * l->in_w;
-    if (J->e->set_threads) J->e->set_threads(J->omp_threads);
     char *a, *b;
     if (J->c->bf16) {
         a = (char *)((uint16_t *)(J->ws + J->c->mm_dy_off) + (size_t)p->o0 * P);
@@ -769,19 +816,7 @@ static void dn_mm_task(void *arg, int t) {
         b = (char *)J->x;
     }
     float *cp = (float *)(J->ws + J->c->mm_dwd_off) + (size_t)p->o0 * P * N;
-    dnnl_status_t s;
-    if ((s = dnnl_memory_set_data_handle(p->mm_a, a)) != dnnl_success ||
-        (s = dnnl_memory_set_data_handle(p->mm_b, b)) != dnnl_success ||
-        (s = dnnl_memory_set_data_handle(p->mm_c, cp)) != dnnl_success ||
-        (p->mm_scratch && (s = dnnl_memory_set_data_handle(p->mm_scratch, J->ws + p->region)) != dnnl_success)) {
-        J->status[t] = s;
-        return;
-    }
-    dnnl_exec_arg_t ex[4] = {{DNNL_ARG_SRC, p->mm_a}, {DNNL_ARG_WEIGHTS, p->mm_b}, {DNNL_ARG_DST, p->mm_c}};
-    int nex = 3;
-    if (p->mm_scratch) ex[nex++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, p->mm_scratch};
-    s = dnnl_primitive_execute(p->mm, p->stream, nex, ex);
-    J->status[t] = s == dnnl_success ? dnnl_stream_wait(p->stream) : s;
+    J->status[t] = rt_dnnl_mm_run(J->e, p->mm, a, b, cp, J->ws + p->region) ? dnnl_success : dnnl_runtime_error;
 }
 
 static rt_status dn_run_mm(rt_model_ctx *ctx, dn_job *J) {

@@ -34,6 +34,20 @@ int rt_dnnl_conv_batch(const rt_dnnl_conv *c);
  * Returns false where oneDNN refuses; the caller then runs another GEMM. */
 bool rt_dnnl_sgemm(rt_dnnl_env *e, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
                    const float *b, int ldb, float beta, float *c, int ldc);
+/* One matrix product through oneDNN's matmul primitive, made once for its shapes:
+ *   C (m, n) f32, rows ldc apart  =  A (m, k) . B (k, n)
+ * with A and B bf16 (bf16 true; else f32) at element strides as = {row, column} and bs
+ * (a transpose is a stride), fp32 accumulation; planned for and run with oneDNN's OpenMP
+ * team at `threads` (1: on the calling thread alone, as a part of a layer does).
+ * *scratch_bytes: the scratchpad each run needs (user-managed, in the caller's
+ * workspace). RT_ERR_UNSUPPORTED where this oneDNN has no such matmul. */
+typedef struct rt_dnnl_mm rt_dnnl_mm;
+rt_status rt_dnnl_mm_create(rt_dnnl_env *e, bool bf16, int threads, int m, int n, int k, const int64_t as[2],
+                            const int64_t bs[2], int64_t ldc, size_t *scratch_bytes, rt_dnnl_mm **out);
+/* false where oneDNN fails (it has no more to say than its status) */
+bool rt_dnnl_mm_run(rt_dnnl_env *e, rt_dnnl_mm *mm, const void *a, const void *b, float *c, void *scratch);
+void rt_dnnl_mm_destroy(rt_dnnl_mm *mm);
+
 /* n must be the batch the primitives were made for */
 rt_status rt_dnnl_conv_forward(rt_model_ctx *ctx, rt_dnnl_env *e, rt_dnnl_conv *c, rt_conv2d *l, const float *x,
                                float *y);

@@ -39,6 +39,12 @@ static inline rt_threadpool *cpu_pool(rt_model_ctx *ctx) { return ((rt_cpu_state
  * dense path's layout: row (o, output position), column (c, input position)); dead taps
  * 0; on the pool */
 void rt_cpu_conv2d_fold(rt_model_ctx *ctx, const rt_conv2d *l, const float *dwd, float *dw);
+/* For tests: run the dense path's unroll and fold on their plain loops even where the
+ * CPU has AVX-512 (on: true), to compare the two bit for bit (process-wide, not for use
+ * while another thread runs a layer); and whether layer l's batches of the size it was
+ * prepared for run the bf16 matmul products (dense16 in conv_cpu.c). */
+void rt_cpu_conv2d_force_plain(bool on);
+bool rt_cpu_conv2d_dense16(const rt_conv2d *l);
 rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
 void rt_cpu_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l);
 rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y);
