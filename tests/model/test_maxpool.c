@@ -140,8 +140,11 @@ static void test_other_shapes(void **state) {
     run(1, 3, 17, 23, 5, 3, 2, 2);  /* k5 s3 p2 */
     run(2, 2, 11, 11, 2, 3, 0, 1);  /* stride larger than the window */
     run(1, 2, 5, 37, 1, 1, 0, 2);   /* k1: a copy */
+    run(1, 2, 13, 21, 8, 1, 4, 2);  /* the widest window of the vector path, padding 4 */
+    run(1, 2, 10, 12, 4, 2, 2, 1);  /* even window, padding k/2 */
+    run(1, 2, 3, 45, 2, 20, 0, 1);  /* stride over 16: one output per vector */
     run(1, 1, 20, 20, 20, 1, 0, 1); /* the whole plane in one window */
-    run(1, 2, 9, 9, 9, 4, 4, 1);    /* wide windows, wide padding */
+    run(1, 2, 9, 9, 9, 4, 4, 1);    /* windows over 8 wide (the plain scan), padding 4 */
 }
 
 /* time of the stem's forward, batch 64, one thread, vectorised and plain (issue 22, item 5;
