@@ -538,7 +538,8 @@ static void maxpool_bw_plane(const pool_job *J, int plane) {
  *   edge row and column instead (pad <= k/2: every window keeps a row and a column).
  * The reads of a window row's tap are then one vector load for 16 windows, masked at the
  * border (edge values blended in), and every window has k * k taps: no branch, no
- * gather. The ResNet stem's 3x3/2: 9 taps of 8 instructions for a row of up to 8 outputs. */
+ * gather. The ResNet stem's 3x3/2: 9 masked loads, compares and selects (and 2 to fold
+ * the rows) for a row of up to 8 outputs, where the plain scan branches on each value. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define MP_AVX512 1
@@ -549,6 +550,7 @@ __attribute__((target("avx512f"))) static inline __mmask16 mp_take(__m512 m, __m
     return (__mmask16)(_mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q));
 }
 
+/* maxpool_fw_plane's outputs for one plane: y, and the argmax where J->arg is set */
 __attribute__((target("avx512f"))) static void maxpool_fw_plane_avx512(const pool_job *J, int plane) {
     const rt_maxpool2d *l = J->l;
     const int H = l->in_h, W = l->in_w, k = l->k, s = l->stride, OW = l->out_w;
