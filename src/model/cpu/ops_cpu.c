@@ -440,6 +440,7 @@ typedef struct pool_job {
     float *y, *dx;
     int32_t *arg; /* written by forward / read by backward, or NULL */
     int planes;   /* n * c */
+    bool vector;  /* forward on maxpool_fw_plane_avx512 */
 } pool_job;
 
 /* index (into the input plane) of the first maximum of window (oh, ow), the window
@@ -523,8 +524,109 @@ static void maxpool_bw_plane(const pool_job *J, int plane) {
         }
 }
 
+/* ---- the forward on AVX-512 ----
+ * 16 window starts of an output row at a time: the windows that start at every column
+ * from the chunk's first window's (the stride ignored; those that are outputs are picked
+ * at the end), each giving what window_argmax's scan gives:
+ * - the scan picks the last NaN of a sequence, else its first maximum; so the pick of a
+ *   concatenation is the scan of its parts' picks, and a window is scanned as its rows'
+ *   picks, in order (the rows' scans are independent: shorter dependency chains);
+ * - scanning a value twice in a row changes nothing (a value not greater than itself is
+ *   taken again only when it is a NaN, and then it is the same NaN at the same index),
+ *   nor does scanning a row twice in a row; so a window clipped by the plane's border
+ *   gives the same value and index when its rows and columns outside the plane read the
+ *   edge row and column instead (pad <= k/2: every window keeps a row and a column).
+ * The reads of a window row's tap are then one vector load for 16 windows, masked at the
+ * border (edge values blended in), and every window has k * k taps: no branch, no
+ * gather. The ResNet stem's 3x3/2: 9 masked loads, compares and selects (and 2 to fold
+ * the rows) for a row of up to 8 outputs, where the plain scan branches on each value. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define MP_AVX512 1
+#define MP_KMAX 8 /* widest window taken (wider ones: the plain scan) */
+
+/* lanes where the scan takes v over the best so far, m: v > m or v is NaN */
+__attribute__((target("avx512f"))) static inline __mmask16 mp_take(__m512 m, __m512 v) {
+    return (__mmask16)(_mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q));
+}
+
+/* maxpool_fw_plane's outputs for one plane: y, and the argmax where J->arg is set */
+__attribute__((target("avx512f"))) static void maxpool_fw_plane_avx512(const pool_job *J, int plane) {
+    const rt_maxpool2d *l = J->l;
+    const int H = l->in_h, W = l->in_w, k = l->k, s = l->stride, OW = l->out_w;
+    const size_t OP = (size_t)l->out_h * OW;
+    const float *xp = J->x + (size_t)plane * H * W;
+    float *yp = J->y + (size_t)plane * OP;
+    int32_t *ap = J->arg ? J->arg + (size_t)plane * OP : NULL;
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i zero = _mm512_setzero_si512(), last = _mm512_set1_epi32(W - 1);
+    const __m512i pick = _mm512_mullo_epi32(iota, _mm512_set1_epi32(s)); /* output q: lane q * s */
+    const int per = (16 + s - 1) / s;                                    /* outputs per 16 starts */
+    __mmask16 inside[MP_KMAX], before[MP_KMAX];
+    __m512i col[MP_KMAX];
+    for (int o0 = 0; o0 < OW; o0 += per) {
+        const int c0 = o0 * s - l->pad; /* first column of the chunk's first window */
+        const __mmask16 out = (__mmask16)((1u << (OW - o0 < per ? OW - o0 : per)) - 1u);
+        for (int kw = 0; kw < k; kw++) { /* column c0 + j + kw of lane j, clamped */
+            const __m512i c = _mm512_add_epi32(iota, _mm512_set1_epi32(c0 + kw));
+            inside[kw] = _mm512_cmplt_epu32_mask(c, _mm512_set1_epi32(W));
+            before[kw] = _mm512_cmplt_epi32_mask(c, zero);
+            col[kw] = _mm512_min_epi32(_mm512_max_epi32(c, zero), last);
+        }
+        for (int oh = 0; oh < l->out_h; oh++) {
+            __m512 m = _mm512_setzero_ps();
+            __m512i a = zero;
+            for (int kh = 0; kh < k; kh++) {
+                const int h = oh * s - l->pad + kh, r = h < 0 ? 0 : h < H ? h : H - 1;
+                const float *xr = xp + (size_t)r * W;
+                const __m512 left = _mm512_set1_ps(xr[0]), right = _mm512_set1_ps(xr[W - 1]);
+                const __m512i rw = _mm512_set1_epi32(r * W);
+                __m512 mr = _mm512_setzero_ps();
+                __m512i ar = zero;
+                for (int kw = 0; kw < k; kw++) {
+                    /* lanes outside the row are not read (masked), whatever the address */
+                    const __m512 edge = _mm512_mask_blend_ps(before[kw], right, left);
+                    const __m512 v = _mm512_mask_loadu_ps(edge, inside[kw], xr + c0 + kw);
+                    const __mmask16 take = kw == 0 ? (__mmask16)0xffff : mp_take(mr, v);
+                    mr = _mm512_mask_mov_ps(mr, take, v);
+                    ar = _mm512_mask_mov_epi32(ar, take, _mm512_add_epi32(col[kw], rw));
+                }
+                const __mmask16 take = kh == 0 ? (__mmask16)0xffff : mp_take(m, mr);
+                m = _mm512_mask_mov_ps(m, take, mr);
+                a = _mm512_mask_mov_epi32(a, take, ar);
+            }
+            _mm512_mask_storeu_ps(yp + (size_t)oh * OW + o0, out, _mm512_permutexvar_ps(pick, m));
+            if (ap) _mm512_mask_storeu_epi32(ap + (size_t)oh * OW + o0, out, _mm512_permutexvar_epi32(pick, a));
+        }
+    }
+}
+#endif
+
+/* rt_cpu_maxpool2d_force_plain(true): every forward takes the plain scan (the tests
+ * compare both ways on the same CPU); declared in tests/model/test_maxpool.c */
+static bool mp_force_plain;
+void rt_cpu_maxpool2d_force_plain(bool on);
+void rt_cpu_maxpool2d_force_plain(bool on) { mp_force_plain = on; }
+
+/* whether this forward runs maxpool_fw_plane_avx512: the CPU has AVX-512 and the window
+ * is at most MP_KMAX wide */
+static bool maxpool_vector(const rt_maxpool2d *l) {
+#ifdef MP_AVX512
+    return !mp_force_plain && l->k <= MP_KMAX && __builtin_cpu_supports("avx512f");
+#else
+    (void)l, (void)mp_force_plain;
+    return false;
+#endif
+}
+
 RT_CPU_HOT static void maxpool_fw_task(void *arg, int t) {
     const pool_job *J = arg;
+#ifdef MP_AVX512
+    if (J->vector) {
+        for (int p = t * MP_PLANES; p < (t + 1) * MP_PLANES && p < J->planes; p++) maxpool_fw_plane_avx512(J, p);
+        return;
+    }
+#endif
     for (int p = t * MP_PLANES; p < (t + 1) * MP_PLANES && p < J->planes; p++) maxpool_fw_plane(J, p);
 }
 RT_CPU_HOT static void maxpool_bw_task(void *arg, int t) {
@@ -559,7 +661,7 @@ void rt_cpu_maxpool2d_release(rt_model_ctx *ctx, rt_maxpool2d *l) {
 
 rt_status rt_cpu_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y) {
     cpu_maxpool *mp = l->priv;
-    pool_job J = {.l = l, .x = x, .y = y, .planes = n * l->c};
+    pool_job J = {.l = l, .x = x, .y = y, .planes = n * l->c, .vector = maxpool_vector(l)};
     if (mp) {
         const bool fits = n <= mp->max_n;
         J.arg = fits ? mp->arg : NULL;
