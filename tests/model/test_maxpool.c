@@ -12,13 +12,14 @@
  */
 #include "model_test_util.h"
 
+#include "model/cpu/cpu_internal.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 
 /* src/model/cpu/ops_cpu.c: true makes every CPU max pooling forward take the plain scan
  * (where the CPU has AVX-512 it takes the vector path otherwise) */
-void rt_cpu_maxpool2d_force_plain(bool on);
 
 static int spec_argmax(const rt_maxpool2d *l, const float *xp, int oh, int ow) {
     int arg = -1;

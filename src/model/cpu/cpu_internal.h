@@ -51,6 +51,10 @@ rt_status rt_cpu_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
 rt_status rt_cpu_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
                                  bool accumulate);
 
+/* ops_cpu.c, for tests: max pooling's forward on its plain scan even where the CPU has
+ * AVX-512 (on: true), to compare the two bit for bit (process-wide) */
+void rt_cpu_maxpool2d_force_plain(bool on);
+
 /* bf16_cpu.c: dst[i] = bf16(src[i]) (add: dst[i] += bf16(src[i])) for i < count, split
  * over the pool; dst == src is allowed (not with add), other overlaps are not */
 void rt_cpu_bf16_round(rt_model_ctx *ctx, size_t count, const float *src, float *dst, bool add);

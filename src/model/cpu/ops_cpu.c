@@ -584,9 +584,12 @@ __attribute__((target("avx512f"))) static void maxpool_fw_plane_avx512(const poo
                 __m512 mr = _mm512_setzero_ps();
                 __m512i ar = zero;
                 for (int kw = 0; kw < k; kw++) {
-                    /* lanes outside the row are not read (masked), whatever the address */
+                    /* lanes outside the row are not read (masked), whatever the address;
+                     * which may lie before the array: formed as an integer, not by
+                     * pointer arithmetic out of bounds */
                     const __m512 edge = _mm512_mask_blend_ps(before[kw], right, left);
-                    const __m512 v = _mm512_mask_loadu_ps(edge, inside[kw], xr + c0 + kw);
+                    const uintptr_t at = (uintptr_t)xr + (uintptr_t)((intptr_t)(c0 + kw) * (intptr_t)sizeof(float));
+                    const __m512 v = _mm512_mask_loadu_ps(edge, inside[kw], (const void *)at);
                     const __mmask16 take = kw == 0 ? (__mmask16)0xffff : mp_take(mr, v);
                     mr = _mm512_mask_mov_ps(mr, take, v);
                     ar = _mm512_mask_mov_epi32(ar, take, _mm512_add_epi32(col[kw], rw));
@@ -605,7 +608,6 @@ __attribute__((target("avx512f"))) static void maxpool_fw_plane_avx512(const poo
 /* rt_cpu_maxpool2d_force_plain(true): every forward takes the plain scan (the tests
  * compare both ways on the same CPU); declared in tests/model/test_maxpool.c */
 static bool mp_force_plain;
-void rt_cpu_maxpool2d_force_plain(bool on);
 void rt_cpu_maxpool2d_force_plain(bool on) { mp_force_plain = on; }
 
 /* whether this forward runs maxpool_fw_plane_avx512: the CPU has AVX-512 and the window
