@@ -64,8 +64,10 @@ typedef struct cpu_conv {
     /* dense path under bf16 for batches of max_n (dense16_*): W', x and dy in bf16 and the
      * three products on oneDNN's bf16 matmul, one per part; NULL mm: not in use */
     uint16_t *wd16, *x16, *dy16;
-    int mparts, wparts;     /* parts of forward and dx (images), of dW' (rows of W') */
-    struct rt_dnnl_mm **mm; /* [mparts] forward, [mparts] dx, [wparts] dW', or NULL */
+    int mparts;             /* parts of the packing of x and dy (images) */
+    int fparts, xparts;     /* of the forward (columns of y) and of dx (columns of dx) */
+    int wparts;             /* of dW' (rows of W') */
+    struct rt_dnnl_mm **mm; /* [fparts] forward, [xparts] dx, [wparts] dW', or NULL */
     size_t mm_scratch;      /* bytes per part, in the workspace after dW' */
 } cpu_conv;
 
@@ -166,7 +168,7 @@ static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 static void dense16_free(cpu_conv *cc) {
 #ifdef RT_HAVE_DNNL
     if (cc->mm)
-        for (int i = 0; i < 2 * cc->mparts + cc->wparts; i++) rt_dnnl_mm_destroy(cc->mm[i]);
+        for (int i = 0; i < cc->fparts + cc->xparts + cc->wparts; i++) rt_dnnl_mm_destroy(cc->mm[i]);
 #endif
     free(cc->mm);
     free(cc->wd16);
@@ -174,16 +176,24 @@ static void dense16_free(cpu_conv *cc) {
     free(cc->dy16);
     cc->mm = NULL;
     cc->wd16 = cc->x16 = cc->dy16 = NULL;
-    cc->mparts = cc->wparts = 0;
+    cc->mparts = cc->fparts = cc->xparts = cc->wparts = 0;
     cc->mm_scratch = 0;
+}
+
+/* the most parts a dense16 product runs in (each with its scratchpad) */
+static int dense16_parts(const cpu_conv *cc) {
+    int p = cc->fparts > cc->xparts ? cc->fparts : cc->xparts;
+    return p > cc->wparts ? p : cc->wparts;
 }
 
 /* The dense path under bf16, for batches of max_n: W' (O*OP, C*IP), x and dy in bf16
  * and three oneDNN bf16 matmuls per part, fp32 accumulation (dense16_forward/backward):
- *   forward   y[images]   = x16[images] W'16^T   (rows of y: images; part t its images)
- *   dW'       dW'[rows]   = dy16^T[rows] x16     (part t its rows of W'; sums over all images)
- *   dx        dx[images]  = dy16[images] W'16
- * the bf16 products the other dense batches run as fp32 products of bf16-rounded values
+ *   forward   y[:, cols]   = x16 W'16[rows]^T     (part t: a block of W' rows, y's columns)
+ *   dW'       dW'[rows]    = dy16^T[rows] x16     (part t: a block of rows; sums over all images)
+ *   dx        dx[:, cols]  = dy16 W'16[:, cols]   (part t: a block of columns)
+ * each part over all the images (split by images, each part's product had half as many
+ * rows and ran ~15% slower on ResNet34's layer3 at batch 64); x and dy are packed into
+ * bf16 by images first. These are the bf16 products the other dense batches run as fp32 products of bf16-rounded values
  * (same rounding points, docs/model.md). Where oneDNN has no such matmul, nothing is made
  * and every batch takes that fp32 path. */
 static rt_status dense16_prepare(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv *cc, int max_n) {
@@ -194,8 +204,9 @@ static rt_status dense16_prepare(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv
     const int T = rt_threadpool_threads(cpu_pool(ctx));
     const int64_t R = (int64_t)l->out_c * l->out_h * l->out_w, K = (int64_t)l->in_c * l->in_h * l->in_w;
     cc->mparts = max_n < T ? max_n : T;
-    cc->wparts = R < T ? (int)R : T;
-    const int nmm = 2 * cc->mparts + cc->wparts;
+    cc->fparts = cc->wparts = R < T ? (int)R : T;
+    cc->xparts = K < T ? (int)K : T;
+    const int nmm = cc->fparts + cc->xparts + cc->wparts;
     cc->mm = calloc((size_t)nmm, sizeof *cc->mm);
     cc->wd16 = calloc((size_t)(R * K), sizeof(uint16_t)); /* the zeros of W' stay zero */
     cc->x16 = malloc((size_t)max_n * (size_t)K * sizeof(uint16_t));
@@ -207,21 +218,26 @@ static rt_status dense16_prepare(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv
     }
     rt_status st = RT_OK;
     size_t most = 0, sb = 0;
-    for (int t = 0; t < cc->mparts && st == RT_OK; t++) {
-        int lo, hi;
-        part_range(max_n, cc->mparts, t, &lo, &hi);
-        const int64_t fa[2] = {K, 1}, fb[2] = {1, K}, da[2] = {R, 1}, db[2] = {K, 1};
-        st = rt_dnnl_mm_create(s->dnnl, true, 1, hi - lo, (int)R, (int)K, fa, fb, R, &sb, &cc->mm[t]);
+    /* forward and dx: all the images, a block of columns each (every part a wide product) */
+    const int64_t fa[2] = {K, 1}, fb[2] = {1, K}, da[2] = {R, 1}, db[2] = {K, 1};
+    for (int t = 0; t < cc->fparts && st == RT_OK; t++) {
+        int r0, r1;
+        part_range((int)R, cc->fparts, t, &r0, &r1);
+        st = rt_dnnl_mm_create(s->dnnl, true, 1, max_n, r1 - r0, (int)K, fa, fb, R, &sb, &cc->mm[t]);
         if (sb > most) most = sb;
-        if (st == RT_OK)
-            st = rt_dnnl_mm_create(s->dnnl, true, 1, hi - lo, (int)K, (int)R, da, db, K, &sb, &cc->mm[cc->mparts + t]);
+    }
+    for (int t = 0; t < cc->xparts && st == RT_OK; t++) {
+        int k0, k1;
+        part_range((int)K, cc->xparts, t, &k0, &k1);
+        st = rt_dnnl_mm_create(s->dnnl, true, 1, max_n, k1 - k0, (int)R, da, db, K, &sb, &cc->mm[cc->fparts + t]);
         if (sb > most) most = sb;
     }
     for (int t = 0; t < cc->wparts && st == RT_OK; t++) {
         int r0, r1;
         part_range((int)R, cc->wparts, t, &r0, &r1);
         const int64_t wa[2] = {1, R}, wb[2] = {K, 1};
-        st = rt_dnnl_mm_create(s->dnnl, true, 1, r1 - r0, (int)K, max_n, wa, wb, K, &sb, &cc->mm[2 * cc->mparts + t]);
+        st = rt_dnnl_mm_create(s->dnnl, true, 1, r1 - r0, (int)K, max_n, wa, wb, K, &sb,
+                               &cc->mm[cc->fparts + cc->xparts + t]);
         if (sb > most) most = sb;
     }
     if (st != RT_OK) {
@@ -280,8 +296,7 @@ rt_status rt_cpu_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size
         RT_CHECK(dense16_prepare(ctx, l, cc, max_n));
         *workspace = fixed_floats(l, cc) * sizeof(float);
         if (cc->mm) /* dW', then each part's matmul scratchpad */
-            *workspace =
-                align64(*workspace) + (size_t)(cc->mparts > cc->wparts ? cc->mparts : cc->wparts) * cc->mm_scratch;
+            *workspace = align64(*workspace) + (size_t)dense16_parts(cc) * cc->mm_scratch;
         if (dnnl_ws > *workspace) *workspace = dnnl_ws;
         return RT_OK;
     }
@@ -925,18 +940,7 @@ static void d16_run(d16_job *J, int i, int t, const void *a, const void *b, floa
         __atomic_store_n(&J->failed, 1, __ATOMIC_RELAXED);
 }
 
-/* forward, part t: pack its images of x, then y[images] = x16 W'16^T */
-static void d16_fwd_part(void *arg, int t) {
-    d16_job *J = arg;
-    const cpu_conv *cc = J->cc;
-    const size_t K = (size_t)J->l->in_c * J->l->in_h * J->l->in_w, R = (size_t)J->l->out_c * J->l->out_h * J->l->out_w;
-    int lo, hi;
-    part_range(J->n, cc->mparts, t, &lo, &hi);
-    rt_cpu_bf16_pack((size_t)(hi - lo) * K, J->x + (size_t)lo * K, cc->x16 + (size_t)lo * K);
-    d16_run(J, t, t, cc->x16 + (size_t)lo * K, cc->wd16, J->y + (size_t)lo * R);
-}
-
-/* backward, part t: pack its images of x and dy */
+/* part t of the images: pack x (and, in backward, dy) into bf16 */
 static void d16_pack_part(void *arg, int t) {
     d16_job *J = arg;
     const cpu_conv *cc = J->cc;
@@ -944,7 +948,17 @@ static void d16_pack_part(void *arg, int t) {
     int lo, hi;
     part_range(J->n, cc->mparts, t, &lo, &hi);
     rt_cpu_bf16_pack((size_t)(hi - lo) * K, J->x + (size_t)lo * K, cc->x16 + (size_t)lo * K);
-    rt_cpu_bf16_pack((size_t)(hi - lo) * R, J->dy + (size_t)lo * R, cc->dy16 + (size_t)lo * R);
+    if (J->dy) rt_cpu_bf16_pack((size_t)(hi - lo) * R, J->dy + (size_t)lo * R, cc->dy16 + (size_t)lo * R);
+}
+
+/* columns [r0, r1) of y = x16 W'16^T (rows r0.. of W') */
+static void d16_fwd_part(void *arg, int t) {
+    d16_job *J = arg;
+    const cpu_conv *cc = J->cc;
+    const size_t K = (size_t)J->l->in_c * J->l->in_h * J->l->in_w;
+    int r0, r1;
+    part_range(J->l->out_c * J->l->out_h * J->l->out_w, cc->fparts, t, &r0, &r1);
+    d16_run(J, t, t, cc->x16, cc->wd16 + (size_t)r0 * K, J->y + r0);
 }
 
 /* rows [r0, r1) of dW' = dy16^T[rows] x16 (a sum over all the images) */
@@ -954,23 +968,22 @@ static void d16_dw_part(void *arg, int t) {
     const size_t K = (size_t)J->l->in_c * J->l->in_h * J->l->in_w, R = (size_t)J->l->out_c * J->l->out_h * J->l->out_w;
     int r0, r1;
     part_range((int)R, cc->wparts, t, &r0, &r1);
-    d16_run(J, 2 * cc->mparts + t, t, cc->dy16 + r0, cc->x16, J->dwd + (size_t)r0 * K);
+    d16_run(J, cc->fparts + cc->xparts + t, t, cc->dy16 + r0, cc->x16, J->dwd + (size_t)r0 * K);
 }
 
-/* dx[images] = dy16[images] W'16, in fp32 (rounded by the caller) */
+/* columns [k0, k1) of dx = dy16 W'16, in fp32 (rounded by the caller) */
 static void d16_dx_part(void *arg, int t) {
     d16_job *J = arg;
     const cpu_conv *cc = J->cc;
-    const size_t K = (size_t)J->l->in_c * J->l->in_h * J->l->in_w, R = (size_t)J->l->out_c * J->l->out_h * J->l->out_w;
-    int lo, hi;
-    part_range(J->n, cc->mparts, t, &lo, &hi);
-    d16_run(J, cc->mparts + t, t, cc->dy16 + (size_t)lo * R, cc->wd16, J->dxf + (size_t)lo * K);
+    int k0, k1;
+    part_range(J->l->in_c * J->l->in_h * J->l->in_w, cc->xparts, t, &k0, &k1);
+    d16_run(J, cc->fparts + t, t, cc->dy16, cc->wd16 + k0, J->dxf + k0);
 }
 
 static rt_status d16_init(rt_model_ctx *ctx, const rt_conv2d *l, int n, d16_job *J) {
     const cpu_conv *cc = l->priv;
     const size_t dwb = align64(dense_floats(l) * sizeof(float));
-    const int parts = cc->mparts > cc->wparts ? cc->mparts : cc->wparts;
+    const int parts = dense16_parts(cc);
     RT_REQUIRE(ctx->work && ctx->work_bytes >= dwb + (size_t)parts * cc->mm_scratch, RT_ERR_INVALID,
                "conv2d %d->%d k%d on %dx%d: workspace of %zu bytes is smaller than %zu; call rt_conv2d_prepare and "
                "rt_model_ctx_reserve",
@@ -996,7 +1009,8 @@ static rt_status dense16_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
     rt_threadpool_run(cpu_pool(ctx), l->out_c, unroll_task, &U);
     J.x = x;
     J.y = y;
-    rt_threadpool_run(cpu_pool(ctx), cc->mparts, d16_fwd_part, &J);
+    rt_threadpool_run(cpu_pool(ctx), cc->mparts, d16_pack_part, &J);
+    rt_threadpool_run(cpu_pool(ctx), cc->fparts, d16_fwd_part, &J);
     RT_CHECK(d16_check(&J, "forward"));
     const size_t R = (size_t)l->out_c * l->out_h * l->out_w, OP = (size_t)l->out_h * l->out_w;
     if (l->has_bias) {
@@ -1036,7 +1050,7 @@ static rt_status dense16_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const 
         }
     }
     if (!dx) return RT_OK;
-    rt_threadpool_run(cpu_pool(ctx), cc->mparts, d16_dx_part, &J);
+    rt_threadpool_run(cpu_pool(ctx), cc->xparts, d16_dx_part, &J);
     RT_CHECK(d16_check(&J, "input gradient"));
     rt_cpu_bf16_round(ctx, (size_t)n * l->in_c * l->in_h * l->in_w, cc->bdx, dx, accumulate);
     return RT_OK;
