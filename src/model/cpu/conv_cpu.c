@@ -833,21 +833,19 @@ static void dense_gemm(const dense_job *D, bool ta, bool tb, int m, int n, int k
     rt_cpu_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
 }
 
-/* y[lo:hi] (.., O*OP) = x[lo:hi] (.., C*IP) W'^T + bias */
+/* columns [lo, hi) of y (n, O*OP) = x (n, C*IP) W'[lo:hi]^T + bias: each part a block
+ * of W' rows over all the images (wider products than a split by images) */
 static void dense_fwd_part(void *arg, int t) {
     dense_job *D = arg;
     int lo, hi;
-    part_range(D->n, D->parts, t, &lo, &hi);
+    part_range(D->rows, D->parts, t, &lo, &hi);
     if (hi <= lo) return;
-    dense_gemm(D, false, true, hi - lo, D->rows, D->cols, D->x + (size_t)lo * D->cols, D->cols, D->wd, D->cols, 0.0f,
-               D->y + (size_t)lo * D->rows, D->rows);
+    dense_gemm(D, false, true, D->n, hi - lo, D->cols, D->x, D->cols, D->wd + (size_t)lo * D->cols, D->cols, 0.0f,
+               D->y + lo, D->rows);
     if (D->bias) {
-        const size_t OP = (size_t)D->l->out_h * D->l->out_w;
-        for (int i = lo; i < hi; i++)
-            for (int o = 0; o < D->l->out_c; o++) {
-                float *yo = D->y + (size_t)i * D->rows + (size_t)o * OP;
-                for (size_t p = 0; p < OP; p++) yo[p] += D->bias[o];
-            }
+        const int OP = D->l->out_h * D->l->out_w;
+        for (int i = 0; i < D->n; i++)
+            for (int r = lo; r < hi; r++) D->y[(size_t)i * D->rows + r] += D->bias[r / OP];
     }
 }
 
@@ -861,14 +859,14 @@ static void dense_dw_part(void *arg, int t) {
                D->dwd + (size_t)lo * D->cols, D->cols);
 }
 
-/* dx[lo:hi] (.., C*IP) (+)= dy[lo:hi] (.., O*OP) W' */
+/* columns [lo, hi) of dx (n, C*IP) (+)= dy (n, O*OP) W'[:, lo:hi] */
 static void dense_dx_part(void *arg, int t) {
     dense_job *D = arg;
     int lo, hi;
-    part_range(D->n, D->parts, t, &lo, &hi);
+    part_range(D->cols, D->parts, t, &lo, &hi);
     if (hi <= lo) return;
-    dense_gemm(D, false, false, hi - lo, D->cols, D->rows, D->dy + (size_t)lo * D->rows, D->rows, D->wd, D->cols,
-               D->accumulate ? 1.0f : 0.0f, D->dx + (size_t)lo * D->cols, D->cols);
+    dense_gemm(D, false, false, D->n, hi - lo, D->rows, D->dy, D->rows, D->wd + lo, D->cols,
+               D->accumulate ? 1.0f : 0.0f, D->dx + lo, D->cols);
 }
 
 static rt_status dense_init(rt_model_ctx *ctx, rt_conv2d *l, int n, dense_job *D) {
@@ -895,7 +893,7 @@ static rt_status dense_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const flo
     D.x = x;
     D.y = y;
     D.bias = l->has_bias ? rt_tensor_data(&l->bias) : NULL;
-    D.parts = parts_for(ctx, n);
+    D.parts = parts_for(ctx, D.rows);
     rt_threadpool_run(cpu_pool(ctx), D.parts, dense_fwd_part, &D);
     return RT_OK;
 }
@@ -916,7 +914,7 @@ static rt_status dense_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
         /* W' is still the forward's: the weights are those of the last forward
          * (rt_conv2d_backward's contract), and so is the precision (round_w) */
         (void)round_w;
-        D.parts = parts_for(ctx, n);
+        D.parts = parts_for(ctx, D.cols);
         rt_threadpool_run(cpu_pool(ctx), D.parts, dense_dx_part, &D);
     }
     return RT_OK;
