@@ -5,11 +5,15 @@
 #   1. `ringtrain bench peak`: the CPU's measured fp32 and bf16 peak (GFLOP/s);
 #   2. `ringtrain bench model --json`: the step time without tracing, its GFLOP/s and share
 #      of the peak (FLOPs per image from the layer shapes, rt_model_flops_per_image);
-#   3. the same run with ONEDNN_VERBOSE=1: oneDNN times each primitive it executes (every
-#      convolution pass and every layout reorder, with its shape), so the time of each
-#      layer and pass is oneDNN's own measurement. The rest of the step (batch norm, ReLU,
-#      pooling, the loss, the optimizer: ringtrain's own loops) is the step time less the
-#      oneDNN time.
+#   3. `ringtrain bench model --json --layers`: ringtrain's per-layer profile, the wall time
+#      of every layer call (model/profile.h) by shape and pass, our own loops included
+#      (batch norm, pooling, the dense path of the tiny layers), with GFLOP/s and share
+#      of the peak per convolution and linear row;
+#   4. the same run with ONEDNN_VERBOSE=1: oneDNN times each primitive it executes (every
+#      convolution pass and every layout reorder, with its shape): how a oneDNN layer's
+#      time splits between its kernels and its reorders (the verbose logging itself adds
+#      to the step: these times read high). The rest of the step is the step time less
+#      the oneDNN time.
 # bench/layers_table.py prints the table (grouped by pass and shape, GFLOP/s and share of
 # the peak per row) and writes bench/results/layers-cpu-<YYYYMMDD>.json.
 #
@@ -32,6 +36,8 @@ common=(--arch resnet34 --stem imagenet --channels 1 --size 28 --threads "$threa
 for p in $precisions; do
   for b in $batches; do
     "$bin" bench model --json "${common[@]}" --steps "$steps" --batch "$b" --precision "$p" >"$tmp/model-$p-$b.json"
+    "$bin" bench model --json --layers "${common[@]}" --steps "$steps" --batch "$b" --precision "$p" \
+      >"$tmp/layers-$p-$b.json"
     # one timed step traced: the warmup step's lines come first and are skipped by count
     ONEDNN_VERBOSE=1 DNNL_VERBOSE=1 "$bin" bench model --json "${common[@]}" --steps "$steps" --batch "$b" \
       --precision "$p" >"$tmp/verbose-$p-$b.txt" 2>&1

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The per-layer table of bench/layers.sh: oneDNN's verbose execution times grouped by
+"""The per-layer tables of bench/layers.sh: ringtrain's own per-layer profile (`bench model
+--layers`: the wall time of each layer call by shape and pass), then oneDNN's verbose execution times grouped by
 primitive, pass and shape, with each row's FLOPs (from the shape), GFLOP/s and share of
 the CPU's peak for the precision, plus the reorders and the time outside oneDNN (our
 own loops, and the convolutions that src/model/cpu/conv_cpu.c runs as im2col + GEMM:
@@ -84,18 +85,35 @@ def main():
                                   gflop_per_step=fl * 1e-9, gflops=gfs,
                                   peak_share_percent=100.0 * gfs / peak if gfs and peak else None))
             step = model["step_ms"]
+            prof = json.loads(open("%s/layers-%s-%s.json" % (a.dir, prec, b)).read().strip().splitlines()[-1])
             conv_gflop = sum(r["gflop_per_step"] for r in table)
             other_gflop = model["gflop_per_image"] * int(b) - conv_gflop
             run = {"precision": prec, "batch": int(b), "step_ms": step, "images_per_s": model["images_per_s"],
                    "gflop_per_image": model["gflop_per_image"], "gflops": model["gflops"],
                    "peak_gflops": peak, "peak_share_percent": model.get("peak_share_percent"),
                    "onednn_ms_per_step": dnnl_ms, "outside_onednn_ms_per_step": step - dnnl_ms,
-                   "outside_onednn_gflop_per_step": other_gflop, "rows": table}
+                   "outside_onednn_gflop_per_step": other_gflop, "rows": table,
+                   "profile_step_ms": prof["step_ms"], "profile_layers_ms_per_step": prof["layers_ms_per_step"],
+                   "profile_optim_ms": prof["optim_ms"], "layers": prof["layers"]}
             result["runs"].append(run)
             print("\n== ResNet34 1x28x28, %s, batch %s, %d threads: step %.1f ms, %.1f GFLOP/s = %s of the %s peak "
                   "(%s GFLOP/s)" % (prec, b, a.threads, step, model["gflops"],
                                     "%.1f%%" % model["peak_share_percent"] if peak else "-", prec,
                                     "%.0f" % peak if peak else "-"))
+            pstep = prof["step_ms"]
+            print("ringtrain's per-layer profile (bench model --layers: step %.1f ms, layers %.1f ms, optimizer %.1f "
+                  "ms), the rows over 1%% of the step, largest first:" % (pstep, prof["layers_ms_per_step"],
+                                                                      prof["optim_ms"]))
+            print("%-22s %-36s %-8s %6s %8s %6s %8s %7s" % ("layer", "shape", "pass", "calls", "ms/step", "%step",
+                                                           "GFLOP/s", "%peak"))
+            for r in sorted(prof["layers"], key=lambda r: -r["ms_per_step"]):
+                if r["step_share_percent"] < 1.0:
+                    continue
+                print("%-22s %-36s %-8s %6.0f %8.2f %6.1f %8s %7s" % (
+                    r["kind"], r["shape"], r["pass"], r["calls_per_step"], r["ms_per_step"], r["step_share_percent"],
+                    "%.1f" % r["gflops"] if r["gflops"] else "-",
+                    "%.1f" % r["peak_share_percent"] if r["peak_share_percent"] else "-"))
+            print("oneDNN's primitives (ONEDNN_VERBOSE; its logging inflates the times):")
             print("%-10s %-16s %-9s %-52s %6s %8s %6s %8s %7s" % ("primitive", "pass", "types", "shape", "calls",
                                                                    "ms/step", "%step", "GFLOP/s", "%peak"))
             agg = collections.defaultdict(float)
