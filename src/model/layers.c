@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #define OPS(ctx, fn)                                                                                                   \
     do {                                                                                                               \
@@ -167,26 +168,28 @@ static prof_call prof_begin(rt_model_ctx *ctx) {
     return c;
 }
 
+/* the row of (layer, kind, pass, shape, flops): a layer called with and without its
+ * input gradient, or an elementwise layer at another size, has a row of each */
 static rt_layer_prof_row *prof_row(rt_layer_profile *p, const void *layer, const char *kind, rt_prof_pass pass,
-                                   size_t count, bool *fresh) {
-    *fresh = false;
+                                   const char *shape, double flops) {
     for (int i = 0; i < p->n; i++) {
         rt_layer_prof_row *r = &p->rows[i];
-        if (r->layer == layer && r->kind == kind && r->pass == pass && r->count == count) return r;
+        if (r->layer == layer && r->pass == pass && r->flops == flops && strcmp(r->kind, kind) == 0 &&
+            strcmp(r->shape, shape) == 0)
+            return r;
     }
     if (p->n == p->cap) {
         p->overflow = true;
         return NULL;
     }
-    *fresh = true;
     rt_layer_prof_row *r = &p->rows[p->n++];
-    *r = (rt_layer_prof_row){.layer = layer, .kind = kind, .pass = pass, .count = count};
+    *r = (rt_layer_prof_row){.layer = layer, .kind = kind, .pass = pass, .flops = flops};
+    snprintf(r->shape, sizeof r->shape, "%s", shape);
     return r;
 }
 
-/* Close a call begun by prof_begin: add its time to the row of (layer, kind, pass,
- * count), made on first use with the shape printed from fmt. Returns st, or the
- * stream's error on a GPU where the layer itself succeeded. */
+/* Close a call begun by prof_begin: add its time to its row (prof_row; the shape printed
+ * from fmt). Returns st, or the stream's error on a GPU where the layer succeeded. */
 static rt_status prof_end(rt_model_ctx *ctx, prof_call c, rt_status st, const void *layer, const char *kind,
                           rt_prof_pass pass, size_t count, double flops, const char *fmt, ...) {
     rt_layer_profile *p = ctx->profile;
@@ -195,16 +198,14 @@ static rt_status prof_end(rt_model_ctx *ctx, prof_call c, rt_status st, const vo
     if (!c.on) return st;
     if (st == RT_OK && ctx->device.kind != RT_DEVICE_CPU) st = rt_stream_sync(ctx->stream);
     const uint64_t t1 = rt_now_ns();
-    bool fresh;
-    rt_layer_prof_row *r = prof_row(p, layer, kind, pass, count, &fresh);
+    char shape[sizeof p->rows[0].shape];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(shape, sizeof shape, fmt, ap);
+    va_end(ap);
+    rt_layer_prof_row *r = prof_row(p, layer, kind, pass, shape, flops);
     if (!r) return st;
-    if (fresh) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(r->shape, sizeof r->shape, fmt, ap);
-        va_end(ap);
-        r->flops = flops;
-    }
+    r->count = count;
     r->seconds += (double)(t1 - c.t0) * 1e-9;
     r->calls++;
     return st;
@@ -383,7 +384,10 @@ rt_status rt_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const floa
     if (!training || l->p == 0.0f) return x == y ? RT_OK : rt_flatten_forward(ctx, count, x, y);
     RT_REQUIRE(l->mask, RT_ERR_INVALID, "dropout training forward without a mask buffer");
     OPS(ctx, dropout_forward);
-    RT_CHECK(ctx->ops->dropout_forward(ctx, l, n, x, y));
+    prof_call pc = prof_begin(ctx);
+    rt_status st = prof_end(ctx, pc, ctx->ops->dropout_forward(ctx, l, n, x, y), l, "dropout", RT_PROF_FORWARD,
+                            (size_t)n, 0, "%d features, n %d", l->features, n);
+    if (st != RT_OK) return st;
     l->counter += count / (size_t)l->plane;
     return RT_OK;
 }
@@ -391,13 +395,14 @@ rt_status rt_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const flo
     REQUIRE_N(n);
     if (l->p == 0.0f) return dx == dy ? RT_OK : rt_flatten_forward(ctx, (size_t)n * (size_t)l->features, dy, dx);
     OPS(ctx, dropout_backward);
-    return ctx->ops->dropout_backward(ctx, l, n, dy, dx);
+    TIMED(ctx, ctx->ops->dropout_backward(ctx, l, n, dy, dx), l, "dropout", RT_PROF_BACKWARD, (size_t)n, 0,
+          "%d features, n %d", l->features, n);
 }
 
 rt_status rt_flatten_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
     if (x == y) return RT_OK;
     OPS(ctx, copy);
-    return ctx->ops->copy(ctx, count, x, y);
+    TIMED(ctx, ctx->ops->copy(ctx, count, x, y), NULL, "copy", RT_PROF_FORWARD, count, 0, "%zu elements", count);
 }
 rt_status rt_flatten_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx) {
     return rt_flatten_forward(ctx, count, dy, dx);
@@ -436,17 +441,20 @@ rt_status rt_log_softmax_forward(rt_model_ctx *ctx, int n, int k, const float *x
     REQUIRE_N(n);
     RT_REQUIRE(k > 0, RT_ERR_INVALID, "log_softmax over %d classes", k);
     OPS(ctx, log_softmax_forward);
-    return ctx->ops->log_softmax_forward(ctx, n, k, x, y);
+    TIMED(ctx, ctx->ops->log_softmax_forward(ctx, n, k, x, y), NULL, "log_softmax", RT_PROF_FORWARD, (size_t)n * k, 0,
+          "%d x %d", n, k);
 }
 rt_status rt_log_softmax_backward(rt_model_ctx *ctx, int n, int k, const float *y, const float *dy, float *dx) {
     REQUIRE_N(n);
     OPS(ctx, log_softmax_backward);
-    return ctx->ops->log_softmax_backward(ctx, n, k, y, dy, dx);
+    TIMED(ctx, ctx->ops->log_softmax_backward(ctx, n, k, y, dy, dx), NULL, "log_softmax", RT_PROF_BACKWARD,
+          (size_t)n * k, 0, "%d x %d", n, k);
 }
 rt_status rt_nll_loss(rt_model_ctx *ctx, int n, int k, const float *logp, const int64_t *labels, float *loss,
                       float *dlogp) {
     REQUIRE_N(n);
     RT_REQUIRE(k > 0 && logp && labels && loss, RT_ERR_INVALID, "nll_loss: %d classes or NULL argument", k);
     OPS(ctx, nll_loss);
-    return ctx->ops->nll_loss(ctx, n, k, logp, labels, loss, dlogp);
+    TIMED(ctx, ctx->ops->nll_loss(ctx, n, k, logp, labels, loss, dlogp), NULL, "nll_loss", RT_PROF_FORWARD,
+          (size_t)n * k, 0, "%d x %d", n, k);
 }

@@ -1,11 +1,12 @@
 /* Per-layer wall-clock profile of the model's forward and backward passes.
  *
- * With a profile attached to a context (rt_model_ctx_set_profile), every layer call of
- * layers.h (conv2d, batch norm with its fused residual add and ReLU, pooling, linear,
- * the loss, the elementwise layers) adds its wall time and one call to a row of its own:
- * one row per layer and pass (an elementwise layer, which has no identity, per size). A
- * layer call that runs others (the unfused batch norm + add + ReLU) counts once, as the
- * outer call. On a GPU context the stream is synchronized before and after each call,
+ * With a profile attached to a context (rt_model_ctx_set_profile), every forward and
+ * backward call of layers.h (conv2d, batch norm with its fused residual add and ReLU,
+ * pooling, linear, dropout, the losses, the elementwise layers and copies) adds its wall
+ * time and one call to a row: one row per layer, pass, printed shape and FLOPs (so a
+ * layer called with and without its input gradient has two; an elementwise layer, which
+ * has no identity, one per size). A layer call that runs others (the unfused batch norm
+ * + add + ReLU) counts once, as the outer call. On a GPU context the stream is synchronized before and after each call,
  * so the times are the layers' own but the step loses its overlap of host and device.
  *
  * It is what `ringtrain bench model --layers` prints (docs/model.md): unlike oneDNN's
@@ -27,7 +28,7 @@ typedef enum rt_prof_pass { RT_PROF_FORWARD = 0, RT_PROF_BACKWARD = 1 } rt_prof_
 
 typedef struct rt_layer_prof_row {
     const void *layer; /* the layer (its struct), or NULL for an elementwise layer */
-    const char *kind;  /* static string: "conv2d", "batchnorm2d", ... */
+    const char *kind;  /* static string: "conv2d", "batchnorm2d", ... (compared by content) */
     rt_prof_pass pass;
     size_t count;   /* elementwise layers: elements per call (with kind, their key) */
     char shape[64]; /* e.g. "64->128 k3 s2 p1 on 14x14, n 64" */

@@ -18,9 +18,6 @@
 #include <stdlib.h>
 #include <time.h>
 
-/* src/model/cpu/ops_cpu.c: true makes every CPU max pooling forward take the plain scan
- * (where the CPU has AVX-512 it takes the vector path otherwise) */
-
 static int spec_argmax(const rt_maxpool2d *l, const float *xp, int oh, int ow) {
     int arg = -1;
     float m = 0.0f;

@@ -498,8 +498,10 @@ static void test_layer_profile(void **state) {
     for (int i = 0; i < p.n; i++) {
         const rt_layer_prof_row *r = &p.rows[i];
         /* an elementwise row (no layer) sums the calls of one size */
-        if (r->layer) assert_int_equal(r->calls, 2);
-        else assert_int_equal(r->calls % 2, 0);
+        if (r->layer)
+            assert_int_equal(r->calls, 2);
+        else
+            assert_int_equal(r->calls % 2, 0);
         assert_true(r->seconds >= 0);
         total += r->seconds;
         if (strcmp(r->kind, "conv2d") == 0) {

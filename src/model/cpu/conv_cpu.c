@@ -605,12 +605,12 @@ static void unroll_row_from(const unroll_job *U, int o, size_t r, int nt, const 
 #define RT_UNROLL_AVX512 1
 #define RT_AVX512 __attribute__((target("avx512f,avx512bw")))
 
-/* unroll_row on AVX-512, where 16 is a multiple of IP: a block of G = 16 / IP input
+/* unroll_row_from on AVX-512, where 16 is a multiple of IP: a block of G = 16 / IP input
  * channels is 16 consecutive entries of the row (lane j: channel j / IP, input position
  * j % IP) and G groups of k*k weights; one gather reads the block's live weights (lanes
  * of dead pairs are off: they read nothing and write the zero they already hold), and
  * the fold adds the block's row entries to a gather of its weight gradients and
- * scatters them back (the lanes' weights are distinct: one term each, as in unroll_row).
+ * scatters them back (the lanes' weights are distinct: one term each, as in unroll_row_from).
  * Rounding to bf16 is core/bf16.h's, lane by lane in integers. Returns false where it
  * does not apply. */
 RT_AVX512 static bool unroll_row_avx512(const unroll_job *U, int o, size_t r, int nt, const int *tap, const int *xoff) {
@@ -1092,12 +1092,27 @@ static rt_status conv_forward_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const 
     return RT_OK;
 }
 
+/* dW of the taps that read only padding: 0. oneDNN's bf16 backward-weights in one part on
+ * several OpenMP threads wrote varying values there (conv 33->1 3x3/3 p1 on 3x2 with
+ * bias, 3 threads: test_model_conv_dense); the live taps' gradients were repeatable. */
+static void zero_dead_taps(const rt_conv2d *l, const cpu_conv *cc, float *dw) {
+    const int kk = l->k * l->k;
+    bool live[MAX_TAPS] = {false};
+    for (int t = 0; t < cc->ntaps; t++) live[cc->ki[t] * l->k + cc->kj[t]] = true;
+    for (size_t oc = 0; oc < (size_t)l->out_c * l->in_c; oc++)
+        for (int t = 0; t < kk; t++)
+            if (!live[t]) dw[oc * kk + t] = 0.0f;
+}
+
 static rt_status conv_backward_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
                                    bool accumulate, bool round_w) {
 #ifdef RT_HAVE_DNNL
     cpu_conv *dc = l->priv;
-    if (dc && dc->dnnl && n == rt_dnnl_conv_batch(dc->dnnl))
-        return rt_dnnl_conv_backward(ctx, ((rt_cpu_state *)ctx->backend)->dnnl, dc->dnnl, l, x, dy, dx, accumulate);
+    if (dc && dc->dnnl && n == rt_dnnl_conv_batch(dc->dnnl)) {
+        RT_CHECK(rt_dnnl_conv_backward(ctx, ((rt_cpu_state *)ctx->backend)->dnnl, dc->dnnl, l, x, dy, dx, accumulate));
+        if (dc->pruned) zero_dead_taps(l, dc, rt_tensor_data(&l->dweight));
+        return RT_OK;
+    }
 #endif
     conv_job J;
     if (l->priv && ((cpu_conv *)l->priv)->dense) {

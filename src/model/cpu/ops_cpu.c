@@ -606,7 +606,7 @@ __attribute__((target("avx512f"))) static void maxpool_fw_plane_avx512(const poo
 #endif
 
 /* rt_cpu_maxpool2d_force_plain(true): every forward takes the plain scan (the tests
- * compare both ways on the same CPU); declared in tests/model/test_maxpool.c */
+ * compare both ways on the same CPU; cpu_internal.h) */
 static bool mp_force_plain;
 void rt_cpu_maxpool2d_force_plain(bool on) { mp_force_plain = on; }
 
