@@ -553,7 +553,16 @@ typedef struct dense_job {
     float *y, *dx, *dwd;
     const float *bias;
     bool accumulate;
+    const struct unroll_job *unroll; /* forward: the unroll of W' each part does before its products */
 } dense_job;
+
+/* The forward's products go in chunks of output channels whose rows of W' take about
+ * this much (a core's L2 on the development machine): each chunk is unrolled right
+ * before its product, which then finds it in the cache rather than in memory (layer3's
+ * W' is 4 MiB in fp32). Measured, ResNet34's layer3 forward in fp32, batch 64, 2 threads,
+ * interleaved: 8.2-9.8 -> 7.9-8.3 ms per step for its 11 layers; 256 KiB chunks made the
+ * products too narrow (13.2 ms). */
+#define DENSE_CHUNK_BYTES ((size_t)1024 << 10)
 
 /* W' (O*OP, C*IP) from W (O, C, k, k), or back: fold dW' into dW. One task per output
  * channel o (its OP rows of W' and its C*k*k weights). `round` (precision bf16): W' holds
@@ -833,19 +842,25 @@ static void dense_gemm(const dense_job *D, bool ta, bool tb, int m, int n, int k
     rt_cpu_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
 }
 
-/* columns [lo, hi) of y (n, O*OP) = x (n, C*IP) W'[lo:hi]^T + bias: each part a block
- * of W' rows over all the images (wider products than a split by images) */
+/* the columns of y (n, O*OP) of part t's output channels = x (n, C*IP) W'[rows]^T + bias:
+ * each part a block of output channels over all the images (wider products than a split
+ * by images), unrolling its rows of W' chunk by chunk (DENSE_CHUNK_BYTES) right before
+ * multiplying them */
 static void dense_fwd_part(void *arg, int t) {
     dense_job *D = arg;
-    int lo, hi;
-    part_range(D->rows, D->parts, t, &lo, &hi);
-    if (hi <= lo) return;
-    dense_gemm(D, false, true, D->n, hi - lo, D->cols, D->x, D->cols, D->wd + (size_t)lo * D->cols, D->cols, 0.0f,
-               D->y + lo, D->rows);
-    if (D->bias) {
-        const int OP = D->l->out_h * D->l->out_w;
-        for (int i = 0; i < D->n; i++)
-            for (int r = lo; r < hi; r++) D->y[(size_t)i * D->rows + r] += D->bias[r / OP];
+    const int OP = D->l->out_h * D->l->out_w;
+    int o_lo, o_hi;
+    part_range(D->l->out_c, D->parts, t, &o_lo, &o_hi);
+    const size_t per_o = (size_t)OP * D->cols * sizeof(float);
+    const int chunk = per_o >= DENSE_CHUNK_BYTES ? 1 : (int)(DENSE_CHUNK_BYTES / per_o);
+    for (int o0 = o_lo; o0 < o_hi; o0 += chunk) {
+        const int o1 = o0 + chunk < o_hi ? o0 + chunk : o_hi, lo = o0 * OP, hi = o1 * OP;
+        for (int o = o0; o < o1; o++) unroll_task((void *)D->unroll, o);
+        dense_gemm(D, false, true, D->n, hi - lo, D->cols, D->x, D->cols, D->wd + (size_t)lo * D->cols, D->cols, 0.0f,
+                   D->y + lo, D->rows);
+        if (D->bias)
+            for (int i = 0; i < D->n; i++)
+                for (int r = lo; r < hi; r++) D->y[(size_t)i * D->rows + r] += D->bias[r / OP];
     }
 }
 
@@ -889,11 +904,12 @@ static rt_status dense_init(rt_model_ctx *ctx, rt_conv2d *l, int n, dense_job *D
 static rt_status dense_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y, bool round_w) {
     dense_job D;
     RT_CHECK(dense_init(ctx, l, n, &D));
-    dense_unroll(ctx, l, rt_tensor_data(&l->weight), (float *)D.wd, 0, NULL, round_w);
+    unroll_job U = {.l = l, .w = rt_tensor_data(&l->weight), .wd = (float *)D.wd, .round = round_w};
+    D.unroll = &U;
     D.x = x;
     D.y = y;
     D.bias = l->has_bias ? rt_tensor_data(&l->bias) : NULL;
-    D.parts = parts_for(ctx, D.rows);
+    D.parts = parts_for(ctx, l->out_c);
     rt_threadpool_run(cpu_pool(ctx), D.parts, dense_fwd_part, &D);
     return RT_OK;
 }
