@@ -188,7 +188,8 @@ static int dense16_parts(const cpu_conv *cc) {
 
 /* The dense path under bf16, for batches of max_n: W' (O*OP, C*IP), x and dy in bf16
  * and three oneDNN bf16 matmuls per part, fp32 accumulation (dense16_forward/backward):
- *   forward   y[:, cols]   = x16 W'16[rows]^T     (part t: a block of W' rows, y's columns)
+ *   forward   y[:, cols]   = x16 W'16[rows]^T     (part t: the rows of a block of output
+ *                                                 channels, which it unrolls first)
  *   dW'       dW'[rows]    = dy16^T[rows] x16     (part t: a block of rows; sums over all images)
  *   dx        dx[:, cols]  = dy16 W'16[:, cols]   (part t: a block of columns)
  * each part over all the images (split by images, each part's product had half as many
@@ -204,7 +205,8 @@ static rt_status dense16_prepare(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv
     const int T = rt_threadpool_threads(cpu_pool(ctx));
     const int64_t R = (int64_t)l->out_c * l->out_h * l->out_w, K = (int64_t)l->in_c * l->in_h * l->in_w;
     cc->mparts = max_n < T ? max_n : T;
-    cc->fparts = cc->wparts = R < T ? (int)R : T;
+    cc->fparts = l->out_c < T ? l->out_c : T; /* (forward: whole output channels, see d16_fwd_part) */
+    cc->wparts = R < T ? (int)R : T;
     cc->xparts = K < T ? (int)K : T;
     const int nmm = cc->fparts + cc->xparts + cc->wparts;
     cc->mm = calloc((size_t)nmm, sizeof *cc->mm);
@@ -222,7 +224,9 @@ static rt_status dense16_prepare(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv
     const int64_t fa[2] = {K, 1}, fb[2] = {1, K}, da[2] = {R, 1}, db[2] = {K, 1};
     for (int t = 0; t < cc->fparts && st == RT_OK; t++) {
         int r0, r1;
-        part_range((int)R, cc->fparts, t, &r0, &r1);
+        part_range(l->out_c, cc->fparts, t, &r0, &r1);
+        r0 *= l->out_h * l->out_w;
+        r1 *= l->out_h * l->out_w;
         st = rt_dnnl_mm_create(s->dnnl, true, 1, max_n, r1 - r0, (int)K, fa, fb, R, &sb, &cc->mm[t]);
         if (sb > most) most = sb;
     }
@@ -944,9 +948,10 @@ typedef struct d16_job {
     const cpu_conv *cc;
     int n;
     const float *x, *dy;
-    float *y, *dwd, *dxf; /* dxf: dx before its rounding (cc->bdx) */
-    char *scratch;        /* part t's at scratch + t * cc->mm_scratch */
-    int failed;           /* a matmul failed (set by any part) */
+    float *y, *dwd, *dxf;     /* dxf: dx before its rounding (cc->bdx) */
+    char *scratch;            /* part t's at scratch + t * cc->mm_scratch */
+    int failed;               /* a matmul failed (set by any part) */
+    const unroll_job *unroll; /* forward: W'16's unroll, each part its own rows */
 } d16_job;
 
 static void d16_run(d16_job *J, int i, int t, const void *a, const void *b, float *c) {
@@ -970,9 +975,12 @@ static void d16_fwd_part(void *arg, int t) {
     d16_job *J = arg;
     const cpu_conv *cc = J->cc;
     const size_t K = (size_t)J->l->in_c * J->l->in_h * J->l->in_w;
-    int r0, r1;
-    part_range(J->l->out_c * J->l->out_h * J->l->out_w, cc->fparts, t, &r0, &r1);
-    d16_run(J, t, t, cc->x16, cc->wd16 + (size_t)r0 * K, J->y + r0);
+    const int OP = J->l->out_h * J->l->out_w;
+    int o0, o1;
+    part_range(J->l->out_c, cc->fparts, t, &o0, &o1);
+    /* its rows of W'16 unrolled here, right before the product reads them from cache */
+    for (int o = o0; o < o1; o++) unroll_task((void *)J->unroll, o);
+    d16_run(J, t, t, cc->x16, cc->wd16 + (size_t)o0 * OP * K, J->y + (size_t)o0 * OP);
 }
 
 /* rows [r0, r1) of dW' = dy16^T[rows] x16 (a sum over all the images) */
@@ -1020,7 +1028,7 @@ static rt_status dense16_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
     d16_job J;
     RT_CHECK(d16_init(ctx, l, n, &J));
     unroll_job U = {.l = l, .w = rt_tensor_data(&l->weight), .wd16 = cc->wd16, .round = true};
-    rt_threadpool_run(cpu_pool(ctx), l->out_c, unroll_task, &U);
+    J.unroll = &U;
     J.x = x;
     J.y = y;
     rt_threadpool_run(cpu_pool(ctx), cc->mparts, d16_pack_part, &J);
