@@ -190,7 +190,9 @@ static int dense16_parts(const cpu_conv *cc) {
  * and three oneDNN bf16 matmuls per part, fp32 accumulation (dense16_forward/backward):
  *   forward   y[:, cols]   = x16 W'16[rows]^T     (part t: the rows of a block of output
  *                                                 channels, which it unrolls first)
- *   dW'       dW'[rows]    = dy16^T[rows] x16     (part t: a block of rows; sums over all images)
+ *   dW'       dW'[rows]    = dy16^T[rows] x16     (part t: the rows of a block of output
+ *                                                 channels; sums over all images; then
+ *                                                 folds them into dW)
  *   dx        dx[:, cols]  = dy16 W'16[:, cols]   (part t: a block of columns)
  * each part over all the images (split by images, each part's product had half as many
  * rows and ran ~15% slower on ResNet34's layer3 at batch 64); x and dy are packed into
@@ -206,7 +208,7 @@ static rt_status dense16_prepare(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv
     const int64_t R = (int64_t)l->out_c * l->out_h * l->out_w, K = (int64_t)l->in_c * l->in_h * l->in_w;
     cc->mparts = max_n < T ? max_n : T;
     cc->fparts = l->out_c < T ? l->out_c : T; /* (forward: whole output channels, see d16_fwd_part) */
-    cc->wparts = R < T ? (int)R : T;
+    cc->wparts = cc->fparts;                  /* (dW': whole output channels too, folded by their part) */
     cc->xparts = K < T ? (int)K : T;
     const int nmm = cc->fparts + cc->xparts + cc->wparts;
     cc->mm = calloc((size_t)nmm, sizeof *cc->mm);
@@ -238,7 +240,9 @@ static rt_status dense16_prepare(rt_model_ctx *ctx, const rt_conv2d *l, cpu_conv
     }
     for (int t = 0; t < cc->wparts && st == RT_OK; t++) {
         int r0, r1;
-        part_range((int)R, cc->wparts, t, &r0, &r1);
+        part_range(l->out_c, cc->wparts, t, &r0, &r1);
+        r0 *= l->out_h * l->out_w;
+        r1 *= l->out_h * l->out_w;
         const int64_t wa[2] = {1, R}, wb[2] = {K, 1};
         st = rt_dnnl_mm_create(s->dnnl, true, 1, r1 - r0, (int)K, max_n, wa, wb, K, &sb,
                                &cc->mm[cc->fparts + cc->xparts + t]);
@@ -557,7 +561,8 @@ typedef struct dense_job {
     float *y, *dx, *dwd;
     const float *bias;
     bool accumulate;
-    const struct unroll_job *unroll; /* forward: the unroll of W' each part does before its products */
+    const struct unroll_job *unroll; /* forward: the unroll of W' each part does before its products;
+                                        backward: the fold of dW' each part does after them */
 } dense_job;
 
 /* The forward's products go in chunks of output channels whose rows of W' take about
@@ -871,11 +876,15 @@ static void dense_fwd_part(void *arg, int t) {
 /* rows [lo, hi) of dW' (O*OP, C*IP) = dy^T (.., n) x (n, C*IP) */
 static void dense_dw_part(void *arg, int t) {
     dense_job *D = arg;
-    int lo, hi;
-    part_range(D->rows, D->parts, t, &lo, &hi);
-    if (hi <= lo) return;
+    const int OP = D->l->out_h * D->l->out_w;
+    int o0, o1;
+    part_range(D->l->out_c, D->parts, t, &o0, &o1);
+    if (o1 <= o0) return;
+    const int lo = o0 * OP, hi = o1 * OP;
     dense_gemm(D, true, false, hi - lo, D->cols, D->n, D->dy + lo, D->rows, D->x, D->cols, 0.0f,
                D->dwd + (size_t)lo * D->cols, D->cols);
+    /* and folded into dW by the same part, while its rows of dW' are in cache */
+    for (int o = o0; o < o1; o++) unroll_task((void *)D->unroll, o);
 }
 
 /* columns [lo, hi) of dx (n, C*IP) (+)= dy (n, O*OP) W'[:, lo:hi] */
@@ -926,10 +935,10 @@ static rt_status dense_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const fl
     D.dy = dy;
     D.dx = dx;
     D.accumulate = accumulate;
-    int T = rt_threadpool_threads(cpu_pool(ctx));
-    D.parts = D.rows < T ? D.rows : T;
+    unroll_job F = {.l = l, .wd = D.dwd, .dw = rt_tensor_data(&l->dweight), .fold = 1};
+    D.unroll = &F;
+    D.parts = parts_for(ctx, l->out_c);
     rt_threadpool_run(cpu_pool(ctx), D.parts, dense_dw_part, &D);
-    dense_unroll(ctx, l, NULL, D.dwd, 1, rt_tensor_data(&l->dweight), false);
     if (dx) {
         /* W' is still the forward's: the weights are those of the last forward
          * (rt_conv2d_backward's contract), and so is the precision (round_w) */
@@ -952,6 +961,7 @@ typedef struct d16_job {
     char *scratch;            /* part t's at scratch + t * cc->mm_scratch */
     int failed;               /* a matmul failed (set by any part) */
     const unroll_job *unroll; /* forward: W'16's unroll, each part its own rows */
+    const unroll_job *fold;   /* backward: dW' into dW, each part its own rows */
 } d16_job;
 
 static void d16_run(d16_job *J, int i, int t, const void *a, const void *b, float *c) {
@@ -987,10 +997,13 @@ static void d16_fwd_part(void *arg, int t) {
 static void d16_dw_part(void *arg, int t) {
     d16_job *J = arg;
     const cpu_conv *cc = J->cc;
-    const size_t K = (size_t)J->l->in_c * J->l->in_h * J->l->in_w, R = (size_t)J->l->out_c * J->l->out_h * J->l->out_w;
-    int r0, r1;
-    part_range((int)R, cc->wparts, t, &r0, &r1);
-    d16_run(J, cc->fparts + cc->xparts + t, t, cc->dy16 + r0, cc->x16, J->dwd + (size_t)r0 * K);
+    const size_t K = (size_t)J->l->in_c * J->l->in_h * J->l->in_w;
+    const int OP = J->l->out_h * J->l->out_w;
+    int o0, o1;
+    part_range(J->l->out_c, cc->wparts, t, &o0, &o1);
+    d16_run(J, cc->fparts + cc->xparts + t, t, cc->dy16 + (size_t)o0 * OP, cc->x16, J->dwd + (size_t)o0 * OP * K);
+    /* and folded into dW by the same part, while its rows of dW' are in cache */
+    for (int o = o0; o < o1; o++) unroll_task((void *)J->fold, o);
 }
 
 /* columns [k0, k1) of dx = dy16 W'16, in fp32 (rounded by the caller) */
@@ -1058,10 +1071,11 @@ static rt_status dense16_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const 
     J.dy = dy;
     J.dxf = cc->bdx;
     rt_threadpool_run(cpu_pool(ctx), cc->mparts, d16_pack_part, &J);
+    unroll_job F = {.l = l, .wd = J.dwd, .dw = rt_tensor_data(&l->dweight), .fold = 1};
+    J.fold = &F;
     rt_threadpool_run(cpu_pool(ctx), cc->wparts, d16_dw_part, &J);
-    RT_CHECK(d16_check(&J, "weight gradient"));
-    rt_cpu_conv2d_fold(ctx, l, J.dwd, rt_tensor_data(&l->dweight));
-    if (l->has_bias) { /* db: the sum of the rounded dy, as conv_backward_f32 sums it */
+    RT_CHECK(d16_check(&J, "weight gradient")); /* (a failed part folded garbage: dW is reported unusable) */
+    if (l->has_bias) {                          /* db: the sum of the rounded dy, as conv_backward_f32 sums it */
         float *db = rt_tensor_data(&l->dbias);
         const size_t R = (size_t)l->out_c * l->out_h * l->out_w, OP = (size_t)l->out_h * l->out_w;
         for (int o = 0; o < l->out_c; o++) {
