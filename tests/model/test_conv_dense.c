@@ -43,6 +43,10 @@ static const dshape shapes[] = {
     {5, 3, 1, 3, 1, 1, false, 3, 2, 3}, /* 1x3: 3 positions, the plain loops */
     {4, 3, 2, 3, 1, 2, true, 2, 3, 0},  /* 2x2 padded by 2: 16 outputs of 4 positions, the row path */
     {7, 5, 2, 2, 1, 0, false, 3, 2, 0}, /* a 2x2 kernel on 2x2, no padding */
+    /* the fp32 forward's chunks of W' rows (1 MiB) and parts of output channels */
+    {256, 256, 2, 3, 1, 1, false, 4, 2, 0}, /* 16 KiB of W' per channel: two chunks a part */
+    {512, 40, 2, 3, 1, 1, true, 3, 1, 0},   /* one part, chunks of 32 and 8 channels */
+    {300, 2, 2, 3, 1, 1, true, 3, 3, 0},    /* fewer output channels than threads */
 };
 
 typedef struct outs {
@@ -308,11 +312,44 @@ static void test_dead_taps_zero(void **state) {
     }
 }
 
+#ifdef RT_HAVE_DNNL
+/* The dense path (auto) against oneDNN's convolution (RINGTRAIN_CONV=dnnl) at the
+ * prepared batch, in fp32: another implementation altogether, so a chunk, part or
+ * channel the dense path left out shows. Tolerances as test_model_conv_impl's. */
+static void test_dense_matches_onednn(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const dshape *s = &shapes[i];
+        data d;
+        make_data(s, &d);
+        outs a, b;
+        outs_alloc(&a, &d, s->out_c);
+        outs_alloc(&b, &d, s->out_c);
+        bool m;
+        run(s, "auto", RT_PRECISION_FP32, s->n, &d, &a, &m);
+        run(s, "dnnl", RT_PRECISION_FP32, s->n, &d, &b, &m);
+        print_message("conv %d->%d k%d s%d p%d on %dx%d, n %d, %d threads: dense (auto) against oneDNN\n", s->in_c,
+                      s->out_c, s->k, s->stride, s->pad, s->hw, width(s), s->n, s->threads);
+        within_rel("y", a.y, b.y, d.yn, 1e-5);
+        within_rel("dx", a.dx, b.dx, d.xn, 1e-4);
+        within_rel("dx accumulated", a.dxacc, b.dxacc, d.xn, 1e-4);
+        within_rel("dW", a.dw, b.dw, d.wn, 1e-4);
+        if (s->bias) within_rel("db", a.db, b.db, (size_t)s->out_c, 1e-4);
+        outs_free(&a);
+        outs_free(&b);
+        free_data(&d);
+    }
+}
+#endif
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dead_taps_zero), /* first: its bug showed on a fresh heap */
         cmocka_unit_test(test_dense_avx512_equals_plain),
         cmocka_unit_test(test_dense16_matches_fp32_products),
+#ifdef RT_HAVE_DNNL
+        cmocka_unit_test(test_dense_matches_onednn),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

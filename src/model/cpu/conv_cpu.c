@@ -65,8 +65,8 @@ typedef struct cpu_conv {
      * three products on oneDNN's bf16 matmul, one per part; NULL mm: not in use */
     uint16_t *wd16, *x16, *dy16;
     int mparts;             /* parts of the packing of x and dy (images) */
-    int fparts, xparts;     /* of the forward (columns of y) and of dx (columns of dx) */
-    int wparts;             /* of dW' (rows of W') */
+    int fparts, xparts;     /* of the forward (blocks of output channels) and of dx (its columns) */
+    int wparts;             /* of dW' (blocks of output channels, = fparts) */
     struct rt_dnnl_mm **mm; /* [fparts] forward, [xparts] dx, [wparts] dW', or NULL */
     size_t mm_scratch;      /* bytes per part, in the workspace after dW' */
 } cpu_conv;
@@ -873,7 +873,8 @@ static void dense_fwd_part(void *arg, int t) {
     }
 }
 
-/* rows [lo, hi) of dW' (O*OP, C*IP) = dy^T (.., n) x (n, C*IP) */
+/* the rows of dW' (O*OP, C*IP) of part t's output channels = dy^T (.., n) x (n, C*IP),
+ * then folded into their dW */
 static void dense_dw_part(void *arg, int t) {
     dense_job *D = arg;
     const int OP = D->l->out_h * D->l->out_w;
@@ -964,9 +965,11 @@ typedef struct d16_job {
     const unroll_job *fold;   /* backward: dW' into dW, each part its own rows */
 } d16_job;
 
-static void d16_run(d16_job *J, int i, int t, const void *a, const void *b, float *c) {
-    if (!rt_dnnl_mm_run(J->e, J->cc->mm[i], a, b, c, J->scratch + (size_t)t * J->cc->mm_scratch))
-        __atomic_store_n(&J->failed, 1, __ATOMIC_RELAXED);
+/* matmul i of the layer on part t's scratchpad; false (and J->failed) where it failed */
+static bool d16_run(d16_job *J, int i, int t, const void *a, const void *b, float *c) {
+    if (rt_dnnl_mm_run(J->e, J->cc->mm[i], a, b, c, J->scratch + (size_t)t * J->cc->mm_scratch)) return true;
+    __atomic_store_n(&J->failed, 1, __ATOMIC_RELAXED);
+    return false;
 }
 
 /* part t of the images: pack x (and, in backward, dy) into bf16 */
@@ -980,7 +983,7 @@ static void d16_pack_part(void *arg, int t) {
     if (J->dy) rt_cpu_bf16_pack((size_t)(hi - lo) * R, J->dy + (size_t)lo * R, cc->dy16 + (size_t)lo * R);
 }
 
-/* columns [r0, r1) of y = x16 W'16^T (rows r0.. of W') */
+/* the columns of y of part t's output channels = x16 W'16[their rows]^T */
 static void d16_fwd_part(void *arg, int t) {
     d16_job *J = arg;
     const cpu_conv *cc = J->cc;
@@ -993,7 +996,8 @@ static void d16_fwd_part(void *arg, int t) {
     d16_run(J, t, t, cc->x16, cc->wd16 + (size_t)o0 * OP * K, J->y + (size_t)o0 * OP);
 }
 
-/* rows [r0, r1) of dW' = dy16^T[rows] x16 (a sum over all the images) */
+/* the rows of dW' of part t's output channels = dy16^T[rows] x16 (a sum over all the
+ * images), then folded into their dW (not after a failed product: dW is left as it was) */
 static void d16_dw_part(void *arg, int t) {
     d16_job *J = arg;
     const cpu_conv *cc = J->cc;
@@ -1001,7 +1005,8 @@ static void d16_dw_part(void *arg, int t) {
     const int OP = J->l->out_h * J->l->out_w;
     int o0, o1;
     part_range(J->l->out_c, cc->wparts, t, &o0, &o1);
-    d16_run(J, cc->fparts + cc->xparts + t, t, cc->dy16 + (size_t)o0 * OP, cc->x16, J->dwd + (size_t)o0 * OP * K);
+    if (!d16_run(J, cc->fparts + cc->xparts + t, t, cc->dy16 + (size_t)o0 * OP, cc->x16, J->dwd + (size_t)o0 * OP * K))
+        return;
     /* and folded into dW by the same part, while its rows of dW' are in cache */
     for (int o = o0; o < o1; o++) unroll_task((void *)J->fold, o);
 }
@@ -1074,8 +1079,8 @@ static rt_status dense16_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const 
     unroll_job F = {.l = l, .wd = J.dwd, .dw = rt_tensor_data(&l->dweight), .fold = 1};
     J.fold = &F;
     rt_threadpool_run(cpu_pool(ctx), cc->wparts, d16_dw_part, &J);
-    RT_CHECK(d16_check(&J, "weight gradient")); /* (a failed part folded garbage: dW is reported unusable) */
-    if (l->has_bias) {                          /* db: the sum of the rounded dy, as conv_backward_f32 sums it */
+    RT_CHECK(d16_check(&J, "weight gradient"));
+    if (l->has_bias) { /* db: the sum of the rounded dy, as conv_backward_f32 sums it */
         float *db = rt_tensor_data(&l->dbias);
         const size_t R = (size_t)l->out_c * l->out_h * l->out_w, OP = (size_t)l->out_h * l->out_w;
         for (int o = 0; o < l->out_c; o++) {
