@@ -52,7 +52,10 @@
  * float, which cudnnSetConvolution2dDescriptor already refuses): the operands are widened
  * exactly to float, the algorithm runs as above (its own order and precision), alpha and
  * beta are applied in float and the result is rounded once to bf16, to nearest even: the
- * rounding points of a tensor-core kernel with fp32 accumulation. Only IMPLICIT_GEMM,
+ * rounding points of a tensor-core kernel with fp32 accumulation. Except BWD_FILTER_ALGO_0,
+ * whose atomics add into the bf16 dw: its running sum is rounded after every group of
+ * images (as a real GPU showed; BWD_DATA_ALGO_0's atomics are not modelled so: one
+ * rounding). Only IMPLICIT_GEMM,
  * IMPLICIT_PRECOMP_GEMM, BWD_DATA_ALGO_0/1 and BWD_FILTER_ALGO_0/1 run bf16 here (FFT,
  * GEMM and BWD_FILTER_ALGO_3 are NOT_SUPPORTED for bf16: the emulation claims no more
  * than cuDNN's documented bf16 support, which may be smaller than a given release's);
@@ -654,6 +657,11 @@ void filter_gemm(const geom &g, const float *x, const float *dy, float *dw, filt
         } else {
             gemm(false, true, g.k, nt, ld, dyg.data(), ld, col.data(), ld, first ? T(0) : T(1), acc.data(), nt);
         }
+        /* bf16 ALGO_0: its atomics add each group's partial sums into the bf16 dw, so the
+         * running sum is rounded to bf16 after every group (cuDNN 9.19 on an H200 gave dW
+         * 10x the one-rounding bound off with a non-deterministic algorithm) */
+        if (g.bf16 && order == F_ROWS_RANDOM)
+            for (T &v : acc) v = (T)bf16_widen(bf16_round((float)v));
         first = false;
     }
     for (int k = 0; k < g.k; k++)

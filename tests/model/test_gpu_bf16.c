@@ -48,6 +48,10 @@
  */
 #include "gpu_test_util.h"
 
+#ifdef RT_HAVE_CUDA
+#include "model/cuda/cuda_internal.h" /* the chosen convolution algorithms (rt_cuda_state) */
+#endif
+
 #include "core/bf16.h"
 
 #include <stdint.h>
@@ -60,8 +64,17 @@
 #define DRIFT_FACTOR_ALL 2.0
 #define DRIFT_FACTOR 4.0
 #define FP32_NOISE 1e-4
+/* Built without oneDNN the second CPU computation is im2col again (the same sums: drift
+ * ~1e-8), so it gives no measure of bf16's noise; the whole step then takes the envelope
+ * measured with oneDNN as fixed floors: the worst tensor 26-35% on the CPU pair and
+ * 21-33% on the emulated GPU over 9 seeds (the header), 27-30% on an H200 (2026-11-28,
+ * cuDNN 9.19, 2 seeds); all gradients together 16-22%. A wrong or missing gradient
+ * (error ~1) still fails both. */
+#define TOL_GRAD_NO_ALT 0.4
+#define TOL_ALL_NO_ALT 0.3
 
 static rt_model_ctx *g_alt;   /* CPU bf16, oneDNN convolutions: the second CPU computation */
+static bool g_alt_distinct;   /* g_alt is oneDNN (false: im2col again, built without it) */
 static rt_model_ctx *g_cpu32; /* CPU fp32: the sums of |terms| (A), and the fp32 model */
 static rt_model_ctx *g_gpu32; /* GPU fp32 */
 
@@ -85,6 +98,7 @@ static int setup(void **state) {
     (void)state;
     g_cpu = cpu_ctx("im2col", 4, RT_PRECISION_BF16, true);
     g_alt = cpu_ctx("dnnl", 4, RT_PRECISION_BF16, false);
+    g_alt_distinct = g_alt != NULL;
     if (!g_alt) g_alt = cpu_ctx("im2col", 3, RT_PRECISION_BF16, true); /* built without oneDNN */
     g_cpu32 = cpu_ctx("im2col", 4, RT_PRECISION_FP32, true);
     g_gpu = gt_ctx(gt_gpu_device(), RT_PRECISION_BF16);
@@ -127,9 +141,12 @@ enum {
 };
 
 /* gpu_dev (n floats) against cpu within the header's bound with K terms of sizes A[]
- * (without the ulp term for results that stay fp32 on both sides) */
+ * (without the ulp term for results that stay fp32 on both sides). The ulp term is that
+ * of the rounded value: the result itself, or, where a rounded convolution result was
+ * added to an fp32 value (an accumulating dx), the rounded part, ulp_of[] (NULL: the
+ * result) */
 static void check_bf16(const char *what, const float *cpu, const float *gpu_dev, const float *A, size_t n, double K,
-                       unsigned flags) {
+                       unsigned flags, const float *ulp_of) {
     const bool rounded = flags & CK_ROUNDED, representable = flags & CK_BF16_VALUES;
     const bool cpu_rounded = flags & CK_CPU_ROUNDED;
     float *g = rt_test_floats(n);
@@ -139,7 +156,8 @@ static void check_bf16(const char *what, const float *cpu, const float *gpu_dev,
     for (size_t i = 0; i < n; i++) {
         const double c = cpu[i], v = g[i];
         const double bound =
-            (rounded ? bf16_ulp(fmax(fabs(c), fabs(v))) : 0.0) + K * ldexp(A[i], -22) + ldexp(fabs(c), -22);
+            (rounded ? bf16_ulp(ulp_of ? fabs((double)ulp_of[i]) : fmax(fabs(c), fabs(v))) : 0.0) +
+            K * ldexp(A[i], -22) + ldexp(fabs(c), -22);
         const double r = isfinite(v) ? fabs(v - c) / bound : INFINITY;
         if (!(r <= worst)) worst = r, worst_at = i;
         const float cb = cpu_rounded ? rt_bf16_round(cpu[i]) : cpu[i];
@@ -226,17 +244,17 @@ static void conv_run(side_conv *C, side_conv *G, side_conv *A, int n, const char
     assert_rt_ok(rt_conv2d_forward(g_cpu, &C->l, n, hx, cy));
     assert_rt_ok(rt_conv2d_forward(g_gpu, &G->l, n, x_dev, gy));
     snprintf(what, sizeof what, "%s n=%d y", name, n);
-    check_bf16(what, cy, gy, ay, yn, k_y, CK_ROUNDED | CK_BF16_VALUES);
+    check_bf16(what, cy, gy, ay, yn, k_y, CK_ROUNDED | CK_BF16_VALUES, NULL);
 
     gt_poison(rt_tensor_data(&G->l.dweight), wn * sizeof(float));
     if (l->has_bias) gt_poison(rt_tensor_data(&G->l.dbias), (size_t)l->out_c * sizeof(float));
     assert_rt_ok(rt_conv2d_backward(g_cpu, &C->l, n, hx, hdy, cdx, false));
     assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, x_dev, dy_dev, gdx, false));
     snprintf(what, sizeof what, "%s n=%d dx", name, n);
-    check_bf16(what, cdx, gdx, adx, xn, k_dx, CK_ROUNDED | CK_BF16_VALUES);
+    check_bf16(what, cdx, gdx, adx, xn, k_dx, CK_ROUNDED | CK_BF16_VALUES, NULL);
     snprintf(what, sizeof what, "%s n=%d dweight", name, n);
     check_bf16(what, rt_tensor_data(&C->l.dweight), rt_tensor_data(&G->l.dweight), rt_tensor_data(&A->l.dweight), wn,
-               k_dw, CK_ROUNDED | CK_BF16_VALUES | CK_CPU_ROUNDED);
+               k_dw, CK_ROUNDED | CK_BF16_VALUES | CK_CPU_ROUNDED, NULL);
     if (l->has_bias) { /* fp32 sums of round(dy) on both sides: the sum term only */
         const size_t oc = (size_t)l->out_c;
         float *gb = rt_test_floats(oc);
@@ -250,13 +268,18 @@ static void conv_run(side_conv *C, side_conv *G, side_conv *A, int n, const char
         free(gb);
     }
 
-    /* accumulate into a random dx */
+    /* accumulate into a random dx: dx0 + round(conv), the rounded part's ulp bounds a
+     * straddle (one flip there is 2^-9 of the part, far more than of a sum that cancels;
+     * seen on an H200: 0.0085 for 0.0066 at a part near 0.5, 3.45 times the sum's bound) */
+    float *cpart = rt_test_floats(xn);
+    memcpy(cpart, cdx, xn * sizeof(float));
     memcpy(cdx, hdx0, xn * sizeof(float));
     gt_upload(gdx, hdx0, xn * sizeof(float));
     assert_rt_ok(rt_conv2d_backward(g_cpu, &C->l, n, hx, hdy, cdx, true));
     assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, x_dev, dy_dev, gdx, true));
     snprintf(what, sizeof what, "%s n=%d dx accumulated", name, n);
-    check_bf16(what, cdx, gdx, adx, xn, k_dx, CK_ROUNDED);
+    check_bf16(what, cdx, gdx, adx, xn, k_dx, CK_ROUNDED, cpart);
+    free(cpart);
 
     free(hx), free(hdy), free(hdx0), free(ax), free(ady), free(cy), free(cdx), free(ay), free(adx);
     gt_free(x_dev), gt_free(dy_dev), gt_free(gy), gt_free(gdx);
@@ -281,12 +304,36 @@ static void conv_case(int max_n, int in_c, int out_c, int h, int w, int k, int s
     free(hw), free(hb), free(aw), free(ab);
 }
 
+/* The backward algorithms the CUDA backend chose under bf16 (its per-shape cache) must
+ * not be cuDNN's atomic ones (BWD_DATA_ALGO_0, BWD_FILTER_ALGO_0 and _3): their partial
+ * sums are added into the bf16 output, each rounded. On an H200 (cuDNN 9.19) a measured
+ * choice of one gave dW 10.6 times the bound off the CPU, half its bits different. */
+static void check_bf16_algos(rt_model_ctx *ctx) {
+#ifdef RT_HAVE_CUDA
+    if (!rt_device_is_cuda(ctx->device)) return;
+    const rt_cuda_state *st = cuda_state(ctx);
+    assert_true(st->nalgos > 0);
+    for (int i = 0; i < st->nalgos; i++) {
+        const rt_cuda_conv_algos *a = &st->algos[i];
+        printf("  algos %d->%d %dx%d k%d s%d n=%d: fwd %d, bwd-data %d, bwd-filter %d\n", a->in_c, a->out_c, a->in_h,
+               a->in_w, a->k, a->stride, a->n, (int)a->fwd, (int)a->bwd_data, (int)a->bwd_filter);
+        if (a->bwd_data == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a->bwd_filter == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 ||
+            a->bwd_filter == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3)
+            fail_msg("bf16 conv %d->%d %dx%d n=%d: an atomic backward algorithm (data %d, filter %d) was chosen",
+                     a->in_c, a->out_c, a->in_h, a->in_w, a->n, (int)a->bwd_data, (int)a->bwd_filter);
+    }
+#else
+    (void)ctx;
+#endif
+}
+
 static void test_conv2d_bf16(void **state) {
     (void)state;
     conv_case(6, 16, 32, 8, 8, 3, 2, 1, true); /* bias: y = round(conv + round(b)) */
     conv_case(6, 32, 32, 6, 6, 3, 1, 1, false);
     conv_case(5, 3, 16, 16, 16, 7, 2, 3, false); /* the imagenet stem's shape */
     conv_case(7, 16, 8, 5, 5, 1, 1, 0, false);
+    check_bf16_algos(g_gpu);
 }
 
 /* ---- linear -------------------------------------------------------------------------- */
@@ -350,21 +397,21 @@ static void linear_case(int max_n, int in_f, int out_f) {
         assert_rt_ok(rt_linear_forward(g_cpu, &C.l, n, hx, cy));
         assert_rt_ok(rt_linear_forward(g_gpu, &G.l, n, x_dev, gy));
         snprintf(what, sizeof what, "linear %d->%d n=%d y", in_f, out_f, n);
-        check_bf16(what, cy, gy, ay, yn, in_f + 1.0, CK_ROUNDED | CK_BF16_VALUES);
+        check_bf16(what, cy, gy, ay, yn, in_f + 1.0, CK_ROUNDED | CK_BF16_VALUES, NULL);
         gt_poison(rt_tensor_data(&G.l.dweight), wn * sizeof(float));
         gt_poison(rt_tensor_data(&G.l.dbias), (size_t)out_f * sizeof(float));
         assert_rt_ok(rt_linear_backward(g_cpu, &C.l, n, hx, hdy, cdx));
         assert_rt_ok(rt_linear_backward(g_gpu, &G.l, n, x_dev, dy_dev, gdx));
         snprintf(what, sizeof what, "linear %d->%d n=%d dx", in_f, out_f, n);
-        check_bf16(what, cdx, gdx, adx, xn, out_f, CK_ROUNDED | CK_BF16_VALUES);
+        check_bf16(what, cdx, gdx, adx, xn, out_f, CK_ROUNDED | CK_BF16_VALUES, NULL);
         /* dW and db: fp32 sums on both sides (cuBLAS's C is fp32): within the sum term,
          * no ulp term, no bf16 values */
         snprintf(what, sizeof what, "linear %d->%d n=%d dweight", in_f, out_f, n);
         check_bf16(what, rt_tensor_data(&C.l.dweight), rt_tensor_data(&G.l.dweight), rt_tensor_data(&A.l.dweight), wn,
-                   n, 0);
+                   n, 0, NULL);
         snprintf(what, sizeof what, "linear %d->%d n=%d dbias", in_f, out_f, n);
         check_bf16(what, rt_tensor_data(&C.l.dbias), rt_tensor_data(&G.l.dbias), rt_tensor_data(&A.l.dbias),
-                   (size_t)out_f, n, 0);
+                   (size_t)out_f, n, 0, NULL);
         free(hx), free(hdy), free(ax), free(ady), free(cy), free(cdx), free(ay), free(adx);
         gt_free(x_dev), gt_free(dy_dev), gt_free(gy), gt_free(gdx);
     }
@@ -479,14 +526,21 @@ static void test_resnet_step_bf16(void **state) {
         }
         for (int s = 0; s < 3; s++) free(v[s]);
     }
-    const double tg = fmax(TOL_GRAD_FLOOR, DRIFT_FACTOR * drift);
+    const double tg = fmax(g_alt_distinct ? TOL_GRAD_FLOOR : TOL_GRAD_NO_ALT, DRIFT_FACTOR * drift);
+    if (!g_alt_distinct)
+        printf("  built without oneDNN: no second CPU order to measure bf16's noise; the measured envelope (%.2f per "
+               "tensor, %.2f all together) bounds the GPU\n",
+               TOL_GRAD_NO_ALT, TOL_ALL_NO_ALT);
     printf("  gradients: gpu err %.3g (%s), cpu drift %.3g, tol %.3g [L2 per tensor]\n", worst, worst_name, drift, tg);
+    for (int i = 0; i < np; i++)
+        if (err[i] > tg / 4) printf("    %-32s gpu err %.3g\n", rt_model_param(m[REF], i)->name, err[i]);
+    check_bf16_algos(g_gpu);
     for (int i = 0; i < np; i++)
         if (!(err[i] <= tg))
             fail_msg("gradient %s: relative error %.3g > %.3g [L2] (cpu drift %.3g; seed %llu)",
                      rt_model_param(m[REF], i)->name, err[i], tg, drift, (unsigned long long)g_seed);
     const double eall = isfinite(s_gpu) ? sqrt(s_gpu / s_ref) : INFINITY, dall = sqrt(s_alt / s_ref);
-    const double tall = fmax(TOL_ALL_FLOOR, DRIFT_FACTOR_ALL * dall);
+    const double tall = fmax(g_alt_distinct ? TOL_ALL_FLOOR : TOL_ALL_NO_ALT, DRIFT_FACTOR_ALL * dall);
     printf("  all gradients: gpu err %.3g, cpu drift %.3g, tol %.3g [L2]\n", eall, dall, tall);
     if (!(eall <= tall))
         fail_msg("all gradients together: relative error %.3g > %.3g [L2] (cpu drift %.3g; seed %llu)", eall, tall,

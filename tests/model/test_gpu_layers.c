@@ -78,6 +78,9 @@ static void conv_teardown(conv_pair *P) {
 
 /* forward, backward (dx written, dx accumulated, dx NULL) at batch n, within tf (forward)
  * and tg (gradients) */
+/* the largest relative error of any convolution result conv_run checked (since reset) */
+static double g_conv_worst;
+
 static void conv_run(conv_pair *P, int n, const char *name, double tf, double tg) {
     const rt_conv2d *l = &P->c;
     const size_t xn = (size_t)n * l->in_c * l->in_h * l->in_w, yn = (size_t)n * l->out_c * l->out_h * l->out_w;
@@ -91,16 +94,17 @@ static void conv_run(conv_pair *P, int n, const char *name, double tf, double tg
     assert_rt_ok(rt_conv2d_forward(g_cpu, &P->c, n, hx, cy));
     assert_rt_ok(rt_conv2d_forward(g_gpu, &P->g, n, x_dev, gy));
     snprintf(what, sizeof what, "%s n=%d forward", name, n);
-    gt_check_dev(what, cy, gy, yn, tf);
+    g_conv_worst = fmax(g_conv_worst, gt_check_dev(what, cy, gy, yn, tf));
 
     gt_poison(rt_tensor_data(&P->g.dweight), wn * sizeof(float));
     if (l->has_bias) gt_poison(rt_tensor_data(&P->g.dbias), (size_t)l->out_c * sizeof(float));
     assert_rt_ok(rt_conv2d_backward(g_cpu, &P->c, n, hx, hdy, cdx, false));
     assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, x_dev, ddy, gdx, false));
     snprintf(what, sizeof what, "%s n=%d dx", name, n);
-    gt_check_dev(what, cdx, gdx, xn, tg);
+    g_conv_worst = fmax(g_conv_worst, gt_check_dev(what, cdx, gdx, xn, tg));
     snprintf(what, sizeof what, "%s n=%d dweight", name, n);
-    gt_check_dev(what, rt_tensor_data(&P->c.dweight), rt_tensor_data(&P->g.dweight), wn, tg);
+    g_conv_worst =
+        fmax(g_conv_worst, gt_check_dev(what, rt_tensor_data(&P->c.dweight), rt_tensor_data(&P->g.dweight), wn, tg));
     if (l->has_bias) {
         snprintf(what, sizeof what, "%s n=%d dbias", name, n);
         gt_check_dev(what, rt_tensor_data(&P->c.dbias), rt_tensor_data(&P->g.dbias), (size_t)l->out_c, tg);
@@ -387,23 +391,37 @@ static void test_batchnorm2d_train(void **state) {
     bn_train_shapes();
 }
 
+/* The error above which a result shows TF32 arithmetic: TF32 rounds each operand to 10
+ * mantissa bits (2^-11 relative), fp32 sums stay within a few 1e-7 of the CPU's here
+ * (H200, cuDNN 9.19: at most 1.4e-6 over these shapes in fp32 and in the directions of
+ * tf32 mode that chose FMA kernels; 3.5e-4 where one chose TF32) */
+#define TF32_SIGNATURE 2e-5
+
 /* tf32: within TOL_TF32 of the fp32 CPU backend, and on sm_80+ at least one direction of
- * these shapes must run a tensor-op (TF32) algorithm, or tf32 mode buys nothing; batch
+ * these shapes must run TF32 tensor cores, or tf32 mode buys nothing: an algorithm that
+ * cuDNN reports as tensor-op math (the emulation does), or a result whose error against
+ * the fp32 CPU shows TF32's operand rounding (cuDNN 9.19 on an H200 reports its TF32
+ * kernels as CUDNN_DEFAULT_MATH, the descriptor's type, so only the numbers tell); batch
  * norm stays fp32 in tf32 mode (fp32 bounds) */
 static void test_train_shapes_tf32(void **state) {
     (void)state;
     rt_model_ctx *fp32 = g_gpu;
     g_gpu = gt_ctx(gt_gpu_device(), RT_PRECISION_TF32);
+    g_conv_worst = 0;
     conv_train_shapes(TOL_TF32, TOL_TF32);
+    const double worst = g_conv_worst;
     bn_train_shapes();
     int tensor_op = conv_algos_report(g_gpu);
     if (rt_device_is_cuda(g_gpu->device)) {
         rt_cuda_device_info info;
         assert_rt_ok(rt_cuda_device_info_get(g_gpu->device.index, &info));
-        printf("  %s (sm_%d%d): %d direction(s) chose tensor-op math\n", info.name, info.major, info.minor, tensor_op);
-        if (info.major >= 8 && tensor_op == 0)
-            fail_msg("tf32 on sm_%d%d: no convolution direction chose a tensor-op (TF32) algorithm", info.major,
-                     info.minor);
+        printf("  %s (sm_%d%d): %d direction(s) reported tensor-op math; largest error %.3g (TF32 shows above "
+               "%.0e)\n",
+               info.name, info.major, info.minor, tensor_op, worst, TF32_SIGNATURE);
+        if (info.major >= 8 && tensor_op == 0 && !(worst > TF32_SIGNATURE))
+            fail_msg("tf32 on sm_%d%d: no convolution direction ran TF32: none reported tensor-op math and no result "
+                     "is further than %.3g from the fp32 CPU (TF32 rounding shows above %.0e)",
+                     info.major, info.minor, worst, TF32_SIGNATURE);
         if (info.major < 8)
             printf("  sm_%d%d has no TF32: the tensor-op check does not apply\n", info.major, info.minor);
     }

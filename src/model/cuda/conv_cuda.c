@@ -38,6 +38,9 @@
  *             rounding more than the CPU (which keeps the fp32 sum), at most 2^-9
  *             relative, as PyTorch's CUDA autocast does.
  *
+ * bf16 also passes over every algorithm cuDNN reports non-deterministic (perf_usable):
+ * their atomics add partial sums in bf16.
+ *
  * Determinism (ctx->deterministic, train.deterministic): nothing is timed. The candidates
  * come in cuDNN's heuristic order (cudnnGet*Algorithm_v7, a function of the shape, the
  * GPU model and the cuDNN version), only results cuDNN reports CUDNN_DETERMINISTIC are
@@ -177,11 +180,16 @@ static cudnnMathType_t desc_math(const rt_model_ctx *ctx) {
 }
 
 /* Whether a measured result may be used: it succeeded, fits the workspace bound, is
- * deterministic when the context asks for it, and its math is allowed. */
+ * deterministic when the context asks for it or the precision is bf16, and its math is
+ * allowed. bf16 takes deterministic algorithms only: cuDNN's non-deterministic ones add
+ * partial sums into the output with atomics, in the output's type, so a bf16 dW or dx
+ * is rounded once per partial sum. Seen on an H200 (cuDNN 9.19, test_gpu_bf16,
+ * 2026-11-28): conv 32->32 6x6 k3 n=6, dW 10.6 times the one-rounding bound off the CPU
+ * (0.8047 for 0.9085), half its bits different. */
 static bool perf_usable(const rt_model_ctx *ctx, cudnnStatus_t status, size_t memory, cudnnMathType_t m, bool approx,
                         cudnnDeterminism_t det) {
     if (status != CUDNN_STATUS_SUCCESS || memory > RT_CUDA_CONV_WS_CAP) return false;
-    if (ctx->deterministic && det != CUDNN_DETERMINISTIC) return false;
+    if ((ctx->deterministic || ctx->precision == RT_PRECISION_BF16) && det != CUDNN_DETERMINISTIC) return false;
     return math_allowed(ctx, m, approx);
 }
 
@@ -487,6 +495,15 @@ static rt_status preset_take(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p
     RT_CHECK(preset_check(ctx, shape, "backward-filter", pre->bwd_filter, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
                           pre->bwd_filter_math,
                           pre->bwd_filter >= 0 && bwd_filter_approx((cudnnConvolutionBwdFilterAlgo_t)pre->bwd_filter)));
+    /* bf16 keeps to deterministic algorithms (perf_usable): the backward passes' atomic
+     * ones would round a bf16 dx/dW once per partial sum */
+    RT_REQUIRE(ctx->precision != RT_PRECISION_BF16 || (pre->bwd_data != CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 &&
+                                                       pre->bwd_filter != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 &&
+                                                       pre->bwd_filter != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3),
+               RT_ERR_INVALID,
+               "%s: the given backward algorithms (data %d, filter %d) add with atomics, which under precision bf16 "
+               "round each partial sum: not allowed",
+               shape, pre->bwd_data, pre->bwd_filter);
     out->fwd = (cudnnConvolutionFwdAlgo_t)pre->fwd;
     out->bwd_data = (cudnnConvolutionBwdDataAlgo_t)pre->bwd_data;
     out->bwd_filter = (cudnnConvolutionBwdFilterAlgo_t)pre->bwd_filter;
