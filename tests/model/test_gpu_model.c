@@ -5,10 +5,17 @@
  *    counters; a partial batch (5 of 8: the cuDNN layers' second descriptor set); an
  *    evaluation forward.
  *  - ResNet34: an SGD step (lr 0.005, momentum 0.9, weight decay 5e-4, rt_optim on each
- *    device): loss, logits, the parameters and running statistics, the update.
+ *    device): loss, logits, gradients, running statistics, the update.
  *  - the tutorial Net (conv bias, max pooling, Dropout2d/Dropout with the shared Philox
  *    masks, log-softmax + NLL): one training step, and 20 SGD steps over two fixed
- *    batches (the multi-step optimizer trajectory, momentum and weight decay included).
+ *    batches (momentum and weight decay included). The GPU follows its own trajectory
+ *    and every step is checked from the GPU's state: before it, the CPU models take the
+ *    GPU's parameters, buffers and momentum, so a rounding flip (below) stays in its step
+ *    instead of compounding (the 20-step trajectory compared at the end failed once
+ *    under load at 2.08e-3 against its 2e-3 bound). Per step: loss, logits, gradients,
+ *    running statistics, and the update: the CPU optimizer on the GPU's gradients from
+ *    the same state gives the GPU's parameters and momentum to 1e-6 (elementwise
+ *    arithmetic, bit-identical in test_gpu_optim).
  *  - tf32: a ResNet18 (3x32x32, cifar stem, batch 4) step in TF32 on the GPU against
  *    fp32 on the CPU.
  *
@@ -42,10 +49,13 @@
  *    L2 relative error |gpu - cpu| / |cpu| within 0.1 (flip events measured up to 0.031
  *    on either side; smooth rounding 2e-5..2e-4; a wrong gradient, e.g. BN parameter
  *    gradients zeroed or swapped, is >= 1). The max-norm error is printed, not bounded.
- *  - Net (no batch norm, well conditioned): one step's gradients within 1e-4 (L2), logits
- *    and losses 1e-4; after 20 steps the outputs, parameters and updates within 2e-3
- *    (L2; measured 1e-7..5e-7, but a max-pooling argmax or ReLU that rounding flips in
- *    one of the 20 steps leaves up to 4e-4 in the weights: seen once in 10 runs).
+ *  - Net (no batch norm, well conditioned): each step's gradients within 1e-4 (L2 per
+ *    tensor; measured 1e-7..5e-7), logits and losses 1e-4. A rounding flip: a max-pooling
+ *    argmax or ReLU that rounding turns the other way moves whole gradient slices (the
+ *    old 20-step check saw one in 10 runs, leaving up to 4e-4 in the weights); a tensor
+ *    beyond 1e-4 but within 0.25 (the ResNet's flip scale, 25% of a tensor) is counted as
+ *    one, printed, and at most one of the 20 SGD steps (one of the 2 plain steps) may
+ *    have one: a wrong gradient is beyond 0.25, or beyond 1e-4 in every step.
  *  - tf32: the second CPU computation is fp32 with the weights and the input rounded to
  *    TF32, a perturbation of TF32's size; loss and logits within 5e-2 (measured 1e-3),
  *    gradients within max(0.25, 4 x that CPU's distance) in L2 (measured: GPU 0.1-0.15,
@@ -62,12 +72,12 @@
 
 #define TOL_STEP_OUT 1e-4
 #define TOL_STEP_GRAD 1e-1
-#define TOL_TRAJ 1e-3
-#define TOL_TRAJ_BUF 1e-2
+#define TOL_UPDATE 1e-6
 #define RESNET_SGD_STEPS 1
 #define NET_SGD_STEPS 20
 #define TOL_NET_GRAD 1e-4
-#define TOL_NET_TRAJ 2e-3
+#define TOL_NET_FLIP 0.25
+#define MAX_FLIP_STEPS 1
 #define TOL_TF32_OUT 5e-2
 #define TOL_TF32_GRAD 0.25
 /* the GPU may differ from the CPU by this many times the CPU's own drift */
@@ -168,8 +178,10 @@ static double drift_tol(double fixed, double drift) { return fmax(fixed, DRIFT_F
 
 /* every tensor of the table: values (which = 0) or gradients (which = 1). Trainable
  * tensors are held to tol_l2 in the L2 relative error when tol_l2 >= 0 (see the header),
- * everything else to `fixed` in the max-norm relative error */
-static void compare_tables(trio *t, int which, double fixed, double tol_l2, const char *label) {
+ * everything else to `fixed` in the max-norm relative error. An L2 error beyond tol_l2
+ * but within flip_l2 is a rounding flip (the header): not a failure, but counted in the
+ * result (the caller bounds how many of its steps may have one). */
+static int compare_tables(trio *t, int which, double fixed, double tol_l2, double flip_l2, const char *label) {
     rt_model *mr = t->m[REF];
     for (int s = 1; s < NSIDE; s++) assert_int_equal(rt_model_param_count(mr), rt_model_param_count(t->m[s]));
     const int np = rt_model_param_count(mr);
@@ -226,12 +238,21 @@ static void compare_tables(trio *t, int which, double fixed, double tol_l2, cons
                worst_l2_name, drift_l2, drift_l2_name, tol2);
         printf("  %-28s (max-norm: gpu err %.3g, %s)\n", "", worst_max, worst_max_name);
     }
-    for (int i = 0; i < np; i++)
+    int flips = 0;
+    for (int i = 0; i < np; i++) {
+        if (is_l2[i] && err[i] > tol2 && err[i] <= flip_l2) {
+            printf("  %-28s %s: %.3g beyond %.3g, within %.3g: a rounding flip\n", label, rt_model_param(mr, i)->name,
+                   err[i], tol2, flip_l2);
+            flips++;
+            continue;
+        }
         if (!(err[i] <= (is_l2[i] ? tol2 : tol)))
             fail_msg("%s %s: relative error %.3g > %.3g%s (cpu drift %.3g; seed %llu)", label,
                      rt_model_param(mr, i)->name, err[i], is_l2[i] ? tol2 : tol, is_l2[i] ? " [L2]" : "",
                      is_l2[i] ? drift_l2 : drift, (unsigned long long)g_seed);
+    }
     free(err), free(is_l2);
+    return flips;
 }
 
 typedef struct batch {
@@ -315,13 +336,13 @@ static void test_resnet34_step(void **state) {
     resnet34_config(&cfg, 8);
     const uint64_t wseed = g_seed ^ 0x77;
     trio t = make_trio(&cfg, wseed, g_gpu);
-    compare_tables(&t, 0, 0.0, -1, "initial weights (identical)");
+    compare_tables(&t, 0, 0.0, -1, 0, "initial weights (identical)");
 
     batch b = make_batch(&cfg, 8);
     poison_grads(t.m[GPU]);
     step_trio(&t, &b, NULL, 8, TOL_STEP_OUT, "resnet34 step n=8");
-    compare_tables(&t, 1, 0.0, TOL_STEP_GRAD, "gradients");
-    compare_tables(&t, 0, TOL_STEP_OUT, -1, "running statistics");
+    compare_tables(&t, 1, 0.0, TOL_STEP_GRAD, 0, "gradients");
+    compare_tables(&t, 0, TOL_STEP_OUT, -1, 0, "running statistics");
 
     /* a partial batch: 5 of 8 (the GPU's second descriptor set). The CPU runs oneDNN
      * only for batches of max_batch (smaller ones take im2col, which would make the
@@ -334,8 +355,8 @@ static void test_resnet34_step(void **state) {
     batch b5 = make_batch(&cfg, 5);
     poison_grads(t.m[GPU]);
     step_trio(&t, &b5, NULL, 5, TOL_STEP_OUT, "resnet34 step n=5");
-    compare_tables(&t, 1, 0.0, TOL_STEP_GRAD, "gradients n=5");
-    compare_tables(&t, 0, TOL_STEP_OUT, -1, "running statistics n=5");
+    compare_tables(&t, 1, 0.0, TOL_STEP_GRAD, 0, "gradients n=5");
+    compare_tables(&t, 0, TOL_STEP_OUT, -1, 0, "running statistics n=5");
     copy_state(alt8, alt5);
     t.m[ALT] = alt8;
     rt_model_destroy(alt5);
@@ -348,55 +369,96 @@ static void test_resnet34_step(void **state) {
     destroy_trio(&t);
 }
 
-/* `steps` SGD steps (momentum 0.9, weight decay 5e-4, rt_optim on each device) over two
- * fixed batches of n, alternating: the loss and logits of every step, then the
- * parameters and running statistics (max-norm, tol_param) and the updates (final -
- * initial parameters, whole arena, L2, tol_update) */
-static void sgd_trio(const rt_model_config *cfg, uint64_t wseed, int n, int steps, double lr, double tol_step,
-                     double tol_later, double tol_param, double tol_update) {
+/* the GPU model's state (parameters and buffers) into CPU model dst */
+static void take_state(rt_model *dst, rt_model *gpu) {
+    fetch(gpu, rt_model_params(dst)->base, rt_model_params(gpu)->base, rt_model_params(gpu)->size);
+    fetch(gpu, rt_model_buffers(dst)->base, rt_model_buffers(gpu)->base, rt_model_buffers(gpu)->size);
+}
+
+/* `n` floats of GPU optimizer state `name` against the CPU's (max-norm relative) */
+static void compare_optim_state(const rt_optimizer *cpu, const rt_optimizer *gpu, const char *name, size_t nf,
+                                const char *label) {
+    float *a = rt_test_floats(nf), *b = rt_test_floats(nf);
+    assert_rt_ok(rt_optimizer_state_save(cpu, name, a, nf));
+    assert_rt_ok(rt_optimizer_state_save(gpu, name, b, nf));
+    gt_sync();
+    size_t at = 0;
+    const double e = gt_rel_err(a, b, nf, &at);
+    if (!(e <= TOL_UPDATE))
+        fail_msg("%s %s: relative error %.3g > %.0e (element %zu: cpu %.9g gpu %.9g, seed %llu)", label, name, e,
+                 TOL_UPDATE, at, (double)a[at], (double)b[at], (unsigned long long)g_seed);
+    free(a), free(b);
+}
+
+/* `steps` SGD steps (momentum 0.9, weight decay 5e-4, rt_optim on the GPU and the CPU
+ * reference) over two fixed batches of n, alternating. The GPU follows its own
+ * trajectory; before every step the CPU models take the GPU's state (parameters,
+ * buffers, momentum), so every step is checked from one state and a rounding flip (see
+ * the header) stays in its step instead of compounding over the later ones. Per step:
+ *  - loss and logits (tol_out), the running statistics after the step (tol_out), the
+ *    gradients (per tensor, L2, tol_grad; at most MAX_FLIP_STEPS steps may have a
+ *    rounding flip within flip_grad);
+ *  - the GPU's update: the CPU optimizer applied to the GPU's gradients from the same
+ *    state gives the GPU's parameters and momentum to TOL_UPDATE (elementwise
+ *    arithmetic: bit-identical in test_gpu_optim). */
+static void sgd_trio(const rt_model_config *cfg, uint64_t wseed, int n, int steps, double lr, double tol_out,
+                     double tol_grad, double flip_grad) {
     trio t = make_trio(cfg, wseed, g_gpu);
     rt_optim_config oc;
     rt_optim_config_default(&oc, RT_OPTIM_SGD);
     oc.lr = lr, oc.momentum = 0.9, oc.weight_decay = 5e-4;
     const size_t nf = rt_model_params(t.m[REF])->size / sizeof(float);
-    rt_optimizer opt[NSIDE];
-    for (int s = 0; s < NSIDE; s++)
-        assert_rt_ok(rt_optimizer_init(&opt[s], &oc, rt_model_context(t.m[s])->device, nf));
-    float *p0 = rt_test_floats(nf);
-    fetch(t.m[REF], p0, rt_model_params(t.m[REF])->base, nf * sizeof(float));
+    rt_optimizer ocpu, ogpu;
+    assert_rt_ok(rt_optimizer_init(&ocpu, &oc, rt_device_cpu(), nf));
+    assert_rt_ok(rt_optimizer_init(&ogpu, &oc, rt_model_context(t.m[GPU])->device, nf));
+    float *mom = rt_test_floats(nf), *pg = rt_test_floats(nf), *pc = rt_test_floats(nf);
     batch data[2] = {make_batch(cfg, n), make_batch(cfg, n)};
     float first = NAN, last = NAN;
+    int flip_steps = 0;
     for (int step = 0; step < steps; step++) {
-        char label[64];
+        char label[64], what[96];
         snprintf(label, sizeof label, "sgd step %2d", step + 1);
-        step_trio(&t, &data[step % 2], NULL, n, step ? tol_later : tol_step, label);
-        for (int s = 0; s < NSIDE; s++) {
-            rt_model *m = t.m[s];
-            assert_rt_ok(rt_optimizer_step_arena(&opt[s], rt_model_params(m), rt_model_grads(m), -1.0,
-                                                 on_host(m) ? NULL : rt_model_context(m)->stream));
-            assert_rt_ok(rt_model_ctx_sync(rt_model_context(m)));
+        step_trio(&t, &data[step % 2], NULL, n, tol_out, label);
+        snprintf(what, sizeof what, "%s gradients", label);
+        flip_steps += compare_tables(&t, 1, 0.0, tol_grad, flip_grad, what) > 0;
+        if (rt_model_buffers(t.m[REF])->size) {
+            /* the parameters are the GPU's on all three: this compares the running statistics */
+            snprintf(what, sizeof what, "%s running statistics", label);
+            compare_tables(&t, 0, tol_out, -1, 0, what);
         }
+        /* the CPU optimizer on the GPU's gradients */
+        fetch(t.m[GPU], rt_model_grads(t.m[REF])->base, rt_model_grads(t.m[GPU])->base, nf * sizeof(float));
+        assert_rt_ok(rt_optimizer_step_arena(&ocpu, rt_model_params(t.m[REF]), rt_model_grads(t.m[REF]), -1.0, NULL));
+        assert_rt_ok(rt_optimizer_step_arena(&ogpu, rt_model_params(t.m[GPU]), rt_model_grads(t.m[GPU]), -1.0,
+                                             rt_model_context(t.m[GPU])->stream));
+        assert_rt_ok(rt_model_ctx_sync(rt_model_context(t.m[GPU])));
+        fetch(t.m[GPU], pg, rt_model_params(t.m[GPU])->base, nf * sizeof(float));
+        memcpy(pc, rt_model_params(t.m[REF])->base, nf * sizeof(float));
+        size_t at = 0;
+        const double e = gt_rel_err(pc, pg, nf, &at);
+        if (!(e <= TOL_UPDATE))
+            fail_msg("%s parameters after the update: relative error %.3g > %.0e (element %zu: cpu %.9g gpu %.9g, "
+                     "seed %llu)",
+                     label, e, TOL_UPDATE, at, (double)pc[at], (double)pg[at], (unsigned long long)g_seed);
+        compare_optim_state(&ocpu, &ogpu, "momentum_buffer", nf, label);
         float l = NAN;
-        assert_rt_ok(rt_model_loss_value(t.m[REF], &l));
+        assert_rt_ok(rt_model_loss_value(t.m[GPU], &l));
         if (step == 0) first = l;
         last = l;
+        /* the next step starts from the GPU's state on all three */
+        take_state(t.m[REF], t.m[GPU]);
+        take_state(t.m[ALT], t.m[GPU]);
+        assert_rt_ok(rt_optimizer_state_save(&ogpu, "momentum_buffer", mom, nf));
+        gt_sync();
+        assert_rt_ok(rt_optimizer_state_load(&ocpu, "momentum_buffer", mom, nf));
     }
-    printf("  cpu loss %.4f -> %.4f over %d steps\n", (double)first, (double)last, steps);
-    compare_tables(&t, 0, tol_param, tol_update, "parameters after the steps");
-    float *d[NSIDE];
-    for (int s = 0; s < NSIDE; s++) {
-        d[s] = rt_test_floats(nf);
-        fetch(t.m[s], d[s], rt_model_params(t.m[s])->base, nf * sizeof(float));
-        for (size_t i = 0; i < nf; i++) d[s][i] -= p0[i];
-    }
-    const double dr = l2_rel_err(d[REF], d[ALT], nf), e = l2_rel_err(d[REF], d[GPU], nf);
-    const double tol = drift_tol(tol_update, dr);
-    printf("  %-28s gpu err %.3g, cpu drift %.3g, tol %.3g [L2]\n", "parameter updates", e, dr, tol);
-    if (!(e <= tol))
-        fail_msg("parameter updates: relative error %.3g > %.3g (cpu drift %.3g, seed %llu)", e, tol, dr,
-                 (unsigned long long)g_seed);
-    free(p0);
-    for (int s = 0; s < NSIDE; s++) free(d[s]), rt_optimizer_free(&opt[s]);
+    printf("  gpu loss %.4f -> %.4f over %d steps, %d with a rounding flip\n", (double)first, (double)last, steps,
+           flip_steps);
+    if (flip_steps > MAX_FLIP_STEPS)
+        fail_msg("%d of %d steps have gradients beyond the bound (at most %d may: a rounding flip; seed %llu)", flip_steps,
+                 steps, MAX_FLIP_STEPS, (unsigned long long)g_seed);
+    free(mom), free(pg), free(pc);
+    rt_optimizer_free(&ocpu), rt_optimizer_free(&ogpu);
     free_batch(&data[0]), free_batch(&data[1]);
     destroy_trio(&t);
 }
@@ -405,7 +467,7 @@ static void test_resnet34_sgd(void **state) {
     (void)state;
     rt_model_config cfg;
     resnet34_config(&cfg, 8);
-    sgd_trio(&cfg, g_seed ^ 0x99, 8, RESNET_SGD_STEPS, 0.005, TOL_TRAJ, TOL_STEP_GRAD, TOL_TRAJ_BUF, TOL_STEP_GRAD);
+    sgd_trio(&cfg, g_seed ^ 0x99, 8, RESNET_SGD_STEPS, 0.005, TOL_STEP_OUT, TOL_STEP_GRAD, 0);
 }
 
 static void net_config(rt_model_config *cfg) {
@@ -420,13 +482,17 @@ static void test_net_step(void **state) {
     net_config(&cfg);
     const uint64_t wseed = g_seed ^ 0x33;
     trio t = make_trio(&cfg, wseed, g_gpu);
+    int flip_steps = 0;
     for (int rep = 0; rep < 2; rep++) { /* the second step draws new dropout masks */
         batch b = make_batch(&cfg, 16);
         poison_grads(t.m[GPU]);
         step_trio(&t, &b, NULL, 16, TOL_STEP_OUT, rep ? "net step 2" : "net step 1");
-        compare_tables(&t, 1, 0.0, TOL_NET_GRAD, "net gradients");
+        flip_steps += compare_tables(&t, 1, 0.0, TOL_NET_GRAD, TOL_NET_FLIP, "net gradients") > 0;
         free_batch(&b);
     }
+    if (flip_steps > MAX_FLIP_STEPS)
+        fail_msg("both steps have gradients beyond the bound (one may: a rounding flip; seed %llu)",
+                 (unsigned long long)g_seed);
     destroy_trio(&t);
 }
 
@@ -434,7 +500,7 @@ static void test_net_sgd(void **state) {
     (void)state;
     rt_model_config cfg;
     net_config(&cfg);
-    sgd_trio(&cfg, g_seed ^ 0x44, 16, NET_SGD_STEPS, 0.01, TOL_STEP_OUT, TOL_NET_TRAJ, TOL_NET_TRAJ, TOL_NET_TRAJ);
+    sgd_trio(&cfg, g_seed ^ 0x44, 16, NET_SGD_STEPS, 0.01, TOL_STEP_OUT, TOL_NET_GRAD, TOL_NET_FLIP);
 }
 
 /* TF32 rounding (10 mantissa bits, to nearest even), as the tensor cores read */
@@ -468,7 +534,7 @@ static void test_tf32_close(void **state) {
     float *xa = rt_test_floats(xn);
     for (size_t i = 0; i < xn; i++) xa[i] = tf32_round(b.hx[i]);
     step_trio(&t, &b, xa, 4, TOL_TF32_OUT, "tf32 resnet18 step");
-    compare_tables(&t, 1, 0.0, TOL_TF32_GRAD, "tf32 gradients");
+    compare_tables(&t, 1, 0.0, TOL_TF32_GRAD, 0, "tf32 gradients");
     free(xa);
     free_batch(&b);
     destroy_trio(&t);
