@@ -66,11 +66,13 @@
 #define FP32_NOISE 1e-4
 /* Built without oneDNN the second CPU computation is im2col again (the same sums: drift
  * ~1e-8), so it gives no measure of bf16's noise; the whole step then takes the envelope
- * measured with oneDNN as fixed floors: the worst tensor 26-35% on the CPU pair and
- * 21-33% on the emulated GPU over 9 seeds (the header), 27-30% on an H200 (2026-11-28,
- * cuDNN 9.19, 2 seeds); all gradients together 16-22%. A wrong or missing gradient
- * (error ~1) still fails both. */
-#define TOL_GRAD_NO_ALT 0.4
+ * measured with oneDNN as fixed floors, with margin: the worst tensor 26-35% on the CPU
+ * pair and 21-33% on the emulated GPU over 9 seeds (the header), 27-30% on an H200
+ * (2026-11-28, cuDNN 9.19, 2 seeds); all gradients together 16-22%. A wrong or missing
+ * gradient (error ~1) fails the per-tensor bound here; with oneDNN the per-tensor bound
+ * (4x a drift of 0.26-0.35) is above 1 and the all-gradients bound is the one that
+ * catches it. */
+#define TOL_GRAD_NO_ALT 0.5
 #define TOL_ALL_NO_ALT 0.3
 
 static rt_model_ctx *g_alt;   /* CPU bf16, oneDNN convolutions: the second CPU computation */
@@ -155,9 +157,8 @@ static void check_bf16(const char *what, const float *cpu, const float *gpu_dev,
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
         const double c = cpu[i], v = g[i];
-        const double bound =
-            (rounded ? bf16_ulp(ulp_of ? fabs((double)ulp_of[i]) : fmax(fabs(c), fabs(v))) : 0.0) +
-            K * ldexp(A[i], -22) + ldexp(fabs(c), -22);
+        const double bound = (rounded ? bf16_ulp(ulp_of ? fabs((double)ulp_of[i]) : fmax(fabs(c), fabs(v))) : 0.0) +
+                             K * ldexp(A[i], -22) + ldexp(fabs(c), -22);
         const double r = isfinite(v) ? fabs(v - c) / bound : INFINITY;
         if (!(r <= worst)) worst = r, worst_at = i;
         const float cb = cpu_rounded ? rt_bf16_round(cpu[i]) : cpu[i];
@@ -334,6 +335,65 @@ static void test_conv2d_bf16(void **state) {
     conv_case(5, 3, 16, 16, 16, 7, 2, 3, false); /* the imagenet stem's shape */
     conv_case(7, 16, 8, 5, 5, 1, 1, 0, false);
     check_bf16_algos(g_gpu);
+}
+
+/* A preset (a checkpoint's or rank 0's choice) naming an atomic backward algorithm is
+ * refused under bf16 with an error that says why; the same preset with ALGO_1 is taken */
+static void test_bf16_preset_refuses_atomics(void **state) {
+    (void)state;
+#ifdef RT_HAVE_CUDA
+    if (!rt_device_is_cuda(g_gpu->device)) return; /* presets are the CUDA backend's */
+    rt_conv2d shape;
+    assert_rt_ok(rt_conv2d_init(&shape, 8, 8, 6, 6, 3, 1, 1, false));
+    const size_t wn = (size_t)8 * 8 * 9;
+    float *hw = rt_test_randn(wn, 0.3f);
+    const int filt[3] = {1, 0, 3}; /* ALGO_1 taken; ALGO_0 and ALGO_3 refused */
+    for (int i = 0; i < 3; i++) {
+        rt_model_ctx *ctx = gt_ctx(gt_gpu_device(), RT_PRECISION_BF16);
+        rt_conv_algos pre = {.n = 1};
+        pre.a[0] = (rt_conv_algo){.in_c = 8,
+                                  .out_c = 8,
+                                  .in_h = 6,
+                                  .in_w = 6,
+                                  .k = 3,
+                                  .stride = 1,
+                                  .pad = 1,
+                                  .n = 4,
+                                  .precision = RT_PRECISION_BF16,
+                                  .fwd = 1,
+                                  .bwd_data = 1,
+                                  .bwd_filter = filt[i],
+                                  .fwd_math = CUDNN_TENSOR_OP_MATH,
+                                  .bwd_data_math = CUDNN_TENSOR_OP_MATH,
+                                  .bwd_filter_math = CUDNN_TENSOR_OP_MATH};
+        assert_rt_ok(rt_model_ctx_set_conv_algos(ctx, &pre));
+        side_conv G = {.l = shape, .ctx = ctx};
+        rt_arena_init(&G.p, ctx->device);
+        rt_arena_init(&G.g, ctx->device);
+        assert_rt_ok(rt_tensor_place(&G.l.weight, &G.p));
+        G.l.dweight = rt_tensor_in(&G.l.weight, &G.g);
+        G.g.size = G.p.size;
+        assert_rt_ok(rt_arena_alloc(&G.p));
+        assert_rt_ok(rt_arena_alloc(&G.g));
+        assert_rt_ok(
+            rt_memcpy(rt_tensor_data(&G.l.weight), ctx->device, hw, rt_device_cpu(), wn * sizeof(float), NULL));
+        size_t ws = 0;
+        const rt_status st = rt_conv2d_prepare(ctx, &G.l, 4, &ws);
+        printf("  preset bwd-filter ALGO_%d under bf16: %s%s\n", filt[i],
+               st == RT_OK ? "taken" : "refused: ", st == RT_OK ? "" : rt_error_message());
+        if (filt[i] == 1) {
+            assert_rt_ok(st);
+            rt_conv2d_release(ctx, &G.l);
+        } else {
+            assert_int_equal(st, RT_ERR_INVALID);
+            assert_non_null(strstr(rt_error_message(), "atomics"));
+        }
+        rt_arena_free(&G.p);
+        rt_arena_free(&G.g);
+        rt_model_ctx_destroy(ctx);
+    }
+    free(hw);
+#endif
 }
 
 /* ---- linear -------------------------------------------------------------------------- */
@@ -561,6 +621,7 @@ int main(void) {
         cmocka_unit_test(test_conv2d_bf16),
         cmocka_unit_test(test_linear_bf16),
         cmocka_unit_test(test_resnet_step_bf16),
+        cmocka_unit_test(test_bf16_preset_refuses_atomics),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -58,9 +58,9 @@
  * descriptors: host only, nothing allocated) and reuses the algorithms measured for the
  * full batch; if cuDNN rejects one of them for the smaller shape, or it would need more
  * workspace than ctx->work holds, that direction falls back to the zero-workspace
- * algorithm (IMPLICIT_GEMM / ALGO_0; ALGO_1 when deterministic), a function of the choice
- * and the workspace only, so a resume falls back identically. Nothing allocates or
- * synchronises in a step.
+ * algorithm (IMPLICIT_GEMM / ALGO_0; ALGO_1 when deterministic or under bf16), a
+ * function of the choice and the workspace only, so a resume falls back identically.
+ * Nothing allocates or synchronises in a step.
  */
 #include "core/log.h"
 #include "model/cuda/cuda_internal.h"
