@@ -224,8 +224,10 @@ static void side_conv_free(side_conv *s) {
     rt_arena_free(&s->g);
 }
 
-/* forward and backward (dx written, dx accumulated) at batch n */
-static void conv_run(side_conv *C, side_conv *G, side_conv *A, int n, const char *name) {
+/* forward and backward (dx written, dx accumulated) at batch n; backward_first: the GPU's
+ * backward before its forward (a batch below the prepared one is padded with zero images
+ * in the bf16 copies: the backward must pad its own, not rely on the forward's) */
+static void conv_run(side_conv *C, side_conv *G, side_conv *A, int n, const char *name, bool backward_first) {
     const rt_conv2d *l = &C->l;
     const size_t xn = (size_t)n * l->in_c * l->in_h * l->in_w, yn = (size_t)n * l->out_c * l->out_h * l->out_w;
     const size_t wn = (size_t)l->out_c * l->in_c * l->k * l->k;
@@ -242,15 +244,16 @@ static void conv_run(side_conv *C, side_conv *G, side_conv *A, int n, const char
     assert_rt_ok(rt_conv2d_forward(g_cpu32, &A->l, n, ax, ay));
     assert_rt_ok(rt_conv2d_backward(g_cpu32, &A->l, n, ax, ady, adx, false));
 
+    gt_poison(rt_tensor_data(&G->l.dweight), wn * sizeof(float));
+    if (l->has_bias) gt_poison(rt_tensor_data(&G->l.dbias), (size_t)l->out_c * sizeof(float));
+    if (backward_first) assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, x_dev, dy_dev, gdx, false));
     assert_rt_ok(rt_conv2d_forward(g_cpu, &C->l, n, hx, cy));
     assert_rt_ok(rt_conv2d_forward(g_gpu, &G->l, n, x_dev, gy));
     snprintf(what, sizeof what, "%s n=%d y", name, n);
     check_bf16(what, cy, gy, ay, yn, k_y, CK_ROUNDED | CK_BF16_VALUES, NULL);
 
-    gt_poison(rt_tensor_data(&G->l.dweight), wn * sizeof(float));
-    if (l->has_bias) gt_poison(rt_tensor_data(&G->l.dbias), (size_t)l->out_c * sizeof(float));
     assert_rt_ok(rt_conv2d_backward(g_cpu, &C->l, n, hx, hdy, cdx, false));
-    assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, x_dev, dy_dev, gdx, false));
+    if (!backward_first) assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, x_dev, dy_dev, gdx, false));
     snprintf(what, sizeof what, "%s n=%d dx", name, n);
     check_bf16(what, cdx, gdx, adx, xn, k_dx, CK_ROUNDED | CK_BF16_VALUES, NULL);
     snprintf(what, sizeof what, "%s n=%d dweight", name, n);
@@ -299,8 +302,11 @@ static void conv_case(int max_n, int in_c, int out_c, int h, int w, int k, int s
     side_conv_make(&A, g_cpu32, &shape, aw, ab, max_n);
     char name[96];
     snprintf(name, sizeof name, "conv %d->%d %dx%d k%d s%d%s", in_c, out_c, h, w, k, s, bias ? " bias" : "");
-    conv_run(&C, &G, &A, max_n, name);
-    conv_run(&C, &G, &A, max_n - 3, name); /* the GPU's second descriptor set */
+    conv_run(&C, &G, &A, max_n, name, false);
+    /* a smaller batch (fp32: the GPU's second descriptor set; bf16: zero images pad it to
+     * max_n, over the copies the full batch left), backward first, then forward first */
+    conv_run(&C, &G, &A, max_n - 3, name, true);
+    conv_run(&C, &G, &A, max_n - 2, name, false);
     side_conv_free(&C), side_conv_free(&G), side_conv_free(&A);
     free(hw), free(hb), free(aw), free(ab);
 }

@@ -58,8 +58,11 @@
  * descriptors: host only, nothing allocated) and reuses the algorithms measured for the
  * full batch; if cuDNN rejects one of them for the smaller shape, or it would need more
  * workspace than ctx->work holds, that direction falls back to the zero-workspace
- * algorithm (IMPLICIT_GEMM / ALGO_0; ALGO_1 when deterministic or under bf16), a
- * function of the choice and the workspace only, so a resume falls back identically.
+ * algorithm (IMPLICIT_GEMM / ALGO_0; ALGO_1 when deterministic), a function of the choice
+ * and the workspace only, so a resume falls back identically; a fallback cuDNN refuses
+ * too is an error naming the layer, the batch and the algorithms. bf16 has no second
+ * set: its bf16 copies are sized for max_n anyway, so a smaller batch is padded with zero
+ * images and runs as the full one (pad_tail; the reason is there).
  * Nothing allocates or synchronises in a step.
  */
 #include "core/log.h"
@@ -607,7 +610,8 @@ static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **
     conv_priv *p = l->priv;
     RT_REQUIRE(p != NULL, RT_ERR_INVALID, "conv2d on cuda: layer not prepared (rt_conv2d_prepare)");
     RT_REQUIRE(n <= p->max_n, RT_ERR_INVALID, "conv2d: batch %d larger than the prepared %d", n, p->max_n);
-    if (n == p->max_n) {
+    /* bf16 runs every batch at max_n: its copies are padded with zero images (pad_tail) */
+    if (n == p->max_n || p->dtype == CUDNN_DATA_BFLOAT16) {
         *out = &p->full;
         return RT_OK;
     }
@@ -632,6 +636,21 @@ static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **
                                                            &ws) != CUDNN_STATUS_SUCCESS ||
             ws > avail)
             s->bwd_filter = bwd_filter_fallback(ctx);
+        /* the fallbacks must run too: an error naming them, not cuDNN's BAD_PARAM in a step */
+        cudnnStatus_t cs = cudnnGetConvolutionForwardWorkspaceSize(h, s->x, p->w, p->conv_fwd, s->y, s->fwd, &ws);
+        if (cs == CUDNN_STATUS_SUCCESS && ws <= avail)
+            cs = cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, s->y, p->conv_bwd_data, s->x, s->bwd_data, &ws);
+        if (cs == CUDNN_STATUS_SUCCESS && ws <= avail)
+            cs = cudnnGetConvolutionBackwardFilterWorkspaceSize(h, s->x, s->y, p->conv_bwd_filter, p->w, s->bwd_filter,
+                                                                &ws);
+        if (cs != CUDNN_STATUS_SUCCESS || ws > avail) {
+            s->n = -1;
+            RT_FAIL(RT_ERR_CUDA,
+                    "conv2d %d->%d %dx%d k%d s%d: batch %d (prepared %d): cuDNN has no algorithm for it within the "
+                    "%zu bytes of workspace (fwd %d, bwd-data %d, bwd-filter %d: %s, %zu bytes)",
+                    l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, n, p->max_n, avail, (int)s->fwd,
+                    (int)s->bwd_data, (int)s->bwd_filter, cudnnGetErrorString(cs), ws);
+        }
     }
     *out = s;
     return RT_OK;
@@ -648,6 +667,18 @@ static rt_status bf16_ready(const rt_model_ctx *ctx, const rt_conv2d *l, const c
     return RT_OK;
 }
 
+/* bf16 runs a batch of n < max_n at max_n, the full descriptors and the algorithms
+ * measured for them: the bf16 copy of n images is followed by max_n - n zero images
+ * (elems per image). Zero images add exact zeros to dW's sums; their y and dx are not
+ * read back. (A smaller batch under its own descriptors may not run: on an H200, cuDNN
+ * 9.19, the last batch of 96 of an epoch at 128 stopped a bf16 quickstart with
+ * CUDNN_STATUS_BAD_PARAM in cudnnConvolutionBackwardFilter, 2026-11-28.) */
+static rt_status pad_tail(cudaStream_t st, uint16_t *b, int n, int max_n, size_t elems) {
+    if (n < max_n)
+        RT_CHECK_CUDA(cudaMemsetAsync(b + (size_t)n * elems, 0, sizeof *b * (size_t)(max_n - n) * elems, st));
+    return RT_OK;
+}
+
 static rt_status forward_bf16(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, int n, const float *x, float *y) {
     conv_priv *p = l->priv;
     RT_CHECK(bf16_ready(ctx, l, p));
@@ -655,10 +686,11 @@ static rt_status forward_bf16(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, in
     uint16_t *xb = work_at(ctx, p->off_x), *yb = work_at(ctx, p->off_y), *wb = work_at(ctx, p->off_w);
     const size_t xn = (size_t)n * l->in_c * l->in_h * l->in_w, yn = (size_t)n * l->out_c * l->out_h * l->out_w;
     RT_CHECK_CUDA(rt_cuk_to_bf16(st, xn, x, xb));
+    RT_CHECK(pad_tail(st, xb, n, p->max_n, (size_t)l->in_c * l->in_h * l->in_w));
     RT_CHECK_CUDA(rt_cuk_to_bf16(st, (size_t)rt_tensor_numel(&l->weight), rt_tensor_data(&l->weight), wb));
     if (l->has_bias) /* y = round(conv + round(b)): cuDNN adds to the rounded bias (beta 1) */
-        RT_CHECK_CUDA(
-            rt_cuk_bf16_fill_channels(st, n, l->out_c, (size_t)l->out_h * l->out_w, rt_tensor_data(&l->bias), yb));
+        RT_CHECK_CUDA(rt_cuk_bf16_fill_channels(st, p->max_n, l->out_c, (size_t)l->out_h * l->out_w,
+                                                rt_tensor_data(&l->bias), yb));
     const float one = 1.0f, zero = 0.0f;
     RT_CHECK_CUDNN(cudnnConvolutionForward(cuda_state(ctx)->dnn, &one, s->x, xb, p->w, wb, p->conv_fwd, s->fwd,
                                            dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), l->has_bias ? &one : &zero, s->y, yb));
@@ -692,7 +724,9 @@ static rt_status backward_bf16(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, i
     const size_t wn = (size_t)rt_tensor_numel(&l->weight);
     const float one = 1.0f, zero = 0.0f;
     RT_CHECK_CUDA(rt_cuk_to_bf16(st, xn, x, xb));
+    RT_CHECK(pad_tail(st, xb, n, p->max_n, (size_t)l->in_c * l->in_h * l->in_w));
     RT_CHECK_CUDA(rt_cuk_to_bf16(st, yn, dy, dyb));
+    RT_CHECK(pad_tail(st, dyb, n, p->max_n, (size_t)l->out_c * l->out_h * l->out_w));
     /* dW: cuDNN's bf16 dw, widened into the fp32 gradient (written, beta 0) */
     RT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(h, &one, s->x, xb, s->y, dyb, p->conv_bwd_filter, s->bwd_filter,
                                                   dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), &zero, p->w, dwb));
