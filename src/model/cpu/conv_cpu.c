@@ -623,6 +623,30 @@ static void unroll_row_from(const unroll_job *U, int o, size_t r, int nt, const 
 #define RT_UNROLL_AVX512 1
 #define RT_AVX512 __attribute__((target("avx512f,avx512bw")))
 
+/* rt_bf16_from_f32 on 16 lanes (core/bf16.h's rounding, in integers): the bf16 bits in
+ * the low half of each lane, (u + 0x7fff + ((u >> 16) & 1)) >> 16, a NaN kept quiet */
+RT_AVX512 static inline __m512i bf16_bits_avx512(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    const __m512i b = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), _mm512_and_si512(hi, _mm512_set1_epi32(1))),
+        16);
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_or_epi32(b, nan, hi, _mm512_set1_epi32(0x40));
+}
+
+/* 16 lanes of W' entries as the unroll stores them: bf16 (wd16), floats rounded to bf16
+ * (round) or the floats themselves */
+RT_AVX512 static inline void store_wd_avx512(const unroll_job *U, size_t at, __m512 v) {
+    if (U->wd16)
+        _mm256_storeu_si256((__m256i *)(U->wd16 + at), _mm512_cvtepi32_epi16(bf16_bits_avx512(v)));
+    else if (U->round)
+        _mm512_storeu_ps(U->wd + at, _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits_avx512(v), 16)));
+    else
+        _mm512_storeu_ps(U->wd + at, v);
+}
+
 /* unroll_row_from on AVX-512, where 16 is a multiple of IP: a block of G = 16 / IP input
  * channels is 16 consecutive entries of the row (lane j: channel j / IP, input position
  * j % IP) and G groups of k*k weights; one gather reads the block's live weights (lanes
@@ -659,26 +683,9 @@ RT_AVX512 static bool unroll_row_avx512(const unroll_job *U, int o, size_t r, in
         }
     } else {
         const float *w = U->w + (size_t)o * C * kk;
-        const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
-                      absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
-                      quiet = _mm512_set1_epi32(0x40);
-        for (; c + G <= C; c += G) {
-            const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, vidx, w + (size_t)c * kk, 4);
-            if (!U->round) {
-                _mm512_storeu_ps(U->wd + r * cols + (size_t)c * IP, v);
-                continue;
-            }
-            /* rt_bf16_from_f32: (u + 0x7fff + ((u >> 16) & 1)) >> 16, a NaN kept quiet */
-            const __m512i u = _mm512_castps_si512(v);
-            const __m512i hi = _mm512_srli_epi32(u, 16);
-            __m512i b = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(hi, one)), 16);
-            const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
-            b = _mm512_mask_or_epi32(b, nan, hi, quiet);
-            if (U->wd16)
-                _mm256_storeu_si256((__m256i *)(U->wd16 + r * cols + (size_t)c * IP), _mm512_cvtepi32_epi16(b));
-            else
-                _mm512_storeu_ps(U->wd + r * cols + (size_t)c * IP, _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)));
-        }
+        for (; c + G <= C; c += G)
+            store_wd_avx512(U, r * cols + (size_t)c * IP,
+                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, vidx, w + (size_t)c * kk, 4));
     }
     /* the channels left over, one at a time */
     if (c < C) unroll_row_from(U, o, r, nt, tap, xoff, c);
@@ -710,8 +717,6 @@ RT_AVX512 static bool unroll_o_avx512(const unroll_job *U, int o) {
     const __mmask16 taps = (__mmask16)((1u << kk) - 1);
     const size_t cols = (size_t)C * IP, r0 = (size_t)o * OP;
     const float *w = U->w + (size_t)o * C * kk;
-    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), absm = _mm512_set1_epi32(0x7fffffff),
-                  inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x40);
     float tf[16];
     uint16_t th[16];
     for (int c = 0; c < C; c++) {
@@ -721,10 +726,7 @@ RT_AVX512 static bool unroll_o_avx512(const unroll_job *U, int o) {
             for (int p = 0; p < OP; p++) memcpy(U->wd + (r0 + p) * cols + (size_t)c * 4, tf + p * 4, sizeof(float) * 4);
             continue;
         }
-        const __m512i u = _mm512_castps_si512(v);
-        const __m512i hi = _mm512_srli_epi32(u, 16);
-        __m512i b = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(hi, one)), 16);
-        b = _mm512_mask_or_epi32(b, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf), hi, quiet);
+        const __m512i b = bf16_bits_avx512(v);
         if (U->wd16) {
             _mm256_storeu_si256((__m256i *)th, _mm512_cvtepi32_epi16(b));
             for (int p = 0; p < OP; p++)
@@ -776,6 +778,7 @@ RT_AVX512 static bool fold_o_avx512(const unroll_job *U, int o) {
     }
     return true;
 }
+
 #endif
 
 static bool g_force_plain; /* rt_cpu_conv2d_force_plain */
