@@ -100,6 +100,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <limits.h>
 #include <math.h>
 #include <mutex>
@@ -308,6 +309,35 @@ const algo_spec *spec_of(dir_t d, int algo) {
 bool supported(const algo_spec *a, const geom &g) {
     if (g.bf16 && !a->bf16) return false;
     return a->support == SUP_ALWAYS || (a->support == SUP_UNIT_STRIDE && g.unit_stride());
+}
+
+/* RINGTRAIN_EMU_CUDNN_REFUSE=DIR:N[:call][,...] (DIR fwd, data or filter): every algorithm
+ * of that direction is refused at batch N, as a real cuDNN may refuse a shape the
+ * algorithm search never saw (an H200, cuDNN 9.19: a bf16 backward-filter at the last,
+ * smaller batch of an epoch, CUDNN_STATUS_BAD_PARAM). Plain: NOT_SUPPORTED from the
+ * workspace query, the algorithm lists and the call; with ":call", only the call fails,
+ * with BAD_PARAM, after a workspace query that succeeded (what the H200 showed). Read at
+ * every call, so a test can set it between cases. */
+enum refusal { REFUSE_NONE, REFUSE_ALL, REFUSE_CALL };
+refusal refused(dir_t d, const geom &g) {
+    const char *e = getenv("RINGTRAIN_EMU_CUDNN_REFUSE");
+    if (!e || !*e) return REFUSE_NONE;
+    static const char *const names[3] = {"fwd", "data", "filter"};
+    std::string s(e);
+    size_t pos = 0;
+    while (pos < s.size()) {
+        size_t end = s.find(',', pos);
+        if (end == std::string::npos) end = s.size();
+        const std::string item = s.substr(pos, end - pos);
+        pos = end + 1;
+        const size_t c1 = item.find(':');
+        if (c1 == std::string::npos || item.substr(0, c1) != names[d]) continue;
+        char *rest = nullptr;
+        const long n = strtol(item.c_str() + c1 + 1, &rest, 10);
+        if (n != g.n) continue;
+        return rest && strcmp(rest, ":call") == 0 ? REFUSE_CALL : REFUSE_ALL;
+    }
+    return REFUSE_NONE;
 }
 
 size_t round256(size_t b) { return (b + 255) & ~(size_t)255; }
@@ -835,6 +865,7 @@ cudnnStatus_t conv_call(cudnnHandle_t h, dir_t d, int algo, const void *alpha, c
     const algo_spec *sp = spec_of(d, algo);
     if (!sp) return CUDNN_STATUS_BAD_PARAM;
     if (!supported(sp, g)) return CUDNN_STATUS_NOT_SUPPORTED;
+    if (const refusal r = refused(d, g)) return r == REFUSE_CALL ? CUDNN_STATUS_BAD_PARAM : CUDNN_STATUS_NOT_SUPPORTED;
     const size_t need = workspace_of(sp, g);
     if (need > 0 && (!ws || ws_bytes < need)) return CUDNN_STATUS_BAD_PARAM;
     auto *op = new conv_args{};
@@ -874,7 +905,7 @@ std::vector<candidate> candidates(dir_t d, const geom &g, cudnnMathType_t desc_m
     std::uniform_real_distribution<double> uj(1.0 - jf, 1.0 + jf);
     for (int a = 0; a < algo_count(d); a++) {
         const algo_spec *sp = spec_of(d, a);
-        if (!supported(sp, g)) {
+        if (!supported(sp, g) || refused(d, g) == REFUSE_ALL) {
             out.push_back({a, CUDNN_STATUS_NOT_SUPPORTED, -1.0f, 0, sp->deterministic, CUDNN_FMA_MATH, false});
             continue;
         }
@@ -984,7 +1015,7 @@ cudnnStatus_t ws_size_call(cudnnHandle_t h, dir_t d, cudnnTensorDescriptor_t xd,
     if (st != CUDNN_STATUS_SUCCESS) return st;
     const algo_spec *sp = spec_of(d, algo);
     if (!sp) return CUDNN_STATUS_BAD_PARAM;
-    if (!supported(sp, g)) return CUDNN_STATUS_NOT_SUPPORTED;
+    if (!supported(sp, g) || refused(d, g) == REFUSE_ALL) return CUDNN_STATUS_NOT_SUPPORTED;
     *size = workspace_of(sp, g);
     return CUDNN_STATUS_SUCCESS;
 }

@@ -345,6 +345,82 @@ static void test_conv2d_bf16(void **state) {
 
 /* A preset (a checkpoint's or rank 0's choice) naming an atomic backward algorithm is
  * refused under bf16 with an error that says why; the same preset with ALGO_1 is taken */
+/* A batch below the prepared one, under bf16, runs padded with zero images at the
+ * prepared size (conv_cuda.c, pad_tail): its y, dx and dW must equal, bit for bit, those
+ * of the prepared batch whose images after the small batch's are zero (the same shapes,
+ * the same algorithms). `refuse` (emulation only): RINGTRAIN_EMU_CUDNN_REFUSE for the
+ * small batch's calls, so that a bf16 conv that asked cuDNN for the smaller shape fails
+ * (an H200 refused one: CUDNN_STATUS_BAD_PARAM at the last batch of an epoch). */
+static void small_batch_case(rt_model_ctx *gpu, const char *refuse) {
+    const int max_n = 5, n = 2, C = 8, O = 8, H = 6;
+    rt_conv2d shape;
+    assert_rt_ok(rt_conv2d_init(&shape, C, O, H, H, 3, 1, 1, false));
+    const size_t xi = (size_t)C * H * H, yi = (size_t)O * H * H, wn = (size_t)O * C * 9;
+    float *hw = rt_test_randn(wn, 0.2f), *hx = rt_test_randn(max_n * xi, 1.0f), *hdy = rt_test_randn(max_n * yi, 1.0f);
+    memset(hx + n * xi, 0, (max_n - n) * xi * sizeof(float)); /* images n.. are zero */
+    memset(hdy + n * yi, 0, (max_n - n) * yi * sizeof(float));
+    side_conv G;
+    side_conv_make(&G, gpu, &shape, hw, NULL, max_n);
+    float *x_dev = gt_dev_copy(hx, max_n * xi), *dy_dev = gt_dev_copy(hdy, max_n * yi);
+    float *gy = gt_dev_nan(max_n * yi), *gdx = gt_dev_nan(max_n * xi);
+    float *fy = rt_test_floats(n * yi), *fdx = rt_test_floats(n * xi), *fdw = rt_test_floats(wn);
+    float *sy = rt_test_floats(n * yi), *sdx = rt_test_floats(n * xi), *sdw = rt_test_floats(wn);
+
+    assert_rt_ok(rt_conv2d_forward(gpu, &G.l, max_n, x_dev, gy));
+    assert_rt_ok(rt_conv2d_backward(gpu, &G.l, max_n, x_dev, dy_dev, gdx, false));
+    gt_download(fy, gy, n * yi * sizeof(float));
+    gt_download(fdx, gdx, n * xi * sizeof(float));
+    gt_download(fdw, rt_tensor_data(&G.l.dweight), wn * sizeof(float));
+
+    if (refuse) setenv("RINGTRAIN_EMU_CUDNN_REFUSE", refuse, 1);
+    const rt_status fs = rt_conv2d_forward(gpu, &G.l, n, x_dev, gy);
+    const rt_status bs = fs == RT_OK ? rt_conv2d_backward(gpu, &G.l, n, x_dev, dy_dev, gdx, false) : fs;
+    unsetenv("RINGTRAIN_EMU_CUDNN_REFUSE");
+    if (bs != RT_OK)
+        fail_msg("bf16 conv at batch %d of %d%s%s: %s", n, max_n, refuse ? ", cuDNN refusing " : "", refuse ? refuse : "",
+                 rt_error_message());
+    gt_download(sy, gy, n * yi * sizeof(float));
+    gt_download(sdx, gdx, n * xi * sizeof(float));
+    gt_download(sdw, rt_tensor_data(&G.l.dweight), wn * sizeof(float));
+    assert_memory_equal(sy, fy, n * yi * sizeof(float));
+    assert_memory_equal(sdx, fdx, n * xi * sizeof(float));
+    assert_memory_equal(sdw, fdw, wn * sizeof(float));
+    printf("  bf16 batch %d of %d%s%s: y, dx, dW the bits of the padded full batch\n", n, max_n,
+           refuse ? ", cuDNN refusing " : "", refuse ? refuse : "");
+    side_conv_free(&G);
+    gt_free(x_dev), gt_free(dy_dev), gt_free(gy), gt_free(gdx);
+    free(hw), free(hx), free(hdy), free(fy), free(fdx), free(fdw), free(sy), free(sdx), free(sdw);
+}
+
+static void test_bf16_smaller_batch_padded(void **state) {
+    (void)state;
+    small_batch_case(g_gpu, NULL);
+#ifdef RT_EMU_FULL_RUNTIME
+    small_batch_case(g_gpu, "filter:2,data:2,fwd:2");      /* refused everywhere */
+    small_batch_case(g_gpu, "filter:2:call,data:2:call"); /* the calls only, as on the H200 */
+    /* fp32 (a second descriptor set for the smaller batch): an error naming the layer and
+     * the batch when cuDNN runs none of the algorithms there, not a failed call */
+    rt_conv2d shape;
+    assert_rt_ok(rt_conv2d_init(&shape, 8, 8, 6, 6, 3, 1, 1, false));
+    float *hw = rt_test_randn((size_t)8 * 8 * 9, 0.2f), *hx = rt_test_randn((size_t)5 * 8 * 36, 1.0f);
+    side_conv F;
+    side_conv_make(&F, g_gpu32, &shape, hw, NULL, 5);
+    float *x_dev = gt_dev_copy(hx, (size_t)5 * 8 * 36), *gy = gt_dev_nan((size_t)5 * 8 * 36);
+    setenv("RINGTRAIN_EMU_CUDNN_REFUSE", "filter:2", 1);
+    const rt_status st = rt_conv2d_forward(g_gpu32, &F.l, 2, x_dev, gy);
+    unsetenv("RINGTRAIN_EMU_CUDNN_REFUSE");
+    assert_int_not_equal(st, RT_OK);
+    const char *msg = rt_error_message();
+    printf("  fp32, cuDNN refusing filter:2: %s\n", msg);
+    assert_non_null(strstr(msg, "conv2d 8->8 6x6 k3 s1: batch 2 (prepared 5)"));
+    rt_error_clear();
+    assert_rt_ok(rt_conv2d_forward(g_gpu32, &F.l, 2, x_dev, gy)); /* and runs once cuDNN does */
+    side_conv_free(&F);
+    gt_free(x_dev), gt_free(gy);
+    free(hw), free(hx);
+#endif
+}
+
 static void test_bf16_preset_refuses_atomics(void **state) {
     (void)state;
 #ifdef RT_HAVE_CUDA
@@ -628,6 +704,7 @@ int main(void) {
         cmocka_unit_test(test_linear_bf16),
         cmocka_unit_test(test_resnet_step_bf16),
         cmocka_unit_test(test_bf16_preset_refuses_atomics),
+        cmocka_unit_test(test_bf16_smaller_batch_padded),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -620,7 +620,7 @@ static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **
         cudnnHandle_t h = cuda_state(ctx)->dnn;
         RT_CHECK(shape_set(s, l, p->dtype, n));
         const size_t avail = dnn_ws_bytes(ctx, p);
-        size_t ws;
+        size_t ws = 0;
         s->fwd = p->full.fwd;
         if (cudnnGetConvolutionForwardWorkspaceSize(h, s->x, p->w, p->conv_fwd, s->y, s->fwd, &ws) !=
                 CUDNN_STATUS_SUCCESS ||
@@ -637,6 +637,7 @@ static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **
             ws > avail)
             s->bwd_filter = bwd_filter_fallback(ctx);
         /* the fallbacks must run too: an error naming them, not cuDNN's BAD_PARAM in a step */
+        ws = 0;
         cudnnStatus_t cs = cudnnGetConvolutionForwardWorkspaceSize(h, s->x, p->w, p->conv_fwd, s->y, s->fwd, &ws);
         if (cs == CUDNN_STATUS_SUCCESS && ws <= avail)
             cs = cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, s->y, p->conv_bwd_data, s->x, s->bwd_data, &ws);
@@ -646,8 +647,9 @@ static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **
         if (cs != CUDNN_STATUS_SUCCESS || ws > avail) {
             s->n = -1;
             RT_FAIL(RT_ERR_CUDA,
-                    "conv2d %d->%d %dx%d k%d s%d: batch %d (prepared %d): cuDNN has no algorithm for it within the "
-                    "%zu bytes of workspace (fwd %d, bwd-data %d, bwd-filter %d: %s, %zu bytes)",
+                    "conv2d %d->%d %dx%d k%d s%d: batch %d (prepared %d): cuDNN runs none of the algorithms tried for "
+                    "it within the %zu bytes of workspace (the last: fwd %d, bwd-data %d, bwd-filter %d: %s, %zu "
+                    "bytes)",
                     l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, n, p->max_n, avail, (int)s->fwd,
                     (int)s->bwd_data, (int)s->bwd_filter, cudnnGetErrorString(cs), ws);
         }
