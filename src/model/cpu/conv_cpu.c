@@ -631,15 +631,6 @@ static void unroll_row_from(const unroll_job *U, int o, size_t r, int nt, const 
  * the 3328 unrolls of layer3 and layer4's first conv per step: 18-19 -> 10-11 Mcycles
  * (rdtsc summed over both threads; 32 or 128 channels ahead did no better). */
 #define UNROLL_AHEAD 64
-RT_AVX512 static inline void prefetch_lines(const void *p, size_t bytes, int write) {
-    const char *a = (const char *)((uintptr_t)p & ~(uintptr_t)63), *end = (const char *)p + bytes;
-    for (; a < end; a += 64) {
-        if (write)
-            __builtin_prefetch(a, 1, 3);
-        else
-            __builtin_prefetch(a, 0, 3);
-    }
-}
 
 /* rt_bf16_from_f32 on 16 lanes (core/bf16.h's rounding, in integers): the bf16 bits in
  * the low half of each lane, (u + 0x7fff + ((u >> 16) & 1)) >> 16, a NaN kept quiet */
@@ -696,7 +687,7 @@ RT_AVX512 static bool unroll_row_avx512(const unroll_job *U, int o, size_t r, in
         float *dw = U->dw + (size_t)o * C * kk;
         for (; c + G <= C; c += G) {
             /* (this row's dW was zeroed just now, so is in cache: the next channel's, ahead) */
-            prefetch_lines(dw + ((size_t)C + c) * kk, sizeof(float) * (size_t)G * kk, 1);
+            rt_cpu_prefetch(dw + ((size_t)C + c) * kk, sizeof(float) * (size_t)G * kk, true);
             const __m512 g = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, vidx, dw + (size_t)c * kk, 4);
             const __m512 v = _mm512_add_ps(g, _mm512_loadu_ps(row + (size_t)c * IP));
             _mm512_mask_i32scatter_ps(dw + (size_t)c * kk, live, vidx, v, 4);
@@ -704,7 +695,7 @@ RT_AVX512 static bool unroll_row_avx512(const unroll_job *U, int o, size_t r, in
     } else {
         const float *w = U->w + (size_t)o * C * kk;
         for (; c + G <= C; c += G) {
-            prefetch_lines(w + (size_t)(c + UNROLL_AHEAD) * kk, sizeof(float) * (size_t)G * kk, 0);
+            rt_cpu_prefetch(w + (size_t)(c + UNROLL_AHEAD) * kk, sizeof(float) * (size_t)G * kk, false);
             store_wd_avx512(U, r * cols + (size_t)c * IP,
                             _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, vidx, w + (size_t)c * kk, 4));
         }
@@ -742,7 +733,7 @@ RT_AVX512 static bool unroll_o_avx512(const unroll_job *U, int o) {
     float tf[16];
     uint16_t th[16];
     for (int c = 0; c < C; c++) {
-        if ((c & 3) == 0) prefetch_lines(w + (size_t)(c + UNROLL_AHEAD) * kk, sizeof(float) * 4 * (size_t)kk, 0);
+        if ((c & 3) == 0) rt_cpu_prefetch(w + (size_t)(c + UNROLL_AHEAD) * kk, sizeof(float) * 4 * (size_t)kk, false);
         const __m512 v = _mm512_maskz_permutexvar_ps(live, vidx, _mm512_maskz_loadu_ps(taps, w + (size_t)c * kk));
         if (!U->round) {
             _mm512_storeu_ps(tf, v);
@@ -791,7 +782,7 @@ RT_AVX512 static bool fold_o_avx512(const unroll_job *U, int o) {
     const size_t cols = (size_t)C * 4, r0 = (size_t)o * OP;
     float *dw = U->dw + (size_t)o * C * kk;
     for (int c = 0; c < C; c++) {
-        if ((c & 3) == 0) prefetch_lines(dw + (size_t)(c + UNROLL_AHEAD) * kk, sizeof(float) * 4 * (size_t)kk, 1);
+        if ((c & 3) == 0) rt_cpu_prefetch(dw + (size_t)(c + UNROLL_AHEAD) * kk, sizeof(float) * 4 * (size_t)kk, true);
         __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(U->wd + r0 * cols + (size_t)c * 4));
         if (OP > 1) v = _mm512_insertf32x4(v, _mm_loadu_ps(U->wd + (r0 + 1) * cols + (size_t)c * 4), 1);
         if (OP > 2) v = _mm512_insertf32x4(v, _mm_loadu_ps(U->wd + (r0 + 2) * cols + (size_t)c * 4), 2);
