@@ -3,7 +3,7 @@
 # PyTorch eager on the same GPU in the same run.
 #
 # For each input (1x28x28 with the imagenet stem, 3x32x32 with the cifar stem), batch
-# (128, 256) and precision (fp32, tf32): `ringtrain bench model --device cuda:0` and
+# (128, 256) and precision (fp32, tf32, bf16): `ringtrain bench model --device cuda:0` and
 # bench/gpu_torch.py (cudnn.benchmark on, the same precision, default and
 # channels_last memory formats), one process per configuration. Reports images/s, the
 # ratio ringtrain / PyTorch, and peak GPU memory: PyTorch's max_memory_allocated, and
@@ -16,7 +16,7 @@
 # Without --json the result goes to bench/results/gpu-<YYYYMMDD>.json. Environment:
 # RINGTRAIN_BUILD (build dir, default build), PYTHON (an interpreter with torch; else
 # python3, then /usr/bin/python3), STEPS (timed steps, default 30), WARMUP (default 5),
-# BATCHES ("128 256"), PRECISIONS ("fp32 tf32"), DEVICE (cuda:0). scripts/gpu-check
+# BATCHES ("128 256"), PRECISIONS ("fp32 tf32 bf16"), DEVICE (cuda:0). scripts/gpu-check
 # runs it with --json and embeds the file in bench/results/gpu-<date>-<gpu>.json.
 # Without an NVIDIA GPU it says so and exits 0 (writing a "skipped" JSON only with --json).
 set -euo pipefail
@@ -37,7 +37,7 @@ bin=$build/ringtrain
 steps=${STEPS:-30}
 warmup=${WARMUP:-5}
 batches=${BATCHES:-"128 256"}
-precisions=${PRECISIONS:-"fp32 tf32"}
+precisions=${PRECISIONS:-"fp32 tf32 bf16"}
 device=${DEVICE:-cuda:0}
 gpu_index=${device#cuda:}
 [ "$gpu_index" = "$device" ] && gpu_index=0

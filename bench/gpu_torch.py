@@ -3,8 +3,10 @@
 
 One step is what `ringtrain bench model` times: forward, cross-entropy, backward and an
 SGD-with-momentum update (lr 0.01, momentum 0.9), on one random batch generated once on
-the GPU. cudnn.benchmark is on; the precision is fp32 (TF32 off for cuDNN and matmul)
-or tf32 (both on); the memory format is PyTorch's default (contiguous NCHW) or
+the GPU. cudnn.benchmark is on; the precision is fp32 (TF32 off for cuDNN and matmul),
+tf32 (both on) or bf16 (torch.autocast on CUDA with bfloat16 around the forward and the
+loss, TF32 off: convolutions and linear layers in bf16, batch norm, the loss and the
+optimizer in fp32, what ringtrain's train.precision bf16 computes); the memory format is PyTorch's default (contiguous NCHW) or
 channels_last. The model is torchvision's ResNet34 layout written out here (so
 torchvision is not needed), with the imagenet stem (7x7/2 conv + 3x3/2 max pool) or the
 cifar stem (3x3/1 conv, no max pool), `--channels` input channels and 10 classes.
@@ -16,6 +18,7 @@ PyTorch's caching allocator (torch.cuda.max_memory_allocated / max_memory_reserv
 and the versions.
 """
 import argparse
+import contextlib
 import json
 import sys
 
@@ -78,7 +81,7 @@ def main():
     ap.add_argument("--channels", type=int, default=1)
     ap.add_argument("--size", type=int, default=28)
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32"])
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--memory-format", default="contiguous", choices=["contiguous", "channels_last"])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
@@ -104,9 +107,17 @@ def main():
     x = torch.randn(a.batch, a.channels, a.size, a.size, device=dev).contiguous(memory_format=mf)
     y = torch.randint(0, 10, (a.batch,), device=dev)
 
+    # (no autocast object at all outside bf16: some versions query the device even when
+    # it is disabled)
+    if a.precision == "bf16":
+        amp = lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)  # noqa: E731
+    else:
+        amp = contextlib.nullcontext
+
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
+        with amp():
+            loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         return loss
