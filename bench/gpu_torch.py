@@ -5,8 +5,10 @@ One step is what `ringtrain bench model` times: forward, cross-entropy, backward
 SGD-with-momentum update (lr 0.01, momentum 0.9), on one random batch generated once on
 the GPU. cudnn.benchmark is on; the precision is fp32 (TF32 off for cuDNN and matmul),
 tf32 (both on) or bf16 (torch.autocast on CUDA with bfloat16 around the forward and the
-loss, TF32 off: convolutions and linear layers in bf16, batch norm, the loss and the
-optimizer in fp32, what ringtrain's train.precision bf16 computes); the memory format is PyTorch's default (contiguous NCHW) or
+loss, TF32 off: convolutions and linear layers in bf16, and their bf16 outputs go on
+through batch norm (fp32 statistics), ReLU and the adds; the loss and the optimizer in
+fp32. ringtrain's train.precision bf16 keeps fp32 activations between layers, so the two
+round at different points; both are what a user would pick); the memory format is PyTorch's default (contiguous NCHW) or
 channels_last. The model is torchvision's ResNet34 layout written out here (so
 torchvision is not needed), with the imagenet stem (7x7/2 conv + 3x3/2 max pool) or the
 cifar stem (3x3/1 conv, no max pool), `--channels` input channels and 10 classes.

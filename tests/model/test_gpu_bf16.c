@@ -303,8 +303,8 @@ static void conv_case(int max_n, int in_c, int out_c, int h, int w, int k, int s
     char name[96];
     snprintf(name, sizeof name, "conv %d->%d %dx%d k%d s%d%s", in_c, out_c, h, w, k, s, bias ? " bias" : "");
     conv_run(&C, &G, &A, max_n, name, false);
-    /* a smaller batch (fp32: the GPU's second descriptor set; bf16: zero images pad it to
-     * max_n, over the copies the full batch left), backward first, then forward first */
+    /* a smaller batch (zero images pad it to max_n, over the copies the full batch left),
+     * backward first, then forward first */
     conv_run(&C, &G, &A, max_n - 3, name, true);
     conv_run(&C, &G, &A, max_n - 2, name, false);
     side_conv_free(&C), side_conv_free(&G), side_conv_free(&A);
@@ -343,20 +343,22 @@ static void test_conv2d_bf16(void **state) {
     check_bf16_algos(g_gpu);
 }
 
-/* A preset (a checkpoint's or rank 0's choice) naming an atomic backward algorithm is
- * refused under bf16 with an error that says why; the same preset with ALGO_1 is taken */
 /* A batch below the prepared one, under bf16, runs padded with zero images at the
  * prepared size (conv_cuda.c, pad_tail): its y, dx and dW must equal, bit for bit, those
  * of the prepared batch whose images after the small batch's are zero (the same shapes,
- * the same algorithms). `refuse` (emulation only): RINGTRAIN_EMU_CUDNN_REFUSE for the
- * small batch's calls, so that a bf16 conv that asked cuDNN for the smaller shape fails
- * (an H200 refused one: CUDNN_STATUS_BAD_PARAM at the last batch of an epoch). */
+ * the same algorithms). Between the two, a full batch with other, non-zero images leaves
+ * its bf16 copies behind (so a missing zero padding shows), and the outputs are poisoned
+ * (so a call that wrote nothing shows). `refuse` (emulation only):
+ * RINGTRAIN_EMU_CUDNN_REFUSE for the small batch's calls, so that a bf16 conv that asked
+ * cuDNN for the smaller shape fails (an H200 refused one: CUDNN_STATUS_BAD_PARAM at the
+ * last batch of an epoch). */
 static void small_batch_case(rt_model_ctx *gpu, const char *refuse) {
     const int max_n = 5, n = 2, C = 8, O = 8, H = 6;
     rt_conv2d shape;
     assert_rt_ok(rt_conv2d_init(&shape, C, O, H, H, 3, 1, 1, false));
     const size_t xi = (size_t)C * H * H, yi = (size_t)O * H * H, wn = (size_t)O * C * 9;
     float *hw = rt_test_randn(wn, 0.2f), *hx = rt_test_randn(max_n * xi, 1.0f), *hdy = rt_test_randn(max_n * yi, 1.0f);
+    float *x_other = gt_dev_copy(hx, max_n * xi), *dy_other = gt_dev_copy(hdy, max_n * yi); /* non-zero tails */
     memset(hx + n * xi, 0, (max_n - n) * xi * sizeof(float)); /* images n.. are zero */
     memset(hdy + n * yi, 0, (max_n - n) * yi * sizeof(float));
     side_conv G;
@@ -366,11 +368,18 @@ static void small_batch_case(rt_model_ctx *gpu, const char *refuse) {
     float *fy = rt_test_floats(n * yi), *fdx = rt_test_floats(n * xi), *fdw = rt_test_floats(wn);
     float *sy = rt_test_floats(n * yi), *sdx = rt_test_floats(n * xi), *sdw = rt_test_floats(wn);
 
+    /* the oracle: the prepared batch, zero after image n */
     assert_rt_ok(rt_conv2d_forward(gpu, &G.l, max_n, x_dev, gy));
     assert_rt_ok(rt_conv2d_backward(gpu, &G.l, max_n, x_dev, dy_dev, gdx, false));
     gt_download(fy, gy, n * yi * sizeof(float));
     gt_download(fdx, gdx, n * xi * sizeof(float));
     gt_download(fdw, rt_tensor_data(&G.l.dweight), wn * sizeof(float));
+    /* stale copies, then poisoned outputs */
+    assert_rt_ok(rt_conv2d_forward(gpu, &G.l, max_n, x_other, gy));
+    assert_rt_ok(rt_conv2d_backward(gpu, &G.l, max_n, x_other, dy_other, gdx, false));
+    gt_poison(gy, max_n * yi * sizeof(float));
+    gt_poison(gdx, max_n * xi * sizeof(float));
+    gt_poison(rt_tensor_data(&G.l.dweight), wn * sizeof(float));
 
     if (refuse) setenv("RINGTRAIN_EMU_CUDNN_REFUSE", refuse, 1);
     const rt_status fs = rt_conv2d_forward(gpu, &G.l, n, x_dev, gy);
@@ -388,39 +397,48 @@ static void small_batch_case(rt_model_ctx *gpu, const char *refuse) {
     printf("  bf16 batch %d of %d%s%s: y, dx, dW the bits of the padded full batch\n", n, max_n,
            refuse ? ", cuDNN refusing " : "", refuse ? refuse : "");
     side_conv_free(&G);
-    gt_free(x_dev), gt_free(dy_dev), gt_free(gy), gt_free(gdx);
+    gt_free(x_dev), gt_free(dy_dev), gt_free(x_other), gt_free(dy_other), gt_free(gy), gt_free(gdx);
     free(hw), free(hx), free(hdy), free(fy), free(fdx), free(fdw), free(sy), free(sdx), free(sdw);
 }
 
 static void test_bf16_smaller_batch_padded(void **state) {
     (void)state;
+    if (!rt_device_is_cuda(g_gpu->device)) { /* RINGTRAIN_GPU_TESTS_ON_CPU: a property of the CUDA backend */
+        printf("  the harness's CPU stand-in: nothing of the CUDA backend to check here\n");
+        return;
+    }
     small_batch_case(g_gpu, NULL);
 #ifdef RT_EMU_FULL_RUNTIME
     small_batch_case(g_gpu, "filter:2,data:2,fwd:2");      /* refused everywhere */
     small_batch_case(g_gpu, "filter:2:call,data:2:call"); /* the calls only, as on the H200 */
-    /* fp32 (a second descriptor set for the smaller batch): an error naming the layer and
-     * the batch when cuDNN runs none of the algorithms there, not a failed call */
+    /* fp32 (a second descriptor set for the smaller batch): where cuDNN runs none of a
+     * direction's algorithms there, that direction's call fails with an error naming the
+     * layer, the batch and the direction; the others still run */
     rt_conv2d shape;
     assert_rt_ok(rt_conv2d_init(&shape, 8, 8, 6, 6, 3, 1, 1, false));
-    float *hw = rt_test_randn((size_t)8 * 8 * 9, 0.2f), *hx = rt_test_randn((size_t)5 * 8 * 36, 1.0f);
+    const size_t e = (size_t)5 * 8 * 36;
+    float *hw = rt_test_randn((size_t)8 * 8 * 9, 0.2f), *hx = rt_test_randn(e, 1.0f);
     side_conv F;
     side_conv_make(&F, g_gpu32, &shape, hw, NULL, 5);
-    float *x_dev = gt_dev_copy(hx, (size_t)5 * 8 * 36), *gy = gt_dev_nan((size_t)5 * 8 * 36);
+    float *x_dev = gt_dev_copy(hx, e), *gy = gt_dev_nan(e), *gdx = gt_dev_nan(e);
     setenv("RINGTRAIN_EMU_CUDNN_REFUSE", "filter:2", 1);
-    const rt_status st = rt_conv2d_forward(g_gpu32, &F.l, 2, x_dev, gy);
+    const rt_status fst = rt_conv2d_forward(g_gpu32, &F.l, 2, x_dev, gy);
+    const rt_status bst = rt_conv2d_backward(g_gpu32, &F.l, 2, x_dev, gy, gdx, false);
     unsetenv("RINGTRAIN_EMU_CUDNN_REFUSE");
-    assert_int_not_equal(st, RT_OK);
+    assert_rt_ok(fst);
+    assert_int_not_equal(bst, RT_OK);
     const char *msg = rt_error_message();
     printf("  fp32, cuDNN refusing filter:2: %s\n", msg);
-    assert_non_null(strstr(msg, "conv2d 8->8 6x6 k3 s1: batch 2 (prepared 5)"));
+    assert_non_null(strstr(msg, "conv2d 8->8 6x6 k3 s1: batch 2 (prepared 5): cuDNN runs no backward-filter algorithm"));
     rt_error_clear();
-    assert_rt_ok(rt_conv2d_forward(g_gpu32, &F.l, 2, x_dev, gy)); /* and runs once cuDNN does */
+    gt_free(x_dev), gt_free(gy), gt_free(gdx);
     side_conv_free(&F);
-    gt_free(x_dev), gt_free(gy);
     free(hw), free(hx);
 #endif
 }
 
+/* A preset (a checkpoint's or rank 0's choice) naming an atomic backward algorithm is
+ * refused under bf16 with an error that says why; the same preset with ALGO_1 is taken */
 static void test_bf16_preset_refuses_atomics(void **state) {
     (void)state;
 #ifdef RT_HAVE_CUDA

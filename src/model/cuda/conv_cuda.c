@@ -59,8 +59,9 @@
  * full batch; if cuDNN rejects one of them for the smaller shape, or it would need more
  * workspace than ctx->work holds, that direction falls back to the zero-workspace
  * algorithm (IMPLICIT_GEMM / ALGO_0; ALGO_1 when deterministic), a function of the choice
- * and the workspace only, so a resume falls back identically; a fallback cuDNN refuses
- * too is an error naming the layer, the batch and the algorithms. bf16 has no second
+ * and the workspace only, so a resume falls back identically; where cuDNN refuses the
+ * fallback too, a call that needs that direction fails naming the layer, the batch and
+ * the direction (dir_ready). bf16 has no second
  * set: its bf16 copies are sized for max_n anyway, so a smaller batch is padded with zero
  * images and runs as the full one (pad_tail; the reason is there).
  * Nothing allocates or synchronises in a step.
@@ -77,6 +78,12 @@ typedef struct conv_shape {
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    /* per direction (forward, backward-data, backward-filter): whether cuDNN takes an
+     * algorithm for this shape within the workspace; where not (the spare set only), its
+     * answer for the fallback and the workspace that asked, for the error at the call */
+    bool ok[3];
+    cudnnStatus_t why[3];
+    size_t need[3];
 } conv_shape;
 
 typedef struct conv_priv {
@@ -122,6 +129,7 @@ static void *work_at(const rt_model_ctx *ctx, size_t off) { return (char *)ctx->
 
 static rt_status shape_create(conv_shape *s) {
     s->n = -1;
+    s->ok[0] = s->ok[1] = s->ok[2] = true;
     RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&s->x));
     RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&s->y));
     return RT_OK;
@@ -605,6 +613,34 @@ rt_status rt_cuda_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, siz
 
 /* ---- per-step shape ------------------------------------------------------------------ */
 
+/* The workspace cuDNN wants for algorithm `algo` of direction d (0 forward, 1
+ * backward-data, 2 backward-filter) on shape s, or its refusal. */
+static cudnnStatus_t spare_ws(cudnnHandle_t h, const conv_priv *p, const conv_shape *s, int d, int algo, size_t *ws) {
+    if (d == 0)
+        return cudnnGetConvolutionForwardWorkspaceSize(h, s->x, p->w, p->conv_fwd, s->y,
+                                                       (cudnnConvolutionFwdAlgo_t)algo, ws);
+    if (d == 1)
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, s->y, p->conv_bwd_data, s->x,
+                                                            (cudnnConvolutionBwdDataAlgo_t)algo, ws);
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, s->x, s->y, p->conv_bwd_filter, p->w,
+                                                          (cudnnConvolutionBwdFilterAlgo_t)algo, ws);
+}
+
+/* Direction d may run on shape s: else an error naming the layer, the batch, the
+ * direction and cuDNN's answer (not cuDNN's BAD_PARAM from inside a step). Only the
+ * directions a call runs are asked: an evaluation's forward runs even where cuDNN has
+ * no backward algorithm for that batch. */
+static rt_status dir_ready(const rt_conv2d *l, const conv_priv *p, const conv_shape *s, int n, int d) {
+    static const char *const names[3] = {"forward", "backward-data", "backward-filter"};
+    const int algo[3] = {(int)s->fwd, (int)s->bwd_data, (int)s->bwd_filter};
+    RT_REQUIRE(s->ok[d], RT_ERR_CUDA,
+               "conv2d %d->%d %dx%d k%d s%d: batch %d (prepared %d): cuDNN runs no %s algorithm for it (the fallback "
+               "%d: %s, %zu bytes of workspace needed)",
+               l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, n, p->max_n, names[d], algo[d],
+               cudnnGetErrorString(s->why[d]), s->need[d]);
+    return RT_OK;
+}
+
 /* The descriptors for batch n: the full set, or the spare set re-described for n. */
 static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **out) {
     conv_priv *p = l->priv;
@@ -620,39 +656,28 @@ static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **
         cudnnHandle_t h = cuda_state(ctx)->dnn;
         RT_CHECK(shape_set(s, l, p->dtype, n));
         const size_t avail = dnn_ws_bytes(ctx, p);
-        size_t ws = 0;
-        s->fwd = p->full.fwd;
-        if (cudnnGetConvolutionForwardWorkspaceSize(h, s->x, p->w, p->conv_fwd, s->y, s->fwd, &ws) !=
-                CUDNN_STATUS_SUCCESS ||
-            ws > avail)
-            s->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-        s->bwd_data = p->full.bwd_data;
-        if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, s->y, p->conv_bwd_data, s->x, s->bwd_data, &ws) !=
-                CUDNN_STATUS_SUCCESS ||
-            ws > avail)
-            s->bwd_data = bwd_data_fallback(ctx);
-        s->bwd_filter = p->full.bwd_filter;
-        if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, s->x, s->y, p->conv_bwd_filter, p->w, s->bwd_filter,
-                                                           &ws) != CUDNN_STATUS_SUCCESS ||
-            ws > avail)
-            s->bwd_filter = bwd_filter_fallback(ctx);
-        /* the fallbacks must run too: an error naming them, not cuDNN's BAD_PARAM in a step */
-        ws = 0;
-        cudnnStatus_t cs = cudnnGetConvolutionForwardWorkspaceSize(h, s->x, p->w, p->conv_fwd, s->y, s->fwd, &ws);
-        if (cs == CUDNN_STATUS_SUCCESS && ws <= avail)
-            cs = cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, s->y, p->conv_bwd_data, s->x, s->bwd_data, &ws);
-        if (cs == CUDNN_STATUS_SUCCESS && ws <= avail)
-            cs = cudnnGetConvolutionBackwardFilterWorkspaceSize(h, s->x, s->y, p->conv_bwd_filter, p->w, s->bwd_filter,
-                                                                &ws);
-        if (cs != CUDNN_STATUS_SUCCESS || ws > avail) {
-            s->n = -1;
-            RT_FAIL(RT_ERR_CUDA,
-                    "conv2d %d->%d %dx%d k%d s%d: batch %d (prepared %d): cuDNN runs none of the algorithms tried for "
-                    "it within the %zu bytes of workspace (the last: fwd %d, bwd-data %d, bwd-filter %d: %s, %zu "
-                    "bytes)",
-                    l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, n, p->max_n, avail, (int)s->fwd,
-                    (int)s->bwd_data, (int)s->bwd_filter, cudnnGetErrorString(cs), ws);
+        /* per direction: the full batch's algorithm, else the fallback, where cuDNN answers
+         * its workspace for this shape within what ctx->work holds */
+        const int full[3] = {(int)p->full.fwd, (int)p->full.bwd_data, (int)p->full.bwd_filter};
+        const int fallback[3] = {(int)CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, (int)bwd_data_fallback(ctx),
+                                 (int)bwd_filter_fallback(ctx)};
+        int pick[3];
+        for (int d = 0; d < 3; d++) {
+            size_t ws = 0;
+            cudnnStatus_t cs = spare_ws(h, p, s, d, full[d], &ws);
+            pick[d] = full[d];
+            if (cs != CUDNN_STATUS_SUCCESS || ws > avail) {
+                pick[d] = fallback[d];
+                ws = 0;
+                cs = spare_ws(h, p, s, d, fallback[d], &ws);
+            }
+            s->ok[d] = cs == CUDNN_STATUS_SUCCESS && ws <= avail;
+            s->why[d] = cs;
+            s->need[d] = cs == CUDNN_STATUS_SUCCESS ? ws : 0;
         }
+        s->fwd = (cudnnConvolutionFwdAlgo_t)pick[0];
+        s->bwd_data = (cudnnConvolutionBwdDataAlgo_t)pick[1];
+        s->bwd_filter = (cudnnConvolutionBwdFilterAlgo_t)pick[2];
     }
     *out = s;
     return RT_OK;
@@ -705,6 +730,7 @@ rt_status rt_cuda_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
     conv_shape *s;
     RT_CHECK(shape_for(ctx, l, n, &s));
     conv_priv *p = l->priv;
+    RT_CHECK(dir_ready(l, p, s, n, 0));
     if (p->dtype == CUDNN_DATA_BFLOAT16) return forward_bf16(ctx, l, s, n, x, y);
     cudnnHandle_t h = cuda_state(ctx)->dnn;
     const float one = 1.0f, zero = 0.0f;
@@ -751,6 +777,8 @@ rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const 
     conv_shape *s;
     RT_CHECK(shape_for(ctx, l, n, &s));
     conv_priv *p = l->priv;
+    RT_CHECK(dir_ready(l, p, s, n, 2));
+    if (dx) RT_CHECK(dir_ready(l, p, s, n, 1));
     if (p->dtype == CUDNN_DATA_BFLOAT16) return backward_bf16(ctx, l, s, n, x, dy, dx, accumulate);
     cudnnHandle_t h = cuda_state(ctx)->dnn;
     const float one = 1.0f, zero = 0.0f;
