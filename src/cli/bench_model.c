@@ -71,8 +71,9 @@ static void usage(FILE *out) {
                  "  --steps N        timed steps per batch size (default 10)\n"
                  "  --warmup N       untimed steps first (default 2)\n"
                  "  --json           one JSON object per batch size instead of the table\n"
-                 "  --layers         also time every layer call (CPU): a table per batch size of each\n"
+                 "  --layers         also time every layer call: a table per batch size of each\n"
                  "                   layer shape and pass, ms per step, share of the step, GFLOP/s\n"
+                 "                   (on a GPU: a second run, synchronised around every layer call)\n"
                  "\nEvery option takes its value as --opt VALUE or --opt=VALUE.\n");
 }
 
@@ -111,6 +112,36 @@ static rt_status sgd_step(rt_optimizer *opt, rt_model *m, rt_stream *stream) {
 }
 
 /* ---- GPU: event timing, one synchronisation per run, peak device memory ------------ */
+
+/* --layers on a GPU: `steps` more steps after the timed run, with the profile attached
+ * (model/profile.h: the stream is synchronised before and after every layer call, so each
+ * row is that layer's own time, its launches included, with nothing overlapping it), and
+ * the host's wall time of each phase, synchronised at its end. *step_ms and *optim_ms:
+ * this run's means (slower than the timed run's, which nothing synchronises). */
+static rt_status gpu_layers_run(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, const float *x,
+                                const int64_t *labels, int n, int steps, rt_layer_profile *prof, double *step_ms,
+                                double *optim_ms) {
+    double all = 0, sgd = 0;
+    rt_status st = rt_stream_sync(ctx->stream);
+    rt_model_ctx_set_profile(ctx, prof);
+    for (int it = 0; it < steps && st == RT_OK; it++) {
+        const uint64_t t0 = rt_now_ns();
+        if ((st = rt_model_forward(m, x, n, true)) != RT_OK || (st = rt_model_loss(m, labels)) != RT_OK ||
+            (st = rt_model_backward(m, NULL, NULL)) != RT_OK || (st = rt_stream_sync(ctx->stream)) != RT_OK)
+            break;
+        const uint64_t t1 = rt_now_ns();
+        if ((st = sgd_step(opt, m, ctx->stream)) != RT_OK || (st = rt_stream_sync(ctx->stream)) != RT_OK)
+            break;
+        const uint64_t t2 = rt_now_ns();
+        all += rt_ns_to_ms(t2 - t0);
+        sgd += rt_ns_to_ms(t2 - t1);
+    }
+    rt_model_ctx_set_profile(ctx, NULL);
+    *step_ms = all / steps;
+    *optim_ms = sgd / steps;
+    return st;
+}
+
 
 /* steps whose events are kept at once; a longer run reads a slot's times before reusing
  * it (an event recorded GPU_EVENT_RING steps earlier: long complete, nothing waits) */
@@ -351,11 +382,6 @@ int rt_cmd_bench_model(int argc, char **argv) {
         return dst == RT_ERR_INVALID ? 2 : rc;
     }
     const bool gpu = rt_device_is_cuda(dev);
-    if (gpu && layers) {
-        fprintf(stderr, "ringtrain bench model: --layers times the CPU's layers; on a GPU the per-layer "
-                        "synchronisation would change what it measures (use nsys there)\n");
-        return 2;
-    }
     char devstr[32];
     rt_device_str(dev, devstr, sizeof devstr);
     rt_model_ctx *ctx = NULL;
@@ -432,7 +458,7 @@ int rt_cmd_bench_model(int argc, char **argv) {
                            "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
                            "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f, \"peak_gpu_mb\": %.1f, "
                            "\"gflop_per_image\": %.5f, \"gflops\": %.1f, "
-                           "\"timing\": \"cuda events, one synchronisation per run\"}\n",
+                           "\"timing\": \"cuda events, one synchronisation per run\"",
                            devstr, rt_precision_name(precision), rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem),
                            cfg.in_channels, cfg.in_h, n, threads, steps, ips, ms, t.fwd / steps, t.bwd / steps,
                            t.sgd / steps, (double)loss, ru.ru_maxrss / 1024.0, peak_gpu_mb, gflop, gflop * ips);
@@ -440,6 +466,27 @@ int rt_cmd_bench_model(int argc, char **argv) {
                     printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.0f\n",
                            rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, cfg.in_w, n,
                            threads, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps, gflop * ips, peak_gpu_mb);
+                if (layers) {
+                    rt_layer_profile prof = {0};
+                    double lms = 0, lsgd = 0;
+                    if (rt_layer_profile_init(&prof, 1024) != RT_OK ||
+                        gpu_layers_run(m, ctx, &opt, x_dev, labels_dev, n, steps, &prof, &lms, &lsgd) != RT_OK) {
+                        status = rt_cli_fail();
+                    } else {
+                        if (json)
+                            printf(", \"layers_step_ms\": %.3f, \"layers_timing\": \"a second run of %d steps, the "
+                                   "stream synchronised around every layer call: each layer's own time, launches "
+                                   "included, nothing overlapping\"",
+                                   lms, steps);
+                        else
+                            printf("per layer, a second run of %d steps with the stream synchronised around every "
+                                   "layer call (each layer's own time, launches included): %.3f ms per step\n",
+                                   steps, lms);
+                        print_layers(&prof, steps, lms, lsgd, &peak, json);
+                    }
+                    rt_layer_profile_free(&prof);
+                }
+                if (json) printf("}\n");
                 fflush(stdout);
             }
         } else if (status == 0) {
