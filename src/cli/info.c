@@ -53,7 +53,10 @@ void rt_cli_info_print(FILE *out) {
     fprintf(out, "libraries:\n");
     for (int i = 0; i < n; i++) fprintf(out, "  %-13s %s\n", l[i].name, l[i].version);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    fprintf(out, "devices:\n  cpu           %ld core(s)\n", ncpu);
+    char why[160] = "";
+    const bool bf16 = rt_model_cpu_bf16_native(why, sizeof why);
+    fprintf(out, "devices:\n  cpu           %ld core(s); bf16 %s%s%s\n", ncpu, bf16 ? "native (" : "emulated (",
+            bf16 ? rt_model_onednn_isa() : why, ")");
     int count = 0;
     rt_status st = rt_cuda_device_count(&count);
     if (st != RT_OK) {

@@ -52,6 +52,21 @@ bool rt_model_cpu_bf16(void) {
 #endif
 }
 
+bool rt_model_cpu_bf16_native(char *why, size_t why_len) {
+#ifdef RT_HAVE_DNNL
+    const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    if (isa == dnnl_cpu_isa_avx512_core_bf16 || isa == dnnl_cpu_isa_avx512_core_amx) return true;
+    if (why)
+        snprintf(why, why_len, "oneDNN's kernels use %s%s", rt_model_onednn_isa(),
+                 rt_model_cpu_bf16() ? ", though the CPU has AVX-512 BF16 (ONEDNN_MAX_CPU_ISA?)"
+                                     : ": the CPU has no AVX-512 BF16");
+    return false;
+#else
+    if (why) snprintf(why, why_len, "this ringtrain was built without oneDNN (libdnnl-dev)");
+    return false;
+#endif
+}
+
 const char *rt_model_onednn_isa(void) {
 #ifdef RT_HAVE_DNNL
     switch (dnnl_get_effective_cpu_isa()) {

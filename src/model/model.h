@@ -183,6 +183,12 @@ int rt_model_lib_versions(rt_lib_version *out, int cap);
  * "avx2", ...; "not built" without oneDNN). */
 bool rt_model_cpu_bf16(void);
 const char *rt_model_onednn_isa(void);
+/* Whether train.precision bf16 runs its CPU convolutions on bf16 instructions: oneDNN is
+ * built and its kernels use AVX-512 BF16 (or AMX; ONEDNN_MAX_CPU_ISA can lower that).
+ * Otherwise bf16 is emulated (oneDNN's avx512_core kernels, or fp32 products of
+ * bf16-rounded values): the same rounding points, no faster than fp32. When false and
+ * `why` is given, it says which (e.g. "oneDNN's kernels use avx2"). */
+bool rt_model_cpu_bf16_native(char *why, size_t why_len);
 
 #ifdef __cplusplus
 }

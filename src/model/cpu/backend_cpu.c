@@ -3,7 +3,9 @@
 
 #include "core/log.h"
 #include "core/settings.h"
+#include "model/model.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef RT_HAVE_OPENBLAS
@@ -31,6 +33,26 @@ static void blas_hint(void) {
 #endif
 
 static void cpu_ctx_release(rt_model_ctx *ctx);
+
+/* precision bf16 where the convolutions cannot run on bf16 instructions: the results are
+ * the same (the rounding points do not move), the speed is not what bf16 is chosen for.
+ * Said once per process (every rank's context would say it again). */
+static void bf16_hint(const rt_cpu_state *s) {
+    static int said;
+    char why[160] = "";
+    if (!rt_model_cpu_bf16_native(why, sizeof why)) {
+    } else if (s->conv == RT_CPU_CONV_IM2COL) {
+        snprintf(why, sizeof why, "RINGTRAIN_CONV=im2col takes the convolutions off oneDNN");
+    } else if (!s->dnnl) {
+        snprintf(why, sizeof why, "oneDNN is not available");
+    } else {
+        return;
+    }
+    if (said++) return;
+    RT_LOG_WARN("precision bf16 on this CPU: %s, so bf16 is emulated: the same rounding as on bf16 hardware, but no "
+                "faster than fp32 (often slower); precision fp32 is the faster choice here",
+                why);
+}
 
 /* RINGTRAIN_CONV's choices (core/settings.h) name rt_cpu_conv_impl in order: auto, im2col, dnnl */
 _Static_assert(RT_CPU_CONV_AUTO == 0 && RT_CPU_CONV_IM2COL == 1 && RT_CPU_CONV_DNNL == 2 && RT_CPU_CONV_COUNT_ == 3,
@@ -74,6 +96,7 @@ static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
         RT_FAIL(RT_ERR_UNSUPPORTED, "RINGTRAIN_CONV=dnnl: this ringtrain was built without oneDNN (libdnnl-dev)");
     }
 #endif
+    if (ctx->precision == RT_PRECISION_BF16) bf16_hint(s);
 #ifdef RT_HAVE_OPENBLAS
     /* our pool threads split the batch and each calls a single-threaded sgemm
      * (conv_cpu.c); OpenBLAS's own threads would only compete with them.
