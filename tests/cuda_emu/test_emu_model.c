@@ -407,12 +407,56 @@ static void test_bf16_casts(void **state) {
     free(x), free(h), free(w), free(cw), free(acc), free(cacc), free(r), free(b), free(db), free(cdb), free(y);
 }
 
+/* the batched casts (one launch for up to RT_CUK_SET arrays, rt_cuk_to_bf16_n /
+ * rt_cuk_from_bf16_n) give each array the bits of its own cast: arrays of different
+ * lengths, an empty one between them, a widening that writes next to one that adds; a
+ * set of no arrays or too many is refused */
+static void test_bf16_cast_sets(void **state) {
+    (void)state;
+    const size_t len[RT_CUK_SET] = {1027, 0, 4099};
+    float *x[RT_CUK_SET];
+    uint16_t *h[RT_CUK_SET];
+    rt_cuk_to_bf16_set in = {0};
+    for (int k = 0; k < RT_CUK_SET; k++) {
+        x[k] = rt_test_randn(len[k] + 1, 2.0f);
+        h[k] = malloc((len[k] + 1) * sizeof(uint16_t));
+        assert_non_null(h[k]);
+        h[k][len[k]] = 0xbeef; /* past the end: untouched */
+        rt_cuk_set_to(&in, len[k], x[k], h[k]);
+    }
+    assert_cuda_ok(rt_cuk_to_bf16_n(NULL, &in));
+    for (int k = 0; k < RT_CUK_SET; k++) {
+        for (size_t i = 0; i < len[k]; i++) assert_int_equal(h[k][i], rt_bf16_from_f32(x[k][i]));
+        assert_int_equal(h[k][len[k]], 0xbeef);
+    }
+    /* widen array 0 (written) and array 2 (added) in one launch */
+    float *w0 = rt_test_nans(len[0]), *a2 = rt_test_randn(len[2], 1.0f), *c2 = rt_test_copy(a2, len[2]);
+    rt_cuk_from_bf16_set out = {0};
+    rt_cuk_set_from(&out, len[0], h[0], w0, false);
+    rt_cuk_set_from(&out, len[1], h[1], NULL, true);
+    rt_cuk_set_from(&out, len[2], h[2], a2, true);
+    assert_cuda_ok(rt_cuk_from_bf16_n(NULL, &out));
+    for (size_t i = 0; i < len[0]; i++) {
+        const float want = rt_bf16_to_f32(h[0][i]);
+        assert_memory_equal(&w0[i], &want, sizeof want);
+    }
+    for (size_t i = 0; i < len[2]; i++) c2[i] += rt_bf16_to_f32(h[2][i]);
+    et_check_exact("from_bf16_n accumulate", c2, a2, len[2]);
+    rt_cuk_to_bf16_set none = {0}, many = in;
+    many.n = RT_CUK_SET + 1;
+    assert_int_not_equal(rt_cuk_to_bf16_n(NULL, &none), cudaSuccess);
+    assert_int_not_equal(rt_cuk_to_bf16_n(NULL, &many), cudaSuccess);
+    for (int k = 0; k < RT_CUK_SET; k++) free(x[k]), free(h[k]);
+    free(w0), free(a2), free(c2);
+}
+
 int main(void) {
     et_pick_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_maxpool),           cmocka_unit_test(test_avgpool),
         cmocka_unit_test(test_linear_bias), cmocka_unit_test(test_dropout),           cmocka_unit_test(test_increment),
         cmocka_unit_test(test_losses),      cmocka_unit_test(test_losses_bad_labels), cmocka_unit_test(test_bf16_casts),
+        cmocka_unit_test(test_bf16_cast_sets),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -240,8 +240,10 @@ static rt_status linear_forward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, con
     uint16_t *wb = work_at(ctx, b.off_w), *xb = work_at(ctx, b.off_x);
     const size_t yn = (size_t)n * l->out_f;
     const float one = 1.0f;
-    RT_CHECK_CUDA(rt_cuk_to_bf16(s->stream, (size_t)l->out_f * l->in_f, rt_tensor_data(&l->weight), wb));
-    RT_CHECK_CUDA(rt_cuk_to_bf16(s->stream, (size_t)n * l->in_f, x, xb));
+    rt_cuk_to_bf16_set in = {0}; /* W and x: one launch */
+    rt_cuk_set_to(&in, (size_t)l->out_f * l->in_f, rt_tensor_data(&l->weight), wb);
+    rt_cuk_set_to(&in, (size_t)n * l->in_f, x, xb);
+    RT_CHECK_CUDA(rt_cuk_to_bf16_n(s->stream, &in));
     RT_CHECK_CUDA(rt_cuk_bias_rows(s->stream, n, l->out_f, rt_tensor_data(&l->bias), y));
     RT_CHECK_CUDA(rt_cuk_round_bf16(s->stream, yn, y));
     RT_CHECK_CUBLAS(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, l->out_f, n, l->in_f, &one, wb, CUDA_R_16BF,
@@ -258,8 +260,11 @@ static rt_status linear_backward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, co
     RT_CHECK(lin_bf16_ready(ctx, l, n, &b));
     uint16_t *wb = work_at(ctx, b.off_w), *xb = work_at(ctx, b.off_x), *dyb = work_at(ctx, b.off_dy);
     const float one = 1.0f, zero = 0.0f;
-    RT_CHECK_CUDA(rt_cuk_to_bf16(s->stream, (size_t)n * l->in_f, x, xb));
-    RT_CHECK_CUDA(rt_cuk_to_bf16(s->stream, (size_t)n * l->out_f, dy, dyb));
+    rt_cuk_to_bf16_set in = {0}; /* x, dy, and W where dx is wanted: one launch */
+    rt_cuk_set_to(&in, (size_t)n * l->in_f, x, xb);
+    rt_cuk_set_to(&in, (size_t)n * l->out_f, dy, dyb);
+    if (dx) rt_cuk_set_to(&in, (size_t)l->out_f * l->in_f, rt_tensor_data(&l->weight), wb);
+    RT_CHECK_CUDA(rt_cuk_to_bf16_n(s->stream, &in));
     /* dW^T (in, out) = x^T (in, n) dy (n, out): fp32, not rounded */
     RT_CHECK_CUBLAS(cublasGemmEx(s->blas, CUBLAS_OP_N, CUBLAS_OP_T, l->in_f, l->out_f, n, &one, xb, CUDA_R_16BF,
                                  l->in_f, dyb, CUDA_R_16BF, l->out_f, &zero, rt_tensor_data(&l->dweight), CUDA_R_32F,
@@ -267,7 +272,6 @@ static rt_status linear_backward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, co
     RT_CHECK_CUDA(rt_cuk_bf16_channel_sums(s->stream, n, l->out_f, 1, dyb, rt_tensor_data(&l->dbias)));
     if (!dx) return RT_OK;
     /* dx^T (in, n) = W^T (in, out) dy^T (out, n), rounded once */
-    RT_CHECK_CUDA(rt_cuk_to_bf16(s->stream, (size_t)l->out_f * l->in_f, rt_tensor_data(&l->weight), wb));
     RT_CHECK_CUBLAS(cublasGemmEx(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, l->in_f, n, l->out_f, &one, wb, CUDA_R_16BF,
                                  l->in_f, dyb, CUDA_R_16BF, l->out_f, &zero, dx, CUDA_R_32F, l->in_f,
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

@@ -712,9 +712,11 @@ static rt_status forward_bf16(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, in
     cudaStream_t st = cuda_state(ctx)->stream;
     uint16_t *xb = work_at(ctx, p->off_x), *yb = work_at(ctx, p->off_y), *wb = work_at(ctx, p->off_w);
     const size_t xn = (size_t)n * l->in_c * l->in_h * l->in_w, yn = (size_t)n * l->out_c * l->out_h * l->out_w;
-    RT_CHECK_CUDA(rt_cuk_to_bf16(st, xn, x, xb));
+    rt_cuk_to_bf16_set in = {0}; /* x and W: one launch */
+    rt_cuk_set_to(&in, xn, x, xb);
+    rt_cuk_set_to(&in, (size_t)rt_tensor_numel(&l->weight), rt_tensor_data(&l->weight), wb);
+    RT_CHECK_CUDA(rt_cuk_to_bf16_n(st, &in));
     RT_CHECK(pad_tail(st, xb, n, p->max_n, (size_t)l->in_c * l->in_h * l->in_w));
-    RT_CHECK_CUDA(rt_cuk_to_bf16(st, (size_t)rt_tensor_numel(&l->weight), rt_tensor_data(&l->weight), wb));
     if (l->has_bias) /* y = round(conv + round(b)): cuDNN adds to the rounded bias (beta 1) */
         RT_CHECK_CUDA(rt_cuk_bf16_fill_channels(st, p->max_n, l->out_c, (size_t)l->out_h * l->out_w,
                                                 rt_tensor_data(&l->bias), yb));
@@ -751,23 +753,29 @@ static rt_status backward_bf16(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, i
     const size_t xn = (size_t)n * l->in_c * l->in_h * l->in_w, yn = (size_t)n * l->out_c * l->out_h * l->out_w;
     const size_t wn = (size_t)rt_tensor_numel(&l->weight);
     const float one = 1.0f, zero = 0.0f;
-    RT_CHECK_CUDA(rt_cuk_to_bf16(st, xn, x, xb));
+    /* the casts in one launch (x, dy, and W where dx is wanted), the widenings in another
+     * (dW, and dx), around the two cuDNN calls: dwb, dxb and wb are distinct buffers */
+    rt_cuk_to_bf16_set in = {0};
+    rt_cuk_set_to(&in, xn, x, xb);
+    rt_cuk_set_to(&in, yn, dy, dyb);
+    if (dx) rt_cuk_set_to(&in, wn, rt_tensor_data(&l->weight), wb);
+    RT_CHECK_CUDA(rt_cuk_to_bf16_n(st, &in));
     RT_CHECK(pad_tail(st, xb, n, p->max_n, (size_t)l->in_c * l->in_h * l->in_w));
-    RT_CHECK_CUDA(rt_cuk_to_bf16(st, yn, dy, dyb));
     RT_CHECK(pad_tail(st, dyb, n, p->max_n, (size_t)l->out_c * l->out_h * l->out_w));
     /* dW: cuDNN's bf16 dw, widened into the fp32 gradient (written, beta 0) */
     RT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(h, &one, s->x, xb, s->y, dyb, p->conv_bwd_filter, s->bwd_filter,
                                                   dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), &zero, p->w, dwb));
-    RT_CHECK_CUDA(rt_cuk_from_bf16(st, wn, dwb, rt_tensor_data(&l->dweight), false));
+    rt_cuk_from_bf16_set out = {0};
+    rt_cuk_set_from(&out, wn, dwb, rt_tensor_data(&l->dweight), false);
     if (l->has_bias) /* db: fp32 sums of the rounded dy, not rounded (the CPU's) */
         RT_CHECK_CUDA(
             rt_cuk_bf16_channel_sums(st, n, l->out_c, (size_t)l->out_h * l->out_w, dyb, rt_tensor_data(&l->dbias)));
     if (dx) { /* dx rounded once by cuDNN, then written or added in fp32 */
-        RT_CHECK_CUDA(rt_cuk_to_bf16(st, wn, rt_tensor_data(&l->weight), wb));
         RT_CHECK_CUDNN(cudnnConvolutionBackwardData(h, &one, p->w, wb, s->y, dyb, p->conv_bwd_data, s->bwd_data,
                                                     dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), &zero, s->x, dxb));
-        RT_CHECK_CUDA(rt_cuk_from_bf16(st, xn, dxb, dx, accumulate));
+        rt_cuk_set_from(&out, xn, dxb, dx, accumulate);
     }
+    RT_CHECK_CUDA(rt_cuk_from_bf16_n(st, &out));
     return RT_OK;
 }
 

@@ -82,6 +82,35 @@ cudaError_t rt_cuk_dropout_backward(cudaStream_t s, const rt_dropout *l, int n, 
 cudaError_t rt_cuk_to_bf16(cudaStream_t s, size_t count, const float *x, uint16_t *y);
 cudaError_t rt_cuk_from_bf16(cudaStream_t s, size_t count, const uint16_t *x, float *y, bool accumulate);
 cudaError_t rt_cuk_round_bf16(cudaStream_t s, size_t count, float *y);
+/* The same casts for up to RT_CUK_SET arrays in one launch (those around one bf16 cuDNN or
+ * cuBLAS call: each launch costs about as much as these small arrays' work), the same
+ * bits as one rt_cuk_to_bf16 / rt_cuk_from_bf16 per array; arrays of count 0 are
+ * skipped. Fill them with rt_cuk_set_to / rt_cuk_set_from. */
+#define RT_CUK_SET 3
+typedef struct rt_cuk_to_bf16_set {
+    int n;
+    const float *x[RT_CUK_SET];
+    uint16_t *y[RT_CUK_SET];
+    size_t count[RT_CUK_SET];
+} rt_cuk_to_bf16_set;
+typedef struct rt_cuk_from_bf16_set {
+    int n;
+    const uint16_t *x[RT_CUK_SET];
+    float *y[RT_CUK_SET];
+    size_t count[RT_CUK_SET];
+    int accumulate[RT_CUK_SET];
+} rt_cuk_from_bf16_set;
+static inline void rt_cuk_set_to(rt_cuk_to_bf16_set *g, size_t count, const float *x, uint16_t *y) {
+    g->x[g->n] = x, g->y[g->n] = y, g->count[g->n] = count;
+    g->n++;
+}
+static inline void rt_cuk_set_from(rt_cuk_from_bf16_set *g, size_t count, const uint16_t *x, float *y,
+                                   bool accumulate) {
+    g->x[g->n] = x, g->y[g->n] = y, g->count[g->n] = count, g->accumulate[g->n] = accumulate ? 1 : 0;
+    g->n++;
+}
+cudaError_t rt_cuk_to_bf16_n(cudaStream_t s, const rt_cuk_to_bf16_set *g);
+cudaError_t rt_cuk_from_bf16_n(cudaStream_t s, const rt_cuk_from_bf16_set *g);
 cudaError_t rt_cuk_bf16_fill_channels(cudaStream_t s, int n, int c, size_t plane, const float *b, uint16_t *y);
 cudaError_t rt_cuk_bf16_channel_sums(cudaStream_t s, int n, int c, size_t plane, const uint16_t *dy, float *db);
 /* *counter += 1 (num_batches_tracked) */

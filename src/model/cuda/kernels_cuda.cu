@@ -324,6 +324,74 @@ extern "C" cudaError_t rt_cuk_from_bf16(cudaStream_t s, size_t count, const uint
     return cudaGetLastError();
 }
 
+/* The batched casts take each array as a parameter of its own (not in a struct): a launch
+ * passes pointer parameters as they are, and the emulated GPUs (tests/cuda_emu) translate
+ * only those. Element i of the concatenation of arrays 0, 1, 2 of n0, n1, n2 elements
+ * (empty ones skipped): array *k, index *j. */
+static __device__ __forceinline__ void set_index(size_t i, size_t n0, size_t n1, int *k, size_t *j) {
+    if (i < n0) {
+        *k = 0, *j = i;
+    } else if (i - n0 < n1) {
+        *k = 1, *j = i - n0;
+    } else {
+        *k = 2, *j = i - n0 - n1;
+    }
+}
+
+static __global__ void to_bf16_set_kernel(size_t total, size_t n0, size_t n1, const float *x0, const float *x1,
+                                          const float *x2, uint16_t *y0, uint16_t *y1, uint16_t *y2) {
+    GRID_STRIDE(i, total) {
+        int k;
+        size_t j;
+        set_index(i, n0, n1, &k, &j);
+        const float *x = k == 0 ? x0 : k == 1 ? x1 : x2;
+        uint16_t *y = k == 0 ? y0 : k == 1 ? y1 : y2;
+        y[j] = bf16_from_f32(x[j]);
+    }
+}
+
+static __global__ void from_bf16_set_kernel(size_t total, size_t n0, size_t n1, const uint16_t *x0,
+                                            const uint16_t *x1, const uint16_t *x2, float *y0, float *y1, float *y2,
+                                            int acc0, int acc1, int acc2) {
+    GRID_STRIDE(i, total) {
+        int k;
+        size_t j;
+        set_index(i, n0, n1, &k, &j);
+        const uint16_t *x = k == 0 ? x0 : k == 1 ? x1 : x2;
+        float *y = k == 0 ? y0 : k == 1 ? y1 : y2;
+        const int acc = k == 0 ? acc0 : k == 1 ? acc1 : acc2;
+        y[j] = acc ? __fadd_rn(y[j], bf16_to_f32(x[j])) : bf16_to_f32(x[j]);
+    }
+}
+
+static_assert(RT_CUK_SET == 3, "the set kernels take three arrays");
+
+extern "C" cudaError_t rt_cuk_to_bf16_n(cudaStream_t s, const rt_cuk_to_bf16_set *g) {
+    if (g->n < 1 || g->n > RT_CUK_SET) return cudaErrorInvalidValue;
+    size_t n[RT_CUK_SET] = {0, 0, 0};
+    const float *x[RT_CUK_SET] = {NULL, NULL, NULL};
+    uint16_t *y[RT_CUK_SET] = {NULL, NULL, NULL};
+    for (int k = 0; k < g->n; k++) n[k] = g->count[k], x[k] = g->x[k], y[k] = g->y[k];
+    const size_t total = n[0] + n[1] + n[2];
+    if (total == 0) return cudaSuccess;
+    to_bf16_set_kernel<<<grid_for(total), THREADS, 0, s>>>(total, n[0], n[1], x[0], x[1], x[2], y[0], y[1], y[2]);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_from_bf16_n(cudaStream_t s, const rt_cuk_from_bf16_set *g) {
+    if (g->n < 1 || g->n > RT_CUK_SET) return cudaErrorInvalidValue;
+    size_t n[RT_CUK_SET] = {0, 0, 0};
+    const uint16_t *x[RT_CUK_SET] = {NULL, NULL, NULL};
+    float *y[RT_CUK_SET] = {NULL, NULL, NULL};
+    int acc[RT_CUK_SET] = {0, 0, 0};
+    for (int k = 0; k < g->n; k++) n[k] = g->count[k], x[k] = g->x[k], y[k] = g->y[k], acc[k] = g->accumulate[k];
+    const size_t total = n[0] + n[1] + n[2];
+    if (total == 0) return cudaSuccess;
+    from_bf16_set_kernel<<<grid_for(total), THREADS, 0, s>>>(total, n[0], n[1], x[0], x[1], x[2], y[0], y[1], y[2],
+                                                             acc[0], acc[1], acc[2]);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t rt_cuk_round_bf16(cudaStream_t s, size_t count, float *y) {
     if (count == 0) return cudaSuccess;
     round_bf16_kernel<<<grid_for(count), THREADS, 0, s>>>(count, y);
