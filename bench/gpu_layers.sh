@@ -3,9 +3,10 @@
 # model --device cuda --layers` (a second run after the timed one, the stream synchronised
 # around every layer call: each layer's own time, launches included, nothing overlapping)
 # for ResNet34 at 1x28x28 (imagenet stem) and 3x32x32 (cifar stem), each precision and
-# batch, one process each. Prints, per input and batch, every layer shape and pass with
-# its ms per step in each precision side by side (the largest first), and writes
-# bench/results/gpu-layers-<YYYYMMDD>.json (or --json FILE) with the whole rows.
+# batch, one process each. Prints, per input and batch, the TOP layer shapes and passes
+# with the most time, their ms per step in each precision side by side, and writes
+# bench/results/gpu-layers-<YYYYMMDD>.json (or --json FILE) with all the rows. Exits 1
+# when a run failed (its entry then has "error" and "stderr_tail").
 #
 #   bench/gpu_layers.sh [--json FILE]
 #
@@ -49,30 +50,45 @@ for cfg in $configs; do
   for b in $batches; do
     for p in $precisions; do
       echo "== $stem $p $b"
+      rc=0
       "$bin" bench model --arch resnet34 --device "$device" --stem "$stem" --channels "$ch" --size "$hw" \
         --batch "$b" --steps "$steps" --warmup "$warmup" --precision "$p" --layers --json \
-        > "$tmp/$stem-$p-$b.json" 2> "$tmp/$stem-$p-$b.err" ||
-        { echo "gpu_layers.sh: $stem $p $b failed: $(tail -n3 "$tmp/$stem-$p-$b.err" | tr '\n' ' ')" >&2; }
+        > "$tmp/$stem-$p-$b.json" 2> "$tmp/$stem-$p-$b.err" || rc=$?
+      echo "$rc" > "$tmp/$stem-$p-$b.rc"
+      [ "$rc" = 0 ] || echo "gpu_layers.sh: $stem $p $b failed (exit $rc): $(tail -n3 "$tmp/$stem-$p-$b.err" | tr '\n' ' ')" >&2
     done
   done
 done
 info=$("$bin" info --json 2>/dev/null || echo null)
-RT_INFO=$info python3 - "$tmp" "$json_out" "$configs" "$precisions" "$batches" "$top" <<'PY'
+failed=0
+RT_INFO=$info python3 - "$tmp" "$json_out" "$configs" "$precisions" "$batches" "$top" <<'PY' || failed=1
 import json, os, sys
 tmp, out, configs, precisions, batches, top = sys.argv[1:7]
 precs = precisions.split()
-runs = []
+runs, bad = [], []
 for cfg in configs.split():
     stem, ch, hw = cfg.split(":")
     for b in batches.split():
         per = {}
         for p in precs:
             path = os.path.join(tmp, f"{stem}-{p}-{b}.json")
+            base = path[:-5]
             try:
                 lines = [l for l in open(path).read().splitlines() if l.startswith("{")]
                 d = json.loads(lines[-1])
             except (OSError, ValueError, IndexError) as e:
-                d = {"error": f"no result: {e}", "stderr_tail": open(path[:-5] + ".err").read()[-800:]}
+                d = {"error": f"no result: {e}"}
+            try:
+                rc = int(open(base + ".rc").read().strip())
+            except (OSError, ValueError):
+                rc = -1
+            if rc != 0 or "layers" not in d or d.get("layers") is None:
+                d.setdefault("error", f"exit code {rc}" if rc != 0 else "no per-layer rows")
+                try:
+                    d["stderr_tail"] = open(base + ".err").read()[-800:]
+                except OSError:
+                    pass
+                bad.append(f"{stem} {p} {b}")
             d.update({"stem": stem, "input": f"{ch}x{hw}x{hw}", "batch": int(b), "precision": p})
             runs.append(d)
             per[p] = d
@@ -81,7 +97,7 @@ for cfg in configs.split():
               ", ".join(f"{p} {per[p].get('layers_step_ms', '-')}" for p in precs))
         keys, ms = [], {}
         for p in precs:
-            for r in per[p].get("layers", []):
+            for r in per[p].get("layers") or []:
                 k = (r["kind"], r["shape"], r["pass"])
                 if k not in ms:
                     keys.append(k)
@@ -93,7 +109,7 @@ for cfg in configs.split():
             print(f"  {k[0]:<21} {k[1]:<36} {k[2]:<8} " +
                   " ".join(f"{ms[k][p]:9.3f}" if p in ms[k] else f"{'-':>9}" for p in precs))
         for p in precs:
-            if "layers" in per[p]:
+            if per[p].get("layers"):
                 print(f"  {'all layers':<66} {p}: {per[p]['layers_ms_per_step']:.3f} ms, optimizer in the step "
                       f"{per[p].get('optim_ms', 0):.3f} ms (timed run)")
 try:
@@ -108,4 +124,8 @@ with open(out, "w") as f:
     json.dump(doc, f, indent=1)
     f.write("\n")
 print(f"wrote {out}")
+if bad:
+    print("gpu_layers.sh: failed: " + ", ".join(bad), file=sys.stderr)
+    sys.exit(1)
 PY
+exit $failed

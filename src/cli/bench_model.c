@@ -113,6 +113,19 @@ static rt_status sgd_step(rt_optimizer *opt, rt_model *m, rt_stream *stream) {
 
 /* ---- GPU: event timing, one synchronisation per run, peak device memory ------------ */
 
+/* s inside a JSON string: quotes, backslashes and control characters escaped */
+static void json_chars(const char *s) {
+    for (; s && *s; s++) {
+        const unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+}
+
 /* --layers on a GPU: `steps` more steps after the timed run, with the profile attached
  * (model/profile.h: the stream is synchronised before and after every layer call, so each
  * row is that layer's own time, its launches included, with nothing overlapping it), and
@@ -469,8 +482,14 @@ int rt_cmd_bench_model(int argc, char **argv) {
                 if (layers) {
                     rt_layer_profile prof = {0};
                     double lms = 0, lsgd = 0;
+                    fflush(stdout); /* the timed row, whatever the profiled run does */
                     if (rt_layer_profile_init(&prof, 1024) != RT_OK ||
                         gpu_layers_run(m, ctx, &opt, x_dev, labels_dev, n, steps, &prof, &lms, &lsgd) != RT_OK) {
+                        if (json) { /* the row says so, not only the exit code */
+                            printf(", \"layers\": null, \"layers_error\": \"");
+                            json_chars(rt_error_message());
+                            printf("\"");
+                        }
                         status = rt_cli_fail();
                     } else {
                         if (json)

@@ -55,7 +55,10 @@ bool rt_model_cpu_bf16(void) {
 bool rt_model_cpu_bf16_native(char *why, size_t why_len) {
 #ifdef RT_HAVE_DNNL
     const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    if (isa == dnnl_cpu_isa_avx512_core_bf16 || isa == dnnl_cpu_isa_avx512_core_amx) return true;
+    /* the ISA values are cumulative bit masks: avx512_core_bf16's bits, with AMX or whatever
+     * a newer oneDNN adds on top of them */
+    if (((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) == (unsigned)dnnl_cpu_isa_avx512_core_bf16)
+        return true;
     if (why)
         snprintf(why, why_len, "oneDNN's kernels use %s%s", rt_model_onednn_isa(),
                  rt_model_cpu_bf16() ? ", though the CPU has AVX-512 BF16 (ONEDNN_MAX_CPU_ISA?)"

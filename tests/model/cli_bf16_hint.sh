@@ -1,12 +1,14 @@
 #!/bin/sh
 # precision bf16 where the CPU convolutions cannot use bf16 instructions: a warning says
-# bf16 is emulated (same results, no faster than fp32), once, and `ringtrain info` says
+# bf16 is emulated (same results, no faster than fp32), one line for the run's context, and `ringtrain info` says
 # "bf16 emulated"; where they can, neither. ONEDNN_MAX_CPU_ISA=AVX2 takes oneDNN's bf16
 # kernels away on any CPU. The native case is checked where /proc/cpuinfo lists
 # avx512_bf16 and the build has oneDNN (else it is the emulated case too).
 # usage: cli_bf16_hint.sh RINGTRAIN
 set -u
 bin=$1
+# what the caller's environment could set that changes the answer
+unset RINGTRAIN_CONV ONEDNN_MAX_CPU_ISA DNNL_MAX_CPU_ISA RINGTRAIN_LOG_LEVEL
 err=$(mktemp) && out=$(mktemp) || exit 1
 trap 'rm -f "$err" "$out"' EXIT
 run="$bin bench model --arch resnet18 --width 4 --batch 2 --steps 1 --warmup 0 --precision bf16"
