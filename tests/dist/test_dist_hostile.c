@@ -328,13 +328,17 @@ static int job_rank(int rank, int port) {
     MP_OK(rt_pg_init(&o, &pg));
     long rss0 = proc_kb("VmRSS");
     if (rank == 0) flag_set("ready");
-    int64_t x = 0;
+    /* The ranks decide together when to stop: each reads the flag at its own moment,
+     * so the flag travels in the all_reduce and both see the same sum (a rank that
+     * stopped on its own reading would call barrier while the other calls all_reduce). */
+    int64_t x[2] = {0, 0};
     int rounds = 0;
     for (bool last = false; !last; rounds++) {
-        last = flag_is("done");
-        x = rank + 1;
-        MP_OK(rt_all_reduce(pg, &x, 1, RT_I64, RT_OP_SUM));
-        MP_CHECK(x == 3, "all_reduce during the attacks: %lld", (long long)x);
+        x[0] = rank + 1;
+        x[1] = flag_is("done");
+        MP_OK(rt_all_reduce(pg, x, 2, RT_I64, RT_OP_SUM));
+        MP_CHECK(x[0] == 3, "all_reduce during the attacks: %lld", (long long)x[0]);
+        last = x[1] > 0;
         if (!last) sleep_ms(50);
         MP_CHECK(rounds < 20 * 300, "the attacker never finished");
     }
