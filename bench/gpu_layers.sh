@@ -10,7 +10,8 @@
 #
 #   bench/gpu_layers.sh [--json FILE]
 #
-# Environment: RINGTRAIN_BUILD (build dir, default build), PRECISIONS ("tf32 bf16"),
+# Environment: RINGTRAIN_BUILD (build dir, default build), PRECISIONS ("tf32 bf16 bf16-nchw";
+# bf16-nchw: bf16 with RINGTRAIN_CUDNN_LAYOUT=nchw, the copies' layout before NHWC),
 # BATCHES ("256"), STEPS (10), WARMUP (3), DEVICE (cuda:0), TOP (rows printed, 25).
 # Without an NVIDIA GPU it says so and exits 0 (a "skipped" JSON only with --json).
 # It answers what bench/gpu.sh cannot: which layers make bf16 slower or faster than tf32.
@@ -21,12 +22,12 @@ json_asked=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --json) json_out=${2:?--json needs a file}; json_asked=1; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_layers.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
 bin=${RINGTRAIN_BUILD:-build}/ringtrain
-precisions=${PRECISIONS:-tf32 bf16}
+precisions=${PRECISIONS:-tf32 bf16 bf16-nchw}
 batches=${BATCHES:-256}
 steps=${STEPS:-10}
 warmup=${WARMUP:-3}
@@ -51,8 +52,10 @@ for cfg in $configs; do
     for p in $precisions; do
       echo "== $stem $p $b"
       rc=0
-      "$bin" bench model --arch resnet34 --device "$device" --stem "$stem" --channels "$ch" --size "$hw" \
-        --batch "$b" --steps "$steps" --warmup "$warmup" --precision "$p" --layers --json \
+      layout=auto prec=$p
+      [ "$p" != bf16-nchw ] || { layout=nchw prec=bf16; }
+      RINGTRAIN_CUDNN_LAYOUT=$layout "$bin" bench model --arch resnet34 --device "$device" --stem "$stem" \
+        --channels "$ch" --size "$hw" --batch "$b" --steps "$steps" --warmup "$warmup" --precision "$prec" --layers --json \
         > "$tmp/$stem-$p-$b.json" 2> "$tmp/$stem-$p-$b.err" || rc=$?
       echo "$rc" > "$tmp/$stem-$p-$b.rc"
       [ "$rc" = 0 ] || echo "gpu_layers.sh: $stem $p $b failed (exit $rc): $(tail -n3 "$tmp/$stem-$p-$b.err" | tr '\n' ' ')" >&2

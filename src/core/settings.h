@@ -89,6 +89,9 @@ typedef enum rt_setting_group {
       "auto: by size")                                                                                                 \
     X(DNNL_LAYOUT, "RINGTRAIN_DNNL_LAYOUT", CHOICE, "auto", 0, 0, "auto|plain", USER,                                  \
       "oneDNN activations: auto (blocked) or plain NCHW (for measurements)")                                           \
+    X(CUDNN_LAYOUT, "RINGTRAIN_CUDNN_LAYOUT", CHOICE, "auto", 0, 0, "auto|nchw", USER,                                 \
+      "GPU bf16 convolutions: auto (NHWC copies where both channel counts are multiples of 8) or nchw (for "           \
+      "measurements)")                                                                                                 \
     X(BLAS_THREADS, "RINGTRAIN_BLAS_THREADS", INT, "1", 1, 1024, NULL, USER,                                           \
       "OpenBLAS threads per ringtrain thread (our pool already splits the batch)")                                     \
     X(POOL_SPIN, "RINGTRAIN_POOL_SPIN", INT, "1000", 0, RT_I32MAX, NULL, USER,                                         \

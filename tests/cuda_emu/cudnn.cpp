@@ -4,7 +4,8 @@
  *
  * Every call validates on the calling thread and returns cuDNN's status (BAD_PARAM for
  * inconsistent shapes or an undersized workspace, NOT_SUPPORTED for what the emulation
- * does not implement: anything but 4-d NCHW float, and bf16 outside the convolutions),
+ * does not implement: anything but 4-d NCHW or NHWC float or bf16 tensors, NHWC and bf16
+ * outside the convolutions, and convolutions whose x, w and y mix NCHW and NHWC),
  * copies the descriptors' contents and
  * the host scalars alpha/beta into the operation and enqueues it on the handle's stream
  * (cudnnSetStream; default the legacy stream). Inside the operation every device
@@ -125,12 +126,14 @@ struct cudnnTensorStruct {
     bool set;
     int n, c, h, w;
     cudnnDataType_t type; /* CUDNN_DATA_FLOAT or CUDNN_DATA_BFLOAT16 */
+    bool nhwc;            /* CUDNN_TENSOR_NHWC (else NCHW) */
 };
 struct cudnnFilterStruct {
     uint32_t magic;
     bool set;
     int k, c, h, w;
     cudnnDataType_t type;
+    bool nhwc; /* CUDNN_TENSOR_NHWC: (k, r, s, c) in memory (else (k, c, r, s)) */
 };
 struct cudnnConvolutionStruct {
     uint32_t magic;
@@ -226,6 +229,7 @@ struct geom {
     int ph, pw, u, v, dh, dw;
     bool flip;         /* CUDNN_CONVOLUTION: the filter is applied flipped */
     bool bf16;         /* x, w, y are CUDNN_DATA_BFLOAT16 (else CUDNN_DATA_FLOAT) */
+    bool nhwc;         /* x, w, y are all CUDNN_TENSOR_NHWC (else all NCHW) */
     size_t x_elems() const { return (size_t)n * c * h * w; }
     size_t y_elems() const { return (size_t)n * k * oh * ow; }
     size_t w_elems() const { return (size_t)k * c * r * s; }
@@ -784,12 +788,49 @@ void run_filter(const conv_args &A, const float *x, const float *dy, float *dw) 
     }
 }
 
-/* n bf16 values as floats (exact) */
-std::vector<float> widen_all(const void *p, size_t n) {
+/* n values (bf16 or float) as floats (exact) */
+std::vector<float> widen_all(const void *p, size_t n, bool bf16) {
     std::vector<float> v(n);
+    if (!bf16) {
+        memcpy(v.data(), p, n * sizeof(float));
+        return v;
+    }
     const uint16_t *h = static_cast<const uint16_t *>(p);
     for (size_t i = 0; i < n; i++) v[i] = bf16_widen(h[i]);
     return v;
+}
+
+/* An NHWC operand (images of c channels and `plane` positions: x, y, or a filter's k
+ * rows of (r, s, c)) as NCHW, or back (to_nhwc). */
+std::vector<float> permute(const std::vector<float> &v, size_t images, int c, size_t plane, bool to_nhwc) {
+    std::vector<float> o(v.size());
+    for (size_t i = 0; i < images; i++)
+        for (int ch = 0; ch < c; ch++)
+            for (size_t p = 0; p < plane; p++) {
+                const size_t nchw = (i * c + ch) * plane + p, nhwc = (i * plane + p) * c + ch;
+                if (to_nhwc)
+                    o[nhwc] = v[nchw];
+                else
+                    o[nchw] = v[nhwc];
+            }
+    return o;
+}
+
+/* The operand shapes of direction d, for the permutations: x, w, y as (images, c, plane) */
+struct operand {
+    size_t images;
+    int c;
+    size_t plane;
+};
+void operands(const geom &g, dir_t d, operand *a, operand *b, operand *out) {
+    const operand x{(size_t)g.n, g.c, (size_t)g.h * g.w}, w{(size_t)g.k, g.c, (size_t)g.r * g.s},
+        y{(size_t)g.n, g.k, (size_t)g.oh * g.ow};
+    if (d == DIR_FWD)
+        *a = x, *b = w, *out = y;
+    else if (d == DIR_DATA)
+        *a = w, *b = y, *out = x;
+    else
+        *a = x, *b = y, *out = w;
 }
 
 void run_dir(const conv_args &A, const float *a, const float *b, float *out) {
@@ -816,17 +857,30 @@ void run_conv(const conv_args &A) {
     const void *b = dev_view<const void>(A.b, b_n * eb, A.dev, nm.b);
     void *out = dev_view<void>(A.out, out_n * eb, A.dev, nm.out);
     unsigned char *ws = A.ws_need ? dev_view<unsigned char>(A.ws, A.ws_need, A.dev, nm.ws) : nullptr;
-    if (!g.bf16) {
+    if (!g.bf16 && !g.nhwc) {
         run_dir(A, static_cast<const float *>(a), static_cast<const float *>(b), static_cast<float *>(out));
     } else {
         /* the bf16 configuration: operands read exactly as floats, the algorithm's own
          * float/double arithmetic, alpha/beta applied in float (the prior output widened
-         * when beta != 0), the result rounded once to bf16 */
-        const std::vector<float> af = widen_all(a, a_n), bf = widen_all(b, b_n);
-        std::vector<float> of = A.beta != 0.0f ? widen_all(out, out_n) : std::vector<float>(out_n, 0.0f);
+         * when beta != 0), the result rounded once to bf16. NHWC: the operands permuted
+         * to NCHW around the same computation (the same bits as NCHW) */
+        std::vector<float> af = widen_all(a, a_n, g.bf16), bf = widen_all(b, b_n, g.bf16);
+        std::vector<float> of = A.beta != 0.0f ? widen_all(out, out_n, g.bf16) : std::vector<float>(out_n, 0.0f);
+        operand oa, ob, oo;
+        operands(g, A.dir, &oa, &ob, &oo);
+        if (g.nhwc) {
+            af = permute(af, oa.images, oa.c, oa.plane, false);
+            bf = permute(bf, ob.images, ob.c, ob.plane, false);
+            if (A.beta != 0.0f) of = permute(of, oo.images, oo.c, oo.plane, false);
+        }
         run_dir(A, af.data(), bf.data(), of.data());
-        uint16_t *o = static_cast<uint16_t *>(out);
-        for (size_t i = 0; i < out_n; i++) o[i] = bf16_round(of[i]);
+        if (g.nhwc) of = permute(of, oo.images, oo.c, oo.plane, true);
+        if (g.bf16) {
+            uint16_t *o = static_cast<uint16_t *>(out);
+            for (size_t i = 0; i < out_n; i++) o[i] = bf16_round(of[i]);
+        } else {
+            memcpy(out, of.data(), out_n * sizeof(float));
+        }
     }
     if (ws) memset(ws, 0xff, A.ws_need); /* scratch left behind: NaN bytes */
 }
@@ -847,7 +901,11 @@ cudnnStatus_t dir_geom(cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd, c
      * Mixed data types (e.g. bf16 x with a float y or dw) are no configuration. */
     if (xd->type != wd->type || yd->type != xd->type || cd->compute != CUDNN_DATA_FLOAT)
         return CUDNN_STATUS_NOT_SUPPORTED;
+    /* layouts: x, w and y all NCHW or all NHWC (cuDNN takes some mixes; the emulation
+     * does not) */
+    if (xd->nhwc != wd->nhwc || yd->nhwc != xd->nhwc) return CUDNN_STATUS_NOT_SUPPORTED;
     g->bf16 = xd->type == CUDNN_DATA_BFLOAT16;
+    g->nhwc = xd->nhwc;
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1121,7 +1179,7 @@ cudnnStatus_t cudnnGetStream(cudnnHandle_t handle, cudaStream_t *streamId) {
 
 cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t *tensorDesc) {
     if (!tensorDesc) return CUDNN_STATUS_BAD_PARAM;
-    *tensorDesc = new cudnnTensorStruct{kTensorMagic, false, 0, 0, 0, 0, CUDNN_DATA_FLOAT};
+    *tensorDesc = new cudnnTensorStruct{kTensorMagic, false, 0, 0, 0, 0, CUDNN_DATA_FLOAT, false};
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1130,7 +1188,7 @@ static cudnnStatus_t check_4d(int format, cudnnDataType_t type, int n, int c, in
     if (n <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
     if (format < CUDNN_TENSOR_NCHW || format > CUDNN_TENSOR_NCHW_VECT_C) return CUDNN_STATUS_BAD_PARAM;
     if ((double)n * c * h * w > (double)INT_MAX) return CUDNN_STATUS_NOT_SUPPORTED;
-    if (format != CUDNN_TENSOR_NCHW) return CUDNN_STATUS_NOT_SUPPORTED;
+    if (format != CUDNN_TENSOR_NCHW && format != CUDNN_TENSOR_NHWC) return CUDNN_STATUS_NOT_SUPPORTED;
     if (type != CUDNN_DATA_FLOAT && type != CUDNN_DATA_BFLOAT16) return CUDNN_STATUS_NOT_SUPPORTED;
     return CUDNN_STATUS_SUCCESS;
 }
@@ -1140,7 +1198,7 @@ cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorF
     if (!d || d->magic != kTensorMagic) return CUDNN_STATUS_BAD_PARAM;
     cudnnStatus_t st = check_4d(format, dataType, n, c, h, w);
     if (st != CUDNN_STATUS_SUCCESS) return st;
-    d->n = n, d->c = c, d->h = h, d->w = w, d->type = dataType, d->set = true;
+    d->n = n, d->c = c, d->h = h, d->w = w, d->type = dataType, d->nhwc = format == CUDNN_TENSOR_NHWC, d->set = true;
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1153,9 +1211,9 @@ cudnnStatus_t cudnnGetTensor4dDescriptor(const cudnnTensorDescriptor_t d, cudnnD
     if (h) *h = d->h;
     if (w) *w = d->w;
     if (nStride) *nStride = d->c * d->h * d->w;
-    if (cStride) *cStride = d->h * d->w;
-    if (hStride) *hStride = d->w;
-    if (wStride) *wStride = 1;
+    if (cStride) *cStride = d->nhwc ? 1 : d->h * d->w;
+    if (hStride) *hStride = d->nhwc ? d->w * d->c : d->w;
+    if (wStride) *wStride = d->nhwc ? d->c : 1;
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1169,7 +1227,7 @@ cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) {
 
 cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *filterDesc) {
     if (!filterDesc) return CUDNN_STATUS_BAD_PARAM;
-    *filterDesc = new cudnnFilterStruct{kFilterMagic, false, 0, 0, 0, 0, CUDNN_DATA_FLOAT};
+    *filterDesc = new cudnnFilterStruct{kFilterMagic, false, 0, 0, 0, 0, CUDNN_DATA_FLOAT, false};
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1178,7 +1236,7 @@ cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataTyp
     if (!d || d->magic != kFilterMagic) return CUDNN_STATUS_BAD_PARAM;
     cudnnStatus_t st = check_4d(format, dataType, k, c, h, w);
     if (st != CUDNN_STATUS_SUCCESS) return st;
-    d->k = k, d->c = c, d->h = h, d->w = w, d->type = dataType, d->set = true;
+    d->k = k, d->c = c, d->h = h, d->w = w, d->type = dataType, d->nhwc = format == CUDNN_TENSOR_NHWC, d->set = true;
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1186,7 +1244,7 @@ cudnnStatus_t cudnnGetFilter4dDescriptor(const cudnnFilterDescriptor_t d, cudnnD
                                          cudnnTensorFormat_t *format, int *k, int *c, int *h, int *w) {
     if (!filter_ok(d)) return CUDNN_STATUS_BAD_PARAM;
     if (dataType) *dataType = d->type;
-    if (format) *format = CUDNN_TENSOR_NCHW;
+    if (format) *format = d->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     if (k) *k = d->k;
     if (c) *c = d->c;
     if (h) *h = d->h;
@@ -1428,8 +1486,8 @@ struct dims {
 dims dims_of(const cudnnTensorStruct *t) { return {t->n, t->c, t->h, t->w}; }
 bool same(const dims &a, const dims &b) { return a.n == b.n && a.c == b.c && a.h == b.h && a.w == b.w; }
 bool is_param(const dims &p, int c) { return p.n == 1 && p.c == c && p.h == 1 && p.w == 1; }
-/* bias, tensor add and batch norm are emulated for float data only (cuDNN has more) */
-bool float_data(const cudnnTensorStruct *t) { return t->type == CUDNN_DATA_FLOAT; }
+/* bias, tensor add and batch norm are emulated for float NCHW data only (cuDNN has more) */
+bool float_data(const cudnnTensorStruct *t) { return t->type == CUDNN_DATA_FLOAT && !t->nhwc; }
 
 struct bias_args {
     dims dy;

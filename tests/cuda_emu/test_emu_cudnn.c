@@ -19,7 +19,8 @@
  * destroyed stream, stream of another device; error codes; a host pointer given to
  * cuDNN is a fault of the emulation (checked in a child process). bf16 (issue 22): a
  * convolution and cublasGemmEx on bf16 operands equal the float computation on the same
- * values, rounded once; mixed data types and unsupported combinations are refused.
+ * values, rounded once; mixed data types and unsupported combinations are refused. NHWC
+ * tensors and filters: each direction gives the NHWC permutation of its NCHW result.
  */
 #include "test_util.h"
 
@@ -846,6 +847,100 @@ static void test_conv_bf16(void **state) {
     free(x), free(w), free(y0), free(xh), free(wh), free(y0h), free(xf), free(wf), free(y0f);
 }
 
+/* (images, c, plane) NCHW -> NHWC, written independently of the emulation's */
+static float *to_nhwc(const float *v, int images, int c, int plane) {
+    float *o = malloc((size_t)images * c * plane * sizeof(float));
+    assert_non_null(o);
+    for (int i = 0; i < images; i++)
+        for (int p = 0; p < plane; p++)
+            for (int ch = 0; ch < c; ch++) o[((size_t)i * plane + p) * c + ch] = v[((size_t)i * c + ch) * plane + p];
+    return o;
+}
+
+/* NHWC tensors and filters (the layout ringtrain's bf16 convolutions use, docs/gpu.md):
+ * each direction in NHWC gives the NHWC permutation of its NCHW result, bit for bit (the
+ * same algorithm), beta 1 included (the prior output is read in NHWC); NHWC mixed with
+ * NCHW is refused, and bias / add / batch norm take no NHWC. Float data: the bf16 path
+ * widens into the same permutation. */
+static void test_conv_nhwc(void **state) {
+    (void)state;
+    const int N = 2, C = 3, H = 5, W = 6, K = 4, R = 3, S = 3, OH = 3, OW = 3; /* pad 1, stride 2 */
+    const size_t nx = (size_t)N * C * H * W, nw = (size_t)K * C * R * S, ny = (size_t)N * K * OH * OW;
+    float *x = randn(nx, 1.0f), *w = randn(nw, 0.5f), *dy = randn(ny, 1.0f), *y0 = randn(ny, 1.0f);
+    float *xt = to_nhwc(x, N, C, H * W), *wt = to_nhwc(w, K, C, R * S), *dyt = to_nhwc(dy, N, K, OH * OW),
+          *y0t = to_nhwc(y0, N, K, OH * OW);
+    cudnnTensorDescriptor_t xd, yd, xn, yn;
+    cudnnFilterDescriptor_t wd, wn;
+    cudnnConvolutionDescriptor_t c;
+    assert_dnn_ok(cudnnCreateTensorDescriptor(&xd));
+    assert_dnn_ok(cudnnCreateTensorDescriptor(&yd));
+    assert_dnn_ok(cudnnCreateTensorDescriptor(&xn));
+    assert_dnn_ok(cudnnCreateTensorDescriptor(&yn));
+    assert_dnn_ok(cudnnCreateFilterDescriptor(&wd));
+    assert_dnn_ok(cudnnCreateFilterDescriptor(&wn));
+    assert_dnn_ok(cudnnCreateConvolutionDescriptor(&c));
+    assert_dnn_ok(cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, N, C, H, W));
+    assert_dnn_ok(cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, N, K, OH, OW));
+    assert_dnn_ok(cudnnSetTensor4dDescriptor(xn, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, N, C, H, W));
+    assert_dnn_ok(cudnnSetTensor4dDescriptor(yn, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, N, K, OH, OW));
+    assert_dnn_ok(cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, K, C, R, S));
+    assert_dnn_ok(cudnnSetFilter4dDescriptor(wn, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, K, C, R, S));
+    assert_dnn_ok(cudnnSetConvolution2dDescriptor(c, 1, 1, 2, 2, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    assert_dnn_ok(cudnnSetConvolutionMathType(c, CUDNN_FMA_MATH));
+    /* the descriptors say what they hold */
+    int ns, cs, hs, ws_;
+    assert_dnn_ok(cudnnGetTensor4dDescriptor(xn, NULL, NULL, NULL, NULL, NULL, &ns, &cs, &hs, &ws_));
+    assert_true(ns == C * H * W && cs == 1 && hs == W * C && ws_ == C);
+    cudnnTensorFormat_t fmt;
+    assert_dnn_ok(cudnnGetFilter4dDescriptor(wn, NULL, &fmt, NULL, NULL, NULL, NULL));
+    assert_int_equal(fmt, CUDNN_TENSOR_NHWC);
+
+    void *dx_ = dev_put(x, nx), *dw_ = dev_put(w, nw), *ddy = dev_put(dy, ny), *dxt = dev_put(xt, nx),
+         *dwt = dev_put(wt, nw), *ddyt = dev_put(dyt, ny);
+    void *out = dev_put(y0, ny), *outt = dev_put(y0t, ny);
+    void *gx = dev_put(x, nx), *gxt = dev_put(xt, nx), *gw = dev_put(w, nw), *gwt = dev_put(wt, nw);
+    const float one = 1.0f, zero = 0.0f;
+    /* mixed layouts: no configuration here */
+    assert_int_equal(cudnnConvolutionForward(g_dnn, &one, xn, dxt, wd, dw_, c, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+                                             NULL, 0, &zero, yn, outt),
+                     CUDNN_STATUS_NOT_SUPPORTED);
+    /* forward at beta 1 (the prior output is read in its layout) */
+    const cudnnConvolutionFwdAlgo_t fa = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    assert_dnn_ok(cudnnConvolutionForward(g_dnn, &one, xd, dx_, wd, dw_, c, fa, NULL, 0, &one, yd, out));
+    assert_dnn_ok(cudnnConvolutionForward(g_dnn, &one, xn, dxt, wn, dwt, c, fa, NULL, 0, &one, yn, outt));
+    float *y = dev_get(out, ny), *yt = dev_get(outt, ny), *ytt = to_nhwc(y, N, K, OH * OW);
+    assert_true(bits_equal(yt, ytt, ny));
+    /* backward data and filter (deterministic ALGO_1) */
+    assert_dnn_ok(cudnnConvolutionBackwardData(g_dnn, &one, wd, dw_, yd, ddy, c, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+                                               NULL, 0, &zero, xd, gx));
+    assert_dnn_ok(cudnnConvolutionBackwardData(g_dnn, &one, wn, dwt, yn, ddyt, c, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+                                               NULL, 0, &zero, xn, gxt));
+    assert_dnn_ok(cudnnConvolutionBackwardFilter(g_dnn, &one, xd, dx_, yd, ddy, c,
+                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, NULL, 0, &zero, wd, gw));
+    assert_dnn_ok(cudnnConvolutionBackwardFilter(g_dnn, &one, xn, dxt, yn, ddyt, c,
+                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, NULL, 0, &zero, wn, gwt));
+    float *hx = dev_get(gx, nx), *hxt = dev_get(gxt, nx), *hw = dev_get(gw, nw), *hwt = dev_get(gwt, nw);
+    float *hxtt = to_nhwc(hx, N, C, H * W), *hwtt = to_nhwc(hw, K, C, R * S);
+    assert_true(bits_equal(hxt, hxtt, nx));
+    assert_true(bits_equal(hwt, hwtt, nw));
+    /* an NHWC result is not the NCHW one (the test can tell them apart) */
+    assert_false(bits_equal(hxt, hx, nx));
+    /* bias add takes no NHWC here */
+    cudnnTensorDescriptor_t bn;
+    assert_dnn_ok(cudnnCreateTensorDescriptor(&bn));
+    assert_dnn_ok(cudnnSetTensor4dDescriptor(bn, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1, K, 1, 1));
+    assert_int_equal(cudnnAddTensor(g_dnn, &one, bn, dw_, &one, yn, outt), CUDNN_STATUS_NOT_SUPPORTED);
+    assert_dnn_ok(cudnnDestroyTensorDescriptor(bn));
+
+    free(y), free(yt), free(ytt), free(hx), free(hxt), free(hw), free(hwt), free(hxtt), free(hwtt);
+    cudaFree(dx_), cudaFree(dw_), cudaFree(ddy), cudaFree(dxt), cudaFree(dwt), cudaFree(ddyt), cudaFree(out);
+    cudaFree(outt), cudaFree(gx), cudaFree(gxt), cudaFree(gw), cudaFree(gwt);
+    cudnnDestroyTensorDescriptor(xd), cudnnDestroyTensorDescriptor(yd), cudnnDestroyTensorDescriptor(xn);
+    cudnnDestroyTensorDescriptor(yn), cudnnDestroyFilterDescriptor(wd), cudnnDestroyFilterDescriptor(wn);
+    cudnnDestroyConvolutionDescriptor(c);
+    free(x), free(w), free(dy), free(y0), free(xt), free(wt), free(dyt), free(y0t);
+}
+
 /* bf16 backward filter ALGO_0 adds each group of images into the bf16 dw with atomics:
  * its running sum is rounded after every group (a real H200 showed this, cuDNN 9.19), so
  * with several groups (24x24 outputs: one image per group, 4 groups) many elements are
@@ -1102,7 +1197,7 @@ static void test_errors(void **state) {
     assert_dnn_ok(cudnnCreateConvolutionDescriptor(&c));
     assert_int_equal(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 0, 1, 1, 1),
                      CUDNN_STATUS_BAD_PARAM);
-    assert_int_equal(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, 1, 1, 1, 1),
+    assert_int_equal(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW_VECT_C, CUDNN_DATA_FLOAT, 1, 1, 1, 1),
                      CUDNN_STATUS_NOT_SUPPORTED);
     assert_int_equal(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_HALF, 1, 1, 1, 1),
                      CUDNN_STATUS_NOT_SUPPORTED);
@@ -1199,6 +1294,7 @@ int main(void) {
         cmocka_unit_test(test_workspace),      cmocka_unit_test(test_bias_and_add), cmocka_unit_test(test_batchnorm),
         cmocka_unit_test(test_sgemm),          cmocka_unit_test(test_streams),
         cmocka_unit_test(test_conv_bf16),      cmocka_unit_test(test_conv_bf16_atomic_filter),
+        cmocka_unit_test(test_conv_nhwc),
         cmocka_unit_test(test_gemm_ex_bf16),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -394,16 +394,23 @@ static void test_bf16_casts(void **state) {
     float *b = rt_test_randn((size_t)C, 1.0f), *db = rt_test_nans((size_t)C), *cdb = rt_test_floats((size_t)C);
     uint16_t *y = malloc(total * sizeof(uint16_t));
     assert_non_null(y);
-    assert_cuda_ok(rt_cuk_bf16_fill_channels(NULL, N, C, P, b, y));
+    assert_cuda_ok(rt_cuk_bf16_fill_channels(NULL, N, C, P, false, b, y));
     for (size_t i = 0; i < total; i++) assert_int_equal(y[i], rt_bf16_from_f32(b[(i / P) % C]));
-    assert_cuda_ok(rt_cuk_bf16_channel_sums(NULL, N, C, P, y, db));
-    for (int c = 0; c < C; c++) {
-        double s = 0;
-        for (int i = 0; i < N; i++)
-            for (size_t p = 0; p < P; p++) s += rt_bf16_to_f32(y[((size_t)i * C + c) * P + p]);
-        cdb[c] = (float)s;
+    assert_cuda_ok(rt_cuk_bf16_fill_channels(NULL, N, C, P, true, b, y)); /* NHWC: (n, plane, c) */
+    for (size_t i = 0; i < total; i++) assert_int_equal(y[i], rt_bf16_from_f32(b[i % C]));
+    /* the channel sums of random values, NCHW and NHWC */
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        for (size_t i = 0; i < total; i++) y[i] = rt_bf16_from_f32(x[1000 + i] * (float)(1 + i % 3)); /* past the edge values */
+        assert_cuda_ok(rt_cuk_bf16_channel_sums(NULL, N, C, P, nhwc, y, db));
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int i = 0; i < N; i++)
+                for (size_t p = 0; p < P; p++)
+                    s += rt_bf16_to_f32(y[nhwc ? ((size_t)i * P + p) * C + c : ((size_t)i * C + c) * P + p]);
+            cdb[c] = (float)s;
+        }
+        et_check_exact(nhwc ? "bf16_channel_sums nhwc" : "bf16_channel_sums", cdb, db, (size_t)C);
     }
-    et_check_exact("bf16_channel_sums", cdb, db, (size_t)C);
     free(x), free(h), free(w), free(cw), free(acc), free(cacc), free(r), free(b), free(db), free(cdb), free(y);
 }
 
@@ -446,6 +453,41 @@ static void test_bf16_cast_sets(void **state) {
     many.n = RT_CUK_SET + 1;
     assert_int_not_equal(rt_cuk_to_bf16_n(NULL, &none), cudaSuccess);
     assert_int_not_equal(rt_cuk_to_bf16_n(NULL, &many), cudaSuccess);
+
+    /* NCHW -> NHWC while rounding (images of C channels x P positions; a filter's K rows
+     * of C x taps), next to a plain array; then back to NCHW, written and added */
+    const int N = 3, C = 5, K = 4;
+    const size_t P = 7, T = 9, nx = (size_t)N * C * P, nw = (size_t)K * C * T;
+    float *xs = rt_test_randn(nx, 1.0f), *ws = rt_test_randn(nw, 1.0f);
+    uint16_t *xt = malloc(nx * sizeof(uint16_t)), *wt = malloc(nw * sizeof(uint16_t)), *plain = malloc(len[0] * 2);
+    assert_true(xt && wt && plain);
+    rt_cuk_to_bf16_set tin = {0};
+    rt_cuk_set_to_nhwc(&tin, nx, C, P, xs, xt);
+    rt_cuk_set_to(&tin, len[0], x[0], plain);
+    rt_cuk_set_to_nhwc(&tin, nw, C, T, ws, wt);
+    assert_cuda_ok(rt_cuk_to_bf16_n(NULL, &tin));
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++)
+            for (size_t p = 0; p < P; p++)
+                assert_int_equal(xt[((size_t)i * P + p) * C + c], rt_bf16_from_f32(xs[((size_t)i * C + c) * P + p]));
+    for (int k = 0; k < K; k++)
+        for (int c = 0; c < C; c++)
+            for (size_t t = 0; t < T; t++)
+                assert_int_equal(wt[((size_t)k * T + t) * C + c], rt_bf16_from_f32(ws[((size_t)k * C + c) * T + t]));
+    for (size_t i = 0; i < len[0]; i++) assert_int_equal(plain[i], rt_bf16_from_f32(x[0][i]));
+    float *xb = rt_test_nans(nx), *wacc = rt_test_randn(nw, 1.0f), *cw = rt_test_copy(wacc, nw);
+    rt_cuk_from_bf16_set tout = {0};
+    rt_cuk_set_from_nchw(&tout, nx, C, P, xt, xb, false);
+    rt_cuk_set_from_nchw(&tout, nw, C, T, wt, wacc, true);
+    assert_cuda_ok(rt_cuk_from_bf16_n(NULL, &tout));
+    for (size_t i = 0; i < nx; i++) assert_true(xb[i] == rt_bf16_round(xs[i]));
+    for (size_t i = 0; i < nw; i++) cw[i] += rt_bf16_round(ws[i]);
+    et_check_exact("from_bf16_n nchw accumulate", cw, wacc, nw);
+    /* a count that is no whole number of images is refused */
+    rt_cuk_to_bf16_set bad = {0};
+    rt_cuk_set_to_nhwc(&bad, nx - 1, C, P, xs, xt);
+    assert_int_not_equal(rt_cuk_to_bf16_n(NULL, &bad), cudaSuccess);
+    free(xs), free(ws), free(xt), free(wt), free(plain), free(xb), free(wacc), free(cw);
     for (int k = 0; k < RT_CUK_SET; k++) free(x[k]), free(h[k]);
     free(w0), free(a2), free(c2);
 }

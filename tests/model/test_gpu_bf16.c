@@ -56,6 +56,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define EQUAL_MIN 0.90
 #define TOL_OUT_FLOOR (1.0 / 64)
@@ -300,8 +301,16 @@ static void conv_case(int max_n, int in_c, int out_c, int h, int w, int k, int s
     side_conv_make(&C, g_cpu, &shape, hw, hb, max_n);
     side_conv_make(&G, g_gpu, &shape, hw, hb, max_n);
     side_conv_make(&A, g_cpu32, &shape, aw, ab, max_n);
+    /* the GPU's bf16 copies are NHWC where both channel counts are multiples of 8, unless
+     * RINGTRAIN_CUDNN_LAYOUT=nchw (conv_cuda.c, layout_nhwc) */
+    const char *lay = getenv("RINGTRAIN_CUDNN_LAYOUT");
+    const bool nhwc = !(lay && strcmp(lay, "nchw") == 0) && in_c % 8 == 0 && out_c % 8 == 0;
+#ifdef RT_HAVE_CUDA
+    if (rt_device_is_cuda(g_gpu->device)) assert_int_equal(rt_cuda_conv2d_nhwc(&G.l), nhwc);
+#endif
     char name[96];
-    snprintf(name, sizeof name, "conv %d->%d %dx%d k%d s%d%s", in_c, out_c, h, w, k, s, bias ? " bias" : "");
+    snprintf(name, sizeof name, "conv %d->%d %dx%d k%d s%d%s %s", in_c, out_c, h, w, k, s, bias ? " bias" : "",
+             nhwc ? "nhwc" : "nchw");
     conv_run(&C, &G, &A, max_n, name, false);
     /* a smaller batch (zero images pad it to max_n, over the copies the full batch left),
      * backward first, then forward first */
@@ -340,6 +349,12 @@ static void test_conv2d_bf16(void **state) {
     conv_case(6, 32, 32, 6, 6, 3, 1, 1, false);
     conv_case(5, 3, 16, 16, 16, 7, 2, 3, false); /* the imagenet stem's shape */
     conv_case(7, 16, 8, 5, 5, 1, 1, 0, false);
+    /* the NCHW copies that RINGTRAIN_CUDNN_LAYOUT=nchw keeps (a second algorithm choice:
+     * the layout is part of the backend's per-shape key) */
+    setenv("RINGTRAIN_CUDNN_LAYOUT", "nchw", 1);
+    conv_case(6, 16, 32, 8, 8, 3, 2, 1, true);
+    conv_case(6, 32, 32, 6, 6, 3, 1, 1, false);
+    unsetenv("RINGTRAIN_CUDNN_LAYOUT");
     check_bf16_algos(g_gpu);
 }
 

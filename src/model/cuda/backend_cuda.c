@@ -269,7 +269,7 @@ static rt_status linear_backward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, co
     RT_CHECK_CUBLAS(cublasGemmEx(s->blas, CUBLAS_OP_N, CUBLAS_OP_T, l->in_f, l->out_f, n, &one, xb, CUDA_R_16BF,
                                  l->in_f, dyb, CUDA_R_16BF, l->out_f, &zero, rt_tensor_data(&l->dweight), CUDA_R_32F,
                                  l->in_f, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    RT_CHECK_CUDA(rt_cuk_bf16_channel_sums(s->stream, n, l->out_f, 1, dyb, rt_tensor_data(&l->dbias)));
+    RT_CHECK_CUDA(rt_cuk_bf16_channel_sums(s->stream, n, l->out_f, 1, false, dyb, rt_tensor_data(&l->dbias)));
     if (!dx) return RT_OK;
     /* dx^T (in, n) = W^T (in, out) dy^T (out, n), rounded once */
     RT_CHECK_CUBLAS(cublasGemmEx(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, l->in_f, n, l->out_f, &one, wb, CUDA_R_16BF,

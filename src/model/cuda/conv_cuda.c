@@ -1,5 +1,5 @@
 /* conv2d on CUDA: cuDNN forward, backward-data and backward-filter (NCHW; fp32 data, or
- * bf16 copies under precision bf16, below).
+ * bf16 copies under precision bf16, NHWC for most layers, below).
  *
  * Prepare (once per layer, setup time) creates the filter and convolution descriptors
  * and the x/y tensor descriptors for the largest batch, and chooses the three
@@ -37,6 +37,9 @@
  *             is no float-dw variant) and is widened into the fp32 gradient arena: one
  *             rounding more than the CPU (which keeps the fp32 sum), at most 2^-9
  *             relative, as PyTorch's CUDA autocast does.
+ * The copies are NHWC (x, dy: n h w c; W, dW: out_c kh kw in_c; NHWC descriptors) where
+ * both channel counts are multiples of 8 (layout_nhwc): the casts write that order as
+ * they round and the widenings read it back into NCHW, so it costs no launch.
  *
  * bf16 also passes over every algorithm cuDNN reports non-deterministic (perf_usable):
  * their atomics add partial sums in bf16.
@@ -67,6 +70,7 @@
  * Nothing allocates or synchronises in a step.
  */
 #include "core/log.h"
+#include "core/settings.h"
 #include "model/cuda/cuda_internal.h"
 
 #include <stdio.h>
@@ -96,10 +100,26 @@ typedef struct conv_priv {
     /* bf16: byte offsets of the copies in ctx->work (x, y or dy, W, dW, dx; 256-aligned,
      * sized for max_n) and their total `scratch`, where cuDNN's workspace begins (0 in fp32) */
     size_t off_x, off_y, off_w, off_dw, off_dx, scratch;
+    /* bf16: the copies (and the x, y and filter descriptors) are NHWC, the layout of
+     * cuDNN's tensor-core kernels, made by the casts as they round (layout_nhwc) */
+    bool nhwc;
 } conv_priv;
 
-static rt_status set_4d(cudnnTensorDescriptor_t d, cudnnDataType_t t, int n, int c, int h, int w) {
-    RT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, t, n, c, h, w));
+static rt_status set_4d(cudnnTensorDescriptor_t d, bool nhwc, cudnnDataType_t t, int n, int c, int h, int w) {
+    RT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(d, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, t, n, c, h, w));
+    return RT_OK;
+}
+
+/* Whether a bf16 layer's copies are NHWC: cuDNN's bf16 tensor-core convolutions run in
+ * NHWC (NVIDIA's guidance; given NCHW, cuDNN transposes around its kernel or runs a slower
+ * one), and the casts that round x, W and dy anyway can write that order at no extra
+ * launch. Where both channel counts are multiples of 8 (the tensor cores' granularity for
+ * 16-bit data): the stems (1 or 3 input channels) stay NCHW. RINGTRAIN_CUDNN_LAYOUT=nchw
+ * keeps every layer NCHW (for measurements). fp32 and tf32 are always NCHW. */
+static rt_status layout_nhwc(const rt_model_ctx *ctx, const rt_conv2d *l, bool *nhwc) {
+    int choice = 0; /* auto | nchw */
+    RT_CHECK(rt_setting_choice(RT_SET_CUDNN_LAYOUT, &choice));
+    *nhwc = ctx->precision == RT_PRECISION_BF16 && choice == 0 && l->in_c % 8 == 0 && l->out_c % 8 == 0;
     return RT_OK;
 }
 
@@ -141,9 +161,9 @@ static void shape_destroy(conv_shape *s) {
     s->x = s->y = NULL;
 }
 
-static rt_status shape_set(conv_shape *s, const rt_conv2d *l, cudnnDataType_t t, int n) {
-    RT_CHECK(set_4d(s->x, t, n, l->in_c, l->in_h, l->in_w));
-    RT_CHECK(set_4d(s->y, t, n, l->out_c, l->out_h, l->out_w));
+static rt_status shape_set(conv_shape *s, const rt_conv2d *l, bool nhwc, cudnnDataType_t t, int n) {
+    RT_CHECK(set_4d(s->x, nhwc, t, n, l->in_c, l->in_h, l->in_w));
+    RT_CHECK(set_4d(s->y, nhwc, t, n, l->out_c, l->out_h, l->out_w));
     s->n = n;
     return RT_OK;
 }
@@ -408,22 +428,23 @@ static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p,
     return RT_OK;
 }
 
-static rt_cuda_conv_algos *cache_find(rt_model_ctx *ctx, const rt_conv2d *l, int n) {
+static rt_cuda_conv_algos *cache_find(rt_model_ctx *ctx, const rt_conv2d *l, int n, bool nhwc) {
     rt_cuda_state *s = cuda_state(ctx);
     for (int i = 0; i < s->nalgos; i++) {
         rt_cuda_conv_algos *a = &s->algos[i];
         if (a->in_c == l->in_c && a->out_c == l->out_c && a->in_h == l->in_h && a->in_w == l->in_w && a->k == l->k &&
-            a->stride == l->stride && a->pad == l->pad && a->n == n && a->precision == (int)ctx->precision)
+            a->stride == l->stride && a->pad == l->pad && a->n == n && a->precision == (int)ctx->precision &&
+            a->nhwc == (int)nhwc)
             return a;
     }
     return NULL;
 }
 
 /* Cache the choice and list it for rt_model_ctx_get_conv_algos. */
-static void cache_put(rt_model_ctx *ctx, const rt_conv2d *l, int n, rt_cuda_conv_algos *a) {
+static void cache_put(rt_model_ctx *ctx, const rt_conv2d *l, int n, bool nhwc, rt_cuda_conv_algos *a) {
     rt_cuda_state *s = cuda_state(ctx);
     a->in_c = l->in_c, a->out_c = l->out_c, a->in_h = l->in_h, a->in_w = l->in_w, a->k = l->k;
-    a->stride = l->stride, a->pad = l->pad, a->n = n, a->precision = (int)ctx->precision;
+    a->stride = l->stride, a->pad = l->pad, a->n = n, a->precision = (int)ctx->precision, a->nhwc = nhwc;
     if (s->nalgos < RT_CUDA_ALGO_CACHE) s->algos[s->nalgos++] = *a;
     rt_conv_algos *chosen = ctx->conv_chosen;
     if (chosen->n < RT_CONV_ALGOS_MAX)
@@ -546,16 +567,18 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
     p->max_n = max_n;
     p->dtype = ctx->precision == RT_PRECISION_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     if (p->dtype == CUDNN_DATA_BFLOAT16) bf16_layout(p, l, max_n);
+    RT_CHECK(layout_nhwc(ctx, l, &p->nhwc));
     RT_CHECK_CUDNN(cudnnCreateFilterDescriptor(&p->w));
-    RT_CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w, p->dtype, CUDNN_TENSOR_NCHW, l->out_c, l->in_c, l->k, l->k));
+    RT_CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w, p->dtype, p->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, l->out_c,
+                                              l->in_c, l->k, l->k));
     RT_CHECK(conv_desc(&p->conv_fwd, l, math));
     RT_CHECK(conv_desc(&p->conv_bwd_data, l, math));
     RT_CHECK(conv_desc(&p->conv_bwd_filter, l, math));
     RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&p->bias));
-    RT_CHECK(set_4d(p->bias, CUDNN_DATA_FLOAT, 1, l->out_c, 1, 1));
+    RT_CHECK(set_4d(p->bias, false, CUDNN_DATA_FLOAT, 1, l->out_c, 1, 1));
     RT_CHECK(shape_create(&p->full));
     RT_CHECK(shape_create(&p->spare));
-    RT_CHECK(shape_set(&p->full, l, p->dtype, max_n));
+    RT_CHECK(shape_set(&p->full, l, p->nhwc, p->dtype, max_n));
     /* cuDNN must agree on the output shape */
     int on, oc, oh, ow;
     RT_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(p->conv_fwd, p->full.x, p->w, &on, &oc, &oh, &ow));
@@ -564,7 +587,7 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
                l->out_w);
 
     rt_cuda_conv_algos a;
-    rt_cuda_conv_algos *hit = cache_find(ctx, l, max_n);
+    rt_cuda_conv_algos *hit = cache_find(ctx, l, max_n, p->nhwc);
     if (hit) {
         a = *hit;
     } else {
@@ -573,7 +596,7 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
             RT_CHECK(preset_take(ctx, l, p, pre, &a));
         else
             RT_CHECK(find_algos(ctx, l, p, &a));
-        cache_put(ctx, l, max_n, &a);
+        cache_put(ctx, l, max_n, p->nhwc, &a);
     }
     RT_CHECK_CUDNN(cudnnSetConvolutionMathType(p->conv_fwd, a.fwd_math));
     RT_CHECK_CUDNN(cudnnSetConvolutionMathType(p->conv_bwd_data, a.bwd_data_math));
@@ -654,7 +677,7 @@ static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **
     conv_shape *s = &p->spare;
     if (s->n != n) {
         cudnnHandle_t h = cuda_state(ctx)->dnn;
-        RT_CHECK(shape_set(s, l, p->dtype, n));
+        RT_CHECK(shape_set(s, l, p->nhwc, p->dtype, n));
         const size_t avail = dnn_ws_bytes(ctx, p);
         /* per direction: the full batch's algorithm, else the fallback, where cuDNN answers
          * its workspace for this shape within what ctx->work holds */
@@ -706,24 +729,35 @@ static rt_status pad_tail(cudaStream_t st, uint16_t *b, int n, int max_n, size_t
     return RT_OK;
 }
 
+bool rt_cuda_conv2d_nhwc(const rt_conv2d *l) {
+    const conv_priv *p = l->priv;
+    return p && p->nhwc;
+}
+
+/* the channel count the casts transpose with: c where the copies are NHWC, else 0 (none) */
+static int lay_c(const conv_priv *p, int c) { return p->nhwc ? c : 0; }
+
 static rt_status forward_bf16(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, int n, const float *x, float *y) {
     conv_priv *p = l->priv;
     RT_CHECK(bf16_ready(ctx, l, p));
     cudaStream_t st = cuda_state(ctx)->stream;
     uint16_t *xb = work_at(ctx, p->off_x), *yb = work_at(ctx, p->off_y), *wb = work_at(ctx, p->off_w);
     const size_t xn = (size_t)n * l->in_c * l->in_h * l->in_w, yn = (size_t)n * l->out_c * l->out_h * l->out_w;
-    rt_cuk_to_bf16_set in = {0}; /* x and W: one launch */
-    rt_cuk_set_to(&in, xn, x, xb);
-    rt_cuk_set_to(&in, (size_t)rt_tensor_numel(&l->weight), rt_tensor_data(&l->weight), wb);
+    rt_cuk_to_bf16_set in = {0}; /* x and W: one launch, into NHWC where p->nhwc */
+    rt_cuk_set_to_nhwc(&in, xn, lay_c(p, l->in_c), (size_t)l->in_h * l->in_w, x, xb);
+    rt_cuk_set_to_nhwc(&in, (size_t)rt_tensor_numel(&l->weight), lay_c(p, l->in_c), (size_t)l->k * l->k,
+                       rt_tensor_data(&l->weight), wb);
     RT_CHECK_CUDA(rt_cuk_to_bf16_n(st, &in));
     RT_CHECK(pad_tail(st, xb, n, p->max_n, (size_t)l->in_c * l->in_h * l->in_w));
     if (l->has_bias) /* y = round(conv + round(b)): cuDNN adds to the rounded bias (beta 1) */
-        RT_CHECK_CUDA(rt_cuk_bf16_fill_channels(st, p->max_n, l->out_c, (size_t)l->out_h * l->out_w,
+        RT_CHECK_CUDA(rt_cuk_bf16_fill_channels(st, p->max_n, l->out_c, (size_t)l->out_h * l->out_w, p->nhwc,
                                                 rt_tensor_data(&l->bias), yb));
     const float one = 1.0f, zero = 0.0f;
     RT_CHECK_CUDNN(cudnnConvolutionForward(cuda_state(ctx)->dnn, &one, s->x, xb, p->w, wb, p->conv_fwd, s->fwd,
                                            dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), l->has_bias ? &one : &zero, s->y, yb));
-    RT_CHECK_CUDA(rt_cuk_from_bf16(st, yn, yb, y, false));
+    rt_cuk_from_bf16_set out = {0};
+    rt_cuk_set_from_nchw(&out, yn, lay_c(p, l->out_c), (size_t)l->out_h * l->out_w, yb, y, false);
+    RT_CHECK_CUDA(rt_cuk_from_bf16_n(st, &out));
     return RT_OK;
 }
 
@@ -755,10 +789,11 @@ static rt_status backward_bf16(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, i
     const float one = 1.0f, zero = 0.0f;
     /* the casts in one launch (x, dy, and W where dx is wanted), the widenings in another
      * (dW, and dx), around the two cuDNN calls: dwb, dxb and wb are distinct buffers */
+    const size_t xplane = (size_t)l->in_h * l->in_w, yplane = (size_t)l->out_h * l->out_w, taps = (size_t)l->k * l->k;
     rt_cuk_to_bf16_set in = {0};
-    rt_cuk_set_to(&in, xn, x, xb);
-    rt_cuk_set_to(&in, yn, dy, dyb);
-    if (dx) rt_cuk_set_to(&in, wn, rt_tensor_data(&l->weight), wb);
+    rt_cuk_set_to_nhwc(&in, xn, lay_c(p, l->in_c), xplane, x, xb);
+    rt_cuk_set_to_nhwc(&in, yn, lay_c(p, l->out_c), yplane, dy, dyb);
+    if (dx) rt_cuk_set_to_nhwc(&in, wn, lay_c(p, l->in_c), taps, rt_tensor_data(&l->weight), wb);
     RT_CHECK_CUDA(rt_cuk_to_bf16_n(st, &in));
     RT_CHECK(pad_tail(st, xb, n, p->max_n, (size_t)l->in_c * l->in_h * l->in_w));
     RT_CHECK(pad_tail(st, dyb, n, p->max_n, (size_t)l->out_c * l->out_h * l->out_w));
@@ -766,14 +801,13 @@ static rt_status backward_bf16(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, i
     RT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(h, &one, s->x, xb, s->y, dyb, p->conv_bwd_filter, s->bwd_filter,
                                                   dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), &zero, p->w, dwb));
     rt_cuk_from_bf16_set out = {0};
-    rt_cuk_set_from(&out, wn, dwb, rt_tensor_data(&l->dweight), false);
+    rt_cuk_set_from_nchw(&out, wn, lay_c(p, l->in_c), taps, dwb, rt_tensor_data(&l->dweight), false);
     if (l->has_bias) /* db: fp32 sums of the rounded dy, not rounded (the CPU's) */
-        RT_CHECK_CUDA(
-            rt_cuk_bf16_channel_sums(st, n, l->out_c, (size_t)l->out_h * l->out_w, dyb, rt_tensor_data(&l->dbias)));
+        RT_CHECK_CUDA(rt_cuk_bf16_channel_sums(st, n, l->out_c, yplane, p->nhwc, dyb, rt_tensor_data(&l->dbias)));
     if (dx) { /* dx rounded once by cuDNN, then written or added in fp32 */
         RT_CHECK_CUDNN(cudnnConvolutionBackwardData(h, &one, p->w, wb, s->y, dyb, p->conv_bwd_data, s->bwd_data,
                                                     dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), &zero, s->x, dxb));
-        rt_cuk_set_from(&out, xn, dxb, dx, accumulate);
+        rt_cuk_set_from_nchw(&out, xn, lay_c(p, l->in_c), xplane, dxb, dx, accumulate);
     }
     RT_CHECK_CUDA(rt_cuk_from_bf16_n(st, &out));
     return RT_OK;

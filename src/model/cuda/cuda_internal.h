@@ -19,7 +19,7 @@ extern "C" {
  * rt_model_ctx_set_conv_algos), shared by identical layers (ResNet34's layer1 has six
  * identical convolutions: measured once); each is also listed in ctx->conv_chosen. */
 typedef struct rt_cuda_conv_algos {
-    int in_c, out_c, in_h, in_w, k, stride, pad, n, precision; /* the key */
+    int in_c, out_c, in_h, in_w, k, stride, pad, n, precision, nhwc; /* the key (nhwc: the bf16 copies' layout) */
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
@@ -45,6 +45,9 @@ static inline rt_cuda_state *cuda_state(rt_model_ctx *ctx) { return (rt_cuda_sta
 /* Upper bound of the workspace a convolution algorithm may use (cuDNN Find is given at
  * most this much; faster algorithms that need more are not considered). */
 #define RT_CUDA_CONV_WS_CAP ((size_t)256 << 20)
+
+/* Whether a prepared conv2d runs cuDNN on NHWC bf16 copies (conv_cuda.c, layout_nhwc). */
+bool rt_cuda_conv2d_nhwc(const rt_conv2d *l);
 
 /* Make the context's GPU current for the calling thread (cheap, no synchronisation). */
 rt_status rt_cuda_bind(rt_model_ctx *ctx);
@@ -85,13 +88,18 @@ cudaError_t rt_cuk_round_bf16(cudaStream_t s, size_t count, float *y);
 /* The same casts for up to RT_CUK_SET arrays in one launch (those around one bf16 cuDNN or
  * cuBLAS call: each launch costs about as much as these small arrays' work), the same
  * bits as one rt_cuk_to_bf16 / rt_cuk_from_bf16 per array; arrays of count 0 are
- * skipped. Fill them with rt_cuk_set_to / rt_cuk_set_from. */
+ * skipped. Fill them with rt_cuk_set_to / rt_cuk_set_from; the _nhwc / _nchw forms also
+ * change the layout: an array of images of c channels and `plane` positions each (x, y,
+ * dy, dx: plane h*w; a filter: its out_c rows of c x r*s) goes from NCHW (fp32) to NHWC
+ * (bf16), or back, element for element the same values. */
 #define RT_CUK_SET 3
 typedef struct rt_cuk_to_bf16_set {
     int n;
     const float *x[RT_CUK_SET];
     uint16_t *y[RT_CUK_SET];
     size_t count[RT_CUK_SET];
+    int c[RT_CUK_SET]; /* 0: no change of layout */
+    size_t plane[RT_CUK_SET];
 } rt_cuk_to_bf16_set;
 typedef struct rt_cuk_from_bf16_set {
     int n;
@@ -99,20 +107,34 @@ typedef struct rt_cuk_from_bf16_set {
     float *y[RT_CUK_SET];
     size_t count[RT_CUK_SET];
     int accumulate[RT_CUK_SET];
+    int c[RT_CUK_SET]; /* 0: no change of layout */
+    size_t plane[RT_CUK_SET];
 } rt_cuk_from_bf16_set;
+static inline void rt_cuk_set_to_nhwc(rt_cuk_to_bf16_set *g, size_t count, int c, size_t plane, const float *x,
+                                      uint16_t *y) {
+    g->x[g->n] = x, g->y[g->n] = y, g->count[g->n] = count, g->c[g->n] = c, g->plane[g->n] = plane;
+    g->n++;
+}
 static inline void rt_cuk_set_to(rt_cuk_to_bf16_set *g, size_t count, const float *x, uint16_t *y) {
-    g->x[g->n] = x, g->y[g->n] = y, g->count[g->n] = count;
+    rt_cuk_set_to_nhwc(g, count, 0, 0, x, y);
+}
+static inline void rt_cuk_set_from_nchw(rt_cuk_from_bf16_set *g, size_t count, int c, size_t plane,
+                                        const uint16_t *x, float *y, bool accumulate) {
+    g->x[g->n] = x, g->y[g->n] = y, g->count[g->n] = count, g->accumulate[g->n] = accumulate ? 1 : 0;
+    g->c[g->n] = c, g->plane[g->n] = plane;
     g->n++;
 }
 static inline void rt_cuk_set_from(rt_cuk_from_bf16_set *g, size_t count, const uint16_t *x, float *y,
                                    bool accumulate) {
-    g->x[g->n] = x, g->y[g->n] = y, g->count[g->n] = count, g->accumulate[g->n] = accumulate ? 1 : 0;
-    g->n++;
+    rt_cuk_set_from_nchw(g, count, 0, 0, x, y, accumulate);
 }
 cudaError_t rt_cuk_to_bf16_n(cudaStream_t s, const rt_cuk_to_bf16_set *g);
 cudaError_t rt_cuk_from_bf16_n(cudaStream_t s, const rt_cuk_from_bf16_set *g);
-cudaError_t rt_cuk_bf16_fill_channels(cudaStream_t s, int n, int c, size_t plane, const float *b, uint16_t *y);
-cudaError_t rt_cuk_bf16_channel_sums(cudaStream_t s, int n, int c, size_t plane, const uint16_t *dy, float *db);
+/* the bias pieces for y / dy in NCHW, or in NHWC when nhwc */
+cudaError_t rt_cuk_bf16_fill_channels(cudaStream_t s, int n, int c, size_t plane, bool nhwc, const float *b,
+                                      uint16_t *y);
+cudaError_t rt_cuk_bf16_channel_sums(cudaStream_t s, int n, int c, size_t plane, bool nhwc, const uint16_t *dy,
+                                     float *db);
 /* *counter += 1 (num_batches_tracked) */
 cudaError_t rt_cuk_increment_i64(cudaStream_t s, int64_t *counter);
 /* losses: an out-of-range label adds 1 to *bad and makes the loss (and that row's

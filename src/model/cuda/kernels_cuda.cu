@@ -293,20 +293,27 @@ static __global__ void round_bf16_kernel(size_t count, float *y) {
     GRID_STRIDE(i, count) { y[i] = bf16_to_f32(bf16_from_f32(y[i])); }
 }
 
-/* y (n, c, plane) bf16 = round(b[channel]) */
-static __global__ void bf16_fill_channels_kernel(size_t total, size_t plane, int c, const float *b, uint16_t *y) {
-    GRID_STRIDE(i, total) { y[i] = bf16_from_f32(b[(i / plane) % (size_t)c]); }
+/* y (n, c, plane) bf16 = round(b[channel]); nhwc: y (n, plane, c) */
+static __global__ void bf16_fill_channels_kernel(size_t total, size_t plane, int c, int nhwc, const float *b,
+                                                 uint16_t *y) {
+    GRID_STRIDE(i, total) { y[i] = bf16_from_f32(b[nhwc ? i % (size_t)c : (i / plane) % (size_t)c]); }
 }
 
 /* db[ch] = sum over images and the plane of dy (bf16), accumulated in double as the bias
  * gradients above and rounded to fp32 once (the CPU sums in fp32: the two agree to fp32
  * rounding of the sum, within test_gpu_bf16's bound); one thread per channel */
-static __global__ void bf16_channel_sums_kernel(int n, int c, size_t plane, const uint16_t *dy, float *db) {
+static __global__ void bf16_channel_sums_kernel(int n, int c, size_t plane, int nhwc, const uint16_t *dy,
+                                                 float *db) {
     GRID_STRIDE(ch, (size_t)c) {
         double acc = 0;
         for (int i = 0; i < n; i++) {
-            const uint16_t *p = dy + ((size_t)i * c + ch) * plane;
-            for (size_t j = 0; j < plane; j++) acc += (double)bf16_to_f32(p[j]);
+            if (nhwc) { /* (n, plane, c) */
+                const uint16_t *p = dy + (size_t)i * plane * c + ch;
+                for (size_t j = 0; j < plane; j++) acc += (double)bf16_to_f32(p[j * (size_t)c]);
+            } else {
+                const uint16_t *p = dy + ((size_t)i * c + ch) * plane;
+                for (size_t j = 0; j < plane; j++) acc += (double)bf16_to_f32(p[j]);
+            }
         }
         db[ch] = (float)acc;
     }
@@ -338,21 +345,40 @@ static __device__ __forceinline__ void set_index(size_t i, size_t n0, size_t n1,
     }
 }
 
+/* The layout changes of the sets, as the element of the source that output element j
+ * takes (c == 0: j itself). to NHWC: output (image, position, channel) from input
+ * (image, channel, position); to NCHW the reverse. Writes go in order (coalesced), reads
+ * gather. */
+static __device__ __forceinline__ size_t nhwc_source(size_t j, int c, size_t plane) {
+    if (c == 0) return j;
+    const size_t img = (size_t)c * plane, i = j / img, r = j % img;
+    return i * img + (r % (size_t)c) * plane + r / (size_t)c;
+}
+static __device__ __forceinline__ size_t nchw_source(size_t j, int c, size_t plane) {
+    if (c == 0) return j;
+    const size_t img = (size_t)c * plane, i = j / img, r = j % img;
+    return i * img + (r % plane) * (size_t)c + r / plane;
+}
+
 static __global__ void to_bf16_set_kernel(size_t total, size_t n0, size_t n1, const float *x0, const float *x1,
-                                          const float *x2, uint16_t *y0, uint16_t *y1, uint16_t *y2) {
+                                          const float *x2, uint16_t *y0, uint16_t *y1, uint16_t *y2, int c0, int c1,
+                                          int c2, size_t p0, size_t p1, size_t p2) {
     GRID_STRIDE(i, total) {
         int k;
         size_t j;
         set_index(i, n0, n1, &k, &j);
         const float *x = k == 0 ? x0 : k == 1 ? x1 : x2;
         uint16_t *y = k == 0 ? y0 : k == 1 ? y1 : y2;
-        y[j] = bf16_from_f32(x[j]);
+        const int c = k == 0 ? c0 : k == 1 ? c1 : c2;
+        const size_t plane = k == 0 ? p0 : k == 1 ? p1 : p2;
+        y[j] = bf16_from_f32(x[nhwc_source(j, c, plane)]);
     }
 }
 
 static __global__ void from_bf16_set_kernel(size_t total, size_t n0, size_t n1, const uint16_t *x0,
                                             const uint16_t *x1, const uint16_t *x2, float *y0, float *y1, float *y2,
-                                            int acc0, int acc1, int acc2) {
+                                            int acc0, int acc1, int acc2, int c0, int c1, int c2, size_t p0,
+                                            size_t p1, size_t p2) {
     GRID_STRIDE(i, total) {
         int k;
         size_t j;
@@ -360,7 +386,10 @@ static __global__ void from_bf16_set_kernel(size_t total, size_t n0, size_t n1, 
         const uint16_t *x = k == 0 ? x0 : k == 1 ? x1 : x2;
         float *y = k == 0 ? y0 : k == 1 ? y1 : y2;
         const int acc = k == 0 ? acc0 : k == 1 ? acc1 : acc2;
-        y[j] = acc ? __fadd_rn(y[j], bf16_to_f32(x[j])) : bf16_to_f32(x[j]);
+        const int c = k == 0 ? c0 : k == 1 ? c1 : c2;
+        const size_t plane = k == 0 ? p0 : k == 1 ? p1 : p2;
+        const float v = bf16_to_f32(x[nchw_source(j, c, plane)]);
+        y[j] = acc ? __fadd_rn(y[j], v) : v;
     }
 }
 
@@ -368,27 +397,37 @@ static_assert(RT_CUK_SET == 3, "the set kernels take three arrays");
 
 extern "C" cudaError_t rt_cuk_to_bf16_n(cudaStream_t s, const rt_cuk_to_bf16_set *g) {
     if (g->n < 1 || g->n > RT_CUK_SET) return cudaErrorInvalidValue;
-    size_t n[RT_CUK_SET] = {0, 0, 0};
+    size_t n[RT_CUK_SET] = {0, 0, 0}, p[RT_CUK_SET] = {0, 0, 0};
     const float *x[RT_CUK_SET] = {NULL, NULL, NULL};
     uint16_t *y[RT_CUK_SET] = {NULL, NULL, NULL};
-    for (int k = 0; k < g->n; k++) n[k] = g->count[k], x[k] = g->x[k], y[k] = g->y[k];
+    int c[RT_CUK_SET] = {0, 0, 0};
+    for (int k = 0; k < g->n; k++) {
+        n[k] = g->count[k], x[k] = g->x[k], y[k] = g->y[k], c[k] = g->c[k], p[k] = g->plane[k];
+        if (c[k] < 0 || (c[k] > 0 && (p[k] == 0 || n[k] % ((size_t)c[k] * p[k]) != 0))) return cudaErrorInvalidValue;
+    }
     const size_t total = n[0] + n[1] + n[2];
     if (total == 0) return cudaSuccess;
-    to_bf16_set_kernel<<<grid_for(total), THREADS, 0, s>>>(total, n[0], n[1], x[0], x[1], x[2], y[0], y[1], y[2]);
+    to_bf16_set_kernel<<<grid_for(total), THREADS, 0, s>>>(total, n[0], n[1], x[0], x[1], x[2], y[0], y[1], y[2], c[0],
+                                                           c[1], c[2], p[0], p[1], p[2]);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t rt_cuk_from_bf16_n(cudaStream_t s, const rt_cuk_from_bf16_set *g) {
     if (g->n < 1 || g->n > RT_CUK_SET) return cudaErrorInvalidValue;
-    size_t n[RT_CUK_SET] = {0, 0, 0};
+    size_t n[RT_CUK_SET] = {0, 0, 0}, p[RT_CUK_SET] = {0, 0, 0};
     const uint16_t *x[RT_CUK_SET] = {NULL, NULL, NULL};
     float *y[RT_CUK_SET] = {NULL, NULL, NULL};
-    int acc[RT_CUK_SET] = {0, 0, 0};
-    for (int k = 0; k < g->n; k++) n[k] = g->count[k], x[k] = g->x[k], y[k] = g->y[k], acc[k] = g->accumulate[k];
+    int acc[RT_CUK_SET] = {0, 0, 0}, c[RT_CUK_SET] = {0, 0, 0};
+    for (int k = 0; k < g->n; k++) {
+        n[k] = g->count[k], x[k] = g->x[k], y[k] = g->y[k], acc[k] = g->accumulate[k], c[k] = g->c[k];
+        p[k] = g->plane[k];
+        if (c[k] < 0 || (c[k] > 0 && (p[k] == 0 || n[k] % ((size_t)c[k] * p[k]) != 0))) return cudaErrorInvalidValue;
+    }
     const size_t total = n[0] + n[1] + n[2];
     if (total == 0) return cudaSuccess;
     from_bf16_set_kernel<<<grid_for(total), THREADS, 0, s>>>(total, n[0], n[1], x[0], x[1], x[2], y[0], y[1], y[2],
-                                                             acc[0], acc[1], acc[2]);
+                                                             acc[0], acc[1], acc[2], c[0], c[1], c[2], p[0], p[1],
+                                                             p[2]);
     return cudaGetLastError();
 }
 
@@ -398,18 +437,18 @@ extern "C" cudaError_t rt_cuk_round_bf16(cudaStream_t s, size_t count, float *y)
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_bf16_fill_channels(cudaStream_t s, int n, int c, size_t plane, const float *b,
-                                                 uint16_t *y) {
+extern "C" cudaError_t rt_cuk_bf16_fill_channels(cudaStream_t s, int n, int c, size_t plane, bool nhwc,
+                                                 const float *b, uint16_t *y) {
     const size_t total = (size_t)n * c * plane;
     if (total == 0) return cudaSuccess;
-    bf16_fill_channels_kernel<<<grid_for(total), THREADS, 0, s>>>(total, plane, c, b, y);
+    bf16_fill_channels_kernel<<<grid_for(total), THREADS, 0, s>>>(total, plane, c, nhwc ? 1 : 0, b, y);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_bf16_channel_sums(cudaStream_t s, int n, int c, size_t plane, const uint16_t *dy,
-                                                float *db) {
+extern "C" cudaError_t rt_cuk_bf16_channel_sums(cudaStream_t s, int n, int c, size_t plane, bool nhwc,
+                                                const uint16_t *dy, float *db) {
     if (c == 0) return cudaSuccess;
-    bf16_channel_sums_kernel<<<grid_for((size_t)c), THREADS, 0, s>>>(n, c, plane, dy, db);
+    bf16_channel_sums_kernel<<<grid_for((size_t)c), THREADS, 0, s>>>(n, c, plane, nhwc ? 1 : 0, dy, db);
     return cudaGetLastError();
 }
 
