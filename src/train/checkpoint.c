@@ -156,11 +156,12 @@ rt_status rt_ckpt_meta_get_u64(const rt_ckpt_meta *m, const char *key, uint64_t 
 /* ---- convolution algorithms (GPU runs) ------------------------------------------------- */
 
 /* One entry: "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=1/3" (algorithm /
- * math type, cuDNN's numbers). */
+ * math type, cuDNN's numbers); "bf16/nhwc" where the choice was made for NHWC copies. */
 static int conv_algo_str(const rt_conv_algo *a, char *out, size_t n) {
-    return snprintf(out, n, "%dx%dx%d->%d k%d s%d p%d n%d %s fwd=%d/%d data=%d/%d filter=%d/%d", a->in_c, a->in_h,
+    return snprintf(out, n, "%dx%dx%d->%d k%d s%d p%d n%d %s%s fwd=%d/%d data=%d/%d filter=%d/%d", a->in_c, a->in_h,
                     a->in_w, a->out_c, a->k, a->stride, a->pad, a->n, rt_precision_name((rt_precision)a->precision),
-                    a->fwd, a->fwd_math, a->bwd_data, a->bwd_data_math, a->bwd_filter, a->bwd_filter_math);
+                    a->nhwc ? "/nhwc" : "", a->fwd, a->fwd_math, a->bwd_data, a->bwd_data_math, a->bwd_filter,
+                    a->bwd_filter_math);
 }
 
 rt_status rt_ckpt_meta_set_conv_algos(rt_ckpt_meta *m, const char *key, const rt_conv_algos *a) {
@@ -190,7 +191,7 @@ rt_status rt_ckpt_meta_get_conv_algos(const rt_ckpt_meta *m, const char *key, rt
     while (*s) {
         const char *end = strstr(s, "; ");
         size_t len = end ? (size_t)(end - s) : strlen(s);
-        char entry[160], again[160], prec[8];
+        char entry[160], again[160], prec[16];
         RT_REQUIRE(out->n < RT_CONV_ALGOS_MAX, RT_ERR_FORMAT, "%s: metadata '%s' holds more than %d convolution shapes",
                    src_of(m), key, RT_CONV_ALGOS_MAX);
         RT_REQUIRE(len < sizeof entry, RT_ERR_FORMAT, "%s: metadata '%s': entry %d is too long", src_of(m), key,
@@ -199,9 +200,12 @@ rt_status rt_ckpt_meta_get_conv_algos(const rt_ckpt_meta *m, const char *key, rt
         entry[len] = '\0';
         rt_conv_algo *a = &out->a[out->n];
         rt_precision p = RT_PRECISION_FP32;
-        int got = sscanf(entry, "%dx%dx%d->%d k%d s%d p%d n%d %7s fwd=%d/%d data=%d/%d filter=%d/%d", &a->in_c,
+        int got = sscanf(entry, "%dx%dx%d->%d k%d s%d p%d n%d %15s fwd=%d/%d data=%d/%d filter=%d/%d", &a->in_c,
                          &a->in_h, &a->in_w, &a->out_c, &a->k, &a->stride, &a->pad, &a->n, prec, &a->fwd, &a->fwd_math,
                          &a->bwd_data, &a->bwd_data_math, &a->bwd_filter, &a->bwd_filter_math);
+        char *layout = strchr(prec, '/'); /* "bf16/nhwc"; the canonical check below refuses any other suffix */
+        a->nhwc = layout != NULL;
+        if (layout) *layout = '\0';
         bool ok = got == 15 && rt_precision_parse(prec, &p) == RT_OK;
         if (!ok) rt_error_clear();
         a->precision = (int)p;
@@ -211,8 +215,8 @@ rt_status rt_ckpt_meta_get_conv_algos(const rt_ckpt_meta *m, const char *key, rt
              a->bwd_data_math >= 0 && a->bwd_filter >= 0 && a->bwd_filter_math >= 0 &&
              conv_algo_str(a, again, sizeof again) < (int)sizeof again && strcmp(again, entry) == 0;
         RT_REQUIRE(ok, RT_ERR_FORMAT,
-                   "%s: metadata '%s': entry %d is \"%.100s\", expected \"CxHxW->C kK sS pP nN fp32|tf32 fwd=A/M "
-                   "data=A/M filter=A/M\"",
+                   "%s: metadata '%s': entry %d is \"%.100s\", expected \"CxHxW->C kK sS pP nN fp32|tf32|bf16[/nhwc] "
+                   "fwd=A/M data=A/M filter=A/M\"",
                    src_of(m), key, out->n + 1, entry);
         out->n++;
         s += len;

@@ -57,6 +57,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define EQUAL_MIN 0.90
 #define TOL_OUT_FLOOR (1.0 / 64)
@@ -304,7 +305,7 @@ static void conv_case(int max_n, int in_c, int out_c, int h, int w, int k, int s
     /* the GPU's bf16 copies are NHWC where both channel counts are multiples of 8, unless
      * RINGTRAIN_CUDNN_LAYOUT=nchw (conv_cuda.c, layout_nhwc) */
     const char *lay = getenv("RINGTRAIN_CUDNN_LAYOUT");
-    const bool nhwc = !(lay && strcmp(lay, "nchw") == 0) && in_c % 8 == 0 && out_c % 8 == 0;
+    const bool nhwc = !(lay && strcasecmp(lay, "nchw") == 0) && in_c % 8 == 0 && out_c % 8 == 0;
 #ifdef RT_HAVE_CUDA
     if (rt_device_is_cuda(g_gpu->device)) assert_int_equal(rt_cuda_conv2d_nhwc(&G.l), nhwc);
 #endif
@@ -351,10 +352,16 @@ static void test_conv2d_bf16(void **state) {
     conv_case(7, 16, 8, 5, 5, 1, 1, 0, false);
     /* the NCHW copies that RINGTRAIN_CUDNN_LAYOUT=nchw keeps (a second algorithm choice:
      * the layout is part of the backend's per-shape key) */
+    const char *was = getenv("RINGTRAIN_CUDNN_LAYOUT");
+    char *saved = was ? strdup(was) : NULL;
     setenv("RINGTRAIN_CUDNN_LAYOUT", "nchw", 1);
     conv_case(6, 16, 32, 8, 8, 3, 2, 1, true);
     conv_case(6, 32, 32, 6, 6, 3, 1, 1, false);
-    unsetenv("RINGTRAIN_CUDNN_LAYOUT");
+    if (saved)
+        setenv("RINGTRAIN_CUDNN_LAYOUT", saved, 1);
+    else
+        unsetenv("RINGTRAIN_CUDNN_LAYOUT");
+    free(saved);
     check_bf16_algos(g_gpu);
 }
 
@@ -453,7 +460,9 @@ static void test_bf16_smaller_batch_padded(void **state) {
 }
 
 /* A preset (a checkpoint's or rank 0's choice) naming an atomic backward algorithm is
- * refused under bf16 with an error that says why; the same preset with ALGO_1 is taken */
+ * refused under bf16 with an error that says why; the same preset with ALGO_1 is taken.
+ * A preset recorded for the other layout of the copies (NCHW; this 8->8 layer's are NHWC)
+ * is not taken at all: the layer searches, so even its atomic algorithm is no error. */
 static void test_bf16_preset_refuses_atomics(void **state) {
     (void)state;
 #ifdef RT_HAVE_CUDA
@@ -462,8 +471,9 @@ static void test_bf16_preset_refuses_atomics(void **state) {
     assert_rt_ok(rt_conv2d_init(&shape, 8, 8, 6, 6, 3, 1, 1, false));
     const size_t wn = (size_t)8 * 8 * 9;
     float *hw = rt_test_randn(wn, 0.3f);
-    const int filt[3] = {1, 0, 3}; /* ALGO_1 taken; ALGO_0 and ALGO_3 refused */
-    for (int i = 0; i < 3; i++) {
+    const int filt[4] = {1, 0, 3, 0}; /* ALGO_1 taken; ALGO_0 and ALGO_3 refused; NCHW's ALGO_0 passed over */
+    const int nhwc[4] = {1, 1, 1, 0};
+    for (int i = 0; i < 4; i++) {
         rt_model_ctx *ctx = gt_ctx(gt_gpu_device(), RT_PRECISION_BF16);
         rt_conv_algos pre = {.n = 1};
         pre.a[0] = (rt_conv_algo){.in_c = 8,
@@ -480,7 +490,8 @@ static void test_bf16_preset_refuses_atomics(void **state) {
                                   .bwd_filter = filt[i],
                                   .fwd_math = CUDNN_TENSOR_OP_MATH,
                                   .bwd_data_math = CUDNN_TENSOR_OP_MATH,
-                                  .bwd_filter_math = CUDNN_TENSOR_OP_MATH};
+                                  .bwd_filter_math = CUDNN_TENSOR_OP_MATH,
+                                  .nhwc = nhwc[i]};
         assert_rt_ok(rt_model_ctx_set_conv_algos(ctx, &pre));
         side_conv G = {.l = shape, .ctx = ctx};
         rt_arena_init(&G.p, ctx->device);
@@ -494,9 +505,18 @@ static void test_bf16_preset_refuses_atomics(void **state) {
             rt_memcpy(rt_tensor_data(&G.l.weight), ctx->device, hw, rt_device_cpu(), wn * sizeof(float), NULL));
         size_t ws = 0;
         const rt_status st = rt_conv2d_prepare(ctx, &G.l, 4, &ws);
-        printf("  preset bwd-filter ALGO_%d under bf16: %s%s\n", filt[i],
-               st == RT_OK ? "taken" : "refused: ", st == RT_OK ? "" : rt_error_message());
-        if (filt[i] == 1) {
+        printf("  preset bwd-filter ALGO_%d (%s) under bf16: %s%s\n", filt[i], nhwc[i] ? "nhwc" : "nchw",
+               st == RT_OK ? "prepared" : "refused: ", st == RT_OK ? "" : rt_error_message());
+        if (!nhwc[i]) { /* searched: a deterministic choice, recorded for NHWC */
+            assert_rt_ok(st);
+            assert_true(rt_cuda_conv2d_nhwc(&G.l));
+            rt_conv_algos got;
+            rt_model_ctx_get_conv_algos(ctx, &got);
+            assert_int_equal(got.n, 1);
+            assert_int_equal(got.a[0].nhwc, 1);
+            assert_int_not_equal(got.a[0].bwd_filter, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0);
+            rt_conv2d_release(ctx, &G.l);
+        } else if (filt[i] == 1) {
             assert_rt_ok(st);
             rt_conv2d_release(ctx, &G.l);
         } else {

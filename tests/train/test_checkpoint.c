@@ -587,18 +587,26 @@ static void test_meta_conv_algos(void **state) {
     (void)state;
     rt_ckpt_meta m;
     rt_ckpt_meta_init(&m);
-    rt_conv_algos a = {.n = 2}, b;
-    /* in_c, out_c, in_h, in_w, k, stride, pad, n, precision, fwd, bwd_data, bwd_filter, their math types */
-    a.a[0] = (rt_conv_algo){64, 64, 28, 28, 3, 1, 1, 32, RT_PRECISION_FP32, 1, 1, 0, 3, 3, 3};
-    a.a[1] = (rt_conv_algo){1, 64, 28, 28, 7, 2, 3, 32, RT_PRECISION_TF32, 6, 5, 1, 0, 1, 2};
+    rt_conv_algos a = {.n = 3}, b;
+    /* in_c, out_c, in_h, in_w, k, stride, pad, n, precision, fwd, bwd_data, bwd_filter, their math types,
+     * nhwc (the CUDA bf16 copies' layout) */
+    a.a[0] = (rt_conv_algo){64, 64, 28, 28, 3, 1, 1, 32, RT_PRECISION_FP32, 1, 1, 0, 3, 3, 3, 0};
+    a.a[1] = (rt_conv_algo){1, 64, 28, 28, 7, 2, 3, 32, RT_PRECISION_TF32, 6, 5, 1, 0, 1, 2, 0};
+    a.a[2] = (rt_conv_algo){64, 64, 7, 7, 3, 1, 1, 128, RT_PRECISION_BF16, 1, 1, 1, 1, 1, 1, 1};
     assert_rt_ok(rt_ckpt_meta_set_conv_algos(&m, "cudnn.conv_algos", &a));
     assert_string_equal(rt_ckpt_meta_get(&m, "cudnn.conv_algos"),
                         "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=0/3; "
-                        "1x28x28->64 k7 s2 p3 n32 tf32 fwd=6/0 data=5/1 filter=1/2");
+                        "1x28x28->64 k7 s2 p3 n32 tf32 fwd=6/0 data=5/1 filter=1/2; "
+                        "64x7x7->64 k3 s1 p1 n128 bf16/nhwc fwd=1/1 data=1/1 filter=1/1");
     assert_rt_ok(rt_ckpt_meta_get_conv_algos(&m, "cudnn.conv_algos", &b));
-    assert_int_equal(b.n, 2);
-    assert_memory_equal(&a.a[0], &b.a[0], sizeof a.a[0]);
-    assert_memory_equal(&a.a[1], &b.a[1], sizeof a.a[1]);
+    assert_int_equal(b.n, 3);
+    for (int i = 0; i < 3; i++) assert_memory_equal(&a.a[i], &b.a[i], sizeof a.a[i]);
+    /* a bf16 entry of before the NHWC copies reads as NCHW */
+    assert_rt_ok(rt_ckpt_meta_set(&m, "cudnn.conv_algos", "64x7x7->64 k3 s1 p1 n128 bf16 fwd=1/1 data=1/1 filter=1/1"));
+    assert_rt_ok(rt_ckpt_meta_get_conv_algos(&m, "cudnn.conv_algos", &b));
+    assert_int_equal(b.n, 1);
+    assert_int_equal(b.a[0].nhwc, 0);
+    assert_int_equal(b.a[0].precision, RT_PRECISION_BF16);
     a.n = 0;
     assert_rt_ok(rt_ckpt_meta_set_conv_algos(&m, "cudnn.conv_algos", &a));
     assert_string_equal(rt_ckpt_meta_get(&m, "cudnn.conv_algos"), "");
@@ -613,6 +621,9 @@ static void test_meta_conv_algos(void **state) {
         "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=0/3 filter=1/3 x",    /* trailing text */
         "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=0/3 filter=1/3; ",    /* empty entry */
         "64x28x28->64 k3 s1 p1 n0 fp32 fwd=1/3 data=0/3 filter=1/3",       /* no batch */
+        "64x7x7->64 k3 s1 p1 n128 bf16/nchw fwd=1/1 data=1/1 filter=1/1",  /* not canonical: NCHW has no suffix */
+        "64x7x7->64 k3 s1 p1 n128 bf16/NHWC fwd=1/1 data=1/1 filter=1/1",  /* not canonical */
+        "64x7x7->64 k3 s1 p1 n128 bf16/nhwcx fwd=1/1 data=1/1 filter=1/1", /* unknown layout */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_rt_ok(rt_ckpt_meta_set(&m, "cudnn.conv_algos", bad[i]));

@@ -462,16 +462,20 @@ static void cache_put(rt_model_ctx *ctx, const rt_conv2d *l, int n, bool nhwc, r
                                                 .bwd_filter = (int)a->bwd_filter,
                                                 .fwd_math = (int)a->fwd_math,
                                                 .bwd_data_math = (int)a->bwd_data_math,
-                                                .bwd_filter_math = (int)a->bwd_filter_math};
+                                                .bwd_filter_math = (int)a->bwd_filter_math,
+                                                .nhwc = a->nhwc};
 }
 
-/* The preset choice for this layer's shape (rt_model_ctx_set_conv_algos), or NULL. */
-static const rt_conv_algo *preset_find(const rt_model_ctx *ctx, const rt_conv2d *l, int n) {
+/* The preset choice for this layer's shape and copies' layout (rt_model_ctx_set_conv_algos),
+ * or NULL: a choice recorded for the other layout (a checkpoint from before NHWC, or one
+ * made under another RINGTRAIN_CUDNN_LAYOUT) is not taken; the layer searches. */
+static const rt_conv_algo *preset_find(const rt_model_ctx *ctx, const rt_conv2d *l, int n, bool nhwc) {
     const rt_conv_algos *pre = ctx->conv_preset;
     for (int i = 0; i < pre->n; i++) {
         const rt_conv_algo *a = &pre->a[i];
         if (a->in_c == l->in_c && a->out_c == l->out_c && a->in_h == l->in_h && a->in_w == l->in_w && a->k == l->k &&
-            a->stride == l->stride && a->pad == l->pad && a->n == n && a->precision == (int)ctx->precision)
+            a->stride == l->stride && a->pad == l->pad && a->n == n && a->precision == (int)ctx->precision &&
+            a->nhwc == (int)nhwc)
             return a;
     }
     return NULL;
@@ -517,8 +521,8 @@ static rt_status preset_workspace(const char *shape, const char *what, int algo,
 static rt_status preset_take(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, const rt_conv_algo *pre,
                              rt_cuda_conv_algos *out) {
     char shape[128];
-    snprintf(shape, sizeof shape, "conv2d %d->%d %dx%d k%d s%d p%d n%d", l->in_c, l->out_c, l->in_h, l->in_w, l->k,
-             l->stride, l->pad, p->max_n);
+    snprintf(shape, sizeof shape, "conv2d %d->%d %dx%d k%d s%d p%d n%d%s", l->in_c, l->out_c, l->in_h, l->in_w, l->k,
+             l->stride, l->pad, p->max_n, p->nhwc ? " (NHWC bf16 copies)" : "");
     RT_CHECK(preset_check(ctx, shape, "forward", pre->fwd, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, pre->fwd_math,
                           pre->fwd >= 0 && fwd_approx((cudnnConvolutionFwdAlgo_t)pre->fwd)));
     RT_CHECK(preset_check(ctx, shape, "backward-data", pre->bwd_data, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
@@ -560,6 +564,19 @@ static rt_status preset_take(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p
     return RT_OK;
 }
 
+/* The workspace cuDNN wants for algorithm `algo` of direction d (0 forward, 1
+ * backward-data, 2 backward-filter) on shape s, or its refusal. */
+static cudnnStatus_t spare_ws(cudnnHandle_t h, const conv_priv *p, const conv_shape *s, int d, int algo, size_t *ws) {
+    if (d == 0)
+        return cudnnGetConvolutionForwardWorkspaceSize(h, s->x, p->w, p->conv_fwd, s->y,
+                                                       (cudnnConvolutionFwdAlgo_t)algo, ws);
+    if (d == 1)
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, s->y, p->conv_bwd_data, s->x,
+                                                            (cudnnConvolutionBwdDataAlgo_t)algo, ws);
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, s->x, s->y, p->conv_bwd_filter, p->w,
+                                                          (cudnnConvolutionBwdFilterAlgo_t)algo, ws);
+}
+
 /* ---- prepare ------------------------------------------------------------------------- */
 
 static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int max_n, size_t *workspace) {
@@ -591,7 +608,7 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
     if (hit) {
         a = *hit;
     } else {
-        const rt_conv_algo *pre = preset_find(ctx, l, max_n);
+        const rt_conv_algo *pre = preset_find(ctx, l, max_n, p->nhwc);
         if (pre)
             RT_CHECK(preset_take(ctx, l, p, pre, &a));
         else
@@ -604,17 +621,21 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
     p->full.fwd = a.fwd;
     p->full.bwd_data = a.bwd_data;
     p->full.bwd_filter = a.bwd_filter;
-    /* the workspace the chosen algorithms need with the final math types */
-    size_t ws = 0, need = 0;
-    RT_CHECK_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(cuda_state(ctx)->dnn, p->full.x, p->w, p->conv_fwd,
-                                                           p->full.y, a.fwd, &ws));
-    need = ws;
-    RT_CHECK_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(cuda_state(ctx)->dnn, p->w, p->full.y, p->conv_bwd_data,
-                                                                p->full.x, a.bwd_data, &ws));
-    if (ws > need) need = ws;
-    RT_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(cuda_state(ctx)->dnn, p->full.x, p->full.y,
-                                                                  p->conv_bwd_filter, p->w, a.bwd_filter, &ws));
-    if (ws > need) need = ws;
+    /* the workspace the chosen algorithms need with the final math types; a refusal here
+     * (cuDNN runs none of the search's results nor the fallback) names the layer */
+    static const char *const dir_names[3] = {"forward", "backward-data", "backward-filter"};
+    const int algo[3] = {(int)a.fwd, (int)a.bwd_data, (int)a.bwd_filter};
+    size_t need = 0;
+    for (int d = 0; d < 3; d++) {
+        size_t ws = 0;
+        cudnnStatus_t cs = spare_ws(cuda_state(ctx)->dnn, p, &p->full, d, algo[d], &ws);
+        RT_REQUIRE(cs == CUDNN_STATUS_SUCCESS, RT_ERR_CUDA,
+                   "conv2d %d->%d %dx%d k%d s%d batch %d, %s%s: cuDNN runs no %s algorithm (algorithm %d: %s)%s",
+                   l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, max_n, rt_precision_name(ctx->precision),
+                   p->nhwc ? " on NHWC copies" : "", dir_names[d], algo[d], cudnnGetErrorString(cs),
+                   p->nhwc ? "; RINGTRAIN_CUDNN_LAYOUT=nchw keeps the copies NCHW" : "");
+        if (ws > need) need = ws;
+    }
     *workspace = p->scratch + need; /* the bf16 copies (none in fp32), then cuDNN's */
     return RT_OK;
 }
@@ -635,19 +656,6 @@ rt_status rt_cuda_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, siz
 }
 
 /* ---- per-step shape ------------------------------------------------------------------ */
-
-/* The workspace cuDNN wants for algorithm `algo` of direction d (0 forward, 1
- * backward-data, 2 backward-filter) on shape s, or its refusal. */
-static cudnnStatus_t spare_ws(cudnnHandle_t h, const conv_priv *p, const conv_shape *s, int d, int algo, size_t *ws) {
-    if (d == 0)
-        return cudnnGetConvolutionForwardWorkspaceSize(h, s->x, p->w, p->conv_fwd, s->y,
-                                                       (cudnnConvolutionFwdAlgo_t)algo, ws);
-    if (d == 1)
-        return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, s->y, p->conv_bwd_data, s->x,
-                                                            (cudnnConvolutionBwdDataAlgo_t)algo, ws);
-    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, s->x, s->y, p->conv_bwd_filter, p->w,
-                                                          (cudnnConvolutionBwdFilterAlgo_t)algo, ws);
-}
 
 /* Direction d may run on shape s: else an error naming the layer, the batch, the
  * direction and cuDNN's answer (not cuDNN's BAD_PARAM from inside a step). Only the
