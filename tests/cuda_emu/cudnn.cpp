@@ -315,7 +315,9 @@ bool supported(const algo_spec *a, const geom &g) {
     return a->support == SUP_ALWAYS || (a->support == SUP_UNIT_STRIDE && g.unit_stride());
 }
 
-/* RINGTRAIN_EMU_CUDNN_REFUSE=DIR:N[:call][,...] (DIR fwd, data or filter): every algorithm
+/* RINGTRAIN_EMU_CUDNN_REFUSE=DIR:N[:call][,...] or DIR:nhwc (DIR fwd, data or filter; nhwc:
+ * every call of that direction on NHWC tensors, any batch, as a cuDNN without an NHWC
+ * kernel for the shape would): every algorithm
  * of that direction is refused at batch N, as a real cuDNN may refuse a shape the
  * algorithm search never saw (an H200, cuDNN 9.19: a bf16 backward-filter at the last,
  * smaller batch of an epoch, CUDNN_STATUS_BAD_PARAM). Plain: NOT_SUPPORTED from the
@@ -336,6 +338,10 @@ refusal refused(dir_t d, const geom &g) {
         pos = end + 1;
         const size_t c1 = item.find(':');
         if (c1 == std::string::npos || item.substr(0, c1) != names[d]) continue;
+        if (item.substr(c1 + 1) == "nhwc") { /* every NHWC call of that direction */
+            if (g.nhwc) return REFUSE_ALL;
+            continue;
+        }
         char *rest = nullptr;
         const long n = strtol(item.c_str() + c1 + 1, &rest, 10);
         if (n != g.n) continue;

@@ -305,7 +305,12 @@ static void conv_case(int max_n, int in_c, int out_c, int h, int w, int k, int s
     /* the GPU's bf16 copies are NHWC where both channel counts are multiples of 8, unless
      * RINGTRAIN_CUDNN_LAYOUT=nchw (conv_cuda.c, layout_nhwc) */
     const char *lay = getenv("RINGTRAIN_CUDNN_LAYOUT");
-    const bool nhwc = !(lay && strcasecmp(lay, "nchw") == 0) && in_c % 8 == 0 && out_c % 8 == 0;
+    bool nhwc = !(lay && strcasecmp(lay, "nchw") == 0) && in_c % 8 == 0 && out_c % 8 == 0;
+#ifdef RT_EMU_FULL_RUNTIME
+    /* the emulated cuDNN refusing NHWC calls: the layer falls back to NCHW copies */
+    const char *ref = getenv("RINGTRAIN_EMU_CUDNN_REFUSE");
+    if (ref && strstr(ref, ":nhwc")) nhwc = false;
+#endif
 #ifdef RT_HAVE_CUDA
     if (rt_device_is_cuda(g_gpu->device)) assert_int_equal(rt_cuda_conv2d_nhwc(&G.l), nhwc);
 #endif
@@ -332,6 +337,7 @@ static void check_bf16_algos(rt_model_ctx *ctx) {
     assert_true(st->nalgos > 0);
     for (int i = 0; i < st->nalgos; i++) {
         const rt_cuda_conv_algos *a = &st->algos[i];
+        if (a->refused) continue; /* a shape whose NHWC copies cuDNN refused: no choice */
         printf("  algos %d->%d %dx%d k%d s%d n=%d: fwd %d, bwd-data %d, bwd-filter %d\n", a->in_c, a->out_c, a->in_h,
                a->in_w, a->k, a->stride, a->n, (int)a->fwd, (int)a->bwd_data, (int)a->bwd_filter);
         if (a->bwd_data == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a->bwd_filter == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 ||
@@ -341,6 +347,30 @@ static void check_bf16_algos(rt_model_ctx *ctx) {
     }
 #else
     (void)ctx;
+#endif
+}
+
+/* A cuDNN that runs no algorithm on a shape's NHWC bf16 copies (emulated: every NHWC
+ * backward-filter refused): the layer falls back to NCHW copies with a warning and still
+ * matches the CPU (conv_case checks the layout and the numbers); the choice is listed for
+ * NCHW. A shape of its own, so that the refusal cached for it touches no other case. */
+static void test_bf16_nhwc_refused(void **state) {
+    (void)state;
+#ifdef RT_EMU_FULL_RUNTIME
+    setenv("RINGTRAIN_EMU_CUDNN_REFUSE", "filter:nhwc", 1);
+    conv_case(5, 24, 16, 5, 5, 3, 1, 1, false);
+    unsetenv("RINGTRAIN_EMU_CUDNN_REFUSE");
+    rt_conv_algos got;
+    rt_model_ctx_get_conv_algos(g_gpu, &got);
+    bool found = false;
+    for (int i = 0; i < got.n; i++)
+        if (got.a[i].in_c == 24 && got.a[i].out_c == 16 && got.a[i].in_h == 5) {
+            assert_int_equal(got.a[i].nhwc, 0);
+            found = true;
+        }
+    assert_true(found);
+#else
+    skip();
 #endif
 }
 
@@ -754,6 +784,7 @@ int main(void) {
     g_seed = gt_pick_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d_bf16),
+        cmocka_unit_test(test_bf16_nhwc_refused),
         cmocka_unit_test(test_linear_bf16),
         cmocka_unit_test(test_resnet_step_bf16),
         cmocka_unit_test(test_bf16_preset_refuses_atomics),

@@ -397,6 +397,7 @@ static int conv_algos_report(rt_model_ctx *ctx, double *worst) {
     assert_true(st->nalgos > 0);
     for (int i = 0; i < st->nalgos; i++) {
         const rt_cuda_conv_algos *a = &st->algos[i];
+        if (a->refused) continue; /* bf16 NHWC refused for the shape: a marker, no choice */
         printf("  algos %d->%d %dx%d k%d s%d n=%d: fwd %d (%s), bwd-data %d (%s), bwd-filter %d (%s)\n", a->in_c,
                a->out_c, a->in_h, a->in_w, a->k, a->stride, a->n, (int)a->fwd, math_name(a->fwd_math), (int)a->bwd_data,
                math_name(a->bwd_data_math), (int)a->bwd_filter, math_name(a->bwd_filter_math));

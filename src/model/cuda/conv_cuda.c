@@ -434,10 +434,39 @@ static rt_cuda_conv_algos *cache_find(rt_model_ctx *ctx, const rt_conv2d *l, int
         rt_cuda_conv_algos *a = &s->algos[i];
         if (a->in_c == l->in_c && a->out_c == l->out_c && a->in_h == l->in_h && a->in_w == l->in_w && a->k == l->k &&
             a->stride == l->stride && a->pad == l->pad && a->n == n && a->precision == (int)ctx->precision &&
-            a->nhwc == (int)nhwc)
+            a->nhwc == (int)nhwc && !a->refused)
             return a;
     }
     return NULL;
+}
+
+/* NHWC copies of this shape were refused by cuDNN before (nhwc_refused_put): NCHW at once,
+ * without a second search that would fail the same way */
+static bool nhwc_refused(rt_model_ctx *ctx, const rt_conv2d *l, int n) {
+    const rt_cuda_state *s = cuda_state(ctx);
+    for (int i = 0; i < s->nalgos; i++) {
+        const rt_cuda_conv_algos *a = &s->algos[i];
+        if (a->refused && a->in_c == l->in_c && a->out_c == l->out_c && a->in_h == l->in_h && a->in_w == l->in_w &&
+            a->k == l->k && a->stride == l->stride && a->pad == l->pad && a->n == n &&
+            a->precision == (int)ctx->precision)
+            return true;
+    }
+    return false;
+}
+static void nhwc_refused_put(rt_model_ctx *ctx, const rt_conv2d *l, int n) {
+    rt_cuda_state *s = cuda_state(ctx);
+    if (s->nalgos >= RT_CUDA_ALGO_CACHE) return;
+    s->algos[s->nalgos++] = (rt_cuda_conv_algos){.in_c = l->in_c,
+                                                 .out_c = l->out_c,
+                                                 .in_h = l->in_h,
+                                                 .in_w = l->in_w,
+                                                 .k = l->k,
+                                                 .stride = l->stride,
+                                                 .pad = l->pad,
+                                                 .n = n,
+                                                 .precision = (int)ctx->precision,
+                                                 .nhwc = 1,
+                                                 .refused = true};
 }
 
 /* Cache the choice and list it for rt_model_ctx_get_conv_algos. */
@@ -579,12 +608,14 @@ static cudnnStatus_t spare_ws(cudnnHandle_t h, const conv_priv *p, const conv_sh
 
 /* ---- prepare ------------------------------------------------------------------------- */
 
-static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int max_n, size_t *workspace) {
+static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int max_n, bool allow_nhwc,
+                              size_t *workspace) {
     const cudnnMathType_t math = desc_math(ctx);
     p->max_n = max_n;
     p->dtype = ctx->precision == RT_PRECISION_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     if (p->dtype == CUDNN_DATA_BFLOAT16) bf16_layout(p, l, max_n);
     RT_CHECK(layout_nhwc(ctx, l, &p->nhwc));
+    p->nhwc = p->nhwc && allow_nhwc;
     RT_CHECK_CUDNN(cudnnCreateFilterDescriptor(&p->w));
     RT_CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w, p->dtype, p->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, l->out_c,
                                               l->in_c, l->k, l->k));
@@ -613,7 +644,6 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
             RT_CHECK(preset_take(ctx, l, p, pre, &a));
         else
             RT_CHECK(find_algos(ctx, l, p, &a));
-        cache_put(ctx, l, max_n, p->nhwc, &a);
     }
     RT_CHECK_CUDNN(cudnnSetConvolutionMathType(p->conv_fwd, a.fwd_math));
     RT_CHECK_CUDNN(cudnnSetConvolutionMathType(p->conv_bwd_data, a.bwd_data_math));
@@ -630,12 +660,12 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
         size_t ws = 0;
         cudnnStatus_t cs = spare_ws(cuda_state(ctx)->dnn, p, &p->full, d, algo[d], &ws);
         RT_REQUIRE(cs == CUDNN_STATUS_SUCCESS, RT_ERR_CUDA,
-                   "conv2d %d->%d %dx%d k%d s%d batch %d, %s%s: cuDNN runs no %s algorithm (algorithm %d: %s)%s",
+                   "conv2d %d->%d %dx%d k%d s%d batch %d, %s%s: cuDNN runs no %s algorithm (algorithm %d: %s)",
                    l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, max_n, rt_precision_name(ctx->precision),
-                   p->nhwc ? " on NHWC copies" : "", dir_names[d], algo[d], cudnnGetErrorString(cs),
-                   p->nhwc ? "; RINGTRAIN_CUDNN_LAYOUT=nchw keeps the copies NCHW" : "");
+                   p->nhwc ? " on NHWC copies" : "", dir_names[d], algo[d], cudnnGetErrorString(cs));
         if (ws > need) need = ws;
     }
+    if (!hit) cache_put(ctx, l, max_n, p->nhwc, &a); /* only a choice cuDNN runs is kept and listed */
     *workspace = p->scratch + need; /* the bf16 copies (none in fp32), then cuDNN's */
     return RT_OK;
 }
@@ -646,7 +676,22 @@ rt_status rt_cuda_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, siz
     conv_priv *p = calloc(1, sizeof *p);
     RT_CHECK_ALLOC(p, sizeof *p);
     l->priv = p;
-    rt_status st = conv_prepare(ctx, l, p, max_n, workspace);
+    const bool allow_nhwc = !nhwc_refused(ctx, l, max_n);
+    rt_status st = conv_prepare(ctx, l, p, max_n, allow_nhwc, workspace);
+    if (st == RT_ERR_CUDA && p->nhwc) {
+        /* cuDNN runs no algorithm (or no search) on this shape's NHWC bf16 copies: the
+         * layer keeps NCHW copies (slower, the same numbers), said once per shape */
+        RT_LOG_WARN("conv2d %d->%d %dx%d k%d s%d batch %d, bf16: cuDNN refuses NHWC copies (%s); this shape runs on "
+                    "NCHW copies",
+                    l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, max_n, rt_error_message());
+        rt_error_clear();
+        nhwc_refused_put(ctx, l, max_n);
+        rt_cuda_conv2d_release(ctx, l);
+        p = calloc(1, sizeof *p);
+        RT_CHECK_ALLOC(p, sizeof *p);
+        l->priv = p;
+        st = conv_prepare(ctx, l, p, max_n, false, workspace);
+    }
     if (st != RT_OK) {
         rt_error_trace(__FILE__, __LINE__, "conv2d prepare");
         rt_cuda_conv2d_release(ctx, l);

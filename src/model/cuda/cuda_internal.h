@@ -25,6 +25,7 @@ typedef struct rt_cuda_conv_algos {
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
     cudnnMathType_t fwd_math, bwd_data_math, bwd_filter_math;
     size_t fwd_ws, bwd_data_ws, bwd_filter_ws; /* bytes, at batch n */
+    bool refused; /* (nhwc only) cuDNN ran no algorithm on NHWC bf16 copies: the shape's copies stay NCHW */
 } rt_cuda_conv_algos;
 
 #define RT_CUDA_ALGO_CACHE 64
