@@ -351,12 +351,24 @@ static __device__ __forceinline__ void set_index(size_t i, size_t n0, size_t n1,
  * gather. */
 static __device__ __forceinline__ size_t nhwc_source(size_t j, int c, size_t plane) {
     if (c == 0) return j;
-    const size_t img = (size_t)c * plane, i = j / img, r = j % img;
+    const size_t img = (size_t)c * plane;
+    if (j <= 0xffffffffu && img <= 0xffffffffu) { /* 32-bit divisions (a 64-bit one is a long software sequence on a GPU) */
+        const unsigned jj = (unsigned)j, im = (unsigned)img, cc = (unsigned)c, i = jj / im, r = jj - i * im;
+        const unsigned q = r / cc;
+        return (size_t)i * img + (size_t)(r - q * cc) * plane + q;
+    }
+    const size_t i = j / img, r = j % img;
     return i * img + (r % (size_t)c) * plane + r / (size_t)c;
 }
 static __device__ __forceinline__ size_t nchw_source(size_t j, int c, size_t plane) {
     if (c == 0) return j;
-    const size_t img = (size_t)c * plane, i = j / img, r = j % img;
+    const size_t img = (size_t)c * plane;
+    if (j <= 0xffffffffu && img <= 0xffffffffu) {
+        const unsigned jj = (unsigned)j, im = (unsigned)img, pl = (unsigned)plane, i = jj / im, r = jj - i * im;
+        const unsigned q = r / pl;
+        return (size_t)i * img + (size_t)(r - q * pl) * (size_t)c + q;
+    }
+    const size_t i = j / img, r = j % img;
     return i * img + (r % plane) * (size_t)c + r / plane;
 }
 
