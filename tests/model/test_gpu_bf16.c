@@ -357,18 +357,36 @@ static void check_bf16_algos(rt_model_ctx *ctx) {
 static void test_bf16_nhwc_refused(void **state) {
     (void)state;
 #ifdef RT_EMU_FULL_RUNTIME
+    if (!rt_device_is_cuda(g_gpu->device)) skip(); /* the CPU stand-in has no algorithms */
     setenv("RINGTRAIN_EMU_CUDNN_REFUSE", "filter:nhwc", 1);
     conv_case(5, 24, 16, 5, 5, 3, 1, 1, false);
     unsetenv("RINGTRAIN_EMU_CUDNN_REFUSE");
     rt_conv_algos got;
     rt_model_ctx_get_conv_algos(g_gpu, &got);
-    bool found = false;
+    int found = -1;
     for (int i = 0; i < got.n; i++)
         if (got.a[i].in_c == 24 && got.a[i].out_c == 16 && got.a[i].in_h == 5) {
             assert_int_equal(got.a[i].nhwc, 0);
-            found = true;
+            found = i;
         }
-    assert_true(found);
+    assert_true(found >= 0);
+    /* another rank (a context given this one's choices, cuDNN refusing nothing) follows the
+     * NCHW record for that shape: no NHWC attempt, no search of its own */
+    rt_model_ctx *other = gt_ctx(gt_gpu_device(), RT_PRECISION_BF16);
+    assert_rt_ok(rt_model_ctx_set_conv_algos(other, &got));
+    rt_conv2d shape;
+    assert_rt_ok(rt_conv2d_init(&shape, 24, 16, 5, 5, 3, 1, 1, false));
+    float *hw = rt_test_randn((size_t)16 * 24 * 9, 0.1f);
+    side_conv G;
+    side_conv_make(&G, other, &shape, hw, NULL, 5);
+    assert_false(rt_cuda_conv2d_nhwc(&G.l));
+    rt_conv_algos mine;
+    rt_model_ctx_get_conv_algos(other, &mine);
+    assert_int_equal(mine.n, 1);
+    assert_memory_equal(&mine.a[0], &got.a[found], sizeof mine.a[0]);
+    side_conv_free(&G);
+    rt_model_ctx_destroy(other);
+    free(hw);
 #else
     skip();
 #endif
@@ -491,8 +509,9 @@ static void test_bf16_smaller_batch_padded(void **state) {
 
 /* A preset (a checkpoint's or rank 0's choice) naming an atomic backward algorithm is
  * refused under bf16 with an error that says why; the same preset with ALGO_1 is taken.
- * A preset recorded for the other layout of the copies (NCHW; this 8->8 layer's are NHWC)
- * is not taken at all: the layer searches, so even its atomic algorithm is no error. */
+ * A preset that names this 8->8 shape with NCHW copies only (rank 0 fell back to NCHW, or
+ * a checkpoint from before the NHWC copies) makes the layer follow it: NCHW copies and
+ * that choice, listed as NCHW. */
 static void test_bf16_preset_refuses_atomics(void **state) {
     (void)state;
 #ifdef RT_HAVE_CUDA
@@ -501,7 +520,7 @@ static void test_bf16_preset_refuses_atomics(void **state) {
     assert_rt_ok(rt_conv2d_init(&shape, 8, 8, 6, 6, 3, 1, 1, false));
     const size_t wn = (size_t)8 * 8 * 9;
     float *hw = rt_test_randn(wn, 0.3f);
-    const int filt[4] = {1, 0, 3, 0}; /* ALGO_1 taken; ALGO_0 and ALGO_3 refused; NCHW's ALGO_0 passed over */
+    const int filt[4] = {1, 0, 3, 1}; /* ALGO_1 taken; ALGO_0 and ALGO_3 refused; NCHW's ALGO_1 followed */
     const int nhwc[4] = {1, 1, 1, 0};
     for (int i = 0; i < 4; i++) {
         rt_model_ctx *ctx = gt_ctx(gt_gpu_device(), RT_PRECISION_BF16);
@@ -537,14 +556,14 @@ static void test_bf16_preset_refuses_atomics(void **state) {
         const rt_status st = rt_conv2d_prepare(ctx, &G.l, 4, &ws);
         printf("  preset bwd-filter ALGO_%d (%s) under bf16: %s%s\n", filt[i], nhwc[i] ? "nhwc" : "nchw",
                st == RT_OK ? "prepared" : "refused: ", st == RT_OK ? "" : rt_error_message());
-        if (!nhwc[i]) { /* searched: a deterministic choice, recorded for NHWC */
+        if (!nhwc[i]) { /* the recorded layout and choice followed */
             assert_rt_ok(st);
-            assert_true(rt_cuda_conv2d_nhwc(&G.l));
+            assert_false(rt_cuda_conv2d_nhwc(&G.l));
             rt_conv_algos got;
             rt_model_ctx_get_conv_algos(ctx, &got);
             assert_int_equal(got.n, 1);
-            assert_int_equal(got.a[0].nhwc, 1);
-            assert_int_not_equal(got.a[0].bwd_filter, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0);
+            assert_int_equal(got.a[0].nhwc, 0);
+            assert_int_equal(got.a[0].bwd_filter, filt[i]);
             rt_conv2d_release(ctx, &G.l);
         } else if (filt[i] == 1) {
             assert_rt_ok(st);

@@ -75,6 +75,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct conv_shape {
     int n;
@@ -103,6 +104,8 @@ typedef struct conv_priv {
     /* bf16: the copies (and the x, y and filter descriptors) are NHWC, the layout of
      * cuDNN's tensor-core kernels, made by the casts as they round (layout_nhwc) */
     bool nhwc;
+    bool refused; /* prepare failed on a cuDNN refusal of the shape (the search's or the workspace query's
+                     answer): with NHWC copies, the layer retries with NCHW ones */
 } conv_priv;
 
 static rt_status set_4d(cudnnTensorDescriptor_t d, bool nhwc, cudnnDataType_t t, int n, int c, int h, int w) {
@@ -315,6 +318,7 @@ static rt_status ask(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, perf_l
     if (cs == CUDNN_STATUS_SUCCESS)
         cs = cudnnGetConvolutionBackwardFilterAlgorithm_v7(s->dnn, p->full.x, p->full.y, p->conv_bwd_filter, p->w,
                                                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &pl->nw, pl->wr);
+    p->refused = cs != CUDNN_STATUS_SUCCESS;
     if (cs != CUDNN_STATUS_SUCCESS)
         RT_FAIL(RT_ERR_CUDA, "conv2d %d->%d %dx%d k%d s%d: cuDNN algorithm heuristics: %s", l->in_c, l->out_c, l->in_h,
                 l->in_w, l->k, l->stride, cudnnGetErrorString(cs));
@@ -372,6 +376,7 @@ static rt_status measure(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, pe
                                                            p->w, b.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &pl->nw,
                                                            pl->wr, b.ws, b.ws_bytes);
     find_bufs_free(&b);
+    p->refused = cs != CUDNN_STATUS_SUCCESS;
     if (cs != CUDNN_STATUS_SUCCESS)
         RT_FAIL(RT_ERR_CUDA, "conv2d %d->%d %dx%d k%d s%d: cuDNN algorithm search: %s", l->in_c, l->out_c, l->in_h,
                 l->in_w, l->k, l->stride, cudnnGetErrorString(cs));
@@ -474,6 +479,7 @@ static void cache_put(rt_model_ctx *ctx, const rt_conv2d *l, int n, bool nhwc, r
     rt_cuda_state *s = cuda_state(ctx);
     a->in_c = l->in_c, a->out_c = l->out_c, a->in_h = l->in_h, a->in_w = l->in_w, a->k = l->k;
     a->stride = l->stride, a->pad = l->pad, a->n = n, a->precision = (int)ctx->precision, a->nhwc = nhwc;
+    a->refused = false;
     if (s->nalgos < RT_CUDA_ALGO_CACHE) s->algos[s->nalgos++] = *a;
     rt_conv_algos *chosen = ctx->conv_chosen;
     if (chosen->n < RT_CONV_ALGOS_MAX)
@@ -496,8 +502,9 @@ static void cache_put(rt_model_ctx *ctx, const rt_conv2d *l, int n, bool nhwc, r
 }
 
 /* The preset choice for this layer's shape and copies' layout (rt_model_ctx_set_conv_algos),
- * or NULL: a choice recorded for the other layout (a checkpoint from before NHWC, or one
- * made under another RINGTRAIN_CUDNN_LAYOUT) is not taken; the layer searches. */
+ * or NULL. A shape preset with NCHW copies only makes the layer use NCHW copies in the
+ * first place (preset_says_nchw); one preset with NHWC copies under
+ * RINGTRAIN_CUDNN_LAYOUT=nchw is not taken (the layer searches). */
 static const rt_conv_algo *preset_find(const rt_model_ctx *ctx, const rt_conv2d *l, int n, bool nhwc) {
     const rt_conv_algos *pre = ctx->conv_preset;
     for (int i = 0; i < pre->n; i++) {
@@ -508,6 +515,14 @@ static const rt_conv_algo *preset_find(const rt_model_ctx *ctx, const rt_conv2d 
             return a;
     }
     return NULL;
+}
+
+/* A preset names this shape with NCHW copies and none with NHWC ones (rank 0 fell back to
+ * NCHW for it, or a checkpoint from before the NHWC copies): the layer takes that layout
+ * and that choice, so every rank and a deterministic resume run what the record says. */
+static bool preset_says_nchw(const rt_model_ctx *ctx, const rt_conv2d *l, int n) {
+    if (ctx->precision != RT_PRECISION_BF16) return false;
+    return preset_find(ctx, l, n, false) != NULL && preset_find(ctx, l, n, true) == NULL;
 }
 
 static bool math_known(int m) {
@@ -634,7 +649,7 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
                "conv2d: cuDNN output %dx%dx%dx%d, expected %dx%dx%dx%d", on, oc, oh, ow, max_n, l->out_c, l->out_h,
                l->out_w);
 
-    rt_cuda_conv_algos a;
+    rt_cuda_conv_algos a = {0}; /* every field set: cache_put copies all of it, refused included */
     rt_cuda_conv_algos *hit = cache_find(ctx, l, max_n, p->nhwc);
     if (hit) {
         a = *hit;
@@ -659,13 +674,16 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
     for (int d = 0; d < 3; d++) {
         size_t ws = 0;
         cudnnStatus_t cs = spare_ws(cuda_state(ctx)->dnn, p, &p->full, d, algo[d], &ws);
+        p->refused = cs != CUDNN_STATUS_SUCCESS;
         RT_REQUIRE(cs == CUDNN_STATUS_SUCCESS, RT_ERR_CUDA,
                    "conv2d %d->%d %dx%d k%d s%d batch %d, %s%s: cuDNN runs no %s algorithm (algorithm %d: %s)",
                    l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, max_n, rt_precision_name(ctx->precision),
                    p->nhwc ? " on NHWC copies" : "", dir_names[d], algo[d], cudnnGetErrorString(cs));
         if (ws > need) need = ws;
     }
-    if (!hit) cache_put(ctx, l, max_n, p->nhwc, &a); /* only a choice cuDNN runs is kept and listed */
+    /* only a choice whose workspace cuDNN answers (it takes the algorithm for the shape) is
+     * kept and listed */
+    if (!hit) cache_put(ctx, l, max_n, p->nhwc, &a);
     *workspace = p->scratch + need; /* the bf16 copies (none in fp32), then cuDNN's */
     return RT_OK;
 }
@@ -676,14 +694,19 @@ rt_status rt_cuda_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, siz
     conv_priv *p = calloc(1, sizeof *p);
     RT_CHECK_ALLOC(p, sizeof *p);
     l->priv = p;
-    const bool allow_nhwc = !nhwc_refused(ctx, l, max_n);
+    const bool allow_nhwc = !nhwc_refused(ctx, l, max_n) && !preset_says_nchw(ctx, l, max_n);
     rt_status st = conv_prepare(ctx, l, p, max_n, allow_nhwc, workspace);
-    if (st == RT_ERR_CUDA && p->nhwc) {
-        /* cuDNN runs no algorithm (or no search) on this shape's NHWC bf16 copies: the
-         * layer keeps NCHW copies (slower, the same numbers), said once per shape */
-        RT_LOG_WARN("conv2d %d->%d %dx%d k%d s%d batch %d, bf16: cuDNN refuses NHWC copies (%s); this shape runs on "
+    if (st == RT_ERR_CUDA && p->nhwc && p->refused) {
+        /* cuDNN answers the search, or the workspace of the chosen algorithm, with a
+         * refusal of this shape's NHWC bf16 copies: the layer keeps NCHW copies (slower,
+         * the same numbers), said once per shape; its choice is listed as an NCHW one, so
+         * the other ranks and a resume follow it (preset_says_nchw) */
+        const char *m = rt_error_message();
+        const char *nl = strchr(m, '\n');
+        RT_LOG_WARN("conv2d %d->%d %dx%d k%d s%d batch %d, bf16: cuDNN refuses NHWC copies (%.*s); this shape runs on "
                     "NCHW copies",
-                    l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, max_n, rt_error_message());
+                    l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, max_n, nl ? (int)(nl - m) : (int)strlen(m),
+                    m);
         rt_error_clear();
         nhwc_refused_put(ctx, l, max_n);
         rt_cuda_conv2d_release(ctx, l);
