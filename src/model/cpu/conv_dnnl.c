@@ -66,6 +66,8 @@ typedef struct dn_arg {
     dnnl_primitive_t reorder;     /* input: user -> inner; output: inner -> user; NULL when same layout */
     dnnl_primitive_t reorder_sum; /* output that may accumulate: inner -> user, adding */
     size_t off;                   /* of inner in the part's region */
+    bool reused;                  /* input already in inner, put there by the stage run before (dy of
+                                     backward-data, reordered by backward-weights): no reorder */
 } dn_arg;
 
 typedef struct dn_stage {
@@ -378,7 +380,7 @@ static dnnl_status_t stage_run(dnnl_stream_t stream, dn_stage *st, char *region,
         } else if (!direct) {
             DN_RUN(dnnl_memory_set_data_handle(a->inner, region + a->off));
             m = a->inner;
-            if (!a->output) {
+            if (!a->output && !a->reused) {
                 dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, a->user}, {DNNL_ARG_TO, a->inner}};
                 DN_RUN(dnnl_primitive_execute(a->reorder, stream, 2, r));
             }
@@ -499,6 +501,21 @@ bwd:
                                                      d.strides, d.pad_l, d.pad_r));
     RT_CHECK_GOTO(pd_create(e, &cd, fpd, &dpd), st, out);
     RT_CHECK_GOTO(stage_arg(e, &p->bwd, dpd, DNNL_ARG_DIFF_DST, &d.y, false, false), st, out);
+    /* Split by images, backward-weights has just reordered the same images of dy
+     * (rt_dnnl_conv_backward runs it first): where backward-data wants them in the same
+     * layout it reads that copy instead of reordering dy again, and its own buffers go
+     * after all of backward-weights' (one activation reorder of six per layer and step) */
+    if (with_bww && c->bww_batch && p->bww.args[1].arg == DNNL_ARG_DIFF_DST && p->bww.args[1].reorder &&
+        p->bwd.args[0].reorder) {
+        const dnnl_memory_desc_t *have = NULL, *want = NULL;
+        DN_GOTO(dnnl_memory_get_memory_desc(p->bww.args[1].inner, &have));
+        DN_GOTO(dnnl_memory_get_memory_desc(p->bwd.args[0].inner, &want));
+        if (dnnl_memory_desc_equal(have, want)) {
+            p->bwd.args[0].off = p->bww.args[1].off;
+            p->bwd.args[0].reused = true;
+            p->bwd.bytes = p->bww.bytes;
+        }
+    }
     RT_CHECK_GOTO(stage_arg(e, &p->bwd, dpd, DNNL_ARG_WEIGHTS, &d.w, false, false), st, out);
     RT_CHECK_GOTO(stage_arg(e, &p->bwd, dpd, DNNL_ARG_DIFF_SRC, &d.x, true, true), st, out);
     RT_CHECK_GOTO(stage_finish(e, &p->bwd, dpd, c->impl[2], sizeof c->impl[2]), st, out);
