@@ -3,9 +3,9 @@
 # fp32 convolution and matmul kernels of oneDNN (Debian's libdnnl 2.6) and libxsmm
 # (Debian's libxsmm-dev 1.17, the other Debian library with AVX-512 BF16 convolutions;
 # skipped where it is not installed) run alone, one thread, at the shapes of ResNet34
-# 1x28x28 batch 64 split in two parts (bench/kernels/*.c: no reorders, no conversions,
-# nothing of ringtrain's), next to ringtrain's own fp32 and bf16 steps with their
-# per-layer profile (`bench model --json --layers`), all REPEAT times interleaved.
+# 1x28x28 at each batch split in THREADS parts (bench/kernels/*.c: no reorders, no
+# conversions, nothing of ringtrain's), next to ringtrain's own fp32 and bf16 steps with
+# their per-layer profile (`bench model --json --layers`), all REPEAT times interleaved.
 #
 # bench/kernels_table.py prints the kernels' times and bf16/fp32 ratios, then projects a
 # bf16 step from the measured fp32 step: every convolution row divided by the best kernel
@@ -14,13 +14,13 @@
 # unchanged: the step a bf16 implementation with free conversions and layouts would reach
 # with these kernels. Writes bench/results/kernels-cpu-<YYYYMMDD>.json.
 #
-#   bench/kernels.sh    (BUILD=build by default; THREADS=2, STEPS=10, BATCH=64, REPEAT=3)
+#   bench/kernels.sh    (BUILD=build by default; THREADS=2, STEPS=10, BATCHES="64 128", REPEAT=3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${RINGTRAIN:-${BUILD:-build}/ringtrain}
 threads=${THREADS:-2}
 steps=${STEPS:-10}
-batch=${BATCH:-64}
+batches=${BATCHES:-64 128}
 repeat=${REPEAT:-3}
 [ -x "$bin" ] || { echo "kernels.sh: $bin not found (make build, or set BUILD / RINGTRAIN)" >&2; exit 1; }
 mkdir -p bench/results
@@ -36,13 +36,16 @@ if [ -f /usr/include/libxsmm_dnn.h ]; then
 else
   echo "kernels.sh: no libxsmm (scripts/install-deps bench installs libxsmm-dev): its rows are skipped" >&2
 fi
-common=(--arch resnet34 --stem imagenet --channels 1 --size 28 --threads "$threads" --steps "$steps" --batch "$batch")
+common=(--arch resnet34 --stem imagenet --channels 1 --size 28 --threads "$threads" --steps "$steps")
 : >"$tmp/kernels.jsonl"
 : >"$tmp/steps.jsonl"
 for rep in $(seq "$repeat"); do
-  for p in "${probes[@]}"; do OMP_NUM_THREADS=1 "$p" 3 >>"$tmp/kernels.jsonl"; done
-  for prec in fp32 bf16; do
-    "$bin" bench model --json --layers "${common[@]}" --precision "$prec" 2>/dev/null >>"$tmp/steps.jsonl"
+  for b in $batches; do
+    for p in "${probes[@]}"; do OMP_NUM_THREADS=1 "$p" 3 "$b" "$threads" >>"$tmp/kernels.jsonl"; done
+    for prec in fp32 bf16; do
+      "$bin" bench model --json --layers "${common[@]}" --batch "$b" --precision "$prec" 2>/dev/null \
+        >>"$tmp/steps.jsonl"
+    done
   done
   echo "kernels.sh: round $rep of $repeat done" >&2
 done

@@ -5,7 +5,8 @@
  * gradient (ringtrain's, like oneDNN's here, is fp32). One JSON object per line; a pass
  * libxsmm refuses is a row with "error". bench/kernels.sh builds and runs it.
  *
- *   cc -O2 libxsmm.c -o libxsmm -lxsmm -lopenblas -lpthread -lrt -ldl -lm && ./libxsmm [repeats]
+ *   cc -O2 libxsmm.c -o libxsmm -lxsmm -lopenblas -lpthread -lrt -ldl -lm && ./libxsmm [repeats [batch [parts]]]
+ *   (defaults 5, 64, 2: the convolutions on batch / parts images)
  */
 #include <libxsmm.h>
 #include <libxsmm_dnn.h>
@@ -115,12 +116,18 @@ static void conv(int N, int C, int K, int H, int R, int stride, int pad, int bf1
 
 int main(int argc, char **argv) {
     if (argc > 1) reps = atoi(argv[1]);
+    const int batch = argc > 2 ? atoi(argv[2]) : 64, parts = argc > 3 ? atoi(argv[3]) : 2;
+    if (reps < 1 || batch < 1 || parts < 1 || batch % parts) {
+        fprintf(stderr, "usage: libxsmm [repeats [batch [parts]]]: parts must divide the batch\n");
+        return 2;
+    }
+    const int n = batch / parts;
     libxsmm_init();
     for (int bf16 = 0; bf16 < 2; bf16++) {
-        conv(32, 64, 64, 7, 3, 1, 1, bf16);
-        conv(32, 64, 128, 7, 3, 2, 1, bf16);
-        conv(32, 128, 128, 4, 3, 1, 1, bf16);
-        conv(32, 256, 256, 2, 3, 1, 1, bf16);
+        conv(n, 64, 64, 7, 3, 1, 1, bf16);
+        conv(n, 64, 128, 7, 3, 2, 1, bf16);
+        conv(n, 128, 128, 4, 3, 1, 1, bf16);
+        conv(n, 256, 256, 2, 3, 1, 1, bf16);
     }
     libxsmm_finalize();
     return 0;

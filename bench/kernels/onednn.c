@@ -1,10 +1,12 @@
 /* Kernel-level fp32 and bf16 times of oneDNN's convolution and matmul primitives at the
- * shapes of ResNet34 1x28x28 (batch 64 split in two parts of 32 images, as ringtrain's
- * two pool threads run them), one thread, no reorders: what the library's kernels allow,
- * before anything ringtrain adds. One JSON object per line. bench/kernels.sh builds and
- * runs it (with libxsmm.c beside it) and writes bench/results/kernels-cpu-<date>.json.
+ * shapes of ResNet34 1x28x28 (a batch split in parts, one per pool thread, as ringtrain
+ * runs them: the convolutions on one part's images, the dense layers' matmuls on all the
+ * images and one part's output channels), one thread, no reorders: what the library's
+ * kernels allow, before anything ringtrain adds. One JSON object per line. bench/kernels.sh
+ * builds and runs it (with libxsmm.c beside it) and writes bench/results/kernels-cpu-<date>.json.
  *
- *   cc -O2 onednn.c -o onednn -ldnnl -fopenmp && OMP_NUM_THREADS=1 ./onednn [repeats]
+ *   cc -O2 onednn.c -o onednn -ldnnl -fopenmp && OMP_NUM_THREADS=1 ./onednn [repeats [batch [parts]]]
+ *   (defaults 5, 64, 2)
  */
 #include <dnnl.h>
 #include <omp.h>
@@ -133,16 +135,22 @@ static void matmul(int m, int n, int k, int bf16, const char *what) {
 
 int main(int argc, char **argv) {
     if (argc > 1) reps = atoi(argv[1]);
+    const int batch = argc > 2 ? atoi(argv[2]) : 64, parts = argc > 3 ? atoi(argv[3]) : 2;
+    if (reps < 1 || batch < 1 || parts < 1 || batch % parts || 512 % parts) {
+        fprintf(stderr, "usage: onednn [repeats [batch [parts]]]: parts must divide the batch and 512\n");
+        return 2;
+    }
+    const int n = batch / parts;
     omp_set_num_threads(1);
     CK(dnnl_engine_create(&eng, dnnl_cpu, 0));
     CK(dnnl_stream_create(&strm, eng, dnnl_stream_default_flags));
     for (int bf16 = 0; bf16 < 2; bf16++) {
-        conv(32, 64, 64, 7, 3, 1, 1, bf16);    /* layer1 */
-        conv(32, 64, 128, 7, 3, 2, 1, bf16);   /* layer2's first */
-        conv(32, 128, 128, 4, 3, 1, 1, bf16);  /* layer2 */
-        conv(32, 256, 256, 2, 3, 1, 1, bf16);  /* layer3 (ringtrain: the dense path below) */
-        matmul(64, 512, 1024, bf16, "layer3 dense forward, one part's output channels");
-        matmul(64, 256, 512, bf16, "layer4 1x1 dense forward, one part's output channels");
+        conv(n, 64, 64, 7, 3, 1, 1, bf16);    /* layer1 */
+        conv(n, 64, 128, 7, 3, 2, 1, bf16);   /* layer2's first */
+        conv(n, 128, 128, 4, 3, 1, 1, bf16);  /* layer2 */
+        conv(n, 256, 256, 2, 3, 1, 1, bf16);  /* layer3 (ringtrain: the dense path below) */
+        matmul(batch, 1024 / parts, 1024, bf16, "layer3 dense forward, one part's output channels");
+        matmul(batch, 512 / parts, 512, bf16, "layer4 1x1 dense forward, one part's output channels");
     }
     return 0;
 }
