@@ -131,8 +131,10 @@ typedef enum rt_setting_group {
       "ringtrain's launcher: it hosts the store, so rank 0 does not")                                                  \
     X(HEARTBEAT_FD, "RINGTRAIN_HEARTBEAT_FD", INT, "", 0, RT_I32MAX, NULL, LAUNCHER,                                   \
       "ringtrain's launcher: the pipe a rank writes its heartbeat to (checked to be that pipe)")                       \
-    /* ---- test hooks (formats: src/train/trainer.c, src/dist/transport_shm.c) ---- */                                \
+    /* ---- test hooks (formats: src/train/test_hooks.c, src/dist/transport_shm.c) ---- */                             \
     X(SHM_TAG, "RINGTRAIN_SHM_TAG", STRING, "", 0, 0, NULL, TEST, "shm segment names carry this tag")                  \
+    X(TEST_HOOKS, "RINGTRAIN_TEST_HOOKS", BOOL, "0", 0, 0, NULL, TEST,                                                 \
+      "1: the RINGTRAIN_TEST_* hooks below act (unset: a run ignores them and says so)")                               \
     X(TEST_SIGNAL_AT, "RINGTRAIN_TEST_SIGNAL_AT", STRING, "", 0, 0, NULL, TEST,                                        \
       "<where>:<step>[:<target>[:<rank>[:<signal>]]]: a signal at an exact point")                                     \
     X(TEST_NAN_AT, "RINGTRAIN_TEST_NAN_AT", STRING, "", 0, 0, NULL, TEST, "<rank>:<step>: a NaN in that batch")        \

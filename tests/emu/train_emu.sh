@@ -39,6 +39,8 @@
 # plus 1e-5.
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
+# the test-only hooks (RINGTRAIN_TEST_*) act only with this switch (docs/testing.md)
+export RINGTRAIN_TEST_HOOKS=1
 bin=$1
 what=$2
 data=/usr/share/datasets/fashion-mnist

@@ -15,6 +15,8 @@
 #   tests/train/guards.sh RINGTRAIN CASE     CASE: init | sync | bn
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
+# the test-only hooks (RINGTRAIN_TEST_*) act only with this switch (docs/testing.md)
+export RINGTRAIN_TEST_HOOKS=1
 bin=$1
 what=$2
 data=/usr/share/datasets/fashion-mnist

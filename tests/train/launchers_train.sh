@@ -12,6 +12,8 @@
 #
 #   tests/train/launchers_train.sh RINGTRAIN torchrun|torchrun_desync|mpirun|netns
 set -u
+# the test-only hooks (RINGTRAIN_TEST_*) act only with this switch (docs/testing.md)
+export RINGTRAIN_TEST_HOOKS=1
 bin=$1
 mode=$2
 data=/usr/share/datasets/fashion-mnist

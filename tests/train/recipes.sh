@@ -15,6 +15,8 @@
 #   tests/train/recipes.sh RINGTRAIN CASE
 # Exit 77 (skipped) when Debian's Fashion-MNIST (or, for tta, torch) is missing.
 set -u
+# the test-only hooks (RINGTRAIN_TEST_*) act only with this switch (docs/testing.md)
+export RINGTRAIN_TEST_HOOKS=1
 bin=$1
 what=$2
 data=/usr/share/datasets/fashion-mnist

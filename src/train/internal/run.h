@@ -1,0 +1,209 @@
+/* One rank's run: the state the trainer's rooms share, and what each room offers the
+ * others. Private to src/train.
+ *
+ * The trainer is split by concern, one file each (docs/train.md, "Where things are"):
+ *   trainer.c     the public entry points, the run's setup sequence, its logs and its end
+ *   setup.c       datasets, process group, model (and its convolution algorithms), loaders,
+ *                 optimizer and schedule, gradient reducer
+ *   loop.c        the epoch loop: batches, per-epoch tables, evaluation and checkpoint points
+ *   step.c        one training step: input, forward, backward, the step's scalars, update
+ *   timing.c      the per-step timing records, completed from events a step late
+ *   evaluate.c    evaluation (EMA weights, eval.tta) and `ringtrain eval` of a checkpoint
+ *   save.c        writing a checkpoint during a run
+ *   resume.c      choosing the checkpoint to continue from, loading and checking it
+ *   sync.c        host values and state the ranks exchange besides the gradients
+ *   stop.c        clean stops: signals, the ranks' agreement, the flight recorder dump
+ *   tracing.c     log.trace: the recorder, the clock offset to rank 0
+ *   test_hooks.c  test-only fault injection (RINGTRAIN_TEST_*), off unless enabled
+ * Functions shared between the files carry the rt_run_ prefix. */
+#ifndef RT_TRAIN_INTERNAL_RUN_H
+#define RT_TRAIN_INTERNAL_RUN_H
+
+#include "core/device.h"
+#include "core/status.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "dist/dist.h"
+#include "dist/reducer.h"
+#include "model/ctx.h"
+#include "model/model.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* The events of a step's stages, in order (timing.c). */
+enum { EV_START, EV_H2D, EV_FWD, EV_BWD, EV_COMM, EV_END, EV_COUNT };
+/* Bytes of the device buffer that host values travel through (sync.c, step.c). */
+enum { RUN_SCRATCH_BYTES = 64 };
+
+/* A step's timing record until its events are ready (a step later on a GPU). */
+typedef struct pending {
+    rt_event *ev[EV_COUNT];
+    /* tracing on a GPU: an event recorded with the step's scalars and the host time right
+     * after the host waited for them, which places the step's events on the host clock */
+    rt_event *anchor;
+    uint64_t anchor_ns;
+    rt_step_record rec;
+    bool waiting; /* events recorded, record not logged yet */
+} pending;
+
+typedef struct run {
+    const rt_config *cfg;
+    rt_train_rank who;
+    FILE *out;
+    char run_dir[RT_CONFIG_PATH_MAX];
+    rt_device dev;
+    rt_model_ctx *ctx;
+    rt_model *model;
+    rt_pg *pg;    /* NULL with one rank */
+    int64_t step; /* optimizer steps done */
+
+    struct run_data { /* setup.c */
+        rt_dataset train_ds, test_ds;
+        bool have_train, have_test;
+        rt_loader *train_loader, *test_loader;
+        int64_t steps_per_epoch;
+        int64_t total_steps; /* what this run trains (train.max_steps may end it early) */
+        int64_t plan_steps;  /* train.epochs x steps_per_epoch: what auto schedule lengths fit */
+    } data;
+
+    struct run_bufs {       /* setup.c: the model's input and what the host reads back */
+        float *x_dev;       /* CUDA: the batch on the device */
+        int64_t *label_dev; /* CUDA */
+        void *scratch_dev;  /* CUDA: host values all-reduced through the device (rt_run_all_reduce_host) */
+        /* CUDA: what a step reads back, in pinned memory: the summed loss and stop flag, the
+         * gradients' sum of squares; one event, one host wait per step (step.c) */
+        struct step_vals {
+            float loss_stop[3]; /* and the flight recorder flag */
+            double sumsq;
+        } * vals_host;
+        bool vals_pinned;
+        rt_event *ev_vals;
+        float *out_host; /* evaluation: logits on the host */
+        float *tta_x;    /* eval.tta flip: the mirrored batch (host) */
+        float *tta_out;  /* eval.tta flip: the mirrored batch's logits (host) */
+    } bufs;
+
+    struct run_update {      /* setup.c: the gradients' way to the parameters */
+        rt_reducer *reducer; /* NULL with one rank */
+        size_t *bounds;      /* the model's gradient blocks, for the reducer */
+        rt_optimizer opt;
+        bool have_opt;
+        rt_optim_range *no_decay;
+        rt_schedule sched;
+        rt_grad_clip clip;
+        bool have_clip;
+    } upd;
+
+    struct run_log { /* trainer.c, timing.c */
+        rt_metrics *metrics, *rank_metrics;
+        rt_stage_stats *stats;
+        rt_progress progress;
+        pending pend[2];
+        pending *cur;         /* the step under way (step.c) */
+        uint64_t stream_last; /* tracing on a GPU: the end of the last stream span */
+        uint64_t t0;          /* when training started */
+    } log;
+
+    struct run_ckpt { /* resume.c, save.c */
+        char dir[RT_CONFIG_PATH_MAX];
+        char chosen_path[RT_CKPT_PATH_MAX]; /* rank 0's choice to continue from ("": fresh), found before the model */
+        int64_t chosen_step;                /* its step (-1: not known before loading) */
+        bool choose_failed;                 /* rank 0 could not choose (choose_err says why) */
+        rt_error_record choose_err;
+        int64_t resumed_from;               /* the step loaded (-1: a fresh run) */
+        int64_t start_epoch, start_batches; /* where a resumed run continues */
+        char run_id[32];                    /* 16 hex digits: rank 0's at a fresh start, the checkpoint's on resume */
+    } ckpt;
+
+    struct run_stop {   /* stop.c */
+        bool requested; /* the ranks agreed to stop (rt_run_agree_stop, the step's scalars) */
+        int signal;     /* the signal they agreed on (SIGTERM over SIGINT) */
+        bool flight;    /* a rank got SIGUSR1: every rank dumps after this step */
+    } stop;
+} run;
+
+static inline bool is_root(const run *r) { return r->who.rank == 0; }
+
+/* trainer.c */
+void rt_run_free(run *r);
+long long rt_run_restart_count(void);
+
+/* setup.c */
+rt_status rt_run_load_data(run *r);
+rt_status rt_run_setup_group(run *r);
+rt_status rt_run_setup_model(run *r);
+rt_status rt_run_setup_loaders(run *r, bool train);
+rt_status rt_run_setup_optim(run *r);
+rt_status rt_run_setup_reducer(run *r);
+rt_status rt_run_setup_events(run *r);
+
+/* loop.c: the epochs from where the run starts; the last evaluation's results (NaN when
+ * no evaluation ran) and the epoch reached */
+rt_status rt_run_epochs(run *r, int64_t eval_logged, double *loss, double *acc, int64_t *samples, int64_t *epoch);
+
+/* step.c */
+rt_status rt_run_train_step(run *r, const rt_batch *b, double data_ms, int64_t epoch);
+
+/* timing.c */
+rt_status rt_run_complete(run *r, pending *p, bool force);
+rt_status rt_run_complete_in_order(run *r, bool force);
+
+/* evaluate.c */
+bool rt_run_ema_active(const run *r);
+rt_status rt_run_ema_swap(run *r);
+rt_status rt_run_evaluate(run *r, double *loss, double *acc, int64_t *samples);
+
+/* save.c */
+rt_status rt_run_save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, const char *why);
+rt_status rt_run_save_model(run *r);
+
+/* resume.c */
+rt_status rt_run_find_resume(run *r);
+rt_status rt_run_share_resume(run *r);
+rt_status rt_run_agree_loaded(run *r, rt_status st, const char *path);
+rt_status rt_run_resume(run *r);
+rt_status rt_run_truncate_metrics(const char *path, int64_t step, int64_t *eval_at);
+
+/* sync.c */
+rt_status rt_run_all_reduce_host(run *r, void *v, size_t n, rt_dtype t, rt_reduce_op op);
+rt_status rt_run_all_reduce_f64(run *r, double *v, size_t n, rt_reduce_op op);
+rt_status rt_run_broadcast_bytes(run *r, void *p, size_t bytes);
+rt_status rt_run_check_in_sync(run *r, bool buffers, const char *when);
+rt_status rt_run_broadcast_state(run *r, bool params);
+
+/* stop.c */
+void rt_run_signals_install(void);
+void rt_run_signals_restore_stop(void);   /* SIGINT, SIGTERM */
+void rt_run_signals_restore_flight(void); /* SIGUSR1 */
+int rt_run_stop_signal(void);             /* SIGINT or SIGTERM received (0: none) */
+bool rt_run_flight_signal(void);          /* SIGUSR1 received and not dumped yet */
+void rt_run_flight_clear(void);
+void rt_run_flight_dump(run *r, const char *why);
+rt_status rt_run_agree_stop(run *r);
+
+/* tracing.c */
+rt_status rt_run_setup_trace(run *r);
+rt_status rt_run_traced_barrier(run *r);
+
+/* test_hooks.c: each does nothing unless RINGTRAIN_TEST_HOOKS=1 (docs/testing.md) */
+void rt_run_test_hooks_check(const run *r);
+void rt_run_test_signal_at(run *r, const char *where, int64_t step);
+void rt_run_test_nan_batch(const run *r, const rt_batch *b);
+void rt_run_test_bucket_fault(run *r);
+rt_status rt_run_test_init_seed_rank(run *r);
+rt_status rt_run_test_perturb_at(run *r);
+rt_status rt_run_test_bn_perturb(run *r);
+void rt_run_test_kill_after_checkpoint(run *r);
+void rt_run_test_kill_rank_at(const run *r);
+void rt_run_rank_view(const run *r, const char *path, char *out, size_t n);
+
+#endif

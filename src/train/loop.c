@@ -1,0 +1,149 @@
+/* The epoch loop: for each epoch the batches (one training step each), with the points
+ * where the ranks agree to stop, dump the flight recorder or write a checkpoint between
+ * steps; then the epoch's timing table, its evaluation (train.eval_every, and always the
+ * run's last epoch) and its checkpoint (checkpoint.every_epochs, the end, a stop).
+ * A resumed run starts in the middle of its epoch, from the checkpoint's position. */
+#include "train/internal/run.h"
+
+#include "core/timer.h"
+#include "core/trace.h"
+#include "dist/launch.h"
+
+#include <math.h>
+#include <stdio.h>
+
+typedef struct loop_state {
+    int64_t epoch;
+    int64_t saved_at;    /* the step of the newest checkpoint */
+    int64_t eval_logged; /* the step of an eval line metrics.jsonl has already (a resume) */
+    double loss, acc;    /* the last evaluation's (NaN: none yet) */
+    int64_t samples;
+} loop_state;
+
+/* The epoch's order from its start, or for the resumed epoch the batches not taken yet
+ * (re-partitioned if the world changed). */
+static rt_status start_epoch(run *r, int64_t epoch) {
+    if (epoch != r->ckpt.start_epoch || r->ckpt.start_batches <= 0)
+        return rt_loader_start_epoch(r->data.train_loader, epoch);
+    int64_t pos = r->ckpt.start_batches * rt_loader_batch_size(r->data.train_loader);
+    int64_t len = rt_loader_samples_per_epoch(r->data.train_loader);
+    return rt_loader_restore(r->data.train_loader, (rt_loader_state){epoch, pos < len ? pos : len});
+}
+
+/* After a step: the flight recorder if a rank asked (every rank after the same step),
+ * the heartbeat, and a checkpoint on a stop or at checkpoint.every_steps. */
+static rt_status after_step(run *r, loop_state *s, const rt_batch *b) {
+    const rt_config *c = r->cfg;
+    rt_run_test_kill_rank_at(r);
+    if (r->stop.flight) {
+        r->stop.flight = false;
+        rt_run_flight_clear();
+        rt_run_flight_dump(r, "SIGUSR1");
+    }
+    rt_launch_heartbeat();
+    bool every = c->checkpoint.every_steps > 0 && r->step % c->checkpoint.every_steps == 0;
+    if (!r->stop.requested && !every) return RT_OK;
+    RT_CHECK(rt_run_complete_in_order(r, true));
+    RT_CHECK(rt_run_save_checkpoint(r, s->epoch, b->index + 1, r->stop.requested ? "stop" : "every_steps"));
+    s->saved_at = r->step;
+    if (!r->stop.requested) RT_CHECK(rt_run_agree_stop(r)); /* asked during the write: this one is kept */
+    return RT_OK;
+}
+
+/* The epoch's batches until it ends, the run's steps are done or the ranks stop;
+ * *next_batch: the batch a resume would take next in this epoch (-1: it ran to its end). */
+static rt_status run_batches(run *r, loop_state *s, int64_t *next_batch) {
+    *next_batch = -1;
+    while (r->step < r->data.total_steps && !r->stop.requested) {
+        rt_run_test_signal_at(r, "step", r->step + 1);
+        rt_trace_set_step(r->step + 1, s->epoch);
+        uint64_t t = rt_now_ns();
+        rt_batch b;
+        RT_CHECK(rt_loader_next(r->data.train_loader, &b));
+        if (b.size == 0) {
+            /* the epoch is over: its evaluation and checkpoint belong to its last step */
+            rt_trace_set_step(r->step, s->epoch);
+            *next_batch = -1;
+            break;
+        }
+        uint64_t t_data = rt_now_ns();
+        if (rt_trace_enabled()) rt_trace_span(RT_TRACK_MAIN, "data", t, t_data);
+        RT_CHECK(rt_run_train_step(r, &b, (double)(t_data - t) * 1e-6, s->epoch));
+        if (rt_trace_enabled()) rt_trace_span(RT_TRACK_MAIN, "step", t, rt_now_ns());
+        *next_batch = b.index + 1 < r->data.steps_per_epoch ? b.index + 1 : -1;
+        RT_CHECK(after_step(r, s, &b));
+    }
+    return RT_OK;
+}
+
+/* The epoch's evaluation, logged and printed; `last`: the run's last, after which
+ * nothing is left to agree on. */
+static rt_status epoch_eval(run *r, loop_state *s, bool last) {
+    uint64_t t = rt_trace_now();
+    RT_CHECK(rt_run_evaluate(r, &s->loss, &s->acc, &s->samples));
+    rt_trace_end(RT_TRACK_MAIN, "evaluation", t);
+    if (r->log.metrics && r->step != s->eval_logged)
+        RT_CHECK(rt_metrics_eval(r->log.metrics, r->step, s->epoch, s->loss, s->acc, s->samples));
+    if (is_root(r)) {
+        fprintf(r->out, "epoch %lld: test loss %.4f, accuracy %.2f%% (%lld samples)\n", (long long)s->epoch + 1,
+                s->loss, 100.0 * s->acc, (long long)s->samples);
+        fflush(r->out);
+    }
+    /* asked during the evaluation: stop after it (after the run's last one, finish:
+     * only the end-of-run check and the model file are left) */
+    if (!last) RT_CHECK(rt_run_agree_stop(r));
+    return RT_OK;
+}
+
+/* The epoch's checkpoint: at the epoch's end (checkpoint.every_epochs), always at the
+ * end of the run, and on a stop (unless one of this step is written). */
+static rt_status epoch_checkpoint(run *r, loop_state *s, bool last, int64_t next_batch) {
+    const rt_config *c = r->cfg;
+    bool every = c->checkpoint.every_epochs > 0 && (s->epoch + 1) % c->checkpoint.every_epochs == 0;
+    if (!(every || last || r->stop.requested) || s->saved_at == r->step) return RT_OK;
+    const char *why = r->stop.requested ? "stop" : last ? "end" : "every_epochs";
+    /* train.max_steps can end the run in mid-epoch: the position is then the next
+     * batch of this epoch, so a resume that trains longer does not skip its rest */
+    if (next_batch >= 0)
+        RT_CHECK(rt_run_save_checkpoint(r, s->epoch, next_batch, r->stop.requested ? why : "end"));
+    else
+        RT_CHECK(rt_run_save_checkpoint(r, s->epoch + 1, 0, why));
+    s->saved_at = r->step;
+    if (!r->stop.requested && !last) RT_CHECK(rt_run_agree_stop(r)); /* asked during the write: this one is kept */
+    return RT_OK;
+}
+
+rt_status rt_run_epochs(run *r, int64_t eval_logged, double *loss, double *acc, int64_t *samples, int64_t *epoch) {
+    const rt_config *c = r->cfg;
+    loop_state s = {.epoch = r->ckpt.start_epoch,
+                    .saved_at = r->ckpt.resumed_from,
+                    .eval_logged = eval_logged,
+                    .loss = NAN,
+                    .acc = NAN};
+    for (; s.epoch < c->train.epochs && r->step < r->data.total_steps && !r->stop.requested; s.epoch++) {
+        rt_stage_stats_reset(r->log.stats);
+        RT_CHECK(start_epoch(r, s.epoch));
+        int64_t next_batch = -1;
+        RT_CHECK(run_batches(r, &s, &next_batch));
+        RT_CHECK(rt_run_complete_in_order(r, true));
+        rt_reducer_trace_flush(r->upd.reducer);
+        RT_CHECK(rt_trace_flush()); /* the epoch's spans (stream spans completed just above) */
+        if (r->stop.requested) break;
+        bool last = s.epoch + 1 == c->train.epochs || r->step >= r->data.total_steps;
+        if (is_root(r)) {
+            rt_progress_break(&r->log.progress);
+            char title[64];
+            snprintf(title, sizeof title, "epoch %lld/%lld", (long long)s.epoch + 1, (long long)c->train.epochs);
+            rt_stage_stats_print(r->log.stats, r->out, title);
+        }
+        if (last || (c->train.eval_every > 0 && (s.epoch + 1) % c->train.eval_every == 0))
+            RT_CHECK(epoch_eval(r, &s, last));
+        RT_CHECK(epoch_checkpoint(r, &s, last, next_batch));
+        if (r->stop.requested) break;
+    }
+    *loss = s.loss;
+    *acc = s.acc;
+    *samples = s.samples;
+    *epoch = s.epoch;
+    return RT_OK;
+}

@@ -1,0 +1,120 @@
+/* Writing a checkpoint during a run (the format: checkpoint.h), and the run's final
+ * model.safetensors. Rank 0 writes ckpt-<step>/ after rank 0's batch-norm buffers reached
+ * every rank; the others wait for the outcome, so a failed write (disk full, permissions)
+ * stops every rank with rank 0's error and leaves the earlier checkpoints as they were. */
+#include "train/internal/run.h"
+
+#include "core/trace.h"
+#include "dist/launch.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The metadata of the checkpoint of this step: where the data stands (epoch, batches),
+ * the run, the schedule's state (as PyTorch's scheduler state_dict: its resolved lengths
+ * and step), the device and, on a GPU, the convolution algorithms every rank ran (rank
+ * 0's choice: setup.c), and the resolved config. */
+static rt_status checkpoint_meta(run *r, int64_t epoch, int64_t epoch_batches, rt_ckpt_meta *m) {
+    const rt_config *c = r->cfg;
+    char *yaml = NULL;
+    size_t ylen = 0;
+    rt_status st = RT_OK;
+    FILE *mf = open_memstream(&yaml, &ylen);
+    if (!mf) st = RT_ERROR(RT_ERR_NOMEM, "checkpoint: the config text");
+    if (st == RT_OK) st = rt_config_write(c, mf);
+    if (mf) fclose(mf);
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(m, "epoch", epoch);
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(m, "epoch_batches", epoch_batches);
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(m, "world_size", r->who.world_size);
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(m, "global_batch", c->data.batch_size);
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(m, "seed", c->train.seed);
+    if (st == RT_OK) st = rt_ckpt_meta_set(m, "run_id", r->ckpt.run_id);
+    const rt_schedule *s = &r->upd.sched;
+    if (st == RT_OK) st = rt_ckpt_meta_set(m, "schedule.kind", rt_sched_kind_name(s->kind));
+    if (st == RT_OK) st = rt_ckpt_meta_set(m, "schedule.interval", s->per_epoch ? "epoch" : "iteration");
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(m, "schedule.steps_per_epoch", s->steps_per_epoch);
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(m, "schedule.t_max", s->t_max);
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(m, "schedule.total_steps", s->total_steps);
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(m, "schedule.warmup_steps", s->warmup_steps);
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(m, "schedule.step", r->step);
+    if (st == RT_OK) st = rt_ckpt_meta_set(m, "device", rt_device_is_cuda(r->dev) ? "cuda" : "cpu");
+    if (st == RT_OK && rt_device_is_cuda(r->dev)) {
+        rt_conv_algos algos;
+        rt_model_ctx_get_conv_algos(r->ctx, &algos);
+        st = rt_ckpt_meta_set(m, "cudnn.deterministic", r->ctx->deterministic ? "true" : "false");
+        if (st == RT_OK) st = rt_ckpt_meta_set_conv_algos(m, "cudnn.conv_algos", &algos);
+    }
+    if (st == RT_OK) st = rt_ckpt_meta_set(m, "config", yaml ? yaml : "");
+    free(yaml);
+    return st;
+}
+
+/* Rank 0's part: the metadata, then the files (checkpoint.keep_last prunes older ones).
+ * With a moving average, model.safetensors holds it (what evaluation uses) and the
+ * optimizer's "ema" state the raw weights (swapped back right after). */
+static rt_status write_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, char *path, size_t n) {
+    rt_ckpt_meta m;
+    rt_ckpt_meta_init(&m);
+    rt_status st = checkpoint_meta(r, epoch, epoch_batches, &m);
+    rt_run_test_signal_at(r, "ckpt", r->step);
+    rt_launch_heartbeat();
+    bool ema = st == RT_OK && rt_run_ema_active(r);
+    if (ema) st = rt_run_ema_swap(r);
+    if (st == RT_OK)
+        st = rt_ckpt_write(r->ckpt.dir, r->step, r->model, &r->upd.opt, &m, (int)r->cfg->checkpoint.keep_last, path, n);
+    if (ema) {
+        rt_status s2 = rt_run_ema_swap(r);
+        if (st == RT_OK) st = s2;
+    }
+    rt_launch_heartbeat();
+    rt_ckpt_meta_free(&m);
+    return st;
+}
+
+static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, const char *why) {
+    RT_CHECK(rt_run_broadcast_state(r, false));
+    rt_status st = RT_OK;
+    rt_error_record err;
+    char path[RT_CKPT_PATH_MAX] = "";
+    if (is_root(r)) {
+        st = write_checkpoint(r, epoch, epoch_batches, path, sizeof path);
+        if (st != RT_OK) rt_error_save(&err);
+    } else {
+        rt_run_test_signal_at(r, "ckpt", r->step);
+    }
+    double ok = st == RT_OK;
+    RT_CHECK(rt_run_all_reduce_f64(r, &ok, 1, RT_OP_MIN));
+    if (st != RT_OK) return rt_error_restore(&err);
+    RT_REQUIRE(ok > 0, RT_ERR_IO, "rank 0 could not write the checkpoint of step %lld (its error says why)",
+               (long long)r->step);
+    if (r->log.metrics)
+        RT_CHECK(rt_metrics_line(r->log.metrics, "checkpoint",
+                                 json_pack("{s:I, s:I, s:s, s:o}", "step", (json_int_t)r->step, "epoch",
+                                           (json_int_t)epoch, "why", why, "path", rt_metrics_str(path))));
+    rt_run_test_kill_after_checkpoint(r);
+    return RT_OK;
+}
+
+/* The checkpoint of this step, `why` (every_steps, every_epochs, end, stop) in
+ * metrics.jsonl; epoch and epoch_batches: where a resume continues. */
+rt_status rt_run_save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, const char *why) {
+    uint64_t t = rt_trace_now();
+    rt_status s = save_checkpoint(r, epoch, epoch_batches, why);
+    rt_trace_end(RT_TRACK_MAIN, "checkpoint", t);
+    return s;
+}
+
+/* Rank 0: the trained weights as torchvision's state_dict, RUN_DIR/model.safetensors (the
+ * moving average where there is one: the weights evaluation uses). */
+rt_status rt_run_save_model(run *r) {
+    if (!is_root(r)) return RT_OK;
+    char path[RT_CONFIG_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/model.safetensors", r->run_dir);
+    bool ema = rt_run_ema_active(r);
+    if (ema) RT_CHECK(rt_run_ema_swap(r));
+    RT_CHECK(rt_model_ctx_sync(r->ctx));
+    RT_CHECK(rt_model_save(r->model, path));
+    if (ema) RT_CHECK(rt_run_ema_swap(r));
+    return RT_OK;
+}
