@@ -1,7 +1,8 @@
 /* The training config: a YAML file (libyaml) with the sections model, data, optim,
  * train, dist, checkpoint and log, plus `section.key=value` overrides from the command
- * line. Every key is one row of a table in config.c (type, default, range, meaning);
- * docs/config.md documents the same rows, and a test checks that the two agree.
+ * line. Every key is one row of a table in config.c (type, default, range, meaning, how a
+ * checkpoint treats it); docs/config.md documents the same rows, and a test checks that
+ * the two agree.
  *
  * Errors name the file, the line and the key, and what was expected:
  *   configs/x.yaml:7: model.archh: unknown key (did you mean model.arch?)
@@ -23,6 +24,7 @@
 #define RT_TRAIN_CONFIG_H
 
 #include "core/log.h"
+#include "core/names.h"
 #include "core/status.h"
 #include "data/dataset.h"
 #include "data/loader.h"
@@ -44,6 +46,23 @@ extern "C" {
 #define RT_CONFIG_PATH_MAX 1024
 #define RT_CONFIG_NAME_MAX 64
 #define RT_CONFIG_MAX_LIST 64 /* checkpoint.allow_changes */
+
+/* How a checkpoint treats a config key: the `ckpt` column of the key table, shown as
+ * docs/config.md's checkpoint column (a test checks the two agree). A resume compares the
+ * checkpoint's config with its own key by key and refuses a MUST_MATCH key that differs
+ * (unless checkpoint.allow_changes names it); the other two may differ. NOT_FROM_CKPT keys
+ * say where the process runs, whom it connects to and where its output goes (dist.*,
+ * log.*, checkpoint.*, train.threads, train.device): they come from the command line, the
+ * config file and the environment only, never from a checkpoint's metadata. */
+typedef enum rt_key_resume {
+    RT_KEY_MUST_MATCH = 0, /* what a step computes: equal, or named in checkpoint.allow_changes */
+    RT_KEY_MAY_CHANGE,     /* how or how long the run goes: a resume may change it */
+    RT_KEY_NOT_FROM_CKPT,  /* process, network, output: this run's own, never a checkpoint's */
+    RT_KEY_RESUME_COUNT_
+} rt_key_resume;
+
+/* "must match", "may change", "never from a checkpoint" (docs/config.md's cells) */
+extern const rt_names rt_key_resume_names;
 
 /* log.progress */
 typedef enum rt_progress_mode {
@@ -190,6 +209,10 @@ bool rt_config_value_at(const rt_config *cfg, int i, char *out, size_t n);
 
 /* True when `name` is a key of the table ("optim.lr"). */
 bool rt_config_has_key(const char *name);
+
+/* How a checkpoint treats the key `name` (its row's column, rt_key_resume above);
+ * RT_KEY_MUST_MATCH for a name that is no key. */
+rt_key_resume rt_config_key_resume(const char *name);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,8 @@
 /* The training config (src/train/config.h): defaults, YAML of every value type, the
  * documented errors (unknown key with a suggestion, wrong type, out of range, bad
- * override, missing file, YAML syntax), write -> read round trip, and docs/config.md
- * listing exactly the keys of the table. */
+ * override, missing file, YAML syntax), write -> read round trip, docs/config.md
+ * listing exactly the keys of the table, and how a checkpoint treats each key (its column
+ * in docs/config.md and the table of docs/checkpoints.md). */
 #include "test_util.h"
 
 #include "train/config.h"
@@ -432,6 +433,136 @@ static void test_docs_optim(void **state) {
     assert_true(check_doc_types(doc, "docs/optim.md", true, false) >= 3); /* name, schedule, interval */
 }
 
+/* How a checkpoint treats the keys (rt_config_key_resume): every key has one of the three
+ * values, each value is used, process, network and output settings (dist.*, log.*,
+ * checkpoint.*) are never taken from a checkpoint (ringtrain eval relies on it), an old
+ * name answers for its key and a name that is no key must match. */
+static void test_key_resume(void **state) {
+    (void)state;
+    int count[RT_KEY_RESUME_COUNT_] = {0};
+    const char *name;
+    for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++) {
+        rt_key_resume r = rt_config_key_resume(name);
+        assert_in_range(r, 0, RT_KEY_RESUME_COUNT_ - 1);
+        count[r]++;
+        bool process =
+            strncmp(name, "dist.", 5) == 0 || strncmp(name, "log.", 4) == 0 || strncmp(name, "checkpoint.", 11) == 0;
+        if (process && r != RT_KEY_NOT_FROM_CKPT)
+            fail_msg("%s: a process, network or output setting is '%s', expected '%s'", name,
+                     rt_names_name(&rt_key_resume_names, r), rt_names_name(&rt_key_resume_names, RT_KEY_NOT_FROM_CKPT));
+    }
+    for (int r = 0; r < RT_KEY_RESUME_COUNT_; r++) assert_true(count[r] > 0);
+    assert_int_equal(rt_config_key_resume("model.arch"), RT_KEY_MUST_MATCH);
+    assert_int_equal(rt_config_key_resume("train.epochs"), RT_KEY_MAY_CHANGE);
+    assert_int_equal(rt_config_key_resume("train.device"), RT_KEY_NOT_FROM_CKPT);
+    assert_int_equal(rt_config_key_resume("train.tta"), RT_KEY_MAY_CHANGE); /* eval.tta's old name */
+    assert_int_equal(rt_config_key_resume("model.widht"), RT_KEY_MUST_MATCH);
+    assert_string_equal(rt_names_name(&rt_key_resume_names, RT_KEY_MUST_MATCH), "must match");
+    assert_string_equal(rt_names_name(&rt_key_resume_names, RT_KEY_MAY_CHANGE), "may change");
+    assert_string_equal(rt_names_name(&rt_key_resume_names, RT_KEY_NOT_FROM_CKPT), "never from a checkpoint");
+}
+
+/* Cell `col` (0: the first) of the markdown table row at `row` ("| a | b \| c |"),
+ * trimmed, into out (an escaped '|' stays in its cell); false when the row is shorter. */
+static bool row_cell(const char *row, int col, char *out, size_t n) {
+    if (*row != '|') return false;
+    const char *p = row;
+    for (int c = 0;; c++) {
+        const char *e = ++p; /* past the '|' that opens cell c */
+        while (*e && *e != '\n' && !(*e == '|' && e[-1] != '\\')) e++;
+        if (*e != '|') return false;
+        if (c == col) {
+            while (p < e && *p == ' ') p++;
+            const char *q = e;
+            while (q > p && q[-1] == ' ') q--;
+            snprintf(out, n, "%.*s", (int)(q - p), p);
+            return true;
+        }
+        p = e;
+    }
+}
+
+/* docs/config.md's checkpoint column (the fourth): each key's cell names how a checkpoint
+ * treats it, as its row in the key table says (rt_config_key_resume). */
+static void test_docs_checkpoint_column(void **state) {
+    (void)state;
+    static char doc[1 << 17];
+    read_doc("config.md", doc, sizeof doc);
+    assert_non_null(strstr(doc, "\n| key | type | default | checkpoint | meaning |\n"));
+    const char *name;
+    for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++) {
+        char row[128], cell[256];
+        snprintf(row, sizeof row, "\n| `%s` |", name);
+        const char *at = strstr(doc, row);
+        if (!at || !row_cell(at + 1, 3, cell, sizeof cell)) fail_msg("docs/config.md: %s has no checkpoint cell", name);
+        rt_key_resume want = rt_config_key_resume(name);
+        if (rt_names_index(&rt_key_resume_names, cell) != (int)want)
+            fail_msg("docs/config.md: %s's checkpoint cell says '%s', its row in k_keys '%s'", name, cell,
+                     rt_names_name(&rt_key_resume_names, want));
+    }
+}
+
+/* The keys of one row of docs/checkpoints.md's table (`section.key`, or `section.*` for a
+ * whole section, in backticks): each has the row's treatment `t`; named[i] counts key i. */
+static void check_checkpoints_row(const char *keys, int t, int *named, int cap) {
+    for (const char *k = strchr(keys, '`'); k; k = strchr(k + 1, '`')) {
+        const char *end = strchr(k + 1, '`');
+        if (!end) fail_msg("docs/checkpoints.md: unbalanced ` in '%s'", keys);
+        char want[128];
+        snprintf(want, sizeof want, "%.*s", (int)(end - k - 1), k + 1);
+        size_t wl = strlen(want);
+        bool section = wl > 2 && strcmp(want + wl - 2, ".*") == 0;
+        int matched = 0;
+        const char *name;
+        for (int i = 0; i < cap && rt_config_key_at(i, &name, NULL, NULL, NULL); i++) {
+            if (section ? strncmp(name, want, wl - 1) != 0 : strcmp(name, want) != 0) continue;
+            matched++;
+            named[i]++;
+            if ((int)rt_config_key_resume(name) != t)
+                fail_msg("docs/checkpoints.md: %s is '%s' there, '%s' in the key table (docs/config.md)", name,
+                         rt_names_name(&rt_key_resume_names, t),
+                         rt_names_name(&rt_key_resume_names, rt_config_key_resume(name)));
+        }
+        if (!matched) fail_msg("docs/checkpoints.md: '%s' names no config key", want);
+        k = end;
+    }
+}
+
+/* docs/checkpoints.md's table of the keys a resume may change ("| keys | checkpoint | why
+ * |"): each row's keys have the row's treatment, and the rows name every key that is not
+ * "must match" once, and no other. */
+static void test_docs_checkpoints(void **state) {
+    (void)state;
+    static char doc[1 << 17];
+    read_doc("checkpoints.md", doc, sizeof doc);
+    const char *p = strstr(doc, "\n| keys | checkpoint | why |\n|---|---|---|\n");
+    if (!p) fail_msg("docs/checkpoints.md: no table '| keys | checkpoint | why |'");
+    p = strstr(p, "|---|---|---|\n") + strlen("|---|---|---|\n");
+    enum { CAP = 1024 };
+    static int named[CAP];
+    memset(named, 0, sizeof named);
+    int rows = 0;
+    for (; *p == '|'; rows++) {
+        char keys[1024], treat[128];
+        if (!row_cell(p, 0, keys, sizeof keys) || !row_cell(p, 1, treat, sizeof treat))
+            fail_msg("docs/checkpoints.md: a short row in the table of keys a resume may change");
+        int t = rt_names_index(&rt_key_resume_names, treat);
+        if (t < 0) fail_msg("docs/checkpoints.md: '%s' is no checkpoint treatment", treat);
+        check_checkpoints_row(keys, t, named, CAP);
+        const char *eol = strchr(p, '\n');
+        p = eol ? eol + 1 : p + strlen(p);
+    }
+    assert_true(rows > 0);
+    const char *name;
+    for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++) {
+        assert_true(i < CAP);
+        int want = rt_config_key_resume(name) != RT_KEY_MUST_MATCH;
+        if (named[i] != want)
+            fail_msg("docs/checkpoints.md: %s is named %d times in the table of keys a resume may change, expected %d",
+                     name, named[i], want);
+    }
+}
+
 /* Every shipped config loads (a renamed key would break them silently otherwise). */
 /* train.deterministic: on by default (exact resume on a GPU, docs/config.md says why),
  * YAML booleans and overrides, a non-boolean refused with the key and the line, and the
@@ -563,12 +694,20 @@ int main(void) {
                          "RINGTRAIN_LOG_LEVEL", "RINGTRAIN_FLIGHT_ENTRIES"};
     for (size_t i = 0; i < sizeof env / sizeof *env; i++) unsetenv(env[i]);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),      cmocka_unit_test(test_values),
-        cmocka_unit_test(test_errors),        cmocka_unit_test(test_overrides),
-        cmocka_unit_test(test_load_file),     cmocka_unit_test(test_docs),
-        cmocka_unit_test(test_docs_optim),    cmocka_unit_test(test_shipped_configs),
-        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_string_list),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_values),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_load_file),
+        cmocka_unit_test(test_docs),
+        cmocka_unit_test(test_docs_optim),
+        cmocka_unit_test(test_shipped_configs),
+        cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_string_list),
         cmocka_unit_test(test_env_defaults),
+        cmocka_unit_test(test_key_resume),
+        cmocka_unit_test(test_docs_checkpoint_column),
+        cmocka_unit_test(test_docs_checkpoints),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
