@@ -37,9 +37,11 @@ static bool hooks_enabled(void) {
 /* A hook's setting, NULL unless the hooks are enabled. */
 static const char *hook_text(rt_setting_id id) { return hooks_enabled() ? rt_setting_text(id) : NULL; }
 
+/* A hook's row: a test row named like the switch (its prefix, up to and with TEST_). */
 static bool is_hook(const rt_setting_info *s) {
-    return s && s->group == RT_SETTING_TEST && strncmp(s->name, "RINGTRAIN_TEST_", 15) == 0 &&
-           strcmp(s->name, "RINGTRAIN_TEST_HOOKS") != 0;
+    const char *sw = rt_setting_info_get(RT_SET_TEST_HOOKS)->name;
+    size_t pre = (size_t)(strrchr(sw, '_') - sw) + 1;
+    return s && s->group == RT_SETTING_TEST && strncmp(s->name, sw, pre) == 0 && strcmp(s->name, sw) != 0;
 }
 
 /* A run with a hook set but not enabled says, once per process, that it ignores it. */
