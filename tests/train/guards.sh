@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The distributed guarantees of the trainer that identical ranks cannot show (issue 20,
 # item 8). Each case makes one rank break a guarantee through a test-only hook of
-# src/train/trainer.c (RINGTRAIN_TEST_*) and checks that the trainer repairs or detects it:
+# src/train/test_hooks.c (RINGTRAIN_TEST_*) and checks that the trainer repairs or detects it:
 #
 #   init  rank 0's weights are broadcast at start: rank 1 initialised from another seed
 #         trains to the same final weights, bit for bit (rank 0 from another seed does not)
@@ -11,8 +11,13 @@
 #   bn    evaluation uses rank 0's batch-norm statistics: rank 1's running means and
 #         variances scaled by 4 before every evaluation change no evaluation (training and
 #         ringtrain eval), while rank 0's scaled do
+#   hooks the hooks themselves are test-only (issue 37, item 2): without
+#         RINGTRAIN_TEST_HOOKS=1 a set hook does nothing and the run says it ignores it;
+#         a hook that signals "the launcher" never signals a parent that is not
+#         ringtrain's launcher (here a shell holding a job token); only test_hooks.c
+#         reads the hooks' settings
 #
-#   tests/train/guards.sh RINGTRAIN CASE     CASE: init | sync | bn
+#   tests/train/guards.sh RINGTRAIN CASE     CASE: init | sync | bn | hooks
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 # the test-only hooks (RINGTRAIN_TEST_*) act only with this switch (docs/testing.md)
@@ -91,6 +96,28 @@ bn)
   [ -n "$a" ] && [ "$a" = "$b" ] || fail "ringtrain eval: rank 1's scaled statistics changed the result: '$a' vs '$b'"
   [ "$a" != "$z" ] || fail "ringtrain eval: RINGTRAIN_TEST_BN_PERTURB=0 changed nothing"
   echo "ok: evaluation uses rank 0's batch-norm statistics (rank 1's scaled change nothing, rank 0's do)"
+  ;;
+hooks)
+  one=(dist.nproc=1 train.epochs=1 data.train_subset=256)
+  # a NaN at step 2 fails the run when the hooks act...
+  train nan_on RINGTRAIN_TEST_NAN_AT=0:2 "${one[@]}"
+  [ "$rc" -ne 0 ] && grep -q 'non-finite' "$tmp/nan_on.err" || fail "RINGTRAIN_TEST_NAN_AT with the switch: exit $rc, no non-finite error"
+  grep -q 'ignoring' "$tmp/nan_on.err" && fail "with the switch the run said it ignores a hook"
+  # ...and does nothing without the switch, which the run says once
+  (unset RINGTRAIN_TEST_HOOKS; train nan_off RINGTRAIN_TEST_NAN_AT=0:2 "${one[@]}"; exit "$rc") || fail "RINGTRAIN_TEST_NAN_AT without the switch acted (exit $?)"
+  n=$(grep -c 'ignoring RINGTRAIN_TEST_NAN_AT: a test-only hook' "$tmp/nan_off.err")
+  [ "$n" -eq 1 ] || fail "without the switch: $n lines saying the hook is ignored (expected 1)"
+  # a rank whose parent is not ringtrain's launcher (a shell, given a job token as a
+  # launcher would) signals itself, never the parent: the shell lives on to say so
+  out=$(RINGTRAIN_JOB_TOKEN=hooks-$$ RINGTRAIN_TEST_SIGNAL_AT=step:3 bash -c '"$@" >/dev/null 2>&1; echo "parent alive, rank exit $?"' _ \
+        "$bin" train "$tmp/c.yaml" "${args[@]}" "${one[@]}" "log.dir=$tmp/sig" 2>&1) || true
+  # (a clean stop on SIGTERM exits 128 + 15, as the signal's default would)
+  case $out in "parent alive, rank exit 143") ;; *) fail "the hook signalled its parent shell (it printed: '$out')" ;; esac
+  grep -q '"kind": "stop"' "$tmp/sig/metrics.jsonl" || fail "the rank did not stop on its own signal"
+  # one reader of the hooks' settings
+  src=$(cd "$(dirname "$0")/../../src" && pwd)
+  readers=$(grep -rl 'RT_SET_TEST_' "$src" --include='*.c' | sed "s|$src/||" | sort | tr '\n' ' ')
+  [ "$readers" = "train/test_hooks.c " ] || fail "RT_SET_TEST_* read outside src/train/test_hooks.c: $readers"
   ;;
 *) echo "usage: $0 RINGTRAIN init|sync|bn" >&2; exit 2 ;;
 esac
