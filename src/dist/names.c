@@ -11,9 +11,11 @@ static const char *const k_kinds[RT_K_COUNT_] = {
     [RT_K_GATHER] = "gather",   [RT_K_ALLGATHER] = "all_gather", [RT_K_REDUCE_SCATTER] = "reduce_scatter",
     [RT_K_BARRIER] = "barrier",
 };
-static const char *const k_transports[RT_TRANSPORT_COUNT_] = {"auto", "tcp", "shm", "nccl"};
-static const char *const k_algos[RT_ALGO_COUNT_] = {"ring", "naive", "rsag", "nccl"};
-static const char *const k_compress[2] = {"none", "bf16"}; /* indexed by compress_bf16 */
+static const char *const k_transports[RT_TRANSPORT_COUNT_] = {
+    [RT_TRANSPORT_AUTO] = "auto", [RT_TRANSPORT_TCP] = "tcp", [RT_TRANSPORT_SHM] = "shm", [RT_TRANSPORT_NCCL] = "nccl"};
+static const char *const k_algos[RT_ALGO_COUNT_] = {
+    [RT_ALGO_RING] = "ring", [RT_ALGO_NAIVE] = "naive", [RT_ALGO_RSAG] = "rsag", [RT_ALGO_NCCL] = "nccl"};
+static const char *const k_compress[2] = {[false] = "none", [true] = "bf16"}; /* indexed by compress_bf16 */
 const rt_names rt_transport_names = {"transport", RT_TRANSPORT_COUNT_, k_transports, NULL, NULL};
 const rt_names rt_algo_names = {"algorithm", RT_ALGO_COUNT_, k_algos, NULL, NULL};
 const rt_names rt_compress_names = {"gradient compression", 2, k_compress, NULL, NULL};

@@ -238,6 +238,22 @@ static rt_status pg_init_(const rt_pg_options *o, rt_pg_world *w, rt_pg *pg) {
     return RT_OK;
 }
 
+/* The one teardown of a group: frees w (its world, NULL: a sub-group shares its
+ * parent's) and everything the group holds, whatever state rt_pg_init or
+ * rt_pg_new_group left it in (fields still zero are skipped). A new field of rt_pg is
+ * freed here. */
+static void pg_free(rt_pg *pg, rt_pg_world *w) {
+    pg->flight.cell = NULL; /* in w's shared page */
+    if (w) world_free(w);
+    rt_stage_pool_free(pg);
+    if (pg->has_flight) rt_flight_destroy(&pg->flight);
+    free(pg->p2p_n);
+    free(pg->cell_cache);
+    pthread_mutex_destroy(&pg->cache_mu);
+    free(pg->ranks);
+    free(pg);
+}
+
 rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
     *out = NULL;
     rt_pg_world *w = calloc(1, sizeof *w);
@@ -252,14 +268,7 @@ rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
     if (s != RT_OK) {
         rt_error_record rec;
         rt_error_save(&rec);
-        pg->flight.cell = NULL;
-        if (pg->has_flight) rt_flight_destroy(&pg->flight);
-        free(pg->p2p_n);
-        free(pg->cell_cache);
-        pthread_mutex_destroy(&pg->cache_mu);
-        free(pg->ranks);
-        free(pg);
-        world_free(w);
+        pg_free(pg, w);
         rt_error_restore(&rec);
         rt_error_trace(__FILE__, __LINE__, "rt_pg_init");
         return s;
@@ -270,8 +279,8 @@ rt_status rt_pg_init(const rt_pg_options *o, rt_pg **out) {
 
 void rt_pg_destroy(rt_pg *pg) {
     if (!pg) return;
-    if (pg->is_world) {
-        rt_pg_world *w = pg->w;
+    rt_pg_world *w = pg->is_world ? pg->w : NULL; /* a sub-group's world is its parent's */
+    if (w) {
         if (pg->tp && pg->tp->teardown) pg->tp->teardown(w);
         /* say goodbye; the store's host keeps the store up until every rank said goodbye
          * or its connection closed (the server marks "rt/left/<rank>") */
@@ -302,16 +311,8 @@ void rt_pg_destroy(rt_pg *pg) {
                 }
             }
         }
-        pg->flight.cell = NULL;
-        world_free(w);
     }
-    rt_stage_pool_free(pg);
-    if (pg->has_flight) rt_flight_destroy(&pg->flight);
-    free(pg->p2p_n);
-    free(pg->cell_cache);
-    pthread_mutex_destroy(&pg->cache_mu);
-    free(pg->ranks);
-    free(pg);
+    pg_free(pg, w);
 }
 
 rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
@@ -333,7 +334,7 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
     pthread_mutex_init(&g->cache_mu, NULL);
     g->ranks = malloc((size_t)n * sizeof *g->ranks);
     if (!g->ranks) {
-        free(g);
+        pg_free(g, NULL);
         RT_CHECK_ALLOC(NULL, (size_t)n * sizeof(int));
     }
     for (int i = 0; i < n; i++) g->ranks[i] = pg->ranks[ranks[i]];
@@ -349,17 +350,14 @@ rt_status rt_pg_new_group(rt_pg *pg, const int *ranks, int n, rt_pg **out) {
     g->tp = pg->tp;
     rt_status fs = rt_flight_init(&g->flight, pg->flight.cap);
     if (fs != RT_OK) {
-        free(g->ranks);
-        free(g);
+        pg_free(g, NULL);
         return fs;
     }
     g->has_flight = true;
     g->debug = pg->debug;
     g->p2p_n = calloc(2 * (size_t)n, sizeof *g->p2p_n);
     if (!g->p2p_n) {
-        rt_flight_destroy(&g->flight);
-        free(g->ranks);
-        free(g);
+        pg_free(g, NULL);
         RT_CHECK_ALLOC(NULL, 2 * (size_t)n * sizeof(uint32_t));
     }
     *out = g;

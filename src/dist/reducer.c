@@ -7,20 +7,15 @@
  * group's flight recorder entry (the time the progress thread ended it). */
 #include "dist/reducer.h"
 
-#include "core/bf16.h"
 #include "core/timer.h"
 #include "core/trace.h"
+#include "dist/internal/bf16_ops.h"
 #include "dist/internal/names.h"
 #include "dist/internal/pg_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifdef RT_HAVE_CUDA
-#include "core/cuda/cuda_check.h"
-#include "dist/internal/bf16_cuda.h"
-#endif
 
 typedef struct bucket {
     size_t begin, end; /* bytes of the buffer */
@@ -43,6 +38,9 @@ struct rt_reducer {
     size_t *bounds; /* the segments, nseg + 1 offsets */
     bool *seg_ready;
     int nseg;
+    /* compress_bf16: the casts of wire_dev's kind (bf16_ops.h): with a stream enqueued
+     * there (after the producer's work), else on the host now */
+    const rt_dist_bf16_ops *bf16;
     uint16_t *wire;     /* compress_bf16: the bf16 copy of the buffer (element i at i) */
     rt_device wire_dev; /* where it lives: the group's buffer device with a stream, else the host */
     int next;           /* the next bucket to start: buckets start in order on every rank */
@@ -86,6 +84,13 @@ rt_status rt_reducer_create(rt_pg *pg, void *buf, const size_t *bounds, int nseg
     }
     r->wire_dev = o->stream ? pg->buf_device : rt_device_cpu();
     if (o->compress_bf16) {
+        r->bf16 = rt_dist_bf16_ops_of(r->wire_dev.kind);
+        if (!r->bf16) {
+            char dev[32];
+            rt_device_str(r->wire_dev, dev, sizeof dev);
+            rt_reducer_destroy(r);
+            RT_FAIL(RT_ERR_UNSUPPORTED, "rt_reducer_create: bf16 compression on %s: not in this build", dev);
+        }
         rt_status ws = rt_malloc(r->wire_dev, bounds[nseg] / 2, (void **)&r->wire);
         if (ws != RT_OK) {
             rt_reducer_destroy(r);
@@ -209,38 +214,6 @@ void rt_reducer_trace_flush(rt_reducer *r) {
     if (r && rt_trace_enabled()) emit_spans(r, true);
 }
 
-/* compress_bf16, rounding point 1: dst = bf16(src), n elements; with a stream enqueued
- * there (after the producer's work), else on the host now. */
-static rt_status to_bf16(rt_reducer *r, const float *src, uint16_t *dst, size_t n) {
-    if (r->opt.stream) {
-#ifdef RT_HAVE_CUDA
-        RT_CHECK_CUDA(rt_dist_bf16_pack((cudaStream_t)rt_stream_native(r->opt.stream), src, dst, n));
-        return RT_OK;
-#else
-        return RT_ERROR(RT_ERR_UNSUPPORTED, "rt_reducer: bf16 compression on a device stream needs a CUDA build");
-#endif
-    }
-    for (size_t i = 0; i < n; i++) dst[i] = rt_bf16_from_f32(src[i]);
-    return RT_OK;
-}
-
-/* compress_bf16: the whole reduced bf16 copy widened back into the f32 buffer (the
- * buckets tile it), on the stream when there is one. */
-static rt_status from_bf16(rt_reducer *r) {
-    float *dst = (float *)r->buf;
-    size_t n = r->total / sizeof(float);
-    if (r->opt.stream) {
-#ifdef RT_HAVE_CUDA
-        RT_CHECK_CUDA(rt_dist_bf16_unpack((cudaStream_t)rt_stream_native(r->opt.stream), r->wire, dst, n));
-        return RT_OK;
-#else
-        return RT_ERROR(RT_ERR_UNSUPPORTED, "rt_reducer: bf16 compression on a device stream needs a CUDA build");
-#endif
-    }
-    for (size_t k = 0; k < n; k++) dst[k] = rt_bf16_to_f32(r->wire[k]);
-    return RT_OK;
-}
-
 static rt_status start(rt_reducer *r, bucket *b) {
     size_t es = rt_dtype_size(r->opt.dtype);
     if (r->next == 0) r->stats.first_start_ns = rt_now_ns();
@@ -259,7 +232,7 @@ static rt_status start(rt_reducer *r, bucket *b) {
     } else if (r->opt.compress_bf16) {
         /* rounding point 1: this rank's f32 gradient to bf16 (on the producer's stream) */
         uint16_t *w = r->wire + b->begin / es;
-        s = to_bf16(r, (const float *)(r->buf + b->begin), w, count);
+        s = r->bf16->pack(r->opt.stream, (const float *)(r->buf + b->begin), w, count);
         if (s == RT_OK) s = rt_iall_reduce(r->pg, w, count, RT_BF16, r->opt.op, &b->req);
         r->stats.bytes += count * rt_dtype_size(RT_BF16);
     } else {
@@ -333,9 +306,10 @@ rt_status rt_reducer_finish(rt_reducer *r) {
             st = w;
         }
     }
-    /* compress_bf16: the reduced bf16 widened back into the f32 buffer (exact; with a
-     * stream, enqueued there behind the waits above) */
-    if (st == RT_OK && r->opt.compress_bf16) st = from_bf16(r);
+    /* compress_bf16: the whole reduced bf16 copy widened back into the f32 buffer (the
+     * buckets tile it; exact; with a stream, enqueued there behind the waits above) */
+    if (st == RT_OK && r->opt.compress_bf16)
+        st = r->bf16->unpack(r->opt.stream, r->wire, (float *)r->buf, r->total / sizeof(float));
     r->stats.end_ns = rt_now_ns();
     if (rt_trace_enabled()) trace_buckets(r);
     r->fault_bucket = -1;

@@ -1,9 +1,21 @@
-/* The transports' tables (transport.h) and the choice of a world group's transport.
- * A new transport is its own file filling an rt_transport_ops, its row here, its enum
- * member in dist.h and its name in names.c. */
+/* The device tables of src/dist, picked here only: the transports' (transport.h), with
+ * the choice of a world group's transport, and bf16 compression's steps per device kind
+ * (bf16_ops.h). A new transport is its own file filling an rt_transport_ops, its row
+ * here, its enum member in dist.h and its name in names.c. */
+#include "dist/internal/bf16_ops.h"
 #include "dist/internal/pg_internal.h"
 
 #include "core/log.h"
+
+const rt_dist_bf16_ops *rt_dist_bf16_ops_of(rt_device_kind kind) {
+    static const rt_dist_bf16_ops *const k_bf16[RT_DEVICE_KIND_COUNT_] = {
+        [RT_DEVICE_CPU] = &rt_dist_bf16_cpu,
+#ifdef RT_HAVE_CUDA
+        [RT_DEVICE_CUDA] = &rt_dist_bf16_cuda,
+#endif
+    };
+    return (unsigned)kind < RT_DEVICE_KIND_COUNT_ ? k_bf16[kind] : NULL;
+}
 
 static const rt_transport_ops *const k_tables[RT_TRANSPORT_COUNT_] = {
     [RT_TRANSPORT_TCP] = &rt_tp_tcp,

@@ -2,9 +2,6 @@
 #include "model/ctx.h"
 
 #include "model/internal/backend.h"
-#ifdef RT_HAVE_CUDA
-#include "model/cuda/mem_cuda.h"
-#endif
 
 #include <stdlib.h>
 
@@ -120,11 +117,7 @@ rt_status rt_model_ctx_sync(rt_model_ctx *ctx) { return ctx->stream ? rt_stream_
 rt_status rt_model_ctx_memory(rt_model_ctx *ctx, size_t *used, size_t *backend) {
     *used = *backend = 0;
     RT_REQUIRE(ctx != NULL, RT_ERR_INVALID, "rt_model_ctx_memory: NULL context");
-    if (!rt_device_is_cuda(ctx->device)) return RT_OK;
-#ifdef RT_HAVE_CUDA
-    *backend = rt_model_cuda_backend_bytes(ctx);
-    RT_CHECK(rt_model_cuda_mem_used(ctx, used));
-#endif
+    if (ctx->ops->memory) RT_CHECK(ctx->ops->memory(ctx, used, backend)); /* NULL: no device memory */
     return RT_OK;
 }
 

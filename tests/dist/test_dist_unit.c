@@ -10,6 +10,7 @@
 #include "dist/internal/sock.h"
 #include "dist/store.h"
 #include "dist/internal/wire.h"
+#include "dist/reducer.h"
 #include "core/timer.h"
 
 #include <string.h>
@@ -396,6 +397,22 @@ static void parse_names(void **s) {
     for (int i = 0; i < RT_OP_COUNT_; i++) {
         assert_rt_ok(rt_reduce_op_parse(rt_reduce_op_name((rt_reduce_op)i), &op));
         assert_int_equal(op, i);
+    }
+    /* every member of every enum of names.c has a name of its own (the tables are
+     * designated, [RT_X] = "x": a member added without its name is a NULL there) */
+    const rt_names *const tables[] = {&rt_transport_names, &rt_algo_names, &rt_compress_names, &rt_reduce_op_names};
+    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
+        for (int i = 0; i < tables[t]->count; i++) {
+            const char *name = rt_names_name(tables[t], i);
+            if (!name) fail_msg("%s %d has no name", tables[t]->what, i);
+            int back = -1;
+            assert_rt_ok(rt_names_parse(tables[t], name, &back));
+            assert_int_equal(back, i);
+        }
+    for (int k = RT_K_NONE_ + 1; k < RT_K_COUNT_; k++) {
+        const char *name = rt_comm_kind_name(k);
+        if (!name || !strcmp(name, "unknown operation")) fail_msg("operation kind %d has no name", k);
+        for (int j = RT_K_NONE_ + 1; j < k; j++) assert_string_not_equal(rt_comm_kind_name(j), name);
     }
     rt_error_clear();
 }

@@ -9,7 +9,9 @@
 #    that start with an area (`core/cuda/cuda_check.h`), and file names in backticks
 #    (`arch.c`, `internal/optim_kernels.h`: some file under src/ or tests/ must end so);
 #  - links a page of docs/ that does not exist;
-#  - has a row of the "Where to add" table without its count after issue 24.
+#  - has a row of the "Where to add" table without its count after issue 24;
+#  - does not list, in the "Backends" section's paragraph "Outside the `cuda/` folders",
+#    exactly the files of src/ outside cuda/ folders with an #if on RT_HAVE_CUDA.
 # usage: check_architecture.sh SOURCE_DIR [PAGE]   (PAGE: docs/architecture.md by default)
 set -u
 root=${1:?usage: check_architecture.sh SOURCE_DIR [PAGE]}
@@ -77,5 +79,18 @@ while IFS= read -r row; do
   [ -n "$last" ] || complain "the 'Where to add' row '${row:0:40}...' has no 'after issue 24' value"
 done < <(awk '/^## Where to add/{on=1; next} /^## /{on=0} on && /^\| (a|an) /' "$doc")
 
-[ $bad = 0 ] && echo "docs/architecture.md: every folder, public header and src/cli file named; every path named exists"
+# 7. RT_HAVE_CUDA outside the cuda/ folders: exactly the files the Backends section lists
+listed=$(awk '/^## Backends/{on=1; next} /^## /{on=0} on && /^Outside the `cuda\/` folders/{p=1} p && /^$/{p=0} p' "$doc" |
+  grep -oE 'src/[A-Za-z0-9_/.-]+\.(c|h|cu)' | sort -u)
+[ -n "$listed" ] || complain "the Backends section has no paragraph 'Outside the \`cuda/\` folders' listing the files with RT_HAVE_CUDA"
+used=$(grep -rlE '^[[:space:]]*#[[:space:]]*(if|ifdef|ifndef|elif)[[:space:](!]?.*RT_HAVE_CUDA' src \
+  --include='*.c' --include='*.h' --include='*.cu' | grep -v '/cuda/' | sort -u)
+for f in $(comm -23 <(echo "$used") <(echo "$listed")); do
+  complain "$f has an #if on RT_HAVE_CUDA outside a cuda/ folder, but the Backends section does not list it"
+done
+for f in $(comm -13 <(echo "$used") <(echo "$listed")); do
+  complain "the Backends section lists $f among the files with RT_HAVE_CUDA, but it has no #if on it"
+done
+
+[ $bad = 0 ] && echo "docs/architecture.md: every folder, public header and src/cli file named; every path named exists; RT_HAVE_CUDA's files listed"
 exit $bad

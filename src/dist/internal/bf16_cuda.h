@@ -1,6 +1,7 @@
 /* The device side of bf16 gradient compression (dist/cuda/bf16_cuda.cu): the casts of
- * rt_reducer's compress_bf16 and the bf16 reduction steps of the nccl transport's own
- * ring, each the host code's arithmetic element for element (core/bf16.h's rounding,
+ * rt_reducer's compress_bf16 (reached through the CUDA table of bf16_ops.h,
+ * cuda/bf16_ops_cuda.c) and the bf16 reduction steps of the nccl transport's own ring,
+ * each the host code's arithmetic element for element (core/bf16.h's rounding,
  * dist/reduce.c's bf16 steps), so a GPU run rounds exactly where and how the CPU run does.
  *
  * Every launcher enqueues on the given stream and returns cudaGetLastError(); none

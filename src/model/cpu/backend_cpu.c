@@ -128,6 +128,7 @@ const rt_model_backend rt_model_backend_cpu = {
     .ctx_init = cpu_ctx_init,
     .ctx_release = cpu_ctx_release,
     .host_parallel = cpu_host_parallel,
+    .memory = NULL, /* host memory only: rt_model_ctx_memory answers 0 and 0 */
     .conv2d_prepare = rt_cpu_conv2d_prepare,
     .conv2d_release = rt_cpu_conv2d_release,
     .conv2d_forward = rt_cpu_conv2d_forward,

@@ -414,6 +414,7 @@ const rt_model_backend rt_model_backend_cuda = {
     .name = "cuda",
     .ctx_init = cuda_ctx_init,
     .ctx_release = cuda_ctx_release,
+    .memory = rt_cuda_memory,
     .conv2d_prepare = rt_cuda_conv2d_prepare,
     .conv2d_release = rt_cuda_conv2d_release,
     .conv2d_forward = rt_cuda_conv2d_forward,

@@ -60,6 +60,12 @@ rt_status rt_cuda_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const f
 rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
                                   bool accumulate);
 
+/* mem_cuda.c: the table's `memory` (rt_model_ctx_memory). *backend: device bytes the
+ * backend holds besides the model and ctx->work (the cuBLAS workspace, counters); *used:
+ * bytes of ctx's GPU in use (total - free, cudaMemGetInfo): all processes, the CUDA
+ * context and library code included; differences between two calls isolate a run. */
+rt_status rt_cuda_memory(rt_model_ctx *ctx, size_t *used, size_t *backend);
+
 /* ---- kernels_cuda.cu: every launcher enqueues on `s` and returns the launch status --- */
 
 cudaError_t rt_cuk_relu_forward(cudaStream_t s, size_t count, const float *x, float *y);

@@ -34,6 +34,10 @@ typedef struct rt_model_backend {
     void (*ctx_release)(rt_model_ctx *ctx);
     /* optional: fn(arg, t) for t < ntasks on the context's host threads (CPU: its pool) */
     void (*host_parallel)(rt_model_ctx *ctx, int ntasks, void (*fn)(void *arg, int task), void *arg);
+    /* optional: rt_model_ctx_memory's figures (model/ctx.h), both set to 0 before the call:
+     * bytes of the context's device in use, and the device bytes the backend holds besides
+     * the model and ctx->work. NULL: the backend holds no device memory (0 and 0). */
+    rt_status (*memory)(rt_model_ctx *ctx, size_t *used, size_t *backend);
 
     rt_status (*conv2d_prepare)(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
     void (*conv2d_release)(rt_model_ctx *ctx, rt_conv2d *l);
