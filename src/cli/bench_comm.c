@@ -233,32 +233,81 @@ static int local_rank_main(int local_rank, void *arg) {
     return rank_main(o);
 }
 
-int rt_cmd_bench_comm(int argc, char **argv) {
-    const char *prog = "ringtrain bench comm";
-    opts o = {.nproc = 2, .transport = RT_TRANSPORT_SHM, .init = "env://", .timeout_s = 120, .bind = true};
+/* The value v of option a (one of k_valued): 0 ok, 2 a bad value (printed). */
+static int parse_valued(const char *prog, const char *a, const char *v, opts *o) {
+    int bad = 0;
+    const char *want = NULL; /* what a bad value should have been */
+    char want_buf[384], names[256];
+    if (strcmp(a, "--nproc") == 0) {
+        want = "an integer in 0..64";
+        bad = parse_int(v, 0, 64, &o->nproc) != 0;
+    } else if (strcmp(a, "--init") == 0) {
+        o->init = v;
+    } else if (strcmp(a, "--transport") == 0) {
+        snprintf(want_buf, sizeof want_buf, "one of %s", transport_list(names, sizeof names));
+        want = want_buf;
+        bad = rt_transport_parse(v, &o->transport) != RT_OK || !rt_transport_takes_host(o->transport);
+    } else if (strcmp(a, "--min-size") == 0) {
+        want = "a size in bytes such as 8, 4K, 1M";
+        bad = parse_size(v, &o->bench.min_size) != 0;
+    } else if (strcmp(a, "--max-size") == 0) {
+        want = "a size in bytes such as 8, 4K, 1M, at most 4G";
+        bad = parse_size(v, &o->bench.max_size) != 0 || o->bench.max_size > (4ull << 30);
+    } else if (strcmp(a, "--collective") == 0) {
+        snprintf(want_buf, sizeof want_buf, "a comma-separated list of %s, or all",
+                 rt_names_list(&rt_comm_bench_coll_names, names, sizeof names));
+        want = want_buf;
+        bad = parse_collectives(v, &o->bench.coll_mask) != 0;
+    } else if (strcmp(a, "--algo") == 0) {
+        snprintf(want_buf, sizeof want_buf, "a comma-separated list of %s, or all", algo_list(names, sizeof names));
+        want = want_buf;
+        bad = parse_algos(v, &o->bench.algo_mask) != 0;
+    } else if (strcmp(a, "--iters") == 0) {
+        want = "an integer in 1..1000000";
+        bad = parse_int(v, 1, 1000000, &o->bench.iters) != 0;
+    } else if (strcmp(a, "--warmup") == 0) {
+        want = "an integer in 0..1000000";
+        bad = parse_int(v, 0, 1000000, &o->bench.warmup) != 0;
+    } else if (strcmp(a, "--json") == 0) {
+        o->json = v;
+    } else if (strcmp(a, "--timeout") == 0) {
+        want = "seconds, above 0 and at most 86400";
+        bad = rt_cli_parse_double(v, 0, 86400, &o->timeout_s) != 0 || !(o->timeout_s > 0);
+    }
+    if (bad) {
+        fprintf(stderr, "%s: %s '%s': expected %s\n", prog, a, v, want);
+        return 2;
+    }
+    return 0;
+}
+
+/* The defaults (RINGTRAIN_DIST_TIMEOUT sets the timeout's), then the arguments: 0 ok,
+ * 1 help printed, 2 usage error (printed). */
+static int parse_args(const char *prog, int argc, char **argv, opts *o) {
+    *o = (opts){.nproc = 2, .transport = RT_TRANSPORT_SHM, .init = "env://", .timeout_s = 120, .bind = true};
     /* RINGTRAIN_DIST_TIMEOUT sets the default timeout, as for every process group (docs/settings.md) */
-    if (rt_setting_is_set(RT_SET_DIST_TIMEOUT) && rt_setting_float(RT_SET_DIST_TIMEOUT, &o.timeout_s) != RT_OK) {
+    if (rt_setting_is_set(RT_SET_DIST_TIMEOUT) && rt_setting_float(RT_SET_DIST_TIMEOUT, &o->timeout_s) != RT_OK) {
         fprintf(stderr, "%s: %s\n", prog, rt_error_message());
         return 2;
     }
-    rt_comm_bench_options_default(&o.bench);
+    rt_comm_bench_options_default(&o->bench);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (rt_cli_is_help(a)) {
             usage(stdout);
-            return 0;
+            return 1;
         }
         int f;
         if ((f = rt_cli_flag(prog, a, "--no-bind")) != 0) {
             if (f < 0) return 2;
-            o.bind = false;
+            o->bind = false;
             continue;
         }
         if ((f = rt_cli_flag(prog, a, "--compare")) != 0) {
             if (f < 0) return 2;
-            o.compare = true;
-            o.bench.coll_mask = 1u << RT_BENCH_ALL_REDUCE;
-            o.bench.algo_mask = (1u << RT_COMM_BENCH_ALGOS) - 1;
+            o->compare = true;
+            o->bench.coll_mask = 1u << RT_BENCH_ALL_REDUCE;
+            o->bench.algo_mask = (1u << RT_COMM_BENCH_ALGOS) - 1;
             continue;
         }
         /* --opt VALUE or --opt=VALUE */
@@ -275,51 +324,16 @@ int rt_cmd_bench_comm(int argc, char **argv) {
             fprintf(stderr, "%s: unknown option '%s' (try --help)\n", prog, a);
             return 2;
         }
-        a = name;
-        int bad = 0;
-        const char *want = NULL; /* what a bad value should have been */
-        char want_buf[384], names[256];
-        if (strcmp(a, "--nproc") == 0) {
-            want = "an integer in 0..64";
-            bad = parse_int(v, 0, 64, &o.nproc) != 0;
-        } else if (strcmp(a, "--init") == 0) {
-            o.init = v;
-        } else if (strcmp(a, "--transport") == 0) {
-            snprintf(want_buf, sizeof want_buf, "one of %s", transport_list(names, sizeof names));
-            want = want_buf;
-            bad = rt_transport_parse(v, &o.transport) != RT_OK || !rt_transport_takes_host(o.transport);
-        } else if (strcmp(a, "--min-size") == 0) {
-            want = "a size in bytes such as 8, 4K, 1M";
-            bad = parse_size(v, &o.bench.min_size) != 0;
-        } else if (strcmp(a, "--max-size") == 0) {
-            want = "a size in bytes such as 8, 4K, 1M, at most 4G";
-            bad = parse_size(v, &o.bench.max_size) != 0 || o.bench.max_size > (4ull << 30);
-        } else if (strcmp(a, "--collective") == 0) {
-            snprintf(want_buf, sizeof want_buf, "a comma-separated list of %s, or all",
-                     rt_names_list(&rt_comm_bench_coll_names, names, sizeof names));
-            want = want_buf;
-            bad = parse_collectives(v, &o.bench.coll_mask) != 0;
-        } else if (strcmp(a, "--algo") == 0) {
-            snprintf(want_buf, sizeof want_buf, "a comma-separated list of %s, or all", algo_list(names, sizeof names));
-            want = want_buf;
-            bad = parse_algos(v, &o.bench.algo_mask) != 0;
-        } else if (strcmp(a, "--iters") == 0) {
-            want = "an integer in 1..1000000";
-            bad = parse_int(v, 1, 1000000, &o.bench.iters) != 0;
-        } else if (strcmp(a, "--warmup") == 0) {
-            want = "an integer in 0..1000000";
-            bad = parse_int(v, 0, 1000000, &o.bench.warmup) != 0;
-        } else if (strcmp(a, "--json") == 0) {
-            o.json = v;
-        } else if (strcmp(a, "--timeout") == 0) {
-            want = "seconds, above 0 and at most 86400";
-            bad = rt_cli_parse_double(v, 0, 86400, &o.timeout_s) != 0 || !(o.timeout_s > 0);
-        }
-        if (bad) {
-            fprintf(stderr, "%s: %s '%s': expected %s\n", prog, a, v, want);
-            return 2;
-        }
+        if (parse_valued(prog, name, v, o) != 0) return 2;
     }
+    return 0;
+}
+
+int rt_cmd_bench_comm(int argc, char **argv) {
+    const char *prog = "ringtrain bench comm";
+    opts o;
+    int pr = parse_args(prog, argc, argv, &o);
+    if (pr != 0) return pr == 1 ? 0 : 2;
     /* an output that cannot be written fails now, not after the benchmark */
     if (o.json && rt_cli_check_output(prog, "--json", o.json) != 0) return 1;
     if (o.bench.min_size < 8) o.bench.min_size = 8;

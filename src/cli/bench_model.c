@@ -143,8 +143,7 @@ static rt_status gpu_layers_run(rt_model *m, rt_model_ctx *ctx, rt_optimizer *op
             (st = rt_model_backward(m, NULL, NULL)) != RT_OK || (st = rt_stream_sync(ctx->stream)) != RT_OK)
             break;
         const uint64_t t1 = rt_now_ns();
-        if ((st = sgd_step(opt, m, ctx->stream)) != RT_OK || (st = rt_stream_sync(ctx->stream)) != RT_OK)
-            break;
+        if ((st = sgd_step(opt, m, ctx->stream)) != RT_OK || (st = rt_stream_sync(ctx->stream)) != RT_OK) break;
         const uint64_t t2 = rt_now_ns();
         all += rt_ns_to_ms(t2 - t0);
         sgd += rt_ns_to_ms(t2 - t1);
@@ -154,7 +153,6 @@ static rt_status gpu_layers_run(rt_model *m, rt_model_ctx *ctx, rt_optimizer *op
     *optim_ms = sgd / steps;
     return st;
 }
-
 
 /* steps whose events are kept at once; a longer run reads a slot's times before reusing
  * it (an event recorded GPU_EVENT_RING steps earlier: long complete, nothing waits) */
@@ -300,29 +298,104 @@ static void print_layers(const rt_layer_profile *p, int steps, double step_ms, d
     free(sums);
 }
 
-int rt_cmd_bench_model(int argc, char **argv) {
+/* ---- the command: options, the model context, one run per batch size ---------------- */
+
+typedef struct bench_opts {
     rt_model_config cfg;
-    rt_model_config_default(&cfg);
-    int threads = 2, steps = 10, warmup = 2, json = 0, layers = 0;
-    const char *device_name = "cpu";
-    rt_precision precision = RT_PRECISION_FP32;
-    int batches[16] = {64, 128}, nbatch = 2;
+    int threads, steps, warmup, json, layers;
+    const char *device_name;
+    rt_precision precision;
+    int batches[16], nbatch;
+} bench_opts;
+
+/* --batch LIST: 0 ok, 2 usage error (printed) */
+static int parse_batches(const char *v, bench_opts *o) {
+    if (!v) {
+        fprintf(stderr, "ringtrain bench model: --batch needs a list\n");
+        return 2;
+    }
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    o->nbatch = 0;
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (o->nbatch == 16) {
+            fprintf(stderr, "ringtrain bench model: --batch '%s': expected at most 16 batch sizes\n", v);
+            return 2;
+        }
+        if (parse_int("--batch", tok, 1, 65536, &o->batches[o->nbatch])) return 2;
+        o->nbatch++;
+    }
+    if (o->nbatch == 0) {
+        fprintf(stderr, "ringtrain bench model: --batch '%s': expected batch sizes such as 64,128\n", v);
+        return 2;
+    }
+    return 0;
+}
+
+/* One option `a` with its value v (NULL when it has none): 0 ok, 2 usage error (printed) */
+static int parse_option(const char *a, const char *v, bench_opts *o) {
+    rt_model_config *cfg = &o->cfg;
+    if (strcmp(a, "--arch") == 0) {
+        if (rt_model_arch_parse(v, &cfg->arch) != RT_OK) return bad_name(a);
+    } else if (strcmp(a, "--stem") == 0) {
+        if (rt_stem_parse(v, &cfg->stem) != RT_OK) return bad_name(a);
+    } else if (strcmp(a, "--channels") == 0) {
+        if (parse_int(a, v, 1, 64, &cfg->in_channels)) return 2;
+    } else if (strcmp(a, "--size") == 0) {
+        if (parse_int(a, v, 1, 1024, &cfg->in_h)) return 2;
+        cfg->in_w = cfg->in_h;
+    } else if (strcmp(a, "--width") == 0) {
+        if (parse_int(a, v, 1, 1024, &cfg->width)) return 2;
+    } else if (strcmp(a, "--device") == 0) {
+        if (!v) {
+            fprintf(stderr, "ringtrain bench model: --device cpu|cuda|cuda:N|auto\n");
+            return 2;
+        }
+        o->device_name = v;
+    } else if (strcmp(a, "--precision") == 0) {
+        if (rt_precision_parse(v, &o->precision) != RT_OK) return bad_name(a);
+    } else if (strcmp(a, "--threads") == 0) {
+        if (parse_int(a, v, 1, 256, &o->threads)) return 2;
+    } else if (strcmp(a, "--steps") == 0) {
+        if (parse_int(a, v, 1, 100000, &o->steps)) return 2;
+    } else if (strcmp(a, "--warmup") == 0) {
+        if (parse_int(a, v, 0, 100000, &o->warmup)) return 2;
+    } else if (strcmp(a, "--batch") == 0) {
+        return parse_batches(v, o);
+    } else {
+        fprintf(stderr, "ringtrain bench model: unknown option '%s'\n\n", a);
+        usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+/* 0 ok, 1 help printed, 2 usage error (printed) */
+static int parse_args(int argc, char **argv, bench_opts *o) {
+    *o = (bench_opts){.threads = 2,
+                      .steps = 10,
+                      .warmup = 2,
+                      .device_name = "cpu",
+                      .precision = RT_PRECISION_FP32,
+                      .batches = {64, 128},
+                      .nbatch = 2};
+    rt_model_config_default(&o->cfg);
     const char *prog = "ringtrain bench model";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         int f;
         if (rt_cli_is_help(a)) {
             usage(stdout);
-            return 0;
+            return 1;
         }
         if ((f = rt_cli_flag(prog, a, "--json")) != 0) {
             if (f < 0) return 2;
-            json = 1;
+            o->json = 1;
             continue;
         }
         if ((f = rt_cli_flag(prog, a, "--layers")) != 0) {
             if (f < 0) return 2;
-            layers = 1;
+            o->layers = 1;
             continue;
         }
         /* --opt VALUE or --opt=VALUE */
@@ -335,257 +408,271 @@ int rt_cmd_bench_model(int argc, char **argv) {
             if (r < 0) return 2;
             if (r > 0) name = k_valued[k];
         }
-        if (name) a = name;
-        if (strcmp(a, "--arch") == 0) {
-            if (rt_model_arch_parse(v, &cfg.arch) != RT_OK) return bad_name(a);
-        } else if (strcmp(a, "--stem") == 0) {
-            if (rt_stem_parse(v, &cfg.stem) != RT_OK) return bad_name(a);
-        } else if (strcmp(a, "--channels") == 0) {
-            if (parse_int(a, v, 1, 64, &cfg.in_channels)) return 2;
-        } else if (strcmp(a, "--size") == 0) {
-            if (parse_int(a, v, 1, 1024, &cfg.in_h)) return 2;
-            cfg.in_w = cfg.in_h;
-        } else if (strcmp(a, "--width") == 0) {
-            if (parse_int(a, v, 1, 1024, &cfg.width)) return 2;
-        } else if (strcmp(a, "--device") == 0) {
-            if (!v) {
-                fprintf(stderr, "ringtrain bench model: --device cpu|cuda|cuda:N|auto\n");
-                return 2;
-            }
-            device_name = v;
-        } else if (strcmp(a, "--precision") == 0) {
-            if (rt_precision_parse(v, &precision) != RT_OK) return bad_name(a);
-        } else if (strcmp(a, "--threads") == 0) {
-            if (parse_int(a, v, 1, 256, &threads)) return 2;
-        } else if (strcmp(a, "--steps") == 0) {
-            if (parse_int(a, v, 1, 100000, &steps)) return 2;
-        } else if (strcmp(a, "--warmup") == 0) {
-            if (parse_int(a, v, 0, 100000, &warmup)) return 2;
-        } else if (strcmp(a, "--batch") == 0) {
-            if (!v) {
-                fprintf(stderr, "ringtrain bench model: --batch needs a list\n");
-                return 2;
-            }
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", v);
-            nbatch = 0;
-            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-                if (nbatch == 16) {
-                    fprintf(stderr, "ringtrain bench model: --batch '%s': expected at most 16 batch sizes\n", v);
-                    return 2;
-                }
-                if (parse_int("--batch", tok, 1, 65536, &batches[nbatch])) return 2;
-                nbatch++;
-            }
-            if (nbatch == 0) {
-                fprintf(stderr, "ringtrain bench model: --batch '%s': expected batch sizes such as 64,128\n", v);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "ringtrain bench model: unknown option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
-        }
+        if (parse_option(name ? name : a, v, o) != 0) return 2;
     }
+    return 0;
+}
 
+/* What every batch size's run shares: the device, the model context, the baseline of the
+ * GPU's memory and the CPU's peak. */
+typedef struct bench {
+    const bench_opts *o;
     rt_device dev;
-    rt_status dst = rt_device_select(device_name, 0, &dev);
+    bool gpu;
+    char devstr[32];
+    rt_model_ctx *ctx;
+    size_t mem_base; /* the device's used memory when the context was created (GPU) */
+    rt_cpu_peak peak;
+} bench;
+
+/* 0 ok, else the exit code (the error printed) */
+static int bench_setup(const bench_opts *o, bench *b) {
+    *b = (bench){.o = o};
+    rt_status dst = rt_device_select(o->device_name, 0, &b->dev);
     if (dst != RT_OK) { /* a malformed --device (or cuda:N beyond the GPUs) is a usage error */
         int rc = rt_cli_fail();
         return dst == RT_ERR_INVALID ? 2 : rc;
     }
-    const bool gpu = rt_device_is_cuda(dev);
-    char devstr[32];
-    rt_device_str(dev, devstr, sizeof devstr);
-    rt_model_ctx *ctx = NULL;
-    rt_model_ctx_options o = {.device = dev, .threads = threads, .precision = precision};
-    if (rt_model_ctx_create(&o, &ctx) != RT_OK) return rt_cli_fail();
-    size_t mem_base = 0, backend_bytes = 0;
-    if (gpu && rt_model_ctx_memory(ctx, &mem_base, &backend_bytes) != RT_OK) {
-        rt_model_ctx_destroy(ctx);
-        return rt_cli_fail();
-    }
+    b->gpu = rt_device_is_cuda(b->dev);
+    rt_device_str(b->dev, b->devstr, sizeof b->devstr);
+    rt_model_ctx_options co = {.device = b->dev, .threads = o->threads, .precision = o->precision};
+    if (rt_model_ctx_create(&co, &b->ctx) != RT_OK) return rt_cli_fail();
+    size_t backend_bytes = 0;
+    if (b->gpu && rt_model_ctx_memory(b->ctx, &b->mem_base, &backend_bytes) != RT_OK) return rt_cli_fail();
     /* the CPU's peak for this precision on as many threads (bench peak's loop): every CPU
      * row reports its step as a share of it */
-    rt_cpu_peak peak = {0};
-    if (!gpu && rt_cli_cpu_peak(precision == RT_PRECISION_BF16, threads, 0.2, 3, &peak) < 0) {
-        fprintf(stderr, "ringtrain bench model: could not start %d threads for the peak\n", threads);
-        rt_model_ctx_destroy(ctx);
+    if (!b->gpu && rt_cli_cpu_peak(o->precision == RT_PRECISION_BF16, o->threads, 0.2, 3, &b->peak) < 0) {
+        fprintf(stderr, "ringtrain bench model: could not start %d threads for the peak\n", o->threads);
         return 1;
     }
-    if (!json)
-        printf("%-9s %-8s %-9s %5s %7s | %9s %8s %9s %8s %8s %8s%s\n", "model", "stem", "input", "batch", "threads",
-               "img/s", "step ms", "fwd ms", "bwd ms", "sgd ms", "GFLOP/s", gpu ? "  GPU MiB" : "  % peak");
+    return 0;
+}
+
+/* One batch size's model, optimizer and random data (on the GPU as well, copied once) */
+typedef struct batch {
+    int n;
+    rt_model *m;
+    float *x, *x_dev;
+    int64_t *labels, *labels_dev;
+    rt_optimizer opt;
+} batch;
+
+/* 0 ok, else the exit code (the error printed); batch_free frees what was made */
+static int batch_setup(const bench *b, int n, rt_model_config *cfg, batch *bt) {
+    *bt = (batch){.n = n};
+    cfg->max_batch = n;
+    if (rt_model_create(cfg, b->ctx, &bt->m) != RT_OK || rt_model_init_weights(bt->m, 1) != RT_OK) return rt_cli_fail();
+    size_t xn = (size_t)n * cfg->in_channels * cfg->in_h * cfg->in_w;
+    bt->x = malloc(xn * sizeof(float));
+    bt->labels = malloc((size_t)n * sizeof(int64_t));
+    if (!bt->x || !bt->labels) {
+        fprintf(stderr, "ringtrain bench model: out of memory\n");
+        return 1;
+    }
+    if (sgd_init(&bt->opt, bt->m, b->ctx, b->dev) != RT_OK) return rt_cli_fail();
+    rt_rng rng;
+    rt_rng_init(&rng, 7, 0);
+    rt_rng_normal(&rng, bt->x, xn, 0.0f, 1.0f);
+    for (int i = 0; i < n; i++) bt->labels[i] = (int64_t)rt_rng_below(&rng, (uint64_t)cfg->num_classes);
+    if (b->gpu) {
+        /* inputs live on the GPU (as the optimizer state does), copied once */
+        if (rt_malloc(b->dev, xn * sizeof(float), (void **)&bt->x_dev) != RT_OK ||
+            rt_malloc(b->dev, (size_t)n * sizeof(int64_t), (void **)&bt->labels_dev) != RT_OK ||
+            rt_memcpy(bt->x_dev, b->dev, bt->x, rt_device_cpu(), xn * sizeof(float), NULL) != RT_OK ||
+            rt_memcpy(bt->labels_dev, b->dev, bt->labels, rt_device_cpu(), (size_t)n * sizeof(int64_t), NULL) != RT_OK)
+            return rt_cli_fail();
+    }
+    return 0;
+}
+
+static void batch_free(const bench *b, batch *bt) {
+    free(bt->x);
+    free(bt->labels);
+    rt_optimizer_free(&bt->opt);
+    rt_free(b->dev, bt->x_dev);
+    rt_free(b->dev, bt->labels_dev);
+    rt_model_destroy(bt->m);
+}
+
+/* --layers on a GPU, after the timed row: the profiled run and its table */
+static int gpu_layers(const bench *b, batch *bt) {
+    const bench_opts *o = b->o;
     int status = 0;
-    for (int bi = 0; bi < nbatch && status == 0; bi++) {
-        int n = batches[bi];
-        cfg.max_batch = n;
-        rt_model *m = NULL;
-        float *x = NULL, *x_dev = NULL;
-        int64_t *labels = NULL, *labels_dev = NULL;
-        rt_optimizer opt = {0};
-        if (rt_model_create(&cfg, ctx, &m) != RT_OK || rt_model_init_weights(m, 1) != RT_OK) {
+    rt_layer_profile prof = {0};
+    double lms = 0, lsgd = 0;
+    fflush(stdout); /* the timed row, whatever the profiled run does */
+    if (rt_layer_profile_init(&prof, 1024) != RT_OK ||
+        gpu_layers_run(bt->m, b->ctx, &bt->opt, bt->x_dev, bt->labels_dev, bt->n, o->steps, &prof, &lms, &lsgd) !=
+            RT_OK) {
+        if (o->json) { /* the row says so, not only the exit code */
+            printf(", \"layers\": null, \"layers_error\": \"");
+            json_chars(rt_error_message());
+            printf("\"");
+        }
+        status = rt_cli_fail();
+    } else {
+        if (o->json)
+            printf(", \"layers_step_ms\": %.3f, \"layers_timing\": \"a second run of %d steps, the "
+                   "stream synchronised around every layer call: each layer's own time, launches "
+                   "included, nothing overlapping\"",
+                   lms, o->steps);
+        else
+            printf("per layer, a second run of %d steps with the stream synchronised around every "
+                   "layer call (each layer's own time, launches included): %.3f ms per step\n",
+                   o->steps, lms);
+        print_layers(&prof, o->steps, lms, lsgd, &b->peak, o->json);
+    }
+    rt_layer_profile_free(&prof);
+    return status;
+}
+
+/* One batch size on the GPU: the timed run, its row, then --layers' run */
+static int bench_gpu(const bench *b, batch *bt) {
+    const bench_opts *o = b->o;
+    const rt_model_config *cfg = &o->cfg;
+    const int n = bt->n, steps = o->steps;
+    step_times t;
+    float loss = 0;
+    size_t used = 0, backend_bytes = 0;
+    if (gpu_run(bt->m, b->ctx, &bt->opt, bt->x_dev, bt->labels_dev, n, o->warmup, steps, &t, &loss) != RT_OK ||
+        rt_model_ctx_memory(b->ctx, &used, &backend_bytes) != RT_OK)
+        return rt_cli_fail();
+    double peak_gpu_mb = (double)(used > b->mem_base ? used - b->mem_base : 0) / 1048576.0 + backend_bytes / 1048576.0;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double ms = t.all / steps, ips = n * 1000.0 / ms;
+    const double gflop = rt_model_flops_per_image(bt->m, true) * 1e-9;
+    if (o->json)
+        printf("{\"impl\": \"ringtrain\", \"device\": \"%s\", \"precision\": \"%s\", "
+               "\"arch\": \"%s\", \"stem\": \"%s\", \"channels\": %d, "
+               "\"size\": %d, \"batch\": %d, \"threads\": %d, \"steps\": %d, \"images_per_s\": %.2f, "
+               "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
+               "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f, \"peak_gpu_mb\": %.1f, "
+               "\"gflop_per_image\": %.5f, \"gflops\": %.1f, "
+               "\"timing\": \"cuda events, one synchronisation per run\"",
+               b->devstr, rt_precision_name(o->precision), rt_model_arch_name(cfg->arch), rt_stem_name(cfg->stem),
+               cfg->in_channels, cfg->in_h, n, o->threads, steps, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps,
+               (double)loss, ru.ru_maxrss / 1024.0, peak_gpu_mb, gflop, gflop * ips);
+    else
+        printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.0f\n",
+               rt_model_arch_name(cfg->arch), rt_stem_name(cfg->stem), cfg->in_channels, cfg->in_h, cfg->in_w, n,
+               o->threads, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps, gflop * ips, peak_gpu_mb);
+    int status = o->layers ? gpu_layers(b, bt) : 0;
+    if (o->json) printf("}\n");
+    fflush(stdout);
+    return status;
+}
+
+/* warmup + steps training steps on the CPU, each phase timed on the host; with a
+ * profile, it is attached for the timed steps. 0 ok, else the exit code. */
+static int cpu_run(const bench *b, batch *bt, rt_layer_profile *prof, step_times *t, float *loss) {
+    const bench_opts *o = b->o;
+    memset(t, 0, sizeof *t);
+    int status = 0;
+    for (int it = 0; it < o->warmup + o->steps && status == 0; it++) {
+        if (prof && it == o->warmup) rt_model_ctx_set_profile(b->ctx, prof);
+        uint64_t t0 = rt_now_ns();
+        if (rt_model_forward(bt->m, bt->x, bt->n, true) != RT_OK || rt_model_loss(bt->m, bt->labels) != RT_OK) {
             status = rt_cli_fail();
             break;
         }
-        size_t xn = (size_t)n * cfg.in_channels * cfg.in_h * cfg.in_w;
-        x = malloc(xn * sizeof(float));
-        labels = malloc((size_t)n * sizeof(int64_t));
-        if (!x || !labels) {
-            fprintf(stderr, "ringtrain bench model: out of memory\n");
-            status = 1;
-        } else if (sgd_init(&opt, m, ctx, dev) != RT_OK) {
+        uint64_t t1 = rt_now_ns();
+        if (rt_model_backward(bt->m, NULL, NULL) != RT_OK || rt_model_loss_value(bt->m, loss) != RT_OK) {
             status = rt_cli_fail();
-        } else {
-            rt_rng rng;
-            rt_rng_init(&rng, 7, 0);
-            rt_rng_normal(&rng, x, xn, 0.0f, 1.0f);
-            for (int i = 0; i < n; i++) labels[i] = (int64_t)rt_rng_below(&rng, (uint64_t)cfg.num_classes);
-            if (gpu) {
-                /* inputs live on the GPU (as the optimizer state does), copied once */
-                if (rt_malloc(dev, xn * sizeof(float), (void **)&x_dev) != RT_OK ||
-                    rt_malloc(dev, (size_t)n * sizeof(int64_t), (void **)&labels_dev) != RT_OK ||
-                    rt_memcpy(x_dev, dev, x, rt_device_cpu(), xn * sizeof(float), NULL) != RT_OK ||
-                    rt_memcpy(labels_dev, dev, labels, rt_device_cpu(), (size_t)n * sizeof(int64_t), NULL) != RT_OK)
-                    status = rt_cli_fail();
-            }
+            break;
         }
-        if (status == 0 && gpu) {
-            step_times t;
-            float loss = 0;
-            size_t used = 0;
-            if (gpu_run(m, ctx, &opt, x_dev, labels_dev, n, warmup, steps, &t, &loss) != RT_OK ||
-                rt_model_ctx_memory(ctx, &used, &backend_bytes) != RT_OK) {
-                status = rt_cli_fail();
-            } else {
-                double peak_gpu_mb =
-                    (double)(used > mem_base ? used - mem_base : 0) / 1048576.0 + backend_bytes / 1048576.0;
-                struct rusage ru;
-                getrusage(RUSAGE_SELF, &ru);
-                double ms = t.all / steps, ips = n * 1000.0 / ms;
-                const double gflop = rt_model_flops_per_image(m, true) * 1e-9;
-                if (json)
-                    printf("{\"impl\": \"ringtrain\", \"device\": \"%s\", \"precision\": \"%s\", "
-                           "\"arch\": \"%s\", \"stem\": \"%s\", \"channels\": %d, "
-                           "\"size\": %d, \"batch\": %d, \"threads\": %d, \"steps\": %d, \"images_per_s\": %.2f, "
-                           "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
-                           "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f, \"peak_gpu_mb\": %.1f, "
-                           "\"gflop_per_image\": %.5f, \"gflops\": %.1f, "
-                           "\"timing\": \"cuda events, one synchronisation per run\"",
-                           devstr, rt_precision_name(precision), rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem),
-                           cfg.in_channels, cfg.in_h, n, threads, steps, ips, ms, t.fwd / steps, t.bwd / steps,
-                           t.sgd / steps, (double)loss, ru.ru_maxrss / 1024.0, peak_gpu_mb, gflop, gflop * ips);
-                else
-                    printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.0f\n",
-                           rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, cfg.in_w, n,
-                           threads, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps, gflop * ips, peak_gpu_mb);
-                if (layers) {
-                    rt_layer_profile prof = {0};
-                    double lms = 0, lsgd = 0;
-                    fflush(stdout); /* the timed row, whatever the profiled run does */
-                    if (rt_layer_profile_init(&prof, 1024) != RT_OK ||
-                        gpu_layers_run(m, ctx, &opt, x_dev, labels_dev, n, steps, &prof, &lms, &lsgd) != RT_OK) {
-                        if (json) { /* the row says so, not only the exit code */
-                            printf(", \"layers\": null, \"layers_error\": \"");
-                            json_chars(rt_error_message());
-                            printf("\"");
-                        }
-                        status = rt_cli_fail();
-                    } else {
-                        if (json)
-                            printf(", \"layers_step_ms\": %.3f, \"layers_timing\": \"a second run of %d steps, the "
-                                   "stream synchronised around every layer call: each layer's own time, launches "
-                                   "included, nothing overlapping\"",
-                                   lms, steps);
-                        else
-                            printf("per layer, a second run of %d steps with the stream synchronised around every "
-                                   "layer call (each layer's own time, launches included): %.3f ms per step\n",
-                                   steps, lms);
-                        print_layers(&prof, steps, lms, lsgd, &peak, json);
-                    }
-                    rt_layer_profile_free(&prof);
-                }
-                if (json) printf("}\n");
-                fflush(stdout);
-            }
-        } else if (status == 0) {
-            const float *xin = x;
-            const int64_t *lin = labels;
-            double t_fwd = 0, t_bwd = 0, t_sgd = 0, t_all = 0;
-            float loss = 0;
-            rt_layer_profile prof = {0};
-            if (layers && rt_layer_profile_init(&prof, 1024) != RT_OK) status = rt_cli_fail();
-            for (int it = 0; it < warmup + steps && status == 0; it++) {
-                if (layers && it == warmup) rt_model_ctx_set_profile(ctx, &prof);
-                uint64_t t0 = rt_now_ns();
-                if (rt_model_forward(m, xin, n, true) != RT_OK || rt_model_loss(m, lin) != RT_OK) {
-                    status = rt_cli_fail();
-                    break;
-                }
-                uint64_t t1 = rt_now_ns();
-                if (rt_model_backward(m, NULL, NULL) != RT_OK || rt_model_loss_value(m, &loss) != RT_OK) {
-                    status = rt_cli_fail();
-                    break;
-                }
-                uint64_t t2 = rt_now_ns();
-                if (sgd_step(&opt, m, ctx->stream) != RT_OK) {
-                    status = rt_cli_fail();
-                    break;
-                }
-                uint64_t t3 = rt_now_ns();
-                if (it >= warmup) {
-                    t_fwd += rt_ns_to_ms(t1 - t0);
-                    t_bwd += rt_ns_to_ms(t2 - t1);
-                    t_sgd += rt_ns_to_ms(t3 - t2);
-                    t_all += rt_ns_to_ms(t3 - t0);
-                }
-            }
-            rt_model_ctx_set_profile(ctx, NULL);
-            if (status == 0) {
-                struct rusage ru;
-                getrusage(RUSAGE_SELF, &ru);
-                double ms = t_all / steps, ips = n * 1000.0 / ms;
-                const double gflop = rt_model_flops_per_image(m, true) * 1e-9, gflops = gflop * ips;
-                const double share = peak.available ? 100.0 * gflops / peak.gflops : -1;
-                if (json)
-                    printf("{\"impl\": \"ringtrain\", \"device\": \"%s\", \"precision\": \"%s\", "
-                           "\"arch\": \"%s\", \"stem\": \"%s\", \"channels\": %d, "
-                           "\"size\": %d, \"batch\": %d, \"threads\": %d, \"steps\": %d, \"images_per_s\": %.2f, "
-                           "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
-                           "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f, \"cpu_avx512_bf16\": %s, "
-                           "\"onednn\": \"%s\", \"onednn_isa\": \"%s\", \"gflop_per_image\": %.5f, "
-                           "\"gflops\": %.1f, \"peak_instruction\": \"%s\", \"peak_gflops\": %.1f, "
-                           "\"peak_share_percent\": %.1f",
-                           devstr, rt_precision_name(precision), rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem),
-                           cfg.in_channels, cfg.in_h, n, threads, steps, ips, ms, t_fwd / steps, t_bwd / steps,
-                           t_sgd / steps, (double)loss, ru.ru_maxrss / 1024.0, rt_model_cpu_bf16() ? "true" : "false",
-                           onednn_version(), rt_model_onednn_isa(), gflop, gflops, peak.available ? peak.isa : "none",
-                           peak.available ? peak.gflops : 0.0, share);
-                else
-                    printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.1f\n",
-                           rt_model_arch_name(cfg.arch), rt_stem_name(cfg.stem), cfg.in_channels, cfg.in_h, cfg.in_w, n,
-                           threads, ips, ms, t_fwd / steps, t_bwd / steps, t_sgd / steps, gflops, share);
-                if (layers) print_layers(&prof, steps, ms, t_sgd / steps, &peak, json);
-                if (json) printf("}\n");
-                fflush(stdout);
-            }
-            rt_layer_profile_free(&prof);
+        uint64_t t2 = rt_now_ns();
+        if (sgd_step(&bt->opt, bt->m, b->ctx->stream) != RT_OK) {
+            status = rt_cli_fail();
+            break;
         }
-        free(x);
-        free(labels);
-        rt_optimizer_free(&opt);
-        rt_free(dev, x_dev);
-        rt_free(dev, labels_dev);
-        rt_model_destroy(m);
+        uint64_t t3 = rt_now_ns();
+        if (it >= o->warmup) {
+            t->fwd += rt_ns_to_ms(t1 - t0);
+            t->bwd += rt_ns_to_ms(t2 - t1);
+            t->sgd += rt_ns_to_ms(t3 - t2);
+            t->all += rt_ns_to_ms(t3 - t0);
+        }
     }
-    if (!json && status == 0) {
+    rt_model_ctx_set_profile(b->ctx, NULL);
+    return status;
+}
+
+/* One batch size on the CPU: the timed run (profiled with --layers), its row and table */
+static int bench_cpu(const bench *b, batch *bt) {
+    const bench_opts *o = b->o;
+    const rt_model_config *cfg = &o->cfg;
+    const int n = bt->n, steps = o->steps;
+    step_times t;
+    float loss = 0;
+    rt_layer_profile prof = {0};
+    int status = 0;
+    if (o->layers && rt_layer_profile_init(&prof, 1024) != RT_OK) status = rt_cli_fail();
+    if (status == 0) status = cpu_run(b, bt, o->layers ? &prof : NULL, &t, &loss);
+    if (status == 0) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
-        printf("peak RSS %.1f MiB\n", ru.ru_maxrss / 1024.0);
-        if (!gpu && peak.available)
-            printf("%% peak: of this CPU's %s peak on %d threads, %.1f GFLOP/s (%s, ringtrain bench peak)\n",
-                   rt_precision_name(precision), threads, peak.gflops, peak.isa);
+        double ms = t.all / steps, ips = n * 1000.0 / ms;
+        const double gflop = rt_model_flops_per_image(bt->m, true) * 1e-9, gflops = gflop * ips;
+        const rt_cpu_peak *peak = &b->peak;
+        const double share = peak->available ? 100.0 * gflops / peak->gflops : -1;
+        if (o->json)
+            printf("{\"impl\": \"ringtrain\", \"device\": \"%s\", \"precision\": \"%s\", "
+                   "\"arch\": \"%s\", \"stem\": \"%s\", \"channels\": %d, "
+                   "\"size\": %d, \"batch\": %d, \"threads\": %d, \"steps\": %d, \"images_per_s\": %.2f, "
+                   "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
+                   "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f, \"cpu_avx512_bf16\": %s, "
+                   "\"onednn\": \"%s\", \"onednn_isa\": \"%s\", \"gflop_per_image\": %.5f, "
+                   "\"gflops\": %.1f, \"peak_instruction\": \"%s\", \"peak_gflops\": %.1f, "
+                   "\"peak_share_percent\": %.1f",
+                   b->devstr, rt_precision_name(o->precision), rt_model_arch_name(cfg->arch), rt_stem_name(cfg->stem),
+                   cfg->in_channels, cfg->in_h, n, o->threads, steps, ips, ms, t.fwd / steps, t.bwd / steps,
+                   t.sgd / steps, (double)loss, ru.ru_maxrss / 1024.0, rt_model_cpu_bf16() ? "true" : "false",
+                   onednn_version(), rt_model_onednn_isa(), gflop, gflops, peak->available ? peak->isa : "none",
+                   peak->available ? peak->gflops : 0.0, share);
+        else
+            printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.1f\n",
+                   rt_model_arch_name(cfg->arch), rt_stem_name(cfg->stem), cfg->in_channels, cfg->in_h, cfg->in_w, n,
+                   o->threads, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps, gflops, share);
+        if (o->layers) print_layers(&prof, steps, ms, t.sgd / steps, peak, o->json);
+        if (o->json) printf("}\n");
+        fflush(stdout);
     }
-    rt_model_ctx_destroy(ctx);
+    rt_layer_profile_free(&prof);
+    return status;
+}
+
+/* the table's closing lines: the process's peak RSS and what "% peak" is a share of */
+static void print_footer(const bench *b) {
+    const bench_opts *o = b->o;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("peak RSS %.1f MiB\n", ru.ru_maxrss / 1024.0);
+    if (!b->gpu && b->peak.available)
+        printf("%% peak: of this CPU's %s peak on %d threads, %.1f GFLOP/s (%s, ringtrain bench peak)\n",
+               rt_precision_name(o->precision), o->threads, b->peak.gflops, b->peak.isa);
+}
+
+int rt_cmd_bench_model(int argc, char **argv) {
+    bench_opts o;
+    int pr = parse_args(argc, argv, &o);
+    if (pr != 0) return pr == 1 ? 0 : 2;
+    bench b;
+    int status = bench_setup(&o, &b);
+    if (status != 0) {
+        rt_model_ctx_destroy(b.ctx);
+        return status;
+    }
+    if (!o.json)
+        printf("%-9s %-8s %-9s %5s %7s | %9s %8s %9s %8s %8s %8s%s\n", "model", "stem", "input", "batch", "threads",
+               "img/s", "step ms", "fwd ms", "bwd ms", "sgd ms", "GFLOP/s", b.gpu ? "  GPU MiB" : "  % peak");
+    for (int bi = 0; bi < o.nbatch && status == 0; bi++) {
+        batch bt;
+        status = batch_setup(&b, o.batches[bi], &o.cfg, &bt);
+        if (status == 0) status = b.gpu ? bench_gpu(&b, &bt) : bench_cpu(&b, &bt);
+        batch_free(&b, &bt);
+    }
+    if (!o.json && status == 0) print_footer(&b);
+    rt_model_ctx_destroy(b.ctx);
     return status;
 }

@@ -48,39 +48,92 @@ static void trace_summary(const char *run_dir, rt_trace_epoch **e, int *n, int *
     rt_trace_run_free(&t);
 }
 
-int rt_cmd_report(int argc, char **argv) {
-    const char *run_dir = NULL, *out_dir = NULL;
-    int plots = 1;
+/* 0 ok, 1 help printed, 2 usage error (printed) */
+static int parse_args(int argc, char **argv, const char **run_dir, const char **out_dir, int *plots) {
+    *run_dir = *out_dir = NULL;
+    *plots = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (rt_cli_is_help(a)) {
             usage(stdout);
-            return 0;
+            return 1;
         }
         int flag = rt_cli_flag(k_prog, a, "--no-plots");
-        int got = flag ? 0 : rt_cli_opt(k_prog, argc, argv, &i, "--out", &out_dir);
+        int got = flag ? 0 : rt_cli_opt(k_prog, argc, argv, &i, "--out", out_dir);
         if (flag < 0 || got < 0) return 2;
         if (flag) {
-            plots = 0;
+            *plots = 0;
         } else if (got) {
-            if (!*out_dir) {
+            if (!**out_dir) {
                 fprintf(stderr, "%s: --out needs a directory (try --help)\n", k_prog);
                 return 2;
             }
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "ringtrain report: unknown option '%s' (try --help)\n", a);
             return 2;
-        } else if (!run_dir) {
-            run_dir = a;
+        } else if (!*run_dir) {
+            *run_dir = a;
         } else {
-            fprintf(stderr, "ringtrain report: one RUN_DIR expected, got '%s' and '%s' (try --help)\n", run_dir, a);
+            fprintf(stderr, "ringtrain report: one RUN_DIR expected, got '%s' and '%s' (try --help)\n", *run_dir, a);
             return 2;
         }
     }
-    if (!run_dir) {
+    if (!*run_dir) {
         usage(stderr);
         return 2;
     }
+    return 0;
+}
+
+/* The trace's per-epoch overlap (rt_trace_overlap_print), next to the summary */
+typedef struct overlap {
+    rt_trace_epoch *te;
+    int nte, world;
+} overlap;
+
+/* DIR/summary.txt, the plots' data and script, and the plots gnuplot draws from them
+ * (their paths printed). Returns the exit code. */
+static int write_report(const char *dir, const rt_report *r, const rt_report_summary *s, const overlap *ov) {
+    char path[1200];
+    const char *pngs[RT_REPORT_MAX_PLOTS];
+    int n = 0, rc = 0;
+    if (rt_file_mkdirs(dir, "report directory") != RT_OK) return rt_cli_fail();
+    snprintf(path, sizeof path, "%s/summary.txt", dir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        rt_report_print(r, s, f);
+        rt_trace_overlap_print(ov->te, ov->nte, ov->world, f);
+        if (fclose(f) != 0) f = NULL;
+    }
+    if (!f) {
+        fprintf(stderr, "ringtrain report: error: cannot write %s\n", path);
+        return 1;
+    }
+    if (rt_report_write_plots(r, dir, pngs, &n) != RT_OK) return rt_cli_fail();
+    if (n == 0) {
+        printf("\nno plots: the run recorded no steps (summary in %s)\n", path);
+        return 0;
+    }
+    if (rt_report_run_gnuplot(dir) != RT_OK) return rt_cli_fail();
+    printf("\nplots (gnuplot script and data in %s):\n", dir);
+    for (int i = 0; i < n; i++) {
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, pngs[i]);
+        if (stat(path, &sb) != 0 || sb.st_size == 0) {
+            fprintf(stderr, "ringtrain report: error: gnuplot did not draw %s (see %s/gnuplot.log)\n", path, dir);
+            rc = 1;
+            continue;
+        }
+        printf("  %s\n", path);
+    }
+    return rc;
+}
+
+int rt_cmd_report(int argc, char **argv) {
+    const char *run_dir, *out_dir;
+    int plots;
+    int pr = parse_args(argc, argv, &run_dir, &out_dir, &plots);
+    if (pr != 0) return pr == 1 ? 0 : 2;
 
     rt_report *r;
     if (rt_report_load(run_dir, &r) != RT_OK) return rt_cli_fail();
@@ -94,57 +147,21 @@ int rt_cmd_report(int argc, char **argv) {
         return rt_cli_fail();
     }
     rt_report_print(r, &s, stdout);
-    rt_trace_epoch *te;
-    int nte, tworld;
-    trace_summary(run_dir, &te, &nte, &tworld);
-    rt_trace_overlap_print(te, nte, tworld, stdout);
+    overlap ov;
+    trace_summary(run_dir, &ov.te, &ov.nte, &ov.world);
+    rt_trace_overlap_print(ov.te, ov.nte, ov.world, stdout);
     fflush(stdout);
 
     int rc = 0;
     if (plots) {
-        char dir[1100], path[1200];
+        char dir[1100];
         if (out_dir)
             snprintf(dir, sizeof dir, "%s", out_dir);
         else
             snprintf(dir, sizeof dir, "%s/report", run_dir);
-        const char *pngs[RT_REPORT_MAX_PLOTS];
-        int n = 0;
-        if (rt_file_mkdirs(dir, "report directory") != RT_OK) goto fail;
-        snprintf(path, sizeof path, "%s/summary.txt", dir);
-        FILE *f = fopen(path, "w");
-        if (f) {
-            rt_report_print(r, &s, f);
-            rt_trace_overlap_print(te, nte, tworld, f);
-            if (fclose(f) != 0) f = NULL;
-        }
-        if (!f) {
-            fprintf(stderr, "ringtrain report: error: cannot write %s\n", path);
-            rc = 1;
-            goto out;
-        }
-        if (rt_report_write_plots(r, dir, pngs, &n) != RT_OK) goto fail;
-        if (n == 0) {
-            printf("\nno plots: the run recorded no steps (summary in %s)\n", path);
-            goto out;
-        }
-        if (rt_report_run_gnuplot(dir) != RT_OK) goto fail;
-        printf("\nplots (gnuplot script and data in %s):\n", dir);
-        for (int i = 0; i < n; i++) {
-            struct stat sb;
-            snprintf(path, sizeof path, "%s/%s", dir, pngs[i]);
-            if (stat(path, &sb) != 0 || sb.st_size == 0) {
-                fprintf(stderr, "ringtrain report: error: gnuplot did not draw %s (see %s/gnuplot.log)\n", path, dir);
-                rc = 1;
-                continue;
-            }
-            printf("  %s\n", path);
-        }
+        rc = write_report(dir, r, &s, &ov);
     }
-    goto out;
-fail:
-    rc = rt_cli_fail();
-out:
-    rt_trace_overlap_free(te, nte);
+    rt_trace_overlap_free(ov.te, ov.nte);
     rt_report_summary_free(&s);
     rt_report_free(r);
     return rc;

@@ -1,5 +1,8 @@
 /* `ringtrain train CONFIG [section.key=value ...] [--nproc N] [--nnodes N --node-rank R
- * --master-addr A --master-port P] [--max-restarts N]`.
+ * --master-addr A --master-port P] [--max-restarts N] [--trace]`, and `ringtrain eval
+ * CHECKPOINT|CONFIG [section.key=value ...]` with the same launch options less
+ * --max-restarts and --trace (accepted, but an evaluation neither restarts nor records a
+ * timeline); each command has its own usage (usage_train, usage_eval).
  *
  * Two ways to run, as torchrun users expect:
  * - started by an outside launcher (torchrun --no_python, mpirun, srun: its variables are
@@ -34,7 +37,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void usage(FILE *f) {
+static bool g_eval; /* `ringtrain eval` rather than train */
+
+static void usage_train(FILE *f) {
     fprintf(f, "usage: ringtrain train CONFIG [section.key=value ...] [options]\n\n"
                "Train from a YAML config (docs/config.md); any key can be overridden after it, e.g.\n"
                "optim.lr=0.05 train.epochs=2. Without an outside launcher it starts the ranks itself;\n"
@@ -50,6 +55,32 @@ static void usage(FILE *f) {
                "                     ringtrain trace RUN_DIR; docs/debugging.md)\n"
                "\nThe run directory (log.dir, default runs/<config name>) gets config.yaml and\n"
                "metrics.jsonl; the last line printed is the test accuracy.\n");
+}
+
+/* eval's own: the options that apply to it (no restarts, no timeline: load_eval, run_rank) */
+static void usage_eval(FILE *f) {
+    fprintf(f, "usage: ringtrain eval CHECKPOINT|CONFIG [section.key=value ...] [options]\n\n"
+               "Evaluate a checkpoint's model on the test set, split over any number of ranks (each\n"
+               "sample once), and print its test loss and accuracy. CHECKPOINT is a checkpoint folder\n"
+               "(ckpt-<step>; its config comes from the checkpoint); CONFIG is a YAML config\n"
+               "(docs/config.md) whose newest valid checkpoint (checkpoint.dir) is evaluated. Any key\n"
+               "can be overridden after it, e.g. data.path=DIR eval.tta=flip. Without an outside\n"
+               "launcher it starts the ranks itself; under torchrun --no_python, mpirun or srun each\n"
+               "process is one rank.\n\n"
+               "  --nproc N          ranks on this node (default: dist.nproc; auto = one per GPU, else 2)\n"
+               "  --nnodes N         nodes (dist.nnodes)\n"
+               "  --node-rank R      this node's index (dist.node_rank)\n"
+               "  --master-addr A    address of node 0 (dist.master_addr)\n"
+               "  --master-port P    its port (dist.master_port; 0 = a free one, single node only)\n"
+               "\nThe line printed: CHECKPOINT (step N): test loss L, accuracy A%% (S test samples,\n"
+               "R rank(s)).\n");
+}
+
+static void usage(FILE *f) {
+    if (g_eval)
+        usage_eval(f);
+    else
+        usage_train(f);
     /* from the name tables of the areas, as the config parses them */
     fprintf(f, "\nThe keys that take a name (any case), and the names:\n");
     const char *name;
@@ -84,13 +115,14 @@ static int parse_args(int argc, char **argv, args *a) {
     memset(a, 0, sizeof *a);
     a->overrides = calloc((size_t)argc, sizeof *a->overrides);
     if (!a->overrides) return 2;
+    const char *prog = g_eval ? "ringtrain eval" : "ringtrain train";
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         if (rt_cli_is_help(s)) {
             usage(stdout);
             return 1;
         }
-        int flag = rt_cli_flag("ringtrain train", s, "--trace");
+        int flag = rt_cli_flag(prog, s, "--trace");
         if (flag < 0) return 2;
         if (flag) {
             a->trace = true;
@@ -100,17 +132,17 @@ static int parse_args(int argc, char **argv, args *a) {
             const char *v = NULL;
             int got = 0;
             size_t k = 0;
-            for (; k < N_KOPTS && got == 0; k++) got = rt_cli_opt("ringtrain train", argc, argv, &i, k_opts[k].opt, &v);
+            for (; k < N_KOPTS && got == 0; k++) got = rt_cli_opt(prog, argc, argv, &i, k_opts[k].opt, &v);
             if (got < 0) return 2;
             if (got == 0) {
-                fprintf(stderr, "ringtrain train: unknown option '%s' (try --help)\n", s);
+                fprintf(stderr, "%s: unknown option '%s' (try --help)\n", prog, s);
                 return 2;
             }
             k--;
             int64_t num;
             if (k_opts[k].hi > 0 && strcmp(v, "auto") != 0 &&
                 rt_cli_parse_i64(v, k_opts[k].lo, k_opts[k].hi, &num) != 0) {
-                fprintf(stderr, "ringtrain train: %s '%s' (expected a whole number in %" PRId64 "..%" PRId64 ")\n",
+                fprintf(stderr, "%s: %s '%s' (expected a whole number in %" PRId64 "..%" PRId64 ")\n", prog,
                         k_opts[k].opt, v, k_opts[k].lo, k_opts[k].hi);
                 return 2;
             }
@@ -123,9 +155,9 @@ static int parse_args(int argc, char **argv, args *a) {
         }
         if (a->config) {
             fprintf(stderr,
-                    "ringtrain train: unexpected argument '%s' after the config %s (overrides look like "
+                    "%s: unexpected argument '%s' after the config %s (overrides look like "
                     "section.key=value)\n",
-                    s, a->config);
+                    prog, s, a->config);
             return 2;
         }
         a->config = s;
@@ -137,7 +169,6 @@ static int parse_args(int argc, char **argv, args *a) {
     return 0;
 }
 
-static bool g_eval; /* `ringtrain eval` rather than train */
 static char g_ckpt[RT_CKPT_PATH_MAX];
 
 /* eval: CONFIG_OR_CKPT is a checkpoint directory (its config comes from its metadata) or
@@ -398,138 +429,149 @@ static rt_status launch_job(rt_launch_options *lo, char **cmd, int argc, const r
     return st;
 }
 
-static int train_or_eval(int argc, char **argv) {
-    args a;
-    int pr = parse_args(argc, argv, &a);
-    if (pr != 0) {
-        free(a.overrides);
-        return pr == 1 ? 0 : 2;
+/* The launcher's checks of the job's distributed settings before it starts a rank:
+ * 0 ok, 2 a usage error (printed). */
+static int check_launch(const rt_config *cfg, int max_restarts) {
+    const long long nnodes = (long long)cfg->dist.nnodes;
+    if (nnodes > 1 && cfg->dist.master_port == 0) {
+        fprintf(stderr, "ringtrain: error: dist.master_port (--master-port) must be given with %lld nodes\n", nnodes);
+        return 2;
     }
-    rt_config cfg;
-    rt_dist_env env;
-    int rc = 0;
-    if (load(&a, &cfg) != RT_OK || rt_dist_env_read(&env) != RT_OK) {
-        rc = rt_cli_fail();
-        goto done;
-    }
-    if (env.launcher) { /* one rank of an outside (or our own) launch */
-        rc = run_rank(&cfg, &env);
-        goto done;
-    }
-    /* the launcher: check once, then start the ranks */
-    if (check_data(&cfg) != RT_OK) {
-        rc = rt_cli_fail();
-        goto done;
-    }
-    int nproc = nproc_of(&cfg);
-    int64_t world = nproc * cfg.dist.nnodes;
-    if (!g_eval && rt_train_check_world(&cfg, world) != RT_OK) {
-        rc = rt_cli_fail();
-        goto done;
-    }
-    int max_restarts = g_eval ? 0 : (int)cfg.dist.max_restarts;
-    if (cfg.dist.nnodes == 1 && nproc == 1 && max_restarts == 0) { /* one rank: no processes to start */
-        env = (rt_dist_env){.rank = 0, .world_size = 1, .local_rank = 0, .local_world_size = 1};
-        rc = run_rank(&cfg, &env);
-        goto done;
-    }
-    if (cfg.dist.nnodes > 1 && cfg.dist.master_port == 0) {
-        fprintf(stderr, "ringtrain: error: dist.master_port (--master-port) must be given with %lld nodes\n",
-                (long long)cfg.dist.nnodes);
-        rc = 2;
-        goto done;
-    }
-    if (cfg.dist.nnodes > 1 && max_restarts > 0) {
+    if (nnodes > 1 && max_restarts > 0) {
         /* each node's launcher would restart on its own, from the checkpoint it sees */
         fprintf(stderr,
                 "ringtrain: error: dist.max_restarts (--max-restarts) %d with %lld nodes: restarts are for single-node "
                 "jobs (restart a multi-node job by running the same command again on every node: it resumes)\n",
-                max_restarts, (long long)cfg.dist.nnodes);
-        rc = 2;
-        goto done;
+                max_restarts, nnodes);
+        return 2;
     }
-    if (cfg.dist.node_rank >= cfg.dist.nnodes) {
+    if (cfg->dist.node_rank >= cfg->dist.nnodes) {
         fprintf(stderr, "ringtrain: error: dist.node_rank %lld must be below dist.nnodes %lld\n",
-                (long long)cfg.dist.node_rank, (long long)cfg.dist.nnodes);
-        rc = 2;
-        goto done;
+                (long long)cfg->dist.node_rank, nnodes);
+        return 2;
     }
-    rt_launch_options lo;
-    rt_launch_options_default(&lo);
-    lo.nproc = nproc;
-    lo.nnodes = (int)cfg.dist.nnodes;
-    lo.node_rank = (int)cfg.dist.node_rank;
-    lo.master_addr = cfg.dist.master_addr;
-    lo.master_port = (int)cfg.dist.master_port;
-    lo.progress_s = cfg.dist.pg.timeout_s;            /* after Ctrl-C: as long as the ranks make progress */
-    lo.job_token = rt_setting_text(RT_SET_JOB_TOKEN); /* every node's launcher needs the same one */
-    if (cfg.dist.nnodes > 1 && !lo.job_token) {
+    if (nnodes > 1 && !rt_setting_text(RT_SET_JOB_TOKEN)) {
         fprintf(stderr, "ringtrain: error: with %lld nodes set RINGTRAIN_JOB_TOKEN to the same secret on every node\n",
-                (long long)cfg.dist.nnodes);
-        rc = 2;
-        goto done;
+                nnodes);
+        return 2;
     }
-    /* the ranks run this same command line; they find their rank in the environment */
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    return 0;
+}
+
+static void launch_options(const rt_config *cfg, int nproc, rt_launch_options *lo) {
+    rt_launch_options_default(lo);
+    lo->nproc = nproc;
+    lo->nnodes = (int)cfg->dist.nnodes;
+    lo->node_rank = (int)cfg->dist.node_rank;
+    lo->master_addr = cfg->dist.master_addr;
+    lo->master_port = (int)cfg->dist.master_port;
+    lo->progress_s = cfg->dist.pg.timeout_s;           /* after Ctrl-C: as long as the ranks make progress */
+    lo->job_token = rt_setting_text(RT_SET_JOB_TOKEN); /* every node's launcher needs the same one */
+}
+
+/* The ranks' command line: this same command (self: PATH_MAX bytes, filled here), with
+ * two slots left at the end for launch_job's resume override and the closing NULL; the
+ * ranks find their rank in the environment. NULL when it cannot be made (printed when
+ * there is something to say). */
+static char **rank_command(int argc, char **argv, char *self) {
+    ssize_t n = readlink("/proc/self/exe", self, PATH_MAX - 1);
     if (n <= 0) {
         fprintf(stderr, "ringtrain: error: cannot find this executable (/proc/self/exe): %s\n", strerror(errno));
-        rc = 1;
-        goto done;
+        return NULL;
     }
     self[n] = '\0';
     char **cmd = calloc((size_t)argc + 3, sizeof *cmd);
-    if (!cmd) {
-        rc = 1;
-        goto done;
-    }
+    if (!cmd) return NULL;
     cmd[0] = self;
     cmd[1] = g_eval ? "eval" : "train";
     for (int i = 1; i < argc; i++) cmd[i + 1] = argv[i];
+    return cmd;
+}
+
+/* The rank that failed first: named with how it ended, without repeating its error line
+ * (forwarded already, so the error is printed once). Returns the job's exit code. */
+static int report_rank_failure(const rt_launch_result *res, const char *tail) {
+    const rt_launch_rank *f = &res->ranks[res->first_failure];
+    char sig[32];
+    if (!f->signal && (f->exit_code == 128 + SIGINT || f->exit_code == 128 + SIGTERM))
+        ; /* a clean stop: rank 0 said where the checkpoint is and how to resume */
+    else if (f->signal)
+        fprintf(stderr, "ringtrain: rank %d was killed by %s%s; the other ranks were stopped%s\n", f->rank,
+                rt_signal_name(f->signal, sig, sizeof sig), f->last_line[0] ? " (its last error is above)" : "", tail);
+    else
+        fprintf(stderr, "ringtrain: rank %d exited with code %d%s; the other ranks were stopped%s\n", f->rank,
+                f->exit_code, f->last_line[0] ? " (its error is above)" : " without printing an error", tail);
+    if (res->diagnosis[0]) fprintf(stderr, "ringtrain: diagnosis: %s\n", res->diagnosis);
+    int code = rt_launch_rank_code(f);
+    return code > 0 && code < 256 ? code : 1;
+}
+
+/* The job's exit code from the last launch's status and result, the summary of a failure
+ * printed. */
+static int report_launch(rt_status st, rt_launch_result *res, const char *tail) {
+    char line[2 * RT_LAUNCH_LINE];
+    if (st == RT_OK) return 0;
+    if (!res->ranks) return rt_cli_fail(); /* the ranks could not be started */
+    if (res->first_failure >= 0) return report_rank_failure(res, tail);
+    if (res->signal) { /* interrupted: quiet when every rank stopped cleanly */
+        bool clean = true, finished = true;
+        for (int i = 0; i < res->nproc; i++) {
+            int code = rt_launch_rank_code(&res->ranks[i]);
+            clean &= code == 0 || code == 128 + SIGINT || code == 128 + SIGTERM;
+            finished &= code == 0;
+        }
+        if (!clean) fprintf(stderr, "ringtrain: error: %s\n", rt_launch_describe(res, line, sizeof line));
+        /* every rank exited 0: the signal came when only the end of the run was left
+         * (its last evaluation or checkpoint), and the run finished */
+        return finished ? 0 : 128 + res->signal;
+    }
+    fprintf(stderr, "ringtrain: error: %s\n", rt_launch_describe(res, line, sizeof line));
+    return 1;
+}
+
+/* The launcher's part once the checks passed: start this node's ranks (again after a
+ * failure, with --max-restarts) and say how the job ended. */
+static int launch_ranks(int argc, char **argv, const rt_config *cfg, int nproc, int max_restarts) {
+    rt_launch_options lo;
+    launch_options(cfg, nproc, &lo);
+    char self[PATH_MAX];
+    char **cmd = rank_command(argc, argv, self);
+    if (!cmd) return 1;
     fflush(stdout);
     rt_launch_result res;
     char tail[160] = ""; /* why a failure ended the job, with --max-restarts */
-    rt_status st = launch_job(&lo, cmd, argc, &cfg, max_restarts, &res, tail, sizeof tail);
+    rt_status st = launch_job(&lo, cmd, argc, cfg, max_restarts, &res, tail, sizeof tail);
     free(cmd);
-    if (st != RT_OK && !res.ranks) { /* the ranks could not be started */
-        rc = rt_cli_fail();
-    } else if (st != RT_OK) {
-        char line[2 * RT_LAUNCH_LINE];
-        rc = 1;
-        if (res.first_failure >= 0) {
-            /* the rank's own error line was forwarded already: name the rank and how it
-             * ended without repeating it, so the error is printed once */
-            const rt_launch_rank *f = &res.ranks[res.first_failure];
-            char sig[32];
-            if (!f->signal && (f->exit_code == 128 + SIGINT || f->exit_code == 128 + SIGTERM))
-                ; /* a clean stop: rank 0 said where the checkpoint is and how to resume */
-            else if (f->signal)
-                fprintf(stderr, "ringtrain: rank %d was killed by %s%s; the other ranks were stopped%s\n", f->rank,
-                        rt_signal_name(f->signal, sig, sizeof sig), f->last_line[0] ? " (its last error is above)" : "",
-                        tail);
-            else
-                fprintf(stderr, "ringtrain: rank %d exited with code %d%s; the other ranks were stopped%s\n", f->rank,
-                        f->exit_code, f->last_line[0] ? " (its error is above)" : " without printing an error", tail);
-            if (res.diagnosis[0]) fprintf(stderr, "ringtrain: diagnosis: %s\n", res.diagnosis);
-            int code = rt_launch_rank_code(f);
-            rc = code > 0 && code < 256 ? code : 1;
-        } else if (res.signal) { /* interrupted: quiet when every rank stopped cleanly */
-            bool clean = true, finished = true;
-            for (int i = 0; i < res.nproc; i++) {
-                int code = rt_launch_rank_code(&res.ranks[i]);
-                clean &= code == 0 || code == 128 + SIGINT || code == 128 + SIGTERM;
-                finished &= code == 0;
-            }
-            if (!clean) fprintf(stderr, "ringtrain: error: %s\n", rt_launch_describe(&res, line, sizeof line));
-            /* every rank exited 0: the signal came when only the end of the run was left
-             * (its last evaluation or checkpoint), and the run finished */
-            rc = finished ? 0 : 128 + res.signal;
-        } else {
-            fprintf(stderr, "ringtrain: error: %s\n", rt_launch_describe(&res, line, sizeof line));
-        }
-    }
+    int rc = report_launch(st, &res, tail);
     rt_launch_result_free(&res);
-done:
+    return rc;
+}
+
+/* The command once its arguments are parsed: one rank of a launch, or the launcher
+ * (which checks the config and the dataset once, then starts the ranks). */
+static int run_command(const args *a, int argc, char **argv) {
+    rt_config cfg;
+    rt_dist_env env;
+    if (load(a, &cfg) != RT_OK || rt_dist_env_read(&env) != RT_OK) return rt_cli_fail();
+    if (env.launcher) return run_rank(&cfg, &env); /* one rank of an outside (or our own) launch */
+    /* the launcher: check once, then start the ranks */
+    if (check_data(&cfg) != RT_OK) return rt_cli_fail();
+    int nproc = nproc_of(&cfg);
+    int64_t world = nproc * cfg.dist.nnodes;
+    if (!g_eval && rt_train_check_world(&cfg, world) != RT_OK) return rt_cli_fail();
+    int max_restarts = g_eval ? 0 : (int)cfg.dist.max_restarts;
+    if (cfg.dist.nnodes == 1 && nproc == 1 && max_restarts == 0) { /* one rank: no processes to start */
+        env = (rt_dist_env){.rank = 0, .world_size = 1, .local_rank = 0, .local_world_size = 1};
+        return run_rank(&cfg, &env);
+    }
+    int rc = check_launch(&cfg, max_restarts);
+    return rc != 0 ? rc : launch_ranks(argc, argv, &cfg, nproc, max_restarts);
+}
+
+static int train_or_eval(int argc, char **argv) {
+    args a;
+    int pr = parse_args(argc, argv, &a);
+    int rc = pr == 0 ? run_command(&a, argc, argv) : pr == 1 ? 0 : 2;
     free(a.overrides);
     return rc;
 }

@@ -57,6 +57,117 @@ static rt_status grow(uint8_t **dst, size_t used, size_t ncap) {
     return RT_OK;
 }
 
+/* rt_gunzip's state: the compressed input, the output buffer and its limits. */
+typedef struct gunzip {
+    const char *name;
+    const rt_bytes_rule *rule;
+    const uint8_t *in;
+    size_t in_len, in_pos;
+    size_t max_out;
+    size_t limit;   /* max_out, or once the header is read, the size it declares + 1 */
+    bool declared;  /* the header declared the size */
+    bool head_done; /* the header was read (or there is none to read) */
+    uint8_t *dst;
+    size_t cap, out_pos;
+    z_stream zs;
+} gunzip;
+
+/* The first output buffer's size: the trailer's ISIZE (size mod 2^32) is a good first
+ * guess, or only the header until its size is known; at least 4 KiB, at most the limit. */
+static size_t first_cap(const gunzip *g) {
+    const uint8_t *t = g->in + g->in_len - 4;
+    size_t cap = (size_t)t[0] | (size_t)t[1] << 8 | (size_t)t[2] << 16 | (size_t)t[3] << 24;
+    /* deflate expands at most ~1032:1, so a larger ISIZE is a lie (or a multi-member file) */
+    if (cap / 1032 > g->in_len) cap = g->in_len * 1032;
+    if (!g->head_done && g->rule->head) cap = g->rule->head; /* only the header until its size is known */
+    if (cap < 4096) cap = 4096;
+    if (cap > g->limit) cap = g->limit;
+    return cap;
+}
+
+/* Once the header is inflated: the size it declares (if it does) becomes the limit, and
+ * the buffer that size + 1 (one byte more tells a longer stream). */
+static rt_status take_header(gunzip *g) {
+    if (g->head_done || g->out_pos < g->rule->head) return RT_OK;
+    size_t want;
+    RT_CHECK(g->rule->size(g->dst, g->out_pos, RT_BYTES_SIZE_UNKNOWN, g->name, g->rule->arg, &want));
+    g->head_done = true;
+    if (want == RT_BYTES_SIZE_UNKNOWN) return RT_OK;
+    if (want > g->max_out)
+        RT_FAIL(RT_ERR_FORMAT, "%s: the header declares %zu bytes, more than the %zu-byte limit", g->name, want,
+                g->max_out);
+    g->declared = true;
+    g->limit = want + 1; /* one byte more tells a longer stream */
+    if (g->out_pos > want)
+        RT_FAIL(RT_ERR_FORMAT,
+                "%s: gzip data inflates past the %zu bytes its header declares (unexpected bytes after the data)",
+                g->name, want);
+    if (g->cap != g->limit) {
+        RT_CHECK(grow(&g->dst, g->out_pos, g->limit));
+        g->cap = g->limit;
+    }
+    return RT_OK;
+}
+
+/* A full buffer: twice as large, up to the limit; past the limit (or the declared size)
+ * an error. */
+static rt_status make_room(gunzip *g) {
+    if (g->out_pos < g->cap) return RT_OK;
+    if (g->declared)
+        RT_FAIL(RT_ERR_FORMAT,
+                "%s: gzip data inflates past the %zu bytes its header declares (unexpected bytes after the data); "
+                "stopped there",
+                g->name, g->limit - 1);
+    if (g->cap >= g->limit)
+        RT_FAIL(RT_ERR_FORMAT, "%s: gzip data inflates to more than %zu bytes (the limit)", g->name, g->max_out);
+    size_t ncap = g->cap > g->limit / 2 ? g->limit : g->cap * 2;
+    RT_CHECK(grow(&g->dst, g->out_pos, ncap));
+    g->cap = ncap;
+    return RT_OK;
+}
+
+/* One inflate call into the buffer's free space; *end once the last gzip member ended. */
+static rt_status inflate_some(gunzip *g, bool *end) {
+    z_stream *zs = &g->zs;
+    *end = false;
+    size_t in_left = g->in_len - g->in_pos, out_left = g->cap - g->out_pos;
+    zs->next_in = (Bytef *)(g->in + g->in_pos);
+    zs->avail_in = in_left > 0x40000000u ? 0x40000000u : (uInt)in_left;
+    zs->next_out = g->dst + g->out_pos;
+    zs->avail_out = out_left > 0x40000000u ? 0x40000000u : (uInt)out_left;
+    uInt ai = zs->avail_in, ao = zs->avail_out;
+    int zr = inflate(zs, Z_NO_FLUSH);
+    g->in_pos += ai - zs->avail_in;
+    g->out_pos += ao - zs->avail_out;
+    if (zr == Z_STREAM_END) {
+        /* another gzip member follows (as `cat a.gz b.gz` makes): gzip -d reads on */
+        const uint8_t *next = g->in + g->in_pos;
+        *end = !(g->in_pos < g->in_len && rt_is_gzip(next, g->in_len - g->in_pos) && inflateReset(zs) == Z_OK);
+        return RT_OK;
+    }
+    if (zr == Z_BUF_ERROR && g->in_pos == g->in_len)
+        RT_FAIL(RT_ERR_FORMAT, "%s: gzip error: truncated stream (ends after %zu compressed bytes, %zu inflated)",
+                g->name, g->in_len, g->out_pos);
+    if (zr != Z_OK && zr != Z_BUF_ERROR)
+        RT_FAIL(RT_ERR_FORMAT, "%s: gzip error at compressed byte %zu: %s", g->name, g->in_pos,
+                zs->msg ? zs->msg : zError(zr));
+    return RT_OK;
+}
+
+/* After the last member: no bytes left over, and the whole size against the header (or
+ * a header cut short). */
+static rt_status check_end(const gunzip *g) {
+    if (g->in_pos != g->in_len)
+        RT_FAIL(RT_ERR_FORMAT, "%s: %zu unexpected bytes after the end of the gzip stream (at byte %zu)", g->name,
+                g->in_len - g->in_pos, g->in_pos);
+    if (g->rule && g->rule->size) {
+        size_t want;
+        size_t hl = g->out_pos < g->rule->head ? g->out_pos : g->rule->head;
+        RT_CHECK(g->rule->size(g->dst, hl, g->out_pos, g->name, g->rule->arg, &want));
+    }
+    return RT_OK;
+}
+
 rt_status rt_gunzip(const uint8_t *buf, size_t len, const char *name, size_t max_out, const rt_bytes_rule *rule,
                     rt_bytes *out) {
     out->data = NULL;
@@ -66,116 +177,35 @@ rt_status rt_gunzip(const uint8_t *buf, size_t len, const char *name, size_t max
         RT_FAIL(RT_ERR_FORMAT, "%s: gzip error: truncated stream (%zu bytes, a gzip member has at least 18)", name,
                 len);
     if (max_out == 0) max_out = 1;
-    /* the output limit: max_out, or once the header is read, the size it declares + 1 */
-    size_t limit = max_out;
-    bool declared = false, head_done = !rule || !rule->size;
-    /* the trailer's ISIZE (size mod 2^32) is a good first guess of the output size */
-    size_t cap =
-        (size_t)buf[len - 4] | (size_t)buf[len - 3] << 8 | (size_t)buf[len - 2] << 16 | (size_t)buf[len - 1] << 24;
-    /* deflate expands at most ~1032:1, so a larger ISIZE is a lie (or a multi-member file) */
-    if (cap / 1032 > len) cap = len * 1032;
-    if (!head_done && rule->head) cap = rule->head; /* only the header until its size is known */
-    if (cap < 4096) cap = 4096;
-    if (cap > limit) cap = limit;
+    gunzip g = {.name = name,
+                .rule = rule,
+                .in = buf,
+                .in_len = len,
+                .max_out = max_out,
+                .limit = max_out,
+                .head_done = !rule || !rule->size};
+    g.cap = first_cap(&g);
     void *p = NULL;
-    RT_CHECK(rt_malloc(rt_device_cpu(), cap, &p));
-    uint8_t *dst = p;
-
-    z_stream zs;
-    memset(&zs, 0, sizeof zs);
-    if (inflateInit2(&zs, 15 + 16) != Z_OK) { /* gzip wrapper only */
-        rt_free(rt_device_cpu(), dst);
+    RT_CHECK(rt_malloc(rt_device_cpu(), g.cap, &p));
+    g.dst = p;
+    if (inflateInit2(&g.zs, 15 + 16) != Z_OK) { /* gzip wrapper only */
+        rt_free(rt_device_cpu(), g.dst);
         RT_FAIL(RT_ERR_NOMEM, "%s: inflateInit2 failed", name);
     }
     rt_status st = RT_OK;
-    size_t in_pos = 0, out_pos = 0;
-    int zr = Z_OK;
-    for (;;) {
-        if (!head_done && out_pos >= rule->head) {
-            size_t want;
-            RT_CHECK_GOTO(rule->size(dst, out_pos, RT_BYTES_SIZE_UNKNOWN, name, rule->arg, &want), st, fail);
-            head_done = true;
-            if (want != RT_BYTES_SIZE_UNKNOWN) {
-                if (want > max_out) {
-                    st = RT_ERROR(RT_ERR_FORMAT, "%s: the header declares %zu bytes, more than the %zu-byte limit",
-                                  name, want, max_out);
-                    goto fail;
-                }
-                declared = true;
-                limit = want + 1; /* one byte more tells a longer stream */
-                if (out_pos > want) {
-                    st = RT_ERROR(RT_ERR_FORMAT,
-                                  "%s: gzip data inflates past the %zu bytes its header declares (unexpected bytes "
-                                  "after the data)",
-                                  name, want);
-                    goto fail;
-                }
-                if (cap != limit) {
-                    RT_CHECK_GOTO(grow(&dst, out_pos, limit), st, fail);
-                    cap = limit;
-                }
-            }
-        }
-        if (out_pos == cap) {
-            if (declared) {
-                st = RT_ERROR(RT_ERR_FORMAT,
-                              "%s: gzip data inflates past the %zu bytes its header declares (unexpected bytes after "
-                              "the data); stopped there",
-                              name, limit - 1);
-                goto fail;
-            }
-            if (cap >= limit) {
-                st =
-                    RT_ERROR(RT_ERR_FORMAT, "%s: gzip data inflates to more than %zu bytes (the limit)", name, max_out);
-                goto fail;
-            }
-            size_t ncap = cap > limit / 2 ? limit : cap * 2;
-            RT_CHECK_GOTO(grow(&dst, out_pos, ncap), st, fail);
-            cap = ncap;
-        }
-        size_t in_left = len - in_pos, out_left = cap - out_pos;
-        zs.next_in = (Bytef *)(buf + in_pos);
-        zs.avail_in = in_left > 0x40000000u ? 0x40000000u : (uInt)in_left;
-        zs.next_out = dst + out_pos;
-        zs.avail_out = out_left > 0x40000000u ? 0x40000000u : (uInt)out_left;
-        uInt ai = zs.avail_in, ao = zs.avail_out;
-        zr = inflate(&zs, Z_NO_FLUSH);
-        in_pos += ai - zs.avail_in;
-        out_pos += ao - zs.avail_out;
-        if (zr == Z_STREAM_END) {
-            /* another gzip member follows (as `cat a.gz b.gz` makes): gzip -d reads on */
-            if (in_pos < len && rt_is_gzip(buf + in_pos, len - in_pos) && inflateReset(&zs) == Z_OK) continue;
-            break;
-        }
-        if (zr == Z_BUF_ERROR && in_pos == len) {
-            st = RT_ERROR(RT_ERR_FORMAT,
-                          "%s: gzip error: truncated stream (ends after %zu compressed bytes, %zu inflated)", name, len,
-                          out_pos);
-            goto fail;
-        }
-        if (zr != Z_OK && zr != Z_BUF_ERROR) {
-            st = RT_ERROR(RT_ERR_FORMAT, "%s: gzip error at compressed byte %zu: %s", name, in_pos,
-                          zs.msg ? zs.msg : zError(zr));
-            goto fail;
-        }
+    for (bool end = false; !end;) {
+        RT_CHECK_GOTO(take_header(&g), st, fail);
+        RT_CHECK_GOTO(make_room(&g), st, fail);
+        RT_CHECK_GOTO(inflate_some(&g, &end), st, fail);
     }
-    if (in_pos != len) {
-        st = RT_ERROR(RT_ERR_FORMAT, "%s: %zu unexpected bytes after the end of the gzip stream (at byte %zu)", name,
-                      len - in_pos, in_pos);
-        goto fail;
-    }
-    if (rule && rule->size) { /* the whole size against the header (or a header cut short) */
-        size_t want;
-        size_t hl = out_pos < rule->head ? out_pos : rule->head;
-        RT_CHECK_GOTO(rule->size(dst, hl, out_pos, name, rule->arg, &want), st, fail);
-    }
-    inflateEnd(&zs);
-    out->data = dst;
-    out->len = out_pos;
+    RT_CHECK_GOTO(check_end(&g), st, fail);
+    inflateEnd(&g.zs);
+    out->data = g.dst;
+    out->len = g.out_pos;
     return RT_OK;
 fail:
-    inflateEnd(&zs);
-    rt_free(rt_device_cpu(), dst);
+    inflateEnd(&g.zs);
+    rt_free(rt_device_cpu(), g.dst);
     return st;
 }
 

@@ -154,8 +154,9 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-rt_status rt_loader_create(const rt_loader_config *cfg, rt_loader **out) {
-    *out = NULL;
+/* The configuration a loader can be made from: a dataset, a batch the ranks share, and
+ * augmentation settings in range. */
+static rt_status check_config(const rt_loader_config *cfg) {
     const rt_dataset *ds = cfg->dataset;
     RT_REQUIRE(ds && ds->images && ds->labels && ds->n > 0, RT_ERR_INVALID, "loader: no dataset (or an empty one)");
     RT_REQUIRE(ds->c >= 1 && ds->c <= RT_DATASET_MAX_C && ds->h > 0 && ds->w > 0, RT_ERR_INVALID,
@@ -190,18 +191,14 @@ rt_status rt_loader_create(const rt_loader_config *cfg, rt_loader **out) {
                    "loader: random erasing value %g: expected a finite number (data.erasing_value)",
                    (double)cfg->erase_value);
     }
+    return RT_OK;
+}
 
-    rt_loader *l = calloc(1, sizeof *l);
-    RT_CHECK_ALLOC(l, sizeof *l);
-    l->cfg = *cfg;
-    l->ds = ds;
-    rt_status st = RT_OK;
-    rt_sampler_config sc = {cfg->mode, ds->n, cfg->world_size, cfg->rank, cfg->seed, cfg->shuffle, cfg->drop_last};
-    if (cfg->mode == RT_SAMPLER_EVAL) l->cfg.drop_last_batch = false;
-    RT_CHECK_GOTO(rt_sampler_init(&l->sampler, &sc), st, fail);
-    l->bs = (int)(cfg->global_batch / cfg->world_size);
-    l->depth = cfg->prefetch ? cfg->prefetch : 4;
-    l->image_elems = rt_dataset_image_bytes(ds);
+/* The augmentation of the training batches (each setting: the config's, else the
+ * dataset's default) and the normalisation table of the dataset's channels. */
+static rt_status setup_augment(rt_loader *l) {
+    const rt_loader_config *cfg = &l->cfg;
+    const rt_dataset *ds = l->ds;
     l->augment = cfg->augment && cfg->mode != RT_SAMPLER_EVAL;
     l->aug.seed = cfg->seed ^ 0x6175676d656e7421ull; /* its own stream, apart from the sampler's */
     l->aug.crop_pad = cfg->crop_pad >= 0 ? cfg->crop_pad : ds->crop_pad;
@@ -214,31 +211,30 @@ rt_status rt_loader_create(const rt_loader_config *cfg, rt_loader **out) {
     l->aug.erase_value = cfg->erase_value;
     l->aug.c = ds->c, l->aug.h = ds->h, l->aug.w = ds->w;
     for (int ch = 0; ch < ds->c; ch++)
-        if (!(ds->std[ch] > 0)) {
-            st = RT_ERROR(RT_ERR_INVALID, "loader: dataset %s has std %g for channel %d: expected > 0", ds->name,
-                          (double)ds->std[ch], ch);
-            goto fail;
-        }
+        if (!(ds->std[ch] > 0))
+            RT_FAIL(RT_ERR_INVALID, "loader: dataset %s has std %g for channel %d: expected > 0", ds->name,
+                    (double)ds->std[ch], ch);
     rt_normalize_lut(ds->mean, ds->std, ds->c, l->lut);
+    return RT_OK;
+}
 
-    /* all slots in one host allocation, each part 64-byte aligned */
+/* The ring of l->depth batch slots: images, labels and sample indices of each in one host
+ * allocation (pinned for a GPU), each part 64-byte aligned, touched now; with pinned
+ * memory, an event per slot for the copy that reads it. */
+static rt_status alloc_slots(rt_loader *l) {
     size_t img_bytes = ((size_t)l->bs * l->image_elems * sizeof(float) + 63) & ~(size_t)63;
     size_t lab_bytes = ((size_t)l->bs * sizeof(int64_t) + 63) & ~(size_t)63;
     size_t slot_bytes = img_bytes + 2 * lab_bytes;
     size_t total;
-    if (__builtin_mul_overflow(slot_bytes, (size_t)l->depth, &total)) {
-        st = RT_ERROR(RT_ERR_INVALID, "loader: ring of %d batches of %d images overflows", l->depth, l->bs);
-        goto fail;
-    }
-    RT_CHECK_GOTO(rt_host_alloc(total, rt_device_is_cuda(cfg->device), &l->mem, &l->pinned), st, fail);
+    if (__builtin_mul_overflow(slot_bytes, (size_t)l->depth, &total))
+        RT_FAIL(RT_ERR_INVALID, "loader: ring of %d batches of %d images overflows", l->depth, l->bs);
+    RT_CHECK(rt_host_alloc(total, rt_device_is_cuda(l->cfg.device), &l->mem, &l->pinned));
     l->slot_images = calloc((size_t)l->depth, sizeof *l->slot_images);
     l->slot_labels = calloc((size_t)l->depth, sizeof *l->slot_labels);
     l->slot_samples = calloc((size_t)l->depth, sizeof *l->slot_samples);
     l->slot_size = calloc((size_t)l->depth, sizeof *l->slot_size);
-    if (!l->slot_images || !l->slot_labels || !l->slot_samples || !l->slot_size) {
-        st = RT_ERROR(RT_ERR_NOMEM, "loader: out of memory for %d slot pointers", l->depth);
-        goto fail;
-    }
+    if (!l->slot_images || !l->slot_labels || !l->slot_samples || !l->slot_size)
+        RT_FAIL(RT_ERR_NOMEM, "loader: out of memory for %d slot pointers", l->depth);
     for (int s = 0; s < l->depth; s++) {
         uint8_t *base = (uint8_t *)l->mem + (size_t)s * slot_bytes;
         l->slot_images[s] = (float *)base;
@@ -249,23 +245,45 @@ rt_status rt_loader_create(const rt_loader_config *cfg, rt_loader **out) {
     if (l->pinned) {
         l->slot_read = calloc((size_t)l->depth, sizeof *l->slot_read);
         l->slot_read_armed = calloc((size_t)l->depth, sizeof *l->slot_read_armed);
-        if (!l->slot_read || !l->slot_read_armed) {
-            st = RT_ERROR(RT_ERR_NOMEM, "loader: out of memory for %d slot events", l->depth);
-            goto fail;
-        }
-        for (int s = 0; s < l->depth; s++) RT_CHECK_GOTO(rt_event_create(cfg->device, &l->slot_read[s]), st, fail);
+        if (!l->slot_read || !l->slot_read_armed)
+            RT_FAIL(RT_ERR_NOMEM, "loader: out of memory for %d slot events", l->depth);
+        for (int s = 0; s < l->depth; s++) RT_CHECK(rt_event_create(l->cfg.device, &l->slot_read[s]));
     }
+    return RT_OK;
+}
 
+/* The worker thread that fills the slots (l->thread_started once it runs). */
+static rt_status start_worker(rt_loader *l) {
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
     int e = pthread_create(&l->thread, NULL, worker, l);
     if (e != 0) {
         pthread_cond_destroy(&l->cv);
         pthread_mutex_destroy(&l->mu);
-        st = RT_ERROR(RT_ERR_SYS, "loader: pthread_create failed (error %d)", e);
-        goto fail;
+        RT_FAIL(RT_ERR_SYS, "loader: pthread_create failed (error %d)", e);
     }
     l->thread_started = true;
+    return RT_OK;
+}
+
+rt_status rt_loader_create(const rt_loader_config *cfg, rt_loader **out) {
+    *out = NULL;
+    RT_CHECK(check_config(cfg));
+    const rt_dataset *ds = cfg->dataset;
+    rt_loader *l = calloc(1, sizeof *l);
+    RT_CHECK_ALLOC(l, sizeof *l);
+    l->cfg = *cfg;
+    l->ds = ds;
+    rt_status st = RT_OK;
+    rt_sampler_config sc = {cfg->mode, ds->n, cfg->world_size, cfg->rank, cfg->seed, cfg->shuffle, cfg->drop_last};
+    if (cfg->mode == RT_SAMPLER_EVAL) l->cfg.drop_last_batch = false;
+    RT_CHECK_GOTO(rt_sampler_init(&l->sampler, &sc), st, fail);
+    l->bs = (int)(cfg->global_batch / cfg->world_size);
+    l->depth = cfg->prefetch ? cfg->prefetch : 4;
+    l->image_elems = rt_dataset_image_bytes(ds);
+    RT_CHECK_GOTO(setup_augment(l), st, fail);
+    RT_CHECK_GOTO(alloc_slots(l), st, fail);
+    RT_CHECK_GOTO(start_worker(l), st, fail);
     *out = l;
     return RT_OK;
 fail:

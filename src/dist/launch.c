@@ -531,14 +531,25 @@ static void child_setup(int err_fd, const struct sigaction *old, const launch *L
     environ = envp;
 }
 
-static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_launch_fn fn, void *arg,
-                            rt_launch_result *out) {
-    RT_REQUIRE(out != NULL, RT_ERR_INVALID, "launch: NULL result");
-    memset(out, 0, sizeof *out);
-    out->first_failure = -1;
-    RT_CHECK(check_options(o));
-    RT_REQUIRE(fn || (argv && argv[0] && argv[0][0]), RT_ERR_INVALID, "launch: no command to run");
-    RT_REQUIRE(g_wake < 0, RT_ERR_INVALID, "launch: another launch is running in this process");
+/* The child's part of a fork: set up, then run rank_fn or exec the command; never returns. */
+static _Noreturn void run_child(int err_fd, const struct sigaction *old, const launch *L, int me, char **envp,
+                                char *const argv[], rt_launch_fn fn, void *arg) {
+    child_setup(err_fd, old, L, me, envp);
+    if (fn) {
+        int rc = fn(me, arg);
+        fflush(NULL);
+        _exit(rc >= 0 && rc <= 255 ? rc : 255);
+    }
+    execvp(argv[0], argv);
+    int er = errno;
+    char msg[512];
+    int m = snprintf(msg, sizeof msg, "launch: cannot run '%s': %s\n", argv[0], strerror(er));
+    if (m > 0) (void)!write(STDERR_FILENO, msg, (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1);
+    _exit(er == ENOENT ? 127 : 126);
+}
+
+/* The result before any rank starts: every rank's global rank, no exit code yet. */
+static rt_status result_init(const rt_launch_options *o, rt_launch_result *out) {
     int n = o->nproc;
     out->nproc = n;
     out->timeout_s = o->timeout_s;
@@ -548,6 +559,95 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
         out->ranks[i].rank = o->node_rank * n + i;
         out->ranks[i].exit_code = -1;
     }
+    return RT_OK;
+}
+
+/* The pipes and the ranks' environments (the job's secret tok, the master's port): the
+ * heartbeat pipe (L->beat_rd, beat_wr), envs[], the self-pipe wake[]. What it made is
+ * released by teardown_launch, also after a failure. */
+static rt_status setup_launch(launch *L, const char *tok, int port, rank_env *envs, int wake[2]) {
+    const int n = L->res->nproc;
+    for (int i = 0; i <= n; i++) L->slots[i].fd = -1;
+    int beat[2] = {-1, -1}; /* the ranks' heartbeat: non-blocking, a rank never waits on it */
+    if (pipe2(beat, O_CLOEXEC | O_NONBLOCK) != 0) return rt_error_sys(__FILE__, __LINE__, "pipe2 (heartbeat)");
+    L->beat_rd = beat[0];
+    L->beat_wr = beat[1];
+    for (int i = 0; i < n; i++) RT_CHECK(build_env(L->o, i, port, tok, beat[1], &envs[i]));
+    if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) return rt_error_sys(__FILE__, __LINE__, "pipe2");
+    return RT_OK;
+}
+
+/* The launcher's handlers of k_sigs (the previous ones in old[]), writing to the self-pipe */
+static void install_handlers(struct sigaction old[N_SIGS]) {
+    g_signal = 0;
+    g_nsignals = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int k = 0; k < N_SIGS; k++) sigaction(k_sigs[k], &sa, &old[k]);
+}
+
+/* Fork local rank i, its stderr a pipe the launcher reads (L->slots[i]). */
+static rt_status start_rank(launch *L, int i, char *const argv[], rt_launch_fn fn, void *arg,
+                            const struct sigaction *old, char **envp) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) return rt_error_sys(__FILE__, __LINE__, "pipe2 (rank stderr)");
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return rt_error_sys(__FILE__, __LINE__, "fork");
+    }
+    if (pid == 0) {
+        close(p[0]);
+        run_child(p[1], old, L, i, envp, argv, fn, arg);
+    }
+    close(p[1]);
+    fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
+    L->slots[i].fd = p[0];
+    L->slots[i].running = true;
+    L->res->ranks[i].pid = (int)pid;
+    L->running++;
+    return RT_OK;
+}
+
+/* setup_launch's pipes and environments released, and the launch's slots */
+static void teardown_launch(launch *L, rank_env *envs, int wake_wr) {
+    const int n = L->res->nproc;
+    g_wake = -1;
+    for (int i = 0; i <= n; i++)
+        if (L->slots[i].fd >= 0) close(L->slots[i].fd);
+    if (wake_wr >= 0) close(wake_wr);
+    if (L->beat_rd >= 0) close(L->beat_rd);
+    if (L->beat_wr >= 0) close(L->beat_wr);
+    for (int i = 0; i < n; i++) free(envs[i].envp);
+    free(envs);
+    free(L->slots);
+}
+
+/* How the launch ended, as a status: RT_OK only when every rank exited 0 */
+static rt_status launch_status(const rt_launch_result *out) {
+    char why[RT_LAUNCH_LINE + 128];
+    if (out->first_failure >= 0 || out->signal)
+        return RT_ERROR(RT_ERR_PEER, "%s", rt_launch_describe(out, why, sizeof why));
+    if (out->timed_out) return RT_ERROR(RT_ERR_TIMEOUT, "%s", rt_launch_describe(out, why, sizeof why));
+    for (int i = 0; i < out->nproc; i++)
+        if (rt_launch_rank_code(&out->ranks[i]) != 0)
+            return RT_ERROR(RT_ERR_PEER, "%s", rt_launch_describe(out, why, sizeof why));
+    return RT_OK;
+}
+
+static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_launch_fn fn, void *arg,
+                            rt_launch_result *out) {
+    RT_REQUIRE(out != NULL, RT_ERR_INVALID, "launch: NULL result");
+    memset(out, 0, sizeof *out);
+    out->first_failure = -1;
+    RT_CHECK(check_options(o));
+    RT_REQUIRE(fn || (argv && argv[0] && argv[0][0]), RT_ERR_INVALID, "launch: no command to run");
+    RT_REQUIRE(g_wake < 0, RT_ERR_INVALID, "launch: another launch is running in this process");
+    RT_CHECK(result_init(o, out));
     char token[2 * RT_SECRET_BYTES + 1] = "";
     const char *tok = o->job_token;
     if (!tok || !*tok) { /* a fresh secret per launch */
@@ -558,6 +658,7 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
     if (port == 0) RT_CHECK(free_port(o->master_addr, &port));
     out->master_port = port;
 
+    const int n = o->nproc;
     launch L = {.o = o, .res = out, .beat_rd = -1, .beat_wr = -1, .parent = getpid()};
     rank_env *envs = calloc((size_t)n, sizeof *envs);
     L.slots = calloc((size_t)n + 1, sizeof *L.slots); /* + the self-pipe */
@@ -566,66 +667,17 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
         free(L.slots);
         RT_CHECK_ALLOC(NULL, (size_t)n * (sizeof *envs + sizeof *L.slots));
     }
-    for (int i = 0; i <= n; i++) L.slots[i].fd = -1;
-    rt_status st = RT_OK;
-    int beat[2] = {-1, -1}; /* the ranks' heartbeat: non-blocking, a rank never waits on it */
-    if (pipe2(beat, O_CLOEXEC | O_NONBLOCK) != 0) st = rt_error_sys(__FILE__, __LINE__, "pipe2 (heartbeat)");
-    L.beat_rd = beat[0];
-    L.beat_wr = beat[1];
-    for (int i = 0; i < n && st == RT_OK; i++) st = build_env(o, i, port, tok, beat[1], &envs[i]);
     int wake[2] = {-1, -1};
-    if (st == RT_OK && pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) st = rt_error_sys(__FILE__, __LINE__, "pipe2");
     struct sigaction old[N_SIGS];
-    bool handlers = false;
-    if (st == RT_OK) {
+    rt_status st = setup_launch(&L, tok, port, envs, wake);
+    const bool handlers = st == RT_OK;
+    if (handlers) {
         L.slots[n].fd = wake[0];
         g_wake = wake[1];
-        g_signal = 0;
-        g_nsignals = 0;
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_signal;
-        sigemptyset(&sa.sa_mask);
-        sa.sa_flags = SA_RESTART;
-        for (int k = 0; k < N_SIGS; k++) sigaction(k_sigs[k], &sa, &old[k]);
-        handlers = true;
+        install_handlers(old);
         fflush(NULL); /* nothing buffered may be written twice */
     }
-    for (int i = 0; i < n && st == RT_OK; i++) {
-        int p[2];
-        if (pipe2(p, O_CLOEXEC) != 0) {
-            st = rt_error_sys(__FILE__, __LINE__, "pipe2 (rank stderr)");
-            break;
-        }
-        pid_t pid = fork();
-        if (pid < 0) {
-            close(p[0]);
-            close(p[1]);
-            st = rt_error_sys(__FILE__, __LINE__, "fork");
-            break;
-        }
-        if (pid == 0) {
-            close(p[0]);
-            child_setup(p[1], old, &L, i, envs[i].envp);
-            if (fn) {
-                int rc = fn(i, arg);
-                fflush(NULL);
-                _exit(rc >= 0 && rc <= 255 ? rc : 255);
-            }
-            execvp(argv[0], argv);
-            int er = errno;
-            char msg[512];
-            int m = snprintf(msg, sizeof msg, "launch: cannot run '%s': %s\n", argv[0], strerror(er));
-            if (m > 0) (void)!write(STDERR_FILENO, msg, (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1);
-            _exit(er == ENOENT ? 127 : 126);
-        }
-        close(p[1]);
-        fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
-        L.slots[i].fd = p[0];
-        L.slots[i].running = true;
-        out->ranks[i].pid = (int)pid;
-        L.running++;
-    }
+    for (int i = 0; i < n && st == RT_OK; i++) st = start_rank(&L, i, argv, fn, arg, old, envs[i].envp);
     if (st != RT_OK && L.running > 0) { /* some ranks started: stop them before returning */
         rt_error_record rec;
         rt_error_save(&rec);
@@ -637,24 +689,8 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
     }
     if (handlers)
         for (int k = 0; k < N_SIGS; k++) sigaction(k_sigs[k], &old[k], NULL);
-    g_wake = -1;
-    for (int i = 0; i <= n; i++)
-        if (L.slots[i].fd >= 0) close(L.slots[i].fd);
-    if (wake[1] >= 0) close(wake[1]);
-    if (beat[0] >= 0) close(beat[0]);
-    if (beat[1] >= 0) close(beat[1]);
-    for (int i = 0; i < n; i++) free(envs[i].envp);
-    free(envs);
-    free(L.slots);
-    if (st != RT_OK) return st;
-    char why[RT_LAUNCH_LINE + 128];
-    if (out->first_failure >= 0 || out->signal)
-        return RT_ERROR(RT_ERR_PEER, "%s", rt_launch_describe(out, why, sizeof why));
-    if (out->timed_out) return RT_ERROR(RT_ERR_TIMEOUT, "%s", rt_launch_describe(out, why, sizeof why));
-    for (int i = 0; i < n; i++)
-        if (rt_launch_rank_code(&out->ranks[i]) != 0)
-            return RT_ERROR(RT_ERR_PEER, "%s", rt_launch_describe(out, why, sizeof why));
-    return RT_OK;
+    teardown_launch(&L, envs, wake[1]);
+    return st != RT_OK ? st : launch_status(out);
 }
 
 rt_status rt_launch_exec(const rt_launch_options *o, char *const argv[], rt_launch_result *out) {
