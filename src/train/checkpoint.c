@@ -439,10 +439,8 @@ static rt_status parse_counters(const rt_ckpt_meta *m, uint64_t *c, int *n) {
     return RT_OK;
 }
 
-/* Read and check everything that does not need a model; on success f holds both files. */
-static rt_status verify_files(const char *path, ckpt_files *f) {
-    memset(f, 0, sizeof *f);
-    rt_ckpt_meta_init(&f->meta);
+/* The two files' paths under checkpoint directory `path`; both must exist. */
+static rt_status locate_files(const char *path, ckpt_files *f) {
     struct stat sb;
     if (stat(path, &sb) != 0) RT_FAIL(RT_ERR_IO, "checkpoint %s: %s", path, strerror(errno));
     if (!S_ISDIR(sb.st_mode)) RT_FAIL(RT_ERR_FORMAT, "checkpoint %s is not a directory", path);
@@ -453,95 +451,117 @@ static rt_status verify_files(const char *path, ckpt_files *f) {
         if (stat(fp, &sb) != 0 && errno == ENOENT)
             RT_FAIL(RT_ERR_FORMAT, "%s is missing (not a complete checkpoint)", fp);
     }
-    rt_status st;
-    RT_CHECK_GOTO(rt_safetensors_read(f->train_path, &f->train), st, fail);
+    return RT_OK;
+}
+
+/* train.safetensors read whole, its metadata copied into f->meta (source: the file) */
+static rt_status read_train(ckpt_files *f) {
+    RT_CHECK(rt_safetensors_read(f->train_path, &f->train));
     rt_ckpt_meta *m = &f->meta;
     snprintf(m->source, sizeof m->source, "%s", f->train_path);
     for (int i = 0; i < f->train->n_meta; i++)
-        RT_CHECK_GOTO(rt_ckpt_meta_set(m, f->train->meta_keys[i], f->train->meta_values[i]), st, fail);
+        RT_CHECK(rt_ckpt_meta_set(m, f->train->meta_keys[i], f->train->meta_values[i]));
+    return RT_OK;
+}
+
+/* 'format' and 'format_version' say this is a checkpoint this ringtrain reads */
+static rt_status check_format(const rt_ckpt_meta *m) {
     const char *fmt;
-    RT_CHECK_GOTO(rt_ckpt_meta_get_str(m, "format", &fmt), st, fail);
-    if (strcmp(fmt, RT_CKPT_FORMAT) != 0) {
-        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'format' is \"%.64s\", expected \"%s\"", m->source, fmt,
-                      RT_CKPT_FORMAT);
-        goto fail;
-    }
+    RT_CHECK(rt_ckpt_meta_get_str(m, "format", &fmt));
+    if (strcmp(fmt, RT_CKPT_FORMAT) != 0)
+        RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'format' is \"%.64s\", expected \"%s\"", m->source, fmt, RT_CKPT_FORMAT);
     int64_t ver;
-    RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "format_version", &ver), st, fail);
-    if (ver != RT_CKPT_FORMAT_VERSION) {
-        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'format_version' is %" PRId64 ", this ringtrain reads version %d",
-                      m->source, ver, RT_CKPT_FORMAT_VERSION);
-        goto fail;
-    }
-    RT_CHECK_GOTO(check_crc(m, "crc32.train", f->train, f->train_path), st, fail);
-    RT_CHECK_GOTO(rt_safetensors_read(f->model_path, &f->model), st, fail);
-    RT_CHECK_GOTO(check_crc(m, "crc32.model", f->model, f->model_path), st, fail);
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "format_version", &ver));
+    if (ver != RT_CKPT_FORMAT_VERSION)
+        RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'format_version' is %" PRId64 ", this ringtrain reads version %d",
+                m->source, ver, RT_CKPT_FORMAT_VERSION);
+    return RT_OK;
+}
+
+/* both files' tensor data against the crc32s of the metadata (model.safetensors is read here) */
+static rt_status check_crcs(ckpt_files *f) {
+    RT_CHECK(check_crc(&f->meta, "crc32.train", f->train, f->train_path));
+    RT_CHECK(rt_safetensors_read(f->model_path, &f->model));
+    RT_CHECK(check_crc(&f->meta, "crc32.model", f->model, f->model_path));
+    return RT_OK;
+}
+
+/* the fields every reader needs: the step (matching the directory's name), the required
+ * keys, world_size, the model and optimizer fields, the dropout counters */
+static rt_status check_fields(const char *path, const rt_ckpt_meta *m) {
     int64_t step, v;
-    RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "step", &step), st, fail);
-    if (step < 0) {
-        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'step' is %" PRId64 ", expected >= 0", m->source, step);
-        goto fail;
-    }
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "step", &step));
+    if (step < 0) RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'step' is %" PRId64 ", expected >= 0", m->source, step);
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     int64_t dir_step;
-    if (parse_ckpt_name(base, &dir_step) && dir_step != step) {
-        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'step' is %" PRId64 " but the directory is %s", m->source, step,
-                      base);
-        goto fail;
-    }
-    for (size_t i = 0; i < N_REQUIRED; i++) RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, k_required[i], &v), st, fail);
-    RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "world_size", &v), st, fail);
-    if (v < 1) {
-        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'world_size' is %" PRId64 ", expected >= 1", m->source, v);
-        goto fail;
-    }
+    if (parse_ckpt_name(base, &dir_step) && dir_step != step)
+        RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'step' is %" PRId64 " but the directory is %s", m->source, step, base);
+    for (size_t i = 0; i < N_REQUIRED; i++) RT_CHECK(rt_ckpt_meta_get_i64(m, k_required[i], &v));
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "world_size", &v));
+    if (v < 1) RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'world_size' is %" PRId64 ", expected >= 1", m->source, v);
     const char *s;
-    RT_CHECK_GOTO(rt_ckpt_meta_get_str(m, "model.arch", &s), st, fail);
-    RT_CHECK_GOTO(rt_ckpt_meta_get_str(m, "optim.kind", &s), st, fail);
-    RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "optim.steps", &v), st, fail);
+    RT_CHECK(rt_ckpt_meta_get_str(m, "model.arch", &s));
+    RT_CHECK(rt_ckpt_meta_get_str(m, "optim.kind", &s));
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "optim.steps", &v));
     uint64_t counters[MAX_DROPOUT];
     int nc;
-    RT_CHECK_GOTO(parse_counters(m, counters, &nc), st, fail);
-    /* optimizer state: state.<param>.<buffer>, buffer in optim.state, <param> an F32
-     * tensor of model.safetensors with the same shape */
-    char bufs[RT_OPTIM_MAX_STATE][64];
-    int nb;
-    RT_CHECK_GOTO(split_list(m, "optim.state", bufs, RT_OPTIM_MAX_STATE, &nb), st, fail);
-    for (int i = 0; i < f->train->n; i++) {
-        const rt_st_tensor *t = &f->train->tensors[i];
-        const char *dot = strrchr(t->name, '.');
-        char pname[256];
-        bool ok = strncmp(t->name, "state.", 6) == 0 && dot && dot > t->name + 6;
-        const rt_st_tensor *p = NULL;
+    RT_CHECK(parse_counters(m, counters, &nc));
+    return RT_OK;
+}
+
+/* one optimizer state tensor: state.<param>.<buffer>, buffer one of bufs, <param> an F32
+ * tensor of model.safetensors with the same shape */
+static rt_status check_state_tensor(const ckpt_files *f, const rt_st_tensor *t, char bufs[][64], int nb) {
+    const char *dot = strrchr(t->name, '.');
+    char pname[256];
+    bool ok = strncmp(t->name, "state.", 6) == 0 && dot && dot > t->name + 6;
+    const rt_st_tensor *p = NULL;
+    if (ok) {
+        ok = false;
+        for (int b = 0; b < nb; b++) ok |= strcmp(dot + 1, bufs[b]) == 0;
+    }
+    if (ok) {
+        size_t len = (size_t)(dot - (t->name + 6));
+        ok = len < sizeof pname;
         if (ok) {
-            ok = false;
-            for (int b = 0; b < nb; b++) ok |= strcmp(dot + 1, bufs[b]) == 0;
-        }
-        if (ok) {
-            size_t len = (size_t)(dot - (t->name + 6));
-            ok = len < sizeof pname;
-            if (ok) {
-                memcpy(pname, t->name + 6, len);
-                pname[len] = 0;
-                p = rt_safetensors_find(f->model, pname);
-            }
-        }
-        if (!ok) {
-            st = RT_ERROR(RT_ERR_FORMAT,
-                          "%s: unexpected tensor '%s' (expected state.<parameter>.<buffer> with a buffer of "
-                          "'optim.state')",
-                          f->train_path, t->name);
-            goto fail;
-        }
-        bool same = p && p->dtype == RT_F32 && t->dtype == RT_F32 && p->ndim == t->ndim;
-        for (int d = 0; same && d < t->ndim; d++) same = p->shape[d] == t->shape[d];
-        if (!same) {
-            st = RT_ERROR(RT_ERR_FORMAT, "%s: tensor '%s' has no F32 parameter '%s' of the same shape in %s",
-                          f->train_path, t->name, pname, f->model_path);
-            goto fail;
+            memcpy(pname, t->name + 6, len);
+            pname[len] = 0;
+            p = rt_safetensors_find(f->model, pname);
         }
     }
+    if (!ok)
+        RT_FAIL(RT_ERR_FORMAT,
+                "%s: unexpected tensor '%s' (expected state.<parameter>.<buffer> with a buffer of 'optim.state')",
+                f->train_path, t->name);
+    bool same = p && p->dtype == RT_F32 && t->dtype == RT_F32 && p->ndim == t->ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = p->shape[d] == t->shape[d];
+    if (!same)
+        RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s' has no F32 parameter '%s' of the same shape in %s", f->train_path,
+                t->name, pname, f->model_path);
+    return RT_OK;
+}
+
+/* every tensor of train.safetensors is the state of a parameter (see check_state_tensor) */
+static rt_status check_state_tensors(const ckpt_files *f) {
+    char bufs[RT_OPTIM_MAX_STATE][64];
+    int nb;
+    RT_CHECK(split_list(&f->meta, "optim.state", bufs, RT_OPTIM_MAX_STATE, &nb));
+    for (int i = 0; i < f->train->n; i++) RT_CHECK(check_state_tensor(f, &f->train->tensors[i], bufs, nb));
+    return RT_OK;
+}
+
+/* Read and check everything that does not need a model; on success f holds both files. */
+static rt_status verify_files(const char *path, ckpt_files *f) {
+    memset(f, 0, sizeof *f);
+    rt_ckpt_meta_init(&f->meta);
+    RT_CHECK(locate_files(path, f));
+    rt_status st;
+    RT_CHECK_GOTO(read_train(f), st, fail);
+    RT_CHECK_GOTO(check_format(&f->meta), st, fail);
+    RT_CHECK_GOTO(check_crcs(f), st, fail);
+    RT_CHECK_GOTO(check_fields(path, &f->meta), st, fail);
+    RT_CHECK_GOTO(check_state_tensors(f), st, fail);
     return RT_OK;
 fail:
     files_free(f);
@@ -894,6 +914,92 @@ rt_status rt_ckpt_find(const char *dir, rt_ckpt_found *out) {
     RT_FAIL(RT_ERR_FORMAT, "none of the %d checkpoints in %s is valid (the newest: %s)", n, dir, first);
 }
 
+/* the model's weights and dropout counters from f (its architecture must match) */
+static rt_status restore_model(const ckpt_files *f, rt_model *model) {
+    const rt_ckpt_meta *m = &f->meta;
+    const char *arch = rt_ckpt_meta_get(m, "model.arch");
+    const char *mine = rt_model_arch_name(rt_model_config_of(model)->arch);
+    if (strcmp(arch, mine) != 0)
+        RT_FAIL(RT_ERR_INVALID, "%s: metadata 'model.arch' is \"%s\" but the model is %s", m->source, arch, mine);
+    uint64_t counters[MAX_DROPOUT];
+    int nc;
+    RT_CHECK(parse_counters(m, counters, &nc));
+    int have = rt_model_dropout_counters(model, NULL, 0);
+    if (nc != have)
+        RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'model.dropout_counters' has %d counters, the model %d dropout layers",
+                m->source, nc, have);
+    RT_CHECK(rt_model_load(model, f->model_path));
+    RT_CHECK(rt_model_set_dropout_counters(model, counters, nc));
+    return RT_OK;
+}
+
+/* f's optimizer fields against opt: its kind, its size, its state buffers (bufs, *ns of
+ * them, in opt's order) and the number of state tensors; *steps its step counter */
+static rt_status check_optimizer(const ckpt_files *f, rt_model *model, const rt_optimizer *opt, char bufs[][64],
+                                 int *ns, int64_t *steps) {
+    const rt_ckpt_meta *m = &f->meta;
+    const char *kind = rt_ckpt_meta_get(m, "optim.kind");
+    if (strcmp(kind, rt_optim_kind_name(opt->cfg.kind)) != 0)
+        RT_FAIL(RT_ERR_INVALID, "%s: metadata 'optim.kind' is \"%s\" but the optimizer is %s", m->source, kind,
+                rt_optim_kind_name(opt->cfg.kind));
+    if (opt->n * sizeof(float) != rt_model_params(model)->size)
+        RT_FAIL(RT_ERR_INVALID, "rt_ckpt_load: the optimizer covers %zu floats, the parameter arena %zu", opt->n,
+                rt_model_params(model)->size / sizeof(float));
+    int nb;
+    RT_CHECK(split_list(m, "optim.state", bufs, RT_OPTIM_MAX_STATE, &nb));
+    *ns = rt_optimizer_state_count(opt);
+    bool same = nb == *ns;
+    for (int b = 0; same && b < *ns; b++) {
+        rt_optim_state s;
+        RT_CHECK(rt_optimizer_state_get(opt, b, &s));
+        same = strcmp(s.name, bufs[b]) == 0;
+    }
+    if (!same)
+        RT_FAIL(RT_ERR_INVALID, "%s: metadata 'optim.state' is \"%s\", which this optimizer's state does not match",
+                m->source, rt_ckpt_meta_get(m, "optim.state"));
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "optim.steps", steps));
+    int trainable = 0;
+    for (int i = 0; i < rt_model_param_count(model); i++) trainable += rt_param_trainable(rt_model_param(model, i));
+    if (f->train->n != trainable * *ns)
+        RT_FAIL(RT_ERR_FORMAT, "%s: %d state tensors, expected %d (%d parameters x %d buffers)", f->train_path,
+                f->train->n, trainable * *ns, trainable, *ns);
+    return RT_OK;
+}
+
+/* each state buffer gathered from its per-parameter tensors into host (opt->n floats), then
+ * handed to the optimizer */
+static rt_status load_state_buffers(const ckpt_files *f, rt_model *model, rt_optimizer *opt, char bufs[][64], int ns,
+                                    float *host) {
+    for (int b = 0; b < ns; b++) {
+        memset(host, 0, opt->n * sizeof(float));
+        for (int i = 0; i < rt_model_param_count(model); i++) {
+            const rt_param *p = rt_model_param(model, i);
+            if (!rt_param_trainable(p)) continue;
+            char name[512];
+            snprintf(name, sizeof name, "state.%s.%s", p->name, bufs[b]);
+            RT_CHECK(rt_safetensors_get(f->train, name, RT_F32, p->value.ndim, p->value.shape,
+                                        host + p->value.offset / sizeof(float)));
+        }
+        RT_CHECK(rt_optimizer_state_load(opt, bufs[b], host, opt->n));
+    }
+    return RT_OK;
+}
+
+/* the optimizer's state buffers and step counter from f */
+static rt_status restore_optimizer(const ckpt_files *f, rt_model *model, rt_optimizer *opt) {
+    char bufs[RT_OPTIM_MAX_STATE][64];
+    int ns = 0;
+    int64_t steps = 0;
+    RT_CHECK(check_optimizer(f, model, opt, bufs, &ns, &steps));
+    float *host = calloc(opt->n + 1, sizeof(float));
+    if (!host) RT_FAIL(RT_ERR_NOMEM, "out of memory (%zu floats)", opt->n);
+    rt_status st = load_state_buffers(f, model, opt, bufs, ns, host);
+    free(host);
+    if (st != RT_OK) return st;
+    RT_CHECK(rt_optimizer_set_steps(opt, steps));
+    return RT_OK;
+}
+
 rt_status rt_ckpt_load(const char *path, rt_model *model, rt_optimizer *opt, rt_ckpt_meta *meta) {
     if (meta) rt_ckpt_meta_init(meta);
     RT_REQUIRE(model || !opt, RT_ERR_INVALID,
@@ -901,92 +1007,13 @@ rt_status rt_ckpt_load(const char *path, rt_model *model, rt_optimizer *opt, rt_
     ckpt_files f;
     RT_CHECK(verify_files(path, &f));
     rt_status st = RT_OK;
-    rt_ckpt_meta *m = &f.meta;
-    float *host = NULL;
-    if (model) {
-        const char *arch = rt_ckpt_meta_get(m, "model.arch");
-        const char *mine = rt_model_arch_name(rt_model_config_of(model)->arch);
-        if (strcmp(arch, mine) != 0) {
-            st = RT_ERROR(RT_ERR_INVALID, "%s: metadata 'model.arch' is \"%s\" but the model is %s", m->source, arch,
-                          mine);
-            goto done;
-        }
-        uint64_t counters[MAX_DROPOUT];
-        int nc;
-        RT_CHECK_GOTO(parse_counters(m, counters, &nc), st, done);
-        int have = rt_model_dropout_counters(model, NULL, 0);
-        if (nc != have) {
-            st = RT_ERROR(RT_ERR_FORMAT,
-                          "%s: metadata 'model.dropout_counters' has %d counters, the model %d dropout layers",
-                          m->source, nc, have);
-            goto done;
-        }
-        RT_CHECK_GOTO(rt_model_load(model, f.model_path), st, done);
-        RT_CHECK_GOTO(rt_model_set_dropout_counters(model, counters, nc), st, done);
-    }
-    if (opt) {
-        const char *kind = rt_ckpt_meta_get(m, "optim.kind");
-        if (strcmp(kind, rt_optim_kind_name(opt->cfg.kind)) != 0) {
-            st = RT_ERROR(RT_ERR_INVALID, "%s: metadata 'optim.kind' is \"%s\" but the optimizer is %s", m->source,
-                          kind, rt_optim_kind_name(opt->cfg.kind));
-            goto done;
-        }
-        if (opt->n * sizeof(float) != rt_model_params(model)->size) {
-            st = RT_ERROR(RT_ERR_INVALID, "rt_ckpt_load: the optimizer covers %zu floats, the parameter arena %zu",
-                          opt->n, rt_model_params(model)->size / sizeof(float));
-            goto done;
-        }
-        char bufs[RT_OPTIM_MAX_STATE][64];
-        int nb;
-        RT_CHECK_GOTO(split_list(m, "optim.state", bufs, RT_OPTIM_MAX_STATE, &nb), st, done);
-        int ns = rt_optimizer_state_count(opt);
-        bool same = nb == ns;
-        for (int b = 0; same && b < ns; b++) {
-            rt_optim_state s;
-            RT_CHECK_GOTO(rt_optimizer_state_get(opt, b, &s), st, done);
-            same = strcmp(s.name, bufs[b]) == 0;
-        }
-        if (!same) {
-            st = RT_ERROR(RT_ERR_INVALID,
-                          "%s: metadata 'optim.state' is \"%s\", which this optimizer's state does not match",
-                          m->source, rt_ckpt_meta_get(m, "optim.state"));
-            goto done;
-        }
-        int64_t steps;
-        RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "optim.steps", &steps), st, done);
-        int trainable = 0;
-        for (int i = 0; i < rt_model_param_count(model); i++) trainable += rt_param_trainable(rt_model_param(model, i));
-        if (f.train->n != trainable * ns) {
-            st = RT_ERROR(RT_ERR_FORMAT, "%s: %d state tensors, expected %d (%d parameters x %d buffers)", f.train_path,
-                          f.train->n, trainable * ns, trainable, ns);
-            goto done;
-        }
-        host = calloc(opt->n + 1, sizeof(float));
-        if (!host) {
-            st = RT_ERROR(RT_ERR_NOMEM, "out of memory (%zu floats)", opt->n);
-            goto done;
-        }
-        for (int b = 0; b < ns; b++) {
-            memset(host, 0, opt->n * sizeof(float));
-            for (int i = 0; i < rt_model_param_count(model); i++) {
-                const rt_param *p = rt_model_param(model, i);
-                if (!rt_param_trainable(p)) continue;
-                char name[512];
-                snprintf(name, sizeof name, "state.%s.%s", p->name, bufs[b]);
-                RT_CHECK_GOTO(rt_safetensors_get(f.train, name, RT_F32, p->value.ndim, p->value.shape,
-                                                 host + p->value.offset / sizeof(float)),
-                              st, done);
-            }
-            RT_CHECK_GOTO(rt_optimizer_state_load(opt, bufs[b], host, opt->n), st, done);
-        }
-        RT_CHECK_GOTO(rt_optimizer_set_steps(opt, steps), st, done);
-    }
+    if (model) RT_CHECK_GOTO(restore_model(&f, model), st, done);
+    if (opt) RT_CHECK_GOTO(restore_optimizer(&f, model, opt), st, done);
     if (meta) {
         *meta = f.meta;
         rt_ckpt_meta_init(&f.meta);
     }
 done:
-    free(host);
     files_free(&f);
     return st;
 }
