@@ -10,7 +10,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +157,8 @@ rt_status rt_ckpt_meta_get_u64(const rt_ckpt_meta *m, const char *key, uint64_t 
 
 /* ---- convolution algorithms (GPU runs) ------------------------------------------------- */
 
+#define CONV_ALGO_CHARS 158 /* the longest entry written or read, its '\0' included */
+
 /* One entry: "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=1/3" (algorithm /
  * math type, cuDNN's numbers); "bf16/nhwc" where the choice was made for NHWC copies. */
 static int conv_algo_str(const rt_conv_algo *a, char *out, size_t n) {
@@ -167,13 +171,13 @@ static int conv_algo_str(const rt_conv_algo *a, char *out, size_t n) {
 rt_status rt_ckpt_meta_set_conv_algos(rt_ckpt_meta *m, const char *key, const rt_conv_algos *a) {
     RT_REQUIRE(a->n >= 0 && a->n <= RT_CONV_ALGOS_MAX, RT_ERR_INVALID, "metadata '%s': %d convolution shapes", key,
                a->n);
-    char *text = calloc((size_t)a->n + 1, 160);
-    RT_CHECK_ALLOC(text, ((size_t)a->n + 1) * 160);
+    char *text = calloc((size_t)a->n + 1, CONV_ALGO_CHARS + 2);
+    RT_CHECK_ALLOC(text, ((size_t)a->n + 1) * (CONV_ALGO_CHARS + 2));
     size_t len = 0;
     for (int i = 0; i < a->n; i++) {
         if (i) len += (size_t)snprintf(text + len, 3, "; ");
-        int l = conv_algo_str(&a->a[i], text + len, 158);
-        if (l < 0 || l >= 158) {
+        int l = conv_algo_str(&a->a[i], text + len, CONV_ALGO_CHARS);
+        if (l < 0 || l >= CONV_ALGO_CHARS) {
             free(text);
             RT_FAIL(RT_ERR_INVALID, "metadata '%s': convolution entry %d does not fit", key, i);
         }
@@ -184,6 +188,99 @@ rt_status rt_ckpt_meta_set_conv_algos(rt_ckpt_meta *m, const char *key, const rt
     return st;
 }
 
+/* The numbers of an entry in the order conv_algo_str writes them: the text before each,
+ * the field it fills, its least value, its name for errors. The precision sits between
+ * the two groups. */
+typedef struct algo_field {
+    const char *before;
+    size_t off; /* offsetof(rt_conv_algo, field) */
+    int min;
+    const char *what;
+} algo_field;
+
+#define ALGO_FIELD(before, field, min, what)                                                                           \
+    { before, offsetof(rt_conv_algo, field), min, what }
+static const algo_field k_algo_shape[] = {
+    ALGO_FIELD("", in_c, 1, "input channels"), ALGO_FIELD("x", in_h, 1, "input height"),
+    ALGO_FIELD("x", in_w, 1, "input width"),   ALGO_FIELD("->", out_c, 1, "output channels"),
+    ALGO_FIELD(" k", k, 1, "kernel size"),     ALGO_FIELD(" s", stride, 1, "stride"),
+    ALGO_FIELD(" p", pad, 0, "padding"),       ALGO_FIELD(" n", n, 1, "batch"),
+};
+static const algo_field k_algo_choice[] = {
+    ALGO_FIELD(" fwd=", fwd, 0, "forward algorithm"),
+    ALGO_FIELD("/", fwd_math, 0, "forward math type"),
+    ALGO_FIELD(" data=", bwd_data, 0, "backward-data algorithm"),
+    ALGO_FIELD("/", bwd_data_math, 0, "backward-data math type"),
+    ALGO_FIELD(" filter=", bwd_filter, 0, "backward-filter algorithm"),
+    ALGO_FIELD("/", bwd_filter_math, 0, "backward-filter math type"),
+};
+#undef ALGO_FIELD
+
+/* f->before, then a decimal int as printf writes it (digits, no sign, no leading zero)
+ * within [f->min, INT_MAX]; false (and *p unmoved) where the text is anything else */
+static bool take_algo_field(const char **p, const algo_field *f, rt_conv_algo *a) {
+    size_t bl = strlen(f->before);
+    const char *s = *p;
+    if (strncmp(s, f->before, bl) != 0) return false;
+    s += bl;
+    if (*s < '0' || *s > '9' || (s[0] == '0' && s[1] >= '0' && s[1] <= '9')) return false;
+    long long v = 0;
+    for (; *s >= '0' && *s <= '9'; s++) {
+        v = v * 10 + (*s - '0');
+        if (v > INT_MAX) return false;
+    }
+    if (v < f->min) return false;
+    *(int *)((char *)a + f->off) = (int)v;
+    *p = s;
+    return true;
+}
+
+/* " ", a precision exactly as rt_precision_name writes it, then "/nhwc" or nothing */
+static bool take_algo_precision(const char **p, rt_conv_algo *a) {
+    const char *s = *p;
+    if (*s++ != ' ') return false;
+    size_t len = strcspn(s, " "), nl = strcspn(s, "/ ");
+    if (nl < len && (len - nl != 5 || strncmp(s + nl, "/nhwc", 5) != 0)) return false;
+    for (int i = 0; i < RT_PRECISION_COUNT_; i++) {
+        const char *name = rt_precision_name((rt_precision)i);
+        if (strlen(name) == nl && strncmp(s, name, nl) == 0) {
+            a->precision = i;
+            a->nhwc = nl < len;
+            *p = s + len;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* one entry, strictly: every number present and in range, nothing after the last; on
+ * failure `why` says what was expected where */
+static bool parse_conv_algo(const char *entry, rt_conv_algo *a, char *why, size_t why_n) {
+    const char *p = entry;
+    memset(a, 0, sizeof *a);
+    const algo_field *bad = NULL;
+    for (size_t i = 0; !bad && i < sizeof k_algo_shape / sizeof k_algo_shape[0]; i++)
+        if (!take_algo_field(&p, &k_algo_shape[i], a)) bad = &k_algo_shape[i];
+    if (!bad && !take_algo_precision(&p, a)) {
+        char names[64];
+        snprintf(why, why_n, "\" \" and the precision (%s, then \"/nhwc\" or nothing) at byte %d",
+                 rt_names_list(&rt_precision_names, names, sizeof names), (int)(p - entry));
+        return false;
+    }
+    for (size_t i = 0; !bad && i < sizeof k_algo_choice / sizeof k_algo_choice[0]; i++)
+        if (!take_algo_field(&p, &k_algo_choice[i], a)) bad = &k_algo_choice[i];
+    if (bad) {
+        snprintf(why, why_n, "\"%s\" and the %s (a decimal integer >= %d) at byte %d", bad->before, bad->what, bad->min,
+                 (int)(p - entry));
+        return false;
+    }
+    if (*p) {
+        snprintf(why, why_n, "the end of the entry at byte %d", (int)(p - entry));
+        return false;
+    }
+    return true;
+}
+
 rt_status rt_ckpt_meta_get_conv_algos(const rt_ckpt_meta *m, const char *key, rt_conv_algos *out) {
     const char *s;
     RT_CHECK(rt_ckpt_meta_get_str(m, key, &s));
@@ -191,33 +288,17 @@ rt_status rt_ckpt_meta_get_conv_algos(const rt_ckpt_meta *m, const char *key, rt
     while (*s) {
         const char *end = strstr(s, "; ");
         size_t len = end ? (size_t)(end - s) : strlen(s);
-        char entry[160], again[160], prec[16];
+        char entry[CONV_ALGO_CHARS], why[160];
         RT_REQUIRE(out->n < RT_CONV_ALGOS_MAX, RT_ERR_FORMAT, "%s: metadata '%s' holds more than %d convolution shapes",
                    src_of(m), key, RT_CONV_ALGOS_MAX);
         RT_REQUIRE(len < sizeof entry, RT_ERR_FORMAT, "%s: metadata '%s': entry %d is too long", src_of(m), key,
                    out->n + 1);
         memcpy(entry, s, len);
         entry[len] = '\0';
-        rt_conv_algo *a = &out->a[out->n];
-        rt_precision p = RT_PRECISION_FP32;
-        int got = sscanf(entry, "%dx%dx%d->%d k%d s%d p%d n%d %15s fwd=%d/%d data=%d/%d filter=%d/%d", &a->in_c,
-                         &a->in_h, &a->in_w, &a->out_c, &a->k, &a->stride, &a->pad, &a->n, prec, &a->fwd, &a->fwd_math,
-                         &a->bwd_data, &a->bwd_data_math, &a->bwd_filter, &a->bwd_filter_math);
-        char *layout = strchr(prec, '/'); /* "bf16/nhwc"; the canonical check below refuses any other suffix */
-        a->nhwc = layout != NULL;
-        if (layout) *layout = '\0';
-        bool ok = got == 15 && rt_precision_parse(prec, &p) == RT_OK;
-        if (!ok) rt_error_clear();
-        a->precision = (int)p;
-        /* canonical text only: the entry must be exactly what the writer makes of it */
-        ok = ok && a->in_c > 0 && a->in_h > 0 && a->in_w > 0 && a->out_c > 0 && a->k > 0 && a->stride > 0 &&
-             a->pad >= 0 && a->n > 0 && a->fwd >= 0 && a->fwd_math >= 0 && a->bwd_data >= 0 &&
-             a->bwd_data_math >= 0 && a->bwd_filter >= 0 && a->bwd_filter_math >= 0 &&
-             conv_algo_str(a, again, sizeof again) < (int)sizeof again && strcmp(again, entry) == 0;
-        RT_REQUIRE(ok, RT_ERR_FORMAT,
-                   "%s: metadata '%s': entry %d is \"%.100s\", expected \"CxHxW->C kK sS pP nN fp32|tf32|bf16[/nhwc] "
-                   "fwd=A/M data=A/M filter=A/M\"",
-                   src_of(m), key, out->n + 1, entry);
+        RT_REQUIRE(parse_conv_algo(entry, &out->a[out->n], why, sizeof why), RT_ERR_FORMAT,
+                   "%s: metadata '%s': entry %d is \"%.100s\": expected %s (an entry reads \"CxHxW->C kK sS pP nN "
+                   "fp32|tf32|bf16[/nhwc] fwd=A/M data=A/M filter=A/M\")",
+                   src_of(m), key, out->n + 1, entry, why);
         out->n++;
         s += len;
         if (end) {
