@@ -10,7 +10,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +157,8 @@ rt_status rt_ckpt_meta_get_u64(const rt_ckpt_meta *m, const char *key, uint64_t 
 
 /* ---- convolution algorithms (GPU runs) ------------------------------------------------- */
 
+#define CONV_ALGO_CHARS 158 /* the longest entry written or read, its '\0' included */
+
 /* One entry: "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=1/3" (algorithm /
  * math type, cuDNN's numbers); "bf16/nhwc" where the choice was made for NHWC copies. */
 static int conv_algo_str(const rt_conv_algo *a, char *out, size_t n) {
@@ -167,13 +171,13 @@ static int conv_algo_str(const rt_conv_algo *a, char *out, size_t n) {
 rt_status rt_ckpt_meta_set_conv_algos(rt_ckpt_meta *m, const char *key, const rt_conv_algos *a) {
     RT_REQUIRE(a->n >= 0 && a->n <= RT_CONV_ALGOS_MAX, RT_ERR_INVALID, "metadata '%s': %d convolution shapes", key,
                a->n);
-    char *text = calloc((size_t)a->n + 1, 160);
-    RT_CHECK_ALLOC(text, ((size_t)a->n + 1) * 160);
+    char *text = calloc((size_t)a->n + 1, CONV_ALGO_CHARS + 2);
+    RT_CHECK_ALLOC(text, ((size_t)a->n + 1) * (CONV_ALGO_CHARS + 2));
     size_t len = 0;
     for (int i = 0; i < a->n; i++) {
         if (i) len += (size_t)snprintf(text + len, 3, "; ");
-        int l = conv_algo_str(&a->a[i], text + len, 158);
-        if (l < 0 || l >= 158) {
+        int l = conv_algo_str(&a->a[i], text + len, CONV_ALGO_CHARS);
+        if (l < 0 || l >= CONV_ALGO_CHARS) {
             free(text);
             RT_FAIL(RT_ERR_INVALID, "metadata '%s': convolution entry %d does not fit", key, i);
         }
@@ -184,6 +188,99 @@ rt_status rt_ckpt_meta_set_conv_algos(rt_ckpt_meta *m, const char *key, const rt
     return st;
 }
 
+/* The numbers of an entry in the order conv_algo_str writes them: the text before each,
+ * the field it fills, its least value, its name for errors. The precision sits between
+ * the two groups. */
+typedef struct algo_field {
+    const char *before;
+    size_t off; /* offsetof(rt_conv_algo, field) */
+    int min;
+    const char *what;
+} algo_field;
+
+#define ALGO_FIELD(before, field, min, what)                                                                           \
+    { before, offsetof(rt_conv_algo, field), min, what }
+static const algo_field k_algo_shape[] = {
+    ALGO_FIELD("", in_c, 1, "input channels"), ALGO_FIELD("x", in_h, 1, "input height"),
+    ALGO_FIELD("x", in_w, 1, "input width"),   ALGO_FIELD("->", out_c, 1, "output channels"),
+    ALGO_FIELD(" k", k, 1, "kernel size"),     ALGO_FIELD(" s", stride, 1, "stride"),
+    ALGO_FIELD(" p", pad, 0, "padding"),       ALGO_FIELD(" n", n, 1, "batch"),
+};
+static const algo_field k_algo_choice[] = {
+    ALGO_FIELD(" fwd=", fwd, 0, "forward algorithm"),
+    ALGO_FIELD("/", fwd_math, 0, "forward math type"),
+    ALGO_FIELD(" data=", bwd_data, 0, "backward-data algorithm"),
+    ALGO_FIELD("/", bwd_data_math, 0, "backward-data math type"),
+    ALGO_FIELD(" filter=", bwd_filter, 0, "backward-filter algorithm"),
+    ALGO_FIELD("/", bwd_filter_math, 0, "backward-filter math type"),
+};
+#undef ALGO_FIELD
+
+/* f->before, then a decimal int as printf writes it (digits, no sign, no leading zero)
+ * within [f->min, INT_MAX]; false (and *p unmoved) where the text is anything else */
+static bool take_algo_field(const char **p, const algo_field *f, rt_conv_algo *a) {
+    size_t bl = strlen(f->before);
+    const char *s = *p;
+    if (strncmp(s, f->before, bl) != 0) return false;
+    s += bl;
+    if (*s < '0' || *s > '9' || (s[0] == '0' && s[1] >= '0' && s[1] <= '9')) return false;
+    long long v = 0;
+    for (; *s >= '0' && *s <= '9'; s++) {
+        v = v * 10 + (*s - '0');
+        if (v > INT_MAX) return false;
+    }
+    if (v < f->min) return false;
+    *(int *)((char *)a + f->off) = (int)v;
+    *p = s;
+    return true;
+}
+
+/* " ", a precision exactly as rt_precision_name writes it, then "/nhwc" or nothing */
+static bool take_algo_precision(const char **p, rt_conv_algo *a) {
+    const char *s = *p;
+    if (*s++ != ' ') return false;
+    size_t len = strcspn(s, " "), nl = strcspn(s, "/ ");
+    if (nl < len && (len - nl != 5 || strncmp(s + nl, "/nhwc", 5) != 0)) return false;
+    for (int i = 0; i < RT_PRECISION_COUNT_; i++) {
+        const char *name = rt_precision_name((rt_precision)i);
+        if (strlen(name) == nl && strncmp(s, name, nl) == 0) {
+            a->precision = i;
+            a->nhwc = nl < len;
+            *p = s + len;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* one entry, strictly: every number present and in range, nothing after the last; on
+ * failure `why` says what was expected where */
+static bool parse_conv_algo(const char *entry, rt_conv_algo *a, char *why, size_t why_n) {
+    const char *p = entry;
+    memset(a, 0, sizeof *a);
+    const algo_field *bad = NULL;
+    for (size_t i = 0; !bad && i < sizeof k_algo_shape / sizeof k_algo_shape[0]; i++)
+        if (!take_algo_field(&p, &k_algo_shape[i], a)) bad = &k_algo_shape[i];
+    if (!bad && !take_algo_precision(&p, a)) {
+        char names[64];
+        snprintf(why, why_n, "\" \" and the precision (%s, then \"/nhwc\" or nothing) at byte %d",
+                 rt_names_list(&rt_precision_names, names, sizeof names), (int)(p - entry));
+        return false;
+    }
+    for (size_t i = 0; !bad && i < sizeof k_algo_choice / sizeof k_algo_choice[0]; i++)
+        if (!take_algo_field(&p, &k_algo_choice[i], a)) bad = &k_algo_choice[i];
+    if (bad) {
+        snprintf(why, why_n, "\"%s\" and the %s (a decimal integer >= %d) at byte %d", bad->before, bad->what, bad->min,
+                 (int)(p - entry));
+        return false;
+    }
+    if (*p) {
+        snprintf(why, why_n, "the end of the entry at byte %d", (int)(p - entry));
+        return false;
+    }
+    return true;
+}
+
 rt_status rt_ckpt_meta_get_conv_algos(const rt_ckpt_meta *m, const char *key, rt_conv_algos *out) {
     const char *s;
     RT_CHECK(rt_ckpt_meta_get_str(m, key, &s));
@@ -191,33 +288,17 @@ rt_status rt_ckpt_meta_get_conv_algos(const rt_ckpt_meta *m, const char *key, rt
     while (*s) {
         const char *end = strstr(s, "; ");
         size_t len = end ? (size_t)(end - s) : strlen(s);
-        char entry[160], again[160], prec[16];
+        char entry[CONV_ALGO_CHARS], why[160];
         RT_REQUIRE(out->n < RT_CONV_ALGOS_MAX, RT_ERR_FORMAT, "%s: metadata '%s' holds more than %d convolution shapes",
                    src_of(m), key, RT_CONV_ALGOS_MAX);
         RT_REQUIRE(len < sizeof entry, RT_ERR_FORMAT, "%s: metadata '%s': entry %d is too long", src_of(m), key,
                    out->n + 1);
         memcpy(entry, s, len);
         entry[len] = '\0';
-        rt_conv_algo *a = &out->a[out->n];
-        rt_precision p = RT_PRECISION_FP32;
-        int got = sscanf(entry, "%dx%dx%d->%d k%d s%d p%d n%d %15s fwd=%d/%d data=%d/%d filter=%d/%d", &a->in_c,
-                         &a->in_h, &a->in_w, &a->out_c, &a->k, &a->stride, &a->pad, &a->n, prec, &a->fwd, &a->fwd_math,
-                         &a->bwd_data, &a->bwd_data_math, &a->bwd_filter, &a->bwd_filter_math);
-        char *layout = strchr(prec, '/'); /* "bf16/nhwc"; the canonical check below refuses any other suffix */
-        a->nhwc = layout != NULL;
-        if (layout) *layout = '\0';
-        bool ok = got == 15 && rt_precision_parse(prec, &p) == RT_OK;
-        if (!ok) rt_error_clear();
-        a->precision = (int)p;
-        /* canonical text only: the entry must be exactly what the writer makes of it */
-        ok = ok && a->in_c > 0 && a->in_h > 0 && a->in_w > 0 && a->out_c > 0 && a->k > 0 && a->stride > 0 &&
-             a->pad >= 0 && a->n > 0 && a->fwd >= 0 && a->fwd_math >= 0 && a->bwd_data >= 0 &&
-             a->bwd_data_math >= 0 && a->bwd_filter >= 0 && a->bwd_filter_math >= 0 &&
-             conv_algo_str(a, again, sizeof again) < (int)sizeof again && strcmp(again, entry) == 0;
-        RT_REQUIRE(ok, RT_ERR_FORMAT,
-                   "%s: metadata '%s': entry %d is \"%.100s\", expected \"CxHxW->C kK sS pP nN fp32|tf32|bf16[/nhwc] "
-                   "fwd=A/M data=A/M filter=A/M\"",
-                   src_of(m), key, out->n + 1, entry);
+        RT_REQUIRE(parse_conv_algo(entry, &out->a[out->n], why, sizeof why), RT_ERR_FORMAT,
+                   "%s: metadata '%s': entry %d is \"%.100s\": expected %s (an entry reads \"CxHxW->C kK sS pP nN "
+                   "fp32|tf32|bf16[/nhwc] fwd=A/M data=A/M filter=A/M\")",
+                   src_of(m), key, out->n + 1, entry, why);
         out->n++;
         s += len;
         if (end) {
@@ -439,10 +520,8 @@ static rt_status parse_counters(const rt_ckpt_meta *m, uint64_t *c, int *n) {
     return RT_OK;
 }
 
-/* Read and check everything that does not need a model; on success f holds both files. */
-static rt_status verify_files(const char *path, ckpt_files *f) {
-    memset(f, 0, sizeof *f);
-    rt_ckpt_meta_init(&f->meta);
+/* The two files' paths under checkpoint directory `path`; both must exist. */
+static rt_status locate_files(const char *path, ckpt_files *f) {
     struct stat sb;
     if (stat(path, &sb) != 0) RT_FAIL(RT_ERR_IO, "checkpoint %s: %s", path, strerror(errno));
     if (!S_ISDIR(sb.st_mode)) RT_FAIL(RT_ERR_FORMAT, "checkpoint %s is not a directory", path);
@@ -453,95 +532,117 @@ static rt_status verify_files(const char *path, ckpt_files *f) {
         if (stat(fp, &sb) != 0 && errno == ENOENT)
             RT_FAIL(RT_ERR_FORMAT, "%s is missing (not a complete checkpoint)", fp);
     }
-    rt_status st;
-    RT_CHECK_GOTO(rt_safetensors_read(f->train_path, &f->train), st, fail);
+    return RT_OK;
+}
+
+/* train.safetensors read whole, its metadata copied into f->meta (source: the file) */
+static rt_status read_train(ckpt_files *f) {
+    RT_CHECK(rt_safetensors_read(f->train_path, &f->train));
     rt_ckpt_meta *m = &f->meta;
     snprintf(m->source, sizeof m->source, "%s", f->train_path);
     for (int i = 0; i < f->train->n_meta; i++)
-        RT_CHECK_GOTO(rt_ckpt_meta_set(m, f->train->meta_keys[i], f->train->meta_values[i]), st, fail);
+        RT_CHECK(rt_ckpt_meta_set(m, f->train->meta_keys[i], f->train->meta_values[i]));
+    return RT_OK;
+}
+
+/* 'format' and 'format_version' say this is a checkpoint this ringtrain reads */
+static rt_status check_format(const rt_ckpt_meta *m) {
     const char *fmt;
-    RT_CHECK_GOTO(rt_ckpt_meta_get_str(m, "format", &fmt), st, fail);
-    if (strcmp(fmt, RT_CKPT_FORMAT) != 0) {
-        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'format' is \"%.64s\", expected \"%s\"", m->source, fmt,
-                      RT_CKPT_FORMAT);
-        goto fail;
-    }
+    RT_CHECK(rt_ckpt_meta_get_str(m, "format", &fmt));
+    if (strcmp(fmt, RT_CKPT_FORMAT) != 0)
+        RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'format' is \"%.64s\", expected \"%s\"", m->source, fmt, RT_CKPT_FORMAT);
     int64_t ver;
-    RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "format_version", &ver), st, fail);
-    if (ver != RT_CKPT_FORMAT_VERSION) {
-        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'format_version' is %" PRId64 ", this ringtrain reads version %d",
-                      m->source, ver, RT_CKPT_FORMAT_VERSION);
-        goto fail;
-    }
-    RT_CHECK_GOTO(check_crc(m, "crc32.train", f->train, f->train_path), st, fail);
-    RT_CHECK_GOTO(rt_safetensors_read(f->model_path, &f->model), st, fail);
-    RT_CHECK_GOTO(check_crc(m, "crc32.model", f->model, f->model_path), st, fail);
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "format_version", &ver));
+    if (ver != RT_CKPT_FORMAT_VERSION)
+        RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'format_version' is %" PRId64 ", this ringtrain reads version %d",
+                m->source, ver, RT_CKPT_FORMAT_VERSION);
+    return RT_OK;
+}
+
+/* both files' tensor data against the crc32s of the metadata (model.safetensors is read here) */
+static rt_status check_crcs(ckpt_files *f) {
+    RT_CHECK(check_crc(&f->meta, "crc32.train", f->train, f->train_path));
+    RT_CHECK(rt_safetensors_read(f->model_path, &f->model));
+    RT_CHECK(check_crc(&f->meta, "crc32.model", f->model, f->model_path));
+    return RT_OK;
+}
+
+/* the fields every reader needs: the step (matching the directory's name), the required
+ * keys, world_size, the model and optimizer fields, the dropout counters */
+static rt_status check_fields(const char *path, const rt_ckpt_meta *m) {
     int64_t step, v;
-    RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "step", &step), st, fail);
-    if (step < 0) {
-        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'step' is %" PRId64 ", expected >= 0", m->source, step);
-        goto fail;
-    }
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "step", &step));
+    if (step < 0) RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'step' is %" PRId64 ", expected >= 0", m->source, step);
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     int64_t dir_step;
-    if (parse_ckpt_name(base, &dir_step) && dir_step != step) {
-        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'step' is %" PRId64 " but the directory is %s", m->source, step,
-                      base);
-        goto fail;
-    }
-    for (size_t i = 0; i < N_REQUIRED; i++) RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, k_required[i], &v), st, fail);
-    RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "world_size", &v), st, fail);
-    if (v < 1) {
-        st = RT_ERROR(RT_ERR_FORMAT, "%s: metadata 'world_size' is %" PRId64 ", expected >= 1", m->source, v);
-        goto fail;
-    }
+    if (parse_ckpt_name(base, &dir_step) && dir_step != step)
+        RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'step' is %" PRId64 " but the directory is %s", m->source, step, base);
+    for (size_t i = 0; i < N_REQUIRED; i++) RT_CHECK(rt_ckpt_meta_get_i64(m, k_required[i], &v));
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "world_size", &v));
+    if (v < 1) RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'world_size' is %" PRId64 ", expected >= 1", m->source, v);
     const char *s;
-    RT_CHECK_GOTO(rt_ckpt_meta_get_str(m, "model.arch", &s), st, fail);
-    RT_CHECK_GOTO(rt_ckpt_meta_get_str(m, "optim.kind", &s), st, fail);
-    RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "optim.steps", &v), st, fail);
+    RT_CHECK(rt_ckpt_meta_get_str(m, "model.arch", &s));
+    RT_CHECK(rt_ckpt_meta_get_str(m, "optim.kind", &s));
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "optim.steps", &v));
     uint64_t counters[MAX_DROPOUT];
     int nc;
-    RT_CHECK_GOTO(parse_counters(m, counters, &nc), st, fail);
-    /* optimizer state: state.<param>.<buffer>, buffer in optim.state, <param> an F32
-     * tensor of model.safetensors with the same shape */
-    char bufs[RT_OPTIM_MAX_STATE][64];
-    int nb;
-    RT_CHECK_GOTO(split_list(m, "optim.state", bufs, RT_OPTIM_MAX_STATE, &nb), st, fail);
-    for (int i = 0; i < f->train->n; i++) {
-        const rt_st_tensor *t = &f->train->tensors[i];
-        const char *dot = strrchr(t->name, '.');
-        char pname[256];
-        bool ok = strncmp(t->name, "state.", 6) == 0 && dot && dot > t->name + 6;
-        const rt_st_tensor *p = NULL;
+    RT_CHECK(parse_counters(m, counters, &nc));
+    return RT_OK;
+}
+
+/* one optimizer state tensor: state.<param>.<buffer>, buffer one of bufs, <param> an F32
+ * tensor of model.safetensors with the same shape */
+static rt_status check_state_tensor(const ckpt_files *f, const rt_st_tensor *t, char bufs[][64], int nb) {
+    const char *dot = strrchr(t->name, '.');
+    char pname[256];
+    bool ok = strncmp(t->name, "state.", 6) == 0 && dot && dot > t->name + 6;
+    const rt_st_tensor *p = NULL;
+    if (ok) {
+        ok = false;
+        for (int b = 0; b < nb; b++) ok |= strcmp(dot + 1, bufs[b]) == 0;
+    }
+    if (ok) {
+        size_t len = (size_t)(dot - (t->name + 6));
+        ok = len < sizeof pname;
         if (ok) {
-            ok = false;
-            for (int b = 0; b < nb; b++) ok |= strcmp(dot + 1, bufs[b]) == 0;
-        }
-        if (ok) {
-            size_t len = (size_t)(dot - (t->name + 6));
-            ok = len < sizeof pname;
-            if (ok) {
-                memcpy(pname, t->name + 6, len);
-                pname[len] = 0;
-                p = rt_safetensors_find(f->model, pname);
-            }
-        }
-        if (!ok) {
-            st = RT_ERROR(RT_ERR_FORMAT,
-                          "%s: unexpected tensor '%s' (expected state.<parameter>.<buffer> with a buffer of "
-                          "'optim.state')",
-                          f->train_path, t->name);
-            goto fail;
-        }
-        bool same = p && p->dtype == RT_F32 && t->dtype == RT_F32 && p->ndim == t->ndim;
-        for (int d = 0; same && d < t->ndim; d++) same = p->shape[d] == t->shape[d];
-        if (!same) {
-            st = RT_ERROR(RT_ERR_FORMAT, "%s: tensor '%s' has no F32 parameter '%s' of the same shape in %s",
-                          f->train_path, t->name, pname, f->model_path);
-            goto fail;
+            memcpy(pname, t->name + 6, len);
+            pname[len] = 0;
+            p = rt_safetensors_find(f->model, pname);
         }
     }
+    if (!ok)
+        RT_FAIL(RT_ERR_FORMAT,
+                "%s: unexpected tensor '%s' (expected state.<parameter>.<buffer> with a buffer of 'optim.state')",
+                f->train_path, t->name);
+    bool same = p && p->dtype == RT_F32 && t->dtype == RT_F32 && p->ndim == t->ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = p->shape[d] == t->shape[d];
+    if (!same)
+        RT_FAIL(RT_ERR_FORMAT, "%s: tensor '%s' has no F32 parameter '%s' of the same shape in %s", f->train_path,
+                t->name, pname, f->model_path);
+    return RT_OK;
+}
+
+/* every tensor of train.safetensors is the state of a parameter (see check_state_tensor) */
+static rt_status check_state_tensors(const ckpt_files *f) {
+    char bufs[RT_OPTIM_MAX_STATE][64];
+    int nb;
+    RT_CHECK(split_list(&f->meta, "optim.state", bufs, RT_OPTIM_MAX_STATE, &nb));
+    for (int i = 0; i < f->train->n; i++) RT_CHECK(check_state_tensor(f, &f->train->tensors[i], bufs, nb));
+    return RT_OK;
+}
+
+/* Read and check everything that does not need a model; on success f holds both files. */
+static rt_status verify_files(const char *path, ckpt_files *f) {
+    memset(f, 0, sizeof *f);
+    rt_ckpt_meta_init(&f->meta);
+    RT_CHECK(locate_files(path, f));
+    rt_status st;
+    RT_CHECK_GOTO(read_train(f), st, fail);
+    RT_CHECK_GOTO(check_format(&f->meta), st, fail);
+    RT_CHECK_GOTO(check_crcs(f), st, fail);
+    RT_CHECK_GOTO(check_fields(path, &f->meta), st, fail);
+    RT_CHECK_GOTO(check_state_tensors(f), st, fail);
     return RT_OK;
 fail:
     files_free(f);
@@ -894,6 +995,92 @@ rt_status rt_ckpt_find(const char *dir, rt_ckpt_found *out) {
     RT_FAIL(RT_ERR_FORMAT, "none of the %d checkpoints in %s is valid (the newest: %s)", n, dir, first);
 }
 
+/* the model's weights and dropout counters from f (its architecture must match) */
+static rt_status restore_model(const ckpt_files *f, rt_model *model) {
+    const rt_ckpt_meta *m = &f->meta;
+    const char *arch = rt_ckpt_meta_get(m, "model.arch");
+    const char *mine = rt_model_arch_name(rt_model_config_of(model)->arch);
+    if (strcmp(arch, mine) != 0)
+        RT_FAIL(RT_ERR_INVALID, "%s: metadata 'model.arch' is \"%s\" but the model is %s", m->source, arch, mine);
+    uint64_t counters[MAX_DROPOUT];
+    int nc;
+    RT_CHECK(parse_counters(m, counters, &nc));
+    int have = rt_model_dropout_counters(model, NULL, 0);
+    if (nc != have)
+        RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'model.dropout_counters' has %d counters, the model %d dropout layers",
+                m->source, nc, have);
+    RT_CHECK(rt_model_load(model, f->model_path));
+    RT_CHECK(rt_model_set_dropout_counters(model, counters, nc));
+    return RT_OK;
+}
+
+/* f's optimizer fields against opt: its kind, its size, its state buffers (bufs, *ns of
+ * them, in opt's order) and the number of state tensors; *steps its step counter */
+static rt_status check_optimizer(const ckpt_files *f, rt_model *model, const rt_optimizer *opt, char bufs[][64],
+                                 int *ns, int64_t *steps) {
+    const rt_ckpt_meta *m = &f->meta;
+    const char *kind = rt_ckpt_meta_get(m, "optim.kind");
+    if (strcmp(kind, rt_optim_kind_name(opt->cfg.kind)) != 0)
+        RT_FAIL(RT_ERR_INVALID, "%s: metadata 'optim.kind' is \"%s\" but the optimizer is %s", m->source, kind,
+                rt_optim_kind_name(opt->cfg.kind));
+    if (opt->n * sizeof(float) != rt_model_params(model)->size)
+        RT_FAIL(RT_ERR_INVALID, "rt_ckpt_load: the optimizer covers %zu floats, the parameter arena %zu", opt->n,
+                rt_model_params(model)->size / sizeof(float));
+    int nb;
+    RT_CHECK(split_list(m, "optim.state", bufs, RT_OPTIM_MAX_STATE, &nb));
+    *ns = rt_optimizer_state_count(opt);
+    bool same = nb == *ns;
+    for (int b = 0; same && b < *ns; b++) {
+        rt_optim_state s;
+        RT_CHECK(rt_optimizer_state_get(opt, b, &s));
+        same = strcmp(s.name, bufs[b]) == 0;
+    }
+    if (!same)
+        RT_FAIL(RT_ERR_INVALID, "%s: metadata 'optim.state' is \"%s\", which this optimizer's state does not match",
+                m->source, rt_ckpt_meta_get(m, "optim.state"));
+    RT_CHECK(rt_ckpt_meta_get_i64(m, "optim.steps", steps));
+    int trainable = 0;
+    for (int i = 0; i < rt_model_param_count(model); i++) trainable += rt_param_trainable(rt_model_param(model, i));
+    if (f->train->n != trainable * *ns)
+        RT_FAIL(RT_ERR_FORMAT, "%s: %d state tensors, expected %d (%d parameters x %d buffers)", f->train_path,
+                f->train->n, trainable * *ns, trainable, *ns);
+    return RT_OK;
+}
+
+/* each state buffer gathered from its per-parameter tensors into host (opt->n floats), then
+ * handed to the optimizer */
+static rt_status load_state_buffers(const ckpt_files *f, rt_model *model, rt_optimizer *opt, char bufs[][64], int ns,
+                                    float *host) {
+    for (int b = 0; b < ns; b++) {
+        memset(host, 0, opt->n * sizeof(float));
+        for (int i = 0; i < rt_model_param_count(model); i++) {
+            const rt_param *p = rt_model_param(model, i);
+            if (!rt_param_trainable(p)) continue;
+            char name[512];
+            snprintf(name, sizeof name, "state.%s.%s", p->name, bufs[b]);
+            RT_CHECK(rt_safetensors_get(f->train, name, RT_F32, p->value.ndim, p->value.shape,
+                                        host + p->value.offset / sizeof(float)));
+        }
+        RT_CHECK(rt_optimizer_state_load(opt, bufs[b], host, opt->n));
+    }
+    return RT_OK;
+}
+
+/* the optimizer's state buffers and step counter from f */
+static rt_status restore_optimizer(const ckpt_files *f, rt_model *model, rt_optimizer *opt) {
+    char bufs[RT_OPTIM_MAX_STATE][64];
+    int ns = 0;
+    int64_t steps = 0;
+    RT_CHECK(check_optimizer(f, model, opt, bufs, &ns, &steps));
+    float *host = calloc(opt->n + 1, sizeof(float));
+    if (!host) RT_FAIL(RT_ERR_NOMEM, "out of memory (%zu floats)", opt->n);
+    rt_status st = load_state_buffers(f, model, opt, bufs, ns, host);
+    free(host);
+    if (st != RT_OK) return st;
+    RT_CHECK(rt_optimizer_set_steps(opt, steps));
+    return RT_OK;
+}
+
 rt_status rt_ckpt_load(const char *path, rt_model *model, rt_optimizer *opt, rt_ckpt_meta *meta) {
     if (meta) rt_ckpt_meta_init(meta);
     RT_REQUIRE(model || !opt, RT_ERR_INVALID,
@@ -901,92 +1088,13 @@ rt_status rt_ckpt_load(const char *path, rt_model *model, rt_optimizer *opt, rt_
     ckpt_files f;
     RT_CHECK(verify_files(path, &f));
     rt_status st = RT_OK;
-    rt_ckpt_meta *m = &f.meta;
-    float *host = NULL;
-    if (model) {
-        const char *arch = rt_ckpt_meta_get(m, "model.arch");
-        const char *mine = rt_model_arch_name(rt_model_config_of(model)->arch);
-        if (strcmp(arch, mine) != 0) {
-            st = RT_ERROR(RT_ERR_INVALID, "%s: metadata 'model.arch' is \"%s\" but the model is %s", m->source, arch,
-                          mine);
-            goto done;
-        }
-        uint64_t counters[MAX_DROPOUT];
-        int nc;
-        RT_CHECK_GOTO(parse_counters(m, counters, &nc), st, done);
-        int have = rt_model_dropout_counters(model, NULL, 0);
-        if (nc != have) {
-            st = RT_ERROR(RT_ERR_FORMAT,
-                          "%s: metadata 'model.dropout_counters' has %d counters, the model %d dropout layers",
-                          m->source, nc, have);
-            goto done;
-        }
-        RT_CHECK_GOTO(rt_model_load(model, f.model_path), st, done);
-        RT_CHECK_GOTO(rt_model_set_dropout_counters(model, counters, nc), st, done);
-    }
-    if (opt) {
-        const char *kind = rt_ckpt_meta_get(m, "optim.kind");
-        if (strcmp(kind, rt_optim_kind_name(opt->cfg.kind)) != 0) {
-            st = RT_ERROR(RT_ERR_INVALID, "%s: metadata 'optim.kind' is \"%s\" but the optimizer is %s", m->source,
-                          kind, rt_optim_kind_name(opt->cfg.kind));
-            goto done;
-        }
-        if (opt->n * sizeof(float) != rt_model_params(model)->size) {
-            st = RT_ERROR(RT_ERR_INVALID, "rt_ckpt_load: the optimizer covers %zu floats, the parameter arena %zu",
-                          opt->n, rt_model_params(model)->size / sizeof(float));
-            goto done;
-        }
-        char bufs[RT_OPTIM_MAX_STATE][64];
-        int nb;
-        RT_CHECK_GOTO(split_list(m, "optim.state", bufs, RT_OPTIM_MAX_STATE, &nb), st, done);
-        int ns = rt_optimizer_state_count(opt);
-        bool same = nb == ns;
-        for (int b = 0; same && b < ns; b++) {
-            rt_optim_state s;
-            RT_CHECK_GOTO(rt_optimizer_state_get(opt, b, &s), st, done);
-            same = strcmp(s.name, bufs[b]) == 0;
-        }
-        if (!same) {
-            st = RT_ERROR(RT_ERR_INVALID,
-                          "%s: metadata 'optim.state' is \"%s\", which this optimizer's state does not match",
-                          m->source, rt_ckpt_meta_get(m, "optim.state"));
-            goto done;
-        }
-        int64_t steps;
-        RT_CHECK_GOTO(rt_ckpt_meta_get_i64(m, "optim.steps", &steps), st, done);
-        int trainable = 0;
-        for (int i = 0; i < rt_model_param_count(model); i++) trainable += rt_param_trainable(rt_model_param(model, i));
-        if (f.train->n != trainable * ns) {
-            st = RT_ERROR(RT_ERR_FORMAT, "%s: %d state tensors, expected %d (%d parameters x %d buffers)", f.train_path,
-                          f.train->n, trainable * ns, trainable, ns);
-            goto done;
-        }
-        host = calloc(opt->n + 1, sizeof(float));
-        if (!host) {
-            st = RT_ERROR(RT_ERR_NOMEM, "out of memory (%zu floats)", opt->n);
-            goto done;
-        }
-        for (int b = 0; b < ns; b++) {
-            memset(host, 0, opt->n * sizeof(float));
-            for (int i = 0; i < rt_model_param_count(model); i++) {
-                const rt_param *p = rt_model_param(model, i);
-                if (!rt_param_trainable(p)) continue;
-                char name[512];
-                snprintf(name, sizeof name, "state.%s.%s", p->name, bufs[b]);
-                RT_CHECK_GOTO(rt_safetensors_get(f.train, name, RT_F32, p->value.ndim, p->value.shape,
-                                                 host + p->value.offset / sizeof(float)),
-                              st, done);
-            }
-            RT_CHECK_GOTO(rt_optimizer_state_load(opt, bufs[b], host, opt->n), st, done);
-        }
-        RT_CHECK_GOTO(rt_optimizer_set_steps(opt, steps), st, done);
-    }
+    if (model) RT_CHECK_GOTO(restore_model(&f, model), st, done);
+    if (opt) RT_CHECK_GOTO(restore_optimizer(&f, model, opt), st, done);
     if (meta) {
         *meta = f.meta;
         rt_ckpt_meta_init(&f.meta);
     }
 done:
-    free(host);
     files_free(&f);
     return st;
 }

@@ -82,8 +82,9 @@ rt_status rt_ckpt_meta_get_u64(const rt_ckpt_meta *m, const char *key, uint64_t 
  * one entry per shape, "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=1/3"
  * (in_c x in_h x in_w -> out_c, kernel, stride, padding, the batch chosen at, precision,
  * then algorithm/math type of each direction, cuDNN's numbers), joined by "; "; "" for
- * none. get: only that exact text (RT_ERR_FORMAT naming the source, the key and the
- * entry), at most RT_CONV_ALGOS_MAX entries. */
+ * none. get: only that exact text, every number checked (present, digits only, in range),
+ * nothing after the last (RT_ERR_FORMAT naming the source, the key, the entry and the piece
+ * expected where it went wrong), at most RT_CONV_ALGOS_MAX entries. */
 rt_status rt_ckpt_meta_set_conv_algos(rt_ckpt_meta *m, const char *key, const rt_conv_algos *a);
 rt_status rt_ckpt_meta_get_conv_algos(const rt_ckpt_meta *m, const char *key, rt_conv_algos *out);
 

@@ -6,7 +6,8 @@
  * checkpoint; writes into a read-only directory, past RLIMIT_FSIZE and onto a full tmpfs
  * failing with the path and errno text and leaving the earlier checkpoint intact and no
  * temporary behind; keep_last pruning, rewriting a step, stale temporaries; the
- * metadata API's strict integers. */
+ * metadata API's strict integers; cudnn.conv_algos read back from a file, truncated and
+ * malformed entries refused with the file, field and expected piece named. */
 #include "ckpt_test_util.h"
 
 #include <errno.h>
@@ -637,6 +638,60 @@ static void test_meta_conv_algos(void **state) {
     rt_ckpt_meta_free(&m);
 }
 
+/* cudnn.conv_algos read from a checkpoint on disk (the metadata no crc covers): a truncated
+ * or malformed entry is RT_ERR_FORMAT naming the file, the field, the entry and the piece
+ * expected where it went wrong, never a parse of what was not there (the old sscanf left
+ * the precision uninitialised when fewer fields matched: valgrind and ASan saw it); an
+ * entry as older checkpoints wrote it keeps loading. */
+static void test_conv_algos_file(void **state) {
+    (void)state;
+    static const char ok1[] = "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=0/3";
+    static const struct {
+        const char *value, *frag;
+    } cases[] = {
+        {"64", "entry 1 is \"64\": expected \"x\" and the input height"},
+        {"64x28x28->64 k3", "expected \" s\" and the stride (a decimal integer >= 1) at byte 15"},
+        {"64x28x28->64 k3 s1 p1 n32",
+         "expected \" \" and the precision (fp32 | tf32 | bf16, then \"/nhwc\" or nothing) at byte 25"},
+        {"64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1", "expected \"/\" and the backward-data math type"},
+        {"64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=0/3 x", "expected the end of the entry at byte 58"},
+        {"64x28x28->4294967361 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=0/3", "and the output channels"},
+        {"64x28x28->64 k3 s1 p01 n32 fp32 fwd=1/3 data=1/3 filter=0/3", "and the padding (a decimal integer >= 0)"},
+        {"64x28x28->64 k3 s1 p1 n32 fp32xxxxxxxxxxxxxxxxxxxxxx fwd=1/3 data=1/3 filter=0/3", "and the precision"},
+        {"64x28x28->64 k3 s1 p1 n32 FP32 fwd=1/3 data=1/3 filter=0/3", "and the precision"},
+        {"64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=0/3; 64x28", "entry 2 is \"64x28\": expected \"x\""},
+    };
+    char dir[256], path[RT_CKPT_PATH_MAX];
+    ct_tmpdir(dir, sizeof dir, "algos");
+    ct_run r;
+    ct_build(&r, RT_ARCH_NET, 64, RT_OPTIM_SGD, 1);
+    for (size_t i = 0; i <= sizeof cases / sizeof cases[0]; i++) {
+        const char *value = i < sizeof cases / sizeof cases[0] ? cases[i].value : ok1;
+        rt_ckpt_meta m, got;
+        ct_meta(&m, 0);
+        assert_rt_ok(rt_ckpt_meta_set(&m, "cudnn.conv_algos", value));
+        assert_rt_ok(rt_ckpt_write(dir, 1, r.model, &r.opt, &m, 0, path, sizeof path));
+        rt_ckpt_meta_free(&m);
+        assert_rt_ok(rt_ckpt_verify(path, &got)); /* the crcs do not cover it */
+        rt_conv_algos b;
+        rt_status st = rt_ckpt_meta_get_conv_algos(&got, "cudnn.conv_algos", &b);
+        rt_ckpt_meta_free(&got);
+        if (i == sizeof cases / sizeof cases[0]) { /* as older checkpoints wrote it */
+            assert_rt_ok(st);
+            assert_int_equal(b.n, 1);
+            assert_int_equal(b.a[0].bwd_filter, 0);
+            assert_int_equal(b.a[0].bwd_filter_math, 3);
+            continue;
+        }
+        if (st != RT_ERR_FORMAT) fail_msg("%s: status %d", value, (int)st);
+        ct_assert_msg("ckpt-000000001/train.safetensors: metadata 'cudnn.conv_algos': ");
+        ct_assert_msg(cases[i].frag);
+        rt_error_clear();
+    }
+    ct_free(&r);
+    ct_rmrf(dir);
+}
+
 static void test_meta(void **state) {
     (void)state;
     rt_ckpt_meta m;
@@ -697,6 +752,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_meta),
         cmocka_unit_test(test_meta_conv_algos),
+        cmocka_unit_test(test_conv_algos_file),
         cmocka_unit_test(test_round_trip_net),
         cmocka_unit_test(test_round_trip_resnet),
         cmocka_unit_test(test_mismatch),
