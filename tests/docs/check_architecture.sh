@@ -10,6 +10,9 @@
 #    (`arch.c`, `internal/optim_kernels.h`: some file under src/ or tests/ must end so);
 #  - links a page of docs/ that does not exist;
 #  - has a row of the "Where to add" table without its count after issue 24;
+#  - has a row of the table re-measured after issue 37 whose check (a grep in its last
+#    column, run from the root) finds another number of files than the row counts, or a
+#    file the row does not name;
 #  - does not list, in the "Backends" section's paragraph "Outside the `cuda/` folders",
 #    exactly the files of src/ outside cuda/ folders with an #if on RT_HAVE_CUDA.
 # usage: check_architecture.sh SOURCE_DIR [PAGE]   (PAGE: docs/architecture.md by default)
@@ -78,6 +81,24 @@ while IFS= read -r row; do
   last=$(sed -E 's/\|[[:space:]]*$//; s/.*\|//' <<<"$row" | tr -d '[:space:]')
   [ -n "$last" ] || complain "the 'Where to add' row '${row:0:40}...' has no 'after issue 24' value"
 done < <(awk '/^## Where to add/{on=1; next} /^## /{on=0} on && /^\| (a|an) /' "$doc")
+
+# 8. the re-measured "Where to add" rows: each row's grep finds exactly the files it counts
+rows=0
+while IFS= read -r row; do
+  rows=$((rows + 1))
+  IFS='|' read -r _ what count files _ <<<"${row//\\|/$'\x01'}"
+  cmd=$(sed -E 's/.*\|[[:space:]]*`([^`]*)`[[:space:]]*\|[[:space:]]*$/\1/' <<<"$row")
+  cmd=${cmd//\\|/|}
+  n=$(grep -oE '^[[:space:]]*[0-9]+' <<<"$count" | tr -d '[:space:]')
+  case $cmd in grep\ *) ;; *) complain "re-measured row '${what}': its check is not a grep ($cmd)"; continue ;; esac
+  found=$(bash -c "$cmd" | sort)
+  got=$(grep -c . <<<"$found")
+  [ "$got" = "$n" ] || complain "re-measured row '${what}': its check finds $got file(s), the row counts ${n:-none}: $(tr '\n' ' ' <<<"$found")"
+  for f in $found; do
+    grep -qF "\`${f#src/}\`" <<<"$files" || complain "re-measured row '${what}': its check finds $f, which the row does not name"
+  done
+done < <(awk '/^### Re-measured after issue 37/{on=1; next} /^##/{on=0} on && /^\| (a|an) /' "$doc")
+[ "$rows" -gt 0 ] || complain "no table 'Re-measured after issue 37' in 'Where to add'"
 
 # 7. RT_HAVE_CUDA outside the cuda/ folders: exactly the files the Backends section lists
 listed=$(awk '/^## Backends/{on=1; next} /^## /{on=0} on && /^Outside the `cuda\/` folders/{p=1} p && /^$/{p=0} p' "$doc" |
