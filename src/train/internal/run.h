@@ -1,7 +1,7 @@
 /* One rank's run: the state the trainer's rooms share, and what each room offers the
  * others. Private to src/train.
  *
- * The trainer is split by concern, one file each (docs/train.md, "Where things are"):
+ * The trainer is split by concern, one file each (docs/architecture.md, the Folders table):
  *   trainer.c     the public entry points, the run's setup sequence, its logs and its end
  *   setup.c       datasets, process group, model (and its convolution algorithms), loaders,
  *                 optimizer and schedule, gradient reducer
