@@ -84,7 +84,8 @@ rt_status rt_algo_parse(const char *text, rt_algo *out);
  *   Slurm (srun)           SLURM_PROCID SLURM_NTASKS SLURM_LOCALID SLURM_NTASKS_PER_NODE
  * A field whose variable is unset is -1. A variable that is set but is not an integer in
  * range (rank < world size, local rank < local world size) is RT_ERR_INVALID naming the
- * variable. With no launcher variables at all: RT_OK, launcher NULL, every field -1. */
+ * variable; so is a rank without its world size or the reverse (the launcher sets both;
+ * the local pair is optional). With no launcher variables at all: RT_OK, launcher NULL, every field -1. */
 typedef struct rt_dist_env {
     int rank, world_size, local_rank, local_world_size;
     const char *launcher;    /* "torchrun", "openmpi", "slurm", or NULL: none */

@@ -15,13 +15,18 @@ enum { F_RANK, F_WORLD, F_LOCAL, F_LOCAL_WORLD, F_COUNT_ }; /* the fields of rt_
  * from 0 and sizes from 1, at most 2^20) */
 typedef struct launcher_vars {
     const char *launcher;
+    const char *program; /* for messages: "torchrun", "Open MPI's mpirun", ... */
     rt_setting_id var[F_COUNT_];
 } launcher_vars;
 
 static const launcher_vars k_launchers[] = {
-    {"torchrun", {RT_SET_RANK, RT_SET_WORLD_SIZE, RT_SET_LOCAL_RANK, RT_SET_LOCAL_WORLD_SIZE}},
-    {"openmpi", {RT_SET_OMPI_RANK, RT_SET_OMPI_SIZE, RT_SET_OMPI_LOCAL_RANK, RT_SET_OMPI_LOCAL_SIZE}},
-    {"slurm", {RT_SET_SLURM_PROCID, RT_SET_SLURM_NTASKS, RT_SET_SLURM_LOCALID, RT_SET_SLURM_NTASKS_PER_NODE}},
+    {"torchrun", "torchrun", {RT_SET_RANK, RT_SET_WORLD_SIZE, RT_SET_LOCAL_RANK, RT_SET_LOCAL_WORLD_SIZE}},
+    {"openmpi",
+     "Open MPI's mpirun",
+     {RT_SET_OMPI_RANK, RT_SET_OMPI_SIZE, RT_SET_OMPI_LOCAL_RANK, RT_SET_OMPI_LOCAL_SIZE}},
+    {"slurm",
+     "Slurm's srun",
+     {RT_SET_SLURM_PROCID, RT_SET_SLURM_NTASKS, RT_SET_SLURM_LOCALID, RT_SET_SLURM_NTASKS_PER_NODE}},
 };
 enum { N_LAUNCHERS = sizeof k_launchers / sizeof k_launchers[0] };
 
@@ -35,6 +40,17 @@ rt_status rt_env_parse_int(const char *name, const char *text, int lo, int hi, i
         return RT_ERROR(RT_ERR_INVALID, "%s='%s' is not an integer in %d..%d", name, text, lo, hi);
     *out = (int)v;
     return RT_OK;
+}
+
+/* A launcher sets the rank and the world size together (the local pair is optional: srun
+ * may leave it); one without the other is a half-set environment, not a one-rank job. */
+static rt_status check_pair(const launcher_vars *l, const rt_dist_env *e) {
+    if ((e->rank < 0) == (e->world_size < 0)) return RT_OK;
+    rt_setting_id set = e->rank >= 0 ? l->var[F_RANK] : l->var[F_WORLD];
+    rt_setting_id unset = e->rank >= 0 ? l->var[F_WORLD] : l->var[F_RANK];
+    RT_FAIL(RT_ERR_INVALID, "%s=%d is set but %s is not: a launcher sets both (%s does); set %s or unset %s",
+            var_name(set), e->rank >= 0 ? e->rank : e->world_size, var_name(unset), l->program, var_name(unset),
+            var_name(set));
 }
 
 rt_status rt_dist_env_read(rt_dist_env *out) {
@@ -53,6 +69,7 @@ rt_status rt_dist_env_read(rt_dist_env *out) {
         }
         out->launcher = l->launcher;
         if (out->rank >= 0) out->rank_source = var_name(l->var[F_RANK]);
+        RT_CHECK(check_pair(l, out));
         RT_REQUIRE(out->rank < 0 || out->world_size < 0 || out->rank < out->world_size, RT_ERR_INVALID,
                    "%s=%d is out of range for %s=%d", var_name(l->var[F_RANK]), out->rank, var_name(l->var[F_WORLD]),
                    out->world_size);

@@ -329,24 +329,37 @@ static rt_status fsync_path(const char *path, bool dir) {
     return RT_OK;
 }
 
-/* rm -r of a directory we wrote (files and directories only); best effort */
-static void remove_tree(const char *path) {
-    DIR *d = opendir(path);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-            char sub[RT_CKPT_PATH_MAX + 256];
-            if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) >= (int)sizeof sub) continue;
-            struct stat sb;
-            if (lstat(sub, &sb) == 0 && S_ISDIR(sb.st_mode))
-                remove_tree(sub);
-            else
-                unlink(sub);
-        }
-        closedir(d);
+/* Empty the directory NAME (relative to dirfd at, or a path with AT_FDCWD): files and
+ * directories only, never through a symbolic link (the directory itself is opened with
+ * O_NOFOLLOW and every entry is looked at with lstat semantics: a link inside is
+ * unlinked, what it points to is not ours). False when NAME is not a directory we can
+ * open that way (a symlink among them): then nothing was removed. */
+static bool empty_tree_at(int at, const char *name) {
+    int fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return false;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return false;
     }
-    rmdir(path);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        struct stat sb;
+        if (fstatat(fd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(sb.st_mode)) {
+            if (empty_tree_at(fd, e->d_name)) unlinkat(fd, e->d_name, AT_REMOVEDIR);
+        } else {
+            unlinkat(fd, e->d_name, 0);
+        }
+    }
+    closedir(d);
+    return true;
+}
+
+/* rm -r of a directory we wrote (files and directories only); best effort. A symbolic
+ * link at PATH is left alone, and so is everything it points to. */
+static void remove_tree(const char *path) {
+    if (empty_tree_at(AT_FDCWD, path)) rmdir(path);
 }
 
 void rt_ckpt_dir_name(int64_t step, char *out, size_t n) {
@@ -376,7 +389,8 @@ static int cmp_entry_desc(const void *a, const void *b) {
     return (x->step < y->step) - (x->step > y->step);
 }
 
-/* ckpt-* directories of dir, newest first; *n = 0 if dir does not exist */
+/* ckpt-* directories of dir (not symbolic links to one), newest first; *n = 0 if dir does
+ * not exist */
 static rt_status list_ckpts(const char *dir, ckpt_entry **out, int *n) {
     *out = NULL;
     *n = 0;
@@ -394,7 +408,8 @@ static rt_status list_ckpts(const char *dir, ckpt_entry **out, int *n) {
         char p[RT_CKPT_PATH_MAX + 256];
         struct stat sb;
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+        /* lstat: a symlinked ckpt-* (say, to an archive) is not ours to count, prune or move */
+        if (lstat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
         if (*n == cap) {
             cap = cap ? 2 * cap : 16;
             ckpt_entry *nv = realloc(v, sizeof *nv * (size_t)cap);

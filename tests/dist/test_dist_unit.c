@@ -541,10 +541,46 @@ static void dist_env(void **s) {
     env_clear();
     setenv("RANK", "", 1);
     setenv("SLURM_PROCID", "1", 1);
+    setenv("SLURM_NTASKS", "2", 1);
     assert_rt_ok(rt_dist_env_read(&e));
     assert_string_equal(e.launcher, "slurm");
     assert_int_equal(e.rank, 1);
-    assert_int_equal(e.world_size, -1);
+    assert_int_equal(e.world_size, 2);
+    assert_int_equal(e.local_rank, -1); /* the local pair stays optional (srun may leave it) */
+    env_clear();
+    rt_error_clear();
+}
+
+/* A rank without a world size (or the reverse) is an error naming what is set and what
+ * is missing, for each launcher; not a one-rank job failing later in the sampler. */
+static void dist_env_half_set(void **s) {
+    (void)s;
+    const struct {
+        const char *rank, *world, *program;
+    } fam[] = {
+        {"RANK", "WORLD_SIZE", "torchrun"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "srun"},
+    };
+    for (size_t i = 0; i < sizeof fam / sizeof *fam; i++) {
+        for (int half = 0; half < 2; half++) {
+            const char *set = half ? fam[i].world : fam[i].rank, *missing = half ? fam[i].rank : fam[i].world;
+            env_clear();
+            setenv(set, half ? "4" : "1", 1);
+            char says[160];
+            snprintf(says, sizeof says, "%s=%s is set but %s is not", set, half ? "4" : "1", missing);
+            rt_dist_env e;
+            assert_int_equal(rt_dist_env_read(&e), RT_ERR_INVALID);
+            const char *msg = rt_error_message();
+            if (!strstr(msg, says) || !strstr(msg, fam[i].program)) fail_msg("%s alone: %s", set, msg);
+            rt_rdzv r; /* the rendezvous reads the same code */
+            assert_int_equal(rt_rdzv_parse("tcp://127.0.0.1:1234", -1, -1, &r), RT_ERR_INVALID);
+            assert_non_null(strstr(rt_error_message(), says));
+            setenv(missing, half ? "1" : "4", 1); /* the whole pair: fine */
+            assert_rt_ok(rt_dist_env_read(&e));
+            assert_true(e.rank == 1 && e.world_size == 4 && e.local_rank == -1 && e.local_world_size == -1);
+        }
+    }
     env_clear();
     rt_error_clear();
 }
@@ -643,19 +679,13 @@ static void transport_tables(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(store_frames),
-        cmocka_unit_test(hello_and_header),
-        cmocka_unit_test(auth_proofs),
-        cmocka_unit_test(store_roundtrip),
-        cmocka_unit_test(rdzv_env),
-        cmocka_unit_test(reduce_kernels),
-        cmocka_unit_test(bad_timeout),
-        cmocka_unit_test(async_null_request),
-        cmocka_unit_test(parse_names),
-        cmocka_unit_test(dist_env),
-        cmocka_unit_test(submit_failure_frees_request),
-        cmocka_unit_test(hex_secrets),
-        cmocka_unit_test(transport_tables),
+        cmocka_unit_test(store_frames),      cmocka_unit_test(hello_and_header),
+        cmocka_unit_test(auth_proofs),       cmocka_unit_test(store_roundtrip),
+        cmocka_unit_test(rdzv_env),          cmocka_unit_test(reduce_kernels),
+        cmocka_unit_test(bad_timeout),       cmocka_unit_test(async_null_request),
+        cmocka_unit_test(parse_names),       cmocka_unit_test(dist_env),
+        cmocka_unit_test(dist_env_half_set), cmocka_unit_test(submit_failure_frees_request),
+        cmocka_unit_test(hex_secrets),       cmocka_unit_test(transport_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -69,6 +69,15 @@ bad_config)
   f=$(ls "$tmp/cut"/train-images* | head -1)
   head -c 100000 "$f" > "$f.part" && mv "$f.part" "$f"
   expect_error "truncated dataset" 1 "$(basename "$f")" -- "$bin" train "$tmp/ok.yaml" "${small[@]}" "data.path=$tmp/cut"
+  # half-set launcher variables: named, not a failure deep in the sampler (issue 38 item 6)
+  one=(model.arch=net data.train_subset=512 data.test_subset=128 data.batch_size=32 train.threads=1 "log.dir=$tmp/run")
+  nolaunch=(env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE
+            -u SLURM_PROCID -u SLURM_NTASKS)
+  expect_error "RANK alone" 1 "RANK=1 is set but WORLD_SIZE is not: a launcher sets both (torchrun does); set WORLD_SIZE or unset RANK" -- \
+    "${nolaunch[@]}" RANK=1 "$bin" train "$tmp/ok.yaml" "${one[@]}"
+  expect_error "WORLD_SIZE alone" 1 "WORLD_SIZE=2 is set but RANK is not" -- "${nolaunch[@]}" WORLD_SIZE=2 "$bin" train "$tmp/ok.yaml" "${one[@]}"
+  expect_error "SLURM_PROCID alone" 1 "SLURM_PROCID=1 is set but SLURM_NTASKS is not" -- \
+    "${nolaunch[@]}" SLURM_PROCID=1 SLURM_LOCALID=0 "$bin" train "$tmp/ok.yaml" "${one[@]}"
   # a batch the ranks cannot share
   expect_error "batch not divisible" 1 "not divisible by the world size 3" -- "$bin" train "$tmp/ok.yaml" "${small[@]}" data.batch_size=32 --nproc 3
   # an unreachable master (node 1 of 2; nothing listens at 127.0.0.3:29999)

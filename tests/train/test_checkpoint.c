@@ -5,7 +5,8 @@
  * refused with the file and field named and find() falling back to the previous
  * checkpoint; writes into a read-only directory, past RLIMIT_FSIZE and onto a full tmpfs
  * failing with the path and errno text and leaving the earlier checkpoint intact and no
- * temporary behind; keep_last pruning, rewriting a step, stale temporaries; the
+ * temporary behind; keep_last pruning, rewriting a step, stale temporaries, symbolic
+ * links neither counted nor followed (an archived checkpoint linked back survives); the
  * metadata API's strict integers; cudnn.conv_algos read back from a file, truncated and
  * malformed entries refused with the file, field and expected piece named. */
 #include "ckpt_test_util.h"
@@ -389,6 +390,71 @@ static void test_keep_last(void **state) {
     ct_rmrf(dir);
 }
 
+/* A symbolic link is not ours (issue 38, item 5): a checkpoint moved to an archive folder
+ * and linked back, and a stale temporary that is a link, are neither counted, pruned, moved
+ * aside nor followed; every file they point to survives, and so do the links. A link
+ * inside a checkpoint that is pruned goes with it, its target stays. */
+static void test_prune_symlink(void **state) {
+    (void)state;
+    char dir[256], arch_rel[256], arch[PATH_MAX], p[PATH_MAX + 64], q[PATH_MAX + 64];
+    ct_tmpdir(dir, sizeof dir, "symlink");
+    ct_tmpdir(arch_rel, sizeof arch_rel, "archive");
+    assert_non_null(realpath(arch_rel, arch));
+    ct_run r;
+    ct_build(&r, RT_ARCH_NET, 64, RT_OPTIM_SGD, 1);
+    for (int s = 1; s <= 3; s++) write_ckpt(dir, s, &r, 3);
+    /* ckpt-1 archived and linked back */
+    snprintf(p, sizeof p, "%s/ckpt-000000001", dir);
+    snprintf(q, sizeof q, "%s/ckpt-000000001", arch);
+    assert_int_equal(rename(p, q), 0);
+    assert_int_equal(symlink(q, p), 0);
+    int files = ct_count_prefix(q, "");
+    assert_true(files >= 4); /* ".", "..", the two files */
+    /* a link inside ckpt-2 to a file of the archive, and a stale temporary that is a link */
+    snprintf(p, sizeof p, "%s/ckpt-000000002/extra", dir);
+    snprintf(q, sizeof q, "%s/ckpt-000000001/model.safetensors", arch);
+    assert_int_equal(symlink(q, p), 0);
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    assert_true(dead > 0);
+    waitpid(dead, NULL, 0);
+    snprintf(p, sizeof p, "%s/.ckpt-000000009.tmp-%ld", dir, (long)dead);
+    snprintf(q, sizeof q, "%s/ckpt-000000001", arch);
+    assert_int_equal(symlink(q, p), 0);
+    for (int s = 4; s <= 6; s++) write_ckpt(dir, s, &r, 2); /* prunes 2, 3, 4 */
+    /* the archive's files all survive */
+    assert_int_equal(ct_count_prefix(q, ""), files);
+    assert_true(exists(arch_rel, "ckpt-000000001/model.safetensors") &&
+                exists(arch_rel, "ckpt-000000001/train.safetensors"));
+    assert_rt_ok(rt_ckpt_verify(q, NULL));
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/ckpt-000000001", dir);
+    assert_int_equal(lstat(p, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    snprintf(p, sizeof p, "%s/.ckpt-000000009.tmp-%ld", dir, (long)dead);
+    assert_int_equal(lstat(p, &sb), 0);
+    assert_false(exists(dir, "ckpt-000000002") || exists(dir, "ckpt-000000004"));
+    int n = -1;
+    char newest[64];
+    assert_rt_ok(rt_ckpt_count(dir, &n, newest, sizeof newest));
+    assert_int_equal(n, 2); /* the link is not a checkpoint of this folder */
+    assert_string_equal(newest, "ckpt-000000006");
+    /* moving aside takes this folder's two and leaves the link where it is */
+    char aside[RT_CKPT_PATH_MAX + 128];
+    assert_rt_ok(rt_ckpt_move_aside(dir, aside, sizeof aside));
+    assert_int_equal(ct_count_prefix(aside, "ckpt-"), 2);
+    snprintf(p, sizeof p, "%s/ckpt-000000001", dir);
+    assert_int_equal(lstat(p, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    rt_ckpt_found f;
+    assert_rt_ok(rt_ckpt_find(dir, &f));
+    assert_string_equal(f.path, ""); /* nothing of this folder's own to resume */
+    assert_int_equal(ct_count_prefix(q, ""), files);
+    ct_free(&r);
+    ct_rmrf(dir);
+    ct_rmrf(arch_rel);
+}
+
 /* Pruning counts only this run's valid checkpoints (issue 20, item 4): another run's
  * checkpoints in the folder and a corrupt newer one of this run are neither counted
  * toward keep_last nor removed; this run's older valid ones beyond keep_last are. */
@@ -762,6 +828,7 @@ int main(void) {
         cmocka_unit_test(test_find),
         cmocka_unit_test(test_keep_last),
         cmocka_unit_test(test_keep_last_runs),
+        cmocka_unit_test(test_prune_symlink),
         cmocka_unit_test(test_readonly_dir),
         cmocka_unit_test(test_file_size_limit),
         cmocka_unit_test(test_disk_full),
