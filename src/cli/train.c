@@ -378,6 +378,34 @@ static const char *not_restartable(const rt_launch_result *res) {
     return NULL;
 }
 
+/* A failed attempt as --max-restarts compares it: the first failure's rank, how it ended,
+ * its error line, the newest step it reported and the checkpoint a restart resumes from. */
+typedef struct attempt_failure {
+    int rank, code;
+    bool signal;
+    int64_t step;
+    char line[RT_LAUNCH_LINE];
+    char ckpt[RT_CKPT_PATH_MAX];
+} attempt_failure;
+
+/* Two attempts failed with the same cause at the same step, with no checkpoint in between:
+ * the same rank ended the same way (killed by the same signal, or the same exit code with
+ * the same error line) after the same step, and the restart would resume from the same
+ * checkpoint. Another attempt would fail again: the restarts stop. Deaths at different
+ * steps (a rank killed from outside at random times) are not the same failure. */
+static bool same_failure(const attempt_failure *a, const attempt_failure *b) {
+    return a->rank == b->rank && a->code == b->code && a->signal == b->signal && a->step == b->step &&
+           (a->signal || strcmp(a->line, b->line) == 0) && strcmp(a->ckpt, b->ckpt) == 0;
+}
+
+static void attempt_failure_of(const rt_launch_result *res, const char *ckpt, attempt_failure *out) {
+    const rt_launch_rank *f = &res->ranks[res->first_failure];
+    *out =
+        (attempt_failure){.rank = f->rank, .code = rt_launch_rank_code(f), .signal = f->signal != 0, .step = f->step};
+    snprintf(out->line, sizeof out->line, "%s", f->last_line);
+    snprintf(out->ckpt, sizeof out->ckpt, "%s", ckpt);
+}
+
 /* Run the job: one launch, and after a failure that is restarted (not_restartable) up to
  * max_restarts more launches, each resuming from the newest checkpoint the job wrote (an
  * override appended to the ranks' command line: the last one wins). Returns the last
@@ -390,6 +418,7 @@ static rt_status launch_job(rt_launch_options *lo, char **cmd, int argc, const r
     ckpt_list before = {NULL, 0};
     if (max_restarts > 0) ckpt_list_read(ckdir, &before);
     char resume_over[RT_CKPT_PATH_MAX + 32] = "";
+    attempt_failure prev, now; /* the attempt before's failure, this one's */
     lo->max_restarts = max_restarts;
     rt_status st;
     for (int attempt = 0;; attempt++) {
@@ -409,10 +438,20 @@ static rt_status launch_job(rt_launch_options *lo, char **cmd, int argc, const r
             break;
         }
         char line[2 * RT_LAUNCH_LINE], ck[RT_CKPT_PATH_MAX];
+        newest_of_job(ckdir, &before, ck, sizeof ck);
+        attempt_failure_of(res, ck, &now);
+        if (attempt > 0 && same_failure(&prev, &now)) {
+            char step[48] = "before its first step";
+            if (now.step >= 0) snprintf(step, sizeof step, "after step %lld", (long long)now.step);
+            snprintf(tail, tail_n,
+                     "; not restarted: the same failure as in the attempt before, %s, with no checkpoint in between",
+                     step);
+            break;
+        }
+        prev = now;
         rt_launch_describe(res, line, sizeof line);
         rt_launch_result_free(res);
         rt_error_clear();
-        newest_of_job(ckdir, &before, ck, sizeof ck);
         if (ck[0]) {
             snprintf(resume_over, sizeof resume_over, "checkpoint.resume=%s", ck);
             fprintf(stderr, "ringtrain: %s; restarting (%d/%d) from the newest checkpoint, %s\n", line, attempt + 1,

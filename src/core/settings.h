@@ -152,6 +152,10 @@ typedef enum rt_setting_group {
       "<step>: rank 0 kills the job once that checkpoint is complete")                                                 \
     X(TEST_KILL_RANK_AT, "RINGTRAIN_TEST_KILL_RANK_AT", STRING, "", 0, 0, NULL, TEST,                                  \
       "<rank>:<step>[:every]: that rank kills itself after the step")                                                  \
+    X(TEST_KILL_PLAN, "RINGTRAIN_TEST_KILL_PLAN", STRING, "", 0, 0, NULL, TEST,                                        \
+      "<attempt>:<rank>:<step>[,...]: in that attempt, that rank kills itself after the step")                         \
+    X(TEST_CKPT_STALL, "RINGTRAIN_TEST_CKPT_STALL", STRING, "", 0, 0, NULL, TEST,                                      \
+      "<step>:<seconds>: rank 0 stalls that long inside the write of that checkpoint")                                 \
     X(TEST_RANK_PATH, "RINGTRAIN_TEST_RANK_PATH", STRING, "", 0, 0, NULL, TEST,                                        \
       "<rank>:<from>=<to>: that rank sees the files under <from> at <to>")
 

@@ -230,6 +230,31 @@ static void drain(launch *L, int i) {
     }
 }
 
+/* One heartbeat: the global rank that beat and the newest step it reported (-1: none).
+ * 16 bytes, written with one write() (atomic on a pipe: under PIPE_BUF), so the records of
+ * the ranks sharing the pipe never interleave and every read returns whole records. */
+typedef struct beat_record {
+    int32_t rank;
+    int32_t magic;
+    int64_t step;
+} beat_record;
+#define BEAT_MAGIC 0x52544842 /* "RTHB" */
+
+/* Read the heartbeats waiting in the pipe: the time of the newest, and each rank's step. */
+static void read_beats(launch *L) {
+    beat_record b[256];
+    ssize_t got;
+    while ((got = read(L->beat_rd, b, sizeof b)) > 0 || (got < 0 && errno == EINTR)) {
+        if (got < 0) continue;
+        L->last_beat = rt_now_ns();
+        for (size_t k = 0; k < (size_t)got / sizeof *b; k++) {
+            int i = b[k].rank - L->o->node_rank * L->res->nproc;
+            if (b[k].magic == BEAT_MAGIC && i >= 0 && i < L->res->nproc && b[k].step >= 0)
+                L->res->ranks[i].step = b[k].step;
+        }
+    }
+}
+
 static void signal_all(launch *L, int sig, bool stopped) {
     for (int i = 0; i < L->res->nproc; i++)
         if (L->slots[i].running && L->res->ranks[i].pid > 0) {
@@ -282,6 +307,7 @@ static bool clean_exit(const launch *L, int i) {
 
 static void reap(launch *L) {
     bool any_real_fail = false, any_clean = false;
+    if (L->beat_rd >= 0) read_beats(L); /* a rank that died: the step it reported last */
     for (int i = 0; i < L->res->nproc; i++) {
         slot *s = &L->slots[i];
         rt_launch_rank *r = &L->res->ranks[i];
@@ -403,10 +429,7 @@ static void supervise(launch *L) {
             for (int j = 0; k > 0 && j < n; j++) {
                 if (!pfd[j].revents) continue;
                 if (who[j] == -2) { /* a rank made progress */
-                    char sink[256];
-                    while (read(L->beat_rd, sink, sizeof sink) > 0) {
-                    }
-                    L->last_beat = rt_now_ns();
+                    read_beats(L);
                 } else if (who[j] < 0) {
                     char sink[64];
                     while (read(wake_rd, sink, sizeof sink) > 0) {
@@ -558,6 +581,7 @@ static rt_status result_init(const rt_launch_options *o, rt_launch_result *out) 
     for (int i = 0; i < n; i++) {
         out->ranks[i].rank = o->node_rank * n + i;
         out->ranks[i].exit_code = -1;
+        out->ranks[i].step = -1;
     }
     return RT_OK;
 }
@@ -705,8 +729,23 @@ rt_status rt_launch_fork(const rt_launch_options *o, rt_launch_fn rank_fn, void 
 
 /* ---- the rank's side of the heartbeat ---- */
 
-void rt_launch_heartbeat(void) {
+static void beat(bool now);
+
+static int64_t g_step = -1; /* the step this rank reported (rt_launch_progress) */
+
+void rt_launch_progress(int64_t step) {
+    bool changed = step != g_step;
+    g_step = step;
+    beat(changed);
+}
+
+void rt_launch_heartbeat(void) { beat(false); }
+
+/* The rank's side: a record on the pipe, at most 20 a second unless `now` (a new step:
+ * the launcher must know the newest one when the rank dies right after it). */
+static void beat(bool now) {
     static int fd = -2; /* -2: not looked up yet, -1: none */
+    static int32_t rank = -1;
     static uint64_t last;
     if (fd == -2) {
         fd = -1;
@@ -719,12 +758,16 @@ void rt_launch_heartbeat(void) {
         if (fl >= 0 && (fl & O_ACCMODE) == O_WRONLY && (fl & O_NONBLOCK) && fstat((int)k, &sb) == 0 &&
             S_ISFIFO(sb.st_mode))
             fd = (int)k;
+        int64_t r = -1;
+        if (rt_setting_int(RT_SET_RANK, &r) != RT_OK) rt_error_clear();
+        rank = r >= 0 && r <= INT32_MAX ? (int32_t)r : -1;
     }
     if (fd < 0) return;
-    uint64_t now = rt_now_ns();
-    if (last && now - last < 50000000ull) return; /* at most 20 a second */
-    last = now;
+    uint64_t t = rt_now_ns();
+    if (!now && last && t - last < 50000000ull) return; /* at most 20 a second */
+    last = t;
     int saved = errno;
-    (void)!write(fd, "", 1); /* a full pipe (EAGAIN): the launcher knows already */
+    beat_record b = {.rank = rank, .magic = BEAT_MAGIC, .step = g_step};
+    (void)!write(fd, &b, sizeof b); /* a full pipe (EAGAIN): the launcher knows already */
     errno = saved;
 }

@@ -25,17 +25,18 @@
  * are restored before returning); a second one kills the ranks still running at once.
  * Between the two the ranks get as long as they make progress: each rank is given
  * RINGTRAIN_HEARTBEAT_FD, the write end of a non-blocking pipe shared by the ranks, and
- * rt_launch_heartbeat writes a byte to it (the trainer does after every step, evaluation
- * batch and checkpoint phase); the launcher SIGKILLs the ranks still running only when no
- * rank beat for progress_s (progress_s 0: after grace_s, as below). A rank that exits
- * with 130 or 143 (128 + SIGINT/SIGTERM: it stopped cleanly on a signal sent to it alone,
- * and its peers agreed to stop with it) starts the same patient wait, sending the others
- * nothing. When a rank fails (any other non-zero exit, or a signal), the others get
- * SIGTERM, then SIGKILL after grace_s (also in the middle of a patient stop: the peers of
- * a failed rank cannot make progress); the result names the FIRST failure (a rank killed
- * by a signal the launcher did not send goes before one that exited with an error: its peers' lost-peer errors follow
- * from its death, and may reach the launcher first). With timeout_s
- * > 0 every rank still running then is stopped the same way and listed.
+ * rt_launch_heartbeat writes a record to it (the rank and the newest step it completed:
+ * the trainer beats after every step, evaluation batch and checkpoint phase); the
+ * launcher SIGKILLs the ranks still running only when no rank beat for progress_s
+ * (progress_s 0: after grace_s, as below). A rank that exits with 130 or 143 (128 +
+ * SIGINT/SIGTERM: it stopped cleanly on a signal sent to it alone, and its peers agreed
+ * to stop with it) starts the same patient wait, sending the others nothing. When a rank
+ * fails (any other non-zero exit, or a signal), the others get SIGTERM, then SIGKILL
+ * after grace_s (also in the middle of a patient stop: the peers of a failed rank cannot
+ * make progress); the result names the FIRST failure (a rank killed by a signal the
+ * launcher did not send goes before one that exited with an error: its peers' lost-peer
+ * errors follow from its death, and may reach the launcher first). With timeout_s > 0
+ * every rank still running then is stopped the same way and listed.
  *
  * Returns RT_OK when every rank exited 0. Otherwise the result is still filled, and the
  * status is RT_ERR_PEER (a rank failed, or the launcher was interrupted: signal set) or
@@ -50,6 +51,7 @@
 #include "core/status.h"
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,6 +84,7 @@ typedef struct rt_launch_rank {
     int signal;     /* the signal that ended it, else 0 */
     bool stopped;   /* the launcher sent it SIGTERM/SIGKILL (another rank failed, time limit, interrupt) */
     bool timed_out; /* still running when the time limit passed */
+    int64_t step;   /* the newest step it reported (rt_launch_progress), -1: none */
     char last_line[RT_LAUNCH_LINE]; /* last non-empty, non-indented stderr line ("" if none) */
 } rt_launch_rank;
 
@@ -118,11 +121,16 @@ rt_status rt_launch_fork(const rt_launch_options *o, rt_launch_fn rank_fn, void 
 /* Frees out->ranks (NULL-safe); the struct may be reused. */
 void rt_launch_result_free(rt_launch_result *r);
 
-/* In a rank: tell the launcher that this rank is making progress (one byte on the pipe of
- * RINGTRAIN_HEARTBEAT_FD, non-blocking, at most 20 a second). A no-op when the variable is
- * not set or does not name the write end of a non-blocking pipe (another launcher). Call it
- * from one thread. */
+/* In a rank: tell the launcher that this rank is making progress (a 16-byte record on
+ * the pipe of RINGTRAIN_HEARTBEAT_FD: its RANK and newest step; non-blocking, at most 20
+ * a second). A no-op when the variable is not set or does not name the write end of a
+ * non-blocking pipe (another launcher). Call it from one thread. */
 void rt_launch_heartbeat(void);
+
+/* The same, saying that this rank completed `step` (the trainer calls it after every
+ * step): written at once when the step changed, so the launcher knows the newest step of
+ * a rank that dies right after it (rt_launch_rank.step; --max-restarts compares it). */
+void rt_launch_progress(int64_t step);
 
 /* "SIGKILL" for SIGKILL, "signal 77" for an unknown one (buf holds at least 16 bytes). */
 const char *rt_signal_name(int sig, char *buf, size_t n);

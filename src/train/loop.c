@@ -34,13 +34,13 @@ static rt_status start_epoch(run *r, int64_t epoch) {
  * the heartbeat, and a checkpoint on a stop or at checkpoint.every_steps. */
 static rt_status after_step(run *r, loop_state *s, const rt_batch *b) {
     const rt_config *c = r->cfg;
+    rt_launch_progress(r->step); /* a heartbeat with the step (--max-restarts compares it) */
     rt_run_test_kill_rank_at(r);
     if (r->stop.flight) {
         r->stop.flight = false;
         rt_run_flight_clear();
         rt_run_flight_dump(r, "SIGUSR1");
     }
-    rt_launch_heartbeat();
     bool every = c->checkpoint.every_steps > 0 && r->step % c->checkpoint.every_steps == 0;
     if (!r->stop.requested && !every) return RT_OK;
     RT_CHECK(rt_run_complete_in_order(r, true));

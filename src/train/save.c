@@ -4,12 +4,16 @@
  * stops every rank with rank 0's error and leaves the earlier checkpoints as they were. */
 #include "train/internal/run.h"
 
+#include "core/timer.h"
 #include "core/trace.h"
 #include "dist/launch.h"
+#include "dist/store.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 /* The metadata of the checkpoint of this step: where the data stands (epoch, batches),
  * the run, the schedule's state (as PyTorch's scheduler state_dict: its resolved lengths
@@ -58,6 +62,7 @@ static rt_status write_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, 
     rt_ckpt_meta_init(&m);
     rt_status st = checkpoint_meta(r, epoch, epoch_batches, &m);
     rt_run_test_signal_at(r, "ckpt", r->step);
+    rt_run_test_ckpt_stall(r);
     rt_launch_heartbeat();
     bool ema = st == RT_OK && rt_run_ema_active(r);
     if (ema) st = rt_run_ema_swap(r);
@@ -72,19 +77,117 @@ static rt_status write_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, 
     return st;
 }
 
+/* The peers' wait for rank 0's write (docs/checkpoints.md, "Slow checkpoints"): a write
+ * (files, read-back, verification, pruning) may take longer than dist.timeout_s, which
+ * bounds every collective. So the peers do not wait in one: rank 0 beats on the job's
+ * store while it writes (a thread adds 1 to CKPT_BEAT every min(dist.timeout_s / 4, 10) s)
+ * and sets CKPT_DONE when it is done; the peers poll both and wait as long as the beats
+ * come, and fail after dist.timeout_s without one (a hung or dead rank 0; a dead one is
+ * seen sooner by the launcher, which stops the job). Then the outcome's all-reduce, which
+ * no longer waits for the write; rank 0 removes CKPT_DONE after it (every peer has seen
+ * it), so the next checkpoint's wait starts afresh. */
+#define CKPT_BEAT "rt/ckpt/beat"
+#define CKPT_DONE "rt/ckpt/done"
+
+typedef struct ckpt_beat {
+    rt_store *store;
+    double every_s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+} ckpt_beat;
+
+static void *beat_main(void *arg) {
+    ckpt_beat *b = arg;
+    pthread_mutex_lock(&b->mu);
+    while (!b->done) {
+        pthread_mutex_unlock(&b->mu);
+        if (rt_store_add(b->store, CKPT_BEAT, 1, NULL) != RT_OK) rt_error_clear(); /* the peers time out */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        double t = (double)until.tv_sec + until.tv_nsec * 1e-9 + b->every_s;
+        until.tv_sec = (time_t)t;
+        until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
+        pthread_mutex_lock(&b->mu);
+        if (!b->done) pthread_cond_timedwait(&b->cv, &b->mu, &until);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* Rank 0: write_checkpoint with the beat running, then CKPT_DONE set. */
+static rt_status write_with_beat(run *r, int64_t epoch, int64_t epoch_batches, char *path, size_t n) {
+    rt_store *store = r->pg ? rt_pg_store(r->pg) : NULL;
+    if (!store) return write_checkpoint(r, epoch, epoch_batches, path, n);
+    double t = r->cfg->dist.pg.timeout_s / 4;
+    ckpt_beat b = {.store = store, .every_s = t < 10 ? t : 10, .done = false};
+    pthread_mutex_init(&b.mu, NULL);
+    pthread_cond_init(&b.cv, NULL);
+    pthread_t th;
+    bool started = pthread_create(&th, NULL, beat_main, &b) == 0;
+    rt_status st = write_checkpoint(r, epoch, epoch_batches, path, n);
+    if (started) {
+        pthread_mutex_lock(&b.mu);
+        b.done = true;
+        pthread_cond_signal(&b.cv);
+        pthread_mutex_unlock(&b.mu);
+        pthread_join(th, NULL);
+    }
+    pthread_cond_destroy(&b.cv);
+    pthread_mutex_destroy(&b.mu);
+    rt_error_record err;
+    if (st != RT_OK) rt_error_save(&err);
+    rt_status s2 = rt_store_set(store, CKPT_DONE, "1", 1);
+    if (st != RT_OK) return rt_error_restore(&err);
+    return s2;
+}
+
+/* The other ranks: until rank 0 set CKPT_DONE, as long as its beats come. */
+static rt_status wait_for_root(run *r) {
+    rt_store *store = r->pg ? rt_pg_store(r->pg) : NULL;
+    if (!store) return RT_OK;
+    const double bound_s = r->cfg->dist.pg.timeout_s;
+    int64_t beats = -1;
+    uint64_t seen = rt_now_ns();
+    long sleep_ns = 1000000;
+    for (;;) {
+        bool done = false;
+        int64_t b = 0;
+        RT_CHECK(rt_store_check(store, CKPT_DONE, &done));
+        if (done) return RT_OK;
+        RT_CHECK(rt_store_add(store, CKPT_BEAT, 0, &b));
+        uint64_t now = rt_now_ns();
+        if (b != beats) {
+            beats = b;
+            seen = now;
+            rt_launch_heartbeat(); /* rank 0 is making progress: so is the job */
+        } else if ((double)(now - seen) * 1e-9 > bound_s) {
+            return RT_ERROR(RT_ERR_TIMEOUT,
+                            "rank 0 gave no sign of progress for %.1f s (dist.timeout_s) while it wrote the checkpoint "
+                            "of step %lld",
+                            bound_s, (long long)r->step);
+        }
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 50000000) sleep_ns *= 2;
+    }
+}
+
 static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, const char *why) {
     RT_CHECK(rt_run_broadcast_state(r, false));
     rt_status st = RT_OK;
     rt_error_record err;
     char path[RT_CKPT_PATH_MAX] = "";
     if (is_root(r)) {
-        st = write_checkpoint(r, epoch, epoch_batches, path, sizeof path);
+        st = write_with_beat(r, epoch, epoch_batches, path, sizeof path);
         if (st != RT_OK) rt_error_save(&err);
     } else {
         rt_run_test_signal_at(r, "ckpt", r->step);
+        RT_CHECK(wait_for_root(r));
     }
     double ok = st == RT_OK;
     RT_CHECK(rt_run_all_reduce_f64(r, &ok, 1, RT_OP_MIN));
+    if (is_root(r) && r->pg && rt_pg_store(r->pg)) RT_CHECK(rt_store_delete(rt_pg_store(r->pg), CKPT_DONE, NULL));
     if (st != RT_OK) return rt_error_restore(&err);
     RT_REQUIRE(ok > 0, RT_ERR_IO, "rank 0 could not write the checkpoint of step %lld (its error says why)",
                (long long)r->step);

@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "core/settings.h"
 
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -218,11 +219,29 @@ void rt_run_test_kill_after_checkpoint(run *r) {
     kill(getpid(), SIGKILL);
 }
 
+/* Tests only: RINGTRAIN_TEST_KILL_PLAN=<attempt>:<rank>:<step>[,...] makes, in attempt
+ * <attempt> of the job (TORCHELASTIC_RESTART_COUNT), rank <rank> SIGKILL itself right after
+ * step <step>: a different death in each attempt of a --max-restarts job, at exact points
+ * (tests/train/resume.sh restart_repeat, bench/chaos.sh). */
+static void kill_plan(const run *r) {
+    const char *v = hook_text(RT_SET_TEST_KILL_PLAN);
+    for (const char *p = v; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+        long long attempt = -1, rank = -1, step = -1;
+        if (sscanf(p, "%lld:%lld:%lld", &attempt, &rank, &step) != 3) return;
+        if (attempt != rt_run_restart_count() || rank != r->who.rank || step != (long long)r->step) continue;
+        fprintf(stderr, "RINGTRAIN_TEST_KILL_PLAN: rank %lld kills itself after step %lld (attempt %lld)\n", rank, step,
+                attempt);
+        fflush(NULL);
+        kill(getpid(), SIGKILL);
+    }
+}
+
 /* Tests only: RINGTRAIN_TEST_KILL_RANK_AT=<rank>:<step> makes that rank SIGKILL itself right
  * after step <step> in the job's first attempt only (restart_count 0: a restarted attempt
  * runs on); <rank>:<step>:every in every attempt. A rank that dies at an exact point, for
  * the launcher's restarts (tests/train/resume.sh restart). */
 void rt_run_test_kill_rank_at(const run *r) {
+    kill_plan(r);
     const char *v = hook_text(RT_SET_TEST_KILL_RANK_AT);
     if (!v) return;
     char *end = NULL;
@@ -235,6 +254,21 @@ void rt_run_test_kill_rank_at(const run *r) {
             rt_run_restart_count());
     fflush(NULL);
     kill(getpid(), SIGKILL);
+}
+
+/* Tests only: RINGTRAIN_TEST_CKPT_STALL=<step>:<seconds> makes rank 0 sleep that long inside
+ * the write of the checkpoint of step <step> (after its metadata, before its files): a slow
+ * disk or a large model, longer than a small dist.timeout_s (tests/train/resume.sh
+ * ckpt_slow: the job must survive it). */
+void rt_run_test_ckpt_stall(const run *r) {
+    const char *v = hook_text(RT_SET_TEST_CKPT_STALL);
+    long long at = -1;
+    double s = 0;
+    if (!v || !is_root(r) || sscanf(v, "%lld:%lf", &at, &s) != 2 || at != (long long)r->step || !(s > 0)) return;
+    fprintf(stderr, "RINGTRAIN_TEST_CKPT_STALL: rank 0 stalls %g s in the checkpoint of step %lld\n", s, at);
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
 }
 
 /* Tests only: RINGTRAIN_TEST_RANK_PATH=<rank>:<from>=<to> makes that rank see the files

@@ -7,7 +7,7 @@
 #
 #   tests/train/resume.sh RINGTRAIN CASE
 # CASE: evalonce | partition | exact | stop | stop_eval | stop_ckpt | steps | world | corrupt | eval |
-#       torchvision | schedule | runid | ranks | restart
+#       torchvision | schedule | runid | ranks | restart | restart_term | restart_repeat | ckpt_slow
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 # the test-only hooks (RINGTRAIN_TEST_*) act only with this switch (docs/testing.md)
@@ -482,5 +482,94 @@ PY
   grep -q "^stopped by SIGTERM after step 20;" "$tmp/s.out" || fail "stop: no resume hint naming step 20: $(tail -2 "$tmp/s.out")"
   echo "ok: SIGTERM to the launcher stops the job and is not restarted"
   ;;
-*) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision|schedule|runid|ranks|restart" >&2; exit 2 ;;
+restart_term)
+  # one rank preempted under --max-restarts (issue 38): SIGTERM to rank 1 alone, before step
+  # 20 (RINGTRAIN_TEST_SIGNAL_AT, sent by that rank to itself: an exact point). The ranks agree
+  # to stop: the job ends with the stop checkpoint of step 20, exit 143 as a clean stop, and
+  # no restart (a stop someone asked for is not a failure); running it again resumes and
+  # ends bit for bit where the uninterrupted run does
+  ck=(checkpoint.every_steps=5 log.all_ranks=true dist.timeout_s=60)
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/full" >"$tmp/full.out" 2>"$tmp/full.err" || fail "straight run"
+  rc=0
+  RINGTRAIN_TEST_SIGNAL_AT=step:20:self:1:TERM "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/t" \
+    --max-restarts 2 >"$tmp/t.out" 2>"$tmp/t.err" || rc=$?
+  [ "$rc" -eq 143 ] || fail "SIGTERM to rank 1 with --max-restarts 2: exit $rc, expected 143 (a clean stop)"
+  ! grep -q "restarting" "$tmp/t.err" || fail "SIGTERM to rank 1: the job was restarted: $(grep restarting "$tmp/t.err")"
+  ! grep -qE '^\[ringtrain( rank [0-9]+)?\] E |error:|was killed|exited with code' "$tmp/t.err" ||
+    fail "SIGTERM to rank 1: a clean stop printed an error: $(grep -E '^\[ringtrain( rank [0-9]+)?\] E |error:|was killed|exited with code' "$tmp/t.err" | head -3)"
+  ck20=$(printf '%s/checkpoints/ckpt-%09d' "$tmp/t" 20)
+  newest=$(ls -d "$tmp/t"/checkpoints/ckpt-* | tail -1)
+  [ "$newest" = "$ck20" ] || fail "SIGTERM to rank 1: newest checkpoint '$newest', expected the stop checkpoint $ck20"
+  grep -q "^stopped by SIGTERM after step 20; checkpoint in $tmp/t/checkpoints/;" "$tmp/t.out" ||
+    fail "SIGTERM to rank 1: no stop line naming step 20: $(tail -2 "$tmp/t.out")"
+  grep -q '"why": "stop"' "$tmp/t/metrics.jsonl" || fail "SIGTERM to rank 1: no checkpoint line with why: stop"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/t" --max-restarts 2 >"$tmp/t2.out" 2>"$tmp/t2.err" || fail "SIGTERM to rank 1: the rerun"
+  grep -q "^ringtrain: resuming from $ck20 " "$tmp/t2.out" || fail "SIGTERM to rank 1: the rerun did not resume from $ck20"
+  same_run "$tmp/full" "$tmp/t" "SIGTERM to rank 1, then the same command again"
+  metrics_contiguous "$tmp/t"
+  echo "ok: SIGTERM to one rank under --max-restarts 2 stops the job cleanly at the stop checkpoint (exit 143), without a restart"
+  ;;
+restart_repeat)
+  # a failure that repeats with the same cause at the same step, with no checkpoint in
+  # between, stops the restarts (issue 38): rank 1 SIGKILLs itself right after step 12 in every
+  # attempt (RINGTRAIN_TEST_KILL_RANK_AT=1:12:every); with --max-restarts 3 the job is restarted
+  # once from ckpt-10, dies the same way, and stops saying why instead of using all 3
+  ck=(checkpoint.every_steps=5 dist.timeout_s=60)
+  rc=0
+  RINGTRAIN_TEST_KILL_RANK_AT=1:12:every "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/e" --max-restarts 3 \
+    >"$tmp/e.out" 2>"$tmp/e.err" || rc=$?
+  [ "$rc" -eq 137 ] || fail "the same death in every attempt: exit $rc, expected 137 (rank 1 killed by SIGKILL)"
+  [ "$(grep -c "restarting" "$tmp/e.err")" -eq 1 ] && grep -q "restarting (1/3) from the newest checkpoint, .*ckpt-000000010\$" "$tmp/e.err" ||
+    fail "the same death in every attempt: expected exactly one restart, from ckpt-10: $(grep restarting "$tmp/e.err")"
+  grep -q "^ringtrain: rank 1 was killed by SIGKILL (its last error is above); the other ranks were stopped; not restarted: the same failure as in the attempt before, after step 12, with no checkpoint in between\$" "$tmp/e.err" ||
+    fail "the same death in every attempt: the last line does not say why the restarts stopped: $(tail -1 "$tmp/e.err")"
+  [ "$(grep -c "^RINGTRAIN_TEST_KILL_RANK_AT: rank 1 kills itself after step 12" "$tmp/e.err")" -eq 2 ] || fail "the same death in every attempt: expected two attempts"
+  echo "ok: the same death at the same step twice stops --max-restarts 3 after one restart, saying why"
+  # deaths at different points still restart, also between the same two checkpoints:
+  # RINGTRAIN_TEST_KILL_PLAN kills rank 1 after step 12 in the first attempt and after step 13
+  # in the second (both resume from ckpt-10): two restarts, and the job completes as the
+  # uninterrupted run does
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/full" >"$tmp/full.out" 2>"$tmp/full.err" || fail "straight run"
+  rc=0
+  RINGTRAIN_TEST_KILL_PLAN=0:1:12,1:1:13 "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/d" --max-restarts 3 \
+    >"$tmp/d.out" 2>"$tmp/d.err" || rc=$?
+  [ "$rc" -eq 0 ] || fail "different points: exit $rc, expected 0 (restarted twice, then completed)"
+  [ "$(grep -c "restarting" "$tmp/d.err")" -eq 2 ] && grep -q "restarting (2/3) from the newest checkpoint, .*ckpt-000000010\$" "$tmp/d.err" ||
+    fail "different points: expected two restarts from ckpt-10, got: $(grep restarting "$tmp/d.err")"
+  same_run "$tmp/full" "$tmp/d" "restarted after deaths at steps 12 and 13"
+  metrics_contiguous "$tmp/d"
+  echo "ok: deaths of the same rank by the same signal at different steps are restarted"
+  ;;
+ckpt_slow)
+  # a checkpoint write slower than dist.timeout_s (issue 38): rank 0 stalls 8 s inside the
+  # write of ckpt-10 (RINGTRAIN_TEST_CKPT_STALL: the stall is the fault, at an exact point)
+  # with dist.timeout_s=3. The peers wait while rank 0's heartbeat comes (save.c), so the job
+  # completes and equals the uninterrupted run; before, rank 1's wait was a collective
+  # bounded by dist.timeout_s and the job failed with a timeout at every such checkpoint
+  ck=(checkpoint.every_steps=5 dist.timeout_s=3)
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/full" >"$tmp/full.out" 2>"$tmp/full.err" || fail "straight run"
+  rc=0
+  RINGTRAIN_TEST_CKPT_STALL=10:8 "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" "log.dir=$tmp/s" --max-restarts 1 \
+    >"$tmp/s.out" 2>"$tmp/s.err" || rc=$?
+  [ "$rc" -eq 0 ] || fail "a checkpoint write of 8 s with dist.timeout_s=3: exit $rc, expected 0"
+  grep -q "^RINGTRAIN_TEST_CKPT_STALL: rank 0 stalls 8 s in the checkpoint of step 10" "$tmp/s.err" || fail "the stall did not happen"
+  ! grep -q "restarting" "$tmp/s.err" || fail "the slow checkpoint made the job restart: $(grep restarting "$tmp/s.err")"
+  ! grep -qE 'timed out|error:' "$tmp/s.err" || fail "the slow checkpoint printed an error: $(grep -E 'timed out|error:' "$tmp/s.err" | head -3)"
+  same_run "$tmp/full" "$tmp/s" "a checkpoint write slower than dist.timeout_s"
+  metrics_contiguous "$tmp/s"
+  echo "ok: a checkpoint write of 8 s with dist.timeout_s=3 does not time out the peers; the run equals the uninterrupted one"
+  # a rank 0 that dies during the write is still seen: SIGKILL to itself right before it
+  # writes ckpt-10 (every attempt); the peers' wait ends with the job (the launcher stops
+  # them, or the store rank 0 hosts closes), not after a beat timeout, and the second
+  # identical death stops the restarts
+  rc=0
+  RINGTRAIN_TEST_SIGNAL_AT=ckpt:10:self:0:KILL "$bin" train "$tmp/c.yaml" "${net[@]}" checkpoint.every_steps=5 dist.timeout_s=60 \
+    "log.dir=$tmp/k" --max-restarts 2 >"$tmp/k.out" 2>"$tmp/k.err" || rc=$?
+  [ "$rc" -eq 137 ] || fail "rank 0 killed in the write: exit $rc, expected 137"
+  grep -q "^ringtrain: rank 0 was killed by SIGKILL.*not restarted: the same failure as in the attempt before, after step 10, with no checkpoint in between\$" "$tmp/k.err" ||
+    fail "rank 0 killed in the write: the job does not name rank 0's death: $(tail -1 "$tmp/k.err")"
+  ! grep -q "gave no sign of progress" "$tmp/k.err" || fail "rank 0 killed in the write: the peers waited for the beat timeout"
+  echo "ok: rank 0 killed during the write ends the job (its death is seen), and its repetition stops the restarts"
+  ;;
+*) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision|schedule|runid|ranks|restart|restart_term|restart_repeat|ckpt_slow" >&2; exit 2 ;;
 esac

@@ -204,6 +204,7 @@ rt_status rt_run_test_perturb_at(run *r);
 rt_status rt_run_test_bn_perturb(run *r);
 void rt_run_test_kill_after_checkpoint(run *r);
 void rt_run_test_kill_rank_at(const run *r);
+void rt_run_test_ckpt_stall(const run *r);
 void rt_run_rank_view(const run *r, const char *path, char *out, size_t n);
 
 #endif
