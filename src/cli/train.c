@@ -170,9 +170,76 @@ static int parse_args(int argc, char **argv, args *a) {
 }
 
 static char g_ckpt[RT_CKPT_PATH_MAX];
+/* eval of a checkpoint: the keys its config set that this run does not take from it
+ * (", "-separated; "" for none), said once by run_command */
+static char g_dropped[1024];
 
-/* eval: CONFIG_OR_CKPT is a checkpoint directory (its config comes from its metadata) or
- * a config (its newest checkpoint, as rank 0 finds it, is evaluated). */
+/* One key's value as rt_config_write writes it; a heap buffer (free it), NULL when out of
+ * memory. Large enough for any value (a path of RT_CONFIG_PATH_MAX bytes, each byte
+ * escaped, or a list of RT_CONFIG_MAX_LIST names). */
+#define VALUE_MAX (8 * RT_CONFIG_PATH_MAX)
+static char *value_of(const rt_config *cfg, int i) {
+    char *v = malloc(VALUE_MAX);
+    if (v) rt_config_value_at(cfg, i, v, VALUE_MAX);
+    return v;
+}
+
+/* The keys of ck that say what to read and how, as YAML (rt_config_write's form): every
+ * key but those never taken from a checkpoint (config.md's checkpoint column: dist.*,
+ * log.*, checkpoint.*, train.device, train.threads), which are named in g_dropped when ck
+ * differs from the default `def`. *out: malloc'ed text. */
+static rt_status ckpt_keys_yaml(const rt_config *ck, const rt_config *def, char **out, size_t *len) {
+    FILE *f = open_memstream(out, len);
+    RT_REQUIRE(f, RT_ERR_NOMEM, "out of memory (the checkpoint's config)");
+    rt_status st = RT_OK;
+    const char *name, *sect = "";
+    size_t sect_len = 0, dl = 0;
+    g_dropped[0] = '\0';
+    for (int i = 0; st == RT_OK && rt_config_key_at(i, &name, NULL, NULL, NULL); i++) {
+        char *a = value_of(ck, i), *b = value_of(def, i);
+        if (!a || !b) st = RT_ERROR(RT_ERR_NOMEM, "out of memory (the checkpoint's config)");
+        const char *dot = strchr(name, '.');
+        size_t sl = (size_t)(dot - name);
+        bool never = rt_config_key_resume(name) == RT_KEY_NOT_FROM_CKPT;
+        if (st == RT_OK && never && strcmp(a, b) != 0 && dl < sizeof g_dropped)
+            dl += (size_t)snprintf(g_dropped + dl, sizeof g_dropped - dl, "%s%s", dl ? ", " : "", name);
+        if (st == RT_OK && !never) {
+            if (sl != sect_len || strncmp(name, sect, sl) != 0) fprintf(f, "%.*s:\n", (int)sl, name);
+            sect = name;
+            sect_len = sl;
+            fprintf(f, "  %s: %s\n", dot + 1, a);
+        }
+        free(a);
+        free(b);
+    }
+    if (fclose(f) != 0 && st == RT_OK) st = RT_ERROR(RT_ERR_NOMEM, "out of memory (the checkpoint's config)");
+    if (st != RT_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/* cfg (at its defaults) with the checkpoint's config (metadata 'config', `text`; `name`
+ * in errors) but for the keys never taken from a checkpoint: a checkpoint is data, and
+ * nothing in it chooses what this process writes, binds, connects to or forks (issue 38). */
+static rt_status apply_ckpt_config(rt_config *cfg, const char *text, const char *name) {
+    rt_config *ck = malloc(sizeof *ck);
+    RT_CHECK_ALLOC(ck, sizeof *ck);
+    rt_config_default(ck);
+    rt_status st = rt_config_parse_text(ck, text, strlen(text), name);
+    char *yaml = NULL;
+    size_t len = 0;
+    if (st == RT_OK) st = ckpt_keys_yaml(ck, cfg, &yaml, &len);
+    if (st == RT_OK) st = rt_config_parse_text(cfg, yaml, len, name);
+    free(yaml);
+    free(ck);
+    return st;
+}
+
+/* eval: CONFIG_OR_CKPT is a checkpoint directory (the keys of its config that say what to
+ * read and how: apply_ckpt_config) or a config (its newest checkpoint, as rank 0 finds it,
+ * is evaluated). Then, as for train, the environment and the command line. */
 static rt_status load_eval(const args *a, rt_config *cfg) {
     struct stat st;
     char probe[RT_CKPT_PATH_MAX + 32];
@@ -185,7 +252,9 @@ static rt_status load_eval(const args *a, rt_config *cfg) {
         const char *text = NULL;
         if (s == RT_OK) s = rt_ckpt_meta_get_str(&m, "config", &text);
         rt_config_default(cfg);
-        if (s == RT_OK) s = rt_config_parse_text(cfg, text, strlen(text), probe);
+        char name[RT_CKPT_PATH_MAX + 64];
+        snprintf(name, sizeof name, "%s metadata 'config'", probe);
+        if (s == RT_OK) s = apply_ckpt_config(cfg, text, name);
         rt_ckpt_meta_free(&m);
         RT_CHECK(s);
         RT_CHECK(rt_config_apply_env(cfg)); /* the environment over the checkpoint's config */
@@ -592,6 +661,11 @@ static int run_command(const args *a, int argc, char **argv) {
     rt_config cfg;
     rt_dist_env env;
     if (load(a, &cfg) != RT_OK || rt_dist_env_read(&env) != RT_OK) return rt_cli_fail();
+    /* once: by the process that starts the job (or rank 0 of an outside launcher) */
+    if (g_dropped[0] && (!env.launcher || (env.rank == 0 && !rt_setting_is_set(RT_SET_HEARTBEAT_FD))))
+        RT_LOG_INFO("%s: the checkpoint's values of %s are not used (process, network and output settings "
+                    "come from the command line, the config file and the environment; docs/checkpoints.md)",
+                    g_ckpt, g_dropped);
     if (env.launcher) return run_rank(&cfg, &env); /* one rank of an outside (or our own) launch */
     /* the launcher: check once, then start the ranks */
     if (check_data(&cfg) != RT_OK) return rt_cli_fail();

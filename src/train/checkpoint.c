@@ -5,6 +5,7 @@
 #include "train/checkpoint.h"
 
 #include "core/safetensors.h"
+#include "optim/schedule.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -535,6 +536,171 @@ static rt_status parse_counters(const rt_ckpt_meta *m, uint64_t *c, int *n) {
     return RT_OK;
 }
 
+/* ---- the metadata's fields and its crc32 --------------------------------------------- */
+
+/* crc32.metadata: zlib's crc32 of every other key and value, by key in byte order, each
+ * as key '\0' value '\0' (the JSON's order and escapes do not matter). No allocation:
+ * the next key is the smallest one after the last (keys are unique). */
+static uint32_t meta_crc(const rt_ckpt_meta *m) {
+    uLong c = crc32(0L, Z_NULL, 0);
+    const char *last = NULL;
+    for (;;) {
+        int next = -1;
+        for (int i = 0; i < m->n; i++) {
+            const char *k = m->keys[i];
+            if (strcmp(k, RT_CKPT_META_CRC) == 0 || (last && strcmp(k, last) <= 0)) continue;
+            if (next < 0 || strcmp(k, m->keys[next]) < 0) next = i;
+        }
+        if (next < 0) return (uint32_t)c;
+        last = m->keys[next];
+        c = crc32(c, (const Bytef *)last, (uInt)strlen(last) + 1);
+        crc_add(&c, m->values[next], strlen(m->values[next]) + 1);
+    }
+}
+
+typedef enum field_form {
+    FORM_INT,      /* a decimal integer >= lo */
+    FORM_NAME,     /* a canonical name of `names` (or `also`) */
+    FORM_ID,       /* a run id: at most 31 letters, digits, '_' or '-' (a folder's name part) */
+    FORM_CRC,      /* 8 lowercase hex digits */
+    FORM_STATE,    /* optim.state: buffer names separated by commas */
+    FORM_COUNTERS, /* model.dropout_counters: decimal integers separated by commas */
+    FORM_ALGOS,    /* cudnn.conv_algos (rt_ckpt_meta_get_conv_algos) */
+    FORM_TEXT,     /* any text (config: read by the config parser where it is used) */
+} field_form;
+
+typedef struct meta_field {
+    const char *key;
+    bool required;
+    field_form form;
+    int64_t lo;
+    const rt_names *names;
+    const char *also;
+} meta_field;
+
+static const char *const k_device_names[] = {"cpu", "cuda"};
+static const rt_names k_devices = {"device kind", 2, k_device_names, NULL, NULL};
+static const char *const k_bool_names[] = {"false", "true"};
+static const rt_names k_bools = {"boolean", 2, k_bool_names, NULL, NULL};
+
+/* Every field a ringtrain checkpoint holds (docs/checkpoints.md's tables), with its form;
+ * format and format_version are check_format's. Fields not listed are ignored. */
+static const meta_field k_fields[] = {
+    {"step", true, FORM_INT, 0, NULL, NULL},
+    {"model.arch", true, FORM_NAME, 0, &rt_model_arch_names, NULL},
+    {"model.dropout_counters", true, FORM_COUNTERS, 0, NULL, NULL},
+    {"optim.kind", true, FORM_NAME, 0, &rt_optim_kind_names, "none"},
+    {"optim.steps", true, FORM_INT, 0, NULL, NULL},
+    {"optim.state", true, FORM_STATE, 0, NULL, NULL},
+    {"crc32.model", true, FORM_CRC, 0, NULL, NULL},
+    {"crc32.train", true, FORM_CRC, 0, NULL, NULL},
+    {RT_CKPT_META_CRC, false, FORM_CRC, 0, NULL, NULL}, /* absent before issue 38 */
+    {"epoch", true, FORM_INT, 0, NULL, NULL},
+    {"world_size", true, FORM_INT, 1, NULL, NULL},
+    {"epoch_batches", false, FORM_INT, 0, NULL, NULL},
+    {"global_batch", false, FORM_INT, 1, NULL, NULL},
+    {"seed", false, FORM_INT, INT64_MIN, NULL, NULL},
+    {"run_id", false, FORM_ID, 0, NULL, NULL},
+    {"schedule.kind", false, FORM_NAME, 0, &rt_sched_kind_names, NULL},
+    {"schedule.interval", false, FORM_NAME, 0, &rt_sched_interval_names, NULL},
+    {"schedule.steps_per_epoch", false, FORM_INT, 0, NULL, NULL},
+    {"schedule.t_max", false, FORM_INT, -1 /* auto for another schedule */, NULL, NULL},
+    {"schedule.total_steps", false, FORM_INT, -1 /* auto for another schedule */, NULL, NULL},
+    {"schedule.warmup_steps", false, FORM_INT, 0, NULL, NULL},
+    {"schedule.step", false, FORM_INT, 0, NULL, NULL},
+    {"device", false, FORM_NAME, 0, &k_devices, NULL},
+    {"cudnn.deterministic", false, FORM_NAME, 0, &k_bools, NULL},
+    {"cudnn.conv_algos", false, FORM_ALGOS, 0, NULL, NULL},
+    {"config", false, FORM_TEXT, 0, NULL, NULL},
+};
+#define N_FIELDS (sizeof k_fields / sizeof k_fields[0])
+
+static bool id_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n > 31) return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' ||
+              *s == '-'))
+            return false;
+    return true;
+}
+
+/* field f (present in m) has its form */
+static rt_status check_field(const rt_ckpt_meta *m, const meta_field *f) {
+    const char *s = rt_ckpt_meta_get(m, f->key);
+    int64_t v;
+    uint32_t crc;
+    char items[RT_OPTIM_MAX_STATE][64];
+    uint64_t counters[MAX_DROPOUT];
+    int n;
+    switch (f->form) {
+    case FORM_INT:
+        RT_CHECK(rt_ckpt_meta_get_i64(m, f->key, &v));
+        if (v < f->lo)
+            RT_FAIL(RT_ERR_FORMAT, "%s: metadata '%s' is %" PRId64 ", expected >= %" PRId64, src_of(m), f->key, v,
+                    f->lo);
+        return RT_OK;
+    case FORM_NAME: {
+        int i = rt_names_index(f->names, s);
+        if ((i >= 0 && strcmp(rt_names_name(f->names, i), s) == 0) || (f->also && strcmp(s, f->also) == 0))
+            return RT_OK;
+        char list[256];
+        RT_FAIL(RT_ERR_FORMAT, "%s: metadata '%s' is \"%.64s\", expected %s%s%s", src_of(m), f->key, s,
+                rt_names_list(f->names, list, sizeof list), f->also ? " | " : "", f->also ? f->also : "");
+    }
+    case FORM_ID:
+        if (!id_ok(s))
+            RT_FAIL(RT_ERR_FORMAT,
+                    "%s: metadata '%s' is \"%.64s\", expected at most 31 letters, digits, '_' or '-' (a run id)",
+                    src_of(m), f->key, s);
+        return RT_OK;
+    case FORM_CRC:
+        if (!parse_crc(s, &crc))
+            RT_FAIL(RT_ERR_FORMAT, "%s: metadata '%s' is \"%.64s\", expected 8 lowercase hex digits", src_of(m), f->key,
+                    s);
+        return RT_OK;
+    case FORM_STATE:
+        return split_list(m, f->key, items, RT_OPTIM_MAX_STATE, &n);
+    case FORM_COUNTERS:
+        return parse_counters(m, counters, &n);
+    case FORM_ALGOS: {
+        rt_conv_algos *a = malloc(sizeof *a);
+        RT_CHECK_ALLOC(a, sizeof *a);
+        rt_status st = rt_ckpt_meta_get_conv_algos(m, f->key, a);
+        free(a);
+        return st;
+    }
+    case FORM_TEXT:
+        return RT_OK;
+    }
+    return RT_ERROR(RT_ERR_INTERNAL, "metadata field form %d", (int)f->form);
+}
+
+rt_status rt_ckpt_meta_check(const rt_ckpt_meta *m) {
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const meta_field *f = &k_fields[i];
+        if (!rt_ckpt_meta_get(m, f->key)) {
+            if (f->required) RT_FAIL(RT_ERR_FORMAT, "%s: metadata '%s' is missing", src_of(m), f->key);
+            continue;
+        }
+        RT_CHECK(check_field(m, f));
+    }
+    const char *s = rt_ckpt_meta_get(m, RT_CKPT_META_CRC);
+    uint32_t want, got = meta_crc(m);
+    if (s && parse_crc(s, &want) && want != got)
+        RT_FAIL(RT_ERR_FORMAT,
+                "%s: metadata '" RT_CKPT_META_CRC "' is %08" PRIx32 ", the crc32 of the other metadata is %08" PRIx32
+                ": the metadata changed after it was written",
+                src_of(m), want, got);
+    return RT_OK;
+}
+
+rt_status rt_ckpt_meta_seal(rt_ckpt_meta *m) {
+    char c[9];
+    crc_str(meta_crc(m), c);
+    return rt_ckpt_meta_set(m, RT_CKPT_META_CRC, c);
+}
+
 /* The two files' paths under checkpoint directory `path`; both must exist. */
 static rt_status locate_files(const char *path, ckpt_files *f) {
     struct stat sb;
@@ -582,28 +748,17 @@ static rt_status check_crcs(ckpt_files *f) {
     return RT_OK;
 }
 
-/* the fields every reader needs: the step (matching the directory's name), the required
- * keys, world_size, the model and optimizer fields, the dropout counters */
+/* the step against the directory's name, then every field's form and the metadata's
+ * crc32 (rt_ckpt_meta_check) */
 static rt_status check_fields(const char *path, const rt_ckpt_meta *m) {
-    int64_t step, v;
+    int64_t step;
     RT_CHECK(rt_ckpt_meta_get_i64(m, "step", &step));
-    if (step < 0) RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'step' is %" PRId64 ", expected >= 0", m->source, step);
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     int64_t dir_step;
-    if (parse_ckpt_name(base, &dir_step) && dir_step != step)
+    if (step >= 0 && parse_ckpt_name(base, &dir_step) && dir_step != step)
         RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'step' is %" PRId64 " but the directory is %s", m->source, step, base);
-    for (size_t i = 0; i < N_REQUIRED; i++) RT_CHECK(rt_ckpt_meta_get_i64(m, k_required[i], &v));
-    RT_CHECK(rt_ckpt_meta_get_i64(m, "world_size", &v));
-    if (v < 1) RT_FAIL(RT_ERR_FORMAT, "%s: metadata 'world_size' is %" PRId64 ", expected >= 1", m->source, v);
-    const char *s;
-    RT_CHECK(rt_ckpt_meta_get_str(m, "model.arch", &s));
-    RT_CHECK(rt_ckpt_meta_get_str(m, "optim.kind", &s));
-    RT_CHECK(rt_ckpt_meta_get_i64(m, "optim.steps", &v));
-    uint64_t counters[MAX_DROPOUT];
-    int nc;
-    RT_CHECK(parse_counters(m, counters, &nc));
-    return RT_OK;
+    return rt_ckpt_meta_check(m);
 }
 
 /* one optimizer state tensor: state.<param>.<buffer>, buffer one of bufs, <param> an F32
@@ -655,8 +810,8 @@ static rt_status verify_files(const char *path, ckpt_files *f) {
     rt_status st;
     RT_CHECK_GOTO(read_train(f), st, fail);
     RT_CHECK_GOTO(check_format(&f->meta), st, fail);
+    RT_CHECK_GOTO(check_fields(path, &f->meta), st, fail); /* before the data: an error names the field */
     RT_CHECK_GOTO(check_crcs(f), st, fail);
-    RT_CHECK_GOTO(check_fields(path, &f->meta), st, fail);
     RT_CHECK_GOTO(check_state_tensors(f), st, fail);
     return RT_OK;
 fail:
@@ -837,6 +992,35 @@ typedef struct optim_host {
     int n;
 } optim_host;
 
+/* train.safetensors' metadata: the module's keys, the caller's, then the crc32 of them
+ * all (crc32.metadata, written last) */
+static rt_status write_meta(rt_st_writer *w, rt_model *model, const rt_optimizer *opt, const rt_ckpt_meta *meta,
+                            int64_t step, const char *list, const char *model_crc, const char *crc_s) {
+    uint64_t counters[MAX_DROPOUT];
+    int nc = rt_model_dropout_counters(model, counters, MAX_DROPOUT);
+    RT_REQUIRE(nc <= MAX_DROPOUT, RT_ERR_INTERNAL, "checkpoint: %d dropout layers (at most %d)", nc, MAX_DROPOUT);
+    char cl[MAX_DROPOUT * 24 + 1] = "";
+    for (int i = 0; i < nc; i++)
+        snprintf(cl + strlen(cl), sizeof cl - strlen(cl), i ? ",%" PRIu64 : "%" PRIu64, counters[i]);
+    rt_ckpt_meta all;
+    rt_ckpt_meta_init(&all);
+    rt_status st = rt_ckpt_meta_set(&all, "format", RT_CKPT_FORMAT);
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(&all, "format_version", RT_CKPT_FORMAT_VERSION);
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(&all, "step", step);
+    if (st == RT_OK) st = rt_ckpt_meta_set(&all, "model.arch", rt_model_arch_name(rt_model_config_of(model)->arch));
+    if (st == RT_OK) st = rt_ckpt_meta_set(&all, "model.dropout_counters", cl);
+    if (st == RT_OK) st = rt_ckpt_meta_set(&all, "optim.kind", opt ? rt_optim_kind_name(opt->cfg.kind) : "none");
+    if (st == RT_OK) st = rt_ckpt_meta_set_i64(&all, "optim.steps", opt ? rt_optimizer_get_steps(opt) : (int64_t)0);
+    if (st == RT_OK) st = rt_ckpt_meta_set(&all, "optim.state", list);
+    if (st == RT_OK) st = rt_ckpt_meta_set(&all, "crc32.model", model_crc);
+    if (st == RT_OK) st = rt_ckpt_meta_set(&all, "crc32.train", crc_s);
+    for (int i = 0; st == RT_OK && i < meta->n; i++) st = rt_ckpt_meta_set(&all, meta->keys[i], meta->values[i]);
+    if (st == RT_OK) st = rt_ckpt_meta_seal(&all);
+    for (int i = 0; st == RT_OK && i < all.n; i++) st = rt_st_writer_meta(w, all.keys[i], all.values[i]);
+    rt_ckpt_meta_free(&all);
+    return st;
+}
+
 /* the train.safetensors writer: state tensors, metadata; *train_crc of its data */
 static rt_status build_train(rt_st_writer *w, rt_model *model, const rt_optimizer *opt, optim_host *oh,
                              const rt_ckpt_meta *meta, int64_t step, const char *model_crc, uint32_t *train_crc) {
@@ -874,28 +1058,7 @@ static rt_status build_train(rt_st_writer *w, rt_model *model, const rt_optimize
     *train_crc = (uint32_t)crc;
     char crc_s[9];
     crc_str(*train_crc, crc_s);
-    uint64_t counters[MAX_DROPOUT];
-    int nc = rt_model_dropout_counters(model, counters, MAX_DROPOUT);
-    RT_REQUIRE(nc <= MAX_DROPOUT, RT_ERR_INTERNAL, "checkpoint: %d dropout layers (at most %d)", nc, MAX_DROPOUT);
-    char cl[MAX_DROPOUT * 24 + 1] = "";
-    for (int i = 0; i < nc; i++)
-        snprintf(cl + strlen(cl), sizeof cl - strlen(cl), i ? ",%" PRIu64 : "%" PRIu64, counters[i]);
-    char num[32];
-    RT_CHECK(rt_st_writer_meta(w, "format", RT_CKPT_FORMAT));
-    snprintf(num, sizeof num, "%d", RT_CKPT_FORMAT_VERSION);
-    RT_CHECK(rt_st_writer_meta(w, "format_version", num));
-    snprintf(num, sizeof num, "%" PRId64, step);
-    RT_CHECK(rt_st_writer_meta(w, "step", num));
-    RT_CHECK(rt_st_writer_meta(w, "model.arch", rt_model_arch_name(rt_model_config_of(model)->arch)));
-    RT_CHECK(rt_st_writer_meta(w, "model.dropout_counters", cl));
-    RT_CHECK(rt_st_writer_meta(w, "optim.kind", opt ? rt_optim_kind_name(opt->cfg.kind) : "none"));
-    snprintf(num, sizeof num, "%" PRId64, opt ? rt_optimizer_get_steps(opt) : (int64_t)0);
-    RT_CHECK(rt_st_writer_meta(w, "optim.steps", num));
-    RT_CHECK(rt_st_writer_meta(w, "optim.state", list));
-    RT_CHECK(rt_st_writer_meta(w, "crc32.model", model_crc));
-    RT_CHECK(rt_st_writer_meta(w, "crc32.train", crc_s));
-    for (int i = 0; i < meta->n; i++) RT_CHECK(rt_st_writer_meta(w, meta->keys[i], meta->values[i]));
-    return RT_OK;
+    return write_meta(w, model, opt, meta, step, list, model_crc, crc_s);
 }
 
 /* move `tmp` to `final`; an existing `final` (same step written again) is swapped out

@@ -16,8 +16,9 @@
  * temporary directories left by writers that no longer run. On failure the temporary
  * directory is removed and nothing else is touched.
  *
- * Reading: both files are read with the strict safetensors reader, and the metadata,
- * the crc32 of each file's tensor data (stored in train.safetensors), the step against
+ * Reading: both files are read with the strict safetensors reader, and the metadata
+ * (every field's form, and its own crc32: rt_ckpt_meta_check), the crc32 of each file's
+ * tensor data (stored in train.safetensors), the step against
  * the directory name and the optimizer state names and shapes against model.safetensors
  * are checked; errors are RT_ERR_FORMAT naming the file and the field. Names starting with
  * '.' (temporary directories) are never read.
@@ -46,11 +47,13 @@ extern "C" {
 #define RT_CKPT_PATH_MAX 1024
 #define RT_CKPT_MODEL_FILE "model.safetensors"
 #define RT_CKPT_TRAIN_FILE "train.safetensors"
+/* The crc32 of the rest of the metadata (rt_ckpt_meta_seal), written last. */
+#define RT_CKPT_META_CRC "crc32.metadata"
 /* Keys written by the module (the caller's meta may not hold them); "step" is the
  * argument of rt_ckpt_write. */
 #define RT_CKPT_RESERVED_KEYS                                                                                          \
     "format", "format_version", "step", "model.arch", "model.dropout_counters", "optim.kind", "optim.steps",           \
-        "optim.state", "crc32.model", "crc32.train"
+        "optim.state", "crc32.model", "crc32.train", RT_CKPT_META_CRC
 /* Keys the caller's meta must hold (integers). */
 #define RT_CKPT_REQUIRED_KEYS "epoch", "world_size"
 
@@ -77,6 +80,20 @@ const char *rt_ckpt_meta_get(const rt_ckpt_meta *m, const char *key);
 rt_status rt_ckpt_meta_get_str(const rt_ckpt_meta *m, const char *key, const char **out);
 rt_status rt_ckpt_meta_get_i64(const rt_ckpt_meta *m, const char *key, int64_t *out);
 rt_status rt_ckpt_meta_get_u64(const rt_ckpt_meta *m, const char *key, uint64_t *out);
+
+/* Every field of a checkpoint (docs/checkpoints.md's tables) in its form, else
+ * RT_ERR_FORMAT naming m->source and the field: the module's and the required ones
+ * present; the others (epoch_batches, global_batch, seed, run_id: at most 31 letters,
+ * digits, '_' or '-', schedule.*, device, cudnn.*) when present: integers in range,
+ * names of their tables, cudnn.conv_algos as rt_ckpt_meta_get_conv_algos reads it; other
+ * keys are ignored. Then RT_CKPT_META_CRC, when present (checkpoints written before it
+ * have none and keep loading), must equal the crc32 of the other keys and values: by key
+ * in byte order, each as key '\0' value '\0'. The crc detects corruption; a crafted
+ * file can recompute it, so it is no defence against one (docs/security.md: what a
+ * checkpoint never sets). rt_ckpt_verify and rt_ckpt_load run this. */
+rt_status rt_ckpt_meta_check(const rt_ckpt_meta *m);
+/* Set RT_CKPT_META_CRC to the crc32 of the other keys (as rt_ckpt_meta_check computes it). */
+rt_status rt_ckpt_meta_seal(rt_ckpt_meta *m);
 
 /* The convolution algorithms of a GPU run (rt_model_ctx_get_conv_algos) as one value:
  * one entry per shape, "64x28x28->64 k3 s1 p1 n32 fp32 fwd=1/3 data=1/3 filter=1/3"

@@ -8,7 +8,9 @@
  * temporary behind; keep_last pruning, rewriting a step, stale temporaries, symbolic
  * links neither counted nor followed (an archived checkpoint linked back survives); the
  * metadata API's strict integers; cudnn.conv_algos read back from a file, truncated and
- * malformed entries refused with the file, field and expected piece named. */
+ * malformed entries refused with the file, field and expected piece named; every known
+ * field's form and crc32.metadata (a change without it refused; a checkpoint without it,
+ * as written before issue 38, still loads). */
 #include "ckpt_test_util.h"
 
 #include <errno.h>
@@ -244,11 +246,12 @@ static void test_truncated(void **state) {
     ct_rmrf(dir);
 }
 
-/* Rewrite ckpt-2/train.safetensors with metadata `key` set to `value` (NULL: removed),
- * the crc still right: the field itself must be refused. */
-static void rewrite_meta(const char *dir, const char *key, const char *value) {
+/* Rewrite the train.safetensors of checkpoint `ckpt` with metadata `key` set to `value`
+ * (NULL: removed), its tensor data untouched; seal: crc32.metadata recomputed, so the
+ * field itself must be refused (else the metadata's crc refuses the change). */
+static void rewrite_ckpt_meta(const char *ckpt, const char *key, const char *value, bool seal) {
     char file[1024];
-    snprintf(file, sizeof file, "%s/ckpt-000000002/train.safetensors", dir);
+    snprintf(file, sizeof file, "%s/train.safetensors", ckpt);
     rt_safetensors *st;
     assert_rt_ok(rt_safetensors_read(file, &st));
     rt_st_writer *w;
@@ -256,43 +259,104 @@ static void rewrite_meta(const char *dir, const char *key, const char *value) {
     for (int i = 0; i < st->n; i++)
         assert_rt_ok(rt_st_writer_add(w, st->tensors[i].name, st->tensors[i].dtype, st->tensors[i].ndim,
                                       st->tensors[i].shape, st->tensors[i].data));
-    for (int i = 0; i < st->n_meta; i++) {
-        if (strcmp(st->meta_keys[i], key) == 0) continue;
-        assert_rt_ok(rt_st_writer_meta(w, st->meta_keys[i], st->meta_values[i]));
-    }
-    if (value) assert_rt_ok(rt_st_writer_meta(w, key, value));
+    rt_ckpt_meta m;
+    rt_ckpt_meta_init(&m);
+    for (int i = 0; i < st->n_meta; i++)
+        if (strcmp(st->meta_keys[i], key) != 0)
+            assert_rt_ok(rt_ckpt_meta_set(&m, st->meta_keys[i], st->meta_values[i]));
+    if (value) assert_rt_ok(rt_ckpt_meta_set(&m, key, value));
+    if (seal && strcmp(key, RT_CKPT_META_CRC) != 0) assert_rt_ok(rt_ckpt_meta_seal(&m));
+    for (int i = 0; i < m.n; i++) assert_rt_ok(rt_st_writer_meta(w, m.keys[i], m.values[i]));
     assert_rt_ok(rt_st_writer_write(w, file));
+    rt_ckpt_meta_free(&m);
     rt_st_writer_free(w);
     rt_safetensors_free(st);
+}
+
+/* the same for ckpt-2 of dir */
+static void rewrite_meta(const char *dir, const char *key, const char *value, bool seal) {
+    char ckpt[1024];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt-000000002", dir);
+    rewrite_ckpt_meta(ckpt, key, value, seal);
 }
 
 static void test_bad_metadata(void **state) {
     (void)state;
     static const struct {
         const char *key, *value, *frag, *file;
+        bool raw; /* crc32.metadata not recomputed: the change itself is caught */
     } cases[] = {
-        {"epoch", NULL, "metadata 'epoch' is missing", NULL},
-        {"epoch", "1x", "metadata 'epoch' is \"1x\", expected a decimal integer", NULL},
-        {"epoch", "01", "metadata 'epoch' is \"01\"", NULL},
-        {"world_size", "0", "metadata 'world_size' is 0, expected >= 1", NULL},
-        {"step", "3", "metadata 'step' is 3 but the directory is ckpt-000000002", NULL},
-        {"format", "other", "metadata 'format' is \"other\"", NULL},
-        {"format_version", "2", "metadata 'format_version' is 2, this ringtrain reads version 1", NULL},
-        {"crc32.model", "xyz", "metadata 'crc32.model' is \"xyz\", expected 8 lowercase hex digits", NULL},
-        {"crc32.model", "00000000", "crc32 of the tensor data is", "ckpt-000000002/model.safetensors"},
-        {"crc32.train", NULL, "metadata 'crc32.train' is missing", NULL},
-        {"optim.state", "exp_avg", "unexpected tensor 'state.", NULL},
-        {"model.dropout_counters", "1,x", "'model.dropout_counters' item 1 is \"x\"", NULL},
+        {"epoch", NULL, "metadata 'epoch' is missing", NULL, false},
+        {"epoch", "1x", "metadata 'epoch' is \"1x\", expected a decimal integer", NULL, false},
+        {"epoch", "01", "metadata 'epoch' is \"01\"", NULL, false},
+        {"world_size", "0", "metadata 'world_size' is 0, expected >= 1", NULL, false},
+        {"step", "3", "metadata 'step' is 3 but the directory is ckpt-000000002", NULL, false},
+        {"step", "12abc", "metadata 'step' is \"12abc\", expected a decimal integer", NULL, false},
+        {"format", "other", "metadata 'format' is \"other\"", NULL, false},
+        {"format_version", "2", "metadata 'format_version' is 2, this ringtrain reads version 1", NULL, false},
+        {"crc32.model", "xyz", "metadata 'crc32.model' is \"xyz\", expected 8 lowercase hex digits", NULL, false},
+        {"crc32.model", "00000000", "crc32 of the tensor data is", "ckpt-000000002/model.safetensors", false},
+        {"crc32.train", NULL, "metadata 'crc32.train' is missing", NULL, false},
+        {"optim.state", "exp_avg", "unexpected tensor 'state.", NULL, false},
+        {"model.dropout_counters", "1,x", "'model.dropout_counters' item 1 is \"x\"", NULL, false},
+        /* issue 38: every known field in its form, and the metadata's own crc32 */
+        {"model.arch", "vgg", "metadata 'model.arch' is \"vgg\", expected ", NULL, false},
+        {"optim.kind", "SGD", "metadata 'optim.kind' is \"SGD\", expected ", NULL, false},
+        {"optim.steps", "-1", "metadata 'optim.steps' is -1, expected >= 0", NULL, false},
+        {"epoch_batches", "-1", "metadata 'epoch_batches' is -1, expected >= 0", NULL, false},
+        {"global_batch", "32 ", "metadata 'global_batch' is \"32 \", expected a decimal integer", NULL, false},
+        {"run_id", "../../x", "metadata 'run_id' is \"../../x\", expected at most 31 letters", NULL, false},
+        {"schedule.kind", "cosine2", "metadata 'schedule.kind' is \"cosine2\", expected constant | step", NULL, false},
+        {"schedule.step", "-1", "metadata 'schedule.step' is -1, expected >= 0", NULL, false},
+        {"device", "gpu", "metadata 'device' is \"gpu\", expected cpu | cuda", NULL, false},
+        {"cudnn.deterministic", "yes", "metadata 'cudnn.deterministic' is \"yes\", expected false | true", NULL, false},
+        {"cudnn.conv_algos", "64x", "metadata 'cudnn.conv_algos': entry 1 is \"64x\"", NULL, false},
+        {RT_CKPT_META_CRC, "1234567", "metadata 'crc32.metadata' is \"1234567\", expected 8 lowercase hex", NULL,
+         false},
+        {"epoch", "7", "metadata 'crc32.metadata' is ", NULL, true},
+        {"config", "dist:\n  init_method: \"file:///tmp/x\"\n", "the metadata changed after it was written", NULL,
+         true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char dir[256];
         ct_run r;
         two_ckpts(dir, sizeof dir, &r);
-        rewrite_meta(dir, cases[i].key, cases[i].value);
+        rewrite_meta(dir, cases[i].key, cases[i].value, !cases[i].raw);
         expect_fallback(dir, &r, cases[i].file ? cases[i].file : "ckpt-000000002/train.safetensors", cases[i].frag);
         ct_free(&r);
         ct_rmrf(dir);
     }
+}
+
+/* A checkpoint written before crc32.metadata (issue 38) has none and keeps loading; one
+ * whose metadata is otherwise intact is found by resume: auto as before. */
+static void test_meta_crc_absent(void **state) {
+    (void)state;
+    char dir[256];
+    ct_run r;
+    two_ckpts(dir, sizeof dir, &r);
+    rewrite_meta(dir, RT_CKPT_META_CRC, NULL, false);
+    char p2[1024];
+    snprintf(p2, sizeof p2, "%s/ckpt-000000002", dir);
+    rt_ckpt_meta m;
+    assert_rt_ok(rt_ckpt_load(p2, r.model, &r.opt, &m));
+    assert_null(rt_ckpt_meta_get(&m, RT_CKPT_META_CRC));
+    rt_ckpt_meta_free(&m);
+    rt_ckpt_found f;
+    assert_rt_ok(rt_ckpt_find(dir, &f));
+    assert_int_equal(f.step, 2);
+    assert_int_equal(f.n_skipped, 0);
+    /* what the writer puts there: the crc of the rest, which rt_ckpt_meta_check accepts */
+    assert_rt_ok(rt_ckpt_verify(p2, &m));
+    assert_rt_ok(rt_ckpt_meta_seal(&m));
+    assert_rt_ok(rt_ckpt_meta_check(&m));
+    assert_rt_ok(rt_ckpt_meta_set(&m, "seed", "12345"));
+    assert_int_equal(rt_ckpt_meta_check(&m), RT_ERR_FORMAT);
+    ct_assert_msg("the metadata changed after it was written");
+    rt_error_clear();
+    rt_ckpt_meta_free(&m);
+    ct_free(&r);
+    ct_rmrf(dir);
 }
 
 static void test_find(void **state) {
@@ -704,7 +768,7 @@ static void test_meta_conv_algos(void **state) {
     rt_ckpt_meta_free(&m);
 }
 
-/* cudnn.conv_algos read from a checkpoint on disk (the metadata no crc covers): a truncated
+/* cudnn.conv_algos read from a checkpoint on disk (a reader checks it: rt_ckpt_meta_check): a truncated
  * or malformed entry is RT_ERR_FORMAT naming the file, the field, the entry and the piece
  * expected where it went wrong, never a parse of what was not there (the old sscanf left
  * the precision uninitialised when fewer fields matched: valgrind and ASan saw it); an
@@ -735,15 +799,17 @@ static void test_conv_algos_file(void **state) {
         const char *value = i < sizeof cases / sizeof cases[0] ? cases[i].value : ok1;
         rt_ckpt_meta m, got;
         ct_meta(&m, 0);
-        assert_rt_ok(rt_ckpt_meta_set(&m, "cudnn.conv_algos", value));
+        assert_rt_ok(rt_ckpt_meta_set(&m, "cudnn.conv_algos", ok1));
         assert_rt_ok(rt_ckpt_write(dir, 1, r.model, &r.opt, &m, 0, path, sizeof path));
         rt_ckpt_meta_free(&m);
-        assert_rt_ok(rt_ckpt_verify(path, &got)); /* the crcs do not cover it */
-        rt_conv_algos b;
-        rt_status st = rt_ckpt_meta_get_conv_algos(&got, "cudnn.conv_algos", &b);
-        rt_ckpt_meta_free(&got);
+        /* the entry as a file could hold it, crc32.metadata recomputed: the field is refused */
+        rewrite_ckpt_meta(path, "cudnn.conv_algos", value, true);
+        rt_status st = rt_ckpt_verify(path, &got);
         if (i == sizeof cases / sizeof cases[0]) { /* as older checkpoints wrote it */
             assert_rt_ok(st);
+            rt_conv_algos b;
+            assert_rt_ok(rt_ckpt_meta_get_conv_algos(&got, "cudnn.conv_algos", &b));
+            rt_ckpt_meta_free(&got);
             assert_int_equal(b.n, 1);
             assert_int_equal(b.a[0].bwd_filter, 0);
             assert_int_equal(b.a[0].bwd_filter_math, 3);
@@ -825,6 +891,7 @@ int main(void) {
         cmocka_unit_test(test_flipped_byte),
         cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_bad_metadata),
+        cmocka_unit_test(test_meta_crc_absent),
         cmocka_unit_test(test_find),
         cmocka_unit_test(test_keep_last),
         cmocka_unit_test(test_keep_last_runs),
