@@ -31,5 +31,5 @@ echo "ok: a 2-rank CPU run says once that it uses the CPU: $line"
 rm -rf "$tmp/run"
 CUDA_VISIBLE_DEVICES="" "$bin" train "$tmp/ok.yaml" "${run[@]}" log.level=debug >"$tmp/all" 2>&1 ||
   fail "a 2-rank CPU run at debug level failed"
-grep -q "D device auto: .*no GPU: .*(src/core/.*:[0-9]" "$tmp/all" || fail "no detailed reason at debug level"
+grep -q "D device auto: .*no GPU: .*(src/.*\.c:[0-9]" "$tmp/all" || fail "no detailed reason at debug level"
 echo "ok: the detailed reason at debug level"
