@@ -148,6 +148,31 @@ rt_status rt_device_choose(const char *want, int local_rank, int gpu_count, rt_d
     return RT_OK;
 }
 
+/* An error message as a sentence for a user: without the "rank N: " the log prefix
+ * already says, the source location and the "from" trace that follows it. */
+static const char *error_text(const char *msg, char *buf, size_t n) {
+    const char *p = msg;
+    if (strncmp(p, "rank ", 5) == 0) {
+        const char *q = p + 5;
+        while (isdigit((unsigned char)*q)) q++;
+        if (q > p + 5 && strncmp(q, ": ", 2) == 0) p = q + 2;
+    }
+    size_t len = strcspn(p, "\n");
+    /* the location ends the first line: " (src/x.c:12)" or " (src/x.c:12: call)" */
+    for (size_t i = 0; i + 2 < len; i++) {
+        if (p[i] != ' ' || p[i + 1] != '(') continue;
+        const char *f = p + i + 2;
+        size_t fl = strcspn(f, ":) \n");
+        bool source = (fl > 2 && strncmp(f + fl - 2, ".c", 2) == 0) || (fl > 3 && strncmp(f + fl - 3, ".cu", 3) == 0);
+        if (source && f[fl] == ':' && isdigit((unsigned char)f[fl + 1])) {
+            len = i;
+            break;
+        }
+    }
+    snprintf(buf, n, "%.*s", (int)len, p);
+    return buf;
+}
+
 rt_status rt_device_select(const char *want, int local_rank, rt_device *out) {
     *out = rt_device_cpu();
     bool is_auto;
@@ -171,9 +196,13 @@ rt_status rt_device_select(const char *want, int local_rank, rt_device *out) {
     if (st == RT_ERR_NODEVICE) /* say why there is none */
         RT_FAIL(RT_ERR_NODEVICE, "device '%s' requested (in config or options), but %s", want, why);
     RT_CHECK(st);
-    if (!rt_device_is_cuda(*out)) { /* auto without a GPU */
+    if (!rt_device_is_cuda(*out)) { /* auto without a GPU: said once per node, as a choice */
         static int said;
-        if (!said++) RT_LOG_INFO("device auto: %s; using the CPU", why);
+        if (!said++) {
+            RT_LOG_DEBUG("device auto: %s; using the CPU", why);
+            char reason[512];
+            if (local_rank <= 0) RT_LOG_INFO("device auto: using the CPU (%s)", error_text(why, reason, sizeof reason));
+        }
         return RT_OK;
     }
     if (index < 0 && local_rank >= count)

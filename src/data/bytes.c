@@ -72,21 +72,30 @@ typedef struct gunzip {
     z_stream zs;
 } gunzip;
 
-/* The first output buffer's size: the trailer's ISIZE (size mod 2^32) is a good first
- * guess, or only the header until its size is known; at least 4 KiB, at most the limit. */
-static size_t first_cap(const gunzip *g) {
+/* What the trailer's ISIZE (size mod 2^32) says the stream inflates to, bounded by what
+ * deflate can make of this many compressed bytes (at most ~1032:1: a larger ISIZE is a
+ * lie, or a multi-member file) and by the limit. A guess, never trusted. */
+static size_t isize_guess(const gunzip *g) {
     const uint8_t *t = g->in + g->in_len - 4;
-    size_t cap = (size_t)t[0] | (size_t)t[1] << 8 | (size_t)t[2] << 16 | (size_t)t[3] << 24;
-    /* deflate expands at most ~1032:1, so a larger ISIZE is a lie (or a multi-member file) */
-    if (cap / 1032 > g->in_len) cap = g->in_len * 1032;
+    size_t n = (size_t)t[0] | (size_t)t[1] << 8 | (size_t)t[2] << 16 | (size_t)t[3] << 24;
+    if (n / 1032 > g->in_len) n = g->in_len * 1032;
+    return n < g->limit ? n : g->limit;
+}
+
+/* The first output buffer's size: the ISIZE guess, or only the header until its size is
+ * known; at least 4 KiB, at most the limit. */
+static size_t first_cap(const gunzip *g) {
+    size_t cap = isize_guess(g);
     if (!g->head_done && g->rule->head) cap = g->rule->head; /* only the header until its size is known */
     if (cap < 4096) cap = 4096;
     if (cap > g->limit) cap = g->limit;
     return cap;
 }
 
-/* Once the header is inflated: the size it declares (if it does) becomes the limit, and
- * the buffer that size + 1 (one byte more tells a longer stream). */
+/* Once the header is inflated: the size it declares (if it does) becomes the limit (that
+ * size + 1: one byte more tells a longer stream). The buffer still grows only as the data
+ * arrives (make_room), from the ISIZE guess: a 60-byte file may declare 4 GiB, and
+ * check_end compares the declared size with what the stream inflated to. */
 static rt_status take_header(gunzip *g) {
     if (g->head_done || g->out_pos < g->rule->head) return RT_OK;
     size_t want;
@@ -97,15 +106,17 @@ static rt_status take_header(gunzip *g) {
         RT_FAIL(RT_ERR_FORMAT, "%s: the header declares %zu bytes, more than the %zu-byte limit", g->name, want,
                 g->max_out);
     g->declared = true;
-    g->limit = want + 1; /* one byte more tells a longer stream */
+    g->limit = want + 1;
     if (g->out_pos > want)
         RT_FAIL(RT_ERR_FORMAT,
                 "%s: gzip data inflates past the %zu bytes its header declares (unexpected bytes after the data)",
                 g->name, want);
-    if (g->cap != g->limit) {
-        RT_CHECK(grow(&g->dst, g->out_pos, g->limit));
-        g->cap = g->limit;
+    size_t guess = isize_guess(g);
+    if (guess > g->cap) {
+        RT_CHECK(grow(&g->dst, g->out_pos, guess));
+        g->cap = guess;
     }
+    if (g->cap > g->limit) g->cap = g->limit; /* the bytes past it stay unused */
     return RT_OK;
 }
 
@@ -113,7 +124,7 @@ static rt_status take_header(gunzip *g) {
  * an error. */
 static rt_status make_room(gunzip *g) {
     if (g->out_pos < g->cap) return RT_OK;
-    if (g->declared)
+    if (g->cap >= g->limit && g->declared)
         RT_FAIL(RT_ERR_FORMAT,
                 "%s: gzip data inflates past the %zu bytes its header declares (unexpected bytes after the data); "
                 "stopped there",

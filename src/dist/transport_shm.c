@@ -340,6 +340,35 @@ static rt_status seg_create(shm_setup_ctx *x, int a, int b, size_t len, void **o
     return RT_OK;
 }
 
+rt_status rt_shm_peer_open(const char *path, const char *memfd_name, size_t len, int *fd) {
+    *fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    if (*fd < 0)
+        return RT_ERROR(RT_ERR_SYS,
+                        "shm: cannot open a peer's segment %s: %s (different pid namespaces or a locked-down "
+                        "/proc? set RINGTRAIN_SHM_NAMED=1, or use transport tcp)",
+                        path, strerror(errno));
+    /* the name of what opened (not of `path` again: its pid may be reused meanwhile) */
+    char self[64], link[300], want[300];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", *fd);
+    ssize_t n = readlink(self, link, sizeof link - 1);
+    link[n > 0 ? n : 0] = '\0';
+    int wl = snprintf(want, sizeof want, "/memfd:%s", memfd_name);
+    bool named =
+        n > 0 && strncmp(link, want, (size_t)wl) == 0 && (link[wl] == '\0' || strcmp(link + wl, " (deleted)") == 0);
+    struct stat st = {0};
+    bool sized = fstat(*fd, &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size == len;
+    if (named && sized) return RT_OK;
+    close(*fd);
+    *fd = -1;
+    if (!named)
+        return RT_ERROR(RT_ERR_PEER,
+                        "shm: %s is '%s', not the peer's segment (memfd '%s'): its process is gone and the pid "
+                        "reused, or the store was tampered with",
+                        path, link, memfd_name);
+    return RT_ERROR(RT_ERR_PEER, "shm: the peer's segment %s has %lld bytes, expected %zu", path, (long long)st.st_size,
+                    len);
+}
+
 /* Map segment (a, b), created by rank a. */
 static rt_status seg_open(shm_setup_ctx *x, int a, int b, size_t len, void **out) {
     rt_pg_world *w = x->w;
@@ -355,17 +384,13 @@ static rt_status seg_open(shm_setup_ctx *x, int a, int b, size_t len, void **out
     RT_REQUIRE(sscanf(val, "%d %d", &pid, &fdn) == 2 && pid > 0 && fdn >= 0, RT_ERR_PEER,
                "rank %d published a malformed segment '%s'", a, val);
     snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fdn);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return RT_ERROR(RT_ERR_SYS,
-                        "shm: cannot open rank %d's segment %s: %s (different pid namespaces or a locked-down "
-                        "/proc? set RINGTRAIN_SHM_NAMED=1, or use transport tcp)",
-                        a, path, strerror(errno));
-    struct stat stt;
-    if (fstat(fd, &stt) < 0 || (size_t)stt.st_size != len) {
-        close(fd);
-        return RT_ERROR(RT_ERR_PEER, "shm: rank %d's segment %s has %lld bytes, expected %zu", a, path,
-                        (long long)stt.st_size, len);
+    int fd = -1;
+    rt_status st = rt_shm_peer_open(path, name + 1, len, &fd);
+    if (st != RT_OK) {
+        char what[64];
+        snprintf(what, sizeof what, "rank %d's segment", a);
+        rt_error_trace(__FILE__, __LINE__, what);
+        return st;
     }
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);

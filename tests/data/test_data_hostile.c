@@ -244,10 +244,66 @@ static void test_gzip_bomb_refused_early(void **state) {
     free(dir);
 }
 
+/* The address space this process has mapped (VmSize), in bytes; 0 when unknown. */
+static size_t vm_size(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %zu kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}
+
+/* A tiny gzip IDX file whose header declares 60000 images of 256x256 (3.9 GB) and holds
+ * 8 KiB of zeros (more than the first 4 KiB buffer, so inflating goes on past the header): a clean "truncated data"
+ * error, and no buffer of the declared size. The reader runs in a child whose address space may grow by 256 MiB only
+ * (RLIMIT_AS), so an allocation of the declared size fails there, touched or not. */
+static void test_declared_size_not_allocated(void **state) {
+    (void)state;
+    unsigned char h[16];
+    be32(h, 0x803), be32(h + 4, 60000), be32(h + 8, 256), be32(h + 12, 256);
+    size_t zl;
+    unsigned char *z = gzip_bomb(h, sizeof h, 8192, &zl);
+    if (zl > 100) fail_msg("the file is %zu bytes compressed", zl);
+    char *dir = dt_mkdtemp("hostile-declared");
+    dt_write(dir, "train-images-idx3-ubyte.gz", z, zl);
+    char p[512];
+    dt_path(p, sizeof p, dir, "train-images-idx3-ubyte.gz");
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl = {.rlim_cur = vm_size() + ((size_t)256 << 20), .rlim_max = RLIM_INFINITY};
+        if (vm_size() == 0 || setrlimit(RLIMIT_AS, &rl) != 0) _exit(3);
+        rt_bytes out;
+        rt_bytes_rule rule = rt_idx_rule(3);
+        const char *want = "truncated data: expected 3932160000 bytes after the 16-byte header, got 8192";
+        rt_status a = rt_bytes_read_maybe_gz(p, RT_DATASET_MAX_FILE, &rule, &out);
+        fprintf(stderr, "from the file: %s: %s\n", rt_status_name(a), rt_error_message());
+        if (a != RT_ERR_FORMAT || !strstr(rt_error_message(), want)) _exit(1);
+        rt_status b = rt_gunzip(z, zl, "declared", RT_DATASET_MAX_FILE, &rule, &out);
+        fprintf(stderr, "from memory: %s: %s\n", rt_status_name(b), rt_error_message());
+        _exit(b == RT_ERR_FORMAT && strstr(rt_error_message(), want) ? 0 : 2);
+    }
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    if (!WIFEXITED(wst) || WEXITSTATUS(wst) != 0)
+        fail_msg("reading a %zu-byte file that declares 3.9 GB: the child %s %d (1, 2: a wrong error, e.g. "
+                 "RT_ERR_NOMEM from an allocation of the declared size; 3: no RLIMIT_AS)",
+                 zl, WIFEXITED(wst) ? "exited with" : "died of signal",
+                 WIFEXITED(wst) ? WEXITSTATUS(wst) : WTERMSIG(wst));
+    free(z);
+    dt_rm_rf(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         /* memory checks first, while the peak RSS is still low */
         cmocka_unit_test(test_gzip_bomb_refused_early),
+        cmocka_unit_test(test_declared_size_not_allocated),
         cmocka_unit_test(test_size_mismatch_refused_before_reading),
         cmocka_unit_test(test_not_regular_files_named),
         cmocka_unit_test(test_permission_named),

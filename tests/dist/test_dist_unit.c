@@ -13,7 +13,9 @@
 #include "dist/reducer.h"
 #include "core/timer.h"
 
+#include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static void store_frames(void **s) {
@@ -677,15 +679,59 @@ static void transport_tables(void **s) {
     assert_int_equal(rt_transport_ops_of(RT_TRANSPORT_NCCL) != NULL, rt_cuda_built());
 }
 
+/* A peer's shm segment through /proc/<pid>/fd/<n> (rt_shm_peer_open): a pid reused by
+ * another process of the same user can point at any of its files, so only the memfd
+ * with the segment's name and size is mapped; a file of the right size is refused. */
+static void shm_peer_open_checks_the_memfd(void **s) {
+    (void)s;
+    const size_t len = 8192;
+    char dir[] = "/tmp/rt_shmXXXXXX", path[128], proc[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/victim", dir);
+    int f = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    assert_true(f >= 0);
+    assert_int_equal(ftruncate(f, (off_t)len), 0);
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", f);
+    int fd = 7;
+    assert_rt_fails(rt_shm_peer_open(proc, "ringtrain-0123abcd-p0-1", len, &fd), RT_ERR_PEER,
+                    "not the peer's segment (memfd 'ringtrain-0123abcd-p0-1')");
+    assert_int_equal(fd, -1);
+    close(f);
+    unlink(path);
+    rmdir(dir);
+    /* a memfd of another name (another job's segment), then the right one of a wrong size */
+    f = memfd_create("ringtrain-0123abcd-p0-2", MFD_CLOEXEC);
+    assert_true(f >= 0);
+    assert_int_equal(ftruncate(f, (off_t)len), 0);
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", f);
+    assert_rt_fails(rt_shm_peer_open(proc, "ringtrain-0123abcd-p0-1", len, &fd), RT_ERR_PEER, "not the peer's");
+    assert_rt_fails(rt_shm_peer_open(proc, "ringtrain-0123abcd-p0", len, &fd), RT_ERR_PEER, "not the peer's");
+    assert_rt_fails(rt_shm_peer_open(proc, "ringtrain-0123abcd-p0-2", len * 2, &fd), RT_ERR_PEER,
+                    "has 8192 bytes, expected 16384");
+    assert_rt_ok(rt_shm_peer_open(proc, "ringtrain-0123abcd-p0-2", len, &fd));
+    assert_true(fd >= 0 && fd != f);
+    close(fd);
+    close(f);
+    assert_rt_fails(rt_shm_peer_open("/proc/self/fd/987654", "x", len, &fd), RT_ERR_SYS, "cannot open");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(store_frames),      cmocka_unit_test(hello_and_header),
-        cmocka_unit_test(auth_proofs),       cmocka_unit_test(store_roundtrip),
-        cmocka_unit_test(rdzv_env),          cmocka_unit_test(reduce_kernels),
-        cmocka_unit_test(bad_timeout),       cmocka_unit_test(async_null_request),
-        cmocka_unit_test(parse_names),       cmocka_unit_test(dist_env),
-        cmocka_unit_test(dist_env_half_set), cmocka_unit_test(submit_failure_frees_request),
-        cmocka_unit_test(hex_secrets),       cmocka_unit_test(transport_tables),
+        cmocka_unit_test(store_frames),
+        cmocka_unit_test(hello_and_header),
+        cmocka_unit_test(auth_proofs),
+        cmocka_unit_test(store_roundtrip),
+        cmocka_unit_test(rdzv_env),
+        cmocka_unit_test(reduce_kernels),
+        cmocka_unit_test(bad_timeout),
+        cmocka_unit_test(async_null_request),
+        cmocka_unit_test(parse_names),
+        cmocka_unit_test(dist_env),
+        cmocka_unit_test(dist_env_half_set),
+        cmocka_unit_test(submit_failure_frees_request),
+        cmocka_unit_test(hex_secrets),
+        cmocka_unit_test(transport_tables),
+        cmocka_unit_test(shm_peer_open_checks_the_memfd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -109,6 +109,12 @@ rt_status rt_tcp_mesh_connect(rt_pg_world *w, int lfd, char (*addrs)[80], double
  * writes it, and the engine waits in poll() (tests drive a bare engine with it). */
 rt_status rt_tcp_attach(rt_engine *e);
 
+/* shm (transport_shm.c): open a peer's segment through `path` (/proc/<pid>/fd/<n>, as
+ * the peer published it) read-write into *fd, refused (RT_ERR_PEER) unless what opened
+ * is a memfd named `memfd_name` of exactly `len` bytes: a reused pid can point at any
+ * file of the same user. */
+rt_status rt_shm_peer_open(const char *path, const char *memfd_name, size_t len, int *fd);
+
 /* The paths a run takes (collectives.c, staging.c): transfers on the engine; an empty
  * request whose device part `enqueue` fills (whole-operation transports); host
  * transports' run: staged through pinned host memory when the buffers are on a device. */
