@@ -295,6 +295,24 @@ static rt_status check_data(const rt_config *cfg) {
     return RT_OK;
 }
 
+/* After a stop, the command that resumes from its checkpoint: with checkpoint.resume:
+ * auto the same command again (its newest checkpoint is the stop's); otherwise the same
+ * command would not (none starts afresh, or refuses the folder; a PATH goes back to PATH),
+ * so the hint names the override that does: the stop's checkpoint, added at the end
+ * (overrides apply in order, the last one wins). */
+static void stop_hint(const rt_config *cfg, const rt_train_result *res, char *out, size_t n) {
+    if (strcmp(cfg->checkpoint.resume, "auto") == 0) {
+        snprintf(out, n, "run the same command again to resume");
+        return;
+    }
+    char name[64];
+    rt_ckpt_dir_name(res->steps, name, sizeof name);
+    snprintf(out, n,
+             "to resume, run the same command with checkpoint.resume=%s/%s at its end (as it stands, with "
+             "checkpoint.resume: %s, it would not resume from there)",
+             res->checkpoint_dir, name, cfg->checkpoint.resume);
+}
+
 static int run_rank(const rt_config *cfg, const rt_dist_env *env) {
     rt_train_rank who = {.rank = env->rank >= 0 ? env->rank : 0,
                          .world_size = env->world_size >= 1 ? env->world_size : 1,
@@ -313,9 +331,10 @@ static int run_rank(const rt_config *cfg, const rt_dist_env *env) {
     if (rt_train(cfg, &who, stdout, &res) != RT_OK) return rt_cli_fail();
     if (res.stopped) { /* SIGINT/SIGTERM: a checkpoint of this step was written */
         if (who.rank == 0) {
-            char sig[32];
-            printf("stopped by %s after step %lld; checkpoint in %s/; run the same command again to resume\n",
-                   rt_signal_name(res.stop_signal, sig, sizeof sig), (long long)res.steps, res.checkpoint_dir);
+            char sig[32], hint[RT_CONFIG_PATH_MAX + 256];
+            stop_hint(cfg, &res, hint, sizeof hint);
+            printf("stopped by %s after step %lld; checkpoint in %s/; %s\n",
+                   rt_signal_name(res.stop_signal, sig, sizeof sig), (long long)res.steps, res.checkpoint_dir, hint);
             fflush(stdout);
         }
         return 128 + res.stop_signal; /* as a shell reports an interrupted command (130, 143) */

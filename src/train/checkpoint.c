@@ -859,13 +859,14 @@ static void remove_stale_tmp(const char *dir) {
     closedir(d);
 }
 
-/* The run_id of checkpoint CKPT's train.safetensors from its header alone (no tensor data read,
- * no crc): "" when it has none; false when the header cannot be read (a corrupt or
- * incomplete checkpoint). Pruning uses it to pass over other runs' checkpoints without
- * reading them whole. */
-static bool header_run_id(const char *ckpt, char *out, size_t n) {
+/* The step and run_id of checkpoint CKPT's train.safetensors from its header alone (no
+ * tensor data read, no crc): run_id "" when it has none; false when the header cannot be
+ * read (a corrupt or incomplete checkpoint; *step is then -1). Pruning uses it to pass
+ * over other runs' checkpoints without reading them whole. */
+static bool header_meta(const char *ckpt, int64_t *step, char *id_out, size_t n) {
     char p[RT_CKPT_PATH_MAX + 300];
-    out[0] = '\0';
+    id_out[0] = '\0';
+    *step = -1;
     if (snprintf(p, sizeof p, "%s/%s", ckpt, RT_CKPT_TRAIN_FILE) >= (int)sizeof p) return false;
     FILE *f = fopen(p, "rb");
     if (!f) return false;
@@ -879,10 +880,22 @@ static bool header_run_id(const char *ckpt, char *out, size_t n) {
     fclose(f);
     json_t *j = ok ? json_loadb(h, (size_t)hlen, 0, NULL) : NULL;
     free(h);
-    const char *id = json_string_value(json_object_get(json_object_get(j, "__metadata__"), "run_id"));
-    if (id) snprintf(out, n, "%s", id);
+    json_t *meta = json_object_get(j, "__metadata__");
+    const char *id = json_string_value(json_object_get(meta, "run_id"));
+    if (id) snprintf(id_out, n, "%s", id);
+    const char *st = json_string_value(json_object_get(meta, "step"));
+    uint64_t v;
+    bool neg;
+    bool good = j && st && parse_dec(st, false, &v, &neg) && v <= (uint64_t)INT64_MAX;
+    if (good) *step = (int64_t)v;
     json_decref(j);
-    return j != NULL;
+    return good;
+}
+
+rt_status rt_ckpt_peek(const char *path, int64_t *step, char *run_id, size_t n) {
+    RT_REQUIRE(header_meta(path, step, run_id, n), RT_ERR_FORMAT,
+               "%s/" RT_CKPT_TRAIN_FILE ": no readable header with a 'step' (not a complete checkpoint)", path);
+    return RT_OK;
 }
 
 rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step, const char *run_id) {
@@ -899,16 +912,18 @@ rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step, const
             kept++;
             continue;
         }
-        /* another run's (by its header: not read whole) or unreadable: never removed here */
+        /* another run's (by its header: not read whole) or unreadable: never removed here;
+         * one without a run_id (older than the key) counts as this run's */
         char hid[64];
-        if (!header_run_id(p, hid, sizeof hid) || strcmp(hid, run_id) != 0) continue;
+        int64_t hstep;
+        if (!header_meta(p, &hstep, hid, sizeof hid) || (hid[0] && strcmp(hid, run_id) != 0)) continue;
         rt_ckpt_meta m;
         if (rt_ckpt_verify(p, &m) != RT_OK) { /* corrupt: neither counted nor removed */
             rt_error_clear();
             continue;
         }
         const char *id = rt_ckpt_meta_get(&m, "run_id");
-        bool mine = strcmp(id ? id : "", run_id) == 0;
+        bool mine = !id || !*id || strcmp(id, run_id) == 0;
         rt_ckpt_meta_free(&m);
         if (!mine) continue;
         if (kept < keep_last) {
@@ -933,17 +948,10 @@ rt_status rt_ckpt_count(const char *dir, int *n, char *newest, size_t newest_n) 
     return RT_OK;
 }
 
-rt_status rt_ckpt_move_aside(const char *dir, char *aside_out, size_t aside_n) {
-    ckpt_entry *v;
-    int n;
-    RT_CHECK(list_ckpts(dir, &v, &n));
-    if (aside_out && aside_n) aside_out[0] = '\0';
-    if (n == 0) {
-        free(v);
-        return RT_OK;
-    }
-    /* named after the run of the newest readable checkpoint, else the time */
-    char label[64] = "";
+/* The run_id of the newest readable checkpoint of v[0..n) (a folder's label), else the
+ * UTC time */
+static void aside_label(const char *dir, const ckpt_entry *v, int n, char *label, size_t label_n) {
+    label[0] = '\0';
     for (int i = 0; i < n && !label[0]; i++) {
         char p[RT_CKPT_PATH_MAX + 256];
         snprintf(p, sizeof p, "%s/%s", dir, v[i].name);
@@ -953,22 +961,32 @@ rt_status rt_ckpt_move_aside(const char *dir, char *aside_out, size_t aside_n) {
             continue;
         }
         const char *id = rt_ckpt_meta_get(&m, "run_id");
-        if (id && *id && strlen(id) < 40 && !strchr(id, '/') && id[0] != '.') snprintf(label, sizeof label, "%s", id);
+        if (id && *id && strlen(id) < 40 && !strchr(id, '/') && id[0] != '.') snprintf(label, label_n, "%s", id);
         rt_ckpt_meta_free(&m);
     }
     if (!label[0]) {
         time_t t = time(NULL);
         struct tm tm;
         gmtime_r(&t, &tm);
-        strftime(label, sizeof label, "%Y%m%d-%H%M%S", &tm);
+        strftime(label, label_n, "%Y%m%d-%H%M%S", &tm);
     }
+}
+
+/* Move the checkpoints v[0..n) of DIR into a new folder DIR/<prefix><label><suffix>/
+ * (label: aside_label; -1, -2, ... when taken), its path to aside_out; renames only. */
+static rt_status move_into(const char *dir, const ckpt_entry *v, int n, const char *prefix, const char *suffix,
+                           char *aside_out, size_t aside_n) {
+    if (aside_out && aside_n) aside_out[0] = '\0';
+    if (n == 0) return RT_OK;
+    char label[64];
+    aside_label(dir, v, n, label, sizeof label);
     char aside[RT_CKPT_PATH_MAX + 128];
     rt_status st = RT_OK;
-    for (int k = 0;; k++) { /* a fresh folder: old-<label>, old-<label>-1, ... */
+    for (int k = 0;; k++) { /* a fresh folder: <prefix><label><suffix>, then -1, -2, ... */
         if (k == 0)
-            snprintf(aside, sizeof aside, "%s/old-%s", dir, label);
+            snprintf(aside, sizeof aside, "%s/%s%s%s", dir, prefix, label, suffix);
         else
-            snprintf(aside, sizeof aside, "%s/old-%s-%d", dir, label, k);
+            snprintf(aside, sizeof aside, "%s/%s%s%s-%d", dir, prefix, label, suffix, k);
         if (mkdir(aside, 0755) == 0) break;
         if (errno != EEXIST || k > 1000) {
             st = RT_ERROR(RT_ERR_IO, "cannot create %s: %s", aside, strerror(errno));
@@ -981,9 +999,59 @@ rt_status rt_ckpt_move_aside(const char *dir, char *aside_out, size_t aside_n) {
         snprintf(to, sizeof to, "%s/%s", aside, v[i].name);
         if (rename(from, to) != 0) st = RT_ERROR(RT_ERR_IO, "moving %s to %s: %s", from, to, strerror(errno));
     }
-    free(v);
+    if (st == RT_OK) st = fsync_path(aside, true);
     if (st == RT_OK) st = fsync_path(dir, true);
     if (st == RT_OK && aside_out) snprintf(aside_out, aside_n, "%s", aside);
+    return st;
+}
+
+rt_status rt_ckpt_move_aside(const char *dir, char *aside_out, size_t aside_n) {
+    ckpt_entry *v;
+    int n;
+    RT_CHECK(list_ckpts(dir, &v, &n));
+    rt_status st = move_into(dir, v, n, "old-", "", aside_out, aside_n);
+    free(v);
+    return st;
+}
+
+/* The checkpoints of DIR a resume of checkpoint KEEP (step `step`) abandons, kept in
+ * v[0..*n) newest first: every one of a later step, and one of the same step that is not
+ * KEEP itself (a write of that step would replace it). */
+static rt_status list_abandoned(const char *dir, int64_t step, const char *keep, ckpt_entry **v, int *n) {
+    RT_CHECK(list_ckpts(dir, v, n));
+    struct stat ks;
+    bool have_keep = stat(keep, &ks) == 0;
+    int m = 0;
+    for (int i = 0; i < *n; i++) {
+        bool take = (*v)[i].step > step;
+        if ((*v)[i].step == step) {
+            char p[RT_CKPT_PATH_MAX + 256];
+            struct stat sb;
+            snprintf(p, sizeof p, "%s/%s", dir, (*v)[i].name);
+            take = !have_keep || stat(p, &sb) != 0 || sb.st_dev != ks.st_dev || sb.st_ino != ks.st_ino;
+        }
+        if (take) (*v)[m++] = (*v)[i];
+    }
+    *n = m;
+    return RT_OK;
+}
+
+rt_status rt_ckpt_count_abandoned(const char *dir, int64_t step, const char *keep, int *n, char *newest,
+                                  size_t newest_n) {
+    ckpt_entry *v;
+    RT_CHECK(list_abandoned(dir, step, keep, &v, n));
+    if (newest && newest_n) snprintf(newest, newest_n, "%s", *n ? v[0].name : "");
+    free(v);
+    return RT_OK;
+}
+
+rt_status rt_ckpt_abandon(const char *dir, int64_t step, const char *keep, int *n, char *aside_out, size_t aside_n) {
+    ckpt_entry *v;
+    RT_CHECK(list_abandoned(dir, step, keep, &v, n));
+    char suffix[48];
+    snprintf(suffix, sizeof suffix, "-from-%" PRId64, step);
+    rt_status st = move_into(dir, v, *n, "abandoned-", suffix, aside_out, aside_n);
+    free(v);
     return st;
 }
 
@@ -1156,6 +1224,8 @@ rt_status rt_ckpt_find(const char *dir, rt_ckpt_found *out) {
         if (rt_ckpt_verify(p, NULL) == RT_OK) {
             snprintf(out->path, sizeof out->path, "%s", p);
             out->step = v[i].step;
+            int64_t hstep;
+            header_meta(p, &hstep, out->run_id, sizeof out->run_id); /* just verified */
             free(v);
             return RT_OK;
         }

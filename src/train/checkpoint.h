@@ -120,10 +120,11 @@ void rt_ckpt_dir_name(int64_t step, char *out, size_t n);
 rt_status rt_ckpt_write(const char *dir, int64_t step, rt_model *model, const rt_optimizer *opt,
                         const rt_ckpt_meta *meta, int keep_last, char *path_out, size_t path_n);
 
-/* Keep the newest keep_last valid checkpoints of run `run_id` (metadata "run_id"; NULL or
- * "": checkpoints without one) and remove this run's older ones, never `keep_step`
- * (counted as valid: just written). Checkpoints that fail rt_ckpt_verify and those of
- * other runs are neither counted nor removed. keep_last 0: nothing. */
+/* Keep the newest keep_last valid checkpoints of run `run_id` (metadata "run_id"; a
+ * checkpoint without one, older than the key, counts as this run's) and remove this
+ * run's older ones, never `keep_step` (counted as valid: just written). Checkpoints that
+ * fail rt_ckpt_verify and those of other runs (another branch: docs/checkpoints.md) are
+ * neither counted nor removed. keep_last 0: nothing. */
 rt_status rt_ckpt_prune(const char *dir, int keep_last, int64_t keep_step, const char *run_id);
 
 /* The number of ckpt-* directories of DIR (0 when it does not exist), valid or not, and
@@ -137,11 +138,26 @@ rt_status rt_ckpt_count(const char *dir, int *n, char *newest, size_t newest_n);
  * resume's and pruning's way. */
 rt_status rt_ckpt_move_aside(const char *dir, char *aside_out, size_t aside_n);
 
+/* A resume from checkpoint KEEP (step `step`) continues from there: the checkpoints of DIR
+ * it abandons are those of a later step and one of the same step that is not KEEP (another
+ * directory). rt_ckpt_count_abandoned: their number and the newest one's name ("" for
+ * none). rt_ckpt_abandon: moves them (renames only, *n of them) into a new
+ * DIR/abandoned-<run_id of the newest readable one>-from-<step>/ (the UTC time when none
+ * has an id; -1, -2, ... when taken), whose path goes to aside_out ("" when none). */
+rt_status rt_ckpt_count_abandoned(const char *dir, int64_t step, const char *keep, int *n, char *newest,
+                                  size_t newest_n);
+rt_status rt_ckpt_abandon(const char *dir, int64_t step, const char *keep, int *n, char *aside_out, size_t aside_n);
+
 /* ---- reading ----------------------------------------------------------------------- */
 
 /* Check a checkpoint directory completely (structure, metadata, both crcs) without a
  * model; its metadata into *meta when non-NULL (rt_ckpt_meta_free it). */
 rt_status rt_ckpt_verify(const char *path, rt_ckpt_meta *meta);
+
+/* The step and run_id ("" when it has none) of the checkpoint at `path` from its
+ * train.safetensors header alone: no tensor data read, nothing verified (rt_ckpt_verify
+ * does that); RT_ERR_FORMAT when the header cannot be read. */
+rt_status rt_ckpt_peek(const char *path, int64_t *step, char *run_id, size_t n);
 
 #define RT_CKPT_MAX_SKIPPED 16
 typedef struct rt_ckpt_skipped {
@@ -152,6 +168,7 @@ typedef struct rt_ckpt_skipped {
 typedef struct rt_ckpt_found {
     char path[RT_CKPT_PATH_MAX]; /* "" when DIR holds no checkpoint at all (or does not exist) */
     int64_t step;                /* -1 with path "" */
+    char run_id[64];             /* its metadata "run_id" ("" when none) */
     int n_skipped;               /* newer checkpoints refused, newest first */
     rt_ckpt_skipped skipped[RT_CKPT_MAX_SKIPPED];
     int n_skipped_total; /* > n_skipped when more were refused than fit */

@@ -9,29 +9,62 @@
 
 #include "core/log.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-/* Keep the lines of a metrics file up to `step` (a resumed run logs the steps after its
- * checkpoint again): no gap, no duplicate. Lines without a "step" field are kept.
- * `eval_at` (may be NULL): `step` if an "eval" line of that step was kept, else -1 (a
- * checkpoint of an epoch's last step was written before that epoch's evaluation, so the
- * resumed run evaluates that step again, and must not log it twice). */
-rt_status rt_run_truncate_metrics(const char *path, int64_t step, int64_t *eval_at) {
+/* fflush, fsync and fclose f (written to `path`), each checked */
+static rt_status close_synced(FILE *f, const char *path) {
+    int e = 0;
+    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) e = errno ? errno : EIO;
+    if (fclose(f) != 0 && !e) e = errno;
+    RT_REQUIRE(!e, RT_ERR_IO, "writing %s: %s", path, strerror(e));
+    return RT_OK;
+}
+
+/* fsync the directory that holds `path` (a rename in it is then durable) */
+static rt_status fsync_parent(const char *path) {
+    char dir[RT_CKPT_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        dir[1] = '\0';
+    else if (slash)
+        *slash = '\0';
+    else
+        snprintf(dir, sizeof dir, ".");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    RT_REQUIRE(fd >= 0, RT_ERR_IO, "cannot open %s to fsync it: %s", dir, strerror(errno));
+    int rc = fsync(fd), e = errno;
+    close(fd);
+    RT_REQUIRE(rc == 0, RT_ERR_IO, "fsync %s: %s", dir, strerror(e));
+    return RT_OK;
+}
+
+/* Cut metrics file `path` back to `step`: the lines logged after it go to `moved` (a new
+ * file; NULL: dropped, they are logged again by the run that resumes there), the rest
+ * stay. Durable: `moved` is complete on disk before `path` is replaced, and `path` is
+ * replaced by an fsynced temporary renamed over it (then its folder fsynced), so a crash
+ * leaves either file whole. `eval_at` as for rt_run_truncate_metrics. */
+static rt_status cut_metrics(const char *path, int64_t step, int64_t *eval_at, const char *moved) {
     if (eval_at) *eval_at = -1;
     FILE *f = fopen(path, "r");
     if (!f) return RT_OK; /* nothing logged yet */
     char tmp[RT_CONFIG_PATH_MAX + 16];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *o = fopen(tmp, "w");
-    if (!o) {
+    FILE *o = fopen(tmp, "w"), *mv = o && moved ? fopen(moved, "w") : NULL;
+    if (!o || (moved && !mv)) {
+        int e = errno;
         fclose(f);
-        return RT_ERROR(RT_ERR_IO, "%s: %s", tmp, strerror(errno));
+        if (o) fclose(o);
+        return RT_ERROR(RT_ERR_IO, "%s: %s", o ? moved : tmp, strerror(e));
     }
     char *line = NULL;
     size_t cap = 0;
@@ -40,14 +73,93 @@ rt_status rt_run_truncate_metrics(const char *path, int64_t step, int64_t *eval_
         if (line[n - 1] != '\n') break; /* a line cut short by a kill */
         const char *k = strstr(line, "\"step\": ");
         long long s = -1;
-        if (k && sscanf(k + 8, "%lld", &s) == 1 && s > step) continue;
+        if (k && sscanf(k + 8, "%lld", &s) == 1 && s > step) {
+            if (mv) fputs(line, mv);
+            continue;
+        }
         if (eval_at && s == step && strncmp(line, "{\"kind\": \"eval\", ", 17) == 0) *eval_at = step;
         fputs(line, o);
     }
+    bool read_err = ferror(f);
     free(line);
     fclose(f);
-    if (fclose(o) != 0 || rename(tmp, path) != 0) return RT_ERROR(RT_ERR_IO, "%s: %s", path, strerror(errno));
+    rt_status st = mv ? close_synced(mv, moved) : RT_OK;
+    rt_status st2 = close_synced(o, tmp);
+    if (st == RT_OK) st = st2;
+    if (st == RT_OK && read_err) st = RT_ERROR(RT_ERR_IO, "reading %s: %s", path, strerror(errno));
+    if (st != RT_OK) {
+        unlink(tmp);
+        return st;
+    }
+    RT_REQUIRE(rename(tmp, path) == 0, RT_ERR_IO, "renaming %s to %s: %s", tmp, path, strerror(errno));
+    return fsync_parent(path);
+}
+
+/* Keep the lines of a metrics file up to `step` (a resumed run logs the steps after its
+ * checkpoint again): no gap, no duplicate. Lines without a "step" field are kept.
+ * `eval_at` (may be NULL): `step` if an "eval" line of that step was kept, else -1 (a
+ * checkpoint of an epoch's last step was written before that epoch's evaluation, so the
+ * resumed run evaluates that step again, and must not log it twice). */
+rt_status rt_run_truncate_metrics(const char *path, int64_t step, int64_t *eval_at) {
+    return cut_metrics(path, step, eval_at, NULL);
+}
+
+/* The metrics files of the run folder (metrics.jsonl, and every rank's
+ * metrics-rank<k>.jsonl of log.all_ranks as this rank sees the folder): fn(r, name, arg)
+ * for each that exists, stopping at the first error. */
+static rt_status each_metrics_file(run *r, rt_status (*fn)(run *, const char *, const void *), const void *arg) {
+    DIR *d = opendir(r->run_dir);
+    if (!d) return RT_OK;
+    rt_status st = RT_OK;
+    struct dirent *e;
+    while (st == RT_OK && (e = readdir(d)) != NULL) {
+        const char *nm = e->d_name;
+        size_t l = strlen(nm);
+        bool rank_file = strncmp(nm, "metrics-rank", 12) == 0 && l > 18 && strcmp(nm + l - 6, ".jsonl") == 0 &&
+                         strspn(nm + 12, "0123456789") == l - 18;
+        if (strcmp(nm, "metrics.jsonl") == 0 || rank_file) st = fn(r, nm, arg);
+    }
+    closedir(d);
+    return st;
+}
+
+/* each_metrics_file: RUN_DIR/name moved whole into the folder `arg` (renamed, or copied
+ * and removed across file systems) */
+static rt_status move_metrics_file(run *r, const char *name, const void *arg) {
+    char from[RT_CONFIG_PATH_MAX + 64], to[RT_CKPT_PATH_MAX + 64];
+    snprintf(from, sizeof from, "%s/%s", r->run_dir, name);
+    snprintf(to, sizeof to, "%s/%s", (const char *)arg, name);
+    if (rename(from, to) == 0) return RT_OK;
+    RT_REQUIRE(errno == EXDEV, RT_ERR_IO, "moving %s to %s: %s", from, to, strerror(errno));
+    FILE *f = fopen(from, "r"), *o = f ? fopen(to, "w") : NULL;
+    if (!o) {
+        int e = errno;
+        if (f) fclose(f);
+        RT_FAIL(RT_ERR_IO, "%s: %s", f ? to : from, strerror(e));
+    }
+    char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, o);
+    bool read_err = ferror(f);
+    fclose(f);
+    RT_CHECK(close_synced(o, to));
+    RT_REQUIRE(!read_err, RT_ERR_IO, "reading %s", from);
+    RT_REQUIRE(unlink(from) == 0, RT_ERR_IO, "removing %s (copied to %s): %s", from, to, strerror(errno));
     return RT_OK;
+}
+
+/* each_metrics_file: the lines of RUN_DIR/name after the resumed step moved into the
+ * same-named file of the abandoned branch's folder */
+typedef struct cut_arg {
+    int64_t step;
+    const char *aside;
+} cut_arg;
+static rt_status cut_metrics_file(run *r, const char *name, const void *arg) {
+    const cut_arg *a = arg;
+    char from[RT_CONFIG_PATH_MAX + 64], to[RT_CKPT_PATH_MAX + 64];
+    snprintf(from, sizeof from, "%s/%s", r->run_dir, name);
+    snprintf(to, sizeof to, "%s/%s", a->aside, name);
+    return cut_metrics(from, a->step, NULL, to);
 }
 
 /* A run's id: 16 hex digits from getrandom (the time and pid if it fails). */
@@ -57,42 +169,91 @@ static void new_run_id(char *out, size_t n) {
     snprintf(out, n, "%016llx", (unsigned long long)v);
 }
 
+/* The run continues the run of the checkpoint it resumes: its run_id, unless it has none
+ * (older than the key) or one that does not fit (then the fresh one stays) */
+static void take_run_id(run *r, const char *id) {
+    size_t l = strlen(id);
+    if (l == 0 || l >= sizeof r->ckpt.run_id) return;
+    memcpy(r->ckpt.run_id, id, l + 1);
+}
+
+/* Whether `path` (a checkpoint directory) sits directly in the folder `dir` (the same
+ * directory, by device and inode) */
+static bool in_folder(const char *path, const char *dir) {
+    char parent[RT_CKPT_PATH_MAX + 4];
+    snprintf(parent, sizeof parent, "%s", path);
+    size_t l = strlen(parent);
+    while (l > 1 && parent[l - 1] == '/') parent[--l] = '\0';
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        snprintf(parent, sizeof parent, ".");
+    else
+        slash[slash == parent ? 1 : 0] = '\0';
+    struct stat a, b;
+    return stat(parent, &a) == 0 && stat(dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* checkpoint.resume: PATH. The run continues PATH's run (its run_id) when PATH is the
+ * newest checkpoint of this run's folder; it is a new branch with its own (fresh) run id
+ * when the folder holds newer checkpoints (a rollback: rt_run_resume moves them aside)
+ * or PATH is in another folder. A PATH whose header cannot be read is left to
+ * rt_run_resume, which says why. */
+static rt_status choose_path(run *r, const char *dir) {
+    const char *path = r->cfg->checkpoint.resume;
+    snprintf(r->ckpt.chosen_path, sizeof r->ckpt.chosen_path, "%s", path);
+    int64_t step;
+    char id[64];
+    if (rt_ckpt_peek(path, &step, id, sizeof id) != RT_OK) {
+        rt_error_clear();
+        return RT_OK;
+    }
+    r->ckpt.chosen_step = step;
+    int n = 0;
+    RT_CHECK(rt_ckpt_count_abandoned(dir, step, path, &n, NULL, 0));
+    if (n == 0 && in_folder(path, dir)) take_run_id(r, id);
+    return RT_OK;
+}
+
+/* checkpoint.resume: none. The folder must hold no checkpoint, or checkpoint.overwrite
+ * moves them aside, and the run's metrics files go with them. */
+static rt_status choose_none(run *r, const char *dir) {
+    int n = 0;
+    char newest[256];
+    RT_CHECK(rt_ckpt_count(dir, &n, newest, sizeof newest));
+    if (n == 0) return RT_OK;
+    RT_REQUIRE(r->cfg->checkpoint.overwrite, RT_ERR_INVALID,
+               "checkpoint.resume is none but %s holds %d checkpoint(s) of an earlier run (the newest %s); a new "
+               "run there would mix with them: give this run another checkpoint.dir (or log.dir), continue that "
+               "run (checkpoint.resume: auto), or set checkpoint.overwrite: true to move them aside into "
+               "%s/old-<run id>/",
+               dir, n, newest, dir);
+    char aside[RT_CKPT_PATH_MAX + 128];
+    RT_CHECK(rt_ckpt_move_aside(dir, aside, sizeof aside));
+    RT_CHECK(each_metrics_file(r, move_metrics_file, aside));
+    fprintf(r->out,
+            "ringtrain: checkpoint.overwrite: moved the %d checkpoint(s) of %s and the run's metrics aside into %s\n",
+            n, dir, aside);
+    fflush(r->out);
+    return RT_OK;
+}
+
 /* Rank 0's choice (find_resume): checkpoint.resume auto (the newest complete checkpoint
- * of checkpoint.dir, if any), none (the folder must hold no checkpoint, or
- * checkpoint.overwrite moves them aside), or a path. */
+ * of checkpoint.dir, if any, and its run id), none (choose_none) or a path (choose_path).
+ * A fresh run and a new branch get a fresh run id. */
 static rt_status choose_resume(run *r) {
     const rt_config *c = r->cfg;
-    new_run_id(r->ckpt.run_id, sizeof r->ckpt.run_id); /* a resume takes the checkpoint's instead */
+    new_run_id(r->ckpt.run_id, sizeof r->ckpt.run_id); /* a resume that continues a run takes its id */
     char dir[RT_CKPT_PATH_MAX];
     rt_run_rank_view(r, r->ckpt.dir, dir, sizeof dir);
-    if (strcmp(c->checkpoint.resume, "none") == 0) {
-        int n = 0;
-        char newest[256];
-        RT_CHECK(rt_ckpt_count(dir, &n, newest, sizeof newest));
-        if (n == 0) return RT_OK;
-        RT_REQUIRE(c->checkpoint.overwrite, RT_ERR_INVALID,
-                   "checkpoint.resume is none but %s holds %d checkpoint(s) of an earlier run (the newest %s); a new "
-                   "run there would mix with them: give this run another checkpoint.dir (or log.dir), continue that "
-                   "run (checkpoint.resume: auto), or set checkpoint.overwrite: true to move them aside into "
-                   "%s/old-<run id>/",
-                   dir, n, newest, dir);
-        char aside[RT_CKPT_PATH_MAX + 128];
-        RT_CHECK(rt_ckpt_move_aside(dir, aside, sizeof aside));
-        fprintf(r->out, "ringtrain: checkpoint.overwrite: moved the %d checkpoint(s) of %s aside into %s\n", n, dir,
-                aside);
-        fflush(r->out);
-        return RT_OK;
-    }
-    if (strcmp(c->checkpoint.resume, "auto") != 0) {
-        snprintf(r->ckpt.chosen_path, sizeof r->ckpt.chosen_path, "%s", c->checkpoint.resume);
-        return RT_OK;
-    }
+    if (strcmp(c->checkpoint.resume, "none") == 0) return choose_none(r, dir);
+    if (strcmp(c->checkpoint.resume, "auto") != 0) return choose_path(r, dir);
     rt_ckpt_found found;
     RT_CHECK(rt_ckpt_find(dir, &found));
     for (int i = 0; i < found.n_skipped; i++)
         RT_LOG_WARN("checkpoint %s refused: %s; trying the one before", found.skipped[i].path, found.skipped[i].reason);
     snprintf(r->ckpt.chosen_path, sizeof r->ckpt.chosen_path, "%s", found.path); /* "": nothing to resume */
     r->ckpt.chosen_step = found.step;
+    take_run_id(r, found.run_id);
     return RT_OK;
 }
 
@@ -268,6 +429,46 @@ static rt_status restore_schedule(run *r, const rt_ckpt_meta *m, int64_t step) {
     return RT_OK;
 }
 
+/* Rank 0, resuming checkpoint.resume: PATH of step `step`: the checkpoints of this run's
+ * folder the resume abandons (rt_ckpt_abandon: newer ones, or another of that step) are
+ * moved into CKPT_DIR/abandoned-<their run id>-from-<step>/, with the lines of the run's
+ * metrics files logged after `step` (nothing is deleted); choose_path gave this branch
+ * its own run id. */
+static rt_status move_abandoned(run *r, int64_t step) {
+    char dir[RT_CKPT_PATH_MAX], path[RT_CKPT_PATH_MAX], aside[RT_CKPT_PATH_MAX + 128];
+    rt_run_rank_view(r, r->ckpt.dir, dir, sizeof dir);
+    rt_run_rank_view(r, r->ckpt.chosen_path, path, sizeof path);
+    int n = 0;
+    RT_CHECK(rt_ckpt_abandon(dir, step, path, &n, aside, sizeof aside));
+    if (n == 0) return RT_OK;
+    cut_arg a = {step, aside};
+    RT_CHECK(each_metrics_file(r, cut_metrics_file, &a));
+    fprintf(r->out,
+            "ringtrain: checkpoint.resume: %s (step %lld) is not the newest checkpoint of %s: this run is a new "
+            "branch (run id %s); the %d checkpoint(s) it abandons and the metrics lines logged after step %lld were "
+            "moved aside into %s/ (resume: auto never picks them)\n",
+            path, (long long)step, dir, r->ckpt.run_id, n, (long long)step, aside);
+    fflush(r->out);
+    return RT_OK;
+}
+
+/* After every rank loaded checkpoint.resume: PATH, rank 0 moves the branch it abandons
+ * aside (move_abandoned) and the ranks agree on the outcome (resume: auto abandons
+ * nothing: a corrupt newer checkpoint it passed over stays where it is). */
+static rt_status agree_abandoned(run *r, int64_t step) {
+    const char *how = r->cfg->checkpoint.resume;
+    if (strcmp(how, "auto") == 0 || strcmp(how, "none") == 0) return RT_OK;
+    rt_status st = is_root(r) ? move_abandoned(r, step) : RT_OK;
+    if (!r->pg) return st;
+    rt_error_record err;
+    if (st != RT_OK) rt_error_save(&err);
+    int64_t ok = st == RT_OK;
+    RT_CHECK(rt_run_all_reduce_host(r, &ok, 1, RT_I64, RT_OP_MIN));
+    if (st != RT_OK) return rt_error_restore(&err);
+    RT_REQUIRE(ok, RT_ERR_IO, "rank 0 could not move the checkpoints this resume abandons aside (its error says why)");
+    return RT_OK;
+}
+
 /* Load r->ckpt.chosen_path (rank 0's choice: find_resume, share_resume). Every rank loads
  * it, checks the metadata against this run, and the ranks agree on the outcome. */
 rt_status rt_run_resume(run *r) {
@@ -298,9 +499,6 @@ rt_status rt_run_resume(run *r) {
                       "global batch (checkpoint.resume: none starts afresh)",
                       path, (long long)batch, (long long)c->data.batch_size);
     if (st == RT_OK) st = restore_schedule(r, &m, step);
-    const char *id = st == RT_OK ? rt_ckpt_meta_get(&m, "run_id") : NULL;
-    if (id && *id)
-        snprintf(r->ckpt.run_id, sizeof r->ckpt.run_id, "%s", id); /* else: the fresh one (an older checkpoint) */
     rt_ckpt_meta_free(&m);
     if (st != RT_OK) rt_error_trace(__FILE__, __LINE__, "checkpoint.resume");
     RT_CHECK(rt_run_agree_loaded(r, st, r->ckpt.chosen_path));
@@ -313,6 +511,7 @@ rt_status rt_run_resume(run *r) {
                "on it: some samples would be taken twice, others never); resume with %lld rank(s) (dist.nproc), from a "
                "checkpoint at an epoch's end, or with data.sampler: distributed",
                path, (long long)batches, (long long)epoch + 1, (long long)world, r->who.world_size, (long long)world);
+    RT_CHECK(agree_abandoned(r, step));
     r->step = step;
     r->ckpt.start_epoch = epoch;
     r->ckpt.start_batches = batches;

@@ -7,7 +7,8 @@
 #
 #   tests/train/resume.sh RINGTRAIN CASE
 # CASE: evalonce | partition | exact | stop | stop_eval | stop_ckpt | steps | world | corrupt | eval |
-#       torchvision | schedule | runid | ranks | restart | restart_term | restart_repeat | ckpt_slow
+#       torchvision | schedule | runid | ranks | restart | restart_term | restart_repeat | ckpt_slow |
+#       branch | stop_hint
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 # the test-only hooks (RINGTRAIN_TEST_*) act only with this switch (docs/testing.md)
@@ -92,6 +93,17 @@ twice = sorted(k for k, n in seen.items() if n > 1)
 assert not twice, "logged more than once: %s" % twice
 PY
 }
+
+# meta CKPT KEY: a metadata field of checkpoint CKPT ("" when absent)
+meta() { /usr/bin/python3 -c 'import json,struct,sys; b=open(sys.argv[1]+"/train.safetensors","rb").read(); n=struct.unpack("<Q",b[:8])[0]; print(json.loads(b[8:8+n])["__metadata__"].get(sys.argv[2],""))' "$1" "$2"; }
+
+# step_lines FILE: the steps of FILE's step lines, space-separated, in file order
+step_lines() {
+  /usr/bin/python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1]) if "\"kind\": \"step\"" in l))' "$1"
+}
+
+# has_files CKPT: both files of a checkpoint are there
+has_files() { [ -s "$1/model.safetensors" ] && [ -s "$1/train.safetensors" ]; }
 
 case $what in
 evalonce)
@@ -226,6 +238,8 @@ corrupt)
   head -c 20 "$newest/train.safetensors" > "$tmp/t" && cp "$tmp/t" "$newest/train.safetensors"
   "$bin" train "$tmp/c.yaml" "${net[@]}" train.epochs=3 checkpoint.every_epochs=1 "log.dir=$tmp/c" >"$tmp/c3.out" 2>"$tmp/c3.err" || fail "resume 2"
   grep -q "refused" "$tmp/c3.err" || fail "the truncated checkpoint was not refused"
+  # passing over a corrupt newer checkpoint is not a rollback: nothing is moved aside
+  ! ls -d "$tmp"/c/checkpoints/abandoned-* 2>/dev/null || fail "resume: auto moved checkpoints aside"
   echo "ok: corrupted checkpoints are refused and auto falls back"
   ;;
 eval)
@@ -305,7 +319,6 @@ runid)
   # checkpoints refuses; checkpoint.overwrite moves them aside (nothing is lost)
   d=$tmp/r
   "$bin" train "$tmp/c.yaml" "${net[@]}" train.epochs=1 "log.dir=$d" >"$tmp/r1.out" 2>"$tmp/r1.err" || fail "run 1"
-  meta() { /usr/bin/python3 -c 'import json,struct,sys; b=open(sys.argv[1]+"/train.safetensors","rb").read(); n=struct.unpack("<Q",b[:8])[0]; print(json.loads(b[8:8+n])["__metadata__"].get(sys.argv[2],""))' "$1" "$2"; }
   id1=$(meta "$d/checkpoints/ckpt-000000064" run_id)
   echo "$id1" | grep -qE '^[0-9a-f]{16}$' || fail "run_id '$id1' is not 16 hex digits"
   grep '"kind": "start"' "$d/metrics.jsonl" | grep -q "\"run_id\": \"$id1\"" || fail "metrics.jsonl's start line lacks run_id $id1"
@@ -571,5 +584,89 @@ ckpt_slow)
   ! grep -q "gave no sign of progress" "$tmp/k.err" || fail "rank 0 killed in the write: the peers waited for the beat timeout"
   echo "ok: rank 0 killed during the write ends the job (its death is seen), and its repetition stops the restarts"
   ;;
-*) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision|schedule|runid|ranks|restart|restart_term|restart_repeat|ckpt_slow" >&2; exit 2 ;;
+branch)
+  # a rollback is a new branch (issue 38, item 2): checkpoints every 10 steps, keep_last 3,
+  # to step 30; resumed from ckpt-10 (checkpoint.resume=PATH) to step 25. It was silently
+  # undone: the rolled-back run kept the run id, pruning kept the abandoned ckpt-30 and
+  # deleted the new branch's older checkpoints, and the next plain run resumed ckpt-30
+  d=$tmp/b
+  ck=(checkpoint.every_steps=10 checkpoint.keep_last=3)
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" train.max_steps=30 "log.dir=$d" >"$tmp/b1.out" 2>"$tmp/b1.err" || fail "30 steps"
+  ida=$(meta "$d/checkpoints/ckpt-000000030" run_id)
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" train.max_steps=25 "checkpoint.resume=$d/checkpoints/ckpt-000000010" "log.dir=$d" \
+    >"$tmp/b2.out" 2>"$tmp/b2.err" || fail "the rollback to ckpt-10: $(tail -3 "$tmp/b2.err")"
+  grep -q "resuming from $d/checkpoints/ckpt-000000010 " "$tmp/b2.out" || fail "the rollback did not resume from ckpt-10"
+  ab=$d/checkpoints/abandoned-$ida-from-10
+  grep -q "is not the newest checkpoint of $d/checkpoints: this run is a new branch .*moved aside into $ab/" "$tmp/b2.out" ||
+    fail "the rollback did not say it is a new branch and where the abandoned one went: $(grep -i branch "$tmp/b2.out")"
+  idb=$(meta "$d/checkpoints/ckpt-000000025" run_id)
+  [ -n "$idb" ] && [ "$idb" != "$ida" ] || fail "the new branch's id '$idb' is the abandoned one's ($ida)"
+  [ "$(meta "$d/checkpoints/ckpt-000000020" run_id)" = "$idb" ] || fail "ckpt-20 is not the new branch's"
+  [ "$(meta "$d/checkpoints/ckpt-000000010" run_id)" = "$ida" ] || fail "ckpt-10 (the branch point) was changed or pruned"
+  # the abandoned branch: moved, never deleted, with its metrics lines
+  for s in 20 30; do
+    c=$(printf '%s/ckpt-%09d' "$ab" $s)
+    has_files "$c" || fail "the abandoned $c is not on disk with its files: $(ls -R "$d/checkpoints")"
+    [ "$(meta "$c" run_id)" = "$ida" ] || fail "the abandoned $c changed"
+  done
+  [ "$(step_lines "$ab/metrics.jsonl")" = "$(seq -s ' ' 11 30)" ] || fail "the abandoned metrics lines: $(step_lines "$ab/metrics.jsonl")"
+  "$bin" eval "$ab/ckpt-000000030" --nproc 1 >"$tmp/be.out" 2>"$tmp/be.err" || fail "the abandoned ckpt-30 does not evaluate"
+  # the plain rerun continues the user's branch; resume: auto never looks into abandoned-*/
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" train.max_steps=25 "log.dir=$d" >"$tmp/b3.out" 2>"$tmp/b3.err" || fail "plain rerun"
+  grep -q "resuming from $d/checkpoints/ckpt-000000025 " "$tmp/b3.out" || fail "the plain rerun did not resume the new branch: $(grep resuming "$tmp/b3.out")"
+  [ "$(step_lines "$d/metrics.jsonl")" = "$(seq -s ' ' 1 25)" ] || fail "metrics.jsonl: steps $(step_lines "$d/metrics.jsonl")"
+  # the branch trains on; pruning keeps its newest 3 and never touches ckpt-10 (another run's)
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" train.max_steps=50 "log.dir=$d" >"$tmp/b4.out" 2>"$tmp/b4.err" || fail "on to step 50"
+  [ "$(cd "$d/checkpoints" && echo ckpt-*)" = "ckpt-000000010 ckpt-000000030 ckpt-000000040 ckpt-000000050" ] ||
+    fail "after step 50: $(cd "$d/checkpoints" && echo ckpt-*)"
+  [ "$(meta "$d/checkpoints/ckpt-000000050" run_id)" = "$idb" ] || fail "the plain reruns changed the branch's id"
+  [ "$(step_lines "$d/metrics.jsonl")" = "$(seq -s ' ' 1 50)" ] || fail "metrics.jsonl after step 50: $(step_lines "$d/metrics.jsonl")"
+  echo "ok: a rollback is a new branch; the abandoned one is moved aside whole; the plain rerun resumes the user's branch"
+  # resume=PATH into another run's folder: a new branch in this (empty) folder, the other untouched
+  before=$(cd "$d" && find . -type f | sort | xargs md5sum)
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" train.max_steps=60 "checkpoint.resume=$d/checkpoints/ckpt-000000050" "log.dir=$tmp/o" \
+    >"$tmp/o.out" 2>"$tmp/o.err" || fail "resume from another folder: $(tail -3 "$tmp/o.err")"
+  grep -q "resuming from $d/checkpoints/ckpt-000000050 " "$tmp/o.out" || fail "did not resume from the other folder"
+  idc=$(meta "$tmp/o/checkpoints/ckpt-000000060" run_id)
+  [ -n "$idc" ] && [ "$idc" != "$idb" ] || fail "a resume from another folder kept that run's id ($idb)"
+  [ "$(cd "$d" && find . -type f | sort | xargs md5sum)" = "$before" ] || fail "the resume from another folder changed it"
+  echo "ok: checkpoint.resume=PATH into another run's folder is a new branch here and leaves that folder as it was"
+  ;;
+stop_hint)
+  # the stop hint is the command that resumes (issue 38, item 3), also where the same command
+  # would not: checkpoint.resume: none with overwrite (it would move the stop checkpoint aside
+  # and start over) and an explicit checkpoint.resume=PATH (it would go back to PATH); no
+  # rerun loses metrics lines (plain: the stop case)
+  hint_case() { # name dir args...: SIGTERM before step 20, then the hint's command
+    local name=$1 d=$2 rc=0; shift 2
+    RINGTRAIN_TEST_SIGNAL_AT=step:20:launcher:0:TERM "$bin" train "$tmp/c.yaml" "$@" "log.dir=$d" >"$tmp/$name.out" 2>"$tmp/$name.err" || rc=$?
+    [ "$rc" -eq 143 ] || fail "$name: exit $rc, expected 143"
+    local ck20 over
+    ck20=$(printf '%s/checkpoints/ckpt-%09d' "$d" 20)
+    grep -q "^stopped by SIGTERM after step 20; checkpoint in $d/checkpoints/; to resume, run the same command with checkpoint.resume=$ck20 at its end" "$tmp/$name.out" ||
+      fail "$name: the hint does not name the override that resumes: $(grep stopped "$tmp/$name.out")"
+    over=$(sed -n 's/.*to resume, run the same command with \(checkpoint.resume=[^ ]*\) at its end.*/\1/p' "$tmp/$name.out")
+    "$bin" train "$tmp/c.yaml" "$@" "log.dir=$d" "$over" >"$tmp/$name-2.out" 2>"$tmp/$name-2.err" || fail "$name: the hint's command: $(tail -3 "$tmp/$name-2.err")"
+    grep -q "^ringtrain: resuming from $ck20 " "$tmp/$name-2.out" || fail "$name: the hint's command did not resume from $ck20: $(grep resuming "$tmp/$name-2.out")"
+    ! grep -q "new branch" "$tmp/$name-2.out" || fail "$name: resuming the stop checkpoint started a branch"
+    [ "$(meta "$ck20" run_id)" = "$(meta "$(printf '%s/checkpoints/ckpt-%09d' "$d" 40)" run_id)" ] || fail "$name: the resume changed the run id"
+    [ "$(step_lines "$d/metrics.jsonl")" = "$(seq -s ' ' 1 40)" ] || fail "$name: metrics.jsonl steps: $(step_lines "$d/metrics.jsonl")"
+  }
+  # overwrite: an earlier run's 10 steps (its checkpoint and metrics moved aside together)
+  d=$tmp/ow
+  "$bin" train "$tmp/c.yaml" "${net[@]}" train.max_steps=10 "log.dir=$d" >"$tmp/ow0.out" 2>"$tmp/ow0.err" || fail "the earlier run"
+  id0=$(meta "$d/checkpoints/ckpt-000000010" run_id)
+  hint_case ow "$d" "${net[@]}" train.max_steps=40 checkpoint.resume=none checkpoint.overwrite=true
+  has_files "$d/checkpoints/old-$id0/ckpt-000000010" || fail "overwrite: the earlier run's checkpoint was not moved aside"
+  [ "$(step_lines "$d/checkpoints/old-$id0/metrics.jsonl")" = "$(seq -s ' ' 1 10)" ] || fail "overwrite: the earlier run's metrics were not moved with its checkpoints"
+  echo "ok: with checkpoint.resume: none and overwrite, the stop hint resumes; the earlier run's metrics moved with its checkpoints"
+  # explicit PATH: a rollback to ckpt-10 of a 30-step run, stopped at step 20
+  d=$tmp/p
+  "$bin" train "$tmp/c.yaml" "${net[@]}" checkpoint.every_steps=10 train.max_steps=30 "log.dir=$d" >"$tmp/p0.out" 2>"$tmp/p0.err" || fail "30 steps"
+  id0=$(meta "$d/checkpoints/ckpt-000000030" run_id)
+  hint_case p "$d" "${net[@]}" checkpoint.every_steps=10 train.max_steps=40 "checkpoint.resume=$d/checkpoints/ckpt-000000010"
+  [ "$(step_lines "$d/checkpoints/abandoned-$id0-from-10/metrics.jsonl")" = "$(seq -s ' ' 11 30)" ] || fail "resume=PATH: the abandoned metrics lines"
+  echo "ok: with checkpoint.resume=PATH, the stop hint resumes from the stop; no metrics line lost"
+  ;;
+*) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision|schedule|runid|ranks|restart|restart_term|restart_repeat|ckpt_slow|branch|stop_hint" >&2; exit 2 ;;
 esac
