@@ -307,10 +307,12 @@ static void stop_hint(const rt_config *cfg, const rt_train_result *res, char *ou
     }
     char name[64];
     rt_ckpt_dir_name(res->steps, name, sizeof name);
-    snprintf(out, n,
-             "to resume, run the same command with checkpoint.resume=%s/%s at its end (as it stands, with "
-             "checkpoint.resume: %s, it would not resume from there)",
-             res->checkpoint_dir, name, cfg->checkpoint.resume);
+    int len = snprintf(out, n,
+                       "to resume, run the same command with checkpoint.resume=%s/%s at its end (as it stands, "
+                       "with checkpoint.resume: %s, it would not resume from there)",
+                       res->checkpoint_dir, name, cfg->checkpoint.resume);
+    if (len < 0 || (size_t)len >= n) /* paths longer than the config allows: say it without them */
+        snprintf(out, n, "to resume, run the same command with checkpoint.resume=<this checkpoint> at its end");
 }
 
 static int run_rank(const rt_config *cfg, const rt_dist_env *env) {
@@ -331,7 +333,7 @@ static int run_rank(const rt_config *cfg, const rt_dist_env *env) {
     if (rt_train(cfg, &who, stdout, &res) != RT_OK) return rt_cli_fail();
     if (res.stopped) { /* SIGINT/SIGTERM: a checkpoint of this step was written */
         if (who.rank == 0) {
-            char sig[32], hint[RT_CONFIG_PATH_MAX + 256];
+            char sig[32], hint[2 * RT_CONFIG_PATH_MAX + 256];
             stop_hint(cfg, &res, hint, sizeof hint);
             printf("stopped by %s after step %lld; checkpoint in %s/; %s\n",
                    rt_signal_name(res.stop_signal, sig, sizeof sig), (long long)res.steps, res.checkpoint_dir, hint);
