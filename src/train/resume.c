@@ -299,16 +299,9 @@ rt_status rt_run_share_resume(run *r) {
 /* Every rank's outcome of loading rank 0's choice: the job goes on only if every rank
  * loaded it; otherwise each fails, the one that could not with its own reason. */
 rt_status rt_run_agree_loaded(run *r, rt_status st, const char *path) {
-    if (!r->pg) return st;
-    rt_error_record err;
-    if (st != RT_OK) rt_error_save(&err);
-    int64_t first_bad = st == RT_OK ? r->who.world_size : r->who.rank;
-    RT_CHECK(rt_run_all_reduce_host(r, &first_bad, 1, RT_I64, RT_OP_MIN));
-    if (st != RT_OK) return rt_error_restore(&err);
-    RT_REQUIRE(first_bad >= r->who.world_size, RT_ERR_IO,
-               "rank %lld could not load the checkpoint %s that rank 0 chose (its error says why)",
-               (long long)first_bad, path);
-    return RT_OK;
+    char what[RT_CKPT_PATH_MAX + 64];
+    snprintf(what, sizeof what, "load the checkpoint %s that rank 0 chose", path);
+    return rt_run_agree(r, st, what);
 }
 
 /* A config value as a person writes it: numbers in their shortest exact form (0.05, not

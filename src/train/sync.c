@@ -20,6 +20,23 @@ rt_status rt_run_all_reduce_host(run *r, void *v, size_t n, rt_dtype t, rt_reduc
     return rt_model_ctx_sync(r->ctx);
 }
 
+/* Every rank's outcome `st` of a step some ranks take alone (rank 0's files, one rank's
+ * load): the job goes on only if every rank succeeded; otherwise each fails, the one that
+ * could not with its own error, the others naming the first rank that could not `what`.
+ * Without it, a rank that failed alone leaves the others in their next collective until
+ * dist.timeout_s. */
+rt_status rt_run_agree(run *r, rt_status st, const char *what) {
+    if (!r->pg) return st;
+    rt_error_record err;
+    if (st != RT_OK) rt_error_save(&err);
+    int64_t first_bad = st == RT_OK ? r->who.world_size : r->who.rank;
+    RT_CHECK(rt_run_all_reduce_host(r, &first_bad, 1, RT_I64, RT_OP_MIN));
+    if (st != RT_OK) return rt_error_restore(&err);
+    RT_REQUIRE(first_bad >= r->who.world_size, RT_ERR_IO, "rank %lld could not %s (its error says why)",
+               (long long)first_bad, what);
+    return RT_OK;
+}
+
 rt_status rt_run_all_reduce_f64(run *r, double *v, size_t n, rt_reduce_op op) {
     return rt_run_all_reduce_host(r, v, n, RT_F64, op);
 }

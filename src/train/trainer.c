@@ -151,13 +151,15 @@ static rt_status open_logs(run *r, int64_t *eval_logged) {
     const rt_config *c = r->cfg;
     bool resumed = r->ckpt.resumed_from >= 0;
     *eval_logged = -1;
-    if (is_root(r)) RT_CHECK(open_metrics(r, resumed, eval_logged));
+    /* rank 0's files (and with log.all_ranks each rank's own) fail the job on every rank */
+    rt_status st = is_root(r) ? open_metrics(r, resumed, eval_logged) : RT_OK;
+    RT_CHECK(rt_run_agree(r, st, "open the run's metrics.jsonl and config.yaml"));
     if (c->log.all_ranks) {
         char path[RT_CONFIG_PATH_MAX + 64];
-        if (r->pg) RT_CHECK(rt_barrier(r->pg)); /* rank 0 made the folder */
         snprintf(path, sizeof path, "%s/metrics-rank%d.jsonl", r->run_dir, r->who.rank);
-        if (resumed) RT_CHECK(rt_run_truncate_metrics(path, r->step, NULL));
-        RT_CHECK(rt_metrics_open(path, resumed, &r->log.rank_metrics));
+        st = resumed ? rt_run_truncate_metrics(path, r->step, NULL) : RT_OK;
+        if (st == RT_OK) st = rt_metrics_open(path, resumed, &r->log.rank_metrics);
+        RT_CHECK(rt_run_agree(r, st, "open its metrics-rank file"));
     }
     bool tty = c->log.progress == RT_PROGRESS_ON || (c->log.progress == RT_PROGRESS_AUTO && isatty(fileno(r->out)));
     rt_progress_init(&r->log.progress, r->out, tty, c->log.every_steps, c->train.epochs, r->data.steps_per_epoch,

@@ -8,7 +8,7 @@
 #   tests/train/resume.sh RINGTRAIN CASE
 # CASE: evalonce | partition | exact | stop | stop_eval | stop_ckpt | steps | world | corrupt | eval |
 #       torchvision | schedule | runid | ranks | restart | restart_term | restart_repeat | ckpt_slow |
-#       branch | stop_hint
+#       branch | stop_hint | metrics_full
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 # the test-only hooks (RINGTRAIN_TEST_*) act only with this switch (docs/testing.md)
@@ -668,5 +668,23 @@ stop_hint)
   [ "$(step_lines "$d/checkpoints/abandoned-$id0-from-10/metrics.jsonl")" = "$(seq -s ' ' 11 30)" ] || fail "resume=PATH: the abandoned metrics lines"
   echo "ok: with checkpoint.resume=PATH, the stop hint resumes from the stop; no metrics line lost"
   ;;
-*) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision|schedule|runid|ranks|restart|restart_term|restart_repeat|ckpt_slow|branch|stop_hint" >&2; exit 2 ;;
+metrics_full)
+  # a metrics file cut back on resume is replaced only by a complete copy (issue 38, item 4):
+  # its temporary is /dev/full here (a full disk): the resume fails naming the file and the
+  # error, and metrics.jsonl keeps every line (it was renamed over by a short copy before)
+  d=$tmp/m
+  "$bin" train "$tmp/c.yaml" "${net[@]}" checkpoint.every_steps=10 train.max_steps=20 "log.dir=$d" >"$tmp/m0.out" 2>"$tmp/m0.err" || fail "20 steps"
+  before=$(md5sum <"$d/metrics.jsonl")
+  ln -s /dev/full "$d/metrics.jsonl.tmp"
+  rc=0
+  "$bin" train "$tmp/c.yaml" "${net[@]}" checkpoint.every_steps=10 train.max_steps=30 "log.dir=$d" >"$tmp/m1.out" 2>"$tmp/m1.err" || rc=$?
+  [ "$rc" -ne 0 ] || fail "a resume whose metrics copy cannot be written succeeded"
+  grep -q "metrics.jsonl.tmp: No space left on device" "$tmp/m1.err" || fail "the error does not name the metrics copy and ENOSPC: $(grep -m1 ' E ' "$tmp/m1.err")"
+  # rank 1 does not wait in a collective until dist.timeout_s: it fails at once, naming rank 0
+  grep -q "rank 0 could not open the run's metrics.jsonl" "$tmp/m1.err" || fail "rank 1 did not name rank 0's failure: $(grep -m2 'error' "$tmp/m1.err")"
+  [ -f "$d/metrics.jsonl" ] && [ ! -L "$d/metrics.jsonl" ] || fail "metrics.jsonl is no longer a regular file: $(ls -l "$d/metrics.jsonl")"
+  [ "$(md5sum <"$d/metrics.jsonl")" = "$before" ] || fail "metrics.jsonl changed after the failed copy"
+  echo "ok: a metrics copy that cannot be written fails the resume and leaves metrics.jsonl whole"
+  ;;
+*) echo "usage: $0 RINGTRAIN evalonce|partition|exact|stop|stop_eval|stop_ckpt|steps|world|corrupt|eval|torchvision|schedule|runid|ranks|restart|restart_term|restart_repeat|ckpt_slow|branch|stop_hint|metrics_full" >&2; exit 2 ;;
 esac

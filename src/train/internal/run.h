@@ -178,6 +178,7 @@ rt_status rt_run_all_reduce_host(run *r, void *v, size_t n, rt_dtype t, rt_reduc
 rt_status rt_run_all_reduce_f64(run *r, double *v, size_t n, rt_reduce_op op);
 rt_status rt_run_broadcast_bytes(run *r, void *p, size_t bytes);
 rt_status rt_run_check_in_sync(run *r, bool buffers, const char *when);
+rt_status rt_run_agree(run *r, rt_status st, const char *what);
 rt_status rt_run_broadcast_state(run *r, bool params);
 
 /* stop.c */
