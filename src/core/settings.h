@@ -131,6 +131,10 @@ typedef enum rt_setting_group {
       "ringtrain's launcher: it hosts the store, so rank 0 does not")                                                  \
     X(HEARTBEAT_FD, "RINGTRAIN_HEARTBEAT_FD", INT, "", 0, RT_I32MAX, NULL, LAUNCHER,                                   \
       "ringtrain's launcher: the pipe a rank writes its heartbeat to (checked to be that pipe)")                       \
+    X(LAUNCH_ID, "RINGTRAIN_LAUNCH_ID", STRING, "", 0, 0, NULL, LAUNCHER,                                              \
+      "ringtrain's launcher: this launch's id (its pid and a random nonce; not a secret): named shm segments carry "   \
+      "it, and the launcher removes those a killed rank left (up to 32 letters, digits, '_' or '.'; other "            \
+      "launchers may set it)")                                                                                         \
     /* ---- test hooks (formats: src/train/test_hooks.c, src/dist/transport_shm.c) ---- */                             \
     X(SHM_TAG, "RINGTRAIN_SHM_TAG", STRING, "", 0, 0, NULL, TEST, "shm segment names carry this tag")                  \
     X(TEST_HOOKS, "RINGTRAIN_TEST_HOOKS", BOOL, "0", 0, 0, NULL, TEST,                                                 \

@@ -1,17 +1,20 @@
 /* The local launcher (see launch.h): environment, fork/exec, the stderr pipes, signal
- * forwarding, the ranks' heartbeat, stopping the ranks after the first failure. */
+ * forwarding, the ranks' heartbeat, stopping the ranks after the first failure, removing
+ * the named shm segments a rank killed during its setup left behind. */
 #include "dist/launch.h"
 
 #include "core/timer.h"
 #include "core/settings.h"
 #include "dist/internal/sock.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <limits.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <stdio.h>
@@ -37,6 +40,7 @@ enum {
     V_BEAT,
     V_RESTARTS,
     V_MAX_RESTARTS,
+    V_LAUNCH_ID,
     V_SET_,
     V_DROP_ = V_SET_,
     V_COUNT_
@@ -53,6 +57,7 @@ static const char *const k_vars[V_COUNT_] = {
     "RINGTRAIN_HEARTBEAT_FD",
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS",
+    "RINGTRAIN_LAUNCH_ID",
     "TORCHELASTIC_USE_AGENT_STORE",
 };
 
@@ -464,7 +469,7 @@ static bool is_set_var(const char *entry) {
 }
 
 static rt_status build_env(const rt_launch_options *o, int local, int port, const char *token, int beat_fd,
-                           rank_env *e) {
+                           const char *launch_id, rank_env *e) {
     size_t n = 0;
     for (char **p = environ; p && *p; p++) n++;
     e->envp = calloc(n + V_SET_ + 1, sizeof *e->envp);
@@ -484,6 +489,7 @@ static rt_status build_env(const rt_launch_options *o, int local, int port, cons
     snprintf(e->vals[V_BEAT], sizeof e->vals[0], "RINGTRAIN_HEARTBEAT_FD=%d", beat_fd);
     snprintf(e->vals[V_RESTARTS], sizeof e->vals[0], "TORCHELASTIC_RESTART_COUNT=%d", o->restart_count);
     snprintf(e->vals[V_MAX_RESTARTS], sizeof e->vals[0], "TORCHELASTIC_MAX_RESTARTS=%d", o->max_restarts);
+    snprintf(e->vals[V_LAUNCH_ID], sizeof e->vals[0], "RINGTRAIN_LAUNCH_ID=%s", launch_id);
     for (int v = 0; v < V_SET_; v++) e->envp[k++] = e->vals[v];
     e->envp[k] = NULL;
     return RT_OK;
@@ -586,17 +592,18 @@ static rt_status result_init(const rt_launch_options *o, rt_launch_result *out) 
     return RT_OK;
 }
 
-/* The pipes and the ranks' environments (the job's secret tok, the master's port): the
- * heartbeat pipe (L->beat_rd, beat_wr), envs[], the self-pipe wake[]. What it made is
- * released by teardown_launch, also after a failure. */
-static rt_status setup_launch(launch *L, const char *tok, int port, rank_env *envs, int wake[2]) {
+/* The pipes and the ranks' environments (the job's secret tok, the master's port, the
+ * launch's id): the heartbeat pipe (L->beat_rd, beat_wr), envs[], the self-pipe wake[].
+ * What it made is released by teardown_launch, also after a failure. */
+static rt_status setup_launch(launch *L, const char *tok, int port, const char *launch_id, rank_env *envs,
+                              int wake[2]) {
     const int n = L->res->nproc;
     for (int i = 0; i <= n; i++) L->slots[i].fd = -1;
     int beat[2] = {-1, -1}; /* the ranks' heartbeat: non-blocking, a rank never waits on it */
     if (pipe2(beat, O_CLOEXEC | O_NONBLOCK) != 0) return rt_error_sys(__FILE__, __LINE__, "pipe2 (heartbeat)");
     L->beat_rd = beat[0];
     L->beat_wr = beat[1];
-    for (int i = 0; i < n; i++) RT_CHECK(build_env(L->o, i, port, tok, beat[1], &envs[i]));
+    for (int i = 0; i < n; i++) RT_CHECK(build_env(L->o, i, port, tok, beat[1], launch_id, &envs[i]));
     if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) return rt_error_sys(__FILE__, __LINE__, "pipe2");
     return RT_OK;
 }
@@ -651,6 +658,46 @@ static void teardown_launch(launch *L, rank_env *envs, int wake_wr) {
     free(L->slots);
 }
 
+/* This launch's id (RINGTRAIN_LAUNCH_ID): the launcher's pid and a random nonce, so that no
+ * concurrent launch sharing this /dev/shm (also from another pid namespace) has the same;
+ * no '-' in it */
+static rt_status make_launch_id(char *out, size_t n) {
+    char nonce[17];
+    RT_CHECK(rt_random_hex(nonce, 8));
+    snprintf(out, n, "%d.%s", (int)getpid(), nonce);
+    return RT_OK;
+}
+
+/* Unlink the named shm segments of this launch: /dev/shm/ringtrain-<id>-* (the names
+ * transport_shm.c gives them under RINGTRAIN_LAUNCH_ID). Their creator unlinks them once
+ * its peers mapped them, so after a launch only those of a rank killed during its setup
+ * are left. Names with this exact prefix only: another launch's never match. */
+static void remove_segments(const char *launch_id) {
+    char prefix[64];
+    int k = snprintf(prefix, sizeof prefix, "ringtrain-%s-", launch_id);
+    DIR *d = opendir("/dev/shm");
+    if (!d || k <= 0) {
+        if (d) closedir(d);
+        return;
+    }
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, prefix, (size_t)k) == 0) {
+            char name[NAME_MAX + 2];
+            snprintf(name, sizeof name, "/%s", e->d_name);
+            removed += shm_unlink(name) == 0;
+        }
+    closedir(d);
+    if (removed) {
+        char msg[160];
+        int m = snprintf(msg, sizeof msg,
+                         "launch: removed %d shared-memory segment%s a rank killed during setup left (/dev/shm/%s*)\n",
+                         removed, removed > 1 ? "s" : "", prefix);
+        if (m > 0) write_all(STDERR_FILENO, msg, (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1);
+    }
+}
+
 /* How the launch ended, as a status: RT_OK only when every rank exited 0 */
 static rt_status launch_status(const rt_launch_result *out) {
     char why[RT_LAUNCH_LINE + 128];
@@ -681,6 +728,8 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
     int port = o->master_port;
     if (port == 0) RT_CHECK(free_port(o->master_addr, &port));
     out->master_port = port;
+    char launch_id[48];
+    RT_CHECK(make_launch_id(launch_id, sizeof launch_id));
 
     const int n = o->nproc;
     launch L = {.o = o, .res = out, .beat_rd = -1, .beat_wr = -1, .parent = getpid()};
@@ -693,7 +742,7 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
     }
     int wake[2] = {-1, -1};
     struct sigaction old[N_SIGS];
-    rt_status st = setup_launch(&L, tok, port, envs, wake);
+    rt_status st = setup_launch(&L, tok, port, launch_id, envs, wake);
     const bool handlers = st == RT_OK;
     if (handlers) {
         L.slots[n].fd = wake[0];
@@ -714,6 +763,7 @@ static rt_status launch_run(const rt_launch_options *o, char *const argv[], rt_l
     if (handlers)
         for (int k = 0; k < N_SIGS; k++) sigaction(k_sigs[k], &old[k], NULL);
     teardown_launch(&L, envs, wake[1]);
+    remove_segments(launch_id); /* every rank has ended: after a failure, a restart, or the last attempt */
     return st != RT_OK ? st : launch_status(out);
 }
 

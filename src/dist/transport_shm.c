@@ -12,7 +12,9 @@
  * left behind whenever a rank dies), and peers open the creator's descriptor through
  * /proc/<pid>/fd/<n> (published through the store). RINGTRAIN_SHM_NAMED=1 uses named
  * shm_open() segments instead (for systems where /proc of a sibling process cannot be
- * opened); those are unlinked as soon as every rank has mapped them.
+ * opened); those are unlinked by their creator as soon as every rank has mapped them, and
+ * their names carry RINGTRAIN_LAUNCH_ID: ringtrain's launcher removes the names of its
+ * launch that a rank killed during setup left behind (launch.c, remove_segments).
  *
  * Waiting: the engine spins, yields, then sleeps here on the futex bell (see shm_sleep).
  */
@@ -251,8 +253,9 @@ static void shm_engine_close(rt_engine *e) {
 
 typedef struct shm_setup_ctx {
     rt_pg_world *w;
-    bool named; /* RINGTRAIN_SHM_NAMED, read once */
-    int *fds;   /* [world]: this rank's memfds, closed once every rank mapped them */
+    bool named;  /* RINGTRAIN_SHM_NAMED, read once */
+    char id[34]; /* named: "<RINGTRAIN_LAUNCH_ID>-" ("" when unset; names fit 128 bytes), read once */
+    int *fds;    /* [world]: this rank's memfds, closed once every rank mapped them */
 } shm_setup_ctx;
 
 /* RINGTRAIN_SHM_RING_BYTES rounded up to a power of two */
@@ -273,6 +276,14 @@ static rt_status shm_map(const char *name, size_t len, bool create, void **out) 
         shm_unlink(name);
         return RT_ERROR(RT_ERR_SYS, "ftruncate(%s, %zu): %s (is /dev/shm big enough?)", name, len, strerror(er));
     }
+    struct stat st = {0};
+    if (!create && (fstat(fd, &st) != 0 || (size_t)st.st_size != len)) { /* mapped beyond its end: SIGBUS */
+        close(fd);
+        return RT_ERROR(RT_ERR_PEER,
+                        "shm: the peer's segment %s has %lld bytes, expected %zu (is RINGTRAIN_SHM_RING_BYTES the "
+                        "same on every rank?)",
+                        name, (long long)st.st_size, len);
+    }
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) {
@@ -283,25 +294,41 @@ static rt_status shm_map(const char *name, size_t len, bool create, void **out) 
     return RT_OK;
 }
 
-/* /dev/shm names: ringtrain-[TAG-]TOKEN-b<rank> (bell) and -p<lo>-<hi> (pair rings).
- * RINGTRAIN_SHM_TAG (tests) makes them easy to look for. */
-static void shm_name(char *buf, size_t n, const rt_pg_world *w, int a, int b) {
+#define SHM_ID_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_."
+
+/* RINGTRAIN_LAUNCH_ID as the start of this rank's segment names ("<id>-"; "" when unset).
+ * No '-' in it: "ringtrain-<id>-" then prefixes this launch's names and no other's. */
+static rt_status shm_launch_id(char *out, size_t n) {
+    const char *id = rt_setting_text(RT_SET_LAUNCH_ID);
+    out[0] = '\0';
+    if (!id) return RT_OK;
+    size_t len = strlen(id);
+    RT_REQUIRE(len + 2 <= n && strspn(id, SHM_ID_CHARS) == len, RT_ERR_INVALID,
+               "RINGTRAIN_LAUNCH_ID='%.80s': expected at most %zu letters, digits, '_' or '.'", id, n - 2);
+    snprintf(out, n, "%s-", id);
+    return RT_OK;
+}
+
+/* /dev/shm names: ringtrain-[LAUNCH_ID-][TAG-]TOKEN-b<rank> (bell) and -p<lo>-<hi> (pair
+ * rings), with `id` the creator's "<launch id>-". RINGTRAIN_SHM_TAG (tests) makes them easy
+ * to look for. */
+static void shm_name(char *buf, size_t n, const char *id, const rt_pg_world *w, int a, int b) {
     const char *tag = rt_setting_text(RT_SET_SHM_TAG);
     char t[48] = "";
     if (tag) snprintf(t, sizeof t, "%.40s-", tag);
     if (b < 0)
-        snprintf(buf, n, "/ringtrain-%s%.16s-b%d", t, w->tokhex, a);
+        snprintf(buf, n, "/ringtrain-%s%s%.16s-b%d", id, t, w->tokhex, a);
     else
-        snprintf(buf, n, "/ringtrain-%s%.16s-p%d-%d", t, w->tokhex, a, b);
+        snprintf(buf, n, "/ringtrain-%s%s%.16s-p%d-%d", id, t, w->tokhex, a, b);
 }
 
-static void shm_unlink_mine(rt_pg_world *w) {
-    rt_engine *e = &w->eng;
+static void shm_unlink_mine(const shm_setup_ctx *x) {
+    rt_engine *e = &x->w->eng;
     char name[128];
-    shm_name(name, sizeof name, w, e->rank, -1);
+    shm_name(name, sizeof name, x->id, x->w, e->rank, -1);
     shm_unlink(name);
     for (int j = e->rank + 1; j < e->world; j++) {
-        shm_name(name, sizeof name, w, e->rank, j);
+        shm_name(name, sizeof name, x->id, x->w, e->rank, j);
         shm_unlink(name);
     }
 }
@@ -309,10 +336,16 @@ static void shm_unlink_mine(rt_pg_world *w) {
 /* Segment (a, b) (b < 0: rank a's bell), created by rank a; *fd_keep: its memfd (-1: named). */
 static rt_status seg_create(shm_setup_ctx *x, int a, int b, size_t len, void **out, int *fd_keep) {
     rt_pg_world *w = x->w;
-    char name[128];
-    shm_name(name, sizeof name, w, a, b);
+    char name[128], key[64];
+    shm_name(name, sizeof name, x->id, w, a, b);
+    snprintf(key, sizeof key, "rt/shm/fd/%d/%d", a, b);
     *fd_keep = -1;
-    if (x->named) return shm_map(name, len, true, out);
+    if (x->named) { /* the name, for peers under another launcher (another launch id) */
+        RT_CHECK(shm_map(name, len, true, out));
+        rt_status s = rt_store_set(w->store, key, name, strlen(name));
+        if (s != RT_OK) munmap(*out, len);
+        return s;
+    }
     int fd = memfd_create(name + 1, MFD_CLOEXEC);
     if (fd < 0) return RT_ERROR(RT_ERR_SYS, "memfd_create(%s): %s", name + 1, strerror(errno));
     if (ftruncate(fd, (off_t)len) < 0) {
@@ -326,8 +359,7 @@ static rt_status seg_create(shm_setup_ctx *x, int a, int b, size_t len, void **o
         close(fd);
         return RT_ERROR(RT_ERR_SYS, "mmap(memfd %s, %zu): %s", name + 1, len, strerror(er));
     }
-    char key[64], val[64];
-    snprintf(key, sizeof key, "rt/shm/fd/%d/%d", a, b);
+    char val[64];
     int n = snprintf(val, sizeof val, "%d %d", (int)getpid(), fd);
     rt_status s = rt_store_set(w->store, key, val, (size_t)n);
     if (s != RT_OK) {
@@ -369,17 +401,31 @@ rt_status rt_shm_peer_open(const char *path, const char *memfd_name, size_t len,
                     len);
 }
 
+/* Named: map the name rank a published for segment (a, b): "/ringtrain-", then the
+ * creator's "<launch id>-" if any, then what this rank names it without its own id. */
+static rt_status named_open(shm_setup_ctx *x, int a, int b, size_t len, const char *val, void **out) {
+    char want[128];
+    shm_name(want, sizeof want, "", x->w, a, b);
+    const size_t pre = strlen("/ringtrain-"), vl = strlen(val), tl = strlen(want) - pre;
+    bool ok = vl >= pre + tl && strncmp(val, want, pre) == 0 && strcmp(val + vl - tl, want + pre) == 0;
+    size_t m = ok ? vl - pre - tl : 0; /* the launch id and its '-' */
+    if (m > 0) ok = m >= 2 && val[pre + m - 1] == '-' && strspn(val + pre, SHM_ID_CHARS) == m - 1;
+    RT_REQUIRE(ok, RT_ERR_PEER, "rank %d published a malformed segment name '%.100s' (expected /ringtrain-[<id>-]%s)",
+               a, val, want + pre);
+    return shm_map(val, len, false, out);
+}
+
 /* Map segment (a, b), created by rank a. */
 static rt_status seg_open(shm_setup_ctx *x, int a, int b, size_t len, void **out) {
     rt_pg_world *w = x->w;
     char name[128];
-    shm_name(name, sizeof name, w, a, b);
-    if (x->named) return shm_map(name, len, false, out);
-    char key[64], val[64] = "", path[96];
+    shm_name(name, sizeof name, "", w, a, b);
+    char key[64], val[128] = "", path[96];
     size_t n = 0;
     snprintf(key, sizeof key, "rt/shm/fd/%d/%d", a, b);
     RT_CHECK(rt_store_get(w->store, key, val, sizeof val - 1, &n));
     val[n] = '\0';
+    if (x->named) return named_open(x, a, b, len, val, out);
     int pid = 0, fdn = -1;
     RT_REQUIRE(sscanf(val, "%d %d", &pid, &fdn) == 2 && pid > 0 && fdn >= 0, RT_ERR_PEER,
                "rank %d published a malformed segment '%s'", a, val);
@@ -457,12 +503,13 @@ static rt_status shm_setup(rt_pg *pg, const rt_transport_setup *s) {
     rt_pg_world *w = pg->w;
     shm_setup_ctx x = {.w = w};
     RT_CHECK(rt_setting_bool(RT_SET_SHM_NAMED, &x.named));
+    if (x.named) RT_CHECK(shm_launch_id(x.id, sizeof x.id));
     x.fds = malloc((size_t)w->eng.world * sizeof *x.fds);
     RT_CHECK_ALLOC(x.fds, (size_t)w->eng.world * sizeof(int));
     for (int i = 0; i < w->eng.world; i++) x.fds[i] = -1;
     rt_status st = setup_(&x, s->timeout_s);
     /* every rank mapped the segments (or setup failed): drop the names and descriptors */
-    if (x.named) shm_unlink_mine(w);
+    if (x.named) shm_unlink_mine(&x);
     for (int i = 0; i < w->eng.world; i++)
         if (x.fds[i] >= 0) close(x.fds[i]);
     free(x.fds);

@@ -2,14 +2,18 @@
  * of a large all_reduce makes every surviving rank fail with an error that names the
  * dead rank and the operation, within the timeout (never a hang: the harness kills
  * hung ranks, which fails the test), naming each rank once (the "first failure in the
- * group" line does not repeat it); no shared-memory segment is left in /dev/shm. */
+ * group" line does not repeat it); no shared-memory segment is left in /dev/shm. A rank
+ * killed (SIGKILL) inside its named shm setup leaves nothing either: the launcher removes
+ * its segments (kill_in_named_setup). */
 #include "../test_util.h"
 #include "dist/dist.h"
 #include "mp.h"
 
 #include <dirent.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -21,6 +25,33 @@ typedef struct cfg {
     int stop;  /* the victim stops (SIGSTOP) instead of dying: the others time out */
     int named; /* named shm_open() segments instead of memfds */
 } cfg;
+
+/* The segments in /dev/shm whose name carries the test's tag (ringtrain-[<launch id>-]<tag>-...)
+ * and ends with `suffix` ("": any); `unlink`: remove them (a failed test leaves nothing). */
+static int segments(const char *tag, const char *suffix, bool unlink) {
+    char mid[128];
+    snprintf(mid, sizeof mid, "-%s-", tag);
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *m = strstr(e->d_name, mid);
+        size_t nl = strlen(e->d_name), sl = strlen(suffix);
+        if (strncmp(e->d_name, "ringtrain-", 10) != 0 || !m || nl < sl || strcmp(e->d_name + nl - sl, suffix) != 0)
+            continue;
+        n++;
+        if (!unlink) continue;
+        char name[300];
+        print_error("left behind: /dev/shm/%s\n", e->d_name);
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        shm_unlink(name);
+    }
+    closedir(d);
+    return n;
+}
+
+static int leftovers(const char *tag) { return segments(tag, "", true); }
 
 static int body(int rank, int world, int port, void *arg) {
     cfg *c = arg;
@@ -79,25 +110,11 @@ static int body(int rank, int world, int port, void *arg) {
     fprintf(stderr, "rank %d failed as expected: %s\n", rank, msg);
     /* later calls fail at once */
     MP_CHECK(rt_barrier(pg) != RT_OK, "barrier on a broken group succeeded");
+    /* named: every rank unlinked its own names once all had mapped them (not the launcher) */
+    MP_CHECK(segments(c->tag, "", false) == 0, "named segments outlived a completed setup");
     free(big);
     rt_pg_destroy(pg);
     return 0;
-}
-
-static int leftovers(const char *tag) {
-    char prefix[128];
-    snprintf(prefix, sizeof prefix, "ringtrain-%s-", tag);
-    DIR *d = opendir("/dev/shm");
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
-            print_error("left behind: /dev/shm/%s\n", e->d_name);
-            n++;
-        }
-    closedir(d);
-    return n;
 }
 
 static void run_full(rt_transport t, int world, int victim, int stop, int named) {
@@ -120,6 +137,62 @@ static void run(rt_transport t, int world, int victim) { run_stop(t, world, vict
 static void kill_shm_named_3(void **s) {
     (void)s;
     run_full(RT_TRANSPORT_SHM, 3, 2, 0, 1);
+}
+
+/* Named segments of a rank killed during its setup: rank 1's rings are smaller than rank 0's,
+ * so rank 1's setup fails when it opens rank 0's pair segment, which rank 0 made before
+ * (rank 1 opens it after rank 0 published it). Rank 0 then waits inside its setup, its
+ * segments on disk, until rank 1 SIGKILLs it: the exact window. The launcher removes them. */
+static int body_setup_kill(int rank, int world, int port, void *arg) {
+    const cfg *c = arg;
+    setenv("RINGTRAIN_SHM_TAG", c->tag, 1);
+    setenv("RINGTRAIN_SHM_NAMED", "1", 1);
+    char pidfile[128];
+    snprintf(pidfile, sizeof pidfile, "/tmp/%s.pid", c->tag);
+    if (rank == 0) {
+        FILE *f = fopen(pidfile, "w");
+        MP_CHECK(f && fprintf(f, "%d\n", (int)getpid()) > 0 && fclose(f) == 0, "cannot write %s", pidfile);
+    } else {
+        setenv("RINGTRAIN_SHM_RING_BYTES", "8192", 1);
+    }
+    rt_pg_options o;
+    char method[MP_METHOD_LEN];
+    mp_pg_options(&o, method, rank, world, port, RT_TRANSPORT_SHM, 40);
+    rt_pg *pg = NULL;
+    rt_status s = rt_pg_init(&o, &pg);
+    MP_CHECK(rank == 1, "rank 0's setup ended (%s) instead of waiting for rank 1", rt_status_name(s));
+    MP_CHECK(s == RT_ERR_PEER && strstr(rt_error_message(), "RINGTRAIN_SHM_RING_BYTES"),
+             "rank 1's setup with other ring sizes: %s: %s", rt_status_name(s), rt_error_message());
+    /* rank 0 is inside its setup, past its shm_open()s; the names carry the launch's id */
+    char want[96];
+    snprintf(want, sizeof want, "ringtrain-%s-%s-", getenv("RINGTRAIN_LAUNCH_ID"), c->tag);
+    MP_CHECK(segments(c->tag, "-b0", false) == 1 && segments(c->tag, "-p0-1", false) == 1,
+             "rank 0's segments are not in /dev/shm");
+    DIR *d = opendir("/dev/shm");
+    int named = 0;
+    for (struct dirent *e; d && (e = readdir(d));) named += strncmp(e->d_name, want, strlen(want)) == 0;
+    if (d) closedir(d);
+    MP_CHECK(named == 2, "%d segments named %s*, expected rank 0's 2", named, want);
+    FILE *f = fopen(pidfile, "r");
+    int pid = 0;
+    MP_CHECK(f && fscanf(f, "%d", &pid) == 1 && pid > 0, "cannot read %s", pidfile);
+    fclose(f);
+    MP_CHECK(kill((pid_t)pid, SIGKILL) == 0, "kill %d", pid);
+    return 0;
+}
+
+static void kill_in_named_setup(void **s) {
+    (void)s;
+    cfg c = {.transport = RT_TRANSPORT_SHM};
+    snprintf(c.tag, sizeof c.tag, "setup%d", (int)getpid());
+    int codes[2];
+    mp_run(2, body_setup_kill, &c, 60, codes);
+    char pidfile[128];
+    snprintf(pidfile, sizeof pidfile, "/tmp/%s.pid", c.tag);
+    unlink(pidfile);
+    assert_int_equal(codes[1], 0);
+    assert_int_equal(codes[0], 128 + SIGKILL);
+    assert_int_equal(leftovers(c.tag), 0);
 }
 
 static void kill_tcp_3(void **s) {
@@ -151,9 +224,9 @@ static void stop_shm_3(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(kill_tcp_3),      cmocka_unit_test(kill_shm_3), cmocka_unit_test(kill_shm_4_root),
-        cmocka_unit_test(kill_tcp_4_root), cmocka_unit_test(stop_tcp_3), cmocka_unit_test(kill_shm_named_3),
-        cmocka_unit_test(stop_shm_3),
+        cmocka_unit_test(kill_tcp_3),      cmocka_unit_test(kill_shm_3),          cmocka_unit_test(kill_shm_4_root),
+        cmocka_unit_test(kill_tcp_4_root), cmocka_unit_test(stop_tcp_3),          cmocka_unit_test(kill_shm_named_3),
+        cmocka_unit_test(stop_shm_3),      cmocka_unit_test(kill_in_named_setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

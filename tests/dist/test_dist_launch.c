@@ -5,7 +5,7 @@
  * waited for, far beyond the grace period, and ranks that do not are killed), a rank that
  * stopped cleanly on a signal of its own (its peers are waited for), the time limit, a
  * command that does not exist, the stderr lines forwarded as they arrive, torchrun's restart
- * variables, and a rank that died by itself named before a peer that exited with a lost-peer
+ * variables, the launch's id (RINGTRAIN_LAUNCH_ID), and a rank that died by itself named before a peer that exited with a lost-peer
  * error. */
 #include "../test_util.h"
 #include "dist/launch.h"
@@ -103,6 +103,30 @@ static void env_restart_count(void **s) {
     for (int i = 0; i < 2; i++) assert_string_equal(r.ranks[i].last_line, "2 3");
     rt_launch_result_free(&r);
     unsetenv("TORCHELASTIC_RESTART_COUNT");
+}
+
+/* RINGTRAIN_LAUNCH_ID (named shm segments carry it): the launcher's pid and a nonce, the
+ * same for every rank of a launch, new for each launch (an inherited value is replaced) */
+static void env_launch_id(void **s) {
+    (void)s;
+    char *const cmd[] = {"/bin/sh", "-c", "echo \"$RINGTRAIN_LAUNCH_ID\" >&2", NULL};
+    setenv("RINGTRAIN_LAUNCH_ID", "stale", 1);
+    rt_launch_options o;
+    opts(&o, 2);
+    rt_launch_result r, r2;
+    assert_rt_ok(rt_launch_exec(&o, cmd, &r));
+    assert_rt_ok(rt_launch_exec(&o, cmd, &r2));
+    char want[32];
+    snprintf(want, sizeof want, "%d.", (int)getpid());
+    const char *id = r.ranks[0].last_line;
+    assert_int_equal(strncmp(id, want, strlen(want)), 0);
+    assert_int_equal(strlen(id), strlen(want) + 16);
+    assert_int_equal(strspn(id + strlen(want), "0123456789abcdef"), 16);
+    assert_string_equal(r.ranks[1].last_line, id);
+    assert_string_not_equal(r2.ranks[0].last_line, id);
+    rt_launch_result_free(&r);
+    rt_launch_result_free(&r2);
+    unsetenv("RINGTRAIN_LAUNCH_ID");
 }
 
 static void env_multi_node(void **s) {
@@ -642,6 +666,7 @@ int main(void) {
         cmocka_unit_test(sigint_no_progress_is_killed), cmocka_unit_test(clean_stop_waits_for_peers),
         cmocka_unit_test(lines_forwarded),
         cmocka_unit_test(env_restart_count),    cmocka_unit_test(own_death_goes_first),
+        cmocka_unit_test(env_launch_id),
         cmocka_unit_test(failure_after_clean_stop_goes_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
