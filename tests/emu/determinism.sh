@@ -69,17 +69,11 @@ print(json.loads(b[8:8 + n]).get("__metadata__", {}).get(sys.argv[2], "<absent>"
 PY
 }
 
-# set_meta CKPT_DIR KEY VALUE: rewrite one metadata value (the crc32s cover tensor data only)
+# set_meta CKPT_DIR KEY VALUE: rewrite one metadata value (the crc32s cover tensor data
+# only) and seal the metadata's own checksum again, as the writer would (a test of what the
+# loader makes of the value, not of corruption)
 set_meta() {
-  /usr/bin/python3 - "$1/train.safetensors" "$2" "$3" <<'PY'
-import json, struct, sys
-p, k, v = sys.argv[1:]
-b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
-h["__metadata__"][k] = v
-t = json.dumps(h, separators=(",", ":")).encode()
-t += b" " * (-len(t) % 8)
-open(p, "wb").write(struct.pack("<Q", len(t)) + t + d)
-PY
+  /usr/bin/python3 "$(dirname "$0")/../train/ckpt_meta_edit.py" "$1/train.safetensors" --seal "$2=$3"
 }
 
 newest() { ls -d "$tmp/$1"/checkpoints/ckpt-* | tail -1; }
