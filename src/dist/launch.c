@@ -322,6 +322,9 @@ static void reap(launch *L) {
         if (p == 0 || (p < 0 && errno == EINTR)) continue;
         s->running = false;
         L->running--;
+        /* its last records are in the pipe now that it is gone (it may have written them
+         * after the read above: with one rank no later pass reads them) */
+        if (L->beat_rd >= 0) read_beats(L);
         if (p < 0) { /* not our child any more (someone else reaped it): unknown fate */
             r->exit_code = -1;
         } else if (WIFSIGNALED(st)) {

@@ -1015,8 +1015,9 @@ rt_status rt_ckpt_move_aside(const char *dir, char *aside_out, size_t aside_n) {
 }
 
 /* The checkpoints of DIR a resume of checkpoint KEEP (step `step`) abandons, kept in
- * v[0..*n) newest first: every one of a later step, and one of the same step that is not
- * KEEP itself (a write of that step would replace it). */
+ * v[0..*n) newest first: every valid one of a later step, and one of the same step that is
+ * not KEEP itself (a write of that step would replace it). One that would be refused is
+ * not a branch (a restart past a corrupt newest checkpoint is no rollback). */
 static rt_status list_abandoned(const char *dir, int64_t step, const char *keep, ckpt_entry **v, int *n) {
     RT_CHECK(list_ckpts(dir, v, n));
     struct stat ks;
@@ -1029,6 +1030,17 @@ static rt_status list_abandoned(const char *dir, int64_t step, const char *keep,
             struct stat sb;
             snprintf(p, sizeof p, "%s/%s", dir, (*v)[i].name);
             take = !have_keep || stat(p, &sb) != 0 || sb.st_dev != ks.st_dev || sb.st_ino != ks.st_ino;
+        }
+        if (take) { /* a checkpoint that would be refused is not a branch: it stays, as auto leaves it */
+            char p[RT_CKPT_PATH_MAX + 256];
+            snprintf(p, sizeof p, "%s/%s", dir, (*v)[i].name);
+            rt_ckpt_meta meta;
+            rt_ckpt_meta_init(&meta);
+            if (rt_ckpt_verify(p, &meta) != RT_OK) {
+                rt_error_clear();
+                take = false;
+            }
+            rt_ckpt_meta_free(&meta);
         }
         if (take) (*v)[m++] = (*v)[i];
     }

@@ -69,11 +69,14 @@ static rt_status cut_metrics(const char *path, int64_t step, int64_t *eval_at, c
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
+    bool past = false; /* the file is in time order: after the first line past `step`, every line
+                        * is of the trajectory cut off (its "end" line, a later "start" line) */
     while ((n = getline(&line, &cap, f)) > 0) {
         if (line[n - 1] != '\n') break; /* a line cut short by a kill */
         const char *k = strstr(line, "\"step\": ");
         long long s = -1;
-        if (k && sscanf(k + 8, "%lld", &s) == 1 && s > step) {
+        if (k && sscanf(k + 8, "%lld", &s) == 1 && s > step) past = true;
+        if (past) {
             if (mv) fputs(line, mv);
             continue;
         }
@@ -110,6 +113,10 @@ rt_status rt_run_truncate_metrics(const char *path, int64_t step, int64_t *eval_
 static rt_status each_metrics_file(run *r, rt_status (*fn)(run *, const char *, const void *), const void *arg) {
     DIR *d = opendir(r->run_dir);
     if (!d) return RT_OK;
+    /* the names first, then fn: fn renames over them, and a folder read while its entries
+     * are renamed may list one again (tmpfs, older btrfs) */
+    char(*names)[256] = NULL;
+    size_t count = 0, cap = 0;
     rt_status st = RT_OK;
     struct dirent *e;
     while (st == RT_OK && (e = readdir(d)) != NULL) {
@@ -117,9 +124,20 @@ static rt_status each_metrics_file(run *r, rt_status (*fn)(run *, const char *, 
         size_t l = strlen(nm);
         bool rank_file = strncmp(nm, "metrics-rank", 12) == 0 && l > 18 && strcmp(nm + l - 6, ".jsonl") == 0 &&
                          strspn(nm + 12, "0123456789") == l - 18;
-        if (strcmp(nm, "metrics.jsonl") == 0 || rank_file) st = fn(r, nm, arg);
+        if ((strcmp(nm, "metrics.jsonl") != 0 && !rank_file) || l >= sizeof *names) continue;
+        if (count == cap) {
+            cap = cap ? 2 * cap : 8;
+            void *grown = realloc(names, cap * sizeof *names);
+            if (!grown)
+                st = RT_ERROR(RT_ERR_NOMEM, "listing the metrics files of %s", r->run_dir);
+            else
+                names = grown;
+        }
+        if (st == RT_OK) snprintf(names[count++], sizeof *names, "%s", nm);
     }
     closedir(d);
+    for (size_t i = 0; i < count && st == RT_OK; i++) st = fn(r, names[i], arg);
+    free(names);
     return st;
 }
 

@@ -104,7 +104,7 @@ static void *beat_main(void *arg) {
         pthread_mutex_unlock(&b->mu);
         if (rt_store_add(b->store, CKPT_BEAT, 1, NULL) != RT_OK) rt_error_clear(); /* the peers time out */
         struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
+        clock_gettime(CLOCK_MONOTONIC, &until); /* the condition variable waits on this clock */
         double t = (double)until.tv_sec + until.tv_nsec * 1e-9 + b->every_s;
         until.tv_sec = (time_t)t;
         until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
@@ -122,7 +122,11 @@ static rt_status write_with_beat(run *r, int64_t epoch, int64_t epoch_batches, c
     double t = r->cfg->dist.pg.timeout_s / 4;
     ckpt_beat b = {.store = store, .every_s = t < 10 ? t : 10, .done = false};
     pthread_mutex_init(&b.mu, NULL);
-    pthread_cond_init(&b.cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* a wall-clock step does not stop the beats */
+    pthread_cond_init(&b.cv, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_t th;
     bool started = pthread_create(&th, NULL, beat_main, &b) == 0;
     rt_status st = write_checkpoint(r, epoch, epoch_batches, path, n);
@@ -187,8 +191,8 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
     }
     double ok = st == RT_OK;
     RT_CHECK(rt_run_all_reduce_f64(r, &ok, 1, RT_OP_MIN));
+    if (st != RT_OK) return rt_error_restore(&err); /* rank 0's own error first (the key dies with its store) */
     if (is_root(r) && r->pg && rt_pg_store(r->pg)) RT_CHECK(rt_store_delete(rt_pg_store(r->pg), CKPT_DONE, NULL));
-    if (st != RT_OK) return rt_error_restore(&err);
     RT_REQUIRE(ok > 0, RT_ERR_IO, "rank 0 could not write the checkpoint of step %lld (its error says why)",
                (long long)r->step);
     if (r->log.metrics)

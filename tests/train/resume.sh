@@ -610,6 +610,11 @@ branch)
     [ "$(meta "$c" run_id)" = "$ida" ] || fail "the abandoned $c changed"
   done
   [ "$(step_lines "$ab/metrics.jsonl")" = "$(seq -s ' ' 11 30)" ] || fail "the abandoned metrics lines: $(step_lines "$ab/metrics.jsonl")"
+  # every line after the first one past step 10 went with it: the abandoned run's "end" line too
+  [ "$(grep -c '"kind": "end"' "$ab/metrics.jsonl")" -eq 1 ] && grep -q '"kind": "end", "steps": 30,' "$ab/metrics.jsonl" ||
+    fail "the abandoned run's end line is not in $ab/metrics.jsonl"
+  [ "$(grep -c '"kind": "end"' "$d/metrics.jsonl")" -eq 1 ] && grep -q '"kind": "end", "steps": 25,' "$d/metrics.jsonl" ||
+    fail "metrics.jsonl holds another end line than the new branch's: $(grep '"kind": "end"' "$d/metrics.jsonl")"
   "$bin" eval "$ab/ckpt-000000030" --nproc 1 >"$tmp/be.out" 2>"$tmp/be.err" || fail "the abandoned ckpt-30 does not evaluate"
   # the plain rerun continues the user's branch; resume: auto never looks into abandoned-*/
   "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" train.max_steps=25 "log.dir=$d" >"$tmp/b3.out" 2>"$tmp/b3.err" || fail "plain rerun"
@@ -622,6 +627,18 @@ branch)
   [ "$(meta "$d/checkpoints/ckpt-000000050" run_id)" = "$idb" ] || fail "the plain reruns changed the branch's id"
   [ "$(step_lines "$d/metrics.jsonl")" = "$(seq -s ' ' 1 50)" ] || fail "metrics.jsonl after step 50: $(step_lines "$d/metrics.jsonl")"
   echo "ok: a rollback is a new branch; the abandoned one is moved aside whole; the plain rerun resumes the user's branch"
+  # a newer checkpoint that would be refused is not a branch (a --max-restarts restart resumes
+  # the job's newest valid checkpoint by path): the run keeps its id and moves nothing
+  d2=$tmp/b2
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" train.max_steps=30 "log.dir=$d2" >"$tmp/c1.out" 2>"$tmp/c1.err" || fail "30 steps (corrupt case)"
+  id2=$(meta "$d2/checkpoints/ckpt-000000030" run_id)
+  : >"$d2/checkpoints/ckpt-000000030/model.safetensors"
+  "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" train.max_steps=30 "checkpoint.resume=$d2/checkpoints/ckpt-000000020" "log.dir=$d2" \
+    >"$tmp/c2.out" 2>"$tmp/c2.err" || fail "resume past a corrupt newest checkpoint: $(tail -3 "$tmp/c2.err")"
+  ! grep -q "new branch" "$tmp/c2.out" || fail "a corrupt newer checkpoint made a new branch: $(grep 'new branch' "$tmp/c2.out")"
+  [ -z "$(ls -d "$d2"/checkpoints/abandoned-* 2>/dev/null)" ] || fail "a corrupt newer checkpoint was moved aside as a branch"
+  [ "$(meta "$d2/checkpoints/ckpt-000000030" run_id)" = "$id2" ] || fail "the run past a corrupt newer checkpoint changed its id"
+  echo "ok: a corrupt newer checkpoint is not a branch: the run keeps its id and moves nothing"
   # resume=PATH into another run's folder: a new branch in this (empty) folder, the other untouched
   before=$(cd "$d" && find . -type f | sort | xargs md5sum)
   "$bin" train "$tmp/c.yaml" "${net[@]}" "${ck[@]}" train.max_steps=60 "checkpoint.resume=$d/checkpoints/ckpt-000000050" "log.dir=$tmp/o" \
