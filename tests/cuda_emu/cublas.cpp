@@ -43,6 +43,7 @@
  * checks the workspace is still allocated and overwrites its first 16 KiB, so a
  * workspace freed or shared with live data shows.
  */
+#include "core/cost_ledger.h"
 #include "emu_internal.h"
 
 #include <cublas_v2.h>
@@ -169,6 +170,7 @@ void scale_only(const gemm_args &G, float beta, float *c) {
 }
 
 void gemm_op(void *p) {
+    if (rt_emu_ledger_count_only()) return; /* RINGTRAIN_EMU_LEDGER=count */
     const gemm_args &G = *static_cast<gemm_args *>(p);
     const names nm = names_of(G.call);
     float alpha = G.alpha, beta = G.beta;
@@ -223,6 +225,20 @@ void gemm_op(void *p) {
 
 int max1(int v) { return v > 1 ? v : 1; }
 
+/* The ledger's cost of a GEMM from its shape and types: A (m x k) and B (k x n) read once,
+ * C (m x n) written once and read too unless beta is a host 0; 2*m*n*k FLOPs, bf16 math
+ * for bf16 A/B, tf32 where the math mode rounds to tf32, else fp32. */
+rt_emu_cost gemm_cost(const gemm_args &G) {
+    const double ab = G.bf16_ab ? 2 : 4, cb = G.bf16_c ? 2 : 4, m = G.m, n = G.n, k = G.k;
+    const bool reads_c = G.device_scalars || G.beta != 0.0f;
+    rt_emu_cost c{(m * k + k * n) * ab + (reads_c ? m * n * cb : 0), m * n * cb, 2 * m * n * k, RT_COST_MATH_FP32};
+    if (G.bf16_ab)
+        c.math = RT_COST_MATH_BF16;
+    else if (G.tf32)
+        c.math = RT_COST_MATH_TF32;
+    return c;
+}
+
 /* The shared validation and enqueue of cublasSgemm and cublasGemmEx (types decided) */
 cublasStatus_t gemm_call(cublasHandle_t handle, const char *call, cublasOperation_t transa, cublasOperation_t transb,
                          int m, int n, int k, const float *alpha, const void *A, int lda, const void *B, int ldb,
@@ -246,12 +262,14 @@ cublasStatus_t gemm_call(cublasHandle_t handle, const char *call, cublasOperatio
     g->m = m, g->n = n, g->k = k, g->lda = lda, g->ldb = ldb, g->ldc = ldc;
     g->alpha = ha, g->beta = hb, g->alpha_p = alpha, g->beta_p = beta;
     g->A = A, g->B = B, g->C = C, g->ws = handle->ws, g->ws_bytes = handle->ws_bytes;
+    const rt_emu_cost cost = gemm_cost(*g);
     cudaError_t e = rt_emu_stream_enqueue(handle->stream, call, gemm_op, g,
                                           [](void *p) { delete static_cast<gemm_args *>(p); });
     if (e != cudaSuccess) {
         delete g;
         return CUBLAS_STATUS_EXECUTION_FAILED;
     }
+    rt_emu_ledger_record(handle->stream, RT_COST_CUBLAS, call, &cost);
     return CUBLAS_STATUS_SUCCESS;
 }
 

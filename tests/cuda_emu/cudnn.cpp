@@ -89,6 +89,7 @@
  * (sgemm/dgemm) directly (the CPU backend's conv runs through OpenBLAS/oneDNN in its own
  * summation order, which the emulation does not try to reproduce).
  */
+#include "core/cost_ledger.h"
 #include "emu_internal.h"
 
 #include <cblas.h>
@@ -171,12 +172,14 @@ uint64_t next_seed() {
 
 /* Enqueue fn(op) on the handle's stream; op is heap-allocated and owned by the queue
  * from here on (freed after it ran, or here when the stream is invalid). */
-template <class Op> cudnnStatus_t enqueue(cudnnHandle_t h, const char *what, void (*fn)(void *), Op *op) {
+template <class Op>
+cudnnStatus_t enqueue(cudnnHandle_t h, const char *what, void (*fn)(void *), Op *op, const rt_emu_cost &cost) {
     cudaError_t e = rt_emu_stream_enqueue(h->stream, what, fn, op, [](void *a) { delete static_cast<Op *>(a); });
     if (e != cudaSuccess) {
         delete op;
         return CUDNN_STATUS_EXECUTION_FAILED_CUDART;
     }
+    rt_emu_ledger_record(h->stream, RT_COST_CUDNN, what, &cost);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -891,7 +894,27 @@ void run_conv(const conv_args &A) {
     if (ws) memset(ws, 0xff, A.ws_need); /* scratch left behind: NaN bytes */
 }
 
-void conv_op(void *p) { run_conv(*static_cast<conv_args *>(p)); }
+void conv_op(void *p) {
+    if (rt_emu_ledger_count_only()) return; /* RINGTRAIN_EMU_LEDGER=count */
+    run_conv(*static_cast<conv_args *>(p));
+}
+
+/* The ledger's cost of a convolution call, from its shapes and data types alone (never
+ * the algorithm): x, w and the incoming gradient read once, the output written once
+ * (read too when beta != 0), 2*N*K*C*R*S*P*Q FLOPs in every direction; bf16 data is bf16
+ * math, float under CUDNN_FMA_MATH fp32, otherwise tf32 (tensor cores allowed). The
+ * workspace is not counted. */
+rt_emu_cost conv_cost(dir_t d, const geom &g, float beta, cudnnMathType_t math) {
+    const double es = g.bf16 ? 2.0 : 4.0, x = (double)g.x_elems() * es, w = (double)g.w_elems() * es,
+                 y = (double)g.y_elems() * es;
+    const double out = d == DIR_FWD ? y : d == DIR_DATA ? x : w;
+    rt_emu_cost c{x + w + y - out + (beta != 0.0f ? out : 0.0), out, g.flops(), RT_COST_MATH_TF32};
+    if (g.bf16)
+        c.math = RT_COST_MATH_BF16;
+    else if (math == CUDNN_FMA_MATH)
+        c.math = RT_COST_MATH_FP32;
+    return c;
+}
 
 /* ---- validation shared by the three directions --------------------------------------- */
 
@@ -937,7 +960,7 @@ cudnnStatus_t conv_call(cudnnHandle_t h, dir_t d, int algo, const void *alpha, c
     op->dev = rt_emu_stream_device(h->stream);
     op->alpha = host_scalar(alpha), op->beta = host_scalar(beta);
     op->a = a, op->b = b, op->out = out, op->ws = ws, op->ws_need = need, op->seed = next_seed();
-    return enqueue(h, kNames[d].call, conv_op, op);
+    return enqueue(h, kNames[d].call, conv_op, op, conv_cost(d, g, op->beta, cd->math));
 }
 
 /* ---- algorithm lists (Find / Get) ---------------------------------------------------- */
@@ -1018,7 +1041,8 @@ struct find_args {
 
 void find_op(void *p) {
     auto *f = static_cast<find_args *>(p);
-    for (const conv_args &a : f->runs) run_conv(a);
+    if (!rt_emu_ledger_count_only()) /* RINGTRAIN_EMU_LEDGER=count: the timing model only */
+        for (const conv_args &a : f->runs) run_conv(a);
     std::lock_guard<std::mutex> lk(f->mu);
     f->done = true;
     f->cv.notify_all();
@@ -1504,6 +1528,7 @@ struct bias_args {
 };
 
 void bias_op(void *p) {
+    if (rt_emu_ledger_count_only()) return;
     const bias_args &A = *static_cast<bias_args *>(p);
     const size_t P = (size_t)A.dy.h * A.dy.w;
     const float *dy = dev_view<const float>(A.dyp, A.dy.elems() * sizeof(float), A.dev, "cudnnConvolutionBackwardBias dy");
@@ -1527,6 +1552,7 @@ struct add_args {
 };
 
 void add_op(void *p) {
+    if (rt_emu_ledger_count_only()) return;
     const add_args &G = *static_cast<add_args *>(p);
     const float *a = dev_view<const float>(G.A, G.a.elems() * sizeof(float), G.dev, "cudnnAddTensor A");
     float *c = dev_view<float>(G.C, G.c.elems() * sizeof(float), G.dev, "cudnnAddTensor C");
@@ -1671,11 +1697,37 @@ void bn_backward(const bn_args &A) {
 }
 
 void bn_op(void *p) {
+    if (rt_emu_ledger_count_only()) return;
     const bn_args &A = *static_cast<bn_args *>(p);
     if (A.kind == BN_BACKWARD)
         bn_backward(A);
     else
         bn_forward(A);
+}
+
+/* The ledger's cost of a batch-norm call: x (and dy) read once, y (dx) written once (read
+ * too when beta != 0), the per-channel vectors (scale, bias, running and saved pairs, the
+ * parameter gradients) each read or written once when given; FLOPs per element: training
+ * forward 7 (sum and sum of squares 3, the normalisation 4), inference 4, backward 9
+ * (the two sums 3, dx 6). */
+rt_emu_cost bn_cost(const bn_args &A) {
+    const double e = (double)A.x.elems(), c = A.x.c, out = A.beta != 0.0f ? e : 0;
+    auto vec = [c](const void *p) { return p ? 4 * c : 0.0; };
+    rt_emu_cost k{0, 4 * e, 0, RT_COST_MATH_FP32};
+    if (A.kind == BN_TRAIN) {
+        k.bytes_read = 4 * (e + out) + vec(A.scale) + vec(A.bias) + vec(A.run_mean) + vec(A.run_var);
+        k.bytes_written += vec(A.run_mean) + vec(A.run_var) + vec(A.save_mean) + vec(A.save_invvar);
+        k.flops = 7 * e;
+    } else if (A.kind == BN_INFER) {
+        k.bytes_read = 4 * (e + out) + vec(A.scale) + vec(A.bias) + vec(A.mean_in) + vec(A.var_in);
+        k.flops = 4 * e;
+    } else {
+        const double pout = A.pbeta != 0.0f ? 2 * 4 * c : 0;
+        k.bytes_read = 4 * (2 * e + out) + vec(A.scale) + vec(A.mean_in) + vec(A.var_in) + pout;
+        k.bytes_written += vec(A.dscale) + vec(A.dbias);
+        k.flops = 9 * e;
+    }
+    return k;
 }
 
 /* shared checks of the batch-norm calls: mode, x/y shapes, the parameter descriptor */
@@ -1705,7 +1757,9 @@ cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t handle, const void *alp
     if (!is_param(dims_of(dbDesc), dyDesc->c)) return CUDNN_STATUS_BAD_PARAM;
     auto *op = new bias_args{dims_of(dyDesc), rt_emu_stream_device(handle->stream), host_scalar(alpha),
                              host_scalar(beta), dy, db};
-    return enqueue(handle, "cudnnConvolutionBackwardBias", bias_op, op);
+    const double e = (double)op->dy.elems(), c = op->dy.c;
+    const rt_emu_cost cost{4 * (e + (op->beta != 0.0f ? c : 0)), 4 * c, e, RT_COST_MATH_FP32};
+    return enqueue(handle, "cudnnConvolutionBackwardBias", bias_op, op, cost);
 }
 
 cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha, const cudnnTensorDescriptor_t aDesc,
@@ -1717,7 +1771,9 @@ cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha, const cudn
     if ((a.n != c.n && a.n != 1) || (a.c != c.c && a.c != 1) || (a.h != c.h && a.h != 1) || (a.w != c.w && a.w != 1))
         return CUDNN_STATUS_BAD_PARAM;
     auto *op = new add_args{a, c, rt_emu_stream_device(handle->stream), host_scalar(alpha), host_scalar(beta), A, C};
-    return enqueue(handle, "cudnnAddTensor", add_op, op);
+    const double ce = (double)c.elems(), reads = (double)a.elems() + (op->beta != 0.0f ? ce : 0);
+    const rt_emu_cost cost{4 * reads, 4 * ce, ce * (op->beta != 0.0f ? 3 : 1), RT_COST_MATH_FP32};
+    return enqueue(handle, "cudnnAddTensor", add_op, op, cost);
 }
 
 cudnnStatus_t cudnnBatchNormalizationForwardInference(cudnnHandle_t handle, cudnnBatchNormMode_t mode,
@@ -1737,7 +1793,7 @@ cudnnStatus_t cudnnBatchNormalizationForwardInference(cudnnHandle_t handle, cudn
     op->alpha = host_scalar(alpha), op->beta = host_scalar(beta), op->eps = epsilon;
     op->xp = x, op->y = y, op->scale = bnScale, op->bias = bnBias, op->mean_in = estimatedMean,
     op->var_in = estimatedVariance;
-    return enqueue(handle, "cudnnBatchNormalizationForwardInference", bn_op, op);
+    return enqueue(handle, "cudnnBatchNormalizationForwardInference", bn_op, op, bn_cost(*op));
 }
 
 cudnnStatus_t cudnnBatchNormalizationForwardTraining(cudnnHandle_t handle, cudnnBatchNormMode_t mode,
@@ -1762,7 +1818,7 @@ cudnnStatus_t cudnnBatchNormalizationForwardTraining(cudnnHandle_t handle, cudnn
     op->xp = x, op->y = y, op->scale = bnScale, op->bias = bnBias;
     op->run_mean = resultRunningMean, op->run_var = resultRunningVariance;
     op->save_mean = resultSaveMean, op->save_invvar = resultSaveInvVariance;
-    return enqueue(handle, "cudnnBatchNormalizationForwardTraining", bn_op, op);
+    return enqueue(handle, "cudnnBatchNormalizationForwardTraining", bn_op, op, bn_cost(*op));
 }
 
 cudnnStatus_t cudnnBatchNormalizationBackward(cudnnHandle_t handle, cudnnBatchNormMode_t mode,
@@ -1788,7 +1844,7 @@ cudnnStatus_t cudnnBatchNormalizationBackward(cudnnHandle_t handle, cudnnBatchNo
     op->palpha = host_scalar(alphaParamDiff), op->pbeta = host_scalar(betaParamDiff), op->eps = epsilon;
     op->xp = x, op->dyp = dy, op->y = dx, op->scale = bnScale, op->dscale = dBnScaleResult, op->dbias = dBnBiasResult;
     op->mean_in = savedMean, op->var_in = savedInvVariance;
-    return enqueue(handle, "cudnnBatchNormalizationBackward", bn_op, op);
+    return enqueue(handle, "cudnnBatchNormalizationBackward", bn_op, op, bn_cost(*op));
 }
 
 } /* extern "C" */

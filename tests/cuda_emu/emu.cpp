@@ -21,6 +21,7 @@
  */
 #include <cuda_runtime.h>
 #ifdef RT_EMU_FULL_RUNTIME
+#include "core/cost_ledger.h"
 #include "emu_internal.h"
 #endif
 
@@ -296,6 +297,7 @@ struct grid_op {
 
 void grid_op_run(void *p) {
     grid_op *g = static_cast<grid_op *>(p);
+    if (rt_emu_ledger_count_only()) return; /* RINGTRAIN_EMU_LEDGER=count: recorded, not run */
     run_grid_now(g->grid, g->block, g->body, g->arg);
 }
 
@@ -314,7 +316,7 @@ void set_launch_error(cudaError_t e) { T.last_error = e; }
 } // namespace
 
 void rt_emu_run_grid(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *),
-                     void *arg, void (*cleanup)(void *)) {
+                     void *arg, void (*cleanup)(void *), int nargs, const rt_emu_karg *args) {
     if (T.current) die("kernel launched from inside a kernel (dynamic parallelism is not emulated)");
     if (!config_ok(grid, block)) {
         set_launch_error(cudaErrorInvalidConfiguration);
@@ -323,6 +325,9 @@ void rt_emu_run_grid(const char *name, dim3 grid, dim3 block, size_t smem, cudaS
     }
     if (smem != 0) die("dynamic shared memory (the third <<<>>> argument) is not emulated");
 #ifdef RT_EMU_FULL_RUNTIME
+    /* the cost from the parameters before the launch is enqueued (they live in arg) */
+    rt_emu_cost cost{};
+    const bool ledger = rt_emu_ledger_on(), known = ledger && rt_emu_kernel_cost(name, grid, block, nargs, args, &cost);
     grid_op *g = new grid_op{grid, block, body, arg, cleanup};
     cudaError_t e = rt_emu_stream_enqueue(stream, name, grid_op_run, g, grid_op_cleanup);
     if (e != cudaSuccess) {
@@ -331,8 +336,14 @@ void rt_emu_run_grid(const char *name, dim3 grid, dim3 block, size_t smem, cudaS
         return;
     }
     __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
+    if (known)
+        rt_emu_ledger_record(stream, RT_COST_KERNEL, name, &cost);
+    else if (ledger)
+        rt_emu_ledger_unknown_kernel(stream, name);
 #else
     (void)name;
+    (void)nargs;
+    (void)args;
     (void)stream; /* runs now: every stream is in order with itself and with the host */
     __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
     run_grid_now(grid, block, body, arg);

@@ -93,8 +93,35 @@ int rt_emu_is_pinned(const void *p, size_t n);
  * cudaEventRecord, cudaStreamWaitEvent, cudaMemcpyAsync and cudaEventCreateWithFlags. */
 void rt_emu_fail_call(const char *call, int nth, cudaError_t err);
 
+/* ---- the cost ledger (ledger.cpp, kernel_costs.cpp; src/core/cost_ledger.h) ---- */
+
+/* What one operation costs: device bytes read and written, FLOPs and the arithmetic they
+ * run on (rt_cost_math). */
+typedef struct rt_emu_cost {
+    double bytes_read, bytes_written, flops;
+    int math;
+} rt_emu_cost;
+
+/* Whether the ledger records (RINGTRAIN_EMU_LEDGER=1 or count, or rt_emu_ledger_enable). */
+int rt_emu_ledger_on(void);
+/* Whether the emulation skips its arithmetic (RINGTRAIN_EMU_LEDGER=count): kernels,
+ * cuDNN and cuBLAS enqueue and are recorded but compute nothing (results are garbage). */
+int rt_emu_ledger_count_only(void);
+/* Record one operation of kind `kind` (rt_cost_kind) on stream s, enqueued now by the
+ * calling thread; nothing when the ledger is off. `name` must be a static string. */
+void rt_emu_ledger_record(cudaStream_t s, int kind, const char *name, const rt_emu_cost *c);
+/* A launch of a kernel without a cost entry: counted and named (rt_cost_ledger.unknown_*). */
+void rt_emu_ledger_unknown_kernel(cudaStream_t s, const char *name);
+/* The stream's serial number (the legacy stream's too); 0 for an invalid handle. */
+unsigned long long rt_emu_stream_serial(cudaStream_t s);
+
 #ifdef __cplusplus
 }
+
+/* The cost of a launch of kernel `name` from its parameters (kernel_costs.cpp); false
+ * when the table has no entry for it. */
+bool rt_emu_kernel_cost(const char *name, dim3 grid, dim3 block, int nargs, const rt_emu_karg *args,
+                        rt_emu_cost *out);
 #endif
 
 #endif

@@ -86,6 +86,7 @@
  *       on its stream: a peer dying at a precise point, for the fault tests.
  *   RINGTRAIN_EMU_NCCL_DEBUG=1  print every error to stderr (misuse is always printed).
  */
+#include "core/cost_ledger.h"
 #include "emu_internal.h"
 
 #include <nccl.h>
@@ -1120,6 +1121,19 @@ ncclResult_t validate(const Op &o) {
     return r;
 }
 
+/* The ledger: one library call per operation (grouped or not), the device bytes of its
+ * send buffer read and its receive buffer written on this rank (validate's sizes); no
+ * FLOPs and no link time (the model knows no network). */
+void record_cost(const Op &o) {
+    ncclComm *c = o.comm;
+    const double nb = (double)o.count * (double)type_size(o.dt), n = c->nranks;
+    const double in = o.kind == kReduceScatter ? nb * n : nb, out = o.kind == kAllGather ? nb * n : nb;
+    const bool reads = o.kind != kRecv && (o.kind != kBroadcast || c->rank == o.root);
+    const bool writes = o.kind != kSend && (o.kind != kReduce || c->rank == o.root);
+    const rt_emu_cost cost{reads ? in : 0.0, writes ? out : 0.0, 0.0, RT_COST_MATH_NONE};
+    rt_emu_ledger_record(o.stream, RT_COST_NCCL, kind_name(o.kind), &cost);
+}
+
 /* Every operation: checks, then into the group, or (ungrouped) enqueued at once. */
 ncclResult_t submit(Op o) {
     const char *what = kind_name(o.kind);
@@ -1134,6 +1148,7 @@ ncclResult_t submit(Op o) {
     }
     if (inject_fail(what)) return failed(c, ncclUnhandledCudaError);
     if ((r = validate(o)) != ncclSuccess) return failed(c, r);
+    record_cost(o);
     if (t_depth > 0) {
         if (t_group_blocking == -1) {
             t_group_blocking = c->blocking;

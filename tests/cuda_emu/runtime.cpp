@@ -33,6 +33,7 @@
 #endif
 
 #include "emu_internal.h"
+#include "core/cost_ledger.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -596,7 +597,11 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuda
     }
     bool wait = dp == PAGEABLE;
     if (sync) wait = !(dp == DEVICE && sp == DEVICE) && !(dp == DEVICE && sp == PAGEABLE);
-    return submit(s, what, copy_run, c, copy_free, wait);
+    cudaError_t r = submit(s, what, copy_run, c, copy_free, wait);
+    /* the ledger: device memory only (a host side moves over PCIe, not counted) */
+    const rt_emu_cost cost{sp == DEVICE ? (double)n : 0.0, dp == DEVICE ? (double)n : 0.0, 0.0, RT_COST_MATH_NONE};
+    if (r == cudaSuccess) rt_emu_ledger_record(s, RT_COST_COPY, what, &cost);
+    return r;
 }
 
 struct set_op {
@@ -617,7 +622,10 @@ cudaError_t set(void *dst, int value, size_t n, cudaStream_t s, const char *what
     char *view = nullptr;
     if (classify(dst, n, &view) != DEVICE) return fail(cudaErrorInvalidValue);
     if (n == 0) return cudaSuccess;
-    return submit(s, what, set_run, new set_op{view, value, n}, set_free, false);
+    cudaError_t r = submit(s, what, set_run, new set_op{view, value, n}, set_free, false);
+    const rt_emu_cost cost{0.0, (double)n, 0.0, RT_COST_MATH_NONE};
+    if (r == cudaSuccess) rt_emu_ledger_record(s, RT_COST_FILL, what, &cost);
+    return r;
 }
 
 /* ---- events ----------------------------------------------------------------------- */
@@ -1069,6 +1077,13 @@ cudaError_t rt_emu_stream_enqueue(cudaStream_t s, const char *what, void (*fn)(v
     if (!st) return cudaErrorInvalidResourceHandle;
     enqueue_locked(st, new_op(what, fn, arg, cleanup));
     return cudaSuccess;
+}
+
+unsigned long long rt_emu_stream_serial(cudaStream_t s) {
+    if (ready() != cudaSuccess) return 0;
+    std::lock_guard<std::mutex> lk(G.m);
+    CUstream_st *st = resolve(s);
+    return st ? st->serial : 0;
 }
 
 int rt_emu_stream_device(cudaStream_t s) {

@@ -72,6 +72,11 @@ cudaError_t rt_cuk_relu_forward(cudaStream_t s, size_t count, const float *x, fl
 cudaError_t rt_cuk_relu_backward(cudaStream_t s, size_t count, const float *y, const float *dy, float *dx);
 cudaError_t rt_cuk_add(cudaStream_t s, size_t count, const float *a, const float *b, float *y);
 cudaError_t rt_cuk_accumulate(cudaStream_t s, size_t count, const float *dy, float *dx);
+/* the max-pooling kernels' geometry parameter (one plane's); tests/cuda_emu/kernel_costs.cpp
+ * reads it to count the bytes of a launch */
+typedef struct rt_cuk_pool_geom {
+    int in_h, in_w, out_h, out_w, k, stride, pad;
+} rt_cuk_pool_geom;
 /* max pooling with the CPU rule (padding -inf, first maximum, NaN wins) */
 cudaError_t rt_cuk_maxpool_forward(cudaStream_t s, const rt_maxpool2d *l, int n, const float *x, float *y);
 cudaError_t rt_cuk_maxpool_backward(cudaStream_t s, const rt_maxpool2d *l, int n, const float *x, const float *dy,

@@ -80,9 +80,7 @@ extern "C" cudaError_t rt_cuk_accumulate(cudaStream_t s, size_t count, const flo
 
 /* ---- max pooling ------------------------------------------------------------------- */
 
-typedef struct pool_geom {
-    int in_h, in_w, out_h, out_w, k, stride, pad;
-} pool_geom;
+typedef rt_cuk_pool_geom pool_geom; /* cuda_internal.h: the emulated GPUs' cost table reads it too */
 
 /* index into the input plane of the first maximum of window (oh, ow): the CPU's
  * window_argmax, line for line */

@@ -278,6 +278,7 @@ static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 #include <math.h>
 #include <memory> /* before __noinline__ is defined: libstdc++'s shared_ptr uses the name */
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 struct uint3 {
@@ -380,13 +381,39 @@ static inline double __fma_rn(double a, double b, double c) { return fma(a, b, c
 
 /* ---- the launch -------------------------------------------------------------------- */
 
+/* One parameter of a launch as the cost ledger sees it (tests/cuda_emu/kernel_costs.cpp):
+ * the converted value (a pointer parameter: the emulator's alias, NULL stays NULL) and
+ * its C++ type's shape. */
+struct rt_emu_karg {
+    const void *value;   /* the parameter's bytes */
+    unsigned size;       /* sizeof the parameter */
+    unsigned elem;       /* pointers: sizeof the element type (void: 1); else 0 */
+    bool pointer, constant, floating; /* a pointer; to const; a floating-point value */
+};
+
+template <class T> static inline rt_emu_karg rt_emu_karg_of(const T &v) {
+    rt_emu_karg a{&v, (unsigned)sizeof(T), 0, false, false, std::is_floating_point<T>::value};
+    if constexpr (std::is_pointer<T>::value) {
+        using E = std::remove_pointer_t<T>;
+        a.pointer = true;
+        a.constant = std::is_const<E>::value;
+        if constexpr (std::is_void<E>::value)
+            a.elem = 1;
+        else
+            a.elem = (unsigned)sizeof(E);
+    }
+    return a;
+}
+
 /* Run body(arg) once per thread of the grid: blocks in order (x fastest, then y, z),
  * the threads of a block as fibers; then cleanup(arg). `name` is the kernel's. Checks the configuration as the
  * device does (cudaErrorInvalidConfiguration, reported by cudaGetLastError, nothing
  * runs). Kernels only: runs now, on the calling thread. Full runtime: enqueued on
- * `stream` (cudaErrorInvalidResourceHandle for a destroyed one), returns at once. */
+ * `stream` (cudaErrorInvalidResourceHandle for a destroyed one), returns at once, and
+ * recorded in the cost ledger from the nargs parameters `args` (read before the launch
+ * is enqueued: they live in arg). */
 void rt_emu_run_grid(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *),
-                     void *arg, void (*cleanup)(void *));
+                     void *arg, void (*cleanup)(void *), int nargs, const rt_emu_karg *args);
 
 /* A pointer parameter of a launch, as the kernel will see it. Kernels only: p itself.
  * Full runtime: the emulator's alias of device memory (of the stream's device), pinned
@@ -432,7 +459,8 @@ template <class... P> struct rt_emu_launcher {
     template <size_t... I, class... A> void launch(std::index_sequence<I...>, A &&...args) const {
         call *c = new call{kernel, std::tuple<P...>(rt_emu_param(rt_emu_convert<P>(std::forward<A>(args)), name,
                                                                  static_cast<int>(I), stream)...)};
-        rt_emu_run_grid(name, grid, block, smem, stream, &call::run, c, &call::destroy);
+        const rt_emu_karg kargs[sizeof...(P) + 1] = {rt_emu_karg_of(std::get<I>(c->args))...};
+        rt_emu_run_grid(name, grid, block, smem, stream, &call::run, c, &call::destroy, (int)sizeof...(P), kargs);
     }
 };
 

@@ -1,0 +1,324 @@
+/* The cost of every kernel of ours, for the emulated GPUs' ledger (ledger.cpp; docs/gpu.md
+ * "The cost ledger"): ONE table, an entry per __global__ kernel of src/model/cuda/kernels_cuda.cu,
+ * src/optim/cuda/optim_cuda.cu, src/core/cuda/rng_cuda.cu and src/dist/cuda/bf16_cuda.cu,
+ * computed from the launch's parameters (and grid) alone.
+ *
+ * The rules (the same for every entry):
+ *  - bytes: every tensor parameter is read once over the elements the kernel touches, at
+ *    its element size (the pointer's type), and written once if the kernel stores into it
+ *    (read and written both when it updates in place: dx += dy reads and writes dx). A
+ *    NULL pointer costs nothing. A gather counts the elements it reads (nll reads one
+ *    logit per row). Data-dependent paths are not followed (the atomic counter of bad
+ *    labels; SGD's first step that does not read its buffer), scalar flags are (from_bf16's
+ *    accumulate, ema's first).
+ *  - FLOPs: the floating-point operations per element as the kernel writes them (add,
+ *    multiply, divide, compare-and-select, sqrt, exp, log: 1 each; an FMA: 2), a cast
+ *    1; integer index arithmetic and Philox's integer rounds 0. They only matter against
+ *    the fp32 CUDA-core peak, far above what these memory-bound kernels need.
+ *  - math: RT_COST_MATH_FP32 (CUDA cores) for every entry.
+ *
+ * A launch of a kernel that has no entry is recorded with no cost and named in the
+ * ledger's unknown_kernels; test_emu_ledger fails on it, and on any __global__ kernel of
+ * the sources without an entry (the list is generated from the .cu files), and checks
+ * every entry's bytes against the sizes of the tensors it launches on. A kernel launched
+ * with another number of parameters than its entry expects stops the emulation.
+ */
+#include "core/cost_ledger.h"
+#include "emu_internal.h"
+#include "model/cuda/cuda_internal.h"
+#include "optim/internal/optim_kernels.h"
+#include "rt_emu_ledger.h"
+
+#include <string.h>
+
+#include <string>
+#include <unordered_map>
+
+namespace {
+
+/* a launch's parameters */
+struct params {
+    const char *kernel;
+    int n;
+    const rt_emu_karg *a;
+    dim3 grid, block;
+
+    const rt_emu_karg &at(int i) const {
+        if (i < 0 || i >= n) rt_emu_fatal("kernel_costs: %s has no parameter %d", kernel, i);
+        return a[i];
+    }
+    /* a number parameter: 4-byte integers signed, 8-byte unsigned, floats as they are */
+    double num(int i) const {
+        const rt_emu_karg &k = at(i);
+        if (k.pointer) rt_emu_fatal("kernel_costs: %s parameter %d is a pointer, not a number", kernel, i);
+        if (k.floating) return k.size == sizeof(float) ? (double)get<float>(i) : get<double>(i);
+        switch (k.size) {
+        case 1: return (double)get<uint8_t>(i);
+        case 2: return (double)get<uint16_t>(i);
+        case 4: return (double)get<int32_t>(i);
+        case 8: return (double)get<uint64_t>(i);
+        }
+        rt_emu_fatal("kernel_costs: %s parameter %d: a number of %u bytes", kernel, i, k.size);
+    }
+    template <class T> T get(int i) const {
+        const rt_emu_karg &k = at(i);
+        if (k.size != sizeof(T))
+            rt_emu_fatal("kernel_costs: %s parameter %d has %u bytes, the entry reads %zu", kernel, i, k.size,
+                         sizeof(T));
+        T v;
+        memcpy(&v, k.value, sizeof v);
+        return v;
+    }
+    bool null(int i) const {
+        const rt_emu_karg &k = at(i);
+        if (!k.pointer) rt_emu_fatal("kernel_costs: %s parameter %d is not a pointer", kernel, i);
+        return get<const void *>(i) == nullptr;
+    }
+};
+
+/* what an entry adds up */
+struct tally {
+    const params &p;
+    rt_emu_cost c;
+    void rd(int i, double count) {
+        if (!p.null(i)) c.bytes_read += count * p.at(i).elem;
+    }
+    void wr(int i, double count) {
+        if (!p.null(i)) c.bytes_written += count * p.at(i).elem;
+    }
+    void rw(int i, double count) {
+        rd(i, count);
+        wr(i, count);
+    }
+    void fl(double f) { c.flops += f; }
+};
+
+typedef void (*cost_fn)(const params &p, tally &t);
+struct entry {
+    const char *name;
+    int nparams;
+    cost_fn fn;
+};
+
+double words32(double n) { return (double)(((uint64_t)n + 31) / 32); } /* a bit mask's uint32 words */
+
+/* the casts' three arrays: counts n0, n1 and the rest of total */
+void set_counts(const params &p, double n[3]) {
+    n[0] = p.num(1), n[1] = p.num(2), n[2] = p.num(0) - n[0] - n[1];
+}
+
+const entry kTable[] = {
+    /* ---- src/model/cuda/kernels_cuda.cu ---- */
+    {"relu_fw_kernel", 3, [](const params &p, tally &t) { /* (count, x, y) */
+         const double n = p.num(0);
+         t.rd(1, n), t.wr(2, n), t.fl(n);
+     }},
+    {"relu_bw_kernel", 4, [](const params &p, tally &t) { /* (count, y, dy, dx) */
+         const double n = p.num(0);
+         t.rd(1, n), t.rd(2, n), t.wr(3, n), t.fl(n);
+     }},
+    {"add_kernel", 4, [](const params &p, tally &t) { /* (count, a, b, y) */
+         const double n = p.num(0);
+         t.rd(1, n), t.rd(2, n), t.wr(3, n), t.fl(n);
+     }},
+    {"acc_kernel", 3, [](const params &p, tally &t) { /* (count, dy, dx): dx += dy */
+         const double n = p.num(0);
+         t.rd(1, n), t.rw(2, n), t.fl(n);
+     }},
+    {"maxpool_fw_kernel", 4, [](const params &p, tally &t) { /* (total out, geom, x, y) */
+         const double total = p.num(0);
+         const rt_cuk_pool_geom g = p.get<rt_cuk_pool_geom>(1);
+         const double planes = total / ((double)g.out_h * g.out_w);
+         t.rd(2, planes * g.in_h * g.in_w), t.wr(3, total), t.fl(total * g.k * g.k);
+     }},
+    {"maxpool_bw_kernel", 5, [](const params &p, tally &t) { /* (total in, geom, x, dy, dx) */
+         const double total = p.num(0);
+         const rt_cuk_pool_geom g = p.get<rt_cuk_pool_geom>(1);
+         const double planes = total / ((double)g.in_h * g.in_w), per = (g.k + g.stride - 1) / g.stride;
+         t.rd(2, total), t.rd(3, planes * g.out_h * g.out_w), t.wr(4, total);
+         t.fl(total * per * per * g.k * g.k); /* every window over the element scanned again */
+     }},
+    {"avgpool_fw_kernel", 4, [](const params &p, tally &t) { /* (planes, hw, x, y) */
+         const double planes = p.num(0), hw = p.num(1);
+         t.rd(2, planes * hw), t.wr(3, planes), t.fl(planes * hw);
+     }},
+    {"avgpool_bw_kernel", 5, [](const params &p, tally &t) { /* (total, hw, inv, dy, dx) */
+         const double total = p.num(0), hw = p.num(1);
+         t.rd(3, total / hw), t.wr(4, total), t.fl(total);
+     }},
+    {"bias_rows_kernel", 4, [](const params &p, tally &t) { /* (total, out, b, y) */
+         t.rd(2, p.num(1)), t.wr(3, p.num(0));
+     }},
+    {"column_sums_kernel", 4, [](const params &p, tally &t) { /* (n, out, dy, db) */
+         const double n = p.num(0), out = p.num(1);
+         t.rd(2, n * out), t.wr(3, out), t.fl(n * out);
+     }},
+    {"dropout_mask_kernel", 7, [](const params &p, tally &t) { /* (draws, seed, subseq, counter, p, scale, mask) */
+         const double draws = p.num(0);
+         t.wr(6, draws), t.fl(2 * draws);
+     }},
+    {"dropout_apply_kernel", 5, [](const params &p, tally &t) { /* (count, plane, mask, x, y) */
+         const double n = p.num(0), plane = p.num(1);
+         t.rd(2, n / plane), t.rd(3, n), t.wr(4, n), t.fl(n);
+     }},
+    {"increment_i64_kernel", 1, [](const params &p, tally &t) { t.rw(0, 1); }},
+    {"to_bf16_kernel", 3, [](const params &p, tally &t) { /* (count, x, y) */
+         const double n = p.num(0);
+         t.rd(1, n), t.wr(2, n), t.fl(n);
+     }},
+    {"from_bf16_kernel", 4, [](const params &p, tally &t) { /* (count, x bf16, y, accumulate) */
+         const double n = p.num(0);
+         t.rd(1, n), t.wr(2, n), t.fl(n);
+         if (p.num(3) != 0) t.rd(2, n), t.fl(n);
+     }},
+    {"round_bf16_kernel", 2, [](const params &p, tally &t) { /* (count, y) in place */
+         const double n = p.num(0);
+         t.rw(1, n), t.fl(2 * n);
+     }},
+    {"bf16_fill_channels_kernel", 6, [](const params &p, tally &t) { /* (total, plane, c, nhwc, b, y) */
+         t.rd(4, p.num(2)), t.wr(5, p.num(0)), t.fl(p.num(0));
+     }},
+    {"bf16_channel_sums_kernel", 6, [](const params &p, tally &t) { /* (n, c, plane, nhwc, dy, db) */
+         const double all = p.num(0) * p.num(1) * p.num(2);
+         t.rd(4, all), t.wr(5, p.num(1)), t.fl(all);
+     }},
+    {"to_bf16_set_kernel", 15, [](const params &p, tally &t) { /* (total, n0, n1, x0..2, y0..2, c0..2, p0..2) */
+         double n[3];
+         set_counts(p, n);
+         for (int k = 0; k < 3; k++) t.rd(3 + k, n[k]), t.wr(6 + k, n[k]), t.fl(n[k]);
+     }},
+    {"from_bf16_set_kernel", 18, [](const params &p, tally &t) { /* (total, n0, n1, x0..2, y0..2, acc0..2, c, p) */
+         double n[3];
+         set_counts(p, n);
+         for (int k = 0; k < 3; k++) {
+             t.rd(3 + k, n[k]), t.wr(6 + k, n[k]), t.fl(n[k]);
+             if (p.num(9 + k) != 0) t.rd(6 + k, n[k]), t.fl(n[k]);
+         }
+     }},
+    {"softmax_xent_kernel", 8, [](const params &p, tally &t) { /* (n, k, logits, labels, eps, loss, dlogits, bad) */
+         const double n = p.num(0), nk = n * p.num(1);
+         t.rd(2, nk), t.rd(3, n), t.wr(5, 1), t.wr(6, nk), t.fl(4 * nk);
+     }},
+    {"log_softmax_fw_kernel", 4, [](const params &p, tally &t) { /* (n, k, x, y) */
+         const double nk = p.num(0) * p.num(1);
+         t.rd(2, nk), t.wr(3, nk), t.fl(3 * nk);
+     }},
+    {"log_softmax_bw_kernel", 5, [](const params &p, tally &t) { /* (n, k, y, dy, dx) */
+         const double nk = p.num(0) * p.num(1);
+         t.rd(2, nk), t.rd(3, nk), t.wr(4, nk), t.fl(4 * nk);
+     }},
+    {"nll_kernel", 7, [](const params &p, tally &t) { /* (n, k, logp, labels, loss, dlogp, bad) */
+         const double n = p.num(0);
+         t.rd(2, n), t.rd(3, n), t.wr(4, 1), t.wr(5, n * p.num(1)), t.fl(n);
+     }},
+
+    /* ---- src/optim/cuda/optim_cuda.cu ---- */
+    {"sgd_kernel", 6, [](const params &p, tally &t) { /* (p, g, buf, n, scalars, mask) */
+         const double n = p.num(3);
+         const rt_optim_scalars s = p.get<rt_optim_scalars>(4);
+         t.rw(0, n), t.rd(1, n), t.rw(2, n), t.rd(5, words32(n));
+         t.fl(n * (2 + (s.has_wd ? 2 : 0) + (p.null(2) ? 0 : 3)));
+     }},
+    {"adam_kernel", 8, [](const params &p, tally &t) { /* (p, g, m, v, vmax, n, scalars, mask) */
+         const double n = p.num(5);
+         const rt_optim_scalars s = p.get<rt_optim_scalars>(6);
+         t.rw(0, n), t.rd(1, n), t.rw(2, n), t.rw(3, n), t.rw(4, n), t.rd(7, words32(n));
+         t.fl(n * (14 + (s.has_wd ? 2 : 0) + (p.null(4) ? 0 : 1)));
+     }},
+    {"adadelta_kernel", 7, [](const params &p, tally &t) { /* (p, g, sq, acc, n, scalars, mask) */
+         const double n = p.num(4);
+         const rt_optim_scalars s = p.get<rt_optim_scalars>(5);
+         t.rw(0, n), t.rd(1, n), t.rw(2, n), t.rw(3, n), t.rd(6, words32(n));
+         t.fl(n * (16 + (s.has_wd ? 2 : 0)));
+     }},
+    {"sumsq_partial_kernel", 3, [](const params &p, tally &t) { /* (x, n, partial[grid]) */
+         const double n = p.num(1);
+         t.rd(0, n), t.wr(2, (double)p.grid.x * p.grid.y * p.grid.z), t.fl(2 * n);
+     }},
+    {"sumsq_final_kernel", 3, [](const params &p, tally &t) { /* (partial, count, out) */
+         const double n = p.num(1);
+         t.rd(0, n), t.wr(2, 1), t.fl(n);
+     }},
+    {"scale_kernel", 3, [](const params &p, tally &t) { /* (x, n, coef) in place */
+         const double n = p.num(1);
+         t.rw(0, n), t.fl(n);
+     }},
+    {"ema_kernel", 6, [](const params &p, tally &t) { /* (avg, p, n, decay, omdecay, first) */
+         const double n = p.num(2);
+         const bool first = p.num(5) != 0;
+         t.wr(0, n), t.rd(1, n);
+         if (!first) t.rd(0, n), t.fl(3 * n);
+     }},
+    {"ema_swap_kernel", 3, [](const params &p, tally &t) { /* (avg, p, n) */
+         const double n = p.num(2);
+         t.rw(0, n), t.rw(1, n);
+     }},
+
+    /* ---- src/core/cuda/rng_cuda.cu (Philox's rounds are integer work) ---- */
+    {"uniform_kernel", 5, [](const params &p, tally &t) { /* (out, n, seed, subseq, offset) */
+         t.wr(0, p.num(1)), t.fl(p.num(1));
+     }},
+    {"normal_kernel", 7, [](const params &p, tally &t) { /* (out, n, seed, subseq, offset, mean, std) */
+         t.wr(0, p.num(1)), t.fl(8 * p.num(1)); /* Box-Muller: log, sqrt, cos, products; the scaling 2 */
+     }},
+
+    /* ---- src/dist/cuda/bf16_cuda.cu ---- */
+    {"pack_kernel", 3, [](const params &p, tally &t) { /* (n, x, y bf16) */
+         const double n = p.num(0);
+         t.rd(1, n), t.wr(2, n), t.fl(n);
+     }},
+    {"unpack_kernel", 3, [](const params &p, tally &t) { /* (n, x bf16, y) */
+         const double n = p.num(0);
+         t.rd(1, n), t.wr(2, n), t.fl(n);
+     }},
+    {"combine_kernel", 5, [](const params &p, tally &t) { /* (n, d, s, op, div): d = round(op(d, s)) */
+         const double n = p.num(0);
+         t.rw(1, n), t.rd(2, n), t.fl(n * (p.num(4) > 0 ? 4 : 3));
+     }},
+    {"div_kernel", 3, [](const params &p, tally &t) { /* (n, d, div) in place */
+         const double n = p.num(0);
+         t.rw(1, n), t.fl(n * 3);
+     }},
+};
+
+const std::unordered_map<std::string, const entry *> &index_of_table(void) {
+    static const std::unordered_map<std::string, const entry *> *idx = [] {
+        auto *m = new std::unordered_map<std::string, const entry *>;
+        for (const entry &e : kTable)
+            if (!m->emplace(e.name, &e).second) rt_emu_fatal("kernel_costs: %s has two entries", e.name);
+        return m;
+    }();
+    return *idx;
+}
+
+const entry *find(const char *name) {
+    const auto &idx = index_of_table();
+    auto it = idx.find(name);
+    return it == idx.end() ? nullptr : it->second;
+}
+
+} // namespace
+
+bool rt_emu_kernel_cost(const char *name, dim3 grid, dim3 block, int nargs, const rt_emu_karg *args,
+                        rt_emu_cost *out) {
+    const entry *e = find(name);
+    if (!e) return false;
+    if (nargs != e->nparams)
+        rt_emu_fatal("kernel %s: launched with %d parameters, its cost entry (tests/cuda_emu/kernel_costs.cpp) "
+                     "reads %d: update the entry",
+                     name, nargs, e->nparams);
+    const params p{name, nargs, args, grid, block};
+    tally t{p, {0, 0, 0, RT_COST_MATH_FP32}};
+    e->fn(p, t);
+    *out = t.c;
+    return true;
+}
+
+extern "C" int rt_emu_kernel_cost_known(const char *name) { return name && find(name) != nullptr; }
+
+extern "C" const char *const *rt_emu_kernel_cost_names(size_t *n) {
+    static const char *names[sizeof kTable / sizeof kTable[0]];
+    for (size_t i = 0; i < sizeof kTable / sizeof kTable[0]; i++) names[i] = kTable[i].name;
+    *n = sizeof kTable / sizeof kTable[0];
+    return names;
+}
