@@ -13,6 +13,8 @@
 #ifndef RT_CORE_COST_LEDGER_H
 #define RT_CORE_COST_LEDGER_H
 
+#include "core/status.h"
+
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -89,6 +91,13 @@ typedef struct rt_cost_ledger_api {
 
 /* The ledger of this process, or NULL when there is none (not the emulated GPUs). */
 const rt_cost_ledger_api *rt_cost_ledger_find(void);
+
+/* Read a calibration file (bench/results/gpu-cost-calibration-<date>.json, written by
+ * bench/gpu_cost_fit.py) into *m: peak_flops {fp32, tf32, bf16} (FLOP/s),
+ * bandwidth_bytes_per_s, eta, beta, h_s, sync_s, every one a positive number
+ * (sync_s >= 0). RT_ERR_IO when it cannot be read, RT_ERR_FORMAT naming the file and the
+ * field otherwise. */
+rt_status rt_cost_model_load(const char *path, rt_cost_model *m);
 
 /* a - b, field by field (counts, bytes, FLOPs, modelled time) into out */
 void rt_cost_ledger_diff(const rt_cost_ledger *a, const rt_cost_ledger *b, rt_cost_ledger *out);
