@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where a GPU training step's time goes, layer by layer, per precision: `ringtrain bench
-# model --device cuda --layers` (a second run after the timed one, the stream synchronised
-# around every layer call: each layer's own time, launches included, nothing overlapping)
+# model --device cuda --layers` (a second run after the timed one, a pair of CUDA events
+# around every layer call, one synchronisation per step: each layer's GPU time)
 # for ResNet34 at 1x28x28 (imagenet stem) and 3x32x32 (cifar stem), each precision and
 # batch, one process each. Prints, per input and batch, the TOP layer shapes and passes
 # with the most time, their ms per step in each precision side by side, and writes
@@ -121,8 +121,8 @@ except ValueError:
     info = None
 doc = {"benchmark": "gpu-layers", "info": info,
        "note": "ringtrain bench model --device cuda --layers: after the timed run (events, no synchronisation), a "
-               "second run with the stream synchronised around every layer call; ms_per_step is each layer's own "
-               "time, launches included", "runs": runs}
+               "second run with a pair of CUDA events around every layer call and one synchronisation per step; "
+               "ms_per_step is each layer's GPU time from its first work to its last", "runs": runs}
 with open(out, "w") as f:
     json.dump(doc, f, indent=1)
     f.write("\n")

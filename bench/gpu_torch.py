@@ -14,7 +14,12 @@ torchvision is not needed), with the imagenet stem (7x7/2 conv + 3x3/2 max pool)
 cifar stem (3x3/1 conv, no max pool), `--channels` input channels and 10 classes.
 
 The timed steps run between two CUDA events with one synchronisation at the end, as
-`ringtrain bench model --device cuda` times its own. Prints one JSON object: images/s,
+`ringtrain bench model --device cuda` times its own. `--graphs` captures one whole step
+(zero_grad, forward, loss, backward, optimizer step) in a CUDA graph after the warm-up
+(torch.cuda.graph on a side stream, PyTorch's whole-network capture recipe; autocast's
+cast cache off inside the capture, as graphs require) and times its replays: PyTorch
+without its per-call host cost. `--compile` runs the model through torch.compile first
+(its compile time is in the warm-up, not in the timed steps). Prints one JSON object: images/s,
 mean step time, peak memory allocated and reserved by
 PyTorch's caching allocator (torch.cuda.max_memory_allocated / max_memory_reserved),
 and the versions.
@@ -88,6 +93,8 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--graphs", action="store_true", help="capture the whole step in a CUDA graph, time replays")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (default mode)")
     a = ap.parse_args()
 
     if not torch.cuda.is_available():
@@ -105,26 +112,52 @@ def main():
     layers = [3, 4, 6, 3] if a.arch == "resnet34" else [2, 2, 2, 2]
     model = ResNet(layers, a.channels, a.stem).to(dev).to(memory_format=mf)
     model.train()
+    fwd = torch.compile(model) if a.compile else model
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(a.batch, a.channels, a.size, a.size, device=dev).contiguous(memory_format=mf)
     y = torch.randint(0, 10, (a.batch,), device=dev)
 
     # (no autocast object at all outside bf16: some versions query the device even when
     # it is disabled)
+    # (a captured graph replays its casts: autocast's cache of cast weights must be off)
     if a.precision == "bf16":
-        amp = lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)  # noqa: E731
+        amp = lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16,  # noqa: E731
+                                     cache_enabled=not a.graphs)
     else:
         amp = contextlib.nullcontext
 
-    def step():
-        opt.zero_grad(set_to_none=True)
+    def body():
         with amp():
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(fwd(x), y)
         loss.backward()
         opt.step()
         return loss
 
+    def eager_step():
+        opt.zero_grad(set_to_none=True)
+        return body()
+
     torch.cuda.reset_peak_memory_stats(dev)
+    step = eager_step
+    if a.graphs:
+        # PyTorch's whole-network capture: warm-up on a side stream (cudnn.benchmark's
+        # search, the momentum buffers), gradients set to None before the capture so that
+        # the captured backward writes them (no accumulation across replays)
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(max(a.warmup, 3)):
+                eager_step()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            static_loss = body()
+
+        def step():
+            graph.replay()
+            return static_loss
+
     for _ in range(a.warmup):
         step()
     # timed as `ringtrain bench model` times its GPU steps: CUDA events on the stream
@@ -146,6 +179,8 @@ def main():
         "batch": a.batch,
         "precision": a.precision,
         "memory_format": a.memory_format,
+        "graphs": a.graphs,
+        "compile": a.compile,
         "steps": a.steps,
         "warmup": a.warmup,
         "images_per_s": round(a.batch * a.steps / dt, 2),
@@ -157,7 +192,7 @@ def main():
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
         "device_name": torch.cuda.get_device_name(dev),
-        "timing": "cuda events, one synchronisation per run",
+        "timing": "cuda events, one synchronisation per run" + (", replays of one captured step" if a.graphs else ""),
     }
     print(json.dumps(out))
     return 0

@@ -73,7 +73,7 @@ static void usage(FILE *out) {
                  "  --json           one JSON object per batch size instead of the table\n"
                  "  --layers         also time every layer call: a table per batch size of each\n"
                  "                   layer shape and pass, ms per step, share of the step, GFLOP/s\n"
-                 "                   (on a GPU: a second run, synchronised around every layer call)\n"
+                 "                   (on a GPU: a second run, CUDA events around every layer call)\n"
                  "\nEvery option takes its value as --opt VALUE or --opt=VALUE.\n");
 }
 
@@ -126,34 +126,6 @@ static void json_chars(const char *s) {
     }
 }
 
-/* --layers on a GPU: `steps` more steps after the timed run, with the profile attached
- * (model/profile.h: the stream is synchronised before and after every layer call, so each
- * row is that layer's own time, its launches included, with nothing overlapping it), and
- * the host's wall time of each phase, synchronised at its end. *step_ms and *optim_ms:
- * this run's means (slower than the timed run's, which nothing synchronises). */
-static rt_status gpu_layers_run(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, const float *x,
-                                const int64_t *labels, int n, int steps, rt_layer_profile *prof, double *step_ms,
-                                double *optim_ms) {
-    double all = 0, sgd = 0;
-    rt_status st = rt_stream_sync(ctx->stream);
-    rt_model_ctx_set_profile(ctx, prof);
-    for (int it = 0; it < steps && st == RT_OK; it++) {
-        const uint64_t t0 = rt_now_ns();
-        if ((st = rt_model_forward(m, x, n, true)) != RT_OK || (st = rt_model_loss(m, labels)) != RT_OK ||
-            (st = rt_model_backward(m, NULL, NULL)) != RT_OK || (st = rt_stream_sync(ctx->stream)) != RT_OK)
-            break;
-        const uint64_t t1 = rt_now_ns();
-        if ((st = sgd_step(opt, m, ctx->stream)) != RT_OK || (st = rt_stream_sync(ctx->stream)) != RT_OK) break;
-        const uint64_t t2 = rt_now_ns();
-        all += rt_ns_to_ms(t2 - t0);
-        sgd += rt_ns_to_ms(t2 - t1);
-    }
-    rt_model_ctx_set_profile(ctx, NULL);
-    *step_ms = all / steps;
-    *optim_ms = sgd / steps;
-    return st;
-}
-
 /* steps whose events are kept at once; a longer run reads a slot's times before reusing
  * it (an event recorded GPU_EVENT_RING steps earlier: long complete, nothing waits) */
 #define GPU_EVENT_RING 256
@@ -169,6 +141,37 @@ static rt_status add_elapsed(rt_event *a, rt_event *b, double *acc) {
     }
     *acc += ms;
     return RT_OK;
+}
+
+/* --layers on a GPU: `steps` more steps after the timed run, with the profile attached
+ * and timing every layer call with a pair of events on the stream (model/profile.h:
+ * nothing waits between layers, so the step keeps its overlap of host and device); one
+ * synchronisation per step, after the update, then the pairs are read
+ * (rt_layer_profile_collect). *step_ms and *optim_ms: this run's means, from events
+ * around the whole step and the update. */
+static rt_status gpu_layers_run(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, const float *x,
+                                const int64_t *labels, int n, int steps, rt_layer_profile *prof, double *step_ms,
+                                double *optim_ms) {
+    double all = 0, sgd = 0;
+    rt_event *e[3] = {NULL, NULL, NULL};
+    rt_status st = rt_layer_profile_use_events(prof, ctx->device, prof->cap);
+    for (int k = 0; k < 3 && st == RT_OK; k++) st = rt_event_create(ctx->device, &e[k]);
+    if (st == RT_OK) st = rt_stream_sync(ctx->stream);
+    if (st == RT_OK) rt_model_ctx_set_profile(ctx, prof);
+    for (int it = 0; it < steps && st == RT_OK; it++) {
+        if ((st = rt_event_record(e[0], ctx->stream)) != RT_OK || (st = rt_model_forward(m, x, n, true)) != RT_OK ||
+            (st = rt_model_loss(m, labels)) != RT_OK || (st = rt_model_backward(m, NULL, NULL)) != RT_OK ||
+            (st = rt_event_record(e[1], ctx->stream)) != RT_OK || (st = sgd_step(opt, m, ctx->stream)) != RT_OK ||
+            (st = rt_event_record(e[2], ctx->stream)) != RT_OK || (st = rt_stream_sync(ctx->stream)) != RT_OK ||
+            (st = rt_layer_profile_collect(prof)) != RT_OK || (st = add_elapsed(e[0], e[2], &all)) != RT_OK)
+            break;
+        st = add_elapsed(e[1], e[2], &sgd);
+    }
+    rt_model_ctx_set_profile(ctx, NULL);
+    for (int k = 0; k < 3; k++) rt_event_destroy(e[k]);
+    *step_ms = all / steps;
+    *optim_ms = sgd / steps;
+    return st;
 }
 
 typedef struct step_times {
@@ -512,18 +515,35 @@ static int gpu_layers(const bench *b, batch *bt) {
         status = rt_cli_fail();
     } else {
         if (o->json)
-            printf(", \"layers_step_ms\": %.3f, \"layers_timing\": \"a second run of %d steps, the "
-                   "stream synchronised around every layer call: each layer's own time, launches "
-                   "included, nothing overlapping\"",
+            printf(", \"layers_step_ms\": %.3f, \"layers_timing\": \"a second run of %d steps, a pair "
+                   "of CUDA events around every layer call, one synchronisation per step: each "
+                   "layer's GPU time from its first work to its last, launch gaps included where "
+                   "the GPU waited for the host\"",
                    lms, o->steps);
         else
-            printf("per layer, a second run of %d steps with the stream synchronised around every "
-                   "layer call (each layer's own time, launches included): %.3f ms per step\n",
+            printf("per layer, a second run of %d steps with a pair of CUDA events around every layer "
+                   "call and one synchronisation per step: %.3f ms per step\n",
                    o->steps, lms);
         print_layers(&prof, o->steps, lms, lsgd, &b->peak, o->json);
     }
     rt_layer_profile_free(&prof);
     return status;
+}
+
+/* the JSON row's "conv_algos": the convolution algorithms in use, one per shape (cuDNN's
+ * enum values and math types, as `ringtrain info` and the checkpoints record them) */
+static void print_conv_algos(rt_model_ctx *ctx) {
+    static rt_conv_algos a; /* 64 entries: off the stack */
+    rt_model_ctx_get_conv_algos(ctx, &a);
+    printf(", \"conv_algos\": [");
+    for (int i = 0; i < a.n; i++) {
+        const rt_conv_algo *c = &a.a[i];
+        printf("%s{\"shape\": \"%d->%d k%d s%d p%d on %dx%d, n %d\", \"fwd\": %d, \"bwd_data\": %d, "
+               "\"bwd_filter\": %d, \"math\": [%d, %d, %d], \"nhwc\": %d}",
+               i ? ", " : "", c->in_c, c->out_c, c->k, c->stride, c->pad, c->in_h, c->in_w, c->n, c->fwd, c->bwd_data,
+               c->bwd_filter, c->fwd_math, c->bwd_data_math, c->bwd_filter_math, c->nhwc);
+    }
+    printf("]");
 }
 
 /* One batch size on the GPU: the timed run, its row, then --layers' run */
@@ -557,6 +577,7 @@ static int bench_gpu(const bench *b, batch *bt) {
         printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.0f\n",
                rt_model_arch_name(cfg->arch), rt_stem_name(cfg->stem), cfg->in_channels, cfg->in_h, cfg->in_w, n,
                o->threads, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps, gflop * ips, peak_gpu_mb);
+    if (o->json) print_conv_algos(b->ctx);
     int status = o->layers ? gpu_layers(b, bt) : 0;
     if (o->json) printf("}\n");
     fflush(stdout);

@@ -155,14 +155,24 @@ void rt_linear_release(rt_model_ctx *ctx, rt_linear *l) {
 
 typedef struct prof_call {
     uint64_t t0;
-    bool on; /* this call is timed (the outermost one with a profile attached) */
+    int pair; /* event pair recorded before the call (rt_layer_profile_use_events), or -1 */
+    bool on;  /* this call is timed (the outermost one with a profile attached) */
 } prof_call;
 
 static prof_call prof_begin(rt_model_ctx *ctx) {
     rt_layer_profile *p = ctx->profile;
-    prof_call c = {0, false};
+    prof_call c = {0, -1, false};
     if (!p || p->depth++ > 0) return c;
-    if (ctx->device.kind != RT_DEVICE_CPU) (void)rt_stream_sync(ctx->stream); /* its error comes back later */
+    if (ctx->device.kind != RT_DEVICE_CPU && p->ev) { /* an event pair: nothing waits */
+        if (p->npairs == p->pairs_cap) {
+            p->overflow = true;
+            return c;
+        }
+        if (rt_event_record(p->ev[2 * p->npairs], ctx->stream) != RT_OK) return c; /* the stream's error comes later */
+        c.pair = p->npairs++;
+    } else if (ctx->device.kind != RT_DEVICE_CPU) {
+        (void)rt_stream_sync(ctx->stream); /* its error comes back later */
+    }
     c.on = true;
     c.t0 = rt_now_ns();
     return c;
@@ -189,14 +199,23 @@ static rt_layer_prof_row *prof_row(rt_layer_profile *p, const void *layer, const
 }
 
 /* Close a call begun by prof_begin: add its time to its row (prof_row; the shape printed
- * from fmt). Returns st, or the stream's error on a GPU where the layer succeeded. */
+ * from fmt): the host's time after a stream synchronisation, or (event pairs) the pair's
+ * end recorded, its time added by rt_layer_profile_collect. Returns st, or the stream's
+ * error on a GPU where the layer succeeded. */
 static rt_status prof_end(rt_model_ctx *ctx, prof_call c, rt_status st, const void *layer, const char *kind,
                           rt_prof_pass pass, size_t count, double flops, const char *fmt, ...) {
     rt_layer_profile *p = ctx->profile;
     if (!p) return st;
     p->depth--;
     if (!c.on) return st;
-    if (st == RT_OK && ctx->device.kind != RT_DEVICE_CPU) st = rt_stream_sync(ctx->stream);
+    if (st == RT_OK && c.pair >= 0)
+        st = rt_event_record(p->ev[2 * c.pair + 1], ctx->stream);
+    else if (st == RT_OK && ctx->device.kind != RT_DEVICE_CPU)
+        st = rt_stream_sync(ctx->stream);
+    if (st != RT_OK && c.pair >= 0) { /* the pair is the last one (only outermost calls take one) */
+        p->npairs--;
+        return st;
+    }
     const uint64_t t1 = rt_now_ns();
     char shape[sizeof p->rows[0].shape];
     va_list ap;
@@ -204,9 +223,15 @@ static rt_status prof_end(rt_model_ctx *ctx, prof_call c, rt_status st, const vo
     vsnprintf(shape, sizeof shape, fmt, ap);
     va_end(ap);
     rt_layer_prof_row *r = prof_row(p, layer, kind, pass, shape, flops);
-    if (!r) return st;
+    if (!r) {
+        if (c.pair >= 0) p->npairs--; /* the last pair: its row is lost, so is its time */
+        return st;
+    }
     r->count = count;
-    r->seconds += (double)(t1 - c.t0) * 1e-9;
+    if (c.pair >= 0)
+        p->pending[c.pair] = (int)(r - p->rows);
+    else
+        r->seconds += (double)(t1 - c.t0) * 1e-9;
     r->calls++;
     return st;
 }
