@@ -24,6 +24,7 @@
  * before the first step, so the memory in use after the run is the run's peak.
  */
 #include "cli/args.h"
+#include "cli/bench_ledger.h"
 #include "cli/cli.h"
 #include "core/rng.h"
 #include "core/timer.h"
@@ -74,6 +75,12 @@ static void usage(FILE *out) {
                  "  --layers         also time every layer call: a table per batch size of each\n"
                  "                   layer shape and pass, ms per step, share of the step, GFLOP/s\n"
                  "                   (on a GPU: a second run, CUDA events around every layer call)\n"
+                 "  --ledger-ops     emulated GPUs: also list a step's operations (and each layer's)\n"
+                 "                   with their bytes and FLOPs, grouped (JSON: \"ledger_ops\")\n"
+                 "\nOn the emulated GPUs (RINGTRAIN_CUDA=EMU) every GPU row also gives the cost ledger's\n"
+                 "step: DRAM bytes, FLOPs, launches, library calls, host syncs, graph launches and the\n"
+                 "modelled H200 step time (docs/gpu.md; the calibration: RINGTRAIN_COST_CALIBRATION, else\n"
+                 "the newest bench/results/gpu-cost-calibration-*.json); elsewhere they are null.\n"
                  "\nEvery option takes its value as --opt VALUE or --opt=VALUE.\n");
 }
 
@@ -256,7 +263,7 @@ static int layer_sums(const rt_layer_profile *p, layer_sum *out) {
 /* the per-layer table (text) or the "layers" members of the JSON object; step_ms and
  * optim_ms: the run's means, for the shares and the line of what the layers leave out */
 static void print_layers(const rt_layer_profile *p, int steps, double step_ms, double optim_ms, const rt_cpu_peak *peak,
-                         bool json) {
+                         bool json, const rt_bench_ledger *ledger, bool ledger_ops) {
     layer_sum *sums = calloc((size_t)p->n + 1, sizeof *sums);
     if (!sums) return;
     const int n = layer_sums(p, sums);
@@ -276,9 +283,11 @@ static void print_layers(const rt_layer_profile *p, int steps, double step_ms, d
         if (json) {
             printf("%s{\"kind\": \"%s\", \"shape\": \"%s\", \"pass\": \"%s\", \"instances\": %d, "
                    "\"calls_per_step\": %.2f, \"ms_per_step\": %.4f, \"step_share_percent\": %.2f, "
-                   "\"gflop_per_step\": %.5f, \"gflops\": %.1f, \"peak_share_percent\": %.1f}",
+                   "\"gflop_per_step\": %.5f, \"gflops\": %.1f, \"peak_share_percent\": %.1f",
                    i ? ", " : "", u->kind, u->shape, rt_prof_pass_name(u->pass), u->instances, (double)u->calls / steps,
                    ms, share, u->flops * 1e-9 / steps, gflops, pk);
+            if (ledger) rt_bench_ledger_layer_json(ledger, p, u->kind, u->shape, u->pass, steps, ledger_ops);
+            printf("}");
         } else {
             char g[16] = "", q[16] = "";
             if (gflops > 0) snprintf(g, sizeof g, "%.1f", gflops);
@@ -305,7 +314,7 @@ static void print_layers(const rt_layer_profile *p, int steps, double step_ms, d
 
 typedef struct bench_opts {
     rt_model_config cfg;
-    int threads, steps, warmup, json, layers;
+    int threads, steps, warmup, json, layers, ledger_ops;
     const char *device_name;
     rt_precision precision;
     int batches[16], nbatch;
@@ -401,6 +410,11 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
             o->layers = 1;
             continue;
         }
+        if ((f = rt_cli_flag(prog, a, "--ledger-ops")) != 0) {
+            if (f < 0) return 2;
+            o->ledger_ops = 1;
+            continue;
+        }
         /* --opt VALUE or --opt=VALUE */
         static const char *const k_valued[] = {"--arch",  "--stem",   "--channels",  "--size",
                                                "--width", "--device", "--precision", "--threads",
@@ -426,6 +440,7 @@ typedef struct bench {
     rt_model_ctx *ctx;
     size_t mem_base; /* the device's used memory when the context was created (GPU) */
     rt_cpu_peak peak;
+    rt_bench_ledger ledger; /* the emulated GPUs' cost ledger (none on a real GPU or the CPU) */
 } bench;
 
 /* 0 ok, else the exit code (the error printed) */
@@ -438,6 +453,8 @@ static int bench_setup(const bench_opts *o, bench *b) {
     }
     b->gpu = rt_device_is_cuda(b->dev);
     rt_device_str(b->dev, b->devstr, sizeof b->devstr);
+    int lrc = rt_bench_ledger_setup(&b->ledger, b->gpu);
+    if (lrc != 0) return lrc;
     rt_model_ctx_options co = {.device = b->dev, .threads = o->threads, .precision = o->precision};
     if (rt_model_ctx_create(&co, &b->ctx) != RT_OK) return rt_cli_fail();
     size_t backend_bytes = 0;
@@ -498,12 +515,13 @@ static void batch_free(const bench *b, batch *bt) {
 }
 
 /* --layers on a GPU, after the timed row: the profiled run and its table */
-static int gpu_layers(const bench *b, batch *bt) {
+static int gpu_layers(bench *b, batch *bt) {
     const bench_opts *o = b->o;
     int status = 0;
     rt_layer_profile prof = {0};
     double lms = 0, lsgd = 0;
     fflush(stdout); /* the timed row, whatever the profiled run does */
+    rt_bench_ledger_reset(&b->ledger); /* the rows index the operations of this run */
     if (rt_layer_profile_init(&prof, 1024) != RT_OK ||
         gpu_layers_run(bt->m, b->ctx, &bt->opt, bt->x_dev, bt->labels_dev, bt->n, o->steps, &prof, &lms, &lsgd) !=
             RT_OK) {
@@ -524,7 +542,7 @@ static int gpu_layers(const bench *b, batch *bt) {
             printf("per layer, a second run of %d steps with a pair of CUDA events around every layer "
                    "call and one synchronisation per step: %.3f ms per step\n",
                    o->steps, lms);
-        print_layers(&prof, o->steps, lms, lsgd, &b->peak, o->json);
+        print_layers(&prof, o->steps, lms, lsgd, &b->peak, o->json, &b->ledger, o->ledger_ops);
     }
     rt_layer_profile_free(&prof);
     return status;
@@ -546,16 +564,34 @@ static void print_conv_algos(rt_model_ctx *ctx) {
     printf("]");
 }
 
-/* One batch size on the GPU: the timed run, its row, then --layers' run */
-static int bench_gpu(const bench *b, batch *bt) {
+/* one training step as the timed run makes it, for the ledger */
+typedef struct step_arg {
+    const bench *b;
+    batch *bt;
+} step_arg;
+
+static rt_status ledger_step(void *arg) {
+    const step_arg *a = arg;
+    batch *bt = a->bt;
+    RT_CHECK(rt_model_forward(bt->m, bt->x_dev, bt->n, true));
+    RT_CHECK(rt_model_loss(bt->m, bt->labels_dev));
+    RT_CHECK(rt_model_backward(bt->m, NULL, NULL));
+    return sgd_step(&bt->opt, bt->m, a->b->ctx->stream);
+}
+
+/* One batch size on the GPU: the timed run, the ledger's step (emulated GPUs), the row,
+ * then --layers' run */
+static int bench_gpu(bench *b, batch *bt) {
     const bench_opts *o = b->o;
     const rt_model_config *cfg = &o->cfg;
     const int n = bt->n, steps = o->steps;
     step_times t;
     float loss = 0;
     size_t used = 0, backend_bytes = 0;
+    step_arg sa = {b, bt};
     if (gpu_run(bt->m, b->ctx, &bt->opt, bt->x_dev, bt->labels_dev, n, o->warmup, steps, &t, &loss) != RT_OK ||
-        rt_model_ctx_memory(b->ctx, &used, &backend_bytes) != RT_OK)
+        rt_model_ctx_memory(b->ctx, &used, &backend_bytes) != RT_OK ||
+        rt_bench_ledger_measure(&b->ledger, ledger_step, &sa) != RT_OK)
         return rt_cli_fail();
     double peak_gpu_mb = (double)(used > b->mem_base ? used - b->mem_base : 0) / 1048576.0 + backend_bytes / 1048576.0;
     struct rusage ru;
@@ -577,7 +613,12 @@ static int bench_gpu(const bench *b, batch *bt) {
         printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.0f\n",
                rt_model_arch_name(cfg->arch), rt_stem_name(cfg->stem), cfg->in_channels, cfg->in_h, cfg->in_w, n,
                o->threads, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps, gflop * ips, peak_gpu_mb);
-    if (o->json) print_conv_algos(b->ctx);
+    if (o->json) {
+        rt_bench_ledger_json(&b->ledger, o->ledger_ops);
+        print_conv_algos(b->ctx);
+    } else {
+        rt_bench_ledger_text(&b->ledger);
+    }
     int status = o->layers ? gpu_layers(b, bt) : 0;
     if (o->json) printf("}\n");
     fflush(stdout);
@@ -655,7 +696,7 @@ static int bench_cpu(const bench *b, batch *bt) {
             printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.1f\n",
                    rt_model_arch_name(cfg->arch), rt_stem_name(cfg->stem), cfg->in_channels, cfg->in_h, cfg->in_w, n,
                    o->threads, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps, gflops, share);
-        if (o->layers) print_layers(&prof, steps, ms, t.sgd / steps, peak, o->json);
+        if (o->layers) print_layers(&prof, steps, ms, t.sgd / steps, peak, o->json, NULL, false);
         if (o->json) printf("}\n");
         fflush(stdout);
     }
@@ -695,5 +736,6 @@ int rt_cmd_bench_model(int argc, char **argv) {
     }
     if (!o.json && status == 0) print_footer(&b);
     rt_model_ctx_destroy(b.ctx);
+    rt_bench_ledger_free(&b.ledger);
     return status;
 }

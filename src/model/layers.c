@@ -8,6 +8,7 @@
 #include "model/internal/backend.h"
 #include "model/profile.h"
 
+#include "core/cost_ledger.h"
 #include "core/timer.h"
 
 #include <math.h>
@@ -157,12 +158,38 @@ typedef struct prof_call {
     uint64_t t0;
     int pair; /* event pair recorded before the call (rt_layer_profile_use_events), or -1 */
     bool on;  /* this call is timed (the outermost one with a profile attached) */
+    bool ledger;       /* l0 holds the cost ledger at the call's start (emulated GPUs) */
+    rt_cost_ledger l0; /* its totals then */
 } prof_call;
+
+/* the cost ledger's totals now into *l, when the process has one and it is on */
+static bool prof_ledger_read(const rt_model_ctx *ctx, rt_cost_ledger *l) {
+    const rt_cost_ledger_api *api = ctx->device.kind != RT_DEVICE_CPU ? rt_cost_ledger_find() : NULL;
+    l->size = sizeof *l;
+    return api && api->read(l) == 0 && l->mode != 0;
+}
+
+/* the ledger's difference over call c into its row r (before r->calls counts it) */
+static void prof_ledger_add(const rt_model_ctx *ctx, const prof_call *c, rt_layer_prof_row *r) {
+    rt_cost_ledger l1, d;
+    if (!c->ledger || !prof_ledger_read(ctx, &l1)) return;
+    rt_cost_ledger_diff(&l1, &c->l0, &d);
+    if (r->calls == 0) r->ledger_first_op = c->l0.ops, r->ledger_nops = d.ops;
+    r->ledger = true;
+    r->ledger_bytes += d.bytes_read + d.bytes_written;
+    r->ledger_flops += d.flops;
+    r->ledger_modelled_s += d.modelled_s;
+    r->ledger_launches += (long)d.launches;
+    r->ledger_library_calls += (long)d.library_calls;
+    r->ledger_copies += (long)(d.copies + d.fills);
+    r->ledger_host_syncs += (long)d.host_syncs;
+}
 
 static prof_call prof_begin(rt_model_ctx *ctx) {
     rt_layer_profile *p = ctx->profile;
-    prof_call c = {0, -1, false};
+    prof_call c = {.pair = -1};
     if (!p || p->depth++ > 0) return c;
+    c.ledger = prof_ledger_read(ctx, &c.l0);
     if (ctx->device.kind != RT_DEVICE_CPU && p->ev) { /* an event pair: nothing waits */
         if (p->npairs == p->pairs_cap) {
             p->overflow = true;
@@ -228,6 +255,7 @@ static rt_status prof_end(rt_model_ctx *ctx, prof_call c, rt_status st, const vo
         return st;
     }
     r->count = count;
+    prof_ledger_add(ctx, &c, r);
     if (c.pair >= 0)
         p->pending[c.pair] = (int)(r - p->rows);
     else

@@ -41,6 +41,13 @@ typedef struct rt_layer_prof_row {
     double flops;   /* per call (multiply-add = 2), 0 where not counted */
     double seconds; /* summed over the calls */
     long calls;
+    /* the emulated GPUs' cost ledger (core/cost_ledger.h), summed over the calls: what the
+     * calls enqueued (read at each outermost call's start and end, no synchronisation);
+     * `ledger` false where there is none (CPU, a real GPU, the ledger off) */
+    bool ledger;
+    double ledger_bytes, ledger_flops, ledger_modelled_s;
+    long ledger_launches, ledger_library_calls, ledger_copies, ledger_host_syncs;
+    size_t ledger_first_op, ledger_nops; /* the first call's operations (indices since the ledger's reset) */
 } rt_layer_prof_row;
 
 typedef struct rt_layer_profile {
