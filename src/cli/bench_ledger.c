@@ -2,6 +2,8 @@
  * "The cost ledger" and "Modelled step time"). */
 #include "cli/bench_ledger.h"
 
+#include "core/settings.h"
+
 #include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +27,7 @@ int rt_bench_ledger_setup(rt_bench_ledger *l, bool gpu) {
     l->api = gpu ? rt_cost_ledger_find() : NULL;
     if (!l->api) return 0;
     l->api->enable(1); /* keeps count only when RINGTRAIN_EMU_LEDGER=count */
-    const char *env = getenv("RINGTRAIN_COST_CALIBRATION");
+    const char *env = rt_setting_text(RT_SET_COST_CALIBRATION);
     if (env && *env)
         snprintf(l->calibration, sizeof l->calibration, "%s", env);
     else if (!newest_calibration(l->calibration, sizeof l->calibration)) {

@@ -92,6 +92,9 @@ typedef enum rt_setting_group {
     X(CUDNN_LAYOUT, "RINGTRAIN_CUDNN_LAYOUT", CHOICE, "auto", 0, 0, "auto|nchw", USER,                                 \
       "GPU bf16 convolutions: auto (NHWC copies where both channel counts are multiples of 8) or nchw (for "           \
       "measurements)")                                                                                                 \
+    X(COST_CALIBRATION, "RINGTRAIN_COST_CALIBRATION", STRING, "", 0, 0, NULL, USER,                                   \
+      "bench model on the emulated GPUs: the cost calibration of the modelled step time (default: the newest "         \
+      "bench/results/gpu-cost-calibration-*.json of the source tree; docs/gpu.md)")                                    \
     X(BLAS_THREADS, "RINGTRAIN_BLAS_THREADS", INT, "1", 1, 1024, NULL, USER,                                           \
       "OpenBLAS threads per ringtrain thread (our pool already splits the batch)")                                     \
     X(POOL_SPIN, "RINGTRAIN_POOL_SPIN", INT, "1000", 0, RT_I32MAX, NULL, USER,                                         \
