@@ -33,8 +33,12 @@ extern "C" {
  * before it), possibly after a random delay (RINGTRAIN_EMU_DELAY_US). cleanup(arg), when
  * not NULL, runs after fn on the worker thread (free what arg owns). `what` names the
  * operation in error messages ("cudnnConvolutionForward").
- * Returns cudaErrorInvalidResourceHandle for a stream that is not (or no longer) valid;
- * then neither fn nor cleanup runs: the caller frees arg. */
+ * Returns cudaErrorInvalidResourceHandle for a stream that is not (or no longer) valid,
+ * or the capture's error where the stream captures and CUDA would refuse the work
+ * (runtime.cpp, "stream capture"); then neither fn nor cleanup runs: the caller frees
+ * arg. On a capturing stream the operation is recorded into the graph, not run: fn(arg)
+ * runs at every launch of the graph (arg must not be consumed by fn), cleanup(arg) when
+ * the graph's last instance is gone. */
 cudaError_t rt_emu_stream_enqueue(cudaStream_t s, const char *what, void (*fn)(void *arg), void *arg,
                                   void (*cleanup)(void *arg));
 
@@ -83,6 +87,8 @@ void rt_emu_set_last_error(cudaError_t e);
 
 /* Operations the stream workers have completed, and device allocations live now. */
 unsigned long long rt_emu_ops(void);
+/* Graph launches (cudaGraphLaunch) so far in this process. */
+unsigned long long rt_emu_graph_launches(void);
 unsigned long long rt_emu_allocs_live(void);
 
 /* Whether [p, p + n) lies inside one pinned host allocation (cudaHostAlloc/MallocHost). */

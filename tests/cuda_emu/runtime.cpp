@@ -22,7 +22,12 @@
  *  - Faults for tests: rt_emu_fail_call() (emu_internal.h) makes the nth next call of a
  *    runtime function fail.
  *  - Counters: host synchronisations (RINGTRAIN_EMU_SYNC_LOG logs each), launches,
- *    operations, live allocations; RINGTRAIN_EMU_STATS=<path> appends them at exit.
+ *    operations, live allocations, graph launches; RINGTRAIN_EMU_STATS=<path> appends
+ *    them at exit.
+ *  - Stream capture and graphs, with CUDA's rules (the section "stream capture"): an
+ *    operation on a capturing stream is recorded, not run, with the arguments it had at
+ *    the call; a replay runs the recorded operations again, in the order they were
+ *    captured, as one operation of the stream it is launched into.
  *
  * One mutex (G.m) guards every queue, stream and event; G.mem guards the memory tables.
  * Nothing is freed at exit: workers may still run (or wait for an NCCL peer) while the
@@ -49,6 +54,7 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_set>
@@ -60,6 +66,7 @@ extern "C" const int rt_emu_kernels_with_full_runtime; /* emu.cpp built for the 
 namespace {
 
 struct op;
+struct capture;
 
 } // namespace
 
@@ -75,6 +82,7 @@ struct CUstream_st {
     unsigned long long enqueued = 0, completed = 0; /* operation numbers, 1-based */
     std::condition_variable work;                   /* the worker waits for operations */
     uint64_t rng;
+    capture *cap = nullptr; /* the capture sequence it takes part in, or none */
 };
 
 /* an event: the stream position of its latest record */
@@ -86,6 +94,11 @@ struct CUevent_st {
     unsigned long long seq;
     unsigned long long generation; /* of the latest record */
     uint64_t time_ns;              /* when the worker reached the latest record */
+    /* a record in a capturing stream (the latest record, then): the capture's id, the
+     * stream and its position there; 0 when the latest record ran on a stream */
+    unsigned long long cap_id = 0;
+    CUstream_st *cap_stream = nullptr;
+    size_t cap_pos = 0;
 };
 
 namespace {
@@ -149,7 +162,9 @@ struct runtime_state {
     std::map<uintptr_t, size_t> pinned;
     unsigned long long alloc_serial = 0, allocs_live = 0;
 
-    unsigned long long host_syncs = 0, ops = 0; /* atomics */
+    unsigned long long host_syncs = 0, ops = 0, graph_launches = 0; /* atomics */
+    std::map<unsigned long long, capture *> captures;              /* active capture sequences, by id */
+    unsigned long long capture_serial = 0;
     struct sigaction old_segv;
 };
 
@@ -159,6 +174,7 @@ runtime_state &G = *new runtime_state;
 thread_local int t_device = 0;
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local std::vector<CUstream_st *> *t_per_thread = nullptr; /* cudaStreamPerThread, by device */
+thread_local cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal; /* cudaThreadExchange... */
 
 cudaError_t fail(cudaError_t e) {
     if (e != cudaSuccess) t_last_error = e;
@@ -236,8 +252,11 @@ std::vector<int> visible_devices(int physical) {
 void write_stats(void) {
     if (!G.cfg.stats_path) return;
     char line[256];
-    int n = snprintf(line, sizeof line, "{\"host_syncs\":%llu,\"launches\":%llu,\"ops\":%llu,\"allocs_live\":%llu}\n",
-                     rt_emu_host_syncs(), rt_emu_launch_count(), rt_emu_ops(), rt_emu_allocs_live());
+    int n = snprintf(line, sizeof line,
+                     "{\"host_syncs\":%llu,\"launches\":%llu,\"ops\":%llu,\"allocs_live\":%llu,"
+                     "\"graph_launches\":%llu}\n",
+                     rt_emu_host_syncs(), rt_emu_launch_count(), rt_emu_ops(), rt_emu_allocs_live(),
+                     rt_emu_graph_launches());
     int fd = open(G.cfg.stats_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) return;
     if (write(fd, line, (size_t)n) != n) { /* nothing to do at exit */
@@ -286,6 +305,13 @@ cudaError_t ready(void) {
 #define RT_READY()                                                                                                     \
     do {                                                                                                               \
         cudaError_t e_ = ready();                                                                                      \
+        if (e_ != cudaSuccess) return fail(e_);                                                                        \
+    } while (0)
+
+/* a potentially unsafe call during a capture that forbids it (the section "stream capture") */
+#define RT_CAPTURE_SAFE()                                                                                              \
+    do {                                                                                                               \
+        cudaError_t e_ = unsafe_call();                                                                                \
         if (e_ != cudaSuccess) return fail(e_);                                                                        \
     } while (0)
 
@@ -519,6 +545,198 @@ void drain_device(int device) {
     for (const dependency &d : all) wait_for(lk, d.stream, d.seq);
 }
 
+/* ---- stream capture ------------------------------------------------------------------
+ *
+ * A capture sequence begins on one stream (cudaStreamBeginCapture) and spreads to every
+ * stream that waits on an event recorded in it. While it lasts, an operation enqueued on
+ * one of its streams becomes a node (the operation's function and its argument, which
+ * holds the values the call was given: a host value passed at capture time is baked in)
+ * instead of running. A record of an event on a capturing stream marks a position in
+ * the sequence, for the waits that fork and join streams. What CUDA refuses is refused
+ * with CUDA's error, and the sequence is invalidated (cudaStreamEndCapture then returns
+ * cudaErrorStreamCaptureInvalidated and no graph):
+ *  - a "potentially unsafe" call (allocation, free, a host synchronisation, a stream or
+ *    event query) from a thread that the capture modes prohibit (cudaThreadExchange-
+ *    StreamCaptureMode's rules): cudaErrorStreamCaptureUnsupported;
+ *  - synchronising or querying a capturing stream, in any mode: the same;
+ *  - work on the legacy default stream while a blocking stream of its device captures:
+ *    cudaErrorStreamCaptureImplicit;
+ *  - a copy from or to pageable host memory: cudaErrorStreamCaptureUnsupported;
+ *  - waiting on an event recorded outside the sequence: cudaErrorStreamCaptureIsolation;
+ *    on one of another sequence: cudaErrorStreamCaptureMerge;
+ *  - querying, synchronising or timing an event whose latest record was captured:
+ *    cudaErrorCapturedEvent;
+ *  - ending with a forked stream that was not joined back: cudaErrorStreamCaptureUnjoined.
+ * A graph runs its nodes in the order they were captured (a valid order for the edges
+ * the events made: a wait is enqueued after the record it waits for). */
+
+struct graph_node {
+    void (*fn)(void *);
+    void *arg;
+    void (*cleanup)(void *);
+    const char *what;
+};
+
+/* the nodes of a graph, shared by the graph, its instances and the launches in flight */
+struct node_list {
+    std::vector<graph_node> nodes;
+    ~node_list() {
+        for (graph_node &n : nodes)
+            if (n.cleanup) n.cleanup(n.arg);
+    }
+};
+
+struct capture {
+    unsigned long long id;
+    cudaStreamCaptureMode mode;
+    std::thread::id owner;
+    CUstream_st *origin;
+    std::vector<CUstream_st *> streams; /* the origin first, then the forked ones */
+    std::shared_ptr<node_list> nodes;
+    std::map<CUstream_st *, size_t> ops;    /* per stream: operations captured on it */
+    std::map<CUstream_st *, size_t> joined; /* per stream: how far another stream waited */
+    cudaError_t invalid = cudaSuccess;      /* the first error that invalidated it */
+};
+
+/* G.m held */
+void invalidate(capture *c, cudaError_t why) {
+    if (c->invalid == cudaSuccess) c->invalid = why;
+}
+
+/* Whether the calling thread may make a potentially unsafe call now; if not, the
+ * captures that forbid it are invalidated and the error is returned. G.m held. */
+cudaError_t unsafe_call_locked(void) {
+    if (t_capture_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+    const std::thread::id me = std::this_thread::get_id();
+    cudaError_t e = cudaSuccess;
+    for (auto &kv : G.captures) {
+        capture *c = kv.second;
+        bool mine = c->owner == me && c->mode != cudaStreamCaptureModeRelaxed;
+        bool global = t_capture_mode == cudaStreamCaptureModeGlobal && c->mode == cudaStreamCaptureModeGlobal;
+        if (mine || global) {
+            invalidate(c, cudaErrorStreamCaptureUnsupported);
+            e = cudaErrorStreamCaptureUnsupported;
+        }
+    }
+    return e;
+}
+
+cudaError_t unsafe_call(void) {
+    std::lock_guard<std::mutex> lk(G.m);
+    return unsafe_call_locked();
+}
+
+/* The legacy stream's implicit dependency on a capturing blocking stream of its device
+ * is refused (and invalidates that capture). G.m held. */
+cudaError_t legacy_implicit(const CUstream_st *st) {
+    if (!st->legacy) return cudaSuccess;
+    cudaError_t e = cudaSuccess;
+    for (auto &kv : G.captures)
+        for (CUstream_st *s : kv.second->streams)
+            if (s->device == st->device && blocking(s)) {
+                invalidate(kv.second, cudaErrorStreamCaptureImplicit);
+                e = cudaErrorStreamCaptureImplicit;
+            }
+    return e;
+}
+
+/* Enqueue o on st, or capture it where st is capturing. On an error o is deleted but
+ * not its argument (the caller's, as after a failed rt_emu_stream_enqueue) and nothing
+ * is enqueued. *seq: the operation's number (0 when captured). G.m held. */
+cudaError_t enqueue_or_capture(CUstream_st *st, op *o, unsigned long long *seq) {
+    cudaError_t e = legacy_implicit(st);
+    if (e == cudaSuccess && st->cap && st->cap->invalid != cudaSuccess) e = cudaErrorStreamCaptureInvalidated;
+    if (e != cudaSuccess) {
+        delete o;
+        return e;
+    }
+    if (!st->cap) {
+        unsigned long long n = enqueue_locked(st, o);
+        if (seq) *seq = n;
+        return cudaSuccess;
+    }
+    if (o->fn) st->cap->nodes->nodes.push_back({o->fn, o->arg, o->cleanup, o->what});
+    else if (o->cleanup) o->cleanup(o->arg);
+    st->cap->ops[st]++;
+    delete o;
+    if (seq) *seq = 0;
+    return cudaSuccess;
+}
+
+/* a launch of a graph: its nodes in order, on the launching stream's worker */
+void graph_run(void *p) {
+    for (graph_node &n : (*static_cast<std::shared_ptr<node_list> *>(p))->nodes)
+        if (n.fn) n.fn(n.arg);
+}
+
+void graph_free(void *p) { delete static_cast<std::shared_ptr<node_list> *>(p); }
+
+/* the capture an event's latest record belongs to, if that capture is still going */
+capture *event_capture(const CUevent_st *e) {
+    auto it = G.captures.find(e->cap_id);
+    return e->cap_id && it != G.captures.end() ? it->second : nullptr;
+}
+
+/* synchronising or querying a capturing stream: refused in every mode. G.m held. */
+cudaError_t capturing_stream_refused(CUstream_st *st) {
+    if (!st->cap) return cudaSuccess;
+    invalidate(st->cap, cudaErrorStreamCaptureUnsupported);
+    return cudaErrorStreamCaptureUnsupported;
+}
+
+/* cudaEventRecord on a capturing stream: a position in the sequence, no operation.
+ * G.m held. */
+cudaError_t capture_record(CUstream_st *st, CUevent_st *e) {
+    capture *c = st->cap;
+    if (c->invalid != cudaSuccess) return cudaErrorStreamCaptureInvalidated;
+    e->cap_id = c->id;
+    e->cap_stream = st;
+    e->cap_pos = ++c->ops[st];
+    return cudaSuccess;
+}
+
+/* cudaStreamWaitEvent where the stream captures or the event was recorded in a capture:
+ * a fork (the stream joins the event's sequence), a join, or a refusal. G.m held. */
+cudaError_t capture_wait(CUstream_st *st, CUevent_st *e) {
+    capture *ec = event_capture(e);
+    if (!ec) { /* recorded outside any capture going on (or in one that has ended) */
+        if (e->cap_id) return cudaErrorCapturedEvent;
+        invalidate(st->cap, cudaErrorStreamCaptureIsolation);
+        return cudaErrorStreamCaptureIsolation;
+    }
+    if (st->cap && st->cap != ec) {
+        invalidate(st->cap, cudaErrorStreamCaptureMerge);
+        invalidate(ec, cudaErrorStreamCaptureMerge);
+        return cudaErrorStreamCaptureMerge;
+    }
+    if (ec->invalid != cudaSuccess) return cudaErrorStreamCaptureInvalidated;
+    if (!st->cap) { /* a fork: st joins the sequence */
+        cudaError_t imp = legacy_implicit(st);
+        if (imp != cudaSuccess || st->legacy) return imp != cudaSuccess ? imp : cudaErrorStreamCaptureImplicit;
+        st->cap = ec;
+        ec->streams.push_back(st);
+    }
+    ec->ops[st]++;
+    if (e->cap_stream != st) {
+        size_t &j = ec->joined[e->cap_stream];
+        if (e->cap_pos > j) j = e->cap_pos;
+    }
+    return cudaSuccess;
+}
+
+/* The end of a sequence: every stream leaves it, and it is gone. G.m held. */
+void capture_finish(capture *c) {
+    for (CUstream_st *s : c->streams) s->cap = nullptr;
+    G.captures.erase(c->id);
+}
+
+/* a forked stream with work after the last point another stream waited for */
+bool capture_unjoined(capture *c) {
+    for (CUstream_st *s : c->streams)
+        if (s != c->origin && c->joined[s] < c->ops[s]) return true;
+    return false;
+}
+
 /* enqueue (fn, arg) on s and optionally wait for it; the common path of copies */
 cudaError_t submit(cudaStream_t s, const char *what, void (*fn)(void *), void *arg, void (*cleanup)(void *),
                    bool wait) {
@@ -529,7 +747,27 @@ cudaError_t submit(cudaStream_t s, const char *what, void (*fn)(void *), void *a
         if (cleanup) cleanup(arg);
         return fail(cudaErrorInvalidResourceHandle);
     }
-    unsigned long long seq = enqueue_locked(st, new_op(what, fn, arg, cleanup));
+    if (wait && st->cap) { /* a synchronous operation cannot be captured */
+        invalidate(st->cap, cudaErrorStreamCaptureUnsupported);
+        lk.unlock();
+        if (cleanup) cleanup(arg);
+        return fail(cudaErrorStreamCaptureUnsupported);
+    }
+    if (wait) {
+        cudaError_t u = unsafe_call_locked();
+        if (u != cudaSuccess) {
+            lk.unlock();
+            if (cleanup) cleanup(arg);
+            return fail(u);
+        }
+    }
+    unsigned long long seq = 0;
+    cudaError_t e = enqueue_or_capture(st, new_op(what, fn, arg, cleanup), &seq);
+    if (e != cudaSuccess) {
+        lk.unlock();
+        if (cleanup) cleanup(arg);
+        return fail(e);
+    }
     if (wait) {
         wait_for(lk, st, seq);
         lk.unlock();
@@ -597,6 +835,15 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuda
     }
     bool wait = dp == PAGEABLE;
     if (sync) wait = !(dp == DEVICE && sp == DEVICE) && !(dp == DEVICE && sp == PAGEABLE);
+    if (dp == PAGEABLE || sp == PAGEABLE) { /* a graph cannot hold a copy of pageable memory */
+        std::lock_guard<std::mutex> lk(G.m);
+        CUstream_st *st = resolve(s);
+        if (st && st->cap) {
+            invalidate(st->cap, cudaErrorStreamCaptureUnsupported);
+            copy_free(c);
+            return fail(cudaErrorStreamCaptureUnsupported);
+        }
+    }
     cudaError_t r = submit(s, what, copy_run, c, copy_free, wait);
     /* the ledger: device memory only (a host side moves over PCIe, not counted) */
     const rt_emu_cost cost{sp == DEVICE ? (double)n : 0.0, dp == DEVICE ? (double)n : 0.0, 0.0, RT_COST_MATH_NONE};
@@ -812,6 +1059,7 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
 
 cudaError_t cudaDeviceSynchronize(void) {
     RT_READY();
+    RT_CAPTURE_SAFE();
     drain_device(t_device);
     rt_emu_count_host_sync("cudaDeviceSynchronize");
     return cudaSuccess;
@@ -828,6 +1076,7 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
 
 cudaError_t cudaMalloc(void **p, size_t n) {
     RT_READY();
+    RT_CAPTURE_SAFE();
     if (!p) return fail(cudaErrorInvalidValue);
     *p = nullptr;
     if (n == 0) return cudaSuccess;
@@ -851,6 +1100,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 /* implicitly synchronising, as the real one: the device's pending work may use p */
 cudaError_t cudaFree(void *p) {
     RT_READY();
+    RT_CAPTURE_SAFE();
     if (!p) return cudaSuccess;
     int device;
     {
@@ -873,6 +1123,7 @@ cudaError_t cudaFree(void *p) {
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
     RT_READY();
+    RT_CAPTURE_SAFE();
     if (!p || flags > 0x0f) return fail(cudaErrorInvalidValue);
     size_t mapped = ((n ? n : 1) + page_size() - 1) / page_size() * page_size();
     void *m = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -891,6 +1142,7 @@ cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, cuda
 /* implicitly synchronising, as the real one: pending copies may use p */
 cudaError_t cudaFreeHost(void *p) {
     RT_READY();
+    RT_CAPTURE_SAFE();
     if (!p) return cudaSuccess;
     {
         std::lock_guard<std::mutex> lk(G.mem);
@@ -954,6 +1206,10 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     std::unique_lock<std::mutex> lk(G.m);
     CUstream_st *st = resolve(s);
     if (!st) return fail(cudaErrorInvalidResourceHandle);
+    cudaError_t e = capturing_stream_refused(st);
+    if (e == cudaSuccess) e = unsafe_call_locked();
+    if (e == cudaSuccess) e = legacy_implicit(st);
+    if (e != cudaSuccess) return fail(e);
     /* the legacy stream: as if an operation on it completed (with its implicit waits) */
     unsigned long long seq = st->legacy ? enqueue_locked(st, new_op("cudaStreamSynchronize", nullptr, nullptr, nullptr))
                                         : st->enqueued;
@@ -968,6 +1224,9 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
     std::lock_guard<std::mutex> lk(G.m);
     CUstream_st *st = resolve(s);
     if (!st) return fail(cudaErrorInvalidResourceHandle);
+    cudaError_t e = capturing_stream_refused(st);
+    if (e == cudaSuccess) e = unsafe_call_locked();
+    if (e != cudaSuccess) return fail(e);
     return st->completed >= st->enqueued ? cudaSuccess : fail(cudaErrorNotReady);
 }
 
@@ -989,10 +1248,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     std::lock_guard<std::mutex> lk(G.m);
     CUstream_st *st = resolve(s);
     if (!st || !G.events.count(e)) return fail(cudaErrorInvalidResourceHandle);
+    if (st->cap || e->cap_id) return fail(capture_wait(st, e));
     op *o = new_op("cudaStreamWaitEvent", nullptr, nullptr, nullptr);
     if (e->stream) o->deps.push_back({e->stream, e->seq});
-    enqueue_locked(st, o);
-    return cudaSuccess;
+    cudaError_t err = enqueue_or_capture(st, o, nullptr);
+    return err == cudaSuccess ? cudaSuccess : fail(err);
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data) {
@@ -1031,9 +1291,13 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     std::lock_guard<std::mutex> lk(G.m);
     CUstream_st *st = resolve(s);
     if (!st || !G.events.count(e) || st->device != e->device) return fail(cudaErrorInvalidResourceHandle);
+    cudaError_t err = legacy_implicit(st);
+    if (err == cudaSuccess && st->cap) err = capture_record(st, e);
+    if (err != cudaSuccess || st->cap) return err == cudaSuccess ? cudaSuccess : fail(err);
     e->generation++;
     e->seq = enqueue_locked(st, new_op("cudaEventRecord", record_run, new record_op{e, e->generation}, record_free));
     e->stream = st;
+    e->cap_id = 0;
     return cudaSuccess;
 }
 
@@ -1041,6 +1305,9 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
     RT_READY();
     std::lock_guard<std::mutex> lk(G.m);
     if (!G.events.count(e)) return fail(cudaErrorInvalidResourceHandle);
+    cudaError_t err = unsafe_call_locked();
+    if (err == cudaSuccess && e->cap_id) err = cudaErrorCapturedEvent;
+    if (err != cudaSuccess) return fail(err);
     return event_complete(e) ? cudaSuccess : fail(cudaErrorNotReady);
 }
 
@@ -1048,6 +1315,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     RT_READY();
     std::unique_lock<std::mutex> lk(G.m);
     if (!G.events.count(e)) return fail(cudaErrorInvalidResourceHandle);
+    cudaError_t err = unsafe_call_locked();
+    if (err == cudaSuccess && e->cap_id) err = cudaErrorCapturedEvent;
+    if (err != cudaSuccess) return fail(err);
     if (e->stream) wait_for(lk, e->stream, e->seq);
     lk.unlock();
     rt_emu_count_host_sync("cudaEventSynchronize");
@@ -1060,9 +1330,149 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     std::lock_guard<std::mutex> lk(G.m);
     if (!G.events.count(a) || !G.events.count(b)) return fail(cudaErrorInvalidResourceHandle);
     if ((a->flags | b->flags) & cudaEventDisableTiming) return fail(cudaErrorInvalidResourceHandle);
+    if (a->cap_id || b->cap_id) return fail(cudaErrorCapturedEvent);
     if (!a->stream || !b->stream) return fail(cudaErrorInvalidResourceHandle); /* never recorded */
     if (!event_complete(a) || !event_complete(b)) return fail(cudaErrorNotReady);
     *ms = (float)((double)((int64_t)(b->time_ns - a->time_ns)) / 1e6);
+    return cudaSuccess;
+}
+
+/* ---- stream capture and graphs (the section "stream capture" above) ---- */
+
+} /* extern "C" */
+
+struct CUgraph_st {
+    std::shared_ptr<node_list> nodes;
+};
+struct CUgraphExec_st {
+    std::shared_ptr<node_list> nodes;
+};
+
+extern "C" {
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
+    if (!mode || (unsigned)*mode > (unsigned)cudaStreamCaptureModeRelaxed) return fail(cudaErrorInvalidValue);
+    std::swap(*mode, t_capture_mode);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
+    RT_READY();
+    if ((unsigned)mode > (unsigned)cudaStreamCaptureModeRelaxed) return fail(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> lk(G.m);
+    CUstream_st *st = resolve(s);
+    if (!st) return fail(cudaErrorInvalidResourceHandle);
+    if (st->legacy) return fail(cudaErrorStreamCaptureUnsupported);
+    if (st->cap) return fail(cudaErrorIllegalState);
+    capture *c = new capture;
+    c->id = ++G.capture_serial;
+    c->mode = mode;
+    c->owner = std::this_thread::get_id();
+    c->origin = st;
+    c->streams.push_back(st);
+    c->nodes = std::make_shared<node_list>();
+    c->ops[st] = 0;
+    G.captures[c->id] = c;
+    st->cap = c;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+    RT_READY();
+    if (!graph) return fail(cudaErrorInvalidValue);
+    *graph = nullptr;
+    std::lock_guard<std::mutex> lk(G.m);
+    CUstream_st *st = resolve(s);
+    if (!st) return fail(cudaErrorInvalidResourceHandle);
+    capture *c = st->cap;
+    if (!c) return fail(cudaErrorIllegalState);
+    if (c->origin != st) {
+        invalidate(c, cudaErrorStreamCaptureUnmatched);
+        return fail(cudaErrorStreamCaptureUnmatched);
+    }
+    if (c->mode != cudaStreamCaptureModeRelaxed && c->owner != std::this_thread::get_id())
+        return fail(cudaErrorStreamCaptureWrongThread);
+    bool unjoined = capture_unjoined(c);
+    cudaError_t e = c->invalid != cudaSuccess ? cudaErrorStreamCaptureInvalidated
+                    : unjoined                ? cudaErrorStreamCaptureUnjoined
+                                              : cudaSuccess;
+    if (e == cudaSuccess) *graph = new CUgraph_st{c->nodes};
+    capture_finish(c);
+    delete c; /* its nodes live on in the graph, or go now */
+    return e == cudaSuccess ? cudaSuccess : fail(e);
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status) {
+    RT_READY();
+    if (!status) return fail(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> lk(G.m);
+    CUstream_st *st = resolve(s);
+    if (!st) return fail(cudaErrorInvalidResourceHandle);
+    if (st->legacy) { /* asking the legacy stream while a blocking stream captures is refused */
+        cudaError_t e = legacy_implicit(st);
+        if (e != cudaSuccess) return fail(e);
+    }
+    *status = !st->cap                          ? cudaStreamCaptureStatusNone
+              : st->cap->invalid != cudaSuccess ? cudaStreamCaptureStatusInvalidated
+                                                : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
+    RT_READY();
+    if (!exec || !graph || flags > 0x0f) return fail(cudaErrorInvalidValue);
+    *exec = new CUgraphExec_st{graph->nodes};
+    return cudaSuccess;
+}
+
+/* one operation on the stream: the graph's nodes in their captured order */
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+    RT_READY();
+    if (!exec) return fail(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> lk(G.m);
+    CUstream_st *st = resolve(s);
+    if (!st) return fail(cudaErrorInvalidResourceHandle);
+    if (st->cap) { /* a graph inside a capture (a child graph node) is not emulated */
+        invalidate(st->cap, cudaErrorStreamCaptureUnsupported);
+        return fail(cudaErrorStreamCaptureUnsupported);
+    }
+    auto *nodes = new std::shared_ptr<node_list>(exec->nodes);
+    cudaError_t e = enqueue_or_capture(st, new_op("cudaGraphLaunch", graph_run, nodes, graph_free), nullptr);
+    if (e != cudaSuccess) {
+        graph_free(nodes);
+        return fail(e);
+    }
+    __atomic_add_fetch(&G.graph_launches, 1, __ATOMIC_RELAXED);
+    return cudaSuccess;
+}
+
+/* The instance takes the graph's nodes (their arguments) where the two have the same
+ * operations in the same order; otherwise nothing changes and the update fails. */
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph, cudaGraphExecUpdateResultInfo *info) {
+    RT_READY();
+    if (!exec || !graph) return fail(cudaErrorInvalidValue);
+    const std::vector<graph_node> &a = exec->nodes->nodes, &b = graph->nodes->nodes;
+    cudaGraphExecUpdateResult r = cudaGraphExecUpdateSuccess;
+    if (a.size() != b.size()) r = cudaGraphExecUpdateErrorTopologyChanged;
+    for (size_t i = 0; r == cudaGraphExecUpdateSuccess && i < a.size(); i++)
+        if (a[i].fn != b[i].fn || strcmp(a[i].what, b[i].what) != 0) r = cudaGraphExecUpdateErrorNodeTypeChanged;
+    if (info) *info = cudaGraphExecUpdateResultInfo{r, nullptr, nullptr};
+    if (r != cudaGraphExecUpdateSuccess) return fail(cudaErrorGraphExecUpdateFailure);
+    exec->nodes = graph->nodes; /* launches in flight keep the old nodes */
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    RT_READY();
+    if (!exec) return fail(cudaErrorInvalidValue);
+    delete exec;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    RT_READY();
+    if (!graph) return fail(cudaErrorInvalidValue);
+    delete graph;
     return cudaSuccess;
 }
 
@@ -1075,8 +1485,7 @@ cudaError_t rt_emu_stream_enqueue(cudaStream_t s, const char *what, void (*fn)(v
     std::lock_guard<std::mutex> lk(G.m);
     CUstream_st *st = resolve(s);
     if (!st) return cudaErrorInvalidResourceHandle;
-    enqueue_locked(st, new_op(what, fn, arg, cleanup));
-    return cudaSuccess;
+    return enqueue_or_capture(st, new_op(what, fn, arg, cleanup), nullptr);
 }
 
 unsigned long long rt_emu_stream_serial(cudaStream_t s) {
@@ -1177,6 +1586,8 @@ void rt_emu_count_host_sync(const char *what) {
 unsigned long long rt_emu_host_syncs(void) { return __atomic_load_n(&G.host_syncs, __ATOMIC_RELAXED); }
 
 unsigned long long rt_emu_ops(void) { return __atomic_load_n(&G.ops, __ATOMIC_RELAXED); }
+
+unsigned long long rt_emu_graph_launches(void) { return __atomic_load_n(&G.graph_launches, __ATOMIC_RELAXED); }
 
 unsigned long long rt_emu_allocs_live(void) {
     std::lock_guard<std::mutex> lk(G.mem);

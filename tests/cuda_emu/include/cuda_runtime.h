@@ -88,7 +88,16 @@ extern "C" {
     X(cudaErrorSystemDriverMismatch, 803, "system has unsupported display driver / cuda driver combination")           \
     X(cudaErrorCompatNotSupportedOnDevice, 804, "forward compatibility was attempted on non supported HW")             \
     X(cudaErrorStreamCaptureUnsupported, 900, "operation not permitted when stream is capturing")                      \
+    X(cudaErrorStreamCaptureInvalidated, 901, "operation failed due to a previous error during capture")               \
+    X(cudaErrorStreamCaptureMerge, 902, "operation would result in a merge of separate capture sequences")             \
+    X(cudaErrorStreamCaptureUnmatched, 903, "capture was not ended in the same stream as it began")                    \
+    X(cudaErrorStreamCaptureUnjoined, 904, "capturing stream has unjoined work")                                      \
+    X(cudaErrorStreamCaptureIsolation, 905, "dependency created on uncaptured work in another stream")                 \
+    X(cudaErrorStreamCaptureImplicit, 906, "operation would make the legacy stream depend on a capturing blocking stream") \
+    X(cudaErrorCapturedEvent, 907, "operation not permitted on an event last recorded in a capturing stream")         \
+    X(cudaErrorStreamCaptureWrongThread, 908, "attempt to terminate a thread-local capture sequence from another thread") \
     X(cudaErrorTimeout, 909, "wait operation timed out")                                                               \
+    X(cudaErrorGraphExecUpdateFailure, 910, "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update") \
     X(cudaErrorUnknown, 999, "unknown error")
 
 #define RT_EMU_ERROR_ENUM(name, number, text) name = number,
@@ -97,6 +106,36 @@ typedef enum cudaError { RT_EMU_CUDA_ERRORS(RT_EMU_ERROR_ENUM) } cudaError_t;
 
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
+/* stream capture and graphs (the full runtime only): the toolkit's names and values */
+typedef struct CUgraph_st *cudaGraph_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
+typedef struct CUgraphNode_st *cudaGraphNode_t;
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+};
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
+enum cudaGraphExecUpdateResult {
+    cudaGraphExecUpdateSuccess = 0x0,
+    cudaGraphExecUpdateError = 0x1,
+    cudaGraphExecUpdateErrorTopologyChanged = 0x2,
+    cudaGraphExecUpdateErrorNodeTypeChanged = 0x3,
+    cudaGraphExecUpdateErrorFunctionChanged = 0x4,
+    cudaGraphExecUpdateErrorParametersChanged = 0x5,
+    cudaGraphExecUpdateErrorNotSupported = 0x6,
+    cudaGraphExecUpdateErrorUnsupportedFunctionChange = 0x7,
+    cudaGraphExecUpdateErrorAttributesChanged = 0x8
+};
+typedef struct cudaGraphExecUpdateResultInfo_st {
+    enum cudaGraphExecUpdateResult result;
+    cudaGraphNode_t errorNode;
+    cudaGraphNode_t errorFromNode;
+} cudaGraphExecUpdateResultInfo;
 typedef void (*cudaHostFn_t)(void *userData);
 
 typedef enum cudaMemcpyKind {
@@ -240,6 +279,18 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream RT_EMU_DEFAUL
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus);
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                 unsigned long long flags RT_EMU_DEFAULT(0));
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream);
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t hGraphExec, cudaGraph_t hGraph,
+                                cudaGraphExecUpdateResultInfo *resultInfo);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
 #else /* kernels only */
 
