@@ -634,7 +634,7 @@ static void test_stats_and_sync_log(void **state) {
     char line[256];
     for (int run = 0; run < 2; run++) {
         assert_non_null(fgets(line, sizeof line, f));
-        assert_string_equal(line, "{\"host_syncs\":2,\"launches\":0,\"ops\":1,\"allocs_live\":1}\n");
+        assert_string_equal(line, "{\"host_syncs\":2,\"launches\":0,\"ops\":1,\"allocs_live\":1,\"graph_launches\":0}\n");
     }
     assert_null(fgets(line, sizeof line, f));
     fclose(f);
