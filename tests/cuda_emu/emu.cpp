@@ -326,8 +326,8 @@ void rt_emu_run_grid(const char *name, dim3 grid, dim3 block, size_t smem, cudaS
     if (smem != 0) die("dynamic shared memory (the third <<<>>> argument) is not emulated");
 #ifdef RT_EMU_FULL_RUNTIME
     /* the cost from the parameters before the launch is enqueued (they live in arg) */
-    rt_emu_cost cost{};
-    const bool ledger = rt_emu_ledger_on(), known = ledger && rt_emu_kernel_cost(name, grid, block, nargs, args, &cost);
+    rt_emu_cost cost{}; /* always: a capture keeps it for the ledger of the graph's launches */
+    const bool known = rt_emu_kernel_cost(name, grid, block, nargs, args, &cost);
     grid_op *g = new grid_op{grid, block, body, arg, cleanup};
     cudaError_t e = rt_emu_stream_enqueue(stream, name, grid_op_run, g, grid_op_cleanup);
     if (e != cudaSuccess) {
@@ -338,7 +338,7 @@ void rt_emu_run_grid(const char *name, dim3 grid, dim3 block, size_t smem, cudaS
     __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
     if (known)
         rt_emu_ledger_record(stream, RT_COST_KERNEL, name, &cost);
-    else if (ledger)
+    else
         rt_emu_ledger_unknown_kernel(stream, name);
 #else
     (void)name;

@@ -118,6 +118,13 @@ int rt_emu_ledger_count_only(void);
 void rt_emu_ledger_record(cudaStream_t s, int kind, const char *name, const rt_emu_cost *c);
 /* A launch of a kernel without a cost entry: counted and named (rt_cost_ledger.unknown_*). */
 void rt_emu_ledger_unknown_kernel(cudaStream_t s, const char *name);
+/* Where stream s captures: keep o in the graph being captured (the ledger replays it at
+ * each launch of the graph) and return 1; else 0. */
+struct rt_cost_op;
+int rt_emu_capture_cost(cudaStream_t s, const struct rt_cost_op *o);
+/* A graph launched on s: its captured operations' records (n of them) into the ledger, and
+ * one graph launch. */
+void rt_emu_ledger_graph_launch(cudaStream_t s, const struct rt_cost_op *ops, size_t n);
 /* The stream's serial number (the legacy stream's too); 0 for an invalid handle. */
 unsigned long long rt_emu_stream_serial(cudaStream_t s);
 

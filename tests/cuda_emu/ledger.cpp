@@ -7,8 +7,10 @@
  * cuBLAS or NCCL compute call (cudnn.cpp, cublas.cpp, nccl.cpp, from their descriptors'
  * shapes and data types, never from the algorithm the emulation picks), a copy or a fill
  * (runtime.cpp). Host synchronisations are the runtime's counter (rt_emu_host_syncs).
- * Graph launches are 0 and no operation is "captured": the emulation has no CUDA graphs
- * (no cudaStreamBeginCapture, no cudaGraphLaunch); the fields are there for when it does.
+ * An operation enqueued on a capturing stream is not counted then (nothing runs): its
+ * record goes into the graph being captured (runtime.cpp, rt_emu_capture_cost), and every
+ * cudaGraphLaunch of that graph adds its records, marked captured, and one graph launch
+ * (so a step run as a graph costs what its operations cost, without their host calls).
  *
  * RINGTRAIN_EMU_LEDGER: unset or 0 off, 1 on, count on and count only (kernels, cuDNN and
  * cuBLAS skip their arithmetic: fast, results garbage). rt_emu_ledger_enable switches it
@@ -39,6 +41,7 @@ struct ledger_state {
     bool model_set = false;
     rt_cost_model model{};
     double ops_s = 0; /* the model's time of the recorded operations */
+    unsigned long long graph_launches = 0; /* since the reset */
 };
 
 ledger_state &L = *new ledger_state; /* never destroyed: workers may record after main() */
@@ -113,27 +116,43 @@ int rt_emu_ledger_count_only(void) {
 }
 
 void rt_emu_ledger_record(cudaStream_t s, int kind, const char *name, const rt_emu_cost *c) {
-    if (!rt_emu_ledger_on()) return;
     rt_cost_op o{};
     o.name = name;
     o.kind = kind;
     o.math = c->math;
     o.stream = rt_emu_stream_serial(s);
-    o.captured = 0; /* no stream capture in the emulation */
+    o.captured = 1;
     o.bytes_read = c->bytes_read;
     o.bytes_written = c->bytes_written;
     o.flops = c->flops;
+    if (rt_emu_capture_cost(s, &o)) return; /* counted at each launch of the graph */
+    if (!rt_emu_ledger_on()) return;
+    o.captured = 0;
     std::lock_guard<std::mutex> lk(L.m);
     add(o);
 }
 
 void rt_emu_ledger_unknown_kernel(cudaStream_t s, const char *name) {
-    if (!rt_emu_ledger_on()) return;
     rt_emu_cost none{0, 0, 0, RT_COST_MATH_NONE};
     rt_emu_ledger_record(s, RT_COST_KERNEL, name, &none);
+    if (!rt_emu_ledger_on()) return;
     std::lock_guard<std::mutex> lk(L.m);
-    L.tot.unknown_kernels++;
+    L.tot.unknown_kernels++; /* a capturing stream's is counted at the launches: once here too */
     note_unknown(name);
+}
+
+void rt_emu_ledger_graph_launch(cudaStream_t s, const rt_cost_op *ops, size_t n) {
+    (void)s;
+    if (!rt_emu_ledger_on()) return;
+    std::lock_guard<std::mutex> lk(L.m);
+    L.graph_launches++;
+    for (size_t i = 0; i < n; i++) {
+        add(ops[i]);
+        if (ops[i].kind == RT_COST_KERNEL && !rt_emu_kernel_cost_known(ops[i].name)) {
+            L.tot.unknown_kernels++;
+            note_unknown(ops[i].name);
+        }
+    }
 }
 
 int rt_emu_ledger_enable(int mode) {
@@ -153,6 +172,7 @@ void rt_emu_ledger_reset(void) {
     L.ops.clear();
     L.dropped = false;
     L.ops_s = 0;
+    L.graph_launches = 0;
 }
 
 int rt_emu_ledger_read(rt_cost_ledger *out) {
@@ -163,7 +183,7 @@ int rt_emu_ledger_read(rt_cost_ledger *out) {
     t.size = sizeof t;
     t.mode = L.mode;
     t.host_syncs = rt_emu_host_syncs() - L.sync_base;
-    t.graph_launches = 0; /* no cudaGraphLaunch in the emulation */
+    t.graph_launches = L.graph_launches;
     t.modelled = L.model_set;
     t.modelled_s = L.model_set ? L.ops_s + L.model.h * (double)t.graph_launches + L.model.sync_s * (double)t.host_syncs
                                : 0;

@@ -580,6 +580,7 @@ struct graph_node {
 /* the nodes of a graph, shared by the graph, its instances and the launches in flight */
 struct node_list {
     std::vector<graph_node> nodes;
+    std::vector<rt_cost_op> costs; /* the cost ledger's records of the captured operations, replayed at each launch */
     ~node_list() {
         for (graph_node &n : nodes)
             if (n.cleanup) n.cleanup(n.arg);
@@ -1443,6 +1444,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
         return fail(e);
     }
     __atomic_add_fetch(&G.graph_launches, 1, __ATOMIC_RELAXED);
+    rt_emu_ledger_graph_launch(s, exec->nodes->costs.data(), exec->nodes->costs.size()); /* G.m, then the ledger's */
     return cudaSuccess;
 }
 
@@ -1486,6 +1488,15 @@ cudaError_t rt_emu_stream_enqueue(cudaStream_t s, const char *what, void (*fn)(v
     CUstream_st *st = resolve(s);
     if (!st) return cudaErrorInvalidResourceHandle;
     return enqueue_or_capture(st, new_op(what, fn, arg, cleanup), nullptr);
+}
+
+int rt_emu_capture_cost(cudaStream_t s, const rt_cost_op *o) {
+    if (ready() != cudaSuccess) return 0;
+    std::lock_guard<std::mutex> lk(G.m);
+    CUstream_st *st = resolve(s);
+    if (!st || !st->cap) return 0;
+    if (st->cap->invalid == cudaSuccess) st->cap->nodes->costs.push_back(*o);
+    return 1;
 }
 
 unsigned long long rt_emu_stream_serial(cudaStream_t s) {

@@ -8,6 +8,8 @@
  *    computed here from the shapes (each tensor read or written once at its element size);
  *  - cuDNN, cuBLAS, copies and fills cost what their shapes and types say, with the math
  *    their descriptors choose; host synchronisations and the other counts add up;
+ *  - a captured graph's operations count at each of its launches, marked captured, with
+ *    one graph launch each; capturing counts nothing;
  *  - count-only mode records without computing.
  * The kernel cases run in count-only mode (the launches are checked and recorded, the
  * emulation skips their arithmetic): only the costs matter here.
@@ -461,6 +463,50 @@ static void test_modelled_time(void **state) {
     rt_emu_ledger_set_model(NULL);
 }
 
+/* A captured step costs what its operations cost at every launch of the graph, marked
+ * captured (no host cost each), plus one graph launch; the capture itself counts nothing. */
+static void test_graph_replay(void **state) {
+    (void)state;
+    begin(2);
+    rt_cost_model m = {.bandwidth = 1e12, .eta = 1, .beta = 1, .h = 1e-3, .sync_s = 0};
+    for (int i = 0; i < RT_COST_MATHS; i++) m.peak_flops[i] = 1e12;
+    rt_emu_ledger_set_model(&m);
+    cudaStream_t cs;
+    assert_cuda(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    float *x = dev(4000), *y = dev(4000);
+    assert_cuda(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+    assert_cuda(rt_cuk_relu_forward(cs, 1000, x, y));
+    assert_cuda(cudaMemsetAsync(y, 0, 4000, cs));
+    cudaGraph_t graph;
+    assert_cuda(cudaStreamEndCapture(cs, &graph));
+    rt_cost_ledger l = {.size = sizeof l};
+    assert_int_equal(rt_emu_ledger_read(&l), 0);
+    assert_int_equal(l.ops, 0); /* capturing runs nothing */
+    cudaGraphExec_t exec;
+    assert_cuda(cudaGraphInstantiate(&exec, graph, 0));
+    assert_cuda(cudaGraphLaunch(exec, cs));
+    assert_cuda(cudaGraphLaunch(exec, cs));
+    assert_cuda(cudaStreamSynchronize(cs));
+    assert_int_equal(rt_emu_ledger_read(&l), 0);
+    assert_int_equal(l.graph_launches, 2);
+    assert_int_equal(l.ops, 4);
+    assert_int_equal(l.captured, 4);
+    assert_int_equal(l.launches, 2);
+    assert_int_equal(l.fills, 2);
+    assert_int_equal(l.host_syncs, 1);
+    assert_true(l.bytes_read == 2 * 4000 && l.bytes_written == 2 * (4000 + 4000));
+    expect_op(0, "relu_fw_kernel", 4000, 4000);
+    expect_op(1, "cudaMemsetAsync", 0, 4000);
+    assert_int_equal(g_ops[0].captured, 1);
+    /* 2 launches x (8000 + 4000 bytes at 1 TB/s) without h, and h per graph launch */
+    const double want = 2 * (8000 + 4000) / 1e12 + 2 * 1e-3;
+    if (fabs(l.modelled_s - want) > 1e-12) fail_msg("modelled %.9g s, expected %.9g", l.modelled_s, want);
+    rt_emu_ledger_set_model(NULL);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(cs);
+}
+
 /* count only: recorded, not computed */
 static void test_count_only(void **state) {
     (void)state;
@@ -499,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_cudnn_costs),
         cmocka_unit_test(test_cublas_copies_counts),
         cmocka_unit_test(test_modelled_time),
+        cmocka_unit_test(test_graph_replay),
         cmocka_unit_test(test_count_only),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
