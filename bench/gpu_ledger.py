@@ -10,12 +10,15 @@ input and precision. Prints the per-step totals and, for each configuration, the
 of where the step's bytes, launches + library calls and modelled time go, by operation
 (conv forward / backward data / backward filter, batch norm, elementwise, bf16 casts,
 optimizer, ...) and by layer kind and pass; writes bench/results/gpu-ledger-<date>.json
-(or --out FILE) with the rows (each with its step's operations, grouped) and the rankings.
+(or --out FILE) with the rows (each with its step's operations, grouped, as lists in
+gpu_cost_fit.OP_FIELDS order; the rows at --layers-batch, default 256, with their layer rows
+and operations too: what bench/gpu_cost_fit.py --gpu-perf fits the per-layer tables with)
+and the rankings.
 Modelled times use the build's calibration (bench/gpu_cost_fit.py writes it); without one
 they are null.
 
   bench/gpu_ledger.py [--build build-emu] [--out FILE] [--batches 128,256]
-                      [--precisions fp32,tf32,bf16] [--inputs cifar,imagenet]
+                      [--precisions fp32,tf32,bf16] [--inputs cifar,imagenet] [--layers-batch 256]
 """
 import argparse
 import datetime
@@ -119,6 +122,27 @@ def finish(out, cal):
     return rows
 
 
+LAYER_KEYS = ("kind", "shape", "pass", "instances", "calls_per_step", "dram_bytes_per_step", "flops_per_step",
+              "launches_per_step", "library_calls_per_step", "copies_per_step", "host_syncs_per_step",
+              "modelled_ms_per_step")
+
+
+def compact_ops(groups):
+    """ledger_ops as lists in gpu_cost_fit.OP_FIELDS order"""
+    return [[g[f] if f != "captured" else int(g[f]) for f in gpu_cost_fit.OP_FIELDS] for g in groups]
+
+
+def compact_row(r, layers_batch):
+    """the row without its algorithms and timing prose, its operations compact; its layer
+    rows (ledger fields and operations: the per-layer fit's) only at layers_batch"""
+    keep = {k: v for k, v in r.items() if k not in ("layers", "conv_algos", "layers_timing", "ledger_ops")}
+    keep["ledger_ops"] = compact_ops(r["ledger_ops"])
+    if r["batch"] == layers_batch and r.get("layers"):
+        keep["layers"] = [dict({k: l.get(k) for k in LAYER_KEYS}, ledger_ops=compact_ops(l["ledger_ops"]))
+                          for l in r["layers"] if l.get("ledger_ops")]
+    return keep
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build-emu")
@@ -126,7 +150,9 @@ def main():
     ap.add_argument("--batches", default="128,256")
     ap.add_argument("--precisions", default="fp32,tf32,bf16")
     ap.add_argument("--inputs", default="cifar,imagenet")
+    ap.add_argument("--layers-batch", type=int, default=256)
     a = ap.parse_args()
+    layers_batch = a.layers_batch
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out_path = a.out or os.path.join(root, "bench/results/gpu-ledger-%s.json" % datetime.date.today().strftime("%Y%m%d"))
     env = dict(os.environ, RINGTRAIN_EMU_LEDGER="count")
@@ -163,8 +189,7 @@ def main():
                          (r["modelled_step_ms"], py * 1e3))
         rankings.append({"stem": r["stem"], "size": r["size"], "precision": r["precision"], "batch": r["batch"],
                          "by_operation": rank_ops(r, cal), "by_layer": rank_layers(r, cal)})
-        keep = {k: v for k, v in r.items() if k not in ("layers", "conv_algos", "layers_timing")}
-        result_rows.append(keep)
+        result_rows.append(compact_row(r, layers_batch))
     for k in rankings:
         print("\n%s %s batch %d, by operation:" % (k["stem"], k["precision"], k["batch"]))
         print("  %-34s %12s %6s %8s %6s %10s %6s" % ("", "bytes/step", "%", "ops", "%", "model ms", "%"))
@@ -177,6 +202,7 @@ def main():
                 "momentum), per steady-state step (bench model: one step after a reset, two after another, "
                 "subtracted), count-only mode (RINGTRAIN_EMU_LEDGER=count), computed at each batch directly; "
                 "modelled_step_ms from the calibration named in each row (docs/gpu.md)",
+        "ledger_ops_fields": list(gpu_cost_fit.OP_FIELDS),
         "commit": subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
                                  text=True).stdout.strip(),
         "rows": result_rows,
