@@ -75,6 +75,8 @@ static void usage(FILE *out) {
                  "  --layers         also time every layer call: a table per batch size of each\n"
                  "                   layer shape and pass, ms per step, share of the step, GFLOP/s\n"
                  "                   (on a GPU: a second run, CUDA events around every layer call)\n"
+                 "  --graphs         GPU: capture one training step in a CUDA graph after the warm-up\n"
+                 "                   and time its replays (only the whole step is timed)\n"
                  "  --ledger-ops     emulated GPUs: also list a step's operations (and each layer's)\n"
                  "                   with their bytes and FLOPs, grouped (JSON: \"ledger_ops\")\n"
                  "\nOn the emulated GPUs (RINGTRAIN_CUDA=EMU) every GPU row also gives the cost ledger's\n"
@@ -232,6 +234,48 @@ static rt_status gpu_run(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, cons
     return st;
 }
 
+/* --graphs: warmup uncaptured steps, one step captured in a CUDA graph (device.h:
+ * forward, loss, backward and the update; the learning rate is the bench's constant,
+ * baked into the graph), then `steps` replays between two events and one
+ * synchronisation. Only the whole step is timed: events recorded inside a capture do not
+ * run at replay. The captured step counts as the first timed one (its work runs at the
+ * first replay, not at capture). */
+/* one training step captured in a CUDA graph (*g, for the caller to destroy) */
+static rt_status capture_step(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, const float *x, const int64_t *labels,
+                              int n, rt_graph **g) {
+    RT_CHECK(rt_stream_capture_begin(ctx->stream));
+    rt_status cap = rt_model_forward(m, x, n, true);
+    if (cap == RT_OK) cap = rt_model_loss(m, labels);
+    if (cap == RT_OK) cap = rt_model_backward(m, NULL, NULL);
+    if (cap == RT_OK) cap = sgd_step(opt, m, ctx->stream);
+    rt_status st = rt_stream_capture_end(ctx->stream, g); /* ends it in every case */
+    return cap != RT_OK ? cap : st;
+}
+
+static rt_status gpu_run_graphs(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, const float *x,
+                                const int64_t *labels, int n, int warmup, int steps, step_times *t, float *loss) {
+    memset(t, 0, sizeof *t);
+    rt_event *start = NULL, *end = NULL;
+    rt_graph *g = NULL;
+    rt_status st = rt_event_create(ctx->device, &start);
+    if (st == RT_OK) st = rt_event_create(ctx->device, &end);
+    for (int it = 0; it < warmup && st == RT_OK; it++)
+        if ((st = rt_model_forward(m, x, n, true)) == RT_OK && (st = rt_model_loss(m, labels)) == RT_OK &&
+            (st = rt_model_backward(m, NULL, NULL)) == RT_OK)
+            st = sgd_step(opt, m, ctx->stream);
+    if (st == RT_OK) st = capture_step(m, ctx, opt, x, labels, n, &g);
+    if (st == RT_OK) st = rt_event_record(start, ctx->stream);
+    for (int it = 0; it < steps && st == RT_OK; it++) st = rt_graph_launch(g, ctx->stream);
+    if (st == RT_OK) st = rt_event_record(end, ctx->stream);
+    if (st == RT_OK) st = rt_stream_sync(ctx->stream);
+    if (st == RT_OK) st = add_elapsed(start, end, &t->all);
+    if (st == RT_OK) st = rt_model_loss_value(m, loss);
+    rt_graph_destroy(g);
+    rt_event_destroy(start);
+    rt_event_destroy(end);
+    return st;
+}
+
 /* The profile's rows summed by (kind, shape, pass), in order of first call: the same
  * shape recurs in ResNet's blocks. instances: how many layers had the shape. */
 typedef struct layer_sum {
@@ -314,7 +358,7 @@ static void print_layers(const rt_layer_profile *p, int steps, double step_ms, d
 
 typedef struct bench_opts {
     rt_model_config cfg;
-    int threads, steps, warmup, json, layers, ledger_ops;
+    int threads, steps, warmup, json, layers, graphs, ledger_ops;
     const char *device_name;
     rt_precision precision;
     int batches[16], nbatch;
@@ -413,6 +457,11 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         if ((f = rt_cli_flag(prog, a, "--ledger-ops")) != 0) {
             if (f < 0) return 2;
             o->ledger_ops = 1;
+            continue;
+        }
+        if ((f = rt_cli_flag(prog, a, "--graphs")) != 0) {
+            if (f < 0) return 2;
+            o->graphs = 1;
             continue;
         }
         /* --opt VALUE or --opt=VALUE */
@@ -564,15 +613,18 @@ static void print_conv_algos(rt_model_ctx *ctx) {
     printf("]");
 }
 
-/* one training step as the timed run makes it, for the ledger */
+/* one training step as the timed run makes it, for the ledger: a replay of the captured
+ * step where there is one (--graphs) */
 typedef struct step_arg {
     const bench *b;
     batch *bt;
+    rt_graph *g;
 } step_arg;
 
 static rt_status ledger_step(void *arg) {
     const step_arg *a = arg;
     batch *bt = a->bt;
+    if (a->g) return rt_graph_launch(a->g, a->b->ctx->stream);
     RT_CHECK(rt_model_forward(bt->m, bt->x_dev, bt->n, true));
     RT_CHECK(rt_model_loss(bt->m, bt->labels_dev));
     RT_CHECK(rt_model_backward(bt->m, NULL, NULL));
@@ -588,27 +640,39 @@ static int bench_gpu(bench *b, batch *bt) {
     step_times t;
     float loss = 0;
     size_t used = 0, backend_bytes = 0;
-    step_arg sa = {b, bt};
-    if (gpu_run(bt->m, b->ctx, &bt->opt, bt->x_dev, bt->labels_dev, n, o->warmup, steps, &t, &loss) != RT_OK ||
-        rt_model_ctx_memory(b->ctx, &used, &backend_bytes) != RT_OK ||
-        rt_bench_ledger_measure(&b->ledger, ledger_step, &sa) != RT_OK)
+    rt_status run = o->graphs ? gpu_run_graphs(bt->m, b->ctx, &bt->opt, bt->x_dev, bt->labels_dev, n, o->warmup, steps,
+                                               &t, &loss)
+                              : gpu_run(bt->m, b->ctx, &bt->opt, bt->x_dev, bt->labels_dev, n, o->warmup, steps, &t, &loss);
+    step_arg sa = {b, bt, NULL}; /* --graphs: the ledger's step is a replay of a captured step */
+    if (run == RT_OK && o->graphs && b->ledger.api)
+        run = capture_step(bt->m, b->ctx, &bt->opt, bt->x_dev, bt->labels_dev, n, &sa.g);
+    if (run == RT_OK) run = rt_bench_ledger_measure(&b->ledger, ledger_step, &sa);
+    rt_graph_destroy(sa.g);
+    if (run != RT_OK || rt_model_ctx_memory(b->ctx, &used, &backend_bytes) != RT_OK)
         return rt_cli_fail();
     double peak_gpu_mb = (double)(used > b->mem_base ? used - b->mem_base : 0) / 1048576.0 + backend_bytes / 1048576.0;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double ms = t.all / steps, ips = n * 1000.0 / ms;
     const double gflop = rt_model_flops_per_image(bt->m, true) * 1e-9;
+    char fwd[24] = "null", bwd[24] = "null", sgd[24] = "null"; /* not timed inside a graph */
+    if (!o->graphs) {
+        snprintf(fwd, sizeof fwd, "%.3f", t.fwd / steps);
+        snprintf(bwd, sizeof bwd, "%.3f", t.bwd / steps);
+        snprintf(sgd, sizeof sgd, "%.3f", t.sgd / steps);
+    }
     if (o->json)
         printf("{\"impl\": \"ringtrain\", \"device\": \"%s\", \"precision\": \"%s\", "
                "\"arch\": \"%s\", \"stem\": \"%s\", \"channels\": %d, "
                "\"size\": %d, \"batch\": %d, \"threads\": %d, \"steps\": %d, \"images_per_s\": %.2f, "
-               "\"step_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"optim_ms\": %.3f, "
+               "\"step_ms\": %.3f, \"forward_ms\": %s, \"backward_ms\": %s, \"optim_ms\": %s, "
                "\"last_loss\": %.5f, \"peak_rss_mb\": %.1f, \"peak_gpu_mb\": %.1f, "
-               "\"gflop_per_image\": %.5f, \"gflops\": %.1f, "
-               "\"timing\": \"cuda events, one synchronisation per run\"",
+               "\"gflop_per_image\": %.5f, \"gflops\": %.1f, \"graphs\": %s, "
+               "\"timing\": \"cuda events, one synchronisation per run%s\"",
                b->devstr, rt_precision_name(o->precision), rt_model_arch_name(cfg->arch), rt_stem_name(cfg->stem),
-               cfg->in_channels, cfg->in_h, n, o->threads, steps, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps,
-               (double)loss, ru.ru_maxrss / 1024.0, peak_gpu_mb, gflop, gflop * ips);
+               cfg->in_channels, cfg->in_h, n, o->threads, steps, ips, ms, fwd, bwd, sgd, (double)loss,
+               ru.ru_maxrss / 1024.0, peak_gpu_mb, gflop, gflop * ips, o->graphs ? "true" : "false",
+               o->graphs ? ", replays of one captured step" : "");
     else
         printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.0f\n",
                rt_model_arch_name(cfg->arch), rt_stem_name(cfg->stem), cfg->in_channels, cfg->in_h, cfg->in_w, n,

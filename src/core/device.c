@@ -347,6 +347,49 @@ rt_status rt_stream_wait_event(rt_stream *s, rt_event *e) {
     return s->be->stream_wait_event(s, e);
 }
 
+struct rt_graph {
+    const rt_device_backend *be;
+    void *exec;
+};
+
+rt_status rt_stream_capture_begin(rt_stream *s) {
+    RT_REQUIRE(s, RT_ERR_INVALID, "rt_stream_capture_begin with a NULL stream");
+    RT_REQUIRE(s->be->capture_begin, RT_ERR_UNSUPPORTED, "no graphs on the %s device", s->be->name);
+    return s->be->capture_begin(s);
+}
+
+rt_status rt_stream_capture_end(rt_stream *s, rt_graph **out) {
+    *out = NULL;
+    RT_REQUIRE(s && s->be->capture_end, RT_ERR_UNSUPPORTED, "rt_stream_capture_end: no capture to end");
+    rt_graph *g = calloc(1, sizeof *g);
+    void *exec = NULL;
+    rt_status st = s->be->capture_end(s, &exec); /* ends the capture whatever happens */
+    if (st == RT_OK && !g) {
+        s->be->graph_destroy(exec);
+        RT_FAIL(RT_ERR_NOMEM, "rt_stream_capture_end: %zu bytes", sizeof *g);
+    }
+    if (st != RT_OK) {
+        free(g);
+        return st;
+    }
+    *g = (rt_graph){s->be, exec};
+    *out = g;
+    return RT_OK;
+}
+
+rt_status rt_graph_launch(rt_graph *g, rt_stream *s) {
+    RT_REQUIRE(g && s && g->be == s->be, RT_ERR_INVALID, "rt_graph_launch: a graph and a stream of one device kind");
+    return g->be->graph_launch(g->exec, s);
+}
+
+bool rt_stream_capturing(rt_stream *s) { return s && s->be->capturing && s->be->capturing(s); }
+
+void rt_graph_destroy(rt_graph *g) {
+    if (!g) return;
+    g->be->graph_destroy(g->exec);
+    free(g);
+}
+
 rt_status rt_event_elapsed_ms(rt_event *start, rt_event *end, float *ms, bool *ready) {
     *ms = 0.0f;
     *ready = false;

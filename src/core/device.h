@@ -116,6 +116,25 @@ rt_status rt_stream_wait_event(rt_stream *s, rt_event *e);
  * has not completed yet, so timing never forces a sync. */
 rt_status rt_event_elapsed_ms(rt_event *start, rt_event *end, float *ms, bool *ready);
 
+/* Graphs (CUDA; RT_ERR_UNSUPPORTED on the CPU). From rt_stream_capture_begin(s) until
+ * rt_stream_capture_end(s), what the calling thread enqueues on s (and on streams that
+ * wait on events recorded in it) is recorded, not run: CUDA stream capture in
+ * thread-local mode, so other threads' allocations and synchronisations stay allowed,
+ * but this thread must not allocate, synchronise or query a stream or an event meanwhile.
+ * The arguments of each call are recorded as they are at the call: values that change
+ * between replays must reach the work through memory. end: *out is the graph,
+ * instantiated; where the capture failed (CUDA's reason in the error), the capture is
+ * over and nothing it recorded runs. launch: one replay on s. */
+typedef struct rt_graph rt_graph;
+rt_status rt_stream_capture_begin(rt_stream *s);
+rt_status rt_stream_capture_end(rt_stream *s, rt_graph **out);
+rt_status rt_graph_launch(rt_graph *g, rt_stream *s);
+void rt_graph_destroy(rt_graph *g);
+/* Whether s is capturing now (false on the CPU): an event recorded on a capturing stream
+ * is not recorded when the graph runs, so code that records one to wait for later must
+ * wait for the stream instead. */
+bool rt_stream_capturing(rt_stream *s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -113,10 +113,18 @@ fail:
     return st;
 }
 
+/* the host waits for the steps enqueued so far: the last recorded one, and the replays
+ * of a captured one (on its stream) */
+static rt_status wait_steps(const rt_optimizer *opt) {
+    if (opt->step_done) RT_CHECK(rt_event_sync(opt->step_done));
+    if (opt->graph_stream) RT_CHECK(rt_stream_sync(opt->graph_stream));
+    return RT_OK;
+}
+
 void rt_optimizer_free(rt_optimizer *opt) {
     if (!opt) return;
     if (opt->backend) opt->backend->release(opt);
-    if (opt->step_done) (void)rt_event_sync(opt->step_done); /* a step may still use the state */
+    (void)wait_steps(opt); /* a step may still use the state (a captured one's stream must outlive it) */
     rt_event_destroy(opt->step_done);
     for (int i = 0; i < opt->n_state; i++) rt_free(opt->device, opt->state[i]);
     free(opt->ranges);
@@ -158,8 +166,12 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
         if (opt->cfg.ema_warmup) d = fmin(d, (1.0 + (double)done) / (10.0 + (double)done));
         RT_CHECK(opt->backend->ema(avg, params, opt->n, (float)d, (float)(1.0 - d), done == 0, stream));
     }
-    /* the step's stream: state_save/state_load wait for it before the host touches the state */
-    RT_CHECK(rt_event_record(opt->step_done, stream));
+    /* the step's stream: state_save/state_load wait for it before the host touches the state
+     * (a captured step's record would not run at its replays: they wait for the stream) */
+    if (rt_stream_capturing(stream))
+        opt->graph_stream = stream;
+    else
+        RT_CHECK(rt_event_record(opt->step_done, stream));
     opt->steps = step;
     return RT_OK;
 }
@@ -239,7 +251,7 @@ rt_status rt_optimizer_state_load(rt_optimizer *opt, const char *name, const flo
     RT_CHECK(rt_optimizer_state_find(opt, name, &st));
     RT_REQUIRE(host != NULL && count == st.count, RT_ERR_INVALID, "optim: state \"%s\" has %zu floats, got %zu", name,
                st.count, count);
-    if (opt->step_done) RT_CHECK(rt_event_sync(opt->step_done)); /* a step in flight reads the state */
+    RT_CHECK(wait_steps(opt)); /* a step in flight reads the state */
     RT_CHECK(rt_memcpy(st.data, opt->device, host, rt_device_cpu(), count * sizeof(float), NULL));
     return RT_OK;
 }
@@ -249,7 +261,7 @@ rt_status rt_optimizer_state_save(const rt_optimizer *opt, const char *name, flo
     RT_CHECK(rt_optimizer_state_find(opt, name, &st));
     RT_REQUIRE(host != NULL && count == st.count, RT_ERR_INVALID, "optim: state \"%s\" has %zu floats, got %zu", name,
                st.count, count);
-    if (opt->step_done) RT_CHECK(rt_event_sync(opt->step_done)); /* the last step wrote it on its stream */
+    RT_CHECK(wait_steps(opt)); /* the last step wrote it on its stream */
     RT_CHECK(rt_memcpy(host, rt_device_cpu(), st.data, opt->device, count * sizeof(float), NULL));
     return RT_OK;
 }

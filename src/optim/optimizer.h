@@ -133,6 +133,8 @@ typedef struct rt_optimizer {
     void *backend_state;                    /* the backend's (CUDA: the weight-decay bit mask) */
     rt_event *step_done;                    /* recorded after each step on its stream: the state is read or
                                              * overwritten on the host only after it (created at the first step) */
+    rt_stream *graph_stream;                /* a step was captured on this stream (core/device.h graphs):
+                                             * its replays record no event, the host waits for the stream */
     rt_optim_parallel_fn parallel;          /* CPU steps: the threads to split the arena over (NULL: the caller's) */
     void *parallel_pool;
 } rt_optimizer;

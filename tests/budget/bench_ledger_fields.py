@@ -3,7 +3,8 @@
 (docs/gpu.md "The cost ledger", "Modelled step time"): every row has the ledger's fields;
 they add up (the step's bytes, launches and library calls are its operations'; the layer
 rows and the optimizer's kernel are the whole step); modelled_step_ms is the model's formula
-over the operations with the calibration named by RINGTRAIN_COST_CALIBRATION; a bad
+over the operations with the calibration named by RINGTRAIN_COST_CALIBRATION; with
+--graphs the step is a replay (the same operations, captured, one graph launch); a bad
 calibration file is refused (exit 2) naming the field.
 
 usage: bench_ledger_fields.py RINGTRAIN   (exit 77: not the emulated-GPU build)
@@ -25,10 +26,10 @@ def skip():
     return 1 if os.environ.get("RINGTRAIN_REQUIRE_GPU") == "1" else 77
 
 
-def bench(binary, cal_path, precision):
+def bench(binary, cal_path, precision, *extra):
     cmd = [binary, "bench", "model", "--device", "cuda", "--arch", "resnet18", "--width", "4", "--stem", "cifar",
            "--channels", "3", "--size", "8", "--batch", "2", "--steps", "1", "--warmup", "1", "--json",
-           "--ledger-ops", "--layers", "--precision", precision]
+           "--ledger-ops", "--precision", precision] + (list(extra) or ["--layers"])
     env = dict(os.environ, RINGTRAIN_EMU_LEDGER="count", RINGTRAIN_COST_CALIBRATION=cal_path)
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
@@ -67,6 +68,25 @@ def check(r):
         assert close(got, l["dram_bytes_per_step"]), (l["kind"], l["shape"], got, l["dram_bytes_per_step"])
 
 
+def check_graphs(binary, cal_path, plain):
+    """--graphs: the ledger's step is a replay of the captured step: the same operations,
+    all captured, one graph launch, and no host cost per operation in the model"""
+    p = bench(binary, cal_path, "tf32", "--graphs")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    for k in ("launches_per_step", "library_calls_per_step", "copies_per_step", "dram_bytes_per_step",
+              "flops_per_step"):
+        assert r[k] == plain[k], (k, r[k], plain[k])
+    assert r["graph_launches_per_step"] == 1 and plain["graph_launches_per_step"] == 0
+    ops = r["launches_per_step"] + r["library_calls_per_step"] + r["copies_per_step"]
+    assert r["captured_per_step"] == ops and plain["captured_per_step"] == 0, (r["captured_per_step"], ops)
+    assert all(g["captured"] for g in r["ledger_ops"])
+    want = sum(g["n"] * op_time(g) for g in r["ledger_ops"]) + CAL["h_s"]
+    assert abs(r["modelled_step_ms"] - want * 1e3) < 1e-3, (r["modelled_step_ms"], want * 1e3)
+    print("tf32 --graphs: the same %d operations, all captured, 1 graph launch: modelled %.4f ms (%.4f without "
+          "the graph)" % (ops, r["modelled_step_ms"], plain["modelled_step_ms"]))
+
+
 def main():
     binary = sys.argv[1]
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,6 +112,8 @@ def main():
             print("%s: %d launches, %d library calls, %.0f bytes, modelled %.4f ms: the operations' sums, the layers' "
                   "sum with the optimizer" % (precision, r["launches_per_step"], r["library_calls_per_step"],
                                              r["dram_bytes_per_step"], r["modelled_step_ms"]))
+            if precision == "tf32":
+                check_graphs(binary, good, r)
         p = bench(binary, bad, "tf32")
         assert p.returncode == 2 and '"beta" is 0' in p.stderr and bad in p.stderr, (p.returncode, p.stderr)
         print("a calibration with beta 0 is refused: " + p.stderr.strip().splitlines()[-1])

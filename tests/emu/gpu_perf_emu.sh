@@ -26,7 +26,8 @@ cat "$tmp/out.txt"
 /usr/bin/python3 - "$tmp/perf.json" <<'PY' || fail "gpu-perf's JSON"
 import json, sys
 d = json.load(open(sys.argv[1]))
-need = ["stem", "size", "precision", "batch", "graphs", "ringtrain_images_per_s", "torch_eager_images_per_s",
+need = ["stem", "size", "precision", "batch", "graphs", "ringtrain_images_per_s", "ringtrain_graphed_images_per_s",
+        "torch_eager_images_per_s",
         "torch_channels_last_images_per_s", "torch_graphed_images_per_s", "ringtrain_peak_gpu_mb",
         "torch_channels_last_peak_gpu_mb"]
 rows = d["summary"]
@@ -42,6 +43,9 @@ for t, run in d["runs"].items():
     if run["tier"] == 1 and run["layers"]:
         assert rt.get("layers") and rt.get("conv_algos"), f"{t}: no per-layer table or algorithms"
         assert "pair of CUDA events" in rt["layers_timing"], rt["layers_timing"]
+    if run["tier"] == 1:
+        g = run.get("ringtrain_graphed", {})
+        assert g.get("images_per_s") and g.get("graphs") is True, f"{t}: no graphed ringtrain run: {g}"
     if run["tier"] == 1 and run["precision"] == "bf16":
         assert run.get("ringtrain_nchw", {}).get("images_per_s"), f"{t}: tier 2's NCHW bf16 run is missing"
 if d.get("torch_skipped"):

@@ -220,6 +220,42 @@ static rt_status cuda_event_elapsed(rt_event *start, rt_event *end, float *ms, b
     return RT_OK;
 }
 
+/* thread-local mode: the loader's and the reducer's threads may go on allocating and
+ * synchronising while this thread captures */
+static rt_status cuda_capture_begin(rt_stream *s) {
+    RT_CHECK_CUDA(cudaStreamBeginCapture((cudaStream_t)s->native, cudaStreamCaptureModeThreadLocal));
+    return RT_OK;
+}
+
+static rt_status cuda_capture_end(rt_stream *s, void **exec) {
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    RT_CHECK_CUDA(cudaStreamEndCapture((cudaStream_t)s->native, &g));
+    cudaError_t e = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g); /* the instance keeps what it needs */
+    RT_CHECK_CUDA(e);
+    *exec = x;
+    return RT_OK;
+}
+
+static rt_status cuda_graph_launch(void *exec, rt_stream *s) {
+    RT_CHECK_CUDA(cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)s->native));
+    return RT_OK;
+}
+
+static bool cuda_capturing(rt_stream *s) {
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)s->native, &st) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return st != cudaStreamCaptureStatusNone;
+}
+
+static void cuda_graph_destroy(void *exec) {
+    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
 static int cuda_lib_versions(rt_lib_version *out, int cap) {
     int n = 0, rt = 0, drv = 0;
     char v[32];
@@ -254,6 +290,11 @@ const rt_device_backend rt_device_backend_cuda = {
     .event_query = cuda_event_query,
     .stream_wait_event = cuda_stream_wait_event,
     .event_elapsed = cuda_event_elapsed,
+    .capture_begin = cuda_capture_begin,
+    .capture_end = cuda_capture_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
+    .capturing = cuda_capturing,
     .rng_uniform = rt_rng_uniform_cuda,
     .rng_normal = rt_rng_normal_cuda,
     .lib_versions = cuda_lib_versions,

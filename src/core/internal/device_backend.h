@@ -73,6 +73,13 @@ struct rt_device_backend {
     rt_status (*event_query)(rt_event *e, bool *done);
     rt_status (*stream_wait_event)(rt_stream *s, rt_event *e); /* e may be of another kind */
     rt_status (*event_elapsed)(rt_event *start, rt_event *end, float *ms, bool *ready);
+    /* graphs (device.h); may be NULL (none): capture_end fills *exec with the backend's
+     * instantiated graph */
+    rt_status (*capture_begin)(rt_stream *s);
+    rt_status (*capture_end)(rt_stream *s, void **exec);
+    rt_status (*graph_launch)(void *exec, rt_stream *s);
+    void (*graph_destroy)(void *exec);
+    bool (*capturing)(rt_stream *s);
 
     /* core/rng.h's *_dev draws into this kind's memory; may be NULL */
     rt_status (*rng_uniform)(rt_rng *rng, float *out_dev, size_t n, rt_stream *stream);

@@ -1,0 +1,155 @@
+/* A model's training step captured in a CUDA graph (core/device.h: rt_stream_capture_*,
+ * rt_graph_launch; issue 40) equals the same step run uncaptured, bit for bit.
+ *
+ * Two copies of a ResNet18 (same weights, one context with deterministic algorithms, so
+ * both run the same convolution algorithms) and an SGD-momentum optimizer each: A runs 4
+ * plain steps (forward, loss, backward, update); B runs 1 plain step, captures the next,
+ * and replays it 3 times (the captured work runs at the first replay, not at the
+ * capture). Parameters, BN running statistics, momentum and the last loss must be
+ * identical, in fp32, tf32 and bf16. The capture must leave nothing run twice or
+ * skipped: after the capture and before the first replay, B's parameters are still those
+ * of step 1. On the emulated GPUs (make test) the capture follows CUDA's rules
+ * (runtime.cpp, "stream capture"): a host synchronisation, an allocation or a query
+ * inside a layer's step would fail the capture here.
+ */
+#include "gpu_test_util.h"
+#include "test_util.h"
+
+#include "optim/optimizer.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+typedef struct side {
+    rt_model *m;
+    rt_optimizer opt;
+} side;
+
+static void make_side(side *s, rt_model_ctx *ctx, const rt_model_config *cfg, uint64_t seed) {
+    assert_rt_ok(rt_model_create(cfg, ctx, &s->m));
+    assert_rt_ok(rt_model_init_weights(s->m, seed));
+    rt_optim_config oc;
+    rt_optim_config_default(&oc, RT_OPTIM_SGD);
+    oc.lr = 0.01, oc.momentum = 0.9, oc.weight_decay = 5e-4;
+    const size_t nf = rt_model_params(s->m)->size / sizeof(float);
+    assert_rt_ok(rt_optimizer_init(&s->opt, &oc, ctx->device, nf));
+}
+
+static void free_side(side *s) {
+    rt_optimizer_free(&s->opt);
+    rt_model_destroy(s->m);
+}
+
+static rt_status step(side *s, const float *x, const int64_t *labels, int n) {
+    rt_model_ctx *ctx = rt_model_context(s->m);
+    RT_CHECK(rt_model_forward(s->m, x, n, true));
+    RT_CHECK(rt_model_loss(s->m, labels));
+    RT_CHECK(rt_model_backward(s->m, NULL, NULL));
+    return rt_optimizer_step_arena(&s->opt, rt_model_params(s->m), rt_model_grads(s->m), -1.0, ctx->stream);
+}
+
+/* an arena (device) into a fresh host buffer */
+static float *host_copy(rt_model *m, const rt_arena *a) {
+    float *h = rt_test_floats(a->size / sizeof(float) + 1);
+    assert_rt_ok(rt_model_ctx_sync(rt_model_context(m)));
+    gt_download(h, a->base, a->size);
+    return h;
+}
+
+static void expect_same(const char *what, rt_model *ma, const rt_arena *a, rt_model *mb, const rt_arena *b) {
+    assert_int_equal(a->size, b->size);
+    float *ha = host_copy(ma, a), *hb = host_copy(mb, b);
+    size_t first = 0, n = a->size / sizeof(float), differ = rt_test_count_differ(ha, hb, n, &first);
+    printf("  %-36s %zu of %zu floats differ\n", what, differ, n);
+    if (differ)
+        fail_msg("%s: %zu of %zu differ between the plain and the graphed steps (first %zu: %.9g against %.9g)", what,
+                 differ, n, first, (double)ha[first], (double)hb[first]);
+    free(ha), free(hb);
+}
+
+static void graphed_equals_plain(rt_precision prec) {
+    rt_model_ctx *ctx = NULL;
+    rt_model_ctx_options o = {.device = gt_gpu_device(), .threads = 2, .precision = prec, .deterministic = true};
+    assert_rt_ok(rt_model_ctx_create(&o, &ctx));
+    rt_model_config cfg;
+    rt_model_config_default(&cfg);
+    cfg.arch = RT_ARCH_RESNET18, cfg.stem = RT_STEM_CIFAR, cfg.width = 8;
+    cfg.in_channels = 3, cfg.in_h = cfg.in_w = 8, cfg.max_batch = 4;
+    const int n = 4;
+    side a, b;
+    make_side(&a, ctx, &cfg, g_seed);
+    make_side(&b, ctx, &cfg, g_seed);
+    float *xh = gt_uniform((size_t)n * 3 * 8 * 8, -1, 1);
+    int64_t *lh = gt_labels(n, 10);
+    float *x = gt_dev_copy(xh, (size_t)n * 3 * 8 * 8);
+    int64_t *labels = gt_dev(n * sizeof *labels);
+    gt_upload(labels, lh, n * sizeof *labels);
+
+    for (int i = 0; i < 4; i++) assert_rt_ok(step(&a, x, labels, n));
+    assert_rt_ok(step(&b, x, labels, n));
+    float *after1 = host_copy(b.m, rt_model_params(b.m));
+    rt_graph *g = NULL;
+    assert_rt_ok(rt_stream_capture_begin(ctx->stream));
+    rt_status cap = step(&b, x, labels, n);
+    rt_status end = rt_stream_capture_end(ctx->stream, &g);
+    assert_rt_ok(cap);
+    assert_rt_ok(end);
+    float *still = host_copy(b.m, rt_model_params(b.m)); /* captured, not run */
+    size_t first = 0;
+    assert_int_equal(rt_test_count_differ(after1, still, rt_model_params(b.m)->size / sizeof(float), &first), 0);
+    for (int i = 0; i < 3; i++) assert_rt_ok(rt_graph_launch(g, ctx->stream));
+    assert_rt_ok(rt_model_ctx_sync(ctx));
+
+    expect_same("parameters", a.m, rt_model_params(a.m), b.m, rt_model_params(b.m));
+    expect_same("BN running statistics", a.m, rt_model_buffers(a.m), b.m, rt_model_buffers(b.m));
+    float la = NAN, lb = NAN;
+    assert_rt_ok(rt_model_loss_value(a.m, &la));
+    assert_rt_ok(rt_model_loss_value(b.m, &lb));
+    printf("  %s: last loss %.9g plain, %.9g graphed\n", rt_precision_name(prec), (double)la, (double)lb);
+    assert_true(memcmp(&la, &lb, sizeof la) == 0);
+    const size_t nf = rt_model_params(a.m)->size / sizeof(float);
+    float *ma = rt_test_floats(nf), *mb = rt_test_floats(nf);
+    assert_rt_ok(rt_optimizer_state_save(&a.opt, "momentum_buffer", ma, nf));
+    assert_rt_ok(rt_optimizer_state_save(&b.opt, "momentum_buffer", mb, nf));
+    gt_sync();
+    assert_int_equal(rt_test_count_differ(ma, mb, nf, &first), 0);
+
+    rt_graph_destroy(g);
+    free(after1), free(still), free(ma), free(mb), free(xh), free(lh);
+    gt_free(x), gt_free(labels);
+    free_side(&a), free_side(&b);
+    rt_model_ctx_destroy(ctx);
+}
+
+static void test_graphed_step_fp32(void **state) {
+    (void)state;
+    graphed_equals_plain(RT_PRECISION_FP32);
+}
+static void test_graphed_step_tf32(void **state) {
+    (void)state;
+    graphed_equals_plain(RT_PRECISION_TF32);
+}
+static void test_graphed_step_bf16(void **state) {
+    (void)state;
+    graphed_equals_plain(RT_PRECISION_BF16);
+}
+
+int main(void) {
+    GT_SKIP_WITHOUT_GPU();
+    if (gt_on_cpu()) {
+        printf("no graphs on the CPU: skipped\n");
+        return 77;
+    }
+    g_seed = gt_pick_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_graphed_step_fp32),
+        cmocka_unit_test(test_graphed_step_tf32),
+        cmocka_unit_test(test_graphed_step_bf16),
+    };
+    return cmocka_run_group_tests(tests, gt_setup, gt_teardown);
+}
