@@ -42,6 +42,19 @@ static void names(FILE *out, const rt_names *t) {
     char list[256];
     fputs(rt_names_list(t, list, sizeof list), out);
 }
+/* --cudnn: how the GPU chooses its convolution algorithms, as the model context's
+ * (deterministic, benchmark) pair (model/ctx.h), the train.* keys they stand for in the
+ * help; the default, timed, is what bench model always did */
+typedef enum cudnn_choice {
+    CUDNN_HEURISTIC,
+    CUDNN_TIMED_DET,
+    CUDNN_TIMED,
+    CUDNN_HEURISTIC_ANY,
+    CUDNN_COUNT_
+} cudnn_choice;
+static const char *const k_cudnn_names[CUDNN_COUNT_] = {"heuristic", "timed-deterministic", "timed", "heuristic-any"};
+static const rt_names k_cudnn = {"cuDNN algorithm choice", CUDNN_COUNT_, k_cudnn_names, NULL, NULL};
+
 /* oneDNN's version as `ringtrain info` shows it, for the JSON rows */
 static const char *onednn_version(void) {
     static rt_lib_version v[16];
@@ -71,6 +84,12 @@ static void usage(FILE *out) {
     fprintf(out, " (CUDA: tf32 allows tensor cores; default fp32)\n"
                  "  --steps N        timed steps per batch size (default 10)\n"
                  "  --warmup N       untimed steps first (default 2)\n"
+                 "  --cudnn MODE     GPU convolution algorithms: heuristic (cuDNN's heuristics,\n"
+                 "                   deterministic ones: ringtrain train's default) |\n"
+                 "                   timed-deterministic (the fastest deterministic one, timed:\n"
+                 "                   train.cudnn_benchmark) | timed (the fastest, timed:\n"
+                 "                   train.deterministic=false train.cudnn_benchmark=true) |\n"
+                 "                   heuristic-any (train.deterministic=false) (default timed)\n"
                  "  --json           one JSON object per batch size instead of the table\n"
                  "  --layers         also time every layer call: a table per batch size of each\n"
                  "                   layer shape and pass, ms per step, share of the step, GFLOP/s\n"
@@ -359,6 +378,7 @@ static void print_layers(const rt_layer_profile *p, int steps, double step_ms, d
 typedef struct bench_opts {
     rt_model_config cfg;
     int threads, steps, warmup, json, layers, graphs, ledger_ops;
+    int cudnn; /* cudnn_choice */
     const char *device_name;
     rt_precision precision;
     int batches[16], nbatch;
@@ -418,6 +438,8 @@ static int parse_option(const char *a, const char *v, bench_opts *o) {
         if (parse_int(a, v, 0, 100000, &o->warmup)) return 2;
     } else if (strcmp(a, "--batch") == 0) {
         return parse_batches(v, o);
+    } else if (strcmp(a, "--cudnn") == 0) {
+        if (rt_names_parse(&k_cudnn, v, &o->cudnn) != RT_OK) return bad_name(a);
     } else {
         fprintf(stderr, "ringtrain bench model: unknown option '%s'\n\n", a);
         usage(stderr);
@@ -433,6 +455,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
                       .warmup = 2,
                       .device_name = "cpu",
                       .precision = RT_PRECISION_FP32,
+                      .cudnn = CUDNN_TIMED,
                       .batches = {64, 128},
                       .nbatch = 2};
     rt_model_config_default(&o->cfg);
@@ -467,7 +490,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         /* --opt VALUE or --opt=VALUE */
         static const char *const k_valued[] = {"--arch",  "--stem",   "--channels",  "--size",
                                                "--width", "--device", "--precision", "--threads",
-                                               "--steps", "--warmup", "--batch"};
+                                               "--steps", "--warmup", "--batch",     "--cudnn"};
         const char *name = NULL;
         for (size_t k = 0; k < sizeof k_valued / sizeof k_valued[0] && !name; k++) {
             int r = rt_cli_opt(prog, argc, argv, &i, k_valued[k], &v);
@@ -504,7 +527,11 @@ static int bench_setup(const bench_opts *o, bench *b) {
     rt_device_str(b->dev, b->devstr, sizeof b->devstr);
     int lrc = rt_bench_ledger_setup(&b->ledger, b->gpu);
     if (lrc != 0) return lrc;
-    rt_model_ctx_options co = {.device = b->dev, .threads = o->threads, .precision = o->precision};
+    rt_model_ctx_options co = {.device = b->dev,
+                               .threads = o->threads,
+                               .precision = o->precision,
+                               .deterministic = o->cudnn == CUDNN_HEURISTIC || o->cudnn == CUDNN_TIMED_DET,
+                               .benchmark = o->cudnn == CUDNN_TIMED_DET || o->cudnn == CUDNN_TIMED};
     if (rt_model_ctx_create(&co, &b->ctx) != RT_OK) return rt_cli_fail();
     size_t backend_bytes = 0;
     if (b->gpu && rt_model_ctx_memory(b->ctx, &b->mem_base, &backend_bytes) != RT_OK) return rt_cli_fail();
@@ -678,6 +705,7 @@ static int bench_gpu(bench *b, batch *bt) {
                rt_model_arch_name(cfg->arch), rt_stem_name(cfg->stem), cfg->in_channels, cfg->in_h, cfg->in_w, n,
                o->threads, ips, ms, t.fwd / steps, t.bwd / steps, t.sgd / steps, gflop * ips, peak_gpu_mb);
     if (o->json) {
+        printf(", \"cudnn\": \"%s\"", k_cudnn_names[o->cudnn]);
         rt_bench_ledger_json(&b->ledger, o->ledger_ops);
         print_conv_algos(b->ctx);
     } else {
@@ -774,6 +802,7 @@ static void print_footer(const bench *b) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("peak RSS %.1f MiB\n", ru.ru_maxrss / 1024.0);
+    if (b->gpu) printf("convolution algorithms: --cudnn %s\n", k_cudnn_names[o->cudnn]);
     if (!b->gpu && b->peak.available)
         printf("%% peak: of this CPU's %s peak on %d threads, %.1f GFLOP/s (%s, ringtrain bench peak)\n",
                rt_precision_name(o->precision), o->threads, b->peak.gflops, b->peak.isa);

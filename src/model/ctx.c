@@ -49,6 +49,7 @@ rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **o
     ctx->threads = opts->threads > 0 ? opts->threads : 1;
     ctx->precision = opts->precision;
     ctx->deterministic = opts->deterministic;
+    ctx->benchmark = opts->benchmark;
     ctx->ops = ops;
     rt_status st;
     ctx->conv_preset = calloc(1, sizeof *ctx->conv_preset);

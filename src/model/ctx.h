@@ -59,7 +59,8 @@ typedef struct rt_model_ctx {
     rt_stream *stream; /* all layer work is enqueued here (CPU: ordering token) */
     int threads;       /* CPU backend: worker threads (>= 1) */
     rt_precision precision;
-    bool deterministic;         /* GPU: only deterministic algorithms, chosen without timing on reuse */
+    bool deterministic;         /* GPU: only deterministic algorithms (rt_model_ctx_options) */
+    bool benchmark;             /* GPU: choose by timing, not by cuDNN's heuristics (rt_model_ctx_options) */
     rt_conv_algos *conv_preset; /* choices to take instead of searching (rt_model_ctx_set_conv_algos) */
     rt_conv_algos *conv_chosen; /* the choices in use, one per shape (rt_model_ctx_get_conv_algos) */
     void *work;                 /* workspace on `device`, `work_bytes` long; shared by all layers */
@@ -78,6 +79,14 @@ typedef struct rt_model_ctx_options {
      * zero value) takes the fastest whatever its determinism. The CPU backend is
      * deterministic either way. */
     bool deterministic;
+    /* GPU: how a convolution shape's algorithms are chosen (PyTorch's cudnn.benchmark; the
+     * two settings are independent, as PyTorch's): true times every candidate once
+     * (cudnnFind*AlgorithmEx) and takes the fastest of those `deterministic` and the
+     * precision allow, so two fresh contexts may choose differently; false (the zero
+     * value) takes the first allowed in cuDNN's heuristic order (cudnnGet*Algorithm_v7:
+     * nothing runs, a function of the shape, the GPU model and the cuDNN version). Presets
+     * (rt_model_ctx_set_conv_algos) are taken either way, untimed. */
+    bool benchmark;
 } rt_model_ctx_options;
 
 /* Create a context: picks the backend of opts->device (RT_ERR_UNSUPPORTED for CUDA in a

@@ -105,6 +105,11 @@ rt_status rt_optimizer_init(rt_optimizer *opt, const rt_optim_config *cfg, rt_de
         RT_CHECK_GOTO(rt_malloc(device, n * sizeof(float), (void **)&opt->state[i]), st, fail);
         RT_CHECK_GOTO(rt_memset(device, opt->state[i], 0, n * sizeof(float), NULL), st, fail);
     }
+    if (rt_device_is_cuda(device)) { /* where a captured step reads its scalars */
+        RT_CHECK_GOTO(rt_malloc(device, sizeof(rt_optim_scalars), &opt->scalars_dev), st, fail);
+        RT_CHECK_GOTO(rt_host_alloc(sizeof(rt_optim_scalars), true, &opt->scalars_host, &opt->scalars_host_pinned), st,
+                      fail);
+    }
     RT_CHECK_GOTO(backend->init(opt), st, fail);
     opt->backend = backend; /* from here on rt_optimizer_free releases the backend's part */
     return RT_OK;
@@ -126,6 +131,8 @@ void rt_optimizer_free(rt_optimizer *opt) {
     if (opt->backend) opt->backend->release(opt);
     (void)wait_steps(opt); /* a step may still use the state (a captured one's stream must outlive it) */
     rt_event_destroy(opt->step_done);
+    rt_free(opt->device, opt->scalars_dev);
+    if (opt->scalars_host) rt_host_free(opt->scalars_host, opt->scalars_host_pinned);
     for (int i = 0; i < opt->n_state; i++) rt_free(opt->device, opt->state[i]);
     free(opt->ranges);
     memset(opt, 0, sizeof *opt);
@@ -148,6 +155,33 @@ void rt_optimizer_set_parallel(rt_optimizer *opt, rt_optim_parallel_fn run, void
     opt->parallel_pool = pool;
 }
 
+/* A step being captured: its scalars go to the pinned slot now, and the captured work
+ * copies them to the device before the kernel reads them there (at every replay, the
+ * slot's contents then) */
+static rt_status capture_scalars(rt_optimizer *opt, const rt_optim_scalars *s, rt_stream *stream) {
+    RT_REQUIRE(opt->scalars_dev && opt->scalars_host_pinned, RT_ERR_UNSUPPORTED,
+               "optim: a step captured in a graph needs a GPU optimizer with pinned host memory");
+    RT_REQUIRE(opt->cfg.ema_decay <= 0, RT_ERR_UNSUPPORTED,
+               "optim: the moving average (train.ema_decay) in a captured step is not supported");
+    memcpy(opt->scalars_host, s, sizeof *s);
+    RT_CHECK(rt_memcpy(opt->scalars_dev, opt->device, opt->scalars_host, rt_device_cpu(), sizeof *s, stream));
+    opt->scalars_from_dev = true;
+    return RT_OK;
+}
+
+rt_status rt_optimizer_replay_prepare(rt_optimizer *opt, double lr) {
+    RT_REQUIRE(opt != NULL && opt->graph_stream != NULL, RT_ERR_INVALID, "optim: no step was captured in a graph");
+    if (lr < 0) lr = opt->cfg.lr;
+    RT_REQUIRE(isfinite(lr), RT_ERR_INVALID, "optim: learning rate %g is not finite", lr);
+    RT_CHECK(rt_stream_sync(opt->graph_stream)); /* the previous replay has read the slot */
+    rt_optim_scalars s;
+    const int64_t step = opt->steps + 1;
+    optimizer_scalars(opt, lr, step, &s);
+    memcpy(opt->scalars_host, &s, sizeof s);
+    opt->steps = step;
+    return RT_OK;
+}
+
 rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads, double lr, rt_stream *stream) {
     RT_REQUIRE(opt != NULL && opt->n > 0 && opt->backend, RT_ERR_INVALID, "optim: optimizer not initialised");
     RT_REQUIRE(params != NULL && grads != NULL, RT_ERR_INVALID, "optim: params or grads is NULL");
@@ -157,7 +191,15 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
     int64_t step = opt->steps + 1;
     optimizer_scalars(opt, lr, step, &s);
     if (!opt->step_done) RT_CHECK(rt_event_create(opt->device, &opt->step_done));
-    RT_CHECK(opt->backend->step(opt, params, grads, &s, stream));
+    const bool captured = rt_stream_capturing(stream);
+    if (captured) RT_CHECK(capture_scalars(opt, &s, stream));
+    rt_status st = opt->backend->step(opt, params, grads, &s, stream);
+    opt->scalars_from_dev = false;
+    RT_CHECK(st);
+    if (captured) { /* counted by rt_optimizer_replay_prepare, before each replay */
+        opt->graph_stream = stream;
+        return RT_OK;
+    }
     if (opt->cfg.ema_decay > 0 && step % opt->cfg.ema_every == 0) {
         /* AveragedModel.update_parameters: n_averaged = step / every - 1 updates so far */
         float *avg = rt_optimizer_ema(opt);
@@ -166,12 +208,8 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
         if (opt->cfg.ema_warmup) d = fmin(d, (1.0 + (double)done) / (10.0 + (double)done));
         RT_CHECK(opt->backend->ema(avg, params, opt->n, (float)d, (float)(1.0 - d), done == 0, stream));
     }
-    /* the step's stream: state_save/state_load wait for it before the host touches the state
-     * (a captured step's record would not run at its replays: they wait for the stream) */
-    if (rt_stream_capturing(stream))
-        opt->graph_stream = stream;
-    else
-        RT_CHECK(rt_event_record(opt->step_done, stream));
+    /* the step's stream: state_save/state_load wait for it before the host touches the state */
+    RT_CHECK(rt_event_record(opt->step_done, stream));
     opt->steps = step;
     return RT_OK;
 }

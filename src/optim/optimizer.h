@@ -135,6 +135,10 @@ typedef struct rt_optimizer {
                                              * overwritten on the host only after it (created at the first step) */
     rt_stream *graph_stream;                /* a step was captured on this stream (core/device.h graphs):
                                              * its replays record no event, the host waits for the stream */
+    void *scalars_dev, *scalars_host;       /* GPU: a captured step's scalars, on the device and in a pinned
+                                             * host slot (rt_optimizer_replay_prepare writes it) */
+    bool scalars_host_pinned;
+    bool scalars_from_dev;                  /* the step being enqueued reads scalars_dev (backends) */
     rt_optim_parallel_fn parallel;          /* CPU steps: the threads to split the arena over (NULL: the caller's) */
     void *parallel_pool;
 } rt_optimizer;
@@ -157,6 +161,17 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
 /* The same over whole arenas: both on the optimizer's device and n floats long
  * (params->size == grads->size == n * sizeof(float)). */
 rt_status rt_optimizer_step_arena(rt_optimizer *opt, rt_arena *params, rt_arena *grads, double lr, rt_stream *stream);
+
+/* A step enqueued on a capturing stream (core/device.h graphs) is recorded, not run:
+ * its scalars (the learning rate, momentum's first step, Adam's bias corrections, which
+ * change from step to step) are read from device memory, copied there from a pinned
+ * host slot by the captured work itself, and the captured step is not counted. Before
+ * every replay of the graph, including the first, rt_optimizer_replay_prepare computes
+ * the scalars of the next step with learning rate lr (< 0: cfg.lr) as
+ * rt_optimizer_step would, writes them into the slot and counts the step; it first waits
+ * (host) until the stream has finished the previous replay, which read the slot. The
+ * moving average (cfg.ema_decay) in a captured step is refused (RT_ERR_UNSUPPORTED). */
+rt_status rt_optimizer_replay_prepare(rt_optimizer *opt, double lr);
 
 /* The moving average of the parameters (cfg.ema_decay > 0): the state buffer "ema", or
  * NULL when off. rt_optimizer_ema_swap exchanges its contents with params (n floats on

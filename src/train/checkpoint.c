@@ -610,6 +610,7 @@ static const meta_field k_fields[] = {
     {"schedule.step", false, FORM_INT, 0, NULL, NULL},
     {"device", false, FORM_NAME, 0, &k_devices, NULL},
     {"cudnn.deterministic", false, FORM_NAME, 0, &k_bools, NULL},
+    {"cudnn.benchmark", false, FORM_NAME, 0, &k_bools, NULL}, /* absent before issue 40 */
     {"cudnn.conv_algos", false, FORM_ALGOS, 0, NULL, NULL},
     {"config", false, FORM_TEXT, 0, NULL, NULL},
 };

@@ -219,6 +219,9 @@ static const key k_keys[] = {
      "skip a step whose loss or gradient is not finite instead of stopping"},
     {"train.deterministic", MAY, K_BOOL, F(train.ctx.deterministic), 0, 0, "true", 0, 0, false, NULL, NULL,
      "GPU: only deterministic cuDNN convolution algorithms, the choice kept in the checkpoint (exact resume)"},
+    {"train.cudnn_benchmark", MAY, K_BOOL, F(train.ctx.benchmark), 0, 0, "false", 0, 0, false, NULL, NULL,
+     "GPU: rank 0 times the cuDNN convolution algorithms train.deterministic allows and takes the fastest (false: "
+     "cuDNN's heuristics, untimed); kept in the checkpoint as any choice, but two fresh runs may differ"},
     {"train.label_smoothing", MATCH, K_FLOAT, F(train.label_smoothing), 0, 0, "0", 0, 1, false, NULL, NULL,
      "label smoothing of the training loss (CrossEntropyLoss(label_smoothing=); resnet only; evaluation reports plain "
      "cross-entropy)"},

@@ -117,7 +117,8 @@ typedef struct rt_config {
         int64_t seed;
         char device[RT_CONFIG_NAME_MAX]; /* auto | cpu | cuda | cuda:N */
         /* the model context's keys (train.precision, train.threads, train.deterministic:
-         * deterministic GPU convolution algorithms, kept in the checkpoint), each in its
+         * deterministic GPU convolution algorithms, kept in the checkpoint;
+         * train.cudnn_benchmark: chosen by timing), each in its
          * field; threads RT_CONFIG_AUTO where auto (the cores shared by the local ranks).
          * The trainer sets the device and resolves the threads. */
         rt_model_ctx_options ctx;

@@ -47,6 +47,7 @@ static rt_status checkpoint_meta(run *r, int64_t epoch, int64_t epoch_batches, r
         rt_conv_algos algos;
         rt_model_ctx_get_conv_algos(r->ctx, &algos);
         st = rt_ckpt_meta_set(m, "cudnn.deterministic", r->ctx->deterministic ? "true" : "false");
+        if (st == RT_OK) st = rt_ckpt_meta_set(m, "cudnn.benchmark", r->ctx->benchmark ? "true" : "false");
         if (st == RT_OK) st = rt_ckpt_meta_set_conv_algos(m, "cudnn.conv_algos", &algos);
     }
     if (st == RT_OK) st = rt_ckpt_meta_set(m, "config", yaml ? yaml : "");

@@ -82,9 +82,10 @@ static rt_status broadcast_conv_algos(run *r, rt_conv_algos *a) {
 }
 
 /* The model, running the same convolution algorithms on every rank. On a GPU rank 0
- * takes the checkpoint's choice (a deterministic resume) and searches the shapes it
- * lacks; the other ranks take rank 0's choice (broadcast) instead of searching, so the
- * checkpoint's record (rank 0's) is what every rank ran. The CPU has nothing to choose. */
+ * takes the checkpoint's choice (a deterministic resume, timed or not: nothing is timed
+ * again) and searches the shapes it lacks (by timing with train.cudnn_benchmark); the
+ * other ranks take rank 0's choice (broadcast) instead of searching, so the checkpoint's
+ * record (rank 0's) is what every rank ran. The CPU has nothing to choose. */
 static rt_status create_model(run *r, const rt_model_config *mc) {
     if (!rt_device_is_cuda(r->dev)) return rt_model_create(mc, r->ctx, &r->model);
     rt_conv_algos *a = calloc(1, sizeof *a);
@@ -102,10 +103,15 @@ static rt_status create_model(run *r, const rt_model_config *mc) {
                            "afresh; that resume is not bit-exact)");
         if (st == RT_OK) {
             rt_model_ctx_get_conv_algos(r->ctx, a);
-            if (recorded) {
+            if (recorded)
                 fprintf(r->out, "ringtrain: the convolution algorithms of %s (%d shapes)\n", r->ckpt.chosen_path, a->n);
-                fflush(r->out);
-            }
+            else if (r->ctx->benchmark)
+                fprintf(
+                    r->out,
+                    "ringtrain: timed the convolution algorithms of %d shapes (train.cudnn_benchmark): another fresh "
+                    "run may choose otherwise; the checkpoints record this choice\n",
+                    a->n);
+            fflush(r->out);
         } else {
             rt_error_save(&err);
             a->n = -1; /* tells the other ranks */

@@ -213,22 +213,24 @@ const entry kTable[] = {
      }},
 
     /* ---- src/optim/cuda/optim_cuda.cu ---- */
-    {"sgd_kernel", 6, [](const params &p, tally &t) { /* (p, g, buf, n, scalars, mask) */
+    /* the step's scalars by value (sv), or read from device memory (sd, a captured step:
+     * one struct read; the FLOPs follow the host's copy, the same values) */
+    {"sgd_kernel", 7, [](const params &p, tally &t) { /* (p, g, buf, n, sv, sd, mask) */
          const double n = p.num(3);
          const rt_optim_scalars s = p.get<rt_optim_scalars>(4);
-         t.rw(0, n), t.rd(1, n), t.rw(2, n), t.rd(5, words32(n));
+         t.rw(0, n), t.rd(1, n), t.rw(2, n), t.rd(5, 1), t.rd(6, words32(n));
          t.fl(n * (2 + (s.has_wd ? 2 : 0) + (p.null(2) ? 0 : 3)));
      }},
-    {"adam_kernel", 8, [](const params &p, tally &t) { /* (p, g, m, v, vmax, n, scalars, mask) */
+    {"adam_kernel", 9, [](const params &p, tally &t) { /* (p, g, m, v, vmax, n, sv, sd, mask) */
          const double n = p.num(5);
          const rt_optim_scalars s = p.get<rt_optim_scalars>(6);
-         t.rw(0, n), t.rd(1, n), t.rw(2, n), t.rw(3, n), t.rw(4, n), t.rd(7, words32(n));
+         t.rw(0, n), t.rd(1, n), t.rw(2, n), t.rw(3, n), t.rw(4, n), t.rd(7, 1), t.rd(8, words32(n));
          t.fl(n * (14 + (s.has_wd ? 2 : 0) + (p.null(4) ? 0 : 1)));
      }},
-    {"adadelta_kernel", 7, [](const params &p, tally &t) { /* (p, g, sq, acc, n, scalars, mask) */
+    {"adadelta_kernel", 8, [](const params &p, tally &t) { /* (p, g, sq, acc, n, sv, sd, mask) */
          const double n = p.num(4);
          const rt_optim_scalars s = p.get<rt_optim_scalars>(5);
-         t.rw(0, n), t.rd(1, n), t.rw(2, n), t.rw(3, n), t.rd(6, words32(n));
+         t.rw(0, n), t.rd(1, n), t.rw(2, n), t.rw(3, n), t.rd(6, 1), t.rd(7, words32(n));
          t.fl(n * (16 + (s.has_wd ? 2 : 0)));
      }},
     {"sumsq_partial_kernel", 3, [](const params &p, tally &t) { /* (x, n, partial[grid]) */

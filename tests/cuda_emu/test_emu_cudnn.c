@@ -418,6 +418,50 @@ static void test_nondeterministic(void **state) {
     conv_ref_free(&R);
 }
 
+/* RINGTRAIN_EMU_CUDNN_FAST (docs/cuda-emulation.md): Find measures the named algorithm
+ * fastest, on the named device only with @DEV; the heuristics (Get*_v7) measure nothing
+ * and keep their order. Backward-filter ALGO_1 is the slowest deterministic one in the
+ * timing model (no jitter here), so it is first only where the knob says. */
+static int filter_v7_first(conv_descs *D) {
+    cudnnConvolutionBwdFilterAlgoPerf_t p[MAX_PERF];
+    int n = 0;
+    assert_dnn_ok(cudnnGetConvolutionBackwardFilterAlgorithm_v7(g_dnn, D->x, D->y, D->conv, D->w,
+                                                                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, p));
+    assert_true(n > 0);
+    return p[0].algo;
+}
+static void test_fast_knob(void **state) {
+    (void)state;
+    conv_case s = {4, 8, 6, 6, 8, 3, 1, 1};
+    conv_ref R;
+    conv_ref_make(&R, s);
+    conv_descs D;
+    descs_make(&D, &R, CUDNN_FMA_MATH);
+    conv_bufs B;
+    bufs_for(FILTER, &R, &B);
+    setenv("RINGTRAIN_EMU_CUDNN_JITTER", "0", 1);
+    const int v7 = filter_v7_first(&D);
+    perf p[MAX_PERF];
+    const struct {
+        const char *knob;
+        bool first; /* ALGO_1 measured fastest */
+    } cases[] = {{"", false}, {"filter:1", true}, {"fwd:0,filter:1@0", true}, {"filter:1@1", false}, {"data:1", false}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        setenv("RINGTRAIN_EMU_CUDNN_FAST", cases[i].knob, 1);
+        find(FILTER, &D, B.x, B.w, B.y, B.ws, WS_BYTES, p);
+        printf("  RINGTRAIN_EMU_CUDNN_FAST='%s': Find's first backward-filter algorithm %d\n", cases[i].knob, p[0].algo);
+        assert_int_equal(p[0].algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, cases[i].first);
+        assert_int_equal(p[0].status, CUDNN_STATUS_SUCCESS);
+        assert_int_equal(filter_v7_first(&D), v7);
+    }
+    assert_int_not_equal(v7, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
+    unsetenv("RINGTRAIN_EMU_CUDNN_FAST");
+    unsetenv("RINGTRAIN_EMU_CUDNN_JITTER");
+    bufs_free(&B);
+    descs_free(&D);
+    conv_ref_free(&R);
+}
+
 static void test_workspace(void **state) {
     (void)state;
     conv_case s = {2, 3, 7, 7, 4, 3, 1, 1};
@@ -1296,6 +1340,7 @@ int main(void) {
         cmocka_unit_test(test_conv_bf16),      cmocka_unit_test(test_conv_bf16_atomic_filter),
         cmocka_unit_test(test_conv_nhwc),
         cmocka_unit_test(test_gemm_ex_bf16),
+        cmocka_unit_test(test_fast_knob),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -272,7 +272,12 @@ static void test_optim_kernels(void **state) {
     opt.cfg.kind = RT_OPTIM_ADADELTA; /* p, square avg, acc delta read and written, g read */
     assert_int_equal(rt_optim_backend_cuda.step(&opt, p, g, &s, g_stream), RT_OK);
     expect_op(4, "adadelta_kernel", 4 * n * F, 3 * n * F);
-    assert_int_equal(recorded(), 5);
+    opt.cfg.kind = RT_OPTIM_SGD; /* a captured step's scalars from device memory: + one struct read */
+    opt.scalars_dev = dev(sizeof(rt_optim_scalars));
+    opt.scalars_from_dev = true;
+    assert_int_equal(rt_optim_backend_cuda.step(&opt, p, g, &s, g_stream), RT_OK);
+    expect_op(5, "sgd_kernel", 2 * n * F + sizeof(rt_optim_scalars), n * F);
+    assert_int_equal(recorded(), 6);
 }
 
 static void test_clip_ema_rng_dist_kernels(void **state) {

@@ -3,10 +3,10 @@
 # offers several algorithms, one of them non-deterministic (its results really differ
 # in the last bits from call to call) and one hungry for workspace.
 #
-#   tests/emu/determinism.sh RINGTRAIN [one|ranks]
+#   tests/emu/determinism.sh RINGTRAIN [one|ranks|timed]
 #
 # Shows, on 1 emulated GPU (RINGTRAIN_EMU_GPUS=1), with `one` (the default) 1-2 and 4-6,
-# with `ranks` 3:
+# with `ranks` 3, with `timed` 7-10:
 #   1. deterministic (the default) twice: identical final checkpoints, and the checkpoint
 #      records the choice (cudnn.deterministic: true, cudnn.conv_algos);
 #   2. stopped at step 5 (train.max_steps) and resumed to the end: identical to the
@@ -17,6 +17,16 @@
 #      non-deterministic algorithm) and says it was not a deterministic choice; a
 #      deterministic resume of it searches afresh and says so;
 #   6. a GPU checkpoint resumes on the CPU (the record is ignored).
+# train.cudnn_benchmark (issue 40), with the emulated Find measuring forward
+# IMPLICIT_GEMM (0) and the non-deterministic backward-filter ALGO_0 fastest
+# (RINGTRAIN_EMU_CUDNN_FAST, no jitter), where the heuristics rank forward 1 first:
+#   7. the default (heuristic) measures nothing: no forward 0 recorded;
+#   8. timed, deterministic: forward 0 everywhere and backward filter 1, never the faster
+#      non-deterministic 0; the checkpoint says cudnn.benchmark: true;
+#   9. stopped at step 5 and resumed while Find would measure forward GEMM (2) fastest:
+#      the resume takes the record and times nothing, equal to the uninterrupted run;
+#  10. 2 ranks on 2 GPUs (NCCL), only GPU 0 measuring forward 0 fastest: rank 1 takes rank
+#      0's choice (given, not timed), so the run equals one where both GPUs measure alike.
 # No timing windows: runs stop through train.max_steps and resume with more steps. (With
 # checkpoint.every_steps at the same step: the end-of-run checkpoint of a max_steps stop
 # mid-epoch records the epoch as finished, so a resume from it skips the epoch's rest.)
@@ -83,7 +93,7 @@ if [ "$what" = ranks ]; then
   #    choice (broadcast), so rank 0's record is every rank's and the resume is exact
   RINGTRAIN_LOG_LEVEL=debug train two-a dist.nproc=2 || fail "2 ranks"
   grep -q "rank 1\] D conv2d .*: given fwd algo" "$tmp/two-a.err" || fail "rank 1 did not take rank 0's algorithms"
-  ! grep -q "rank 1\] D conv2d .*(deterministic): fwd algo" "$tmp/two-a.err" || fail "rank 1 chose its own algorithms"
+  ! grep -q "rank 1\] D conv2d .*(heuristic, deterministic): fwd algo" "$tmp/two-a.err" || fail "rank 1 chose its own algorithms"
   train two-b dist.nproc=2 || fail "2 ranks, again"
   same_run two-a two-b "two deterministic 2-rank runs"
   train two-r dist.nproc=2 train.max_steps=5 checkpoint.every_steps=5 || fail "2 ranks to step 5"
@@ -93,7 +103,53 @@ if [ "$what" = ranks ]; then
   echo "ok: 2 ranks on 1 emulated GPU: identical runs, exact resume"
   exit 0
 fi
-[ "$what" = one ] || { echo "usage: $0 RINGTRAIN [one|ranks]" >&2; exit 2; }
+# entries CKPT_DIR: the recorded choice, one convolution shape a line
+entries() { meta "$1" cudnn.conv_algos | sed 's/; /\n/g'; }
+
+if [ "$what" = timed ]; then
+  export RINGTRAIN_EMU_CUDNN_JITTER=0
+  fast=fwd:0,filter:0
+  # 7. heuristic: the measurement does not matter
+  RINGTRAIN_EMU_CUDNN_FAST=$fast train heur train.max_steps=2 checkpoint.every_steps=2 || fail "heuristic run"
+  ck=$(newest heur)
+  [ "$(meta "$ck" cudnn.benchmark)" = false ] || fail "cudnn.benchmark is '$(meta "$ck" cudnn.benchmark)', expected false"
+  ! entries "$ck" | grep -q "fwd=0/" || fail "the heuristic choice took the measured fastest: $(meta "$ck" cudnn.conv_algos)"
+  echo "ok: train.cudnn_benchmark=false measures nothing: $(meta "$ck" cudnn.conv_algos)"
+  # 8. timed among the deterministic algorithms
+  RINGTRAIN_EMU_CUDNN_FAST=$fast train tim train.cudnn_benchmark=true || fail "timed run"
+  ck=$(newest tim)
+  [ "$(meta "$ck" cudnn.benchmark)" = true ] || fail "cudnn.benchmark is '$(meta "$ck" cudnn.benchmark)', expected true"
+  [ "$(meta "$ck" cudnn.deterministic)" = true ] || fail "cudnn.deterministic is '$(meta "$ck" cudnn.deterministic)'"
+  n=$(entries "$ck" | wc -l)
+  [ "$n" -gt 0 ] && [ "$(entries "$ck" | grep -c " fwd=0/.* filter=1/")" = "$n" ] ||
+    fail "timed deterministic choice: expected forward 0 and backward filter 1 for every shape: $(meta "$ck" cudnn.conv_algos)"
+  grep -q "timed the convolution algorithms of $n shapes (train.cudnn_benchmark): another fresh run may" "$tmp/tim.out" ||
+    fail "the timed run did not say that it timed its choice"
+  ! grep -q "timed the convolution algorithms" "$tmp/heur.out" || fail "the heuristic run says it timed"
+  echo "ok: train.cudnn_benchmark=true takes the measured fastest deterministic algorithms ($n shapes)"
+  # 9. resumed under another measurement: the record, untimed, bit for bit
+  RINGTRAIN_EMU_CUDNN_FAST=$fast train tim-r train.cudnn_benchmark=true train.max_steps=5 checkpoint.every_steps=5 ||
+    fail "timed run to step 5"
+  RINGTRAIN_EMU_CUDNN_FAST=fwd:2 RINGTRAIN_LOG_LEVEL=debug train tim-r train.cudnn_benchmark=true || fail "timed resume"
+  grep -q "the convolution algorithms of .*ckpt-000000005" "$tmp/tim-r.out" || fail "the resume did not take the recorded algorithms"
+  ! grep -q "D conv2d .*(timed" "$tmp/tim-r.err" || fail "the resume timed the algorithms again"
+  same_run tim tim-r "timed, resumed at step 5"
+  [ "$(meta "$(newest tim-r)" cudnn.conv_algos)" = "$(meta "$ck" cudnn.conv_algos)" ] ||
+    fail "the resumed run recorded other algorithms than the uninterrupted one"
+  echo "ok: a timed run resumed at step 5 takes its record untimed and equals the uninterrupted one"
+  # 10. 2 ranks on 2 GPUs that measure differently
+  export RINGTRAIN_EMU_GPUS=2
+  RINGTRAIN_EMU_CUDNN_FAST=fwd:0@0,filter:0 RINGTRAIN_LOG_LEVEL=debug train two-0 dist.nproc=2 \
+    train.cudnn_benchmark=true || fail "2 ranks, GPU 0 measuring forward 0 fastest"
+  grep -q "transport nccl" "$tmp/two-0.err" || fail "the 2-GPU run did not use the nccl transport"
+  grep -q "rank 1\] D conv2d .*: given fwd algo 0" "$tmp/two-0.err" || fail "rank 1 did not take rank 0's algorithms"
+  ! grep -q "rank 1\] D conv2d .*(timed" "$tmp/two-0.err" || fail "rank 1 timed its own algorithms"
+  RINGTRAIN_EMU_CUDNN_FAST=$fast train two-all dist.nproc=2 train.cudnn_benchmark=true || fail "2 ranks, both measuring alike"
+  same_run two-0 two-all "2 ranks: GPU 1 measuring otherwise"
+  echo "ok: 2 ranks on 2 GPUs run rank 0's timed choice"
+  exit 0
+fi
+[ "$what" = one ] || { echo "usage: $0 RINGTRAIN [one|ranks|timed]" >&2; exit 2; }
 
 # 1. deterministic twice
 train det-a || fail "deterministic run"

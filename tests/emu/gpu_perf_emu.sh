@@ -46,6 +46,9 @@ for t, run in d["runs"].items():
     if run["tier"] == 1:
         g = run.get("ringtrain_graphed", {})
         assert g.get("images_per_s") and g.get("graphs") is True, f"{t}: no graphed ringtrain run: {g}"
+    if run["tier"] == 1 and run["batch"] == 4:
+        for k in ("ringtrain_heuristic", "ringtrain_timed_deterministic"):
+            assert run.get(k, {}).get("images_per_s"), f"{t}: tier 2's {k} run is missing"
     if run["tier"] == 1 and run["precision"] == "bf16":
         assert run.get("ringtrain_nchw", {}).get("images_per_s"), f"{t}: tier 2's NCHW bf16 run is missing"
 if d.get("torch_skipped"):

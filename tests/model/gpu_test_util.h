@@ -63,7 +63,10 @@ static inline uint64_t gt_pick_seed(void) {
 
 static inline rt_model_ctx *gt_ctx(rt_device d, rt_precision prec) {
     rt_model_ctx *ctx = NULL;
-    rt_model_ctx_options o = {.device = d, .threads = 4, .precision = prec};
+    /* the timed search (cudnnFind*), what these tests were written against: the workspace
+     * bound, refusals and fallbacks go through it (train's default, the heuristics, is
+     * covered end to end by emu_determinism_* and cli_bench_model_cudnn_gpu) */
+    rt_model_ctx_options o = {.device = d, .threads = 4, .precision = prec, .benchmark = true};
     assert_rt_ok(rt_model_ctx_create(&o, &ctx));
     return ctx;
 }

@@ -2,11 +2,13 @@
  * rt_graph_launch; issue 40) equals the same step run uncaptured, bit for bit.
  *
  * Two copies of a ResNet18 (same weights, one context with deterministic algorithms, so
- * both run the same convolution algorithms) and an SGD-momentum optimizer each: A runs 4
- * plain steps (forward, loss, backward, update); B runs 1 plain step, captures the next,
- * and replays it 3 times (the captured work runs at the first replay, not at the
- * capture). Parameters, BN running statistics, momentum and the last loss must be
- * identical, in fp32, tf32 and bf16. The capture must leave nothing run twice or
+ * both run the same convolution algorithms) and an optimizer each: A runs 4 plain steps
+ * (forward, loss, backward, update); B runs 1 plain step, captures the next, and replays
+ * it 3 times (the captured work runs at the first replay, not at the capture), calling
+ * rt_optimizer_replay_prepare before each replay. Parameters, BN running statistics, the
+ * optimizer's state and the last loss must be identical: SGD with momentum in fp32, tf32
+ * and bf16, and Adam with a learning rate that changes at every step (the scalars a
+ * replay must not take from its capture: lr and the bias corrections of the step count). The capture must leave nothing run twice or
  * skipped: after the capture and before the first replay, B's parameters are still those
  * of step 1. On the emulated GPUs (make test) the capture follows CUDA's rules
  * (runtime.cpp, "stream capture"): a host synchronisation, an allocation or a query
@@ -30,12 +32,13 @@ typedef struct side {
     rt_optimizer opt;
 } side;
 
-static void make_side(side *s, rt_model_ctx *ctx, const rt_model_config *cfg, uint64_t seed) {
+static void make_side(side *s, rt_model_ctx *ctx, const rt_model_config *cfg, uint64_t seed, rt_optim_kind kind) {
     assert_rt_ok(rt_model_create(cfg, ctx, &s->m));
     assert_rt_ok(rt_model_init_weights(s->m, seed));
     rt_optim_config oc;
-    rt_optim_config_default(&oc, RT_OPTIM_SGD);
-    oc.lr = 0.01, oc.momentum = 0.9, oc.weight_decay = 5e-4;
+    rt_optim_config_default(&oc, kind);
+    oc.lr = 0.01, oc.weight_decay = 5e-4;
+    if (kind == RT_OPTIM_SGD) oc.momentum = 0.9;
     const size_t nf = rt_model_params(s->m)->size / sizeof(float);
     assert_rt_ok(rt_optimizer_init(&s->opt, &oc, ctx->device, nf));
 }
@@ -45,12 +48,15 @@ static void free_side(side *s) {
     rt_model_destroy(s->m);
 }
 
-static rt_status step(side *s, const float *x, const int64_t *labels, int n) {
+/* step i's learning rate (1-based): constant, or changing at every step */
+static double lr_at(int i, bool schedule) { return schedule ? 0.01 / (1.0 + 0.5 * i) : 0.01; }
+
+static rt_status step(side *s, const float *x, const int64_t *labels, int n, double lr) {
     rt_model_ctx *ctx = rt_model_context(s->m);
     RT_CHECK(rt_model_forward(s->m, x, n, true));
     RT_CHECK(rt_model_loss(s->m, labels));
     RT_CHECK(rt_model_backward(s->m, NULL, NULL));
-    return rt_optimizer_step_arena(&s->opt, rt_model_params(s->m), rt_model_grads(s->m), -1.0, ctx->stream);
+    return rt_optimizer_step_arena(&s->opt, rt_model_params(s->m), rt_model_grads(s->m), lr, ctx->stream);
 }
 
 /* an arena (device) into a fresh host buffer */
@@ -72,7 +78,7 @@ static void expect_same(const char *what, rt_model *ma, const rt_arena *a, rt_mo
     free(ha), free(hb);
 }
 
-static void graphed_equals_plain(rt_precision prec) {
+static void graphed_equals_plain(rt_precision prec, rt_optim_kind kind, bool schedule) {
     rt_model_ctx *ctx = NULL;
     rt_model_ctx_options o = {.device = gt_gpu_device(), .threads = 2, .precision = prec, .deterministic = true};
     assert_rt_ok(rt_model_ctx_create(&o, &ctx));
@@ -82,28 +88,32 @@ static void graphed_equals_plain(rt_precision prec) {
     cfg.in_channels = 3, cfg.in_h = cfg.in_w = 8, cfg.max_batch = 4;
     const int n = 4;
     side a, b;
-    make_side(&a, ctx, &cfg, g_seed);
-    make_side(&b, ctx, &cfg, g_seed);
+    make_side(&a, ctx, &cfg, g_seed, kind);
+    make_side(&b, ctx, &cfg, g_seed, kind);
     float *xh = gt_uniform((size_t)n * 3 * 8 * 8, -1, 1);
     int64_t *lh = gt_labels(n, 10);
     float *x = gt_dev_copy(xh, (size_t)n * 3 * 8 * 8);
     int64_t *labels = gt_dev(n * sizeof *labels);
     gt_upload(labels, lh, n * sizeof *labels);
 
-    for (int i = 0; i < 4; i++) assert_rt_ok(step(&a, x, labels, n));
-    assert_rt_ok(step(&b, x, labels, n));
+    for (int i = 1; i <= 4; i++) assert_rt_ok(step(&a, x, labels, n, lr_at(i, schedule)));
+    assert_rt_ok(step(&b, x, labels, n, lr_at(1, schedule)));
     float *after1 = host_copy(b.m, rt_model_params(b.m));
     rt_graph *g = NULL;
     assert_rt_ok(rt_stream_capture_begin(ctx->stream));
-    rt_status cap = step(&b, x, labels, n);
+    rt_status cap = step(&b, x, labels, n, 0.5); /* a learning rate no replay may use */
     rt_status end = rt_stream_capture_end(ctx->stream, &g);
     assert_rt_ok(cap);
     assert_rt_ok(end);
     float *still = host_copy(b.m, rt_model_params(b.m)); /* captured, not run */
     size_t first = 0;
     assert_int_equal(rt_test_count_differ(after1, still, rt_model_params(b.m)->size / sizeof(float), &first), 0);
-    for (int i = 0; i < 3; i++) assert_rt_ok(rt_graph_launch(g, ctx->stream));
+    for (int i = 2; i <= 4; i++) {
+        assert_rt_ok(rt_optimizer_replay_prepare(&b.opt, lr_at(i, schedule)));
+        assert_rt_ok(rt_graph_launch(g, ctx->stream));
+    }
     assert_rt_ok(rt_model_ctx_sync(ctx));
+    assert_int_equal(rt_optimizer_get_steps(&b.opt), 4);
 
     expect_same("parameters", a.m, rt_model_params(a.m), b.m, rt_model_params(b.m));
     expect_same("BN running statistics", a.m, rt_model_buffers(a.m), b.m, rt_model_buffers(b.m));
@@ -114,8 +124,9 @@ static void graphed_equals_plain(rt_precision prec) {
     assert_true(memcmp(&la, &lb, sizeof la) == 0);
     const size_t nf = rt_model_params(a.m)->size / sizeof(float);
     float *ma = rt_test_floats(nf), *mb = rt_test_floats(nf);
-    assert_rt_ok(rt_optimizer_state_save(&a.opt, "momentum_buffer", ma, nf));
-    assert_rt_ok(rt_optimizer_state_save(&b.opt, "momentum_buffer", mb, nf));
+    const char *state_name = kind == RT_OPTIM_SGD ? "momentum_buffer" : "exp_avg_sq";
+    assert_rt_ok(rt_optimizer_state_save(&a.opt, state_name, ma, nf));
+    assert_rt_ok(rt_optimizer_state_save(&b.opt, state_name, mb, nf));
     gt_sync();
     assert_int_equal(rt_test_count_differ(ma, mb, nf, &first), 0);
 
@@ -128,15 +139,20 @@ static void graphed_equals_plain(rt_precision prec) {
 
 static void test_graphed_step_fp32(void **state) {
     (void)state;
-    graphed_equals_plain(RT_PRECISION_FP32);
+    graphed_equals_plain(RT_PRECISION_FP32, RT_OPTIM_SGD, false);
 }
 static void test_graphed_step_tf32(void **state) {
     (void)state;
-    graphed_equals_plain(RT_PRECISION_TF32);
+    graphed_equals_plain(RT_PRECISION_TF32, RT_OPTIM_SGD, false);
 }
 static void test_graphed_step_bf16(void **state) {
     (void)state;
-    graphed_equals_plain(RT_PRECISION_BF16);
+    graphed_equals_plain(RT_PRECISION_BF16, RT_OPTIM_SGD, false);
+}
+/* Adam: the learning rate of a schedule and the bias corrections of the step count */
+static void test_graphed_adam_schedule(void **state) {
+    (void)state;
+    graphed_equals_plain(RT_PRECISION_FP32, RT_OPTIM_ADAM, true);
 }
 
 int main(void) {
@@ -150,6 +166,7 @@ int main(void) {
         cmocka_unit_test(test_graphed_step_fp32),
         cmocka_unit_test(test_graphed_step_tf32),
         cmocka_unit_test(test_graphed_step_bf16),
+        cmocka_unit_test(test_graphed_adam_schedule),
     };
     return cmocka_run_group_tests(tests, gt_setup, gt_teardown);
 }

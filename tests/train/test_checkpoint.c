@@ -310,6 +310,7 @@ static void test_bad_metadata(void **state) {
         {"schedule.step", "-1", "metadata 'schedule.step' is -1, expected >= 0", NULL, false},
         {"device", "gpu", "metadata 'device' is \"gpu\", expected cpu | cuda", NULL, false},
         {"cudnn.deterministic", "yes", "metadata 'cudnn.deterministic' is \"yes\", expected false | true", NULL, false},
+        {"cudnn.benchmark", "1", "metadata 'cudnn.benchmark' is \"1\", expected false | true", NULL, false},
         {"cudnn.conv_algos", "64x", "metadata 'cudnn.conv_algos': entry 1 is \"64x\"", NULL, false},
         {RT_CKPT_META_CRC, "1234567", "metadata 'crc32.metadata' is \"1234567\", expected 8 lowercase hex", NULL,
          false},

@@ -563,7 +563,6 @@ static void test_docs_checkpoints(void **state) {
     }
 }
 
-/* Every shipped config loads (a renamed key would break them silently otherwise). */
 /* train.deterministic: on by default (exact resume on a GPU, docs/config.md says why),
  * YAML booleans and overrides, a non-boolean refused with the key and the line, and the
  * value survives the resolved config's round trip (checkpoints carry it). */
@@ -600,6 +599,41 @@ static void test_deterministic(void **state) {
     free(t);
 }
 
+/* train.cudnn_benchmark: off by default (the heuristic choice, so two fresh runs agree),
+ * a YAML boolean into the model context's options, a non-boolean refused naming the key,
+ * written and read back, and a resume may change it (the recorded choice is taken
+ * whatever it says: docs/train.md). */
+static void test_cudnn_benchmark(void **state) {
+    (void)state;
+    rt_config c;
+    rt_config_default(&c);
+    assert_false(c.train.ctx.benchmark);
+    assert_true(c.train.ctx.deterministic);
+    assert_rt_ok(parse(&c, "train:\n  cudnn_benchmark: true\n"));
+    assert_true(c.train.ctx.benchmark);
+    assert_true(c.train.ctx.deterministic); /* independent of train.deterministic */
+    assert_rt_ok(rt_config_override(&c, "train.cudnn_benchmark=off"));
+    assert_false(c.train.ctx.benchmark);
+    expect_error(parse(&c, "train:\n  epochs: 1\n  cudnn_benchmark: fastest\n"), "cfg.yaml:3:", "train.cudnn_benchmark",
+                 "not a boolean");
+    expect_error(rt_config_override(&c, "train.cudnn_benchmark=2"), "train.cudnn_benchmark", "not a boolean", NULL);
+    assert_int_equal(rt_config_key_resume("train.cudnn_benchmark"), RT_KEY_MAY_CHANGE);
+    rt_config a, b;
+    assert_rt_ok(parse(&a, "train:\n  cudnn_benchmark: true\n  deterministic: false\n"));
+    char *t = NULL;
+    size_t n = 0;
+    FILE *m = open_memstream(&t, &n);
+    assert_non_null(m);
+    assert_rt_ok(rt_config_write(&a, m));
+    fclose(m);
+    assert_non_null(strstr(t, "cudnn_benchmark: true"));
+    assert_rt_ok(parse(&b, t));
+    assert_true(b.train.ctx.benchmark);
+    assert_false(b.train.ctx.deterministic);
+    free(t);
+}
+
+/* Every shipped config loads (a renamed key would break them silently otherwise). */
 static void test_shipped_configs(void **state) {
     (void)state;
     const char *src = getenv("RINGTRAIN_SOURCE_DIR");
@@ -703,6 +737,7 @@ int main(void) {
         cmocka_unit_test(test_docs_optim),
         cmocka_unit_test(test_shipped_configs),
         cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_cudnn_benchmark),
         cmocka_unit_test(test_string_list),
         cmocka_unit_test(test_env_defaults),
         cmocka_unit_test(test_key_resume),

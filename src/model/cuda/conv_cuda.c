@@ -3,10 +3,12 @@
  *
  * Prepare (once per layer, setup time) creates the filter and convolution descriptors
  * and the x/y tensor descriptors for the largest batch, and chooses the three
- * algorithms (deterministic mode: below; otherwise by measurement): cudnnFind*AlgorithmEx runs every candidate on scratch
- * buffers of the real shapes with a workspace bounded by RT_CUDA_CONV_WS_CAP and the
- * fastest that succeeds is kept (its workspace is reported to the model, which
- * reserves the largest over all layers as ctx->work). Identical shapes are measured
+ * algorithms, by cuDNN's heuristics or, with ctx->benchmark (train.cudnn_benchmark), by
+ * measurement: cudnnFind*AlgorithmEx runs every candidate on scratch buffers of the real
+ * shapes with a workspace bounded by RT_CUDA_CONV_WS_CAP and they come back ranked by
+ * time. Either way the first allowed one is kept (ctx->deterministic and the precision
+ * say which are: perf_usable, below); its workspace is reported to the model, which
+ * reserves the largest over all layers as ctx->work. Identical shapes are chosen for
  * once per context (ResNet34 repeats most of its convolutions).
  *
  * Precision: fp32 sets CUDNN_FMA_MATH on the convolution descriptors (no tensor cores,
@@ -44,12 +46,14 @@
  * bf16 also passes over every algorithm cuDNN reports non-deterministic (perf_usable):
  * their atomics add partial sums in bf16.
  *
- * Determinism (ctx->deterministic, train.deterministic): nothing is timed. The candidates
- * come in cuDNN's heuristic order (cudnnGet*Algorithm_v7, a function of the shape, the
- * GPU model and the cuDNN version), only results cuDNN reports CUDNN_DETERMINISTIC are
- * considered, in all three directions, and the fallbacks are the deterministic ALGO_1 of
- * the backward passes instead of ALGO_0 (which adds with atomics). So fresh runs agree
- * too; and a resume does not even ask again:
+ * Determinism (ctx->deterministic, train.deterministic): only results cuDNN reports
+ * CUDNN_DETERMINISTIC are considered, in all three directions, and the fallbacks are the
+ * deterministic ALGO_1 of the backward passes instead of ALGO_0 (which adds with
+ * atomics). Without ctx->benchmark (the default) nothing is timed: the candidates come in
+ * cuDNN's heuristic order (cudnnGet*Algorithm_v7, a function of the shape, the GPU model
+ * and the cuDNN version), so fresh runs agree too. With it the deterministic candidates
+ * are timed and the fastest kept: a fresh run may choose otherwise (the timing decides),
+ * the other ranks and a resume never do, because neither chooses:
  * ctx->conv_preset (rt_model_ctx_set_conv_algos: the checkpoint's record, or rank 0's
  * choice on the other ranks) is taken as it is for the shapes it names, after checking
  * that cuDNN accepts it here and that it fits RT_CUDA_CONV_WS_CAP (an error naming the
@@ -304,7 +308,7 @@ typedef struct perf_lists {
     int nf, nd, nw;
 } perf_lists;
 
-/* Deterministic mode: cuDNN's heuristic ranking (cudnnGet*Algorithm_v7: nothing runs,
+/* Without ctx->benchmark: cuDNN's heuristic ranking (cudnnGet*Algorithm_v7: nothing runs,
  * nothing is timed), a function of the shape, the GPU model and the cuDNN version only,
  * so a fresh run, a rerun and every rank of one GPU model rank alike (PyTorch with
  * cudnn.benchmark off). */
@@ -325,7 +329,8 @@ static rt_status ask(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, perf_l
     return RT_OK;
 }
 
-/* Otherwise: every candidate run and timed on scratch buffers (cudnnFind*AlgorithmEx). */
+/* With ctx->benchmark: every candidate run and timed on scratch buffers
+ * (cudnnFind*AlgorithmEx; PyTorch's cudnn.benchmark). */
 static rt_status measure(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, perf_lists *pl) {
     rt_cuda_state *s = cuda_state(ctx);
     const size_t es = p->dtype == CUDNN_DATA_BFLOAT16 ? sizeof(uint16_t) : sizeof(float);
@@ -385,10 +390,10 @@ static rt_status measure(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, pe
 
 static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, rt_cuda_conv_algos *out) {
     perf_lists pl = {.nf = 0};
-    if (ctx->deterministic)
-        RT_CHECK(ask(ctx, l, p, &pl));
-    else
+    if (ctx->benchmark)
         RT_CHECK(measure(ctx, l, p, &pl));
+    else
+        RT_CHECK(ask(ctx, l, p, &pl));
     const cudnnConvolutionFwdAlgoPerf_t *fr = pl.fr;
     const cudnnConvolutionBwdDataAlgoPerf_t *dr = pl.dr;
     const cudnnConvolutionBwdFilterAlgoPerf_t *wr = pl.wr;
@@ -424,10 +429,10 @@ static rt_status find_algos(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p,
             out->bwd_filter_ws = wr[i].memory;
             break;
         }
-    RT_LOG_DEBUG("conv2d %d->%d %dx%d k%d s%d n%d%s: fwd algo %d (math %d, %zu B), bwd-data %d (math %d, %zu B), "
+    RT_LOG_DEBUG("conv2d %d->%d %dx%d k%d s%d n%d (%s%s): fwd algo %d (math %d, %zu B), bwd-data %d (math %d, %zu B), "
                  "bwd-filter %d (math %d, %zu B)",
-                 l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, p->max_n,
-                 ctx->deterministic ? " (deterministic)" : "", (int)out->fwd, (int)out->fwd_math, out->fwd_ws,
+                 l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, p->max_n, ctx->benchmark ? "timed" : "heuristic",
+                 ctx->deterministic ? ", deterministic" : "", (int)out->fwd, (int)out->fwd_math, out->fwd_ws,
                  (int)out->bwd_data, (int)out->bwd_data_math, out->bwd_data_ws, (int)out->bwd_filter,
                  (int)out->bwd_filter_math, out->bwd_filter_ws);
     return RT_OK;

@@ -33,7 +33,8 @@ static __device__ __forceinline__ bool optim_decays(const rt_optim_scalars &s, c
 }
 
 static __global__ void sgd_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ buf, size_t n,
-                                  const rt_optim_scalars s, const uint32_t *__restrict__ mask) {
+                                  const rt_optim_scalars sv, const rt_optim_scalars *__restrict__ sd, const uint32_t *__restrict__ mask) {
+    const rt_optim_scalars s = sd ? *sd : sv; /* a captured step reads its scalars from memory */
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float pi = p[i];
@@ -49,8 +50,9 @@ static __global__ void sgd_kernel(float *__restrict__ p, const float *__restrict
 }
 
 static __global__ void adam_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
-                                   float *__restrict__ v, float *__restrict__ vmax, size_t n, const rt_optim_scalars s,
+                                   float *__restrict__ v, float *__restrict__ vmax, size_t n, const rt_optim_scalars sv, const rt_optim_scalars *__restrict__ sd,
                                    const uint32_t *__restrict__ mask) {
+    const rt_optim_scalars s = sd ? *sd : sv; /* a captured step reads its scalars from memory */
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float pi = p[i];
@@ -77,8 +79,9 @@ static __global__ void adam_kernel(float *__restrict__ p, const float *__restric
 }
 
 static __global__ void adadelta_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ sq,
-                                       float *__restrict__ acc, size_t n, const rt_optim_scalars s,
+                                       float *__restrict__ acc, size_t n, const rt_optim_scalars sv, const rt_optim_scalars *__restrict__ sd,
                                        const uint32_t *__restrict__ mask) {
+    const rt_optim_scalars s = sd ? *sd : sv; /* a captured step reads its scalars from memory */
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float pi = p[i];
@@ -93,6 +96,11 @@ static __global__ void adadelta_kernel(float *__restrict__ p, const float *__res
     }
 }
 
+/* the step's scalars in device memory (a captured step: optimizer.c), or NULL: by value */
+static const rt_optim_scalars *sdev(const rt_optimizer *opt) {
+    return opt->scalars_from_dev ? (const rt_optim_scalars *)opt->scalars_dev : NULL;
+}
+
 /* The launches: the state buffers in the row's order, one launch over the whole arena. */
 static rt_status sgd_cuda(const rt_optimizer *opt, float *params, const float *grads, const rt_optim_scalars *s,
                           const uint32_t *mask, rt_stream *stream) {
@@ -100,7 +108,7 @@ static rt_status sgd_cuda(const rt_optimizer *opt, float *params, const float *g
     if (n == 0) return RT_OK;
     float *buf = s->sgd.momentum ? opt->state[0] : NULL;
     sgd_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(params, grads, buf, n,
-                                                                                               *s, mask);
+                                                                                               *s, sdev(opt), mask);
     RT_CHECK_LAUNCH();
     return RT_OK;
 }
@@ -111,7 +119,7 @@ static rt_status adam_cuda(const rt_optimizer *opt, float *params, const float *
     if (n == 0) return RT_OK;
     float *vmax = s->adam.amsgrad ? opt->state[2] : NULL;
     adam_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(
-        params, grads, opt->state[0], opt->state[1], vmax, n, *s, mask);
+        params, grads, opt->state[0], opt->state[1], vmax, n, *s, sdev(opt), mask);
     RT_CHECK_LAUNCH();
     return RT_OK;
 }
@@ -121,7 +129,7 @@ static rt_status adadelta_cuda(const rt_optimizer *opt, float *params, const flo
     size_t n = opt->n;
     if (n == 0) return RT_OK;
     adadelta_kernel<<<optim_grid(n), RT_OPTIM_THREADS, 0, (cudaStream_t)rt_stream_native(stream)>>>(
-        params, grads, opt->state[0], opt->state[1], n, *s, mask);
+        params, grads, opt->state[0], opt->state[1], n, *s, sdev(opt), mask);
     RT_CHECK_LAUNCH();
     return RT_OK;
 }
