@@ -127,6 +127,12 @@ LAYER_KEYS = ("kind", "shape", "pass", "instances", "calls_per_step", "dram_byte
               "modelled_ms_per_step")
 
 
+# not kept: the emulation's times (meaningless: count-only, CPU loops), the algorithms (the
+# emulation's own choices), what is kept another way
+DROP = ("layers", "conv_algos", "layers_timing", "ledger_ops", "images_per_s", "step_ms", "forward_ms", "backward_ms",
+        "optim_ms", "last_loss", "peak_rss_mb", "gflops", "timing", "layers_step_ms", "layers_ms_per_step")
+
+
 def compact_ops(groups):
     """ledger_ops as lists in gpu_cost_fit.OP_FIELDS order"""
     return [[g[f] if f != "captured" else int(g[f]) for f in gpu_cost_fit.OP_FIELDS] for g in groups]
@@ -135,7 +141,7 @@ def compact_ops(groups):
 def compact_row(r, layers_batch):
     """the row without its algorithms and timing prose, its operations compact; its layer
     rows (ledger fields and operations: the per-layer fit's) only at layers_batch"""
-    keep = {k: v for k, v in r.items() if k not in ("layers", "conv_algos", "layers_timing", "ledger_ops")}
+    keep = {k: v for k, v in r.items() if k not in DROP}
     keep["ledger_ops"] = compact_ops(r["ledger_ops"])
     if r["batch"] == layers_batch and r.get("layers"):
         keep["layers"] = [dict({k: l.get(k) for k in LAYER_KEYS}, ledger_ops=compact_ops(l["ledger_ops"]))
