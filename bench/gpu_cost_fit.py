@@ -282,6 +282,13 @@ def rms(rows):
     return round(math.sqrt(sum(r["error_percent"] ** 2 for r in rows) / len(rows)), 1) if rows else None
 
 
+def weighted(rows):
+    """sum |modelled - measured| / sum measured: the error where the time is (small rows,
+    whose relative errors dominate an rms, weigh what they cost)"""
+    m = sum(r["measured_ms"] for r in rows)
+    return round(100 * sum(abs(r["modelled_ms"] - r["measured_ms"]) for r in rows) / m, 1) if rows and m else None
+
+
 def newest(pattern):
     """the newest committed bench/results file matching pattern (dates sort by name)"""
     d = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results")
@@ -370,6 +377,9 @@ def main():
     eta, beta, h = params
     fit_rows = [p for p in points if not p["held_out"]]
     held_rows = [p for p in points if p["held_out"]]
+    step_names = {s[0] for s in steps}
+    held_steps = [p for p in held_rows if p["point"] in step_names]
+    held_layers = [p for p in held_rows if p["point"] not in step_names]
     out = {
         "what": "the modelled GPU step time's calibration (docs/gpu.md, Modelled step time), written by "
                 "bench/gpu_cost_fit.py",
@@ -388,6 +398,9 @@ def main():
                    "layers_measured": a.layers_measured},
         "fit_rms_error_percent": rms(fit_rows),
         "held_out_rms_error_percent": rms(held_rows),
+        "held_out_steps_rms_error_percent": rms(held_steps),
+        "held_out_layers_rms_error_percent": rms(held_layers),
+        "held_out_layers_time_weighted_error_percent": weighted(held_layers),
         "points": points,
     }
     with open(a.out, "w") as f:
@@ -399,8 +412,10 @@ def main():
         loo = p.get("leave_one_out_error_percent")
         print("%-44s %8.3f ms %8.3f ms %6.1f%% %7s  %s" % (p["point"][:44], p["measured_ms"], p["modelled_ms"],
               p["error_percent"], "" if loo is None else "%.1f%%" % loo, "yes" if p["held_out"] else ""))
-    print("rms error: fitted %s%%, held out %s%%; wrote %s" % (out["fit_rms_error_percent"],
-          out["held_out_rms_error_percent"], a.out))
+    print("rms error: fitted %s%%, held out %s%% (steps %s%%, layers %s%%; layers weighted by their time %s%%); "
+          "wrote %s" % (out["fit_rms_error_percent"], out["held_out_rms_error_percent"],
+                        out["held_out_steps_rms_error_percent"], out["held_out_layers_rms_error_percent"],
+                        out["held_out_layers_time_weighted_error_percent"], a.out))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ for t, run in d["runs"].items():
         assert run.get("ringtrain_nchw", {}).get("images_per_s"), f"{t}: tier 2's NCHW bf16 run is missing"
 if d.get("torch_skipped"):
     assert all(r["torch_graphed_images_per_s"] is None for r in rows), "a PyTorch figure without PyTorch"
+assert d["calibration"] == {"skipped": "emulated GPUs (--emu): no measured times"}, d["calibration"]
 assert d["check"]["passed"] is None and d["cut_by_budget"] == [] or all("compile" in c for c in d["cut_by_budget"])
 print(f"gpu-perf --emu: {len(rows)} summary rows, per-layer tables in tier 1, JSON as documented")
 PY
