@@ -253,12 +253,6 @@ static rt_status gpu_run(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, cons
     return st;
 }
 
-/* --graphs: warmup uncaptured steps, one step captured in a CUDA graph (device.h:
- * forward, loss, backward and the update; the learning rate is the bench's constant,
- * baked into the graph), then `steps` replays between two events and one
- * synchronisation. Only the whole step is timed: events recorded inside a capture do not
- * run at replay. The captured step counts as the first timed one (its work runs at the
- * first replay, not at capture). */
 /* one training step captured in a CUDA graph (*g, for the caller to destroy) */
 static rt_status capture_step(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, const float *x, const int64_t *labels,
                               int n, rt_graph **g) {
@@ -271,6 +265,15 @@ static rt_status capture_step(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt,
     return cap != RT_OK ? cap : st;
 }
 
+/* --graphs: warmup uncaptured steps (at least one), one step captured in a CUDA graph
+ * (device.h: forward, loss, backward and the update), then `steps` replays between two
+ * events and one synchronisation. The replays take the optimizer's scalars of the
+ * capture (no rt_optimizer_replay_prepare, whose host synchronisation per replay would
+ * be timed): the bench's learning rate is constant, and the plain step before the capture
+ * makes the captured one a later momentum step, as the replays are; the optimizer does not
+ * count them. Only the whole step is timed: events recorded inside a capture do not run
+ * at replay. The captured step counts as the first timed one (its work runs at the first
+ * replay, not at capture). */
 static rt_status gpu_run_graphs(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, const float *x,
                                 const int64_t *labels, int n, int warmup, int steps, step_times *t, float *loss) {
     memset(t, 0, sizeof *t);
@@ -278,7 +281,7 @@ static rt_status gpu_run_graphs(rt_model *m, rt_model_ctx *ctx, rt_optimizer *op
     rt_graph *g = NULL;
     rt_status st = rt_event_create(ctx->device, &start);
     if (st == RT_OK) st = rt_event_create(ctx->device, &end);
-    for (int it = 0; it < warmup && st == RT_OK; it++)
+    for (int it = 0; it < (warmup > 0 ? warmup : 1) && st == RT_OK; it++)
         if ((st = rt_model_forward(m, x, n, true)) == RT_OK && (st = rt_model_loss(m, labels)) == RT_OK &&
             (st = rt_model_backward(m, NULL, NULL)) == RT_OK)
             st = sgd_step(opt, m, ctx->stream);

@@ -436,6 +436,9 @@ rt_status rt_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const floa
     size_t count = (size_t)n * (size_t)l->features;
     if (!training || l->p == 0.0f) return x == y ? RT_OK : rt_flatten_forward(ctx, count, x, y);
     RT_REQUIRE(l->mask, RT_ERR_INVALID, "dropout training forward without a mask buffer");
+    /* the mask's counter is a host value passed at the call: a graph would replay one mask */
+    RT_REQUIRE(!rt_stream_capturing(ctx->stream), RT_ERR_UNSUPPORTED,
+               "dropout in a step captured in a CUDA graph is not supported (its mask would repeat at every replay)");
     OPS(ctx, dropout_forward);
     prof_call pc = prof_begin(ctx);
     rt_status st = prof_end(ctx, pc, ctx->ops->dropout_forward(ctx, l, n, x, y), l, "dropout", RT_PROF_FORWARD,

@@ -128,8 +128,8 @@ static rt_status wait_steps(const rt_optimizer *opt) {
 
 void rt_optimizer_free(rt_optimizer *opt) {
     if (!opt) return;
-    if (opt->backend) opt->backend->release(opt);
     (void)wait_steps(opt); /* a step may still use the state (a captured one's stream must outlive it) */
+    if (opt->backend) opt->backend->release(opt);
     rt_event_destroy(opt->step_done);
     rt_free(opt->device, opt->scalars_dev);
     if (opt->scalars_host) rt_host_free(opt->scalars_host, opt->scalars_host_pinned);

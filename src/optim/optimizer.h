@@ -170,7 +170,9 @@ rt_status rt_optimizer_step_arena(rt_optimizer *opt, rt_arena *params, rt_arena 
  * the scalars of the next step with learning rate lr (< 0: cfg.lr) as
  * rt_optimizer_step would, writes them into the slot and counts the step; it first waits
  * (host) until the stream has finished the previous replay, which read the slot. The
- * moving average (cfg.ema_decay) in a captured step is refused (RT_ERR_UNSUPPORTED). */
+ * graph must be launched on the stream the step was captured on, and that stream must
+ * outlive the optimizer (its waits synchronise it). The moving average (cfg.ema_decay)
+ * in a captured step is refused (RT_ERR_UNSUPPORTED). */
 rt_status rt_optimizer_replay_prepare(rt_optimizer *opt, double lr);
 
 /* The moving average of the parameters (cfg.ema_decay > 0): the state buffer "ema", or

@@ -958,6 +958,15 @@ ncclResult_t launch_unit(Unit *u) {
             delete u;
             return ncclUnhandledCudaError;
         }
+    for (const Op &o : u->ops) { /* a captured unit would replay its ticket: not emulated */
+        enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (o.stream && cudaStreamIsCapturing(o.stream, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone) {
+            note_error(true, "%s: NCCL calls inside a stream capture are not emulated", kind_name(o.kind));
+            (void)cudaSetDevice(saved);
+            delete u;
+            return ncclInvalidUsage;
+        }
+    }
     cudaError_t e = cudaSuccess;
     for (cudaStream_t s : others) { /* s0 after the others' earlier work */
         cudaEvent_t ev;

@@ -717,8 +717,7 @@ cudaError_t capture_wait(CUstream_st *st, CUevent_st *e) {
         st->cap = ec;
         ec->streams.push_back(st);
     }
-    ec->ops[st]++;
-    if (e->cap_stream != st) {
+    if (e->cap_stream != st) { /* a wait adds no work to st: only a dependency */
         size_t &j = ec->joined[e->cap_stream];
         if (e->cap_pos > j) j = e->cap_pos;
     }

@@ -291,6 +291,39 @@ static void test_fork_join(void **state) {
     assert_cuda(cudaFree(d));
 }
 
+/* a wait is no work: a forked stream whose last action is a wait on the origin's event
+ * (after its work was joined) ends joined, as CUDA has it */
+static void test_wait_is_no_work(void **state) {
+    (void)state;
+    static inc_arg a2;
+    int *d = zeroed_int();
+    a2 = (inc_arg){d, 5};
+    cudaStream_t s1 = new_stream(cudaStreamNonBlocking), s2 = new_stream(cudaStreamNonBlocking);
+    cudaEvent_t e1, e2, e3;
+    assert_cuda(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming));
+    assert_cuda(cudaEventCreateWithFlags(&e2, cudaEventDisableTiming));
+    assert_cuda(cudaEventCreateWithFlags(&e3, cudaEventDisableTiming));
+    assert_cuda(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+    assert_cuda(cudaEventRecord(e1, s1));
+    assert_cuda(cudaStreamWaitEvent(s2, e1, 0));
+    enqueue_inc(s2, &a2);
+    assert_cuda(cudaEventRecord(e2, s2));
+    assert_cuda(cudaStreamWaitEvent(s1, e2, 0)); /* s2's work joined */
+    assert_cuda(cudaEventRecord(e3, s1));
+    assert_cuda(cudaStreamWaitEvent(s2, e3, 0)); /* s2's last action: a wait */
+    cudaGraphExec_t x = end_and_instantiate(s1);
+    assert_cuda(cudaGraphLaunch(x, s1));
+    assert_cuda(cudaStreamSynchronize(s1));
+    assert_int_equal(read_int(d), 5);
+    assert_cuda(cudaGraphExecDestroy(x));
+    assert_cuda(cudaEventDestroy(e1));
+    assert_cuda(cudaEventDestroy(e2));
+    assert_cuda(cudaEventDestroy(e3));
+    assert_cuda(cudaStreamDestroy(s1));
+    assert_cuda(cudaStreamDestroy(s2));
+    assert_cuda(cudaFree(d));
+}
+
 /* waiting inside a capture on an event recorded outside it; querying an event in global mode */
 static void test_isolation_and_event_query(void **state) {
     (void)state;
@@ -374,6 +407,7 @@ int main(void) {
         cmocka_unit_test(test_legacy_stream_implicit),
         cmocka_unit_test(test_pageable_copy_in_capture),
         cmocka_unit_test(test_fork_join),
+        cmocka_unit_test(test_wait_is_no_work),
         cmocka_unit_test(test_isolation_and_event_query),
         cmocka_unit_test(test_exec_update),
         cmocka_unit_test(test_begin_end_rules),

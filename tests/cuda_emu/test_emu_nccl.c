@@ -527,6 +527,35 @@ static void test_runs_on_stream(void **state) {
     expect_all_pass(2, rank_on_stream);
 }
 
+/* an NCCL call on a capturing stream is refused (the emulation orders a communicator's
+ * work by tickets taken at the call, which a replay would reuse: it would hang), and the
+ * communicator goes on working after it */
+static int rank_capture_refused(int rank, int n) {
+    ncclComm_t comm;
+    cudaStream_t s, cap;
+    if (start(rank, n, rank, &comm, &s)) return 1;
+    CUDA_OK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+    int32_t *d, h[4] = {rank + 1, rank + 1, rank + 1, rank + 1}, g[4];
+    CUDA_OK(cudaMalloc((void **)&d, sizeof h));
+    CUDA_OK(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
+    NCCL_IS(ncclAllReduce(d, d, 4, ncclInt32, ncclSum, comm, cap), ncclInvalidUsage);
+    cudaGraph_t graph = NULL;
+    CUDA_OK(cudaStreamEndCapture(cap, &graph));
+    CUDA_OK(cudaGraphDestroy(graph));
+    NCCL_OK(ncclAllReduce(d, d, 4, ncclInt32, ncclSum, comm, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    CUDA_OK(cudaMemcpy(g, d, sizeof g, cudaMemcpyDeviceToHost));
+    CHECK(g[0] == n * (n + 1) / 2 && g[3] == g[0], "all-reduce after the refused one: %d", g[0]);
+    NCCL_OK(ncclCommDestroy(comm));
+    return 0;
+}
+
+static void test_capture_refused(void **state) {
+    (void)state;
+    expect_all_pass(2, rank_capture_refused);
+}
+
 /* ---- non-blocking communicators ------------------------------------------------------ */
 
 static int poll_done(ncclComm_t comm, ncclResult_t *out) {
@@ -743,7 +772,7 @@ int main(void) {
         cmocka_unit_test(test_collectives_2),  cmocka_unit_test(test_collectives_3), cmocka_unit_test(test_send_recv_2),
         cmocka_unit_test(test_send_recv_3),    cmocka_unit_test(test_runs_on_stream), cmocka_unit_test(test_nonblocking),
         cmocka_unit_test(test_killed_peer),    cmocka_unit_test(test_abort_unblocks), cmocka_unit_test(test_same_device),
-        cmocka_unit_test(test_fail_injection),
+        cmocka_unit_test(test_fail_injection), cmocka_unit_test(test_capture_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

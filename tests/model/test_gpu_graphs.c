@@ -155,6 +155,42 @@ static void test_graphed_adam_schedule(void **state) {
     graphed_equals_plain(RT_PRECISION_FP32, RT_OPTIM_ADAM, true);
 }
 
+/* dropout's mask counter is a host value passed at the call: a captured dropout would
+ * replay one mask, so it is refused, and the capture ends without a graph */
+static void test_dropout_refused(void **state) {
+    (void)state;
+    rt_model_ctx *ctx = NULL;
+    rt_model_ctx_options o = {.device = gt_gpu_device(), .threads = 2, .deterministic = true};
+    assert_rt_ok(rt_model_ctx_create(&o, &ctx));
+    rt_model_config cfg;
+    rt_model_config_default(&cfg);
+    cfg.arch = RT_ARCH_NET, cfg.max_batch = 4; /* the tutorial Net: Dropout2d and Dropout */
+    side s;
+    make_side(&s, ctx, &cfg, g_seed, RT_OPTIM_SGD);
+    const size_t in = (size_t)4 * cfg.in_channels * cfg.in_h * cfg.in_w;
+    float *xh = gt_uniform(in, -1, 1);
+    int64_t *lh = gt_labels(4, 10);
+    float *x = gt_dev_copy(xh, in);
+    int64_t *labels = gt_dev(4 * sizeof *labels);
+    gt_upload(labels, lh, 4 * sizeof *labels);
+    assert_rt_ok(step(&s, x, labels, 4, -1));
+    rt_graph *g = NULL;
+    assert_rt_ok(rt_stream_capture_begin(ctx->stream));
+    rt_status cap = step(&s, x, labels, 4, -1);
+    rt_status end = rt_stream_capture_end(ctx->stream, &g);
+    printf("  capture of the Net's step: %s\n", rt_error_message());
+    assert_int_equal(cap, RT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(rt_error_message(), "dropout"));
+    (void)end;
+    rt_graph_destroy(g);
+    assert_false(rt_stream_capturing(ctx->stream));
+    assert_rt_ok(rt_model_ctx_sync(ctx));
+    free(xh), free(lh);
+    gt_free(x), gt_free(labels);
+    free_side(&s);
+    rt_model_ctx_destroy(ctx);
+}
+
 int main(void) {
     GT_SKIP_WITHOUT_GPU();
     if (gt_on_cpu()) {
@@ -167,6 +203,7 @@ int main(void) {
         cmocka_unit_test(test_graphed_step_tf32),
         cmocka_unit_test(test_graphed_step_bf16),
         cmocka_unit_test(test_graphed_adam_schedule),
+        cmocka_unit_test(test_dropout_refused),
     };
     return cmocka_run_group_tests(tests, gt_setup, gt_teardown);
 }
