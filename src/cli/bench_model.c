@@ -470,26 +470,18 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
             usage(stdout);
             return 1;
         }
-        if ((f = rt_cli_flag(prog, a, "--json")) != 0) {
-            if (f < 0) return 2;
-            o->json = 1;
-            continue;
+        /* the flags: set to 1 */
+        const struct {
+            const char *name;
+            int *set;
+        } flags[] = {{"--json", &o->json}, {"--layers", &o->layers}, {"--ledger-ops", &o->ledger_ops},
+                     {"--graphs", &o->graphs}};
+        bool flag = false;
+        for (size_t k = 0; k < sizeof flags / sizeof flags[0] && !flag; k++) {
+            if ((f = rt_cli_flag(prog, a, flags[k].name)) < 0) return 2;
+            if (f > 0) *flags[k].set = flag = true;
         }
-        if ((f = rt_cli_flag(prog, a, "--layers")) != 0) {
-            if (f < 0) return 2;
-            o->layers = 1;
-            continue;
-        }
-        if ((f = rt_cli_flag(prog, a, "--ledger-ops")) != 0) {
-            if (f < 0) return 2;
-            o->ledger_ops = 1;
-            continue;
-        }
-        if ((f = rt_cli_flag(prog, a, "--graphs")) != 0) {
-            if (f < 0) return 2;
-            o->graphs = 1;
-            continue;
-        }
+        if (flag) continue;
         /* --opt VALUE or --opt=VALUE */
         static const char *const k_valued[] = {"--arch",  "--stem",   "--channels",  "--size",
                                                "--width", "--device", "--precision", "--threads",
