@@ -334,6 +334,12 @@ rt_status rt_event_record(rt_event *e, rt_stream *s) {
     return e->be->event_record(e, s);
 }
 
+rt_status rt_event_record_node(rt_event *e, rt_stream *s) {
+    if (!rt_stream_capturing(s) || !e || !e->be->event_record_node) return rt_event_record(e, s);
+    e->recorded = true;
+    return e->be->event_record_node(e, s);
+}
+
 rt_status rt_event_sync(rt_event *e) { return e ? e->be->event_sync(e) : RT_OK; }
 
 rt_status rt_event_query(rt_event *e, bool *done) {

@@ -130,6 +130,12 @@ rt_status rt_stream_capture_begin(rt_stream *s);
 rt_status rt_stream_capture_end(rt_stream *s, rt_graph **out);
 rt_status rt_graph_launch(rt_graph *g, rt_stream *s);
 void rt_graph_destroy(rt_graph *g);
+/* An event record a graph keeps: on a capturing stream, a node of the graph (CUDA's
+ * cudaEventRecordExternal), so every launch records the event when its work reaches that
+ * point: the way to time the stages of a captured step (after the launch, the event is
+ * complete once the graph's work before it is, and rt_event_elapsed_ms reads it). Not for
+ * ordering streams inside the capture (rt_event_record's). Elsewhere rt_event_record. */
+rt_status rt_event_record_node(rt_event *e, rt_stream *s);
 /* Whether s is capturing now (false on the CPU): an event recorded on a capturing stream
  * is not recorded when the graph runs, so code that records one to wait for later must
  * wait for the stream instead. */

@@ -161,25 +161,50 @@ void rt_optimizer_set_parallel(rt_optimizer *opt, rt_optim_parallel_fn run, void
 static rt_status capture_scalars(rt_optimizer *opt, const rt_optim_scalars *s, rt_stream *stream) {
     RT_REQUIRE(opt->scalars_dev && opt->scalars_host_pinned, RT_ERR_UNSUPPORTED,
                "optim: a step captured in a graph needs a GPU optimizer with pinned host memory");
-    RT_REQUIRE(opt->cfg.ema_decay <= 0, RT_ERR_UNSUPPORTED,
-               "optim: the moving average (train.ema_decay) in a captured step is not supported");
     memcpy(opt->scalars_host, s, sizeof *s);
     RT_CHECK(rt_memcpy(opt->scalars_dev, opt->device, opt->scalars_host, rt_device_cpu(), sizeof *s, stream));
     opt->scalars_from_dev = true;
     return RT_OK;
 }
 
-rt_status rt_optimizer_replay_prepare(rt_optimizer *opt, double lr) {
+rt_status rt_optimizer_replay_prepare(rt_optimizer *opt, double lr) { return rt_optimizer_replay_prepare_after(opt, lr, NULL); }
+
+rt_status rt_optimizer_replay_prepare_after(rt_optimizer *opt, double lr, rt_event *after) {
     RT_REQUIRE(opt != NULL && opt->graph_stream != NULL, RT_ERR_INVALID, "optim: no step was captured in a graph");
+    RT_REQUIRE(!(opt->replay_open && opt->cfg.ema_decay > 0), RT_ERR_INVALID,
+               "optim: the replay before was not finished (rt_optimizer_replay_finish): its moving-average update "
+               "is missing");
     if (lr < 0) lr = opt->cfg.lr;
     RT_REQUIRE(isfinite(lr), RT_ERR_INVALID, "optim: learning rate %g is not finite", lr);
-    RT_CHECK(rt_stream_sync(opt->graph_stream)); /* the previous replay has read the slot */
+    bool done = false; /* the previous replay has read the slot */
+    if (after) RT_CHECK(rt_event_query(after, &done));
+    if (!done) RT_CHECK(after ? rt_event_sync(after) : rt_stream_sync(opt->graph_stream));
     rt_optim_scalars s;
     const int64_t step = opt->steps + 1;
     optimizer_scalars(opt, lr, step, &s);
     memcpy(opt->scalars_host, &s, sizeof s);
     opt->steps = step;
+    opt->replay_open = true;
     return RT_OK;
+}
+
+/* the moving average of step `step` if it is due (AveragedModel.update_parameters:
+ * n_averaged = step / every - 1 updates so far), enqueued on stream */
+static rt_status ema_update(rt_optimizer *opt, float *params, int64_t step, rt_stream *stream) {
+    if (!(opt->cfg.ema_decay > 0 && step % opt->cfg.ema_every == 0)) return RT_OK;
+    float *avg = rt_optimizer_ema(opt);
+    int64_t done = step / opt->cfg.ema_every - 1;
+    double d = opt->cfg.ema_decay;
+    if (opt->cfg.ema_warmup) d = fmin(d, (1.0 + (double)done) / (10.0 + (double)done));
+    return opt->backend->ema(avg, params, opt->n, (float)d, (float)(1.0 - d), done == 0, stream);
+}
+
+rt_status rt_optimizer_replay_finish(rt_optimizer *opt, float *params, rt_stream *stream) {
+    RT_REQUIRE(opt != NULL && opt->replay_open, RT_ERR_INVALID, "optim: no replay prepared to finish");
+    RT_REQUIRE(!rt_stream_capturing(stream), RT_ERR_INVALID, "optim: a replay is finished outside the capture");
+    opt->replay_open = false;
+    RT_CHECK(ema_update(opt, params, opt->steps, stream));
+    return rt_event_record(opt->step_done, stream); /* state_save waits for it */
 }
 
 rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads, double lr, rt_stream *stream) {
@@ -200,14 +225,7 @@ rt_status rt_optimizer_step(rt_optimizer *opt, float *params, const float *grads
         opt->graph_stream = stream;
         return RT_OK;
     }
-    if (opt->cfg.ema_decay > 0 && step % opt->cfg.ema_every == 0) {
-        /* AveragedModel.update_parameters: n_averaged = step / every - 1 updates so far */
-        float *avg = rt_optimizer_ema(opt);
-        int64_t done = step / opt->cfg.ema_every - 1;
-        double d = opt->cfg.ema_decay;
-        if (opt->cfg.ema_warmup) d = fmin(d, (1.0 + (double)done) / (10.0 + (double)done));
-        RT_CHECK(opt->backend->ema(avg, params, opt->n, (float)d, (float)(1.0 - d), done == 0, stream));
-    }
+    RT_CHECK(ema_update(opt, params, step, stream));
     /* the step's stream: state_save/state_load wait for it before the host touches the state */
     RT_CHECK(rt_event_record(opt->step_done, stream));
     opt->steps = step;

@@ -139,6 +139,7 @@ typedef struct rt_optimizer {
                                              * host slot (rt_optimizer_replay_prepare writes it) */
     bool scalars_host_pinned;
     bool scalars_from_dev;                  /* the step being enqueued reads scalars_dev (backends) */
+    bool replay_open;                       /* prepared, not finished (rt_optimizer_replay_finish) */
     rt_optim_parallel_fn parallel;          /* CPU steps: the threads to split the arena over (NULL: the caller's) */
     void *parallel_pool;
 } rt_optimizer;
@@ -172,8 +173,17 @@ rt_status rt_optimizer_step_arena(rt_optimizer *opt, rt_arena *params, rt_arena 
  * (host) until the stream has finished the previous replay, which read the slot. The
  * graph must be launched on the stream the step was captured on, and that stream must
  * outlive the optimizer (its waits synchronise it). The moving average (cfg.ema_decay)
- * in a captured step is refused (RT_ERR_UNSUPPORTED). */
+ * is not captured (its decay changes with the step): with one, every replay is followed
+ * by rt_optimizer_replay_finish (a prepare before it is RT_ERR_INVALID). */
 rt_status rt_optimizer_replay_prepare(rt_optimizer *opt, double lr);
+/* The same where `after` is an event recorded on the graph's stream after the previous
+ * replay (the caller's step event, say): when it is complete (the host waited for it
+ * already) nothing is synchronised; otherwise the host waits for it. */
+rt_status rt_optimizer_replay_prepare_after(rt_optimizer *opt, double lr, rt_event *after);
+/* After launching the graph (not captured): the moving average's update of this step,
+ * if one is due, and the step's event (state_save waits for it), on `stream`; params as
+ * rt_optimizer_step's. RT_ERR_INVALID without a prepared replay. */
+rt_status rt_optimizer_replay_finish(rt_optimizer *opt, float *params, rt_stream *stream);
 
 /* The moving average of the parameters (cfg.ema_decay > 0): the state buffer "ema", or
  * NULL when off. rt_optimizer_ema_swap exchanges its contents with params (n floats on

@@ -1285,20 +1285,40 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
     return cudaSuccess;
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-    RT_READY();
-    RT_INJECTED("cudaEventRecord");
+/* cudaEventRecordWithFlags(cudaEventRecordExternal) on a capturing stream: an event
+ * record node, not a position in the sequence. Each launch of the graph records the event
+ * anew (cudaGraphLaunch gives it the launch's stream position and a new generation), and
+ * the node stamps the event's time when it runs, so the event times the captured work
+ * between two such nodes. G.m held. */
+cudaError_t capture_record_node(CUstream_st *st, CUevent_st *e) {
+    return enqueue_or_capture(st, new_op("cudaEventRecord", record_run, new record_op{e, 0}, record_free), nullptr);
+}
+
+cudaError_t event_record(cudaEvent_t e, cudaStream_t s, bool external) {
     std::lock_guard<std::mutex> lk(G.m);
     CUstream_st *st = resolve(s);
     if (!st || !G.events.count(e) || st->device != e->device) return fail(cudaErrorInvalidResourceHandle);
     cudaError_t err = legacy_implicit(st);
-    if (err == cudaSuccess && st->cap) err = capture_record(st, e);
+    if (err == cudaSuccess && st->cap) err = external ? capture_record_node(st, e) : capture_record(st, e);
     if (err != cudaSuccess || st->cap) return err == cudaSuccess ? cudaSuccess : fail(err);
     e->generation++;
     e->seq = enqueue_locked(st, new_op("cudaEventRecord", record_run, new record_op{e, e->generation}, record_free));
     e->stream = st;
     e->cap_id = 0;
     return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    RT_READY();
+    RT_INJECTED("cudaEventRecord");
+    return event_record(e, s, false);
+}
+
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int flags) {
+    RT_READY();
+    RT_INJECTED("cudaEventRecord");
+    if (flags & ~(unsigned)cudaEventRecordExternal) return fail(cudaErrorInvalidValue);
+    return event_record(e, s, (flags & cudaEventRecordExternal) != 0);
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
@@ -1437,10 +1457,20 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
         return fail(cudaErrorStreamCaptureUnsupported);
     }
     auto *nodes = new std::shared_ptr<node_list>(exec->nodes);
-    cudaError_t e = enqueue_or_capture(st, new_op("cudaGraphLaunch", graph_run, nodes, graph_free), nullptr);
+    unsigned long long seq = 0;
+    cudaError_t e = enqueue_or_capture(st, new_op("cudaGraphLaunch", graph_run, nodes, graph_free), &seq);
     if (e != cudaSuccess) {
         graph_free(nodes);
         return fail(e);
+    }
+    for (graph_node &n : exec->nodes->nodes) { /* event record nodes: recorded by this launch */
+        if (n.fn != record_run) continue;
+        record_op *r = static_cast<record_op *>(n.arg);
+        if (r->ev->destroyed) continue;
+        r->generation = ++r->ev->generation;
+        r->ev->stream = st;
+        r->ev->seq = seq; /* complete with the launch: never earlier than the node ran */
+        r->ev->cap_id = 0;
     }
     __atomic_add_fetch(&G.graph_launches, 1, __ATOMIC_RELAXED);
     rt_emu_ledger_graph_launch(s, exec->nodes->costs.data(), exec->nodes->costs.size()); /* G.m, then the ledger's */

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
@@ -396,6 +397,68 @@ static void test_begin_end_rules(void **state) {
     assert_cuda(cudaStreamDestroy(t));
 }
 
+/* ---- event record nodes (cudaEventRecordExternal) --------------------------------- */
+
+static volatile int gate_open;
+static void gate_run(void *p) {
+    (void)p;
+    while (!__atomic_load_n(&gate_open, __ATOMIC_ACQUIRE)) usleep(100);
+}
+
+static float elapsed(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0;
+    assert_cuda(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+}
+
+/* An external record in a capture is a node: each launch records the event anew (not
+ * complete before that launch ran, later than an event recorded before it), so events
+ * time the captured work; a plain record stays a position, never recorded by a launch. */
+static void test_event_record_nodes(void **state) {
+    (void)state;
+    static inc_arg a1;
+    int *d = zeroed_int();
+    a1 = (inc_arg){d, 1};
+    cudaStream_t s = new_stream(cudaStreamNonBlocking);
+    cudaEvent_t ea, eb, ec, ref;
+    assert_cuda(cudaEventCreate(&ea));
+    assert_cuda(cudaEventCreate(&eb));
+    assert_cuda(cudaEventCreate(&ec));
+    assert_cuda(cudaEventCreate(&ref));
+    assert_int_equal(cudaEventRecordWithFlags(ea, s, 0x10), cudaErrorInvalidValue);
+    (void)cudaGetLastError();
+    assert_cuda(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    assert_cuda(cudaEventRecordWithFlags(ea, s, cudaEventRecordExternal));
+    enqueue_inc(s, &a1);
+    assert_cuda(cudaEventRecordWithFlags(eb, s, cudaEventRecordExternal));
+    assert_cuda(cudaEventRecord(ec, s));
+    cudaGraphExec_t x = end_and_instantiate(s);
+    gate_open = 0;
+    assert_cuda(rt_emu_stream_enqueue(s, "gate", gate_run, NULL, NULL));
+    assert_cuda(cudaGraphLaunch(x, s));
+    assert_int_equal(cudaEventQuery(eb), cudaErrorNotReady); /* recorded by the launch, which waits */
+    (void)cudaGetLastError();
+    __atomic_store_n(&gate_open, 1, __ATOMIC_RELEASE);
+    assert_cuda(cudaEventSynchronize(eb));
+    assert_int_equal(read_int(d), 1);
+    assert_true(elapsed(ea, eb) >= 0);
+    assert_cuda(cudaEventRecord(ref, s));
+    assert_cuda(cudaEventSynchronize(ref));
+    assert_true(elapsed(ref, ea) < 0); /* the first launch's record */
+    assert_cuda(cudaGraphLaunch(x, s));
+    assert_cuda(cudaStreamSynchronize(s));
+    assert_int_equal(read_int(d), 2);
+    assert_true(elapsed(ref, ea) >= 0); /* the second launch recorded it again */
+    assert_true(elapsed(ea, eb) >= 0);
+    assert_int_equal(cudaEventQuery(ec), cudaErrorCapturedEvent); /* a position, not a node */
+    (void)cudaGetLastError();
+    assert_cuda(cudaGraphExecDestroy(x));
+    cudaEvent_t evs[] = {ea, eb, ec, ref};
+    for (int i = 0; i < 4; i++) assert_cuda(cudaEventDestroy(evs[i]));
+    assert_cuda(cudaStreamDestroy(s));
+    assert_cuda(cudaFree(d));
+}
+
 int main(void) {
     setenv("RINGTRAIN_EMU_DELAY_US", "200", 0); /* random delays before every stream operation */
     const struct CMUnitTest tests[] = {
@@ -411,6 +474,7 @@ int main(void) {
         cmocka_unit_test(test_isolation_and_event_query),
         cmocka_unit_test(test_exec_update),
         cmocka_unit_test(test_begin_end_rules),
+        cmocka_unit_test(test_event_record_nodes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

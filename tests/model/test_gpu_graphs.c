@@ -32,13 +32,15 @@ typedef struct side {
     rt_optimizer opt;
 } side;
 
-static void make_side(side *s, rt_model_ctx *ctx, const rt_model_config *cfg, uint64_t seed, rt_optim_kind kind) {
+static void make_side(side *s, rt_model_ctx *ctx, const rt_model_config *cfg, uint64_t seed, rt_optim_kind kind,
+                      bool ema) {
     assert_rt_ok(rt_model_create(cfg, ctx, &s->m));
     assert_rt_ok(rt_model_init_weights(s->m, seed));
     rt_optim_config oc;
     rt_optim_config_default(&oc, kind);
     oc.lr = 0.01, oc.weight_decay = 5e-4;
     if (kind == RT_OPTIM_SGD) oc.momentum = 0.9;
+    if (ema) oc.ema_decay = 0.9, oc.ema_every = 2; /* updated after steps 2 and 4: one of each kind of step */
     const size_t nf = rt_model_params(s->m)->size / sizeof(float);
     assert_rt_ok(rt_optimizer_init(&s->opt, &oc, ctx->device, nf));
 }
@@ -78,7 +80,7 @@ static void expect_same(const char *what, rt_model *ma, const rt_arena *a, rt_mo
     free(ha), free(hb);
 }
 
-static void graphed_equals_plain(rt_precision prec, rt_optim_kind kind, bool schedule) {
+static void graphed_equals_plain(rt_precision prec, rt_optim_kind kind, bool schedule, bool ema) {
     rt_model_ctx *ctx = NULL;
     rt_model_ctx_options o = {.device = gt_gpu_device(), .threads = 2, .precision = prec, .deterministic = true};
     assert_rt_ok(rt_model_ctx_create(&o, &ctx));
@@ -88,8 +90,8 @@ static void graphed_equals_plain(rt_precision prec, rt_optim_kind kind, bool sch
     cfg.in_channels = 3, cfg.in_h = cfg.in_w = 8, cfg.max_batch = 4;
     const int n = 4;
     side a, b;
-    make_side(&a, ctx, &cfg, g_seed, kind);
-    make_side(&b, ctx, &cfg, g_seed, kind);
+    make_side(&a, ctx, &cfg, g_seed, kind, ema);
+    make_side(&b, ctx, &cfg, g_seed, kind, ema);
     float *xh = gt_uniform((size_t)n * 3 * 8 * 8, -1, 1);
     int64_t *lh = gt_labels(n, 10);
     float *x = gt_dev_copy(xh, (size_t)n * 3 * 8 * 8);
@@ -108,10 +110,18 @@ static void graphed_equals_plain(rt_precision prec, rt_optim_kind kind, bool sch
     float *still = host_copy(b.m, rt_model_params(b.m)); /* captured, not run */
     size_t first = 0;
     assert_int_equal(rt_test_count_differ(after1, still, rt_model_params(b.m)->size / sizeof(float), &first), 0);
+    rt_event *done = NULL; /* after each replay: rt_optimizer_replay_prepare_after's event */
+    assert_rt_ok(rt_event_create(ctx->device, &done));
     for (int i = 2; i <= 4; i++) {
-        assert_rt_ok(rt_optimizer_replay_prepare(&b.opt, lr_at(i, schedule)));
+        assert_rt_ok(i == 2 ? rt_optimizer_replay_prepare(&b.opt, lr_at(i, schedule))
+                            : rt_optimizer_replay_prepare_after(&b.opt, lr_at(i, schedule), done));
+        if (ema && i == 2) /* prepared twice, not finished between: a moving-average update would be missing */
+            assert_int_equal(rt_optimizer_replay_prepare(&b.opt, lr_at(i, schedule)), RT_ERR_INVALID);
         assert_rt_ok(rt_graph_launch(g, ctx->stream));
+        if (ema) assert_rt_ok(rt_optimizer_replay_finish(&b.opt, rt_model_params(b.m)->base, ctx->stream));
+        assert_rt_ok(rt_event_record(done, ctx->stream));
     }
+    rt_event_destroy(done);
     assert_rt_ok(rt_model_ctx_sync(ctx));
     assert_int_equal(rt_optimizer_get_steps(&b.opt), 4);
 
@@ -129,6 +139,13 @@ static void graphed_equals_plain(rt_precision prec, rt_optim_kind kind, bool sch
     assert_rt_ok(rt_optimizer_state_save(&b.opt, state_name, mb, nf));
     gt_sync();
     assert_int_equal(rt_test_count_differ(ma, mb, nf, &first), 0);
+    if (ema) {
+        assert_rt_ok(rt_optimizer_state_save(&a.opt, "ema", ma, nf));
+        assert_rt_ok(rt_optimizer_state_save(&b.opt, "ema", mb, nf));
+        gt_sync();
+        printf("  moving average: %zu of %zu floats differ\n", rt_test_count_differ(ma, mb, nf, &first), nf);
+        assert_int_equal(rt_test_count_differ(ma, mb, nf, &first), 0);
+    }
 
     rt_graph_destroy(g);
     free(after1), free(still), free(ma), free(mb), free(xh), free(lh);
@@ -139,24 +156,31 @@ static void graphed_equals_plain(rt_precision prec, rt_optim_kind kind, bool sch
 
 static void test_graphed_step_fp32(void **state) {
     (void)state;
-    graphed_equals_plain(RT_PRECISION_FP32, RT_OPTIM_SGD, false);
+    graphed_equals_plain(RT_PRECISION_FP32, RT_OPTIM_SGD, false, false);
 }
 static void test_graphed_step_tf32(void **state) {
     (void)state;
-    graphed_equals_plain(RT_PRECISION_TF32, RT_OPTIM_SGD, false);
+    graphed_equals_plain(RT_PRECISION_TF32, RT_OPTIM_SGD, false, false);
 }
 static void test_graphed_step_bf16(void **state) {
     (void)state;
-    graphed_equals_plain(RT_PRECISION_BF16, RT_OPTIM_SGD, false);
+    graphed_equals_plain(RT_PRECISION_BF16, RT_OPTIM_SGD, false, false);
 }
 /* Adam: the learning rate of a schedule and the bias corrections of the step count */
 static void test_graphed_adam_schedule(void **state) {
     (void)state;
-    graphed_equals_plain(RT_PRECISION_FP32, RT_OPTIM_ADAM, true);
+    graphed_equals_plain(RT_PRECISION_FP32, RT_OPTIM_ADAM, true, false);
 }
 
 /* dropout's mask counter is a host value passed at the call: a captured dropout would
  * replay one mask, so it is refused, and the capture ends without a graph */
+/* the moving average after captured steps: not captured (its decay changes with the
+ * step), updated by rt_optimizer_replay_finish after each replay */
+static void test_graphed_ema(void **state) {
+    (void)state;
+    graphed_equals_plain(RT_PRECISION_FP32, RT_OPTIM_SGD, true, true);
+}
+
 static void test_dropout_refused(void **state) {
     (void)state;
     rt_model_ctx *ctx = NULL;
@@ -166,7 +190,7 @@ static void test_dropout_refused(void **state) {
     rt_model_config_default(&cfg);
     cfg.arch = RT_ARCH_NET, cfg.max_batch = 4; /* the tutorial Net: Dropout2d and Dropout */
     side s;
-    make_side(&s, ctx, &cfg, g_seed, RT_OPTIM_SGD);
+    make_side(&s, ctx, &cfg, g_seed, RT_OPTIM_SGD, false);
     const size_t in = (size_t)4 * cfg.in_channels * cfg.in_h * cfg.in_w;
     float *xh = gt_uniform(in, -1, 1);
     int64_t *lh = gt_labels(4, 10);
@@ -203,6 +227,7 @@ int main(void) {
         cmocka_unit_test(test_graphed_step_tf32),
         cmocka_unit_test(test_graphed_step_bf16),
         cmocka_unit_test(test_graphed_adam_schedule),
+        cmocka_unit_test(test_graphed_ema),
         cmocka_unit_test(test_dropout_refused),
     };
     return cmocka_run_group_tests(tests, gt_setup, gt_teardown);

@@ -185,6 +185,12 @@ static rt_status cuda_event_record(rt_event *e, rt_stream *s) {
     return RT_OK;
 }
 
+/* cudaEventRecordExternal: on a capturing stream a record node, recorded by every launch */
+static rt_status cuda_event_record_node(rt_event *e, rt_stream *s) {
+    RT_CHECK_CUDA(cudaEventRecordWithFlags((cudaEvent_t)e->native, (cudaStream_t)s->native, cudaEventRecordExternal));
+    return RT_OK;
+}
+
 static rt_status cuda_event_sync(rt_event *e) {
     RT_CHECK_CUDA(cudaEventSynchronize((cudaEvent_t)e->native));
     return RT_OK;
@@ -286,6 +292,7 @@ const rt_device_backend rt_device_backend_cuda = {
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,
+    .event_record_node = cuda_event_record_node,
     .event_sync = cuda_event_sync,
     .event_query = cuda_event_query,
     .stream_wait_event = cuda_stream_wait_event,

@@ -67,6 +67,9 @@ struct rt_device_backend {
     rt_status (*event_create)(rt_event *e);
     void (*event_destroy)(rt_event *e);
     rt_status (*event_record)(rt_event *e, rt_stream *s); /* s may be NULL or of another kind */
+    /* on a capturing stream: a record node of the graph (device.h rt_event_record_node); may be
+     * NULL (no graphs: event_record) */
+    rt_status (*event_record_node)(rt_event *e, rt_stream *s);
     rt_status (*event_sync)(rt_event *e);
     /* *done: the work before the event's last record has completed; never blocks. May be
      * NULL: an event of this kind is complete once recorded (the CPU) */

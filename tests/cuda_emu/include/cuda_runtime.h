@@ -160,6 +160,8 @@ typedef enum cudaMemcpyKind {
 #define cudaEventInterprocess 0x04
 #define cudaEventWaitDefault 0x00
 #define cudaEventWaitExternal 0x01
+#define cudaEventRecordDefault 0x00
+#define cudaEventRecordExternal 0x01
 
 typedef struct CUuuid_st {
     char bytes[16];
@@ -276,6 +278,8 @@ cudaError_t cudaEventCreate(cudaEvent_t *event);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream RT_EMU_DEFAULT(0));
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream RT_EMU_DEFAULT(0),
+                                     unsigned int flags RT_EMU_DEFAULT(0));
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
