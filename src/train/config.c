@@ -70,6 +70,9 @@ static const rt_names k_tta = {"test-time augmentation", 2, k_tta_names, NULL, N
 static const char *const k_progress_names[RT_PROGRESS_COUNT_] = {
     [RT_PROGRESS_AUTO] = "auto", [RT_PROGRESS_ON] = "on", [RT_PROGRESS_OFF] = "off"};
 static const rt_names k_progress = {"progress mode", RT_PROGRESS_COUNT_, k_progress_names, NULL, NULL};
+static const char *const k_graphs_names[RT_GRAPHS_COUNT_] = {
+    [RT_GRAPHS_AUTO] = "auto", [RT_GRAPHS_ON] = "on", [RT_GRAPHS_OFF] = "off"};
+static const rt_names k_graphs = {"CUDA graphs mode", RT_GRAPHS_COUNT_, k_graphs_names, NULL, NULL};
 
 /* data.erasing_value: "random" or a finite number, into the loader's erase_random and
  * erase_value */
@@ -222,6 +225,10 @@ static const key k_keys[] = {
     {"train.cudnn_benchmark", MAY, K_BOOL, F(train.ctx.benchmark), 0, 0, "false", 0, 0, false, NULL, NULL,
      "GPU: rank 0 times the cuDNN convolution algorithms train.deterministic allows and takes the fastest (false: "
      "cuDNN's heuristics, untimed); kept in the checkpoint as any choice, but two fresh runs may differ"},
+    {"train.cuda_graphs", MAY, K_ENUM, F(train.cuda_graphs), SZ(train.cuda_graphs), 0, "auto", 0, 0, false, &k_graphs,
+     NULL,
+     "GPU: capture the steady training step in CUDA graphs and replay it (the same bits, fewer host calls); auto: "
+     "where every part can be captured, on: an error where one cannot, off: never (docs/gpu.md)"},
     {"train.label_smoothing", MATCH, K_FLOAT, F(train.label_smoothing), 0, 0, "0", 0, 1, false, NULL, NULL,
      "label smoothing of the training loss (CrossEntropyLoss(label_smoothing=); resnet only; evaluation reports plain "
      "cross-entropy)"},

@@ -72,6 +72,14 @@ typedef enum rt_progress_mode {
     RT_PROGRESS_COUNT_
 } rt_progress_mode;
 
+/* train.cuda_graphs */
+typedef enum rt_graphs_mode {
+    RT_GRAPHS_AUTO = 0,
+    RT_GRAPHS_ON,
+    RT_GRAPHS_OFF,
+    RT_GRAPHS_COUNT_
+} rt_graphs_mode;
+
 typedef struct rt_config {
     /* the model's keys (model.arch, width, stem, num_classes, dropout), each in its field
      * of the model's own option struct; auto: stem RT_STEM_AUTO (cifar for 32x32 data),
@@ -123,6 +131,7 @@ typedef struct rt_config {
          * The trainer sets the device and resolves the threads. */
         rt_model_ctx_options ctx;
         bool skip_nonfinite;
+        rt_graphs_mode cuda_graphs; /* the step captured in CUDA graphs (docs/gpu.md, "CUDA graphs") */
         double label_smoothing; /* CrossEntropyLoss(label_smoothing=) */
         bool tta_flip;          /* eval.tta flip: evaluation averages the logits of x and its mirror */
         /* train.ema_decay, train.ema_every, train.ema_warmup: the optimizer's fields

@@ -18,11 +18,31 @@ static rt_status on_grad_ready(void *user, int block, size_t begin, size_t end) 
     return rt_reducer_ready(r->upd.reducer, begin, end);
 }
 
+/* On a GPU, the device's part of the step's scalars (step_scalars): the loss and the
+ * host's flags (pinned, written before this work runs) all-reduced on the device (ordered
+ * on the model stream, no host wait), the gradients' sum of squares, one copy of all of
+ * them to pinned memory. Capturable: nothing here is a host value of the call. */
+static rt_status scalars_enqueue(run *r) {
+    rt_stream *st = r->ctx->stream;
+    float *grads = rt_model_grads(r->model)->base;
+    size_t n = rt_model_grads(r->model)->size / sizeof(float);
+    float *sc = r->bufs.scratch_dev;
+    RT_CHECK(rt_memcpy(sc, r->dev, rt_model_loss_ptr(r->model), r->dev, sizeof(float), st));
+    RT_CHECK(rt_memcpy(sc + 1, r->dev, r->bufs.vals_host->flags, rt_device_cpu(), sizeof r->bufs.vals_host->flags, st));
+    if (r->pg) {
+        rt_request *q = NULL;
+        uint64_t t = rt_trace_now();
+        RT_CHECK(rt_iall_reduce(r->pg, sc, 3, RT_F32, RT_OP_SUM, &q)); /* after the copies: the group's stream */
+        RT_CHECK(rt_wait_stream(q, st));                               /* on the device: the copy below waits for it */
+        rt_trace_end(RT_TRACK_MAIN, "scalars all_reduce", t);
+    }
+    RT_CHECK(rt_grad_sumsq_async(&r->upd.clip, grads, n, st, &r->bufs.vals_host->sumsq));
+    return rt_memcpy(r->bufs.vals_host->loss_stop, rt_device_cpu(), sc, r->dev, 3 * sizeof(float), st);
+}
+
 /* What the host must know after backward: the loss averaged over the ranks, whether any
  * rank was asked to stop, and the gradient norm (clipping, non-finite steps). On a GPU
- * the three come back together after one host wait: the loss and the stop flag are
- * all-reduced on the device (ordered on the model stream, no host wait), the sum of
- * squares is computed there, and one copy + event brings them to pinned memory. */
+ * the three come back together after one host wait for scalars_enqueue's work. */
 static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
     rt_stream *st = r->ctx->stream;
     float *grads = rt_model_grads(r->model)->base;
@@ -40,19 +60,6 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
         r->stop.flight = agree[2] > 0;
         return rt_grad_norm(&r->upd.clip, grads, n, st, norm);
     }
-    float flag[2] = {rt_run_stop_signal() ? 1.0f : 0.0f, rt_run_flight_signal() ? 1.0f : 0.0f};
-    float *sc = r->bufs.scratch_dev;
-    RT_CHECK(rt_memcpy(sc, r->dev, rt_model_loss_ptr(r->model), r->dev, sizeof(float), st));
-    RT_CHECK(rt_memcpy(sc + 1, r->dev, flag, rt_device_cpu(), sizeof flag, st));
-    if (r->pg) {
-        rt_request *q = NULL;
-        uint64_t t = rt_trace_now();
-        RT_CHECK(rt_iall_reduce(r->pg, sc, 3, RT_F32, RT_OP_SUM, &q)); /* after the copies: the group's stream */
-        RT_CHECK(rt_wait_stream(q, st));                               /* on the device: the copy below waits for it */
-        rt_trace_end(RT_TRACK_MAIN, "scalars all_reduce", t);
-    }
-    RT_CHECK(rt_grad_sumsq_async(&r->upd.clip, grads, n, st, &r->bufs.vals_host->sumsq));
-    RT_CHECK(rt_memcpy(r->bufs.vals_host->loss_stop, rt_device_cpu(), sc, r->dev, 3 * sizeof(float), st));
     pending *p = rt_trace_enabled() ? r->log.cur : NULL;
     if (p) RT_CHECK(rt_event_record(p->anchor, st));
     RT_CHECK(rt_event_record(r->bufs.ev_vals, st));
@@ -102,7 +109,7 @@ static rt_status nonfinite_ranks(run *r, char *who, size_t n) {
 
 /* The batch where the model reads it: on a GPU copied to the device buffers, after which
  * the loader's pinned slot may be refilled; on the CPU the loader's own buffers. */
-static rt_status step_input(run *r, const rt_batch *b, const float **x, const int64_t **y) {
+static rt_status step_input(run *r, const rt_batch *b, bool capture, const float **x, const int64_t **y) {
     *x = b->images;
     *y = b->labels;
     if (!rt_device_is_cuda(r->dev)) return RT_OK;
@@ -111,21 +118,28 @@ static rt_status step_input(run *r, const rt_batch *b, const float **x, const in
     RT_CHECK(rt_memcpy(r->bufs.x_dev, r->dev, b->images, rt_device_cpu(), sizeof(float) * img * (size_t)b->size, st));
     RT_CHECK(rt_memcpy(r->bufs.label_dev, r->dev, b->labels, rt_device_cpu(), sizeof(int64_t) * (size_t)b->size, st));
     /* the pinned slot is refilled only after these copies ran, not when the host
-     * asks for the next batch (the copies may not have started by then) */
-    RT_CHECK(rt_loader_release_after(r->data.train_loader, b, st));
+     * asks for the next batch (the copies may not have started by then); a captured
+     * copy runs at the launch, after which the caller releases the slot */
+    if (!capture) RT_CHECK(rt_loader_release_after(r->data.train_loader, b, st));
     *x = r->bufs.x_dev;
     *y = r->bufs.label_dev;
     return RT_OK;
 }
 
+/* a stage's end: an event, or a record node of the graph being captured */
+static rt_status mark(rt_event *e, rt_stream *st, bool capture) {
+    return capture ? rt_event_record_node(e, st) : rt_event_record(e, st);
+}
+
 /* Forward, loss and backward (the buckets go to the reducer as backward writes them),
  * then the wait for the gradients' all-reduce; an event at each stage's end. */
-static rt_status forward_backward(run *r, pending *p, const float *x, const int64_t *y, int n, rt_reducer_stats *rs) {
+static rt_status forward_backward(run *r, rt_event *const *ev, bool capture, const float *x, const int64_t *y, int n,
+                                  rt_reducer_stats *rs) {
     rt_stream *st = r->ctx->stream;
     uint64_t t = rt_trace_now();
     RT_CHECK(rt_model_forward(r->model, x, n, true));
     RT_CHECK(rt_model_loss(r->model, y));
-    RT_CHECK(rt_event_record(p->ev[EV_FWD], st));
+    RT_CHECK(mark(ev[EV_FWD], st, capture));
     rt_trace_end(RT_TRACK_MAIN, "forward", t);
     t = rt_trace_now();
     if (r->upd.reducer) {
@@ -133,7 +147,7 @@ static rt_status forward_backward(run *r, pending *p, const float *x, const int6
         rt_run_test_bucket_fault(r);
     }
     RT_CHECK(rt_model_backward(r->model, r->upd.reducer ? on_grad_ready : NULL, r));
-    RT_CHECK(rt_event_record(p->ev[EV_BWD], st));
+    RT_CHECK(mark(ev[EV_BWD], st, capture));
     rt_trace_end(RT_TRACK_MAIN, "backward", t);
     *rs = (rt_reducer_stats){0};
     if (r->upd.reducer) {
@@ -142,12 +156,25 @@ static rt_status forward_backward(run *r, pending *p, const float *x, const int6
         rt_trace_end(RT_TRACK_MAIN, "wait for gradient all_reduce", t);
         rt_reducer_stats_get(r->upd.reducer, rs);
     }
-    return rt_event_record(p->ev[EV_COMM], r->ctx->stream);
+    return mark(ev[EV_COMM], st, capture);
+}
+
+rt_status rt_run_step_work(run *r, const rt_batch *b, rt_event *const *ev, bool capture, rt_reducer_stats *rs) {
+    rt_stream *st = r->ctx->stream;
+    uint64_t t = rt_trace_now();
+    const float *x;
+    const int64_t *y;
+    RT_CHECK(step_input(r, b, capture, &x, &y));
+    RT_CHECK(mark(ev[EV_H2D], st, capture));
+    rt_trace_end(RT_TRACK_MAIN, "h2d", t);
+    RT_CHECK(forward_backward(r, ev, capture, x, y, b->size, rs));
+    return rt_device_is_cuda(r->dev) ? scalars_enqueue(r) : RT_OK;
 }
 
 /* Clip (the norm is logged either way), then the optimizer at the schedule's lr; a
  * non-finite step fails naming the rank, or is skipped with train.skip_nonfinite. */
-static rt_status update(run *r, double loss, double norm, int64_t epoch, double *lr, rt_grad_stats *gs, bool *skipped) {
+static rt_status update(run *r, double loss, double norm, int64_t epoch, bool graphed, double *lr, rt_grad_stats *gs,
+                        bool *skipped) {
     const rt_config *c = r->cfg;
     rt_stream *st = r->ctx->stream;
     float *grads = rt_model_grads(r->model)->base;
@@ -158,7 +185,8 @@ static rt_status update(run *r, double loss, double norm, int64_t epoch, double 
     if (rt_schedule_momentum(&r->upd.sched, r->step, &mom)) RT_CHECK(rt_optimizer_set_momentum(&r->upd.opt, mom));
     *skipped = false;
     if (gs->finite && isfinite(loss))
-        return rt_optimizer_step_arena(&r->upd.opt, rt_model_params(r->model), rt_model_grads(r->model), *lr, st);
+        return graphed ? rt_run_graph_update(r, *lr)
+                       : rt_optimizer_step_arena(&r->upd.opt, rt_model_params(r->model), rt_model_grads(r->model), *lr, st);
     char who[160]; /* the same on every rank: the launcher names the rank that produced it */
     RT_CHECK(nonfinite_ranks(r, who, sizeof who));
     RT_REQUIRE(c->train.skip_nonfinite, RT_ERR_INVALID,
@@ -181,25 +209,27 @@ rt_status rt_run_train_step(run *r, const rt_batch *b, double data_ms, int64_t e
     r->log.cur = p;
     p->anchor_ns = 0;
     rt_stream *st = r->ctx->stream;
-    uint64_t t = rt_trace_now();
     RT_CHECK(rt_event_record(p->ev[EV_START], st));
     rt_run_test_nan_batch(r, b);
-    const float *x;
-    const int64_t *y;
-    RT_CHECK(step_input(r, b, &x, &y));
-    RT_CHECK(rt_event_record(p->ev[EV_H2D], st));
-    rt_trace_end(RT_TRACK_MAIN, "h2d", t);
-    rt_reducer_stats rs;
-    RT_CHECK(forward_backward(r, p, x, y, b->size, &rs));
+    if (r->bufs.vals_host) { /* GPU: the flags the step's scalars take along (a graph reads them at its launch) */
+        r->bufs.vals_host->flags[0] = rt_run_stop_signal() ? 1.0f : 0.0f;
+        r->bufs.vals_host->flags[1] = rt_run_flight_signal() ? 1.0f : 0.0f;
+    }
+    bool graphed = false;
+    rt_reducer_stats rs = {0};
+    p->graphed = false;
+    RT_CHECK(rt_run_graph_forward(r, b, p, &graphed));
+    if (!graphed) RT_CHECK(rt_run_step_work(r, b, p->ev, false, &rs));
     /* the loss averaged over the ranks (for the logs), the stop flag, the norm */
     double loss = 0, norm = 0;
     RT_CHECK(step_scalars(r, &loss, &r->stop.requested, &norm));
+    if (graphed) RT_CHECK(rt_run_graph_times(r, p));
     if (r->stop.requested) RT_CHECK(rt_run_agree_stop(r)); /* which signal: every rank, they all saw the flag */
-    t = rt_trace_now();
+    uint64_t t = rt_trace_now();
     double lr = 0;
     rt_grad_stats gs;
     bool skipped = false;
-    RT_CHECK(update(r, loss, norm, epoch, &lr, &gs, &skipped));
+    RT_CHECK(update(r, loss, norm, epoch, graphed, &lr, &gs, &skipped));
     RT_CHECK(rt_event_record(p->ev[EV_END], st));
     rt_trace_end(RT_TRACK_MAIN, "optimizer", t);
     r->step++;

@@ -25,6 +25,10 @@ static rt_status trace_stream(run *r, pending *p) {
                                                     "scalars + optimizer"};
     uint64_t at[EV_COUNT];
     for (int i = 0; i < EV_COUNT; i++) {
+        if (p->graphed && i > EV_START && i < EV_END) { /* inside the forward graph: its own events' times */
+            at[i] = at[i - 1] + (uint64_t)((double)p->pre_ms[i - 1] * 1e6);
+            continue;
+        }
         float ms = 0;
         bool ready = false;
         bool after = i == EV_END; /* recorded after the anchor */
@@ -56,10 +60,14 @@ rt_status rt_run_complete(run *r, pending *p, bool force) {
         RT_CHECK(rt_event_query(p->ev[EV_END], &ready));
         if (!ready) RT_CHECK(rt_event_sync(p->ev[EV_END]));
     }
-    for (int i = 0; i < EV_COUNT - 1; i++) {
+    for (int i = p->graphed ? EV_COMM : 0; i < EV_COUNT - 1; i++) { /* a graphed step: after its forward graph */
         bool ready = false;
         RT_CHECK(rt_event_elapsed_ms(p->ev[i], p->ev[i + 1], &ms[i], &ready));
         if (!ready) return RT_OK; /* a step later */
+    }
+    if (p->graphed) {
+        for (int i = 0; i < EV_COMM; i++) ms[i] = p->pre_ms[i];
+        ms[EV_COMM] += p->pre_ms[EV_COMM]; /* the step's scalars, inside the graph */
     }
     rt_step_record *rec = &p->rec;
     RT_CHECK(trace_stream(r, p));

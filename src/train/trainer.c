@@ -64,6 +64,7 @@ long long rt_run_restart_count(void) {
 }
 
 void rt_run_free(run *r) {
+    rt_run_free_graphs(r); /* before the stream and what the graphs use */
     for (int i = 0; i < 2; i++)
         for (int e = 0; e < EV_COUNT; e++) rt_event_destroy(r->log.pend[i].ev[e]);
     for (int i = 0; i < 2; i++) rt_event_destroy(r->log.pend[i].anchor);
@@ -119,7 +120,8 @@ static rt_status setup_run(run *r, rt_train_result *res) {
     RT_CHECK(rt_run_resume(r));
     if (r->ckpt.resumed_from >= 0) RT_CHECK(rt_run_check_in_sync(r, true, "after loading the checkpoint"));
     RT_CHECK(rt_run_setup_reducer(r));
-    return rt_run_setup_events(r);
+    RT_CHECK(rt_run_setup_events(r));
+    return rt_run_setup_graphs(r);
 }
 
 /* Rank 0's metrics.jsonl (cut back to the checkpoint's step on a resume; *eval_logged:

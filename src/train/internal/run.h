@@ -7,6 +7,7 @@
  *                 optimizer and schedule, gradient reducer
  *   loop.c        the epoch loop: batches, per-epoch tables, evaluation and checkpoint points
  *   step.c        one training step: input, forward, backward, the step's scalars, update
+ *   graphs.c      the step in CUDA graphs (train.cuda_graphs): capture, replay, its timings
  *   timing.c      the per-step timing records, completed from events a step late
  *   evaluate.c    evaluation (EMA weights, eval.tta) and `ringtrain eval` of a checkpoint
  *   save.c        writing a checkpoint during a run
@@ -25,6 +26,7 @@
 #include "data/loader.h"
 #include "dist/dist.h"
 #include "dist/reducer.h"
+#include "train/internal/pg_graph_shim.h"
 #include "model/ctx.h"
 #include "model/model.h"
 #include "optim/clip.h"
@@ -43,6 +45,9 @@
 enum { EV_START, EV_H2D, EV_FWD, EV_BWD, EV_COMM, EV_END, EV_COUNT };
 /* Bytes of the device buffer that host values travel through (sync.c, step.c). */
 enum { RUN_SCRATCH_BYTES = 64 };
+/* graphs.c: forward graphs kept (one per loader slot and batch size; the loader has
+ * data.prefetch slots), and the uncaptured steps before the first capture */
+enum { RUN_GRAPHS_MAX = 8, RUN_GRAPH_WARMUP = 2 };
 
 /* A step's timing record until its events are ready (a step later on a GPU). */
 typedef struct pending {
@@ -53,7 +58,22 @@ typedef struct pending {
     uint64_t anchor_ns;
     rt_step_record rec;
     bool waiting; /* events recorded, record not logged yet */
+    /* a step run as graphs (graphs.c): its stages up to the forward graph's end, read from
+     * the graph's events right after the host's wait (ev[EV_H2D..EV_BWD] are not recorded;
+     * ev[EV_COMM] is the graph's end): h2d, forward, backward, comm, and the part of optim
+     * inside the graph (the step's scalars) */
+    bool graphed;
+    float pre_ms[EV_COUNT - 1];
 } pending;
+
+/* A forward graph (graphs.c): its key, the graph, the group's record of its collectives. */
+typedef struct run_graph {
+    const void *images, *labels; /* the loader's slot the graph copies from */
+    int n;                       /* the batch size */
+    rt_graph *g;
+    rt_pg_graph *pg;
+    uint64_t used; /* when last launched (run->graphs.clock) */
+} run_graph;
 
 typedef struct run {
     const rt_config *cfg;
@@ -84,6 +104,7 @@ typedef struct run {
         struct step_vals {
             float loss_stop[3]; /* and the flight recorder flag */
             double sumsq;
+            float flags[2]; /* the host's stop and flight flags, copied to the device (a graph reads them) */
         } * vals_host;
         bool vals_pinned;
         rt_event *ev_vals;
@@ -124,6 +145,16 @@ typedef struct run {
         char run_id[32];                    /* 16 hex digits: rank 0's at a fresh start, the checkpoint's on resume */
     } ckpt;
 
+    struct run_graphs { /* graphs.c: train.cuda_graphs */
+        bool on;             /* steps of a full batch are captured, after the warmup */
+        int warmup_left;     /* uncaptured steps left before the first capture */
+        run_graph fwd[RUN_GRAPHS_MAX];
+        uint64_t clock;
+        rt_graph *update;        /* the optimizer's step */
+        rt_event *ev[EV_COUNT];  /* the forward graph's stage events (record nodes) */
+        int64_t captures, replays;
+    } graphs;
+
     struct run_stop {   /* stop.c */
         bool requested; /* the ranks agreed to stop (rt_run_agree_stop, the step's scalars) */
         int signal;     /* the signal they agreed on (SIGTERM over SIGINT) */
@@ -150,8 +181,22 @@ rt_status rt_run_setup_events(run *r);
  * no evaluation ran) and the epoch reached */
 rt_status rt_run_epochs(run *r, int64_t eval_logged, double *loss, double *acc, int64_t *samples, int64_t *epoch);
 
-/* step.c */
+/* step.c; rt_run_step_work: the step's device work up to its scalars (input copy,
+ * forward, loss, backward with the reducer, the scalars' all-reduce on a GPU), stage
+ * events into ev[EV_H2D..EV_COMM], as record nodes of a graph when `capture` (the loader's
+ * slot is then released by the caller, after the launch) */
 rt_status rt_run_train_step(run *r, const rt_batch *b, double data_ms, int64_t epoch);
+rt_status rt_run_step_work(run *r, const rt_batch *b, rt_event *const *ev, bool capture, rt_reducer_stats *rs);
+
+/* graphs.c. forward: where this step runs as graphs (*graphed), captures the forward
+ * graph of its slot if needed and launches it; times: after the host's wait, the stages
+ * from the graph's events into p; update: the optimizer's graph (captured at its first
+ * use), its scalars for learning rate lr */
+rt_status rt_run_setup_graphs(run *r);
+void rt_run_free_graphs(run *r);
+rt_status rt_run_graph_forward(run *r, const rt_batch *b, pending *p, bool *graphed);
+rt_status rt_run_graph_times(run *r, pending *p);
+rt_status rt_run_graph_update(run *r, double lr);
 
 /* timing.c */
 rt_status rt_run_complete(run *r, pending *p, bool force);

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# The training step in CUDA graphs on emulated GPUs (train.cuda_graphs; issue 40, item 4):
+# `ringtrain train` with graphs equals the run without them bit for bit, and the ledger of
+# the emulated runtime (RINGTRAIN_EMU_STATS) shows what a graphed step costs.
+#
+#   tests/emu/graphs.sh RINGTRAIN CASE
+# CASE:
+#   one     1 GPU, tf32 and bf16: graphs on = off, bit for bit (losses, learning rates,
+#           gradient norms, the checkpoint's files) over 2 epochs of 8 full batches and a
+#           partial one (uncaptured), an evaluation with another batch size between them,
+#           with what changes from step to step: one-cycle learning rate and momentum,
+#           gradient clipping that clips, the moving average, label smoothing
+#   nccl    2 GPUs over NCCL (fp32 and dist.compress bf16): graphs on = off, bit for bit
+#   resume  graphs on: stopped at step 7 and resumed = the uninterrupted run
+#   stop    SIGTERM before step 6 (a replayed step): the run stops after step 6, as without
+#           graphs, with the same checkpoint
+#   ledger  per step in steady state (runs of 8 and 16 steps): exactly 2 graph launches, no
+#           more host synchronisations than without graphs, fewer kernel launches
+#   errors  train.cuda_graphs: on where the step cannot be captured (dropout; the CPU) is
+#           an error saying why; auto runs them uncaptured
+# Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
+set -u
+export RINGTRAIN_TEST_HOOKS=1 # RINGTRAIN_TEST_SIGNAL_AT (docs/testing.md)
+bin=$1
+what=$2
+data=/usr/share/datasets/fashion-mnist
+[ -r "$data" ] || { echo "SKIP: $data missing (scripts/install-deps test installs it)"; exit 77; }
+tmp=$(mktemp -d /tmp/rt-emu-graphs-XXXXXX)
+trap 'pkill -9 -f "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; for f in "$tmp"/*.err; do [ -f "$f" ] && { echo "--- $f"; tail -25 "$f"; }; done; exit 1; }
+printf 'model:\n  arch: resnet18\n' > "$tmp/c.yaml"
+export RINGTRAIN_EMU_GPUS=${RINGTRAIN_EMU_GPUS:-2}
+# 272 images in batches of 32: 8 full batches and one of 16 per epoch (1 rank)
+base=(model.width=4 model.stem=cifar data.train_subset=272 data.test_subset=96 data.batch_size=32
+      data.eval_batch_size=48 train.threads=1 train.epochs=2 log.progress=off log.every_steps=1
+      optim.momentum=0.9 optim.schedule=onecycle optim.clip_grad_norm=0.5 train.ema_decay=0.9 train.ema_every=2
+      train.label_smoothing=0.1 train.device=cuda dist.nproc=1 dist.timeout_s=120)
+
+# train NAME ARGS...: a run into $tmp/NAME, its emulator counters in $tmp/NAME.stats
+train() {
+  local name=$1; shift
+  RINGTRAIN_EMU_STATS="$tmp/$name.stats" "$bin" train "$tmp/c.yaml" "${base[@]}" "$@" "log.dir=$tmp/$name" \
+    >"$tmp/$name.out" 2>"$tmp/$name.err" || fail "$name: ringtrain train exited $?"
+}
+
+# graph_launches NAME: the run's graph launches (all its rank processes)
+graph_launches() { /usr/bin/python3 -c 'import json,sys; print(sum(json.loads(l)["graph_launches"] for l in open(sys.argv[1])))' "$tmp/$1.stats"; }
+
+# same A B LABEL: metrics.jsonl's steps (loss, lr, gradient norm, skipped) and the newest
+# checkpoint's files bit for bit
+same() {
+  /usr/bin/python3 - "$tmp/$1" "$tmp/$2" <<'PY' || fail "$3"
+import glob, json, os, struct, sys
+def steps(d):
+    return [(r["step"], r["loss"], r["lr"], r["grad_norm"], r.get("skipped")) for r in map(json.loads, open(d + "/metrics.jsonl"))
+            if r.get("kind") == "step"]
+a, b = sys.argv[1], sys.argv[2]
+sa, sb = steps(a), steps(b)
+assert sa and [s[0] for s in sa] == [s[0] for s in sb], "steps differ: %s vs %s" % ([s[0] for s in sa], [s[0] for s in sb])
+bad = [(x, y) for x, y in zip(sa, sb) if x != y]
+assert not bad, "%d of %d steps differ, first: %s vs %s" % (len(bad), len(sa), bad[0][0], bad[0][1])
+ca, cb = sorted(glob.glob(a + "/checkpoints/ckpt-*"))[-1], sorted(glob.glob(b + "/checkpoints/ckpt-*"))[-1]
+assert os.path.basename(ca) == os.path.basename(cb), (ca, cb)
+files = sorted(f for f in os.listdir(ca) if f.endswith(".safetensors"))
+assert files, "no tensors in " + ca
+def tensors(p):  # name -> bytes (the metadata holds the run's id and config: not compared)
+    raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n])
+    return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in h.items() if k != "__metadata__"}
+for f in files:
+    ta, tb = tensors(ca + "/" + f), tensors(cb + "/" + f)
+    assert ta.keys() == tb.keys(), (f, sorted(ta.keys() ^ tb.keys()))
+    bad = [k for k in ta if ta[k] != tb[k]]
+    assert not bad, "%s of %s: %d tensors differ: %s" % (f, os.path.basename(ca), len(bad), bad[:4])
+print("same: %d steps, the tensors of %s in %s" % (len(sa), ", ".join(files), os.path.basename(ca)))
+PY
+}
+
+case $what in
+one)
+  for p in tf32 bf16; do
+    train "$p-on" train.precision=$p train.cuda_graphs=on
+    train "$p-off" train.precision=$p train.cuda_graphs=off
+    grep -q "train.cuda_graphs: from step 3 the training step runs as CUDA graphs" "$tmp/$p-on.err" ||
+      fail "$p: graphs on did not capture from step 3"
+    n=$(graph_launches "$p-on")
+    # 18 steps: 2 uncaptured, 2 partial batches uncaptured, 14 of 2 launches each
+    [ "$n" -eq 28 ] || fail "$p: $n graph launches, expected 28 (14 graphed steps of 2)"
+    [ "$(graph_launches "$p-off")" -eq 0 ] || fail "$p: graph launches with train.cuda_graphs off"
+    same "$p-on" "$p-off" "$p: 1 GPU with graphs differs from the run without"
+  done
+  echo "ok: 1 GPU, tf32 and bf16: graphs on = off, bit for bit"
+  ;;
+nccl)
+  for c in none bf16; do
+    train "$c-on" dist.nproc=2 dist.compress=$c train.cuda_graphs=on
+    train "$c-off" dist.nproc=2 dist.compress=$c train.cuda_graphs=off
+    [ "$(graph_launches "$c-on")" -gt 0 ] || fail "compress $c: no graph launches"
+    same "$c-on" "$c-off" "2 GPUs over NCCL (compress $c): graphs on differ from off"
+  done
+  echo "ok: 2 GPUs over NCCL: graphs on = off, bit for bit"
+  ;;
+resume)
+  train full train.cuda_graphs=on
+  train part train.cuda_graphs=on train.max_steps=7
+  train part train.cuda_graphs=on
+  grep -q "resuming from" "$tmp/part.out" || fail "the second run did not resume"
+  same part full "graphs on: a resumed run differs from the uninterrupted one"
+  echo "ok: graphs on: stopped at step 7 and resumed = the uninterrupted run"
+  ;;
+stop)
+  for m in on off; do
+    rc=0
+    RINGTRAIN_TEST_SIGNAL_AT=step:6:self:0:TERM RINGTRAIN_EMU_STATS="$tmp/stop-$m.stats" "$bin" train "$tmp/c.yaml" \
+      "${base[@]}" train.cuda_graphs=$m "log.dir=$tmp/stop-$m" >"$tmp/stop-$m.out" 2>"$tmp/stop-$m.err" || rc=$?
+    [ "$rc" -eq 143 ] || fail "graphs $m: SIGTERM before step 6: exit $rc, expected 143 (a clean stop)"
+    [ -d "$tmp/stop-$m/checkpoints/ckpt-000000006" ] || fail "graphs $m: no checkpoint of step 6 after SIGTERM before step 6"
+    last=$(grep '"kind": *"step"' "$tmp/stop-$m/metrics.jsonl" | tail -1 | grep -o '"step": *[0-9]*' | grep -o '[0-9]*$')
+    [ "$last" = 6 ] || fail "graphs $m: the last step logged is $last, expected 6"
+  done
+  n=$(graph_launches stop-on) # steps 3-6, 2 launches each: step 6's update runs, its stop comes after it
+  [ "$n" -eq 8 ] || fail "graphs on: steps 3-6 were not replayed ($n launches, expected 8)"
+  same stop-on stop-off "a stop during a replayed step: graphs on differ from off"
+  echo "ok: SIGTERM before replayed step 6 stops after step 6, as without graphs"
+  ;;
+ledger)
+  for m in on off; do
+    for n in 8 16; do
+      train "l$m$n" train.cuda_graphs=$m data.train_subset=1024 train.epochs=1 train.max_steps=$n train.eval_every=0 \
+        checkpoint.every_epochs=0
+    done
+  done
+  /usr/bin/python3 - "$tmp" <<'PY' || fail "the ledger of a graphed step"
+import json, sys
+t = sys.argv[1]
+def get(name):
+    rows = [json.loads(l) for l in open("%s/%s.stats" % (t, name))]
+    rows = [r for r in rows if r["launches"] > 0]
+    assert len(rows) == 1, rows
+    return rows[0]
+per = {}
+for m in ("on", "off"):
+    a, b = get("l%s8" % m), get("l%s16" % m)
+    per[m] = {k: (b[k] - a[k]) / 8.0 for k in ("graph_launches", "host_syncs", "launches")}
+print("per step in steady state: graphs on %s, off %s" % (per["on"], per["off"]))
+assert per["on"]["graph_launches"] == 2, per["on"]
+assert per["off"]["graph_launches"] == 0, per["off"]
+assert per["on"]["host_syncs"] <= per["off"]["host_syncs"], per
+assert per["on"]["launches"] < per["off"]["launches"], per
+PY
+  ;;
+errors)
+  rc=0
+  "$bin" train "$tmp/c.yaml" "${base[@]}" model.arch=net train.label_smoothing=0 train.cuda_graphs=on "log.dir=$tmp/e1" >"$tmp/e1.out" 2>"$tmp/e1.err" || rc=$?
+  [ "$rc" -ne 0 ] || fail "train.cuda_graphs on with dropout did not fail"
+  grep -q "train.cuda_graphs: on, but the step cannot be captured: the model has dropout" "$tmp/e1.err" ||
+    fail "the error does not say why (dropout)"
+  rc=0
+  "$bin" train "$tmp/c.yaml" "${base[@]}" train.device=cpu train.cuda_graphs=on "log.dir=$tmp/e2" >"$tmp/e2.out" 2>"$tmp/e2.err" || rc=$?
+  [ "$rc" -ne 0 ] && grep -q "train.cuda_graphs: on, but the step cannot be captured: the run is on the CPU" "$tmp/e2.err" ||
+    fail "train.cuda_graphs on, on the CPU: no error saying why"
+  train auto model.arch=net train.label_smoothing=0 train.max_steps=4
+  [ "$(graph_launches auto)" -eq 0 ] || fail "auto captured a step with dropout"
+  echo "ok: train.cuda_graphs on where it cannot capture is an error saying why; auto runs uncaptured"
+  ;;
+*) echo "usage: $0 RINGTRAIN one|nccl|resume|stop|ledger|errors" >&2; exit 2 ;;
+esac
