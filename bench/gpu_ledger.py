@@ -19,6 +19,10 @@ they are null.
 
   bench/gpu_ledger.py [--build build-emu] [--out FILE] [--batches 128,256]
                       [--precisions fp32,tf32,bf16] [--inputs cifar,imagenet] [--layers-batch 256]
+                      [--graphs]
+--graphs: the step as `ringtrain train` replays it (train.cuda_graphs: two graph launches
+around one host synchronisation; bench model --graphs), without layer rows; the file is
+bench/results/gpu-ledger-graphs-<date>.json.
 """
 import argparse
 import datetime
@@ -71,10 +75,10 @@ def category(name):
     return "other: " + name
 
 
-def run(build, stem, ch, size, precision, batches, env):
+def run(build, stem, ch, size, precision, batches, env, graphs=False):
     cmd = [os.path.join(build, "ringtrain"), "bench", "model", "--device", "cuda", "--stem", stem, "--channels",
            str(ch), "--size", str(size), "--precision", precision, "--batch", ",".join(map(str, batches)),
-           "--steps", "1", "--warmup", "2", "--json", "--ledger-ops", "--layers"]
+           "--steps", "1", "--warmup", "2", "--json", "--ledger-ops"] + (["--graphs"] if graphs else ["--layers"])
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit("%s: exit %d\n%s" % (" ".join(cmd), p.returncode, p.stderr[-2000:]))
@@ -157,17 +161,19 @@ def main():
     ap.add_argument("--precisions", default="fp32,tf32,bf16")
     ap.add_argument("--inputs", default="cifar,imagenet")
     ap.add_argument("--layers-batch", type=int, default=256)
+    ap.add_argument("--graphs", action="store_true")
     a = ap.parse_args()
     layers_batch = a.layers_batch
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out_path = a.out or os.path.join(root, "bench/results/gpu-ledger-%s.json" % datetime.date.today().strftime("%Y%m%d"))
+    out_path = a.out or os.path.join(root, "bench/results/gpu-ledger%s-%s.json" % (
+        "-graphs" if a.graphs else "", datetime.date.today().strftime("%Y%m%d")))
     env = dict(os.environ, RINGTRAIN_EMU_LEDGER="count")
     batches = [int(b) for b in a.batches.split(",")]
     rows = []
     for inp in a.inputs.split(","):
         stem, ch, size = INPUTS[inp]
         for prec in a.precisions.split(","):
-            rows += run(a.build, stem, ch, size, prec, batches, env)
+            rows += run(a.build, stem, ch, size, prec, batches, env, a.graphs)
     cal_path = rows[0].get("cost_calibration")
     cal = None
     if rows[0].get("modelled_step_ms") is not None:

@@ -94,8 +94,8 @@ static void usage(FILE *out) {
                  "  --layers         also time every layer call: a table per batch size of each\n"
                  "                   layer shape and pass, ms per step, share of the step, GFLOP/s\n"
                  "                   (on a GPU: a second run, CUDA events around every layer call)\n"
-                 "  --graphs         GPU: capture one training step in a CUDA graph after the warm-up\n"
-                 "                   and time its replays (only the whole step is timed)\n"
+                 "  --graphs         GPU: after the warm-up, the step as training replays it (train.cuda_graphs):\n"
+                 "                   two CUDA graphs around one host wait; only the whole step is timed\n"
                  "  --ledger-ops     emulated GPUs: also list a step's operations (and each layer's)\n"
                  "                   with their bytes and FLOPs, grouped (JSON: \"ledger_ops\")\n"
                  "\nOn the emulated GPUs (RINGTRAIN_CUDA=EMU) every GPU row also gives the cost ledger's\n"
@@ -253,46 +253,77 @@ static rt_status gpu_run(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, cons
     return st;
 }
 
-/* one training step captured in a CUDA graph (*g, for the caller to destroy) */
-static rt_status capture_step(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, const float *x, const int64_t *labels,
-                              int n, rt_graph **g) {
+/* --graphs: the training step as `ringtrain train` replays it (train.cuda_graphs,
+ * src/train/graphs.c): a forward graph (forward, loss, backward, the loss copied to pinned
+ * memory), the host's one wait for it, the optimizer's scalars for the next replay
+ * (rt_optimizer_replay_prepare_after: no synchronisation of its own), the update graph */
+typedef struct split_graphs {
+    rt_graph *fwd, *upd;
+    float *loss_host; /* pinned */
+    bool pinned;
+    rt_event *ev; /* after the forward graph: the host waits for it */
+} split_graphs;
+
+static void split_free(split_graphs *g) {
+    rt_graph_destroy(g->fwd);
+    rt_graph_destroy(g->upd);
+    rt_event_destroy(g->ev);
+    if (g->loss_host) rt_host_free(g->loss_host, g->pinned);
+    *g = (split_graphs){0};
+}
+
+/* capture both graphs (nothing runs: the first replay does) */
+static rt_status split_capture(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, const float *x,
+                               const int64_t *labels, int n, split_graphs *g) {
+    *g = (split_graphs){0};
+    RT_CHECK(rt_host_alloc(sizeof(float), true, (void **)&g->loss_host, &g->pinned));
+    RT_CHECK(rt_event_create(ctx->device, &g->ev));
     RT_CHECK(rt_stream_capture_begin(ctx->stream));
     rt_status cap = rt_model_forward(m, x, n, true);
     if (cap == RT_OK) cap = rt_model_loss(m, labels);
     if (cap == RT_OK) cap = rt_model_backward(m, NULL, NULL);
-    if (cap == RT_OK) cap = sgd_step(opt, m, ctx->stream);
-    rt_status st = rt_stream_capture_end(ctx->stream, g); /* ends it in every case */
+    if (cap == RT_OK)
+        cap = rt_memcpy(g->loss_host, rt_device_cpu(), rt_model_loss_ptr(m), ctx->device, sizeof(float), ctx->stream);
+    rt_status st = rt_stream_capture_end(ctx->stream, &g->fwd); /* ends it in every case */
+    RT_CHECK(cap != RT_OK ? cap : st);
+    RT_CHECK(rt_stream_capture_begin(ctx->stream));
+    cap = sgd_step(opt, m, ctx->stream);
+    st = rt_stream_capture_end(ctx->stream, &g->upd);
     return cap != RT_OK ? cap : st;
 }
 
-/* --graphs: warmup uncaptured steps (at least one), one step captured in a CUDA graph
- * (device.h: forward, loss, backward and the update), then `steps` replays between two
- * events and one synchronisation. The replays take the optimizer's scalars of the
- * capture (no rt_optimizer_replay_prepare, whose host synchronisation per replay would
- * be timed): the bench's learning rate is constant, and the plain step before the capture
- * makes the captured one a later momentum step, as the replays are; the optimizer does not
- * count them. Only the whole step is timed: events recorded inside a capture do not run
- * at replay. The captured step counts as the first timed one (its work runs at the first
- * replay, not at capture). */
+/* one replayed step: forward graph, the host's wait, the update graph */
+static rt_status split_step(split_graphs *g, rt_optimizer *opt, rt_stream *s) {
+    RT_CHECK(rt_graph_launch(g->fwd, s));
+    RT_CHECK(rt_event_record(g->ev, s));
+    RT_CHECK(rt_event_sync(g->ev)); /* the trainer's wait for the step's scalars */
+    RT_CHECK(rt_optimizer_replay_prepare_after(opt, -1.0, g->ev));
+    return rt_graph_launch(g->upd, s);
+}
+
+/* --graphs: warmup uncaptured steps (at least one), the step captured as the trainer's
+ * two graphs, then `steps` replayed steps between two events (the first replay runs the
+ * captured step). Only the whole step is timed: forward_ms, backward_ms, optim_ms are
+ * null. The replays count as optimizer steps (rt_optimizer_replay_prepare_after). */
 static rt_status gpu_run_graphs(rt_model *m, rt_model_ctx *ctx, rt_optimizer *opt, const float *x,
                                 const int64_t *labels, int n, int warmup, int steps, step_times *t, float *loss) {
     memset(t, 0, sizeof *t);
     rt_event *start = NULL, *end = NULL;
-    rt_graph *g = NULL;
+    split_graphs g = {0};
     rt_status st = rt_event_create(ctx->device, &start);
     if (st == RT_OK) st = rt_event_create(ctx->device, &end);
     for (int it = 0; it < (warmup > 0 ? warmup : 1) && st == RT_OK; it++)
         if ((st = rt_model_forward(m, x, n, true)) == RT_OK && (st = rt_model_loss(m, labels)) == RT_OK &&
             (st = rt_model_backward(m, NULL, NULL)) == RT_OK)
             st = sgd_step(opt, m, ctx->stream);
-    if (st == RT_OK) st = capture_step(m, ctx, opt, x, labels, n, &g);
+    if (st == RT_OK) st = split_capture(m, ctx, opt, x, labels, n, &g);
     if (st == RT_OK) st = rt_event_record(start, ctx->stream);
-    for (int it = 0; it < steps && st == RT_OK; it++) st = rt_graph_launch(g, ctx->stream);
+    for (int it = 0; it < steps && st == RT_OK; it++) st = split_step(&g, opt, ctx->stream);
     if (st == RT_OK) st = rt_event_record(end, ctx->stream);
     if (st == RT_OK) st = rt_stream_sync(ctx->stream);
     if (st == RT_OK) st = add_elapsed(start, end, &t->all);
     if (st == RT_OK) st = rt_model_loss_value(m, loss);
-    rt_graph_destroy(g);
+    split_free(&g);
     rt_event_destroy(start);
     rt_event_destroy(end);
     return st;
@@ -635,18 +666,18 @@ static void print_conv_algos(rt_model_ctx *ctx) {
     printf("]");
 }
 
-/* one training step as the timed run makes it, for the ledger: a replay of the captured
- * step where there is one (--graphs) */
+/* one training step as the timed run makes it, for the ledger: a replayed step where
+ * the step was captured (--graphs) */
 typedef struct step_arg {
     const bench *b;
     batch *bt;
-    rt_graph *g;
+    split_graphs *g;
 } step_arg;
 
 static rt_status ledger_step(void *arg) {
     const step_arg *a = arg;
     batch *bt = a->bt;
-    if (a->g) return rt_graph_launch(a->g, a->b->ctx->stream);
+    if (a->g) return split_step(a->g, &bt->opt, a->b->ctx->stream);
     RT_CHECK(rt_model_forward(bt->m, bt->x_dev, bt->n, true));
     RT_CHECK(rt_model_loss(bt->m, bt->labels_dev));
     RT_CHECK(rt_model_backward(bt->m, NULL, NULL));
@@ -665,11 +696,14 @@ static int bench_gpu(bench *b, batch *bt) {
     rt_status run = o->graphs ? gpu_run_graphs(bt->m, b->ctx, &bt->opt, bt->x_dev, bt->labels_dev, n, o->warmup, steps,
                                                &t, &loss)
                               : gpu_run(bt->m, b->ctx, &bt->opt, bt->x_dev, bt->labels_dev, n, o->warmup, steps, &t, &loss);
-    step_arg sa = {b, bt, NULL}; /* --graphs: the ledger's step is a replay of a captured step */
-    if (run == RT_OK && o->graphs && b->ledger.api)
-        run = capture_step(bt->m, b->ctx, &bt->opt, bt->x_dev, bt->labels_dev, n, &sa.g);
+    split_graphs g = {0};
+    step_arg sa = {b, bt, NULL}; /* --graphs: the ledger's step is a replayed one */
+    if (run == RT_OK && o->graphs && b->ledger.api) {
+        run = split_capture(bt->m, b->ctx, &bt->opt, bt->x_dev, bt->labels_dev, n, &g);
+        sa.g = &g;
+    }
     if (run == RT_OK) run = rt_bench_ledger_measure(&b->ledger, ledger_step, &sa);
-    rt_graph_destroy(sa.g);
+    split_free(&g);
     if (run != RT_OK || rt_model_ctx_memory(b->ctx, &used, &backend_bytes) != RT_OK)
         return rt_cli_fail();
     double peak_gpu_mb = (double)(used > b->mem_base ? used - b->mem_base : 0) / 1048576.0 + backend_bytes / 1048576.0;
@@ -694,7 +728,7 @@ static int bench_gpu(bench *b, batch *bt) {
                b->devstr, rt_precision_name(o->precision), rt_model_arch_name(cfg->arch), rt_stem_name(cfg->stem),
                cfg->in_channels, cfg->in_h, n, o->threads, steps, ips, ms, fwd, bwd, sgd, (double)loss,
                ru.ru_maxrss / 1024.0, peak_gpu_mb, gflop, gflop * ips, o->graphs ? "true" : "false",
-               o->graphs ? ", replays of one captured step" : "");
+               o->graphs ? ", replays of the trainer's two graphs around one host wait" : "");
     else
         printf("%-9s %-8s %2dx%-2dx%-3d %5d %7d | %9.1f %8.1f %9.1f %8.1f %8.1f %8.1f %8.0f\n",
                rt_model_arch_name(cfg->arch), rt_stem_name(cfg->stem), cfg->in_channels, cfg->in_h, cfg->in_w, n,

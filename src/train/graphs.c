@@ -100,6 +100,18 @@ static run_graph *graph_for(run *r, const rt_batch *b, bool *found) {
     return lru;
 }
 
+/* A capture failed. With train.cuda_graphs auto and one rank (nothing of a group's
+ * collectives half-captured), the run goes on uncaptured, saying why; otherwise the error
+ * stands (on: as promised; with a group the reducer may hold work of the failed capture). */
+static bool fall_back(run *r, const char *what) {
+    if (r->cfg->train.cuda_graphs != RT_GRAPHS_AUTO || r->pg) return false;
+    RT_LOG_WARN("train.cuda_graphs auto: %s could not be captured, the steps run uncaptured: %s", what,
+                rt_error_message());
+    rt_error_clear();
+    r->graphs.on = false;
+    return true;
+}
+
 /* Capture the forward graph of batch b into g: the step's device work up to its
  * scalars, with record nodes for the stage events, and the group's record of the
  * collectives in it. Nothing runs (the first launch runs it). */
@@ -142,7 +154,9 @@ rt_status rt_run_graph_forward(run *r, const rt_batch *b, pending *p, bool *grap
     run_graph *g = graph_for(r, b, &found);
     uint64_t t = rt_trace_now();
     if (!found) {
-        RT_CHECK(capture_forward(r, b, g));
+        rt_status cs = capture_forward(r, b, g);
+        if (cs != RT_OK && fall_back(r, "the forward graph")) return rt_run_graph_forward(r, b, p, graphed);
+        RT_CHECK(cs);
         if (r->graphs.captures == 1 && is_root(r))
             RT_LOG_INFO("train.cuda_graphs: from step %lld the training step runs as CUDA graphs", (long long)r->step + 1);
     }
@@ -191,7 +205,12 @@ static rt_status capture_update(run *r, double lr) {
 
 rt_status rt_run_graph_update(run *r, double lr) {
     rt_stream *st = r->ctx->stream;
-    if (!r->graphs.update) RT_CHECK(capture_update(r, lr));
+    if (!r->graphs.update && r->graphs.on) {
+        rt_status cs = capture_update(r, lr);
+        if (cs != RT_OK && !fall_back(r, "the optimizer's step")) return cs;
+    }
+    if (!r->graphs.update) /* not captured (fell back): this step's update as uncaptured steps make it */
+        return rt_optimizer_step_arena(&r->upd.opt, rt_model_params(r->model), rt_model_grads(r->model), lr, st);
     /* ev_vals followed the previous update launch and the host has waited for it */
     RT_CHECK(rt_optimizer_replay_prepare_after(&r->upd.opt, lr, r->bufs.ev_vals));
     RT_CHECK(rt_graph_launch(r->graphs.update, st));

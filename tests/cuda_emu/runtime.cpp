@@ -20,7 +20,7 @@
  *    destinations make the call wait; pinned memory is read and written when the stream
  *    gets there.
  *  - Faults for tests: rt_emu_fail_call() (emu_internal.h) makes the nth next call of a
- *    runtime function fail.
+ *    runtime function fail; RINGTRAIN_EMU_FAIL_CALL=<call>:<n> arms it at start.
  *  - Counters: host synchronisations (RINGTRAIN_EMU_SYNC_LOG logs each), launches,
  *    operations, live allocations, graph launches; RINGTRAIN_EMU_STATS=<path> appends
  *    them at exit.
@@ -187,6 +187,19 @@ const char *inject_call; /* NULL: none armed */
 int inject_left;
 cudaError_t inject_err;
 
+/* RINGTRAIN_EMU_FAIL_CALL=<call>:<nth>: the nth call of that runtime function fails with
+ * cudaErrorNotSupported (rt_emu_fail_call, for a whole program: `ringtrain train`) */
+void arm_from_env(void) {
+    const char *v = getenv("RINGTRAIN_EMU_FAIL_CALL");
+    if (!v || !*v) return;
+    const char *colon = strchr(v, ':');
+    char *end = nullptr;
+    long nth = colon ? strtol(colon + 1, &end, 10) : 0;
+    if (!colon || colon == v || end == colon + 1 || *end || nth < 1)
+        rt_emu_fatal("RINGTRAIN_EMU_FAIL_CALL=%s: expected <call>:<n>, n >= 1 (e.g. cudaStreamBeginCapture:1)", v);
+    rt_emu_fail_call(strndup(v, (size_t)(colon - v)), (int)nth, cudaErrorNotSupported);
+}
+
 /* Whether this call of `call` is the armed failure (then *e is its error). */
 bool injected(const char *call, cudaError_t *e) {
     std::lock_guard<std::mutex> lk(inject_mu);
@@ -277,6 +290,7 @@ void init_once(void) {
     c.seed = (uint64_t)env_long("RINGTRAIN_EMU_SEED", (long)getpid());
     const char *stats = getenv("RINGTRAIN_EMU_STATS");
     if (stats && *stats) c.stats_path = strdup(stats);
+    arm_from_env();
     const char *log = getenv("RINGTRAIN_EMU_SYNC_LOG");
     if (log && *log) {
         c.sync_log_fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -1378,6 +1392,7 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
     RT_READY();
+    RT_INJECTED("cudaStreamBeginCapture");
     if ((unsigned)mode > (unsigned)cudaStreamCaptureModeRelaxed) return fail(cudaErrorInvalidValue);
     std::lock_guard<std::mutex> lk(G.m);
     CUstream_st *st = resolve(s);

@@ -160,6 +160,19 @@ errors)
     fail "train.cuda_graphs on, on the CPU: no error saying why"
   train auto model.arch=net train.label_smoothing=0 train.max_steps=4
   [ "$(graph_launches auto)" -eq 0 ] || fail "auto captured a step with dropout"
+  # a capture that fails (the emulator refuses the first cudaStreamBeginCapture): on is an
+  # error naming it; auto warns and goes on uncaptured, with the same bits as off
+  rc=0
+  RINGTRAIN_EMU_FAIL_CALL=cudaStreamBeginCapture:1 "$bin" train "$tmp/c.yaml" "${base[@]}" train.max_steps=6 \
+    train.cuda_graphs=on "log.dir=$tmp/e3" >"$tmp/e3.out" 2>"$tmp/e3.err" || rc=$?
+  [ "$rc" -ne 0 ] && grep -q "capturing the training step in a CUDA graph (train.cuda_graphs)" "$tmp/e3.err" ||
+    fail "a failed capture with train.cuda_graphs on: exit $rc, no error naming the capture"
+  RINGTRAIN_EMU_FAIL_CALL=cudaStreamBeginCapture:1 train fb train.max_steps=6
+  grep -q "train.cuda_graphs auto: the forward graph could not be captured, the steps run uncaptured" "$tmp/fb.err" ||
+    fail "a failed capture with auto: no warning"
+  [ "$(graph_launches fb)" -eq 0 ] || fail "graphs launched after the capture failed"
+  train fb-off train.max_steps=6 train.cuda_graphs=off
+  same fb fb-off "auto after a failed capture differs from off"
   echo "ok: train.cuda_graphs on where it cannot capture is an error saying why; auto runs uncaptured"
   ;;
 *) echo "usage: $0 RINGTRAIN one|nccl|resume|stop|ledger|errors" >&2; exit 2 ;;
