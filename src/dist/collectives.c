@@ -411,6 +411,26 @@ static const char *flight_algo(const rt_pg *pg, const rt_op *op) {
     return "ring";
 }
 
+/* A captured operation (pg_graph.c): an empty request for the transport's device part,
+ * noted in the group's graph; no recorder entry and no sequence number (both come at each
+ * launch: rt_pg_graph_launched). */
+static rt_status submit_captured(rt_pg *pg, const char *name, const rt_op *op, rt_request **out) {
+    rt_request *r;
+    RT_CHECK(rt_req_new(&pg->w->eng, name, pg->id, pg->timeout_s, 0, &r));
+    r->owner = pg;
+    r->fr_dev = true;
+    r->captured = true;
+    rt_status s = rt_req_submit(r, false);
+    if (s == RT_OK) s = rt_pg_capture_note(pg, op, flight_algo(pg, op), pg->op_tag);
+    pg->op_tag[0] = '\0';
+    if (s != RT_OK) {
+        rt_req_free(r);
+        return s;
+    }
+    *out = r;
+    return RT_OK;
+}
+
 /* A new request (built by `build` when given), submitted (driven by the progress thread
  * when `async` and it has transfers) but not waited for. Whatever fails, it is freed.
  * It is recorded in the group's flight recorder: queued here, started just before it is
@@ -418,6 +438,7 @@ static const char *flight_algo(const rt_pg *pg, const rt_op *op) {
  * dev_poll; a request freed still open is ended by rt_req_free). */
 rt_status rt_pg_submit_req(rt_pg *pg, const char *name, const rt_op *op, bool build, bool async, bool dev_part,
                            rt_request **out) {
+    if (op->captured) return submit_captured(pg, name, op, out);
     int maxx = build ? k_ops[op->kind].per_rank * pg->size + k_ops[op->kind].extra : 0;
     rt_request *r;
     char tag[RT_FLIGHT_TAG];
@@ -481,6 +502,7 @@ rt_status rt_run_enqueued(rt_pg *pg, const char *name, const rt_op *op, rt_reque
     RT_CHECK(rt_pg_submit_req(pg, name, op, false, false, true, &r));
     rt_status s = enqueue(pg, op, r);
     if (s != RT_OK) {
+        if (r->captured) rt_pg_capture_forget(pg, true);
         rt_flight_end(&pg->flight, r->fr_id, false);
         rt_req_free(r);
         return s;
@@ -502,7 +524,10 @@ static rt_status run(rt_pg *pg, const rt_op *op, bool async, rt_request **req) {
     rt_request **out = async ? req : NULL;
     RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "%s: NULL process group", name);
     RT_CHECK(check_args(pg, name, op));
-    if (pg->debug && op->kind != RT_K_P2P) { /* debug mode: the ranks agree before anything runs */
+    rt_op cop = *op;
+    RT_CHECK(rt_pg_capture_check(pg, name, async, &cop.captured));
+    if (cop.captured) return pg->tp->run(pg, name, &cop, out); /* debug mode checks at each launch */
+    if (pg->debug && op->kind != RT_K_P2P) {                   /* debug mode: the ranks agree before anything runs */
         rt_flight_fp fp = {.seq = pg->seq + 1,
                            .kind = op->kind,
                            .rop = reduces(op->kind) ? (int)op->rop : -1,

@@ -221,6 +221,54 @@ void rt_pg_set_tag(rt_pg *pg, const char *tag);
 /* The same for the next operation only, put before the context (e.g. "bucket 3 of 6"). */
 void rt_pg_set_op_tag(rt_pg *pg, const char *tag);
 
+/* ---- CUDA graphs (docs/dist.md, "CUDA graphs") ----
+ * A group's device operations can be captured into a CUDA graph with the rest of a step
+ * (core/device.h: rt_stream_capture_begin .. _end, rt_graph_launch) where its transport
+ * runs them on the device alone: nccl. While the group's stream (rt_pg_set_stream)
+ * captures, an operation is recorded into the graph, not run: it has no flight recorder
+ * entry, no sequence number and no watchdog entry then, and only rt_wait_stream may take
+ * its request (on the capturing stream: the join, on the device); rt_wait and rt_test on
+ * it, and blocking calls, are errors. Each replay runs it again with the buffers'
+ * contents at the replay.
+ *
+ *     rt_pg_set_stream(pg, s);                        // the stream being captured
+ *     RT_CHECK(rt_stream_capture_begin(s));
+ *     RT_CHECK(rt_pg_capture_begin(pg));
+ *     ... rt_iall_reduce(pg, ...); rt_wait_stream(req, s); ...   (e.g. the reducer)
+ *     RT_CHECK(rt_pg_capture_end(pg, &pgg));
+ *     RT_CHECK(rt_stream_capture_end(s, &graph));
+ *     each step: RT_CHECK(rt_graph_launch(graph, s)); RT_CHECK(rt_pg_graph_launched(pg, pgg, s));
+ *
+ * Whether this group's device operations can be captured: true for nccl (world group,
+ * device buffers); false for host buffers, tcp and shm (they stage device buffers
+ * through the host) and sub-groups; `why` (may be NULL) then says so in a sentence. */
+bool rt_pg_capturable(const rt_pg *pg, char *why, size_t n);
+/* From capture_begin to capture_end the group notes each operation captured (operation,
+ * dtype, count, root, reduce op, algorithm and its rt_pg_set_op_tag) in an rt_pg_graph.
+ * begin: RT_ERR_UNSUPPORTED with the reason when not capturable; RT_ERR_INVALID when
+ * capturing already. The operations' stream is the group's at each call (the reducer
+ * sets its own around its calls). Between them every operation must be
+ * captured (the group's stream capturing: else an error naming the call), and an
+ * operation on a capturing stream without capture_begin is an error naming the call.
+ * end: *out the graph (free it with rt_pg_graph_free); an error when a captured
+ * request was not joined (rt_wait_stream). The capture ends either way. */
+typedef struct rt_pg_graph rt_pg_graph;
+rt_status rt_pg_capture_begin(rt_pg *pg);
+rt_status rt_pg_capture_end(rt_pg *pg, rt_pg_graph **out);
+/* Call right after each rt_graph_launch(graph, s) of a graph holding g's operations (from
+ * the thread that issues the group's operations): enters them in the flight recorder as
+ * if they had just been called (sequence numbers advancing, tag: each one's op tag, then
+ * the group's tag now), in debug mode first compares them across the ranks, records one
+ * event on s behind the graph and hands it to the watchdog with the group's timeout. A
+ * dead peer or the timeout during the replay aborts the communicator and breaks the group
+ * (its next call fails with the usual error); the entries end with the event. An error
+ * when the group is broken already (the replay then does nothing on the device). */
+rt_status rt_pg_graph_launched(rt_pg *pg, const rt_pg_graph *g, rt_stream *s);
+/* The number of operations g holds (0 for NULL). */
+int rt_pg_graph_ops(const rt_pg_graph *g);
+/* NULL is a no-op. Free it before its group. */
+void rt_pg_graph_free(rt_pg_graph *g);
+
 /* The libraries src/dist links (NCCL), for `ringtrain info`. */
 int rt_dist_lib_versions(rt_lib_version *out, int cap);
 

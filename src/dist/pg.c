@@ -247,6 +247,7 @@ static void pg_free(rt_pg *pg, rt_pg_world *w) {
     if (w) world_free(w);
     rt_stage_pool_free(pg);
     if (pg->has_flight) rt_flight_destroy(&pg->flight);
+    rt_pg_graph_free(pg->capture); /* a capture never ended */
     free(pg->p2p_n);
     free(pg->cell_cache);
     pthread_mutex_destroy(&pg->cache_mu);
@@ -425,8 +426,23 @@ static rt_status dev_wait(rt_request *r) {
     }
 }
 
+/* A captured request (pg_graph.c) waited for by the host: refused, and freed when `free`. */
+static rt_status captured_host_wait(rt_request *req, const char *call, bool free) {
+    char op[48];
+    snprintf(op, sizeof op, "%s", req->opname);
+    if (free) {
+        rt_pg_capture_forget(req->owner, false);
+        rt_req_free(req);
+    }
+    RT_FAIL(RT_ERR_INVALID,
+            "%s: %s was captured into a CUDA graph: it runs when the graph is launched, so the host cannot wait for "
+            "it (use rt_wait_stream on the capturing stream)",
+            call, op);
+}
+
 rt_status rt_wait(rt_request *req) {
     RT_REQUIRE(req != NULL, RT_ERR_INVALID, "rt_wait: NULL request");
+    if (req->captured) return captured_host_wait(req, "rt_wait", true);
     rt_status s = rt_req_wait(req);
     if (s == RT_OK) s = dev_wait(req);
     rt_req_free(req);
@@ -435,6 +451,13 @@ rt_status rt_wait(rt_request *req) {
 
 rt_status rt_wait_stream(rt_request *req, rt_stream *stream) {
     RT_REQUIRE(req != NULL, RT_ERR_INVALID, "rt_wait_stream: NULL request");
+    if (req->captured) { /* the join of the capture: the stream waits on the device, nothing is watched */
+        if (!stream || !rt_stream_native(stream)) return captured_host_wait(req, "rt_wait_stream", true);
+        rt_status s = req->dev->stream_wait(req, stream);
+        rt_pg_capture_forget(req->owner, false);
+        rt_req_free(req);
+        return s;
+    }
     rt_status s = rt_req_wait(req); /* the host part (none on nccl) */
     if (s == RT_OK && req->dev && !req->dev_done) {
         if (stream && rt_stream_native(stream))
@@ -452,6 +475,7 @@ rt_status rt_wait_stream(rt_request *req, rt_stream *stream) {
 rt_status rt_test(rt_request *req, bool *done) {
     RT_REQUIRE(req != NULL, RT_ERR_INVALID, "rt_test: NULL request");
     RT_REQUIRE(done != NULL, RT_ERR_INVALID, "rt_test: NULL result pointer");
+    if (req->captured) return captured_host_wait(req, "rt_test", false);
     bool host = false;
     rt_status s = rt_req_test(req, &host);
     if (s != RT_OK || !host) {

@@ -224,7 +224,8 @@ static rt_status start(rt_reducer *r, bucket *b) {
     char tag[48];
     snprintf(tag, sizeof tag, "bucket %d of %d", idx + 1, r->nb); /* in flight files and diagnoses */
     rt_pg_set_op_tag(r->pg, tag);
-    b->t_start = fault == RT_REDUCER_FAULT_SKIP ? 0 : rt_trace_now();
+    /* a captured bucket is not traced: its recorder entries come at each launch (pg_graph.c) */
+    b->t_start = fault == RT_REDUCER_FAULT_SKIP || r->pg->capture ? 0 : rt_trace_now();
     size_t count = (b->end - b->begin) / es - (fault == RT_REDUCER_FAULT_SHORT && b->end - b->begin > es ? 1 : 0);
     rt_status s = RT_OK;
     if (fault == RT_REDUCER_FAULT_SKIP) {

@@ -41,6 +41,14 @@ extern "C" {
  * the graph's last instance is gone. */
 cudaError_t rt_emu_stream_enqueue(cudaStream_t s, const char *what, void (*fn)(void *arg), void *arg,
                                   void (*cleanup)(void *arg));
+/* rt_emu_stream_enqueue, plus on_queue(arg), called under the runtime's lock whenever the
+ * operation is put on a stream's queue to run (before the worker can start it): at once
+ * where s does not capture; where it does, never at capture but at each cudaGraphLaunch of
+ * a graph holding it, on the launching thread, in launch order. The emulated NCCL takes a
+ * communicator's ticket there, so a replayed operation is ordered where the host launched
+ * the graph. on_queue must not call the runtime. */
+cudaError_t rt_emu_stream_enqueue_queued(cudaStream_t s, const char *what, void (*fn)(void *arg), void *arg,
+                                         void (*cleanup)(void *arg), void (*on_queue)(void *arg));
 
 /* The device a stream belongs to (0 / legacy: the current device); -1 when invalid. */
 int rt_emu_stream_device(cudaStream_t s);

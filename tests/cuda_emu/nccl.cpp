@@ -52,6 +52,18 @@
  *   per-element formula above is NCCL's, the rank order is the emulation's (fixed).
  *   Float16/Bfloat16/fp8 are not emulated (ncclInvalidArgument): ringtrain uses none.
  *
+ * Stream capture (as NCCL allows since 2.9: collectives, point-to-point and groups). An
+ * operation issued on a capturing stream is validated and recorded into the graph, not
+ * run. Each launch of the graph (cudaGraphLaunch) issues it anew: it takes its ticket at
+ * the launch, on the launching thread (rt_emu_stream_enqueue_queued), so it is ordered
+ * among the communicator's other operations where the host launched the graph (ranks that
+ * launch the same graph at the same point agree, as NCCL requires: a launch is collective
+ * over the ranks of the capture), and it reads and writes its buffers when it executes. A
+ * peer that died before or during a replay gives ncclRemoteError as for any operation; a
+ * replay on an aborted or destroyed communicator does nothing (garbage, as after an
+ * abort). Communicator management (init, finalize, destroy, abort) has no stream and is
+ * not captured.
+ *
  * Groups (thread-local, nesting, as NCCL): operations between ncclGroupStart and the
  * outermost ncclGroupEnd are collected and enqueued at ncclGroupEnd, one unit per
  * communicator: collectives in call order, then every send and recv progressed together,
@@ -258,12 +270,12 @@ struct ncclComm {
     std::atomic<bool> ready{false};     /* rendezvous done */
     std::atomic<int> pending{0};        /* units enqueued, not yet executed */
     std::atomic<uint64_t> serving{0};   /* ticket of the unit that may execute */
-    uint64_t next_ticket = 0;           /* under mu */
+    std::atomic<uint64_t> next_ticket{0}; /* taken under the runtime's lock (unit_queued) */
     uint64_t coll_step = 0;             /* collective chunks so far: the unit holding the turn */
     std::atomic<uint64_t> last_probe{0};
     std::atomic<int> users{1};          /* the owner + every queued unit: the mapping lives until 0 */
 
-    std::mutex mu; /* tickets, the launcher's queue */
+    std::mutex mu; /* the launcher's queue */
     std::condition_variable cv;
     std::deque<std::function<void()>> jobs;
     std::thread launcher;
@@ -871,16 +883,25 @@ bool run_p2p(ncclComm *c, const std::vector<const Op *> &ops) {
 /* ---- units: what one ncclGroupEnd (or one ungrouped call) enqueues per communicator ---- */
 
 struct Unit {
+    Unit(ncclComm *c, std::vector<Op> o) : comm(c), ops(std::move(o)) {}
     ncclComm *comm;
-    uint64_t ticket;
     std::vector<Op> ops;
+    std::mutex mu;               /* tickets */
+    std::deque<uint64_t> tickets; /* one per run queued and not yet started (a graph's node: per launch) */
 };
 
+/* A turn already served on a communicator that works is the emulation's own bug (a unit
+ * run twice on one ticket: a replay reusing its capture's): stop, do not hang. */
 bool wait_turn(ncclComm *c, uint64_t ticket) {
     Waiter w(c);
-    while (c->serving.load(std::memory_order_acquire) != ticket)
+    for (;;) {
+        uint64_t now = c->serving.load(std::memory_order_acquire);
+        if (now == ticket) return true;
+        if (now > ticket && comm_ok(c))
+            rt_emu_fatal("emulated NCCL: rank %d: operation ticket %llu runs after ticket %llu was served", c->rank,
+                         (unsigned long long)ticket, (unsigned long long)now - 1);
         if (!w.pause()) return false;
-    return true;
+    }
 }
 
 void maybe_die(const Op &o) {
@@ -922,24 +943,48 @@ bool run_ops(ncclComm *c, Unit *u) {
     return p2p.empty() || run_p2p(c, p2p);
 }
 
+/* The unit is put on a stream's queue to run (rt_emu_stream_enqueue_queued, under the
+ * runtime's lock): its ticket now, so that the communicator's work runs in the order the
+ * host queued it, a captured unit at each launch of its graph. */
+void unit_queued(void *arg) {
+    Unit *u = (Unit *)arg;
+    ncclComm *c = u->comm;
+    c->pending.fetch_add(1);
+    c->users.fetch_add(1);
+    std::lock_guard<std::mutex> l(u->mu);
+    u->tickets.push_back(c->next_ticket.fetch_add(1));
+}
+
+/* One run: the oldest ticket queued (runs of one node are alike, so any order of them
+ * across streams is fine). Reads and writes the buffers now, at each replay. */
 void unit_run(void *arg) {
     Unit *u = (Unit *)arg;
     ncclComm *c = u->comm;
+    uint64_t ticket;
+    {
+        std::lock_guard<std::mutex> l(u->mu);
+        ticket = u->tickets.front();
+        u->tickets.pop_front();
+    }
     /* an aborted or broken communicator does nothing: the stream goes on, the data is garbage */
-    if (wait_turn(c, u->ticket) && comm_ok(c)) (void)run_ops(c, u);
-    c->serving.store(u->ticket + 1, std::memory_order_release);
+    if (wait_turn(c, ticket) && comm_ok(c)) (void)run_ops(c, u);
+    c->serving.store(ticket + 1, std::memory_order_release);
+    c->pending.fetch_sub(1);
+    drop_user(c);
 }
 
+/* the unit is gone: after its one run, or with its graph's last instance */
 void unit_cleanup(void *arg) {
     Unit *u = (Unit *)arg;
     ncclComm *c = u->comm;
-    c->pending.fetch_sub(1);
     delete u;
     drop_user(c);
 }
 
 /* Enqueues the unit on `stream` (the other streams of its ops wait for each other around
- * it, as NCCL joins a group's streams). Called on the calling thread (blocking) or the
+ * it, as NCCL joins a group's streams), or on a capturing stream records it into the graph,
+ * as NCCL allows (collectives, p2p and groups): it takes its ticket at each launch of the
+ * graph and reads the buffers then. Called on the calling thread (blocking) or the
  * launcher (non-blocking). */
 ncclResult_t launch_unit(Unit *u) {
     ncclComm *c = u->comm;
@@ -958,15 +1003,6 @@ ncclResult_t launch_unit(Unit *u) {
             delete u;
             return ncclUnhandledCudaError;
         }
-    for (const Op &o : u->ops) { /* a captured unit would replay its ticket: not emulated */
-        enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        if (o.stream && cudaStreamIsCapturing(o.stream, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone) {
-            note_error(true, "%s: NCCL calls inside a stream capture are not emulated", kind_name(o.kind));
-            (void)cudaSetDevice(saved);
-            delete u;
-            return ncclInvalidUsage;
-        }
-    }
     cudaError_t e = cudaSuccess;
     for (cudaStream_t s : others) { /* s0 after the others' earlier work */
         cudaEvent_t ev;
@@ -976,16 +1012,11 @@ ncclResult_t launch_unit(Unit *u) {
         if (e != cudaSuccess) break;
     }
     if (e == cudaSuccess) {
-        std::lock_guard<std::mutex> l(c->mu);
-        u->ticket = c->next_ticket++;
-        c->pending.fetch_add(1);
-        c->users.fetch_add(1);
-        e = rt_emu_stream_enqueue(s0, kind_name(u->ops[0].kind), unit_run, u, unit_cleanup);
-        if (e != cudaSuccess) { /* nothing runs: give the ticket back */
-            c->next_ticket--;
-            c->pending.fetch_sub(1);
-            c->users.fetch_sub(1);
+        c->users.fetch_add(1); /* the unit's own: unit_cleanup drops it */
+        e = rt_emu_stream_enqueue_queued(s0, kind_name(u->ops[0].kind), unit_run, u, unit_cleanup, unit_queued);
+        if (e != cudaSuccess) { /* nothing queued, no ticket taken */
             delete u;
+            drop_user(c);
         }
     } else {
         delete u;
@@ -1168,7 +1199,7 @@ ncclResult_t submit(Op o) {
         t_group_ops.push_back(o);
         return ncclSuccess;
     }
-    std::vector<Unit *> units{new Unit{c, 0, {o}}};
+    std::vector<Unit *> units{new Unit(c, {o})};
     return failed(c, launch_units(units));
 }
 
@@ -1502,7 +1533,7 @@ ncclResult_t ncclGroupEnd(void) {
         Unit *u = nullptr;
         for (Unit *x : units)
             if (x->comm == o.comm) u = x;
-        if (!u) units.push_back(u = new Unit{o.comm, 0, {}});
+        if (!u) units.push_back(u = new Unit(o.comm, {}));
         u->ops.push_back(o);
     }
     return launch_units(units);

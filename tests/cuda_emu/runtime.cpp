@@ -589,6 +589,7 @@ struct graph_node {
     void *arg;
     void (*cleanup)(void *);
     const char *what;
+    void (*on_queue)(void *) = nullptr; /* rt_emu_stream_enqueue_queued: at each launch */
 };
 
 /* the nodes of a graph, shared by the graph, its instances and the launches in flight */
@@ -1487,6 +1488,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
         r->ev->seq = seq; /* complete with the launch: never earlier than the node ran */
         r->ev->cap_id = 0;
     }
+    for (graph_node &n : exec->nodes->nodes) /* G.m held: the worker cannot start the graph yet */
+        if (n.on_queue) n.on_queue(n.arg);
     __atomic_add_fetch(&G.graph_launches, 1, __ATOMIC_RELAXED);
     rt_emu_ledger_graph_launch(s, exec->nodes->costs.data(), exec->nodes->costs.size()); /* G.m, then the ledger's */
     return cudaSuccess;
@@ -1532,6 +1535,25 @@ cudaError_t rt_emu_stream_enqueue(cudaStream_t s, const char *what, void (*fn)(v
     CUstream_st *st = resolve(s);
     if (!st) return cudaErrorInvalidResourceHandle;
     return enqueue_or_capture(st, new_op(what, fn, arg, cleanup), nullptr);
+}
+
+/* rt_emu_stream_enqueue, and on_queue(arg) under G.m whenever the operation is put on a
+ * queue to run: now where s does not capture, at each cudaGraphLaunch where it does */
+cudaError_t rt_emu_stream_enqueue_queued(cudaStream_t s, const char *what, void (*fn)(void *arg), void *arg,
+                                         void (*cleanup)(void *arg), void (*on_queue)(void *arg)) {
+    cudaError_t e = ready();
+    if (e != cudaSuccess) return e;
+    std::lock_guard<std::mutex> lk(G.m);
+    CUstream_st *st = resolve(s);
+    if (!st) return cudaErrorInvalidResourceHandle;
+    capture *c = st->cap;
+    e = enqueue_or_capture(st, new_op(what, fn, arg, cleanup), nullptr);
+    if (e != cudaSuccess) return e;
+    if (!c)
+        on_queue(arg); /* G.m held: the worker cannot start it yet */
+    else if (fn)
+        c->nodes->nodes.back().on_queue = on_queue;
+    return cudaSuccess;
 }
 
 int rt_emu_capture_cost(cudaStream_t s, const rt_cost_op *o) {

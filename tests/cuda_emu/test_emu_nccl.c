@@ -17,6 +17,10 @@
  *  - two ranks on one device are refused (ncclInvalidUsage), the others are not;
  *  - RINGTRAIN_EMU_NCCL_FAIL inside a group: the error, the group left open, the refusal
  *    of the next operation while it is open, ncclGroupEnd returning the error;
+ *  - stream capture: an all-reduce and a grouped send/recv captured in a graph run at each
+ *    replay, not at capture, with the buffers' contents at the replay, ordered among
+ *    uncaptured operations where the graph was launched; a peer that dies in a replay
+ *    gives ncclRemoteError, a later replay does nothing and an uncaptured call fails;
  *  - no file of a communicator is left in /dev/shm.
  *
  * No timing windows: every wait is for an event (a flag in shared memory, a stream, an
@@ -527,33 +531,139 @@ static void test_runs_on_stream(void **state) {
     expect_all_pass(2, rank_on_stream);
 }
 
-/* an NCCL call on a capturing stream is refused (the emulation orders a communicator's
- * work by tickets taken at the call, which a replay would reuse: it would hang), and the
- * communicator goes on working after it */
-static int rank_capture_refused(int rank, int n) {
-    ncclComm_t comm;
-    cudaStream_t s, cap;
-    if (start(rank, n, rank, &comm, &s)) return 1;
-    CUDA_OK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
-    int32_t *d, h[4] = {rank + 1, rank + 1, rank + 1, rank + 1}, g[4];
-    CUDA_OK(cudaMalloc((void **)&d, sizeof h));
-    CUDA_OK(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
-    NCCL_IS(ncclAllReduce(d, d, 4, ncclInt32, ncclSum, comm, cap), ncclInvalidUsage);
+/* ---- stream capture: NCCL operations in a CUDA graph ------------------------------------ */
+
+#define CAPN 300000 /* floats: more than one chunk of the emulation's slots (1 MiB) */
+
+/* rank r's input at replay k, element i: small integers, so every sum is exact */
+static float cap_val(int r, int k, size_t i) { return (float)((int)(i % 97) + 100 * r + 1000 * k); }
+
+/* The graph of the capture tests, captured on `cap` in thread-local mode (as ringtrain
+ * captures): an all-reduce of in into out, then a grouped exchange of in with the other
+ * rank into peer. */
+static int capture_graph(int rank, ncclComm_t comm, cudaStream_t cap, float *in, float *out, float *peer,
+                         cudaGraphExec_t *exec) {
+    CUDA_OK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal));
+    NCCL_OK(ncclAllReduce(in, out, CAPN, ncclFloat32, ncclSum, comm, cap));
+    if (peer) {
+        NCCL_OK(ncclGroupStart());
+        NCCL_OK(ncclSend(in, CAPN, ncclFloat32, 1 - rank, comm, cap));
+        NCCL_OK(ncclRecv(peer, CAPN, ncclFloat32, 1 - rank, comm, cap));
+        NCCL_OK(ncclGroupEnd());
+    }
     cudaGraph_t graph = NULL;
     CUDA_OK(cudaStreamEndCapture(cap, &graph));
+    CUDA_OK(cudaGraphInstantiate(exec, graph, 0));
     CUDA_OK(cudaGraphDestroy(graph));
-    NCCL_OK(ncclAllReduce(d, d, 4, ncclInt32, ncclSum, comm, s));
-    CUDA_OK(cudaStreamSynchronize(s));
-    CUDA_OK(cudaMemcpy(g, d, sizeof g, cudaMemcpyDeviceToHost));
-    CHECK(g[0] == n * (n + 1) / 2 && g[3] == g[0], "all-reduce after the refused one: %d", g[0]);
-    NCCL_OK(ncclCommDestroy(comm));
     return 0;
 }
 
-static void test_capture_refused(void **state) {
+/* Element checks of replay k: out is the sum of both ranks' inputs of replay k, peer the
+ * other rank's input of replay k. */
+static int check_replay(int rank, int k, const float *out, const float *peer) {
+    for (size_t i = 0; i < CAPN; i++) {
+        float want = cap_val(0, k, i) + cap_val(1, k, i);
+        CHECK(out[i] == want, "replay %d: all-reduce element %zu is %g, expected %g", k, i, out[i], want);
+        CHECK(peer[i] == cap_val(1 - rank, k, i), "replay %d: received element %zu is %g, expected %g", k, i, peer[i],
+              cap_val(1 - rank, k, i));
+    }
+    return 0;
+}
+
+/* Captured once, replayed 3 times with new inputs each time (a value read at capture would
+ * repeat replay 0's sums), each replay followed by an uncaptured all-reduce on another
+ * stream: the replay takes its place among the communicator's operations when the graph
+ * is launched. Nothing runs at capture. The graph outlives the communicator. */
+static int rank_capture_replay(int rank, int n) {
+    ncclComm_t comm;
+    cudaStream_t s, cap;
+    if (start(rank, n, rank, &comm, &s)) return 1;
+    CUDA_OK(cudaStreamCreate(&cap)); /* blocking: after the uploads on the legacy stream */
+    size_t nb = CAPN * sizeof(float);
+    float *h = malloc(nb), *g = malloc(nb), *gp = malloc(nb), *in, *out, *peer;
+    int32_t *x, hx = rank + 1, gx = 0;
+    CHECK(h && g && gp, "out of memory");
+    CUDA_OK(cudaMalloc((void **)&in, nb));
+    CUDA_OK(cudaMalloc((void **)&out, nb));
+    CUDA_OK(cudaMalloc((void **)&peer, nb));
+    CUDA_OK(cudaMalloc((void **)&x, sizeof hx));
+    CUDA_OK(cudaMemset(out, 0, nb));
+    cudaGraphExec_t exec;
+    if (capture_graph(rank, comm, cap, in, out, peer, &exec)) return 1;
+    CUDA_OK(cudaMemcpy(g, out, sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK(g[0] == 0.0f, "the captured all-reduce ran at capture (%g)", g[0]);
+    for (int k = 0; k < 3; k++) {
+        for (size_t i = 0; i < CAPN; i++) h[i] = cap_val(rank, k, i);
+        CUDA_OK(cudaMemcpy(in, h, nb, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(x, &hx, sizeof hx, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaGraphLaunch(exec, cap));
+        NCCL_OK(ncclAllReduce(x, x, 1, ncclInt32, ncclSum, comm, s));
+        CUDA_OK(cudaStreamSynchronize(cap));
+        CUDA_OK(cudaStreamSynchronize(s));
+        CUDA_OK(cudaMemcpy(g, out, nb, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(gp, peer, nb, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(&gx, x, sizeof gx, cudaMemcpyDeviceToHost));
+        if (check_replay(rank, k, g, gp)) return 1;
+        CHECK(gx == n * (n + 1) / 2, "the uncaptured all-reduce after replay %d: %d", k, gx);
+    }
+    NCCL_OK(ncclCommDestroy(comm));
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CHECK(rt_emu_nccl_live_comms() == 0, "a communicator is still alive");
+    free(h), free(g), free(gp);
+    return 0;
+}
+
+static void test_capture_replay(void **state) {
     (void)state;
-    expect_all_pass(2, rank_capture_refused);
+    expect_all_pass(2, rank_capture_replay);
+}
+
+/* Rank 1 dies (RINGTRAIN_EMU_NCCL_KILL) as its second replay's all-reduce starts. Rank 0
+ * sees ncclRemoteError and its stream completes, as for an uncaptured operation; a replay
+ * launched after that does nothing and the error stays; an uncaptured call returns it. */
+static int rank_capture_dead_peer(int rank, int n) {
+    if (rank == 1) setenv("RINGTRAIN_EMU_NCCL_KILL", "ncclAllReduce:2", 1);
+    ncclComm_t comm;
+    cudaStream_t s, cap;
+    if (start(rank, n, rank, &comm, &s)) return 1;
+    CUDA_OK(cudaStreamCreate(&cap)); /* blocking: after the uploads on the legacy stream */
+    float *in, *out, g = 0;
+    CUDA_OK(cudaMalloc((void **)&in, CAPN * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&out, CAPN * sizeof(float)));
+    CUDA_OK(cudaMemset(in, 0, CAPN * sizeof(float)));
+    cudaGraphExec_t exec;
+    if (capture_graph(rank, comm, cap, in, out, NULL, &exec)) return 1;
+    CUDA_OK(cudaGraphLaunch(exec, cap));
+    CUDA_OK(cudaStreamSynchronize(cap));
+    CUDA_OK(cudaGraphLaunch(exec, cap));
+    if (rank == 1) {
+        (void)cudaStreamSynchronize(cap);
+        return 2; /* the kill did not happen */
+    }
+    ncclResult_t a = ncclSuccess;
+    while (a == ncclSuccess || a == ncclInProgress) {
+        NCCL_OK(ncclCommGetAsyncError(comm, &a));
+        sched_yield();
+    }
+    CHECK(a == ncclRemoteError, "asynchronous error %d (%s) in a replay", (int)a, ncclGetErrorString(a));
+    CUDA_OK(cudaStreamSynchronize(cap)); /* the replay ended: the stream goes on */
+    CUDA_OK(cudaMemcpy(out, &g, sizeof g, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaGraphLaunch(exec, cap)); /* after the peer died */
+    CUDA_OK(cudaStreamSynchronize(cap));
+    NCCL_OK(ncclCommGetAsyncError(comm, &a));
+    CHECK(a == ncclRemoteError, "asynchronous error %d after a replay on a broken communicator", (int)a);
+    NCCL_IS(ncclAllReduce(in, in, 1, ncclFloat32, ncclSum, comm, s), ncclRemoteError);
+    NCCL_OK(ncclCommAbort(comm));
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    return 0;
+}
+
+static void test_capture_dead_peer(void **state) {
+    (void)state;
+    int codes[MAXR];
+    run_ranks(2, rank_capture_dead_peer, codes);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 128 + SIGKILL);
 }
 
 /* ---- non-blocking communicators ------------------------------------------------------ */
@@ -772,7 +882,8 @@ int main(void) {
         cmocka_unit_test(test_collectives_2),  cmocka_unit_test(test_collectives_3), cmocka_unit_test(test_send_recv_2),
         cmocka_unit_test(test_send_recv_3),    cmocka_unit_test(test_runs_on_stream), cmocka_unit_test(test_nonblocking),
         cmocka_unit_test(test_killed_peer),    cmocka_unit_test(test_abort_unblocks), cmocka_unit_test(test_same_device),
-        cmocka_unit_test(test_fail_injection), cmocka_unit_test(test_capture_refused),
+        cmocka_unit_test(test_fail_injection), cmocka_unit_test(test_capture_replay),
+        cmocka_unit_test(test_capture_dead_peer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

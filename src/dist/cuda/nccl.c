@@ -54,8 +54,9 @@ typedef struct watched {
     cudaEvent_t ev;
     uint64_t deadline;
     const char *op;
-    rt_flight *fr; /* the flight recorder entry it ends (fr NULL or fr_id 0: none) */
+    rt_flight *fr; /* the flight recorder entries it ends: fr_id .. fr_id + fr_n - 1 (fr NULL or fr_id 0: none) */
     uint64_t fr_id;
+    int fr_n;
     rt_pg *owner;     /* the group (NULL: none): a wait past slow_at runs its desync check */
     uint64_t slow_at; /* docs/dist.md, "Hangs and desyncs" */
 } watched;
@@ -77,6 +78,7 @@ typedef struct nccl_state {
     pthread_mutex_t mu; /* every NCCL call on comm, and the abort */
     bool aborting;      /* set before ncclCommAbort: completions seen after it may be cut short */
     bool in_group;      /* between our ncclGroupStart and ncclGroupEnd: a failure there ends the group first */
+    bool capturing;     /* enqueuing a captured operation (rt_op.captured) */
     /* the watchdog */
     pthread_cond_t cv;
     watched *watch;
@@ -136,6 +138,13 @@ static rt_status fail_locked(nccl_state *st, rt_status s, const char *op, const 
     return r;
 }
 
+/* A CUDA call failed while enqueuing. Captured work runs nowhere yet, so no peer waits
+ * in it: the capture fails (the caller's capture end says so), the communicator lives. */
+static rt_status cuda_failed_locked(nccl_state *st, const char *op, const char *why) {
+    if (st->capturing) return RT_ERROR(RT_ERR_CUDA, "%s over nccl, during a CUDA graph capture: %s", op, why);
+    return fail_locked(st, RT_ERR_CUDA, op, why);
+}
+
 /* Poll until the communicator is no longer "in progress" (after a call returned
  * ncclInProgress, or after init). st->mu held. */
 static rt_status wait_ready_locked(nccl_state *st, const char *op, uint64_t deadline) {
@@ -176,9 +185,18 @@ static rt_status wait_ready_locked(nccl_state *st, const char *op, uint64_t dead
             (void)cudaGetLastError();                                                                                  \
             char rt_w_[200];                                                                                           \
             snprintf(rt_w_, sizeof rt_w_, "%s: %s", #expr, cudaGetErrorString(rt_c_));                                 \
-            return fail_locked((st), RT_ERR_CUDA, (op), rt_w_);                                                        \
+            return cuda_failed_locked((st), (op), rt_w_);                                                              \
         }                                                                                                              \
     } while (0)
+
+/* The communicator's asynchronous error, if any, as a failure (aborts). st->mu held. */
+static rt_status async_error_locked(nccl_state *st, const char *op) {
+    ncclResult_t a = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(st->comm, &a);
+    if (q != ncclSuccess) return fail_locked(st, RT_ERR_CUDA, op, ncclGetErrorString(q));
+    if (a != ncclSuccess && a != ncclInProgress) return fail_locked(st, RT_ERR_PEER, op, ncclGetErrorString(a));
+    return RT_OK;
+}
 
 /* ---- the watchdog: device completions that a stream waits for ---- */
 
@@ -190,8 +208,13 @@ static void watch_pass_locked(nccl_state *st) {
     for (int i = 0; i < st->nwatch;) {
         watched *x = &st->watch[i];
         cudaError_t e = cudaEventQuery(x->ev);
+        /* complete, but a kernel cut short by a failed peer completes too: only a
+         * communicator without an asynchronous error (looked at after the event) makes it a success */
+        if (e == cudaSuccess && !st->aborting && st->comm) (void)async_error_locked(st, x->op);
         bool gone = e == cudaSuccess || st->aborting; /* done, or cut short by the abort */
-        if (gone && x->fr_id) rt_flight_end(x->fr, x->fr_id, e == cudaSuccess && !st->aborting);
+        if (gone && x->fr_id)
+            for (int k = 0; k < x->fr_n; k++)
+                rt_flight_end(x->fr, x->fr_id + (uint64_t)k, e == cudaSuccess && !st->aborting);
         if (!gone && e == cudaErrorNotReady) {
             (void)cudaGetLastError();
             if (x->owner && now >= x->slow_at && now >= st->slow_next && !st->aborting) {
@@ -265,7 +288,7 @@ static void *watchdog_main(void *arg) {
 
 /* Hand a completion event to the watchdog (it destroys it). */
 static void watch_add(nccl_state *st, cudaEvent_t ev, uint64_t deadline, const char *op, rt_flight *fr, uint64_t fr_id,
-                      rt_pg *owner, uint64_t slow_at) {
+                      int fr_n, rt_pg *owner, uint64_t slow_at) {
     pthread_mutex_lock(&st->mu);
     bool ok = true;
     if (st->nwatch == st->capwatch) {
@@ -285,7 +308,7 @@ static void watch_add(nccl_state *st, cudaEvent_t ev, uint64_t deadline, const c
             ok = false;
     }
     if (ok) {
-        st->watch[st->nwatch++] = (watched){ev, deadline, op, fr, fr_id, owner, slow_at};
+        st->watch[st->nwatch++] = (watched){ev, deadline, op, fr, fr_id, fr_n, owner, slow_at};
         pthread_cond_signal(&st->cv);
     }
     pthread_mutex_unlock(&st->mu);
@@ -294,7 +317,7 @@ static void watch_add(nccl_state *st, cudaEvent_t ev, uint64_t deadline, const c
         for (unsigned i = 0; cudaEventQuery(ev) == cudaErrorNotReady; i++) poll_pause(i);
         (void)cudaGetLastError();
         cudaEventDestroy(ev);
-        if (fr_id) rt_flight_end(fr, fr_id, true);
+        for (int k = 0; k < fr_n && fr_id; k++) rt_flight_end(fr, fr_id + (uint64_t)k, true);
     }
 }
 
@@ -306,15 +329,6 @@ typedef struct nccl_done {
     uint64_t deadline;
     const char *op;
 } nccl_done;
-
-/* The communicator's asynchronous error, if any, as a failure (aborts). st->mu held. */
-static rt_status async_error_locked(nccl_state *st, const char *op) {
-    ncclResult_t a = ncclSuccess;
-    ncclResult_t q = ncclCommGetAsyncError(st->comm, &a);
-    if (q != ncclSuccess) return fail_locked(st, RT_ERR_CUDA, op, ncclGetErrorString(q));
-    if (a != ncclSuccess && a != ncclInProgress) return fail_locked(st, RT_ERR_PEER, op, ncclGetErrorString(a));
-    return RT_OK;
-}
 
 static rt_status nccl_poll(rt_request *r, bool *done) {
     nccl_done *c = r->dev_ctx;
@@ -355,7 +369,7 @@ static rt_status nccl_stream_wait(rt_request *r, rt_stream *s) {
 static void nccl_release(rt_request *r) {
     nccl_done *c = r->dev_ctx;
     if (!c) return;
-    if (r->dev_done)
+    if (r->dev_done || r->captured) /* done, or a position in a graph (its launches are watched) */
         cudaEventDestroy(c->ev);
     else { /* a stream waits for it (or nobody did): the watchdog keeps an eye on it, and
             * its recorder entry stays open until the watchdog sees the completion (world
@@ -363,7 +377,7 @@ static void nccl_release(rt_request *r) {
         rt_pg *pg = r->owner;
         bool own = r->fr_id && pg && pg->is_world;
         uint64_t slow_at = c->deadline - (uint64_t)((c->st->timeout_s - r->slow_s) * 1e9);
-        watch_add(c->st, c->ev, c->deadline, c->op, own ? r->fr : NULL, own ? r->fr_id : 0,
+        watch_add(c->st, c->ev, c->deadline, c->op, own ? r->fr : NULL, own ? r->fr_id : 0, 1,
                   own && r->slow_s > 0 ? pg : NULL, slow_at);
         if (own) r->fr_id = 0;
     }
@@ -623,9 +637,14 @@ static size_t chunk_len(size_t count, int n, int c) {
     return count / (size_t)n + ((size_t)c < count % (size_t)n ? 1 : 0);
 }
 
-/* At least nb bytes of device scratch in st->scratch. st->mu held. */
+/* At least nb bytes of device scratch in st->scratch. Not during a capture: an
+ * allocation would end it (the same operations run once uncaptured size it). st->mu held. */
 static rt_status scratch_locked(nccl_state *st, size_t nb, const char *name) {
     if (st->scratch_bytes >= nb) return RT_OK;
+    RT_REQUIRE(!st->capturing, RT_ERR_INVALID,
+               "%s of bf16 over nccl: needs %zu bytes of device scratch, the group has %zu, and a CUDA graph capture "
+               "cannot allocate: run the same operations once uncaptured before capturing them",
+               name, nb, st->scratch_bytes);
     size_t want = st->scratch_bytes * 2 > nb ? st->scratch_bytes * 2 : nb;
     void *p = NULL;
     CCALL(st, name, cudaMalloc(&p, want));
@@ -817,7 +836,9 @@ static rt_status nccl_enqueue(rt_pg *pg, const rt_op *o, rt_request *r) {
     RT_CHECK_ALLOC(c, sizeof *c);
     *c = (nccl_done){.st = st, .deadline = rt_now_ns() + (uint64_t)(pg->timeout_s * 1e9), .op = name};
     pthread_mutex_lock(&st->mu);
+    st->capturing = o->captured;
     rt_status s = enqueue_locked_ev(pg, st, o, name, dt, c);
+    st->capturing = false;
     pthread_mutex_unlock(&st->mu);
     if (s != RT_OK) {
         if (c->ev) cudaEventDestroy(c->ev);
@@ -831,6 +852,26 @@ static rt_status nccl_enqueue(rt_pg *pg, const rt_op *o, rt_request *r) {
 
 static rt_status nccl_run(rt_pg *pg, const char *name, const rt_op *op, rt_request **out) {
     return rt_run_enqueued(pg, name, op, out, nccl_enqueue);
+}
+
+/* A graph holding captured operations of the group was launched on s (pg_graph.c): one
+ * event behind it on s, watched like a completion a stream waits for (the timeout from
+ * now, a dead peer, the slow check), ending the operations' recorder entries. */
+static rt_status nccl_graph_launched(rt_pg *pg, rt_stream *s, uint64_t fr_first, int fr_n) {
+    const char *name = "graph replay";
+    RT_CHECK(precheck(pg, name));
+    cudaEvent_t ev = NULL;
+    RT_CHECK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ev, (cudaStream_t)rt_stream_native(s));
+    if (e != cudaSuccess) {
+        cudaEventDestroy(ev);
+        RT_CHECK_CUDA(e);
+    }
+    uint64_t now = rt_now_ns();
+    double slow_s = rt_pg_slow_after_s(pg->timeout_s);
+    watch_add(st_of(pg), ev, now + (uint64_t)(pg->timeout_s * 1e9), name, fr_first ? &pg->flight : NULL, fr_first, fr_n,
+              slow_s > 0 ? pg : NULL, now + (uint64_t)(slow_s * 1e9));
+    return RT_OK;
 }
 
 static rt_status nccl_can_connect(rt_pg *pg, const rt_transport_setup *s) {
@@ -849,4 +890,5 @@ const rt_transport_ops rt_tp_nccl = {
     .setup = nccl_setup,
     .teardown = nccl_teardown,
     .run = nccl_run,
+    .graph_launched = nccl_graph_launched,
 };

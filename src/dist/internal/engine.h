@@ -115,6 +115,9 @@ struct rt_request {
     struct rt_flight *fr;
     uint64_t fr_id;
     bool fr_dev;
+    /* enqueued into a CUDA graph being captured (pg_graph.c): only rt_wait_stream may
+     * take it (on the device); nothing to poll or watch, no recorder entry */
+    bool captured;
     /* hangs and desyncs: the group that submitted it (NULL: none), and after how many
      * seconds a wait in it is slow (0: never): the engine then calls on_slow */
     void *owner;

@@ -69,6 +69,10 @@ struct rt_pg {
     /* guards cell_cache: the progress thread, the main thread (dev_wait) and the nccl
      * watchdog may run rt_pg_slow_check at once; diagnose_flight reads it (world group) */
     pthread_mutex_t cache_mu;
+    /* CUDA graphs (pg_graph.c): the graph being captured (rt_pg_capture_begin; NULL:
+     * none) and its requests not yet joined to a stream (rt_wait_stream) */
+    rt_pg_graph *capture;
+    int capture_open;
 };
 
 /* Host identity: hostname | boot id | network namespace (ranks with equal ids share
@@ -87,6 +91,7 @@ typedef struct rt_op {
     int root;         /* the root; for RT_K_P2P the peer (group ranks) */
     rt_algo algo;     /* RT_K_ALLREDUCE */
     rt_event *gate;   /* staging: no transfer starts before this device event (the copy to the host) */
+    bool captured;    /* enqueued into the CUDA graph the group's stream is capturing (pg_graph.c) */
 } rt_op;
 
 /* Hangs and desyncs (hangs.c): debug mode's check of one collective's fingerprint across
@@ -117,6 +122,17 @@ rt_status rt_pg_wait_ranks(rt_store *st, const char *prefix, int world, double t
  * it is freed (collectives.c). */
 rt_status rt_pg_submit_req(rt_pg *pg, const char *name, const rt_op *op, bool build, bool async, bool dev_part,
                            rt_request **out);
+
+/* CUDA graphs (pg_graph.c). Whether an operation `name` issued now is captured (the
+ * group's stream captures): an error when it may not be (no rt_pg_capture_begin, a
+ * blocking call, a transport that cannot be captured, or a capture begun while the stream
+ * does not capture). */
+rt_status rt_pg_capture_check(rt_pg *pg, const char *name, bool async, bool *captured);
+/* Note a captured operation in the group's graph (flight algorithm name, its op tag). */
+rt_status rt_pg_capture_note(rt_pg *pg, const rt_op *op, const char *algo, const char *op_tag);
+/* A captured request is gone: joined to a stream (rt_wait_stream), or (`unnote`) its
+ * enqueue failed and the graph does not hold it. */
+void rt_pg_capture_forget(rt_pg *pg, bool unnote);
 
 /* Frees the staging pool and its stream (staging.c). */
 void rt_stage_pool_free(rt_pg *pg);

@@ -54,6 +54,13 @@ typedef struct rt_transport_ops {
     /* Free the world's resources of a whole-operation transport (rt_pg_destroy); NULL: none. */
     void (*teardown)(rt_pg_world *w);
 
+    /* ---- CUDA graphs (pg_graph.c; NULL: this transport's operations cannot be captured) ----
+     * A graph holding `fr_n` of the group's operations was just launched on `s`; their
+     * flight recorder entries are fr_first .. fr_first + fr_n - 1 (fr_first 0: none).
+     * Record the graph's completion on s and watch it as any operation a stream waits
+     * for (the timeout, a dead peer), ending the entries with it. */
+    rt_status (*graph_launched)(rt_pg *pg, rt_stream *s, uint64_t fr_first, int fr_n);
+
     /* ---- one operation ---- */
     /* Run `op` on group pg: submitted and waited for (out NULL), or handed back in *out.
      * Whatever fails, nothing is left behind. */

@@ -26,7 +26,6 @@
 #include "data/loader.h"
 #include "dist/dist.h"
 #include "dist/reducer.h"
-#include "train/internal/pg_graph_shim.h"
 #include "model/ctx.h"
 #include "model/model.h"
 #include "optim/clip.h"
