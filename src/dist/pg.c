@@ -487,6 +487,7 @@ rt_status rt_test(rt_request *req, bool *done) {
 
 rt_status rt_pg_flight_dump(rt_pg *pg, const char *path) {
     RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "flight recorder dump: NULL process group");
+    if (pg->tp && pg->tp->flight_refresh) pg->tp->flight_refresh(pg);
     return rt_flight_dump(&pg->flight, pg->rank, pg->size, pg->id, path);
 }
 

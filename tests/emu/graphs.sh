@@ -10,7 +10,8 @@
 #           partial one (uncaptured), an evaluation with another batch size between them,
 #           with what changes from step to step: one-cycle learning rate and momentum,
 #           gradient clipping that clips, the moving average, label smoothing
-#   nccl    2 GPUs over NCCL (fp32 and dist.compress bf16): graphs on = off, bit for bit
+#   nccl    2 GPUs over NCCL (fp32 and dist.compress bf16): graphs on = off, bit for bit;
+#           a SIGUSR1 flight recorder dump after a replayed step lists the same operations
 #   resume  graphs on: stopped at step 7 and resumed = the uninterrupted run
 #   stop    SIGTERM before step 6 (a replayed step): the run stops after step 6, as without
 #           graphs, with the same checkpoint
@@ -97,7 +98,25 @@ nccl)
     [ "$(graph_launches "$c-on")" -gt 0 ] || fail "compress $c: no graph launches"
     same "$c-on" "$c-off" "2 GPUs over NCCL (compress $c): graphs on differ from off"
   done
-  echo "ok: 2 GPUs over NCCL: graphs on = off, bit for bit"
+  # the flight recorder during replays (SIGUSR1 before replayed step 6, small buckets):
+  # the same entries as without graphs, every one done, on both ranks
+  for m in on off; do
+    RINGTRAIN_TEST_SIGNAL_AT=step:6:launcher:0:USR1 train "fl-$m" dist.nproc=2 train.cuda_graphs=$m train.max_steps=7 \
+      dist.bucket_mb=0.05 dist.first_bucket_mb=0.05
+  done
+  /usr/bin/python3 - "$tmp" <<'PY' || fail "the flight recorder during replays differs from the uncaptured run's"
+import json, sys
+t = sys.argv[1]
+for r in (0, 1):
+    on, off = ([(e["id"], e["op"], e.get("dtype"), e.get("count"), e["state"], e.get("tag", ""))
+                for e in json.load(open("%s/fl-%s/flight-rank%d.json" % (t, m, r)))["entries"]] for m in ("on", "off"))
+    assert on == off, "rank %d: %s vs %s" % (r, on[-3:], off[-3:])
+    assert all(e[4] == "done" for e in on), [e for e in on if e[4] != "done"][:3]
+    buckets = [e for e in on if e[5].endswith(", step 6") and e[5].startswith("bucket")]
+    assert len(buckets) > 1, buckets
+    print("rank %d: %d flight entries, the same with graphs; step 6 (replayed): %d buckets" % (r, len(on), len(buckets)))
+PY
+  echo "ok: 2 GPUs over NCCL: graphs on = off, bit for bit; the flight recorder as without graphs"
   ;;
 resume)
   train full train.cuda_graphs=on

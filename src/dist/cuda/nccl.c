@@ -881,6 +881,15 @@ static rt_status nccl_can_connect(rt_pg *pg, const rt_transport_setup *s) {
     return RT_OK;
 }
 
+/* a watchdog pass now, on the caller's thread (a flight recorder dump) */
+static void nccl_flight_refresh(rt_pg *pg) {
+    nccl_state *st = st_of(pg);
+    if (!st) return;
+    pthread_mutex_lock(&st->mu);
+    watch_pass_locked(st);
+    pthread_mutex_unlock(&st->mu);
+}
+
 const rt_transport_ops rt_tp_nccl = {
     .name = "nccl",
     .kind = RT_TRANSPORT_NCCL,
@@ -891,4 +900,5 @@ const rt_transport_ops rt_tp_nccl = {
     .teardown = nccl_teardown,
     .run = nccl_run,
     .graph_launched = nccl_graph_launched,
+    .flight_refresh = nccl_flight_refresh,
 };

@@ -60,6 +60,10 @@ typedef struct rt_transport_ops {
      * Record the graph's completion on s and watch it as any operation a stream waits
      * for (the timeout, a dead peer), ending the entries with it. */
     rt_status (*graph_launched)(rt_pg *pg, rt_stream *s, uint64_t fr_first, int fr_n);
+    /* Bring the flight recorder up to date with what the device has completed (the
+     * watchdog's polling, done now: a dump right after the host waited for a replay shows
+     * its operations done). NULL: nothing to do. Never blocks on the device. */
+    void (*flight_refresh)(rt_pg *pg);
 
     /* ---- one operation ---- */
     /* Run `op` on group pg: submitted and waited for (out NULL), or handed back in *out.
