@@ -17,8 +17,9 @@
 #           graphs, with the same checkpoint
 #   ledger  per step in steady state (runs of 8 and 16 steps): exactly 2 graph launches, no
 #           more host synchronisations than without graphs, fewer kernel launches
-#   errors  train.cuda_graphs: on where the step cannot be captured (dropout; the CPU) is
-#           an error saying why; auto runs them uncaptured
+#   errors  train.cuda_graphs: on where the step cannot be captured (dropout; the CPU; a
+#           refused capture) is an error saying why; auto runs them uncaptured
+#   kill    kill -9 of rank 1 before a replayed step: the launcher names it, nothing hangs
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 export RINGTRAIN_TEST_HOOKS=1 # RINGTRAIN_TEST_SIGNAL_AT (docs/testing.md)
@@ -194,5 +195,18 @@ errors)
   same fb fb-off "auto after a failed capture differs from off"
   echo "ok: train.cuda_graphs on where it cannot capture is an error saying why; auto runs uncaptured"
   ;;
-*) echo "usage: $0 RINGTRAIN one|nccl|resume|stop|ledger|errors" >&2; exit 2 ;;
+kill)
+  # rank 1 SIGKILLs itself before replayed step 6 while rank 0 replays: the watchdog fed by
+  # the replay (rt_pg_graph_launched) ends rank 0's wait, and the launcher names rank 1
+  rc=0
+  RINGTRAIN_TEST_SIGNAL_AT=step:6:self:1:KILL "$bin" train "$tmp/c.yaml" "${base[@]}" dist.nproc=2 train.epochs=50 \
+    train.cuda_graphs=on dist.timeout_s=30 "log.dir=$tmp/kill" >"$tmp/kill.out" 2>"$tmp/kill.err" || rc=$?
+  [ "$rc" -ne 0 ] || fail "launcher exited 0 after a rank was killed"
+  grep -q "train.cuda_graphs: from step 3" "$tmp/kill.err" || fail "the run did not replay graphs"
+  grep -q "rank 1 was killed by SIGKILL" "$tmp/kill.err" || fail "the launcher does not name rank 1 and SIGKILL"
+  for _ in $(seq 300); do pgrep -f "$tmp" >/dev/null || break; sleep 0.1; done
+  ! pgrep -af "$tmp" || fail "processes left running (30 s after the run ended)"
+  echo "ok: a rank killed during replays stops the job, named"
+  ;;
+*) echo "usage: $0 RINGTRAIN one|nccl|resume|stop|ledger|errors|kill" >&2; exit 2 ;;
 esac
