@@ -92,21 +92,25 @@ static void kind_lists(char *bar, char *comma, size_t n) {
 
 static int cmd_info(int argc, char **argv) {
     const char *prog = "ringtrain data info";
-    const char *path = NULL, *split = NULL, *kind_s = "auto";
+    const char *path = NULL, *split = NULL, *kind_s = "auto", *label_s = "fine";
     for (int i = 1; i < argc; i++) {
         const char *v;
         int r;
         if (rt_cli_is_help(argv[i])) {
             char bar[128], comma[128];
             kind_lists(bar, comma, sizeof bar);
-            printf("usage: ringtrain data info [PATH] [--split train|test] [--kind %s]\n\n"
+            printf("usage: ringtrain data info [PATH] [--split train|test] [--kind %s]\n"
+                   "                          [--label fine|coarse]\n\n"
                    "Load a dataset as training would and print its format, sample count, image shape,\n"
                    "class histogram and pixel mean/std (of pixel/255, per channel). PATH is a folder of\n"
-                   "IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]: MNIST, Fashion-MNIST)\n"
-                   "or CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin); default\n"
+                   "IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]: MNIST, Fashion-MNIST),\n"
+                   "CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin) or CIFAR-100's\n"
+                   "binary files (train.bin, test.bin); default\n"
                    "%s (Debian package dataset-fashion-mnist).\n\n"
                    "  --split train|test   only this split (default: train, then test when present)\n"
-                   "  --kind K             auto (default: detect from the files)%s\n",
+                   "  --kind K             auto (default: detect from the files)%s\n"
+                   "  --label fine|coarse  the label counted (data.label): coarse is CIFAR-100's 20\n"
+                   "                       superclasses (default: fine)\n",
                    bar, RT_DATASET_DEFAULT_PATH, comma);
             return 0;
         }
@@ -120,6 +124,9 @@ static int cmd_info(int argc, char **argv) {
         } else if ((r = opt_value(prog, argc, argv, &i, "--kind", &v)) != 0) {
             if (r < 0) return 2;
             kind_s = v;
+        } else if ((r = opt_value(prog, argc, argv, &i, "--label", &v)) != 0) {
+            if (r < 0) return 2;
+            label_s = v;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "%s: unknown option '%s' (try --help)\n", prog, argv[i]);
             return 2;
@@ -135,11 +142,16 @@ static int cmd_info(int argc, char **argv) {
         fprintf(stderr, "%s: --kind: %s\n", prog, rt_error_message());
         return 2;
     }
+    int label;
+    if (rt_names_parse(&rt_dataset_label_names, label_s, &label) != RT_OK) {
+        fprintf(stderr, "%s: --label: %s\n", prog, rt_error_message());
+        return 2;
+    }
     /* without --split: both splits, the test split only when present */
     const char *splits[2] = {split ? split : "train", split ? NULL : "test"};
     for (int k = 0; k < 2 && splits[k]; k++) {
         rt_dataset ds;
-        if (rt_dataset_load(path, splits[k], kind, &ds) != RT_OK) {
+        if (rt_dataset_load_label(path, splits[k], kind, (rt_dataset_label)label, &ds) != RT_OK) {
             if (k == 1 && rt_error_status() == RT_ERR_IO) {
                 printf("\nsplit test: not found (%s)\n", rt_error_message());
                 rt_error_clear();

@@ -289,7 +289,7 @@ static rt_status check_data(const rt_config *cfg) {
     const char *splits[2] = {"train", "test"};
     for (int i = 0; i < 2; i++) {
         rt_dataset ds;
-        RT_CHECK(rt_dataset_load(cfg->data.path, splits[i], kind, &ds));
+        RT_CHECK(rt_dataset_load_label(cfg->data.path, splits[i], kind, cfg->data.label, &ds));
         rt_dataset_free(&ds);
     }
     return RT_OK;

@@ -1,4 +1,4 @@
-/* Loading MNIST-format and CIFAR-10 datasets into memory; see dataset.h. */
+/* Loading MNIST-format, CIFAR-10 and CIFAR-100 datasets into memory; see dataset.h. */
 #include "data/dataset.h"
 
 #include "core/device.h"
@@ -18,24 +18,33 @@
 #define INSTALL_HINT                                                                                                   \
     "Fashion-MNIST: run scripts/install-deps (Debian package dataset-fashion-mnist, installed "                        \
     "at " RT_DATASET_DEFAULT_PATH                                                                                      \
-    "); MNIST or CIFAR-10: download it as datasets/README.md says and set data.path to its "                           \
-    "folder"
+    "); MNIST, CIFAR-10 or CIFAR-100: download it as datasets/README.md says and set data.path to "                    \
+    "its folder"
 
-/* Name, normalisation constants and augmentation defaults of each kind, one row each. */
+/* Name, classes, normalisation constants and augmentation defaults of each kind, one row
+ * each. */
 static const struct kind_info {
     const char *name;
     bool parsable; /* accepted by rt_dataset_kind_parse (synthetic sets are built in memory) */
+    int classes;   /* of the fine label */
     float mean[RT_DATASET_MAX_C], std[RT_DATASET_MAX_C];
     bool hflip_suits; /* horizontal flips keep the class */
     int crop_pad;
 } k_kinds[RT_DATASET_KIND_COUNT_] = {
-    [RT_DATASET_AUTO] = {"auto", true, {0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}, false, 0},
+    [RT_DATASET_AUTO] = {"auto", true, 10, {0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}, false, 0},
     /* a mirrored digit is another symbol */
-    [RT_DATASET_MNIST] = {"mnist", true, {0.1307f}, {0.3081f}, false, 2},
+    [RT_DATASET_MNIST] = {"mnist", true, 10, {0.1307f}, {0.3081f}, false, 2},
     /* clothes and shoes face either way */
-    [RT_DATASET_FASHION_MNIST] = {"fashion-mnist", true, {0.2860f}, {0.3530f}, true, 2},
-    [RT_DATASET_CIFAR10] = {"cifar10", true, {0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}, true, 4},
-    [RT_DATASET_SYNTHETIC] = {"synthetic", false, {0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}, false, 0},
+    [RT_DATASET_FASHION_MNIST] = {"fashion-mnist", true, 10, {0.2860f}, {0.3530f}, true, 2},
+    [RT_DATASET_CIFAR10] = {"cifar10", true, 10, {0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}, true, 4},
+    /* the training split's per-channel pixel mean and standard deviation (of pixel/255,
+     * over all 50000 x 1024 pixels), as torchvision recipes normalise CIFAR-100 with them,
+     * e.g. weiaicunzai/pytorch-cifar100, conf/global_settings.py: CIFAR100_TRAIN_MEAN =
+     * (0.5070751592371323, 0.48654887331495095, 0.4409178433670343), CIFAR100_TRAIN_STD =
+     * (0.2673342858792401, 0.2564384629170883, 0.27615047132568404); the same training
+     * split, the same statistic as the CIFAR-10 row (whose std is the pixel std too) */
+    [RT_DATASET_CIFAR100] = {"cifar100", true, 100, {0.5071f, 0.4865f, 0.4409f}, {0.2673f, 0.2564f, 0.2762f}, true, 4},
+    [RT_DATASET_SYNTHETIC] = {"synthetic", false, 10, {0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}, false, 0},
 };
 
 /* the names a user may write (synthetic data is made, never named) */
@@ -43,8 +52,13 @@ static const char *kind_name(int i) { return k_kinds[i].parsable ? k_kinds[i].na
 static const rt_name_alias k_kind_aliases[] = {{"fashion_mnist", RT_DATASET_FASHION_MNIST},
                                                {"fashionmnist", RT_DATASET_FASHION_MNIST},
                                                {"cifar-10", RT_DATASET_CIFAR10},
+                                               {"cifar-100", RT_DATASET_CIFAR100},
                                                {NULL, 0}};
 const rt_names rt_dataset_kind_names = {"dataset kind", RT_DATASET_KIND_COUNT_, NULL, kind_name, k_kind_aliases};
+
+static const char *const k_label_names[RT_DATASET_LABEL_COUNT_] = {
+    [RT_DATASET_LABEL_FINE] = "fine", [RT_DATASET_LABEL_COARSE] = "coarse"};
+const rt_names rt_dataset_label_names = {"dataset label", RT_DATASET_LABEL_COUNT_, k_label_names, NULL, NULL};
 
 rt_status rt_dataset_kind_parse(const char *text, rt_dataset_kind *out) {
     int k = 0;
@@ -57,11 +71,11 @@ const char *rt_dataset_kind_name(rt_dataset_kind kind) {
     return (unsigned)kind < RT_DATASET_KIND_COUNT_ ? k_kinds[kind].name : "?";
 }
 
-static void set_kind(rt_dataset *ds, rt_dataset_kind kind) {
+static void set_kind(rt_dataset *ds, rt_dataset_kind kind, rt_dataset_label label) {
     const struct kind_info *k = &k_kinds[(unsigned)kind < RT_DATASET_KIND_COUNT_ ? kind : RT_DATASET_SYNTHETIC];
     ds->kind = kind;
     snprintf(ds->name, sizeof ds->name, "%s", k->name);
-    ds->num_classes = 10;
+    ds->num_classes = label == RT_DATASET_LABEL_COARSE ? RT_CIFAR100_COARSE : k->classes;
     memcpy(ds->mean, k->mean, sizeof ds->mean);
     memcpy(ds->std, k->std, sizeof ds->std);
     ds->hflip_suits = k->hflip_suits;
@@ -102,17 +116,40 @@ static rt_status find_idx(const char *dir, const char *prefix, const char *what,
     return RT_OK;
 }
 
-static rt_status cifar_dir(const char *path, char *out, size_t n) {
+/* Where a CIFAR format's files are: its splits' file names and the folder its archive
+ * extracts to. CIFAR-10 and CIFAR-100 are told apart by these names (data_batch_N.bin and
+ * test_batch.bin, train.bin and test.bin), then checked by their record sizes. */
+typedef struct cifar_layout {
+    const char *name;       /* "CIFAR-10" */
+    const char *sub;        /* the archive's folder */
+    int ntrain;             /* training files */
+    const char *train[5];   /* their names */
+    const char *train_list; /* ... for messages */
+    const char *test;       /* the test file */
+} cifar_layout;
+
+static const cifar_layout k_cifar10_files = {
+    "CIFAR-10",
+    "cifar-10-batches-bin",
+    5,
+    {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin", "data_batch_5.bin"},
+    "data_batch_1.bin .. data_batch_5.bin",
+    "test_batch.bin"};
+static const cifar_layout k_cifar100_files = {"CIFAR-100",   "cifar-100-binary", 1,
+                                              {"train.bin"}, "train.bin",        "test.bin"};
+
+/* The folder (path itself, else its archive subfolder) holding the first training file or
+ * the test file of layout L; "" if neither has them. */
+static rt_status cifar_dir(const cifar_layout *L, const char *path, char *out, size_t n) {
     char probe[4096];
-    const char *subs[] = {"", "cifar-10-batches-bin"};
     for (int i = 0; i < 2; i++) {
         if (i == 0)
             snprintf(out, n, "%s", path);
         else
-            RT_CHECK(join(out, n, path, subs[i]));
-        RT_CHECK(join(probe, sizeof probe, out, "data_batch_1.bin"));
+            RT_CHECK(join(out, n, path, L->sub));
+        RT_CHECK(join(probe, sizeof probe, out, L->train[0]));
         if (file_exists(probe)) return RT_OK;
-        RT_CHECK(join(probe, sizeof probe, out, "test_batch.bin"));
+        RT_CHECK(join(probe, sizeof probe, out, L->test));
         if (file_exists(probe)) return RT_OK;
     }
     out[0] = '\0';
@@ -160,28 +197,23 @@ fail:
     return st;
 }
 
-static rt_status load_cifar(rt_dataset *ds, const char *dir, bool train) {
-    int nfiles = train ? 5 : 1;
+static rt_status load_cifar(rt_dataset *ds, const cifar_layout *L, const rt_cifar_format *fmt, const char *dir,
+                            bool train) {
+    int nfiles = train ? L->ntrain : 1;
     char paths[5][4096];
     for (int i = 0; i < nfiles; i++) {
-        char name[32];
-        if (train)
-            snprintf(name, sizeof name, "data_batch_%d.bin", i + 1);
-        else
-            snprintf(name, sizeof name, "test_batch.bin");
-        RT_CHECK(join(paths[i], sizeof paths[i], dir, name));
+        RT_CHECK(join(paths[i], sizeof paths[i], dir, train ? L->train[i] : L->test));
         if (!file_exists(paths[i]))
-            RT_FAIL(RT_ERR_IO, "CIFAR-10 %s split: missing file %s (expected %s in %s). " INSTALL_HINT,
-                    train ? "train" : "test", paths[i],
-                    train ? "data_batch_1.bin .. data_batch_5.bin" : "test_batch.bin", dir);
+            RT_FAIL(RT_ERR_IO, "%s %s split: missing file %s (expected %s in %s). " INSTALL_HINT, L->name,
+                    train ? "train" : "test", paths[i], train ? L->train_list : L->test, dir);
     }
     rt_bytes files[5] = {{0}};
     int64_t counts[5] = {0}, total = 0;
     rt_status st = RT_OK;
-    const rt_bytes_rule rule = rt_cifar_rule();
+    const rt_bytes_rule rule = rt_cifar_rule(fmt);
     for (int i = 0; i < nfiles; i++) {
         RT_CHECK_GOTO(rt_bytes_read_maybe_gz(paths[i], RT_DATASET_MAX_FILE, &rule, &files[i]), st, done);
-        RT_CHECK_GOTO(rt_cifar_count(files[i].data, files[i].len, paths[i], ds->num_classes, &counts[i]), st, done);
+        RT_CHECK_GOTO(rt_cifar_count(files[i].data, files[i].len, paths[i], fmt, &counts[i]), st, done);
         total += counts[i];
     }
     void *img = NULL, *lab = NULL;
@@ -193,7 +225,8 @@ static rt_status load_cifar(rt_dataset *ds, const char *dir, bool train) {
     }
     int64_t at = 0;
     for (int i = 0; i < nfiles; i++) {
-        rt_cifar_unpack(files[i].data, counts[i], (uint8_t *)img + (size_t)at * RT_CIFAR_IMAGE, (uint8_t *)lab + at);
+        rt_cifar_unpack(files[i].data, counts[i], fmt, (uint8_t *)img + (size_t)at * RT_CIFAR_IMAGE,
+                        (uint8_t *)lab + at);
         at += counts[i];
     }
     ds->n = total;
@@ -216,7 +249,72 @@ static bool contains_ci(const char *s, const char *sub) {
     return false;
 }
 
+/* The files found in a dataset folder: the CIFAR folders (cifar[0] CIFAR-10, cifar[1]
+ * CIFAR-100) and the IDX files of one split; "" where absent. */
+typedef struct found_files {
+    char cifar[2][4096], img[4096], lab[4096];
+} found_files;
+
+/* Look in `path` for the files of `kind` (of every format with RT_DATASET_AUTO) and, for
+ * RT_DATASET_AUTO, tell the kind from what is there: IDX files, CIFAR-10's data_batch_N.bin
+ * and test_batch.bin or CIFAR-100's train.bin and test.bin (both CIFARs: an error). */
+static rt_status find_files(const char *path, bool train, rt_dataset_kind *kind, found_files *f) {
+    const char *prefix = train ? "train" : "t10k";
+    bool any = *kind == RT_DATASET_AUTO, cifar = *kind == RT_DATASET_CIFAR10 || *kind == RT_DATASET_CIFAR100;
+    f->cifar[0][0] = f->cifar[1][0] = f->img[0] = f->lab[0] = '\0';
+    if (any || *kind == RT_DATASET_CIFAR10)
+        RT_CHECK(cifar_dir(&k_cifar10_files, path, f->cifar[0], sizeof f->cifar[0]));
+    if (any || *kind == RT_DATASET_CIFAR100)
+        RT_CHECK(cifar_dir(&k_cifar100_files, path, f->cifar[1], sizeof f->cifar[1]));
+    if (!cifar) {
+        RT_CHECK(find_idx(path, prefix, "images-idx3", f->img, sizeof f->img));
+        RT_CHECK(find_idx(path, prefix, "labels-idx1", f->lab, sizeof f->lab));
+    }
+    if (!any) return RT_OK;
+    if (*f->img || *f->lab)
+        *kind = contains_ci(path, "fashion") ? RT_DATASET_FASHION_MNIST : RT_DATASET_MNIST;
+    else if (*f->cifar[0] && *f->cifar[1])
+        RT_FAIL(RT_ERR_INVALID,
+                "'%s' holds both CIFAR-10 files (in %s) and CIFAR-100 files (in %s): set data.kind to cifar10 or "
+                "cifar100",
+                path, f->cifar[0], f->cifar[1]);
+    else if (*f->cifar[0] || *f->cifar[1])
+        *kind = *f->cifar[0] ? RT_DATASET_CIFAR10 : RT_DATASET_CIFAR100;
+    else
+        RT_FAIL(RT_ERR_IO,
+                "no dataset found in '%s': expected %s-images-idx3-ubyte[.gz] and %s-labels-idx1-ubyte[.gz] "
+                "(MNIST, Fashion-MNIST), %s (CIFAR-10) or %s (CIFAR-100). %s",
+                path, prefix, prefix, train ? k_cifar10_files.train_list : k_cifar10_files.test,
+                train ? k_cifar100_files.train_list : k_cifar100_files.test, INSTALL_HINT);
+    return RT_OK;
+}
+
+/* A CIFAR kind's files, read as `label` says. */
+static rt_status load_cifar_kind(rt_dataset *ds, const found_files *f, const char *path, bool train,
+                                 rt_dataset_label label) {
+    bool c100 = ds->kind == RT_DATASET_CIFAR100;
+    const cifar_layout *L = c100 ? &k_cifar100_files : &k_cifar10_files;
+    const rt_cifar_format *fmt = !c100                              ? &rt_cifar10_format
+                                 : label == RT_DATASET_LABEL_COARSE ? &rt_cifar100_coarse_format
+                                                                    : &rt_cifar100_fine_format;
+    const char *dir = f->cifar[c100];
+    if (!*dir)
+        RT_FAIL(RT_ERR_IO, "no %s files in '%s' (nor in its %s folder): expected %s. %s", L->name, path, L->sub,
+                train ? L->train_list : L->test, INSTALL_HINT);
+    RT_CHECK(load_cifar(ds, L, fmt, dir, train));
+    if (c100)
+        snprintf(ds->format, sizeof ds->format, "cifar100-binary (%s)", rt_names_name(&rt_dataset_label_names, label));
+    else
+        snprintf(ds->format, sizeof ds->format, "cifar10-binary");
+    return RT_OK;
+}
+
 rt_status rt_dataset_load(const char *path, const char *split, rt_dataset_kind kind, rt_dataset *ds) {
+    return rt_dataset_load_label(path, split, kind, RT_DATASET_LABEL_FINE, ds);
+}
+
+rt_status rt_dataset_load_label(const char *path, const char *split, rt_dataset_kind kind, rt_dataset_label label,
+                                rt_dataset *ds) {
     memset(ds, 0, sizeof *ds);
     if (!path || !*path) path = RT_DATASET_DEFAULT_PATH;
     if (!split) split = "train";
@@ -227,6 +325,8 @@ rt_status rt_dataset_load(const char *path, const char *split, rt_dataset_kind k
         train = false;
     else
         RT_FAIL(RT_ERR_INVALID, "split '%s': expected train or test", split);
+    if ((unsigned)label >= RT_DATASET_LABEL_COUNT_)
+        RT_FAIL(RT_ERR_INVALID, "dataset label %d: expected fine or coarse", (int)label);
     if (strlen(path) >= sizeof ds->path) RT_FAIL(RT_ERR_INVALID, "dataset path is too long (%zu bytes)", strlen(path));
     struct stat sb;
     if (stat(path, &sb) != 0) RT_FAIL(RT_ERR_IO, "no dataset at '%s': %s. %s", path, strerror(errno), INSTALL_HINT);
@@ -234,41 +334,23 @@ rt_status rt_dataset_load(const char *path, const char *split, rt_dataset_kind k
         RT_FAIL(RT_ERR_INVALID, "dataset path '%s' is not a folder (data.path names the folder holding the files)",
                 path);
 
-    char cdir[4096] = "", img[4096] = "", lab[4096] = "";
-    const char *prefix = train ? "train" : "t10k";
-    if (kind == RT_DATASET_AUTO || kind == RT_DATASET_CIFAR10) RT_CHECK(cifar_dir(path, cdir, sizeof cdir));
-    if (kind != RT_DATASET_CIFAR10) {
-        RT_CHECK(find_idx(path, prefix, "images-idx3", img, sizeof img));
-        RT_CHECK(find_idx(path, prefix, "labels-idx1", lab, sizeof lab));
-    }
-    if (kind == RT_DATASET_AUTO) {
-        if (*img || *lab)
-            kind = contains_ci(path, "fashion") ? RT_DATASET_FASHION_MNIST : RT_DATASET_MNIST;
-        else if (*cdir)
-            kind = RT_DATASET_CIFAR10;
-        else
-            RT_FAIL(RT_ERR_IO,
-                    "no dataset found in '%s': expected %s-images-idx3-ubyte[.gz] and %s-labels-idx1-ubyte[.gz] "
-                    "(MNIST, Fashion-MNIST) or %s (CIFAR-10). %s",
-                    path, prefix, prefix, train ? "data_batch_1.bin .. data_batch_5.bin" : "test_batch.bin",
-                    INSTALL_HINT);
-    }
-    set_kind(ds, kind);
+    found_files f;
+    RT_CHECK(find_files(path, train, &kind, &f));
+    if (label == RT_DATASET_LABEL_COARSE && kind != RT_DATASET_CIFAR100)
+        RT_FAIL(RT_ERR_INVALID,
+                "data.label coarse: only CIFAR-100 has coarse labels (its 20 superclasses), the dataset in '%s' is "
+                "%s: set data.label to fine",
+                path, k_kinds[kind].name);
+    set_kind(ds, kind, label);
     snprintf(ds->split, sizeof ds->split, "%s", split);
     snprintf(ds->path, sizeof ds->path, "%s", path);
-    if (kind == RT_DATASET_CIFAR10) {
-        if (!*cdir)
-            RT_FAIL(RT_ERR_IO, "no CIFAR-10 batches in '%s' (nor in its cifar-10-batches-bin folder): expected %s. %s",
-                    path, train ? "data_batch_1.bin .. data_batch_5.bin" : "test_batch.bin", INSTALL_HINT);
-        RT_CHECK(load_cifar(ds, cdir, train));
-        snprintf(ds->format, sizeof ds->format, "cifar10-binary");
-        return RT_OK;
-    }
-    if (!*img || !*lab)
+    if (kind == RT_DATASET_CIFAR10 || kind == RT_DATASET_CIFAR100) return load_cifar_kind(ds, &f, path, train, label);
+    const char *prefix = train ? "train" : "t10k";
+    if (!*f.img || !*f.lab)
         RT_FAIL(RT_ERR_IO, "%s split of %s in '%s': missing %s-%s-ubyte[.gz]. %s", split, ds->name, path, prefix,
-                !*img ? "images-idx3" : "labels-idx1", INSTALL_HINT);
-    RT_CHECK(load_idx(ds, img, lab));
-    snprintf(ds->format, sizeof ds->format, "idx%s", strcmp(img + strlen(img) - 3, ".gz") == 0 ? " (gzip)" : "");
+                !*f.img ? "images-idx3" : "labels-idx1", INSTALL_HINT);
+    RT_CHECK(load_idx(ds, f.img, f.lab));
+    snprintf(ds->format, sizeof ds->format, "idx%s", strcmp(f.img + strlen(f.img) - 3, ".gz") == 0 ? " (gzip)" : "");
     return RT_OK;
 }
 
@@ -280,7 +362,7 @@ rt_status rt_dataset_alloc(rt_dataset *ds, const char *name, int64_t n, int c, i
                "dataset of %lld images (%d, %d, %d), %d classes: expected n > 0, c 1..3, h, w 1..4096, "
                "classes 1..256",
                (long long)n, c, h, w, num_classes);
-    set_kind(ds, RT_DATASET_SYNTHETIC);
+    set_kind(ds, RT_DATASET_SYNTHETIC, RT_DATASET_LABEL_FINE);
     snprintf(ds->name, sizeof ds->name, "%s", name ? name : "synthetic");
     snprintf(ds->format, sizeof ds->format, "memory");
     snprintf(ds->split, sizeof ds->split, "train");

@@ -1,4 +1,5 @@
-/* Datasets in memory: MNIST, Fashion-MNIST (IDX, raw or gzip) and CIFAR-10 (binary).
+/* Datasets in memory: MNIST, Fashion-MNIST (IDX, raw or gzip), CIFAR-10 and CIFAR-100
+ * (binary).
  *
  * A dataset is one split ("train" or "test") of images kept as uint8 NCHW plus one
  * uint8 label per image, with the per-channel mean/std used to normalise it. It is
@@ -27,18 +28,27 @@ extern "C" {
 #define RT_DATASET_MAX_FILE ((size_t)1 << 32)
 
 typedef enum rt_dataset_kind {
-    RT_DATASET_AUTO = 0, /* detect from the files: CIFAR-10 batches or IDX files */
+    RT_DATASET_AUTO = 0, /* detect from the files: IDX files, CIFAR-10 or CIFAR-100 */
     RT_DATASET_MNIST,
     RT_DATASET_FASHION_MNIST,
     RT_DATASET_CIFAR10,
+    RT_DATASET_CIFAR100,
     RT_DATASET_SYNTHETIC, /* built in memory (tests, benchmarks) */
     RT_DATASET_KIND_COUNT_
 } rt_dataset_kind;
 
+/* Which label a sample gets (config data.label): the dataset's own (fine), or CIFAR-100's
+ * coarse label (its 20 superclasses); coarse for any other kind is an error. */
+typedef enum rt_dataset_label {
+    RT_DATASET_LABEL_FINE = 0, /* the only label of MNIST, Fashion-MNIST and CIFAR-10 */
+    RT_DATASET_LABEL_COARSE,   /* CIFAR-100's superclass, 0..19 */
+    RT_DATASET_LABEL_COUNT_
+} rt_dataset_label;
+
 typedef struct rt_dataset {
     rt_dataset_kind kind;
-    char name[32];   /* "fashion-mnist", "mnist", "cifar10", ... */
-    char format[32]; /* "idx (gzip)", "idx", "cifar10-binary", "memory" */
+    char name[32];   /* "fashion-mnist", "mnist", "cifar10", "cifar100", ... */
+    char format[32]; /* "idx (gzip)", "idx", "cifar10-binary", "cifar100-binary (fine)", "memory" */
     char split[8];   /* "train" | "test" */
     char path[1024]; /* the folder it was loaded from */
     int64_t n;       /* number of samples */
@@ -53,9 +63,12 @@ typedef struct rt_dataset {
 } rt_dataset;
 
 /* The formats a user may name (core/names.h, one row each in dataset.c's kind table):
- * "auto" | "mnist" | "fashion-mnist" | "cifar10", also spelt "fashion_mnist",
- * "fashionmnist", "cifar-10". */
+ * "auto" | "mnist" | "fashion-mnist" | "cifar10" | "cifar100", also spelt "fashion_mnist",
+ * "fashionmnist", "cifar-10", "cifar-100". */
 extern const rt_names rt_dataset_kind_names;
+
+/* "fine" | "coarse" (rt_dataset_label). */
+extern const rt_names rt_dataset_label_names;
 
 /* rt_names_parse of rt_dataset_kind_names. */
 rt_status rt_dataset_kind_parse(const char *text, rt_dataset_kind *out);
@@ -63,9 +76,15 @@ const char *rt_dataset_kind_name(rt_dataset_kind kind);
 
 /* Load split "train" or "test" of the dataset in folder `path` (NULL: the default).
  * IDX: {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (gzip detected by content);
- * CIFAR-10: data_batch_1..5.bin / test_batch.bin in `path` or path/cifar-10-batches-bin.
- * With RT_DATASET_AUTO, IDX data is "fashion-mnist" when the path names it, else "mnist". */
+ * CIFAR-10: data_batch_1..5.bin / test_batch.bin in `path` or path/cifar-10-batches-bin;
+ * CIFAR-100: train.bin / test.bin in `path` or path/cifar-100-binary.
+ * With RT_DATASET_AUTO, IDX data is "fashion-mnist" when the path names it, else "mnist";
+ * a folder with both CIFAR-10 and CIFAR-100 files is an error (set the kind).
+ * rt_dataset_load keeps the fine labels; rt_dataset_load_label takes the label to keep
+ * (num_classes 100 or 20 for CIFAR-100). */
 rt_status rt_dataset_load(const char *path, const char *split, rt_dataset_kind kind, rt_dataset *ds);
+rt_status rt_dataset_load_label(const char *path, const char *split, rt_dataset_kind kind, rt_dataset_label label,
+                                rt_dataset *ds);
 
 /* An empty dataset of n images (c, h, w) owning zeroed buffers the caller fills
  * (images/labels may be cast to non-const); mean 0.5, std 0.25 until set. */

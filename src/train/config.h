@@ -88,6 +88,7 @@ typedef struct rt_config {
     rt_model_config model;
     struct {
         rt_dataset_kind kind; /* RT_DATASET_AUTO: detected from the files */
+        rt_dataset_label label; /* CIFAR-100: fine (100 classes) or coarse (20) */
         char path[RT_CONFIG_PATH_MAX];
         int64_t batch_size;      /* global, over all ranks */
         int64_t eval_batch_size; /* auto: batch_size */

@@ -14,10 +14,10 @@
 rt_status rt_run_load_data(run *r) {
     const rt_config *c = r->cfg;
     rt_dataset_kind kind = c->data.kind;
-    rt_status s = rt_dataset_load(c->data.path, "train", kind, &r->data.train_ds);
+    rt_status s = rt_dataset_load_label(c->data.path, "train", kind, c->data.label, &r->data.train_ds);
     if (s != RT_OK) return rt_error_trace(__FILE__, __LINE__, "data.path: the training set"), s;
     r->data.have_train = true;
-    s = rt_dataset_load(c->data.path, "test", kind, &r->data.test_ds);
+    s = rt_dataset_load_label(c->data.path, "test", kind, c->data.label, &r->data.test_ds);
     if (s != RT_OK) return rt_error_trace(__FILE__, __LINE__, "data.path: the test set"), s;
     r->data.have_test = true;
     if (c->data.train_subset > 0 && c->data.train_subset < r->data.train_ds.n)

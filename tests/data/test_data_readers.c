@@ -374,7 +374,7 @@ static void test_kind_parse(void **state) {
     assert_rt_ok(rt_dataset_kind_parse("Fashion_MNIST", &k));
     assert_int_equal(k, RT_DATASET_FASHION_MNIST);
     assert_int_equal(rt_dataset_kind_parse("imagenet", &k), RT_ERR_INVALID);
-    assert_error_has("unknown dataset kind 'imagenet' (expected auto | mnist | fashion-mnist | cifar10)");
+    assert_error_has("unknown dataset kind 'imagenet' (expected auto | mnist | fashion-mnist | cifar10 | cifar100)");
     assert_int_equal(rt_dataset_kind_parse("synthetic", &k), RT_ERR_INVALID); /* built in memory, never loaded */
     assert_int_equal(rt_dataset_kind_parse(NULL, &k), RT_ERR_INVALID);
     for (int i = 0; i < RT_DATASET_SYNTHETIC; i++) {

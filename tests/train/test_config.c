@@ -203,7 +203,7 @@ static void test_errors(void **state) {
     expect_error(parse(&c, "data:\n  sampler: eval\n"),
                  "data.sampler: ", "unknown sampler mode 'eval' (expected distributed | partition)", NULL);
     expect_error(parse(&c, "data:\n  kind: synthetic\n"),
-                 "data.kind: ", "(expected auto | mnist | fashion-mnist | cifar10)", NULL);
+                 "data.kind: ", "(expected auto | mnist | fashion-mnist | cifar10 | cifar100)", NULL);
     expect_error(rt_config_override(&c, "dist.algo=tree"),
                  "dist.algo: ", "unknown algorithm 'tree' (expected ring | naive | rsag | nccl)", NULL);
     /* duplicates are errors, not silent overrides */
@@ -633,12 +633,41 @@ static void test_cudnn_benchmark(void **state) {
     free(t);
 }
 
+/* data.label: fine by default (every dataset's own label), coarse parsed into the data
+ * area's enum (any case) and written back by name, another word refused listing the
+ * names; it must match on resume (it changes what is learned: 100 or 20 classes). */
+static void test_data_label(void **state) {
+    (void)state;
+    rt_config c;
+    rt_config_default(&c);
+    assert_int_equal(c.data.label, RT_DATASET_LABEL_FINE);
+    assert_rt_ok(parse(&c, "data:\n  kind: cifar-100\n  label: Coarse\n"));
+    assert_int_equal(c.data.kind, RT_DATASET_CIFAR100);
+    assert_int_equal(c.data.label, RT_DATASET_LABEL_COARSE);
+    const char *name;
+    for (int i = 0; rt_config_key_at(i, &name, NULL, NULL, NULL); i++) {
+        char v[64];
+        if (strcmp(name, "data.label") == 0) {
+            assert_true(rt_config_value_at(&c, i, v, sizeof v));
+            assert_string_equal(v, "\"coarse\"");
+        } else if (strcmp(name, "data.kind") == 0) {
+            assert_true(rt_config_value_at(&c, i, v, sizeof v));
+            assert_string_equal(v, "\"cifar100\"");
+        }
+    }
+    assert_rt_ok(rt_config_override(&c, "data.label=fine"));
+    assert_int_equal(c.data.label, RT_DATASET_LABEL_FINE);
+    expect_error(parse(&c, "data:\n  label: superclass\n"), "cfg.yaml:2:", "data.label: ",
+                 "unknown dataset label 'superclass' (expected fine | coarse)");
+    assert_int_equal(rt_config_key_resume("data.label"), RT_KEY_MUST_MATCH);
+}
+
 /* Every shipped config loads (a renamed key would break them silently otherwise). */
 static void test_shipped_configs(void **state) {
     (void)state;
     const char *src = getenv("RINGTRAIN_SOURCE_DIR");
     if (!src) skip();
-    const char *names[] = {"quickstart", "fashion-mnist-resnet34", "mnist-net", "cifar10-resnet34"};
+    const char *names[] = {"quickstart", "fashion-mnist-resnet34", "mnist-net", "cifar10-resnet34", "cifar100-resnet34"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[1024];
         snprintf(path, sizeof path, "%s/configs/%s.yaml", src, names[i]);
@@ -737,7 +766,7 @@ int main(void) {
         cmocka_unit_test(test_docs_optim),
         cmocka_unit_test(test_shipped_configs),
         cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_cudnn_benchmark),
+        cmocka_unit_test(test_cudnn_benchmark), cmocka_unit_test(test_data_label),
         cmocka_unit_test(test_string_list),
         cmocka_unit_test(test_env_defaults),
         cmocka_unit_test(test_key_resume),

@@ -1,8 +1,14 @@
-/* CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin) over memory buffers.
+/* CIFAR-10 and CIFAR-100 binary files over memory buffers.
  *
- * A batch is a sequence of 3073-byte records: one label byte (0..9) then a 32x32 colour
- * image as 1024 red, 1024 green and 1024 blue bytes, i.e. already CHW. The official
- * batches hold 10000 records each; any whole number of records is accepted.
+ * A file is a sequence of records: the label bytes, then a 32x32 colour image as 1024
+ * red, 1024 green and 1024 blue bytes, i.e. already CHW.
+ * - CIFAR-10 (data_batch_1..5.bin, test_batch.bin): one label byte (0..9), 3073-byte
+ *   records; the official batches hold 10000 records each.
+ * - CIFAR-100 (train.bin, test.bin): the coarse label (0..19, the superclass) then the
+ *   fine label (0..99), 3074-byte records; the official files hold 50000 and 10000.
+ * Any whole number of records is accepted. Every label byte of every record is checked,
+ * whichever label the dataset keeps (a fine label of 100 is an error even when the
+ * coarse labels are read).
  */
 #ifndef RT_DATA_CIFAR_H
 #define RT_DATA_CIFAR_H
@@ -20,18 +26,36 @@ extern "C" {
 #define RT_CIFAR_H 32
 #define RT_CIFAR_W 32
 #define RT_CIFAR_IMAGE (RT_CIFAR_C * RT_CIFAR_H * RT_CIFAR_W)
-#define RT_CIFAR_RECORD (1 + RT_CIFAR_IMAGE)
+#define RT_CIFAR_RECORD (1 + RT_CIFAR_IMAGE)    /* CIFAR-10 */
+#define RT_CIFAR100_RECORD (2 + RT_CIFAR_IMAGE) /* CIFAR-100 */
 #define RT_CIFAR_CLASSES 10
+#define RT_CIFAR100_COARSE 20
+#define RT_CIFAR100_FINE 100
 
-/* Validate a batch buffer (whole records, labels < num_classes) and count its records. */
-rt_status rt_cifar_count(const uint8_t *buf, size_t len, const char *name, int num_classes, int64_t *n);
+/* The record layout of one format and the label byte a dataset keeps. */
+typedef struct rt_cifar_format {
+    const char *name;           /* "CIFAR-10" | "CIFAR-100", in messages */
+    int labels;                 /* label bytes before the pixels: 1 | 2 */
+    int classes[2];             /* label byte i holds 0..classes[i]-1 */
+    const char *label_names[2]; /* what label byte i is called in messages */
+    int keep;                   /* the label byte the dataset keeps */
+} rt_cifar_format;
 
-/* The size rule of a batch file for rt_bytes_read_maybe_gz: a raw file that is not a
- * whole number of records is refused before it is read. */
-rt_bytes_rule rt_cifar_rule(void);
+/* CIFAR-10; CIFAR-100 keeping the fine (100 classes) or the coarse (20) label. */
+extern const rt_cifar_format rt_cifar10_format, rt_cifar100_fine_format, rt_cifar100_coarse_format;
 
-/* Split a validated batch into images (n, 3, 32, 32) and labels (n). */
-void rt_cifar_unpack(const uint8_t *buf, int64_t n, uint8_t *images, uint8_t *labels);
+static inline size_t rt_cifar_record(const rt_cifar_format *f) { return (size_t)f->labels + RT_CIFAR_IMAGE; }
+
+/* Validate a file's buffer (whole records, every label byte in range) and count its
+ * records; errors name `name`, the record and the label. */
+rt_status rt_cifar_count(const uint8_t *buf, size_t len, const char *name, const rt_cifar_format *f, int64_t *n);
+
+/* The size rule of a file for rt_bytes_read_maybe_gz: a raw file that is not a whole
+ * number of records is refused before it is read (f must outlive the read). */
+rt_bytes_rule rt_cifar_rule(const rt_cifar_format *f);
+
+/* Split a validated buffer into images (n, 3, 32, 32) and the kept labels (n). */
+void rt_cifar_unpack(const uint8_t *buf, int64_t n, const rt_cifar_format *f, uint8_t *images, uint8_t *labels);
 
 #ifdef __cplusplus
 }
