@@ -249,6 +249,14 @@ rt_status rt_run_setup_loaders(run *r, bool train) {
                    "split evenly; use data.sampler: distributed)",
                    (long long)lo, (long long)hi);
     }
+    if (r->pg && r->data.have_val) { /* data.val_split: every rank must hold out the same samples */
+        int64_t lo = (int64_t)r->data.val_fingerprint, hi = lo;
+        RT_CHECK(rt_run_all_reduce_host(r, &lo, 1, RT_I64, RT_OP_MIN));
+        RT_CHECK(rt_run_all_reduce_host(r, &hi, 1, RT_I64, RT_OP_MAX));
+        RT_REQUIRE(lo == hi, RT_ERR_INVALID,
+                   "data.val_split: the ranks hold out different training samples (their indices' fingerprints "
+                   "differ): the split must be drawn from train.seed alone");
+    }
     RT_REQUIRE(r->data.steps_per_epoch > 0, RT_ERR_INVALID,
                "data: %lld training samples give no batch of %lld on %d rank(s)", (long long)r->data.train_ds.n,
                (long long)c->data.batch_size, r->who.world_size);
