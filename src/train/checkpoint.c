@@ -1176,8 +1176,8 @@ rt_status rt_ckpt_write(const char *dir, int64_t step, rt_model *model, const rt
     return write_as(dir, name, step, model, opt, meta, keep_last, true, path_out, path_n);
 }
 
-rt_status rt_ckpt_write_named(const char *dir, const char *name, int64_t step, rt_model *model,
-                              const rt_optimizer *opt, const rt_ckpt_meta *meta, char *path_out, size_t path_n) {
+rt_status rt_ckpt_write_named(const char *dir, const char *name, int64_t step, rt_model *model, const rt_optimizer *opt,
+                              const rt_ckpt_meta *meta, char *path_out, size_t path_n) {
     int64_t s;
     RT_REQUIRE(name && *name && name[0] != '.' && !strchr(name, '/') && !parse_ckpt_name(name, &s), RT_ERR_INVALID,
                "checkpoint name '%s': expected a plain folder name that is not ckpt-<step> (e.g. best)",

@@ -1,7 +1,7 @@
 /* Evaluation: the test set (and data.val_split's validation set) split over the ranks
- * (each sample once), plain cross-entropy and accuracy summed over the ranks; with a moving average of the weights (train.ema_*)
- * the average is evaluated, with eval.tta the mean of each batch's and its mirror's
- * outputs. Also `ringtrain eval`: the model of one checkpoint evaluated the same way. */
+ * (each sample once), plain cross-entropy and accuracy summed over the ranks; with a moving average of the weights
+ * (train.ema_*) the average is evaluated, with eval.tta the mean of each batch's and its mirror's outputs. Also
+ * `ringtrain eval`: the model of one checkpoint evaluated the same way. */
 #include "train/internal/run.h"
 
 #include "core/timer.h"

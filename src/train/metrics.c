@@ -107,7 +107,8 @@ rt_status rt_metrics_eval_record(rt_metrics *m, const rt_eval_record *e) {
               put(o, "loss", rt_metrics_num(e->loss)) && put(o, "accuracy", rt_metrics_num(e->accuracy)) &&
               put(o, "samples", json_integer(e->samples));
     if (ok && e->val_samples > 0)
-        ok = put(o, "val_loss", rt_metrics_num(e->val_loss)) && put(o, "val_accuracy", rt_metrics_num(e->val_accuracy)) &&
+        ok = put(o, "val_loss", rt_metrics_num(e->val_loss)) &&
+             put(o, "val_accuracy", rt_metrics_num(e->val_accuracy)) &&
              put(o, "val_samples", json_integer(e->val_samples));
     return write_line(m, "eval", o, ok);
 }

@@ -24,11 +24,16 @@ static bool is_acc(int m) { return m == RT_MONITOR_VAL_ACC || m == RT_MONITOR_TE
 
 static double metric_value(int m, const run_eval *e) {
     switch (m) {
-    case RT_MONITOR_VAL_ACC: return e->val_acc;
-    case RT_MONITOR_VAL_LOSS: return e->val_loss;
-    case RT_MONITOR_TEST_ACC: return e->acc;
-    case RT_MONITOR_TEST_LOSS: return e->loss;
-    default: return NAN;
+    case RT_MONITOR_VAL_ACC:
+        return e->val_acc;
+    case RT_MONITOR_VAL_LOSS:
+        return e->val_loss;
+    case RT_MONITOR_TEST_ACC:
+        return e->acc;
+    case RT_MONITOR_TEST_LOSS:
+        return e->loss;
+    default:
+        return NAN;
     }
 }
 
@@ -81,8 +86,8 @@ void rt_run_monitor_observe(run *r, const run_eval *e) {
     snprintf(r->mon.why, sizeof r->mon.why,
              "%s did not improve on %.6g (step %lld) by more than %g in %lld evaluation(s) "
              "(train.early_stop_patience %lld)",
-             metric_name(s->metric), s->best, (long long)s->best_step, c->train.early_stop_min_delta,
-             (long long)s->bad, (long long)c->train.early_stop_patience);
+             metric_name(s->metric), s->best, (long long)s->best_step, c->train.early_stop_min_delta, (long long)s->bad,
+             (long long)c->train.early_stop_patience);
 }
 
 /* ---- the checkpoint's metadata -------------------------------------------------------- */

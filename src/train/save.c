@@ -212,7 +212,8 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
 }
 
 /* The checkpoint of this step (and with mon.write_best the same in best/), `why`
- * (every_steps, every_minutes, every_epochs, best, end, stop, early_stop) in metrics.jsonl; epoch and epoch_batches: where a resume continues. */
+ * (every_steps, every_minutes, every_epochs, best, end, stop, early_stop) in metrics.jsonl; epoch and epoch_batches:
+ * where a resume continues. */
 rt_status rt_run_save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, const char *why) {
     uint64_t t = rt_trace_now();
     rt_status s = save_checkpoint(r, epoch, epoch_batches, why);

@@ -20,8 +20,8 @@ static rt_status split_val(run *r) {
     int64_t *held = malloc(sizeof *held * (size_t)(n > 0 ? n : 1));
     RT_CHECK_ALLOC(held, sizeof *held * (size_t)(n > 0 ? n : 1));
     rt_dataset train;
-    rt_status s = rt_dataset_split(&r->data.train_ds, c->data.val_split, (uint64_t)c->train.seed, &train,
-                                   &r->data.val_ds, held);
+    rt_status s =
+        rt_dataset_split(&r->data.train_ds, c->data.val_split, (uint64_t)c->train.seed, &train, &r->data.val_ds, held);
     if (s == RT_OK) {
         uint64_t h = 14695981039346656037ull;
         for (int64_t i = 0; i < n; i++)

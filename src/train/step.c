@@ -37,7 +37,8 @@ static rt_status scalars_enqueue(run *r) {
         rt_trace_end(RT_TRACK_MAIN, "scalars all_reduce", t);
     }
     RT_CHECK(rt_grad_sumsq_async(&r->upd.clip, grads, n, st, &r->bufs.vals_host->sumsq));
-    return rt_memcpy(r->bufs.vals_host->loss_stop, rt_device_cpu(), sc, r->dev, sizeof r->bufs.vals_host->loss_stop, st);
+    return rt_memcpy(r->bufs.vals_host->loss_stop, rt_device_cpu(), sc, r->dev, sizeof r->bufs.vals_host->loss_stop,
+                     st);
 }
 
 /* What the host must know after backward: the loss averaged over the ranks, whether any

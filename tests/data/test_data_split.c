@@ -24,9 +24,8 @@ static void make(rt_dataset *ds) {
 /* the source index of sample j of part p (its first pixel and label identify it) */
 static int source_of(const rt_dataset *p, int64_t j) {
     for (int i = 0; i < N; i++)
-        if (p->images[j * C * H * W] == (uint8_t)((i * 7) & 255) && p->images[j * C * H * W + 1] ==
-                                                                     (uint8_t)((i * 7 + 1) & 255) &&
-            p->labels[j] == i % 10)
+        if (p->images[j * C * H * W] == (uint8_t)((i * 7) & 255) &&
+            p->images[j * C * H * W + 1] == (uint8_t)((i * 7 + 1) & 255) && p->labels[j] == i % 10)
             return i;
     return -1;
 }

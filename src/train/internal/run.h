@@ -171,10 +171,10 @@ typedef struct run {
 
     struct run_monitor { /* monitor.c: checkpoint.keep_best, train.early_stop */
         run_watch best, stop;
-        bool write_best;      /* the checkpoint being written also goes to DIR/best/ */
-        bool stop_wanted;     /* rank 0: the early stop's patience ran out at this evaluation */
-        bool early_stopped;   /* the ranks agreed on it: the run ends with a checkpoint */
-        char why[256];        /* what the summary says */
+        bool write_best;    /* the checkpoint being written also goes to DIR/best/ */
+        bool stop_wanted;   /* rank 0: the early stop's patience ran out at this evaluation */
+        bool early_stopped; /* the ranks agreed on it: the run ends with a checkpoint */
+        char why[256];      /* what the summary says */
     } mon;
 
     struct run_graphs { /* graphs.c: train.cuda_graphs */
