@@ -328,6 +328,10 @@ static int run_rank(const rt_config *cfg, const rt_dist_env *env) {
             printf("%s (step %lld): test loss %.4f, accuracy %.2f%% (%lld test samples, %d rank(s))\n",
                    res.checkpoint_dir, (long long)res.steps, res.test_loss, 100.0 * res.test_accuracy,
                    (long long)res.test_samples, who.world_size);
+        if (who.rank == 0 && res.val_samples > 0)
+            printf("%s (step %lld): validation loss %.4f, accuracy %.2f%% (%lld held-out samples)\n",
+                   res.checkpoint_dir, (long long)res.steps, res.val_loss, 100.0 * res.val_accuracy,
+                   (long long)res.val_samples);
         return 0;
     }
     if (rt_train(cfg, &who, stdout, &res) != RT_OK) return rt_cli_fail();
@@ -342,6 +346,12 @@ static int run_rank(const rt_config *cfg, const rt_dist_env *env) {
         return 128 + res.stop_signal; /* as a shell reports an interrupted command (130, 143) */
     }
     if (who.rank == 0) {
+        if (res.early_stopped) /* train.early_stop: a finished run, its checkpoint written */
+            printf("stopped early after step %lld by train.early_stop: %s; checkpoint in %s/\n", (long long)res.steps,
+                   res.stop_reason, res.checkpoint_dir);
+        if (res.val_samples > 0)
+            printf("validation accuracy %.2f%% (%lld held-out samples); ", 100.0 * res.val_accuracy,
+                   (long long)res.val_samples);
         printf("test accuracy %.2f%% (%lld test samples) after %lld steps in %.1f s; logs in %s/ (metrics.jsonl, "
                "config.yaml)\n",
                100.0 * res.test_accuracy, (long long)res.test_samples, (long long)res.steps, res.wall_s, res.run_dir);

@@ -164,7 +164,9 @@ typedef enum rt_setting_group {
     X(TEST_CKPT_STALL, "RINGTRAIN_TEST_CKPT_STALL", STRING, "", 0, 0, NULL, TEST,                                      \
       "<step>:<seconds>: rank 0 stalls that long inside the write of that checkpoint")                                 \
     X(TEST_RANK_PATH, "RINGTRAIN_TEST_RANK_PATH", STRING, "", 0, 0, NULL, TEST,                                        \
-      "<rank>:<from>=<to>: that rank sees the files under <from> at <to>")
+      "<rank>:<from>=<to>: that rank sees the files under <from> at <to>")                                            \
+    X(TEST_CLOCK, "RINGTRAIN_TEST_CLOCK", STRING, "", 0, 0, NULL, TEST,                                                \
+      "<rank>:<minutes>: that rank's training clock reads <minutes> per step done (checkpoint.every_minutes)")
 
 typedef enum rt_setting_id {
 #define RT_SETTING_ENUM_(id, name, type, def, lo, hi, choices, group, doc) RT_SET_##id,

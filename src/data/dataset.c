@@ -3,12 +3,14 @@
 
 #include "core/device.h"
 #include "core/names.h"
+#include "core/rng.h"
 #include "data/internal/bytes.h"
 #include "data/internal/cifar.h"
 #include "data/internal/idx.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -390,6 +392,66 @@ void rt_dataset_free(rt_dataset *ds) {
     rt_free(rt_device_cpu(), ds->owned_[0]);
     rt_free(rt_device_cpu(), ds->owned_[1]);
     memset(ds, 0, sizeof *ds);
+}
+
+/* A copy of ds's samples whose held[i] equals `want`, in ds's order, named like ds. */
+static rt_status copy_part(const rt_dataset *ds, const bool *held, bool want, int64_t n, const char *split,
+                           rt_dataset *out) {
+    RT_CHECK(rt_dataset_alloc(out, ds->name, n, ds->c, ds->h, ds->w, ds->num_classes));
+    void *img = out->owned_[0], *lab = out->owned_[1];
+    *out = *ds; /* kind, format, path, normalisation, flips, crop */
+    out->n = n;
+    out->images = img;
+    out->labels = lab;
+    out->owned_[0] = img;
+    out->owned_[1] = lab;
+    snprintf(out->split, sizeof out->split, "%s", split);
+    size_t bytes = rt_dataset_image_bytes(ds);
+    int64_t k = 0;
+    for (int64_t i = 0; i < ds->n; i++) {
+        if (held[i] != want) continue;
+        memcpy((uint8_t *)img + (size_t)k * bytes, ds->images + (size_t)i * bytes, bytes);
+        ((uint8_t *)lab)[k++] = ds->labels[i];
+    }
+    return RT_OK;
+}
+
+rt_status rt_dataset_split(const rt_dataset *ds, int64_t n_val, uint64_t seed, rt_dataset *train, rt_dataset *val,
+                           int64_t *held_out) {
+    memset(train, 0, sizeof *train);
+    memset(val, 0, sizeof *val);
+    RT_REQUIRE(n_val > 0 && n_val < ds->n, RT_ERR_INVALID,
+               "data.val_split: %lld of the %lld training samples (after data.train_subset) would leave %s (expected "
+               "1 to %lld)",
+               (long long)n_val, (long long)ds->n, n_val <= 0 ? "no validation set" : "none to train on",
+               (long long)ds->n - 1);
+    int64_t *perm = malloc(sizeof *perm * (size_t)ds->n);
+    bool *held = calloc((size_t)ds->n, sizeof *held);
+    rt_status st = perm && held ? RT_OK : RT_ERROR(RT_ERR_NOMEM, "data.val_split: %lld indices", (long long)ds->n);
+    if (st == RT_OK) {
+        /* Fisher-Yates from the seed alone: the same held-out samples whatever the ranks */
+        rt_rng rng;
+        rt_rng_init(&rng, seed, RT_DATASET_SPLIT_SUBSEQ);
+        for (int64_t i = 0; i < ds->n; i++) perm[i] = i;
+        for (int64_t i = ds->n - 1; i > 0; i--) {
+            int64_t j = (int64_t)rt_rng_below(&rng, (uint64_t)i + 1), t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        for (int64_t i = ds->n - n_val; i < ds->n; i++) held[perm[i]] = true;
+        if (held_out)
+            for (int64_t i = 0, k = 0; i < ds->n; i++)
+                if (held[i]) held_out[k++] = i;
+        st = copy_part(ds, held, false, ds->n - n_val, "train", train);
+    }
+    if (st == RT_OK) st = copy_part(ds, held, true, n_val, "val", val);
+    if (st != RT_OK) {
+        rt_dataset_free(train);
+        rt_dataset_free(val);
+    }
+    free(perm);
+    free(held);
+    return st;
 }
 
 void rt_dataset_pixel_stats(const rt_dataset *ds, double mean[RT_DATASET_MAX_C], double std[RT_DATASET_MAX_C]) {

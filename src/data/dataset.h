@@ -92,6 +92,19 @@ rt_status rt_dataset_alloc(rt_dataset *ds, const char *name, int64_t n, int c, i
 
 void rt_dataset_free(rt_dataset *ds);
 
+/* The subsequence of train.seed the validation split draws from (the sampler's and the
+ * augmentation's are others). */
+#define RT_DATASET_SPLIT_SUBSEQ 0x76616c73u /* "vals" */
+
+/* data.val_split: n_val samples of ds held out. The held-out ones are the last n_val of a
+ * permutation of 0..n-1 drawn from `seed` alone (Fisher-Yates with Philox), so every rank
+ * and every world size holds out the same ones; `val` gets them and `train` the others,
+ * each in ds's order, as copies (ds is left as it was). held_out (n_val entries, may be
+ * NULL): the indices of ds held out, ascending. 1 <= n_val < ds->n, else RT_ERR_INVALID
+ * naming data.val_split. */
+rt_status rt_dataset_split(const rt_dataset *ds, int64_t n_val, uint64_t seed, rt_dataset *train, rt_dataset *val,
+                           int64_t *held_out);
+
 /* Pixel mean/std per channel (of pixel/255) over the whole split, and the class
  * histogram (counts has num_classes entries). */
 void rt_dataset_pixel_stats(const rt_dataset *ds, double mean[RT_DATASET_MAX_C], double std[RT_DATASET_MAX_C]);

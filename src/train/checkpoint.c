@@ -1165,8 +1165,28 @@ static rt_status put_in_place(const char *dir, const char *tmp, const char *fina
     return RT_OK;
 }
 
+/* rt_ckpt_write into DIR/<name>/ (prune: then keep_last) */
+static rt_status write_as(const char *dir, const char *name, int64_t step, rt_model *model, const rt_optimizer *opt,
+                          const rt_ckpt_meta *meta, int keep_last, bool prune, char *path_out, size_t path_n);
+
 rt_status rt_ckpt_write(const char *dir, int64_t step, rt_model *model, const rt_optimizer *opt,
                         const rt_ckpt_meta *meta, int keep_last, char *path_out, size_t path_n) {
+    char name[64];
+    rt_ckpt_dir_name(step, name, sizeof name);
+    return write_as(dir, name, step, model, opt, meta, keep_last, true, path_out, path_n);
+}
+
+rt_status rt_ckpt_write_named(const char *dir, const char *name, int64_t step, rt_model *model, const rt_optimizer *opt,
+                              const rt_ckpt_meta *meta, char *path_out, size_t path_n) {
+    int64_t s;
+    RT_REQUIRE(name && *name && name[0] != '.' && !strchr(name, '/') && !parse_ckpt_name(name, &s), RT_ERR_INVALID,
+               "checkpoint name '%s': expected a plain folder name that is not ckpt-<step> (e.g. best)",
+               name ? name : "(null)");
+    return write_as(dir, name, step, model, opt, meta, 0, false, path_out, path_n);
+}
+
+static rt_status write_as(const char *dir, const char *name, int64_t step, rt_model *model, const rt_optimizer *opt,
+                          const rt_ckpt_meta *meta, int keep_last, bool prune, char *path_out, size_t path_n) {
     RT_REQUIRE(dir && *dir && model && meta, RT_ERR_INVALID, "rt_ckpt_write: NULL argument");
     RT_REQUIRE(step >= 0, RT_ERR_INVALID, "checkpoint step %" PRId64 " (expected >= 0)", step);
     RT_REQUIRE(keep_last >= 0, RT_ERR_INVALID, "checkpoint keep_last %d (expected >= 0)", keep_last);
@@ -1179,9 +1199,10 @@ rt_status rt_ckpt_write(const char *dir, int64_t step, rt_model *model, const rt
         RT_REQUIRE(s == RT_OK, RT_ERR_INVALID, "checkpoint metadata needs '%s' (an integer): %s", k_required[i],
                    rt_error_message());
     }
-    char name[64], tmp[RT_CKPT_PATH_MAX], final[RT_CKPT_PATH_MAX], file[RT_CKPT_PATH_MAX + 32];
-    rt_ckpt_dir_name(step, name, sizeof name);
-    int l1 = snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%ld", dir, name, (long)getpid());
+    char tmp[RT_CKPT_PATH_MAX], final[RT_CKPT_PATH_MAX], file[RT_CKPT_PATH_MAX + 32];
+    /* .ckpt-<step>.tmp-<pid>, .ckpt-best.tmp-<pid>: remove_stale_tmp's names */
+    int l1 = snprintf(tmp, sizeof tmp, "%s/.%s%s.tmp-%ld", dir, strncmp(name, "ckpt-", 5) == 0 ? "" : "ckpt-", name,
+                      (long)getpid());
     int l2 = snprintf(final, sizeof final, "%s/%s", dir, name);
     RT_REQUIRE(l1 > 0 && (size_t)l1 < sizeof tmp && l2 > 0 && (size_t)l2 < sizeof final, RT_ERR_INVALID,
                "checkpoint path too long: %s", dir);
@@ -1212,7 +1233,7 @@ rt_status rt_ckpt_write(const char *dir, int64_t step, rt_model *model, const rt
     RT_CHECK_GOTO(put_in_place(dir, tmp, final, name), st, fail);
     RT_CHECK_GOTO(fsync_path(dir, true), st, done);
     if (path_out) snprintf(path_out, path_n, "%s", final);
-    RT_CHECK_GOTO(rt_ckpt_prune(dir, keep_last, step, rt_ckpt_meta_get(meta, "run_id")), st, done);
+    if (prune) RT_CHECK_GOTO(rt_ckpt_prune(dir, keep_last, step, rt_ckpt_meta_get(meta, "run_id")), st, done);
     remove_stale_tmp(dir);
     goto done;
 fail:

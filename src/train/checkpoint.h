@@ -120,6 +120,15 @@ void rt_ckpt_dir_name(int64_t step, char *out, size_t n);
 rt_status rt_ckpt_write(const char *dir, int64_t step, rt_model *model, const rt_optimizer *opt,
                         const rt_ckpt_meta *meta, int keep_last, char *path_out, size_t path_n);
 
+/* The same into DIR/<name>/ (e.g. "best": checkpoint.keep_best) instead of ckpt-<step>/,
+ * the same way (a temporary beside it, verified, renamed into place: an existing one is
+ * replaced atomically), and nothing pruned. Resume, pruning and moving aside only ever
+ * read ckpt-* names, so such a checkpoint is left alone by them; rt_ckpt_verify and
+ * rt_ckpt_load read it as any other (its step is not checked against its name). `name`:
+ * no '/', not starting with '.', not ckpt-<digits>. */
+rt_status rt_ckpt_write_named(const char *dir, const char *name, int64_t step, rt_model *model,
+                              const rt_optimizer *opt, const rt_ckpt_meta *meta, char *path_out, size_t path_n);
+
 /* Keep the newest keep_last valid checkpoints of run `run_id` (metadata "run_id"; a
  * checkpoint without one, older than the key, counts as this run's) and remove this
  * run's older ones, never `keep_step` (counted as valid: just written). Checkpoints that

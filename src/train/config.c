@@ -73,6 +73,12 @@ static const rt_names k_progress = {"progress mode", RT_PROGRESS_COUNT_, k_progr
 static const char *const k_graphs_names[RT_GRAPHS_COUNT_] = {
     [RT_GRAPHS_AUTO] = "auto", [RT_GRAPHS_ON] = "on", [RT_GRAPHS_OFF] = "off"};
 static const rt_names k_graphs = {"CUDA graphs mode", RT_GRAPHS_COUNT_, k_graphs_names, NULL, NULL};
+static const char *const k_monitor_names[RT_MONITOR_COUNT_] = {[RT_MONITOR_NONE] = "none",
+                                                               [RT_MONITOR_VAL_ACC] = "val_acc",
+                                                               [RT_MONITOR_VAL_LOSS] = "val_loss",
+                                                               [RT_MONITOR_TEST_ACC] = "test_acc",
+                                                               [RT_MONITOR_TEST_LOSS] = "test_loss"};
+const rt_names rt_monitor_names = {"evaluation metric", RT_MONITOR_COUNT_, k_monitor_names, NULL, NULL};
 
 /* data.erasing_value: "random" or a finite number, into the loader's erase_random and
  * erase_value */
@@ -141,6 +147,9 @@ static const key k_keys[] = {
      "batches prepared ahead by the loader thread"},
     {"data.train_subset", MATCH, K_INT, F(data.train_subset), 0, 0, "0", 0, I64, false, NULL, NULL,
      "use only the first N training samples (0: all)"},
+    {"data.val_split", MATCH, K_INT, F(data.val_split), 0, 0, "0", 0, I64, false, NULL, NULL,
+     "hold out N training samples for validation (the same ones on every rank and world size: the last N of a "
+     "permutation drawn from train.seed; 0: none)"},
     {"data.test_subset", MAY, K_INT, F(data.test_subset), 0, 0, "0", 0, I64, false, NULL, NULL,
      "use only the first N test samples (0: all)"},
     {"data.erasing", MATCH, K_FLOAT, F(data.loader.erase_p), 0, 0, "0", 0, 1, false, NULL, NULL,
@@ -242,6 +251,14 @@ static const key k_keys[] = {
     {"train.ema_warmup", MATCH, K_BOOL, F(optim.opt.ema_warmup), 0, 0, "true", 0, 0, false, NULL, NULL,
      "the decay of the n-th update is min(ema_decay, (1 + n) / (10 + n)), so the first weights fade fast (false: "
      "ema_decay from the start)"},
+    {"train.early_stop", MAY, K_ENUM, F(train.early_stop), SZ(train.early_stop), 0, "none", 0, 0, false,
+     &rt_monitor_names, NULL,
+     "stop when this evaluation metric has not improved by more than early_stop_min_delta in early_stop_patience "
+     "evaluations (none: never)"},
+    {"train.early_stop_patience", MAY, K_INT, F(train.early_stop_patience), 0, 0, "3", 1, 1000000, false, NULL, NULL,
+     "early stop: evaluations without an improvement before the run stops"},
+    {"train.early_stop_min_delta", MAY, K_FLOAT, F(train.early_stop_min_delta), 0, 0, "0", 0, INF, false, NULL, NULL,
+     "early stop: an improvement is a change of the metric by more than this (accuracy as a fraction 0..1)"},
     /* eval */
     {"eval.tta", MAY, K_ENUM, F(train.tta_flip), SZ(train.tta_flip), 0, "none", 0, 0, false, &k_tta, NULL,
      "test-time augmentation in evaluation (flip: the mean of the logits of each image and its mirror); "
@@ -288,6 +305,12 @@ static const key k_keys[] = {
      "save every N epochs (0: off); one is always saved at the end"},
     {"checkpoint.keep_last", NEVER, K_INT, F(checkpoint.keep_last), 0, 0, "3", 0, 1000000, false, NULL, NULL,
      "keep the newest N checkpoints (0: all)"},
+    {"checkpoint.keep_best", NEVER, K_ENUM, F(checkpoint.keep_best), SZ(checkpoint.keep_best), 0, "auto", 0, 0, true,
+     &rt_monitor_names, NULL,
+     "keep the checkpoint of the best evaluation by this metric in DIR/best/ (never pruned); auto: val_acc with "
+     "data.val_split, else none"},
+    {"checkpoint.every_minutes", NEVER, K_FLOAT, F(checkpoint.every_minutes), 0, 0, "0", 0, 1e9, false, NULL, NULL,
+     "save after M minutes of training since the last checkpoint (rank 0's clock, agreed with the step; 0: off)"},
     {"checkpoint.resume", NEVER, K_STR, F(checkpoint.resume), SZ(checkpoint.resume), 0, "auto", 0, 0, false, NULL, NULL,
      "auto (the newest complete checkpoint, if any) | none | PATH"},
     {"checkpoint.overwrite", NEVER, K_BOOL, F(checkpoint.overwrite), 0, 0, "false", 0, 0, false, NULL, NULL,

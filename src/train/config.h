@@ -80,6 +80,21 @@ typedef enum rt_graphs_mode {
     RT_GRAPHS_COUNT_
 } rt_graphs_mode;
 
+/* What checkpoint.keep_best and train.early_stop watch: a metric of the evaluation
+ * (val_*: the held-out part of the training set, data.val_split; test_*: the test set);
+ * keep_best's auto (RT_CONFIG_AUTO) is val_acc where a split exists, else none. */
+typedef enum rt_monitor {
+    RT_MONITOR_NONE = 0,
+    RT_MONITOR_VAL_ACC,
+    RT_MONITOR_VAL_LOSS,
+    RT_MONITOR_TEST_ACC,
+    RT_MONITOR_TEST_LOSS,
+    RT_MONITOR_COUNT_
+} rt_monitor;
+
+/* "none", "val_acc", "val_loss", "test_acc", "test_loss" */
+extern const rt_names rt_monitor_names;
+
 typedef struct rt_config {
     /* the model's keys (model.arch, width, stem, num_classes, dropout), each in its field
      * of the model's own option struct; auto: stem RT_STEM_AUTO (cifar for 32x32 data),
@@ -99,6 +114,7 @@ typedef struct rt_config {
         rt_loader_config loader;
         int64_t train_subset; /* 0: every training sample; N: the first N */
         int64_t test_subset;  /* 0: every test sample; N: the first N */
+        int64_t val_split;    /* N training samples held out for validation (0: none) */
         int n_erasing_scale, n_erasing_ratio;
         /* data.erasing_value as written ("random" or a number); parsed once into
          * loader.erase_random and loader.erase_value */
@@ -135,6 +151,9 @@ typedef struct rt_config {
         rt_graphs_mode cuda_graphs; /* the step captured in CUDA graphs (docs/gpu.md, "CUDA graphs") */
         double label_smoothing; /* CrossEntropyLoss(label_smoothing=) */
         bool tta_flip;          /* eval.tta flip: evaluation averages the logits of x and its mirror */
+        int early_stop;                /* rt_monitor: stop when it has not improved (NONE: never) */
+        int64_t early_stop_patience;   /* evaluations without an improvement before the stop */
+        double early_stop_min_delta;   /* an improvement is a change by more than this */
         /* train.ema_decay, train.ema_every, train.ema_warmup: the optimizer's fields
          * (optim.opt.ema_*), which keep the moving average */
     } train;
@@ -160,6 +179,8 @@ typedef struct rt_config {
         int64_t every_steps;             /* 0: off */
         int64_t every_epochs;            /* 0: off */
         int64_t keep_last;               /* 0: keep all */
+        int keep_best;                   /* rt_monitor, or RT_CONFIG_AUTO: the best evaluation in DIR/best/ */
+        double every_minutes;            /* a checkpoint after M minutes of training (rank 0's clock; 0: off) */
         char resume[RT_CONFIG_PATH_MAX]; /* auto | none | PATH */
         bool overwrite;                  /* resume none in a folder with checkpoints: move them aside */
         char allow_changes[RT_CONFIG_MAX_LIST][RT_CONFIG_NAME_MAX]; /* keys a resume may change */

@@ -1,7 +1,7 @@
-/* Evaluation: the test set split over the ranks (each sample once), plain cross-entropy
- * and accuracy summed over the ranks; with a moving average of the weights (train.ema_*)
- * the average is evaluated, with eval.tta the mean of each batch's and its mirror's
- * outputs. Also `ringtrain eval`: the model of one checkpoint evaluated the same way. */
+/* Evaluation: the test set (and data.val_split's validation set) split over the ranks
+ * (each sample once), plain cross-entropy and accuracy summed over the ranks; with a moving average of the weights
+ * (train.ema_*) the average is evaluated, with eval.tta the mean of each batch's and its mirror's outputs. Also
+ * `ringtrain eval`: the model of one checkpoint evaluated the same way. */
 #include "train/internal/run.h"
 
 #include "core/timer.h"
@@ -121,26 +121,22 @@ static double count_correct(const float *out, const int64_t *labels, int n, int 
     return correct;
 }
 
-static rt_status evaluate_model(run *r, double *loss, double *acc, int64_t *samples) {
-    RT_CHECK(rt_run_test_bn_perturb(r));
-    RT_CHECK(rt_run_broadcast_state(r, false)); /* batch-norm running statistics of rank 0 */
+/* One evaluation set (the test set, or data.val_split's) through the model: its summed
+ * loss, correct answers and samples, all-reduced. */
+static rt_status evaluate_set(run *r, rt_loader *loader, double *loss, double *acc, int64_t *samples) {
     const rt_model_config *mc = rt_model_config_of(r->model);
     double sums[3] = {0, 0, 0}; /* loss * n, correct, n */
-    /* evaluation reports plain cross-entropy whatever the training loss's smoothing */
-    double smoothing = rt_model_label_smoothing(r->model);
-    RT_CHECK(rt_model_set_label_smoothing(r->model, 0.0));
     bool tta = r->cfg->train.tta_flip;
-    if (tta) RT_CHECK(tta_buffers(r, mc));
-    RT_CHECK(rt_loader_start_epoch(r->data.test_loader, 0));
+    RT_CHECK(rt_loader_start_epoch(loader, 0));
     for (int64_t batches = 0;; batches++) {
         rt_launch_heartbeat();
-        if (batches == 1) rt_run_test_signal_at(r, "eval", r->step);
+        if (batches == 1 && loader == r->data.test_loader) rt_run_test_signal_at(r, "eval", r->step);
         if (rt_run_flight_signal()) { /* this rank's alone: evaluation has no agreement per batch */
             rt_run_flight_clear();
             rt_run_flight_dump(r, "SIGUSR1 in evaluation");
         }
         rt_batch b;
-        RT_CHECK(rt_loader_next(r->data.test_loader, &b));
+        RT_CHECK(rt_loader_next(loader, &b));
         if (b.size == 0) break;
         const float *x = b.images;
         const int64_t *y = b.labels;
@@ -149,8 +145,7 @@ static rt_status evaluate_model(run *r, double *loss, double *acc, int64_t *samp
             RT_CHECK(eval_to_device(r, b.images, b.size));
             RT_CHECK(rt_memcpy(r->bufs.label_dev, r->dev, b.labels, rt_device_cpu(), sizeof(int64_t) * (size_t)b.size,
                                r->ctx->stream));
-            RT_CHECK(
-                rt_loader_release_after(r->data.test_loader, &b, r->ctx->stream)); /* the pinned slot, after the copy */
+            RT_CHECK(rt_loader_release_after(loader, &b, r->ctx->stream)); /* the pinned slot, after the copy */
             x = r->bufs.x_dev;
             y = r->bufs.label_dev;
         }
@@ -160,7 +155,6 @@ static rt_status evaluate_model(run *r, double *loss, double *acc, int64_t *samp
         sums[1] += count_correct(r->bufs.out_host, b.labels, b.size, mc->num_classes);
         sums[2] += b.size;
     }
-    RT_CHECK(rt_model_set_label_smoothing(r->model, smoothing));
     RT_CHECK(rt_run_all_reduce_f64(r, sums, 3, RT_OP_SUM));
     *samples = (int64_t)sums[2];
     *loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
@@ -168,10 +162,25 @@ static rt_status evaluate_model(run *r, double *loss, double *acc, int64_t *samp
     return RT_OK;
 }
 
-rt_status rt_run_evaluate(run *r, double *loss, double *acc, int64_t *samples) {
+/* The test set, then the validation set where data.val_split holds one out. */
+static rt_status evaluate_model(run *r, run_eval *e) {
+    RT_CHECK(rt_run_test_bn_perturb(r));
+    RT_CHECK(rt_run_broadcast_state(r, false)); /* batch-norm running statistics of rank 0 */
+    const rt_model_config *mc = rt_model_config_of(r->model);
+    /* evaluation reports plain cross-entropy whatever the training loss's smoothing */
+    double smoothing = rt_model_label_smoothing(r->model);
+    RT_CHECK(rt_model_set_label_smoothing(r->model, 0.0));
+    if (r->cfg->train.tta_flip) RT_CHECK(tta_buffers(r, mc));
+    *e = (run_eval){.val_loss = NAN, .val_acc = NAN};
+    RT_CHECK(evaluate_set(r, r->data.test_loader, &e->loss, &e->acc, &e->samples));
+    if (r->data.val_loader) RT_CHECK(evaluate_set(r, r->data.val_loader, &e->val_loss, &e->val_acc, &e->val_samples));
+    return rt_model_set_label_smoothing(r->model, smoothing);
+}
+
+rt_status rt_run_evaluate(run *r, run_eval *e) {
     bool ema = rt_run_ema_active(r);
     if (ema) RT_CHECK(rt_run_ema_swap(r));
-    rt_status st = evaluate_model(r, loss, acc, samples);
+    rt_status st = evaluate_model(r, e);
     if (ema) {
         rt_status s2 = rt_run_ema_swap(r);
         if (st == RT_OK) st = s2;
@@ -233,7 +242,14 @@ static rt_status eval_all(run *r, const char *ckpt, rt_train_result *res) {
     RT_CHECK(rt_run_agree_loaded(r, st, r->ckpt.chosen_path));
     RT_CHECK(rt_run_setup_loaders(r, false));
     uint64_t t0 = rt_now_ns();
-    RT_CHECK(rt_run_evaluate(r, &res->test_loss, &res->test_accuracy, &res->test_samples));
+    run_eval e;
+    RT_CHECK(rt_run_evaluate(r, &e));
+    res->test_loss = e.loss;
+    res->test_accuracy = e.acc;
+    res->test_samples = e.samples;
+    res->val_loss = e.val_loss;
+    res->val_accuracy = e.val_acc;
+    res->val_samples = e.val_samples;
     res->wall_s = (double)(rt_now_ns() - t0) * 1e-9;
     res->steps = step;
     if (r->pg) RT_CHECK(rt_barrier(r->pg));

@@ -1,7 +1,8 @@
 /* The epoch loop: for each epoch the batches (one training step each), with the points
  * where the ranks agree to stop, dump the flight recorder or write a checkpoint between
  * steps; then the epoch's timing table, its evaluation (train.eval_every, and always the
- * run's last epoch) and its checkpoint (checkpoint.every_epochs, the end, a stop).
+ * run's last epoch) with what watches it (monitor.c: the best checkpoint, the early stop)
+ * and its checkpoint (checkpoint.every_epochs, the end, a stop, a new best).
  * A resumed run starts in the middle of its epoch, from the checkpoint's position. */
 #include "train/internal/run.h"
 
@@ -16,8 +17,7 @@ typedef struct loop_state {
     int64_t epoch;
     int64_t saved_at;    /* the step of the newest checkpoint */
     int64_t eval_logged; /* the step of an eval line metrics.jsonl has already (a resume) */
-    double loss, acc;    /* the last evaluation's (NaN: none yet) */
-    int64_t samples;
+    run_eval ev;         /* the last evaluation's (loss NaN: none yet) */
 } loop_state;
 
 /* The epoch's order from its start, or for the resumed epoch the batches not taken yet
@@ -42,9 +42,10 @@ static rt_status after_step(run *r, loop_state *s, const rt_batch *b) {
         rt_run_flight_dump(r, "SIGUSR1");
     }
     bool every = c->checkpoint.every_steps > 0 && r->step % c->checkpoint.every_steps == 0;
-    if (!r->stop.requested && !every) return RT_OK;
+    if (!r->stop.requested && !every && !r->stop.ckpt_now) return RT_OK;
     RT_CHECK(rt_run_complete_in_order(r, true));
-    RT_CHECK(rt_run_save_checkpoint(r, s->epoch, b->index + 1, r->stop.requested ? "stop" : "every_steps"));
+    const char *why = r->stop.requested ? "stop" : every ? "every_steps" : "every_minutes";
+    RT_CHECK(rt_run_save_checkpoint(r, s->epoch, b->index + 1, why));
     s->saved_at = r->step;
     if (!r->stop.requested) RT_CHECK(rt_run_agree_stop(r)); /* asked during the write: this one is kept */
     return RT_OK;
@@ -76,23 +77,42 @@ static rt_status run_batches(run *r, loop_state *s, int64_t *next_batch) {
     return RT_OK;
 }
 
+rt_status rt_run_log_eval(run *r, const run_eval *e, int64_t epoch, int64_t eval_logged, bool print) {
+    if (r->log.metrics && r->step != eval_logged) {
+        rt_eval_record rec = {.step = r->step,
+                              .epoch = epoch,
+                              .loss = e->loss,
+                              .accuracy = e->acc,
+                              .samples = e->samples,
+                              .val_loss = e->val_loss,
+                              .val_accuracy = e->val_acc,
+                              .val_samples = e->val_samples};
+        RT_CHECK(rt_metrics_eval_record(r->log.metrics, &rec));
+    }
+    if (!print || !is_root(r)) return RT_OK;
+    fprintf(r->out, "epoch %lld: test loss %.4f, accuracy %.2f%% (%lld samples)", (long long)epoch + 1, e->loss,
+            100.0 * e->acc, (long long)e->samples);
+    if (e->val_samples > 0)
+        fprintf(r->out, "; validation loss %.4f, accuracy %.2f%% (%lld samples)", e->val_loss, 100.0 * e->val_acc,
+                (long long)e->val_samples);
+    fputc('\n', r->out);
+    fflush(r->out);
+    return RT_OK;
+}
+
 /* The epoch's evaluation, logged and printed; `last`: the run's last, after which
  * nothing is left to agree on. */
 static rt_status epoch_eval(run *r, loop_state *s, bool last) {
     uint64_t t = rt_trace_now();
-    RT_CHECK(rt_run_evaluate(r, &s->loss, &s->acc, &s->samples));
+    RT_CHECK(rt_run_evaluate(r, &s->ev));
     rt_trace_end(RT_TRACK_MAIN, "evaluation", t);
-    if (r->log.metrics && r->step != s->eval_logged)
-        RT_CHECK(rt_metrics_eval(r->log.metrics, r->step, s->epoch, s->loss, s->acc, s->samples));
-    if (is_root(r)) {
-        fprintf(r->out, "epoch %lld: test loss %.4f, accuracy %.2f%% (%lld samples)\n", (long long)s->epoch + 1,
-                s->loss, 100.0 * s->acc, (long long)s->samples);
-        fflush(r->out);
-    }
-    /* asked during the evaluation: stop after it (after the run's last one, finish:
-     * only the end-of-run check and the model file are left) */
-    if (!last) RT_CHECK(rt_run_agree_stop(r));
-    return RT_OK;
+    RT_CHECK(rt_run_log_eval(r, &s->ev, s->epoch, s->eval_logged, true));
+    rt_run_monitor_observe(r, &s->ev);
+    /* asked during the evaluation, or the early stop's patience ran out: stop after it
+     * (after the run's last one, finish: only the end-of-run check and the model file are
+     * left); the best checkpoint's decision rides along */
+    if (!last) return rt_run_agree_stop(r);
+    return r->mon.best.metric != RT_MONITOR_NONE ? rt_run_agree_watches(r) : RT_OK;
 }
 
 /* The epoch's checkpoint: at the epoch's end (checkpoint.every_epochs), always at the
@@ -100,12 +120,17 @@ static rt_status epoch_eval(run *r, loop_state *s, bool last) {
 static rt_status epoch_checkpoint(run *r, loop_state *s, bool last, int64_t next_batch) {
     const rt_config *c = r->cfg;
     bool every = c->checkpoint.every_epochs > 0 && (s->epoch + 1) % c->checkpoint.every_epochs == 0;
-    if (!(every || last || r->stop.requested) || s->saved_at == r->step) return RT_OK;
-    const char *why = r->stop.requested ? "stop" : last ? "end" : "every_epochs";
+    bool best = r->mon.write_best; /* written again when this step's is: best/ is made with it */
+    if (!(every || last || r->stop.requested || best) || (s->saved_at == r->step && !best)) return RT_OK;
+    const char *why = r->mon.early_stopped ? "early_stop"
+                      : r->stop.requested  ? "stop"
+                      : last               ? "end"
+                      : every              ? "every_epochs"
+                                           : "best";
     /* train.max_steps can end the run in mid-epoch: the position is then the next
      * batch of this epoch, so a resume that trains longer does not skip its rest */
     if (next_batch >= 0)
-        RT_CHECK(rt_run_save_checkpoint(r, s->epoch, next_batch, r->stop.requested ? why : "end"));
+        RT_CHECK(rt_run_save_checkpoint(r, s->epoch, next_batch, r->stop.requested || best ? why : "end"));
     else
         RT_CHECK(rt_run_save_checkpoint(r, s->epoch + 1, 0, why));
     s->saved_at = r->step;
@@ -113,13 +138,13 @@ static rt_status epoch_checkpoint(run *r, loop_state *s, bool last, int64_t next
     return RT_OK;
 }
 
-rt_status rt_run_epochs(run *r, int64_t eval_logged, double *loss, double *acc, int64_t *samples, int64_t *epoch) {
+rt_status rt_run_epochs(run *r, int64_t eval_logged, run_eval *ev, int64_t *epoch) {
     const rt_config *c = r->cfg;
     loop_state s = {.epoch = r->ckpt.start_epoch,
                     .saved_at = r->ckpt.resumed_from,
                     .eval_logged = eval_logged,
-                    .loss = NAN,
-                    .acc = NAN};
+                    .ev = {.loss = NAN, .acc = NAN, .val_loss = NAN, .val_acc = NAN}};
+    r->ckpt.saved_min = rt_run_minutes(r); /* checkpoint.every_minutes counts from here */
     for (; s.epoch < c->train.epochs && r->step < r->data.total_steps && !r->stop.requested; s.epoch++) {
         rt_stage_stats_reset(r->log.stats);
         RT_CHECK(start_epoch(r, s.epoch));
@@ -141,9 +166,7 @@ rt_status rt_run_epochs(run *r, int64_t eval_logged, double *loss, double *acc, 
         RT_CHECK(epoch_checkpoint(r, &s, last, next_batch));
         if (r->stop.requested) break;
     }
-    *loss = s.loss;
-    *acc = s.acc;
-    *samples = s.samples;
+    *ev = s.ev;
     *epoch = s.epoch;
     return RT_OK;
 }

@@ -101,12 +101,21 @@ rt_status rt_metrics_step(rt_metrics *m, const rt_step_record *r) {
     return write_line(m, "step", o, ok);
 }
 
-rt_status rt_metrics_eval(rt_metrics *m, int64_t step, int64_t epoch, double loss, double accuracy, int64_t samples) {
+rt_status rt_metrics_eval_record(rt_metrics *m, const rt_eval_record *e) {
     json_t *o = json_object();
-    bool ok = o && put(o, "step", json_integer(step)) && put(o, "epoch", json_integer(epoch)) &&
-              put(o, "loss", rt_metrics_num(loss)) && put(o, "accuracy", rt_metrics_num(accuracy)) &&
-              put(o, "samples", json_integer(samples));
+    bool ok = o && put(o, "step", json_integer(e->step)) && put(o, "epoch", json_integer(e->epoch)) &&
+              put(o, "loss", rt_metrics_num(e->loss)) && put(o, "accuracy", rt_metrics_num(e->accuracy)) &&
+              put(o, "samples", json_integer(e->samples));
+    if (ok && e->val_samples > 0)
+        ok = put(o, "val_loss", rt_metrics_num(e->val_loss)) &&
+             put(o, "val_accuracy", rt_metrics_num(e->val_accuracy)) &&
+             put(o, "val_samples", json_integer(e->val_samples));
     return write_line(m, "eval", o, ok);
+}
+
+rt_status rt_metrics_eval(rt_metrics *m, int64_t step, int64_t epoch, double loss, double accuracy, int64_t samples) {
+    rt_eval_record e = {.step = step, .epoch = epoch, .loss = loss, .accuracy = accuracy, .samples = samples};
+    return rt_metrics_eval_record(m, &e);
 }
 
 rt_status rt_metrics_line(rt_metrics *m, const char *kind, json_t *fields) { return write_line(m, kind, fields, true); }

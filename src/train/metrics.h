@@ -63,6 +63,19 @@ void rt_metrics_close(rt_metrics *m);
 rt_status rt_metrics_step(rt_metrics *m, const rt_step_record *r);
 /* {"kind":"eval","step":..,"epoch":..,"loss":..,"accuracy":..,"samples":..} */
 rt_status rt_metrics_eval(rt_metrics *m, int64_t step, int64_t epoch, double loss, double accuracy, int64_t samples);
+
+/* An evaluation: the test set's and, with data.val_split, the validation set's. */
+typedef struct rt_eval_record {
+    int64_t step, epoch;
+    double loss, accuracy; /* the test set's */
+    int64_t samples;
+    double val_loss, val_accuracy;
+    int64_t val_samples; /* 0: no validation set (the val_* fields are left out) */
+} rt_eval_record;
+
+/* rt_metrics_eval's line, with "val_loss", "val_accuracy" and "val_samples" after
+ * "samples" when val_samples > 0 */
+rt_status rt_metrics_eval_record(rt_metrics *m, const rt_eval_record *e);
 /* Any other line: {"kind": KIND, then the members of `fields` in their order}. `fields`
  * is a JSON object, e.g. json_pack("{s:I, s:s}", "step", (json_int_t)7, "why", why), or
  * json_object() for none; the call takes its reference (as json_pack's "o" does), and a

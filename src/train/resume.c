@@ -510,6 +510,7 @@ rt_status rt_run_resume(run *r) {
                       "global batch (checkpoint.resume: none starts afresh)",
                       path, (long long)batch, (long long)c->data.batch_size);
     if (st == RT_OK) st = restore_schedule(r, &m, step);
+    if (st == RT_OK) st = rt_run_monitor_restore(r, &m, path); /* refuses to go on after an early stop */
     rt_ckpt_meta_free(&m);
     if (st != RT_OK) rt_error_trace(__FILE__, __LINE__, "checkpoint.resume");
     RT_CHECK(rt_run_agree_loaded(r, st, r->ckpt.chosen_path));

@@ -50,6 +50,7 @@ static rt_status checkpoint_meta(run *r, int64_t epoch, int64_t epoch_batches, r
         if (st == RT_OK) st = rt_ckpt_meta_set(m, "cudnn.benchmark", r->ctx->benchmark ? "true" : "false");
         if (st == RT_OK) st = rt_ckpt_meta_set_conv_algos(m, "cudnn.conv_algos", &algos);
     }
+    if (st == RT_OK) st = rt_run_monitor_meta(r, m); /* the best so far, the early stop's count */
     if (st == RT_OK) st = rt_ckpt_meta_set(m, "config", yaml ? yaml : "");
     free(yaml);
     return st;
@@ -69,6 +70,8 @@ static rt_status write_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, 
     if (ema) st = rt_run_ema_swap(r);
     if (st == RT_OK)
         st = rt_ckpt_write(r->ckpt.dir, r->step, r->model, &r->upd.opt, &m, (int)r->cfg->checkpoint.keep_last, path, n);
+    if (st == RT_OK && r->mon.write_best) /* the same checkpoint, kept in best/ (never pruned) */
+        st = rt_ckpt_write_named(r->ckpt.dir, "best", r->step, r->model, &r->upd.opt, &m, NULL, 0);
     if (ema) {
         rt_status s2 = rt_run_ema_swap(r);
         if (st == RT_OK) st = s2;
@@ -196,16 +199,21 @@ static rt_status save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, c
     if (is_root(r) && r->pg && rt_pg_store(r->pg)) RT_CHECK(rt_store_delete(rt_pg_store(r->pg), CKPT_DONE, NULL));
     RT_REQUIRE(ok > 0, RT_ERR_IO, "rank 0 could not write the checkpoint of step %lld (its error says why)",
                (long long)r->step);
-    if (r->log.metrics)
-        RT_CHECK(rt_metrics_line(r->log.metrics, "checkpoint",
-                                 json_pack("{s:I, s:I, s:s, s:o}", "step", (json_int_t)r->step, "epoch",
-                                           (json_int_t)epoch, "why", why, "path", rt_metrics_str(path))));
+    if (r->log.metrics) {
+        json_t *f = json_pack("{s:I, s:I, s:s, s:o}", "step", (json_int_t)r->step, "epoch", (json_int_t)epoch, "why",
+                              why, "path", rt_metrics_str(path));
+        if (f && r->mon.write_best) json_object_set_new(f, "best", json_true());
+        RT_CHECK(rt_metrics_line(r->log.metrics, "checkpoint", f));
+    }
+    r->mon.write_best = false;
+    r->ckpt.saved_min = rt_run_minutes(r); /* checkpoint.every_minutes counts from the last save */
     rt_run_test_kill_after_checkpoint(r);
     return RT_OK;
 }
 
-/* The checkpoint of this step, `why` (every_steps, every_epochs, end, stop) in
- * metrics.jsonl; epoch and epoch_batches: where a resume continues. */
+/* The checkpoint of this step (and with mon.write_best the same in best/), `why`
+ * (every_steps, every_minutes, every_epochs, best, end, stop, early_stop) in metrics.jsonl; epoch and epoch_batches:
+ * where a resume continues. */
 rt_status rt_run_save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, const char *why) {
     uint64_t t = rt_trace_now();
     rt_status s = save_checkpoint(r, epoch, epoch_batches, why);

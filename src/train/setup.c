@@ -11,6 +11,30 @@
 #include <string.h>
 #include <unistd.h>
 
+/* data.val_split: the training set's held-out samples into val_ds (the same on every rank:
+ * rt_dataset_split draws from train.seed alone), the rest the training set; the held-out
+ * indices' FNV-1a goes into metrics.jsonl's start line, so runs can be compared. */
+static rt_status split_val(run *r) {
+    const rt_config *c = r->cfg;
+    int64_t n = c->data.val_split < r->data.train_ds.n ? c->data.val_split : 0; /* 0: the split's error */
+    int64_t *held = malloc(sizeof *held * (size_t)(n > 0 ? n : 1));
+    RT_CHECK_ALLOC(held, sizeof *held * (size_t)(n > 0 ? n : 1));
+    rt_dataset train;
+    rt_status s =
+        rt_dataset_split(&r->data.train_ds, c->data.val_split, (uint64_t)c->train.seed, &train, &r->data.val_ds, held);
+    if (s == RT_OK) {
+        uint64_t h = 14695981039346656037ull;
+        for (int64_t i = 0; i < n; i++)
+            for (int k = 0; k < 8; k++) h = (h ^ (uint8_t)((uint64_t)held[i] >> (8 * k))) * 1099511628211ull;
+        r->data.val_fingerprint = h;
+        rt_dataset_free(&r->data.train_ds);
+        r->data.train_ds = train;
+        r->data.have_val = true;
+    }
+    free(held);
+    return s;
+}
+
 rt_status rt_run_load_data(run *r) {
     const rt_config *c = r->cfg;
     rt_dataset_kind kind = c->data.kind;
@@ -23,7 +47,7 @@ rt_status rt_run_load_data(run *r) {
     if (c->data.train_subset > 0 && c->data.train_subset < r->data.train_ds.n)
         r->data.train_ds.n = c->data.train_subset;
     if (c->data.test_subset > 0 && c->data.test_subset < r->data.test_ds.n) r->data.test_ds.n = c->data.test_subset;
-    return RT_OK;
+    return c->data.val_split > 0 ? split_val(r) : RT_OK;
 }
 
 /* The process group (none with one rank): the dist.* keys as the config holds them in
@@ -209,6 +233,10 @@ rt_status rt_run_setup_loaders(run *r, bool train) {
     ec.prefetch = c->data.loader.prefetch;
     ec.device = r->dev;
     RT_CHECK(rt_loader_create(&ec, &r->data.test_loader));
+    if (r->data.have_val) { /* evaluated as the test set is */
+        ec.dataset = &r->data.val_ds;
+        RT_CHECK(rt_loader_create(&ec, &r->data.val_loader));
+    }
     if (!train) return RT_OK;
     r->data.steps_per_epoch = rt_loader_batches_per_epoch(r->data.train_loader);
     /* every rank must take the same number of steps (their collectives pair up) */
@@ -220,6 +248,14 @@ rt_status rt_run_setup_loaders(run *r, bool train) {
                    "ranks would take %lld to %lld steps per epoch (data.sampler partition with a dataset that does not "
                    "split evenly; use data.sampler: distributed)",
                    (long long)lo, (long long)hi);
+    }
+    if (r->pg && r->data.have_val) { /* data.val_split: every rank must hold out the same samples */
+        int64_t lo = (int64_t)r->data.val_fingerprint, hi = lo;
+        RT_CHECK(rt_run_all_reduce_host(r, &lo, 1, RT_I64, RT_OP_MIN));
+        RT_CHECK(rt_run_all_reduce_host(r, &hi, 1, RT_I64, RT_OP_MAX));
+        RT_REQUIRE(lo == hi, RT_ERR_INVALID,
+                   "data.val_split: the ranks hold out different training samples (their indices' fingerprints "
+                   "differ): the split must be drawn from train.seed alone");
     }
     RT_REQUIRE(r->data.steps_per_epoch > 0, RT_ERR_INVALID,
                "data: %lld training samples give no batch of %lld on %d rank(s)", (long long)r->data.train_ds.n,

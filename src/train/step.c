@@ -32,16 +32,18 @@ static rt_status scalars_enqueue(run *r) {
     if (r->pg) {
         rt_request *q = NULL;
         uint64_t t = rt_trace_now();
-        RT_CHECK(rt_iall_reduce(r->pg, sc, 3, RT_F32, RT_OP_SUM, &q)); /* after the copies: the group's stream */
+        RT_CHECK(rt_iall_reduce(r->pg, sc, 4, RT_F32, RT_OP_SUM, &q)); /* after the copies: the group's stream */
         RT_CHECK(rt_wait_stream(q, st));                               /* on the device: the copy below waits for it */
         rt_trace_end(RT_TRACK_MAIN, "scalars all_reduce", t);
     }
     RT_CHECK(rt_grad_sumsq_async(&r->upd.clip, grads, n, st, &r->bufs.vals_host->sumsq));
-    return rt_memcpy(r->bufs.vals_host->loss_stop, rt_device_cpu(), sc, r->dev, 3 * sizeof(float), st);
+    return rt_memcpy(r->bufs.vals_host->loss_stop, rt_device_cpu(), sc, r->dev, sizeof r->bufs.vals_host->loss_stop,
+                     st);
 }
 
 /* What the host must know after backward: the loss averaged over the ranks, whether any
- * rank was asked to stop, and the gradient norm (clipping, non-finite steps). On a GPU
+ * rank was asked to stop (or for the flight recorder, or rank 0's clock for a checkpoint:
+ * r->stop), and the gradient norm (clipping, non-finite steps). On a GPU
  * the three come back together after one host wait for scalars_enqueue's work. */
 static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
     rt_stream *st = r->ctx->stream;
@@ -50,14 +52,17 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
     if (!rt_device_is_cuda(r->dev)) {
         float lf;
         RT_CHECK(rt_model_loss_value(r->model, &lf));
-        /* the mean loss; any rank asked to stop; any rank asked for the flight recorder */
-        double agree[3] = {lf, rt_run_stop_signal() ? 1.0 : 0.0, rt_run_flight_signal() ? 1.0 : 0.0};
+        /* the mean loss; any rank asked to stop; any rank asked for the flight recorder;
+         * rank 0's clock asks for a checkpoint (checkpoint.every_minutes) */
+        double agree[4] = {lf, rt_run_stop_signal() ? 1.0 : 0.0, rt_run_flight_signal() ? 1.0 : 0.0,
+                           rt_run_minutes_due(r) ? 1.0 : 0.0};
         uint64_t t = rt_trace_now();
-        RT_CHECK(rt_run_all_reduce_f64(r, agree, 3, RT_OP_SUM));
+        RT_CHECK(rt_run_all_reduce_f64(r, agree, 4, RT_OP_SUM));
         if (r->pg) rt_trace_end(RT_TRACK_MAIN, "scalars all_reduce", t);
         *loss = agree[0] / r->who.world_size;
         *stop = agree[1] > 0;
         r->stop.flight = agree[2] > 0;
+        r->stop.ckpt_now = agree[3] > 0;
         return rt_grad_norm(&r->upd.clip, grads, n, st, norm);
     }
     pending *p = rt_trace_enabled() ? r->log.cur : NULL;
@@ -70,6 +75,7 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
     *loss = (double)r->bufs.vals_host->loss_stop[0] / r->who.world_size;
     *stop = r->bufs.vals_host->loss_stop[1] > 0;
     r->stop.flight = r->bufs.vals_host->loss_stop[2] > 0;
+    r->stop.ckpt_now = r->bufs.vals_host->loss_stop[3] > 0;
     *norm = sqrt(r->bufs.vals_host->sumsq);
     return RT_OK;
 }
@@ -214,6 +220,7 @@ rt_status rt_run_train_step(run *r, const rt_batch *b, double data_ms, int64_t e
     if (r->bufs.vals_host) { /* GPU: the flags the step's scalars take along (a graph reads them at its launch) */
         r->bufs.vals_host->flags[0] = rt_run_stop_signal() ? 1.0f : 0.0f;
         r->bufs.vals_host->flags[1] = rt_run_flight_signal() ? 1.0f : 0.0f;
+        r->bufs.vals_host->flags[2] = rt_run_minutes_due(r) ? 1.0f : 0.0f;
     }
     bool graphed = false;
     rt_reducer_stats rs = {0};

@@ -81,11 +81,24 @@ void rt_run_flight_dump(run *r, const char *why) {
 }
 
 /* Whether any rank was asked to stop, and by which signal (the largest: SIGTERM over
- * SIGINT), the same answer on every rank. */
-rt_status rt_run_agree_stop(run *r) {
-    double sig = (double)g_stop_signal;
-    RT_CHECK(rt_run_all_reduce_f64(r, &sig, 1, RT_OP_MAX));
-    r->stop.requested = sig > 0;
-    r->stop.signal = (int)sig;
+ * SIGINT), the same answer on every rank; with `signals` off (after the run's last
+ * evaluation, where a signal changes nothing) only the watches' part. Rank 0's watches
+ * (monitor.c) ride along: after an evaluation its early stop (the run then stops here,
+ * with a checkpoint) and its best checkpoint (the checkpoint of this step is written and
+ * kept in best/), so every rank takes rank 0's decision at the same point. */
+static rt_status agree(run *r, bool signals) {
+    double v[3] = {signals ? (double)g_stop_signal : 0.0, is_root(r) && r->mon.stop_wanted ? 1.0 : 0.0,
+                   is_root(r) && r->mon.write_best ? 1.0 : 0.0};
+    RT_CHECK(rt_run_all_reduce_f64(r, v, 3, RT_OP_MAX));
+    r->mon.stop_wanted = false;
+    r->mon.write_best = v[2] > 0;
+    if (signals) {
+        r->stop.requested = v[0] > 0 || v[1] > 0;
+        r->stop.signal = (int)v[0];
+        r->mon.early_stopped = v[1] > 0;
+    }
     return RT_OK;
 }
+
+rt_status rt_run_agree_stop(run *r) { return agree(r, true); }
+rt_status rt_run_agree_watches(run *r) { return agree(r, false); }

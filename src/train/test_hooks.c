@@ -286,3 +286,15 @@ void rt_run_rank_view(const run *r, const char *path, char *out, size_t n) {
     if (strncmp(path, end + 1, fl) != 0 || (path[fl] != '/' && path[fl] != '\0')) return;
     snprintf(out, n, "%s%s", eq + 1, path + fl);
 }
+
+/* Tests only: RINGTRAIN_TEST_CLOCK=<rank>:<minutes> makes that rank's training clock (the
+ * one checkpoint.every_minutes reads, rt_run_minutes) say <minutes> per step done instead
+ * of the time since training started: the steps where time-based checkpoints fall are
+ * then exact, whatever the machine's speed. */
+bool rt_run_test_clock(const run *r, double *minutes) {
+    const char *v = hook_text(RT_SET_TEST_CLOCK);
+    int rank = -1;
+    char tail;
+    if (!v || sscanf(v, "%d:%lf%c", &rank, minutes, &tail) != 2 || rank != r->who.rank) return false;
+    return *minutes >= 0;
+}

@@ -73,6 +73,7 @@ void rt_run_free(run *r) {
     rt_stage_stats_destroy(r->log.stats);
     rt_loader_destroy(r->data.train_loader);
     rt_loader_destroy(r->data.test_loader);
+    rt_loader_destroy(r->data.val_loader);
     rt_reducer_destroy(r->upd.reducer);
     free(r->upd.bounds);
     if (r->upd.have_opt) rt_optimizer_free(&r->upd.opt);
@@ -91,6 +92,7 @@ void rt_run_free(run *r) {
     rt_pg_destroy(r->pg);
     if (r->data.have_train) rt_dataset_free(&r->data.train_ds);
     if (r->data.have_test) rt_dataset_free(&r->data.test_ds);
+    if (r->data.have_val) rt_dataset_free(&r->data.val_ds);
 }
 
 /* Everything before the first step, in an order every rank follows: the group before
@@ -116,6 +118,7 @@ static rt_status setup_run(run *r, rt_train_result *res) {
     RT_CHECK(rt_run_check_in_sync(r, true, "after the initial broadcast"));
     RT_CHECK(rt_run_setup_loaders(r, true));
     RT_CHECK(rt_run_setup_optim(r));
+    RT_CHECK(rt_run_monitor_setup(r)); /* before the resume, which restores the watches */
     rt_train_ckpt_dir(c, r->ckpt.dir, sizeof r->ckpt.dir);
     RT_CHECK(rt_run_resume(r));
     if (r->ckpt.resumed_from >= 0) RT_CHECK(rt_run_check_in_sync(r, true, "after loading the checkpoint"));
@@ -142,6 +145,12 @@ static rt_status open_metrics(run *r, bool resumed, int64_t *eval_logged) {
                   "train_samples", (json_int_t)r->data.train_ds.n, "test_samples", (json_int_t)r->data.test_ds.n,
                   "parameters", (json_int_t)rt_model_num_parameters(r->model), "run_id", r->ckpt.run_id);
     if (fields && resumed) json_object_set_new(fields, "resumed_from_step", json_integer(r->step));
+    if (fields && r->data.have_val) { /* the held-out indices' FNV-1a: the same split in any run that says so */
+        char fp[20];
+        snprintf(fp, sizeof fp, "%016llx", (unsigned long long)r->data.val_fingerprint);
+        json_object_set_new(fields, "val_samples", json_integer(r->data.val_ds.n));
+        json_object_set_new(fields, "val_fingerprint", json_string(fp));
+    }
     if (fields && rt_run_restart_count() > 0) /* a restarted attempt (--max-restarts, or torchrun's) */
         json_object_set_new(fields, "restart_count", json_integer(rt_run_restart_count()));
     return rt_metrics_line(r->log.metrics, "start", fields);
@@ -190,22 +199,41 @@ static rt_status finish_stopped(run *r, rt_train_result *res, int64_t epoch) {
     return rt_run_traced_barrier(r);
 }
 
-/* The end of a run that trained to its end: an evaluation if none ran (a resume of a
- * finished run), the ranks' final agreement, the model file and the "end" line. */
-static rt_status finish(run *r, rt_train_result *res, int64_t eval_logged, double loss, double acc, int64_t samples,
-                        int64_t epoch) {
-    if (isnan(acc)) { /* resumed from the end of a finished run: nothing left to train */
-        RT_CHECK(rt_run_evaluate(r, &loss, &acc, &samples));
-        if (r->log.metrics && r->step != eval_logged) /* its evaluation was logged before the checkpoint */
-            RT_CHECK(rt_metrics_eval(r->log.metrics, r->step, epoch, loss, acc, samples));
+/* train.early_stop ended the run (its checkpoint is written): the "early_stop" line and
+ * the summary's reason. */
+static rt_status note_early_stop(run *r, rt_train_result *res) {
+    const run_watch *w = &r->mon.stop;
+    res->early_stopped = true;
+    snprintf(res->stop_reason, sizeof res->stop_reason, "%s", r->mon.why);
+    if (!r->log.metrics) return RT_OK;
+    return rt_metrics_line(r->log.metrics, "early_stop",
+                           json_pack("{s:I, s:s, s:o, s:I, s:I, s:s}", "step", (json_int_t)r->step, "metric",
+                                     rt_names_name(&rt_monitor_names, w->metric), "best", rt_metrics_num(w->best),
+                                     "best_step", (json_int_t)w->best_step, "evals_without_improvement",
+                                     (json_int_t)w->bad, "why", r->mon.why));
+}
+
+/* The end of a run that trained to its end (or stopped early): an evaluation if none ran
+ * (a resume of a finished run), the ranks' final agreement, the model file and the "end"
+ * line. */
+static rt_status finish(run *r, rt_train_result *res, int64_t eval_logged, run_eval e, int64_t epoch) {
+    if (isnan(e.acc)) { /* resumed from the end of a finished run: nothing left to train */
+        RT_CHECK(rt_run_evaluate(r, &e));
+        /* its evaluation was logged before the checkpoint */
+        RT_CHECK(rt_run_log_eval(r, &e, epoch, eval_logged, false));
     }
+    if (r->mon.early_stopped) RT_CHECK(note_early_stop(r, res));
     RT_CHECK(rt_run_check_in_sync(r, true, "at the end of training"));
     RT_CHECK(rt_run_save_model(r));
+    double loss = e.loss, acc = e.acc;
     res->steps = r->step;
     res->epochs = epoch;
     res->test_loss = loss;
     res->test_accuracy = acc;
-    res->test_samples = samples;
+    res->test_samples = e.samples;
+    res->val_loss = e.val_loss;
+    res->val_accuracy = e.val_acc;
+    res->val_samples = e.val_samples;
     res->wall_s = (double)(rt_now_ns() - r->log.t0) * 1e-9;
     if (r->log.metrics) /* NaN (a diverged model's test loss) is null: JSON has no NaN */
         RT_CHECK(rt_metrics_line(r->log.metrics, "end",
@@ -220,15 +248,15 @@ static rt_status train_all(run *r, rt_train_result *res) {
     int64_t eval_logged = -1;
     RT_CHECK(open_logs(r, &eval_logged));
     r->log.t0 = rt_now_ns();
-    double loss = NAN, acc = NAN;
-    int64_t samples = 0, epoch = 0;
-    RT_CHECK(rt_run_epochs(r, eval_logged, &loss, &acc, &samples, &epoch));
-    res->stopped = r->stop.requested;
+    run_eval e;
+    int64_t epoch = 0;
+    RT_CHECK(rt_run_epochs(r, eval_logged, &e, &epoch));
+    res->stopped = r->stop.requested && r->stop.signal > 0; /* by a signal; an early stop finishes */
     res->stop_signal = r->stop.signal;
     snprintf(res->checkpoint_dir, sizeof res->checkpoint_dir, "%s", r->ckpt.dir);
     res->resumed_step = r->ckpt.resumed_from;
-    if (r->stop.requested) return finish_stopped(r, res, epoch);
-    return finish(r, res, eval_logged, loss, acc, samples, epoch);
+    if (res->stopped) return finish_stopped(r, res, epoch);
+    return finish(r, res, eval_logged, e, epoch);
 }
 
 rt_status rt_train(const rt_config *cfg, const rt_train_rank *who, FILE *out, rt_train_result *res) {

@@ -32,12 +32,16 @@ typedef struct rt_train_result {
     double test_loss;     /* final evaluation */
     double test_accuracy; /* 0..1 */
     int64_t test_samples;
+    double val_loss, val_accuracy; /* data.val_split's held-out samples (val_samples 0: none) */
+    int64_t val_samples;
     double wall_s;
     char run_dir[RT_CONFIG_PATH_MAX];
     char checkpoint_dir[RT_CONFIG_PATH_MAX];
     int64_t resumed_step; /* -1: a fresh run */
     bool stopped;         /* SIGINT/SIGTERM: stopped after a step, its checkpoint written */
     int stop_signal;
+    bool early_stopped;   /* train.early_stop ended it (after an evaluation, its checkpoint written) */
+    char stop_reason[256]; /* why, for the summary */
 } rt_train_result;
 
 /* Resolve the run directory of a config: log.dir, or runs/<config file name without

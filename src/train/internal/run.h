@@ -12,6 +12,8 @@
  *   evaluate.c    evaluation (EMA weights, eval.tta) and `ringtrain eval` of a checkpoint
  *   save.c        writing a checkpoint during a run
  *   resume.c      choosing the checkpoint to continue from, loading and checking it
+ *   monitor.c     what watches the evaluations: the best checkpoint, the early stop;
+ *                 the clock of checkpoint.every_minutes
  *   sync.c        host values and state the ranks exchange besides the gradients
  *   stop.c        clean stops: signals, the ranks' agreement, the flight recorder dump
  *   tracing.c     log.trace: the recorder, the clock offset to rank 0
@@ -74,6 +76,26 @@ typedef struct run_graph {
     uint64_t used; /* when last launched (run->graphs.clock) */
 } run_graph;
 
+/* One evaluation: the test set's loss, accuracy and samples and, with data.val_split, the
+ * validation set's (val_samples 0: none). */
+typedef struct run_eval {
+    double loss, acc;
+    int64_t samples;
+    double val_loss, val_acc;
+    int64_t val_samples;
+} run_eval;
+
+/* What a metric watch (checkpoint.keep_best, train.early_stop) keeps between evaluations
+ * and in the checkpoint's metadata (monitor.c): the metric, its best value and step,
+ * and for the early stop the evaluations since it last improved. */
+typedef struct run_watch {
+    int metric; /* rt_monitor; RT_MONITOR_NONE: off */
+    bool have;  /* an evaluation was seen */
+    double best;
+    int64_t best_step;
+    int64_t bad; /* evaluations without an improvement since best */
+} run_watch;
+
 typedef struct run {
     const rt_config *cfg;
     rt_train_rank who;
@@ -86,9 +108,10 @@ typedef struct run {
     int64_t step; /* optimizer steps done */
 
     struct run_data { /* setup.c */
-        rt_dataset train_ds, test_ds;
-        bool have_train, have_test;
-        rt_loader *train_loader, *test_loader;
+        rt_dataset train_ds, test_ds, val_ds; /* val_ds: data.val_split held out of the training set */
+        bool have_train, have_test, have_val;
+        uint64_t val_fingerprint; /* FNV-1a of the held-out indices (metrics.jsonl's start line) */
+        rt_loader *train_loader, *test_loader, *val_loader;
         int64_t steps_per_epoch;
         int64_t total_steps; /* what this run trains (train.max_steps may end it early) */
         int64_t plan_steps;  /* train.epochs x steps_per_epoch: what auto schedule lengths fit */
@@ -101,9 +124,10 @@ typedef struct run {
         /* CUDA: what a step reads back, in pinned memory: the summed loss and stop flag, the
          * gradients' sum of squares; one event, one host wait per step (step.c) */
         struct step_vals {
-            float loss_stop[3]; /* and the flight recorder flag */
+            float loss_stop[4]; /* and the flight recorder and checkpoint-now flags */
             double sumsq;
-            float flags[2]; /* the host's stop and flight flags, copied to the device (a graph reads them) */
+            /* the host's stop, flight and checkpoint-now flags, copied to the device (a graph reads them) */
+            float flags[3];
         } * vals_host;
         bool vals_pinned;
         rt_event *ev_vals;
@@ -142,7 +166,16 @@ typedef struct run {
         int64_t resumed_from;               /* the step loaded (-1: a fresh run) */
         int64_t start_epoch, start_batches; /* where a resumed run continues */
         char run_id[32];                    /* 16 hex digits: rank 0's at a fresh start, the checkpoint's on resume */
+        double saved_min;                   /* checkpoint.every_minutes: the trainer's clock at the last save */
     } ckpt;
+
+    struct run_monitor { /* monitor.c: checkpoint.keep_best, train.early_stop */
+        run_watch best, stop;
+        bool write_best;    /* the checkpoint being written also goes to DIR/best/ */
+        bool stop_wanted;   /* rank 0: the early stop's patience ran out at this evaluation */
+        bool early_stopped; /* the ranks agreed on it: the run ends with a checkpoint */
+        char why[256];      /* what the summary says */
+    } mon;
 
     struct run_graphs { /* graphs.c: train.cuda_graphs */
         bool on;             /* steps of a full batch are captured, after the warmup */
@@ -158,6 +191,7 @@ typedef struct run {
         bool requested; /* the ranks agreed to stop (rt_run_agree_stop, the step's scalars) */
         int signal;     /* the signal they agreed on (SIGTERM over SIGINT) */
         bool flight;    /* a rank got SIGUSR1: every rank dumps after this step */
+        bool ckpt_now;  /* checkpoint.every_minutes: rank 0's clock says so, every rank saves after this step */
     } stop;
 } run;
 
@@ -176,9 +210,12 @@ rt_status rt_run_setup_optim(run *r);
 rt_status rt_run_setup_reducer(run *r);
 rt_status rt_run_setup_events(run *r);
 
-/* loop.c: the epochs from where the run starts; the last evaluation's results (NaN when
- * no evaluation ran) and the epoch reached */
-rt_status rt_run_epochs(run *r, int64_t eval_logged, double *loss, double *acc, int64_t *samples, int64_t *epoch);
+/* loop.c: the epochs from where the run starts; the last evaluation's results (loss NaN
+ * when no evaluation ran) and the epoch reached */
+rt_status rt_run_epochs(run *r, int64_t eval_logged, run_eval *ev, int64_t *epoch);
+/* an evaluation's "eval" line in metrics.jsonl (unless one of this step is kept there:
+ * eval_logged) and with `print` rank 0's epoch line */
+rt_status rt_run_log_eval(run *r, const run_eval *e, int64_t epoch, int64_t eval_logged, bool print);
 
 /* step.c; rt_run_step_work: the step's device work up to its scalars (input copy,
  * forward, loss, backward with the reducer, the scalars' all-reduce on a GPU), stage
@@ -204,7 +241,21 @@ rt_status rt_run_complete_in_order(run *r, bool force);
 /* evaluate.c */
 bool rt_run_ema_active(const run *r);
 rt_status rt_run_ema_swap(run *r);
-rt_status rt_run_evaluate(run *r, double *loss, double *acc, int64_t *samples);
+rt_status rt_run_evaluate(run *r, run_eval *e);
+
+/* monitor.c: checkpoint.keep_best and train.early_stop. setup: the watches from the
+ * config (after the data: keep_best auto needs the split; a val_* metric without one is
+ * an error); observe: an evaluation (the same numbers on every rank) updates them, sets
+ * mon.write_best when keep_best improved and, on rank 0, mon.stop_wanted when the early
+ * stop's patience ran out; meta/restore: their state in a checkpoint's metadata and back
+ * (a resume of an early-stopped run refuses unless the config lets it continue); minutes:
+ * the trainer's clock for checkpoint.every_minutes (rank 0's only is read). */
+rt_status rt_run_monitor_setup(run *r);
+void rt_run_monitor_observe(run *r, const run_eval *e);
+rt_status rt_run_monitor_meta(const run *r, rt_ckpt_meta *m);
+rt_status rt_run_monitor_restore(run *r, const rt_ckpt_meta *m, const char *path);
+double rt_run_minutes(const run *r);
+bool rt_run_minutes_due(const run *r);
 
 /* save.c */
 rt_status rt_run_save_checkpoint(run *r, int64_t epoch, int64_t epoch_batches, const char *why);
@@ -234,6 +285,7 @@ bool rt_run_flight_signal(void);          /* SIGUSR1 received and not dumped yet
 void rt_run_flight_clear(void);
 void rt_run_flight_dump(run *r, const char *why);
 rt_status rt_run_agree_stop(run *r);
+rt_status rt_run_agree_watches(run *r); /* after the run's last evaluation: no signals */
 
 /* tracing.c */
 rt_status rt_run_setup_trace(run *r);
@@ -251,5 +303,6 @@ void rt_run_test_kill_after_checkpoint(run *r);
 void rt_run_test_kill_rank_at(const run *r);
 void rt_run_test_ckpt_stall(const run *r);
 void rt_run_rank_view(const run *r, const char *path, char *out, size_t n);
+bool rt_run_test_clock(const run *r, double *minutes);
 
 #endif
