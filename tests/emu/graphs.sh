@@ -20,6 +20,7 @@
 #   errors  train.cuda_graphs: on where the step cannot be captured (dropout; the CPU; a
 #           refused capture) is an error saying why; auto runs them uncaptured
 #   kill    kill -9 of rank 1 before a replayed step: the launcher names it, nothing hangs
+#   minutes checkpoint.every_minutes (its flag read by the graph): the same checkpoints
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 export RINGTRAIN_TEST_HOOKS=1 # RINGTRAIN_TEST_SIGNAL_AT (docs/testing.md)
@@ -208,5 +209,20 @@ kill)
   ! pgrep -af "$tmp" || fail "processes left running (30 s after the run ended)"
   echo "ok: a rank killed during replays stops the job, named"
   ;;
-*) echo "usage: $0 RINGTRAIN one|nccl|resume|stop|ledger|errors|kill" >&2; exit 2 ;;
+minutes)
+  # checkpoint.every_minutes on 2 GPUs, rank 0's clock at 1 minute per step
+  # (RINGTRAIN_TEST_CLOCK): the flag travels with the step's scalars, read by the forward
+  # graph from pinned memory at each launch: the same checkpoints as without graphs
+  for m in on off; do
+    RINGTRAIN_TEST_CLOCK=0:1 train "min-$m" dist.nproc=2 train.cuda_graphs=$m checkpoint.every_minutes=3 \
+      checkpoint.every_epochs=0 checkpoint.keep_last=0
+  done
+  a=$(cd "$tmp/min-on/checkpoints" && ls -d ckpt-* | tr '\n' ' ') b=$(cd "$tmp/min-off/checkpoints" && ls -d ckpt-* | tr '\n' ' ')
+  [ "$a" = "$b" ] || fail "every_minutes: checkpoints with graphs ($a) differ from without ($b)"
+  [ "$(echo "$a" | wc -w)" -ge 4 ] || fail "every_minutes: only $a"
+  [ "$(graph_launches min-on)" -gt 0 ] || fail "every_minutes: no graph launches"
+  same min-on min-off "every_minutes: graphs on differ from off"
+  echo "ok: checkpoint.every_minutes with graphs: the same checkpoints ($a)"
+  ;;
+*) echo "usage: $0 RINGTRAIN one|nccl|resume|stop|ledger|errors|kill|minutes" >&2; exit 2 ;;
 esac
