@@ -1006,11 +1006,37 @@ static rt_status move_into(const char *dir, const ckpt_entry *v, int n, const ch
     return st;
 }
 
+/* DIR/best/ (checkpoint.keep_best) joins v[0..*n) when its step is after `after`: it
+ * belongs to the checkpoints being moved aside (a new run, or the branch a rollback
+ * abandons), not to the run that goes on. lstat: a symlink is not ours. */
+static rt_status add_best(const char *dir, int64_t after, ckpt_entry **v, int *n) {
+    char p[RT_CKPT_PATH_MAX + 256];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/best", dir);
+    if (lstat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) return RT_OK;
+    int64_t step = INT64_MAX; /* unreadable: moved with them (nothing of the run going on) */
+    rt_ckpt_meta m;
+    rt_ckpt_meta_init(&m);
+    const char *s = rt_ckpt_verify(p, &m) == RT_OK ? rt_ckpt_meta_get(&m, "step") : NULL;
+    rt_error_clear();
+    if (s) step = strtoll(s, NULL, 10);
+    rt_ckpt_meta_free(&m);
+    if (step <= after) return RT_OK;
+    ckpt_entry *nv = realloc(*v, sizeof *nv * (size_t)(*n + 1));
+    RT_CHECK_ALLOC(nv, sizeof *nv * (size_t)(*n + 1));
+    *v = nv;
+    nv[*n].step = step;
+    snprintf(nv[*n].name, sizeof nv[*n].name, "best");
+    (*n)++;
+    return RT_OK;
+}
+
 rt_status rt_ckpt_move_aside(const char *dir, char *aside_out, size_t aside_n) {
     ckpt_entry *v;
     int n;
     RT_CHECK(list_ckpts(dir, &v, &n));
-    rt_status st = move_into(dir, v, n, "old-", "", aside_out, aside_n);
+    rt_status st = add_best(dir, INT64_MIN, &v, &n);
+    if (st == RT_OK) st = move_into(dir, v, n, "old-", "", aside_out, aside_n);
     free(v);
     return st;
 }
@@ -1063,7 +1089,10 @@ rt_status rt_ckpt_abandon(const char *dir, int64_t step, const char *keep, int *
     RT_CHECK(list_abandoned(dir, step, keep, &v, n));
     char suffix[48];
     snprintf(suffix, sizeof suffix, "-from-%" PRId64, step);
-    rt_status st = move_into(dir, v, *n, "abandoned-", suffix, aside_out, aside_n);
+    int listed = *n;
+    rt_status st = *n ? add_best(dir, step, &v, n) : RT_OK; /* a best of the abandoned branch goes with it */
+    if (st == RT_OK) st = move_into(dir, v, *n, "abandoned-", suffix, aside_out, aside_n);
+    *n = listed; /* checkpoints moved (best/ is not one) */
     free(v);
     return st;
 }

@@ -96,6 +96,21 @@ print(b["step"], b["val_loss"], b["loss"], e[-1]["step"])')
   "$bin" eval "$best" train.threads=1 >"$tmp/eval.out" 2>"$tmp/eval.err" || fail "ringtrain eval $best"
   grep -q "(step $step): test loss $(printf '%.4f' "$test")," "$tmp/eval.out" || fail "eval of best/: $(cat "$tmp/eval.out")"
   echo "best: step $step (val_loss $val) of $last kept in best/, equal to ckpt-$step"
+  # best/ belongs to the checkpoints it was chosen among: a rollback to step 24 moves it
+  # (step $step > 24) aside with the branch it abandons; checkpoint.overwrite moves it
+  # aside with the old run's checkpoints
+  [ "$step" -gt 24 ] || fail "the best step $step is not after step 24: the rollback case shows nothing"
+  train all "${args[@]}" checkpoint.keep_last=0 train.epochs=1 \
+    "checkpoint.resume=$tmp/all/checkpoints/ckpt-000000024" || fail "rollback to step 24"
+  local moved
+  moved=$(ls -d "$tmp"/all/checkpoints/abandoned-*-from-24/best 2>/dev/null | head -1)
+  [ -n "$moved" ] && [ "$(meta "$moved" step)" = "$step" ] || fail "rollback: best/ of step $step not moved aside: $(ls "$tmp/all/checkpoints")"
+  [ ! -d "$tmp/all/checkpoints/best" ] || [ "$(meta "$tmp/all/checkpoints/best" step)" -le 24 ] ||
+    fail "rollback: best/ still holds step $(meta "$tmp/all/checkpoints/best" step) of the abandoned branch"
+  train one "${args[@]}" train.epochs=1 checkpoint.resume=none checkpoint.overwrite=true || fail "overwrite"
+  moved=$(ls -d "$tmp"/one/checkpoints/old-*/best 2>/dev/null | head -1)
+  [ -n "$moved" ] && [ "$(meta "$moved" step)" = "$step" ] || fail "overwrite: the old run's best/ not moved aside"
+  echo "best: moved aside with a rollback's abandoned branch and with checkpoint.overwrite"
 }
 
 # The early stop: val_acc must improve by more than 1 (never after the first
