@@ -482,6 +482,22 @@ static rt_status agree_abandoned(run *r, int64_t step) {
 
 /* Load r->ckpt.chosen_path (rank 0's choice: find_resume, share_resume). Every rank loads
  * it, checks the metadata against this run, and the ranks agree on the outcome. */
+/* A checkpoint that did not load (a tensor of another shape: model.num_classes,
+ * data.label, model.width, ...) may come from another config: that difference, named by
+ * key, says more than the tensor does. Otherwise the load's own error stands. */
+static rt_status explain_load(run *r, const char *path) {
+    rt_error_record why;
+    rt_error_save(&why);
+    rt_ckpt_meta m;
+    rt_status cs = RT_OK;
+    if (rt_ckpt_verify(path, &m) == RT_OK) {
+        const char *text = rt_ckpt_meta_get(&m, "config");
+        if (text) cs = compare_config(r, path, text);
+    }
+    rt_ckpt_meta_free(&m);
+    return cs != RT_OK ? cs : rt_error_restore(&why);
+}
+
 rt_status rt_run_resume(run *r) {
     const rt_config *c = r->cfg;
     r->ckpt.resumed_from = -1;
@@ -492,6 +508,7 @@ rt_status rt_run_resume(run *r) {
     rt_ckpt_meta_init(&m);
     int64_t step = 0, epoch = 0, batches = 0, world = 0, batch = 0;
     rt_status st = rt_ckpt_load(path, r->model, &r->upd.opt, &m);
+    if (st != RT_OK) st = explain_load(r, path);
     if (st == RT_OK) st = rt_ckpt_meta_get_i64(&m, "step", &step);
     /* model.safetensors held the moving average and the "ema" state the raw weights */
     if (st == RT_OK && rt_run_ema_active(r)) st = rt_run_ema_swap(r);
