@@ -161,6 +161,42 @@ const entry kTable[] = {
          const double n = p.num(0), plane = p.num(1);
          t.rd(2, n / plane), t.rd(3, n), t.wr(4, n), t.fl(n);
      }},
+    /* batch norm (rt_cuk_bn_shape s: n * c * plane values; splits blocks per channel, each
+     * storing its two double partials and taking its channel's integer ticket once; the
+     * last block's finalisation reads the partials again and the per-channel vectors) */
+    {"bn_stats_kernel", 14, [](const params &p, tally &t) {
+         /* (s, x, partial, tickets, weight, bias, rmean, rvar, save_mean, save_invstd, nbt, factors, mo, eps) */
+         const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
+         const double all = (double)s.n * s.c * s.plane, c = s.c, blocks = c * s.splits;
+         t.rd(1, all), t.rw(2, 2 * blocks), t.rw(3, blocks), t.rd(4, c), t.rd(5, c), t.rw(6, c), t.rw(7, c);
+         t.wr(8, c), t.wr(9, c), t.rw(10, 1), t.wr(11, 2 * c);
+         t.fl(3 * all + 2 * blocks + 20 * c);
+     }},
+    {"bn_eval_factors_kernel", 7, [](const params &p, tally &t) { /* (c, weight, bias, rmean, rvar, eps, factors) */
+         const double c = p.num(0);
+         t.rd(1, c), t.rd(2, c), t.rd(3, c), t.rd(4, c), t.wr(6, 2 * c), t.fl(8 * c);
+     }},
+    {"bn_apply_kernel", 6, [](const params &p, tally &t) { /* (s, x, res, factors, y, relu) */
+         const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
+         const double all = (double)s.n * s.c * s.plane;
+         t.rd(1, all), t.rd(2, all), t.rd(3, 2.0 * s.c), t.wr(4, all);
+         t.fl(all * (2 + (p.null(2) ? 0 : 1) + (p.num(5) != 0 ? 1 : 0)));
+     }},
+    {"bn_dsums_kernel", 12, [](const params &p, tally &t) {
+         /* (s, x, act, dy, partial, tickets, weight, save_mean, save_invstd, dweight, dbias, factors) */
+         const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
+         const double all = (double)s.n * s.c * s.plane, c = s.c, blocks = c * s.splits;
+         t.rd(1, all), t.rd(2, all), t.rd(3, all), t.rw(4, 2 * blocks), t.rw(5, blocks);
+         t.rd(6, c), t.rd(7, c), t.rd(8, c), t.wr(9, c), t.wr(10, c), t.wr(11, 4 * c);
+         t.fl(all * (4 + (p.null(2) ? 0 : 1)) + 2 * blocks + 10 * c);
+     }},
+    {"bn_dx_kernel", 7, [](const params &p, tally &t) { /* (s, x, act, dy, factors, dx, accumulate) */
+         const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
+         const double all = (double)s.n * s.c * s.plane;
+         t.rd(1, all), t.rd(2, all), t.rd(3, all), t.rd(4, 4.0 * s.c), t.wr(5, all);
+         t.fl(all * (5 + (p.null(2) ? 0 : 1)));
+         if (p.num(6) != 0) t.rd(5, all), t.fl(all);
+     }},
     {"increment_i64_kernel", 1, [](const params &p, tally &t) { t.rw(0, 1); }},
     {"to_bf16_kernel", 3, [](const params &p, tally &t) { /* (count, x, y) */
          const double n = p.num(0);

@@ -201,6 +201,45 @@ static void test_pool_and_bias_kernels(void **state) {
     assert_int_equal(recorded(), 11);
 }
 
+/* batch norm over (2, 3, 5): one slice per channel (rt_cuk_bn_splits), so each channel's
+ * block stores its two double partials and takes its integer ticket once */
+static void test_bn_kernels(void **state) {
+    (void)state;
+    begin(2);
+    const size_t F = sizeof(float), D = sizeof(double), I = sizeof(int), L = sizeof(int64_t), C = 3, N = 30;
+    assert_int_equal(rt_cuk_bn_splits(2, 5), 1);
+    float *x = dev(N * F), *r = dev(N * F), *y = dev(N * F), *dy = dev(N * F), *v = dev(16 * C * F);
+    rt_cuk_bn_args a = {.weight = v,
+                        .bias = v + C,
+                        .running_mean = v + 2 * C,
+                        .running_var = v + 3 * C,
+                        .save_mean = v + 4 * C,
+                        .save_invstd = v + 5 * C,
+                        .dweight = v + 6 * C,
+                        .dbias = v + 7 * C,
+                        .num_batches_tracked = dev(L),
+                        .momentum = 0.1f,
+                        .eps = 1e-5f,
+                        .partial = dev(2 * C * D),
+                        .factors = v + 8 * C,
+                        .tickets = dev(C * I)};
+    const rt_cuk_bn_shape sh = {.n = 2, .c = (int)C, .plane = 5};
+    const double part = 2 * C * D + C * I; /* partials and tickets, each read and written */
+    assert_cuda(rt_cuk_bn_forward(g_s, &a, sh, x, r, y, true, true));
+    expect_op(0, "bn_stats_kernel", N * F + part + 4 * C * F + L, part + 4 * C * F + L + 2 * C * F);
+    expect_op(1, "bn_apply_kernel", 2 * N * F + 2 * C * F, N * F);
+    assert_cuda(rt_cuk_bn_forward(g_s, &a, sh, x, NULL, y, false, false));
+    expect_op(2, "bn_eval_factors_kernel", 4 * C * F, 2 * C * F);
+    expect_op(3, "bn_apply_kernel", N * F + 2 * C * F, N * F);
+    assert_cuda(rt_cuk_bn_backward(g_s, &a, sh, x, y, dy, r, false)); /* through the relu of output y */
+    expect_op(4, "bn_dsums_kernel", 3 * N * F + part + 3 * C * F, part + 2 * C * F + 4 * C * F);
+    expect_op(5, "bn_dx_kernel", 3 * N * F + 4 * C * F, N * F);
+    assert_cuda(rt_cuk_bn_backward(g_s, &a, sh, x, NULL, dy, r, true)); /* no relu, dx accumulated */
+    expect_op(6, "bn_dsums_kernel", 2 * N * F + part + 3 * C * F, part + 2 * C * F + 4 * C * F);
+    expect_op(7, "bn_dx_kernel", 3 * N * F + 4 * C * F, N * F);
+    assert_int_equal(recorded(), 8);
+}
+
 static void test_cast_set_kernels(void **state) {
     (void)state;
     begin(2);
@@ -429,7 +468,7 @@ static void test_cublas_copies_counts(void **state) {
     expect_op(4, "cudaMemcpyAsync", 100, 100);
     assert_cuda(cudaMemsetAsync(C, 0, 64, g_s));
     expect_op(5, "cudaMemsetAsync", 0, 64);
-    assert_cuda(cudaStreamSynchronize(g_s)); /* one host synchronisation */
+    assert_cuda(cudaStreamSynchronize(g_s));                      /* one host synchronisation */
     assert_cuda(cudaMemcpy(host, C, 64, cudaMemcpyDeviceToHost)); /* a second, and a copy */
     expect_op(6, "cudaMemcpy", 64, 0);
     rt_cost_ledger l = {.size = sizeof l};
@@ -456,10 +495,10 @@ static void test_modelled_time(void **state) {
     rt_cost_model m = {.bandwidth = 1e12, .eta = 0.5, .beta = 0.5, .h = 1e-6, .sync_s = 1e-3};
     for (int i = 0; i < RT_COST_MATHS; i++) m.peak_flops[i] = 1e12;
     float *a = dev(1 << 20), *y = dev(1 << 20);
-    assert_cuda(rt_cuk_relu_forward(g_s, 10, a, y));          /* 80 bytes: h */
-    assert_cuda(rt_cuk_relu_forward(g_s, 1 << 18, a, y));     /* 2 MiB at 0.5 TB/s: 4.19 us */
-    rt_emu_ledger_set_model(&m);                              /* set after: the sum is recomputed */
-    assert_cuda(cudaStreamSynchronize(g_s));                  /* + sync_s */
+    assert_cuda(rt_cuk_relu_forward(g_s, 10, a, y));      /* 80 bytes: h */
+    assert_cuda(rt_cuk_relu_forward(g_s, 1 << 18, a, y)); /* 2 MiB at 0.5 TB/s: 4.19 us */
+    rt_emu_ledger_set_model(&m);                          /* set after: the sum is recomputed */
+    assert_cuda(cudaStreamSynchronize(g_s));              /* + sync_s */
     rt_cost_ledger l = {.size = sizeof l};
     assert_int_equal(rt_emu_ledger_read(&l), 0);
     assert_true(l.modelled);
@@ -524,7 +563,7 @@ static void test_count_only(void **state) {
     assert_cuda(rt_cuk_relu_forward(g_s, 4, x, y));
     assert_cuda(cudaStreamSynchronize(g_s));
     assert_cuda(cudaMemcpy(out, y, sizeof out, cudaMemcpyDeviceToHost));
-    assert_memory_equal(out, h, sizeof h); /* untouched */
+    assert_memory_equal(out, h, sizeof h);        /* untouched */
     assert_int_equal(rt_emu_ledger_enable(1), 2); /* "on" keeps count only */
     rt_emu_ledger_enable(0);
     assert_int_equal(rt_emu_ledger_enable(1), 1);
@@ -543,6 +582,7 @@ int main(void) {
         cmocka_unit_test(test_unknown_kernel_named),
         cmocka_unit_test(test_model_kernels),
         cmocka_unit_test(test_pool_and_bias_kernels),
+        cmocka_unit_test(test_bn_kernels),
         cmocka_unit_test(test_cast_set_kernels),
         cmocka_unit_test(test_loss_kernels),
         cmocka_unit_test(test_optim_kernels),

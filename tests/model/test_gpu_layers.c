@@ -199,49 +199,84 @@ static void bn_place(rt_batchnorm2d *l, rt_arena *P, rt_arena *G, rt_arena *B) {
     assert_rt_ok(rt_arena_alloc(B));
 }
 
+/* batch norm C x H x W on both backends, prepared for max_n: random parameters and
+ * running statistics (running_var > 0), NaN saved statistics */
+static void bn_setup(bn_pair *P, int max_n, int C, int H, int W) {
+    assert_rt_ok(rt_batchnorm2d_init(&P->c, C, H, W));
+    P->g = P->c;
+    rt_arena_init(&P->cp, rt_device_cpu()), rt_arena_init(&P->cg, rt_device_cpu()),
+        rt_arena_init(&P->cb, rt_device_cpu());
+    rt_arena_init(&P->gp, g_gpu->device), rt_arena_init(&P->gg, g_gpu->device), rt_arena_init(&P->gb, g_gpu->device);
+    bn_place(&P->c, &P->cp, &P->cg, &P->cb);
+    bn_place(&P->g, &P->gp, &P->gg, &P->gb);
+    gt_sync();
+    P->c.save_mean = rt_test_nans((size_t)C), P->c.save_invstd = rt_test_nans((size_t)C);
+    P->g_save_mean = gt_dev_nan((size_t)C), P->g_save_invstd = gt_dev_nan((size_t)C);
+    P->g.save_mean = P->g_save_mean, P->g.save_invstd = P->g_save_invstd;
+    /* parameters and running statistics: random (running_var > 0) */
+    float *hg = gt_uniform((size_t)C, 0.5f, 1.5f), *hb = rt_test_randn((size_t)C, 0.3f);
+    float *hrm = rt_test_randn((size_t)C, 0.2f), *hrv = gt_uniform((size_t)C, 0.5f, 2.0f);
+    int64_t nbt = 3;
+    memcpy(rt_tensor_data(&P->c.weight), hg, C * sizeof(float));
+    memcpy(rt_tensor_data(&P->c.bias), hb, C * sizeof(float));
+    memcpy(rt_tensor_data(&P->c.running_mean), hrm, C * sizeof(float));
+    memcpy(rt_tensor_data(&P->c.running_var), hrv, C * sizeof(float));
+    memcpy(rt_tensor_data(&P->c.num_batches_tracked), &nbt, sizeof nbt);
+    gt_upload(rt_tensor_data(&P->g.weight), hg, C * sizeof(float));
+    gt_upload(rt_tensor_data(&P->g.bias), hb, C * sizeof(float));
+    gt_upload(rt_tensor_data(&P->g.running_mean), hrm, C * sizeof(float));
+    gt_upload(rt_tensor_data(&P->g.running_var), hrv, C * sizeof(float));
+    gt_upload(rt_tensor_data(&P->g.num_batches_tracked), &nbt, sizeof nbt);
+    assert_rt_ok(rt_batchnorm2d_prepare(g_cpu, &P->c, max_n));
+    assert_rt_ok(rt_batchnorm2d_prepare(g_gpu, &P->g, max_n));
+    free(hg), free(hb), free(hrm), free(hrv);
+}
+
+static void bn_teardown(bn_pair *P) {
+    rt_batchnorm2d_release(g_cpu, &P->c);
+    rt_batchnorm2d_release(g_gpu, &P->g);
+    rt_arena_free(&P->cp), rt_arena_free(&P->cg), rt_arena_free(&P->cb);
+    rt_arena_free(&P->gp), rt_arena_free(&P->gg), rt_arena_free(&P->gb);
+    gt_free(P->g_save_mean), gt_free(P->g_save_invstd);
+    free(P->c.save_mean), free(P->c.save_invstd);
+}
+
+/* activations with a per-channel offset and scale */
+static float *bn_input(size_t cnt, int C, int H, int W) {
+    float *hx = rt_test_randn(cnt, 1.0f);
+    for (size_t i = 0; i < cnt; i++) {
+        int ch = (int)((i / ((size_t)H * W)) % (size_t)C);
+        hx[i] = hx[i] * (1.0f + 0.1f * (float)ch) + 0.5f * (float)(ch % 3);
+    }
+    return hx;
+}
+
+/* the training forward's saved and running statistics and counter, GPU against CPU */
+static void bn_check_stats(bn_pair *P) {
+    const size_t C = (size_t)P->c.c;
+    gt_check_dev("  save_mean", P->c.save_mean, P->g_save_mean, C, TOL_FWD);
+    gt_check_dev("  save_invstd", P->c.save_invstd, P->g_save_invstd, C, TOL_FWD);
+    gt_check_dev("  running_mean", rt_tensor_data(&P->c.running_mean), rt_tensor_data(&P->g.running_mean), C, TOL_FWD);
+    gt_check_dev("  running_var (unbiased)", rt_tensor_data(&P->c.running_var), rt_tensor_data(&P->g.running_var), C,
+                 TOL_FWD);
+    int64_t gn = -1;
+    gt_download(&gn, rt_tensor_data(&P->g.num_batches_tracked), sizeof gn);
+    assert_int_equal(gn, *(int64_t *)rt_tensor_data(&P->c.num_batches_tracked));
+}
+
 /* batch norm C x H x W prepared for max_n, run at each batch of ns[0..nns): training
  * forward (output, saved and running statistics, counter), backward (dx written and
  * accumulated), evaluation forward */
 static void bn_case(int max_n, int C, int H, int W, const int *ns, int nns) {
     bn_pair P;
-    assert_rt_ok(rt_batchnorm2d_init(&P.c, C, H, W));
-    P.g = P.c;
-    rt_arena_init(&P.cp, rt_device_cpu()), rt_arena_init(&P.cg, rt_device_cpu()), rt_arena_init(&P.cb, rt_device_cpu());
-    rt_arena_init(&P.gp, g_gpu->device), rt_arena_init(&P.gg, g_gpu->device), rt_arena_init(&P.gb, g_gpu->device);
-    bn_place(&P.c, &P.cp, &P.cg, &P.cb);
-    bn_place(&P.g, &P.gp, &P.gg, &P.gb);
-    gt_sync();
-    float *c_save_mean = rt_test_nans((size_t)C), *c_save_invstd = rt_test_nans((size_t)C);
-    P.c.save_mean = c_save_mean, P.c.save_invstd = c_save_invstd;
-    P.g_save_mean = gt_dev_nan((size_t)C), P.g_save_invstd = gt_dev_nan((size_t)C);
-    P.g.save_mean = P.g_save_mean, P.g.save_invstd = P.g_save_invstd;
-    /* parameters and running statistics: random (running_var > 0) */
-    float *hg = gt_uniform((size_t)C, 0.5f, 1.5f), *hb = rt_test_randn((size_t)C, 0.3f);
-    float *hrm = rt_test_randn((size_t)C, 0.2f), *hrv = gt_uniform((size_t)C, 0.5f, 2.0f);
-    int64_t nbt = 3;
-    memcpy(rt_tensor_data(&P.c.weight), hg, C * sizeof(float));
-    memcpy(rt_tensor_data(&P.c.bias), hb, C * sizeof(float));
-    memcpy(rt_tensor_data(&P.c.running_mean), hrm, C * sizeof(float));
-    memcpy(rt_tensor_data(&P.c.running_var), hrv, C * sizeof(float));
-    memcpy(rt_tensor_data(&P.c.num_batches_tracked), &nbt, sizeof nbt);
-    gt_upload(rt_tensor_data(&P.g.weight), hg, C * sizeof(float));
-    gt_upload(rt_tensor_data(&P.g.bias), hb, C * sizeof(float));
-    gt_upload(rt_tensor_data(&P.g.running_mean), hrm, C * sizeof(float));
-    gt_upload(rt_tensor_data(&P.g.running_var), hrv, C * sizeof(float));
-    gt_upload(rt_tensor_data(&P.g.num_batches_tracked), &nbt, sizeof nbt);
-    assert_rt_ok(rt_batchnorm2d_prepare(g_cpu, &P.c, max_n));
-    assert_rt_ok(rt_batchnorm2d_prepare(g_gpu, &P.g, max_n));
-
+    bn_setup(&P, max_n, C, H, W);
+    float *c_save_mean = P.c.save_mean, *c_save_invstd = P.c.save_invstd;
     for (int ni = 0; ni < nns; ni++) {
         const int n = ns[ni];
         const size_t cnt = (size_t)n * C * H * W;
         char what[96];
         /* inputs with a per-channel offset and scale, as activations have */
-        float *hx = rt_test_randn(cnt, 1.0f), *hdy = rt_test_randn(cnt, 1.0f), *hdx0 = rt_test_randn(cnt, 1.0f);
-        for (size_t i = 0; i < cnt; i++) {
-            int ch = (int)((i / ((size_t)H * W)) % (size_t)C);
-            hx[i] = hx[i] * (1.0f + 0.1f * (float)ch) + 0.5f * (float)(ch % 3);
-        }
+        float *hx = bn_input(cnt, C, H, W), *hdy = rt_test_randn(cnt, 1.0f), *hdx0 = rt_test_randn(cnt, 1.0f);
         float *dx_in = gt_dev_copy(hx, cnt), *ddy = gt_dev_copy(hdy, cnt);
         float *cy = rt_test_nans(cnt), *cdx = rt_test_nans(cnt);
         float *gy = gt_dev_nan(cnt), *gdx = gt_dev_nan(cnt);
@@ -253,15 +288,7 @@ static void bn_case(int max_n, int C, int H, int W, const int *ns, int nns) {
         assert_rt_ok(rt_batchnorm2d_forward(g_gpu, &P.g, n, dx_in, gy, true));
         snprintf(what, sizeof what, "bn %dx%dx%d n=%d train forward", C, H, W, n);
         gt_check_dev(what, cy, gy, cnt, TOL_FWD);
-        gt_check_dev("  save_mean", c_save_mean, P.g_save_mean, (size_t)C, TOL_FWD);
-        gt_check_dev("  save_invstd", c_save_invstd, P.g_save_invstd, (size_t)C, TOL_FWD);
-        gt_check_dev("  running_mean", rt_tensor_data(&P.c.running_mean), rt_tensor_data(&P.g.running_mean), (size_t)C,
-                     TOL_FWD);
-        gt_check_dev("  running_var (unbiased)", rt_tensor_data(&P.c.running_var), rt_tensor_data(&P.g.running_var),
-                     (size_t)C, TOL_FWD);
-        int64_t gn = -1;
-        gt_download(&gn, rt_tensor_data(&P.g.num_batches_tracked), sizeof gn);
-        assert_int_equal(gn, *(int64_t *)rt_tensor_data(&P.c.num_batches_tracked));
+        bn_check_stats(&P);
 
         /* backward, dx written then accumulated */
         gt_poison(rt_tensor_data(&P.g.dweight), C * sizeof(float));
@@ -288,12 +315,8 @@ static void bn_case(int max_n, int C, int H, int W, const int *ns, int nns) {
         free(hx), free(hdy), free(hdx0), free(cy), free(cdx);
         gt_free(dx_in), gt_free(ddy), gt_free(gy), gt_free(gdx);
     }
-    rt_batchnorm2d_release(g_cpu, &P.c);
-    rt_batchnorm2d_release(g_gpu, &P.g);
-    rt_arena_free(&P.cp), rt_arena_free(&P.cg), rt_arena_free(&P.cb);
-    rt_arena_free(&P.gp), rt_arena_free(&P.gg), rt_arena_free(&P.gb);
-    gt_free(P.g_save_mean), gt_free(P.g_save_invstd);
-    free(c_save_mean), free(c_save_invstd), free(hg), free(hb), free(hrm), free(hrv);
+    (void)c_save_mean, (void)c_save_invstd;
+    bn_teardown(&P);
 }
 
 static void test_batchnorm2d(void **state) {
@@ -304,6 +327,85 @@ static void test_batchnorm2d(void **state) {
         const int ns[3] = {max_n, max_n - 1, max_n};
         bn_case(max_n, shapes[si][1], shapes[si][2], shapes[si][3], ns, 3);
     }
+}
+
+/* The fused batch norm (rt_batchnorm2d_forward_act / _backward_act): y = relu?(bn(x) +
+ * residual?) in training and evaluation, and the backward through the ReLU, against the
+ * CPU backend's fused ops. The backward gets the CPU forward's output as act on both
+ * backends, so the ReLU mask is the same one (a value at 0 on one backend and 1e-8 on the
+ * other would change that gradient by O(1)). The GPU's training forward and backward run
+ * twice: the same bits (fixed reduction order). */
+static void bn_act_case(int max_n, int n, int C, int H, int W, bool residual, bool relu) {
+    bn_pair P;
+    bn_setup(&P, max_n, C, H, W);
+    const size_t cnt = (size_t)n * C * H * W;
+    char what[128], name[64];
+    snprintf(name, sizeof name, "bn %dx%dx%d n=%d%s%s", C, H, W, n, residual ? " +res" : "", relu ? " relu" : "");
+    float *hx = bn_input(cnt, C, H, W), *hr = residual ? rt_test_randn(cnt, 1.0f) : NULL;
+    float *hdy = rt_test_randn(cnt, 1.0f), *hdx0 = rt_test_randn(cnt, 1.0f);
+    float *gx = gt_dev_copy(hx, cnt), *gr = hr ? gt_dev_copy(hr, cnt) : NULL, *gy = gt_dev_nan(cnt);
+    float *cy = rt_test_nans(cnt), *first = rt_test_nans(cnt), *cdx = rt_test_nans(cnt);
+
+    assert_rt_ok(rt_batchnorm2d_forward_act(g_cpu, &P.c, n, hx, hr, cy, true, relu));
+    assert_rt_ok(rt_batchnorm2d_forward_act(g_gpu, &P.g, n, gx, gr, gy, true, relu));
+    snprintf(what, sizeof what, "%s train forward", name);
+    gt_check_dev(what, cy, gy, cnt, TOL_FWD);
+    bn_check_stats(&P);
+    gt_download(first, gy, cnt * sizeof(float));
+    /* again (the running statistics move on both backends): the same bits */
+    assert_rt_ok(rt_batchnorm2d_forward_act(g_cpu, &P.c, n, hx, hr, cy, true, relu));
+    assert_rt_ok(rt_batchnorm2d_forward_act(g_gpu, &P.g, n, gx, gr, gy, true, relu));
+    gt_check_exact("  train forward, second run (bits)", first, gy, cnt);
+    bn_check_stats(&P);
+
+    if (relu) { /* backward through the ReLU whose output was the CPU's y; dx written, then accumulated */
+        float *gact = gt_dev_copy(cy, cnt), *gdy = gt_dev_copy(hdy, cnt), *gdx = gt_dev_nan(cnt);
+        float *cdy = rt_test_floats(cnt);
+        memcpy(cdy, hdy, cnt * sizeof(float));
+        gt_poison(rt_tensor_data(&P.g.dweight), C * sizeof(float));
+        gt_poison(rt_tensor_data(&P.g.dbias), C * sizeof(float));
+        assert_rt_ok(rt_batchnorm2d_backward_act(g_cpu, &P.c, n, hx, cy, cdy, cdx, false));
+        assert_rt_ok(rt_batchnorm2d_backward_act(g_gpu, &P.g, n, gx, gact, gdy, gdx, false));
+        snprintf(what, sizeof what, "%s dx through relu", name);
+        gt_check_dev(what, cdx, gdx, cnt, TOL_GRAD);
+        gt_check_dev("  dweight", rt_tensor_data(&P.c.dweight), rt_tensor_data(&P.g.dweight), (size_t)C, TOL_GRAD);
+        gt_check_dev("  dbias", rt_tensor_data(&P.c.dbias), rt_tensor_data(&P.g.dbias), (size_t)C, TOL_GRAD);
+        gt_download(first, gdx, cnt * sizeof(float));
+        gt_upload(gdy, hdy, cnt * sizeof(float));
+        assert_rt_ok(rt_batchnorm2d_backward_act(g_gpu, &P.g, n, gx, gact, gdy, gdx, false));
+        gt_check_exact("  dx, second run (bits)", first, gdx, cnt);
+        memcpy(cdy, hdy, cnt * sizeof(float)), memcpy(cdx, hdx0, cnt * sizeof(float));
+        gt_upload(gdy, hdy, cnt * sizeof(float)), gt_upload(gdx, hdx0, cnt * sizeof(float));
+        assert_rt_ok(rt_batchnorm2d_backward_act(g_cpu, &P.c, n, hx, cy, cdy, cdx, true));
+        assert_rt_ok(rt_batchnorm2d_backward_act(g_gpu, &P.g, n, gx, gact, gdy, gdx, true));
+        gt_check_dev("  dx through relu, accumulated", cdx, gdx, cnt, TOL_GRAD);
+        free(cdy);
+        gt_free(gact), gt_free(gdy), gt_free(gdx);
+    }
+
+    gt_poison(gy, cnt * sizeof(float)); /* evaluation with the updated running statistics */
+    assert_rt_ok(rt_batchnorm2d_forward_act(g_cpu, &P.c, n, hx, hr, cy, false, relu));
+    assert_rt_ok(rt_batchnorm2d_forward_act(g_gpu, &P.g, n, gx, gr, gy, false, relu));
+    snprintf(what, sizeof what, "%s eval forward", name);
+    gt_check_dev(what, cy, gy, cnt, TOL_FWD);
+
+    free(hx), free(hr), free(hdy), free(hdx0), free(cy), free(first), free(cdx);
+    gt_free(gx), gt_free(gy);
+    if (gr) gt_free(gr);
+    bn_teardown(&P);
+}
+
+static void test_batchnorm2d_fused(void **state) {
+    (void)state;
+    /* max_n, n, C, H, W: channels not a multiple of 8, 1x1 planes, a batch of 1, a batch
+     * below the prepared one, and n * plane past one block's slice (8192: 2 and 4 slices) */
+    const int shapes[][5] = {{4, 4, 5, 3, 5}, {6, 6, 12, 1, 1},  {1, 1, 3, 4, 4},
+                             {8, 5, 7, 6, 6}, {8, 8, 7, 33, 33}, {8, 8, 2, 64, 64}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int k = 0; k < 4; k++) {
+            const int *sh = shapes[si];
+            bn_act_case(sh[0], sh[1], sh[2], sh[3], sh[4], k & 1, k & 2);
+        }
 }
 
 /* ---- the shapes that train: batch 128 and 256, fp32 and tf32 ----------------------- */
@@ -787,6 +889,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d),
         cmocka_unit_test(test_batchnorm2d),
+        cmocka_unit_test(test_batchnorm2d_fused),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_maxpool2d),
         cmocka_unit_test(test_avgpool),

@@ -1,5 +1,5 @@
 /* The CUDA model backend: context set-up (cuDNN and cuBLAS handles on ctx->stream),
- * batch norm (cuDNN), linear layers (cuBLAS), the kernel wrappers, and the table.
+ * batch norm (our kernels), linear layers (cuBLAS), the kernel wrappers, and the table.
  *
  * Convolutions are in conv_cuda.c, the hand-written kernels in kernels_cuda.cu. All
  * work goes to ctx->stream; forward and backward entries neither allocate nor
@@ -14,12 +14,12 @@
  * fp32 accumulation, at the CPU's rounding points (docs/model.md, "Precision bf16"),
  * and everything else (batch norm, relu, pooling, the losses) in fp32 as before.
  *
- * Batch norm: cudnnBatchNormalization* in CUDNN_BATCHNORM_SPATIAL mode with
- * exponentialAverageFactor = momentum (0.1). cuDNN updates the running variance with
- * the unbiased batch variance, like PyTorch (whose CUDA batch norm is this cuDNN call),
- * and its resultSaveMean / resultSaveInvVariance are the batch mean and
- * 1/sqrt(biased var + eps): exactly l->save_mean / l->save_invstd. num_batches_tracked
- * (an int64 on the device) is incremented by a one-thread kernel.
+ * Batch norm: our kernels (kernels_cuda.cu, "batch norm"; docs/gpu.md "Batch norm
+ * details"), with the residual add and ReLU fused: PyTorch's semantics (biased batch
+ * variance to normalise, unbiased for the running variance, momentum, eps, save_mean /
+ * save_invstd for the backward, num_batches_tracked on the device), two passes over the
+ * activations each way, deterministic (no floating-point atomics). They take every
+ * shape; cuDNN's batch norm is not called.
  */
 #include "core/log.h"
 #include "model/cuda/cuda_internal.h"
@@ -37,6 +37,8 @@ rt_status rt_cuda_bind(rt_model_ctx *ctx) {
 }
 
 static cudaStream_t stream_of(rt_model_ctx *ctx) { return cuda_state(ctx)->stream; }
+
+static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 /* ---- context ------------------------------------------------------------------------ */
 
@@ -92,31 +94,40 @@ static rt_status cuda_ctx_init(rt_model_ctx *ctx) {
 
 /* ---- batch norm ---------------------------------------------------------------------- */
 
+/* Our kernels (kernels_cuda.cu, "batch norm"), for every shape: forward y = relu?(bn(x) +
+ * residual?) in two passes, backward (through the ReLU) in two, deterministic. The layer's
+ * scratch (the reduction's partials, the per-channel factors, the tickets that find each
+ * channel's last block) is one device allocation made when the layer is prepared. */
 typedef struct bn_priv {
-    cudnnTensorDescriptor_t param;       /* (1, c, 1, 1) */
-    cudnnTensorDescriptor_t full, spare; /* (n, c, h, w) for max_n and for spare_n */
-    int max_n, spare_n;
+    void *scratch;
+    size_t bytes;
+    int max_n;
+    size_t off_factors, off_tickets;
 } bn_priv;
 
 static void cuda_bn_release(rt_model_ctx *ctx, rt_batchnorm2d *l) {
-    (void)ctx;
     bn_priv *p = l->priv;
     if (!p) return;
-    if (p->param) (void)cudnnDestroyTensorDescriptor(p->param);
-    if (p->full) (void)cudnnDestroyTensorDescriptor(p->full);
-    if (p->spare) (void)cudnnDestroyTensorDescriptor(p->spare);
+    if (p->scratch) {
+        (void)rt_cuda_bind(ctx);
+        (void)cudaFree(p->scratch);
+        cuda_state(ctx)->bn_scratch_bytes -= p->bytes;
+    }
     free(p);
     l->priv = NULL;
 }
 
-static rt_status bn_prepare(rt_batchnorm2d *l, bn_priv *p, int max_n) {
+static rt_status bn_prepare(rt_model_ctx *ctx, rt_batchnorm2d *l, bn_priv *p, int max_n) {
+    const size_t c = (size_t)l->c, splits = (size_t)rt_cuk_bn_splits(max_n, (size_t)l->h * l->w);
     p->max_n = max_n;
-    p->spare_n = -1;
-    RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&p->param));
-    RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&p->full));
-    RT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&p->spare));
-    RT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(p->param, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, l->c, 1, 1));
-    RT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(p->full, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, max_n, l->c, l->h, l->w));
+    p->off_factors = align256(2 * c * splits * sizeof(double));
+    p->off_tickets = p->off_factors + align256(4 * c * sizeof(float));
+    const size_t bytes = p->off_tickets + align256(c * sizeof(int));
+    RT_CHECK_CUDA(cudaMalloc(&p->scratch, bytes));
+    p->bytes = bytes;
+    cuda_state(ctx)->bn_scratch_bytes += bytes;
+    /* the tickets start at 0 and every launch leaves them at 0 */
+    RT_CHECK_CUDA(cudaMemsetAsync((char *)p->scratch + p->off_tickets, 0, c * sizeof(int), stream_of(ctx)));
     return RT_OK;
 }
 
@@ -126,7 +137,7 @@ static rt_status cuda_bn_prepare(rt_model_ctx *ctx, rt_batchnorm2d *l, int max_n
     bn_priv *p = calloc(1, sizeof *p);
     RT_CHECK_ALLOC(p, sizeof *p);
     l->priv = p;
-    rt_status st = bn_prepare(l, p, max_n);
+    rt_status st = bn_prepare(ctx, l, p, max_n);
     if (st != RT_OK) {
         rt_error_trace(__FILE__, __LINE__, "batchnorm2d prepare");
         cuda_bn_release(ctx, l);
@@ -135,57 +146,57 @@ static rt_status cuda_bn_prepare(rt_model_ctx *ctx, rt_batchnorm2d *l, int max_n
     return RT_OK;
 }
 
-static rt_status bn_desc(rt_batchnorm2d *l, int n, cudnnTensorDescriptor_t *out) {
+/* the kernels' view of layer l at batch n */
+static rt_status bn_args(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, rt_cuk_bn_args *a, rt_cuk_bn_shape *sh) {
     bn_priv *p = l->priv;
     RT_REQUIRE(p != NULL, RT_ERR_INVALID, "batchnorm2d on cuda: layer not prepared (rt_batchnorm2d_prepare)");
     RT_REQUIRE(n <= p->max_n, RT_ERR_INVALID, "batchnorm2d: batch %d larger than the prepared %d", n, p->max_n);
-    if (n == p->max_n) {
-        *out = p->full;
-        return RT_OK;
-    }
-    if (p->spare_n != n) {
-        RT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(p->spare, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, l->c, l->h, l->w));
-        p->spare_n = n;
-    }
-    *out = p->spare;
+    RT_CHECK(rt_cuda_bind(ctx));
+    *a = (rt_cuk_bn_args){
+        .weight = rt_tensor_data(&l->weight),
+        .bias = rt_tensor_data(&l->bias),
+        .running_mean = rt_tensor_data(&l->running_mean),
+        .running_var = rt_tensor_data(&l->running_var),
+        .save_mean = l->save_mean,
+        .save_invstd = l->save_invstd,
+        .dweight = rt_tensor_data(&l->dweight), /* written by the backward only */
+        .dbias = rt_tensor_data(&l->dbias),
+        .num_batches_tracked = rt_tensor_data(&l->num_batches_tracked),
+        .momentum = l->momentum,
+        .eps = l->eps,
+        .partial = p->scratch,
+        .factors = (float *)((char *)p->scratch + p->off_factors),
+        .tickets = (int *)((char *)p->scratch + p->off_tickets),
+    };
+    *sh = (rt_cuk_bn_shape){.n = n, .c = l->c, .plane = (size_t)l->h * l->w};
+    return RT_OK;
+}
+
+static rt_status cuda_bn_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
+                                     float *y, bool training, bool relu) {
+    rt_cuk_bn_args a;
+    rt_cuk_bn_shape sh;
+    RT_CHECK(bn_args(ctx, l, n, &a, &sh));
+    RT_CHECK_CUDA(rt_cuk_bn_forward(stream_of(ctx), &a, sh, x, residual, y, training, relu));
     return RT_OK;
 }
 
 static rt_status cuda_bn_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
-    RT_CHECK(rt_cuda_bind(ctx));
-    cudnnTensorDescriptor_t xd;
-    RT_CHECK(bn_desc(l, n, &xd));
-    bn_priv *p = l->priv;
-    cudnnHandle_t h = cuda_state(ctx)->dnn;
-    const float one = 1.0f, zero = 0.0f;
-    if (training) {
-        RT_CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(
-            h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x, xd, y, p->param, rt_tensor_data(&l->weight),
-            rt_tensor_data(&l->bias), (double)l->momentum, rt_tensor_data(&l->running_mean),
-            rt_tensor_data(&l->running_var), (double)l->eps, l->save_mean, l->save_invstd));
-        RT_CHECK_CUDA(rt_cuk_increment_i64(stream_of(ctx), (int64_t *)rt_tensor_data(&l->num_batches_tracked)));
-    } else {
-        RT_CHECK_CUDNN(cudnnBatchNormalizationForwardInference(
-            h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, x, xd, y, p->param, rt_tensor_data(&l->weight),
-            rt_tensor_data(&l->bias), rt_tensor_data(&l->running_mean), rt_tensor_data(&l->running_var),
-            (double)l->eps));
-    }
+    return cuda_bn_forward_act(ctx, l, n, x, NULL, y, training, false);
+}
+
+static rt_status cuda_bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                      const float *dy, float *dx, bool accumulate) {
+    rt_cuk_bn_args a;
+    rt_cuk_bn_shape sh;
+    RT_CHECK(bn_args(ctx, l, n, &a, &sh));
+    RT_CHECK_CUDA(rt_cuk_bn_backward(stream_of(ctx), &a, sh, x, act, dy, dx, accumulate));
     return RT_OK;
 }
 
 static rt_status cuda_bn_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
                                   float *dx, bool accumulate) {
-    RT_CHECK(rt_cuda_bind(ctx));
-    cudnnTensorDescriptor_t xd;
-    RT_CHECK(bn_desc(l, n, &xd));
-    bn_priv *p = l->priv;
-    const float one = 1.0f, zero = 0.0f;
-    /* dx written or accumulated; dweight, dbias written */
-    RT_CHECK_CUDNN(cudnnBatchNormalizationBackward(
-        cuda_state(ctx)->dnn, CUDNN_BATCHNORM_SPATIAL, &one, accumulate ? &one : &zero, &one, &zero, xd, x, xd, dy, xd,
-        dx, p->param, rt_tensor_data(&l->weight), rt_tensor_data(&l->dweight), rt_tensor_data(&l->dbias),
-        (double)l->eps, l->save_mean, l->save_invstd));
-    return RT_OK;
+    return cuda_bn_backward_act(ctx, l, n, x, NULL, dy, dx, accumulate);
 }
 
 /* ---- linear (cuBLAS, column-major view of row-major data) ---------------------------- */
@@ -205,8 +216,6 @@ static rt_status cuda_bn_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, c
 typedef struct lin_bf16 {
     size_t off_w, off_x, off_dy, total;
 } lin_bf16;
-
-static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 static lin_bf16 lin_layout(const rt_linear *l, int n) {
     lin_bf16 b;
@@ -423,6 +432,8 @@ const rt_model_backend rt_model_backend_cuda = {
     .batchnorm2d_release = cuda_bn_release,
     .batchnorm2d_forward = cuda_bn_forward,
     .batchnorm2d_backward = cuda_bn_backward,
+    .batchnorm2d_forward_act = cuda_bn_forward_act,
+    .batchnorm2d_backward_act = cuda_bn_backward_act,
     .relu_forward = cuda_relu_forward,
     .relu_backward = cuda_relu_backward,
     .maxpool2d_forward = cuda_maxpool_forward,

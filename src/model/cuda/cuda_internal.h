@@ -36,7 +36,8 @@ typedef struct rt_cuda_state {
     cudaStream_t stream;
     void *blas_ws; /* cuBLAS workspace (cublasSetWorkspace): no allocation inside cuBLAS */
     size_t blas_ws_bytes;
-    int *bad_labels; /* device counter of out-of-range labels seen by the loss kernels */
+    int *bad_labels;         /* device counter of out-of-range labels seen by the loss kernels */
+    size_t bn_scratch_bytes; /* the prepared batch-norm layers' scratch (backend_cuda.c) */
     rt_cuda_conv_algos algos[RT_CUDA_ALGO_CACHE];
     int nalgos;
 } rt_cuda_state;
@@ -130,8 +131,8 @@ static inline void rt_cuk_set_to_nhwc(rt_cuk_to_bf16_set *g, size_t count, int c
 static inline void rt_cuk_set_to(rt_cuk_to_bf16_set *g, size_t count, const float *x, uint16_t *y) {
     rt_cuk_set_to_nhwc(g, count, 0, 0, x, y);
 }
-static inline void rt_cuk_set_from_nchw(rt_cuk_from_bf16_set *g, size_t count, int c, size_t plane,
-                                        const uint16_t *x, float *y, bool accumulate) {
+static inline void rt_cuk_set_from_nchw(rt_cuk_from_bf16_set *g, size_t count, int c, size_t plane, const uint16_t *x,
+                                        float *y, bool accumulate) {
     g->x[g->n] = x, g->y[g->n] = y, g->count[g->n] = count, g->accumulate[g->n] = accumulate ? 1 : 0;
     g->c[g->n] = c, g->plane[g->n] = plane;
     g->n++;
@@ -147,6 +148,36 @@ cudaError_t rt_cuk_bf16_fill_channels(cudaStream_t s, int n, int c, size_t plane
                                       uint16_t *y);
 cudaError_t rt_cuk_bf16_channel_sums(cudaStream_t s, int n, int c, size_t plane, bool nhwc, const uint16_t *dy,
                                      float *db);
+/* Batch norm (training and evaluation), with the residual add and the ReLU fused
+ * (kernels_cuda.cu, "batch norm"). The activations' shape and layout: (n, c, plane)
+ * NCHW today; `splits` blocks share each channel's reduction (rt_cuk_bn_splits: a
+ * function of n and plane alone, so the reduction order, and every bit of the result,
+ * is the same on every run and every device). */
+typedef struct rt_cuk_bn_shape {
+    int n, c, splits;
+    size_t plane;
+} rt_cuk_bn_shape;
+int rt_cuk_bn_splits(int n, size_t plane);
+/* a layer's tensors (device pointers) and its per-layer scratch, allocated at prepare:
+ * partial (2 * c * splits doubles for the largest batch), factors (4 * c floats), tickets
+ * (c ints, zero between launches: the last block of a channel resets its ticket) */
+typedef struct rt_cuk_bn_args {
+    const float *weight, *bias;
+    float *running_mean, *running_var, *save_mean, *save_invstd, *dweight, *dbias;
+    int64_t *num_batches_tracked;
+    float momentum, eps;
+    double *partial;
+    float *factors;
+    int *tickets;
+} rt_cuk_bn_args;
+/* y = relu?(bn(x) + residual?); training: batch statistics (saved, folded into the running
+ * ones, num_batches_tracked += 1), 2 launches; evaluation: running statistics, 2 launches */
+cudaError_t rt_cuk_bn_forward(cudaStream_t s, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const float *x,
+                              const float *residual, float *y, bool training, bool relu);
+/* backward of a training forward, dy taken through the ReLU whose output was act (NULL:
+ * no ReLU): dweight, dbias written, dx written or accumulated (dx may be dy); 2 launches */
+cudaError_t rt_cuk_bn_backward(cudaStream_t s, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const float *x,
+                               const float *act, const float *dy, float *dx, bool accumulate);
 /* *counter += 1 (num_batches_tracked) */
 cudaError_t rt_cuk_increment_i64(cudaStream_t s, int64_t *counter);
 /* losses: an out-of-range label adds 1 to *bad and makes the loss (and that row's

@@ -1,16 +1,17 @@
 /* The CUDA kernels of the model backend: what cuDNN and cuBLAS do not provide in the
  * form the CPU backend defines (src/model/cpu/ops_cpu.c).
  *
- * Elementwise ops (relu, residual add, accumulate), max pooling with the CPU's tie rule
+ * Batch norm fused with the residual add and ReLU (forward and backward, two passes
+ * each way, deterministic), elementwise ops (relu, residual add, accumulate), max pooling with the CPU's tie rule
  * (padding -inf, the first maximum of a window gets the gradient, NaN wins), global
  * average pooling, the linear layer's bias broadcast and bias gradient, dropout with the
  * shared Philox stream (core/philox.h compiles for the device: the masks equal the CPU
  * backend's for the same counter), the BN step counter, the losses (softmax
  * cross-entropy, log-softmax, NLL), and for precision bf16 the fp32 <-> bf16 casts
- * (core/bf16.h's rounding) and bias pieces around the bf16 cuDNN / cuBLAS calls. Each kernel does the CPU loop's arithmetic in the
- * same order and precision (sums in double where the CPU sums in double), so these ops
- * agree with the CPU backend to the last bit or nearly; only the convolutions and batch
- * norm (cuDNN) and the matrix products (cuBLAS) differ by rounding.
+ * (core/bf16.h's rounding) and bias pieces around the bf16 cuDNN / cuBLAS calls. Each kernel does the CPU loop's
+ * arithmetic in the same order and precision (sums in double where the CPU sums in double), so these ops agree with the
+ * CPU backend to the last bit or nearly; only the convolutions (cuDNN), batch norm (sums in double, in another order)
+ * and the matrix products (cuBLAS) differ by rounding.
  *
  * Every launcher enqueues on the given stream and returns cudaGetLastError(); no
  * launcher allocates or synchronises.
@@ -250,6 +251,222 @@ extern "C" cudaError_t rt_cuk_dropout_backward(cudaStream_t s, const rt_dropout 
     return cudaGetLastError();
 }
 
+/* ---- batch norm, fused with the residual add and the ReLU ------------------------------ */
+
+/* Two passes over the activations each way, where cuDNN's spatial batch norm followed by
+ * add_kernel and relu_fw_kernel took four to six (and relu_bw_kernel before cuDNN's
+ * backward two more):
+ *   training forward  bn_stats_kernel: ONE read of x, the per-channel sum and sum of
+ *                     squares; the last block of each channel turns them into the batch
+ *                     statistics (save_mean, save_invstd), the running statistics
+ *                     (unbiased variance, momentum), the channel's scale and shift, and
+ *                     (channel 0) num_batches_tracked += 1, all on the device;
+ *                     bn_apply_kernel: ONE pass y = relu?(x * a + b + residual?)
+ *   evaluation        bn_eval_factors_kernel (one thread per channel) + bn_apply_kernel
+ *   backward          bn_dsums_kernel: ONE read of x, dy (and act), g = act > 0 ? dy : 0:
+ *                     the per-channel sum g and sum g * (x - mean); the last block of a
+ *                     channel writes dweight, dbias and the channel's dx factors;
+ *                     bn_dx_kernel: ONE pass dx (=, or += when accumulating)
+ *                     k * (g - mean(g) - (x - mean) * q)
+ * Deterministic: each channel's reduction is split into rt_cuk_bn_splits(n, plane) slices
+ * (a function of the shape alone), thread t of a slice's block sums its fixed elements in
+ * double, the block adds its threads in a fixed shared-memory tree and stores its partial;
+ * an integer atomicAdd on the channel's ticket only says which block is the last to finish,
+ * and that block adds the slices' partials in slice order. No floating-point atomics: the
+ * same bits on every run (train.deterministic's bitwise resume holds on a GPU).
+ * Numerics (the CPU backend's formulas, ops_cpu.c bn_stats / bn_dfactors): sums in double
+ * (relative error of the variance about m * 2^-53 * (1 + mean^2 / var) for m values per
+ * channel: below 1e-9 at m = 2^20 unless |mean| > 100 std), the variance ss/m - mean^2
+ * clamped at 0, 1/sqrt in double, then fp32 for the elementwise pass (one fma, the add and
+ * the select: within 2 ulp of the CPU's y).
+ * No allocation or host value that changes between steps: the scratch (partials, factors,
+ * tickets) is the layer's, allocated when it is prepared; a ticket returns to 0 at the end
+ * of every launch, so a captured graph replays it. */
+#define BN_THREADS 256
+#define BN_CHUNK ((size_t)8192) /* at least this many values of a channel per block */
+#define BN_MAX_SPLITS 64
+
+typedef rt_cuk_bn_shape bn_shape;
+
+/* THE activation layout, in one place: where value j (in [0, n * plane)) of channel c
+ * lies, and the channel of a flat index. NCHW (n, c, plane) today; another layout is
+ * another pair of these. */
+static __device__ __forceinline__ size_t bn_at(const bn_shape s, int c, size_t j) {
+    const size_t i = j / s.plane;
+    return (i * (size_t)s.c + (size_t)c) * s.plane + (j - i * s.plane);
+}
+static __device__ __forceinline__ int bn_channel_of(const bn_shape s, size_t idx) {
+    return (int)((idx / s.plane) % (size_t)s.c);
+}
+static __host__ __device__ __forceinline__ size_t bn_count(const bn_shape s) {
+    return (size_t)s.n * (size_t)s.c * s.plane;
+}
+
+/* this block's slice [*j0, *j1) of its channel's n * plane values */
+static __device__ __forceinline__ void bn_slice(const bn_shape s, size_t *j0, size_t *j1) {
+    const size_t m = (size_t)s.n * s.plane, per = (m + s.splits - 1) / s.splits;
+    *j0 = (size_t)blockIdx.y * per;
+    *j1 = *j0 + per < m ? *j0 + per : m;
+}
+
+/* the block's two sums (a fixed tree), in thread 0's *a, *b */
+static __device__ void bn_block_sums(double *a, double *b, double *sa, double *sb) {
+    const unsigned t = threadIdx.x;
+    sa[t] = *a, sb[t] = *b;
+    __syncthreads();
+    for (unsigned h = BN_THREADS / 2; h > 0; h >>= 1) {
+        if (t < h) sa[t] += sa[t + h], sb[t] += sb[t + h];
+        __syncthreads();
+    }
+    *a = sa[0], *b = sb[0];
+}
+
+/* thread 0: store the block's partial; true in the last block of the channel to finish,
+ * with the channel's sums (the partials in slice order) in *a, *b */
+static __device__ bool bn_channel_done(double *a, double *b, double *partial, int *tickets, int c, int splits) {
+    double *p = partial + 2 * (size_t)c * splits;
+    p[2 * blockIdx.y] = *a, p[2 * blockIdx.y + 1] = *b;
+    __threadfence();
+    if (atomicAdd(&tickets[c], 1) != splits - 1) return false;
+    tickets[c] = 0; /* for the next launch */
+    __threadfence();
+    const volatile double *q = p;
+    double s1 = 0, s2 = 0;
+    for (int k = 0; k < splits; k++) s1 += q[2 * k], s2 += q[2 * k + 1];
+    *a = s1, *b = s2;
+    return true;
+}
+
+/* channel c's scale and shift, y = x * a + b (the CPU's bn_affine) */
+static __device__ void bn_set_affine(float *factors, int c, float gamma, float beta, double mean, double invstd) {
+    factors[2 * c] = (float)(gamma * invstd);
+    factors[2 * c + 1] = (float)(beta - mean * gamma * invstd);
+}
+
+static __global__ void bn_stats_kernel(const bn_shape s, const float *x, double *partial, int *tickets,
+                                       const float *weight, const float *bias, float *running_mean, float *running_var,
+                                       float *save_mean, float *save_invstd, int64_t *nbt, float *factors,
+                                       float momentum, float eps) {
+    __shared__ double sa[BN_THREADS], sb[BN_THREADS];
+    const int c = blockIdx.x;
+    double s1 = 0, s2 = 0;
+    size_t j0, j1;
+    bn_slice(s, &j0, &j1);
+    for (size_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+        const double v = (double)x[bn_at(s, c, j)];
+        s1 += v;
+        s2 = __fma_rn(v, v, s2);
+    }
+    bn_block_sums(&s1, &s2, sa, sb);
+    if (threadIdx.x != 0 || !bn_channel_done(&s1, &s2, partial, tickets, c, s.splits)) return;
+    const double m = (double)s.n * (double)s.plane, mean = s1 / m, mo = momentum;
+    double var = s2 / m - mean * mean;
+    if (var < 0) var = 0;
+    const double invstd = 1.0 / sqrt(var + (double)eps);
+    save_mean[c] = (float)mean;
+    save_invstd[c] = (float)invstd;
+    running_mean[c] = (float)((1.0 - mo) * running_mean[c] + mo * mean);
+    running_var[c] = (float)((1.0 - mo) * running_var[c] + mo * var * m / (m - 1.0)); /* unbiased */
+    bn_set_affine(factors, c, weight[c], bias[c], mean, invstd);
+    if (c == 0) *nbt += 1;
+}
+
+static __global__ void bn_eval_factors_kernel(int c, const float *weight, const float *bias, const float *running_mean,
+                                              const float *running_var, float eps, float *factors) {
+    GRID_STRIDE(k, (size_t)c) {
+        const double invstd = 1.0 / sqrt((double)running_var[k] + (double)eps);
+        bn_set_affine(factors, (int)k, weight[k], bias[k], running_mean[k], invstd);
+    }
+}
+
+static __global__ void bn_apply_kernel(const bn_shape s, const float *x, const float *res, const float *factors,
+                                       float *y, int relu) {
+    GRID_STRIDE(i, bn_count(s)) {
+        const int c = bn_channel_of(s, i);
+        float v = __fmaf_rn(x[i], factors[2 * c], factors[2 * c + 1]);
+        if (res) v = __fadd_rn(v, res[i]);
+        y[i] = relu ? (v > 0.0f ? v : 0.0f) : v;
+    }
+}
+
+/* the gradient through the ReLU whose output was act (none: act NULL) */
+static __device__ __forceinline__ float bn_relu_grad(const float *act, const float *dy, size_t o) {
+    return act && !(act[o] > 0.0f) ? 0.0f : dy[o];
+}
+
+static __global__ void bn_dsums_kernel(const bn_shape s, const float *x, const float *act, const float *dy,
+                                       double *partial, int *tickets, const float *weight, const float *save_mean,
+                                       const float *save_invstd, float *dweight, float *dbias, float *factors) {
+    __shared__ double sa[BN_THREADS], sb[BN_THREADS];
+    const int c = blockIdx.x;
+    const double mean = save_mean[c];
+    double s1 = 0, s2 = 0;
+    size_t j0, j1;
+    bn_slice(s, &j0, &j1);
+    for (size_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+        const size_t o = bn_at(s, c, j);
+        const double g = bn_relu_grad(act, dy, o);
+        s1 += g;
+        s2 = __fma_rn(g, (double)x[o] - mean, s2);
+    }
+    bn_block_sums(&s1, &s2, sa, sb);
+    if (threadIdx.x != 0 || !bn_channel_done(&s1, &s2, partial, tickets, c, s.splits)) return;
+    /* the CPU's bn_dfactors: s2 * invstd = sum g * xhat */
+    const double m = (double)s.n * (double)s.plane, invstd = save_invstd[c], sgx = s2 * invstd;
+    dweight[c] = (float)sgx;
+    dbias[c] = (float)s1;
+    float *f = factors + 4 * (size_t)c;
+    f[0] = (float)(weight[c] * invstd);
+    f[1] = (float)(s1 / m);
+    f[2] = save_mean[c];
+    f[3] = __fmul_rn((float)invstd, (float)(sgx / m));
+}
+
+static __global__ void bn_dx_kernel(const bn_shape s, const float *x, const float *act, const float *dy,
+                                    const float *factors, float *dx, int accumulate) {
+    GRID_STRIDE(i, bn_count(s)) {
+        const float *f = factors + 4 * (size_t)bn_channel_of(s, i);
+        const float g = bn_relu_grad(act, dy, i);
+        const float v = __fmul_rn(f[0], __fsub_rn(__fsub_rn(g, f[1]), __fmul_rn(__fsub_rn(x[i], f[2]), f[3])));
+        dx[i] = accumulate ? __fadd_rn(dx[i], v) : v;
+    }
+}
+
+extern "C" int rt_cuk_bn_splits(int n, size_t plane) {
+    const size_t k = ((size_t)n * plane + BN_CHUNK - 1) / BN_CHUNK;
+    return k < 1 ? 1 : k > BN_MAX_SPLITS ? BN_MAX_SPLITS : (int)k;
+}
+
+extern "C" cudaError_t rt_cuk_bn_forward(cudaStream_t st, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const float *x,
+                                         const float *residual, float *y, bool training, bool relu) {
+    sh.splits = rt_cuk_bn_splits(sh.n, sh.plane);
+    if (bn_count(sh) == 0) return cudaSuccess;
+    if (training)
+        bn_stats_kernel<<<dim3((unsigned)sh.c, (unsigned)sh.splits), BN_THREADS, 0, st>>>(
+            sh, x, a->partial, a->tickets, a->weight, a->bias, a->running_mean, a->running_var, a->save_mean,
+            a->save_invstd, a->num_batches_tracked, a->factors, a->momentum, a->eps);
+    else
+        bn_eval_factors_kernel<<<grid_for((size_t)sh.c), THREADS, 0, st>>>(sh.c, a->weight, a->bias, a->running_mean,
+                                                                           a->running_var, a->eps, a->factors);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    bn_apply_kernel<<<grid_for(bn_count(sh)), THREADS, 0, st>>>(sh, x, residual, a->factors, y, relu ? 1 : 0);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_bn_backward(cudaStream_t st, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const float *x,
+                                          const float *act, const float *dy, float *dx, bool accumulate) {
+    sh.splits = rt_cuk_bn_splits(sh.n, sh.plane);
+    if (bn_count(sh) == 0) return cudaSuccess;
+    bn_dsums_kernel<<<dim3((unsigned)sh.c, (unsigned)sh.splits), BN_THREADS, 0, st>>>(
+        sh, x, act, dy, a->partial, a->tickets, a->weight, a->save_mean, a->save_invstd, a->dweight, a->dbias,
+        a->factors);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    bn_dx_kernel<<<grid_for(bn_count(sh)), THREADS, 0, st>>>(sh, x, act, dy, a->factors, dx, accumulate ? 1 : 0);
+    return cudaGetLastError();
+}
+
 /* ---- batch-norm step counter ------------------------------------------------------- */
 
 static __global__ void increment_i64_kernel(int64_t *c) { *c += 1; }
@@ -300,8 +517,7 @@ static __global__ void bf16_fill_channels_kernel(size_t total, size_t plane, int
 /* db[ch] = sum over images and the plane of dy (bf16), accumulated in double as the bias
  * gradients above and rounded to fp32 once (the CPU sums in fp32: the two agree to fp32
  * rounding of the sum, within test_gpu_bf16's bound); one thread per channel */
-static __global__ void bf16_channel_sums_kernel(int n, int c, size_t plane, int nhwc, const uint16_t *dy,
-                                                 float *db) {
+static __global__ void bf16_channel_sums_kernel(int n, int c, size_t plane, int nhwc, const uint16_t *dy, float *db) {
     GRID_STRIDE(ch, (size_t)c) {
         double acc = 0;
         for (int i = 0; i < n; i++) {
@@ -350,7 +566,8 @@ static __device__ __forceinline__ void set_index(size_t i, size_t n0, size_t n1,
 static __device__ __forceinline__ size_t nhwc_source(size_t j, int c, size_t plane) {
     if (c == 0) return j;
     const size_t img = (size_t)c * plane;
-    if (j <= 0xffffffffu && img <= 0xffffffffu) { /* 32-bit divisions (a 64-bit one is a long software sequence on a GPU) */
+    if (j <= 0xffffffffu &&
+        img <= 0xffffffffu) { /* 32-bit divisions (a 64-bit one is a long software sequence on a GPU) */
         const unsigned jj = (unsigned)j, im = (unsigned)img, cc = (unsigned)c, i = jj / im, r = jj - i * im;
         const unsigned q = r / cc;
         return (size_t)i * img + (size_t)(r - q * cc) * plane + q;
@@ -385,10 +602,9 @@ static __global__ void to_bf16_set_kernel(size_t total, size_t n0, size_t n1, co
     }
 }
 
-static __global__ void from_bf16_set_kernel(size_t total, size_t n0, size_t n1, const uint16_t *x0,
-                                            const uint16_t *x1, const uint16_t *x2, float *y0, float *y1, float *y2,
-                                            int acc0, int acc1, int acc2, int c0, int c1, int c2, size_t p0,
-                                            size_t p1, size_t p2) {
+static __global__ void from_bf16_set_kernel(size_t total, size_t n0, size_t n1, const uint16_t *x0, const uint16_t *x1,
+                                            const uint16_t *x2, float *y0, float *y1, float *y2, int acc0, int acc1,
+                                            int acc2, int c0, int c1, int c2, size_t p0, size_t p1, size_t p2) {
     GRID_STRIDE(i, total) {
         int k;
         size_t j;
@@ -447,8 +663,8 @@ extern "C" cudaError_t rt_cuk_round_bf16(cudaStream_t s, size_t count, float *y)
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_bf16_fill_channels(cudaStream_t s, int n, int c, size_t plane, bool nhwc,
-                                                 const float *b, uint16_t *y) {
+extern "C" cudaError_t rt_cuk_bf16_fill_channels(cudaStream_t s, int n, int c, size_t plane, bool nhwc, const float *b,
+                                                 uint16_t *y) {
     const size_t total = (size_t)n * c * plane;
     if (total == 0) return cudaSuccess;
     bf16_fill_channels_kernel<<<grid_for(total), THREADS, 0, s>>>(total, plane, c, nhwc ? 1 : 0, b, y);

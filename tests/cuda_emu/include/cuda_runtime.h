@@ -363,6 +363,9 @@ extern thread_local dim3 rt_emu_block_dim, rt_emu_grid_dim;
 
 /* every live (not yet returned) thread of the block reaches it before any goes on */
 void __syncthreads(void);
+/* a memory fence (the last-block-finishes pattern: store, fence, atomic ticket); blocks
+ * run one after another here, so only the compiler's and the host's ordering remain */
+static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 /* a cycle counter at 2 GHz; each thread's first reading is its grid's start (emu.cpp) */
 long long rt_emu_clock64(void);
