@@ -264,6 +264,10 @@ rt_status rt_pg_capture_end(rt_pg *pg, rt_pg_graph **out);
  * (its next call fails with the usual error); the entries end with the event. An error
  * when the group is broken already (the replay then does nothing on the device). */
 rt_status rt_pg_graph_launched(rt_pg *pg, const rt_pg_graph *g, rt_stream *s);
+/* Call right before each launch: the group's error when it is broken already (an earlier
+ * replay's dead peer or timeout aborted the communicator), so that no graph holding its
+ * operations is launched on an aborted communicator. RT_OK otherwise. */
+rt_status rt_pg_graph_launchable(rt_pg *pg);
 /* The number of operations g holds (0 for NULL). */
 int rt_pg_graph_ops(const rt_pg_graph *g);
 /* NULL is a no-op. Free it before its group. */

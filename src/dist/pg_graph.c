@@ -176,6 +176,18 @@ static rt_status debug_check(rt_pg *pg, const rt_pg_graph *g) {
     return RT_OK;
 }
 
+rt_status rt_pg_graph_launchable(rt_pg *pg) {
+    RT_REQUIRE(pg != NULL, RT_ERR_INVALID, "rt_pg_graph_launchable: NULL group");
+    rt_engine *e = &pg->w->eng;
+    pthread_mutex_lock(&e->mu);
+    rt_error_record rec = e->err;
+    bool broken = e->broken;
+    pthread_mutex_unlock(&e->mu);
+    RT_REQUIRE(!broken, RT_ERR_PEER, "graph replay over %s: the process group is broken by an earlier error: %s",
+               pg->tp->name, rec.msg);
+    return RT_OK;
+}
+
 rt_status rt_pg_graph_launched(rt_pg *pg, const rt_pg_graph *g, rt_stream *s) {
     RT_REQUIRE(pg != NULL && g != NULL && s != NULL, RT_ERR_INVALID, "rt_pg_graph_launched: NULL argument");
     RT_REQUIRE(g->pg == pg, RT_ERR_INVALID, "rt_pg_graph_launched: the graph was captured on another group");

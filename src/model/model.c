@@ -225,6 +225,13 @@ double rt_model_label_smoothing(const rt_model *m) { return m ? m->label_smoothi
 
 const float *rt_model_loss_ptr(const rt_model *m) { return m && m->have_loss ? m->loss_dev : NULL; }
 
+void rt_model_note_replayed(rt_model *m, const float *x, int n) {
+    m->input = x;
+    m->last_n = n;
+    m->last_training = true;
+    m->have_loss = true;
+}
+
 rt_status rt_model_backward(rt_model *m, rt_grad_ready_fn ready, void *user) {
     RT_REQUIRE(m->have_loss && m->last_training, RT_ERR_INVALID,
                "model backward needs a training forward and rt_model_loss first");

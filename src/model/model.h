@@ -155,6 +155,12 @@ rt_status rt_model_loss_value(rt_model *m, float *loss);
  * valid once the model's stream got there): to read it back without a synchronisation
  * of its own, e.g. together with other values. NULL before rt_model_loss. */
 const float *rt_model_loss_ptr(const rt_model *m);
+/* A training forward and loss of n images from x that ran in a CUDA graph replay (the
+ * host did not call rt_model_forward and rt_model_loss for it): the model's record of its
+ * last forward (input, batch size, training, loss present) is set as those calls set it,
+ * so that rt_model_loss_value and rt_model_backward after the replay see the replayed
+ * step, not what ran uncaptured last (an evaluation, a partial batch). */
+void rt_model_note_replayed(rt_model *m, const float *x, int n);
 
 /* Called after each block's backward: grads [begin, end) bytes of the gradient arena
  * are final. Return non-OK to abort the backward pass with that status. */

@@ -4,6 +4,7 @@
 #endif
 #include "train/checkpoint.h"
 
+#include "core/log.h"
 #include "core/safetensors.h"
 #include "optim/schedule.h"
 
@@ -841,6 +842,23 @@ static bool is_reserved(const char *k) {
 }
 
 /* remove .ckpt-*.tmp-<pid> directories of writers that no longer run */
+/* A writer that died between its two renames (put_in_place without RENAME_EXCHANGE) left
+ * DIR/.ckpt-aside-<name>.tmp-<pid> and no DIR/<name>: the aside is the only copy of
+ * <name> (best/ has no other), so it is put back. Whether it was (false: remove it). */
+static bool restore_aside(const char *dir, const char *entry, const char *t, const char *path) {
+    static const char k_aside[] = ".ckpt-aside-";
+    size_t len = (size_t)(t - entry);
+    if (strncmp(entry, k_aside, sizeof k_aside - 1) != 0 || len <= sizeof k_aside - 1) return false;
+    char name[256], target[RT_CKPT_PATH_MAX + 256];
+    snprintf(name, sizeof name, "%.*s", (int)(len - (sizeof k_aside - 1)), entry + sizeof k_aside - 1);
+    if (snprintf(target, sizeof target, "%s/%s", dir, name) >= (int)sizeof target) return false;
+    struct stat sb;
+    if (lstat(target, &sb) == 0 || errno != ENOENT) return false; /* <name> is there: the aside is old */
+    if (rename(path, target) != 0) return false;
+    RT_LOG_WARN("%s: put back from %s, left by a checkpoint writer that died while replacing it", target, entry);
+    return true;
+}
+
 static void remove_stale_tmp(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return;
@@ -855,7 +873,7 @@ static void remove_stale_tmp(const char *dir) {
         if (pid == (long)getpid() || !(kill((pid_t)pid, 0) != 0 && errno == ESRCH)) continue;
         char p[RT_CKPT_PATH_MAX + 256];
         if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p) continue;
-        remove_tree(p);
+        if (!restore_aside(dir, e->d_name, t, p)) remove_tree(p);
     }
     closedir(d);
 }
@@ -1183,7 +1201,8 @@ static rt_status put_in_place(const char *dir, const char *tmp, const char *fina
     }
 #endif
     char aside[RT_CKPT_PATH_MAX + 300];
-    snprintf(aside, sizeof aside, "%s/.%s.old.tmp-%ld", dir, name, (long)getpid());
+    /* a crash before the second rename leaves this aside: the next write puts it back */
+    snprintf(aside, sizeof aside, "%s/.ckpt-aside-%s.tmp-%ld", dir, name, (long)getpid());
     if (rename(final, aside) != 0) RT_FAIL(RT_ERR_IO, "rename %s -> %s: %s", final, aside, strerror(errno));
     if (rename(tmp, final) != 0) {
         int e = errno;

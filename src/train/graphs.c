@@ -161,8 +161,10 @@ rt_status rt_run_graph_forward(run *r, const rt_batch *b, pending *p, bool *grap
             RT_LOG_INFO("train.cuda_graphs: from step %lld the training step runs as CUDA graphs", (long long)r->step + 1);
     }
     g->used = ++r->graphs.clock;
+    if (r->pg) RT_CHECK(rt_pg_graph_launchable(r->pg)); /* never NCCL work on an aborted communicator */
     RT_CHECK(rt_graph_launch(g->g, st));
     if (r->pg) RT_CHECK(rt_pg_graph_launched(r->pg, g->pg, st));
+    rt_model_note_replayed(r->model, r->bufs.x_dev, b->size); /* the non-finite path reads it (step.c) */
     /* the slot is refilled once the graph's copies ran (after the whole graph, here) */
     RT_CHECK(rt_loader_release_after(r->data.train_loader, b, st));
     RT_CHECK(rt_event_record(p->ev[EV_COMM], st)); /* the graph's end: its scalars' part counts in optim */

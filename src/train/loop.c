@@ -121,7 +121,8 @@ static rt_status epoch_checkpoint(run *r, loop_state *s, bool last, int64_t next
     const rt_config *c = r->cfg;
     bool every = c->checkpoint.every_epochs > 0 && (s->epoch + 1) % c->checkpoint.every_epochs == 0;
     bool best = r->mon.write_best; /* written again when this step's is: best/ is made with it */
-    if (!(every || last || r->stop.requested || best) || (s->saved_at == r->step && !best)) return RT_OK;
+    if (!(every || last || r->stop.requested || best) || (s->saved_at == r->step && !best && !r->mon.early_stopped))
+        return RT_OK; /* an early stop rewrites a checkpoint of this step written before its evaluation */
     const char *why = r->mon.early_stopped ? "early_stop"
                       : r->stop.requested  ? "stop"
                       : last               ? "end"

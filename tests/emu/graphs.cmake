@@ -1,5 +1,5 @@
 # tests/emu/graphs.sh: the training step in CUDA graphs on emulated GPUs (issue 40, item 4)
-foreach(_c one nccl resume stop ledger errors kill minutes)
+foreach(_c one nccl resume stop ledger errors kill minutes nonfinite)
   add_test(NAME emu_graphs_${_c} COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/graphs.sh $<TARGET_FILE:ringtrain> ${_c})
   set_tests_properties(emu_graphs_${_c} PROPERTIES LABELS emu SKIP_RETURN_CODE 77 TIMEOUT 600)
 endforeach()

@@ -21,6 +21,7 @@
 #           refused capture) is an error saying why; auto runs them uncaptured
 #   kill    kill -9 of rank 1 before a replayed step: the launcher names it, nothing hangs
 #   minutes checkpoint.every_minutes (its flag read by the graph): the same checkpoints
+#   nonfinite  a NaN at a replayed step after an evaluation: rank named, step skipped
 # Exit 77 (skipped) when Debian's Fashion-MNIST is not installed.
 set -u
 export RINGTRAIN_TEST_HOOKS=1 # RINGTRAIN_TEST_SIGNAL_AT (docs/testing.md)
@@ -224,5 +225,17 @@ minutes)
   same min-on min-off "every_minutes: graphs on differ from off"
   echo "ok: checkpoint.every_minutes with graphs: the same checkpoints ($a)"
   ;;
-*) echo "usage: $0 RINGTRAIN one|nccl|resume|stop|ledger|errors|kill|minutes" >&2; exit 2 ;;
+nonfinite)
+  # a NaN in rank 1's batch at replayed step 12 (epoch 2, after an evaluation with flip TTA,
+  # which leaves the model's host record of its last forward as an evaluation's): every
+  # rank names rank 1, the step is skipped, and the run equals the one without graphs
+  for m in on off; do
+    RINGTRAIN_TEST_NAN_AT=1:12 train "nf-$m" dist.nproc=2 train.cuda_graphs=$m train.skip_nonfinite=true eval.tta=flip
+    grep -q "step 12: non-finite gradient on rank 1 " "$tmp/nf-$m.err" || fail "graphs $m: the skipped step does not name rank 1"
+  done
+  [ "$(graph_launches nf-on)" -gt 0 ] || fail "no graph launches"
+  same nf-on nf-off "a skipped non-finite replayed step: graphs on differ from off"
+  echo "ok: a non-finite replayed step after an evaluation names rank 1 and is skipped, as without graphs"
+  ;;
+*) echo "usage: $0 RINGTRAIN one|nccl|resume|stop|ledger|errors|kill|minutes|nonfinite" >&2; exit 2 ;;
 esac

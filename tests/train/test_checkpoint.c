@@ -446,10 +446,26 @@ static void test_keep_last(void **state) {
     assert_non_null(f);
     fputs("half", f);
     fclose(f);
+    /* a writer that died between its two renames, replacing best/: its aside is best/'s
+     * only copy and is put back; one whose name is there again is removed */
+    char aside[1024], best[1100], aside2[1024];
+    snprintf(aside, sizeof aside, "%s/.ckpt-aside-best.tmp-%ld", dir, (long)dead);
+    snprintf(aside2, sizeof aside2, "%s/.ckpt-aside-ckpt-000000009.tmp-%ld", dir, (long)dead);
+    snprintf(best, sizeof best, "%s/best/model.safetensors", dir);
+    assert_int_equal(mkdir(aside, 0755), 0);
+    assert_int_equal(mkdir(aside2, 0755), 0);
+    snprintf(junk, sizeof junk, "%s/model.safetensors", aside);
+    f = fopen(junk, "w");
+    assert_non_null(f);
+    fputs("best", f);
+    fclose(f);
     write_ckpt(dir, 11, &r, 0);
     struct stat sb;
     assert_int_not_equal(stat(stale, &sb), 0);
     assert_int_equal(stat(live, &sb), 0);
+    assert_int_equal(stat(best, &sb), 0);      /* best/ put back */
+    assert_int_not_equal(stat(aside, &sb), 0); /* (moved, not copied) */
+    assert_int_not_equal(stat(aside2, &sb), 0); /* ckpt-000000009 is there: the aside removed */
     ct_free(&r);
     ct_free(&b);
     ct_rmrf(dir);

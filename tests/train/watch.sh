@@ -144,7 +144,16 @@ case_early() {
   local at2=$((4 * spe))
   grep -q "^stopped early after step $at2 by train.early_stop" "$tmp/es.out" ||
     fail "patience 3 from the saved count should stop at step $at2: $(grep -i 'stopped\|accuracy' "$tmp/es.out" | tail -2)"
-  echo "early: stopped at step $at on both ranks; resume refused; patience 3 stopped at $at2"
+  # a checkpoint of the stopping step written before its evaluation (checkpoint.every_steps
+  # at the epoch's end): the early stop writes it again, with its state, and a resume refuses
+  train es2 "${args[@]}" train.early_stop_patience=2 checkpoint.every_steps=$spe checkpoint.keep_best=none ||
+    fail "early stop with every_steps"
+  ck=$(printf '%s/es2/checkpoints/ckpt-%09d' "$tmp" "$at")
+  [ "$(meta "$ck" early_stop.stopped)" = true ] ||
+    fail "every_steps: $ck was not rewritten by the early stop (early_stop.stopped '$(meta "$ck" early_stop.stopped)')"
+  train es2 "${args[@]}" train.early_stop_patience=2 checkpoint.every_steps=$spe checkpoint.keep_best=none &&
+    fail "every_steps: a resume after the early stop trained on"
+  echo "early: stopped at step $at on both ranks; resume refused; patience 3 stopped at $at2; with every_steps too"
 }
 
 # checkpoint.every_minutes 3 with rank 0's clock at 1 minute per step (RINGTRAIN_TEST_CLOCK):

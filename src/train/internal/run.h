@@ -48,7 +48,7 @@ enum { EV_START, EV_H2D, EV_FWD, EV_BWD, EV_COMM, EV_END, EV_COUNT };
 enum { RUN_SCRATCH_BYTES = 64 };
 /* graphs.c: forward graphs kept (one per loader slot and batch size; the loader has
  * data.prefetch slots), and the uncaptured steps before the first capture */
-enum { RUN_GRAPHS_MAX = 8, RUN_GRAPH_WARMUP = 2 };
+enum { RUN_GRAPHS_MAX = 64, RUN_GRAPH_WARMUP = 2 }; /* 64: data.prefetch's largest value */
 
 /* A step's timing record until its events are ready (a step later on a GPU). */
 typedef struct pending {
