@@ -8,16 +8,18 @@
 #   values    2 ranks with a validation split: every step's and evaluation's scalars read
 #             back once, equal to metrics.jsonl; copies cut inside the last record (length,
 #             its crc, data, data's crc) read back every record before it
-#   kill      kill -9 of the launcher after the checkpoint of step 20 (mid-epoch), a torn
-#             record appended as a kill mid-write leaves one; the same command resumes:
-#             every step and evaluation once (steps 1..total), equal to metrics.jsonl
+#   kill      rank 0 killed (SIGKILL) after step 25, the newest checkpoint step 20's; the
+#             same command resumes from step 20: every step and evaluation once (steps
+#             1..total), equal to metrics.jsonl (steps 21..25 written twice would show as
+#             duplicates); then a torn record appended (a kill mid-write) and the same
+#             command again: the resume drops it, the file reads back whole
 #   evalonce  resumed from the checkpoint of epoch 1's last step after the run went on (a
 #             branch: its later records move aside, as metrics.jsonl's lines do) and a
 #             finished run run again: the evaluation of that step is in the file once
 # Exit 77 (skipped) when Debian's Fashion-MNIST is missing, or when the environment with
 # TensorBoard cannot be made (no network: scripts/tb-venv says why).
 set -u
-export RINGTRAIN_TEST_HOOKS=1 # RINGTRAIN_TEST_KILL_AFTER_CKPT (docs/testing.md)
+export RINGTRAIN_TEST_HOOKS=1 # RINGTRAIN_TEST_KILL_RANK_AT (docs/testing.md)
 bin=$1
 what=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -54,16 +56,25 @@ values)
   tb truncate "$tmp/a"
   ;;
 kill)
+  # rank 0 SIGKILLs itself after step 25 (RINGTRAIN_TEST_KILL_RANK_AT: an exact point, no
+  # polling); the newest checkpoint is step 20's, so the file holds 5 steps past it
   rc=0
-  RINGTRAIN_TEST_KILL_AFTER_CKPT=20 run k "$tmp/k" checkpoint.every_steps=10 || rc=$?
-  [ "$rc" -eq 137 ] || fail "the run ended with exit $rc, not killed after the checkpoint of step 20"
-  tb check "$tmp/k" # everything logged before the kill reads back
-  # what a kill in the middle of a record's write leaves: a valid length and crc, half the data
-  tb tear "$tmp/k"
+  RINGTRAIN_TEST_KILL_RANK_AT=0:25 run k "$tmp/k" checkpoint.every_steps=10 || rc=$?
+  [ "$rc" -ne 0 ] || fail "the run was not killed after step 25"
+  grep -q "rank 0 kills itself after step 25" "$tmp/k.err" || fail "no kill after step 25: $(tail -3 "$tmp/k.err")"
+  out=$("$py" "$here/tb_read.py" check "$tmp/k") || fail "$out"
+  grep -q "(25 steps, 0 evaluations)" <<<"$out" || fail "before the resume: expected steps 1..25: $out"
+  echo "$out"
   run k2 "$tmp/k" checkpoint.every_steps=10 || fail "resume"
   grep -q "resuming from .*ckpt-000000020" "$tmp/k2.out" || fail "did not resume from step 20: $(grep resuming "$tmp/k2.out")"
   check_whole "$tmp/k" 2
-  echo "ok: killed after step 20 with a torn record at the end, resumed: every step once"
+  echo "ok: killed after step 25 (checkpoint 20), resumed: every step once"
+  # what a kill in the middle of a record's write leaves: a valid length and crc, half the
+  # data; the same command again (resumes the finished run's last checkpoint) drops it
+  tb tear "$tmp/k"
+  run k3 "$tmp/k" checkpoint.every_steps=10 || fail "rerun after the torn record"
+  check_whole "$tmp/k" 2
+  echo "ok: a torn record at the end is dropped by the next resume"
   ;;
 evalonce)
   run f "$tmp/f" train.epochs=1 || fail "run"
