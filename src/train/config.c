@@ -327,6 +327,8 @@ static const key k_keys[] = {
      "every rank writes metrics-rank<R>.jsonl too (to find stragglers)"},
     {"log.trace", NEVER, K_BOOL, F(log.trace), 0, 0, "false", 0, 0, false, NULL, NULL,
      "every rank records a timeline to RUN_DIR/trace-rank<R>.jsonl (ringtrain trace merges them; docs/debugging.md)"},
+    {"log.tensorboard", NEVER, K_BOOL, F(log.tensorboard), 0, 0, "false", 0, 0, false, NULL, NULL,
+     "rank 0 writes the run's scalars to a TensorBoard event file RUN_DIR/events.out.tfevents.* (docs/train.md)"},
     {"log.level", NEVER, K_ENUM, F(log.level), SZ(log.level), 0, "info", 0, 0, false, &rt_log_level_names, NULL,
      "log level (default: RINGTRAIN_LOG_LEVEL when set)"},
     {"log.progress", NEVER, K_ENUM, F(log.progress), SZ(log.progress), 0, "auto", 0, 0, false, &k_progress, NULL,

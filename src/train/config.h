@@ -190,7 +190,8 @@ typedef struct rt_config {
         char dir[RT_CONFIG_PATH_MAX]; /* the run directory; auto: runs/<config file name> */
         int64_t every_steps;          /* a plain line every N steps when not on a terminal */
         bool all_ranks;
-        bool trace; /* timeline spans to RUN_DIR/trace-rank<R>.jsonl (docs/debugging.md) */
+        bool trace;       /* timeline spans to RUN_DIR/trace-rank<R>.jsonl (docs/debugging.md) */
+        bool tensorboard; /* rank 0's scalars to RUN_DIR/events.out.tfevents.* (train/tensorboard.h) */
         rt_log_level level;
         rt_progress_mode progress;
     } log;

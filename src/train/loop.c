@@ -78,17 +78,16 @@ static rt_status run_batches(run *r, loop_state *s, int64_t *next_batch) {
 }
 
 rt_status rt_run_log_eval(run *r, const run_eval *e, int64_t epoch, int64_t eval_logged, bool print) {
-    if (r->log.metrics && r->step != eval_logged) {
-        rt_eval_record rec = {.step = r->step,
-                              .epoch = epoch,
-                              .loss = e->loss,
-                              .accuracy = e->acc,
-                              .samples = e->samples,
-                              .val_loss = e->val_loss,
-                              .val_accuracy = e->val_acc,
-                              .val_samples = e->val_samples};
-        RT_CHECK(rt_metrics_eval_record(r->log.metrics, &rec));
-    }
+    rt_eval_record rec = {.step = r->step,
+                          .epoch = epoch,
+                          .loss = e->loss,
+                          .accuracy = e->acc,
+                          .samples = e->samples,
+                          .val_loss = e->val_loss,
+                          .val_accuracy = e->val_acc,
+                          .val_samples = e->val_samples};
+    if (r->log.metrics && r->step != eval_logged) RT_CHECK(rt_metrics_eval_record(r->log.metrics, &rec));
+    if (r->log.tb) RT_CHECK(rt_tb_eval(r->log.tb, &rec)); /* it knows the evaluation its file kept */
     if (!print || !is_root(r)) return RT_OK;
     fprintf(r->out, "epoch %lld: test loss %.4f, accuracy %.2f%% (%lld samples)", (long long)epoch + 1, e->loss,
             100.0 * e->acc, (long long)e->samples);

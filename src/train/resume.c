@@ -107,9 +107,9 @@ rt_status rt_run_truncate_metrics(const char *path, int64_t step, int64_t *eval_
     return cut_metrics(path, step, eval_at, NULL);
 }
 
-/* The metrics files of the run folder (metrics.jsonl, and every rank's
- * metrics-rank<k>.jsonl of log.all_ranks as this rank sees the folder): fn(r, name, arg)
- * for each that exists, stopping at the first error. */
+/* The metrics files of the run folder (metrics.jsonl, every rank's metrics-rank<k>.jsonl
+ * of log.all_ranks as this rank sees the folder, and log.tensorboard's event files):
+ * fn(r, name, arg) for each that exists, stopping at the first error. */
 static rt_status each_metrics_file(run *r, rt_status (*fn)(run *, const char *, const void *), const void *arg) {
     DIR *d = opendir(r->run_dir);
     if (!d) return RT_OK;
@@ -124,7 +124,8 @@ static rt_status each_metrics_file(run *r, rt_status (*fn)(run *, const char *, 
         size_t l = strlen(nm);
         bool rank_file = strncmp(nm, "metrics-rank", 12) == 0 && l > 18 && strcmp(nm + l - 6, ".jsonl") == 0 &&
                          strspn(nm + 12, "0123456789") == l - 18;
-        if ((strcmp(nm, "metrics.jsonl") != 0 && !rank_file) || l >= sizeof *names) continue;
+        bool events = strncmp(nm, RT_TB_PREFIX, strlen(RT_TB_PREFIX)) == 0 && !strstr(nm, ".tmp");
+        if ((strcmp(nm, "metrics.jsonl") != 0 && !rank_file && !events) || l >= sizeof *names) continue;
         if (count == cap) {
             cap = cap ? 2 * cap : 8;
             void *grown = realloc(names, cap * sizeof *names);
@@ -177,6 +178,7 @@ static rt_status cut_metrics_file(run *r, const char *name, const void *arg) {
     char from[RT_CONFIG_PATH_MAX + 64], to[RT_CKPT_PATH_MAX + 64];
     snprintf(from, sizeof from, "%s/%s", r->run_dir, name);
     snprintf(to, sizeof to, "%s/%s", a->aside, name);
+    if (strncmp(name, RT_TB_PREFIX, strlen(RT_TB_PREFIX)) == 0) return rt_tb_cut(from, a->step, to, NULL);
     return cut_metrics(from, a->step, NULL, to);
 }
 

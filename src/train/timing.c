@@ -13,6 +13,7 @@ static rt_status log_record(run *r, rt_step_record *rec) {
     RT_CHECK(rt_stage_stats_add(r->log.stats, rec));
     if (r->log.metrics) RT_CHECK(rt_metrics_step(r->log.metrics, rec));
     if (r->log.rank_metrics) RT_CHECK(rt_metrics_step(r->log.rank_metrics, rec));
+    if (r->log.tb) RT_CHECK(rt_tb_step(r->log.tb, rec));
     if (is_root(r)) rt_progress_step(&r->log.progress, rec);
     return RT_OK;
 }

@@ -70,6 +70,7 @@ void rt_run_free(run *r) {
     for (int i = 0; i < 2; i++) rt_event_destroy(r->log.pend[i].anchor);
     rt_metrics_close(r->log.metrics);
     rt_metrics_close(r->log.rank_metrics);
+    rt_tb_close(r->log.tb);
     rt_stage_stats_destroy(r->log.stats);
     rt_loader_destroy(r->data.train_loader);
     rt_loader_destroy(r->data.test_loader);
@@ -135,6 +136,7 @@ static rt_status open_metrics(run *r, bool resumed, int64_t *eval_logged) {
     snprintf(path, sizeof path, "%s/metrics.jsonl", r->run_dir);
     if (resumed) RT_CHECK(rt_run_truncate_metrics(path, r->step, eval_logged));
     RT_CHECK(rt_metrics_open(path, resumed, &r->log.metrics));
+    if (c->log.tensorboard) RT_CHECK(rt_tb_open(r->run_dir, resumed ? r->step : -1, &r->log.tb));
     snprintf(path, sizeof path, "%s/config.yaml", r->run_dir);
     RT_CHECK(rt_config_write_file(c, path));
     char devs[32];

@@ -36,6 +36,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/metrics.h"
+#include "train/tensorboard.h"
 #include "train/trainer.h"
 
 #include <stdbool.h>
@@ -149,6 +150,7 @@ typedef struct run {
 
     struct run_log { /* trainer.c, timing.c */
         rt_metrics *metrics, *rank_metrics;
+        rt_tb *tb; /* rank 0's TensorBoard event file (log.tensorboard), else NULL */
         rt_stage_stats *stats;
         rt_progress progress;
         pending pend[2];
