@@ -45,6 +45,13 @@ static bool capturable(const run *r, char *why, size_t n) {
                  "repeat one mask)");
         return false;
     }
+    if (r->cfg->train.accumulate > 1) {
+        snprintf(why, n,
+                 "train.accumulate is %lld: a step is that many forwards and backwards with the gradients folded "
+                 "between them, which the step's one forward graph does not hold",
+                 (long long)r->cfg->train.accumulate);
+        return false;
+    }
     if (r->pg && !rt_pg_capturable(r->pg, why, n)) return false;
     return true;
 }
