@@ -98,6 +98,16 @@ static rt_status on_grad_ready(void *user, int block, size_t begin, size_t end) 
     return r->upd.reducer ? rt_reducer_ready(r->upd.reducer, begin, end) : RT_OK;
 }
 
+/* GPU: the host's flags the step's scalars take along, into pinned memory (a graph reads
+ * them at its launch; an uncaptured step again before its scalars are enqueued, so a
+ * signal during its micro-batches counts in this step, as on the CPU) */
+static void set_flags(run *r) {
+    if (!r->bufs.vals_host) return;
+    r->bufs.vals_host->flags[0] = rt_run_stop_signal() ? 1.0f : 0.0f;
+    r->bufs.vals_host->flags[1] = rt_run_flight_signal() ? 1.0f : 0.0f;
+    r->bufs.vals_host->flags[2] = rt_run_minutes_due(r) ? 1.0f : 0.0f;
+}
+
 /* On a GPU, the device's part of the step's scalars (step_scalars): the loss and the
  * host's flags (pinned, written before this work runs) all-reduced on the device (ordered
  * on the model stream, no host wait), the gradients' sum of squares, one copy of all of
@@ -302,7 +312,9 @@ rt_status rt_run_step_work(run *r, const rt_batch *b, rt_event *const *ev, bool 
     }
     RT_CHECK(forward_backward(r, ev, capture, x, y, b->size - (count - 1) * m, rs));
     if (count > 1) tag_step(r, -1); /* the step's scalars */
-    return rt_device_is_cuda(r->dev) ? scalars_enqueue(r) : RT_OK;
+    if (!rt_device_is_cuda(r->dev)) return RT_OK;
+    if (!capture) set_flags(r);
+    return scalars_enqueue(r);
 }
 
 /* Clip (the norm is logged either way), then the optimizer at the schedule's lr; a
@@ -343,11 +355,7 @@ rt_status rt_run_train_step(run *r, const rt_batch *b, double data_ms, int64_t e
     rt_stream *st = r->ctx->stream;
     RT_CHECK(rt_event_record(p->ev[EV_START], st));
     rt_run_test_nan_batch(r, b);
-    if (r->bufs.vals_host) { /* GPU: the flags the step's scalars take along (a graph reads them at its launch) */
-        r->bufs.vals_host->flags[0] = rt_run_stop_signal() ? 1.0f : 0.0f;
-        r->bufs.vals_host->flags[1] = rt_run_flight_signal() ? 1.0f : 0.0f;
-        r->bufs.vals_host->flags[2] = rt_run_minutes_due(r) ? 1.0f : 0.0f;
-    }
+    set_flags(r);
     bool graphed = false;
     rt_reducer_stats rs = {0};
     p->graphed = false;
