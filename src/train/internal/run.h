@@ -177,14 +177,14 @@ typedef struct run {
         char why[256];      /* what the summary says */
     } mon;
 
-    struct run_accum { /* step.c: train.accumulate */
-        int micro;        /* samples per micro-batch on this rank (the whole batch without accumulation) */
-        int count;        /* micro-batches of the step under way (1: the step runs as without accumulation) */
-        float *grads;     /* the earlier micro-batches' gradients, scaled and summed (the gradient arena's size) */
-        float *loss_dev;  /* GPU: 2 floats: the rank's loss so far, the micro-batch's share */
-        float loss;       /* CPU: the rank's loss so far */
-        float share;      /* the micro-batch under way: its samples / the rank's batch (1/K when they are equal) */
-        int mode;         /* how the gradients backward writes are folded in (step.c: fold_mode) */
+    struct run_accum {   /* step.c: train.accumulate */
+        int micro;       /* samples per micro-batch on this rank (the whole batch without accumulation) */
+        int count;       /* micro-batches of the step under way (1: the step runs as without accumulation) */
+        float *grads;    /* the earlier micro-batches' gradients, scaled and summed (the gradient arena's size) */
+        float *loss_dev; /* GPU: 2 floats: the rank's loss so far, the micro-batch's share */
+        float loss;      /* CPU: the rank's loss so far */
+        float share;     /* the micro-batch under way: its samples / the rank's batch (1/K when they are equal) */
+        int mode;        /* how the gradients backward writes are folded in (step.c: fold_mode) */
     } accum;
 
     struct run_graphs { /* graphs.c: train.cuda_graphs */
