@@ -130,7 +130,7 @@ static const key k_keys[] = {
     {"data.batch_size", MATCH, K_INT, F(data.batch_size), 0, 0, "128", 1, 1 << 20, false, NULL, NULL,
      "global batch over all ranks (each rank takes batch_size / world_size)"},
     {"data.eval_batch_size", MAY, K_INT, F(data.eval_batch_size), 0, 0, "auto", 1, 1 << 20, true, NULL, NULL,
-     "global batch for evaluation; auto: batch_size"},
+     "global batch for evaluation; auto: batch_size / train.accumulate"},
     {"data.sampler", MATCH, K_ENUM, F(data.loader.mode), SZ(data.loader.mode), 0, "distributed", 0, 0, false, &rt_sampler_train_mode_names, NULL,
      "distributed (PyTorch's DistributedSampler) or partition (contiguous shards)"},
     {"data.shuffle", MATCH, K_BOOL, F(data.loader.shuffle), 0, 0, "true", 0, 0, false, NULL, NULL,
@@ -217,6 +217,10 @@ static const key k_keys[] = {
      "onecycle: highest momentum"},
     /* train */
     {"train.epochs", MAY, K_INT, F(train.epochs), 0, 0, "1", 0, 1000000, false, NULL, NULL, "passes over the training set"},
+    {"train.accumulate", MAY, K_INT, F(train.accumulate), 0, 0, "1", 1, 1 << 20, false, NULL, NULL,
+     "gradient accumulation: each rank computes its batch as K micro-batches of batch_size / (world_size * K) and "
+     "all-reduces once, during the K-th backward (data.batch_size stays the optimizer step's global batch; may change "
+     "on resume, which keeps the global batch)"},
     {"train.max_steps", MAY, K_INT, F(train.max_steps), 0, 0, "0", 0, I64, false, NULL, NULL,
      "stop after N optimizer steps (0: no limit; smoke runs); auto schedule lengths still fit train.epochs"},
     {"train.eval_every", MAY, K_INT, F(train.eval_every), 0, 0, "1", 0, 1000000, false, NULL, NULL,

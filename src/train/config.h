@@ -138,6 +138,7 @@ typedef struct rt_config {
     struct {
         int64_t epochs;
         int64_t max_steps;  /* 0: no limit */
+        int64_t accumulate; /* micro-batches per optimizer step (1: none; docs/train.md, "Gradient accumulation") */
         int64_t eval_every; /* epochs; 0: only at the end */
         int64_t seed;
         char device[RT_CONFIG_NAME_MAX]; /* auto | cpu | cuda | cuda:N */

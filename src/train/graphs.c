@@ -39,6 +39,13 @@ static bool capturable(const run *r, char *why, size_t n) {
         snprintf(why, n, "the run is on the CPU (train.device)");
         return false;
     }
+    if (r->cfg->train.accumulate > 1) {
+        snprintf(why, n,
+                 "train.accumulate is %lld: a step is that many forwards and backwards with the gradients folded "
+                 "between them, which the step's one forward graph does not hold",
+                 (long long)r->cfg->train.accumulate);
+        return false;
+    }
     if (rt_model_dropout_counters(r->model, NULL, 0) > 0) {
         snprintf(why, n,
                  "the model has dropout, whose mask is drawn from a host counter at each call (a graph would "

@@ -172,12 +172,21 @@ static rt_model_config resolved_model(const rt_config *c, const rt_dataset *ds) 
     return mc;
 }
 
+/* data.eval_batch_size; auto: the global batch of a micro-batch (batch_size / train.accumulate:
+ * evaluation needs no more memory than a training micro-batch) */
+static int64_t eval_global(const rt_config *c) {
+    return c->data.eval_batch_size == RT_CONFIG_AUTO ? c->data.batch_size / c->train.accumulate
+                                                     : c->data.eval_batch_size;
+}
+
 rt_status rt_run_setup_model(run *r) {
     const rt_config *c = r->cfg;
     rt_model_config mc = resolved_model(c, &r->data.train_ds);
-    int per_rank = (int)(c->data.batch_size / r->who.world_size);
-    int64_t eval_global = c->data.eval_batch_size == RT_CONFIG_AUTO ? c->data.batch_size : c->data.eval_batch_size;
-    int eval_per_rank = (int)(eval_global / r->who.world_size);
+    /* the model runs one micro-batch at a time (train.accumulate; the whole rank's batch
+     * without it): its activations are sized for that */
+    int per_rank = (int)(c->data.batch_size / r->who.world_size / c->train.accumulate);
+    r->accum.micro = per_rank;
+    int eval_per_rank = (int)(eval_global(c) / r->who.world_size);
     if (eval_per_rank < 1) eval_per_rank = 1;
     mc.max_batch = per_rank > eval_per_rank ? per_rank : eval_per_rank;
 
@@ -225,8 +234,7 @@ rt_status rt_run_setup_loaders(run *r, bool train) {
     ec.mode = RT_SAMPLER_EVAL;
     ec.world_size = r->who.world_size;
     ec.rank = r->who.rank;
-    int64_t eval_global = c->data.eval_batch_size == RT_CONFIG_AUTO ? c->data.batch_size : c->data.eval_batch_size;
-    int64_t per = eval_global / r->who.world_size;
+    int64_t per = eval_global(c) / r->who.world_size;
     ec.global_batch = (per < 1 ? 1 : per) * r->who.world_size;
     ec.shuffle = false;
     ec.augment = false;

@@ -8,14 +8,104 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/trace.h"
+#include "model/layers.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
+/* ---- train.accumulate (docs/train.md, "Gradient accumulation") ----------------------
+ * A rank's batch of n samples runs as micro-batches of r->accum.micro samples (the last
+ * one shorter in an epoch's short last batch). Backward writes a micro-batch's
+ * gradients (it does not accumulate them), each the mean over the micro-batch's samples;
+ * they are scaled by the micro-batch's share of the rank's batch (len / n: 1/K when the K
+ * micro-batches are equal) as the loss of one batch of n would weigh them, and folded into
+ * r->accum.grads: copied after the first backward, added after the next ones. The last
+ * backward adds the sum into each block's gradients as it is reported, before the block
+ * goes to the reducer, so the buckets, their all-reduces and their overlap with backward
+ * are those of a step without accumulation, once per optimizer step.
+ * The scale is the clipper's (the gradient's x *= coef, on the CPU or the model's stream):
+ * the optimizer area's kernel, reached through its backend table, as src/optim offers no
+ * public scale of its own; a product by a power of two is exact, so with K a power of two
+ * the step's gradient is that of one batch up to the order of the sums. */
+#include "optim/internal/optim_kernels.h"
+
+enum fold_mode { FOLD_NONE, FOLD_SET, FOLD_ADD, FOLD_OUT };
+
+/* Bytes [begin, end) of the gradients of the micro-batch just computed: scaled by its
+ * share, then copied into (FOLD_SET) or added to (FOLD_ADD) the sum, or the sum added
+ * into them (FOLD_OUT: the last micro-batch, whose gradients go on to the reducer). */
+static rt_status fold(run *r, size_t begin, size_t end) {
+    if (r->accum.mode == FOLD_NONE) return RT_OK;
+    float *g = (float *)((char *)rt_model_grads(r->model)->base + begin);
+    float *acc = (float *)((char *)r->accum.grads + begin);
+    size_t n = (end - begin) / sizeof(float);
+    rt_stream *st = r->ctx->stream;
+    if (r->accum.share != 1.0f) RT_CHECK(r->upd.clip.backend->scale(&r->upd.clip, g, n, r->accum.share, st));
+    if (r->accum.mode == FOLD_SET) return rt_memcpy(acc, r->dev, g, r->dev, end - begin, st);
+    if (r->accum.mode == FOLD_ADD) return rt_add_backward(r->ctx, n, g, acc);
+    return rt_add_backward(r->ctx, n, acc, g);
+}
+
+/* The micro-batch's loss (a mean over its samples) times its share, added to the rank's
+ * loss of the step: on the host on the CPU, on the model's stream on a GPU (no host
+ * wait); the same float arithmetic on both. */
+static rt_status fold_loss(run *r, bool first) {
+    if (!rt_device_is_cuda(r->dev)) {
+        float lf;
+        RT_CHECK(rt_model_loss_value(r->model, &lf));
+        float part = lf * r->accum.share;
+        r->accum.loss = first ? part : r->accum.loss + part;
+        return RT_OK;
+    }
+    rt_stream *st = r->ctx->stream;
+    float *dst = r->accum.loss_dev + (first ? 0 : 1);
+    RT_CHECK(rt_memcpy(dst, r->dev, rt_model_loss_ptr(r->model), r->dev, sizeof(float), st));
+    RT_CHECK(r->upd.clip.backend->scale(&r->upd.clip, dst, 1, r->accum.share, st));
+    return first ? RT_OK : rt_add_backward(r->ctx, 1, dst, r->accum.loss_dev);
+}
+
+/* The rank's loss of the step, as the host knows it (CPU; a GPU reads it back: only the
+ * non-finite step's diagnosis does) */
+static rt_status own_loss(run *r, float *out) {
+    if (r->accum.count == 1) return rt_model_loss_value(r->model, out);
+    if (!rt_device_is_cuda(r->dev)) return *out = r->accum.loss, RT_OK;
+    RT_CHECK(rt_memcpy(out, rt_device_cpu(), r->accum.loss_dev, r->dev, sizeof(float), r->ctx->stream));
+    return rt_stream_sync(r->ctx->stream);
+}
+
+rt_status rt_run_setup_accum(run *r) {
+    r->accum.count = 1;
+    if (r->cfg->train.accumulate <= 1) return RT_OK;
+    RT_CHECK(rt_malloc(r->dev, rt_model_grads(r->model)->size, (void **)&r->accum.grads));
+    if (rt_device_is_cuda(r->dev)) RT_CHECK(rt_malloc(r->dev, 2 * sizeof(float), (void **)&r->accum.loss_dev));
+    return RT_OK;
+}
+
+void rt_run_free_accum(run *r) {
+    if (r->accum.grads) rt_free(r->dev, r->accum.grads);
+    if (r->accum.loss_dev) rt_free(r->dev, r->accum.loss_dev);
+    r->accum.grads = NULL;
+    r->accum.loss_dev = NULL;
+}
+
+/* A block's gradients are final: with accumulation the earlier micro-batches' sum is
+ * folded in first; then the block goes to the reducer (none with one rank). */
 static rt_status on_grad_ready(void *user, int block, size_t begin, size_t end) {
     (void)block;
     run *r = user;
-    return rt_reducer_ready(r->upd.reducer, begin, end);
+    RT_CHECK(fold(r, begin, end));
+    return r->upd.reducer ? rt_reducer_ready(r->upd.reducer, begin, end) : RT_OK;
+}
+
+/* GPU: the host's flags the step's scalars take along, into pinned memory (a graph reads
+ * them at its launch; an uncaptured step again before its scalars are enqueued, so a
+ * signal during its micro-batches counts in this step, as on the CPU) */
+static void set_flags(run *r) {
+    if (!r->bufs.vals_host) return;
+    r->bufs.vals_host->flags[0] = rt_run_stop_signal() ? 1.0f : 0.0f;
+    r->bufs.vals_host->flags[1] = rt_run_flight_signal() ? 1.0f : 0.0f;
+    r->bufs.vals_host->flags[2] = rt_run_minutes_due(r) ? 1.0f : 0.0f;
 }
 
 /* On a GPU, the device's part of the step's scalars (step_scalars): the loss and the
@@ -27,7 +117,8 @@ static rt_status scalars_enqueue(run *r) {
     float *grads = rt_model_grads(r->model)->base;
     size_t n = rt_model_grads(r->model)->size / sizeof(float);
     float *sc = r->bufs.scratch_dev;
-    RT_CHECK(rt_memcpy(sc, r->dev, rt_model_loss_ptr(r->model), r->dev, sizeof(float), st));
+    const float *loss = r->accum.count > 1 ? r->accum.loss_dev : rt_model_loss_ptr(r->model);
+    RT_CHECK(rt_memcpy(sc, r->dev, loss, r->dev, sizeof(float), st));
     RT_CHECK(rt_memcpy(sc + 1, r->dev, r->bufs.vals_host->flags, rt_device_cpu(), sizeof r->bufs.vals_host->flags, st));
     if (r->pg) {
         rt_request *q = NULL;
@@ -51,7 +142,7 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
     size_t n = rt_model_grads(r->model)->size / sizeof(float);
     if (!rt_device_is_cuda(r->dev)) {
         float lf;
-        RT_CHECK(rt_model_loss_value(r->model, &lf));
+        RT_CHECK(own_loss(r, &lf));
         /* the mean loss; any rank asked to stop; any rank asked for the flight recorder;
          * rank 0's clock asks for a checkpoint (checkpoint.every_minutes) */
         double agree[4] = {lf, rt_run_stop_signal() ? 1.0 : 0.0, rt_run_flight_signal() ? 1.0 : 0.0,
@@ -88,11 +179,14 @@ static rt_status step_scalars(run *r, double *loss, bool *stop, double *norm) {
 static rt_status nonfinite_ranks(run *r, char *who, size_t n) {
     float own = 0;
     double own_norm = 0;
-    RT_CHECK(rt_model_loss_value(r->model, &own)); /* this rank's loss, before the averaging */
+    RT_CHECK(own_loss(r, &own)); /* this rank's loss, before the averaging */
     if (isfinite(own)) {
         float *grads = rt_model_grads(r->model)->base;
         size_t ng = rt_model_grads(r->model)->size / sizeof(float);
-        if (r->pg) RT_CHECK(rt_model_backward(r->model, NULL, NULL));
+        if (r->pg) { /* the last micro-batch's again, with the earlier ones' sum (accum.mode is still FOLD_OUT) */
+            RT_CHECK(rt_model_backward(r->model, NULL, NULL));
+            RT_CHECK(fold(r, 0, rt_model_grads(r->model)->size));
+        }
         RT_CHECK(rt_grad_norm(&r->upd.clip, grads, ng, r->ctx->stream, &own_norm));
     }
     bool bad = !isfinite(own) || !isfinite(own_norm);
@@ -113,20 +207,21 @@ static rt_status nonfinite_ranks(run *r, char *who, size_t n) {
     return RT_OK;
 }
 
-/* The batch where the model reads it: on a GPU copied to the device buffers, after which
- * the loader's pinned slot may be refilled; on the CPU the loader's own buffers. */
-static rt_status step_input(run *r, const rt_batch *b, bool capture, const float **x, const int64_t **y) {
-    *x = b->images;
-    *y = b->labels;
+/* Samples [lo, lo + n) of the batch where the model reads them: on a GPU copied to the
+ * device buffers, after which (unless `keep`) the loader's pinned slot may be refilled;
+ * on the CPU the loader's own buffers. */
+static rt_status step_input(run *r, const rt_batch *b, int lo, int n, bool keep, const float **x, const int64_t **y) {
+    size_t img = rt_dataset_image_bytes(&r->data.train_ds);
+    *x = b->images + img * (size_t)lo;
+    *y = b->labels + lo;
     if (!rt_device_is_cuda(r->dev)) return RT_OK;
     rt_stream *st = r->ctx->stream;
-    size_t img = rt_dataset_image_bytes(&r->data.train_ds);
-    RT_CHECK(rt_memcpy(r->bufs.x_dev, r->dev, b->images, rt_device_cpu(), sizeof(float) * img * (size_t)b->size, st));
-    RT_CHECK(rt_memcpy(r->bufs.label_dev, r->dev, b->labels, rt_device_cpu(), sizeof(int64_t) * (size_t)b->size, st));
+    RT_CHECK(rt_memcpy(r->bufs.x_dev, r->dev, *x, rt_device_cpu(), sizeof(float) * img * (size_t)n, st));
+    RT_CHECK(rt_memcpy(r->bufs.label_dev, r->dev, *y, rt_device_cpu(), sizeof(int64_t) * (size_t)n, st));
     /* the pinned slot is refilled only after these copies ran, not when the host
      * asks for the next batch (the copies may not have started by then); a captured
      * copy runs at the launch, after which the caller releases the slot */
-    if (!capture) RT_CHECK(rt_loader_release_after(r->data.train_loader, b, st));
+    if (!keep) RT_CHECK(rt_loader_release_after(r->data.train_loader, b, st));
     *x = r->bufs.x_dev;
     *y = r->bufs.label_dev;
     return RT_OK;
@@ -137,14 +232,33 @@ static rt_status mark(rt_event *e, rt_stream *st, bool capture) {
     return capture ? rt_event_record_node(e, st) : rt_event_record(e, st);
 }
 
-/* Forward, loss and backward (the buckets go to the reducer as backward writes them),
- * then the wait for the gradients' all-reduce; an event at each stage's end. */
+/* A micro-batch that is not the step's last (train.accumulate): forward, loss, backward
+ * without the reducer, its gradients folded into the sum. */
+static rt_status micro_backward(run *r, const float *x, const int64_t *y, int n, bool first) {
+    uint64_t t = rt_trace_now();
+    RT_CHECK(rt_model_forward(r->model, x, n, true));
+    RT_CHECK(rt_model_loss(r->model, y));
+    RT_CHECK(fold_loss(r, first));
+    rt_trace_end(RT_TRACK_MAIN, "forward", t);
+    t = rt_trace_now();
+    RT_CHECK(rt_model_backward(r->model, NULL, NULL));
+    r->accum.mode = first ? FOLD_SET : FOLD_ADD;
+    RT_CHECK(fold(r, 0, rt_model_grads(r->model)->size));
+    rt_trace_end(RT_TRACK_MAIN, "backward", t);
+    return RT_OK;
+}
+
+/* Forward, loss and backward (the buckets go to the reducer as backward writes them,
+ * with the earlier micro-batches' gradients folded in), then the wait for the gradients'
+ * all-reduce; an event at each stage's end. */
 static rt_status forward_backward(run *r, rt_event *const *ev, bool capture, const float *x, const int64_t *y, int n,
                                   rt_reducer_stats *rs) {
     rt_stream *st = r->ctx->stream;
     uint64_t t = rt_trace_now();
+    bool accumulated = r->accum.count > 1;
     RT_CHECK(rt_model_forward(r->model, x, n, true));
     RT_CHECK(rt_model_loss(r->model, y));
+    if (accumulated) RT_CHECK(fold_loss(r, false));
     RT_CHECK(mark(ev[EV_FWD], st, capture));
     rt_trace_end(RT_TRACK_MAIN, "forward", t);
     t = rt_trace_now();
@@ -152,7 +266,8 @@ static rt_status forward_backward(run *r, rt_event *const *ev, bool capture, con
         RT_CHECK(rt_reducer_begin(r->upd.reducer));
         rt_run_test_bucket_fault(r);
     }
-    RT_CHECK(rt_model_backward(r->model, r->upd.reducer ? on_grad_ready : NULL, r));
+    r->accum.mode = accumulated ? FOLD_OUT : FOLD_NONE;
+    RT_CHECK(rt_model_backward(r->model, r->upd.reducer || accumulated ? on_grad_ready : NULL, r));
     RT_CHECK(mark(ev[EV_BWD], st, capture));
     rt_trace_end(RT_TRACK_MAIN, "backward", t);
     *rs = (rt_reducer_stats){0};
@@ -165,16 +280,41 @@ static rt_status forward_backward(run *r, rt_event *const *ev, bool capture, con
     return mark(ev[EV_COMM], st, capture);
 }
 
+/* The step's tag in flight files and hang/desync diagnoses: "step S", and with
+ * train.accumulate "step S micro i/K" during micro-batch i (i >= 0). */
+static void tag_step(run *r, int i) {
+    char tag[48];
+    int n = snprintf(tag, sizeof tag, "step %lld", (long long)r->step + 1);
+    if (i >= 0) snprintf(tag + n, sizeof tag - (size_t)n, " micro %d/%d", i + 1, r->accum.count);
+    rt_pg_set_tag(r->pg, tag);
+}
+
 rt_status rt_run_step_work(run *r, const rt_batch *b, rt_event *const *ev, bool capture, rt_reducer_stats *rs) {
     rt_stream *st = r->ctx->stream;
-    uint64_t t = rt_trace_now();
-    const float *x;
-    const int64_t *y;
-    RT_CHECK(step_input(r, b, capture, &x, &y));
-    RT_CHECK(mark(ev[EV_H2D], st, capture));
-    rt_trace_end(RT_TRACK_MAIN, "h2d", t);
-    RT_CHECK(forward_backward(r, ev, capture, x, y, b->size, rs));
-    return rt_device_is_cuda(r->dev) ? scalars_enqueue(r) : RT_OK;
+    const int m = r->accum.micro, count = (b->size + m - 1) / m; /* 1 without accumulation */
+    r->accum.count = count;
+    const float *x = NULL;
+    const int64_t *y = NULL;
+    for (int i = 0; i < count; i++) {
+        int lo = i * m, n = b->size - lo < m ? b->size - lo : m;
+        bool last = i + 1 == count;
+        if (count > 1) {
+            tag_step(r, i);
+            /* a signal between micro-batches is acted on after the step's optimizer update */
+            rt_run_test_signal_at(r, "micro", r->step * r->cfg->train.accumulate + i + 1);
+        }
+        r->accum.share = count > 1 ? (float)((double)n / b->size) : 1.0f;
+        uint64_t t = rt_trace_now();
+        RT_CHECK(step_input(r, b, lo, n, capture || !last, &x, &y));
+        if (i == 0) RT_CHECK(mark(ev[EV_H2D], st, capture));
+        rt_trace_end(RT_TRACK_MAIN, "h2d", t);
+        if (!last) RT_CHECK(micro_backward(r, x, y, n, i == 0));
+    }
+    RT_CHECK(forward_backward(r, ev, capture, x, y, b->size - (count - 1) * m, rs));
+    if (count > 1) tag_step(r, -1); /* the step's scalars */
+    if (!rt_device_is_cuda(r->dev)) return RT_OK;
+    if (!capture) set_flags(r);
+    return scalars_enqueue(r);
 }
 
 /* Clip (the norm is logged either way), then the optimizer at the schedule's lr; a
@@ -207,9 +347,7 @@ static rt_status update(run *r, double loss, double norm, int64_t epoch, bool gr
 
 rt_status rt_run_train_step(run *r, const rt_batch *b, double data_ms, int64_t epoch) {
     const rt_config *c = r->cfg;
-    char tag[32]; /* the step in flight files and hang/desync diagnoses */
-    snprintf(tag, sizeof tag, "step %lld", (long long)r->step + 1);
-    rt_pg_set_tag(r->pg, tag);
+    tag_step(r, -1);
     pending *p = &r->log.pend[r->step % 2];
     RT_CHECK(rt_run_complete(r, p, true)); /* two steps back (the older pending record): surely done */
     r->log.cur = p;
@@ -217,11 +355,7 @@ rt_status rt_run_train_step(run *r, const rt_batch *b, double data_ms, int64_t e
     rt_stream *st = r->ctx->stream;
     RT_CHECK(rt_event_record(p->ev[EV_START], st));
     rt_run_test_nan_batch(r, b);
-    if (r->bufs.vals_host) { /* GPU: the flags the step's scalars take along (a graph reads them at its launch) */
-        r->bufs.vals_host->flags[0] = rt_run_stop_signal() ? 1.0f : 0.0f;
-        r->bufs.vals_host->flags[1] = rt_run_flight_signal() ? 1.0f : 0.0f;
-        r->bufs.vals_host->flags[2] = rt_run_minutes_due(r) ? 1.0f : 0.0f;
-    }
+    set_flags(r);
     bool graphed = false;
     rt_reducer_stats rs = {0};
     p->graphed = false;

@@ -47,6 +47,13 @@ rt_status rt_train_check_world(const rt_config *cfg, int64_t world_size) {
                "data.batch_size: %lld is not divisible by the world size %lld (it is the global batch: each rank "
                "takes batch_size / world_size)",
                (long long)cfg->data.batch_size, (long long)world_size);
+    int64_t k = cfg->train.accumulate;
+    RT_REQUIRE(cfg->data.batch_size % (world_size * k) == 0, RT_ERR_INVALID,
+               "data.batch_size %lld with train.accumulate %lld on %lld rank(s): each rank's batch of %lld does not "
+               "split into %lld micro-batches (expected data.batch_size divisible by world_size x train.accumulate = "
+               "%lld)",
+               (long long)cfg->data.batch_size, (long long)k, (long long)world_size,
+               (long long)(cfg->data.batch_size / world_size), (long long)k, (long long)(world_size * k));
     return RT_OK;
 }
 
@@ -88,6 +95,7 @@ void rt_run_free(run *r) {
     if (r->bufs.scratch_dev) rt_free(r->dev, r->bufs.scratch_dev);
     if (r->bufs.vals_host) rt_host_free(r->bufs.vals_host, r->bufs.vals_pinned);
     rt_event_destroy(r->bufs.ev_vals);
+    rt_run_free_accum(r);
     rt_model_destroy(r->model);
     rt_model_ctx_destroy(r->ctx);
     rt_pg_destroy(r->pg);
@@ -125,6 +133,7 @@ static rt_status setup_run(run *r, rt_train_result *res) {
     if (r->ckpt.resumed_from >= 0) RT_CHECK(rt_run_check_in_sync(r, true, "after loading the checkpoint"));
     RT_CHECK(rt_run_setup_reducer(r));
     RT_CHECK(rt_run_setup_events(r));
+    RT_CHECK(rt_run_setup_accum(r));
     return rt_run_setup_graphs(r);
 }
 
@@ -178,12 +187,15 @@ static rt_status open_logs(run *r, int64_t *eval_logged) {
     rt_progress_init(&r->log.progress, r->out, tty, c->log.every_steps, c->train.epochs, r->data.steps_per_epoch,
                      r->data.total_steps, r->step);
     if (is_root(r)) {
-        char devs[32];
+        char devs[32], micro[80] = "";
+        if (c->train.accumulate > 1) /* train.accumulate */
+            snprintf(micro, sizeof micro, " (each rank: %lld micro-batches of %lld)", (long long)c->train.accumulate,
+                     (long long)(c->data.batch_size / r->who.world_size / c->train.accumulate));
         fprintf(r->out,
-                "ringtrain: %s (width %lld) on %s, %d rank(s), global batch %lld, %lld steps/epoch, %lld steps; run "
+                "ringtrain: %s (width %lld) on %s, %d rank(s), global batch %lld%s, %lld steps/epoch, %lld steps; run "
                 "directory %s\n",
                 rt_model_arch_name(c->model.arch), (long long)c->model.width, rt_device_str(r->dev, devs, sizeof devs),
-                r->who.world_size, (long long)c->data.batch_size, (long long)r->data.steps_per_epoch,
+                r->who.world_size, (long long)c->data.batch_size, micro, (long long)r->data.steps_per_epoch,
                 (long long)r->data.total_steps, r->run_dir);
         fflush(r->out);
     }

@@ -179,6 +179,16 @@ typedef struct run {
         char why[256];      /* what the summary says */
     } mon;
 
+    struct run_accum {   /* step.c: train.accumulate */
+        int micro;       /* samples per micro-batch on this rank (the whole batch without accumulation) */
+        int count;       /* micro-batches of the step under way (1: the step runs as without accumulation) */
+        float *grads;    /* the earlier micro-batches' gradients, scaled and summed (the gradient arena's size) */
+        float *loss_dev; /* GPU: 2 floats: the rank's loss so far, the micro-batch's share */
+        float loss;      /* CPU: the rank's loss so far */
+        float share;     /* the micro-batch under way: its samples / the rank's batch (1/K when they are equal) */
+        int mode;        /* how the gradients backward writes are folded in (step.c: fold_mode) */
+    } accum;
+
     struct run_graphs { /* graphs.c: train.cuda_graphs */
         bool on;             /* steps of a full batch are captured, after the warmup */
         int warmup_left;     /* uncaptured steps left before the first capture */
@@ -211,6 +221,8 @@ rt_status rt_run_setup_loaders(run *r, bool train);
 rt_status rt_run_setup_optim(run *r);
 rt_status rt_run_setup_reducer(run *r);
 rt_status rt_run_setup_events(run *r);
+rt_status rt_run_setup_accum(run *r); /* step.c: train.accumulate's buffers */
+void rt_run_free_accum(run *r);
 
 /* loop.c: the epochs from where the run starts; the last evaluation's results (loss NaN
  * when no evaluation ran) and the epoch reached */
