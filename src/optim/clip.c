@@ -52,6 +52,11 @@ rt_status rt_grad_clip_norm(rt_grad_clip *c, float *grads, size_t n, double max_
     return rt_grad_clip_apply(c, grads, n, max_norm, norm, stream, out);
 }
 
+rt_status rt_grad_scale(rt_grad_clip *c, float *x, size_t n, float coef, rt_stream *stream) {
+    RT_REQUIRE(c != NULL && c->backend != NULL, RT_ERR_INVALID, "optim: gradient clip state not initialised");
+    return c->backend->scale(c, x, n, coef, stream);
+}
+
 rt_status rt_grad_clip_apply(rt_grad_clip *c, float *grads, size_t n, double max_norm, double norm, rt_stream *stream,
                              rt_grad_stats *out) {
     RT_REQUIRE(out != NULL, RT_ERR_INVALID, "optim: stats is NULL");

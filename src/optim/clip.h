@@ -55,6 +55,10 @@ rt_status rt_grad_sumsq_async(rt_grad_clip *c, const float *grads, size_t n, rt_
 rt_status rt_grad_clip_apply(rt_grad_clip *c, float *grads, size_t n, double max_norm, double norm, rt_stream *stream,
                              rt_grad_stats *out);
 
+/* x[0..n) *= coef on c's device, enqueued on stream (the CPU: at once): the kernel
+ * clipping uses, for other scalings of gradients (train.accumulate's 1/K shares). */
+rt_status rt_grad_scale(rt_grad_clip *c, float *x, size_t n, float coef, rt_stream *stream);
+
 #ifdef __cplusplus
 }
 #endif

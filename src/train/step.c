@@ -28,7 +28,6 @@
  * the optimizer area's kernel, reached through its backend table, as src/optim offers no
  * public scale of its own; a product by a power of two is exact, so with K a power of two
  * the step's gradient is that of one batch up to the order of the sums. */
-#include "optim/internal/optim_kernels.h"
 
 enum fold_mode { FOLD_NONE, FOLD_SET, FOLD_ADD, FOLD_OUT };
 
@@ -41,7 +40,7 @@ static rt_status fold(run *r, size_t begin, size_t end) {
     float *acc = (float *)((char *)r->accum.grads + begin);
     size_t n = (end - begin) / sizeof(float);
     rt_stream *st = r->ctx->stream;
-    if (r->accum.share != 1.0f) RT_CHECK(r->upd.clip.backend->scale(&r->upd.clip, g, n, r->accum.share, st));
+    if (r->accum.share != 1.0f) RT_CHECK(rt_grad_scale(&r->upd.clip, g, n, r->accum.share, st));
     if (r->accum.mode == FOLD_SET) return rt_memcpy(acc, r->dev, g, r->dev, end - begin, st);
     if (r->accum.mode == FOLD_ADD) return rt_add_backward(r->ctx, n, g, acc);
     return rt_add_backward(r->ctx, n, acc, g);
@@ -61,7 +60,7 @@ static rt_status fold_loss(run *r, bool first) {
     rt_stream *st = r->ctx->stream;
     float *dst = r->accum.loss_dev + (first ? 0 : 1);
     RT_CHECK(rt_memcpy(dst, r->dev, rt_model_loss_ptr(r->model), r->dev, sizeof(float), st));
-    RT_CHECK(r->upd.clip.backend->scale(&r->upd.clip, dst, 1, r->accum.share, st));
+    RT_CHECK(rt_grad_scale(&r->upd.clip, dst, 1, r->accum.share, st));
     return first ? RT_OK : rt_add_backward(r->ctx, 1, dst, r->accum.loss_dev);
 }
 
