@@ -25,6 +25,7 @@ tmp=$(mktemp -d /tmp/rt-bench-syncbn-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 printf 'model:\n  arch: resnet18\n' >"$tmp/c.yaml"
 
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
 runs=""
 for w in $widths; do
   for r in $(seq 1 "$reps"); do
@@ -38,7 +39,8 @@ for w in $widths; do
   done
 done
 
-/usr/bin/python3 - "$out" "$batch" "$steps" "$warm" "$(git rev-parse HEAD)" "$("$bin" info --json)" <<PY
+load1=$(cut -d' ' -f1-3 /proc/loadavg)
+/usr/bin/python3 - "$out" "$batch" "$steps" "$warm" "$(git rev-parse HEAD)" "$("$bin" info --json)" "$load0" "$load1" <<PY
 import json, statistics, sys
 out, batch, steps, warm, commit, info = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6])
 runs = [l.split() for l in """$runs""".strip().splitlines()]
@@ -59,7 +61,8 @@ for w in sorted({r["width"] for r in rows}):
                     "ratio_on_off_per_pair": pairs, "ratio_median": statistics.median(pairs)})
 doc = {"bench": "syncbn", "what": "CPU training step, resnet18 1x28x28 imagenet stem, 2 ranks x 1 thread over shm, "
        "model.sync_bn off vs on (alternated)", "global_batch": batch, "steps": steps, "warmup_steps_dropped": warm,
-       "commit": commit, "info": info, "runs": rows, "summary": summary}
+       "commit": commit, "info": info, "loadavg_before_after": [sys.argv[7], sys.argv[8]],
+       "note": "${NOTE:-}", "runs": rows, "summary": summary}
 json.dump(doc, open(out, "w"), indent=1)
 print("width | step ms off | step ms on | on/off (median of %d pairs)" % len(summary[0]["ratio_on_off_per_pair"]))
 for s in summary:
