@@ -359,8 +359,8 @@ static rt_status bn_forward_plain(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, c
 rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
     RT_CHECK(bn_forward_check(l, n, x, y, training));
     OPS(ctx, batchnorm2d_forward);
-    TIMED(ctx, bn_forward_plain(ctx, l, n, x, y, training), l, "batchnorm2d", RT_PROF_FORWARD, (size_t)n, 0,
-          BN_SHAPE, BN_ARGS(l, n));
+    TIMED(ctx, bn_forward_plain(ctx, l, n, x, y, training), l, "batchnorm2d", RT_PROF_FORWARD, (size_t)n, 0, BN_SHAPE,
+          BN_ARGS(l, n));
 }
 
 rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,

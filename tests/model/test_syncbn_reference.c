@@ -29,10 +29,10 @@ typedef struct sb_case {
     bool res, relu;
 } sb_case;
 static const sb_case k_cases[] = {
-    {{3, 2}, 5, 3, 3, true, true},     /* row path, fused add + relu, unequal batches */
-    {{2, 2}, 3, 17, 17, true, false},  /* plane path, the residual alone */
-    {{4, 1}, 4, 5, 5, false, true},    /* relu alone */
-    {{1, 3}, 2, 4, 4, false, false},   /* the plain layer */
+    {{3, 2}, 5, 3, 3, true, true},    /* row path, fused add + relu, unequal batches */
+    {{2, 2}, 3, 17, 17, true, false}, /* plane path, the residual alone */
+    {{4, 1}, 4, 5, 5, false, true},   /* relu alone */
+    {{1, 3}, 2, 4, 4, false, false},  /* the plain layer */
 };
 #define N_CASES (int)(sizeof k_cases / sizeof k_cases[0])
 

@@ -103,8 +103,8 @@ static void test_sync_bn_equals_global_batch(void **state) {
     run(&sync, 2);
     run(&local, 2);
     double moved = rel_err("one", "frozen"), e = rel_err("one", "sync"), e_local = rel_err("one", "local");
-    printf("5 steps moved the state by %.3g; 2 ranks with sync_bn differ from 1 rank by %.3g, without by %.3g\n",
-           moved, e, e_local);
+    printf("5 steps moved the state by %.3g; 2 ranks with sync_bn differ from 1 rank by %.3g, without by %.3g\n", moved,
+           e, e_local);
     if (!(moved > 1e-3)) fail_msg("training did not move the state (%.3g): the comparison would be vacuous", moved);
     if (!(e < 1e-5)) fail_msg("2 ranks with model.sync_bn differ from 1 rank by %.3g (expected < 1e-5)", e);
     if (!(e_local > 100 * e && e_local > 1e-4))

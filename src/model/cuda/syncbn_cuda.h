@@ -15,9 +15,8 @@ extern "C" {
 cudaError_t rt_cuk_syncbn_stats(cudaStream_t s, int n, int c, int plane, const float *x, double *sums);
 /* the statistics from every rank's sums: save_mean, save_invstd, the running statistics
  * (momentum, unbiased variance) and num_batches_tracked + 1 */
-cudaError_t rt_cuk_syncbn_finish(cudaStream_t s, int c, float eps, float momentum, const double *sums,
-                                 float *save_mean, float *save_invstd, float *running_mean, float *running_var,
-                                 int64_t *tracked);
+cudaError_t rt_cuk_syncbn_finish(cudaStream_t s, int c, float eps, float momentum, const double *sums, float *save_mean,
+                                 float *save_invstd, float *running_mean, float *running_var, int64_t *tracked);
 /* y = relu?(x * a + b + residual?), a = gamma invstd, b = beta - mean a */
 cudaError_t rt_cuk_syncbn_apply(cudaStream_t s, int n, int c, int plane, const float *x, const float *residual,
                                 const float *mean, const float *invstd, const float *gamma, const float *beta, float *y,
