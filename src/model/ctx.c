@@ -74,6 +74,7 @@ void rt_model_ctx_destroy(rt_model_ctx *ctx) {
     if (ctx->stream) (void)rt_stream_sync(ctx->stream);
     if (ctx->ops && ctx->ops->ctx_release && ctx->backend) ctx->ops->ctx_release(ctx);
     rt_free(ctx->device, ctx->work);
+    rt_free(ctx->device, ctx->bn_sync_buf);
     if (ctx->stream) rt_stream_destroy(ctx->stream);
     free(ctx->conv_preset);
     free(ctx->conv_chosen);
@@ -110,6 +111,29 @@ rt_status rt_model_ctx_reserve(rt_model_ctx *ctx, size_t nbytes) {
     ctx->work_bytes = 0;
     RT_CHECK(rt_malloc(ctx->device, nbytes, &ctx->work));
     ctx->work_bytes = nbytes;
+    return RT_OK;
+}
+
+rt_status rt_model_ctx_set_bn_sync(rt_model_ctx *ctx, const rt_bn_sync *sync, int max_channels) {
+    if (!sync || !sync->all_reduce) {
+        ctx->bn_sync = (rt_bn_sync){0};
+        return RT_OK;
+    }
+    RT_REQUIRE(ctx->ops->batchnorm2d_sync_stats && ctx->ops->batchnorm2d_sync_forward &&
+                   ctx->ops->batchnorm2d_sync_dsums && ctx->ops->batchnorm2d_sync_dx,
+               RT_ERR_UNSUPPORTED, "model.sync_bn: the %s model backend has no synchronised batch norm",
+               ctx->ops->name);
+    RT_REQUIRE(max_channels > 0, RT_ERR_INVALID, "synchronised batch norm for %d channels (expected > 0)",
+               max_channels);
+    if (max_channels > ctx->bn_sync_channels) {
+        RT_CHECK(rt_model_ctx_sync(ctx));
+        rt_free(ctx->device, ctx->bn_sync_buf);
+        ctx->bn_sync_buf = NULL;
+        ctx->bn_sync_channels = 0;
+        RT_CHECK(rt_malloc(ctx->device, sizeof(double) * (2 * (size_t)max_channels + 1), (void **)&ctx->bn_sync_buf));
+        ctx->bn_sync_channels = max_channels;
+    }
+    ctx->bn_sync = *sync;
     return RT_OK;
 }
 

@@ -54,6 +54,20 @@ typedef struct rt_conv_algos {
 
 struct rt_model_backend;
 
+/* Synchronised batch norm (model.sync_bn; docs/model.md, "Synchronised batch norm"): the
+ * sum over the ranks that training batch norm needs for statistics over the global batch
+ * (torch.nn.SyncBatchNorm). The model knows no ranks: whoever runs it (the trainer,
+ * src/train/setup.c) gives it this hook. all_reduce sums `count` doubles at buf (on the
+ * context's device) over every rank in place, the same bits on every rank, and returns
+ * when the caller may go on: on a GPU the sum is ordered after the work enqueued on
+ * `stream` so far and work enqueued there afterwards sees it (no host wait); on the CPU
+ * the sum is done. Every rank calls it in the same order (each training batch norm's
+ * forward and backward). */
+typedef struct rt_bn_sync {
+    rt_status (*all_reduce)(void *user, double *buf, size_t count, rt_stream *stream);
+    void *user;
+} rt_bn_sync;
+
 typedef struct rt_model_ctx {
     rt_device device;
     rt_stream *stream; /* all layer work is enqueued here (CPU: ordering token) */
@@ -68,6 +82,9 @@ typedef struct rt_model_ctx {
     const struct rt_model_backend *ops; /* the backend of `device` */
     void *backend;                      /* backend state: CPU thread pool; cuDNN/cuBLAS handles, ... */
     struct rt_layer_profile *profile;   /* per-layer times (model/profile.h), or NULL: none taken */
+    rt_bn_sync bn_sync;                 /* rt_model_ctx_set_bn_sync: all_reduce NULL = off */
+    double *bn_sync_buf;                /* (2 * bn_sync_channels + 1) doubles on `device` */
+    int bn_sync_channels;
 } rt_model_ctx;
 
 typedef struct rt_model_ctx_options {
@@ -103,6 +120,13 @@ void rt_model_ctx_parallel(void *ctx, int ntasks, void (*fn)(void *arg, int task
 /* Time every layer call from now on into p (model/profile.h), or stop timing (NULL).
  * The profile is the caller's; it must outlive its use here. */
 void rt_model_ctx_set_profile(rt_model_ctx *ctx, struct rt_layer_profile *p);
+
+/* Training batch norm with statistics over every rank's batch from now on, through
+ * sync->all_reduce (see rt_bn_sync), for layers of up to max_channels channels; NULL:
+ * each rank's own batch (the default). Allocates the reduction buffer (setup time only).
+ * RT_ERR_UNSUPPORTED where the backend has no synchronised batch norm. Evaluation always
+ * uses the running statistics and reduces nothing. */
+rt_status rt_model_ctx_set_bn_sync(rt_model_ctx *ctx, const rt_bn_sync *sync, int max_channels);
 
 /* Make sure the workspace holds at least `nbytes` (grows it; only at setup time). */
 rt_status rt_model_ctx_reserve(rt_model_ctx *ctx, size_t nbytes);

@@ -324,23 +324,58 @@ static rt_status bn_backward_check(rt_batchnorm2d *l, int n, const float *x, con
     return need_params(&l->dweight, "batchnorm2d weight gradient");
 }
 
+/* Synchronised batch norm (rt_model_ctx_set_bn_sync): this rank's sums, their sum over
+ * every rank through the hook, then the forward (or dx) from those; the backend's fused
+ * forms are replaced by its sync pieces, which fuse the same residual add and ReLU. */
+static bool bn_synced(const rt_model_ctx *ctx) { return ctx->bn_sync.all_reduce != NULL; }
+
+static rt_status bn_sync_reduce(rt_model_ctx *ctx, rt_batchnorm2d *l) {
+    RT_REQUIRE(l->c <= ctx->bn_sync_channels, RT_ERR_INVALID,
+               "synchronised batchnorm2d of %d channels: the context's buffer holds %d (rt_model_ctx_set_bn_sync)",
+               l->c, ctx->bn_sync_channels);
+    return ctx->bn_sync.all_reduce(ctx->bn_sync.user, ctx->bn_sync_buf, 2 * (size_t)l->c + 1, ctx->stream);
+}
+
+static rt_status bn_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
+                                 float *y, bool relu) {
+    RT_CHECK(ctx->ops->batchnorm2d_sync_stats(ctx, l, n, x, ctx->bn_sync_buf));
+    RT_CHECK(bn_sync_reduce(ctx, l));
+    return ctx->ops->batchnorm2d_sync_forward(ctx, l, n, x, residual, y, relu, ctx->bn_sync_buf);
+}
+
+static rt_status bn_sync_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                  const float *dy, float *dx, bool accumulate) {
+    RT_CHECK(ctx->ops->batchnorm2d_sync_dsums(ctx, l, n, x, act, dy, ctx->bn_sync_buf));
+    RT_CHECK(bn_sync_reduce(ctx, l));
+    return ctx->ops->batchnorm2d_sync_dx(ctx, l, n, x, act, dy, dx, accumulate, ctx->bn_sync_buf);
+}
+
+static rt_status bn_forward_plain(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
+                                  bool training) {
+    if (training && bn_synced(ctx)) return bn_sync_forward(ctx, l, n, x, NULL, y, false);
+    return ctx->ops->batchnorm2d_forward(ctx, l, n, x, y, training);
+}
+
 rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
     RT_CHECK(bn_forward_check(l, n, x, y, training));
     OPS(ctx, batchnorm2d_forward);
-    TIMED(ctx, ctx->ops->batchnorm2d_forward(ctx, l, n, x, y, training), l, "batchnorm2d", RT_PROF_FORWARD, (size_t)n,
-          0, BN_SHAPE, BN_ARGS(l, n));
+    TIMED(ctx, bn_forward_plain(ctx, l, n, x, y, training), l, "batchnorm2d", RT_PROF_FORWARD, (size_t)n, 0, BN_SHAPE,
+          BN_ARGS(l, n));
 }
 
 rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
                                   float *dx, bool accumulate) {
     RT_CHECK(bn_backward_check(l, n, x, dy, dx));
     OPS(ctx, batchnorm2d_backward);
-    TIMED(ctx, ctx->ops->batchnorm2d_backward(ctx, l, n, x, dy, dx, accumulate), l, "batchnorm2d", RT_PROF_BACKWARD,
-          (size_t)n, 0, BN_SHAPE, BN_ARGS(l, n));
+    TIMED(ctx,
+          bn_synced(ctx) ? bn_sync_backward(ctx, l, n, x, NULL, dy, dx, accumulate)
+                         : ctx->ops->batchnorm2d_backward(ctx, l, n, x, dy, dx, accumulate),
+          l, "batchnorm2d", RT_PROF_BACKWARD, (size_t)n, 0, BN_SHAPE, BN_ARGS(l, n));
 }
 
 static rt_status bn_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
                                 float *y, bool training, bool relu) {
+    if (training && bn_synced(ctx)) return bn_sync_forward(ctx, l, n, x, residual, y, relu);
     if (ctx->ops->batchnorm2d_forward_act)
         return ctx->ops->batchnorm2d_forward_act(ctx, l, n, x, residual, y, training, relu);
     const size_t count = (size_t)n * l->c * l->h * l->w;
@@ -362,6 +397,7 @@ rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n
 
 static rt_status bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
                                  float *dy, float *dx, bool accumulate) {
+    if (bn_synced(ctx)) return bn_sync_backward(ctx, l, n, x, act, dy, dx, accumulate);
     if (ctx->ops->batchnorm2d_backward_act)
         return ctx->ops->batchnorm2d_backward_act(ctx, l, n, x, act, dy, dx, accumulate);
     RT_CHECK(rt_relu_backward(ctx, (size_t)n * l->c * l->h * l->w, act, dy, dy));

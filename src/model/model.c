@@ -223,6 +223,18 @@ rt_status rt_model_set_label_smoothing(rt_model *m, double eps) {
 
 double rt_model_label_smoothing(const rt_model *m) { return m ? m->label_smoothing : 0.0; }
 
+rt_status rt_model_set_bn_sync(rt_model *m, const rt_bn_sync *sync) {
+    RT_REQUIRE(m != NULL, RT_ERR_INVALID, "model is NULL");
+    int64_t most = 0; /* the widest batch norm: its weight's length */
+    for (int i = 0; i < m->nparams; i++)
+        if (m->table[i].kind == RT_PARAM_BN_WEIGHT && rt_tensor_numel(&m->table[i].value) > most)
+            most = rt_tensor_numel(&m->table[i].value);
+    if (most == 0) return RT_OK; /* no batch norm (net): nothing to synchronise */
+    rt_status st = rt_model_ctx_set_bn_sync(m->ctx, sync, (int)most);
+    if (st != RT_OK) rt_error_trace(__FILE__, __LINE__, "model.sync_bn");
+    return st;
+}
+
 const float *rt_model_loss_ptr(const rt_model *m) { return m && m->have_loss ? m->loss_dev : NULL; }
 
 void rt_model_note_replayed(rt_model *m, const float *x, int n) {

@@ -150,6 +150,11 @@ rt_status rt_model_loss(rt_model *m, const int64_t *labels);
  * (RT_ERR_UNSUPPORTED for eps > 0). */
 rt_status rt_model_set_label_smoothing(rt_model *m, double eps);
 double rt_model_label_smoothing(const rt_model *m);
+/* Synchronised batch norm (model.sync_bn, torch.nn.SyncBatchNorm; docs/model.md): every
+ * training batch norm's statistics over the batches of all ranks, its backward reduced
+ * the same way, through `sync` (model/ctx.h: rt_bn_sync); NULL turns it off. A model
+ * without batch norm (net) takes it and has nothing to synchronise. */
+rt_status rt_model_set_bn_sync(rt_model *m, const rt_bn_sync *sync);
 rt_status rt_model_loss_value(rt_model *m, float *loss);
 /* The mean loss of the last rt_model_loss where it is computed (device memory on a GPU,
  * valid once the model's stream got there): to read it back without a synchronisation

@@ -120,6 +120,8 @@ static const key k_keys[] = {
      "output classes; auto: the dataset's"},
     {"model.dropout", MATCH, K_FLOAT, F(model.dropout), 0, 0, "auto", 0, 0.999999, true, NULL, NULL,
      "Net's dropout probability; auto: the tutorial's 0.5 (both dropouts)"},
+    {"model.sync_bn", MATCH, K_BOOL, F(sync_bn), 0, 0, "false", 0, 0, false, NULL, NULL,
+     "batch norm with statistics over the global batch (torch.nn.SyncBatchNorm) instead of each rank's"},
     /* data */
     {"data.kind", MATCH, K_ENUM, F(data.kind), SZ(data.kind), 0, "auto", 0, 0, false, &rt_dataset_kind_names, NULL,
      "the dataset's format (auto: detected from the files)"},

@@ -101,6 +101,7 @@ typedef struct rt_config {
      * num_classes RT_CONFIG_AUTO (the dataset's), dropout NaN (the architecture's). The
      * trainer resolves the autos and sets the input shape and max_batch. */
     rt_model_config model;
+    bool sync_bn; /* model.sync_bn: batch-norm statistics over the global batch (SyncBatchNorm) */
     struct {
         rt_dataset_kind kind; /* RT_DATASET_AUTO: detected from the files */
         rt_dataset_label label; /* CIFAR-100: fine (100 classes) or coarse (20) */

@@ -179,6 +179,23 @@ static int64_t eval_global(const rt_config *c) {
                                                      : c->data.eval_batch_size;
 }
 
+/* model.sync_bn: the model's batch norms sum their statistics over the ranks through the
+ * group, queued behind the gradient buckets already started (one group, one order on
+ * every rank). On a GPU the sum runs on the group's stream after the work on the model's
+ * stream and the model's stream waits for it on the device (no host wait; capturable
+ * with nccl, so a captured step holds these sums too); on the CPU it is done on return. */
+static rt_status bn_all_reduce(void *user, double *buf, size_t count, rt_stream *stream) {
+    run *r = user;
+    rt_stream *saved = rt_pg_stream(r->pg);
+    rt_pg_set_stream(r->pg, stream);
+    rt_pg_set_op_tag(r->pg, "sync_bn");
+    rt_request *req = NULL;
+    rt_status st = rt_iall_reduce(r->pg, buf, count, RT_F64, RT_OP_SUM, &req);
+    if (st == RT_OK) st = rt_wait_stream(req, stream);
+    rt_pg_set_stream(r->pg, saved);
+    return st;
+}
+
 rt_status rt_run_setup_model(run *r) {
     const rt_config *c = r->cfg;
     rt_model_config mc = resolved_model(c, &r->data.train_ds);
@@ -199,6 +216,7 @@ rt_status rt_run_setup_model(run *r) {
     }
     RT_CHECK(rt_model_ctx_create(&o, &r->ctx));
     RT_CHECK(create_model(r, &mc));
+    if (c->sync_bn && r->pg) RT_CHECK(rt_model_set_bn_sync(r->model, &(rt_bn_sync){bn_all_reduce, r}));
     RT_CHECK(rt_model_init_weights(r->model, (uint64_t)c->train.seed));
     rt_status ls = rt_model_set_label_smoothing(r->model, c->train.label_smoothing);
     if (ls != RT_OK) return rt_error_trace(__FILE__, __LINE__, "train.label_smoothing"), ls;

@@ -317,6 +317,31 @@ const entry kTable[] = {
          const double n = p.num(0);
          t.rw(1, n), t.fl(n * 3);
      }},
+    /* ---- src/model/cuda/syncbn_cuda.cu (model.sync_bn) ---- */
+    {"syncbn_stats_kernel", 5, [](const params &p, tally &t) { /* (n, c, plane, x, sums) */
+         const double all = p.num(0) * p.num(1) * p.num(2);
+         t.rd(3, all), t.wr(4, 2 * p.num(1) + 1), t.fl(3 * all);
+     }},
+    {"syncbn_finish_kernel", 9, [](const params &p, tally &t) { /* (c, eps, momentum, sums, mean, invstd, rm, rv, nbt) */
+         const double c = p.num(0);
+         t.rd(3, 2 * c + 1), t.wr(4, c), t.wr(5, c), t.rw(6, c), t.rw(7, c), t.rw(8, 1), t.fl(16 * c);
+     }},
+    {"syncbn_apply_kernel", 11, [](const params &p, tally &t) { /* (count, c, plane, x, r, mean, invstd, g, b, y, relu) */
+         const double n = p.num(0), c = p.num(1);
+         t.rd(3, n), t.rd(4, n), t.rd(5, c), t.rd(6, c), t.rd(7, c), t.rd(8, c), t.wr(9, n);
+         t.fl(n * (2 + (p.null(4) ? 0 : 1) + (p.num(10) != 0 ? 1 : 0)));
+     }},
+    {"syncbn_dsums_kernel", 11, [](const params &p, tally &t) { /* (n, c, plane, x, act, dy, mean, invstd, sums, dw, db) */
+         const double all = p.num(0) * p.num(1) * p.num(2), c = p.num(1);
+         t.rd(3, all), t.rd(4, all), t.rd(5, all), t.rd(6, c), t.rd(7, c);
+         t.wr(8, 2 * c + 1), t.wr(9, c), t.wr(10, c), t.fl(4 * all);
+     }},
+    {"syncbn_dx_kernel", 12, [](const params &p, tally &t) { /* (count, c, plane, x, act, dy, mean, invstd, g, sums, dx, acc) */
+         const double n = p.num(0), c = p.num(1);
+         t.rd(3, n), t.rd(4, n), t.rd(5, n), t.rd(6, c), t.rd(7, c), t.rd(8, c), t.rd(9, 2 * c + 1), t.wr(10, n);
+         if (p.num(11) != 0) t.rd(10, n), t.fl(n);
+         t.fl(6 * n);
+     }},
 };
 
 const std::unordered_map<std::string, const entry *> &index_of_table(void) {

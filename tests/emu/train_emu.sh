@@ -16,6 +16,10 @@
 #   compress  dist.compress bf16 (issue 22, item 4): the Net on 2 GPUs (nccl) and on 1 GPU
 #           (staging) bit for bit, the ranks compared every step; against the CPU run with
 #           the same compression (20x closer to it than compression moves the CPU run)
+#   syncbn  model.sync_bn (the statistics' and the backward's all-reduces on the model's
+#           stream): the ResNet on 2 GPUs (nccl, random stream delays, the step captured in
+#           CUDA graphs) against the CPU's 2 synchronised ranks, within the ResNet's
+#           tolerance; 2 ranks on 1 GPU (staging) bit for bit against the nccl run
 #   syncs   host synchronisations per training step in steady state
 #   nonfinite  a NaN in one rank's batch: every rank names that rank; skipped, GPU = CPU
 #   recipes the training recipes of issue 23 on 2 GPUs against the CPU: Net with Adadelta
@@ -138,6 +142,18 @@ nccl)
   train res-gpu "${resnet[@]}" train.device=cuda dist.nproc=2
   compare_runs res-gpu res-cpu "ResNet: 2 ranks on 2 emulated GPUs differ from the CPU run" res-cpu2
   echo "ok: 2 ranks on 2 GPUs over NCCL = the CPU run ($(final_acc net-gpu) vs $(final_acc net-cpu))"
+  ;;
+syncbn)
+  sb=("${resnet[@]}" model.sync_bn=true dist.nproc=2)
+  train sb-cpu "${sb[@]}" train.device=cpu
+  RINGTRAIN_CONV=im2col train sb-cpu2 "${sb[@]}" train.device=cpu
+  RINGTRAIN_LOG_LEVEL=debug RINGTRAIN_EMU_DELAY_US=300 train sb-gpu "${sb[@]}" train.device=cuda
+  grep -q "transport nccl" "$tmp/sb-gpu.err" || fail "the GPU run did not use the nccl transport"
+  grep -q "runs as CUDA graphs" "$tmp/sb-gpu.out" "$tmp/sb-gpu.err" || fail "the sync_bn step was not captured"
+  compare_runs sb-gpu sb-cpu "ResNet with sync_bn: 2 emulated GPUs differ from the CPU run" sb-cpu2
+  CUDA_VISIBLE_DEVICES=0 train sb-gpu1 "${sb[@]}" train.device=cuda
+  compare_runs sb-gpu1 sb-gpu "ResNet with sync_bn: 2 ranks on 1 GPU differ from 2 ranks on 2 GPUs" bit
+  echo "ok: model.sync_bn on 2 GPUs over NCCL (captured) = the CPU run; staging = nccl bit for bit"
   ;;
 shared)
   train gpu2 "${net[@]}" train.device=cuda dist.nproc=2

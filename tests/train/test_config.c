@@ -751,6 +751,22 @@ static void test_env_defaults(void **state) {
     unsetenv("RINGTRAIN_FLIGHT_ENTRIES");
 }
 
+/* model.sync_bn: off by default, a boolean, and it must match on a resume (it changes what a
+ * step computes) */
+static void test_sync_bn_key(void **state) {
+    (void)state;
+    rt_config c;
+    assert_rt_ok(parse(&c, "train:\n  epochs: 1\n"));
+    assert_false(c.sync_bn);
+    assert_rt_ok(parse(&c, "model:\n  sync_bn: true\n"));
+    assert_true(c.sync_bn);
+    assert_rt_ok(rt_config_override(&c, "model.sync_bn=false"));
+    assert_false(c.sync_bn);
+    expect_error(parse(&c, "model:\n  arch: resnet18\n  sync_bn: global\n"), "cfg.yaml:3:", "model.sync_bn",
+                 "not a boolean");
+    assert_int_equal(rt_config_key_resume("model.sync_bn"), RT_KEY_MUST_MATCH);
+}
+
 int main(void) {
     /* the variables that set config keys (rt_config_apply_env): the developer's own must not change the defaults */
     const char *env[] = {"RINGTRAIN_DIST_TIMEOUT", "RINGTRAIN_DIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG",
@@ -766,12 +782,14 @@ int main(void) {
         cmocka_unit_test(test_docs_optim),
         cmocka_unit_test(test_shipped_configs),
         cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_cudnn_benchmark), cmocka_unit_test(test_data_label),
+        cmocka_unit_test(test_cudnn_benchmark),
+        cmocka_unit_test(test_data_label),
         cmocka_unit_test(test_string_list),
         cmocka_unit_test(test_env_defaults),
         cmocka_unit_test(test_key_resume),
         cmocka_unit_test(test_docs_checkpoint_column),
         cmocka_unit_test(test_docs_checkpoints),
+        cmocka_unit_test(test_sync_bn_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

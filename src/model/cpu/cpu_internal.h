@@ -91,6 +91,14 @@ rt_status rt_cpu_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, i
                                          const float *residual, float *y, bool training, bool relu);
 rt_status rt_cpu_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
                                           const float *dy, float *dx, bool accumulate);
+/* synchronised batch norm's pieces (internal/backend.h) */
+rt_status rt_cpu_batchnorm2d_sync_stats(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, double *sums);
+rt_status rt_cpu_batchnorm2d_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
+                                          const float *residual, float *y, bool relu, const double *sums);
+rt_status rt_cpu_batchnorm2d_sync_dsums(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                        const float *dy, double *sums);
+rt_status rt_cpu_batchnorm2d_sync_dx(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                     const float *dy, float *dx, bool accumulate, const double *sums);
 rt_status rt_cpu_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y);
 rt_status rt_cpu_relu_backward(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx);
 rt_status rt_cpu_maxpool2d_prepare(rt_model_ctx *ctx, rt_maxpool2d *l, int max_n);

@@ -52,7 +52,21 @@ typedef struct bn_job {
     const float *x, *dy, *res, *act;
     float *y, *dx;
     bool training, accumulate, relu;
+    double m;           /* values per channel the statistics are over: n*h*w, or every rank's */
+    double *sums_out;   /* synchronised batch norm: this rank's sums go here, no output */
+    const double *sums; /* synchronised batch norm: every rank's sums instead of this rank's */
 } bn_job;
+
+/* Synchronised batch norm: channel c's sums (s, ss) are every rank's when J->sums is given;
+ * with J->sums_out this rank's are written there instead and the caller stops (true). */
+static bool bn_take_sums(const bn_job *J, int c, double *s, double *ss) {
+    const int C = J->l->c;
+    if (J->sums) *s = J->sums[c], *ss = J->sums[C + c];
+    if (!J->sums_out) return false;
+    J->sums_out[c] = *s;
+    J->sums_out[C + c] = *ss;
+    return true;
+}
 
 static inline float bn_grad(const float *dy, const float *act, size_t p) {
     const float d = dy[p];
@@ -111,7 +125,7 @@ static inline void bn_dsums(const float *dy, const float *act, const float *x, f
 static void bn_stats(const bn_job *J, int c, double s, double ss, double *mean, double *invstd) {
     rt_batchnorm2d *l = J->l;
     float *rm = rt_tensor_data(&l->running_mean), *rv = rt_tensor_data(&l->running_var);
-    const double m = (double)J->n * (double)l->h * (double)l->w;
+    const double m = J->m;
     *mean = s / m;
     double var = ss / m - *mean * *mean;
     if (var < 0) var = 0;
@@ -161,7 +175,7 @@ RT_CPU_HOT static void bn_forward_rows(const bn_job *J, int c0, int c1) {
     float a[BN_ROW], b[BN_ROW];
     if (J->training) {
         double s1[BN_ROW] = {0}, s2[BN_ROW] = {0};
-        for (int i = 0; i < J->n; i++) {
+        for (int i = 0; !J->sums && i < J->n; i++) {
             const float *xr = J->x + i * stride + off;
             rt_cpu_prefetch(xr + BN_AHEAD * stride, len * sizeof(float), false);
             RT_IVDEP
@@ -172,13 +186,15 @@ RT_CPU_HOT static void bn_forward_rows(const bn_job *J, int c0, int c1) {
         }
         for (int c = c0; c < c1; c++) {
             double s = 0, ss = 0, mean, invstd;
-            for (size_t p = 0; p < P; p++) {
+            for (size_t p = 0; !J->sums && p < P; p++) {
                 s += s1[(c - c0) * P + p];
                 ss += s2[(c - c0) * P + p];
             }
+            if (bn_take_sums(J, c, &s, &ss)) continue;
             bn_stats(J, c, s, ss, &mean, &invstd);
             bn_affine(J, c, mean, invstd, &a[(c - c0) * P], &b[(c - c0) * P]);
         }
+        if (J->sums_out) return;
     } else {
         for (int c = c0; c < c1; c++) {
             double mean, invstd;
@@ -205,7 +221,8 @@ RT_CPU_HOT static void bn_forward_planes(const bn_job *J, int c0, int c1) {
         double mean, invstd;
         if (J->training) {
             double s = 0, ss = 0;
-            for (int i = 0; i < J->n; i++) bn_sums(J->x + i * stride + (size_t)c * P, P, &s, &ss);
+            for (int i = 0; !J->sums && i < J->n; i++) bn_sums(J->x + i * stride + (size_t)c * P, P, &s, &ss);
+            if (bn_take_sums(J, c, &s, &ss)) continue;
             bn_stats(J, c, s, ss, &mean, &invstd);
         } else {
             bn_eval_stats(J, c, &mean, &invstd);
@@ -257,9 +274,12 @@ static void bn_dfactors(const bn_job *J, int c, double sdy, double sdyx, float *
     const float gamma = ((const float *)rt_tensor_data(&l->weight))[c];
     const double invstd = l->save_invstd[c];
     sdyx *= invstd; /* sum g * xhat */
-    ((float *)rt_tensor_data(&l->dweight))[c] = (float)sdyx;
-    ((float *)rt_tensor_data(&l->dbias))[c] = (float)sdy;
-    const double m = (double)J->n * (double)l->h * (double)l->w;
+    if (!J->sums) { /* every rank's sums (synchronised): this rank's gradients were written with them */
+        ((float *)rt_tensor_data(&l->dweight))[c] = (float)sdyx;
+        ((float *)rt_tensor_data(&l->dbias))[c] = (float)sdy;
+    }
+    if (J->sums_out) return;
+    const double m = J->m;
     *k = (float)(gamma * invstd);
     *mdy = (float)(sdy / m);
     *mu = l->save_mean[c];
@@ -274,7 +294,7 @@ RT_CPU_HOT static void bn_backward_rows(const bn_job *J, int c0, int c1) {
     for (int c = c0; c < c1; c++)
         for (size_t p = 0; p < P; p++) mu[(c - c0) * P + p] = J->l->save_mean[c];
     float gbuf[BN_ROW];
-    for (int i = 0; i < J->n; i++) {
+    for (int i = 0; !J->sums && i < J->n; i++) {
         const size_t o = i * stride + off, ahead = o + BN_AHEAD * stride;
         rt_cpu_prefetch(J->x + ahead, len * sizeof(float), false);
         rt_cpu_prefetch(J->dy + ahead, len * sizeof(float), false);
@@ -289,14 +309,16 @@ RT_CPU_HOT static void bn_backward_rows(const bn_job *J, int c0, int c1) {
     for (int c = c0; c < c1; c++) {
         double sdy = 0, sdyx = 0;
         const size_t o = (size_t)(c - c0) * P;
-        for (size_t p = 0; p < P; p++) {
+        for (size_t p = 0; !J->sums && p < P; p++) {
             sdy += s1[o + p];
             sdyx += s2[o + p];
         }
+        bool out = bn_take_sums(J, c, &sdy, &sdyx);
         bn_dfactors(J, c, sdy, sdyx, &k[o], &mdy[o], &mu[o], &q[o]);
+        if (out) continue;
         for (size_t p = 1; p < P; p++) k[o + p] = k[o], mdy[o + p] = mdy[o], mu[o + p] = mu[o], q[o + p] = q[o];
     }
-    for (int i = 0; i < J->n; i++) {
+    for (int i = 0; !J->sums_out && i < J->n; i++) {
         const size_t o = i * stride + off;
         const float *g = bn_relu_grad(J->dy + o, J->act ? J->act + o : NULL, gbuf, len);
         bn_dx(g, J->x + o, k, mdy, mu, q, J->dx + o, len, J->accumulate);
@@ -309,11 +331,13 @@ RT_CPU_HOT static void bn_backward_planes(const bn_job *J, int c0, int c1) {
     for (int c = c0; c < c1; c++) {
         double sdy = 0, sdyx = 0;
         const float mean = J->l->save_mean[c];
-        for (int i = 0; i < J->n; i++) {
+        for (int i = 0; !J->sums && i < J->n; i++) {
             const size_t o = i * stride + (size_t)c * P;
             bn_dsums(J->dy + o, J->act ? J->act + o : NULL, J->x + o, mean, P, &sdy, &sdyx);
         }
+        bool out = bn_take_sums(J, c, &sdy, &sdyx);
         bn_dfactors(J, c, sdy, sdyx, &k[0], &mdy[0], &mu[0], &q[0]);
+        if (out) continue;
         for (int j = 1; j < BN_LANES; j++) k[j] = k[0], mdy[j] = mdy[0], mu[j] = mu[0], q[j] = q[0];
         for (int i = 0; i < J->n; i++) {
             const size_t o = i * stride + (size_t)c * P;
@@ -349,6 +373,7 @@ static void bn_run(rt_model_ctx *ctx, bn_job *J, rt_threadpool_fn fn) {
 rt_status rt_cpu_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
                                          const float *residual, float *y, bool training, bool relu) {
     bn_job J = {.l = l, .n = n, .x = x, .res = residual, .y = y, .training = training, .relu = relu};
+    J.m = (double)n * l->h * l->w;
     bn_run(ctx, &J, bn_forward_task);
     if (training) ((int64_t *)rt_tensor_data(&l->num_batches_tracked))[0] += 1;
     return RT_OK;
@@ -362,6 +387,7 @@ rt_status rt_cpu_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n
 rt_status rt_cpu_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
                                           const float *dy, float *dx, bool accumulate) {
     bn_job J = {.l = l, .n = n, .x = x, .act = act, .dy = dy, .dx = dx, .accumulate = accumulate};
+    J.m = (double)n * l->h * l->w;
     bn_run(ctx, &J, bn_backward_task);
     return RT_OK;
 }
@@ -369,6 +395,41 @@ rt_status rt_cpu_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, 
 rt_status rt_cpu_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
                                       float *dx, bool accumulate) {
     return rt_cpu_batchnorm2d_backward_act(ctx, l, n, x, NULL, dy, dx, accumulate);
+}
+
+/* Synchronised batch norm (backend.h): the same passes as above, split at the sums. The
+ * statistics of a channel come from the same double sums as the unsynchronised layer's,
+ * so one rank synchronised computes what it computes alone. */
+rt_status rt_cpu_batchnorm2d_sync_stats(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, double *sums) {
+    bn_job J = {.l = l, .n = n, .x = x, .training = true, .sums_out = sums};
+    bn_run(ctx, &J, bn_forward_task);
+    sums[2 * l->c] = (double)n * l->h * l->w;
+    return RT_OK;
+}
+
+rt_status rt_cpu_batchnorm2d_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
+                                          const float *residual, float *y, bool relu, const double *sums) {
+    bn_job J = {.l = l, .n = n, .x = x, .res = residual, .y = y, .training = true, .relu = relu, .sums = sums};
+    J.m = sums[2 * l->c];
+    bn_run(ctx, &J, bn_forward_task);
+    ((int64_t *)rt_tensor_data(&l->num_batches_tracked))[0] += 1;
+    return RT_OK;
+}
+
+rt_status rt_cpu_batchnorm2d_sync_dsums(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                        const float *dy, double *sums) {
+    bn_job J = {.l = l, .n = n, .x = x, .act = act, .dy = dy, .sums_out = sums};
+    bn_run(ctx, &J, bn_backward_task);
+    sums[2 * l->c] = (double)n * l->h * l->w;
+    return RT_OK;
+}
+
+rt_status rt_cpu_batchnorm2d_sync_dx(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                     const float *dy, float *dx, bool accumulate, const double *sums) {
+    bn_job J = {.l = l, .n = n, .x = x, .act = act, .dy = dy, .dx = dx, .accumulate = accumulate, .sums = sums};
+    J.m = sums[2 * l->c];
+    bn_run(ctx, &J, bn_backward_task);
+    return RT_OK;
 }
 
 /* ---- elementwise: split into blocks of 64 Ki elements ------------------------------ */

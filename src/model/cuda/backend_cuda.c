@@ -23,6 +23,7 @@
  */
 #include "core/log.h"
 #include "model/cuda/cuda_internal.h"
+#include "model/cuda/syncbn_cuda.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -452,4 +453,9 @@ const rt_model_backend rt_model_backend_cuda = {
     .log_softmax_forward = cuda_log_softmax_forward,
     .log_softmax_backward = cuda_log_softmax_backward,
     .nll_loss = cuda_nll_loss,
+    /* synchronised batch norm (syncbn_cuda.c) */
+    .batchnorm2d_sync_stats = rt_cuda_batchnorm2d_sync_stats,
+    .batchnorm2d_sync_forward = rt_cuda_batchnorm2d_sync_forward,
+    .batchnorm2d_sync_dsums = rt_cuda_batchnorm2d_sync_dsums,
+    .batchnorm2d_sync_dx = rt_cuda_batchnorm2d_sync_dx,
 };

@@ -58,6 +58,28 @@ typedef struct rt_model_backend {
     rt_status (*batchnorm2d_backward_act)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
                                           const float *dy, float *dx, bool accumulate);
 
+    /* optional, synchronised batch norm (rt_model_ctx_set_bn_sync; NULL: unsupported), the
+     * pieces layers.c composes around ctx->bn_sync.all_reduce, C = l->c channels:
+     *  sync_stats: this rank's sums[c] = sum x, sums[C + c] = sum x^2 over (n, h, w) and
+     *    sums[2C] = n*h*w, into `sums` (device, doubles);
+     *  sync_forward: the training forward (fused like batchnorm2d_forward_act) with the
+     *    statistics of every rank's sums: mean = S / M, biased var = SS / M - mean^2 for
+     *    normalising, save_mean/save_invstd, running_var from the unbiased M / (M - 1) var,
+     *    num_batches_tracked + 1;
+     *  sync_dsums: with g = dy (taken through the ReLU whose output was act, when act is
+     *    given), this rank's sums[c] = sum g, sums[C + c] = sum g (x - save_mean),
+     *    sums[2C] = n*h*w; writes this rank's dweight = sums[C + c] * save_invstd and dbias =
+     *    sums[c] (the gradient reducer averages them, as DDP does SyncBatchNorm's);
+     *  sync_dx: dx (written or accumulated) from g and every rank's sums:
+     *    dx = gamma invstd (g - S / M - (x - mean) invstd^2 SX / M). */
+    rt_status (*batchnorm2d_sync_stats)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, double *sums);
+    rt_status (*batchnorm2d_sync_forward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
+                                          const float *residual, float *y, bool relu, const double *sums);
+    rt_status (*batchnorm2d_sync_dsums)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                        const float *dy, double *sums);
+    rt_status (*batchnorm2d_sync_dx)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                     const float *dy, float *dx, bool accumulate, const double *sums);
+
     rt_status (*relu_forward)(rt_model_ctx *ctx, size_t count, const float *x, float *y);
     rt_status (*relu_backward)(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx);
 

@@ -1,0 +1,157 @@
+/* Synchronised batch norm's kernels (syncbn_cuda.h): the CPU backend's arithmetic
+ * (src/model/cpu/ops_cpu.c, bn_stats / bn_affine / bn_dfactors), split at the sums that
+ * are all-reduced between the passes. A channel's sums are one block's, in double (the
+ * CPU sums in double too); the elementwise passes read the per-channel factors. Every
+ * launcher enqueues on `s` and returns cudaGetLastError(); none allocates or synchronises. */
+#include "model/cuda/syncbn_cuda.h"
+
+#include <math.h>
+
+#define SB_THREADS 256
+
+static unsigned sb_grid(size_t count) {
+    size_t g = (count + SB_THREADS - 1) / SB_THREADS;
+    if (g > ((size_t)1 << 20)) g = (size_t)1 << 20;
+    return g ? (unsigned)g : 1u;
+}
+
+/* the block's two sums into a[0], b[0] */
+static __device__ void sb_block_sum2(double *a, double *b) {
+    __syncthreads();
+    for (int w = SB_THREADS / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) {
+            a[threadIdx.x] += a[threadIdx.x + w];
+            b[threadIdx.x] += b[threadIdx.x + w];
+        }
+        __syncthreads();
+    }
+}
+
+static __device__ float sb_grad(const float *dy, const float *act, size_t i) {
+    return act ? (act[i] > 0.0f ? dy[i] : 0.0f) : dy[i];
+}
+
+/* block c: sum x, sum x^2 over (n, plane) */
+static __global__ void syncbn_stats_kernel(int n, int c, int plane, const float *x, double *sums) {
+    __shared__ double a[SB_THREADS], b[SB_THREADS];
+    const int ch = blockIdx.x;
+    const size_t m = (size_t)n * plane;
+    double s = 0, ss = 0;
+    for (size_t j = threadIdx.x; j < m; j += blockDim.x) {
+        const double v = x[(j / plane * c + ch) * plane + j % plane];
+        s += v;
+        ss += v * v;
+    }
+    a[threadIdx.x] = s, b[threadIdx.x] = ss;
+    sb_block_sum2(a, b);
+    if (threadIdx.x == 0) {
+        sums[ch] = a[0];
+        sums[c + ch] = b[0];
+        if (ch == 0) sums[2 * c] = (double)m;
+    }
+}
+
+static __global__ void syncbn_finish_kernel(int c, float eps, float momentum, const double *sums, float *save_mean,
+                                            float *save_invstd, float *rm, float *rv, int64_t *tracked) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch == 0) *tracked += 1;
+    if (ch >= c) return;
+    const double m = sums[2 * c], mean = sums[ch] / m;
+    double var = sums[c + ch] / m - mean * mean;
+    if (var < 0) var = 0;
+    save_mean[ch] = (float)mean;
+    save_invstd[ch] = (float)(1.0 / sqrt(var + (double)eps));
+    const double mo = momentum;
+    rm[ch] = (float)((1.0 - mo) * rm[ch] + mo * mean);
+    rv[ch] = (float)((1.0 - mo) * rv[ch] + mo * var * m / (m - 1.0));
+}
+
+static __global__ void syncbn_apply_kernel(size_t count, int c, int plane, const float *x, const float *r,
+                                           const float *mean, const float *invstd, const float *gamma,
+                                           const float *beta, float *y, int relu) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        const int ch = (int)(i / plane % c);
+        const double k = (double)gamma[ch] * invstd[ch];
+        const float a = (float)k, b = (float)(beta[ch] - (double)mean[ch] * k);
+        float v = x[i] * a + b;
+        if (r) v += r[i];
+        y[i] = relu && !(v > 0.0f) ? 0.0f : v;
+    }
+}
+
+/* block c: sum g, sum g (x - mean); this rank's dweight, dbias */
+static __global__ void syncbn_dsums_kernel(int n, int c, int plane, const float *x, const float *act, const float *dy,
+                                           const float *mean, const float *invstd, double *sums, float *dweight,
+                                           float *dbias) {
+    __shared__ double a[SB_THREADS], b[SB_THREADS];
+    const int ch = blockIdx.x;
+    const size_t m = (size_t)n * plane;
+    const float mu = mean[ch];
+    double s = 0, sx = 0;
+    for (size_t j = threadIdx.x; j < m; j += blockDim.x) {
+        const size_t i = (j / plane * c + ch) * plane + j % plane;
+        const float g = sb_grad(dy, act, i);
+        s += g;
+        sx += (double)g * (x[i] - mu);
+    }
+    a[threadIdx.x] = s, b[threadIdx.x] = sx;
+    sb_block_sum2(a, b);
+    if (threadIdx.x == 0) {
+        sums[ch] = a[0];
+        sums[c + ch] = b[0];
+        dweight[ch] = (float)(b[0] * invstd[ch]);
+        dbias[ch] = (float)a[0];
+        if (ch == 0) sums[2 * c] = (double)m;
+    }
+}
+
+static __global__ void syncbn_dx_kernel(size_t count, int c, int plane, const float *x, const float *act,
+                                        const float *dy, const float *mean, const float *invstd, const float *gamma,
+                                        const double *sums, float *dx, int accumulate) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        const int ch = (int)(i / plane % c);
+        const double m = sums[2 * c], is = invstd[ch];
+        const float k = (float)(gamma[ch] * is), mdy = (float)(sums[ch] / m);
+        const float q = (float)is * (float)(sums[c + ch] * is / m);
+        const float v = k * (sb_grad(dy, act, i) - mdy - (x[i] - mean[ch]) * q);
+        dx[i] = accumulate ? dx[i] + v : v;
+    }
+}
+
+extern "C" cudaError_t rt_cuk_syncbn_stats(cudaStream_t s, int n, int c, int plane, const float *x, double *sums) {
+    syncbn_stats_kernel<<<c, SB_THREADS, 0, s>>>(n, c, plane, x, sums);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_syncbn_finish(cudaStream_t s, int c, float eps, float momentum, const double *sums,
+                                            float *save_mean, float *save_invstd, float *running_mean,
+                                            float *running_var, int64_t *tracked) {
+    syncbn_finish_kernel<<<sb_grid((size_t)c), SB_THREADS, 0, s>>>(c, eps, momentum, sums, save_mean, save_invstd,
+                                                                   running_mean, running_var, tracked);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_syncbn_apply(cudaStream_t s, int n, int c, int plane, const float *x,
+                                           const float *residual, const float *mean, const float *invstd,
+                                           const float *gamma, const float *beta, float *y, bool relu) {
+    const size_t count = (size_t)n * c * plane;
+    syncbn_apply_kernel<<<sb_grid(count), SB_THREADS, 0, s>>>(count, c, plane, x, residual, mean, invstd, gamma, beta,
+                                                              y, relu ? 1 : 0);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_syncbn_dsums(cudaStream_t s, int n, int c, int plane, const float *x, const float *act,
+                                           const float *dy, const float *mean, const float *invstd, double *sums,
+                                           float *dweight, float *dbias) {
+    syncbn_dsums_kernel<<<c, SB_THREADS, 0, s>>>(n, c, plane, x, act, dy, mean, invstd, sums, dweight, dbias);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_syncbn_dx(cudaStream_t s, int n, int c, int plane, const float *x, const float *act,
+                                        const float *dy, const float *mean, const float *invstd, const float *gamma,
+                                        const double *sums, float *dx, bool accumulate) {
+    const size_t count = (size_t)n * c * plane;
+    syncbn_dx_kernel<<<sb_grid(count), SB_THREADS, 0, s>>>(count, c, plane, x, act, dy, mean, invstd, gamma, sums, dx,
+                                                           accumulate ? 1 : 0);
+    return cudaGetLastError();
+}

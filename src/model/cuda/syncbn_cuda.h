@@ -1,0 +1,44 @@
+/* Synchronised batch norm on the CUDA backend (model.sync_bn; internal/backend.h, the
+ * batchnorm2d_sync_* entries): the launchers of syncbn_cuda.cu and the table's entries
+ * (syncbn_cuda.c). Kept apart from backend_cuda.c's cuDNN batch norm and its fused
+ * kernels: these passes split at the sums that layers.c all-reduces between them. */
+#ifndef RT_MODEL_CUDA_SYNCBN_H
+#define RT_MODEL_CUDA_SYNCBN_H
+
+#include "model/cuda/cuda_internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* x, dy, act, y, dx (n, c, plane) NCHW; sums (2c + 1) doubles; act NULL: no ReLU mask */
+cudaError_t rt_cuk_syncbn_stats(cudaStream_t s, int n, int c, int plane, const float *x, double *sums);
+/* the statistics from every rank's sums: save_mean, save_invstd, the running statistics
+ * (momentum, unbiased variance) and num_batches_tracked + 1 */
+cudaError_t rt_cuk_syncbn_finish(cudaStream_t s, int c, float eps, float momentum, const double *sums, float *save_mean,
+                                 float *save_invstd, float *running_mean, float *running_var, int64_t *tracked);
+/* y = relu?(x * a + b + residual?), a = gamma invstd, b = beta - mean a */
+cudaError_t rt_cuk_syncbn_apply(cudaStream_t s, int n, int c, int plane, const float *x, const float *residual,
+                                const float *mean, const float *invstd, const float *gamma, const float *beta, float *y,
+                                bool relu);
+/* this rank's sum g, sum g (x - mean), count; dweight, dbias */
+cudaError_t rt_cuk_syncbn_dsums(cudaStream_t s, int n, int c, int plane, const float *x, const float *act,
+                                const float *dy, const float *mean, const float *invstd, double *sums, float *dweight,
+                                float *dbias);
+cudaError_t rt_cuk_syncbn_dx(cudaStream_t s, int n, int c, int plane, const float *x, const float *act, const float *dy,
+                             const float *mean, const float *invstd, const float *gamma, const double *sums, float *dx,
+                             bool accumulate);
+
+rt_status rt_cuda_batchnorm2d_sync_stats(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, double *sums);
+rt_status rt_cuda_batchnorm2d_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
+                                           const float *residual, float *y, bool relu, const double *sums);
+rt_status rt_cuda_batchnorm2d_sync_dsums(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                         const float *dy, double *sums);
+rt_status rt_cuda_batchnorm2d_sync_dx(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
+                                      const float *dy, float *dx, bool accumulate, const double *sums);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
