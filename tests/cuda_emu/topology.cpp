@@ -6,6 +6,8 @@
  *                       (peer access, rank 1, no atomics) or sys (no peer access: the
  *                       path between two sockets; copies take GBPS and US whatever is
  *                       enabled); GBPS its bandwidth in GB/s (1e9 bytes/s), US its latency
+ *   A>B=KIND,GBPS,US    the direction A -> B only (over A-B's numbers for it): an asymmetric
+ *                       link, so that a test tells a matrix from its transpose
  *   host=GBPS,US        each device's link to pinned host memory (default 25,5)
  *   pageable=GBPS,US    copies to and from pageable host memory (default 10,10)
  *   local=GBPS,US       a copy within one device (default 1000,1)
@@ -38,7 +40,8 @@ struct link {
 struct topology {
     bool active = false;
     int physical = 0;
-    std::map<std::pair<int, int>, link> links; /* (min, max) */
+    std::map<std::pair<int, int>, link> links;    /* (min, max) */
+    std::map<std::pair<int, int>, link> directed; /* (from, to): A>B */
     link host{RT_EMU_LINK_NONE, 25.0, 5.0}, pageable{RT_EMU_LINK_NONE, 10.0, 10.0},
         local{RT_EMU_LINK_NONE, 1000.0, 1.0};
 };
@@ -68,10 +71,11 @@ void parse_numbers(const std::string &entry, const char *s, link *l) {
 void parse_link(const std::string &entry, const std::string &key, const std::string &value) {
     char *end;
     long a = strtol(key.c_str(), &end, 10);
-    if (end == key.c_str() || *end != '-') bad(entry, "a link is named A-B");
+    if (end == key.c_str() || (*end != '-' && *end != '>')) bad(entry, "a link is named A-B or A>B");
+    bool one_way = *end == '>';
     const char *bs = end + 1;
     long b = strtol(bs, &end, 10);
-    if (end == bs || *end) bad(entry, "a link is named A-B");
+    if (end == bs || *end) bad(entry, "a link is named A-B or A>B");
     if (a < 0 || b < 0 || a >= T.physical || b >= T.physical)
         rt_emu_fatal("%s: entry '%s': device %ld does not exist (RINGTRAIN_EMU_GPUS=%d: devices 0..%d)", k_env,
                      entry.c_str(), a < 0 || a >= T.physical ? a : b, T.physical, T.physical - 1);
@@ -89,8 +93,9 @@ void parse_link(const std::string &entry, const std::string &key, const std::str
         bad(entry, "the kind must be nvlink, pcie or sys");
     if (comma == std::string::npos) bad(entry, "the kind is followed by ,GBPS,US");
     parse_numbers(entry, value.c_str() + comma + 1, &l);
-    if (!T.links.emplace(std::make_pair((int)(a < b ? a : b), (int)(a < b ? b : a)), l).second)
-        bad(entry, "this pair is listed twice");
+    auto &table = one_way ? T.directed : T.links;
+    auto key2 = one_way ? std::make_pair((int)a, (int)b) : std::make_pair((int)(a < b ? a : b), (int)(a < b ? b : a));
+    if (!table.emplace(key2, l).second) bad(entry, "this pair is listed twice");
 }
 
 void parse_entry(const std::string &entry) {
@@ -109,7 +114,10 @@ void parse_entry(const std::string &entry) {
 
 uint64_t over(const link &l, size_t n) { return (uint64_t)llround(l.us * 1000.0 + (double)n / l.gbps); }
 
+/* the link a -> b: its own direction's entry, else the pair's */
 const link *find(int a, int b) {
+    auto d = T.directed.find(std::make_pair(a, b));
+    if (d != T.directed.end()) return &d->second;
     auto it = T.links.find(std::make_pair(a < b ? a : b, a < b ? b : a));
     return it == T.links.end() ? nullptr : &it->second;
 }
