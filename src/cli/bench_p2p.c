@@ -45,7 +45,7 @@ static void usage(FILE *f) {
                "  --json FILE    write the topology, every matrix and the reading to FILE\n"
                "CPU ranks:\n"
                "  --nproc N      start N local ranks (default 2, at most 16); 0: ranks from the environment\n"
-               "  --transport T  shm | tcp (default shm)\n"
+               "  --transport T  auto | tcp | shm (default shm)\n"
                "  --init METHOD  rendezvous without --nproc (default env://)\n"
                "  --timeout S    dist timeout (default: RINGTRAIN_DIST_TIMEOUT, else 120)\n"
                "\nEvery option takes its value as --opt VALUE or --opt=VALUE.\n");
@@ -285,9 +285,8 @@ static int parse_valued(const char *a, const char *v, opts *o) {
         want = "an integer in 0..16";
         bad = rt_cli_parse_int(v, 0, RT_P2P_MAX, &o->nproc) != 0;
     } else if (strcmp(a, "--transport") == 0) {
-        want = "shm or tcp";
-        bad = rt_transport_parse(v, &o->transport) != RT_OK ||
-              (o->transport != RT_TRANSPORT_SHM && o->transport != RT_TRANSPORT_TCP);
+        want = "a transport that carries host buffers (auto, tcp or shm)";
+        bad = rt_transport_parse(v, &o->transport) != RT_OK || !rt_transport_takes_host(o->transport);
     } else if (strcmp(a, "--init") == 0) {
         o->init = v;
     } else if (strcmp(a, "--json") == 0) {
@@ -302,7 +301,8 @@ static int parse_valued(const char *a, const char *v, opts *o) {
 
 /* 0 ok, 1 help printed, 2 usage error (printed) */
 static int parse_args(int argc, char **argv, opts *o) {
-    *o = (opts){.device = DEV_AUTO, .nproc = 2, .transport = RT_TRANSPORT_SHM, .init = "env://", .timeout_s = 120};
+    *o = (opts){.device = DEV_AUTO, .nproc = 2, .init = "env://", .timeout_s = 120};
+    if (rt_transport_parse("shm", &o->transport) != RT_OK) return 2; /* bench comm's default */
     rt_p2p_options_default(&o->bench);
     if (rt_setting_is_set(RT_SET_DIST_TIMEOUT) && rt_setting_float(RT_SET_DIST_TIMEOUT, &o->timeout_s) != RT_OK) {
         fprintf(stderr, "%s: %s\n", k_prog, rt_error_message());

@@ -258,8 +258,8 @@ static rt_status rank_places(rt_pg *pg, rt_p2p_report *r) {
 }
 
 static void ranks_topology(rt_pg *pg, rt_p2p_report *r) {
-    bool tcp = rt_pg_transport(pg) == RT_TRANSPORT_TCP;
-    snprintf(r->transport, sizeof r->transport, "%s", tcp ? "tcp" : "shm");
+    snprintf(r->transport, sizeof r->transport, "%s", rt_transport_name(rt_pg_transport(pg)));
+    bool tcp = strcmp(r->transport, "tcp") == 0;
     for (int i = 0; i < r->n; i++)
         for (int j = 0; j < r->n; j++) {
             r->link[i][j] = i == j ? RT_P2P_LINK_SELF : tcp ? RT_P2P_LINK_TCP : RT_P2P_LINK_SHM;
