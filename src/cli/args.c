@@ -96,3 +96,23 @@ int rt_cli_check_output(const char *prog, const char *opt, const char *path) {
     fprintf(stderr, "%s: %s %s: cannot write: %s\n", prog, opt, path, strerror(errno));
     return -1;
 }
+
+/* A size in bytes with an optional K/M/G suffix; at most 1 TiB (so the cast below is
+ * defined: inf, nan and 1e30 are refused). */
+int rt_cli_parse_size(const char *s, size_t *out) {
+    char *end;
+    if (!((*s >= '0' && *s <= '9') || *s == '.')) return -1; /* no spaces, signs, inf, nan */
+    double v = strtod(s, &end);
+    if (end == s || !(v >= 0 && v <= 1099511627776.0)) return -1;
+    double mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1024, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || v * mul > 1099511627776.0) return -1;
+    *out = (size_t)(v * mul);
+    return 0;
+}

@@ -6,6 +6,7 @@
 #define RT_CLI_ARGS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* argv[*i] is `name` ("--batch") or "name=VALUE": 1 with *val set (and *i advanced past
@@ -23,6 +24,10 @@ int rt_cli_parse_int(const char *text, int lo, int hi, int *out);
 
 /* A finite decimal number (digits, '.', exponent; no spaces, inf or nan) in lo..hi. */
 int rt_cli_parse_double(const char *text, double lo, double hi, double *out);
+
+/* A size in bytes with an optional K/M/G suffix (powers of 1024) and an optional B:
+ * "8", "4K", "1.5M", "64MB"; at most 1 TiB. 0 ok, -1 refused (nothing printed). */
+int rt_cli_parse_size(const char *text, size_t *out);
 
 /* The output file `path` (given by option `opt`) can be written: created and removed
  * again if it did not exist, opened for writing (not truncated) if it did. On failure

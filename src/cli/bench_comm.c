@@ -30,26 +30,6 @@ typedef struct opts {
     double timeout_s;
 } opts;
 
-/* A size in bytes with an optional K/M/G suffix; at most 1 TiB (so the cast below is
- * defined: inf, nan and 1e30 are refused). */
-static int parse_size(const char *s, size_t *out) {
-    char *end;
-    if (!((*s >= '0' && *s <= '9') || *s == '.')) return -1; /* no spaces, signs, inf, nan */
-    double v = strtod(s, &end);
-    if (end == s || !(v >= 0 && v <= 1099511627776.0)) return -1;
-    double mul = 1;
-    if (*end == 'K' || *end == 'k')
-        mul = 1024, end++;
-    else if (*end == 'M' || *end == 'm')
-        mul = 1024.0 * 1024, end++;
-    else if (*end == 'G' || *end == 'g')
-        mul = 1024.0 * 1024 * 1024, end++;
-    if (*end == 'B' || *end == 'b') end++;
-    if (*end || v * mul > 1099511627776.0) return -1;
-    *out = (size_t)(v * mul);
-    return 0;
-}
-
 static int parse_int(const char *s, long lo, long hi, int *out) { return rt_cli_parse_int(s, (int)lo, (int)hi, out); }
 
 /* "a,b,c" or "all" into a bit mask; each name through the library's parse. */
@@ -249,10 +229,10 @@ static int parse_valued(const char *prog, const char *a, const char *v, opts *o)
         bad = rt_transport_parse(v, &o->transport) != RT_OK || !rt_transport_takes_host(o->transport);
     } else if (strcmp(a, "--min-size") == 0) {
         want = "a size in bytes such as 8, 4K, 1M";
-        bad = parse_size(v, &o->bench.min_size) != 0;
+        bad = rt_cli_parse_size(v, &o->bench.min_size) != 0;
     } else if (strcmp(a, "--max-size") == 0) {
         want = "a size in bytes such as 8, 4K, 1M, at most 4G";
-        bad = parse_size(v, &o->bench.max_size) != 0 || o->bench.max_size > (4ull << 30);
+        bad = rt_cli_parse_size(v, &o->bench.max_size) != 0 || o->bench.max_size > (4ull << 30);
     } else if (strcmp(a, "--collective") == 0) {
         snprintf(want_buf, sizeof want_buf, "a comma-separated list of %s, or all",
                  rt_names_list(&rt_comm_bench_coll_names, names, sizeof names));

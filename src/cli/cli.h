@@ -54,5 +54,6 @@ int rt_cmd_bench_comm(int argc, char **argv);   /* src/cli/bench_comm.c */
 int rt_cmd_bench_loader(int argc, char **argv); /* src/cli/data.c */
 int rt_cmd_bench_model(int argc, char **argv);  /* src/cli/bench_model.c */
 int rt_cmd_bench_peak(int argc, char **argv);   /* src/cli/bench_peak.c */
+int rt_cmd_bench_p2p(int argc, char **argv);    /* src/cli/bench_p2p.c */
 
 #endif

@@ -40,6 +40,8 @@ static const rt_command k_bench[] = {
     {"comm", "collectives: time, algbw, busbw per size and algorithm (nccl-tests style)", rt_cmd_bench_comm},
     {"loader", "data loader throughput (images/s)", rt_cmd_bench_loader},
     {"model", "training-step throughput of a model on this device (images/s)", rt_cmd_bench_model},
+    {"p2p", "copy bandwidth and latency between GPUs / ranks and with the host, with the topology",
+     rt_cmd_bench_p2p},
     {"peak", "this CPU's fp32 and bf16 arithmetic peak (GFLOP/s), measured", rt_cmd_bench_peak},
 };
 

@@ -36,7 +36,7 @@ endfunction()
 
 # the runtime: kernel execution (emu.cpp) and the rest (runtime.cpp)
 rt_emu_lib(rt_emu_cudart ${RT_EMU_DIR}/emu.cpp ${RT_EMU_DIR}/runtime.cpp ${RT_EMU_DIR}/ledger.cpp
-           ${RT_EMU_DIR}/kernel_costs.cpp)
+           ${RT_EMU_DIR}/kernel_costs.cpp ${RT_EMU_DIR}/topology.cpp)
 target_compile_definitions(rt_emu_cudart PUBLIC RT_EMU_FULL_RUNTIME=1)
 # one rounding per source operation, nothing fused (what the kernels' intrinsics mean)
 target_compile_options(rt_emu_cudart PUBLIC -ffp-contract=off)

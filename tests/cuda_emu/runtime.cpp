@@ -34,11 +34,13 @@
  * process exits, and they must find their state intact.
  */
 #ifndef RT_EMU_FULL_RUNTIME
-#error "runtime.cpp is the full emulated runtime: compile it, emu.cpp and every file that includes <cuda_runtime.h> with -DRT_EMU_FULL_RUNTIME"
+#error                                                                                                                 \
+    "runtime.cpp is the full emulated runtime: compile it, emu.cpp and every file that includes <cuda_runtime.h> with -DRT_EMU_FULL_RUNTIME"
 #endif
 
 #include "emu_internal.h"
 #include "core/cost_ledger.h"
+#include "topology.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -56,6 +58,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_set>
 #include <utility>
@@ -83,6 +86,7 @@ struct CUstream_st {
     std::condition_variable work;                   /* the worker waits for operations */
     uint64_t rng;
     capture *cap = nullptr; /* the capture sequence it takes part in, or none */
+    uint64_t vt_ns = 0;     /* its emulated clock (with a topology: topology.h); G.m held */
 };
 
 /* an event: the stream position of its latest record */
@@ -94,6 +98,7 @@ struct CUevent_st {
     unsigned long long seq;
     unsigned long long generation; /* of the latest record */
     uint64_t time_ns;              /* when the worker reached the latest record */
+    uint64_t vt_ns = 0;            /* the stream's emulated clock there (with a topology) */
     /* a record in a capturing stream (the latest record, then): the capture's id, the
      * stream and its position there; 0 when the latest record ran on a stream */
     unsigned long long cap_id = 0;
@@ -120,6 +125,7 @@ struct op {
     const char *what;
     std::vector<dependency> deps;
     unsigned long long seq;
+    uint64_t host_vt = 0; /* the host's emulated time at the call: the op starts no earlier */
 };
 
 struct allocation {
@@ -166,12 +172,19 @@ struct runtime_state {
     std::map<unsigned long long, capture *> captures;              /* active capture sequences, by id */
     unsigned long long capture_serial = 0;
     struct sigaction old_segv;
+    /* the emulated clock (only with RINGTRAIN_EMU_TOPOLOGY, topology.h): the host's time is
+     * the latest stream time it has waited for; copies advance their stream's clock by
+     * their modelled time, event waits carry it across streams, events read it. G.m held. */
+    uint64_t host_vt = 0;
+    std::set<std::pair<int, int>> peers; /* (device, peer): cudaDeviceEnablePeerAccess, physical */
 };
 
 /* never destroyed: workers may outlive main() */
 runtime_state &G = *new runtime_state;
 
 thread_local int t_device = 0;
+thread_local CUstream_st *t_running = nullptr; /* the stream this worker runs */
+thread_local uint64_t t_model_ns = 0;          /* modelled time of the operation running */
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local std::vector<CUstream_st *> *t_per_thread = nullptr; /* cudaStreamPerThread, by device */
 thread_local cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal; /* cudaThreadExchange... */
@@ -297,6 +310,7 @@ void init_once(void) {
         if (c.sync_log_fd < 0) rt_emu_fatal("RINGTRAIN_EMU_SYNC_LOG=%s: %s", log, strerror(errno));
     }
     G.dev.resize(c.visible.size());
+    rt_emu_topo_init(c.physical);
     install_segv_handler();
     atexit(write_stats);
 }
@@ -504,6 +518,7 @@ unsigned long long enqueue_locked(CUstream_st *st, op *o) {
         o->deps.push_back({d.legacy, d.legacy->enqueued});
     }
     o->seq = ++st->enqueued;
+    o->host_vt = G.host_vt;
     st->queue.push_back(o);
     st->work.notify_one();
     return o->seq;
@@ -526,6 +541,7 @@ void delay(CUstream_st *st) {
 }
 
 void worker_main(CUstream_st *st) {
+    t_running = st;
     std::unique_lock<std::mutex> lk(G.m);
     for (;;) {
         st->work.wait(lk, [st] { return !st->queue.empty() || st->destroyed; });
@@ -534,12 +550,15 @@ void worker_main(CUstream_st *st) {
         st->queue.pop_front();
         for (const dependency &d : o->deps)
             G.progress.wait(lk, [&d] { return d.stream->completed >= d.seq; });
+        if (st->vt_ns < o->host_vt) st->vt_ns = o->host_vt;
         lk.unlock();
         delay(st);
         if (o->fn) o->fn(o->arg);
         if (o->cleanup) o->cleanup(o->arg);
         __atomic_add_fetch(&G.ops, 1, __ATOMIC_RELAXED);
         lk.lock();
+        st->vt_ns += t_model_ns;
+        t_model_ns = 0;
         st->completed = o->seq;
         delete o;
         G.progress.notify_all();
@@ -549,6 +568,7 @@ void worker_main(CUstream_st *st) {
 /* block the host until st has completed operation seq. G.m held through lk. */
 void wait_for(std::unique_lock<std::mutex> &lk, CUstream_st *st, unsigned long long seq) {
     G.progress.wait(lk, [st, seq] { return st->completed >= seq; });
+    if (G.host_vt < st->vt_ns) G.host_vt = st->vt_ns;
 }
 
 /* a host synchronisation with every stream of a device (cudaDeviceSynchronize, cudaFree) */
@@ -797,12 +817,14 @@ struct copy_op {
     void *dst;
     const void *src;
     size_t n;
-    void *staging; /* a pageable source, copied at the call */
+    void *staging;     /* a pageable source, copied at the call */
+    uint64_t model_ns; /* its modelled time (with a topology) */
 };
 
 void copy_run(void *p) {
     copy_op *c = static_cast<copy_op *>(p);
     memmove(c->dst, c->staging ? c->staging : c->src, c->n);
+    t_model_ns += c->model_ns;
 }
 
 void copy_free(void *p) {
@@ -812,6 +834,27 @@ void copy_free(void *p) {
 }
 
 bool host_side(place p) { return p == PINNED || p == PAGEABLE; }
+
+/* a copy's end for the topology: the physical device of device memory, or host memory */
+int topo_end(const void *p, place where) {
+    if (where == PINNED) return RT_EMU_HOST_PINNED;
+    if (where == PAGEABLE) return RT_EMU_HOST_PAGEABLE;
+    std::lock_guard<std::mutex> lk(G.mem);
+    allocation *al = find_live(p, 0);
+    return al ? G.cfg.visible[(size_t)al->device] : RT_EMU_HOST_PAGEABLE;
+}
+
+/* the modelled time of a copy (0 without a topology) */
+uint64_t model_ns(const void *dst, place dp, const void *src, place sp, size_t n) {
+    if (!rt_emu_topo_active()) return 0;
+    int d = topo_end(dst, dp), s = topo_end(src, sp);
+    bool peer = false;
+    if (d >= 0 && s >= 0) {
+        std::lock_guard<std::mutex> lk(G.m);
+        peer = G.peers.count({s, d}) || G.peers.count({d, s});
+    }
+    return rt_emu_topo_copy_ns(s, d, n, peer);
+}
 
 /* the checks of a copy's kind against where its operands lie */
 cudaError_t check_kind(cudaMemcpyKind kind, place dst, place src) {
@@ -842,7 +885,7 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuda
     cudaError_t e = check_kind(kind, dp, sp);
     if (e != cudaSuccess) return fail(e);
     if (n == 0) return cudaSuccess;
-    copy_op *c = new copy_op{dview, sview, n, nullptr};
+    copy_op *c = new copy_op{dview, sview, n, nullptr, model_ns(dst, dp, src, sp, n)};
     if (sp == PAGEABLE) {
         c->staging = malloc(n);
         if (!c->staging) rt_emu_fatal("%s: out of host memory for %zu bytes", what, n);
@@ -901,8 +944,26 @@ void record_run(void *p) {
     record_op *r = static_cast<record_op *>(p);
     uint64_t t = now_ns();
     std::lock_guard<std::mutex> lk(G.m);
-    if (r->ev->generation == r->generation) r->ev->time_ns = t;
+    if (r->ev->generation == r->generation) {
+        r->ev->time_ns = t;
+        r->ev->vt_ns = t_running ? t_running->vt_ns + t_model_ns : 0;
+    }
 }
+
+/* cudaStreamWaitEvent's operation: the waiting stream's clock reaches the record's */
+struct wait_op {
+    CUevent_st *ev; /* events are never freed */
+    unsigned long long generation;
+};
+
+void wait_run(void *p) {
+    wait_op *w = static_cast<wait_op *>(p);
+    std::lock_guard<std::mutex> lk(G.m);
+    if (t_running && w->ev->generation == w->generation && t_running->vt_ns < w->ev->vt_ns)
+        t_running->vt_ns = w->ev->vt_ns;
+}
+
+void wait_free(void *p) { delete static_cast<wait_op *>(p); }
 
 void record_free(void *p) { delete static_cast<record_op *>(p); }
 
@@ -1087,6 +1148,60 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
     return cudaSuccess;
 }
 
+/* ---- peer access (answered from the topology, topology.h) ---- */
+
+static bool valid_device(int d) { return d >= 0 && d < device_count(); }
+
+static int physical(int d) { return G.cfg.visible[(size_t)d]; }
+
+cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer) {
+    RT_READY();
+    if (!can) return fail(cudaErrorInvalidValue);
+    if (!valid_device(device) || !valid_device(peer)) return fail(cudaErrorInvalidDevice);
+    *can = device != peer && rt_emu_topo_access(physical(device), physical(peer));
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetP2PAttribute(int *value, enum cudaDeviceP2PAttr attr, int src, int dst) {
+    RT_READY();
+    if (!value) return fail(cudaErrorInvalidValue);
+    if (!valid_device(src) || !valid_device(dst) || src == dst) return fail(cudaErrorInvalidDevice);
+    int a = physical(src), b = physical(dst);
+    switch (attr) {
+    case cudaDevP2PAttrPerformanceRank:
+        *value = rt_emu_topo_rank(a, b);
+        return cudaSuccess;
+    case cudaDevP2PAttrAccessSupported:
+        *value = rt_emu_topo_access(a, b);
+        return cudaSuccess;
+    case cudaDevP2PAttrNativeAtomicSupported:
+        *value = rt_emu_topo_access(a, b) && rt_emu_topo_atomics(a, b);
+        return cudaSuccess;
+    case cudaDevP2PAttrCudaArrayAccessSupported:
+        *value = rt_emu_topo_access(a, b);
+        return cudaSuccess;
+    }
+    return fail(cudaErrorInvalidValue);
+}
+
+/* the calling thread's device may access peer's memory from now on */
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags) {
+    RT_READY();
+    if (flags) return fail(cudaErrorInvalidValue);
+    if (!valid_device(peer) || peer == t_device) return fail(cudaErrorInvalidDevice);
+    int a = physical(t_device), b = physical(peer);
+    if (!rt_emu_topo_access(a, b)) return fail(cudaErrorPeerAccessUnsupported);
+    std::lock_guard<std::mutex> lk(G.m);
+    return G.peers.insert({a, b}).second ? cudaSuccess : fail(cudaErrorPeerAccessAlreadyEnabled);
+}
+
+cudaError_t cudaDeviceDisablePeerAccess(int peer) {
+    RT_READY();
+    if (!valid_device(peer) || peer == t_device) return fail(cudaErrorInvalidDevice);
+    std::lock_guard<std::mutex> lk(G.m);
+    return G.peers.erase({physical(t_device), physical(peer)}) ? cudaSuccess : fail(cudaErrorPeerAccessNotEnabled);
+}
+
 /* ---- memory ---- */
 
 cudaError_t cudaMalloc(void **p, size_t n) {
@@ -1182,6 +1297,15 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     return copy(dst, src, n, kind, s, false, "cudaMemcpyAsync");
 }
 
+/* a copy between two devices' memory: each pointer must lie on the device named for it */
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_device, const void *src, int src_device, size_t n, cudaStream_t s) {
+    RT_READY();
+    if (!valid_device(dst_device) || !valid_device(src_device)) return fail(cudaErrorInvalidDevice);
+    if (n && (rt_emu_ptr_device(dst) != dst_device || rt_emu_ptr_device(src) != src_device))
+        return fail(cudaErrorInvalidValue);
+    return copy(dst, src, n, cudaMemcpyDeviceToDevice, s, false, "cudaMemcpyPeerAsync");
+}
+
 cudaError_t cudaMemset(void *p, int value, size_t n) { return set(p, value, n, cudaStreamLegacy, "cudaMemset"); }
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
@@ -1264,7 +1388,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     CUstream_st *st = resolve(s);
     if (!st || !G.events.count(e)) return fail(cudaErrorInvalidResourceHandle);
     if (st->cap || e->cap_id) return fail(capture_wait(st, e));
-    op *o = new_op("cudaStreamWaitEvent", nullptr, nullptr, nullptr);
+    op *o = new_op("cudaStreamWaitEvent", wait_run, new wait_op{e, e->generation}, wait_free);
     if (e->stream) o->deps.push_back({e->stream, e->seq});
     cudaError_t err = enqueue_or_capture(st, o, nullptr);
     return err == cudaSuccess ? cudaSuccess : fail(err);
@@ -1368,7 +1492,10 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     if (a->cap_id || b->cap_id) return fail(cudaErrorCapturedEvent);
     if (!a->stream || !b->stream) return fail(cudaErrorInvalidResourceHandle); /* never recorded */
     if (!event_complete(a) || !event_complete(b)) return fail(cudaErrorNotReady);
-    *ms = (float)((double)((int64_t)(b->time_ns - a->time_ns)) / 1e6);
+    if (rt_emu_topo_active()) /* the emulated clock: the model's times, exactly */
+        *ms = (float)((double)((int64_t)(b->vt_ns - a->vt_ns)) / 1e6);
+    else
+        *ms = (float)((double)((int64_t)(b->time_ns - a->time_ns)) / 1e6);
     return cudaSuccess;
 }
 
