@@ -52,6 +52,10 @@ static bool capturable(const run *r, char *why, size_t n) {
                  "repeat one mask)");
         return false;
     }
+    if (!r->bufs.vals_pinned) { /* rt_host_alloc fell back to pageable memory */
+        snprintf(why, n, "the step's scalars are in pageable host memory (pinned memory could not be allocated)");
+        return false;
+    }
     if (r->pg && !rt_pg_capturable(r->pg, why, n)) return false;
     return true;
 }

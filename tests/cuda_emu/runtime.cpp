@@ -1253,6 +1253,7 @@ cudaError_t cudaFree(void *p) {
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
     RT_READY();
+    RT_INJECTED("cudaHostAlloc");
     RT_CAPTURE_SAFE();
     if (!p || flags > 0x0f) return fail(cudaErrorInvalidValue);
     size_t mapped = ((n ? n : 1) + page_size() - 1) / page_size() * page_size();

@@ -195,6 +195,15 @@ errors)
   [ "$(graph_launches fb)" -eq 0 ] || fail "graphs launched after the capture failed"
   train fb-off train.max_steps=6 train.cuda_graphs=off
   same fb fb-off "auto after a failed capture differs from off"
+  # the step's scalars in pageable memory (the first pinned allocation, vals_host, refused
+  # by the emulator): on is an error saying so, auto runs uncaptured
+  rc=0
+  RINGTRAIN_EMU_FAIL_CALL=cudaHostAlloc:1 "$bin" train "$tmp/c.yaml" "${base[@]}" train.max_steps=4 \
+    train.cuda_graphs=on "log.dir=$tmp/e4" >"$tmp/e4.out" 2>"$tmp/e4.err" || rc=$?
+  [ "$rc" -ne 0 ] && grep -q "cannot be captured: the step's scalars are in pageable host memory" "$tmp/e4.err" ||
+    fail "pageable step scalars with train.cuda_graphs on: exit $rc, no error saying why"
+  RINGTRAIN_EMU_FAIL_CALL=cudaHostAlloc:1 train pg train.max_steps=4
+  [ "$(graph_launches pg)" -eq 0 ] || fail "graphs launched with the step's scalars in pageable memory"
   echo "ok: train.cuda_graphs on where it cannot capture is an error saying why; auto runs uncaptured"
   ;;
 kill)
