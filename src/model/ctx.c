@@ -4,6 +4,7 @@
 #include "model/internal/backend.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static const char *const k_precision_names[RT_PRECISION_COUNT_] = {
     [RT_PRECISION_FP32] = "fp32", [RT_PRECISION_TF32] = "tf32", [RT_PRECISION_BF16] = "bf16"};
@@ -51,6 +52,20 @@ rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **o
     ctx->deterministic = opts->deterministic;
     ctx->benchmark = opts->benchmark;
     ctx->ops = ops;
+    ctx->act = (rt_act_format){RT_F32, RT_ACT_NCHW, 1};
+    if (opts->act_format) {
+        const rt_act_format *f = opts->act_format;
+        const bool nchw_f32 = f->dtype == RT_F32 && f->layout == RT_ACT_NCHW;
+        RT_REQUIRE(nchw_f32 || (ops->act_supported && ops->act_supported(f)), RT_ERR_UNSUPPORTED,
+                   "activation format %s %s (input channels padded to %d): not one the %s model backend has",
+                   f->dtype == RT_BF16 ? "bf16" : f->dtype == RT_F32 ? "fp32" : "?",
+                   f->layout == RT_ACT_NHWC ? "NHWC" : "NCHW", f->input_channel_align, ops->name);
+        RT_REQUIRE(f->input_channel_align >= 1 && f->input_channel_align <= 64, RT_ERR_INVALID,
+                   "activation format: input channel alignment %d (expected 1..64)", f->input_channel_align);
+        ctx->act = *f;
+    } else if (ops->act_format) {
+        ops->act_format(opts->precision, &ctx->act);
+    }
     rt_status st;
     ctx->conv_preset = calloc(1, sizeof *ctx->conv_preset);
     ctx->conv_chosen = calloc(1, sizeof *ctx->conv_chosen);
@@ -147,3 +162,58 @@ rt_status rt_model_ctx_memory(rt_model_ctx *ctx, size_t *used, size_t *backend) 
 }
 
 void rt_model_ctx_set_profile(rt_model_ctx *ctx, struct rt_layer_profile *p) { ctx->profile = p; }
+
+/* ---- activations ------------------------------------------------------------------- */
+
+size_t rt_act_elem_size(const rt_model_ctx *ctx) { return ctx->act.dtype == RT_BF16 ? 2 : 4; }
+
+int rt_act_input_channels(const rt_model_ctx *ctx, int c) {
+    const int a = ctx->act.input_channel_align > 1 ? ctx->act.input_channel_align : 1;
+    return (c + a - 1) / a * a;
+}
+
+bool rt_act_is_nchw_f32(const rt_model_ctx *ctx) { return ctx->act.dtype == RT_F32 && ctx->act.layout == RT_ACT_NCHW; }
+
+static rt_status act_args(const rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const void *a,
+                          const void *b) {
+    RT_REQUIRE(n > 0 && c > 0 && h > 0 && w > 0 && stored_c >= c && a && b, RT_ERR_INVALID,
+               "activation conversion of %dx%dx%dx%d stored with %d channels (or a NULL buffer)", n, c, h, w,
+               stored_c);
+    RT_REQUIRE(ctx->ops->act_from_nchw && ctx->ops->act_to_nchw, RT_ERR_UNSUPPORTED,
+               "the %s model backend has no activation conversion", ctx->ops->name);
+    return RT_OK;
+}
+
+rt_status rt_act_from_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src,
+                           rt_act *dst) {
+    RT_CHECK(act_args(ctx, n, c, h, w, stored_c, src, dst));
+    return ctx->ops->act_from_nchw(ctx, n, c, h, w, stored_c, src, dst);
+}
+
+rt_status rt_act_to_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const rt_act *src,
+                         float *dst) {
+    RT_CHECK(act_args(ctx, n, c, h, w, stored_c, src, dst));
+    return ctx->ops->act_to_nchw(ctx, n, c, h, w, stored_c, src, dst);
+}
+
+rt_status rt_act_upload(rt_model_ctx *ctx, int n, int c, int h, int w, const float *host, rt_act *dst) {
+    const size_t bytes = sizeof(float) * (size_t)n * c * h * w;
+    float *tmp = NULL;
+    RT_CHECK(rt_malloc(ctx->device, bytes, (void **)&tmp));
+    rt_status st = rt_memcpy(tmp, ctx->device, host, rt_device_cpu(), bytes, ctx->stream);
+    if (st == RT_OK) st = rt_act_from_nchw(ctx, n, c, h, w, c, tmp, dst);
+    if (st == RT_OK) st = rt_model_ctx_sync(ctx);
+    rt_free(ctx->device, tmp);
+    return st;
+}
+
+rt_status rt_act_download(rt_model_ctx *ctx, int n, int c, int h, int w, const rt_act *src, float *host) {
+    const size_t bytes = sizeof(float) * (size_t)n * c * h * w;
+    float *tmp = NULL;
+    RT_CHECK(rt_malloc(ctx->device, bytes, (void **)&tmp));
+    rt_status st = rt_act_to_nchw(ctx, n, c, h, w, c, src, tmp);
+    if (st == RT_OK) st = rt_memcpy(host, rt_device_cpu(), tmp, ctx->device, bytes, ctx->stream);
+    if (st == RT_OK) st = rt_model_ctx_sync(ctx);
+    rt_free(ctx->device, tmp);
+    return st;
+}

@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "core/names.h"
 #include "core/status.h"
+#include "core/tensor.h"
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -54,6 +55,37 @@ typedef struct rt_conv_algos {
 
 struct rt_model_backend;
 
+/* ---- The activation format (docs/model.md, "Activations") ---------------------------
+ *
+ * Activations between layers (and their gradients) are in the context's format, chosen by
+ * the backend for the precision when the context is created: the CPU keeps fp32 NCHW
+ * (PyTorch's contiguous layout); CUDA takes fp32 NCHW under fp32 (the exact-comparison
+ * mode), fp32 NHWC under tf32 and bf16 NHWC under bf16 (cuDNN's tensor-core kernels work
+ * in NHWC). Conversions happen at the model's boundary only: the input batch (fp32 NCHW
+ * from the loader) is converted into the format as the forward begins, and the head
+ * (global average pooling, flatten) reads the format and writes fp32 features (n, f) in
+ * PyTorch's order. Parameters, gradients, optimizer state and checkpoints are fp32 in
+ * PyTorch's layouts whatever the format.
+ *
+ * Typing: activation memory is `rt_act *` (an incomplete type: a pointer to elements of
+ * ctx->act, never dereferenced outside a backend), fp32 features, logits and parameters
+ * stay `float *`. The compiler keeps the two apart; rt_act_at does the pointer arithmetic
+ * in elements of the format. Tests and tools read and write activations through
+ * rt_act_upload / rt_act_download (fp32 NCHW on the host), the one conversion helper. */
+typedef enum rt_act_layout { RT_ACT_NCHW = 0, RT_ACT_NHWC = 1 } rt_act_layout;
+
+typedef struct rt_act_format {
+    rt_dtype dtype;       /* RT_F32 or RT_BF16 */
+    rt_act_layout layout; /* NCHW or NHWC */
+    /* the model input's channels are stored padded (with zeros) to a multiple of this
+     * (1: none): cuDNN's NHWC tensor-core kernels want 8 bf16 / 4 fp32 channels, and the
+     * stem's input has 1 or 3; the stem convolution's copy of its weights is padded with
+     * zero input channels to match, so the padding adds nothing to any sum */
+    int input_channel_align;
+} rt_act_format;
+
+typedef struct rt_act rt_act; /* activation memory in the context's format (never defined) */
+
 /* Synchronised batch norm (model.sync_bn; docs/model.md, "Synchronised batch norm"): the
  * sum over the ranks that training batch norm needs for statistics over the global batch
  * (torch.nn.SyncBatchNorm). The model knows no ranks: whoever runs it (the trainer,
@@ -82,6 +114,7 @@ typedef struct rt_model_ctx {
     const struct rt_model_backend *ops; /* the backend of `device` */
     void *backend;                      /* backend state: CPU thread pool; cuDNN/cuBLAS handles, ... */
     struct rt_layer_profile *profile;   /* per-layer times (model/profile.h), or NULL: none taken */
+    rt_act_format act;                  /* activations' format (above); fixed at creation */
     rt_bn_sync bn_sync;                 /* rt_model_ctx_set_bn_sync: all_reduce NULL = off */
     double *bn_sync_buf;                /* (2 * bn_sync_channels + 1) doubles on `device` */
     int bn_sync_channels;
@@ -104,6 +137,11 @@ typedef struct rt_model_ctx_options {
      * nothing runs, a function of the shape, the GPU model and the cuDNN version). Presets
      * (rt_model_ctx_set_conv_algos) are taken either way, untimed. */
     bool benchmark;
+    /* The activation format to use instead of the backend's choice for the precision (NULL,
+     * the zero value: the backend's choice): for tests of each format's layers and for
+     * measurements. RT_ERR_UNSUPPORTED naming the format where the backend has no such
+     * format (the CPU: fp32 NCHW only). */
+    const rt_act_format *act_format;
 } rt_model_ctx_options;
 
 /* Create a context: picks the backend of opts->device (RT_ERR_UNSUPPORTED for CUDA in a
@@ -142,6 +180,28 @@ rt_status rt_model_ctx_reserve(rt_model_ctx *ctx, size_t nbytes);
  * prepared so far, searched or preset (n = 0 on the CPU). */
 rt_status rt_model_ctx_set_conv_algos(rt_model_ctx *ctx, const rt_conv_algos *algos);
 void rt_model_ctx_get_conv_algos(const rt_model_ctx *ctx, rt_conv_algos *out);
+
+/* ---- activations ---- */
+/* Bytes of one activation element in the context's format (4 or 2). */
+size_t rt_act_elem_size(const rt_model_ctx *ctx);
+/* base + `elems` elements of the context's format */
+static inline rt_act *rt_act_at(const rt_model_ctx *ctx, rt_act *base, size_t elems) {
+    return (rt_act *)((char *)base + elems * (ctx->act.dtype == RT_BF16 ? 2 : 4));
+}
+/* Channels the model input is stored with: c rounded up to ctx->act.input_channel_align. */
+int rt_act_input_channels(const rt_model_ctx *ctx, int c);
+/* Whether the format is PyTorch's fp32 NCHW (an activation is then a float array). */
+bool rt_act_is_nchw_f32(const rt_model_ctx *ctx);
+/* Convert n images of c x h x w from fp32 NCHW at src (on the context's device) into
+ * activations at dst stored with stored_c >= c channels (the extra ones zero), or back
+ * (only the first c channels are read); enqueued on the context's stream. The model's
+ * boundary (its input) and the one conversion helper of tests. */
+rt_status rt_act_from_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src, rt_act *dst);
+rt_status rt_act_to_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const rt_act *src, float *dst);
+/* The same from and to host memory (fp32 NCHW), through a temporary device buffer
+ * (allocates: tests and tools only, never in a step); download synchronises. */
+rt_status rt_act_upload(rt_model_ctx *ctx, int n, int c, int h, int w, const float *host, rt_act *dst);
+rt_status rt_act_download(rt_model_ctx *ctx, int n, int c, int h, int w, const rt_act *src, float *host);
 
 /* Wait until all work enqueued on the context's stream is done (no-op on the CPU). */
 rt_status rt_model_ctx_sync(rt_model_ctx *ctx);

@@ -47,6 +47,7 @@ rt_status rt_conv2d_init(rt_conv2d *l, int in_c, int out_c, int in_h, int in_w, 
     l->has_bias = has_bias;
     l->out_h = (in_h + 2 * pad - k) / stride + 1;
     l->out_w = (in_w + 2 * pad - k) / stride + 1;
+    l->x_c = in_c;
     RT_CHECK(rt_tensor_init(&l->weight, RT_F32, 4, (int64_t[]){out_c, in_c, k, k}, rt_device_cpu()));
     l->dweight = l->weight;
     if (has_bias) {
@@ -110,6 +111,7 @@ rt_status rt_dropout_init(rt_dropout *l, float p, bool channelwise, int c, int h
     RT_REQUIRE(c > 0 && h > 0 && w > 0, RT_ERR_INVALID, "dropout of %dx%dx%d", c, h, w);
     l->p = p;
     l->channelwise = channelwise;
+    l->c = c;
     l->features = c * h * w;
     l->plane = channelwise ? h * w : 1;
     l->seed = seed;
@@ -150,6 +152,18 @@ void rt_maxpool2d_release(rt_model_ctx *ctx, rt_maxpool2d *l) {
 void rt_linear_release(rt_model_ctx *ctx, rt_linear *l) {
     if (l->priv && ctx->ops->linear_release) ctx->ops->linear_release(ctx, l);
     l->priv = NULL;
+}
+
+rt_status rt_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, void **state) {
+    *state = NULL;
+    RT_REQUIRE(n >= 0 && (n == 0 || ls), RT_ERR_INVALID, "convolution weight copies of %d layers", n);
+    return ctx->ops->conv2d_weights_prepare && n > 0 ? ctx->ops->conv2d_weights_prepare(ctx, ls, n, state) : RT_OK;
+}
+rt_status rt_conv2d_weights_refresh(rt_model_ctx *ctx, void *state) {
+    return state && ctx->ops->conv2d_weights_refresh ? ctx->ops->conv2d_weights_refresh(ctx, state) : RT_OK;
+}
+void rt_conv2d_weights_release(rt_model_ctx *ctx, void *state) {
+    if (state && ctx->ops->conv2d_weights_release) ctx->ops->conv2d_weights_release(ctx, state);
 }
 
 /* ---- per-layer profile (profile.h) ------------------------------------------------ */
@@ -287,7 +301,7 @@ static rt_status need_params(const rt_tensor *t, const char *what) {
     return RT_OK;
 }
 
-rt_status rt_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+rt_status rt_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, rt_act *y) {
     REQUIRE_N(n);
     RT_REQUIRE(x && y, RT_ERR_INVALID, "conv2d forward: NULL input or output");
     RT_CHECK(need_params(&l->weight, "conv2d weight"));
@@ -296,7 +310,7 @@ rt_status rt_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float 
           CONV_SHAPE, CONV_ARGS(l, n));
 }
 
-rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, const rt_act *dy, rt_act *dx,
                              bool accumulate) {
     REQUIRE_N(n);
     RT_REQUIRE(x && dy, RT_ERR_INVALID, "conv2d backward: NULL input or output gradient");
@@ -306,7 +320,7 @@ rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float
           conv_flops(l, n) * (dx ? 2 : 1), CONV_SHAPE, CONV_ARGS(l, n));
 }
 
-static rt_status bn_forward_check(rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
+static rt_status bn_forward_check(rt_batchnorm2d *l, int n, const rt_act *x, rt_act *y, bool training) {
     REQUIRE_N(n);
     RT_REQUIRE(x && y && x != y, RT_ERR_INVALID, "batchnorm2d forward: NULL or aliased input/output");
     RT_CHECK(need_params(&l->weight, "batchnorm2d weight"));
@@ -318,7 +332,7 @@ static rt_status bn_forward_check(rt_batchnorm2d *l, int n, const float *x, floa
     return RT_OK;
 }
 
-static rt_status bn_backward_check(rt_batchnorm2d *l, int n, const float *x, const float *dy, float *dx) {
+static rt_status bn_backward_check(rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *dy, rt_act *dx) {
     REQUIRE_N(n);
     RT_REQUIRE(x && dy && dx, RT_ERR_INVALID, "batchnorm2d backward: NULL argument");
     return need_params(&l->dweight, "batchnorm2d weight gradient");
@@ -336,35 +350,35 @@ static rt_status bn_sync_reduce(rt_model_ctx *ctx, rt_batchnorm2d *l) {
     return ctx->bn_sync.all_reduce(ctx->bn_sync.user, ctx->bn_sync_buf, 2 * (size_t)l->c + 1, ctx->stream);
 }
 
-static rt_status bn_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
-                                 float *y, bool relu) {
+static rt_status bn_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *residual,
+                                 rt_act *y, bool relu) {
     RT_CHECK(ctx->ops->batchnorm2d_sync_stats(ctx, l, n, x, ctx->bn_sync_buf));
     RT_CHECK(bn_sync_reduce(ctx, l));
     return ctx->ops->batchnorm2d_sync_forward(ctx, l, n, x, residual, y, relu, ctx->bn_sync_buf);
 }
 
-static rt_status bn_sync_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                  const float *dy, float *dx, bool accumulate) {
+static rt_status bn_sync_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
+                                  const rt_act *dy, rt_act *dx, bool accumulate) {
     RT_CHECK(ctx->ops->batchnorm2d_sync_dsums(ctx, l, n, x, act, dy, ctx->bn_sync_buf));
     RT_CHECK(bn_sync_reduce(ctx, l));
     return ctx->ops->batchnorm2d_sync_dx(ctx, l, n, x, act, dy, dx, accumulate, ctx->bn_sync_buf);
 }
 
-static rt_status bn_forward_plain(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
+static rt_status bn_forward_plain(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, rt_act *y,
                                   bool training) {
     if (training && bn_synced(ctx)) return bn_sync_forward(ctx, l, n, x, NULL, y, false);
     return ctx->ops->batchnorm2d_forward(ctx, l, n, x, y, training);
 }
 
-rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
+rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, rt_act *y, bool training) {
     RT_CHECK(bn_forward_check(l, n, x, y, training));
     OPS(ctx, batchnorm2d_forward);
     TIMED(ctx, bn_forward_plain(ctx, l, n, x, y, training), l, "batchnorm2d", RT_PROF_FORWARD, (size_t)n, 0, BN_SHAPE,
           BN_ARGS(l, n));
 }
 
-rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
-                                  float *dx, bool accumulate) {
+rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *dy,
+                                  rt_act *dx, bool accumulate) {
     RT_CHECK(bn_backward_check(l, n, x, dy, dx));
     OPS(ctx, batchnorm2d_backward);
     TIMED(ctx,
@@ -373,8 +387,8 @@ rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, c
           l, "batchnorm2d", RT_PROF_BACKWARD, (size_t)n, 0, BN_SHAPE, BN_ARGS(l, n));
 }
 
-static rt_status bn_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
-                                float *y, bool training, bool relu) {
+static rt_status bn_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *residual,
+                                rt_act *y, bool training, bool relu) {
     if (training && bn_synced(ctx)) return bn_sync_forward(ctx, l, n, x, residual, y, relu);
     if (ctx->ops->batchnorm2d_forward_act)
         return ctx->ops->batchnorm2d_forward_act(ctx, l, n, x, residual, y, training, relu);
@@ -385,8 +399,8 @@ static rt_status bn_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, con
     return RT_OK;
 }
 
-rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
-                                     float *y, bool training, bool relu) {
+rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *residual,
+                                     rt_act *y, bool training, bool relu) {
     RT_CHECK(bn_forward_check(l, n, x, y, training));
     RT_REQUIRE(residual != y, RT_ERR_INVALID, "batchnorm2d forward: output aliases the residual");
     const char *kind =
@@ -395,8 +409,8 @@ rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n
           BN_SHAPE, BN_ARGS(l, n));
 }
 
-static rt_status bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                 float *dy, float *dx, bool accumulate) {
+static rt_status bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
+                                 rt_act *dy, rt_act *dx, bool accumulate) {
     if (bn_synced(ctx)) return bn_sync_backward(ctx, l, n, x, act, dy, dx, accumulate);
     if (ctx->ops->batchnorm2d_backward_act)
         return ctx->ops->batchnorm2d_backward_act(ctx, l, n, x, act, dy, dx, accumulate);
@@ -404,47 +418,59 @@ static rt_status bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, co
     return rt_batchnorm2d_backward(ctx, l, n, x, dy, dx, accumulate);
 }
 
-rt_status rt_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                      float *dy, float *dx, bool accumulate) {
+rt_status rt_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
+                                      rt_act *dy, rt_act *dx, bool accumulate) {
     RT_CHECK(bn_backward_check(l, n, x, dy, dx));
     RT_REQUIRE(act, RT_ERR_INVALID, "batchnorm2d backward through relu: NULL relu output");
     TIMED(ctx, bn_backward_act(ctx, l, n, x, act, dy, dx, accumulate), l, "batchnorm2d+relu", RT_PROF_BACKWARD,
           (size_t)n, 0, BN_SHAPE, BN_ARGS(l, n));
 }
 
-rt_status rt_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
+static rt_status relu_fw(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *x, void *y) {
     OPS(ctx, relu_forward);
-    TIMED(ctx, ctx->ops->relu_forward(ctx, count, x, y), NULL, "relu", RT_PROF_FORWARD, count, 0, "%zu elements",
+    TIMED(ctx, ctx->ops->relu_forward(ctx, dt, count, x, y), NULL, "relu", RT_PROF_FORWARD, count, 0, "%zu elements",
           count);
 }
-rt_status rt_relu_backward(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx) {
+static rt_status relu_bw(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *y, const void *dy, void *dx) {
     OPS(ctx, relu_backward);
-    TIMED(ctx, ctx->ops->relu_backward(ctx, count, y, dy, dx), NULL, "relu", RT_PROF_BACKWARD, count, 0, "%zu elements",
-          count);
+    TIMED(ctx, ctx->ops->relu_backward(ctx, dt, count, y, dy, dx), NULL, "relu", RT_PROF_BACKWARD, count, 0,
+          "%zu elements", count);
+}
+rt_status rt_relu_forward(rt_model_ctx *ctx, size_t count, const rt_act *x, rt_act *y) {
+    return relu_fw(ctx, ctx->act.dtype, count, x, y);
+}
+rt_status rt_relu_backward(rt_model_ctx *ctx, size_t count, const rt_act *y, const rt_act *dy, rt_act *dx) {
+    return relu_bw(ctx, ctx->act.dtype, count, y, dy, dx);
+}
+rt_status rt_relu_forward_f32(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
+    return relu_fw(ctx, RT_F32, count, x, y);
+}
+rt_status rt_relu_backward_f32(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx) {
+    return relu_bw(ctx, RT_F32, count, y, dy, dx);
 }
 
-rt_status rt_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y) {
+rt_status rt_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, rt_act *y) {
     REQUIRE_N(n);
     OPS(ctx, maxpool2d_forward);
     TIMED(ctx, ctx->ops->maxpool2d_forward(ctx, l, n, x, y), l, "maxpool2d", RT_PROF_FORWARD, (size_t)n, 0,
           "%d ch %dx%d k%d s%d p%d, n %d", l->c, l->in_h, l->in_w, l->k, l->stride, l->pad, n);
 }
-rt_status rt_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
-                                const float *dy, float *dx) {
+rt_status rt_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, const rt_act *y,
+                                const rt_act *dy, rt_act *dx) {
     REQUIRE_N(n);
     OPS(ctx, maxpool2d_backward);
     TIMED(ctx, ctx->ops->maxpool2d_backward(ctx, l, n, x, y, dy, dx), l, "maxpool2d", RT_PROF_BACKWARD, (size_t)n, 0,
           "%d ch %dx%d k%d s%d p%d, n %d", l->c, l->in_h, l->in_w, l->k, l->stride, l->pad, n);
 }
 
-rt_status rt_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const float *x, float *y) {
+rt_status rt_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const rt_act *x, float *y) {
     REQUIRE_N(n);
     RT_REQUIRE(c > 0 && hw > 0, RT_ERR_INVALID, "avgpool of %d channels x %d", c, hw);
     OPS(ctx, avgpool_forward);
     TIMED(ctx, ctx->ops->avgpool_forward(ctx, n, c, hw, x, y), NULL, "avgpool", RT_PROF_FORWARD, (size_t)n * c * hw, 0,
           "%d ch x %d, n %d", c, hw, n);
 }
-rt_status rt_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, float *dx) {
+rt_status rt_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, rt_act *dx) {
     REQUIRE_N(n);
     RT_REQUIRE(c > 0 && hw > 0, RT_ERR_INVALID, "avgpool of %d channels x %d", c, hw);
     OPS(ctx, avgpool_backward);
@@ -467,48 +493,87 @@ rt_status rt_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, const float
           2.0 * n * l->in_f * l->out_f * (dx ? 2 : 1), "%d->%d, n %d", l->in_f, l->out_f, n);
 }
 
-rt_status rt_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y, bool training) {
+static const rt_act_format k_features = {RT_F32, RT_ACT_NCHW, 1};
+
+static size_t fmt_bytes(rt_act_format f) { return f.dtype == RT_BF16 ? 2 : 4; }
+
+static rt_status copy_bytes(rt_model_ctx *ctx, size_t bytes, const void *x, void *y) {
+    if (x == y) return RT_OK;
+    OPS(ctx, copy);
+    TIMED(ctx, ctx->ops->copy(ctx, bytes, x, y), NULL, "copy", RT_PROF_FORWARD, bytes, 0, "%zu bytes", bytes);
+}
+
+static rt_status dropout_fw(rt_model_ctx *ctx, rt_dropout *l, int n, rt_act_format fmt, const void *x, void *y,
+                            bool training) {
     REQUIRE_N(n);
     size_t count = (size_t)n * (size_t)l->features;
-    if (!training || l->p == 0.0f) return x == y ? RT_OK : rt_flatten_forward(ctx, count, x, y);
+    if (!training || l->p == 0.0f) return copy_bytes(ctx, count * fmt_bytes(fmt), x, y);
     RT_REQUIRE(l->mask, RT_ERR_INVALID, "dropout training forward without a mask buffer");
     /* the mask's counter is a host value passed at the call: a graph would replay one mask */
     RT_REQUIRE(!rt_stream_capturing(ctx->stream), RT_ERR_UNSUPPORTED,
                "dropout in a step captured in a CUDA graph is not supported (its mask would repeat at every replay)");
     OPS(ctx, dropout_forward);
     prof_call pc = prof_begin(ctx);
-    rt_status st = prof_end(ctx, pc, ctx->ops->dropout_forward(ctx, l, n, x, y), l, "dropout", RT_PROF_FORWARD,
+    rt_status st = prof_end(ctx, pc, ctx->ops->dropout_forward(ctx, l, n, fmt, x, y), l, "dropout", RT_PROF_FORWARD,
                             (size_t)n, 0, "%d features, n %d", l->features, n);
     if (st != RT_OK) return st;
     l->counter += count / (size_t)l->plane;
     return RT_OK;
 }
-rt_status rt_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *dy, float *dx) {
+static rt_status dropout_bw(rt_model_ctx *ctx, rt_dropout *l, int n, rt_act_format fmt, const void *dy, void *dx) {
     REQUIRE_N(n);
-    if (l->p == 0.0f) return dx == dy ? RT_OK : rt_flatten_forward(ctx, (size_t)n * (size_t)l->features, dy, dx);
+    if (l->p == 0.0f) return copy_bytes(ctx, (size_t)n * (size_t)l->features * fmt_bytes(fmt), dy, dx);
     OPS(ctx, dropout_backward);
-    TIMED(ctx, ctx->ops->dropout_backward(ctx, l, n, dy, dx), l, "dropout", RT_PROF_BACKWARD, (size_t)n, 0,
+    TIMED(ctx, ctx->ops->dropout_backward(ctx, l, n, fmt, dy, dx), l, "dropout", RT_PROF_BACKWARD, (size_t)n, 0,
           "%d features, n %d", l->features, n);
 }
-
-rt_status rt_flatten_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
-    if (x == y) return RT_OK;
-    OPS(ctx, copy);
-    TIMED(ctx, ctx->ops->copy(ctx, count, x, y), NULL, "copy", RT_PROF_FORWARD, count, 0, "%zu elements", count);
+rt_status rt_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const rt_act *x, rt_act *y, bool training) {
+    return dropout_fw(ctx, l, n, ctx->act, x, y, training);
 }
-rt_status rt_flatten_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx) {
-    return rt_flatten_forward(ctx, count, dy, dx);
+rt_status rt_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const rt_act *dy, rt_act *dx) {
+    return dropout_bw(ctx, l, n, ctx->act, dy, dx);
+}
+rt_status rt_dropout_forward_f32(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y, bool training) {
+    RT_REQUIRE(l->c == 1 || l->features == l->c, RT_ERR_INVALID, "dropout on features: the layer has %d channels of %d",
+               l->c, l->features / l->c);
+    return dropout_fw(ctx, l, n, k_features, x, y, training);
+}
+rt_status rt_dropout_backward_f32(rt_model_ctx *ctx, rt_dropout *l, int n, const float *dy, float *dx) {
+    return dropout_bw(ctx, l, n, k_features, dy, dx);
 }
 
-rt_status rt_add_forward(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y) {
+rt_status rt_flatten_forward(rt_model_ctx *ctx, int n, int c, int h, int w, const rt_act *x, float *y) {
+    REQUIRE_N(n);
+    if (rt_act_is_nchw_f32(ctx) && (const void *)x == (const void *)y) return RT_OK;
+    RT_REQUIRE((const void *)x != (const void *)y, RT_ERR_INVALID,
+               "flatten: output aliases the input (only the fp32 NCHW format is its own flattening)");
+    TIMED(ctx, rt_act_to_nchw(ctx, n, c, h, w, c, x, y), NULL, "flatten", RT_PROF_FORWARD, (size_t)n * c * h * w, 0,
+          "%d ch %dx%d, n %d", c, h, w, n);
+}
+rt_status rt_flatten_backward(rt_model_ctx *ctx, int n, int c, int h, int w, const float *dy, rt_act *dx) {
+    REQUIRE_N(n);
+    if (rt_act_is_nchw_f32(ctx) && (const void *)dx == (const void *)dy) return RT_OK;
+    RT_REQUIRE((const void *)dx != (const void *)dy, RT_ERR_INVALID,
+               "flatten backward: output aliases the input (only the fp32 NCHW format is its own flattening)");
+    TIMED(ctx, rt_act_from_nchw(ctx, n, c, h, w, c, dy, dx), NULL, "flatten", RT_PROF_BACKWARD, (size_t)n * c * h * w,
+          0, "%d ch %dx%d, n %d", c, h, w, n);
+}
+
+rt_status rt_add_forward(rt_model_ctx *ctx, size_t count, const rt_act *a, const rt_act *b, rt_act *y) {
     OPS(ctx, add_forward);
-    TIMED(ctx, ctx->ops->add_forward(ctx, count, a, b, y), NULL, "add", RT_PROF_FORWARD, count, 0, "%zu elements",
-          count);
+    TIMED(ctx, ctx->ops->add_forward(ctx, ctx->act.dtype, count, a, b, y), NULL, "add", RT_PROF_FORWARD, count, 0,
+          "%zu elements", count);
 }
-rt_status rt_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx) {
+static rt_status add_bw(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *dy, void *dx) {
     OPS(ctx, add_backward);
-    TIMED(ctx, ctx->ops->add_backward(ctx, count, dy, dx), NULL, "add", RT_PROF_BACKWARD, count, 0, "%zu elements",
-          count);
+    TIMED(ctx, ctx->ops->add_backward(ctx, dt, count, dy, dx), NULL, "add", RT_PROF_BACKWARD, count, 0,
+          "%zu elements", count);
+}
+rt_status rt_add_backward(rt_model_ctx *ctx, size_t count, const rt_act *dy, rt_act *dx) {
+    return add_bw(ctx, ctx->act.dtype, count, dy, dx);
+}
+rt_status rt_add_backward_f32(rt_model_ctx *ctx, size_t count, const float *dy, float *dx) {
+    return add_bw(ctx, RT_F32, count, dy, dx);
 }
 
 rt_status rt_softmax_xent(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels, float *loss,

@@ -5,8 +5,11 @@
  * parameter arena, with the gradients at the same offsets in the gradient arena. The
  * batch size `n` is given per call (n <= the max batch the model was built for).
  *
- * All data pointers are on ctx->device, in PyTorch's layouts: activations NCHW
- * (N, C, H, W), conv weights OIHW, linear weights (out, in). Each function dispatches
+ * All data pointers are on ctx->device. Activations (and their gradients) are `rt_act *`
+ * in the context's format (model/ctx.h: fp32 NCHW on the CPU; NHWC fp32 or bf16 on CUDA
+ * under tf32 or bf16); the shapes below name them in PyTorch's (N, C, H, W) order whatever
+ * the layout. Features, logits and parameters are fp32 `float *` in PyTorch's layouts:
+ * conv weights OIHW, linear weights (out, in). Each function dispatches
  * through ctx->ops to the CPU (src/model/cpu/) or CUDA (src/model/cuda/) backend;
  * see internal/backend.h for the contract every backend implements.
  *
@@ -37,6 +40,9 @@ typedef struct rt_conv2d {
     int out_h, out_w;   /* derived: (in + 2*pad - k) / stride + 1 */
     int k, stride, pad; /* square kernel k x k */
     bool has_bias;
+    int x_c;            /* channels x is stored with (>= in_c: the model input's padding,
+                           rt_act_input_channels; the extra channels hold zeros); set by
+                           init to in_c, by the model for its first convolution */
     rt_tensor weight, dweight; /* (out_c, in_c, k, k) */
     rt_tensor bias, dbias;     /* (out_c); unset when !has_bias */
     void *priv;                /* backend state (cuDNN descriptors, chosen algorithms) */
@@ -70,6 +76,7 @@ typedef struct rt_linear {
 typedef struct rt_dropout {
     float p;               /* drop probability in [0, 1) */
     bool channelwise;      /* Dropout2d: one draw per (sample, channel), else per element */
+    int c;                 /* channels (1 for features: a (n, features) fp32 input) */
     int features;          /* elements per sample: c*h*w */
     int plane;             /* elements per channel (h*w) when channelwise, else 1 */
     uint64_t seed, subseq; /* Philox stream of this layer */
@@ -101,51 +108,68 @@ void rt_batchnorm2d_release(rt_model_ctx *ctx, rt_batchnorm2d *l);
 void rt_maxpool2d_release(rt_model_ctx *ctx, rt_maxpool2d *l);
 void rt_linear_release(rt_model_ctx *ctx, rt_linear *l);
 
+/* Weight copies: a backend that runs convolutions on a copy of the weights in another
+ * layout or dtype (CUDA in an NHWC format: KRSC, bf16 under bf16, input channels padded
+ * to x_c) keeps one copy per convolution and writes them all from the fp32 OIHW weights
+ * in refresh (one launch where it can). The model prepares them for all its convolutions
+ * and refreshes them at the start of every forward (model.c), so a change of the
+ * parameters by any path (the optimizer, a load, the broadcast at start, an EMA swap, a
+ * test writing the arena) is seen by the next forward, and a backward uses its forward's
+ * copies. Callers of the layers directly: prepare once (setup: allocates), refresh after
+ * changing a weight. state NULL: nothing to copy (the CPU; the fp32 NCHW format). */
+rt_status rt_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, void **state);
+rt_status rt_conv2d_weights_refresh(rt_model_ctx *ctx, void *state);
+void rt_conv2d_weights_release(rt_model_ctx *ctx, void *state);
+
 /* ---- forward / backward ------------------------------------------------------------- */
 
 /* conv2d: x (n, in_c, in_h, in_w) -> y (n, out_c, out_h, out_w) */
-rt_status rt_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y);
+rt_status rt_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, rt_act *y);
 /* writes dweight (and dbias); dx (n, in_c, in_h, in_w) written or accumulated, or NULL.
  * x must be the (unchanged) input of this layer's last forward with the same n, and the
  * weights those of that forward: the CPU backend reuses that forward's unfolded columns
  * and unrolled weights. */
-rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+rt_status rt_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, const rt_act *dy, rt_act *dx,
                              bool accumulate);
 
 /* batchnorm2d: training uses batch statistics, saves mean/invstd and updates the
  * running statistics and num_batches_tracked; evaluation uses the running statistics.
  * x, y (n, c, h, w); y may not alias x. */
-rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y, bool training);
+rt_status rt_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, rt_act *y,
+                                 bool training);
 /* Backward of a training forward (uses save_mean/save_invstd): writes dweight, dbias,
  * and dx (written or accumulated). */
-rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
-                                  float *dx, bool accumulate);
+rt_status rt_batchnorm2d_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *dy,
+                                  rt_act *dx, bool accumulate);
 
 /* batch norm, then (optional) a residual added and (optional) ReLU, in one pass where the
  * backend fuses them: y = relu(bn(x) + residual); residual NULL: none; y may alias
  * neither x nor residual. Same values as the three layers one after another. */
-rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
-                                     float *y, bool training, bool relu);
+rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
+                                     const rt_act *residual, rt_act *y, bool training, bool relu);
 /* Backward of batch norm followed by a ReLU whose output was act: the batch norm's output
  * gradient is dy where act > 0, else 0. dy may be overwritten (backends without the fused
  * op apply the ReLU's backward to it in place). */
-rt_status rt_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                      float *dy, float *dx, bool accumulate);
+rt_status rt_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
+                                      rt_act *dy, rt_act *dx, bool accumulate);
 
 /* relu over `count` elements; y may be x. Backward from the output: dx = dy * (y > 0);
- * dx may be dy. */
-rt_status rt_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y);
-rt_status rt_relu_backward(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx);
+ * dx may be dy. The _f32 pair works on fp32 features. */
+rt_status rt_relu_forward(rt_model_ctx *ctx, size_t count, const rt_act *x, rt_act *y);
+rt_status rt_relu_backward(rt_model_ctx *ctx, size_t count, const rt_act *y, const rt_act *dy, rt_act *dx);
+rt_status rt_relu_forward_f32(rt_model_ctx *ctx, size_t count, const float *x, float *y);
+rt_status rt_relu_backward_f32(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx);
 
 /* maxpool2d: x (n, c, in_h, in_w) -> y (n, c, out_h, out_w). Backward routes dy to the
  * (first) maximum of each window; dx written. */
-rt_status rt_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y);
-rt_status rt_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
-                                const float *dy, float *dx);
+rt_status rt_maxpool2d_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, rt_act *y);
+rt_status rt_maxpool2d_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, const rt_act *y,
+                                const rt_act *dy, rt_act *dx);
 
-/* global average pooling + flatten: x (n, c, hw) -> y (n, c); backward dx written */
-rt_status rt_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const float *x, float *y);
-rt_status rt_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, float *dx);
+/* global average pooling + flatten: activations x (n, c, hw) -> fp32 features y (n, c) (a
+ * model boundary: the sum is fp32); backward: dx (activations) written */
+rt_status rt_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const rt_act *x, float *y);
+rt_status rt_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, rt_act *dx);
 
 /* linear: x (n, in_f) -> y (n, out_f) = x W^T + b; backward writes dweight, dbias and
  * dx (written, or NULL) */
@@ -155,19 +179,28 @@ rt_status rt_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, const float
 /* dropout: training draws a fresh mask from the layer's Philox stream (element i of
  * the draw is rt_philox_uniform_at(seed, subseq, counter + i) < p -> dropped) and
  * scales kept values by 1/(1-p); evaluation (or p == 0) copies. y may be x.
- * Backward: dx = dy * mask (dx may be dy). */
-rt_status rt_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y, bool training);
-rt_status rt_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *dy, float *dx);
+ * Backward: dx = dy * mask (dx may be dy). The mask is indexed in PyTorch's order (draw
+ * i is element i of the NCHW tensor, or channel i of Dropout2d) whatever the activation
+ * layout, so masks agree across backends and formats. rt_dropout_forward takes
+ * activations (in the context's format), the _f32 pair fp32 features (n, features). */
+rt_status rt_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const rt_act *x, rt_act *y, bool training);
+rt_status rt_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const rt_act *dy, rt_act *dx);
+rt_status rt_dropout_forward_f32(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y, bool training);
+rt_status rt_dropout_backward_f32(rt_model_ctx *ctx, rt_dropout *l, int n, const float *dy, float *dx);
 
-/* flatten (n, c, h, w) -> (n, c*h*w): NCHW is already row-major per sample, so this is
- * a view; forward/backward copy only when the pointers differ. */
-rt_status rt_flatten_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y);
-rt_status rt_flatten_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
+/* flatten activations (n, c, h, w) into fp32 features (n, c*h*w) in PyTorch's order (a
+ * model boundary: converts from the context's format); backward converts dy back into
+ * activations dx. y and dx may not alias x and dy except in the fp32 NCHW format, where
+ * the two are the same bytes (nothing is copied when the pointers are equal). */
+rt_status rt_flatten_forward(rt_model_ctx *ctx, int n, int c, int h, int w, const rt_act *x, float *y);
+rt_status rt_flatten_backward(rt_model_ctx *ctx, int n, int c, int h, int w, const float *dy, rt_act *dx);
 
 /* residual add: y = a + b (y may be a or b). Its backward is the identity into both
  * inputs, done by the callers with `accumulate`; rt_add_backward adds dy into dx. */
-rt_status rt_add_forward(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y);
-rt_status rt_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
+rt_status rt_add_forward(rt_model_ctx *ctx, size_t count, const rt_act *a, const rt_act *b, rt_act *y);
+rt_status rt_add_backward(rt_model_ctx *ctx, size_t count, const rt_act *dy, rt_act *dx);
+/* dx += dy over fp32 values (features, parameter gradients), on the context's stream */
+rt_status rt_add_backward_f32(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
 
 /* softmax cross-entropy, mean over the batch: logits (n, k), labels (n) int64 in [0, k)
  * on the device. Writes the mean loss to *loss (one float on the device) and

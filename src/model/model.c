@@ -42,13 +42,19 @@ rt_status rt_model_create(const rt_model_config *cfg, rt_model_ctx *ctx, rt_mode
     rt_arena_init(&m->buffers, ctx->device);
     rt_arena_init(&m->acts, ctx->device);
     rt_status st;
+    /* the input as activations: the loader's fp32 NCHW batch is used as it is in the fp32
+     * NCHW format, else converted into x_act (channels padded) as the forward begins */
+    m->x_c = rt_act_input_channels(ctx, cfg->in_channels);
     RT_CHECK_GOTO(ops->build(m), st, fail);
+    if (!rt_act_is_nchw_f32(ctx) || m->x_c != cfg->in_channels)
+        RT_CHECK_GOTO(rt_model_act(m, (size_t)cfg->max_batch * m->x_c * cfg->in_h * cfg->in_w, &m->x_act), st, fail);
     size_t k = (size_t)cfg->num_classes * (size_t)cfg->max_batch;
-    RT_CHECK_GOTO(rt_model_act(m, k, &m->out), st, fail);
-    RT_CHECK_GOTO(rt_model_act(m, k, &m->dout), st, fail);
-    RT_CHECK_GOTO(rt_model_act(m, 1, &m->loss_dev), st, fail);
+    RT_CHECK_GOTO(rt_model_feat(m, k, &m->out), st, fail);
+    RT_CHECK_GOTO(rt_model_feat(m, k, &m->dout), st, fail);
+    RT_CHECK_GOTO(rt_model_feat(m, 1, &m->loss_dev), st, fail);
     RT_CHECK_GOTO(rt_model_arenas_alloc(m), st, fail);
     RT_CHECK_GOTO(ops->prepare(m), st, fail);
+    RT_CHECK_GOTO(rt_conv2d_weights_prepare(ctx, m->convs, m->nconvs, &m->wcopies), st, fail);
     /* running_var starts at 1 */
     RT_CHECK_GOTO(rt_model_init_weights(m, 0), st, fail);
     *out = m;
@@ -60,6 +66,7 @@ fail:
 
 void rt_model_destroy(rt_model *m) {
     if (!m) return;
+    rt_conv2d_weights_release(m->ctx, m->wcopies);
     if (m->arch) m->ops->release(m);
     rt_model_arenas_free(m);
     free(m);
@@ -188,7 +195,11 @@ rt_status rt_model_forward(rt_model *m, const float *x, int n, bool training) {
     m->last_n = n;
     m->last_training = training;
     m->have_loss = false;
-    RT_CHECK(m->ops->forward(m, x, n, training));
+    /* the weights' copies from the parameters as they are now (layers.h) */
+    RT_CHECK(rt_conv2d_weights_refresh(m->ctx, m->wcopies));
+    if (m->x_act)
+        RT_CHECK(rt_act_from_nchw(m->ctx, n, m->cfg.in_channels, m->cfg.in_h, m->cfg.in_w, m->x_c, x, m->x_act));
+    RT_CHECK(m->ops->forward(m, rt_model_input_act(m), n, training));
     return RT_OK;
 }
 

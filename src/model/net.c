@@ -32,8 +32,10 @@ typedef struct net {
     rt_maxpool2d pool1, pool2;
     rt_dropout drop2d, drop;
     rt_linear fc1, fc2;
-    float *c1, *p1, *c2, *p2, *f1, *z; /* activations */
-    float *g_a, *g_b;                  /* gradient scratch */
+    rt_act *c1, *p1, *c2, *p2; /* activations (the context's format) */
+    float *flat, *f1, *z;      /* fp32 features: p2 flattened (unused in fp32 NCHW: p2 is that), fc1, fc2 */
+    rt_act *g_a, *g_b;         /* gradient scratch, activations */
+    float *f_a, *f_b;          /* gradient scratch, features */
 } net;
 
 static rt_status net_prepare(rt_model *m) {
@@ -76,9 +78,15 @@ static int net_dropouts(rt_model *m, rt_dropout **out, int cap) {
     return 2;
 }
 
-static rt_status net_forward(rt_model *m, const float *x, int n, bool training) {
+/* p2 flattened: in the fp32 NCHW format the activation is its own flattening */
+static float *net_flat(const rt_model *m, const net *t, rt_act *p2, float *flat) {
+    return rt_act_is_nchw_f32(m->ctx) ? (float *)p2 : flat;
+}
+
+static rt_status net_forward(rt_model *m, const rt_act *x, int n, bool training) {
     net *t = m->arch;
     rt_model_ctx *ctx = m->ctx;
+    float *flat = net_flat(m, t, t->p2, t->flat);
     RT_CHECK(rt_conv2d_forward(ctx, &t->conv1, n, x, t->c1));        /* (n, 10, 24, 24) */
     RT_CHECK(rt_maxpool2d_forward(ctx, &t->pool1, n, t->c1, t->p1)); /* (n, 10, 12, 12) */
     RT_CHECK(rt_relu_forward(ctx, (size_t)n * 1440, t->p1, t->p1));
@@ -86,10 +94,10 @@ static rt_status net_forward(rt_model *m, const float *x, int n, bool training) 
     RT_CHECK(rt_dropout_forward(ctx, &t->drop2d, n, t->c2, t->c2, training));
     RT_CHECK(rt_maxpool2d_forward(ctx, &t->pool2, n, t->c2, t->p2)); /* (n, 20, 4, 4) */
     RT_CHECK(rt_relu_forward(ctx, (size_t)n * 320, t->p2, t->p2));
-    RT_CHECK(rt_flatten_forward(ctx, (size_t)n * 320, t->p2, t->p2)); /* (n, 320) */
-    RT_CHECK(rt_linear_forward(ctx, &t->fc1, n, t->p2, t->f1));       /* (n, 50) */
-    RT_CHECK(rt_relu_forward(ctx, (size_t)n * 50, t->f1, t->f1));
-    RT_CHECK(rt_dropout_forward(ctx, &t->drop, n, t->f1, t->f1, training));
+    RT_CHECK(rt_flatten_forward(ctx, n, 20, 4, 4, t->p2, flat)); /* (n, 320) */
+    RT_CHECK(rt_linear_forward(ctx, &t->fc1, n, flat, t->f1));    /* (n, 50) */
+    RT_CHECK(rt_relu_forward_f32(ctx, (size_t)n * 50, t->f1, t->f1));
+    RT_CHECK(rt_dropout_forward_f32(ctx, &t->drop, n, t->f1, t->f1, training));
     RT_CHECK(rt_linear_forward(ctx, &t->fc2, n, t->f1, t->z)); /* (n, k) */
     RT_CHECK(rt_log_softmax_forward(ctx, n, m->cfg.num_classes, t->z, m->out));
     return RT_OK;
@@ -99,15 +107,17 @@ static rt_status net_backward(rt_model *m, rt_grad_ready_fn ready, void *user) {
     net *t = m->arch;
     rt_model_ctx *ctx = m->ctx;
     const int n = m->last_n, k = m->cfg.num_classes;
-    float *a = t->g_a, *b = t->g_b;
-    RT_CHECK(rt_log_softmax_backward(ctx, n, k, m->out, m->dout, a)); /* dz */
-    RT_CHECK(rt_linear_backward(ctx, &t->fc2, n, t->f1, a, b));       /* df1 */
+    float *fa = t->f_a, *fb = t->f_b;
+    rt_act *a = t->g_a, *b = t->g_b;
+    float *dflat = net_flat(m, t, a, fa);
+    RT_CHECK(rt_log_softmax_backward(ctx, n, k, m->out, m->dout, fa)); /* dz */
+    RT_CHECK(rt_linear_backward(ctx, &t->fc2, n, t->f1, fa, fb));      /* df1 */
     RT_CHECK(rt_model_block_done(m, 3, ready, user));
-    RT_CHECK(rt_dropout_backward(ctx, &t->drop, n, b, b));
-    RT_CHECK(rt_relu_backward(ctx, (size_t)n * 50, t->f1, b, b));
-    RT_CHECK(rt_linear_backward(ctx, &t->fc1, n, t->p2, b, a)); /* dp2 (n, 320) */
+    RT_CHECK(rt_dropout_backward_f32(ctx, &t->drop, n, fb, fb));
+    RT_CHECK(rt_relu_backward_f32(ctx, (size_t)n * 50, t->f1, fb, fb));
+    RT_CHECK(rt_linear_backward(ctx, &t->fc1, n, net_flat(m, t, t->p2, t->flat), fb, dflat)); /* dp2 (n, 320) */
     RT_CHECK(rt_model_block_done(m, 2, ready, user));
-    RT_CHECK(rt_flatten_backward(ctx, (size_t)n * 320, a, a));
+    RT_CHECK(rt_flatten_backward(ctx, n, 20, 4, 4, dflat, a));
     RT_CHECK(rt_relu_backward(ctx, (size_t)n * 320, t->p2, a, a));
     RT_CHECK(rt_maxpool2d_backward(ctx, &t->pool2, n, t->c2, t->p2, a, b)); /* dc2 (n, 20, 8, 8) */
     RT_CHECK(rt_dropout_backward(ctx, &t->drop2d, n, b, b));
@@ -115,7 +125,7 @@ static rt_status net_backward(rt_model *m, rt_grad_ready_fn ready, void *user) {
     RT_CHECK(rt_model_block_done(m, 1, ready, user));
     RT_CHECK(rt_relu_backward(ctx, (size_t)n * 1440, t->p1, a, a));
     RT_CHECK(rt_maxpool2d_backward(ctx, &t->pool1, n, t->c1, t->p1, a, b)); /* dc1 (n, 10, 24, 24) */
-    RT_CHECK(rt_conv2d_backward(ctx, &t->conv1, n, m->input, b, NULL, false));
+    RT_CHECK(rt_conv2d_backward(ctx, &t->conv1, n, rt_model_input_act(m), b, NULL, false));
     RT_CHECK(rt_model_block_done(m, 0, ready, user));
     return RT_OK;
 }
@@ -141,6 +151,7 @@ static rt_status net_build(rt_model *m) {
     const size_t N = (size_t)m->cfg.max_batch;
     const float p = isnan(m->cfg.dropout) || m->cfg.dropout < 0.0 ? 0.5f : (float)m->cfg.dropout;
     RT_CHECK(rt_conv2d_init(&t->conv1, 1, 10, 28, 28, 5, 1, 0, true));
+    t->conv1.x_c = m->x_c; /* the input's stored channels (padding: model/ctx.h) */
     RT_CHECK(rt_maxpool2d_init(&t->pool1, 10, 24, 24, 2, 2, 0));
     RT_CHECK(rt_conv2d_init(&t->conv2, 10, 20, 12, 12, 5, 1, 0, true));
     RT_CHECK(rt_dropout_init(&t->drop2d, p, true, 20, 8, 8, 0, 0));
@@ -156,14 +167,17 @@ static rt_status net_build(rt_model *m) {
     RT_CHECK(rt_model_act(m, N * 1440, &t->p1));
     RT_CHECK(rt_model_act(m, N * 1280, &t->c2));
     RT_CHECK(rt_model_act(m, N * 320, &t->p2));
-    RT_CHECK(rt_model_act(m, N * 50, &t->f1));
-    RT_CHECK(rt_model_act(m, N * (size_t)m->cfg.num_classes, &t->z));
-    RT_CHECK(rt_model_act(m, N * 20, &t->drop2d.mask));
-    RT_CHECK(rt_model_act(m, N * 50, &t->drop.mask));
-    size_t g = 5760;
+    if (!rt_act_is_nchw_f32(m->ctx)) RT_CHECK(rt_model_feat(m, N * 320, &t->flat));
+    RT_CHECK(rt_model_feat(m, N * 50, &t->f1));
+    RT_CHECK(rt_model_feat(m, N * (size_t)m->cfg.num_classes, &t->z));
+    RT_CHECK(rt_model_feat(m, N * 20, &t->drop2d.mask));
+    RT_CHECK(rt_model_feat(m, N * 50, &t->drop.mask));
+    size_t g = 320; /* features: flat, fc1, the classes */
     if ((size_t)m->cfg.num_classes > g) g = (size_t)m->cfg.num_classes;
-    RT_CHECK(rt_model_act(m, N * g, &t->g_a));
-    RT_CHECK(rt_model_act(m, N * g, &t->g_b));
+    RT_CHECK(rt_model_act(m, N * 5760, &t->g_a));
+    RT_CHECK(rt_model_act(m, N * 5760, &t->g_b));
+    RT_CHECK(rt_model_feat(m, N * g, &t->f_a));
+    RT_CHECK(rt_model_feat(m, N * g, &t->f_b));
     return RT_OK;
 }
 

@@ -54,8 +54,8 @@ rt_status rt_model_add_bn(rt_model *m, const char *prefix, int block, rt_batchno
     RT_CHECK(rt_model_add_param(m, prefix, "running_var", RT_PARAM_BUFFER, block, &l->running_var, NULL));
     RT_CHECK(
         rt_model_add_param(m, prefix, "num_batches_tracked", RT_PARAM_BUFFER, block, &l->num_batches_tracked, NULL));
-    RT_CHECK(rt_model_act(m, (size_t)l->c, &l->save_mean));
-    RT_CHECK(rt_model_act(m, (size_t)l->c, &l->save_invstd));
+    RT_CHECK(rt_model_feat(m, (size_t)l->c, &l->save_mean));
+    RT_CHECK(rt_model_feat(m, (size_t)l->c, &l->save_invstd));
     return RT_OK;
 }
 
@@ -66,7 +66,7 @@ rt_status rt_model_add_linear(rt_model *m, const char *prefix, int block, rt_lin
     return RT_OK;
 }
 
-rt_status rt_model_act(rt_model *m, size_t nfloats, float **slot) {
+static rt_status plan(rt_model *m, size_t count, size_t elem, void *slot, bool feat) {
     if (m->npatches == m->cap_patches) {
         int cap = m->cap_patches ? 2 * m->cap_patches : 128;
         rt_model_act_patch *t = realloc(m->patches, sizeof *t * (size_t)cap);
@@ -74,11 +74,20 @@ rt_status rt_model_act(rt_model *m, size_t nfloats, float **slot) {
         m->patches = t;
         m->cap_patches = cap;
     }
-    RT_REQUIRE(nfloats <= SIZE_MAX / sizeof(float), RT_ERR_NOMEM, "activation of %zu floats", nfloats);
+    RT_REQUIRE(count <= SIZE_MAX / elem, RT_ERR_NOMEM, "activation of %zu elements", count);
     rt_model_act_patch *p = &m->patches[m->npatches++];
     p->slot = slot;
-    RT_CHECK(rt_arena_push(&m->acts, nfloats * sizeof(float), 64, &p->offset));
+    p->feat = feat;
+    RT_CHECK(rt_arena_push(&m->acts, count * elem, 256, &p->offset));
     return RT_OK;
+}
+
+rt_status rt_model_act(rt_model *m, size_t nelems, rt_act **slot) {
+    return plan(m, nelems, rt_act_elem_size(m->ctx), slot, false);
+}
+
+rt_status rt_model_feat(rt_model *m, size_t nfloats, float **slot) {
+    return plan(m, nfloats, sizeof(float), slot, true);
 }
 
 rt_status rt_model_arenas_alloc(rt_model *m) {
@@ -88,7 +97,13 @@ rt_status rt_model_arenas_alloc(rt_model *m) {
     RT_CHECK(rt_arena_alloc(&m->grads));
     RT_CHECK(rt_arena_alloc(&m->buffers));
     RT_CHECK(rt_arena_alloc(&m->acts));
-    for (int i = 0; i < m->npatches; i++) *m->patches[i].slot = (float *)((char *)m->acts.base + m->patches[i].offset);
+    for (int i = 0; i < m->npatches; i++) {
+        char *at = (char *)m->acts.base + m->patches[i].offset;
+        if (m->patches[i].feat)
+            *(float **)m->patches[i].slot = (float *)at;
+        else
+            *(rt_act **)m->patches[i].slot = (rt_act *)at;
+    }
     /* block ranges: from each block's first gradient to the next block's */
     m->block_begin = calloc((size_t)m->nblocks + 1, sizeof *m->block_begin);
     RT_CHECK_ALLOC(m->block_begin, sizeof *m->block_begin * ((size_t)m->nblocks + 1));
@@ -108,6 +123,9 @@ void rt_model_arenas_free(rt_model *m) {
     rt_arena_free(&m->acts);
     free(m->table);
     free(m->patches);
+    free(m->convs);
+    m->convs = NULL;
+    m->nconvs = m->cap_convs = 0;
     free(m->block_begin);
     m->table = NULL;
     m->patches = NULL;
@@ -118,6 +136,14 @@ void rt_model_arenas_free(rt_model *m) {
 rt_status rt_model_prepare_conv(rt_model *m, rt_conv2d *l) {
     size_t ws = 0;
     RT_CHECK(rt_conv2d_prepare(m->ctx, l, m->cfg.max_batch, &ws));
+    if (m->nconvs == m->cap_convs) {
+        int cap = m->cap_convs ? 2 * m->cap_convs : 64;
+        rt_conv2d **t = realloc(m->convs, sizeof *t * (size_t)cap);
+        RT_CHECK_ALLOC(t, sizeof *t * (size_t)cap);
+        m->convs = t;
+        m->cap_convs = cap;
+    }
+    m->convs[m->nconvs++] = l;
     return rt_model_ctx_reserve(m->ctx, ws);
 }
 

@@ -42,8 +42,8 @@ typedef struct basic_block {
     rt_batchnorm2d bn1, bn2, ds_bn;
     bool has_ds;
     size_t in_count, out_count; /* floats per image */
-    const float *x;             /* input of the last forward */
-    float *c1, *a1, *c2, *out, *dsc, *dsb;
+    const rt_act *x;            /* input of the last forward */
+    rt_act *c1, *a1, *c2, *out, *dsc, *dsb;
 } basic_block;
 
 typedef struct resnet {
@@ -51,14 +51,14 @@ typedef struct resnet {
     rt_batchnorm2d bn1;
     rt_maxpool2d maxpool;
     bool has_maxpool;
-    float *stem_c, *stem_a, *stem_out; /* conv out, bn+relu out, maxpool out (or stem_a) */
+    rt_act *stem_c, *stem_a, *stem_out; /* conv out, bn+relu out, maxpool out (or stem_a) */
     size_t stem_c_count, stem_out_count;
     basic_block *blocks;
     int nblocks;
     int feat_c, feat_hw;
-    float *pooled, *dpooled;
+    float *pooled, *dpooled; /* fp32 features (n, feat_c) */
     rt_linear fc;
-    float *g0, *g1, *t1, *t2;
+    rt_act *g0, *g1, *t1, *t2;
 } resnet;
 
 static size_t chw(int c, int h, int w) { return (size_t)c * (size_t)h * (size_t)w; }
@@ -145,12 +145,12 @@ static void resnet_release(rt_model *m) {
     m->arch = NULL;
 }
 
-static rt_status block_forward(rt_model_ctx *ctx, basic_block *b, int n, const float *x, bool training) {
+static rt_status block_forward(rt_model_ctx *ctx, basic_block *b, int n, const rt_act *x, bool training) {
     b->x = x;
     RT_CHECK(rt_conv2d_forward(ctx, &b->conv1, n, x, b->c1));
     RT_CHECK(rt_batchnorm2d_forward_act(ctx, &b->bn1, n, b->c1, NULL, b->a1, training, true));
     RT_CHECK(rt_conv2d_forward(ctx, &b->conv2, n, b->a1, b->c2));
-    const float *identity = x;
+    const rt_act *identity = x;
     if (b->has_ds) {
         RT_CHECK(rt_conv2d_forward(ctx, &b->ds_conv, n, x, b->dsc));
         RT_CHECK(rt_batchnorm2d_forward(ctx, &b->ds_bn, n, b->dsc, b->dsb, training));
@@ -162,9 +162,9 @@ static rt_status block_forward(rt_model_ctx *ctx, basic_block *b, int n, const f
 
 /* gout: gradient of the block output (n, out) - overwritten; gin: gradient of the block
  * input, written */
-static rt_status block_backward(rt_model_ctx *ctx, resnet *r, basic_block *b, int n, float *gout, float *gin) {
+static rt_status block_backward(rt_model_ctx *ctx, resnet *r, basic_block *b, int n, rt_act *gout, rt_act *gin) {
     const size_t cnt = (size_t)n * b->out_count;
-    const float *x = b->x;
+    const rt_act *x = b->x;
     RT_CHECK(rt_relu_backward(ctx, cnt, b->out, gout, gout));
     RT_CHECK(rt_batchnorm2d_backward(ctx, &b->bn2, n, b->c2, gout, r->t1, false));
     RT_CHECK(rt_conv2d_backward(ctx, &b->conv2, n, b->a1, r->t1, r->t2, false));
@@ -179,13 +179,13 @@ static rt_status block_backward(rt_model_ctx *ctx, resnet *r, basic_block *b, in
     return RT_OK;
 }
 
-static rt_status resnet_forward(rt_model *m, const float *x, int n, bool training) {
+static rt_status resnet_forward(rt_model *m, const rt_act *x, int n, bool training) {
     resnet *r = m->arch;
     rt_model_ctx *ctx = m->ctx;
     RT_CHECK(rt_conv2d_forward(ctx, &r->conv1, n, x, r->stem_c));
     RT_CHECK(rt_batchnorm2d_forward_act(ctx, &r->bn1, n, r->stem_c, NULL, r->stem_a, training, true));
     if (r->has_maxpool) RT_CHECK(rt_maxpool2d_forward(ctx, &r->maxpool, n, r->stem_a, r->stem_out));
-    const float *h = r->stem_out;
+    const rt_act *h = r->stem_out;
     for (int i = 0; i < r->nblocks; i++) {
         RT_CHECK(block_forward(ctx, &r->blocks[i], n, h, training));
         h = r->blocks[i].out;
@@ -201,24 +201,24 @@ static rt_status resnet_backward(rt_model *m, rt_grad_ready_fn ready, void *user
     const int n = m->last_n;
     RT_CHECK(rt_linear_backward(ctx, &r->fc, n, r->pooled, m->dout, r->dpooled));
     RT_CHECK(rt_model_block_done(m, r->nblocks + 1, ready, user));
-    float *g = r->g0, *other = r->g1;
+    rt_act *g = r->g0, *other = r->g1;
     RT_CHECK(rt_avgpool_backward(ctx, n, r->feat_c, r->feat_hw, r->dpooled, g));
     for (int i = r->nblocks - 1; i >= 0; i--) {
         RT_CHECK(block_backward(ctx, r, &r->blocks[i], n, g, other));
         RT_CHECK(rt_model_block_done(m, i + 1, ready, user));
-        float *t = g;
+        rt_act *t = g;
         g = other;
         other = t;
     }
     /* g: gradient of stem_out */
-    float *ga = g;
+    rt_act *ga = g;
     if (r->has_maxpool) {
         RT_CHECK(rt_maxpool2d_backward(ctx, &r->maxpool, n, r->stem_a, r->stem_out, g, other));
         ga = other;
     }
-    float *gc = ga == r->g0 ? r->g1 : r->g0;
+    rt_act *gc = ga == r->g0 ? r->g1 : r->g0;
     RT_CHECK(rt_batchnorm2d_backward_act(ctx, &r->bn1, n, r->stem_c, r->stem_a, ga, gc, false));
-    RT_CHECK(rt_conv2d_backward(ctx, &r->conv1, n, m->input, gc, NULL, false));
+    RT_CHECK(rt_conv2d_backward(ctx, &r->conv1, n, rt_model_input_act(m), gc, NULL, false));
     RT_CHECK(rt_model_block_done(m, 0, ready, user));
     return RT_OK;
 }
@@ -256,6 +256,7 @@ static rt_status resnet_build(rt_model *m) {
         RT_CHECK(rt_conv2d_init(&r->conv1, c->in_channels, w0, c->in_h, c->in_w, 7, 2, 3, false));
     else
         RT_CHECK(rt_conv2d_init(&r->conv1, c->in_channels, w0, c->in_h, c->in_w, 3, 1, 1, false));
+    r->conv1.x_c = m->x_c; /* the input's stored channels (padding: model/ctx.h) */
     int h = r->conv1.out_h, w = r->conv1.out_w;
     RT_CHECK(rt_batchnorm2d_init(&r->bn1, w0, h, w));
     RT_CHECK(rt_model_add_conv(m, "conv1", 0, &r->conv1));
@@ -292,8 +293,8 @@ static rt_status resnet_build(rt_model *m) {
     }
     r->feat_c = in_c;
     r->feat_hw = h * w;
-    RT_CHECK(rt_model_act(m, (size_t)N * in_c, &r->pooled));
-    RT_CHECK(rt_model_act(m, (size_t)N * in_c, &r->dpooled));
+    RT_CHECK(rt_model_feat(m, (size_t)N * in_c, &r->pooled));
+    RT_CHECK(rt_model_feat(m, (size_t)N * in_c, &r->dpooled));
     RT_CHECK(rt_linear_init(&r->fc, in_c, c->num_classes));
     RT_CHECK(rt_model_add_linear(m, "fc", r->nblocks + 1, &r->fc));
     RT_CHECK(rt_model_act(m, N * max_act, &r->g0));

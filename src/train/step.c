@@ -42,8 +42,8 @@ static rt_status fold(run *r, size_t begin, size_t end) {
     rt_stream *st = r->ctx->stream;
     if (r->accum.share != 1.0f) RT_CHECK(rt_grad_scale(&r->upd.clip, g, n, r->accum.share, st));
     if (r->accum.mode == FOLD_SET) return rt_memcpy(acc, r->dev, g, r->dev, end - begin, st);
-    if (r->accum.mode == FOLD_ADD) return rt_add_backward(r->ctx, n, g, acc);
-    return rt_add_backward(r->ctx, n, acc, g);
+    if (r->accum.mode == FOLD_ADD) return rt_add_backward_f32(r->ctx, n, g, acc);
+    return rt_add_backward_f32(r->ctx, n, acc, g);
 }
 
 /* The micro-batch's loss (a mean over its samples) times its share, added to the rank's
@@ -61,7 +61,7 @@ static rt_status fold_loss(run *r, bool first) {
     float *dst = r->accum.loss_dev + (first ? 0 : 1);
     RT_CHECK(rt_memcpy(dst, r->dev, rt_model_loss_ptr(r->model), r->dev, sizeof(float), st));
     RT_CHECK(rt_grad_scale(&r->upd.clip, dst, 1, r->accum.share, st));
-    return first ? RT_OK : rt_add_backward(r->ctx, 1, dst, r->accum.loss_dev);
+    return first ? RT_OK : rt_add_backward_f32(r->ctx, 1, dst, r->accum.loss_dev);
 }
 
 /* The rank's loss of the step, as the host knows it (CPU; a GPU reads it back: only the

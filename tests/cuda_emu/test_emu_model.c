@@ -48,23 +48,23 @@ static void test_elementwise(void **state) {
     a[0] = 0.0f, a[1] = -0.0f, a[2] = NAN, a[n - 1] = -INFINITY; /* relu's edges */
     float *cy = rt_test_nans(n), *gy = rt_test_nans(n);
 
-    assert_rt_ok(rt_relu_forward(g_cpu, n, a, cy));
+    assert_rt_ok(rt_relu_forward(g_cpu, n, (rt_act *)a, (rt_act *)cy));
     assert_cuda_ok(rt_cuk_relu_forward(NULL, n, a, gy));
     et_check_exact("relu forward", cy, gy, n);
     float *cdx = rt_test_copy(b, n), *gdx = rt_test_copy(b, n); /* backward in place on dy */
-    assert_rt_ok(rt_relu_backward(g_cpu, n, cy, cdx, cdx));
+    assert_rt_ok(rt_relu_backward(g_cpu, n, (rt_act *)cy, (rt_act *)cdx, (rt_act *)cdx));
     assert_cuda_ok(rt_cuk_relu_backward(NULL, n, gy, gdx, gdx));
     et_check_exact("relu backward (in place)", cdx, gdx, n);
     float *cx = rt_test_copy(a, n), *gx = rt_test_copy(a, n);
-    assert_rt_ok(rt_relu_forward(g_cpu, n, cx, cx));
+    assert_rt_ok(rt_relu_forward(g_cpu, n, (rt_act *)cx, (rt_act *)cx));
     assert_cuda_ok(rt_cuk_relu_forward(NULL, n, gx, gx));
     et_check_exact("relu forward (in place)", cx, gx, n);
 
     et_poison(gy, n);
-    assert_rt_ok(rt_add_forward(g_cpu, n, a, b, cy));
+    assert_rt_ok(rt_add_forward(g_cpu, n, (rt_act *)a, (rt_act *)b, (rt_act *)cy));
     assert_cuda_ok(rt_cuk_add(NULL, n, a, b, gy));
     et_check_exact("add", cy, gy, n);
-    assert_rt_ok(rt_add_backward(g_cpu, n, b, cy));
+    assert_rt_ok(rt_add_backward(g_cpu, n, (rt_act *)b, (rt_act *)cy));
     assert_cuda_ok(rt_cuk_accumulate(NULL, n, b, gy));
     et_check_exact("accumulate", cy, gy, n);
     /* count 0 launches nothing */
@@ -92,11 +92,11 @@ static void pool_case(int n, int c, int h, int w, int k, int s, int pad, int kin
     float *cy = rt_test_nans(yn), *gy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *gdx = rt_test_nans(xn);
     char what[96];
     const char *tag = kind == POOL_TIES ? " ties" : kind == POOL_NAN ? " ties+NaN" : "";
-    assert_rt_ok(rt_maxpool2d_forward(g_cpu, &l, n, x, cy));
+    assert_rt_ok(rt_maxpool2d_forward(g_cpu, &l, n, (rt_act *)x, (rt_act *)cy));
     assert_cuda_ok(rt_cuk_maxpool_forward(NULL, &l, n, x, gy));
     snprintf(what, sizeof what, "maxpool n%d c%d %dx%d k%d s%d p%d%s forward", n, c, h, w, k, s, pad, tag);
     et_check_exact(what, cy, gy, yn);
-    assert_rt_ok(rt_maxpool2d_backward(g_cpu, &l, n, x, cy, dy, cdx));
+    assert_rt_ok(rt_maxpool2d_backward(g_cpu, &l, n, (rt_act *)x, (rt_act *)cy, (rt_act *)dy, (rt_act *)cdx));
     assert_cuda_ok(rt_cuk_maxpool_backward(NULL, &l, n, x, dy, gdx));
     snprintf(what, sizeof what, "maxpool n%d c%d %dx%d k%d s%d p%d%s backward", n, c, h, w, k, s, pad, tag);
     et_check_exact(what, cdx, gdx, xn);
@@ -127,11 +127,11 @@ static void test_avgpool(void **state) {
         float *x = rt_test_randn(xn, 1.0f), *dy = rt_test_randn(yn, 1.0f);
         float *cy = rt_test_nans(yn), *gy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *gdx = rt_test_nans(xn);
         char what[96];
-        assert_rt_ok(rt_avgpool_forward(g_cpu, n, c, hw, x, cy));
+        assert_rt_ok(rt_avgpool_forward(g_cpu, n, c, hw, (rt_act *)x, cy));
         assert_cuda_ok(rt_cuk_avgpool_forward(NULL, n, c, hw, x, gy));
         snprintf(what, sizeof what, "avgpool n%d c%d hw%d forward", n, c, hw);
         et_check_exact(what, cy, gy, yn);
-        assert_rt_ok(rt_avgpool_backward(g_cpu, n, c, hw, dy, cdx));
+        assert_rt_ok(rt_avgpool_backward(g_cpu, n, c, hw, dy, (rt_act *)cdx));
         assert_cuda_ok(rt_cuk_avgpool_backward(NULL, n, c, hw, dy, gdx));
         snprintf(what, sizeof what, "avgpool n%d c%d hw%d backward", n, c, hw);
         et_check_exact(what, cdx, gdx, xn);
@@ -205,7 +205,7 @@ static void dropout_case(float p, bool channelwise, int n, int c, int h, int w) 
     float *cy = rt_test_nans(cnt), *gy = rt_test_nans(cnt), *cdx = rt_test_nans(cnt), *gdx = rt_test_nans(cnt);
     for (int rep = 0; rep < 2; rep++) { /* the second draw continues the counter */
         char what[96];
-        assert_rt_ok(rt_dropout_forward(g_cpu, &lc, n, x, cy, true));
+        assert_rt_ok(rt_dropout_forward(g_cpu, &lc, n, (rt_act *)x, (rt_act *)cy, true));
         assert_cuda_ok(rt_cuk_dropout_forward(NULL, &lg, n, x, gy));
         lg.counter += draws; /* the caller (layers.c) advances it */
         assert_true(lc.counter == lg.counter);
@@ -213,7 +213,7 @@ static void dropout_case(float p, bool channelwise, int n, int c, int h, int w) 
                  n, c, h, w, rep);
         et_check_exact(what, lc.mask, lg.mask, draws);
         et_check_exact("  forward", cy, gy, cnt);
-        assert_rt_ok(rt_dropout_backward(g_cpu, &lc, n, dy, cdx));
+        assert_rt_ok(rt_dropout_backward(g_cpu, &lc, n, (rt_act *)dy, (rt_act *)cdx));
         assert_cuda_ok(rt_cuk_dropout_backward(NULL, &lg, n, dy, gdx));
         et_check_exact("  backward", cdx, gdx, cnt);
     }

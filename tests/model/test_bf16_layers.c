@@ -144,8 +144,8 @@ static void run(const lcase *c) {
     if (c->conv) {
         assert_rt_ok(rt_conv2d_prepare(ctx, &cl, c->max_n, &ws));
         assert_rt_ok(rt_model_ctx_reserve(ctx, ws));
-        assert_rt_ok(rt_conv2d_forward(ctx, &cl, c->n, x, y));
-        assert_rt_ok(rt_conv2d_backward(ctx, &cl, c->n, x, dy, dx, false));
+        assert_rt_ok(rt_conv2d_forward(ctx, &cl, c->n, (rt_act *)x, (rt_act *)y));
+        assert_rt_ok(rt_conv2d_backward(ctx, &cl, c->n, (rt_act *)x, (rt_act *)dy, (rt_act *)dx, false));
     } else {
         assert_rt_ok(rt_linear_prepare(ctx, &ll, c->max_n, &ws));
         assert_rt_ok(rt_model_ctx_reserve(ctx, ws));
@@ -159,8 +159,8 @@ static void run(const lcase *c) {
         float *acc0 = malloc(xn * 4);
         assert_non_null(acc0);
         memcpy(acc0, acc, xn * 4);
-        assert_rt_ok(rt_conv2d_forward(ctx, &cl, c->n, x, y));
-        assert_rt_ok(rt_conv2d_backward(ctx, &cl, c->n, x, dy, acc, true));
+        assert_rt_ok(rt_conv2d_forward(ctx, &cl, c->n, (rt_act *)x, (rt_act *)y));
+        assert_rt_ok(rt_conv2d_backward(ctx, &cl, c->n, (rt_act *)x, (rt_act *)dy, (rt_act *)acc, true));
         size_t off = 0;
         for (size_t i = 0; i < xn; i++) off += acc[i] != acc0[i] + dx[i];
         if (off) fail_msg("accumulated dx != dx + base in %zu of %zu elements", off, xn);

@@ -81,13 +81,13 @@ static void run(const dshape *s, const char *impl, rt_precision prec, int max_n,
     assert_rt_ok(rt_conv2d_prepare(ctx, &l, max_n, &ws));
     assert_rt_ok(rt_model_ctx_reserve(ctx, ws));
     *dense16 = rt_cpu_conv2d_dense16(&l);
-    assert_rt_ok(rt_conv2d_forward(ctx, &l, s->n, d->x, o->y));
-    assert_rt_ok(rt_conv2d_backward(ctx, &l, s->n, d->x, d->dy, o->dx, false));
+    assert_rt_ok(rt_conv2d_forward(ctx, &l, s->n, (rt_act *)d->x, (rt_act *)o->y));
+    assert_rt_ok(rt_conv2d_backward(ctx, &l, s->n, (rt_act *)d->x, (rt_act *)d->dy, (rt_act *)o->dx, false));
     memcpy(o->dw, rt_tensor_data(&l.dweight), d->wn * 4);
     if (s->bias) memcpy(o->db, rt_tensor_data(&l.dbias), (size_t)s->out_c * 4);
     memcpy(o->dxacc, d->base, d->xn * 4);
-    assert_rt_ok(rt_conv2d_forward(ctx, &l, s->n, d->x, o->y));
-    assert_rt_ok(rt_conv2d_backward(ctx, &l, s->n, d->x, d->dy, o->dxacc, true));
+    assert_rt_ok(rt_conv2d_forward(ctx, &l, s->n, (rt_act *)d->x, (rt_act *)o->y));
+    assert_rt_ok(rt_conv2d_backward(ctx, &l, s->n, (rt_act *)d->x, (rt_act *)d->dy, (rt_act *)o->dxacc, true));
     rt_conv2d_release(ctx, &l);
     mt_free(&A);
     rt_model_ctx_destroy(ctx);

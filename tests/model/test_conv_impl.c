@@ -69,13 +69,13 @@ static void run_impl(const char *impl, const conv_shape *s, int max_n, int n, co
     fill(o->dx, xn);
     fill(rt_tensor_data(&l.dweight), (size_t)rt_tensor_numel(&l.dweight));
     if (s->bias) fill(rt_tensor_data(&l.dbias), (size_t)s->out_c);
-    assert_rt_ok(rt_conv2d_forward(ctx, &l, n, x, o->y));
-    assert_rt_ok(rt_conv2d_backward(ctx, &l, n, x, dy, o->dx, false));
+    assert_rt_ok(rt_conv2d_forward(ctx, &l, n, (rt_act *)x, (rt_act *)o->y));
+    assert_rt_ok(rt_conv2d_backward(ctx, &l, n, (rt_act *)x, (rt_act *)dy, (rt_act *)o->dx, false));
     memcpy(o->dw, rt_tensor_data(&l.dweight), (size_t)rt_tensor_numel(&l.dweight) * 4);
     if (s->bias) memcpy(o->db, rt_tensor_data(&l.dbias), (size_t)rt_tensor_numel(&l.dbias) * 4);
     memcpy(o->dxacc, base, xn * sizeof(float));
-    assert_rt_ok(rt_conv2d_forward(ctx, &l, n, x, o->y));
-    assert_rt_ok(rt_conv2d_backward(ctx, &l, n, x, dy, o->dxacc, true));
+    assert_rt_ok(rt_conv2d_forward(ctx, &l, n, (rt_act *)x, (rt_act *)o->y));
+    assert_rt_ok(rt_conv2d_backward(ctx, &l, n, (rt_act *)x, (rt_act *)dy, (rt_act *)o->dxacc, true));
     rt_conv2d_release(ctx, &l);
     mt_free(&A);
     rt_model_ctx_destroy(ctx);
@@ -183,7 +183,7 @@ typedef struct fd_user {
 /* sum(y * dy): linear in the weights, so its derivative is dW exactly */
 static double fd_eval(void *u) {
     fd_user *f = u;
-    assert_rt_ok(rt_conv2d_forward(f->ctx, f->l, f->n, f->x, f->y));
+    assert_rt_ok(rt_conv2d_forward(f->ctx, f->l, f->n, (rt_act *)f->x, (rt_act *)f->y));
     return mt_dot(f->y, f->dy, f->yn);
 }
 
@@ -216,13 +216,13 @@ static size_t run_chunked(const chunk_run *c, const float *x, const float *w, co
     fill(o->dx, xn);
     fill(rt_tensor_data(&l.dweight), wn);
     if (s->bias) fill(rt_tensor_data(&l.dbias), (size_t)s->out_c);
-    assert_rt_ok(rt_conv2d_forward(ctx, &l, n, x, o->y));
-    assert_rt_ok(rt_conv2d_backward(ctx, &l, n, x, dy, o->dx, false));
+    assert_rt_ok(rt_conv2d_forward(ctx, &l, n, (rt_act *)x, (rt_act *)o->y));
+    assert_rt_ok(rt_conv2d_backward(ctx, &l, n, (rt_act *)x, (rt_act *)dy, (rt_act *)o->dx, false));
     memcpy(o->dw, rt_tensor_data(&l.dweight), wn * 4);
     if (s->bias) memcpy(o->db, rt_tensor_data(&l.dbias), (size_t)s->out_c * 4);
     memcpy(o->dxacc, base, xn * sizeof(float));
-    assert_rt_ok(rt_conv2d_forward(ctx, &l, n, x, o->y));
-    assert_rt_ok(rt_conv2d_backward(ctx, &l, n, x, dy, o->dxacc, true));
+    assert_rt_ok(rt_conv2d_forward(ctx, &l, n, (rt_act *)x, (rt_act *)o->y));
+    assert_rt_ok(rt_conv2d_backward(ctx, &l, n, (rt_act *)x, (rt_act *)dy, (rt_act *)o->dxacc, true));
     /* finite differences of sum(y * dy) in the weights, on this same configuration */
     float *yfd = malloc(yn * 4);
     fd_user u = {ctx, &l, n, x, dy, yfd, yn};

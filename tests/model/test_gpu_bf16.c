@@ -243,19 +243,19 @@ static void conv_run(side_conv *C, side_conv *G, side_conv *A, int n, const char
     float *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
 
     /* A: the same sums over |terms|, in fp32 on the CPU */
-    assert_rt_ok(rt_conv2d_forward(g_cpu32, &A->l, n, ax, ay));
-    assert_rt_ok(rt_conv2d_backward(g_cpu32, &A->l, n, ax, ady, adx, false));
+    assert_rt_ok(rt_conv2d_forward(g_cpu32, &A->l, n, (rt_act *)ax, (rt_act *)ay));
+    assert_rt_ok(rt_conv2d_backward(g_cpu32, &A->l, n, (rt_act *)ax, (rt_act *)ady, (rt_act *)adx, false));
 
     gt_poison(rt_tensor_data(&G->l.dweight), wn * sizeof(float));
     if (l->has_bias) gt_poison(rt_tensor_data(&G->l.dbias), (size_t)l->out_c * sizeof(float));
-    if (backward_first) assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, x_dev, dy_dev, gdx, false));
-    assert_rt_ok(rt_conv2d_forward(g_cpu, &C->l, n, hx, cy));
-    assert_rt_ok(rt_conv2d_forward(g_gpu, &G->l, n, x_dev, gy));
+    if (backward_first) assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, (rt_act *)x_dev, (rt_act *)dy_dev, (rt_act *)gdx, false));
+    assert_rt_ok(rt_conv2d_forward(g_cpu, &C->l, n, (rt_act *)hx, (rt_act *)cy));
+    assert_rt_ok(rt_conv2d_forward(g_gpu, &G->l, n, (rt_act *)x_dev, (rt_act *)gy));
     snprintf(what, sizeof what, "%s n=%d y", name, n);
     check_bf16(what, cy, gy, ay, yn, k_y, CK_ROUNDED | CK_BF16_VALUES, NULL);
 
-    assert_rt_ok(rt_conv2d_backward(g_cpu, &C->l, n, hx, hdy, cdx, false));
-    if (!backward_first) assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, x_dev, dy_dev, gdx, false));
+    assert_rt_ok(rt_conv2d_backward(g_cpu, &C->l, n, (rt_act *)hx, (rt_act *)hdy, (rt_act *)cdx, false));
+    if (!backward_first) assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, (rt_act *)x_dev, (rt_act *)dy_dev, (rt_act *)gdx, false));
     snprintf(what, sizeof what, "%s n=%d dx", name, n);
     check_bf16(what, cdx, gdx, adx, xn, k_dx, CK_ROUNDED | CK_BF16_VALUES, NULL);
     snprintf(what, sizeof what, "%s n=%d dweight", name, n);
@@ -281,8 +281,8 @@ static void conv_run(side_conv *C, side_conv *G, side_conv *A, int n, const char
     memcpy(cpart, cdx, xn * sizeof(float));
     memcpy(cdx, hdx0, xn * sizeof(float));
     gt_upload(gdx, hdx0, xn * sizeof(float));
-    assert_rt_ok(rt_conv2d_backward(g_cpu, &C->l, n, hx, hdy, cdx, true));
-    assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, x_dev, dy_dev, gdx, true));
+    assert_rt_ok(rt_conv2d_backward(g_cpu, &C->l, n, (rt_act *)hx, (rt_act *)hdy, (rt_act *)cdx, true));
+    assert_rt_ok(rt_conv2d_backward(g_gpu, &G->l, n, (rt_act *)x_dev, (rt_act *)dy_dev, (rt_act *)gdx, true));
     snprintf(what, sizeof what, "%s n=%d dx accumulated", name, n);
     check_bf16(what, cdx, gdx, adx, xn, k_dx, CK_ROUNDED, cpart);
     free(cpart);
@@ -439,21 +439,21 @@ static void small_batch_case(rt_model_ctx *gpu, const char *refuse) {
     float *sy = rt_test_floats(n * yi), *sdx = rt_test_floats(n * xi), *sdw = rt_test_floats(wn);
 
     /* the oracle: the prepared batch, zero after image n */
-    assert_rt_ok(rt_conv2d_forward(gpu, &G.l, max_n, x_dev, gy));
-    assert_rt_ok(rt_conv2d_backward(gpu, &G.l, max_n, x_dev, dy_dev, gdx, false));
+    assert_rt_ok(rt_conv2d_forward(gpu, &G.l, max_n, (rt_act *)x_dev, (rt_act *)gy));
+    assert_rt_ok(rt_conv2d_backward(gpu, &G.l, max_n, (rt_act *)x_dev, (rt_act *)dy_dev, (rt_act *)gdx, false));
     gt_download(fy, gy, n * yi * sizeof(float));
     gt_download(fdx, gdx, n * xi * sizeof(float));
     gt_download(fdw, rt_tensor_data(&G.l.dweight), wn * sizeof(float));
     /* stale copies, then poisoned outputs */
-    assert_rt_ok(rt_conv2d_forward(gpu, &G.l, max_n, x_other, gy));
-    assert_rt_ok(rt_conv2d_backward(gpu, &G.l, max_n, x_other, dy_other, gdx, false));
+    assert_rt_ok(rt_conv2d_forward(gpu, &G.l, max_n, (rt_act *)x_other, (rt_act *)gy));
+    assert_rt_ok(rt_conv2d_backward(gpu, &G.l, max_n, (rt_act *)x_other, (rt_act *)dy_other, (rt_act *)gdx, false));
     gt_poison(gy, max_n * yi * sizeof(float));
     gt_poison(gdx, max_n * xi * sizeof(float));
     gt_poison(rt_tensor_data(&G.l.dweight), wn * sizeof(float));
 
     if (refuse) setenv("RINGTRAIN_EMU_CUDNN_REFUSE", refuse, 1);
-    const rt_status fs = rt_conv2d_forward(gpu, &G.l, n, x_dev, gy);
-    const rt_status bs = fs == RT_OK ? rt_conv2d_backward(gpu, &G.l, n, x_dev, dy_dev, gdx, false) : fs;
+    const rt_status fs = rt_conv2d_forward(gpu, &G.l, n, (rt_act *)x_dev, (rt_act *)gy);
+    const rt_status bs = fs == RT_OK ? rt_conv2d_backward(gpu, &G.l, n, (rt_act *)x_dev, (rt_act *)dy_dev, (rt_act *)gdx, false) : fs;
     unsetenv("RINGTRAIN_EMU_CUDNN_REFUSE");
     if (bs != RT_OK)
         fail_msg("bf16 conv at batch %d of %d%s%s: %s", n, max_n, refuse ? ", cuDNN refusing " : "", refuse ? refuse : "",
@@ -492,8 +492,8 @@ static void test_bf16_smaller_batch_padded(void **state) {
     side_conv_make(&F, g_gpu32, &shape, hw, NULL, 5);
     float *x_dev = gt_dev_copy(hx, e), *gy = gt_dev_nan(e), *gdx = gt_dev_nan(e);
     setenv("RINGTRAIN_EMU_CUDNN_REFUSE", "filter:2", 1);
-    const rt_status fst = rt_conv2d_forward(g_gpu32, &F.l, 2, x_dev, gy);
-    const rt_status bst = rt_conv2d_backward(g_gpu32, &F.l, 2, x_dev, gy, gdx, false);
+    const rt_status fst = rt_conv2d_forward(g_gpu32, &F.l, 2, (rt_act *)x_dev, (rt_act *)gy);
+    const rt_status bst = rt_conv2d_backward(g_gpu32, &F.l, 2, (rt_act *)x_dev, (rt_act *)gy, (rt_act *)gdx, false);
     unsetenv("RINGTRAIN_EMU_CUDNN_REFUSE");
     assert_rt_ok(fst);
     assert_int_not_equal(bst, RT_OK);

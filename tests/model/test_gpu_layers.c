@@ -111,15 +111,15 @@ static void conv_run(conv_pair *P, int n, const char *name, double tf, double tg
     float *cy = rt_test_nans(yn), *cdx = rt_test_nans(xn);
     float *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
 
-    assert_rt_ok(rt_conv2d_forward(g_cpu, &P->c, n, hx, cy));
-    assert_rt_ok(rt_conv2d_forward(g_gpu, &P->g, n, x_dev, gy));
+    assert_rt_ok(rt_conv2d_forward(g_cpu, &P->c, n, (rt_act *)hx, (rt_act *)cy));
+    assert_rt_ok(rt_conv2d_forward(g_gpu, &P->g, n, (rt_act *)x_dev, (rt_act *)gy));
     snprintf(what, sizeof what, "%s n=%d forward", name, n);
     note_conv_err(l, n, 0, gt_check_dev(what, cy, gy, yn, tf));
 
     gt_poison(rt_tensor_data(&P->g.dweight), wn * sizeof(float));
     if (l->has_bias) gt_poison(rt_tensor_data(&P->g.dbias), (size_t)l->out_c * sizeof(float));
-    assert_rt_ok(rt_conv2d_backward(g_cpu, &P->c, n, hx, hdy, cdx, false));
-    assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, x_dev, ddy, gdx, false));
+    assert_rt_ok(rt_conv2d_backward(g_cpu, &P->c, n, (rt_act *)hx, (rt_act *)hdy, (rt_act *)cdx, false));
+    assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, (rt_act *)x_dev, (rt_act *)ddy, (rt_act *)gdx, false));
     snprintf(what, sizeof what, "%s n=%d dx", name, n);
     note_conv_err(l, n, 1, gt_check_dev(what, cdx, gdx, xn, tg));
     snprintf(what, sizeof what, "%s n=%d dweight", name, n);
@@ -133,8 +133,8 @@ static void conv_run(conv_pair *P, int n, const char *name, double tf, double tg
     memcpy(cdx, hdx0, xn * sizeof(float));
     gt_upload(gdx, hdx0, xn * sizeof(float));
     gt_poison(rt_tensor_data(&P->g.dweight), wn * sizeof(float));
-    assert_rt_ok(rt_conv2d_backward(g_cpu, &P->c, n, hx, hdy, cdx, true));
-    assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, x_dev, ddy, gdx, true));
+    assert_rt_ok(rt_conv2d_backward(g_cpu, &P->c, n, (rt_act *)hx, (rt_act *)hdy, (rt_act *)cdx, true));
+    assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, (rt_act *)x_dev, (rt_act *)ddy, (rt_act *)gdx, true));
     snprintf(what, sizeof what, "%s n=%d dx accumulated", name, n);
     gt_check_dev(what, cdx, gdx, xn, tg);
     snprintf(what, sizeof what, "%s n=%d dweight (again)", name, n);
@@ -142,7 +142,7 @@ static void conv_run(conv_pair *P, int n, const char *name, double tf, double tg
 
     /* no input gradient (the first layer) */
     gt_poison(rt_tensor_data(&P->g.dweight), wn * sizeof(float));
-    assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, x_dev, ddy, NULL, false));
+    assert_rt_ok(rt_conv2d_backward(g_gpu, &P->g, n, (rt_act *)x_dev, (rt_act *)ddy, (rt_act *)NULL, false));
     snprintf(what, sizeof what, "%s n=%d dweight (dx NULL)", name, n);
     gt_check_dev(what, rt_tensor_data(&P->c.dweight), rt_tensor_data(&P->g.dweight), wn, tg);
 
@@ -284,8 +284,8 @@ static void bn_case(int max_n, int C, int H, int W, const int *ns, int nns) {
         gt_poison(P.g_save_invstd, C * sizeof(float));
 
         /* training forward: output, saved statistics, running statistics, counter */
-        assert_rt_ok(rt_batchnorm2d_forward(g_cpu, &P.c, n, hx, cy, true));
-        assert_rt_ok(rt_batchnorm2d_forward(g_gpu, &P.g, n, dx_in, gy, true));
+        assert_rt_ok(rt_batchnorm2d_forward(g_cpu, &P.c, n, (rt_act *)hx, (rt_act *)cy, true));
+        assert_rt_ok(rt_batchnorm2d_forward(g_gpu, &P.g, n, (rt_act *)dx_in, (rt_act *)gy, true));
         snprintf(what, sizeof what, "bn %dx%dx%d n=%d train forward", C, H, W, n);
         gt_check_dev(what, cy, gy, cnt, TOL_FWD);
         bn_check_stats(&P);
@@ -293,22 +293,22 @@ static void bn_case(int max_n, int C, int H, int W, const int *ns, int nns) {
         /* backward, dx written then accumulated */
         gt_poison(rt_tensor_data(&P.g.dweight), C * sizeof(float));
         gt_poison(rt_tensor_data(&P.g.dbias), C * sizeof(float));
-        assert_rt_ok(rt_batchnorm2d_backward(g_cpu, &P.c, n, hx, hdy, cdx, false));
-        assert_rt_ok(rt_batchnorm2d_backward(g_gpu, &P.g, n, dx_in, ddy, gdx, false));
+        assert_rt_ok(rt_batchnorm2d_backward(g_cpu, &P.c, n, (rt_act *)hx, (rt_act *)hdy, (rt_act *)cdx, false));
+        assert_rt_ok(rt_batchnorm2d_backward(g_gpu, &P.g, n, (rt_act *)dx_in, (rt_act *)ddy, (rt_act *)gdx, false));
         snprintf(what, sizeof what, "bn %dx%dx%d n=%d dx", C, H, W, n);
         gt_check_dev(what, cdx, gdx, cnt, TOL_GRAD);
         gt_check_dev("  dweight", rt_tensor_data(&P.c.dweight), rt_tensor_data(&P.g.dweight), (size_t)C, TOL_GRAD);
         gt_check_dev("  dbias", rt_tensor_data(&P.c.dbias), rt_tensor_data(&P.g.dbias), (size_t)C, TOL_GRAD);
         memcpy(cdx, hdx0, cnt * sizeof(float));
         gt_upload(gdx, hdx0, cnt * sizeof(float));
-        assert_rt_ok(rt_batchnorm2d_backward(g_cpu, &P.c, n, hx, hdy, cdx, true));
-        assert_rt_ok(rt_batchnorm2d_backward(g_gpu, &P.g, n, dx_in, ddy, gdx, true));
+        assert_rt_ok(rt_batchnorm2d_backward(g_cpu, &P.c, n, (rt_act *)hx, (rt_act *)hdy, (rt_act *)cdx, true));
+        assert_rt_ok(rt_batchnorm2d_backward(g_gpu, &P.g, n, (rt_act *)dx_in, (rt_act *)ddy, (rt_act *)gdx, true));
         gt_check_dev("  dx accumulated", cdx, gdx, cnt, TOL_GRAD);
 
         /* evaluation forward with the (now updated) running statistics */
         gt_poison(gy, cnt * sizeof(float));
-        assert_rt_ok(rt_batchnorm2d_forward(g_cpu, &P.c, n, hx, cy, false));
-        assert_rt_ok(rt_batchnorm2d_forward(g_gpu, &P.g, n, dx_in, gy, false));
+        assert_rt_ok(rt_batchnorm2d_forward(g_cpu, &P.c, n, (rt_act *)hx, (rt_act *)cy, false));
+        assert_rt_ok(rt_batchnorm2d_forward(g_gpu, &P.g, n, (rt_act *)dx_in, (rt_act *)gy, false));
         snprintf(what, sizeof what, "bn %dx%dx%d n=%d eval forward", C, H, W, n);
         gt_check_dev(what, cy, gy, cnt, TOL_FWD);
 
@@ -346,15 +346,15 @@ static void bn_act_case(int max_n, int n, int C, int H, int W, bool residual, bo
     float *gx = gt_dev_copy(hx, cnt), *gr = hr ? gt_dev_copy(hr, cnt) : NULL, *gy = gt_dev_nan(cnt);
     float *cy = rt_test_nans(cnt), *first = rt_test_nans(cnt), *cdx = rt_test_nans(cnt);
 
-    assert_rt_ok(rt_batchnorm2d_forward_act(g_cpu, &P.c, n, hx, hr, cy, true, relu));
-    assert_rt_ok(rt_batchnorm2d_forward_act(g_gpu, &P.g, n, gx, gr, gy, true, relu));
+    assert_rt_ok(rt_batchnorm2d_forward_act(g_cpu, &P.c, n, (rt_act *)hx, (rt_act *)hr, (rt_act *)cy, true, relu));
+    assert_rt_ok(rt_batchnorm2d_forward_act(g_gpu, &P.g, n, (rt_act *)gx, (rt_act *)gr, (rt_act *)gy, true, relu));
     snprintf(what, sizeof what, "%s train forward", name);
     gt_check_dev(what, cy, gy, cnt, TOL_FWD);
     bn_check_stats(&P);
     gt_download(first, gy, cnt * sizeof(float));
     /* again (the running statistics move on both backends): the same bits */
-    assert_rt_ok(rt_batchnorm2d_forward_act(g_cpu, &P.c, n, hx, hr, cy, true, relu));
-    assert_rt_ok(rt_batchnorm2d_forward_act(g_gpu, &P.g, n, gx, gr, gy, true, relu));
+    assert_rt_ok(rt_batchnorm2d_forward_act(g_cpu, &P.c, n, (rt_act *)hx, (rt_act *)hr, (rt_act *)cy, true, relu));
+    assert_rt_ok(rt_batchnorm2d_forward_act(g_gpu, &P.g, n, (rt_act *)gx, (rt_act *)gr, (rt_act *)gy, true, relu));
     gt_check_exact("  train forward, second run (bits)", first, gy, cnt);
     bn_check_stats(&P);
 
@@ -364,28 +364,28 @@ static void bn_act_case(int max_n, int n, int C, int H, int W, bool residual, bo
         memcpy(cdy, hdy, cnt * sizeof(float));
         gt_poison(rt_tensor_data(&P.g.dweight), C * sizeof(float));
         gt_poison(rt_tensor_data(&P.g.dbias), C * sizeof(float));
-        assert_rt_ok(rt_batchnorm2d_backward_act(g_cpu, &P.c, n, hx, cy, cdy, cdx, false));
-        assert_rt_ok(rt_batchnorm2d_backward_act(g_gpu, &P.g, n, gx, gact, gdy, gdx, false));
+        assert_rt_ok(rt_batchnorm2d_backward_act(g_cpu, &P.c, n, (rt_act *)hx, (rt_act *)cy, (rt_act *)cdy, (rt_act *)cdx, false));
+        assert_rt_ok(rt_batchnorm2d_backward_act(g_gpu, &P.g, n, (rt_act *)gx, (rt_act *)gact, (rt_act *)gdy, (rt_act *)gdx, false));
         snprintf(what, sizeof what, "%s dx through relu", name);
         gt_check_dev(what, cdx, gdx, cnt, TOL_GRAD);
         gt_check_dev("  dweight", rt_tensor_data(&P.c.dweight), rt_tensor_data(&P.g.dweight), (size_t)C, TOL_GRAD);
         gt_check_dev("  dbias", rt_tensor_data(&P.c.dbias), rt_tensor_data(&P.g.dbias), (size_t)C, TOL_GRAD);
         gt_download(first, gdx, cnt * sizeof(float));
         gt_upload(gdy, hdy, cnt * sizeof(float));
-        assert_rt_ok(rt_batchnorm2d_backward_act(g_gpu, &P.g, n, gx, gact, gdy, gdx, false));
+        assert_rt_ok(rt_batchnorm2d_backward_act(g_gpu, &P.g, n, (rt_act *)gx, (rt_act *)gact, (rt_act *)gdy, (rt_act *)gdx, false));
         gt_check_exact("  dx, second run (bits)", first, gdx, cnt);
         memcpy(cdy, hdy, cnt * sizeof(float)), memcpy(cdx, hdx0, cnt * sizeof(float));
         gt_upload(gdy, hdy, cnt * sizeof(float)), gt_upload(gdx, hdx0, cnt * sizeof(float));
-        assert_rt_ok(rt_batchnorm2d_backward_act(g_cpu, &P.c, n, hx, cy, cdy, cdx, true));
-        assert_rt_ok(rt_batchnorm2d_backward_act(g_gpu, &P.g, n, gx, gact, gdy, gdx, true));
+        assert_rt_ok(rt_batchnorm2d_backward_act(g_cpu, &P.c, n, (rt_act *)hx, (rt_act *)cy, (rt_act *)cdy, (rt_act *)cdx, true));
+        assert_rt_ok(rt_batchnorm2d_backward_act(g_gpu, &P.g, n, (rt_act *)gx, (rt_act *)gact, (rt_act *)gdy, (rt_act *)gdx, true));
         gt_check_dev("  dx through relu, accumulated", cdx, gdx, cnt, TOL_GRAD);
         free(cdy);
         gt_free(gact), gt_free(gdy), gt_free(gdx);
     }
 
     gt_poison(gy, cnt * sizeof(float)); /* evaluation with the updated running statistics */
-    assert_rt_ok(rt_batchnorm2d_forward_act(g_cpu, &P.c, n, hx, hr, cy, false, relu));
-    assert_rt_ok(rt_batchnorm2d_forward_act(g_gpu, &P.g, n, gx, gr, gy, false, relu));
+    assert_rt_ok(rt_batchnorm2d_forward_act(g_cpu, &P.c, n, (rt_act *)hx, (rt_act *)hr, (rt_act *)cy, false, relu));
+    assert_rt_ok(rt_batchnorm2d_forward_act(g_gpu, &P.g, n, (rt_act *)gx, (rt_act *)gr, (rt_act *)gy, false, relu));
     snprintf(what, sizeof what, "%s eval forward", name);
     gt_check_dev(what, cy, gy, cnt, TOL_FWD);
 
@@ -588,33 +588,33 @@ static void test_elementwise(void **state) {
     float *da = gt_dev_copy(ha, n), *db = gt_dev_copy(hb, n), *dy = gt_dev_nan(n);
     float *cy = rt_test_nans(n), *cx = rt_test_floats(n);
 
-    assert_rt_ok(rt_relu_forward(g_cpu, n, ha, cy));
-    assert_rt_ok(rt_relu_forward(g_gpu, n, da, dy));
+    assert_rt_ok(rt_relu_forward(g_cpu, n, (rt_act *)ha, (rt_act *)cy));
+    assert_rt_ok(rt_relu_forward(g_gpu, n, (rt_act *)da, (rt_act *)dy));
     gt_check_exact("relu forward", cy, dy, n);
     /* backward from the output, in place on dy */
     float *cdx = rt_test_floats(n);
     memcpy(cdx, hb, n * sizeof(float));
     float *gdx = gt_dev_copy(hb, n);
-    assert_rt_ok(rt_relu_backward(g_cpu, n, cy, cdx, cdx));
-    assert_rt_ok(rt_relu_backward(g_gpu, n, dy, gdx, gdx));
+    assert_rt_ok(rt_relu_backward(g_cpu, n, (rt_act *)cy, (rt_act *)cdx, (rt_act *)cdx));
+    assert_rt_ok(rt_relu_backward(g_gpu, n, (rt_act *)dy, (rt_act *)gdx, (rt_act *)gdx));
     gt_check_exact("relu backward (in place)", cdx, gdx, n);
     /* relu in place */
     memcpy(cx, ha, n * sizeof(float));
     float *gx = gt_dev_copy(ha, n);
-    assert_rt_ok(rt_relu_forward(g_cpu, n, cx, cx));
-    assert_rt_ok(rt_relu_forward(g_gpu, n, gx, gx));
+    assert_rt_ok(rt_relu_forward(g_cpu, n, (rt_act *)cx, (rt_act *)cx));
+    assert_rt_ok(rt_relu_forward(g_gpu, n, (rt_act *)gx, (rt_act *)gx));
     gt_check_exact("relu forward (in place)", cx, gx, n);
 
     gt_poison(dy, n * sizeof(float));
-    assert_rt_ok(rt_add_forward(g_cpu, n, ha, hb, cy));
-    assert_rt_ok(rt_add_forward(g_gpu, n, da, db, dy));
+    assert_rt_ok(rt_add_forward(g_cpu, n, (rt_act *)ha, (rt_act *)hb, (rt_act *)cy));
+    assert_rt_ok(rt_add_forward(g_gpu, n, (rt_act *)da, (rt_act *)db, (rt_act *)dy));
     gt_check_exact("add forward", cy, dy, n);
-    assert_rt_ok(rt_add_backward(g_cpu, n, ha, cy));
-    assert_rt_ok(rt_add_backward(g_gpu, n, da, dy));
+    assert_rt_ok(rt_add_backward(g_cpu, n, (rt_act *)ha, (rt_act *)cy));
+    assert_rt_ok(rt_add_backward(g_gpu, n, (rt_act *)da, (rt_act *)dy));
     gt_check_exact("add backward (accumulate)", cy, dy, n);
 
     gt_poison(dy, n * sizeof(float));
-    assert_rt_ok(rt_flatten_forward(g_gpu, n, da, dy));
+    assert_rt_ok(rt_flatten_forward(g_gpu, 1, 1, 1, (int)n, (rt_act *)da, dy));
     gt_check_exact("copy (flatten)", ha, dy, n);
 
     free(ha), free(hb), free(cy), free(cx), free(cdx);
@@ -636,12 +636,12 @@ static void pool_case(int n, int c, int h, int w, int k, int s, int pad, bool ti
     float *dx_in = gt_dev_copy(hx, xn), *ddy = gt_dev_copy(hdy, yn);
     float *cy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
     char what[96];
-    assert_rt_ok(rt_maxpool2d_forward(g_cpu, &l, n, hx, cy));
-    assert_rt_ok(rt_maxpool2d_forward(g_gpu, &lg, n, dx_in, gy));
+    assert_rt_ok(rt_maxpool2d_forward(g_cpu, &l, n, (rt_act *)hx, (rt_act *)cy));
+    assert_rt_ok(rt_maxpool2d_forward(g_gpu, &lg, n, (rt_act *)dx_in, (rt_act *)gy));
     snprintf(what, sizeof what, "maxpool %dx%d k%d s%d p%d%s forward", h, w, k, s, pad, ties ? " ties" : "");
     gt_check_exact(what, cy, gy, yn);
-    assert_rt_ok(rt_maxpool2d_backward(g_cpu, &l, n, hx, cy, hdy, cdx));
-    assert_rt_ok(rt_maxpool2d_backward(g_gpu, &lg, n, dx_in, gy, ddy, gdx));
+    assert_rt_ok(rt_maxpool2d_backward(g_cpu, &l, n, (rt_act *)hx, (rt_act *)cy, (rt_act *)hdy, (rt_act *)cdx));
+    assert_rt_ok(rt_maxpool2d_backward(g_gpu, &lg, n, (rt_act *)dx_in, (rt_act *)gy, (rt_act *)ddy, (rt_act *)gdx));
     snprintf(what, sizeof what, "maxpool %dx%d k%d s%d p%d%s backward", h, w, k, s, pad, ties ? " ties" : "");
     gt_check_exact(what, cdx, gdx, xn);
     rt_maxpool2d_release(g_cpu, &l);
@@ -671,11 +671,11 @@ static void test_avgpool(void **state) {
         float *hx = rt_test_randn(xn, 1.0f), *hdy = rt_test_randn(yn, 1.0f);
         float *dx_in = gt_dev_copy(hx, xn), *ddy = gt_dev_copy(hdy, yn);
         float *cy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *gy = gt_dev_nan(yn), *gdx = gt_dev_nan(xn);
-        assert_rt_ok(rt_avgpool_forward(g_cpu, n, c, hw, hx, cy));
-        assert_rt_ok(rt_avgpool_forward(g_gpu, n, c, hw, dx_in, gy));
+        assert_rt_ok(rt_avgpool_forward(g_cpu, n, c, hw, (rt_act *)hx, cy));
+        assert_rt_ok(rt_avgpool_forward(g_gpu, n, c, hw, (rt_act *)dx_in, gy));
         gt_check_exact("avgpool forward", cy, gy, yn);
-        assert_rt_ok(rt_avgpool_backward(g_cpu, n, c, hw, hdy, cdx));
-        assert_rt_ok(rt_avgpool_backward(g_gpu, n, c, hw, ddy, gdx));
+        assert_rt_ok(rt_avgpool_backward(g_cpu, n, c, hw, hdy, (rt_act *)cdx));
+        assert_rt_ok(rt_avgpool_backward(g_gpu, n, c, hw, ddy, (rt_act *)gdx));
         gt_check_exact("avgpool backward", cdx, gdx, xn);
         free(hx), free(hdy), free(cy), free(cdx);
         gt_free(dx_in), gt_free(ddy), gt_free(gy), gt_free(gdx);
@@ -771,19 +771,19 @@ static void dropout_case(float p, bool channelwise, int n, int c, int h, int w) 
     float *cy = rt_test_nans(cnt), *cdx = rt_test_nans(cnt), *gy = gt_dev_nan(cnt), *gdx = gt_dev_nan(cnt);
     for (int rep = 0; rep < 2; rep++) { /* the second draw continues the counter */
         char what[96];
-        assert_rt_ok(rt_dropout_forward(g_cpu, &lc, n, hx, cy, true));
-        assert_rt_ok(rt_dropout_forward(g_gpu, &lg, n, dx_in, gy, true));
+        assert_rt_ok(rt_dropout_forward(g_cpu, &lc, n, (rt_act *)hx, (rt_act *)cy, true));
+        assert_rt_ok(rt_dropout_forward(g_gpu, &lg, n, (rt_act *)dx_in, (rt_act *)gy, true));
         assert_true(lc.counter == lg.counter);
         snprintf(what, sizeof what, "dropout p=%.2f%s draw %d mask", (double)p, channelwise ? " 2d" : "", rep);
         gt_check_exact(what, cmask, lg.mask, draws);
         gt_check_exact("  forward", cy, gy, cnt);
-        assert_rt_ok(rt_dropout_backward(g_cpu, &lc, n, hdy, cdx));
-        assert_rt_ok(rt_dropout_backward(g_gpu, &lg, n, ddy, gdx));
+        assert_rt_ok(rt_dropout_backward(g_cpu, &lc, n, (rt_act *)hdy, (rt_act *)cdx));
+        assert_rt_ok(rt_dropout_backward(g_gpu, &lg, n, (rt_act *)ddy, (rt_act *)gdx));
         gt_check_exact("  backward", cdx, gdx, cnt);
     }
     /* evaluation: a copy */
     gt_poison(gy, cnt * sizeof(float));
-    assert_rt_ok(rt_dropout_forward(g_gpu, &lg, n, dx_in, gy, false));
+    assert_rt_ok(rt_dropout_forward(g_gpu, &lg, n, (rt_act *)dx_in, (rt_act *)gy, false));
     gt_check_exact("  eval forward (copy)", hx, gy, cnt);
     free(cmask), free(hx), free(hdy), free(cy), free(cdx);
     gt_free(lg.mask), gt_free(dx_in), gt_free(ddy), gt_free(gy), gt_free(gdx);

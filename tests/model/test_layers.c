@@ -38,7 +38,7 @@ typedef struct conv_case {
 
 static double conv_eval(void *u) {
     conv_case *c = u;
-    assert_rt_ok(rt_conv2d_forward(g_ctx, &c->l, c->n, c->x, c->y));
+    assert_rt_ok(rt_conv2d_forward(g_ctx, &c->l, c->n, (rt_act *)c->x, (rt_act *)c->y));
     return mt_dot(c->y, c->r, c->yn);
 }
 
@@ -64,8 +64,8 @@ static void check_conv(int n, int in_c, int out_c, int h, int w, int k, int s, i
     float *wt = rt_tensor_data(&c.l.weight);
     mt_randn(wt, (size_t)rt_tensor_numel(&c.l.weight), 3);
     if (bias) mt_randn(rt_tensor_data(&c.l.bias), (size_t)out_c, 4);
-    assert_rt_ok(rt_conv2d_forward(g_ctx, &c.l, n, c.x, c.y));
-    assert_rt_ok(rt_conv2d_backward(g_ctx, &c.l, n, c.x, c.r, dx, false));
+    assert_rt_ok(rt_conv2d_forward(g_ctx, &c.l, n, (rt_act *)c.x, (rt_act *)c.y));
+    assert_rt_ok(rt_conv2d_backward(g_ctx, &c.l, n, (rt_act *)c.x, (rt_act *)c.r, (rt_act *)dx, false));
     char what[96];
     snprintf(what, sizeof what, "conv k%d s%d p%d %dx%d dx", k, s, p, h, w);
     int fails = mt_fd_check(what, c.x, dx, c.xn, 60, EPS, RTOL, ATOL, conv_eval, &c);
@@ -77,9 +77,9 @@ static void check_conv(int n, int in_c, int out_c, int h, int w, int k, int s, i
                              RTOL, ATOL, conv_eval, &c);
     /* accumulate adds to what dx holds (after a forward with the unperturbed weights:
      * backward's contract) */
-    assert_rt_ok(rt_conv2d_forward(g_ctx, &c.l, n, c.x, c.y));
+    assert_rt_ok(rt_conv2d_forward(g_ctx, &c.l, n, (rt_act *)c.x, (rt_act *)c.y));
     for (size_t i = 0; i < c.xn; i++) dx2[i] = 1.0f;
-    assert_rt_ok(rt_conv2d_backward(g_ctx, &c.l, n, c.x, c.r, dx2, true));
+    assert_rt_ok(rt_conv2d_backward(g_ctx, &c.l, n, (rt_act *)c.x, (rt_act *)c.r, (rt_act *)dx2, true));
     for (size_t i = 0; i < c.xn; i++) assert_float_equal(dx2[i], dx[i] + 1.0f, 1e-4);
     assert_int_equal(fails, 0);
     free(c.x);
@@ -115,11 +115,11 @@ static void test_conv2d_workspace_error(void **state) {
     mt_place(&A, &l.weight, &l.dweight);
     mt_alloc(&A);
     float x[3 * 64] = {0}, y[4 * 64];
-    assert_int_equal(rt_conv2d_forward(ctx, &l, 1, x, y), RT_ERR_INVALID);
+    assert_int_equal(rt_conv2d_forward(ctx, &l, 1, (rt_act *)x, (rt_act *)y), RT_ERR_INVALID);
     assert_non_null(strstr(rt_error_message(), "prepare"));
     size_t ws;
     assert_rt_ok(rt_conv2d_prepare(ctx, &l, 1, &ws));
-    assert_int_equal(rt_conv2d_forward(ctx, &l, 1, x, y), RT_ERR_INVALID);
+    assert_int_equal(rt_conv2d_forward(ctx, &l, 1, (rt_act *)x, (rt_act *)y), RT_ERR_INVALID);
     assert_non_null(strstr(rt_error_message(), "workspace"));
     rt_conv2d_release(ctx, &l);
     assert_int_equal(rt_conv2d_init(&l, 3, 4, 2, 2, 7, 1, 0, false), RT_ERR_INVALID);
@@ -138,7 +138,7 @@ typedef struct bn_case {
 
 static double bn_eval(void *u) {
     bn_case *c = u;
-    assert_rt_ok(rt_batchnorm2d_forward(g_ctx, &c->l, c->n, c->x, c->y, true));
+    assert_rt_ok(rt_batchnorm2d_forward(g_ctx, &c->l, c->n, (rt_act *)c->x, (rt_act *)c->y, true));
     return mt_dot(c->y, c->r, c->cnt);
 }
 
@@ -173,7 +173,7 @@ static void check_batchnorm2d(int C, int H, int W, int n) {
     float *rm = rt_tensor_data(&c.l.running_mean), *rv = rt_tensor_data(&c.l.running_var);
     for (int i = 0; i < C; i++) rv[i] = 1.0f;
     /* running statistics after one training forward: momentum 0.1, unbiased variance */
-    assert_rt_ok(rt_batchnorm2d_forward(g_ctx, &c.l, c.n, c.x, c.y, true));
+    assert_rt_ok(rt_batchnorm2d_forward(g_ctx, &c.l, c.n, (rt_act *)c.x, (rt_act *)c.y, true));
     const int M = c.n * H * W;
     for (int ch = 0; ch < C; ch++) {
         double s = 0, ss = 0;
@@ -195,7 +195,7 @@ static void check_batchnorm2d(int C, int H, int W, int n) {
         assert_float_equal(sqrt(yss / M), fabs(gamma[ch]) * sqrt(ss / M / (ss / M + 1e-5)), 1e-4);
     }
     assert_int_equal(((int64_t *)rt_tensor_data(&c.l.num_batches_tracked))[0], 1);
-    assert_rt_ok(rt_batchnorm2d_backward(g_ctx, &c.l, c.n, c.x, c.r, dx, false));
+    assert_rt_ok(rt_batchnorm2d_backward(g_ctx, &c.l, c.n, (rt_act *)c.x, (rt_act *)c.r, (rt_act *)dx, false));
     int fails = mt_fd_check("bn dx", c.x, dx, c.cnt, 72, EPS, RTOL, ATOL, bn_eval, &c);
     fails += mt_fd_check("bn dgamma", gamma, rt_tensor_data(&c.l.dweight), C, 4, EPS, RTOL, ATOL, bn_eval, &c);
     fails += mt_fd_check("bn dbeta", beta, rt_tensor_data(&c.l.dbias), C, 4, EPS, RTOL, ATOL, bn_eval, &c);
@@ -205,7 +205,7 @@ static void check_batchnorm2d(int C, int H, int W, int n) {
         rm[ch] = 0.25f * ch;
         rv[ch] = 1.0f + ch;
     }
-    assert_rt_ok(rt_batchnorm2d_forward(g_ctx, &c.l, c.n, c.x, c.y, false));
+    assert_rt_ok(rt_batchnorm2d_forward(g_ctx, &c.l, c.n, (rt_act *)c.x, (rt_act *)c.y, false));
     for (size_t i = 0; i < c.cnt; i++) {
         int ch = (int)(i / (H * W)) % C;
         double want = (c.x[i] - rm[ch]) / sqrt(rv[ch] + 1e-5) * gamma[ch] + beta[ch];
@@ -217,7 +217,7 @@ static void check_batchnorm2d(int C, int H, int W, int n) {
     one = c.l;
     one.h = one.w = 1;
     one.c = 1;
-    assert_int_equal(rt_batchnorm2d_forward(g_ctx, &one, 1, c.x, c.y, true), RT_ERR_INVALID);
+    assert_int_equal(rt_batchnorm2d_forward(g_ctx, &one, 1, (rt_act *)c.x, (rt_act *)c.y, true), RT_ERR_INVALID);
     free(c.x);
     free(c.y);
     free(c.r);
@@ -280,15 +280,15 @@ static void bn_fused_run(int threads, int C, int H, int W, int n, float *y_out, 
         bn_fx_init(&f, C, H, W);
         float *y = pass ? y2 : y1, *dx = pass ? dx2 : dx1;
         if (pass) {
-            assert_rt_ok(rt_batchnorm2d_forward_act(ctx, &f.l, n, x, res, y, true, true));
+            assert_rt_ok(rt_batchnorm2d_forward_act(ctx, &f.l, n, (rt_act *)x, (rt_act *)res, (rt_act *)y, true, true));
             memcpy(g, dy, cnt * sizeof *g);
-            assert_rt_ok(rt_batchnorm2d_backward_act(ctx, &f.l, n, x, y, g, dx, false));
+            assert_rt_ok(rt_batchnorm2d_backward_act(ctx, &f.l, n, (rt_act *)x, (rt_act *)y, (rt_act *)g, (rt_act *)dx, false));
         } else {
-            assert_rt_ok(rt_batchnorm2d_forward(ctx, &f.l, n, x, y, true));
-            assert_rt_ok(rt_add_forward(ctx, cnt, y, res, y));
-            assert_rt_ok(rt_relu_forward(ctx, cnt, y, y));
-            assert_rt_ok(rt_relu_backward(ctx, cnt, y, dy, g));
-            assert_rt_ok(rt_batchnorm2d_backward(ctx, &f.l, n, x, g, dx, false));
+            assert_rt_ok(rt_batchnorm2d_forward(ctx, &f.l, n, (rt_act *)x, (rt_act *)y, true));
+            assert_rt_ok(rt_add_forward(ctx, cnt, (rt_act *)y, (rt_act *)res, (rt_act *)y));
+            assert_rt_ok(rt_relu_forward(ctx, cnt, (rt_act *)y, (rt_act *)y));
+            assert_rt_ok(rt_relu_backward(ctx, cnt, (rt_act *)y, (rt_act *)dy, (rt_act *)g));
+            assert_rt_ok(rt_batchnorm2d_backward(ctx, &f.l, n, (rt_act *)x, (rt_act *)g, (rt_act *)dx, false));
         }
         static float rm[2][64], rv[2][64], dgb[2][128];
         memcpy(rm[pass], rt_tensor_data(&f.l.running_mean), sizeof(float) * (size_t)C);
@@ -303,9 +303,9 @@ static void bn_fused_run(int threads, int C, int H, int W, int n, float *y_out, 
             assert_same_bits(dgb[0], dgb[1], 2 * (size_t)C, "dgamma, dbeta");
             memcpy(dg_out, dgb[1], sizeof(float) * 2 * (size_t)C);
             /* evaluation mode, with a residual and without relu, against the composed ops */
-            assert_rt_ok(rt_batchnorm2d_forward(ctx, &f.l, n, x, y1, false));
-            assert_rt_ok(rt_add_forward(ctx, cnt, y1, res, y1));
-            assert_rt_ok(rt_batchnorm2d_forward_act(ctx, &f.l, n, x, res, y2, false, false));
+            assert_rt_ok(rt_batchnorm2d_forward(ctx, &f.l, n, (rt_act *)x, (rt_act *)y1, false));
+            assert_rt_ok(rt_add_forward(ctx, cnt, (rt_act *)y1, (rt_act *)res, (rt_act *)y1));
+            assert_rt_ok(rt_batchnorm2d_forward_act(ctx, &f.l, n, (rt_act *)x, (rt_act *)res, (rt_act *)y2, false, false));
             assert_same_bits(y1, y2, cnt, "fused evaluation forward y");
         }
         mt_free(&f.A);
@@ -352,16 +352,16 @@ static double ew_eval(void *u) {
     ew_case *e = u;
     switch (e->op) {
     case 0:
-        assert_rt_ok(rt_relu_forward(g_ctx, e->xn, e->x, e->y));
+        assert_rt_ok(rt_relu_forward(g_ctx, e->xn, (rt_act *)e->x, (rt_act *)e->y));
         break;
     case 1:
-        assert_rt_ok(rt_add_forward(g_ctx, e->xn, e->x, e->b, e->y));
+        assert_rt_ok(rt_add_forward(g_ctx, e->xn, (rt_act *)e->x, (rt_act *)e->b, (rt_act *)e->y));
         break;
     case 2:
-        assert_rt_ok(rt_avgpool_forward(g_ctx, e->n, e->c, e->hw, e->x, e->y));
+        assert_rt_ok(rt_avgpool_forward(g_ctx, e->n, e->c, e->hw, (rt_act *)e->x, e->y));
         break;
     case 3:
-        assert_rt_ok(rt_flatten_forward(g_ctx, e->xn, e->x, e->y));
+        assert_rt_ok(rt_flatten_forward(g_ctx, e->n, e->c, 1, e->hw, (rt_act *)e->x, e->y));
         break;
     }
     return mt_dot(e->y, e->r, e->yn);
@@ -386,18 +386,18 @@ static void test_elementwise(void **state) {
         (void)ew_eval(&e);
         switch (op) {
         case 0:
-            assert_rt_ok(rt_relu_backward(g_ctx, e.xn, e.y, e.r, dx));
+            assert_rt_ok(rt_relu_backward(g_ctx, e.xn, (rt_act *)e.y, (rt_act *)e.r, (rt_act *)dx));
             break;
         case 1:
             for (size_t i = 0; i < e.xn; i++) dx[i] = 0.5f;
-            assert_rt_ok(rt_add_backward(g_ctx, e.xn, e.r, dx));
+            assert_rt_ok(rt_add_backward(g_ctx, e.xn, (rt_act *)e.r, (rt_act *)dx));
             for (size_t i = 0; i < e.xn; i++) dx[i] -= 0.5f;
             break;
         case 2:
-            assert_rt_ok(rt_avgpool_backward(g_ctx, e.n, e.c, e.hw, e.r, dx));
+            assert_rt_ok(rt_avgpool_backward(g_ctx, e.n, e.c, e.hw, e.r, (rt_act *)dx));
             break;
         case 3:
-            assert_rt_ok(rt_flatten_backward(g_ctx, e.xn, e.r, dx));
+            assert_rt_ok(rt_flatten_backward(g_ctx, e.n, e.c, 1, e.hw, e.r, (rt_act *)dx));
             break;
         }
         static const char *names[] = {"relu dx", "add da", "avgpool dx", "flatten dx"};
@@ -406,7 +406,7 @@ static void test_elementwise(void **state) {
         if (op == 0) {
             float *yy = alloc_f(e.xn);
             memcpy(yy, e.x, e.xn * sizeof(float));
-            assert_rt_ok(rt_relu_forward(g_ctx, e.xn, yy, yy));
+            assert_rt_ok(rt_relu_forward(g_ctx, e.xn, (rt_act *)yy, (rt_act *)yy));
             assert_memory_equal(yy, e.y, e.xn * sizeof(float));
             free(yy);
         }
@@ -429,7 +429,7 @@ typedef struct mp_case {
 
 static double mp_eval(void *u) {
     mp_case *c = u;
-    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &c->l, c->n, c->x, c->y));
+    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &c->l, c->n, (rt_act *)c->x, (rt_act *)c->y));
     return mt_dot(c->y, c->r, c->yn);
 }
 
@@ -454,7 +454,7 @@ static void check_maxpool(int n, int ch, int h, int w, int k, int s, int p) {
     }
     mt_randn(c.r, c.yn, 31);
     (void)mp_eval(&c);
-    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &c.l, n, c.x, c.y, c.r, dx));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &c.l, n, (rt_act *)c.x, (rt_act *)c.y, (rt_act *)c.r, (rt_act *)dx));
     assert_int_equal(mt_fd_check("maxpool dx", c.x, dx, c.xn, 200, EPS, RTOL, ATOL, mp_eval, &c), 0);
     free(c.x);
     free(c.y);
@@ -470,8 +470,8 @@ static void test_maxpool2d(void **state) {
     rt_maxpool2d l;
     assert_rt_ok(rt_maxpool2d_init(&l, 1, 2, 2, 2, 2, 0));
     float x[4] = {1, 1, 1, 1}, y[1], dy[1] = {3}, dx[4];
-    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &l, 1, x, y));
-    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &l, 1, x, y, dy, dx));
+    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &l, 1, (rt_act *)x, (rt_act *)y));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &l, 1, (rt_act *)x, (rt_act *)y, (rt_act *)dy, (rt_act *)dx));
     assert_float_equal(dx[0], 3, 0);
     assert_float_equal(dx[1] + dx[2] + dx[3], 0, 0);
     /* 3x3 window, stride 2, padding 1 on 3x3: four windows clipped to the plane; a NaN
@@ -479,19 +479,19 @@ static void test_maxpool2d(void **state) {
     rt_maxpool2d q;
     assert_rt_ok(rt_maxpool2d_init(&q, 1, 3, 3, 3, 2, 1));
     float xq[9] = {5, 1, 5, /**/ 0, 2, NAN, /**/ 7, 7, -1}, yq[4], dyq[4] = {1, 10, 100, 1000}, dxq[9];
-    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &q, 1, xq, yq));
+    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &q, 1, (rt_act *)xq, (rt_act *)yq));
     assert_float_equal(yq[0], 5, 0); /* rows 0-1, cols 0-1: {5, 1, 0, 2} */
     assert_true(isnan(yq[1]));       /* rows 0-1, cols 1-2 */
     assert_float_equal(yq[2], 7, 0); /* rows 1-2, cols 0-1: {0, 2, 7, 7}: the first 7 */
     assert_true(isnan(yq[3]));
-    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &q, 1, xq, yq, dyq, dxq));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &q, 1, (rt_act *)xq, (rt_act *)yq, (rt_act *)dyq, (rt_act *)dxq));
     const float want[9] = {1, 0, 0, /**/ 0, 0, 1010, /**/ 100, 0, 0};
     for (int i = 0; i < 9; i++) assert_float_equal(dxq[i], want[i], 0);
     /* prepared: backward scatters the forward's recorded maxima: the same dx */
     assert_rt_ok(rt_maxpool2d_prepare(g_ctx, &q, 2));
     memset(dxq, 0, sizeof dxq);
-    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &q, 1, xq, yq));
-    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &q, 1, xq, yq, dyq, dxq));
+    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &q, 1, (rt_act *)xq, (rt_act *)yq));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &q, 1, (rt_act *)xq, (rt_act *)yq, (rt_act *)dyq, (rt_act *)dxq));
     for (int i = 0; i < 9; i++) assert_float_equal(dxq[i], want[i], 0);
     rt_maxpool2d_release(g_ctx, &q);
     /* and on random planes, against the unprepared layer; then a backward for another
@@ -507,15 +507,15 @@ static void test_maxpool2d(void **state) {
     mt_randn(xa, xn, 41);
     mt_randn(xb, xn, 42);
     mt_randn(g, yn, 43);
-    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &u, n, xa, ya));
-    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &v, n, xa, yb));
+    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &u, n, (rt_act *)xa, (rt_act *)ya));
+    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &v, n, (rt_act *)xa, (rt_act *)yb));
     assert_memory_equal(ya, yb, yn * sizeof *ya);
-    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &u, n, xa, ya, g, da));
-    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &v, n, xa, yb, g, db));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &u, n, (rt_act *)xa, (rt_act *)ya, (rt_act *)g, (rt_act *)da));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &v, n, (rt_act *)xa, (rt_act *)yb, (rt_act *)g, (rt_act *)db));
     assert_memory_equal(da, db, xn * sizeof *da);
-    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &u, n, xb, ya));
-    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &u, n, xb, ya, g, da));
-    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &v, n, xb, ya, g, db)); /* v's last forward was xa */
+    assert_rt_ok(rt_maxpool2d_forward(g_ctx, &u, n, (rt_act *)xb, (rt_act *)ya));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &u, n, (rt_act *)xb, (rt_act *)ya, (rt_act *)g, (rt_act *)da));
+    assert_rt_ok(rt_maxpool2d_backward(g_ctx, &v, n, (rt_act *)xb, (rt_act *)ya, (rt_act *)g, (rt_act *)db)); /* v's last forward was xa */
     assert_memory_equal(da, db, xn * sizeof *da);
     rt_maxpool2d_release(g_ctx, &v);
     free(xa), free(xb), free(ya), free(yb), free(g), free(da), free(db);
@@ -579,7 +579,7 @@ typedef struct do_case {
 static double do_eval(void *u) {
     do_case *c = u;
     c->l.counter = 0; /* the same mask for every evaluation */
-    assert_rt_ok(rt_dropout_forward(g_ctx, &c->l, c->n, c->x, c->y, true));
+    assert_rt_ok(rt_dropout_forward(g_ctx, &c->l, c->n, (rt_act *)c->x, (rt_act *)c->y, true));
     return mt_dot(c->y, c->r, c->cnt);
 }
 
@@ -599,7 +599,7 @@ static void test_dropout(void **state) {
         mt_randn(c.r, c.cnt, 52);
         (void)do_eval(&c);
         assert_int_equal(c.l.counter, cw ? (uint64_t)c.n * C : c.cnt);
-        assert_rt_ok(rt_dropout_backward(g_ctx, &c.l, c.n, c.r, dx));
+        assert_rt_ok(rt_dropout_backward(g_ctx, &c.l, c.n, (rt_act *)c.r, (rt_act *)dx));
         assert_int_equal(
             mt_fd_check(cw ? "dropout2d dx" : "dropout dx", c.x, dx, c.cnt, 216, EPS, RTOL, ATOL, do_eval, &c), 0);
         (void)do_eval(&c); /* y at the unperturbed x */
@@ -622,11 +622,11 @@ static void test_dropout(void **state) {
             assert_float_equal(c.l.mask[i], u < 0.5f ? 0.0f : 2.0f, 0);
         }
         /* a second forward draws a different mask; evaluation copies */
-        assert_rt_ok(rt_dropout_forward(g_ctx, &c.l, c.n, c.x, c.y, true));
+        assert_rt_ok(rt_dropout_forward(g_ctx, &c.l, c.n, (rt_act *)c.x, (rt_act *)c.y, true));
         float *y2 = alloc_f(c.cnt);
-        assert_rt_ok(rt_dropout_forward(g_ctx, &c.l, c.n, c.x, y2, true));
+        assert_rt_ok(rt_dropout_forward(g_ctx, &c.l, c.n, (rt_act *)c.x, (rt_act *)y2, true));
         assert_memory_not_equal(c.y, y2, c.cnt * sizeof(float));
-        assert_rt_ok(rt_dropout_forward(g_ctx, &c.l, c.n, c.x, y2, false));
+        assert_rt_ok(rt_dropout_forward(g_ctx, &c.l, c.n, (rt_act *)c.x, (rt_act *)y2, false));
         assert_memory_equal(c.x, y2, c.cnt * sizeof(float));
         free(y2);
         free(c.x);

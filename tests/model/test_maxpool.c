@@ -102,12 +102,12 @@ static void run(int n, int c, int h, int w, int k, int s, int p, int threads) {
         rt_cpu_maxpool2d_force_plain(plain);
         memset(y, 0x55, yn * 4);
         memset(dx, 0x55, xn * 4);
-        assert_rt_ok(rt_maxpool2d_forward(ctx, l, n, x, y));
+        assert_rt_ok(rt_maxpool2d_forward(ctx, l, n, (rt_act *)x, (rt_act *)y));
         rt_cpu_maxpool2d_force_plain(false);
         snprintf(what, sizeof what, " y of %dx%dx%dx%d k%d s%d p%d, %s, %s, %d threads", n, c, h, w, k, s, p,
                  prepared ? "prepared" : "unprepared", plain ? "plain scan forced" : "default", threads);
         same_bits(what + 1, y, ty, yn);
-        assert_rt_ok(rt_maxpool2d_backward(ctx, l, n, x, y, dy, dx));
+        assert_rt_ok(rt_maxpool2d_backward(ctx, l, n, (rt_act *)x, (rt_act *)y, (rt_act *)dy, (rt_act *)dx));
         memcpy(what, "dx", 2);
         same_bits(what, dx, tdx, xn);
     }
@@ -164,7 +164,7 @@ static void test_time_stem(void **state) {
         for (int r = 0; r < reps; r++) {
             struct timespec a, b;
             clock_gettime(CLOCK_MONOTONIC, &a);
-            assert_rt_ok(rt_maxpool2d_forward(ctx, &l, n, x, y));
+            assert_rt_ok(rt_maxpool2d_forward(ctx, &l, n, (rt_act *)x, (rt_act *)y));
             clock_gettime(CLOCK_MONOTONIC, &b);
             const double t = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
             best = t < best ? t : best;

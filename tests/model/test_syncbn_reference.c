@@ -164,13 +164,13 @@ static rt_status sb_run(sb_rank *R, rt_model_ctx *ctx, sb_layer *L) {
     const int n = k->n[R->rank], C = k->c;
     const size_t cnt = (size_t)n * sb_plane(k);
     if (k->res || k->relu)
-        RT_CHECK(rt_batchnorm2d_forward_act(ctx, &L->l, n, L->x, k->res ? L->r : NULL, L->y, true, k->relu));
+        RT_CHECK(rt_batchnorm2d_forward_act(ctx, &L->l, n, (rt_act *)L->x, (rt_act *)(k->res ? L->r : NULL), (rt_act *)L->y, true, k->relu));
     else
-        RT_CHECK(rt_batchnorm2d_forward(ctx, &L->l, n, L->x, L->y, true));
+        RT_CHECK(rt_batchnorm2d_forward(ctx, &L->l, n, (rt_act *)L->x, (rt_act *)L->y, true));
     if (k->relu)
-        RT_CHECK(rt_batchnorm2d_backward_act(ctx, &L->l, n, L->x, L->y, L->g, L->dx, false));
+        RT_CHECK(rt_batchnorm2d_backward_act(ctx, &L->l, n, (rt_act *)L->x, (rt_act *)L->y, (rt_act *)L->g, (rt_act *)L->dx, false));
     else
-        RT_CHECK(rt_batchnorm2d_backward(ctx, &L->l, n, L->x, L->g, L->dx, false));
+        RT_CHECK(rt_batchnorm2d_backward(ctx, &L->l, n, (rt_act *)L->x, (rt_act *)L->g, (rt_act *)L->dx, false));
     sb_out *o = R->o;
     RT_CHECK(down(R->dev, o->y, L->y, cnt, ctx->stream));
     RT_CHECK(down(R->dev, o->dx, L->dx, cnt, ctx->stream));
@@ -179,7 +179,7 @@ static rt_status sb_run(sb_rank *R, rt_model_ctx *ctx, sb_layer *L) {
     RT_CHECK(down(R->dev, o->rm, rt_tensor_data(&L->l.running_mean), C, ctx->stream));
     RT_CHECK(down(R->dev, o->rv, rt_tensor_data(&L->l.running_var), C, ctx->stream));
     RT_CHECK(rt_stream_sync(ctx->stream));
-    RT_CHECK(rt_batchnorm2d_forward(ctx, &L->l, n, L->x, L->dx, false));
+    RT_CHECK(rt_batchnorm2d_forward(ctx, &L->l, n, (rt_act *)L->x, (rt_act *)L->dx, false));
     return rt_stream_sync(ctx->stream);
 }
 

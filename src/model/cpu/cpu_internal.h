@@ -82,6 +82,46 @@ rt_status rt_cpu_linear_forward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, con
 rt_status rt_cpu_linear_backward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy,
                                       float *dx);
 
+/* act_cpu.c: the table's entries over rt_act (fp32 NCHW here) */
+rt_status rt_cpu_act_from_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src,
+                               rt_act *dst);
+rt_status rt_cpu_act_to_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const rt_act *src,
+                             float *dst);
+rt_status rt_cpu_act_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, rt_act *y);
+rt_status rt_cpu_act_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, const rt_act *dy,
+                                     rt_act *dx, bool accumulate);
+rt_status rt_cpu_act_bn_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, rt_act *y,
+                                bool training);
+rt_status rt_cpu_act_bn_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *dy,
+                                 rt_act *dx, bool accumulate);
+rt_status rt_cpu_act_bn_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
+                                    const rt_act *residual, rt_act *y, bool training, bool relu);
+rt_status rt_cpu_act_bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
+                                     const rt_act *dy, rt_act *dx, bool accumulate);
+rt_status rt_cpu_act_bn_sync_stats(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, double *sums);
+rt_status rt_cpu_act_bn_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
+                                     const rt_act *residual, rt_act *y, bool relu, const double *sums);
+rt_status rt_cpu_act_bn_sync_dsums(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
+                                   const rt_act *dy, double *sums);
+rt_status rt_cpu_act_bn_sync_dx(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
+                                const rt_act *dy, rt_act *dx, bool accumulate, const double *sums);
+rt_status rt_cpu_act_relu_forward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *x, void *y);
+rt_status rt_cpu_act_relu_backward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *y, const void *dy,
+                                   void *dx);
+rt_status rt_cpu_act_maxpool_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, rt_act *y);
+rt_status rt_cpu_act_maxpool_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, const rt_act *y,
+                                      const rt_act *dy, rt_act *dx);
+rt_status rt_cpu_act_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const rt_act *x, float *y);
+rt_status rt_cpu_act_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, rt_act *dx);
+rt_status rt_cpu_act_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, rt_act_format fmt, const void *x,
+                                     void *y);
+rt_status rt_cpu_act_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, rt_act_format fmt, const void *dy,
+                                      void *dx);
+rt_status rt_cpu_act_add_forward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *a, const void *b,
+                                 void *y);
+rt_status rt_cpu_act_add_backward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *dy, void *dx);
+rt_status rt_cpu_act_copy(rt_model_ctx *ctx, size_t bytes, const void *x, void *y);
+
 /* ops_cpu.c */
 rt_status rt_cpu_batchnorm2d_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
                                      bool training);

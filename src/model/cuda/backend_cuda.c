@@ -173,30 +173,30 @@ static rt_status bn_args(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, rt_cuk_bn_
     return RT_OK;
 }
 
-static rt_status cuda_bn_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *residual,
-                                     float *y, bool training, bool relu) {
+static rt_status cuda_bn_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *residual,
+                                     rt_act *y, bool training, bool relu) {
     rt_cuk_bn_args a;
     rt_cuk_bn_shape sh;
     RT_CHECK(bn_args(ctx, l, n, &a, &sh));
-    RT_CHECK_CUDA(rt_cuk_bn_forward(stream_of(ctx), &a, sh, x, residual, y, training, relu));
+    RT_CHECK_CUDA(rt_cuk_bn_forward(stream_of(ctx), &a, sh, (const float *)x, (const float *)residual, (float *)y, training, relu));
     return RT_OK;
 }
 
-static rt_status cuda_bn_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y, bool training) {
+static rt_status cuda_bn_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, rt_act *y, bool training) {
     return cuda_bn_forward_act(ctx, l, n, x, NULL, y, training, false);
 }
 
-static rt_status cuda_bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                      const float *dy, float *dx, bool accumulate) {
+static rt_status cuda_bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
+                                      const rt_act *dy, rt_act *dx, bool accumulate) {
     rt_cuk_bn_args a;
     rt_cuk_bn_shape sh;
     RT_CHECK(bn_args(ctx, l, n, &a, &sh));
-    RT_CHECK_CUDA(rt_cuk_bn_backward(stream_of(ctx), &a, sh, x, act, dy, dx, accumulate));
+    RT_CHECK_CUDA(rt_cuk_bn_backward(stream_of(ctx), &a, sh, (const float *)x, (const float *)act, (const float *)dy, (float *)dx, accumulate));
     return RT_OK;
 }
 
-static rt_status cuda_bn_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
-                                  float *dx, bool accumulate) {
+static rt_status cuda_bn_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *dy,
+                                  rt_act *dx, bool accumulate) {
     return cuda_bn_backward_act(ctx, l, n, x, NULL, dy, dx, accumulate);
 }
 
@@ -319,75 +319,119 @@ static rt_status cuda_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, co
 
 /* ---- kernel wrappers ----------------------------------------------------------------- */
 
-static rt_status cuda_relu_forward(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
+/* The activation format (model/ctx.h): fp32 NCHW for now. */
+static rt_status need_f32(rt_dtype dt, const char *what) {
+    RT_REQUIRE(dt == RT_F32, RT_ERR_UNSUPPORTED, "%s on cuda: dtype %d is not this backend's", what, (int)dt);
+    return RT_OK;
+}
+
+static rt_status need_nchw_f32(rt_act_format f, const char *what) {
+    RT_REQUIRE(f.dtype == RT_F32 && f.layout == RT_ACT_NCHW, RT_ERR_UNSUPPORTED,
+               "%s on cuda: format (dtype %d, layout %d) is not this backend's", what, (int)f.dtype, (int)f.layout);
+    return RT_OK;
+}
+
+static rt_status cuda_act_from_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src,
+                                    rt_act *dst) {
+    RT_CHECK(need_nchw_f32(ctx->act, "activation conversion"));
+    RT_REQUIRE(stored_c == c, RT_ERR_UNSUPPORTED, "activation conversion on cuda: padded channels");
+    RT_CHECK(rt_cuda_bind(ctx));
+    if ((const void *)src != (const void *)dst)
+        RT_CHECK_CUDA(cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n * c * h * w, cudaMemcpyDeviceToDevice,
+                                      stream_of(ctx)));
+    return RT_OK;
+}
+
+static rt_status cuda_act_to_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const rt_act *src,
+                                  float *dst) {
+    RT_CHECK(need_nchw_f32(ctx->act, "activation conversion"));
+    RT_REQUIRE(stored_c == c, RT_ERR_UNSUPPORTED, "activation conversion on cuda: padded channels");
+    RT_CHECK(rt_cuda_bind(ctx));
+    if ((const void *)src != (const void *)dst)
+        RT_CHECK_CUDA(cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n * c * h * w, cudaMemcpyDeviceToDevice,
+                                      stream_of(ctx)));
+    return RT_OK;
+}
+
+static rt_status cuda_relu_forward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *x, void *y) {
+    RT_CHECK(need_f32(dt, "relu"));
     RT_CHECK(rt_cuda_bind(ctx));
     RT_CHECK_CUDA(rt_cuk_relu_forward(stream_of(ctx), count, x, y));
     return RT_OK;
 }
 
-static rt_status cuda_relu_backward(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx) {
+static rt_status cuda_relu_backward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *y, const void *dy,
+                                    void *dx) {
+    RT_CHECK(need_f32(dt, "relu"));
     RT_CHECK(rt_cuda_bind(ctx));
     RT_CHECK_CUDA(rt_cuk_relu_backward(stream_of(ctx), count, y, dy, dx));
     return RT_OK;
 }
 
-static rt_status cuda_maxpool_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y) {
+static rt_status cuda_maxpool_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, rt_act *y) {
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_maxpool_forward(stream_of(ctx), l, n, x, y));
+    RT_CHECK_CUDA(rt_cuk_maxpool_forward(stream_of(ctx), l, n, (const float *)x, (float *)y));
     return RT_OK;
 }
 
-static rt_status cuda_maxpool_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
-                                       const float *dy, float *dx) {
+static rt_status cuda_maxpool_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, const rt_act *y,
+                                       const rt_act *dy, rt_act *dx) {
     (void)y;
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_maxpool_backward(stream_of(ctx), l, n, x, dy, dx));
+    RT_CHECK_CUDA(rt_cuk_maxpool_backward(stream_of(ctx), l, n, (const float *)x, (const float *)dy, (float *)dx));
     return RT_OK;
 }
 
-static rt_status cuda_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const float *x, float *y) {
+static rt_status cuda_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const rt_act *x, float *y) {
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_avgpool_forward(stream_of(ctx), n, c, hw, x, y));
+    RT_CHECK_CUDA(rt_cuk_avgpool_forward(stream_of(ctx), n, c, hw, (const float *)x, y));
     return RT_OK;
 }
 
-static rt_status cuda_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, float *dx) {
+static rt_status cuda_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, rt_act *dx) {
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_avgpool_backward(stream_of(ctx), n, c, hw, dy, dx));
+    RT_CHECK_CUDA(rt_cuk_avgpool_backward(stream_of(ctx), n, c, hw, dy, (float *)dx));
     return RT_OK;
 }
 
-static rt_status cuda_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y) {
+static rt_status cuda_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, rt_act_format fmt, const void *x,
+                                      void *y) {
+    RT_CHECK(need_nchw_f32(fmt, "dropout"));
     RT_CHECK(rt_cuda_bind(ctx));
     RT_CHECK_CUDA(rt_cuk_dropout_forward(stream_of(ctx), l, n, x, y));
     return RT_OK;
 }
 
-static rt_status cuda_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, const float *dy, float *dx) {
+static rt_status cuda_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, rt_act_format fmt, const void *dy,
+                                       void *dx) {
+    RT_CHECK(need_nchw_f32(fmt, "dropout"));
     RT_CHECK(rt_cuda_bind(ctx));
     RT_CHECK_CUDA(rt_cuk_dropout_backward(stream_of(ctx), l, n, dy, dx));
     return RT_OK;
 }
 
-static rt_status cuda_add_forward(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y) {
+static rt_status cuda_add_forward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *a, const void *b,
+                                  void *y) {
+    RT_CHECK(need_f32(dt, "add"));
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_add(stream_of(ctx), count, a, b, y));
+    RT_CHECK_CUDA(rt_cuk_add(stream_of(ctx), count, (const float *)a, (const float *)b, (float *)y));
     return RT_OK;
 }
 
-static rt_status cuda_add_backward(rt_model_ctx *ctx, size_t count, const float *dy, float *dx) {
+static rt_status cuda_add_backward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *dy, void *dx) {
+    RT_CHECK(need_f32(dt, "add"));
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_accumulate(stream_of(ctx), count, dy, dx));
+    RT_CHECK_CUDA(rt_cuk_accumulate(stream_of(ctx), count, (const float *)dy, (float *)dx));
     return RT_OK;
 }
 
-static rt_status cuda_copy(rt_model_ctx *ctx, size_t count, const float *x, float *y) {
-    if (count == 0 || x == y) return RT_OK;
+static rt_status cuda_copy(rt_model_ctx *ctx, size_t bytes, const void *x, void *y) {
+    if (bytes == 0 || x == y) return RT_OK;
     /* cudaMemcpyAsync has no memmove semantics: refuse partial overlap */
-    RT_REQUIRE((uintptr_t)(x + count) <= (uintptr_t)y || (uintptr_t)(y + count) <= (uintptr_t)x, RT_ERR_INVALID,
-               "copy of %zu floats between overlapping device ranges", count);
+    RT_REQUIRE((uintptr_t)x + bytes <= (uintptr_t)y || (uintptr_t)y + bytes <= (uintptr_t)x, RT_ERR_INVALID,
+               "copy of %zu bytes between overlapping device ranges", bytes);
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(cudaMemcpyAsync(y, x, sizeof(float) * count, cudaMemcpyDeviceToDevice, stream_of(ctx)));
+    RT_CHECK_CUDA(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, stream_of(ctx)));
     return RT_OK;
 }
 
@@ -425,6 +469,9 @@ const rt_model_backend rt_model_backend_cuda = {
     .ctx_init = cuda_ctx_init,
     .ctx_release = cuda_ctx_release,
     .memory = rt_cuda_memory,
+    .act_format = NULL, /* fp32 NCHW */
+    .act_from_nchw = cuda_act_from_nchw,
+    .act_to_nchw = cuda_act_to_nchw,
     .conv2d_prepare = rt_cuda_conv2d_prepare,
     .conv2d_release = rt_cuda_conv2d_release,
     .conv2d_forward = rt_cuda_conv2d_forward,

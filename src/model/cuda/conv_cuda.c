@@ -842,7 +842,7 @@ static rt_status forward_bf16(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, in
     return RT_OK;
 }
 
-rt_status rt_cuda_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
+static rt_status conv_forward_nchw_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y) {
     RT_CHECK(rt_cuda_bind(ctx));
     conv_shape *s;
     RT_CHECK(shape_for(ctx, l, n, &s));
@@ -894,8 +894,8 @@ static rt_status backward_bf16(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, i
     return RT_OK;
 }
 
-rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
-                                  bool accumulate) {
+static rt_status conv_backward_nchw_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy,
+                                       float *dx, bool accumulate) {
     RT_CHECK(rt_cuda_bind(ctx));
     conv_shape *s;
     RT_CHECK(shape_for(ctx, l, n, &s));
@@ -916,4 +916,13 @@ rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const 
                                                     p->conv_bwd_data, s->bwd_data, dnn_ws(ctx, p), dnn_ws_bytes(ctx, p),
                                                     accumulate ? &one : &zero, s->x, dx));
     return RT_OK;
+}
+
+rt_status rt_cuda_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, rt_act *y) {
+    return conv_forward_nchw_f32(ctx, l, n, (const float *)x, (float *)y);
+}
+
+rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, const rt_act *dy,
+                                  rt_act *dx, bool accumulate) {
+    return conv_backward_nchw_f32(ctx, l, n, (const float *)x, (const float *)dy, (float *)dx, accumulate);
 }

@@ -57,8 +57,8 @@ rt_status rt_cuda_bind(rt_model_ctx *ctx);
 /* conv_cuda.c */
 rt_status rt_cuda_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
 void rt_cuda_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l);
-rt_status rt_cuda_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y);
-rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+rt_status rt_cuda_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, rt_act *y);
+rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, const rt_act *dy, rt_act *dx,
                                   bool accumulate);
 
 /* mem_cuda.c: the table's `memory` (rt_model_ctx_memory). *backend: device bytes the

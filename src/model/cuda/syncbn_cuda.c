@@ -6,14 +6,18 @@
 static cudaStream_t sb_stream(rt_model_ctx *ctx) { return cuda_state(ctx)->stream; }
 static const float *fdata(const rt_tensor *t) { return (const float *)rt_tensor_data(t); }
 
-rt_status rt_cuda_batchnorm2d_sync_stats(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, double *sums) {
+rt_status rt_cuda_batchnorm2d_sync_stats(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x_, double *sums) {
+    const float *x = (const float *)x_;
     RT_CHECK(rt_cuda_bind(ctx));
     RT_CHECK_CUDA(rt_cuk_syncbn_stats(sb_stream(ctx), n, l->c, l->h * l->w, x, sums));
     return RT_OK;
 }
 
-rt_status rt_cuda_batchnorm2d_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
-                                           const float *residual, float *y, bool relu, const double *sums) {
+rt_status rt_cuda_batchnorm2d_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x_,
+                                           const rt_act *residual_, rt_act *y_, bool relu, const double *sums) {
+    const float *x = (const float *)x_;
+    const float *residual = (const float *)residual_;
+    float *y = (float *)y_;
     RT_CHECK(rt_cuda_bind(ctx));
     cudaStream_t s = sb_stream(ctx);
     RT_CHECK_CUDA(rt_cuk_syncbn_finish(s, l->c, l->eps, l->momentum, sums, l->save_mean, l->save_invstd,
@@ -24,16 +28,23 @@ rt_status rt_cuda_batchnorm2d_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l,
     return RT_OK;
 }
 
-rt_status rt_cuda_batchnorm2d_sync_dsums(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                         const float *dy, double *sums) {
+rt_status rt_cuda_batchnorm2d_sync_dsums(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x_, const rt_act *act_,
+                                         const rt_act *dy_, double *sums) {
+    const float *x = (const float *)x_;
+    const float *act = (const float *)act_;
+    const float *dy = (const float *)dy_;
     RT_CHECK(rt_cuda_bind(ctx));
     RT_CHECK_CUDA(rt_cuk_syncbn_dsums(sb_stream(ctx), n, l->c, l->h * l->w, x, act, dy, l->save_mean, l->save_invstd,
                                       sums, rt_tensor_data(&l->dweight), rt_tensor_data(&l->dbias)));
     return RT_OK;
 }
 
-rt_status rt_cuda_batchnorm2d_sync_dx(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                      const float *dy, float *dx, bool accumulate, const double *sums) {
+rt_status rt_cuda_batchnorm2d_sync_dx(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x_, const rt_act *act_,
+                                      const rt_act *dy_, rt_act *dx_, bool accumulate, const double *sums) {
+    const float *x = (const float *)x_;
+    const float *act = (const float *)act_;
+    const float *dy = (const float *)dy_;
+    float *dx = (float *)dx_;
     RT_CHECK(rt_cuda_bind(ctx));
     RT_CHECK_CUDA(rt_cuk_syncbn_dx(sb_stream(ctx), n, l->c, l->h * l->w, x, act, dy, l->save_mean, l->save_invstd,
                                    fdata(&l->weight), sums, dx, accumulate));

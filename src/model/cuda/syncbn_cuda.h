@@ -29,13 +29,13 @@ cudaError_t rt_cuk_syncbn_dx(cudaStream_t s, int n, int c, int plane, const floa
                              const float *mean, const float *invstd, const float *gamma, const double *sums, float *dx,
                              bool accumulate);
 
-rt_status rt_cuda_batchnorm2d_sync_stats(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, double *sums);
-rt_status rt_cuda_batchnorm2d_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
-                                           const float *residual, float *y, bool relu, const double *sums);
-rt_status rt_cuda_batchnorm2d_sync_dsums(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                         const float *dy, double *sums);
-rt_status rt_cuda_batchnorm2d_sync_dx(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                      const float *dy, float *dx, bool accumulate, const double *sums);
+rt_status rt_cuda_batchnorm2d_sync_stats(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x_, double *sums);
+rt_status rt_cuda_batchnorm2d_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x_,
+                                           const rt_act *residual_, rt_act *y_, bool relu, const double *sums);
+rt_status rt_cuda_batchnorm2d_sync_dsums(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x_, const rt_act *act_,
+                                         const rt_act *dy_, double *sums);
+rt_status rt_cuda_batchnorm2d_sync_dx(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x_, const rt_act *act_,
+                                      const rt_act *dy_, rt_act *dx_, bool accumulate, const double *sums);
 
 #ifdef __cplusplus
 }

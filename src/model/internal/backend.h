@@ -15,8 +15,11 @@
  *    needs; the workspace itself is ctx->work (ctx->work_bytes), shared by all layers.
  *  - forward/backward entries must not allocate and (on CUDA) must not synchronise
  *    with the host. Optional entries may be NULL only where noted.
- *  - parameters, activations and gradients are in PyTorch's layouts at this interface
- *    (a backend may convert internally, e.g. to NHWC, if it converts back).
+ *  - act_format chooses the context's activation format (model/ctx.h) for the precision;
+ *    every `rt_act *` here is in that format; parameters and their gradients are fp32 in
+ *    PyTorch's layouts; `float *` features (the head's) are fp32 (n, f). Entries taking
+ *    `const void *` with a dtype (or a format) serve both kinds: relu and dropout act on
+ *    activations and on features.
  */
 #ifndef RT_MODEL_BACKEND_H
 #define RT_MODEL_BACKEND_H
@@ -38,25 +41,41 @@ typedef struct rt_model_backend {
      * bytes of the context's device in use, and the device bytes the backend holds besides
      * the model and ctx->work. NULL: the backend holds no device memory (0 and 0). */
     rt_status (*memory)(rt_model_ctx *ctx, size_t *used, size_t *backend);
+    /* the activation format for a precision (called before ctx_init); NULL: fp32 NCHW */
+    void (*act_format)(rt_precision precision, rt_act_format *fmt);
+    /* whether the backend runs activations in format f (rt_model_ctx_options.act_format);
+     * NULL: fp32 NCHW only */
+    bool (*act_supported)(const rt_act_format *f);
+    /* fp32 NCHW (n, c, h, w) <-> activations stored with stored_c channels (rt_act_from_nchw) */
+    rt_status (*act_from_nchw)(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src,
+                               rt_act *dst);
+    rt_status (*act_to_nchw)(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const rt_act *src,
+                             float *dst);
 
     rt_status (*conv2d_prepare)(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
     void (*conv2d_release)(rt_model_ctx *ctx, rt_conv2d *l);
-    rt_status (*conv2d_forward)(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, float *y);
-    rt_status (*conv2d_backward)(rt_model_ctx *ctx, rt_conv2d *l, int n, const float *x, const float *dy, float *dx,
+    rt_status (*conv2d_forward)(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, rt_act *y);
+    rt_status (*conv2d_backward)(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, const rt_act *dy, rt_act *dx,
                                  bool accumulate);
+
+    /* optional (NULL: no weight copies), rt_conv2d_weights_* (layers.h); prepare may
+     * allocate and sets *state (NULL: nothing to copy); refresh enqueues the copies */
+    rt_status (*conv2d_weights_prepare)(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, void **state);
+    rt_status (*conv2d_weights_refresh)(rt_model_ctx *ctx, void *state);
+    void (*conv2d_weights_release)(rt_model_ctx *ctx, void *state);
 
     rt_status (*batchnorm2d_prepare)(rt_model_ctx *ctx, rt_batchnorm2d *l, int max_n);
     void (*batchnorm2d_release)(rt_model_ctx *ctx, rt_batchnorm2d *l);
-    rt_status (*batchnorm2d_forward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, float *y,
+    rt_status (*batchnorm2d_forward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, rt_act *y,
                                      bool training);
-    rt_status (*batchnorm2d_backward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *dy,
-                                      float *dx, bool accumulate);
+    rt_status (*batchnorm2d_backward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *dy,
+                                      rt_act *dx, bool accumulate);
     /* optional, fused (NULL: the layer composes batch norm, add and relu):
      * y = relu?(bn(x) + residual?); dx from dy taken through a ReLU whose output was act */
-    rt_status (*batchnorm2d_forward_act)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
-                                         const float *residual, float *y, bool training, bool relu);
-    rt_status (*batchnorm2d_backward_act)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                          const float *dy, float *dx, bool accumulate);
+    rt_status (*batchnorm2d_forward_act)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
+                                         const rt_act *residual, rt_act *y, bool training, bool relu);
+    rt_status (*batchnorm2d_backward_act)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
+                                          const rt_act *dy, rt_act *dx, bool accumulate);
 
     /* optional, synchronised batch norm (rt_model_ctx_set_bn_sync; NULL: unsupported), the
      * pieces layers.c composes around ctx->bn_sync.all_reduce, C = l->c channels:
@@ -72,25 +91,26 @@ typedef struct rt_model_backend {
      *    sums[c] (the gradient reducer averages them, as DDP does SyncBatchNorm's);
      *  sync_dx: dx (written or accumulated) from g and every rank's sums:
      *    dx = gamma invstd (g - S / M - (x - mean) invstd^2 SX / M). */
-    rt_status (*batchnorm2d_sync_stats)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, double *sums);
-    rt_status (*batchnorm2d_sync_forward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x,
-                                          const float *residual, float *y, bool relu, const double *sums);
-    rt_status (*batchnorm2d_sync_dsums)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                        const float *dy, double *sums);
-    rt_status (*batchnorm2d_sync_dx)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const float *x, const float *act,
-                                     const float *dy, float *dx, bool accumulate, const double *sums);
+    rt_status (*batchnorm2d_sync_stats)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, double *sums);
+    rt_status (*batchnorm2d_sync_forward)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
+                                          const rt_act *residual, rt_act *y, bool relu, const double *sums);
+    rt_status (*batchnorm2d_sync_dsums)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
+                                        const rt_act *dy, double *sums);
+    rt_status (*batchnorm2d_sync_dx)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
+                                     const rt_act *dy, rt_act *dx, bool accumulate, const double *sums);
 
-    rt_status (*relu_forward)(rt_model_ctx *ctx, size_t count, const float *x, float *y);
-    rt_status (*relu_backward)(rt_model_ctx *ctx, size_t count, const float *y, const float *dy, float *dx);
+    /* dt: RT_F32 (features, or activations in an fp32 format) or RT_BF16 */
+    rt_status (*relu_forward)(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *x, void *y);
+    rt_status (*relu_backward)(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *y, const void *dy, void *dx);
 
     rt_status (*maxpool2d_prepare)(rt_model_ctx *ctx, rt_maxpool2d *l, int max_n);
     void (*maxpool2d_release)(rt_model_ctx *ctx, rt_maxpool2d *l);
-    rt_status (*maxpool2d_forward)(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, float *y);
-    rt_status (*maxpool2d_backward)(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const float *x, const float *y,
-                                    const float *dy, float *dx);
+    rt_status (*maxpool2d_forward)(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, rt_act *y);
+    rt_status (*maxpool2d_backward)(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, const rt_act *y,
+                                    const rt_act *dy, rt_act *dx);
 
-    rt_status (*avgpool_forward)(rt_model_ctx *ctx, int n, int c, int hw, const float *x, float *y);
-    rt_status (*avgpool_backward)(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, float *dx);
+    rt_status (*avgpool_forward)(rt_model_ctx *ctx, int n, int c, int hw, const rt_act *x, float *y);
+    rt_status (*avgpool_backward)(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, rt_act *dx);
 
     rt_status (*linear_prepare)(rt_model_ctx *ctx, rt_linear *l, int max_n, size_t *workspace);
     void (*linear_release)(rt_model_ctx *ctx, rt_linear *l);
@@ -98,14 +118,18 @@ typedef struct rt_model_backend {
     rt_status (*linear_backward)(rt_model_ctx *ctx, rt_linear *l, int n, const float *x, const float *dy, float *dx);
 
     /* dropout: the backend fills l->mask for the draw starting at l->counter (the
-     * caller advances the counter afterwards) and applies it. */
-    rt_status (*dropout_forward)(rt_model_ctx *ctx, rt_dropout *l, int n, const float *x, float *y);
-    rt_status (*dropout_backward)(rt_model_ctx *ctx, rt_dropout *l, int n, const float *dy, float *dx);
+     * caller advances the counter afterwards) and applies it; fmt: the data's format
+     * (ctx->act for activations; fp32 NCHW for features, l->c == 1); the mask is in
+     * PyTorch's order either way (layers.h). */
+    rt_status (*dropout_forward)(rt_model_ctx *ctx, rt_dropout *l, int n, rt_act_format fmt, const void *x, void *y);
+    rt_status (*dropout_backward)(rt_model_ctx *ctx, rt_dropout *l, int n, rt_act_format fmt, const void *dy,
+                                  void *dx);
 
-    /* y = a + b; dx += dy; plain copy (flatten, eval dropout) */
-    rt_status (*add_forward)(rt_model_ctx *ctx, size_t count, const float *a, const float *b, float *y);
-    rt_status (*add_backward)(rt_model_ctx *ctx, size_t count, const float *dy, float *dx);
-    rt_status (*copy)(rt_model_ctx *ctx, size_t count, const float *x, float *y);
+    /* y = a + b; dx += dy (activations, or fp32 features and gradients: dt); plain copy of
+     * `bytes` (eval dropout) */
+    rt_status (*add_forward)(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *a, const void *b, void *y);
+    rt_status (*add_backward)(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *dy, void *dx);
+    rt_status (*copy)(rt_model_ctx *ctx, size_t bytes, const void *x, void *y);
 
     /* label smoothing eps in [0, 1]: CrossEntropyLoss(label_smoothing=eps) */
     rt_status (*softmax_xent)(rt_model_ctx *ctx, int n, int k, const float *logits, const int64_t *labels,

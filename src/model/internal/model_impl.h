@@ -33,8 +33,9 @@ typedef struct rt_model_arch_ops {
     /* Initialise one weight or bias into host[0..n) (fans of the owning weight); return
      * false to leave it to PyTorch's Conv2d/Linear default. NULL: the default for all. */
     bool (*init_param)(const rt_param *p, double fan_in, double fan_out, rt_rng *rng, float *host, size_t n);
-    /* Forward into m->out (logits, or what `loss` expects). */
-    rt_status (*forward)(rt_model *m, const float *x, int n, bool training);
+    /* Forward of the input activations x (m->x_act: the batch in the context's format, its
+     * channels padded to m->x_c) into m->out (logits, or what `loss` expects). */
+    rt_status (*forward)(rt_model *m, const rt_act *x, int n, bool training);
     /* Loss of m->out against the labels into m->loss_dev, gradient into m->dout. NULL:
      * cross-entropy of logits (rt_softmax_xent). */
     rt_status (*loss)(rt_model *m, const int64_t *labels);
@@ -50,7 +51,8 @@ typedef struct rt_model_arch_ops {
 const rt_model_arch_ops *rt_model_arch_ops_of(rt_model_arch arch);
 
 typedef struct rt_model_act_patch {
-    float **slot;
+    void *slot; /* an rt_act ** (activations) or a float ** (feat) */
+    bool feat;
     size_t offset;
 } rt_model_act_patch;
 
@@ -74,9 +76,19 @@ struct rt_model {
     double flops_fwd;       /* per image: convolutions and linear layers (rt_model_add_conv/_linear) */
     double flops_input;     /* per image: the first convolution's forward (it sees the input) */
     const float *input;     /* the last forward's input (kept by the caller until backward) */
+    rt_conv2d **convs; /* every convolution, in preparation order (rt_model_prepare_conv) */
+    int nconvs, cap_convs;
+    void *wcopies; /* rt_conv2d_weights_prepare's state: refreshed at every forward */
+    rt_act *x_act;          /* the input in the context's format (NULL: fp32 NCHW, input itself) */
+    int x_c;                /* channels x_act is stored with (rt_act_input_channels) */
     int last_n;
     bool last_training, have_loss;
 };
+
+/* the last forward's input as activations: x_act, or the fp32 NCHW batch itself */
+static inline const rt_act *rt_model_input_act(const rt_model *m) {
+    return m->x_act ? m->x_act : (const rt_act *)m->input;
+}
 
 /* ---- params.c: setup helpers. Parameters are registered in state_dict order. ---- */
 rt_status rt_model_add_param(rt_model *m, const char *prefix, const char *suffix, rt_param_kind kind, int block,
@@ -84,8 +96,11 @@ rt_status rt_model_add_param(rt_model *m, const char *prefix, const char *suffix
 rt_status rt_model_add_conv(rt_model *m, const char *prefix, int block, rt_conv2d *l);
 rt_status rt_model_add_bn(rt_model *m, const char *prefix, int block, rt_batchnorm2d *l);
 rt_status rt_model_add_linear(rt_model *m, const char *prefix, int block, rt_linear *l);
-/* plan `nfloats` floats of activation memory; *slot is set by rt_model_arenas_alloc */
-rt_status rt_model_act(rt_model *m, size_t nfloats, float **slot);
+/* plan `nelems` elements of activation memory in the context's format (model/ctx.h), or
+ * `nfloats` fp32 values (features, logits, batch-norm statistics, dropout masks); *slot
+ * is set by rt_model_arenas_alloc */
+rt_status rt_model_act(rt_model *m, size_t nelems, rt_act **slot);
+rt_status rt_model_feat(rt_model *m, size_t nfloats, float **slot);
 /* allocate the planned arenas, point the activation slots into them and compute the
  * gradient byte range of each block; rt_model_arenas_free undoes it (and the plan) */
 rt_status rt_model_arenas_alloc(rt_model *m);
