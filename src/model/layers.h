@@ -153,6 +153,13 @@ rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n
 rt_status rt_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
                                       rt_act *dy, rt_act *dx, bool accumulate);
 
+/* rt_batchnorm2d_backward_act that also leaves dy holding the ReLU's backward (dy where
+ * act > 0, else 0): the gradient a residual block's shortcut takes. A backend with the
+ * fused op writes it back in the pass that computes dx (one write more, no read more);
+ * without it: the ReLU's backward in place, then batch norm's backward. */
+rt_status rt_batchnorm2d_backward_act_keep(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
+                                           const rt_act *act, rt_act *dy, rt_act *dx, bool accumulate);
+
 /* relu over `count` elements; y may be x. Backward from the output: dx = dy * (y > 0);
  * dx may be dy. The _f32 pair works on fp32 features. */
 rt_status rt_relu_forward(rt_model_ctx *ctx, size_t count, const rt_act *x, rt_act *y);

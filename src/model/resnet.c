@@ -165,8 +165,8 @@ static rt_status block_forward(rt_model_ctx *ctx, basic_block *b, int n, const r
 static rt_status block_backward(rt_model_ctx *ctx, resnet *r, basic_block *b, int n, rt_act *gout, rt_act *gin) {
     const size_t cnt = (size_t)n * b->out_count;
     const rt_act *x = b->x;
-    RT_CHECK(rt_relu_backward(ctx, cnt, b->out, gout, gout));
-    RT_CHECK(rt_batchnorm2d_backward(ctx, &b->bn2, n, b->c2, gout, r->t1, false));
+    /* gout becomes the ReLU's backward (the shortcut's gradient) as bn2's backward runs */
+    RT_CHECK(rt_batchnorm2d_backward_act_keep(ctx, &b->bn2, n, b->c2, b->out, gout, r->t1, false));
     RT_CHECK(rt_conv2d_backward(ctx, &b->conv2, n, b->a1, r->t1, r->t2, false));
     RT_CHECK(rt_batchnorm2d_backward_act(ctx, &b->bn1, n, b->c1, b->a1, r->t2, r->t1, false));
     RT_CHECK(rt_conv2d_backward(ctx, &b->conv1, n, x, r->t1, gin, false));
