@@ -5,7 +5,9 @@
  *
  * The rules (the same for every entry):
  *  - bytes: every tensor parameter is read once over the elements the kernel touches, at
- *    its element size (the pointer's type), and written once if the kernel stores into it
+ *    its element size (the pointer's type; activations passed as void * with the format's
+ *    bf16 flag: 2 bytes bf16, 4 fp32, and a cast, 1 FLOP, per bf16 element read or
+ *    stored), and written once if the kernel stores into it
  *    (read and written both when it updates in place: dx += dy reads and writes dx). A
  *    NULL pointer costs nothing. A gather counts the elements it reads (nll reads one
  *    logit per row). Data-dependent paths are not followed (the atomic counter of bad
@@ -91,6 +93,21 @@ struct tally {
         wr(i, count);
     }
     void fl(double f) { c.flops += f; }
+    /* activations (void *) of the format's dtype: bf16 2 bytes and a cast per element */
+    void rda(int i, double count, bool bf16) {
+        if (p.null(i)) return;
+        c.bytes_read += count * (bf16 ? 2 : 4);
+        if (bf16) c.flops += count;
+    }
+    void wra(int i, double count, bool bf16) {
+        if (p.null(i)) return;
+        c.bytes_written += count * (bf16 ? 2 : 4);
+        if (bf16) c.flops += count;
+    }
+    void rwa(int i, double count, bool bf16) {
+        rda(i, count, bf16);
+        wra(i, count, bf16);
+    }
 };
 
 typedef void (*cost_fn)(const params &p, tally &t);
@@ -109,42 +126,56 @@ void set_counts(const params &p, double n[3]) {
 
 const entry kTable[] = {
     /* ---- src/model/cuda/kernels_cuda.cu ---- */
-    {"relu_fw_kernel", 3, [](const params &p, tally &t) { /* (count, x, y) */
+    {"relu_fw_kernel", 4, [](const params &p, tally &t) { /* (count, bf16, x, y) */
          const double n = p.num(0);
-         t.rd(1, n), t.wr(2, n), t.fl(n);
+         const bool h = p.num(1) != 0;
+         t.rda(2, n, h), t.wra(3, n, h), t.fl(n);
      }},
-    {"relu_bw_kernel", 4, [](const params &p, tally &t) { /* (count, y, dy, dx) */
+    {"relu_bw_kernel", 5, [](const params &p, tally &t) { /* (count, bf16, y, dy, dx) */
          const double n = p.num(0);
-         t.rd(1, n), t.rd(2, n), t.wr(3, n), t.fl(n);
+         const bool h = p.num(1) != 0;
+         t.rda(2, n, h), t.rda(3, n, h), t.wra(4, n, h), t.fl(n);
      }},
-    {"add_kernel", 4, [](const params &p, tally &t) { /* (count, a, b, y) */
+    {"add_kernel", 5, [](const params &p, tally &t) { /* (count, bf16, a, b, y) */
          const double n = p.num(0);
-         t.rd(1, n), t.rd(2, n), t.wr(3, n), t.fl(n);
+         const bool h = p.num(1) != 0;
+         t.rda(2, n, h), t.rda(3, n, h), t.wra(4, n, h), t.fl(n);
      }},
-    {"acc_kernel", 3, [](const params &p, tally &t) { /* (count, dy, dx): dx += dy */
+    {"acc_kernel", 4, [](const params &p, tally &t) { /* (count, bf16, dy, dx): dx += dy */
          const double n = p.num(0);
-         t.rd(1, n), t.rw(2, n), t.fl(n);
+         const bool h = p.num(1) != 0;
+         t.rda(2, n, h), t.rwa(3, n, h), t.fl(n);
+     }},
+    /* (total stored, c, stored_c, plane, bf16, nhwc, src fp32 NCHW, dst): the padding
+     * channels are written, not read */
+    {"act_from_nchw_kernel", 8, [](const params &p, tally &t) {
+         const double total = p.num(0), c = p.num(1), sc = p.num(2);
+         t.rd(6, total * c / sc), t.wra(7, total, p.num(4) != 0);
+     }},
+    {"act_to_nchw_kernel", 8, [](const params &p, tally &t) { /* (total = n c plane, c, stored_c, ...) */
+         const double total = p.num(0);
+         t.rda(6, total, p.num(4) != 0), t.wr(7, total);
      }},
     {"maxpool_fw_kernel", 4, [](const params &p, tally &t) { /* (total out, geom, x, y) */
          const double total = p.num(0);
          const rt_cuk_pool_geom g = p.get<rt_cuk_pool_geom>(1);
          const double planes = total / ((double)g.out_h * g.out_w);
-         t.rd(2, planes * g.in_h * g.in_w), t.wr(3, total), t.fl(total * g.k * g.k);
+         t.rda(2, planes * g.in_h * g.in_w, g.bf16), t.wra(3, total, g.bf16), t.fl(total * g.k * g.k);
      }},
     {"maxpool_bw_kernel", 5, [](const params &p, tally &t) { /* (total in, geom, x, dy, dx) */
          const double total = p.num(0);
          const rt_cuk_pool_geom g = p.get<rt_cuk_pool_geom>(1);
          const double planes = total / ((double)g.in_h * g.in_w), per = (g.k + g.stride - 1) / g.stride;
-         t.rd(2, total), t.rd(3, planes * g.out_h * g.out_w), t.wr(4, total);
+         t.rda(2, total, g.bf16), t.rda(3, planes * g.out_h * g.out_w, g.bf16), t.wra(4, total, g.bf16);
          t.fl(total * per * per * g.k * g.k); /* every window over the element scanned again */
      }},
-    {"avgpool_fw_kernel", 4, [](const params &p, tally &t) { /* (planes, hw, x, y) */
-         const double planes = p.num(0), hw = p.num(1);
-         t.rd(2, planes * hw), t.wr(3, planes), t.fl(planes * hw);
+    {"avgpool_fw_kernel", 7, [](const params &p, tally &t) { /* (planes, c, hw, bf16, nhwc, x, y fp32) */
+         const double planes = p.num(0), hw = p.num(2);
+         t.rda(5, planes * hw, p.num(3) != 0), t.wr(6, planes), t.fl(planes * hw);
      }},
-    {"avgpool_bw_kernel", 5, [](const params &p, tally &t) { /* (total, hw, inv, dy, dx) */
-         const double total = p.num(0), hw = p.num(1);
-         t.rd(3, total / hw), t.wr(4, total), t.fl(total);
+    {"avgpool_bw_kernel", 8, [](const params &p, tally &t) { /* (total, c, hw, bf16, nhwc, inv, dy fp32, dx) */
+         const double total = p.num(0), hw = p.num(2);
+         t.rd(6, total / hw), t.wra(7, total, p.num(3) != 0), t.fl(total);
      }},
     {"bias_rows_kernel", 4, [](const params &p, tally &t) { /* (total, out, b, y) */
          t.rd(2, p.num(1)), t.wr(3, p.num(0));
@@ -157,9 +188,10 @@ const entry kTable[] = {
          const double draws = p.num(0);
          t.wr(6, draws), t.fl(2 * draws);
      }},
-    {"dropout_apply_kernel", 5, [](const params &p, tally &t) { /* (count, plane, mask, x, y) */
+    {"dropout_apply_kernel", 9, [](const params &p, tally &t) { /* (count, plane, c, hw, bf16, nhwc, mask, x, y) */
          const double n = p.num(0), plane = p.num(1);
-         t.rd(2, n / plane), t.rd(3, n), t.wr(4, n), t.fl(n);
+         const bool h = p.num(4) != 0;
+         t.rd(6, n / plane), t.rda(7, n, h), t.wra(8, n, h), t.fl(n);
      }},
     /* batch norm (rt_cuk_bn_shape s: n * c * plane values; splits blocks per channel, each
      * storing its two double partials and taking its channel's integer ticket once; the
@@ -168,7 +200,7 @@ const entry kTable[] = {
          /* (s, x, partial, tickets, weight, bias, rmean, rvar, save_mean, save_invstd, nbt, factors, mo, eps) */
          const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
          const double all = (double)s.n * s.c * s.plane, c = s.c, blocks = c * s.splits;
-         t.rd(1, all), t.rw(2, 2 * blocks), t.rw(3, blocks), t.rd(4, c), t.rd(5, c), t.rw(6, c), t.rw(7, c);
+         t.rda(1, all, s.bf16), t.rw(2, 2 * blocks), t.rw(3, blocks), t.rd(4, c), t.rd(5, c), t.rw(6, c), t.rw(7, c);
          t.wr(8, c), t.wr(9, c), t.rw(10, 1), t.wr(11, 2 * c);
          t.fl(3 * all + 2 * blocks + 20 * c);
      }},
@@ -179,23 +211,24 @@ const entry kTable[] = {
     {"bn_apply_kernel", 6, [](const params &p, tally &t) { /* (s, x, res, factors, y, relu) */
          const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
          const double all = (double)s.n * s.c * s.plane;
-         t.rd(1, all), t.rd(2, all), t.rd(3, 2.0 * s.c), t.wr(4, all);
+         t.rda(1, all, s.bf16), t.rda(2, all, s.bf16), t.rd(3, 2.0 * s.c), t.wra(4, all, s.bf16);
          t.fl(all * (2 + (p.null(2) ? 0 : 1) + (p.num(5) != 0 ? 1 : 0)));
      }},
     {"bn_dsums_kernel", 12, [](const params &p, tally &t) {
          /* (s, x, act, dy, partial, tickets, weight, save_mean, save_invstd, dweight, dbias, factors) */
          const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
          const double all = (double)s.n * s.c * s.plane, c = s.c, blocks = c * s.splits;
-         t.rd(1, all), t.rd(2, all), t.rd(3, all), t.rw(4, 2 * blocks), t.rw(5, blocks);
+         t.rda(1, all, s.bf16), t.rda(2, all, s.bf16), t.rda(3, all, s.bf16), t.rw(4, 2 * blocks), t.rw(5, blocks);
          t.rd(6, c), t.rd(7, c), t.rd(8, c), t.wr(9, c), t.wr(10, c), t.wr(11, 4 * c);
          t.fl(all * (4 + (p.null(2) ? 0 : 1)) + 2 * blocks + 10 * c);
      }},
     {"bn_dx_kernel", 7, [](const params &p, tally &t) { /* (s, x, act, dy, factors, dx, accumulate) */
          const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
          const double all = (double)s.n * s.c * s.plane;
-         t.rd(1, all), t.rd(2, all), t.rd(3, all), t.rd(4, 4.0 * s.c), t.wr(5, all);
+         t.rda(1, all, s.bf16), t.rda(2, all, s.bf16), t.rda(3, all, s.bf16), t.rd(4, 4.0 * s.c);
+         t.wra(5, all, s.bf16);
          t.fl(all * (5 + (p.null(2) ? 0 : 1)));
-         if (p.num(6) != 0) t.rd(5, all), t.fl(all);
+         if (p.num(6) != 0) t.rda(5, all, s.bf16), t.fl(all);
      }},
     {"increment_i64_kernel", 1, [](const params &p, tally &t) { t.rw(0, 1); }},
     {"to_bf16_kernel", 3, [](const params &p, tally &t) { /* (count, x, y) */
@@ -318,28 +351,36 @@ const entry kTable[] = {
          t.rw(1, n), t.fl(n * 3);
      }},
     /* ---- src/model/cuda/syncbn_cuda.cu (model.sync_bn) ---- */
-    {"syncbn_stats_kernel", 5, [](const params &p, tally &t) { /* (n, c, plane, x, sums) */
+    /* activations: (..., bf16, nhwc, ...) after the shape */
+    {"syncbn_stats_kernel", 7, [](const params &p, tally &t) { /* (n, c, plane, bf16, nhwc, x, sums) */
          const double all = p.num(0) * p.num(1) * p.num(2);
-         t.rd(3, all), t.wr(4, 2 * p.num(1) + 1), t.fl(3 * all);
+         t.rda(5, all, p.num(3) != 0), t.wr(6, 2 * p.num(1) + 1), t.fl(3 * all);
      }},
     {"syncbn_finish_kernel", 9, [](const params &p, tally &t) { /* (c, eps, momentum, sums, mean, invstd, rm, rv, nbt) */
          const double c = p.num(0);
          t.rd(3, 2 * c + 1), t.wr(4, c), t.wr(5, c), t.rw(6, c), t.rw(7, c), t.rw(8, 1), t.fl(16 * c);
      }},
-    {"syncbn_apply_kernel", 11, [](const params &p, tally &t) { /* (count, c, plane, x, r, mean, invstd, g, b, y, relu) */
+    {"syncbn_apply_kernel", 13, [](const params &p, tally &t) {
+         /* (count, c, plane, bf16, nhwc, x, r, mean, invstd, g, b, y, relu) */
          const double n = p.num(0), c = p.num(1);
-         t.rd(3, n), t.rd(4, n), t.rd(5, c), t.rd(6, c), t.rd(7, c), t.rd(8, c), t.wr(9, n);
-         t.fl(n * (2 + (p.null(4) ? 0 : 1) + (p.num(10) != 0 ? 1 : 0)));
+         const bool h = p.num(3) != 0;
+         t.rda(5, n, h), t.rda(6, n, h), t.rd(7, c), t.rd(8, c), t.rd(9, c), t.rd(10, c), t.wra(11, n, h);
+         t.fl(n * (2 + (p.null(6) ? 0 : 1) + (p.num(12) != 0 ? 1 : 0)));
      }},
-    {"syncbn_dsums_kernel", 11, [](const params &p, tally &t) { /* (n, c, plane, x, act, dy, mean, invstd, sums, dw, db) */
+    {"syncbn_dsums_kernel", 13, [](const params &p, tally &t) {
+         /* (n, c, plane, bf16, nhwc, x, act, dy, mean, invstd, sums, dw, db) */
          const double all = p.num(0) * p.num(1) * p.num(2), c = p.num(1);
-         t.rd(3, all), t.rd(4, all), t.rd(5, all), t.rd(6, c), t.rd(7, c);
-         t.wr(8, 2 * c + 1), t.wr(9, c), t.wr(10, c), t.fl(4 * all);
+         const bool h = p.num(3) != 0;
+         t.rda(5, all, h), t.rda(6, all, h), t.rda(7, all, h), t.rd(8, c), t.rd(9, c);
+         t.wr(10, 2 * c + 1), t.wr(11, c), t.wr(12, c), t.fl(4 * all);
      }},
-    {"syncbn_dx_kernel", 12, [](const params &p, tally &t) { /* (count, c, plane, x, act, dy, mean, invstd, g, sums, dx, acc) */
+    {"syncbn_dx_kernel", 14, [](const params &p, tally &t) {
+         /* (count, c, plane, bf16, nhwc, x, act, dy, mean, invstd, g, sums, dx, acc) */
          const double n = p.num(0), c = p.num(1);
-         t.rd(3, n), t.rd(4, n), t.rd(5, n), t.rd(6, c), t.rd(7, c), t.rd(8, c), t.rd(9, 2 * c + 1), t.wr(10, n);
-         if (p.num(11) != 0) t.rd(10, n), t.fl(n);
+         const bool h = p.num(3) != 0;
+         t.rda(5, n, h), t.rda(6, n, h), t.rda(7, n, h), t.rd(8, c), t.rd(9, c), t.rd(10, c);
+         t.rd(11, 2 * c + 1), t.wra(12, n, h);
+         if (p.num(13) != 0) t.rda(12, n, h), t.fl(n);
          t.fl(6 * n);
      }},
 };

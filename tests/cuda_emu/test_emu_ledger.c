@@ -38,6 +38,7 @@
 
 #define assert_cuda(expr) assert_int_equal((int)(expr), (int)cudaSuccess)
 
+static const rt_act_format k_nchw_f32 = {RT_F32, RT_ACT_NCHW, 1}; /* the kernels' format argument */
 static const char *const k_kernels[] = {
 #include "rt_emu_kernel_list.h"
 };
@@ -142,13 +143,13 @@ static void test_model_kernels(void **state) {
     const size_t n = 1000, F = sizeof(float), H = sizeof(uint16_t);
     float *a = dev(n * F), *b = dev(n * F), *y = dev(n * F);
     uint16_t *h = dev(n * H);
-    assert_cuda(rt_cuk_relu_forward(g_s, n, a, y));
+    assert_cuda(rt_cuk_relu_forward(g_s, RT_F32, n, a, y));
     expect_op(0, "relu_fw_kernel", n * F, n * F);
-    assert_cuda(rt_cuk_relu_backward(g_s, n, a, b, y));
+    assert_cuda(rt_cuk_relu_backward(g_s, RT_F32, n, a, b, y));
     expect_op(1, "relu_bw_kernel", 2 * n * F, n * F);
-    assert_cuda(rt_cuk_add(g_s, n, a, b, y));
+    assert_cuda(rt_cuk_add(g_s, RT_F32, n, a, b, y));
     expect_op(2, "add_kernel", 2 * n * F, n * F);
-    assert_cuda(rt_cuk_accumulate(g_s, n, a, y)); /* y += a */
+    assert_cuda(rt_cuk_accumulate(g_s, RT_F32, n, a, y)); /* y += a */
     expect_op(3, "acc_kernel", 2 * n * F, n * F);
     assert_cuda(rt_cuk_to_bf16(g_s, n, a, h));
     expect_op(4, "to_bf16_kernel", n * F, n * H);
@@ -171,14 +172,14 @@ static void test_pool_and_bias_kernels(void **state) {
     rt_maxpool2d mp = {.c = 3, .in_h = 8, .in_w = 8, .out_h = 4, .out_w = 4, .k = 3, .stride = 2, .pad = 1};
     const size_t nx = 2 * 3 * 64, ny = 2 * 3 * 16;
     float *x = dev(nx * F), *y = dev(ny * F), *dx = dev(nx * F), *dy = dev(ny * F);
-    assert_cuda(rt_cuk_maxpool_forward(g_s, &mp, 2, x, y));
+    assert_cuda(rt_cuk_maxpool_forward(g_s, k_nchw_f32, &mp, 2, x, y));
     expect_op(0, "maxpool_fw_kernel", nx * F, ny * F);
-    assert_cuda(rt_cuk_maxpool_backward(g_s, &mp, 2, x, dy, dx));
+    assert_cuda(rt_cuk_maxpool_backward(g_s, k_nchw_f32, &mp, 2, x, dy, dx));
     expect_op(1, "maxpool_bw_kernel", (nx + ny) * F, nx * F);
     /* global average pooling of (2, 3, 8, 8) -> (2, 3) */
-    assert_cuda(rt_cuk_avgpool_forward(g_s, 2, 3, 64, x, y));
+    assert_cuda(rt_cuk_avgpool_forward(g_s, k_nchw_f32, 2, 3, 64, x, y));
     expect_op(2, "avgpool_fw_kernel", nx * F, 6 * F);
-    assert_cuda(rt_cuk_avgpool_backward(g_s, 2, 3, 64, dy, dx));
+    assert_cuda(rt_cuk_avgpool_backward(g_s, k_nchw_f32, 2, 3, 64, dy, dx));
     expect_op(3, "avgpool_bw_kernel", 6 * F, nx * F);
     /* linear bias: y (5, 7) rows = b (7); db (7) = column sums of dy (5, 7) */
     assert_cuda(rt_cuk_bias_rows(g_s, 5, 7, x, y));
@@ -192,11 +193,11 @@ static void test_pool_and_bias_kernels(void **state) {
     assert_cuda(rt_cuk_bf16_channel_sums(g_s, 2, 4, 9, false, yb, x));
     expect_op(7, "bf16_channel_sums_kernel", 72 * H, 4 * F);
     /* dropout2d over (2, 3, 4, 4): one mask value per (image, channel) */
-    rt_dropout dr = {.p = 0.5f, .channelwise = true, .features = 48, .plane = 16, .seed = 1, .mask = dev(6 * F)};
-    assert_cuda(rt_cuk_dropout_forward(g_s, &dr, 2, x, y));
+    rt_dropout dr = {.p = 0.5f, .channelwise = true, .c = 3, .features = 48, .plane = 16, .seed = 1, .mask = dev(6 * F)};
+    assert_cuda(rt_cuk_dropout_forward(g_s, k_nchw_f32, &dr, 2, x, y));
     expect_op(8, "dropout_mask_kernel", 0, 6 * F);
     expect_op(9, "dropout_apply_kernel", (6 + 96) * F, 96 * F);
-    assert_cuda(rt_cuk_dropout_backward(g_s, &dr, 2, dy, dx));
+    assert_cuda(rt_cuk_dropout_backward(g_s, k_nchw_f32, &dr, 2, dy, dx));
     expect_op(10, "dropout_apply_kernel", (6 + 96) * F, 96 * F);
     assert_int_equal(recorded(), 11);
 }
@@ -495,8 +496,8 @@ static void test_modelled_time(void **state) {
     rt_cost_model m = {.bandwidth = 1e12, .eta = 0.5, .beta = 0.5, .h = 1e-6, .sync_s = 1e-3};
     for (int i = 0; i < RT_COST_MATHS; i++) m.peak_flops[i] = 1e12;
     float *a = dev(1 << 20), *y = dev(1 << 20);
-    assert_cuda(rt_cuk_relu_forward(g_s, 10, a, y));      /* 80 bytes: h */
-    assert_cuda(rt_cuk_relu_forward(g_s, 1 << 18, a, y)); /* 2 MiB at 0.5 TB/s: 4.19 us */
+    assert_cuda(rt_cuk_relu_forward(g_s, RT_F32, 10, a, y));      /* 80 bytes: h */
+    assert_cuda(rt_cuk_relu_forward(g_s, RT_F32, 1 << 18, a, y)); /* 2 MiB at 0.5 TB/s: 4.19 us */
     rt_emu_ledger_set_model(&m);                          /* set after: the sum is recomputed */
     assert_cuda(cudaStreamSynchronize(g_s));              /* + sync_s */
     rt_cost_ledger l = {.size = sizeof l};
@@ -519,7 +520,7 @@ static void test_graph_replay(void **state) {
     assert_cuda(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
     float *x = dev(4000), *y = dev(4000);
     assert_cuda(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
-    assert_cuda(rt_cuk_relu_forward(cs, 1000, x, y));
+    assert_cuda(rt_cuk_relu_forward(cs, RT_F32, 1000, x, y));
     assert_cuda(cudaMemsetAsync(y, 0, 4000, cs));
     cudaGraph_t graph;
     assert_cuda(cudaStreamEndCapture(cs, &graph));
@@ -560,14 +561,14 @@ static void test_count_only(void **state) {
     assert_cuda(cudaMemcpy(x, h, sizeof h, cudaMemcpyHostToDevice));
     assert_cuda(cudaMemcpy(y, h, sizeof h, cudaMemcpyHostToDevice));
     assert_int_equal(rt_emu_ledger_enable(2), 2);
-    assert_cuda(rt_cuk_relu_forward(g_s, 4, x, y));
+    assert_cuda(rt_cuk_relu_forward(g_s, RT_F32, 4, x, y));
     assert_cuda(cudaStreamSynchronize(g_s));
     assert_cuda(cudaMemcpy(out, y, sizeof out, cudaMemcpyDeviceToHost));
     assert_memory_equal(out, h, sizeof h);        /* untouched */
     assert_int_equal(rt_emu_ledger_enable(1), 2); /* "on" keeps count only */
     rt_emu_ledger_enable(0);
     assert_int_equal(rt_emu_ledger_enable(1), 1);
-    assert_cuda(rt_cuk_relu_forward(g_s, 4, x, y));
+    assert_cuda(rt_cuk_relu_forward(g_s, RT_F32, 4, x, y));
     assert_cuda(cudaStreamSynchronize(g_s));
     assert_cuda(cudaMemcpy(out, y, sizeof out, cudaMemcpyDeviceToHost));
     assert_true(out[0] == 0 && out[1] == 2 && out[2] == 0 && out[3] == 4);

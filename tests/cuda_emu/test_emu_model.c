@@ -23,6 +23,7 @@
 
 #include <cuda_runtime.h>
 
+static const rt_act_format k_nchw_f32 = {RT_F32, RT_ACT_NCHW, 1}; /* the kernels' format argument */
 static rt_model_ctx *g_cpu;
 
 static int setup(void **state) {
@@ -49,28 +50,28 @@ static void test_elementwise(void **state) {
     float *cy = rt_test_nans(n), *gy = rt_test_nans(n);
 
     assert_rt_ok(rt_relu_forward(g_cpu, n, (rt_act *)a, (rt_act *)cy));
-    assert_cuda_ok(rt_cuk_relu_forward(NULL, n, a, gy));
+    assert_cuda_ok(rt_cuk_relu_forward(NULL, RT_F32, n, a, gy));
     et_check_exact("relu forward", cy, gy, n);
     float *cdx = rt_test_copy(b, n), *gdx = rt_test_copy(b, n); /* backward in place on dy */
     assert_rt_ok(rt_relu_backward(g_cpu, n, (rt_act *)cy, (rt_act *)cdx, (rt_act *)cdx));
-    assert_cuda_ok(rt_cuk_relu_backward(NULL, n, gy, gdx, gdx));
+    assert_cuda_ok(rt_cuk_relu_backward(NULL, RT_F32, n, gy, gdx, gdx));
     et_check_exact("relu backward (in place)", cdx, gdx, n);
     float *cx = rt_test_copy(a, n), *gx = rt_test_copy(a, n);
     assert_rt_ok(rt_relu_forward(g_cpu, n, (rt_act *)cx, (rt_act *)cx));
-    assert_cuda_ok(rt_cuk_relu_forward(NULL, n, gx, gx));
+    assert_cuda_ok(rt_cuk_relu_forward(NULL, RT_F32, n, gx, gx));
     et_check_exact("relu forward (in place)", cx, gx, n);
 
     et_poison(gy, n);
     assert_rt_ok(rt_add_forward(g_cpu, n, (rt_act *)a, (rt_act *)b, (rt_act *)cy));
-    assert_cuda_ok(rt_cuk_add(NULL, n, a, b, gy));
+    assert_cuda_ok(rt_cuk_add(NULL, RT_F32, n, a, b, gy));
     et_check_exact("add", cy, gy, n);
     assert_rt_ok(rt_add_backward(g_cpu, n, (rt_act *)b, (rt_act *)cy));
-    assert_cuda_ok(rt_cuk_accumulate(NULL, n, b, gy));
+    assert_cuda_ok(rt_cuk_accumulate(NULL, RT_F32, n, b, gy));
     et_check_exact("accumulate", cy, gy, n);
     /* count 0 launches nothing */
     unsigned long long launches = rt_emu_launch_count();
-    assert_cuda_ok(rt_cuk_relu_forward(NULL, 0, a, gy));
-    assert_cuda_ok(rt_cuk_add(NULL, 0, a, b, gy));
+    assert_cuda_ok(rt_cuk_relu_forward(NULL, RT_F32, 0, a, gy));
+    assert_cuda_ok(rt_cuk_add(NULL, RT_F32, 0, a, b, gy));
     assert_true(rt_emu_launch_count() == launches);
     free(a), free(b), free(cy), free(gy), free(cdx), free(gdx), free(cx), free(gx);
 }
@@ -93,11 +94,11 @@ static void pool_case(int n, int c, int h, int w, int k, int s, int pad, int kin
     char what[96];
     const char *tag = kind == POOL_TIES ? " ties" : kind == POOL_NAN ? " ties+NaN" : "";
     assert_rt_ok(rt_maxpool2d_forward(g_cpu, &l, n, (rt_act *)x, (rt_act *)cy));
-    assert_cuda_ok(rt_cuk_maxpool_forward(NULL, &l, n, x, gy));
+    assert_cuda_ok(rt_cuk_maxpool_forward(NULL, k_nchw_f32, &l, n, x, gy));
     snprintf(what, sizeof what, "maxpool n%d c%d %dx%d k%d s%d p%d%s forward", n, c, h, w, k, s, pad, tag);
     et_check_exact(what, cy, gy, yn);
     assert_rt_ok(rt_maxpool2d_backward(g_cpu, &l, n, (rt_act *)x, (rt_act *)cy, (rt_act *)dy, (rt_act *)cdx));
-    assert_cuda_ok(rt_cuk_maxpool_backward(NULL, &l, n, x, dy, gdx));
+    assert_cuda_ok(rt_cuk_maxpool_backward(NULL, k_nchw_f32, &l, n, x, dy, gdx));
     snprintf(what, sizeof what, "maxpool n%d c%d %dx%d k%d s%d p%d%s backward", n, c, h, w, k, s, pad, tag);
     et_check_exact(what, cdx, gdx, xn);
     rt_maxpool2d_release(g_cpu, &l);
@@ -128,11 +129,11 @@ static void test_avgpool(void **state) {
         float *cy = rt_test_nans(yn), *gy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *gdx = rt_test_nans(xn);
         char what[96];
         assert_rt_ok(rt_avgpool_forward(g_cpu, n, c, hw, (rt_act *)x, cy));
-        assert_cuda_ok(rt_cuk_avgpool_forward(NULL, n, c, hw, x, gy));
+        assert_cuda_ok(rt_cuk_avgpool_forward(NULL, k_nchw_f32, n, c, hw, x, gy));
         snprintf(what, sizeof what, "avgpool n%d c%d hw%d forward", n, c, hw);
         et_check_exact(what, cy, gy, yn);
         assert_rt_ok(rt_avgpool_backward(g_cpu, n, c, hw, dy, (rt_act *)cdx));
-        assert_cuda_ok(rt_cuk_avgpool_backward(NULL, n, c, hw, dy, gdx));
+        assert_cuda_ok(rt_cuk_avgpool_backward(NULL, k_nchw_f32, n, c, hw, dy, gdx));
         snprintf(what, sizeof what, "avgpool n%d c%d hw%d backward", n, c, hw);
         et_check_exact(what, cdx, gdx, xn);
         free(x), free(dy), free(cy), free(gy), free(cdx), free(gdx);
@@ -206,7 +207,7 @@ static void dropout_case(float p, bool channelwise, int n, int c, int h, int w) 
     for (int rep = 0; rep < 2; rep++) { /* the second draw continues the counter */
         char what[96];
         assert_rt_ok(rt_dropout_forward(g_cpu, &lc, n, (rt_act *)x, (rt_act *)cy, true));
-        assert_cuda_ok(rt_cuk_dropout_forward(NULL, &lg, n, x, gy));
+        assert_cuda_ok(rt_cuk_dropout_forward(NULL, k_nchw_f32, &lg, n, x, gy));
         lg.counter += draws; /* the caller (layers.c) advances it */
         assert_true(lc.counter == lg.counter);
         snprintf(what, sizeof what, "dropout p=%.2f%s n%d %dx%dx%d draw %d mask", (double)p, channelwise ? " 2d" : "",
@@ -214,7 +215,7 @@ static void dropout_case(float p, bool channelwise, int n, int c, int h, int w) 
         et_check_exact(what, lc.mask, lg.mask, draws);
         et_check_exact("  forward", cy, gy, cnt);
         assert_rt_ok(rt_dropout_backward(g_cpu, &lc, n, (rt_act *)dy, (rt_act *)cdx));
-        assert_cuda_ok(rt_cuk_dropout_backward(NULL, &lg, n, dy, gdx));
+        assert_cuda_ok(rt_cuk_dropout_backward(NULL, k_nchw_f32, &lg, n, dy, gdx));
         et_check_exact("  backward", cdx, gdx, cnt);
     }
     free(lc.mask), free(lg.mask), free(x), free(dy), free(cy), free(gy), free(cdx), free(gdx);

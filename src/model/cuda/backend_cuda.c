@@ -3,7 +3,9 @@
  *
  * Convolutions are in conv_cuda.c, the hand-written kernels in kernels_cuda.cu. All
  * work goes to ctx->stream; forward and backward entries neither allocate nor
- * synchronise with the host. Activations stay NCHW (PyTorch's layout) end to end.
+ * synchronise with the host. Activations are in the context's format (ctx->act: fp32 or
+ * bf16, NCHW or NHWC; act_supported), every kernel that touches them takes it at run time
+ * (docs/gpu.md, "Activation formats: the kernels").
  *
  * Precision (ctx->precision): fp32 forbids tensor cores everywhere (cuDNN
  * CUDNN_FMA_MATH, cuBLAS CUBLAS_PEDANTIC_MATH: plain fp32 arithmetic throughout; the
@@ -169,7 +171,11 @@ static rt_status bn_args(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, rt_cuk_bn_
         .factors = (float *)((char *)p->scratch + p->off_factors),
         .tickets = (int *)((char *)p->scratch + p->off_tickets),
     };
-    *sh = (rt_cuk_bn_shape){.n = n, .c = l->c, .plane = (size_t)l->h * l->w};
+    *sh = (rt_cuk_bn_shape){.n = n,
+                            .c = l->c,
+                            .bf16 = ctx->act.dtype == RT_BF16,
+                            .nhwc = ctx->act.layout == RT_ACT_NHWC,
+                            .plane = (size_t)l->h * l->w};
     return RT_OK;
 }
 
@@ -178,7 +184,7 @@ static rt_status cuda_bn_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n
     rt_cuk_bn_args a;
     rt_cuk_bn_shape sh;
     RT_CHECK(bn_args(ctx, l, n, &a, &sh));
-    RT_CHECK_CUDA(rt_cuk_bn_forward(stream_of(ctx), &a, sh, (const float *)x, (const float *)residual, (float *)y, training, relu));
+    RT_CHECK_CUDA(rt_cuk_bn_forward(stream_of(ctx), &a, sh, x, residual, y, training, relu));
     return RT_OK;
 }
 
@@ -191,7 +197,7 @@ static rt_status cuda_bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int 
     rt_cuk_bn_args a;
     rt_cuk_bn_shape sh;
     RT_CHECK(bn_args(ctx, l, n, &a, &sh));
-    RT_CHECK_CUDA(rt_cuk_bn_backward(stream_of(ctx), &a, sh, (const float *)x, (const float *)act, (const float *)dy, (float *)dx, accumulate));
+    RT_CHECK_CUDA(rt_cuk_bn_backward(stream_of(ctx), &a, sh, x, act, dy, dx, accumulate));
     return RT_OK;
 }
 
@@ -319,58 +325,74 @@ static rt_status cuda_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, co
 
 /* ---- kernel wrappers ----------------------------------------------------------------- */
 
-/* The activation format (model/ctx.h): fp32 NCHW for now. */
-static rt_status need_f32(rt_dtype dt, const char *what) {
-    RT_REQUIRE(dt == RT_F32, RT_ERR_UNSUPPORTED, "%s on cuda: dtype %d is not this backend's", what, (int)dt);
+/* The activation formats (model/ctx.h): fp32 or bf16 elements, NCHW or NHWC; every
+ * kernel here takes the format at run time. */
+static bool cuda_act_supported(const rt_act_format *f) {
+    return (f->dtype == RT_F32 || f->dtype == RT_BF16) && (f->layout == RT_ACT_NCHW || f->layout == RT_ACT_NHWC);
+}
+
+static rt_status need_act_dtype(rt_dtype dt, const char *what) {
+    RT_REQUIRE(dt == RT_F32 || dt == RT_BF16, RT_ERR_UNSUPPORTED,
+               "%s on cuda: element type %d (expected fp32 or bf16)", what, (int)dt);
     return RT_OK;
 }
 
-static rt_status need_nchw_f32(rt_act_format f, const char *what) {
-    RT_REQUIRE(f.dtype == RT_F32 && f.layout == RT_ACT_NCHW, RT_ERR_UNSUPPORTED,
-               "%s on cuda: format (dtype %d, layout %d) is not this backend's", what, (int)f.dtype, (int)f.layout);
+static rt_status need_format(rt_act_format f, const char *what) {
+    RT_REQUIRE(cuda_act_supported(&f), RT_ERR_UNSUPPORTED,
+               "%s on cuda: format (dtype %d, layout %d) is not one of fp32/bf16 NCHW/NHWC", what, (int)f.dtype,
+               (int)f.layout);
     return RT_OK;
 }
 
+/* fp32 NCHW unpadded is a copy (as it always was); any other format a conversion kernel */
 static rt_status cuda_act_from_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src,
                                     rt_act *dst) {
-    RT_CHECK(need_nchw_f32(ctx->act, "activation conversion"));
-    RT_REQUIRE(stored_c == c, RT_ERR_UNSUPPORTED, "activation conversion on cuda: padded channels");
     RT_CHECK(rt_cuda_bind(ctx));
-    if ((const void *)src != (const void *)dst)
-        RT_CHECK_CUDA(cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n * c * h * w, cudaMemcpyDeviceToDevice,
-                                      stream_of(ctx)));
+    if (rt_act_is_nchw_f32(ctx) && stored_c == c) {
+        if ((const void *)src != (const void *)dst)
+            RT_CHECK_CUDA(cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n * c * h * w, cudaMemcpyDeviceToDevice,
+                                          stream_of(ctx)));
+        return RT_OK;
+    }
+    RT_REQUIRE((const void *)src != (const void *)dst, RT_ERR_INVALID,
+               "activation conversion on cuda: output aliases the input (only fp32 NCHW unpadded may)");
+    RT_CHECK_CUDA(rt_cuk_act_from_nchw(stream_of(ctx), ctx->act, n, c, (size_t)h * w, stored_c, src, dst));
     return RT_OK;
 }
 
 static rt_status cuda_act_to_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const rt_act *src,
                                   float *dst) {
-    RT_CHECK(need_nchw_f32(ctx->act, "activation conversion"));
-    RT_REQUIRE(stored_c == c, RT_ERR_UNSUPPORTED, "activation conversion on cuda: padded channels");
     RT_CHECK(rt_cuda_bind(ctx));
-    if ((const void *)src != (const void *)dst)
-        RT_CHECK_CUDA(cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n * c * h * w, cudaMemcpyDeviceToDevice,
-                                      stream_of(ctx)));
+    if (rt_act_is_nchw_f32(ctx) && stored_c == c) {
+        if ((const void *)src != (const void *)dst)
+            RT_CHECK_CUDA(cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n * c * h * w, cudaMemcpyDeviceToDevice,
+                                          stream_of(ctx)));
+        return RT_OK;
+    }
+    RT_REQUIRE((const void *)src != (const void *)dst, RT_ERR_INVALID,
+               "activation conversion on cuda: output aliases the input (only fp32 NCHW unpadded may)");
+    RT_CHECK_CUDA(rt_cuk_act_to_nchw(stream_of(ctx), ctx->act, n, c, (size_t)h * w, stored_c, src, dst));
     return RT_OK;
 }
 
 static rt_status cuda_relu_forward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *x, void *y) {
-    RT_CHECK(need_f32(dt, "relu"));
+    RT_CHECK(need_act_dtype(dt, "relu"));
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_relu_forward(stream_of(ctx), count, x, y));
+    RT_CHECK_CUDA(rt_cuk_relu_forward(stream_of(ctx), dt, count, x, y));
     return RT_OK;
 }
 
 static rt_status cuda_relu_backward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *y, const void *dy,
                                     void *dx) {
-    RT_CHECK(need_f32(dt, "relu"));
+    RT_CHECK(need_act_dtype(dt, "relu"));
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_relu_backward(stream_of(ctx), count, y, dy, dx));
+    RT_CHECK_CUDA(rt_cuk_relu_backward(stream_of(ctx), dt, count, y, dy, dx));
     return RT_OK;
 }
 
 static rt_status cuda_maxpool_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, rt_act *y) {
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_maxpool_forward(stream_of(ctx), l, n, (const float *)x, (float *)y));
+    RT_CHECK_CUDA(rt_cuk_maxpool_forward(stream_of(ctx), ctx->act, l, n, x, y));
     return RT_OK;
 }
 
@@ -378,50 +400,50 @@ static rt_status cuda_maxpool_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n
                                        const rt_act *dy, rt_act *dx) {
     (void)y;
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_maxpool_backward(stream_of(ctx), l, n, (const float *)x, (const float *)dy, (float *)dx));
+    RT_CHECK_CUDA(rt_cuk_maxpool_backward(stream_of(ctx), ctx->act, l, n, x, dy, dx));
     return RT_OK;
 }
 
 static rt_status cuda_avgpool_forward(rt_model_ctx *ctx, int n, int c, int hw, const rt_act *x, float *y) {
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_avgpool_forward(stream_of(ctx), n, c, hw, (const float *)x, y));
+    RT_CHECK_CUDA(rt_cuk_avgpool_forward(stream_of(ctx), ctx->act, n, c, hw, x, y));
     return RT_OK;
 }
 
 static rt_status cuda_avgpool_backward(rt_model_ctx *ctx, int n, int c, int hw, const float *dy, rt_act *dx) {
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_avgpool_backward(stream_of(ctx), n, c, hw, dy, (float *)dx));
+    RT_CHECK_CUDA(rt_cuk_avgpool_backward(stream_of(ctx), ctx->act, n, c, hw, dy, dx));
     return RT_OK;
 }
 
 static rt_status cuda_dropout_forward(rt_model_ctx *ctx, rt_dropout *l, int n, rt_act_format fmt, const void *x,
                                       void *y) {
-    RT_CHECK(need_nchw_f32(fmt, "dropout"));
+    RT_CHECK(need_format(fmt, "dropout"));
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_dropout_forward(stream_of(ctx), l, n, x, y));
+    RT_CHECK_CUDA(rt_cuk_dropout_forward(stream_of(ctx), fmt, l, n, x, y));
     return RT_OK;
 }
 
 static rt_status cuda_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, rt_act_format fmt, const void *dy,
                                        void *dx) {
-    RT_CHECK(need_nchw_f32(fmt, "dropout"));
+    RT_CHECK(need_format(fmt, "dropout"));
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_dropout_backward(stream_of(ctx), l, n, dy, dx));
+    RT_CHECK_CUDA(rt_cuk_dropout_backward(stream_of(ctx), fmt, l, n, dy, dx));
     return RT_OK;
 }
 
 static rt_status cuda_add_forward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *a, const void *b,
                                   void *y) {
-    RT_CHECK(need_f32(dt, "add"));
+    RT_CHECK(need_act_dtype(dt, "add"));
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_add(stream_of(ctx), count, (const float *)a, (const float *)b, (float *)y));
+    RT_CHECK_CUDA(rt_cuk_add(stream_of(ctx), dt, count, a, b, y));
     return RT_OK;
 }
 
 static rt_status cuda_add_backward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *dy, void *dx) {
-    RT_CHECK(need_f32(dt, "add"));
+    RT_CHECK(need_act_dtype(dt, "add"));
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_accumulate(stream_of(ctx), count, (const float *)dy, (float *)dx));
+    RT_CHECK_CUDA(rt_cuk_accumulate(stream_of(ctx), dt, count, dy, dx));
     return RT_OK;
 }
 
@@ -469,7 +491,8 @@ const rt_model_backend rt_model_backend_cuda = {
     .ctx_init = cuda_ctx_init,
     .ctx_release = cuda_ctx_release,
     .memory = rt_cuda_memory,
-    .act_format = NULL, /* fp32 NCHW */
+    .act_format = NULL, /* fp32 NCHW for every precision (for now) */
+    .act_supported = cuda_act_supported,
     .act_from_nchw = cuda_act_from_nchw,
     .act_to_nchw = cuda_act_to_nchw,
     .conv2d_prepare = rt_cuda_conv2d_prepare,

@@ -69,27 +69,48 @@ rt_status rt_cuda_memory(rt_model_ctx *ctx, size_t *used, size_t *backend);
 
 /* ---- kernels_cuda.cu: every launcher enqueues on `s` and returns the launch status --- */
 
-cudaError_t rt_cuk_relu_forward(cudaStream_t s, size_t count, const float *x, float *y);
-cudaError_t rt_cuk_relu_backward(cudaStream_t s, size_t count, const float *y, const float *dy, float *dx);
-cudaError_t rt_cuk_add(cudaStream_t s, size_t count, const float *a, const float *b, float *y);
-cudaError_t rt_cuk_accumulate(cudaStream_t s, size_t count, const float *dy, float *dx);
-/* the max-pooling kernels' geometry parameter (one plane's); tests/cuda_emu/kernel_costs.cpp
- * reads it to count the bytes of a launch */
+/* Activations (void *) are in a format given at run time (model/ctx.h): the element type
+ * dt (RT_F32 or RT_BF16) for the layout-free elementwise ops, an rt_act_format (dtype and
+ * layout; its input_channel_align is not read) for the others. Each reads the stored
+ * dtype, computes in fp32 (sums in double where noted) and rounds once where it stores
+ * (bf16: to nearest even). fp32 NCHW: the arithmetic, and the bits, of the fp32 kernels
+ * these were. */
+cudaError_t rt_cuk_relu_forward(cudaStream_t s, rt_dtype dt, size_t count, const void *x, void *y);
+cudaError_t rt_cuk_relu_backward(cudaStream_t s, rt_dtype dt, size_t count, const void *y, const void *dy, void *dx);
+cudaError_t rt_cuk_add(cudaStream_t s, rt_dtype dt, size_t count, const void *a, const void *b, void *y);
+cudaError_t rt_cuk_accumulate(cudaStream_t s, rt_dtype dt, size_t count, const void *dy, void *dx);
+/* fp32 NCHW (n, c, plane) at src -> activations (n, stored_c, plane) at dst in format f,
+ * channels c..stored_c-1 zero; and back (only the first c channels read) */
+cudaError_t rt_cuk_act_from_nchw(cudaStream_t s, rt_act_format f, int n, int c, size_t plane, int stored_c,
+                                 const float *src, void *dst);
+cudaError_t rt_cuk_act_to_nchw(cudaStream_t s, rt_act_format f, int n, int c, size_t plane, int stored_c,
+                               const void *src, float *dst);
+/* the max-pooling kernels' geometry parameter (one plane's, the channels and the format:
+ * bf16 and nhwc 0 or 1); tests/cuda_emu/kernel_costs.cpp reads it to count the bytes of a
+ * launch */
 typedef struct rt_cuk_pool_geom {
     int in_h, in_w, out_h, out_w, k, stride, pad;
+    int c, bf16, nhwc;
 } rt_cuk_pool_geom;
 /* max pooling with the CPU rule (padding -inf, first maximum, NaN wins) */
-cudaError_t rt_cuk_maxpool_forward(cudaStream_t s, const rt_maxpool2d *l, int n, const float *x, float *y);
-cudaError_t rt_cuk_maxpool_backward(cudaStream_t s, const rt_maxpool2d *l, int n, const float *x, const float *dy,
-                                    float *dx);
-cudaError_t rt_cuk_avgpool_forward(cudaStream_t s, int n, int c, int hw, const float *x, float *y);
-cudaError_t rt_cuk_avgpool_backward(cudaStream_t s, int n, int c, int hw, const float *dy, float *dx);
+cudaError_t rt_cuk_maxpool_forward(cudaStream_t s, rt_act_format f, const rt_maxpool2d *l, int n, const void *x,
+                                   void *y);
+cudaError_t rt_cuk_maxpool_backward(cudaStream_t s, rt_act_format f, const rt_maxpool2d *l, int n, const void *x,
+                                    const void *dy, void *dx);
+/* global average pooling: activations (n, c, hw) -> fp32 features y (n, c) (sums in
+ * double), and back */
+cudaError_t rt_cuk_avgpool_forward(cudaStream_t s, rt_act_format f, int n, int c, int hw, const void *x, float *y);
+cudaError_t rt_cuk_avgpool_backward(cudaStream_t s, rt_act_format f, int n, int c, int hw, const float *dy, void *dx);
 /* y (n, out) row i = b; db (out) = column sums of dy (n, out) */
 cudaError_t rt_cuk_bias_rows(cudaStream_t s, int n, int out, const float *b, float *y);
 cudaError_t rt_cuk_column_sums(cudaStream_t s, int n, int out, const float *dy, float *db);
-/* dropout: mask (draws) from Philox, y = x * mask[j / plane] */
-cudaError_t rt_cuk_dropout_forward(cudaStream_t s, const rt_dropout *l, int n, const float *x, float *y);
-cudaError_t rt_cuk_dropout_backward(cudaStream_t s, const rt_dropout *l, int n, const float *dy, float *dx);
+/* dropout: mask (draws, fp32) from Philox, y = x * mask[k / plane] where k is the
+ * element's index in PyTorch's NCHW order whatever the format f (features: fp32 NCHW with
+ * l->c == 1) */
+cudaError_t rt_cuk_dropout_forward(cudaStream_t s, rt_act_format f, const rt_dropout *l, int n, const void *x,
+                                   void *y);
+cudaError_t rt_cuk_dropout_backward(cudaStream_t s, rt_act_format f, const rt_dropout *l, int n, const void *dy,
+                                    void *dx);
 /* precision bf16 (bf16 as uint16_t, the top half of a float): y = round(x) to nearest
  * even (core/bf16.h's rule); y = x widened, or y += x widened in fp32 when accumulate;
  * y = round(y) in place (kept as a float); y (n, c, plane) = round(b[channel]); and
@@ -149,12 +170,15 @@ cudaError_t rt_cuk_bf16_fill_channels(cudaStream_t s, int n, int c, size_t plane
 cudaError_t rt_cuk_bf16_channel_sums(cudaStream_t s, int n, int c, size_t plane, bool nhwc, const uint16_t *dy,
                                      float *db);
 /* Batch norm (training and evaluation), with the residual add and the ReLU fused
- * (kernels_cuda.cu, "batch norm"). The activations' shape and layout: (n, c, plane)
- * NCHW today; `splits` blocks share each channel's reduction (rt_cuk_bn_splits: a
- * function of n and plane alone, so the reduction order, and every bit of the result,
- * is the same on every run and every device). */
+ * (kernels_cuda.cu, "batch norm"). The activations' shape and format: (n, c, plane),
+ * NCHW or (nhwc 1) NHWC, fp32 or (bf16 1) bf16 elements; `splits` blocks share each
+ * channel's reduction (rt_cuk_bn_splits: a function of n and plane alone, so the
+ * reduction order, and every bit of the result, is the same on every run and every
+ * device). Statistics, factors and parameter gradients are fp32 (sums in double) in
+ * every format. */
 typedef struct rt_cuk_bn_shape {
     int n, c, splits;
+    int bf16, nhwc;
     size_t plane;
 } rt_cuk_bn_shape;
 int rt_cuk_bn_splits(int n, size_t plane);
@@ -172,12 +196,12 @@ typedef struct rt_cuk_bn_args {
 } rt_cuk_bn_args;
 /* y = relu?(bn(x) + residual?); training: batch statistics (saved, folded into the running
  * ones, num_batches_tracked += 1), 2 launches; evaluation: running statistics, 2 launches */
-cudaError_t rt_cuk_bn_forward(cudaStream_t s, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const float *x,
-                              const float *residual, float *y, bool training, bool relu);
+cudaError_t rt_cuk_bn_forward(cudaStream_t s, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const void *x,
+                              const void *residual, void *y, bool training, bool relu);
 /* backward of a training forward, dy taken through the ReLU whose output was act (NULL:
  * no ReLU): dweight, dbias written, dx written or accumulated (dx may be dy); 2 launches */
-cudaError_t rt_cuk_bn_backward(cudaStream_t s, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const float *x,
-                               const float *act, const float *dy, float *dx, bool accumulate);
+cudaError_t rt_cuk_bn_backward(cudaStream_t s, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const void *x,
+                               const void *act, const void *dy, void *dx, bool accumulate);
 /* *counter += 1 (num_batches_tracked) */
 cudaError_t rt_cuk_increment_i64(cudaStream_t s, int64_t *counter);
 /* losses: an out-of-range label adds 1 to *bad and makes the loss (and that row's

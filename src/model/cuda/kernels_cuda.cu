@@ -34,48 +34,148 @@ static unsigned grid_for(size_t count) {
 #define GRID_STRIDE(i, count)                                                                                          \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (count); i += (size_t)gridDim.x * blockDim.x)
 
-/* ---- elementwise ------------------------------------------------------------------- */
+/* fp32 -> bf16, round to nearest, ties to even; NaN stays a quiet NaN: core/bf16.h's
+ * rt_bf16_from_f32, line for line (a copy from when that one was host-only; it is
+ * __host__ __device__ now, which src/dist/cuda/bf16_cuda.cu uses, so this copy could go) */
+static __device__ __forceinline__ uint16_t bf16_from_f32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
 
-static __global__ void relu_fw_kernel(size_t count, const float *x, float *y) {
+static __device__ __forceinline__ float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---- activations in the context's format (model/ctx.h) ----------------------------------
+ *
+ * The kernels that read or write activations take the format at run time (int flags, not
+ * templates: the emulated GPUs rewrite launches of plain kernels only): bf16 (1) or fp32
+ * (0) elements, NCHW (0) or NHWC (1). They read the stored dtype, compute in fp32 (sums in
+ * double where they were), and round ONCE where they store (act_st: round to nearest
+ * even, core/bf16.h's rule). fp32 NCHW takes exactly the arithmetic it took before. */
+
+/* element i, widened to fp32 */
+static __device__ __forceinline__ float act_ld(const void *p, int bf16, size_t i) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+/* element i = v, rounded once to nearest even when bf16 */
+static __device__ __forceinline__ void act_st(void *p, int bf16, size_t i, float v) {
+    if (bf16)
+        ((uint16_t *)p)[i] = bf16_from_f32(v);
+    else
+        ((float *)p)[i] = v;
+}
+/* index of (image * c + channel = ic, position p) in activations of c channels and `plane`
+ * positions, in the layout */
+static __device__ __forceinline__ size_t act_index(int nhwc, int c, size_t plane, size_t ic, size_t p) {
+    if (!nhwc) return ic * plane + p;
+    const size_t img = ic / (size_t)c;
+    return (img * plane + p) * (size_t)c + (ic - img * (size_t)c);
+}
+/* the reverse: flat index i -> (image * c + channel, position) */
+static __device__ __forceinline__ void act_split(int nhwc, int c, size_t plane, size_t i, size_t *ic, size_t *p) {
+    if (!nhwc) {
+        *ic = i / plane, *p = i - *ic * plane;
+        return;
+    }
+    const size_t q = i / (size_t)c, ch = i - q * (size_t)c, img = q / plane;
+    *p = q - img * plane, *ic = img * (size_t)c + ch;
+}
+
+/* ---- elementwise (layout-free: only the dtype matters) ---------------------------- */
+
+static __global__ void relu_fw_kernel(size_t count, int bf16, const void *x, void *y) {
     GRID_STRIDE(i, count) {
-        float v = x[i];
-        y[i] = v > 0.0f ? v : 0.0f;
+        float v = act_ld(x, bf16, i);
+        act_st(y, bf16, i, v > 0.0f ? v : 0.0f);
     }
 }
 
-static __global__ void relu_bw_kernel(size_t count, const float *y, const float *dy, float *dx) {
-    GRID_STRIDE(i, count) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+static __global__ void relu_bw_kernel(size_t count, int bf16, const void *y, const void *dy, void *dx) {
+    GRID_STRIDE(i, count) { act_st(dx, bf16, i, act_ld(y, bf16, i) > 0.0f ? act_ld(dy, bf16, i) : 0.0f); }
 }
 
-static __global__ void add_kernel(size_t count, const float *a, const float *b, float *y) {
-    GRID_STRIDE(i, count) { y[i] = __fadd_rn(a[i], b[i]); }
+static __global__ void add_kernel(size_t count, int bf16, const void *a, const void *b, void *y) {
+    GRID_STRIDE(i, count) { act_st(y, bf16, i, __fadd_rn(act_ld(a, bf16, i), act_ld(b, bf16, i))); }
 }
 
-static __global__ void acc_kernel(size_t count, const float *dy, float *dx) {
-    GRID_STRIDE(i, count) { dx[i] = __fadd_rn(dx[i], dy[i]); }
+static __global__ void acc_kernel(size_t count, int bf16, const void *dy, void *dx) {
+    GRID_STRIDE(i, count) { act_st(dx, bf16, i, __fadd_rn(act_ld(dx, bf16, i), act_ld(dy, bf16, i))); }
 }
 
-extern "C" cudaError_t rt_cuk_relu_forward(cudaStream_t s, size_t count, const float *x, float *y) {
+static int is_bf16(rt_dtype dt) { return dt == RT_BF16 ? 1 : 0; }
+
+extern "C" cudaError_t rt_cuk_relu_forward(cudaStream_t s, rt_dtype dt, size_t count, const void *x, void *y) {
     if (count == 0) return cudaSuccess;
-    relu_fw_kernel<<<grid_for(count), THREADS, 0, s>>>(count, x, y);
+    relu_fw_kernel<<<grid_for(count), THREADS, 0, s>>>(count, is_bf16(dt), x, y);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_relu_backward(cudaStream_t s, size_t count, const float *y, const float *dy, float *dx) {
+extern "C" cudaError_t rt_cuk_relu_backward(cudaStream_t s, rt_dtype dt, size_t count, const void *y, const void *dy,
+                                            void *dx) {
     if (count == 0) return cudaSuccess;
-    relu_bw_kernel<<<grid_for(count), THREADS, 0, s>>>(count, y, dy, dx);
+    relu_bw_kernel<<<grid_for(count), THREADS, 0, s>>>(count, is_bf16(dt), y, dy, dx);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_add(cudaStream_t s, size_t count, const float *a, const float *b, float *y) {
+extern "C" cudaError_t rt_cuk_add(cudaStream_t s, rt_dtype dt, size_t count, const void *a, const void *b, void *y) {
     if (count == 0) return cudaSuccess;
-    add_kernel<<<grid_for(count), THREADS, 0, s>>>(count, a, b, y);
+    add_kernel<<<grid_for(count), THREADS, 0, s>>>(count, is_bf16(dt), a, b, y);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_accumulate(cudaStream_t s, size_t count, const float *dy, float *dx) {
+extern "C" cudaError_t rt_cuk_accumulate(cudaStream_t s, rt_dtype dt, size_t count, const void *dy, void *dx) {
     if (count == 0) return cudaSuccess;
-    acc_kernel<<<grid_for(count), THREADS, 0, s>>>(count, dy, dx);
+    acc_kernel<<<grid_for(count), THREADS, 0, s>>>(count, is_bf16(dt), dy, dx);
+    return cudaGetLastError();
+}
+
+/* ---- conversions at the model's boundary: fp32 NCHW <-> the format ------------------- */
+
+/* dst (n, stored_c, plane) in the format from src (n, c, plane) fp32 NCHW, channels c..
+ * stored_c - 1 zero; one thread per stored element, writes in order */
+static __global__ void act_from_nchw_kernel(size_t total, int c, int stored_c, size_t plane, int bf16, int nhwc,
+                                            const float *src, void *dst) {
+    GRID_STRIDE(i, total) {
+        size_t ic, p;
+        act_split(nhwc, stored_c, plane, i, &ic, &p);
+        const size_t img = ic / (size_t)stored_c, ch = ic - img * (size_t)stored_c;
+        act_st(dst, bf16, i, ch < (size_t)c ? src[(img * (size_t)c + ch) * plane + p] : 0.0f);
+    }
+}
+
+/* dst (n, c, plane) fp32 NCHW from the first c of src's stored_c channels */
+static __global__ void act_to_nchw_kernel(size_t total, int c, int stored_c, size_t plane, int bf16, int nhwc,
+                                          const void *src, float *dst) {
+    GRID_STRIDE(i, total) {
+        const size_t ic = i / plane, p = i - ic * plane, img = ic / (size_t)c, ch = ic - img * (size_t)c;
+        dst[i] = act_ld(src, bf16, act_index(nhwc, stored_c, plane, img * (size_t)stored_c + ch, p));
+    }
+}
+
+static int is_nhwc(rt_act_format f) { return f.layout == RT_ACT_NHWC ? 1 : 0; }
+
+extern "C" cudaError_t rt_cuk_act_from_nchw(cudaStream_t s, rt_act_format f, int n, int c, size_t plane, int stored_c,
+                                            const float *src, void *dst) {
+    const size_t total = (size_t)n * stored_c * plane;
+    if (total == 0) return cudaSuccess;
+    act_from_nchw_kernel<<<grid_for(total), THREADS, 0, s>>>(total, c, stored_c, plane, is_bf16(f.dtype), is_nhwc(f),
+                                                             src, dst);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_act_to_nchw(cudaStream_t s, rt_act_format f, int n, int c, size_t plane, int stored_c,
+                                          const void *src, float *dst) {
+    const size_t total = (size_t)n * c * plane;
+    if (total == 0) return cudaSuccess;
+    act_to_nchw_kernel<<<grid_for(total), THREADS, 0, s>>>(total, c, stored_c, plane, is_bf16(f.dtype), is_nhwc(f),
+                                                           src, dst);
     return cudaGetLastError();
 }
 
@@ -84,8 +184,9 @@ extern "C" cudaError_t rt_cuk_accumulate(cudaStream_t s, size_t count, const flo
 typedef rt_cuk_pool_geom pool_geom; /* cuda_internal.h: the emulated GPUs' cost table reads it too */
 
 /* index into the input plane of the first maximum of window (oh, ow): the CPU's
- * window_argmax, line for line */
-static __device__ __forceinline__ int window_argmax(const pool_geom g, const float *xp, int oh, int ow, float *best) {
+ * window_argmax, line for line; the plane's position q is element base + q * ps of x */
+static __device__ __forceinline__ int window_argmax(const pool_geom g, const void *x, size_t base, size_t ps, int oh,
+                                                    int ow, float *best) {
     int h0 = oh * g.stride - g.pad, w0 = ow * g.stride - g.pad;
     int arg = -1;
     float m = -INFINITY;
@@ -95,7 +196,7 @@ static __device__ __forceinline__ int window_argmax(const pool_geom g, const flo
         for (int j = 0; j < g.k; j++) {
             int iw = w0 + j;
             if (iw < 0 || iw >= g.in_w) continue;
-            float v = xp[ih * g.in_w + iw];
+            float v = act_ld(x, g.bf16, base + (size_t)(ih * g.in_w + iw) * ps);
             if (arg < 0 || v > m || isnan(v)) {
                 m = v;
                 arg = ih * g.in_w + iw;
@@ -106,28 +207,32 @@ static __device__ __forceinline__ int window_argmax(const pool_geom g, const flo
     return arg;
 }
 
-static __global__ void maxpool_fw_kernel(size_t total, const pool_geom g, const float *x, float *y) {
+/* one thread per output element (in the layout's order); a bf16 maximum is one of the
+ * inputs, stored exactly */
+static __global__ void maxpool_fw_kernel(size_t total, const pool_geom g, const void *x, void *y) {
     const size_t out_plane = (size_t)g.out_h * g.out_w, in_plane = (size_t)g.in_h * g.in_w;
+    const size_t ps = g.nhwc ? (size_t)g.c : 1;
     GRID_STRIDE(i, total) {
-        size_t plane = i / out_plane;
-        int r = (int)(i - plane * out_plane);
-        int oh = r / g.out_w, ow = r - oh * g.out_w;
+        size_t ic, q;
+        act_split(g.nhwc, g.c, out_plane, i, &ic, &q);
+        const int r = (int)q, oh = r / g.out_w, ow = r - oh * g.out_w;
         float m;
-        (void)window_argmax(g, x + plane * in_plane, oh, ow, &m);
-        y[i] = m;
+        (void)window_argmax(g, x, act_index(g.nhwc, g.c, in_plane, ic, 0), ps, oh, ow, &m);
+        act_st(y, g.bf16, i, m);
     }
 }
 
 /* one thread per input element: gather dy from every window whose first maximum it
- * is, in the CPU's (oh, ow) order, so the sums are bit-identical */
-static __global__ void maxpool_bw_kernel(size_t total, const pool_geom g, const float *x, const float *dy, float *dx) {
+ * is, in the CPU's (oh, ow) order, so the sums are bit-identical (bf16: that fp32 sum
+ * rounded once) */
+static __global__ void maxpool_bw_kernel(size_t total, const pool_geom g, const void *x, const void *dy, void *dx) {
     const size_t out_plane = (size_t)g.out_h * g.out_w, in_plane = (size_t)g.in_h * g.in_w;
+    const size_t ps = g.nhwc ? (size_t)g.c : 1;
     GRID_STRIDE(i, total) {
-        size_t plane = i / in_plane;
-        int r = (int)(i - plane * in_plane);
-        int ih = r / g.in_w, iw = r - ih * g.in_w;
-        const float *xp = x + plane * in_plane;
-        const float *dyp = dy + plane * out_plane;
+        size_t ic, q;
+        act_split(g.nhwc, g.c, in_plane, i, &ic, &q);
+        const int r = (int)q, ih = r / g.in_w, iw = r - ih * g.in_w;
+        const size_t xb = act_index(g.nhwc, g.c, in_plane, ic, 0), db = act_index(g.nhwc, g.c, out_plane, ic, 0);
         /* windows with oh*s - pad <= ih <= oh*s - pad + k - 1 */
         int lo_h = ih + g.pad - g.k + 1, lo_w = iw + g.pad - g.k + 1;
         int oh0 = lo_h <= 0 ? 0 : (lo_h + g.stride - 1) / g.stride;
@@ -139,56 +244,66 @@ static __global__ void maxpool_bw_kernel(size_t total, const pool_geom g, const 
         for (int oh = oh0; oh <= oh1; oh++)
             for (int ow = ow0; ow <= ow1; ow++) {
                 float m;
-                if (window_argmax(g, xp, oh, ow, &m) == r) acc = __fadd_rn(acc, dyp[oh * g.out_w + ow]);
+                if (window_argmax(g, x, xb, ps, oh, ow, &m) == r)
+                    acc = __fadd_rn(acc, act_ld(dy, g.bf16, db + (size_t)(oh * g.out_w + ow) * ps));
             }
-        dx[i] = acc;
+        act_st(dx, g.bf16, i, acc);
     }
 }
 
-static pool_geom geom_of(const rt_maxpool2d *l) {
-    pool_geom g = {l->in_h, l->in_w, l->out_h, l->out_w, l->k, l->stride, l->pad};
+static pool_geom geom_of(rt_act_format f, const rt_maxpool2d *l) {
+    pool_geom g = {l->in_h, l->in_w, l->out_h, l->out_w, l->k, l->stride, l->pad, l->c, is_bf16(f.dtype), is_nhwc(f)};
     return g;
 }
 
-extern "C" cudaError_t rt_cuk_maxpool_forward(cudaStream_t s, const rt_maxpool2d *l, int n, const float *x, float *y) {
+extern "C" cudaError_t rt_cuk_maxpool_forward(cudaStream_t s, rt_act_format f, const rt_maxpool2d *l, int n,
+                                              const void *x, void *y) {
     size_t total = (size_t)n * l->c * l->out_h * l->out_w;
     if (total == 0) return cudaSuccess;
-    maxpool_fw_kernel<<<grid_for(total), THREADS, 0, s>>>(total, geom_of(l), x, y);
+    maxpool_fw_kernel<<<grid_for(total), THREADS, 0, s>>>(total, geom_of(f, l), x, y);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_maxpool_backward(cudaStream_t s, const rt_maxpool2d *l, int n, const float *x,
-                                               const float *dy, float *dx) {
+extern "C" cudaError_t rt_cuk_maxpool_backward(cudaStream_t s, rt_act_format f, const rt_maxpool2d *l, int n,
+                                               const void *x, const void *dy, void *dx) {
     size_t total = (size_t)n * l->c * l->in_h * l->in_w;
     if (total == 0) return cudaSuccess;
-    maxpool_bw_kernel<<<grid_for(total), THREADS, 0, s>>>(total, geom_of(l), x, dy, dx);
+    maxpool_bw_kernel<<<grid_for(total), THREADS, 0, s>>>(total, geom_of(f, l), x, dy, dx);
     return cudaGetLastError();
 }
 
-/* ---- global average pooling -------------------------------------------------------- */
+/* ---- global average pooling: activations -> fp32 features (n, c) ------------------ */
 
-static __global__ void avgpool_fw_kernel(size_t planes, int hw, const float *x, float *y) {
+static __global__ void avgpool_fw_kernel(size_t planes, int c, int hw, int bf16, int nhwc, const void *x, float *y) {
     GRID_STRIDE(i, planes) {
-        const float *xp = x + i * (size_t)hw;
+        const size_t b = act_index(nhwc, c, (size_t)hw, i, 0), ps = nhwc ? (size_t)c : 1;
         double acc = 0;
-        for (int p = 0; p < hw; p++) acc += (double)xp[p];
+        for (int p = 0; p < hw; p++) acc += (double)act_ld(x, bf16, b + (size_t)p * ps);
         y[i] = (float)(acc / hw);
     }
 }
 
-static __global__ void avgpool_bw_kernel(size_t total, int hw, float inv, const float *dy, float *dx) {
-    GRID_STRIDE(i, total) { dx[i] = __fmul_rn(dy[i / (size_t)hw], inv); }
+static __global__ void avgpool_bw_kernel(size_t total, int c, int hw, int bf16, int nhwc, float inv, const float *dy,
+                                         void *dx) {
+    GRID_STRIDE(i, total) {
+        size_t ic, p;
+        act_split(nhwc, c, (size_t)hw, i, &ic, &p);
+        act_st(dx, bf16, i, __fmul_rn(dy[ic], inv));
+    }
 }
 
-extern "C" cudaError_t rt_cuk_avgpool_forward(cudaStream_t s, int n, int c, int hw, const float *x, float *y) {
+extern "C" cudaError_t rt_cuk_avgpool_forward(cudaStream_t s, rt_act_format f, int n, int c, int hw, const void *x,
+                                              float *y) {
     size_t planes = (size_t)n * c;
-    avgpool_fw_kernel<<<grid_for(planes), THREADS, 0, s>>>(planes, hw, x, y);
+    avgpool_fw_kernel<<<grid_for(planes), THREADS, 0, s>>>(planes, c, hw, is_bf16(f.dtype), is_nhwc(f), x, y);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_avgpool_backward(cudaStream_t s, int n, int c, int hw, const float *dy, float *dx) {
+extern "C" cudaError_t rt_cuk_avgpool_backward(cudaStream_t s, rt_act_format f, int n, int c, int hw, const float *dy,
+                                               void *dx) {
     size_t total = (size_t)n * c * hw;
-    avgpool_bw_kernel<<<grid_for(total), THREADS, 0, s>>>(total, hw, 1.0f / (float)hw, dy, dx);
+    avgpool_bw_kernel<<<grid_for(total), THREADS, 0, s>>>(total, c, hw, is_bf16(f.dtype), is_nhwc(f),
+                                                          1.0f / (float)hw, dy, dx);
     return cudaGetLastError();
 }
 
@@ -227,11 +342,26 @@ static __global__ void dropout_mask_kernel(size_t draws, uint64_t seed, uint64_t
     }
 }
 
-static __global__ void dropout_apply_kernel(size_t count, size_t plane, const float *mask, const float *x, float *y) {
-    GRID_STRIDE(j, count) { y[j] = __fmul_rn(x[j], mask[j / plane]); }
+/* y = x * mask[k / plane] for the element's index k in PyTorch's NCHW order (the mask's
+ * order in every format: channelwise, one draw per (image, channel); else per element);
+ * data of c channels and hw positions per image (features: c 1) */
+static __global__ void dropout_apply_kernel(size_t count, size_t plane, int c, size_t hw, int bf16, int nhwc,
+                                            const float *mask, const void *x, void *y) {
+    GRID_STRIDE(j, count) {
+        size_t ic, p;
+        act_split(nhwc, c, hw, j, &ic, &p);
+        act_st(y, bf16, j, __fmul_rn(act_ld(x, bf16, j), mask[(ic * hw + p) / plane]));
+    }
 }
 
-extern "C" cudaError_t rt_cuk_dropout_forward(cudaStream_t s, const rt_dropout *l, int n, const float *x, float *y) {
+static void dropout_apply(cudaStream_t s, rt_act_format f, const rt_dropout *l, size_t count, const void *x, void *y) {
+    const size_t hw = (size_t)l->features / (size_t)l->c;
+    dropout_apply_kernel<<<grid_for(count), THREADS, 0, s>>>(count, (size_t)l->plane, l->c, hw, is_bf16(f.dtype),
+                                                             is_nhwc(f), l->mask, x, y);
+}
+
+extern "C" cudaError_t rt_cuk_dropout_forward(cudaStream_t s, rt_act_format f, const rt_dropout *l, int n,
+                                              const void *x, void *y) {
     const size_t count = (size_t)n * (size_t)l->features, plane = (size_t)l->plane;
     const size_t draws = count / plane;
     const float scale = 1.0f / (1.0f - l->p); /* the CPU's float expression */
@@ -240,14 +370,15 @@ extern "C" cudaError_t rt_cuk_dropout_forward(cudaStream_t s, const rt_dropout *
                                                             l->mask);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    dropout_apply_kernel<<<grid_for(count), THREADS, 0, s>>>(count, plane, l->mask, x, y);
+    dropout_apply(s, f, l, count, x, y);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_dropout_backward(cudaStream_t s, const rt_dropout *l, int n, const float *dy, float *dx) {
+extern "C" cudaError_t rt_cuk_dropout_backward(cudaStream_t s, rt_act_format f, const rt_dropout *l, int n,
+                                               const void *dy, void *dx) {
     const size_t count = (size_t)n * (size_t)l->features;
     if (count == 0) return cudaSuccess;
-    dropout_apply_kernel<<<grid_for(count), THREADS, 0, s>>>(count, (size_t)l->plane, l->mask, dy, dx);
+    dropout_apply(s, f, l, count, dy, dx);
     return cudaGetLastError();
 }
 
@@ -289,13 +420,14 @@ extern "C" cudaError_t rt_cuk_dropout_backward(cudaStream_t s, const rt_dropout 
 typedef rt_cuk_bn_shape bn_shape;
 
 /* THE activation layout, in one place: where value j (in [0, n * plane)) of channel c
- * lies, and the channel of a flat index. NCHW (n, c, plane) today; another layout is
- * another pair of these. */
+ * lies, and the channel of a flat index: NCHW (n, c, plane) or NHWC (n, plane, c). */
 static __device__ __forceinline__ size_t bn_at(const bn_shape s, int c, size_t j) {
+    if (s.nhwc) return j * (size_t)s.c + (size_t)c;
     const size_t i = j / s.plane;
     return (i * (size_t)s.c + (size_t)c) * s.plane + (j - i * s.plane);
 }
 static __device__ __forceinline__ int bn_channel_of(const bn_shape s, size_t idx) {
+    if (s.nhwc) return (int)(idx % (size_t)s.c);
     return (int)((idx / s.plane) % (size_t)s.c);
 }
 static __host__ __device__ __forceinline__ size_t bn_count(const bn_shape s) {
@@ -343,7 +475,7 @@ static __device__ void bn_set_affine(float *factors, int c, float gamma, float b
     factors[2 * c + 1] = (float)(beta - mean * gamma * invstd);
 }
 
-static __global__ void bn_stats_kernel(const bn_shape s, const float *x, double *partial, int *tickets,
+static __global__ void bn_stats_kernel(const bn_shape s, const void *x, double *partial, int *tickets,
                                        const float *weight, const float *bias, float *running_mean, float *running_var,
                                        float *save_mean, float *save_invstd, int64_t *nbt, float *factors,
                                        float momentum, float eps) {
@@ -353,7 +485,7 @@ static __global__ void bn_stats_kernel(const bn_shape s, const float *x, double 
     size_t j0, j1;
     bn_slice(s, &j0, &j1);
     for (size_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
-        const double v = (double)x[bn_at(s, c, j)];
+        const double v = (double)act_ld(x, s.bf16, bn_at(s, c, j));
         s1 += v;
         s2 = __fma_rn(v, v, s2);
     }
@@ -379,22 +511,22 @@ static __global__ void bn_eval_factors_kernel(int c, const float *weight, const 
     }
 }
 
-static __global__ void bn_apply_kernel(const bn_shape s, const float *x, const float *res, const float *factors,
-                                       float *y, int relu) {
+static __global__ void bn_apply_kernel(const bn_shape s, const void *x, const void *res, const float *factors,
+                                       void *y, int relu) {
     GRID_STRIDE(i, bn_count(s)) {
         const int c = bn_channel_of(s, i);
-        float v = __fmaf_rn(x[i], factors[2 * c], factors[2 * c + 1]);
-        if (res) v = __fadd_rn(v, res[i]);
-        y[i] = relu ? (v > 0.0f ? v : 0.0f) : v;
+        float v = __fmaf_rn(act_ld(x, s.bf16, i), factors[2 * c], factors[2 * c + 1]);
+        if (res) v = __fadd_rn(v, act_ld(res, s.bf16, i));
+        act_st(y, s.bf16, i, relu ? (v > 0.0f ? v : 0.0f) : v);
     }
 }
 
 /* the gradient through the ReLU whose output was act (none: act NULL) */
-static __device__ __forceinline__ float bn_relu_grad(const float *act, const float *dy, size_t o) {
-    return act && !(act[o] > 0.0f) ? 0.0f : dy[o];
+static __device__ __forceinline__ float bn_relu_grad(const bn_shape s, const void *act, const void *dy, size_t o) {
+    return act && !(act_ld(act, s.bf16, o) > 0.0f) ? 0.0f : act_ld(dy, s.bf16, o);
 }
 
-static __global__ void bn_dsums_kernel(const bn_shape s, const float *x, const float *act, const float *dy,
+static __global__ void bn_dsums_kernel(const bn_shape s, const void *x, const void *act, const void *dy,
                                        double *partial, int *tickets, const float *weight, const float *save_mean,
                                        const float *save_invstd, float *dweight, float *dbias, float *factors) {
     __shared__ double sa[BN_THREADS], sb[BN_THREADS];
@@ -405,9 +537,9 @@ static __global__ void bn_dsums_kernel(const bn_shape s, const float *x, const f
     bn_slice(s, &j0, &j1);
     for (size_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
         const size_t o = bn_at(s, c, j);
-        const double g = bn_relu_grad(act, dy, o);
+        const double g = bn_relu_grad(s, act, dy, o);
         s1 += g;
-        s2 = __fma_rn(g, (double)x[o] - mean, s2);
+        s2 = __fma_rn(g, (double)act_ld(x, s.bf16, o) - mean, s2);
     }
     bn_block_sums(&s1, &s2, sa, sb);
     if (threadIdx.x != 0 || !bn_channel_done(&s1, &s2, partial, tickets, c, s.splits)) return;
@@ -422,13 +554,15 @@ static __global__ void bn_dsums_kernel(const bn_shape s, const float *x, const f
     f[3] = __fmul_rn((float)invstd, (float)(sgx / m));
 }
 
-static __global__ void bn_dx_kernel(const bn_shape s, const float *x, const float *act, const float *dy,
-                                    const float *factors, float *dx, int accumulate) {
+/* dx may be dy (each element is read before it is written, by the same thread) */
+static __global__ void bn_dx_kernel(const bn_shape s, const void *x, const void *act, const void *dy,
+                                    const float *factors, void *dx, int accumulate) {
     GRID_STRIDE(i, bn_count(s)) {
         const float *f = factors + 4 * (size_t)bn_channel_of(s, i);
-        const float g = bn_relu_grad(act, dy, i);
-        const float v = __fmul_rn(f[0], __fsub_rn(__fsub_rn(g, f[1]), __fmul_rn(__fsub_rn(x[i], f[2]), f[3])));
-        dx[i] = accumulate ? __fadd_rn(dx[i], v) : v;
+        const float g = bn_relu_grad(s, act, dy, i);
+        const float xi = act_ld(x, s.bf16, i);
+        const float v = __fmul_rn(f[0], __fsub_rn(__fsub_rn(g, f[1]), __fmul_rn(__fsub_rn(xi, f[2]), f[3])));
+        act_st(dx, s.bf16, i, accumulate ? __fadd_rn(act_ld(dx, s.bf16, i), v) : v);
     }
 }
 
@@ -437,8 +571,8 @@ extern "C" int rt_cuk_bn_splits(int n, size_t plane) {
     return k < 1 ? 1 : k > BN_MAX_SPLITS ? BN_MAX_SPLITS : (int)k;
 }
 
-extern "C" cudaError_t rt_cuk_bn_forward(cudaStream_t st, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const float *x,
-                                         const float *residual, float *y, bool training, bool relu) {
+extern "C" cudaError_t rt_cuk_bn_forward(cudaStream_t st, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const void *x,
+                                         const void *residual, void *y, bool training, bool relu) {
     sh.splits = rt_cuk_bn_splits(sh.n, sh.plane);
     if (bn_count(sh) == 0) return cudaSuccess;
     if (training)
@@ -454,8 +588,8 @@ extern "C" cudaError_t rt_cuk_bn_forward(cudaStream_t st, const rt_cuk_bn_args *
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_bn_backward(cudaStream_t st, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const float *x,
-                                          const float *act, const float *dy, float *dx, bool accumulate) {
+extern "C" cudaError_t rt_cuk_bn_backward(cudaStream_t st, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const void *x,
+                                          const void *act, const void *dy, void *dx, bool accumulate) {
     sh.splits = rt_cuk_bn_splits(sh.n, sh.plane);
     if (bn_count(sh) == 0) return cudaSuccess;
     bn_dsums_kernel<<<dim3((unsigned)sh.c, (unsigned)sh.splits), BN_THREADS, 0, st>>>(
@@ -477,24 +611,6 @@ extern "C" cudaError_t rt_cuk_increment_i64(cudaStream_t s, int64_t *counter) {
 }
 
 /* ---- precision bf16: casts and the bias pieces around cuDNN / cuBLAS ---------------- */
-
-/* fp32 -> bf16, round to nearest, ties to even; NaN stays a quiet NaN: core/bf16.h's
- * rt_bf16_from_f32, line for line (a copy from when that one was host-only; it is
- * __host__ __device__ now, which src/dist/cuda/bf16_cuda.cu uses, so this copy could go) */
-static __device__ __forceinline__ uint16_t bf16_from_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t nan = (u >> 16) | 0x40u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-
-static __device__ __forceinline__ float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 static __global__ void to_bf16_kernel(size_t count, const float *x, uint16_t *y) {
     GRID_STRIDE(i, count) { y[i] = bf16_from_f32(x[i]); }

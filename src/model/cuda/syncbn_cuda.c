@@ -1,52 +1,42 @@
 /* Synchronised batch norm, the CUDA backend's entries (syncbn_cuda.h): each enqueues its
  * kernel on the model's stream; layers.c all-reduces the sums between them. The ReLU's
- * mask and the residual add are fused into the passes as in the CPU backend. */
+ * mask and the residual add are fused into the passes as in the CPU backend. Activations
+ * in the context's format (ctx->act), the statistics fp32 (sums in double) in every one. */
 #include "model/cuda/syncbn_cuda.h"
 
 static cudaStream_t sb_stream(rt_model_ctx *ctx) { return cuda_state(ctx)->stream; }
 static const float *fdata(const rt_tensor *t) { return (const float *)rt_tensor_data(t); }
 
-rt_status rt_cuda_batchnorm2d_sync_stats(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x_, double *sums) {
-    const float *x = (const float *)x_;
+rt_status rt_cuda_batchnorm2d_sync_stats(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, double *sums) {
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_syncbn_stats(sb_stream(ctx), n, l->c, l->h * l->w, x, sums));
+    RT_CHECK_CUDA(rt_cuk_syncbn_stats(sb_stream(ctx), ctx->act, n, l->c, l->h * l->w, x, sums));
     return RT_OK;
 }
 
-rt_status rt_cuda_batchnorm2d_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x_,
-                                           const rt_act *residual_, rt_act *y_, bool relu, const double *sums) {
-    const float *x = (const float *)x_;
-    const float *residual = (const float *)residual_;
-    float *y = (float *)y_;
+rt_status rt_cuda_batchnorm2d_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
+                                           const rt_act *residual, rt_act *y, bool relu, const double *sums) {
     RT_CHECK(rt_cuda_bind(ctx));
     cudaStream_t s = sb_stream(ctx);
     RT_CHECK_CUDA(rt_cuk_syncbn_finish(s, l->c, l->eps, l->momentum, sums, l->save_mean, l->save_invstd,
                                        rt_tensor_data(&l->running_mean), rt_tensor_data(&l->running_var),
                                        (int64_t *)rt_tensor_data(&l->num_batches_tracked)));
-    RT_CHECK_CUDA(rt_cuk_syncbn_apply(s, n, l->c, l->h * l->w, x, residual, l->save_mean, l->save_invstd,
+    RT_CHECK_CUDA(rt_cuk_syncbn_apply(s, ctx->act, n, l->c, l->h * l->w, x, residual, l->save_mean, l->save_invstd,
                                       fdata(&l->weight), fdata(&l->bias), y, relu));
     return RT_OK;
 }
 
-rt_status rt_cuda_batchnorm2d_sync_dsums(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x_, const rt_act *act_,
-                                         const rt_act *dy_, double *sums) {
-    const float *x = (const float *)x_;
-    const float *act = (const float *)act_;
-    const float *dy = (const float *)dy_;
+rt_status rt_cuda_batchnorm2d_sync_dsums(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
+                                         const rt_act *act, const rt_act *dy, double *sums) {
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_syncbn_dsums(sb_stream(ctx), n, l->c, l->h * l->w, x, act, dy, l->save_mean, l->save_invstd,
-                                      sums, rt_tensor_data(&l->dweight), rt_tensor_data(&l->dbias)));
+    RT_CHECK_CUDA(rt_cuk_syncbn_dsums(sb_stream(ctx), ctx->act, n, l->c, l->h * l->w, x, act, dy, l->save_mean,
+                                      l->save_invstd, sums, rt_tensor_data(&l->dweight), rt_tensor_data(&l->dbias)));
     return RT_OK;
 }
 
-rt_status rt_cuda_batchnorm2d_sync_dx(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x_, const rt_act *act_,
-                                      const rt_act *dy_, rt_act *dx_, bool accumulate, const double *sums) {
-    const float *x = (const float *)x_;
-    const float *act = (const float *)act_;
-    const float *dy = (const float *)dy_;
-    float *dx = (float *)dx_;
+rt_status rt_cuda_batchnorm2d_sync_dx(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
+                                      const rt_act *dy, rt_act *dx, bool accumulate, const double *sums) {
     RT_CHECK(rt_cuda_bind(ctx));
-    RT_CHECK_CUDA(rt_cuk_syncbn_dx(sb_stream(ctx), n, l->c, l->h * l->w, x, act, dy, l->save_mean, l->save_invstd,
-                                   fdata(&l->weight), sums, dx, accumulate));
+    RT_CHECK_CUDA(rt_cuk_syncbn_dx(sb_stream(ctx), ctx->act, n, l->c, l->h * l->w, x, act, dy, l->save_mean,
+                                   l->save_invstd, fdata(&l->weight), sums, dx, accumulate));
     return RT_OK;
 }

@@ -3,6 +3,7 @@
  * are all-reduced between the passes. A channel's sums are one block's, in double (the
  * CPU sums in double too); the elementwise passes read the per-channel factors. Every
  * launcher enqueues on `s` and returns cudaGetLastError(); none allocates or synchronises. */
+#include "core/bf16.h"
 #include "model/cuda/syncbn_cuda.h"
 
 #include <math.h>
@@ -27,18 +28,39 @@ static __device__ void sb_block_sum2(double *a, double *b) {
     }
 }
 
-static __device__ float sb_grad(const float *dy, const float *act, size_t i) {
-    return act ? (act[i] > 0.0f ? dy[i] : 0.0f) : dy[i];
+/* activations in the format's dtype (bf16 1: bf16 elements, round to nearest even when
+ * stored; core/bf16.h) */
+static __device__ __forceinline__ float sb_ld(const void *p, int bf16, size_t i) {
+    if (!bf16) return ((const float *)p)[i];
+    return rt_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+static __device__ __forceinline__ void sb_st(void *p, int bf16, size_t i, float v) {
+    if (bf16)
+        ((uint16_t *)p)[i] = rt_bf16_from_f32(v);
+    else
+        ((float *)p)[i] = v;
+}
+/* the layout, in one place: value j (in [0, n * plane)) of channel ch, and the channel of a
+ * flat index; NCHW (n, c, plane) or (nhwc 1) NHWC (n, plane, c) */
+static __device__ __forceinline__ size_t sb_at(int nhwc, int c, int plane, int ch, size_t j) {
+    return nhwc ? j * (size_t)c + (size_t)ch : (j / plane * c + ch) * plane + j % plane;
+}
+static __device__ __forceinline__ int sb_channel_of(int nhwc, int c, int plane, size_t i) {
+    return nhwc ? (int)(i % (size_t)c) : (int)(i / plane % c);
+}
+
+static __device__ float sb_grad(const void *dy, const void *act, int bf16, size_t i) {
+    return act ? (sb_ld(act, bf16, i) > 0.0f ? sb_ld(dy, bf16, i) : 0.0f) : sb_ld(dy, bf16, i);
 }
 
 /* block c: sum x, sum x^2 over (n, plane) */
-static __global__ void syncbn_stats_kernel(int n, int c, int plane, const float *x, double *sums) {
+static __global__ void syncbn_stats_kernel(int n, int c, int plane, int bf16, int nhwc, const void *x, double *sums) {
     __shared__ double a[SB_THREADS], b[SB_THREADS];
     const int ch = blockIdx.x;
     const size_t m = (size_t)n * plane;
     double s = 0, ss = 0;
     for (size_t j = threadIdx.x; j < m; j += blockDim.x) {
-        const double v = x[(j / plane * c + ch) * plane + j % plane];
+        const double v = sb_ld(x, bf16, sb_at(nhwc, c, plane, ch, j));
         s += v;
         ss += v * v;
     }
@@ -66,33 +88,33 @@ static __global__ void syncbn_finish_kernel(int c, float eps, float momentum, co
     rv[ch] = (float)((1.0 - mo) * rv[ch] + mo * var * m / (m - 1.0));
 }
 
-static __global__ void syncbn_apply_kernel(size_t count, int c, int plane, const float *x, const float *r,
-                                           const float *mean, const float *invstd, const float *gamma,
-                                           const float *beta, float *y, int relu) {
+static __global__ void syncbn_apply_kernel(size_t count, int c, int plane, int bf16, int nhwc, const void *x,
+                                           const void *r, const float *mean, const float *invstd, const float *gamma,
+                                           const float *beta, void *y, int relu) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        const int ch = (int)(i / plane % c);
+        const int ch = sb_channel_of(nhwc, c, plane, i);
         const double k = (double)gamma[ch] * invstd[ch];
         const float a = (float)k, b = (float)(beta[ch] - (double)mean[ch] * k);
-        float v = x[i] * a + b;
-        if (r) v += r[i];
-        y[i] = relu && !(v > 0.0f) ? 0.0f : v;
+        float v = sb_ld(x, bf16, i) * a + b;
+        if (r) v += sb_ld(r, bf16, i);
+        sb_st(y, bf16, i, relu && !(v > 0.0f) ? 0.0f : v);
     }
 }
 
 /* block c: sum g, sum g (x - mean); this rank's dweight, dbias */
-static __global__ void syncbn_dsums_kernel(int n, int c, int plane, const float *x, const float *act, const float *dy,
-                                           const float *mean, const float *invstd, double *sums, float *dweight,
-                                           float *dbias) {
+static __global__ void syncbn_dsums_kernel(int n, int c, int plane, int bf16, int nhwc, const void *x, const void *act,
+                                           const void *dy, const float *mean, const float *invstd, double *sums,
+                                           float *dweight, float *dbias) {
     __shared__ double a[SB_THREADS], b[SB_THREADS];
     const int ch = blockIdx.x;
     const size_t m = (size_t)n * plane;
     const float mu = mean[ch];
     double s = 0, sx = 0;
     for (size_t j = threadIdx.x; j < m; j += blockDim.x) {
-        const size_t i = (j / plane * c + ch) * plane + j % plane;
-        const float g = sb_grad(dy, act, i);
+        const size_t i = sb_at(nhwc, c, plane, ch, j);
+        const float g = sb_grad(dy, act, bf16, i);
         s += g;
-        sx += (double)g * (x[i] - mu);
+        sx += (double)g * (sb_ld(x, bf16, i) - mu);
     }
     a[threadIdx.x] = s, b[threadIdx.x] = sx;
     sb_block_sum2(a, b);
@@ -105,21 +127,25 @@ static __global__ void syncbn_dsums_kernel(int n, int c, int plane, const float 
     }
 }
 
-static __global__ void syncbn_dx_kernel(size_t count, int c, int plane, const float *x, const float *act,
-                                        const float *dy, const float *mean, const float *invstd, const float *gamma,
-                                        const double *sums, float *dx, int accumulate) {
+static __global__ void syncbn_dx_kernel(size_t count, int c, int plane, int bf16, int nhwc, const void *x,
+                                        const void *act, const void *dy, const float *mean, const float *invstd,
+                                        const float *gamma, const double *sums, void *dx, int accumulate) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        const int ch = (int)(i / plane % c);
+        const int ch = sb_channel_of(nhwc, c, plane, i);
         const double m = sums[2 * c], is = invstd[ch];
         const float k = (float)(gamma[ch] * is), mdy = (float)(sums[ch] / m);
         const float q = (float)is * (float)(sums[c + ch] * is / m);
-        const float v = k * (sb_grad(dy, act, i) - mdy - (x[i] - mean[ch]) * q);
-        dx[i] = accumulate ? dx[i] + v : v;
+        const float v = k * (sb_grad(dy, act, bf16, i) - mdy - (sb_ld(x, bf16, i) - mean[ch]) * q);
+        sb_st(dx, bf16, i, accumulate ? sb_ld(dx, bf16, i) + v : v);
     }
 }
 
-extern "C" cudaError_t rt_cuk_syncbn_stats(cudaStream_t s, int n, int c, int plane, const float *x, double *sums) {
-    syncbn_stats_kernel<<<c, SB_THREADS, 0, s>>>(n, c, plane, x, sums);
+static int sb_bf16(rt_act_format f) { return f.dtype == RT_BF16 ? 1 : 0; }
+static int sb_nhwc(rt_act_format f) { return f.layout == RT_ACT_NHWC ? 1 : 0; }
+
+extern "C" cudaError_t rt_cuk_syncbn_stats(cudaStream_t s, rt_act_format f, int n, int c, int plane, const void *x,
+                                           double *sums) {
+    syncbn_stats_kernel<<<c, SB_THREADS, 0, s>>>(n, c, plane, sb_bf16(f), sb_nhwc(f), x, sums);
     return cudaGetLastError();
 }
 
@@ -131,27 +157,28 @@ extern "C" cudaError_t rt_cuk_syncbn_finish(cudaStream_t s, int c, float eps, fl
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_syncbn_apply(cudaStream_t s, int n, int c, int plane, const float *x,
-                                           const float *residual, const float *mean, const float *invstd,
-                                           const float *gamma, const float *beta, float *y, bool relu) {
+extern "C" cudaError_t rt_cuk_syncbn_apply(cudaStream_t s, rt_act_format f, int n, int c, int plane, const void *x,
+                                           const void *residual, const float *mean, const float *invstd,
+                                           const float *gamma, const float *beta, void *y, bool relu) {
     const size_t count = (size_t)n * c * plane;
-    syncbn_apply_kernel<<<sb_grid(count), SB_THREADS, 0, s>>>(count, c, plane, x, residual, mean, invstd, gamma, beta,
-                                                              y, relu ? 1 : 0);
+    syncbn_apply_kernel<<<sb_grid(count), SB_THREADS, 0, s>>>(count, c, plane, sb_bf16(f), sb_nhwc(f), x, residual,
+                                                              mean, invstd, gamma, beta, y, relu ? 1 : 0);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_syncbn_dsums(cudaStream_t s, int n, int c, int plane, const float *x, const float *act,
-                                           const float *dy, const float *mean, const float *invstd, double *sums,
-                                           float *dweight, float *dbias) {
-    syncbn_dsums_kernel<<<c, SB_THREADS, 0, s>>>(n, c, plane, x, act, dy, mean, invstd, sums, dweight, dbias);
+extern "C" cudaError_t rt_cuk_syncbn_dsums(cudaStream_t s, rt_act_format f, int n, int c, int plane, const void *x,
+                                           const void *act, const void *dy, const float *mean, const float *invstd,
+                                           double *sums, float *dweight, float *dbias) {
+    syncbn_dsums_kernel<<<c, SB_THREADS, 0, s>>>(n, c, plane, sb_bf16(f), sb_nhwc(f), x, act, dy, mean, invstd, sums,
+                                                 dweight, dbias);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t rt_cuk_syncbn_dx(cudaStream_t s, int n, int c, int plane, const float *x, const float *act,
-                                        const float *dy, const float *mean, const float *invstd, const float *gamma,
-                                        const double *sums, float *dx, bool accumulate) {
+extern "C" cudaError_t rt_cuk_syncbn_dx(cudaStream_t s, rt_act_format f, int n, int c, int plane, const void *x,
+                                        const void *act, const void *dy, const float *mean, const float *invstd,
+                                        const float *gamma, const double *sums, void *dx, bool accumulate) {
     const size_t count = (size_t)n * c * plane;
-    syncbn_dx_kernel<<<sb_grid(count), SB_THREADS, 0, s>>>(count, c, plane, x, act, dy, mean, invstd, gamma, sums, dx,
-                                                           accumulate ? 1 : 0);
+    syncbn_dx_kernel<<<sb_grid(count), SB_THREADS, 0, s>>>(count, c, plane, sb_bf16(f), sb_nhwc(f), x, act, dy, mean,
+                                                           invstd, gamma, sums, dx, accumulate ? 1 : 0);
     return cudaGetLastError();
 }
