@@ -100,12 +100,17 @@ static void *act_up(rt_model_ctx *ctx, const float *h, int n, int c, size_t plan
 }
 
 /* the device buffer (ctx's format, sc channels) -> fp32 NCHW (n, c, plane); the padded
- * channels must hold zeros (*pad_nonzero counts those that do not) */
+ * channels must hold zeros (a stem's dx there: the zero weights of the padded channels) */
 static float *act_down(rt_model_ctx *ctx, const void *d, int n, int c, size_t plane, int sc) {
     const size_t es = is16(ctx) ? 2 : 4, total = (size_t)n * sc * plane;
     unsigned char *b = malloc(total * es);
     gt_download(b, d, total * es);
     float *h = rt_test_floats((size_t)n * c * plane);
+    for (size_t i = 0; i < (size_t)n * plane; i++)
+        for (int ch = c; ch < sc; ch++) {
+            const float v = es == 2 ? rt_bf16_to_f32(((uint16_t *)b)[i * sc + ch]) : ((float *)b)[i * sc + ch];
+            if (v != 0.0f) fail_msg("padded channel %d of position %zu holds %g, not 0", ch, i, (double)v);
+        }
     for (int i = 0; i < n; i++)
         for (int ch = 0; ch < c; ch++)
             for (size_t p = 0; p < plane; p++) {
@@ -362,10 +367,15 @@ static void test_conv_nhwc_refused(void **state) {
     cases(f, false);
     cases(h, false);
     rt_model_ctx_destroy(f), rt_model_ctx_destroy(h);
-    unsetenv("RINGTRAIN_EMU_CUDNN_REFUSE");
 #else
     printf("  (a real cuDNN cannot be made to refuse: the emulated GPUs test the fallback)\n");
 #endif
+}
+
+static int refusal_off(void **state) {
+    (void)state;
+    unsetenv("RINGTRAIN_EMU_CUDNN_REFUSE"); /* also after a failure: the next tests run without */
+    return 0;
 }
 
 /* The copies follow the fp32 weights: two convolutions in one arena (one refresh launch
@@ -451,7 +461,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_f32_nhwc),
         cmocka_unit_test(test_conv_bf16_nhwc),
-        cmocka_unit_test(test_conv_nhwc_refused),
+        cmocka_unit_test_teardown(test_conv_nhwc_refused, refusal_off),
         cmocka_unit_test(test_conv_weights_refresh),
         cmocka_unit_test(test_conv_preset_layout_mismatch),
     };

@@ -1,5 +1,20 @@
-/* conv2d on CUDA: cuDNN forward, backward-data and backward-filter (NCHW; fp32 data, or
- * bf16 copies under precision bf16, NHWC for most layers, below).
+/* conv2d on CUDA: cuDNN forward, backward-data and backward-filter, in the context's
+ * activation format (ctx->act, model/ctx.h).
+ *
+ * NHWC formats (fp32 NHWC under fp32/tf32, bf16 NHWC under bf16; docs/gpu.md "Activation
+ * formats: convolutions"): x, y, dy and dx go to cuDNN as they are, NHWC descriptors of
+ * the activations' dtype, x with l->x_c channels (the stem's padded input). The filter is
+ * a copy (KRSC, that dtype, input channels padded to x_c with zeros) that
+ * rt_conv2d_weights_refresh writes for every convolution in one launch (convw_cuda.cu);
+ * dW comes back in the copy's layout and dtype into ctx->work and one kernel writes the
+ * fp32 OIHW gradient; dx accumulates through cuDNN's beta (one rounding); a bias is a
+ * fill of y before cuDNN adds (beta 1) and db double sums of dy. Smaller batches take the
+ * spare descriptors below. A shape cuDNN refuses in NHWC falls back to NCHW copies of its
+ * activations in ctx->work (converted around the calls, warned once per process). A
+ * preset recorded with the other layout is an error naming the shape
+ * (preset_layout_check). The rest of this comment is the fp32 NCHW format, unchanged:
+ *
+ * fp32 NCHW: fp32 data, or bf16 copies under precision bf16, NHWC for most layers, below.
  *
  * Prepare (once per layer, setup time) creates the filter and convolution descriptors
  * and the x/y tensor descriptors for the largest batch, and chooses the three
