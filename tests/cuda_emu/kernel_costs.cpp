@@ -281,6 +281,28 @@ const entry kTable[] = {
          t.rd(2, n), t.rd(3, n), t.wr(4, 1), t.wr(5, n * p.num(1)), t.fl(n);
      }},
 
+    /* ---- src/model/cuda/convw_cuda.cu (convolutions in an NHWC activation format) ---- */
+    /* void pointers count bytes (elem 1): the elements times the dtype's size (bf16 flag) */
+    {"convw_refresh_kernel", 7, [](const params &p, tally &t) { /* (n, table, wbase, copies, bf16, src, copy) */
+         const double es = p.num(4) ? 2 : 4;
+         t.rd(1, p.num(0)), t.rd(2, p.num(5)), t.wr(3, p.num(6) * es), t.fl(p.num(4) ? p.num(6) : 0);
+     }},
+    {"convw_dw_kernel", 8, [](const params &p, tally &t) { /* (total, in_c, x_c, taps, nhwc, bf16, dwc, dw) */
+         const double n = p.num(0), es = p.num(5) ? 2 : 4;
+         t.rd(6, n * es), t.wr(7, n), t.fl(p.num(5) ? n : 0);
+     }},
+    {"conv_bias_fill_kernel", 7, [](const params &p, tally &t) { /* (total, plane, c, nhwc, bf16, b, y) */
+         const double n = p.num(0), es = p.num(4) ? 2 : 4;
+         t.rd(5, p.num(2)), t.wr(6, n * es), t.fl(p.num(4) ? n : 0);
+     }},
+    {"conv_bias_sums_kernel", 7, [](const params &p, tally &t) { /* (n, c, plane, nhwc, bf16, dy, db) */
+         const double all = p.num(0) * p.num(1) * p.num(2), es = p.num(4) ? 2 : 4;
+         t.rd(5, all * es), t.wr(6, p.num(1)), t.fl(all);
+     }},
+    {"act_relayout_kernel", 7, [](const params &p, tally &t) { /* (total, c, plane, to_nhwc, bf16, x, y) */
+         const double bytes = p.num(0) * (p.num(4) ? 2 : 4);
+         t.rd(5, bytes), t.wr(6, bytes);
+     }},
     /* ---- src/optim/cuda/optim_cuda.cu ---- */
     /* the step's scalars by value (sv), or read from device memory (sd, a captured step:
      * one struct read; the FLOPs follow the host's copy, the same values) */

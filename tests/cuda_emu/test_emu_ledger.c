@@ -202,6 +202,37 @@ static void test_pool_and_bias_kernels(void **state) {
     assert_int_equal(recorded(), 11);
 }
 
+/* the convolutions' NHWC kernels (convw_cuda.cu): bytes at the activations' element size */
+static void test_convw_kernels(void **state) {
+    (void)state;
+    begin(2);
+    const size_t F = sizeof(float), H = sizeof(uint16_t);
+    /* two copies in one launch: a stem 3->4 k3 padded to 8 channels (4*8*9 = 288 written
+     * from 4*3*9 = 108 read), a 4->4 k1 (16 from 16) */
+    rt_cuk_wcopy t[2] = {{.src = 0, .dst = 0, .out_c = 4, .in_c = 3, .x_c = 8, .taps = 9, .nhwc = 1},
+                         {.src = 108, .dst = 384, .out_c = 4, .in_c = 4, .x_c = 4, .taps = 1, .nhwc = 1}};
+    rt_cuk_wcopy *td = dev(sizeof t);
+    assert_cuda(cudaMemcpy(td, t, sizeof t, cudaMemcpyHostToDevice));
+    float *w = dev(124 * F), *dw = dev(108 * F), *b = dev(4 * F), *db = dev(4 * F);
+    uint16_t *copies = dev(400 * H), *act = dev(2 * 8 * 9 * H), *act2 = dev(2 * 8 * 9 * H);
+    begin(2);
+    assert_cuda(rt_cuk_convw_refresh(g_s, 2, td, w, copies, true, 124, 304, 288));
+    expect_op(0, "convw_refresh_kernel", 2 * sizeof t[0] + 124 * F, 304 * H);
+    assert_cuda(rt_cuk_convw_dw(g_s, 4, 3, 8, 9, true, true, copies, dw));
+    expect_op(1, "convw_dw_kernel", 108 * H, 108 * F);
+    assert_cuda(rt_cuk_convw_dw(g_s, 4, 3, 8, 9, true, false, w, dw));
+    expect_op(2, "convw_dw_kernel", 108 * F, 108 * F);
+    /* bias pieces over (2, 4, 9): y filled from b (4); db from dy */
+    assert_cuda(rt_cuk_conv_bias_fill(g_s, 2, 4, 9, true, true, b, act));
+    expect_op(3, "conv_bias_fill_kernel", 4 * F, 72 * H);
+    assert_cuda(rt_cuk_conv_bias_sums(g_s, 2, 4, 9, true, false, w, db));
+    expect_op(4, "conv_bias_sums_kernel", 72 * F, 4 * F);
+    /* the fallback's conversion of (2, 8, 9) bf16 */
+    assert_cuda(rt_cuk_act_relayout(g_s, 2, 8, 9, false, true, act, act2));
+    expect_op(5, "act_relayout_kernel", 144 * H, 144 * H);
+    assert_int_equal(recorded(), 6);
+}
+
 /* batch norm over (2, 3, 5): one slice per channel (rt_cuk_bn_splits), so each channel's
  * block stores its two double partials and takes its integer ticket once */
 static void test_bn_kernels(void **state) {
@@ -584,6 +615,7 @@ int main(void) {
         cmocka_unit_test(test_model_kernels),
         cmocka_unit_test(test_pool_and_bias_kernels),
         cmocka_unit_test(test_bn_kernels),
+        cmocka_unit_test(test_convw_kernels),
         cmocka_unit_test(test_cast_set_kernels),
         cmocka_unit_test(test_loss_kernels),
         cmocka_unit_test(test_optim_kernels),

@@ -1,5 +1,20 @@
-/* conv2d on CUDA: cuDNN forward, backward-data and backward-filter (NCHW; fp32 data, or
- * bf16 copies under precision bf16, NHWC for most layers, below).
+/* conv2d on CUDA: cuDNN forward, backward-data and backward-filter, in the context's
+ * activation format (ctx->act, model/ctx.h).
+ *
+ * NHWC formats (fp32 NHWC under fp32/tf32, bf16 NHWC under bf16; docs/gpu.md "Activation
+ * formats: convolutions"): x, y, dy and dx go to cuDNN as they are, NHWC descriptors of
+ * the activations' dtype, x with l->x_c channels (the stem's padded input). The filter is
+ * a copy (KRSC, that dtype, input channels padded to x_c with zeros) that
+ * rt_conv2d_weights_refresh writes for every convolution in one launch (convw_cuda.cu);
+ * dW comes back in the copy's layout and dtype into ctx->work and one kernel writes the
+ * fp32 OIHW gradient; dx accumulates through cuDNN's beta (one rounding); a bias is a
+ * fill of y before cuDNN adds (beta 1) and db double sums of dy. Smaller batches take the
+ * spare descriptors below. A shape cuDNN refuses in NHWC falls back to NCHW copies of its
+ * activations in ctx->work (converted around the calls, warned once per process). A
+ * preset recorded with the other layout is an error naming the shape
+ * (preset_layout_check). The rest of this comment is the fp32 NCHW format, unchanged:
+ *
+ * fp32 NCHW: fp32 data, or bf16 copies under precision bf16, NHWC for most layers, below.
  *
  * Prepare (once per layer, setup time) creates the filter and convolution descriptors
  * and the x/y tensor descriptors for the largest batch, and chooses the three
@@ -77,6 +92,7 @@
 #include "core/settings.h"
 #include "model/cuda/cuda_internal.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +126,15 @@ typedef struct conv_priv {
     bool nhwc;
     bool refused; /* prepare failed on a cuDNN refusal of the shape (the search's or the workspace query's
                      answer): with NHWC copies, the layer retries with NCHW ones */
+    /* An NHWC activation format (ctx->act): x, y, dy and dx are handed to cuDNN as they are
+     * (act_bf16: bf16, else fp32), with the weight copy (wcopy, written by
+     * rt_conv2d_weights_refresh: KRSC, or KCRS on the fallback, x_c input channels).
+     * fallback: cuDNN refused the NHWC shape, the layer converts its activations to NCHW
+     * copies in ctx->work around the calls (off_x, off_y, off_dx). off_dw: dW in the copy's
+     * layout and dtype, written into the fp32 OIHW gradient by a kernel. */
+    bool act_nhwc, act_bf16, fallback;
+    int xc; /* x's channels in the descriptors: l->x_c in an NHWC format, else l->in_c */
+    const void *wcopy;
 } conv_priv;
 
 static rt_status set_4d(cudnnTensorDescriptor_t d, bool nhwc, cudnnDataType_t t, int n, int c, int h, int w) {
@@ -124,6 +149,10 @@ static rt_status set_4d(cudnnTensorDescriptor_t d, bool nhwc, cudnnDataType_t t,
  * 16-bit data): the stems (1 or 3 input channels) stay NCHW. RINGTRAIN_CUDNN_LAYOUT=nchw
  * keeps every layer NCHW (for measurements). fp32 and tf32 are always NCHW. */
 static rt_status layout_nhwc(const rt_model_ctx *ctx, const rt_conv2d *l, bool *nhwc) {
+    if (ctx->act.layout == RT_ACT_NHWC) { /* the activations' own layout */
+        *nhwc = true;
+        return RT_OK;
+    }
     int choice = 0; /* auto | nchw */
     RT_CHECK(rt_setting_choice(RT_SET_CUDNN_LAYOUT, &choice));
     *nhwc = ctx->precision == RT_PRECISION_BF16 && choice == 0 && l->in_c % 8 == 0 && l->out_c % 8 == 0;
@@ -143,6 +172,19 @@ static void bf16_layout(conv_priv *p, const rt_conv2d *l, int max_n) {
     p->off_dw = p->off_w + align256(wb);
     p->off_dx = p->off_dw + align256(wb);
     p->scratch = p->off_dx + align256(xb);
+}
+
+/* An NHWC format's scratch in ctx->work for batches up to max_n, in the activations'
+ * dtype: dW in the copy's layout, then (fallback only) the NCHW copies of x, y or dy, dx */
+static void act_layout(conv_priv *p, const rt_conv2d *l, int max_n) {
+    const size_t es = p->act_bf16 ? sizeof(uint16_t) : sizeof(float);
+    const size_t xb = es * (size_t)max_n * p->xc * l->in_h * l->in_w;
+    const size_t yb = es * (size_t)max_n * l->out_c * l->out_h * l->out_w;
+    p->off_dw = 0;
+    p->off_x = p->off_dw + align256(es * (size_t)l->out_c * p->xc * l->k * l->k);
+    p->off_y = p->off_x + (p->fallback ? align256(xb) : 0);
+    p->off_dx = p->off_y + (p->fallback ? align256(yb) : 0);
+    p->scratch = p->off_dx + (p->fallback ? align256(xb) : 0);
 }
 
 /* cuDNN's share of ctx->work: what follows the bf16 copies */
@@ -168,8 +210,8 @@ static void shape_destroy(conv_shape *s) {
     s->x = s->y = NULL;
 }
 
-static rt_status shape_set(conv_shape *s, const rt_conv2d *l, bool nhwc, cudnnDataType_t t, int n) {
-    RT_CHECK(set_4d(s->x, nhwc, t, n, l->in_c, l->in_h, l->in_w));
+static rt_status shape_set(conv_shape *s, const rt_conv2d *l, int xc, bool nhwc, cudnnDataType_t t, int n) {
+    RT_CHECK(set_4d(s->x, nhwc, t, n, xc, l->in_h, l->in_w));
     RT_CHECK(set_4d(s->y, nhwc, t, n, l->out_c, l->out_h, l->out_w));
     s->n = n;
     return RT_OK;
@@ -334,9 +376,9 @@ static rt_status ask(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, perf_l
 static rt_status measure(rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, perf_lists *pl) {
     rt_cuda_state *s = cuda_state(ctx);
     const size_t es = p->dtype == CUDNN_DATA_BFLOAT16 ? sizeof(uint16_t) : sizeof(float);
-    const size_t xb = es * (size_t)p->max_n * l->in_c * l->in_h * l->in_w;
+    const size_t xb = es * (size_t)p->max_n * p->xc * l->in_h * l->in_w;
     const size_t yb = es * (size_t)p->max_n * l->out_c * l->out_h * l->out_w;
-    const size_t wb = es * (size_t)l->out_c * l->in_c * l->k * l->k;
+    const size_t wb = es * (size_t)l->out_c * p->xc * l->k * l->k;
     find_bufs b = {0};
     /* scratch at the real sizes: x doubles as dx, y as dy, w as dw (never the model's
      * own buffers, so measuring cannot disturb parameters or gradients) */
@@ -526,8 +568,25 @@ static const rt_conv_algo *preset_find(const rt_model_ctx *ctx, const rt_conv2d 
  * NCHW for it, or a checkpoint from before the NHWC copies): the layer takes that layout
  * and that choice, so every rank and a deterministic resume run what the record says. */
 static bool preset_says_nchw(const rt_model_ctx *ctx, const rt_conv2d *l, int n) {
-    if (ctx->precision != RT_PRECISION_BF16) return false;
+    if (ctx->precision != RT_PRECISION_BF16 || ctx->act.layout == RT_ACT_NHWC) return false;
     return preset_find(ctx, l, n, false) != NULL && preset_find(ctx, l, n, true) == NULL;
+}
+
+/* Where the run's layout is fixed (an NHWC activation format; fp32 NCHW activations
+ * under fp32 or tf32: only bf16 in fp32 NCHW picks its copies' layout per shape), a
+ * search for a shape the preset records with the other layout only is an error naming
+ * the shape: the record comes from another activation format (a checkpoint of another
+ * version or format), and following it would mean another layout. */
+static rt_status preset_layout_check(const rt_model_ctx *ctx, const rt_conv2d *l, const conv_priv *p, int n) {
+    const bool fixed = p->act_nhwc || ctx->precision != RT_PRECISION_BF16;
+    if (!fixed || preset_find(ctx, l, n, p->nhwc) || !preset_find(ctx, l, n, !p->nhwc)) return RT_OK;
+    RT_FAIL(RT_ERR_INVALID,
+            "conv2d %d->%d %dx%d k%d s%d p%d n%d (%s): the given algorithm choice (a checkpoint's or rank 0's) was "
+            "recorded for %s tensors, this run gives cuDNN %s ones (activation format %s %s): a layout mismatch "
+            "between the record and the run; resume in the format it was made in, or without the record",
+            l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, l->pad, n, rt_precision_name(ctx->precision),
+            p->nhwc ? "NCHW" : "NHWC", p->nhwc ? "NHWC" : "NCHW", ctx->act.dtype == RT_BF16 ? "bf16" : "fp32",
+            ctx->act.layout == RT_ACT_NHWC ? "NHWC" : "NCHW");
 }
 
 static bool math_known(int m) {
@@ -628,17 +687,43 @@ static cudnnStatus_t spare_ws(cudnnHandle_t h, const conv_priv *p, const conv_sh
 
 /* ---- prepare ------------------------------------------------------------------------- */
 
+/* The layer's data: the activation format's (ctx->act) dtype and layout, x's stored
+ * channels, and the scratch it needs in ctx->work (the bf16 copies of the fp32 NCHW
+ * format's bf16 precision, or an NHWC format's dW and fallback copies). */
+static rt_status data_mode(const rt_model_ctx *ctx, const rt_conv2d *l, conv_priv *p, int max_n, bool allow_nhwc) {
+    const rt_act_format f = ctx->act;
+    p->act_nhwc = f.layout == RT_ACT_NHWC;
+    p->act_bf16 = f.dtype == RT_BF16;
+    p->xc = p->act_nhwc ? l->x_c : l->in_c;
+    RT_REQUIRE(p->act_nhwc || (!p->act_bf16 && l->x_c == l->in_c), RT_ERR_UNSUPPORTED,
+               "conv2d %d->%d on cuda: %s NCHW activations with %d stored input channels (expected fp32 NCHW with %d, "
+               "or an NHWC format)",
+               l->in_c, l->out_c, p->act_bf16 ? "bf16" : "fp32", l->x_c, l->in_c);
+    RT_REQUIRE(!p->act_nhwc || (p->act_bf16 == (ctx->precision == RT_PRECISION_BF16) && l->x_c >= l->in_c),
+               RT_ERR_UNSUPPORTED,
+               "conv2d %d->%d on cuda: %s NHWC activations (%d stored input channels) under precision %s (expected bf16 "
+               "activations with precision bf16, fp32 ones with fp32 or tf32, at least %d channels)",
+               l->in_c, l->out_c, p->act_bf16 ? "bf16" : "fp32", l->x_c, rt_precision_name(ctx->precision), l->in_c);
+    const bool bf16 = p->act_nhwc ? p->act_bf16 : ctx->precision == RT_PRECISION_BF16;
+    p->dtype = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    RT_CHECK(layout_nhwc(ctx, l, &p->nhwc));
+    p->nhwc = p->nhwc && allow_nhwc;
+    p->fallback = p->act_nhwc && !p->nhwc;
+    if (p->act_nhwc)
+        act_layout(p, l, max_n);
+    else if (bf16)
+        bf16_layout(p, l, max_n);
+    return RT_OK;
+}
+
 static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int max_n, bool allow_nhwc,
                               size_t *workspace) {
     const cudnnMathType_t math = desc_math(ctx);
     p->max_n = max_n;
-    p->dtype = ctx->precision == RT_PRECISION_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
-    if (p->dtype == CUDNN_DATA_BFLOAT16) bf16_layout(p, l, max_n);
-    RT_CHECK(layout_nhwc(ctx, l, &p->nhwc));
-    p->nhwc = p->nhwc && allow_nhwc;
+    RT_CHECK(data_mode(ctx, l, p, max_n, allow_nhwc));
     RT_CHECK_CUDNN(cudnnCreateFilterDescriptor(&p->w));
     RT_CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w, p->dtype, p->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, l->out_c,
-                                              l->in_c, l->k, l->k));
+                                              p->xc, l->k, l->k));
     RT_CHECK(conv_desc(&p->conv_fwd, l, math));
     RT_CHECK(conv_desc(&p->conv_bwd_data, l, math));
     RT_CHECK(conv_desc(&p->conv_bwd_filter, l, math));
@@ -646,7 +731,7 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
     RT_CHECK(set_4d(p->bias, false, CUDNN_DATA_FLOAT, 1, l->out_c, 1, 1));
     RT_CHECK(shape_create(&p->full));
     RT_CHECK(shape_create(&p->spare));
-    RT_CHECK(shape_set(&p->full, l, p->nhwc, p->dtype, max_n));
+    RT_CHECK(shape_set(&p->full, l, p->xc, p->nhwc, p->dtype, max_n));
     /* cuDNN must agree on the output shape */
     int on, oc, oh, ow;
     RT_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(p->conv_fwd, p->full.x, p->w, &on, &oc, &oh, &ow));
@@ -656,10 +741,11 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
 
     rt_cuda_conv_algos a = {0}; /* every field set: cache_put copies all of it, refused included */
     rt_cuda_conv_algos *hit = cache_find(ctx, l, max_n, p->nhwc);
+    const rt_conv_algo *pre = NULL;
     if (hit) {
         a = *hit;
     } else {
-        const rt_conv_algo *pre = preset_find(ctx, l, max_n, p->nhwc);
+        pre = preset_find(ctx, l, max_n, p->nhwc);
         if (pre)
             RT_CHECK(preset_take(ctx, l, p, pre, &a));
         else
@@ -686,11 +772,38 @@ static rt_status conv_prepare(rt_model_ctx *ctx, rt_conv2d *l, conv_priv *p, int
                    p->nhwc ? " on NHWC copies" : "", dir_names[d], algo[d], cudnnGetErrorString(cs));
         if (ws > need) need = ws;
     }
+    /* a search where the record names the shape with the other layout: an error, never a
+     * silent second choice (after the refusals: an NHWC layer cuDNN refuses falls back to
+     * NCHW, and takes the record's NCHW choice then) */
+    if (!hit && !pre) RT_CHECK(preset_layout_check(ctx, l, p, max_n));
     /* only a choice whose workspace cuDNN answers (it takes the algorithm for the shape) is
      * kept and listed */
     if (!hit) cache_put(ctx, l, max_n, p->nhwc, &a);
     *workspace = p->scratch + need; /* the bf16 copies (none in fp32), then cuDNN's */
     return RT_OK;
+}
+
+/* cuDNN refused the NHWC shape (the error being set says how): said once per shape in the
+ * fp32 NCHW format's bf16 copies, once per process in an NHWC format (its later fallbacks
+ * at debug level: every fallback layer's conversions are in the ledger anyway) */
+static void warn_refused(const rt_model_ctx *ctx, const rt_conv2d *l, int max_n) {
+    static atomic_int warned;
+    const char *m = rt_error_message();
+    const int len = strchr(m, '\n') ? (int)(strchr(m, '\n') - m) : (int)strlen(m);
+    if (ctx->act.layout != RT_ACT_NHWC) {
+        RT_LOG_WARN("conv2d %d->%d %dx%d k%d s%d batch %d, bf16: cuDNN refuses NHWC copies (%.*s); this shape runs on "
+                    "NCHW copies",
+                    l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, max_n, len, m);
+    } else if (atomic_exchange(&warned, 1) == 0) {
+        RT_LOG_WARN("conv2d %d->%d %dx%d k%d s%d batch %d: cuDNN refuses NHWC %s tensors (%.*s); the layer converts its "
+                    "activations to NCHW and back around each call (said once per process; other such layers at "
+                    "debug level)",
+                    l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, max_n,
+                    ctx->act.dtype == RT_BF16 ? "bf16" : "fp32", len, m);
+    } else {
+        RT_LOG_DEBUG("conv2d %d->%d %dx%d k%d s%d batch %d: NCHW fallback (%.*s)", l->in_c, l->out_c, l->in_h, l->in_w,
+                     l->k, l->stride, max_n, len, m);
+    }
 }
 
 rt_status rt_cuda_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace) {
@@ -706,12 +819,7 @@ rt_status rt_cuda_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, siz
          * refusal of this shape's NHWC bf16 copies: the layer keeps NCHW copies (slower,
          * the same numbers), said once per shape; its choice is listed as an NCHW one, so
          * the other ranks and a resume follow it (preset_says_nchw) */
-        const char *m = rt_error_message();
-        const char *nl = strchr(m, '\n');
-        RT_LOG_WARN("conv2d %d->%d %dx%d k%d s%d batch %d, bf16: cuDNN refuses NHWC copies (%.*s); this shape runs on "
-                    "NCHW copies",
-                    l->in_c, l->out_c, l->in_h, l->in_w, l->k, l->stride, max_n, nl ? (int)(nl - m) : (int)strlen(m),
-                    m);
+        warn_refused(ctx, l, max_n);
         rt_error_clear();
         nhwc_refused_put(ctx, l, max_n);
         rt_cuda_conv2d_release(ctx, l);
@@ -751,14 +859,14 @@ static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **
     RT_REQUIRE(p != NULL, RT_ERR_INVALID, "conv2d on cuda: layer not prepared (rt_conv2d_prepare)");
     RT_REQUIRE(n <= p->max_n, RT_ERR_INVALID, "conv2d: batch %d larger than the prepared %d", n, p->max_n);
     /* bf16 runs every batch at max_n: its copies are padded with zero images (pad_tail) */
-    if (n == p->max_n || p->dtype == CUDNN_DATA_BFLOAT16) {
+    if (n == p->max_n || (p->dtype == CUDNN_DATA_BFLOAT16 && !p->act_nhwc)) {
         *out = &p->full;
         return RT_OK;
     }
     conv_shape *s = &p->spare;
     if (s->n != n) {
         cudnnHandle_t h = cuda_state(ctx)->dnn;
-        RT_CHECK(shape_set(s, l, p->nhwc, p->dtype, n));
+        RT_CHECK(shape_set(s, l, p->xc, p->nhwc, p->dtype, n));
         const size_t avail = dnn_ws_bytes(ctx, p);
         /* per direction: the full batch's algorithm, else the fallback, where cuDNN answers
          * its workspace for this shape within what ctx->work holds */
@@ -918,11 +1026,219 @@ static rt_status conv_backward_nchw_f32(rt_model_ctx *ctx, rt_conv2d *l, int n, 
     return RT_OK;
 }
 
+/* ---- NHWC activation formats ----------------------------------------------------------- */
+
+/* the weight copy is written (rt_conv2d_weights_refresh) and ctx->work holds the scratch */
+static rt_status act_ready(const rt_model_ctx *ctx, const rt_conv2d *l, const conv_priv *p) {
+    RT_REQUIRE(p->wcopy != NULL, RT_ERR_INVALID,
+               "conv2d %d->%d k%d on cuda, NHWC activations: its weight copy was never written; call "
+               "rt_conv2d_weights_prepare (after rt_conv2d_prepare) and rt_conv2d_weights_refresh",
+               l->in_c, l->out_c, l->k);
+    RT_REQUIRE(ctx->work != NULL && ctx->work_bytes >= p->scratch, RT_ERR_INVALID,
+               "conv2d %d->%d k%d: workspace of %zu bytes is smaller than the %zu its scratch needs; call "
+               "rt_conv2d_prepare and rt_model_ctx_reserve",
+               l->in_c, l->out_c, l->k, ctx->work_bytes, p->scratch);
+    return RT_OK;
+}
+
+/* the fallback's conversion of n images of c channels and `plane` positions */
+static rt_status relayout(const rt_model_ctx *ctx, const conv_priv *p, int n, int c, size_t plane, bool to_nhwc,
+                          const void *x, void *y) {
+    RT_CHECK_CUDA(rt_cuk_act_relayout(cuda_state((rt_model_ctx *)ctx)->stream, n, c, plane, to_nhwc, p->act_bf16, x, y));
+    return RT_OK;
+}
+
+/* y = conv(x) (+ b: y is first filled with b, rounded where bf16, and cuDNN adds the
+ * convolution with beta 1: one sum, one rounding, the CPU's round(sum + round(b))) */
+static rt_status forward_act(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, int n, const void *x, void *y) {
+    conv_priv *p = l->priv;
+    RT_CHECK(act_ready(ctx, l, p));
+    const size_t xplane = (size_t)l->in_h * l->in_w, yplane = (size_t)l->out_h * l->out_w;
+    const void *xin = x;
+    void *yout = y;
+    if (p->fallback) {
+        xin = work_at(ctx, p->off_x), yout = work_at(ctx, p->off_y);
+        RT_CHECK(relayout(ctx, p, n, p->xc, xplane, false, x, (void *)xin));
+    }
+    if (l->has_bias)
+        RT_CHECK_CUDA(rt_cuk_conv_bias_fill(cuda_state(ctx)->stream, n, l->out_c, yplane, p->nhwc, p->act_bf16,
+                                            rt_tensor_data(&l->bias), yout));
+    const float one = 1.0f, zero = 0.0f;
+    RT_CHECK_CUDNN(cudnnConvolutionForward(cuda_state(ctx)->dnn, &one, s->x, xin, p->w, p->wcopy, p->conv_fwd, s->fwd,
+                                           dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), l->has_bias ? &one : &zero, s->y,
+                                           yout));
+    if (p->fallback) RT_CHECK(relayout(ctx, p, n, l->out_c, yplane, true, yout, y));
+    return RT_OK;
+}
+
+/* dW (cuDNN's, in the copy's layout and dtype, into the fp32 OIHW gradient: the first
+ * in_c channels), db (fp32 sums of dy), dx written or accumulated through cuDNN's beta
+ * (alpha conv + beta dx rounded once; the fallback converts dx to NCHW first to keep it so) */
+static rt_status backward_act(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, int n, const void *x, const void *dy,
+                              void *dx, bool accumulate) {
+    conv_priv *p = l->priv;
+    RT_CHECK(act_ready(ctx, l, p));
+    cudaStream_t st = cuda_state(ctx)->stream;
+    cudnnHandle_t h = cuda_state(ctx)->dnn;
+    const size_t xplane = (size_t)l->in_h * l->in_w, yplane = (size_t)l->out_h * l->out_w;
+    const void *xin = x, *dyin = dy;
+    void *dxout = dx, *dwc = work_at(ctx, p->off_dw);
+    if (p->fallback) {
+        xin = work_at(ctx, p->off_x), dyin = work_at(ctx, p->off_y), dxout = work_at(ctx, p->off_dx);
+        RT_CHECK(relayout(ctx, p, n, p->xc, xplane, false, x, (void *)xin));
+        RT_CHECK(relayout(ctx, p, n, l->out_c, yplane, false, dy, (void *)dyin));
+    }
+    const float one = 1.0f, zero = 0.0f;
+    RT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(h, &one, s->x, xin, s->y, dyin, p->conv_bwd_filter, s->bwd_filter,
+                                                  dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), &zero, p->w, dwc));
+    RT_CHECK_CUDA(rt_cuk_convw_dw(st, l->out_c, l->in_c, p->xc, l->k * l->k, p->nhwc, p->act_bf16, dwc,
+                                  rt_tensor_data(&l->dweight)));
+    if (l->has_bias)
+        RT_CHECK_CUDA(rt_cuk_conv_bias_sums(st, n, l->out_c, yplane, p->nhwc, p->act_bf16, dyin,
+                                            rt_tensor_data(&l->dbias)));
+    if (!dx) return RT_OK;
+    if (p->fallback && accumulate) RT_CHECK(relayout(ctx, p, n, p->xc, xplane, false, dx, dxout));
+    RT_CHECK_CUDNN(cudnnConvolutionBackwardData(h, &one, p->w, p->wcopy, s->y, dyin, p->conv_bwd_data, s->bwd_data,
+                                                dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), accumulate ? &one : &zero, s->x,
+                                                dxout));
+    if (p->fallback) RT_CHECK(relayout(ctx, p, n, p->xc, xplane, true, dxout, dx));
+    return RT_OK;
+}
+
 rt_status rt_cuda_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, rt_act *y) {
-    return conv_forward_nchw_f32(ctx, l, n, (const float *)x, (float *)y);
+    const conv_priv *p = l->priv;
+    if (!p || !p->act_nhwc) return conv_forward_nchw_f32(ctx, l, n, (const float *)x, (float *)y);
+    RT_CHECK(rt_cuda_bind(ctx));
+    conv_shape *s;
+    RT_CHECK(shape_for(ctx, l, n, &s));
+    RT_CHECK(dir_ready(l, p, s, n, 0));
+    return forward_act(ctx, l, s, n, x, y);
 }
 
 rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, const rt_act *dy,
                                   rt_act *dx, bool accumulate) {
-    return conv_backward_nchw_f32(ctx, l, n, (const float *)x, (const float *)dy, (float *)dx, accumulate);
+    const conv_priv *p = l->priv;
+    if (!p || !p->act_nhwc)
+        return conv_backward_nchw_f32(ctx, l, n, (const float *)x, (const float *)dy, (float *)dx, accumulate);
+    RT_CHECK(rt_cuda_bind(ctx));
+    conv_shape *s;
+    RT_CHECK(shape_for(ctx, l, n, &s));
+    RT_CHECK(dir_ready(l, p, s, n, 2));
+    if (dx) RT_CHECK(dir_ready(l, p, s, n, 1));
+    return backward_act(ctx, l, s, n, x, dy, dx, accumulate);
+}
+
+/* ---- weight copies (rt_conv2d_weights_*, layers.h) --------------------------------------- */
+
+/* One device buffer holds every copy (each 256-byte aligned), a device table describes
+ * them (rt_cuk_wcopy: offsets from the lowest weight pointer, which with the model's
+ * parameter arena is one allocation), and refresh writes them all in one launch. The
+ * layers' priv pointers are kept to notice a layer prepared again since (its copy's
+ * layout may have changed): refresh says so instead of writing a stale layout. */
+typedef struct conv_wcopies {
+    int n;
+    rt_conv2d **ls;
+    const conv_priv **privs;
+    size_t *dst; /* each copy's offset in elements */
+    rt_cuk_wcopy *table; /* device */
+    void *copies;        /* device */
+    const float *wbase;
+    size_t src_total, copy_total, largest, elems;
+    bool bf16;
+} conv_wcopies;
+
+void rt_cuda_conv2d_weights_release(rt_model_ctx *ctx, void *state) {
+    (void)ctx;
+    conv_wcopies *w = state;
+    if (!w) return;
+    if (w->table) (void)cudaFree(w->table);
+    if (w->copies) (void)cudaFree(w->copies);
+    free(w->ls);
+    free(w->privs);
+    free(w->dst);
+    free(w);
+}
+
+/* the host side of the table, the offsets and the totals */
+static rt_status wcopies_plan(conv_wcopies *w, rt_cuk_wcopy *t) {
+    w->wbase = rt_tensor_data(&w->ls[0]->weight);
+    for (int i = 1; i < w->n; i++) {
+        const float *wi = rt_tensor_data(&w->ls[i]->weight);
+        if (wi < w->wbase) w->wbase = wi;
+    }
+    const size_t align = w->bf16 ? 128 : 64; /* elements of 256 bytes */
+    size_t at = 0;
+    for (int i = 0; i < w->n; i++) {
+        const rt_conv2d *l = w->ls[i];
+        const conv_priv *p = l->priv;
+        RT_REQUIRE(p && p->act_nhwc && rt_tensor_data(&l->weight), RT_ERR_INVALID,
+                   "conv2d weight copies: convolution %d (%d->%d k%d) is not prepared for an NHWC format "
+                   "(rt_conv2d_prepare first) or has no weights",
+                   i, l->in_c, l->out_c, l->k);
+        const size_t count = (size_t)l->out_c * p->xc * l->k * l->k;
+        t[i] = (rt_cuk_wcopy){.src = (size_t)((const float *)rt_tensor_data(&l->weight) - w->wbase),
+                              .dst = at,
+                              .out_c = l->out_c,
+                              .in_c = l->in_c,
+                              .x_c = p->xc,
+                              .taps = l->k * l->k,
+                              .nhwc = p->nhwc};
+        w->privs[i] = p;
+        w->dst[i] = at;
+        w->src_total += (size_t)l->out_c * l->in_c * l->k * l->k;
+        w->copy_total += count;
+        if (count > w->largest) w->largest = count;
+        at += (count + align - 1) / align * align;
+    }
+    w->elems = at; /* the buffer's (copy_total: the elements written, not the alignment gaps) */
+    return RT_OK;
+}
+
+rt_status rt_cuda_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, void **state) {
+    *state = NULL;
+    if (ctx->act.layout != RT_ACT_NHWC) return RT_OK; /* fp32 NCHW: cuDNN reads the fp32 weights */
+    RT_CHECK(rt_cuda_bind(ctx));
+    conv_wcopies *w = calloc(1, sizeof *w);
+    RT_CHECK_ALLOC(w, sizeof *w);
+    w->n = n;
+    w->bf16 = ctx->act.dtype == RT_BF16;
+    w->ls = calloc((size_t)n, sizeof *w->ls);
+    w->privs = calloc((size_t)n, sizeof *w->privs);
+    w->dst = calloc((size_t)n, sizeof *w->dst);
+    rt_cuk_wcopy *t = calloc((size_t)n, sizeof *t);
+    rt_status st = w->ls && w->privs && w->dst && t ? RT_OK : RT_ERROR(RT_ERR_NOMEM, "conv2d weight copies of %d layers", n);
+    for (int i = 0; st == RT_OK && i < n; i++) w->ls[i] = ls[i];
+    if (st == RT_OK) st = wcopies_plan(w, t);
+    const size_t es = w->bf16 ? sizeof(uint16_t) : sizeof(float);
+    const size_t bytes = es * w->elems;
+    cudaError_t e = cudaSuccess;
+    if (st == RT_OK) e = cudaMalloc(&w->copies, bytes);
+    if (st == RT_OK && e == cudaSuccess) e = cudaMalloc((void **)&w->table, sizeof *t * (size_t)n);
+    if (st == RT_OK && e == cudaSuccess) e = cudaMemcpy(w->table, t, sizeof *t * (size_t)n, cudaMemcpyHostToDevice);
+    if (st == RT_OK && e != cudaSuccess)
+        st = RT_ERROR(RT_ERR_CUDA, "conv2d weight copies of %d layers (%zu bytes): %s", n, bytes, cudaGetErrorString(e));
+    free(t);
+    if (st != RT_OK) {
+        rt_cuda_conv2d_weights_release(ctx, w);
+        return st;
+    }
+    *state = w;
+    return RT_OK;
+}
+
+rt_status rt_cuda_conv2d_weights_refresh(rt_model_ctx *ctx, void *state) {
+    conv_wcopies *w = state;
+    const size_t es = w->bf16 ? sizeof(uint16_t) : sizeof(float);
+    for (int i = 0; i < w->n; i++) {
+        conv_priv *p = w->ls[i]->priv;
+        RT_REQUIRE(p == w->privs[i], RT_ERR_INVALID,
+                   "conv2d weight copies: convolution %d (%d->%d k%d) was prepared again (or released) since "
+                   "rt_conv2d_weights_prepare: prepare the copies again",
+                   i, w->ls[i]->in_c, w->ls[i]->out_c, w->ls[i]->k);
+        p->wcopy = (const char *)w->copies + es * w->dst[i];
+    }
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(rt_cuk_convw_refresh(cuda_state(ctx)->stream, w->n, w->table, w->wbase, w->copies, w->bf16,
+                                       w->src_total, w->copy_total, w->largest));
+    return RT_OK;
 }

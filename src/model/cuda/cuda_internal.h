@@ -216,6 +216,38 @@ cudaError_t rt_cuk_log_softmax_backward(cudaStream_t s, int n, int k, const floa
 cudaError_t rt_cuk_nll_loss(cudaStream_t s, int n, int k, const float *logp, const int64_t *labels, float *loss,
                             float *dlogp, int *bad);
 
+/* ---- convw_cuda.cu: the convolutions in an NHWC activation format (conv_cuda.c) ----- */
+
+/* One convolution's weight copy (rt_conv2d_weights_prepare): its fp32 OIHW weights at
+ * wbase + src (floats), its copy at copies + dst (elements of the activations' dtype):
+ * out_c rows of x_c channels (in_c of them the weights', the rest zero) x taps, KRSC
+ * (nhwc) or KCRS (a layer on the NCHW fallback). Offsets, not pointers: a kernel
+ * parameter's pointers are what a launch passes (the emulated GPUs map only those). */
+typedef struct rt_cuk_wcopy {
+    size_t src, dst;
+    int out_c, in_c, x_c, taps, nhwc;
+} rt_cuk_wcopy;
+/* every copy of the table (device memory, nconvs entries) in one launch; src_total,
+ * copy_total: the elements read and written over all entries, largest: the largest copy */
+cudaError_t rt_cuk_convw_refresh(cudaStream_t s, int nconvs, const rt_cuk_wcopy *table, const float *wbase,
+                                 void *copies, bool bf16, size_t src_total, size_t copy_total, size_t largest);
+/* dw (out_c, in_c, taps) fp32 from a gradient in the copy's layout and dtype (x_c channels) */
+cudaError_t rt_cuk_convw_dw(cudaStream_t s, int out_c, int in_c, int x_c, int taps, bool nhwc, bool bf16,
+                            const void *dwc, float *dw);
+/* y (n, c, plane) or (n, plane, c) = b[channel] (rounded to bf16 where bf16); db[c] = the
+ * fp32 (double-summed) channel sums of dy */
+cudaError_t rt_cuk_conv_bias_fill(cudaStream_t s, int n, int c, size_t plane, bool nhwc, bool bf16, const float *b,
+                                  void *y);
+cudaError_t rt_cuk_conv_bias_sums(cudaStream_t s, int n, int c, size_t plane, bool nhwc, bool bf16, const void *dy,
+                                  float *db);
+/* y = x, NCHW -> NHWC (to_nhwc) or back, in the activations' dtype */
+cudaError_t rt_cuk_act_relayout(cudaStream_t s, int n, int c, size_t plane, bool to_nhwc, bool bf16, const void *x,
+                                void *y);
+/* conv_cuda.c: the backend's conv2d_weights_* entries (layers.h) */
+rt_status rt_cuda_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, void **state);
+rt_status rt_cuda_conv2d_weights_refresh(rt_model_ctx *ctx, void *state);
+void rt_cuda_conv2d_weights_release(rt_model_ctx *ctx, void *state);
+
 #ifdef __cplusplus
 }
 #endif
