@@ -61,15 +61,27 @@ static inline uint64_t gt_pick_seed(void) {
     return s;
 }
 
-static inline rt_model_ctx *gt_ctx(rt_device d, rt_precision prec) {
+/* A context whose activations are in `fmt` (NULL: the backend's format for the precision). */
+static inline rt_model_ctx *gt_ctx_fmt(rt_device d, rt_precision prec, const rt_act_format *fmt) {
     rt_model_ctx *ctx = NULL;
     /* the timed search (cudnnFind*), what these tests were written against: the workspace
      * bound, refusals and fallbacks go through it (train's default, the heuristics, is
      * covered end to end by emu_determinism_* and cli_bench_model_cudnn_gpu) */
-    rt_model_ctx_options o = {.device = d, .threads = 4, .precision = prec, .benchmark = true};
+    rt_model_ctx_options o = {.device = d, .threads = 4, .precision = prec, .benchmark = true, .act_format = fmt};
     assert_rt_ok(rt_model_ctx_create(&o, &ctx));
     return ctx;
 }
+
+/* The per-layer tests' context: activations in fp32 NCHW whatever the precision, so the
+ * layers are compared with the CPU's at PyTorch's layout through plain float buffers (the
+ * tf32/bf16 kernels and the bf16 casts of that format); the NHWC formats' layers are
+ * tested in test_gpu_act_formats and test_gpu_conv_act, whole models in their native
+ * format (gt_ctx_native). */
+static inline rt_model_ctx *gt_ctx(rt_device d, rt_precision prec) {
+    static const rt_act_format nchw = {RT_F32, RT_ACT_NCHW, 1};
+    return gt_ctx_fmt(d, prec, &nchw);
+}
+static inline rt_model_ctx *gt_ctx_native(rt_device d, rt_precision prec) { return gt_ctx_fmt(d, prec, NULL); }
 
 /* the device of the side under test: cuda:0, or the CPU for the harness self-check */
 static inline bool gt_on_cpu(void) {

@@ -516,7 +516,7 @@ static float tf32_round(float f) {
 
 static void test_tf32_close(void **state) {
     (void)state;
-    rt_model_ctx *tf = gt_ctx(gt_gpu_device(), RT_PRECISION_TF32);
+    rt_model_ctx *tf = gt_ctx_native(gt_gpu_device(), RT_PRECISION_TF32); /* fp32 NHWC: the trainer's */
     rt_model_config cfg;
     rt_model_config_default(&cfg);
     cfg.arch = RT_ARCH_RESNET18;

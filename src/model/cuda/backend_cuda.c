@@ -24,6 +24,7 @@
  * shape; cuDNN's batch norm is not called.
  */
 #include "core/log.h"
+#include "core/settings.h"
 #include "model/cuda/cuda_internal.h"
 #include "model/cuda/syncbn_cuda.h"
 
@@ -74,6 +75,8 @@ static cublasMath_t blas_math(rt_precision p) {
 
 static rt_status cuda_ctx_init(rt_model_ctx *ctx) {
     RT_REQUIRE(ctx->device.kind == RT_DEVICE_CUDA, RT_ERR_INTERNAL, "CUDA model backend on a non-CUDA device");
+    int layout = 0; /* RINGTRAIN_ACT_LAYOUT: a bad value is this call's error (cuda_act_format took auto) */
+    RT_CHECK(rt_setting_choice(RT_SET_ACT_LAYOUT, &layout));
     rt_cuda_state *s = calloc(1, sizeof *s);
     RT_CHECK_ALLOC(s, sizeof *s);
     ctx->backend = s; /* released by cuda_ctx_release, also after a failure below */
@@ -327,6 +330,22 @@ static rt_status cuda_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, co
 
 /* The activation formats (model/ctx.h): fp32 or bf16 elements, NCHW or NHWC; every
  * kernel here takes the format at run time. */
+/* The format for a precision (docs/model.md, "Activations"): fp32 keeps PyTorch's NCHW
+ * (the exact-comparison mode); tf32 and bf16 run NHWC, the layout of cuDNN's tensor-core
+ * convolutions, bf16 storing bf16 (the model input padded to 8 channels, fp32 to 4: the
+ * granularity of the tensor cores' 16-bit and 32-bit operands). RINGTRAIN_ACT_LAYOUT=nchw
+ * keeps fp32 NCHW under every precision (measurements; the per-layer bf16 casts of before). */
+static void cuda_act_format(rt_precision precision, rt_act_format *f) {
+    int choice = 0; /* auto | nchw */
+    if (rt_setting_choice(RT_SET_ACT_LAYOUT, &choice) != RT_OK) choice = 0; /* checked at ctx_init */
+    if (choice == 1 || precision == RT_PRECISION_FP32)
+        *f = (rt_act_format){RT_F32, RT_ACT_NCHW, 1};
+    else if (precision == RT_PRECISION_BF16)
+        *f = (rt_act_format){RT_BF16, RT_ACT_NHWC, 8};
+    else
+        *f = (rt_act_format){RT_F32, RT_ACT_NHWC, 4};
+}
+
 static bool cuda_act_supported(const rt_act_format *f) {
     return (f->dtype == RT_F32 || f->dtype == RT_BF16) && (f->layout == RT_ACT_NCHW || f->layout == RT_ACT_NHWC);
 }
@@ -491,7 +510,7 @@ const rt_model_backend rt_model_backend_cuda = {
     .ctx_init = cuda_ctx_init,
     .ctx_release = cuda_ctx_release,
     .memory = rt_cuda_memory,
-    .act_format = NULL, /* fp32 NCHW for every precision (for now) */
+    .act_format = cuda_act_format,
     .act_supported = cuda_act_supported,
     .act_from_nchw = cuda_act_from_nchw,
     .act_to_nchw = cuda_act_to_nchw,
