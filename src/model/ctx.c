@@ -55,11 +55,18 @@ rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **o
     ctx->act = (rt_act_format){RT_F32, RT_ACT_NCHW, 1};
     if (opts->act_format) {
         const rt_act_format *f = opts->act_format;
+        RT_REQUIRE(f->layout != RT_ACT_NCHW_WIDE || f->dtype == RT_BF16, RT_ERR_INVALID,
+                   "activation format: the widened NCHW layout holds bf16 values in floats (the CPU's bf16 oracle), "
+                   "not dtype %d",
+                   (int)f->dtype);
         const bool nchw_f32 = f->dtype == RT_F32 && f->layout == RT_ACT_NCHW;
         RT_REQUIRE(nchw_f32 || (ops->act_supported && ops->act_supported(f)), RT_ERR_UNSUPPORTED,
                    "activation format %s %s (input channels padded to %d): not one the %s model backend has",
                    f->dtype == RT_BF16 ? "bf16" : f->dtype == RT_F32 ? "fp32" : "?",
-                   f->layout == RT_ACT_NHWC ? "NHWC" : "NCHW", f->input_channel_align, ops->name);
+                   f->layout == RT_ACT_NHWC          ? "NHWC"
+                   : f->layout == RT_ACT_NCHW_WIDE ? "NCHW held in fp32"
+                                                   : "NCHW",
+                   f->input_channel_align, ops->name);
         RT_REQUIRE(f->input_channel_align >= 1 && f->input_channel_align <= 64, RT_ERR_INVALID,
                    "activation format: input channel alignment %d (expected 1..64)", f->input_channel_align);
         ctx->act = *f;
@@ -165,7 +172,7 @@ void rt_model_ctx_set_profile(rt_model_ctx *ctx, struct rt_layer_profile *p) { c
 
 /* ---- activations ------------------------------------------------------------------- */
 
-size_t rt_act_elem_size(const rt_model_ctx *ctx) { return ctx->act.dtype == RT_BF16 ? 2 : 4; }
+size_t rt_act_elem_size(const rt_model_ctx *ctx) { return rt_act_format_elem_size(&ctx->act); }
 
 int rt_act_input_channels(const rt_model_ctx *ctx, int c) {
     const int a = ctx->act.input_channel_align > 1 ? ctx->act.input_channel_align : 1;
