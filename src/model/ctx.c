@@ -62,8 +62,10 @@ rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **o
         const bool nchw_f32 = f->dtype == RT_F32 && f->layout == RT_ACT_NCHW;
         RT_REQUIRE(nchw_f32 || (ops->act_supported && ops->act_supported(f)), RT_ERR_UNSUPPORTED,
                    "activation format %s %s (input channels padded to %d): not one the %s model backend has",
-                   f->dtype == RT_BF16 ? "bf16" : f->dtype == RT_F32 ? "fp32" : "?",
-                   f->layout == RT_ACT_NHWC          ? "NHWC"
+                   f->dtype == RT_BF16  ? "bf16"
+                   : f->dtype == RT_F32 ? "fp32"
+                                        : "?",
+                   f->layout == RT_ACT_NHWC        ? "NHWC"
                    : f->layout == RT_ACT_NCHW_WIDE ? "NCHW held in fp32"
                                                    : "NCHW",
                    f->input_channel_align, ops->name);
@@ -184,21 +186,18 @@ bool rt_act_is_nchw_f32(const rt_model_ctx *ctx) { return ctx->act.dtype == RT_F
 static rt_status act_args(const rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const void *a,
                           const void *b) {
     RT_REQUIRE(n > 0 && c > 0 && h > 0 && w > 0 && stored_c >= c && a && b, RT_ERR_INVALID,
-               "activation conversion of %dx%dx%dx%d stored with %d channels (or a NULL buffer)", n, c, h, w,
-               stored_c);
+               "activation conversion of %dx%dx%dx%d stored with %d channels (or a NULL buffer)", n, c, h, w, stored_c);
     RT_REQUIRE(ctx->ops->act_from_nchw && ctx->ops->act_to_nchw, RT_ERR_UNSUPPORTED,
                "the %s model backend has no activation conversion", ctx->ops->name);
     return RT_OK;
 }
 
-rt_status rt_act_from_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src,
-                           rt_act *dst) {
+rt_status rt_act_from_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src, rt_act *dst) {
     RT_CHECK(act_args(ctx, n, c, h, w, stored_c, src, dst));
     return ctx->ops->act_from_nchw(ctx, n, c, h, w, stored_c, src, dst);
 }
 
-rt_status rt_act_to_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const rt_act *src,
-                         float *dst) {
+rt_status rt_act_to_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const rt_act *src, float *dst) {
     RT_CHECK(act_args(ctx, n, c, h, w, stored_c, src, dst));
     return ctx->ops->act_to_nchw(ctx, n, c, h, w, stored_c, src, dst);
 }

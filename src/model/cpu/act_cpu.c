@@ -97,8 +97,7 @@ rt_status rt_cpu_act_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, cons
 }
 rt_status rt_cpu_act_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, const rt_act *dy,
                                      rt_act *dx, bool accumulate) {
-    return stored_act(ctx, rt_cpu_conv2d_backward(ctx, l, n, CF(x), CF(dy), F(dx), accumulate), conv_x_count(l, n),
-                      dx);
+    return stored_act(ctx, rt_cpu_conv2d_backward(ctx, l, n, CF(x), CF(dy), F(dx), accumulate), conv_x_count(l, n), dx);
 }
 rt_status rt_cpu_act_bn_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, rt_act *y,
                                 bool training) {
@@ -148,8 +147,7 @@ rt_status rt_cpu_act_relu_backward(rt_model_ctx *ctx, rt_dtype dt, size_t count,
     return stored(ctx, rt_cpu_relu_backward(ctx, count, CF(y), CF(dy), F(dx)), round, count, dx);
 }
 rt_status rt_cpu_act_maxpool_forward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, rt_act *y) {
-    return stored_act(ctx, rt_cpu_maxpool2d_forward(ctx, l, n, CF(x), F(y)), (size_t)n * l->c * l->out_h * l->out_w,
-                      y);
+    return stored_act(ctx, rt_cpu_maxpool2d_forward(ctx, l, n, CF(x), F(y)), (size_t)n * l->c * l->out_h * l->out_w, y);
 }
 rt_status rt_cpu_act_maxpool_backward(rt_model_ctx *ctx, rt_maxpool2d *l, int n, const rt_act *x, const rt_act *y,
                                       const rt_act *dy, rt_act *dx) {
@@ -174,8 +172,7 @@ rt_status rt_cpu_act_dropout_backward(rt_model_ctx *ctx, rt_dropout *l, int n, r
     RT_CHECK(fmt_rounds(fmt, "dropout", &round));
     return stored(ctx, rt_cpu_dropout_backward(ctx, l, n, CF(dy), F(dx)), round, (size_t)n * l->features, dx);
 }
-rt_status rt_cpu_act_add_forward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *a, const void *b,
-                                 void *y) {
+rt_status rt_cpu_act_add_forward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *a, const void *b, void *y) {
     bool round = false;
     RT_CHECK(dt_rounds(ctx, dt, "add", &round));
     return stored(ctx, rt_cpu_add_forward(ctx, count, CF(a), CF(b), F(y)), round, count, y);
