@@ -55,11 +55,20 @@ rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **o
     ctx->act = (rt_act_format){RT_F32, RT_ACT_NCHW, 1};
     if (opts->act_format) {
         const rt_act_format *f = opts->act_format;
+        RT_REQUIRE(f->layout != RT_ACT_NCHW_WIDE || f->dtype == RT_BF16, RT_ERR_INVALID,
+                   "activation format: the widened NCHW layout holds bf16 values in floats (the CPU's bf16 oracle), "
+                   "not dtype %d",
+                   (int)f->dtype);
         const bool nchw_f32 = f->dtype == RT_F32 && f->layout == RT_ACT_NCHW;
         RT_REQUIRE(nchw_f32 || (ops->act_supported && ops->act_supported(f)), RT_ERR_UNSUPPORTED,
                    "activation format %s %s (input channels padded to %d): not one the %s model backend has",
-                   f->dtype == RT_BF16 ? "bf16" : f->dtype == RT_F32 ? "fp32" : "?",
-                   f->layout == RT_ACT_NHWC ? "NHWC" : "NCHW", f->input_channel_align, ops->name);
+                   f->dtype == RT_BF16  ? "bf16"
+                   : f->dtype == RT_F32 ? "fp32"
+                                        : "?",
+                   f->layout == RT_ACT_NHWC        ? "NHWC"
+                   : f->layout == RT_ACT_NCHW_WIDE ? "NCHW held in fp32"
+                                                   : "NCHW",
+                   f->input_channel_align, ops->name);
         RT_REQUIRE(f->input_channel_align >= 1 && f->input_channel_align <= 64, RT_ERR_INVALID,
                    "activation format: input channel alignment %d (expected 1..64)", f->input_channel_align);
         ctx->act = *f;
@@ -165,7 +174,7 @@ void rt_model_ctx_set_profile(rt_model_ctx *ctx, struct rt_layer_profile *p) { c
 
 /* ---- activations ------------------------------------------------------------------- */
 
-size_t rt_act_elem_size(const rt_model_ctx *ctx) { return ctx->act.dtype == RT_BF16 ? 2 : 4; }
+size_t rt_act_elem_size(const rt_model_ctx *ctx) { return rt_act_format_elem_size(&ctx->act); }
 
 int rt_act_input_channels(const rt_model_ctx *ctx, int c) {
     const int a = ctx->act.input_channel_align > 1 ? ctx->act.input_channel_align : 1;
@@ -177,21 +186,18 @@ bool rt_act_is_nchw_f32(const rt_model_ctx *ctx) { return ctx->act.dtype == RT_F
 static rt_status act_args(const rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const void *a,
                           const void *b) {
     RT_REQUIRE(n > 0 && c > 0 && h > 0 && w > 0 && stored_c >= c && a && b, RT_ERR_INVALID,
-               "activation conversion of %dx%dx%dx%d stored with %d channels (or a NULL buffer)", n, c, h, w,
-               stored_c);
+               "activation conversion of %dx%dx%dx%d stored with %d channels (or a NULL buffer)", n, c, h, w, stored_c);
     RT_REQUIRE(ctx->ops->act_from_nchw && ctx->ops->act_to_nchw, RT_ERR_UNSUPPORTED,
                "the %s model backend has no activation conversion", ctx->ops->name);
     return RT_OK;
 }
 
-rt_status rt_act_from_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src,
-                           rt_act *dst) {
+rt_status rt_act_from_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src, rt_act *dst) {
     RT_CHECK(act_args(ctx, n, c, h, w, stored_c, src, dst));
     return ctx->ops->act_from_nchw(ctx, n, c, h, w, stored_c, src, dst);
 }
 
-rt_status rt_act_to_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const rt_act *src,
-                         float *dst) {
+rt_status rt_act_to_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const rt_act *src, float *dst) {
     RT_CHECK(act_args(ctx, n, c, h, w, stored_c, src, dst));
     return ctx->ops->act_to_nchw(ctx, n, c, h, w, stored_c, src, dst);
 }

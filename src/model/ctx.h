@@ -72,17 +72,31 @@ struct rt_model_backend;
  * stay `float *`. The compiler keeps the two apart; rt_act_at does the pointer arithmetic
  * in elements of the format. Tests and tools read and write activations through
  * rt_act_upload / rt_act_download (fp32 NCHW on the host), the one conversion helper. */
-typedef enum rt_act_layout { RT_ACT_NCHW = 0, RT_ACT_NHWC = 1 } rt_act_layout;
+typedef enum rt_act_layout {
+    RT_ACT_NCHW = 0,
+    RT_ACT_NHWC = 1,
+    /* NCHW with every element held in a float: with dtype RT_BF16, the CPU backend's oracle
+     * of the bf16 formats (bf16 values in fp32 storage, every store rounded to bf16 where a
+     * GPU stores bf16; docs/model.md, "The CPU oracle of the bf16 activation format"):
+     * {RT_BF16, RT_ACT_NCHW_WIDE, 1}, on the CPU only */
+    RT_ACT_NCHW_WIDE = 2
+} rt_act_layout;
 
 typedef struct rt_act_format {
     rt_dtype dtype;       /* RT_F32 or RT_BF16 */
-    rt_act_layout layout; /* NCHW or NHWC */
+    rt_act_layout layout; /* NCHW, NHWC or (the CPU's bf16 oracle) NCHW widened */
     /* the model input's channels are stored padded (with zeros) to a multiple of this
      * (1: none): cuDNN's NHWC tensor-core kernels want 8 bf16 / 4 fp32 channels, and the
      * stem's input has 1 or 3; the stem convolution's copy of its weights is padded with
      * zero input channels to match, so the padding adds nothing to any sum */
     int input_channel_align;
 } rt_act_format;
+
+/* Bytes of one element of format f: 2 for bf16, 4 for fp32 and for bf16 values held in floats
+ * (RT_ACT_NCHW_WIDE). Every size computed from a format goes through here. */
+static inline size_t rt_act_format_elem_size(const rt_act_format *f) {
+    return f->dtype == RT_BF16 && f->layout != RT_ACT_NCHW_WIDE ? 2 : 4;
+}
 
 typedef struct rt_act rt_act; /* activation memory in the context's format (never defined) */
 
@@ -140,7 +154,7 @@ typedef struct rt_model_ctx_options {
     /* The activation format to use instead of the backend's choice for the precision (NULL,
      * the zero value: the backend's choice): for tests of each format's layers and for
      * measurements. RT_ERR_UNSUPPORTED naming the format where the backend has no such
-     * format (the CPU: fp32 NCHW only). */
+     * format (the CPU: fp32 NCHW, and its bf16 oracle {RT_BF16, RT_ACT_NCHW_WIDE, 1}). */
     const rt_act_format *act_format;
 } rt_model_ctx_options;
 
@@ -186,11 +200,12 @@ void rt_model_ctx_get_conv_algos(const rt_model_ctx *ctx, rt_conv_algos *out);
 size_t rt_act_elem_size(const rt_model_ctx *ctx);
 /* base + `elems` elements of the context's format */
 static inline rt_act *rt_act_at(const rt_model_ctx *ctx, rt_act *base, size_t elems) {
-    return (rt_act *)((char *)base + elems * (ctx->act.dtype == RT_BF16 ? 2 : 4));
+    return (rt_act *)((char *)base + elems * rt_act_format_elem_size(&ctx->act));
 }
 /* Channels the model input is stored with: c rounded up to ctx->act.input_channel_align. */
 int rt_act_input_channels(const rt_model_ctx *ctx, int c);
-/* Whether the format is PyTorch's fp32 NCHW (an activation is then a float array). */
+/* Whether the format is PyTorch's fp32 NCHW (an activation is then a float array that holds
+ * any fp32 value: false for the bf16 oracle, whose stores round). */
 bool rt_act_is_nchw_f32(const rt_model_ctx *ctx);
 /* Convert n images of c x h x w from fp32 NCHW at src (on the context's device) into
  * activations at dst stored with stored_c >= c channels (the extra ones zero), or back

@@ -512,7 +512,7 @@ rt_status rt_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, const float
 
 static const rt_act_format k_features = {RT_F32, RT_ACT_NCHW, 1};
 
-static size_t fmt_bytes(rt_act_format f) { return f.dtype == RT_BF16 ? 2 : 4; }
+static size_t fmt_bytes(rt_act_format f) { return rt_act_format_elem_size(&f); }
 
 static rt_status copy_bytes(rt_model_ctx *ctx, size_t bytes, const void *x, void *y) {
     if (x == y) return RT_OK;

@@ -130,6 +130,7 @@ const rt_model_backend rt_model_backend_cpu = {
     .host_parallel = cpu_host_parallel,
     .memory = NULL, /* host memory only: rt_model_ctx_memory answers 0 and 0 */
     .act_format = NULL, /* fp32 NCHW */
+    .act_supported = rt_cpu_act_supported, /* and the bf16 oracle (act_cpu.c) */
     .act_from_nchw = rt_cpu_act_from_nchw,
     .act_to_nchw = rt_cpu_act_to_nchw,
     .conv2d_prepare = rt_cpu_conv2d_prepare,
