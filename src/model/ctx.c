@@ -59,7 +59,7 @@ rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **o
                    "activation format: the widened NCHW layout holds bf16 values in floats (the CPU's bf16 oracle), "
                    "not dtype %d",
                    (int)f->dtype);
-        const bool nchw_f32 = f->dtype == RT_F32 && f->layout == RT_ACT_NCHW;
+        const bool nchw_f32 = f->dtype == RT_F32 && f->layout == RT_ACT_NCHW && f->input_channel_align == 1;
         RT_REQUIRE(nchw_f32 || (ops->act_supported && ops->act_supported(f)), RT_ERR_UNSUPPORTED,
                    "activation format %s %s (input channels padded to %d): not one the %s model backend has",
                    f->dtype == RT_BF16  ? "bf16"

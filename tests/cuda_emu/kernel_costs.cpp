@@ -222,13 +222,14 @@ const entry kTable[] = {
          t.rd(6, c), t.rd(7, c), t.rd(8, c), t.wr(9, c), t.wr(10, c), t.wr(11, 4 * c);
          t.fl(all * (4 + (p.null(2) ? 0 : 1)) + 2 * blocks + 10 * c);
      }},
-    {"bn_dx_kernel", 7, [](const params &p, tally &t) { /* (s, x, act, dy, factors, dx, accumulate) */
+    {"bn_dx_kernel", 8, [](const params &p, tally &t) { /* (s, x, act, dy, factors, dx, accumulate, keep) */
          const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
          const double all = (double)s.n * s.c * s.plane;
          t.rda(1, all, s.bf16), t.rda(2, all, s.bf16), t.rda(3, all, s.bf16), t.rd(4, 4.0 * s.c);
          t.wra(5, all, s.bf16);
          t.fl(all * (5 + (p.null(2) ? 0 : 1)));
          if (p.num(6) != 0) t.rda(5, all, s.bf16), t.fl(all);
+         if (!p.null(7)) t.wra(7, all, s.bf16);
      }},
     {"increment_i64_kernel", 1, [](const params &p, tally &t) { t.rw(0, 1); }},
     {"to_bf16_kernel", 3, [](const params &p, tally &t) { /* (count, x, y) */

@@ -263,10 +263,10 @@ static void test_bn_kernels(void **state) {
     assert_cuda(rt_cuk_bn_forward(g_s, &a, sh, x, NULL, y, false, false));
     expect_op(2, "bn_eval_factors_kernel", 4 * C * F, 2 * C * F);
     expect_op(3, "bn_apply_kernel", N * F + 2 * C * F, N * F);
-    assert_cuda(rt_cuk_bn_backward(g_s, &a, sh, x, y, dy, r, false)); /* through the relu of output y */
+    assert_cuda(rt_cuk_bn_backward(g_s, &a, sh, x, y, dy, r, false, NULL)); /* through the relu of output y */
     expect_op(4, "bn_dsums_kernel", 3 * N * F + part + 3 * C * F, part + 2 * C * F + 4 * C * F);
     expect_op(5, "bn_dx_kernel", 3 * N * F + 4 * C * F, N * F);
-    assert_cuda(rt_cuk_bn_backward(g_s, &a, sh, x, NULL, dy, r, true)); /* no relu, dx accumulated */
+    assert_cuda(rt_cuk_bn_backward(g_s, &a, sh, x, NULL, dy, r, true, NULL)); /* no relu, dx accumulated */
     expect_op(6, "bn_dsums_kernel", 2 * N * F + part + 3 * C * F, part + 2 * C * F + 4 * C * F);
     expect_op(7, "bn_dx_kernel", 3 * N * F + 4 * C * F, N * F);
     assert_int_equal(recorded(), 8);

@@ -20,7 +20,7 @@
 #define CF(p) ((const float *)(p))
 
 bool rt_cpu_act_supported(const rt_act_format *f) {
-    return (f->dtype == RT_F32 && f->layout == RT_ACT_NCHW) ||
+    return (f->dtype == RT_F32 && f->layout == RT_ACT_NCHW && f->input_channel_align == 1) ||
            (f->dtype == RT_BF16 && f->layout == RT_ACT_NCHW_WIDE && f->input_channel_align == 1);
 }
 

@@ -200,7 +200,17 @@ static rt_status cuda_bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int 
     rt_cuk_bn_args a;
     rt_cuk_bn_shape sh;
     RT_CHECK(bn_args(ctx, l, n, &a, &sh));
-    RT_CHECK_CUDA(rt_cuk_bn_backward(stream_of(ctx), &a, sh, x, act, dy, dx, accumulate));
+    RT_CHECK_CUDA(rt_cuk_bn_backward(stream_of(ctx), &a, sh, x, act, dy, dx, accumulate, NULL));
+    return RT_OK;
+}
+
+/* the same, writing dy through the ReLU back into dy in the dx pass (the shortcut's gradient) */
+static rt_status cuda_bn_backward_act_keep(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
+                                           const rt_act *act, rt_act *dy, rt_act *dx, bool accumulate) {
+    rt_cuk_bn_args a;
+    rt_cuk_bn_shape sh;
+    RT_CHECK(bn_args(ctx, l, n, &a, &sh));
+    RT_CHECK_CUDA(rt_cuk_bn_backward(stream_of(ctx), &a, sh, x, act, dy, dx, accumulate, dy));
     return RT_OK;
 }
 
@@ -527,6 +537,7 @@ const rt_model_backend rt_model_backend_cuda = {
     .batchnorm2d_backward = cuda_bn_backward,
     .batchnorm2d_forward_act = cuda_bn_forward_act,
     .batchnorm2d_backward_act = cuda_bn_backward_act,
+    .batchnorm2d_backward_act_keep = cuda_bn_backward_act_keep,
     .relu_forward = cuda_relu_forward,
     .relu_backward = cuda_relu_backward,
     .maxpool2d_forward = cuda_maxpool_forward,

@@ -201,7 +201,8 @@ cudaError_t rt_cuk_bn_forward(cudaStream_t s, const rt_cuk_bn_args *a, rt_cuk_bn
 /* backward of a training forward, dy taken through the ReLU whose output was act (NULL:
  * no ReLU): dweight, dbias written, dx written or accumulated (dx may be dy); 2 launches */
 cudaError_t rt_cuk_bn_backward(cudaStream_t s, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const void *x,
-                               const void *act, const void *dy, void *dx, bool accumulate);
+                               const void *act, const void *dy, void *dx, bool accumulate,
+                               void *keep);
 /* *counter += 1 (num_batches_tracked) */
 cudaError_t rt_cuk_increment_i64(cudaStream_t s, int64_t *counter);
 /* losses: an out-of-range label adds 1 to *bad and makes the loss (and that row's

@@ -554,12 +554,14 @@ static __global__ void bn_dsums_kernel(const bn_shape s, const void *x, const vo
     f[3] = __fmul_rn((float)invstd, (float)(sgx / m));
 }
 
-/* dx may be dy (each element is read before it is written, by the same thread) */
+/* dx may be dy (each element is read before it is written, by the same thread); keep, when
+ * not NULL, gets g (dy through the ReLU: exact in either dtype), and may be dy too */
 static __global__ void bn_dx_kernel(const bn_shape s, const void *x, const void *act, const void *dy,
-                                    const float *factors, void *dx, int accumulate) {
+                                    const float *factors, void *dx, int accumulate, void *keep) {
     GRID_STRIDE(i, bn_count(s)) {
         const float *f = factors + 4 * (size_t)bn_channel_of(s, i);
         const float g = bn_relu_grad(s, act, dy, i);
+        if (keep) act_st(keep, s.bf16, i, g);
         const float xi = act_ld(x, s.bf16, i);
         const float v = __fmul_rn(f[0], __fsub_rn(__fsub_rn(g, f[1]), __fmul_rn(__fsub_rn(xi, f[2]), f[3])));
         act_st(dx, s.bf16, i, accumulate ? __fadd_rn(act_ld(dx, s.bf16, i), v) : v);
@@ -589,7 +591,7 @@ extern "C" cudaError_t rt_cuk_bn_forward(cudaStream_t st, const rt_cuk_bn_args *
 }
 
 extern "C" cudaError_t rt_cuk_bn_backward(cudaStream_t st, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const void *x,
-                                          const void *act, const void *dy, void *dx, bool accumulate) {
+                                          const void *act, const void *dy, void *dx, bool accumulate, void *keep) {
     sh.splits = rt_cuk_bn_splits(sh.n, sh.plane);
     if (bn_count(sh) == 0) return cudaSuccess;
     bn_dsums_kernel<<<dim3((unsigned)sh.c, (unsigned)sh.splits), BN_THREADS, 0, st>>>(
@@ -597,7 +599,8 @@ extern "C" cudaError_t rt_cuk_bn_backward(cudaStream_t st, const rt_cuk_bn_args 
         a->factors);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    bn_dx_kernel<<<grid_for(bn_count(sh)), THREADS, 0, st>>>(sh, x, act, dy, a->factors, dx, accumulate ? 1 : 0);
+    bn_dx_kernel<<<grid_for(bn_count(sh)), THREADS, 0, st>>>(sh, x, act, dy, a->factors, dx, accumulate ? 1 : 0,
+                                                                  keep);
     return cudaGetLastError();
 }
 
