@@ -419,20 +419,22 @@ static rt_status bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, co
 }
 
 static rt_status bn_backward_act_keep(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
-                                      const rt_act *act, rt_act *dy, rt_act *dx, bool accumulate) {
+                                      const rt_act *act, const rt_act *dy, rt_act *g, rt_act *dx, bool accumulate) {
     if (!bn_synced(ctx) && ctx->ops->batchnorm2d_backward_act_keep)
-        return ctx->ops->batchnorm2d_backward_act_keep(ctx, l, n, x, act, dy, dx, accumulate);
-    RT_CHECK(rt_relu_backward(ctx, (size_t)n * l->c * l->h * l->w, act, dy, dy));
-    return rt_batchnorm2d_backward(ctx, l, n, x, dy, dx, accumulate);
+        return ctx->ops->batchnorm2d_backward_act_keep(ctx, l, n, x, act, dy, g, dx, accumulate);
+    RT_CHECK(rt_relu_backward(ctx, (size_t)n * l->c * l->h * l->w, act, dy, g));
+    return rt_batchnorm2d_backward(ctx, l, n, x, g, dx, accumulate);
 }
 
 rt_status rt_batchnorm2d_backward_act_keep(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
-                                           const rt_act *act, rt_act *dy, rt_act *dx, bool accumulate) {
+                                           const rt_act *act, const rt_act *dy, rt_act *g, rt_act *dx,
+                                           bool accumulate) {
     RT_CHECK(bn_backward_check(l, n, x, dy, dx));
-    RT_REQUIRE(act, RT_ERR_INVALID, "batchnorm2d backward through relu: NULL relu output");
-    RT_REQUIRE(dx != dy, RT_ERR_INVALID, "batchnorm2d backward: dx aliases dy, which keeps the relu's gradient");
-    TIMED(ctx, bn_backward_act_keep(ctx, l, n, x, act, dy, dx, accumulate), l, "batchnorm2d+relu", RT_PROF_BACKWARD,
-          (size_t)n, 0, BN_SHAPE, BN_ARGS(l, n));
+    RT_REQUIRE(act && g, RT_ERR_INVALID, "batchnorm2d backward through relu: NULL relu output or kept gradient");
+    RT_REQUIRE(dx != dy && dx != g, RT_ERR_INVALID,
+               "batchnorm2d backward: dx aliases dy or the kept gradient (it must stay apart)");
+    TIMED(ctx, bn_backward_act_keep(ctx, l, n, x, act, dy, g, dx, accumulate), l, "batchnorm2d+relu",
+          RT_PROF_BACKWARD, (size_t)n, 0, BN_SHAPE, BN_ARGS(l, n));
 }
 
 rt_status rt_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,

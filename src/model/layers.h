@@ -153,12 +153,14 @@ rt_status rt_batchnorm2d_forward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n
 rt_status rt_batchnorm2d_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
                                       rt_act *dy, rt_act *dx, bool accumulate);
 
-/* rt_batchnorm2d_backward_act that also leaves dy holding the ReLU's backward (dy where
- * act > 0, else 0): the gradient a residual block's shortcut takes. A backend with the
- * fused op writes it back in the pass that computes dx (one write more, no read more);
- * without it: the ReLU's backward in place, then batch norm's backward. */
+/* rt_batchnorm2d_backward_act that also writes the ReLU's backward (dy where act > 0, else
+ * 0) into g (written; g may be dy): the gradient a residual block's shortcut takes. A
+ * backend with the fused op writes g in its pass over dy for the sums and its dx pass
+ * reads g instead of dy and act (one read fewer than backward_act, one write more); without
+ * it: the ReLU's backward into g, then batch norm's backward of g. dx may alias neither. */
 rt_status rt_batchnorm2d_backward_act_keep(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
-                                           const rt_act *act, rt_act *dy, rt_act *dx, bool accumulate);
+                                           const rt_act *act, const rt_act *dy, rt_act *g, rt_act *dx,
+                                           bool accumulate);
 
 /* relu over `count` elements; y may be x. Backward from the output: dx = dy * (y > 0);
  * dx may be dy. The _f32 pair works on fp32 features. */

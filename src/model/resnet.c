@@ -163,18 +163,18 @@ static rt_status block_forward(rt_model_ctx *ctx, basic_block *b, int n, const r
 /* gout: gradient of the block output (n, out) - overwritten; gin: gradient of the block
  * input, written */
 static rt_status block_backward(rt_model_ctx *ctx, resnet *r, basic_block *b, int n, rt_act *gout, rt_act *gin) {
-    const size_t cnt = (size_t)n * b->out_count;
     const rt_act *x = b->x;
-    /* gout becomes the ReLU's backward (the shortcut's gradient) as bn2's backward runs */
-    RT_CHECK(rt_batchnorm2d_backward_act_keep(ctx, &b->bn2, n, b->c2, b->out, gout, r->t1, false));
+    /* the ReLU's backward g (the shortcut's gradient) is kept as bn2's backward runs: in gout
+     * (in place) for the downsample's batch norm, or written straight into gin, which the
+     * identity shortcut's gradient is, and which conv1's backward then adds to */
+    RT_CHECK(rt_batchnorm2d_backward_act_keep(ctx, &b->bn2, n, b->c2, b->out, gout, b->has_ds ? gout : gin, r->t1,
+                                              false));
     RT_CHECK(rt_conv2d_backward(ctx, &b->conv2, n, b->a1, r->t1, r->t2, false));
     RT_CHECK(rt_batchnorm2d_backward_act(ctx, &b->bn1, n, b->c1, b->a1, r->t2, r->t1, false));
-    RT_CHECK(rt_conv2d_backward(ctx, &b->conv1, n, x, r->t1, gin, false));
+    RT_CHECK(rt_conv2d_backward(ctx, &b->conv1, n, x, r->t1, gin, !b->has_ds));
     if (b->has_ds) {
         RT_CHECK(rt_batchnorm2d_backward(ctx, &b->ds_bn, n, b->dsc, gout, r->t2, false));
         RT_CHECK(rt_conv2d_backward(ctx, &b->ds_conv, n, x, r->t2, gin, true));
-    } else {
-        RT_CHECK(rt_add_backward(ctx, cnt, gout, gin));
     }
     return RT_OK;
 }

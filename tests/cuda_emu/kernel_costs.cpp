@@ -214,22 +214,22 @@ const entry kTable[] = {
          t.rda(1, all, s.bf16), t.rda(2, all, s.bf16), t.rd(3, 2.0 * s.c), t.wra(4, all, s.bf16);
          t.fl(all * (2 + (p.null(2) ? 0 : 1) + (p.num(5) != 0 ? 1 : 0)));
      }},
-    {"bn_dsums_kernel", 12, [](const params &p, tally &t) {
-         /* (s, x, act, dy, partial, tickets, weight, save_mean, save_invstd, dweight, dbias, factors) */
+    {"bn_dsums_kernel", 13, [](const params &p, tally &t) {
+         /* (s, x, act, dy, partial, tickets, weight, save_mean, save_invstd, dweight, dbias, factors, keep) */
          const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
          const double all = (double)s.n * s.c * s.plane, c = s.c, blocks = c * s.splits;
          t.rda(1, all, s.bf16), t.rda(2, all, s.bf16), t.rda(3, all, s.bf16), t.rw(4, 2 * blocks), t.rw(5, blocks);
          t.rd(6, c), t.rd(7, c), t.rd(8, c), t.wr(9, c), t.wr(10, c), t.wr(11, 4 * c);
          t.fl(all * (4 + (p.null(2) ? 0 : 1)) + 2 * blocks + 10 * c);
+         if (!p.null(12)) t.wra(12, all, s.bf16);
      }},
-    {"bn_dx_kernel", 8, [](const params &p, tally &t) { /* (s, x, act, dy, factors, dx, accumulate, keep) */
+    {"bn_dx_kernel", 7, [](const params &p, tally &t) { /* (s, x, act, dy, factors, dx, accumulate) */
          const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
          const double all = (double)s.n * s.c * s.plane;
          t.rda(1, all, s.bf16), t.rda(2, all, s.bf16), t.rda(3, all, s.bf16), t.rd(4, 4.0 * s.c);
          t.wra(5, all, s.bf16);
          t.fl(all * (5 + (p.null(2) ? 0 : 1)));
          if (p.num(6) != 0) t.rda(5, all, s.bf16), t.fl(all);
-         if (!p.null(7)) t.wra(7, all, s.bf16);
      }},
     {"increment_i64_kernel", 1, [](const params &p, tally &t) { t.rw(0, 1); }},
     {"to_bf16_kernel", 3, [](const params &p, tally &t) { /* (count, x, y) */

@@ -302,9 +302,9 @@ static void bn_act_case(int max_n, int n, int C, int H, int W, bool residual, bo
         memcpy(cdy, hdy, cnt * sizeof(float));
         gt_upload(gdy, hdy, cnt * sizeof(float)), gt_poison(gdx, cnt * sizeof(float));
         assert_rt_ok(rt_batchnorm2d_backward_act_keep(g_cpu, &P.c, n, (rt_act *)hx, (rt_act *)cy, (rt_act *)cdy,
-                                                      (rt_act *)cdx, false));
+                                                      (rt_act *)cdy, (rt_act *)cdx, false));
         assert_rt_ok(rt_batchnorm2d_backward_act_keep(g_gpu, &P.g, n, (rt_act *)gx, (rt_act *)gact, (rt_act *)gdy,
-                                                      (rt_act *)gdx, false));
+                                                      (rt_act *)gdy, (rt_act *)gdx, false));
         gt_check_dev("  dx through relu (keep)", cdx, gdx, cnt, TOL_GRAD);
         gt_check_exact("  dy kept through the relu", cdy, gdy, cnt);
         free(cdy);

@@ -204,13 +204,14 @@ static rt_status cuda_bn_backward_act(rt_model_ctx *ctx, rt_batchnorm2d *l, int 
     return RT_OK;
 }
 
-/* the same, writing dy through the ReLU back into dy in the dx pass (the shortcut's gradient) */
+/* the same, writing dy through the ReLU into g in the sums' pass (the shortcut's gradient) */
 static rt_status cuda_bn_backward_act_keep(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
-                                           const rt_act *act, rt_act *dy, rt_act *dx, bool accumulate) {
+                                           const rt_act *act, const rt_act *dy, rt_act *g, rt_act *dx,
+                                           bool accumulate) {
     rt_cuk_bn_args a;
     rt_cuk_bn_shape sh;
     RT_CHECK(bn_args(ctx, l, n, &a, &sh));
-    RT_CHECK_CUDA(rt_cuk_bn_backward(stream_of(ctx), &a, sh, x, act, dy, dx, accumulate, dy));
+    RT_CHECK_CUDA(rt_cuk_bn_backward(stream_of(ctx), &a, sh, x, act, dy, dx, accumulate, g));
     return RT_OK;
 }
 

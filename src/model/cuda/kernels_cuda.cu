@@ -526,9 +526,12 @@ static __device__ __forceinline__ float bn_relu_grad(const bn_shape s, const voi
     return act && !(act_ld(act, s.bf16, o) > 0.0f) ? 0.0f : act_ld(dy, s.bf16, o);
 }
 
+/* keep, when not NULL, gets g (dy through the ReLU: exact in either dtype; it may be dy: each
+ * element is read, then written, by the one thread that owns it) */
 static __global__ void bn_dsums_kernel(const bn_shape s, const void *x, const void *act, const void *dy,
                                        double *partial, int *tickets, const float *weight, const float *save_mean,
-                                       const float *save_invstd, float *dweight, float *dbias, float *factors) {
+                                       const float *save_invstd, float *dweight, float *dbias, float *factors,
+                                       void *keep) {
     __shared__ double sa[BN_THREADS], sb[BN_THREADS];
     const int c = blockIdx.x;
     const double mean = save_mean[c];
@@ -538,6 +541,7 @@ static __global__ void bn_dsums_kernel(const bn_shape s, const void *x, const vo
     for (size_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
         const size_t o = bn_at(s, c, j);
         const double g = bn_relu_grad(s, act, dy, o);
+        if (keep) act_st(keep, s.bf16, o, (float)g);
         s1 += g;
         s2 = __fma_rn(g, (double)act_ld(x, s.bf16, o) - mean, s2);
     }
@@ -554,14 +558,12 @@ static __global__ void bn_dsums_kernel(const bn_shape s, const void *x, const vo
     f[3] = __fmul_rn((float)invstd, (float)(sgx / m));
 }
 
-/* dx may be dy (each element is read before it is written, by the same thread); keep, when
- * not NULL, gets g (dy through the ReLU: exact in either dtype), and may be dy too */
+/* dx may be dy (each element is read before it is written, by the same thread) */
 static __global__ void bn_dx_kernel(const bn_shape s, const void *x, const void *act, const void *dy,
-                                    const float *factors, void *dx, int accumulate, void *keep) {
+                                    const float *factors, void *dx, int accumulate) {
     GRID_STRIDE(i, bn_count(s)) {
         const float *f = factors + 4 * (size_t)bn_channel_of(s, i);
         const float g = bn_relu_grad(s, act, dy, i);
-        if (keep) act_st(keep, s.bf16, i, g);
         const float xi = act_ld(x, s.bf16, i);
         const float v = __fmul_rn(f[0], __fsub_rn(__fsub_rn(g, f[1]), __fmul_rn(__fsub_rn(xi, f[2]), f[3])));
         act_st(dx, s.bf16, i, accumulate ? __fadd_rn(act_ld(dx, s.bf16, i), v) : v);
@@ -596,11 +598,12 @@ extern "C" cudaError_t rt_cuk_bn_backward(cudaStream_t st, const rt_cuk_bn_args 
     if (bn_count(sh) == 0) return cudaSuccess;
     bn_dsums_kernel<<<dim3((unsigned)sh.c, (unsigned)sh.splits), BN_THREADS, 0, st>>>(
         sh, x, act, dy, a->partial, a->tickets, a->weight, a->save_mean, a->save_invstd, a->dweight, a->dbias,
-        a->factors);
+        a->factors, keep);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    bn_dx_kernel<<<grid_for(bn_count(sh)), THREADS, 0, st>>>(sh, x, act, dy, a->factors, dx, accumulate ? 1 : 0,
-                                                                  keep);
+    /* with keep, the dx pass reads g (kept) instead of dy and act: one read fewer */
+    bn_dx_kernel<<<grid_for(bn_count(sh)), THREADS, 0, st>>>(sh, x, keep ? NULL : act, keep ? keep : dy, a->factors, dx,
+                                                              accumulate ? 1 : 0);
     return cudaGetLastError();
 }
 

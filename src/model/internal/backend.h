@@ -77,10 +77,11 @@ typedef struct rt_model_backend {
     rt_status (*batchnorm2d_backward_act)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
                                           const rt_act *dy, rt_act *dx, bool accumulate);
 
-    /* optional (NULL: relu backward in place, then batchnorm2d_backward): backward_act that
-     * also writes dy * (act > 0) back into dy (rt_batchnorm2d_backward_act_keep) */
+    /* optional (NULL: relu backward into g, then batchnorm2d_backward): backward_act that
+     * also writes dy * (act > 0) into g (rt_batchnorm2d_backward_act_keep) */
     rt_status (*batchnorm2d_backward_act_keep)(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x,
-                                               const rt_act *act, rt_act *dy, rt_act *dx, bool accumulate);
+                                               const rt_act *act, const rt_act *dy, rt_act *g, rt_act *dx,
+                                               bool accumulate);
 
     /* optional, synchronised batch norm (rt_model_ctx_set_bn_sync; NULL: unsupported), the
      * pieces layers.c composes around ctx->bn_sync.all_reduce, C = l->c channels:
