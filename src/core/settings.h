@@ -92,9 +92,10 @@ typedef enum rt_setting_group {
     X(CUDNN_LAYOUT, "RINGTRAIN_CUDNN_LAYOUT", CHOICE, "auto", 0, 0, "auto|nchw", USER,                                 \
       "GPU bf16 convolutions: auto (NHWC copies where both channel counts are multiples of 8) or nchw (for "           \
       "measurements)")                                                                                                 \
-    X(ACT_LAYOUT, "RINGTRAIN_ACT_LAYOUT", CHOICE, "auto", 0, 0, "auto|nchw", USER,                                     \
-      "GPU activations between layers: auto (NHWC, bf16 under bf16; fp32 NCHW under fp32) or nchw (fp32 NCHW under "  \
-      "every precision, for measurements)")                                                                            \
+    X(ACT_LAYOUT, "RINGTRAIN_ACT_LAYOUT", CHOICE, "auto", 0, 0, "auto|nchw|oracle", USER,                             \
+      "activations between layers: auto (GPU: NHWC, bf16 under bf16; fp32 NCHW under fp32), nchw (GPU: fp32 NCHW "    \
+      "under every precision, for measurements) or oracle (CPU under bf16: fp32 NCHW holding bf16-rounded values, "    \
+      "the CPU oracle of the GPU's bf16 format, for tests)")                                                           \
     X(COST_CALIBRATION, "RINGTRAIN_COST_CALIBRATION", STRING, "", 0, 0, NULL, USER,                                   \
       "bench model on the emulated GPUs: the cost calibration of the modelled step time (default: the newest "         \
       "bench/results/gpu-cost-calibration-*.json of the source tree; docs/gpu.md)")                                    \

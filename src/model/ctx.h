@@ -44,7 +44,7 @@ typedef struct rt_conv_algo {
     int precision;                                /* the rt_precision it was chosen under */
     int fwd, bwd_data, bwd_filter;                /* algorithms */
     int fwd_math, bwd_data_math, bwd_filter_math; /* math types */
-    int nhwc;                                     /* 1: chosen for NHWC bf16 copies (CUDA bf16) */
+    int nhwc;                                     /* 1: chosen for NHWC tensors (CUDA tf32/bf16 formats, bf16 copies) */
 } rt_conv_algo;
 
 #define RT_CONV_ALGOS_MAX 64 /* distinct convolution shapes of one model (ResNet34: 13) */

@@ -123,7 +123,11 @@ void rt_conv2d_weights_release(rt_model_ctx *ctx, void *state);
 
 /* ---- forward / backward ------------------------------------------------------------- */
 
-/* conv2d: x (n, in_c, in_h, in_w) -> y (n, out_c, out_h, out_w) */
+/* conv2d: x (n, in_c, in_h, in_w) -> y (n, out_c, out_h, out_w). On CUDA under bf16 a batch
+ * n < max_n runs at the prepared max_n (cuDNN refused a smaller batch's backward-filter on
+ * an H200: conv_cuda.c pad_tail), so there x, y, dy and dx must hold max_n images: the
+ * backward writes zeros into the tails of x and dy (the model's activations are allocated
+ * for its max_batch). */
 rt_status rt_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, rt_act *y);
 /* writes dweight (and dbias); dx (n, in_c, in_h, in_w) written or accumulated, or NULL.
  * x must be the (unchanged) input of this layer's last forward with the same n, and the

@@ -41,7 +41,7 @@ typedef struct basic_block {
     rt_conv2d conv1, conv2, ds_conv;
     rt_batchnorm2d bn1, bn2, ds_bn;
     bool has_ds;
-    size_t in_count, out_count; /* floats per image */
+    size_t in_count, out_count; /* elements per image */
     const rt_act *x;            /* input of the last forward */
     rt_act *c1, *a1, *c2, *out, *dsc, *dsb;
 } basic_block;

@@ -1,5 +1,5 @@
 # tests/emu/train_emu.sh: ringtrain train / eval on emulated GPUs against the CPU
-foreach(_c nccl shared three eval cross kill syncs nonfinite recipes compress syncbn)
+foreach(_c nccl shared three eval cross kill syncs nonfinite recipes compress syncbn bf16)
   add_test(NAME emu_train_${_c} COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train_emu.sh $<TARGET_FILE:ringtrain> ${_c})
   set_tests_properties(emu_train_${_c} PROPERTIES LABELS emu SKIP_RETURN_CODE 77 TIMEOUT 600)
 endforeach()

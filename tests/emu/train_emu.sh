@@ -143,6 +143,49 @@ nccl)
   compare_runs res-gpu res-cpu "ResNet: 2 ranks on 2 emulated GPUs differ from the CPU run" res-cpu2
   echo "ok: 2 ranks on 2 GPUs over NCCL = the CPU run ($(final_acc net-gpu) vs $(final_acc net-cpu))"
   ;;
+bf16)
+  # The bf16 activation format (issue 41): activations and their gradients stored in bf16
+  # NHWC on the GPUs; the CPU's oracle (RINGTRAIN_ACT_LAYOUT=oracle) stores them rounded to
+  # bf16 at the same points, so the runs differ only in summation orders, as a second CPU
+  # run with the other convolution implementation (im2col) differs from the first: the
+  # reference drift compare_runs bounds them by.
+  b=(train.precision=bf16)
+  rb=("${resnet[@]}" "${b[@]}" train.max_steps=2) # 2 steps: tiny per-rank batches make later steps chaotic
+  RINGTRAIN_ACT_LAYOUT=oracle train res-cpu "${rb[@]}" train.device=cpu dist.nproc=2
+  RINGTRAIN_ACT_LAYOUT=oracle RINGTRAIN_CONV=im2col train res-cpu2 "${rb[@]}" train.device=cpu \
+    dist.nproc=2
+  RINGTRAIN_LOG_LEVEL=debug train res-gpu "${rb[@]}" train.device=cuda dist.nproc=2
+  grep -q "transport nccl" "$tmp/res-gpu.err" || fail "the GPU run did not use the nccl transport"
+  compare_runs res-gpu res-cpu "ResNet bf16: 2 ranks on 2 emulated GPUs differ from the CPU oracle" res-cpu2
+  CUDA_VISIBLE_DEVICES=0 train res-gpu1 "${rb[@]}" train.device=cuda dist.nproc=2
+  compare_runs res-gpu1 res-gpu "ResNet bf16: 2 ranks on 1 GPU differ from 2 ranks on 2 GPUs" bit
+  RINGTRAIN_ACT_LAYOUT=oracle train res-cpu3 "${rb[@]}" data.batch_size=30 train.device=cpu dist.nproc=3
+  RINGTRAIN_ACT_LAYOUT=oracle RINGTRAIN_CONV=im2col train res-cpu3b "${rb[@]}" data.batch_size=30 \
+    train.device=cpu dist.nproc=3
+  train res-gpu3 "${rb[@]}" data.batch_size=30 train.device=cuda dist.nproc=3
+  compare_runs res-gpu3 res-cpu3 "ResNet bf16: 3 ranks on 2 GPUs differ from the CPU oracle" res-cpu3b
+  # Net: channels 10 and 20, the flatten at its head converts bf16 NHWC into fp32 features
+  RINGTRAIN_ACT_LAYOUT=oracle train net-cpu "${net[@]}" "${b[@]}" train.epochs=1 train.device=cpu dist.nproc=2
+  RINGTRAIN_ACT_LAYOUT=oracle RINGTRAIN_CONV=im2col train net-cpu2 "${net[@]}" "${b[@]}" train.epochs=1 \
+    train.device=cpu dist.nproc=2
+  train net-gpu "${net[@]}" "${b[@]}" train.epochs=1 train.device=cuda dist.nproc=2
+  compare_runs net-gpu net-cpu "Net bf16: 2 emulated GPUs differ from the CPU oracle" net-cpu2
+  # a bf16 GPU checkpoint resumes in fp32 on the CPU, and a CPU fp32 one in bf16 on the GPUs
+  train g2c "${net[@]}" "${b[@]}" train.device=cuda dist.nproc=2 checkpoint.every_epochs=1 train.epochs=1
+  train g2c "${net[@]}" train.device=cpu dist.nproc=2 checkpoint.every_epochs=1
+  grep -q "resuming from" "$tmp/g2c.out" || fail "bf16 GPU -> fp32 CPU: did not resume"
+  train c2g "${net[@]}" train.device=cpu dist.nproc=2 checkpoint.every_epochs=1 train.epochs=1
+  train c2g "${net[@]}" "${b[@]}" train.device=cuda dist.nproc=2 checkpoint.every_epochs=1
+  grep -q "resuming from" "$tmp/c2g.out" || fail "fp32 CPU -> bf16 GPU: did not resume"
+  for r in g2c c2g; do
+    /usr/bin/python3 -c "
+import json, math, sys
+l = [r['loss'] for r in map(json.loads, open(sys.argv[1])) if r.get('kind') == 'step']
+assert len(l) >= 16 and all(math.isfinite(x) for x in l) and l[-1] < l[0], l
+" "$tmp/$r/metrics.jsonl" || fail "$r: the resumed run's losses are not finite or did not fall"
+  done
+  echo "ok: bf16 NHWC on 2 GPUs (nccl), 1 GPU (staging) and 3 ranks on 2 GPUs = the CPU oracle; checkpoints cross bf16 GPU <-> fp32 CPU ($(final_acc g2c), $(final_acc c2g))"
+  ;;
 syncbn)
   sb=("${resnet[@]}" model.sync_bn=true dist.nproc=2)
   train sb-cpu "${sb[@]}" train.device=cpu

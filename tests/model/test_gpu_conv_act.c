@@ -80,9 +80,12 @@ static int teardown(void **state) {
 static bool is16(const rt_model_ctx *ctx) { return ctx->act.dtype == RT_BF16; }
 
 /* fp32 NCHW (n, c, plane) -> a device buffer in ctx's format with sc channels (zeros past c) */
+/* n images uploaded, followed by 2 images of NaN (0xff bytes): the buffers hold max_n
+ * images (layers.h), and bf16 runs a smaller batch at max_n over zeroed tails */
 static void *act_up(rt_model_ctx *ctx, const float *h, int n, int c, size_t plane, int sc) {
-    const size_t es = is16(ctx) ? 2 : 4, total = (size_t)n * sc * plane;
+    const size_t es = is16(ctx) ? 2 : 4, total = (size_t)(n + 2) * sc * plane;
     unsigned char *b = calloc(total, es);
+    memset(b + (size_t)n * sc * plane * es, 0xff, 2 * (size_t)sc * plane * es);
     for (int i = 0; i < n; i++)
         for (int ch = 0; ch < c; ch++)
             for (size_t p = 0; p < plane; p++) {
@@ -258,8 +261,9 @@ static void conv_run(const conv_sides *S, int n, const char *name) {
     float *ax = rounded(hx, xn, false, true), *ady = rounded(hdy, yn, false, true);
     float *cy = rt_test_nans(yn), *cdx = rt_test_nans(xn), *ay = rt_test_nans(yn), *adx = rt_test_nans(xn);
     void *gx = act_up(gctx, hx, n, lc->in_c, xp, xc), *gdy = act_up(gctx, hdy, n, lc->out_c, yp, lc->out_c);
-    void *gy = gt_dev(yn * 4), *gdx = gt_dev((size_t)n * xc * xp * 4);
-    gt_poison(gy, yn * 4), gt_poison(gdx, (size_t)n * xc * xp * 4);
+    const size_t yn2 = (size_t)(n + 2) * lc->out_c * yp, dxn2 = (size_t)(n + 2) * xc * xp; /* max_n images */
+    void *gy = gt_dev(yn2 * 4), *gdx = gt_dev(dxn2 * 4);
+    gt_poison(gy, yn2 * 4), gt_poison(gdx, dxn2 * 4);
     gt_poison(rt_tensor_data(&lg->dweight), wn * 4);
     if (lc->has_bias) gt_poison(rt_tensor_data(&lg->dbias), (size_t)lc->out_c * 4);
 

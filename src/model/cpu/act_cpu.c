@@ -13,11 +13,21 @@
  * and fp32 features (avgpool's output, flatten's) are not rounded. A call on features or
  * fp32 gradients says so by its dtype (RT_F32) or format, and is never rounded. */
 #include "model/cpu/cpu_internal.h"
+#include "core/settings.h"
 
 #include <string.h>
 
 #define F(p) ((float *)(p))
 #define CF(p) ((const float *)(p))
+
+/* fp32 NCHW, or under bf16 with RINGTRAIN_ACT_LAYOUT=oracle the oracle of the GPU's bf16
+ * format (a run of `ringtrain train` compared with a GPU's: tests/emu/train_emu.sh bf16) */
+void rt_cpu_act_format(rt_precision precision, rt_act_format *f) {
+    int choice = 0; /* auto | nchw | oracle: a bad value is cpu_ctx_init's error */
+    if (rt_setting_choice(RT_SET_ACT_LAYOUT, &choice) != RT_OK) choice = 0;
+    *f = choice == 2 && precision == RT_PRECISION_BF16 ? (rt_act_format){RT_BF16, RT_ACT_NCHW_WIDE, 1}
+                                                       : (rt_act_format){RT_F32, RT_ACT_NCHW, 1};
+}
 
 bool rt_cpu_act_supported(const rt_act_format *f) {
     return (f->dtype == RT_F32 && f->layout == RT_ACT_NCHW && f->input_channel_align == 1) ||
@@ -95,9 +105,15 @@ static size_t bn_count(const rt_batchnorm2d *l, int n) { return (size_t)n * l->c
 rt_status rt_cpu_act_conv2d_forward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, rt_act *y) {
     return stored_act(ctx, rt_cpu_conv2d_forward(ctx, l, n, CF(x), F(y)), conv_y_count(l, n), y);
 }
+/* The weight gradient too under precision bf16: cuDNN's bf16 backward-filter stores dW in
+ * bf16 (conv_cuda.c), which the GPU then widens exactly; the oracle rounds the CPU's fp32 dW
+ * the same way (db stays fp32 on both) */
 rt_status rt_cpu_act_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const rt_act *x, const rt_act *dy,
                                      rt_act *dx, bool accumulate) {
-    return stored_act(ctx, rt_cpu_conv2d_backward(ctx, l, n, CF(x), CF(dy), F(dx), accumulate), conv_x_count(l, n), dx);
+    rt_status st = rt_cpu_conv2d_backward(ctx, l, n, CF(x), CF(dy), F(dx), accumulate);
+    if (ctx->precision == RT_PRECISION_BF16)
+        st = stored_act(ctx, st, (size_t)rt_tensor_numel(&l->dweight), (rt_act *)rt_tensor_data(&l->dweight));
+    return stored_act(ctx, st, conv_x_count(l, n), dx);
 }
 rt_status rt_cpu_act_bn_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, rt_act *y,
                                 bool training) {

@@ -63,6 +63,7 @@ static rt_status cpu_ctx_init(rt_model_ctx *ctx) {
     int64_t blas_threads = 1;    /* RINGTRAIN_BLAS_THREADS */
     int dnnl_choice = 0;         /* oneDNN's settings, read again by each convolution: */
     RT_CHECK(rt_setting_choice(RT_SET_CONV, &impl));
+    RT_CHECK(rt_setting_choice(RT_SET_ACT_LAYOUT, &dnnl_choice)); /* RINGTRAIN_ACT_LAYOUT (rt_cpu_act_format) */
     /* checked here, so a bad value is this call's error, never a silent im2col fallback
      * (the auto mode falls back when oneDNN cannot take a convolution) */
     RT_CHECK(rt_setting_choice(RT_SET_DNNL_BWW, &dnnl_choice));
@@ -129,7 +130,7 @@ const rt_model_backend rt_model_backend_cpu = {
     .ctx_release = cpu_ctx_release,
     .host_parallel = cpu_host_parallel,
     .memory = NULL, /* host memory only: rt_model_ctx_memory answers 0 and 0 */
-    .act_format = NULL, /* fp32 NCHW */
+    .act_format = rt_cpu_act_format, /* fp32 NCHW; the bf16 oracle with RINGTRAIN_ACT_LAYOUT=oracle */
     .act_supported = rt_cpu_act_supported, /* and the bf16 oracle (act_cpu.c) */
     .act_from_nchw = rt_cpu_act_from_nchw,
     .act_to_nchw = rt_cpu_act_to_nchw,

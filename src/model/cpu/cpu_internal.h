@@ -85,6 +85,7 @@ rt_status rt_cpu_linear_backward_bf16(rt_model_ctx *ctx, rt_linear *l, int n, co
 /* act_cpu.c: the table's entries over rt_act (fp32 NCHW, or bf16 values held in fp32 NCHW: the oracle) */
 /* the CPU's formats: fp32 NCHW and the bf16 oracle (fp32 NCHW storage, stores rounded) */
 bool rt_cpu_act_supported(const rt_act_format *f);
+void rt_cpu_act_format(rt_precision precision, rt_act_format *f);
 /* whether the context's activations are the bf16 oracle's (every store rounded to bf16) */
 bool rt_cpu_act_rounds(const rt_model_ctx *ctx);
 rt_status rt_cpu_act_from_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src,

@@ -349,7 +349,7 @@ static rt_status cuda_linear_backward(rt_model_ctx *ctx, rt_linear *l, int n, co
 static void cuda_act_format(rt_precision precision, rt_act_format *f) {
     int choice = 0; /* auto | nchw */
     if (rt_setting_choice(RT_SET_ACT_LAYOUT, &choice) != RT_OK) choice = 0; /* checked at ctx_init */
-    if (choice == 1 || precision == RT_PRECISION_FP32)
+    if (choice == 1 || precision == RT_PRECISION_FP32) /* nchw; auto and oracle (a CPU choice) alike here */
         *f = (rt_act_format){RT_F32, RT_ACT_NCHW, 1};
     else if (precision == RT_PRECISION_BF16)
         *f = (rt_act_format){RT_BF16, RT_ACT_NHWC, 8};

@@ -858,8 +858,9 @@ static rt_status shape_for(rt_model_ctx *ctx, rt_conv2d *l, int n, conv_shape **
     conv_priv *p = l->priv;
     RT_REQUIRE(p != NULL, RT_ERR_INVALID, "conv2d on cuda: layer not prepared (rt_conv2d_prepare)");
     RT_REQUIRE(n <= p->max_n, RT_ERR_INVALID, "conv2d: batch %d larger than the prepared %d", n, p->max_n);
-    /* bf16 runs every batch at max_n: its copies are padded with zero images (pad_tail) */
-    if (n == p->max_n || (p->dtype == CUDNN_DATA_BFLOAT16 && !p->act_nhwc)) {
+    /* bf16 runs every batch at max_n: its copies are padded with zero images (pad_tail), its
+     * bf16 activations get zero tails (zero_tails) */
+    if (n == p->max_n || p->dtype == CUDNN_DATA_BFLOAT16) {
         *out = &p->full;
         return RT_OK;
     }
@@ -915,6 +916,16 @@ static rt_status bf16_ready(const rt_model_ctx *ctx, const rt_conv2d *l, const c
 static rt_status pad_tail(cudaStream_t st, uint16_t *b, int n, int max_n, size_t elems) {
     if (n < max_n)
         RT_CHECK_CUDA(cudaMemsetAsync(b + (size_t)n * elems, 0, sizeof *b * (size_t)(max_n - n) * elems, st));
+    return RT_OK;
+}
+
+/* The same for bf16 activations (shape_for runs them at max_n too): the backward's x and dy
+ * get max_n - n zero images after their n (the buffers hold max_n images: layers.h; a tail
+ * may hold anything, NaN included, and 0 * NaN would reach dW), and dx gets zeros there */
+static rt_status zero_tail(cudaStream_t st, const conv_priv *p, int n, size_t per_image, const void *b) {
+    if (p->dtype == CUDNN_DATA_BFLOAT16 && n < p->max_n)
+        RT_CHECK_CUDA(cudaMemsetAsync((char *)b + (size_t)n * per_image * sizeof(uint16_t), 0,
+                                      (size_t)(p->max_n - n) * per_image * sizeof(uint16_t), st));
     return RT_OK;
 }
 
@@ -1088,6 +1099,8 @@ static rt_status backward_act(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, in
         RT_CHECK(relayout(ctx, p, n, p->xc, xplane, false, x, (void *)xin));
         RT_CHECK(relayout(ctx, p, n, l->out_c, yplane, false, dy, (void *)dyin));
     }
+    RT_CHECK(zero_tail(st, p, n, (size_t)p->xc * xplane, xin));
+    RT_CHECK(zero_tail(st, p, n, (size_t)l->out_c * yplane, dyin));
     const float one = 1.0f, zero = 0.0f;
     RT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(h, &one, s->x, xin, s->y, dyin, p->conv_bwd_filter, s->bwd_filter,
                                                   dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), &zero, p->w, dwc));
@@ -1214,7 +1227,11 @@ rt_status rt_cuda_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls
     cudaError_t e = cudaSuccess;
     if (st == RT_OK) e = cudaMalloc(&w->copies, bytes);
     if (st == RT_OK && e == cudaSuccess) e = cudaMalloc((void **)&w->table, sizeof *t * (size_t)n);
-    if (st == RT_OK && e == cudaSuccess) e = cudaMemcpy(w->table, t, sizeof *t * (size_t)n, cudaMemcpyHostToDevice);
+    /* on the model's stream, then waited for: a pageable cudaMemcpy may return before the
+     * copy lands, and the refresh runs on the non-blocking model stream (DESIGN.md, Streams) */
+    if (st == RT_OK && e == cudaSuccess)
+        e = cudaMemcpyAsync(w->table, t, sizeof *t * (size_t)n, cudaMemcpyHostToDevice, cuda_state(ctx)->stream);
+    if (st == RT_OK && e == cudaSuccess) e = cudaStreamSynchronize(cuda_state(ctx)->stream);
     if (st == RT_OK && e != cudaSuccess)
         st = RT_ERROR(RT_ERR_CUDA, "conv2d weight copies of %d layers (%zu bytes): %s", n, bytes, cudaGetErrorString(e));
     free(t);
