@@ -274,10 +274,11 @@ static void within(const char *what, double e, double e_ac) {
     if (!(e <= 3 * e_ac)) fail_msg("%s: ours vs autocast %.3g > 3 x autocast's own error %.3g", what, e, e_ac);
 }
 
-static void test_resnet18_step(void **state) {
-    (void)state;
+/* the step in activation format fmt (NULL: fp32 NCHW, the CPU's own) */
+static void resnet18_step(const rt_act_format *fmt) {
     rt_model_ctx *ctx = NULL;
-    rt_model_ctx_options o = {.device = rt_device_cpu(), .threads = 2, .precision = RT_PRECISION_BF16};
+    rt_model_ctx_options o = {.device = rt_device_cpu(), .threads = 2, .precision = RT_PRECISION_BF16,
+                              .act_format = fmt};
     assert_rt_ok(rt_model_ctx_create(&o, &ctx));
     rt_model_config cfg;
     rt_model_config_default(&cfg);
@@ -355,9 +356,25 @@ static void test_resnet18_step(void **state) {
     rt_model_ctx_destroy(ctx);
 }
 
+static void test_resnet18_step(void **state) {
+    (void)state;
+    resnet18_step(NULL);
+}
+
+/* The CPU oracle of the GPU's bf16 activation format (issue 41; docs/model.md): activations
+ * and their gradients rounded to bf16 at every store, as autocast rounds batch norm's,
+ * relu's and the residual sums' outputs too; the same bound (3 e) holds, and the ratios it
+ * prints are the GPU bf16 format's distance to autocast on the same step (test_gpu_act_oracle
+ * ties the GPU to this oracle). */
+static void test_resnet18_step_oracle(void **state) {
+    (void)state;
+    resnet18_step(&(rt_act_format){RT_BF16, RT_ACT_NCHW_WIDE, 1});
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_conv3x3), cmocka_unit_test(test_conv_shapes),
                                        cmocka_unit_test(test_conv_im2col), cmocka_unit_test(test_linear),
-                                       cmocka_unit_test(test_resnet18_step)};
+                                       cmocka_unit_test(test_resnet18_step),
+                                       cmocka_unit_test(test_resnet18_step_oracle)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
