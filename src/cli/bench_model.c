@@ -536,7 +536,8 @@ typedef struct bench {
     bool gpu;
     char devstr[32];
     rt_model_ctx *ctx;
-    size_t mem_base; /* the device's used memory when the context was created (GPU) */
+    size_t mem_base;         /* the device's used memory when the context was created (GPU) */
+    size_t mem_base_backend; /* the backend's own buffers then (the cuBLAS workspace) */
     rt_cpu_peak peak;
     rt_bench_ledger ledger; /* the emulated GPUs' cost ledger (none on a real GPU or the CPU) */
 } bench;
@@ -559,8 +560,7 @@ static int bench_setup(const bench_opts *o, bench *b) {
                                .deterministic = o->cudnn == CUDNN_HEURISTIC || o->cudnn == CUDNN_TIMED_DET,
                                .benchmark = o->cudnn == CUDNN_TIMED_DET || o->cudnn == CUDNN_TIMED};
     if (rt_model_ctx_create(&co, &b->ctx) != RT_OK) return rt_cli_fail();
-    size_t backend_bytes = 0;
-    if (b->gpu && rt_model_ctx_memory(b->ctx, &b->mem_base, &backend_bytes) != RT_OK) return rt_cli_fail();
+    if (b->gpu && rt_model_ctx_memory(b->ctx, &b->mem_base, &b->mem_base_backend) != RT_OK) return rt_cli_fail();
     /* the CPU's peak for this precision on as many threads (bench peak's loop): every CPU
      * row reports its step as a share of it */
     if (!b->gpu && rt_cli_cpu_peak(o->precision == RT_PRECISION_BF16, o->threads, 0.2, 3, &b->peak) < 0) {
@@ -706,7 +706,9 @@ static int bench_gpu(bench *b, batch *bt) {
     split_free(&g);
     if (run != RT_OK || rt_model_ctx_memory(b->ctx, &used, &backend_bytes) != RT_OK)
         return rt_cli_fail();
-    double peak_gpu_mb = (double)(used > b->mem_base ? used - b->mem_base : 0) / 1048576.0 + backend_bytes / 1048576.0;
+    /* what the backend held before mem_base was read: what it allocated since is in the rise */
+    double peak_gpu_mb =
+        (double)(used > b->mem_base ? used - b->mem_base : 0) / 1048576.0 + b->mem_base_backend / 1048576.0;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double ms = t.all / steps, ips = n * 1000.0 / ms;

@@ -154,13 +154,19 @@ void rt_linear_release(rt_model_ctx *ctx, rt_linear *l) {
     l->priv = NULL;
 }
 
-rt_status rt_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, void **state) {
+rt_status rt_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, bool defer_grads, void **state) {
     *state = NULL;
     RT_REQUIRE(n >= 0 && (n == 0 || ls), RT_ERR_INVALID, "convolution weight copies of %d layers", n);
-    return ctx->ops->conv2d_weights_prepare && n > 0 ? ctx->ops->conv2d_weights_prepare(ctx, ls, n, state) : RT_OK;
+    return ctx->ops->conv2d_weights_prepare && n > 0
+               ? ctx->ops->conv2d_weights_prepare(ctx, ls, n, defer_grads && ctx->ops->conv2d_weights_grads, state)
+               : RT_OK;
 }
 rt_status rt_conv2d_weights_refresh(rt_model_ctx *ctx, void *state) {
     return state && ctx->ops->conv2d_weights_refresh ? ctx->ops->conv2d_weights_refresh(ctx, state) : RT_OK;
+}
+rt_status rt_conv2d_weights_grads(rt_model_ctx *ctx, void *state, int first, int count) {
+    if (!state || count == 0 || !ctx->ops->conv2d_weights_grads) return RT_OK;
+    return ctx->ops->conv2d_weights_grads(ctx, state, first, count);
 }
 void rt_conv2d_weights_release(rt_model_ctx *ctx, void *state) {
     if (state && ctx->ops->conv2d_weights_release) ctx->ops->conv2d_weights_release(ctx, state);

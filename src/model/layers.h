@@ -116,9 +116,18 @@ void rt_linear_release(rt_model_ctx *ctx, rt_linear *l);
  * parameters by any path (the optimizer, a load, the broadcast at start, an EMA swap, a
  * test writing the arena) is seen by the next forward, and a backward uses its forward's
  * copies. Callers of the layers directly: prepare once (setup: allocates), refresh after
- * changing a weight. state NULL: nothing to copy (the CPU; the fp32 NCHW format). */
-rt_status rt_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, void **state);
+ * changing a weight. state NULL: nothing to copy (the CPU; the fp32 NCHW format).
+ * defer_grads: a backward of these convolutions may leave its weight gradient in the
+ * backend's layout (CUDA in an NHWC format: in a scratch of each convolution's own, as
+ * large as its copy), and rt_conv2d_weights_grads writes the gradients (dweight) of
+ * convolutions first..first+count-1 of ls, after their backward, in one launch: l->dweight
+ * is final only after it (the model: for each block before the grad-ready callback, or at
+ * the end of its backward; params.c). Without defer_grads each backward writes dweight
+ * itself and rt_conv2d_weights_grads is an error; with a NULL state it does nothing.
+ * Release the state before the layers. */
+rt_status rt_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, bool defer_grads, void **state);
 rt_status rt_conv2d_weights_refresh(rt_model_ctx *ctx, void *state);
+rt_status rt_conv2d_weights_grads(rt_model_ctx *ctx, void *state, int first, int count);
 void rt_conv2d_weights_release(rt_model_ctx *ctx, void *state);
 
 /* ---- forward / backward ------------------------------------------------------------- */

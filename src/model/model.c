@@ -54,7 +54,8 @@ rt_status rt_model_create(const rt_model_config *cfg, rt_model_ctx *ctx, rt_mode
     RT_CHECK_GOTO(rt_model_feat(m, 1, &m->loss_dev), st, fail);
     RT_CHECK_GOTO(rt_model_arenas_alloc(m), st, fail);
     RT_CHECK_GOTO(ops->prepare(m), st, fail);
-    RT_CHECK_GOTO(rt_conv2d_weights_prepare(ctx, m->convs, m->nconvs, &m->wcopies), st, fail);
+    RT_CHECK_GOTO(rt_model_convs_by_block(m), st, fail);
+    RT_CHECK_GOTO(rt_conv2d_weights_prepare(ctx, m->convs, m->nconvs, true, &m->wcopies), st, fail);
     /* running_var starts at 1 */
     RT_CHECK_GOTO(rt_model_init_weights(m, 0), st, fail);
     *out = m;
@@ -258,7 +259,9 @@ void rt_model_note_replayed(rt_model *m, const float *x, int n) {
 rt_status rt_model_backward(rt_model *m, rt_grad_ready_fn ready, void *user) {
     RT_REQUIRE(m->have_loss && m->last_training, RT_ERR_INVALID,
                "model backward needs a training forward and rt_model_loss first");
+    m->dw_pending = m->nconvs;
     RT_CHECK(m->ops->backward(m, ready, user));
+    RT_CHECK(rt_model_grads_flush(m));
     return RT_OK;
 }
 

@@ -124,7 +124,9 @@ void rt_model_arenas_free(rt_model *m) {
     free(m->table);
     free(m->patches);
     free(m->convs);
+    free(m->conv_first);
     m->convs = NULL;
+    m->conv_first = NULL;
     m->nconvs = m->cap_convs = 0;
     free(m->block_begin);
     m->table = NULL;
@@ -157,8 +159,52 @@ rt_status rt_model_prepare_linear(rt_model *m, rt_linear *l) {
     return rt_model_ctx_reserve(m->ctx, ws);
 }
 
+/* the block of convolution l: that of its weight in the parameter table, -1 if absent */
+static int conv_block(const rt_model *m, const rt_conv2d *l) {
+    for (int i = 0; i < m->nparams; i++)
+        if (m->table[i].kind == RT_PARAM_WEIGHT && rt_tensor_data(&m->table[i].value) == rt_tensor_data(&l->weight))
+            return m->table[i].block;
+    return -1;
+}
+
+rt_status rt_model_convs_by_block(rt_model *m) {
+    m->conv_first = calloc((size_t)m->nblocks + 1, sizeof *m->conv_first);
+    int *block = calloc((size_t)m->nconvs + 1, sizeof *block);
+    rt_status st = m->conv_first && block ? RT_OK : RT_ERROR(RT_ERR_NOMEM, "the blocks of %d convolutions", m->nconvs);
+    for (int i = 0; st == RT_OK && i < m->nconvs; i++) {
+        block[i] = conv_block(m, m->convs[i]);
+        if (block[i] < 0)
+            st = RT_ERROR(RT_ERR_INTERNAL, "convolution %d (%d->%d k%d): its weight is not a registered parameter", i,
+                          m->convs[i]->in_c, m->convs[i]->out_c, m->convs[i]->k);
+    }
+    for (int i = 1; st == RT_OK && i < m->nconvs; i++) /* insertion sort: stable, a few dozen layers */
+        for (int j = i; j > 0 && block[j - 1] > block[j]; j--) {
+            rt_conv2d *l = m->convs[j];
+            const int b = block[j];
+            m->convs[j] = m->convs[j - 1], block[j] = block[j - 1];
+            m->convs[j - 1] = l, block[j - 1] = b;
+        }
+    for (int b = 0, i = 0; st == RT_OK && b <= m->nblocks; b++) {
+        while (i < m->nconvs && block[i] < b) i++;
+        m->conv_first[b] = i;
+    }
+    free(block);
+    return st;
+}
+
+/* the deferred dW of convs[from..dw_pending) */
+static rt_status grads_flush_from(rt_model *m, int from) {
+    if (from >= m->dw_pending) return RT_OK;
+    const int count = m->dw_pending - from;
+    m->dw_pending = from;
+    return rt_conv2d_weights_grads(m->ctx, m->wcopies, from, count);
+}
+
+rt_status rt_model_grads_flush(rt_model *m) { return grads_flush_from(m, 0); }
+
 rt_status rt_model_block_done(rt_model *m, int b, rt_grad_ready_fn ready, void *user) {
     if (!ready) return RT_OK;
+    RT_CHECK(grads_flush_from(m, m->conv_first[b]));
     rt_status st = ready(user, b, m->block_begin[b], m->block_begin[b + 1]);
     if (st != RT_OK) {
         rt_error_trace(__FILE__, __LINE__, "grad-ready callback");

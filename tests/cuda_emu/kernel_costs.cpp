@@ -292,6 +292,10 @@ const entry kTable[] = {
          const double n = p.num(0), es = p.num(5) ? 2 : 4;
          t.rd(6, n * es), t.wr(7, n), t.fl(p.num(5) ? n : 0);
      }},
+    {"convw_grads_kernel", 7, [](const params &p, tally &t) { /* (first, count, table, dws, gbase, bf16, grad) */
+         const double n = p.num(6), es = p.num(5) ? 2 : 4;
+         t.rd(2, p.num(1)), t.rd(3, n * es), t.wr(4, n), t.fl(p.num(5) ? n : 0);
+     }},
     {"conv_bias_fill_kernel", 7, [](const params &p, tally &t) { /* (total, plane, c, nhwc, bf16, b, y) */
          const double n = p.num(0), es = p.num(4) ? 2 : 4;
          t.rd(5, p.num(2)), t.wr(6, n * es), t.fl(p.num(4) ? n : 0);

@@ -209,8 +209,8 @@ static void test_convw_kernels(void **state) {
     const size_t F = sizeof(float), H = sizeof(uint16_t);
     /* two copies in one launch: a stem 3->4 k3 padded to 8 channels (4*8*9 = 288 written
      * from 4*3*9 = 108 read), a 4->4 k1 (16 from 16) */
-    rt_cuk_wcopy t[2] = {{.src = 0, .dst = 0, .out_c = 4, .in_c = 3, .x_c = 8, .taps = 9, .nhwc = 1},
-                         {.src = 108, .dst = 384, .out_c = 4, .in_c = 4, .x_c = 4, .taps = 1, .nhwc = 1}};
+    rt_cuk_wcopy t[2] = {{.src = 0, .dst = 0, .gsrc = 0, .out_c = 4, .in_c = 3, .x_c = 8, .taps = 9, .nhwc = 1},
+                         {.src = 108, .dst = 384, .gsrc = 108, .out_c = 4, .in_c = 4, .x_c = 4, .taps = 1, .nhwc = 1}};
     rt_cuk_wcopy *td = dev(sizeof t);
     assert_cuda(cudaMemcpy(td, t, sizeof t, cudaMemcpyHostToDevice));
     float *w = dev(124 * F), *dw = dev(108 * F), *b = dev(4 * F), *db = dev(4 * F);
@@ -222,15 +222,22 @@ static void test_convw_kernels(void **state) {
     expect_op(1, "convw_dw_kernel", 108 * H, 108 * F);
     assert_cuda(rt_cuk_convw_dw(g_s, 4, 3, 8, 9, true, false, w, dw));
     expect_op(2, "convw_dw_kernel", 108 * F, 108 * F);
+    /* the deferred dW (bf16, the copies' layout) of both in one launch (108 + 16 written),
+     * then of the second alone; an empty range launches nothing */
+    assert_cuda(rt_cuk_convw_grads(g_s, 0, 2, td, copies, w, true, 124, 108));
+    expect_op(3, "convw_grads_kernel", 2 * sizeof t[0] + 124 * H, 124 * F);
+    assert_cuda(rt_cuk_convw_grads(g_s, 1, 1, td, copies, w, true, 16, 16));
+    expect_op(4, "convw_grads_kernel", sizeof t[0] + 16 * H, 16 * F);
+    assert_cuda(rt_cuk_convw_grads(g_s, 2, 0, td, copies, w, true, 0, 0));
     /* bias pieces over (2, 4, 9): y filled from b (4); db from dy */
     assert_cuda(rt_cuk_conv_bias_fill(g_s, 2, 4, 9, true, true, b, act));
-    expect_op(3, "conv_bias_fill_kernel", 4 * F, 72 * H);
+    expect_op(5, "conv_bias_fill_kernel", 4 * F, 72 * H);
     assert_cuda(rt_cuk_conv_bias_sums(g_s, 2, 4, 9, true, false, w, db));
-    expect_op(4, "conv_bias_sums_kernel", 72 * F, 4 * F);
+    expect_op(6, "conv_bias_sums_kernel", 72 * F, 4 * F);
     /* the fallback's conversion of (2, 8, 9) bf16 */
     assert_cuda(rt_cuk_act_relayout(g_s, 2, 8, 9, false, true, act, act2));
-    expect_op(5, "act_relayout_kernel", 144 * H, 144 * H);
-    assert_int_equal(recorded(), 6);
+    expect_op(7, "act_relayout_kernel", 144 * H, 144 * H);
+    assert_int_equal(recorded(), 8);
 }
 
 /* batch norm over (2, 3, 5): one slice per channel (rt_cuk_bn_splits), so each channel's

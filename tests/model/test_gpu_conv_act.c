@@ -183,7 +183,7 @@ static void side_make(side *s, rt_model_ctx *ctx, const rt_conv2d *shapes, int n
         if (ws > most) most = ws;
     }
     assert_rt_ok(rt_model_ctx_reserve(ctx, most));
-    assert_rt_ok(rt_conv2d_weights_prepare(ctx, ls, nl, &s->wc));
+    assert_rt_ok(rt_conv2d_weights_prepare(ctx, ls, nl, false, &s->wc));
     for (int i = 0; i < nl; i++) side_set(s, i, w[i], b[i]);
     assert_rt_ok(rt_conv2d_weights_refresh(ctx, s->wc));
 }

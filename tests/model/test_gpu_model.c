@@ -541,6 +541,82 @@ static void test_tf32_close(void **state) {
     rt_model_ctx_destroy(tf);
 }
 
+/* ---- the grad-ready callback in the native formats ------------------------------------ */
+
+/* the gradients of each callback's range, copied on the model's stream when it is called
+ * (what a reducer's bucket reads) */
+typedef struct ready_snap {
+    rt_model *m;
+    char *snap;
+    int calls;
+} ready_snap;
+
+static rt_status snap_ready(void *user, int block, size_t begin, size_t end) {
+    ready_snap *r = user;
+    (void)block;
+    rt_model_ctx *c = rt_model_context(r->m);
+    r->calls++;
+    return rt_memcpy(r->snap + begin, rt_device_cpu(), (char *)rt_model_grads(r->m)->base + begin, c->device,
+                     end - begin, c->stream);
+}
+
+/* A step of a ResNet18 (cifar stem: a padded input, downsampling blocks) in the GPU's own
+ * format for prec (NHWC: each convolution's dW is written per block, deferred), from
+ * poisoned gradients, with and without a grad-ready callback: each callback sees its
+ * block's gradients final (what it copied equals the gradients after the backward), and
+ * every gradient is written either way. */
+static void grad_ready_final(rt_precision prec) {
+    rt_model_ctx *ctx = gt_ctx_native(gt_gpu_device(), prec);
+    rt_model_config cfg;
+    rt_model_config_default(&cfg);
+    cfg.arch = RT_ARCH_RESNET18;
+    cfg.in_channels = 3, cfg.in_h = 16, cfg.in_w = 16;
+    cfg.stem = RT_STEM_CIFAR;
+    cfg.width = 8;
+    cfg.max_batch = 2;
+    rt_model *m = make_model(ctx, &cfg, g_seed ^ 0x99);
+    batch b = make_batch(&cfg, 2);
+    const size_t gsize = rt_model_grads(m)->size;
+    ready_snap r = {.m = m, .snap = malloc(gsize)};
+    float *after = malloc(gsize);
+    assert_non_null(r.snap), assert_non_null(after);
+    for (int with = 0; with < 2; with++) {
+        assert_rt_ok(rt_memset(ctx->device, rt_model_grads(m)->base, 0xff, gsize, NULL)); /* NaN */
+        assert_rt_ok(rt_model_ctx_sync(ctx));
+        assert_rt_ok(rt_model_forward(m, b.dx, 2, true));
+        assert_rt_ok(rt_model_loss(m, b.dl));
+        r.calls = 0;
+        assert_rt_ok(rt_model_backward(m, with ? snap_ready : NULL, &r));
+        fetch(m, after, rt_model_grads(m)->base, gsize);
+        for (int i = 0; i < rt_model_param_count(m); i++) {
+            const rt_param *p = rt_model_param(m, i);
+            const float *g = (const float *)((const char *)after + p->grad.offset);
+            for (int64_t j = 0; rt_param_trainable(p) && j < rt_tensor_numel(&p->grad); j++)
+                if (!isfinite(g[j]))
+                    fail_msg("%s: %s grad[%lld] not written", rt_precision_name(prec), p->name, (long long)j);
+        }
+        if (!with) continue;
+        assert_int_equal(r.calls, rt_model_block_count(m));
+        for (int i = 0; i < rt_model_param_count(m); i++) { /* the first tensor that differs, named */
+            const rt_param *p = rt_model_param(m, i);
+            if (rt_param_trainable(p) &&
+                memcmp(r.snap + p->grad.offset, (char *)after + p->grad.offset, rt_tensor_nbytes(&p->grad)) != 0)
+                fail_msg("%s: %s's gradient changed after its block's callback", rt_precision_name(prec), p->name);
+        }
+    }
+    printf("%s: every gradient final at its block's callback and written without one\n", rt_precision_name(prec));
+    free(r.snap), free(after);
+    free_batch(&b);
+    rt_model_destroy(m);
+    rt_model_ctx_destroy(ctx);
+}
+
+static void test_grad_ready_final(void **state) {
+    (void)state;
+    grad_ready_final(RT_PRECISION_BF16);
+    grad_ready_final(RT_PRECISION_TF32);
+}
+
 int main(void) {
     GT_SKIP_WITHOUT_GPU();
     g_seed = gt_pick_seed();
@@ -550,6 +626,7 @@ int main(void) {
         cmocka_unit_test(test_net_step),
         cmocka_unit_test(test_net_sgd),
         cmocka_unit_test(test_tf32_close),
+        cmocka_unit_test(test_grad_ready_final),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -531,6 +531,7 @@ const rt_model_backend rt_model_backend_cuda = {
     .conv2d_backward = rt_cuda_conv2d_backward,
     .conv2d_weights_prepare = rt_cuda_conv2d_weights_prepare,
     .conv2d_weights_refresh = rt_cuda_conv2d_weights_refresh,
+    .conv2d_weights_grads = rt_cuda_conv2d_weights_grads,
     .conv2d_weights_release = rt_cuda_conv2d_weights_release,
     .batchnorm2d_prepare = cuda_bn_prepare,
     .batchnorm2d_release = cuda_bn_release,

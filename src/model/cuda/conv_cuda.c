@@ -131,10 +131,13 @@ typedef struct conv_priv {
      * rt_conv2d_weights_refresh: KRSC, or KCRS on the fallback, x_c input channels).
      * fallback: cuDNN refused the NHWC shape, the layer converts its activations to NCHW
      * copies in ctx->work around the calls (off_x, off_y, off_dx). off_dw: dW in the copy's
-     * layout and dtype, written into the fp32 OIHW gradient by a kernel. */
+     * layout and dtype, written into the fp32 OIHW gradient by a kernel. dw_own (deferred dW:
+     * weight copies prepared with defer_grads): this layer's own dW scratch instead, written
+     * into the gradient only by rt_conv2d_weights_grads (one launch for many layers). */
     bool act_nhwc, act_bf16, fallback;
     int xc; /* x's channels in the descriptors: l->x_c in an NHWC format, else l->in_c */
     const void *wcopy;
+    void *dw_own;
 } conv_priv;
 
 static rt_status set_4d(cudnnTensorDescriptor_t d, bool nhwc, cudnnDataType_t t, int n, int c, int h, int w) {
@@ -1083,8 +1086,9 @@ static rt_status forward_act(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, int
 }
 
 /* dW (cuDNN's, in the copy's layout and dtype, into the fp32 OIHW gradient: the first
- * in_c channels), db (fp32 sums of dy), dx written or accumulated through cuDNN's beta
- * (alpha conv + beta dx rounded once; the fallback converts dx to NCHW first to keep it so) */
+ * in_c channels; deferred: left in the layer's own scratch for rt_conv2d_weights_grads),
+ * db (fp32 sums of dy), dx written or accumulated through cuDNN's beta (alpha conv + beta
+ * dx rounded once; the fallback converts dx to NCHW first to keep it so) */
 static rt_status backward_act(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, int n, const void *x, const void *dy,
                               void *dx, bool accumulate) {
     conv_priv *p = l->priv;
@@ -1093,7 +1097,7 @@ static rt_status backward_act(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, in
     cudnnHandle_t h = cuda_state(ctx)->dnn;
     const size_t xplane = (size_t)l->in_h * l->in_w, yplane = (size_t)l->out_h * l->out_w;
     const void *xin = x, *dyin = dy;
-    void *dxout = dx, *dwc = work_at(ctx, p->off_dw);
+    void *dxout = dx, *dwc = p->dw_own ? p->dw_own : work_at(ctx, p->off_dw);
     if (p->fallback) {
         xin = work_at(ctx, p->off_x), dyin = work_at(ctx, p->off_y), dxout = work_at(ctx, p->off_dx);
         RT_CHECK(relayout(ctx, p, n, p->xc, xplane, false, x, (void *)xin));
@@ -1104,8 +1108,9 @@ static rt_status backward_act(rt_model_ctx *ctx, rt_conv2d *l, conv_shape *s, in
     const float one = 1.0f, zero = 0.0f;
     RT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(h, &one, s->x, xin, s->y, dyin, p->conv_bwd_filter, s->bwd_filter,
                                                   dnn_ws(ctx, p), dnn_ws_bytes(ctx, p), &zero, p->w, dwc));
-    RT_CHECK_CUDA(rt_cuk_convw_dw(st, l->out_c, l->in_c, p->xc, l->k * l->k, p->nhwc, p->act_bf16, dwc,
-                                  rt_tensor_data(&l->dweight)));
+    if (!p->dw_own) /* deferred: rt_conv2d_weights_grads writes it */
+        RT_CHECK_CUDA(rt_cuk_convw_dw(st, l->out_c, l->in_c, p->xc, l->k * l->k, p->nhwc, p->act_bf16, dwc,
+                                      rt_tensor_data(&l->dweight)));
     if (l->has_bias)
         RT_CHECK_CUDA(rt_cuk_conv_bias_sums(st, n, l->out_c, yplane, p->nhwc, p->act_bf16, dyin,
                                             rt_tensor_data(&l->dbias)));
@@ -1147,57 +1152,87 @@ rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const 
  * them (rt_cuk_wcopy: offsets from the lowest weight pointer, which with the model's
  * parameter arena is one allocation), and refresh writes them all in one launch. The
  * layers' priv pointers are kept to notice a layer prepared again since (its copy's
- * layout may have changed): refresh says so instead of writing a stale layout. */
+ * layout may have changed): refresh says so instead of writing a stale layout.
+ * defer_grads: a second buffer of the same layout holds each layer's dW (cuDNN's, in the
+ * copy's layout: dw_own), which rt_conv2d_weights_grads writes into the fp32 gradients of
+ * a range of the table in one launch (the model: per block). */
 typedef struct conv_wcopies {
     int n;
     rt_conv2d **ls;
     const conv_priv **privs;
-    size_t *dst; /* each copy's offset in elements */
+    rt_cuk_wcopy *host;  /* the table (offsets of each copy in elements) */
     rt_cuk_wcopy *table; /* device */
     void *copies;        /* device */
+    void *dws;           /* device: the deferred dW (defer_grads), else NULL */
     const float *wbase;
-    size_t src_total, copy_total, largest, elems;
+    float *gbase; /* the lowest weight gradient pointer (defer_grads) */
+    size_t src_total, copy_total, largest, elems, bytes;
     bool bf16;
 } conv_wcopies;
 
+static size_t wcopies_es(const conv_wcopies *w) { return w->bf16 ? sizeof(uint16_t) : sizeof(float); }
+
+/* layer i is still the one prepared when the copies were */
+static rt_status wcopies_current(const conv_wcopies *w, int i) {
+    RT_REQUIRE(w->ls[i]->priv == w->privs[i], RT_ERR_INVALID,
+               "conv2d weight copies: convolution %d (%d->%d k%d) was prepared again (or released) since "
+               "rt_conv2d_weights_prepare: prepare the copies again",
+               i, w->ls[i]->in_c, w->ls[i]->out_c, w->ls[i]->k);
+    return RT_OK;
+}
+
 void rt_cuda_conv2d_weights_release(rt_model_ctx *ctx, void *state) {
-    (void)ctx;
     conv_wcopies *w = state;
     if (!w) return;
+    for (int i = 0; w->dws && i < w->n; i++) /* the layers back to their per-call dW */
+        if (w->ls[i]->priv == w->privs[i]) ((conv_priv *)w->ls[i]->priv)->dw_own = NULL;
     if (w->table) (void)cudaFree(w->table);
     if (w->copies) (void)cudaFree(w->copies);
+    if (w->dws) (void)cudaFree(w->dws);
+    if (cuda_state(ctx)) cuda_state(ctx)->wcopies_bytes -= w->bytes;
     free(w->ls);
     free(w->privs);
-    free(w->dst);
+    free(w->host);
     free(w);
 }
 
-/* the host side of the table, the offsets and the totals */
-static rt_status wcopies_plan(conv_wcopies *w, rt_cuk_wcopy *t) {
-    w->wbase = rt_tensor_data(&w->ls[0]->weight);
-    for (int i = 1; i < w->n; i++) {
-        const float *wi = rt_tensor_data(&w->ls[i]->weight);
-        if (wi < w->wbase) w->wbase = wi;
+/* the lowest of the layers' weight (grad false) or weight gradient (grad true) pointers */
+static float *wcopies_base(const conv_wcopies *w, bool grad) {
+    float *base = NULL;
+    for (int i = 0; i < w->n; i++) {
+        float *p = rt_tensor_data(grad ? &w->ls[i]->dweight : &w->ls[i]->weight);
+        if (!base || (p && p < base)) base = p;
     }
+    return base;
+}
+
+/* the host side of the table, the offsets and the totals */
+static rt_status wcopies_plan(conv_wcopies *w, bool defer) {
+    w->wbase = wcopies_base(w, false);
+    w->gbase = defer ? wcopies_base(w, true) : NULL;
     const size_t align = w->bf16 ? 128 : 64; /* elements of 256 bytes */
     size_t at = 0;
     for (int i = 0; i < w->n; i++) {
         const rt_conv2d *l = w->ls[i];
         const conv_priv *p = l->priv;
-        RT_REQUIRE(p && p->act_nhwc && rt_tensor_data(&l->weight), RT_ERR_INVALID,
+        RT_REQUIRE(p && p->act_nhwc && rt_tensor_data(&l->weight) && (!defer || rt_tensor_data(&l->dweight)),
+                   RT_ERR_INVALID,
                    "conv2d weight copies: convolution %d (%d->%d k%d) is not prepared for an NHWC format "
-                   "(rt_conv2d_prepare first) or has no weights",
-                   i, l->in_c, l->out_c, l->k);
+                   "(rt_conv2d_prepare first) or has no weights%s",
+                   i, l->in_c, l->out_c, l->k, defer ? " or weight gradient" : "");
+        RT_REQUIRE(!defer || !p->dw_own, RT_ERR_INVALID,
+                   "conv2d weight copies: convolution %d (%d->%d k%d) already defers its dW to other copies", i,
+                   l->in_c, l->out_c, l->k);
         const size_t count = (size_t)l->out_c * p->xc * l->k * l->k;
-        t[i] = (rt_cuk_wcopy){.src = (size_t)((const float *)rt_tensor_data(&l->weight) - w->wbase),
-                              .dst = at,
-                              .out_c = l->out_c,
-                              .in_c = l->in_c,
-                              .x_c = p->xc,
-                              .taps = l->k * l->k,
-                              .nhwc = p->nhwc};
+        w->host[i] = (rt_cuk_wcopy){.src = (size_t)((const float *)rt_tensor_data(&l->weight) - w->wbase),
+                                    .dst = at,
+                                    .gsrc = defer ? (size_t)((float *)rt_tensor_data(&l->dweight) - w->gbase) : 0,
+                                    .out_c = l->out_c,
+                                    .in_c = l->in_c,
+                                    .x_c = p->xc,
+                                    .taps = l->k * l->k,
+                                    .nhwc = p->nhwc};
         w->privs[i] = p;
-        w->dst[i] = at;
         w->src_total += (size_t)l->out_c * l->in_c * l->k * l->k;
         w->copy_total += count;
         if (count > w->largest) w->largest = count;
@@ -1207,7 +1242,27 @@ static rt_status wcopies_plan(conv_wcopies *w, rt_cuk_wcopy *t) {
     return RT_OK;
 }
 
-rt_status rt_cuda_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, void **state) {
+/* the device buffers and table; defer: the layers' dW scratch (dw_own) in w->dws */
+static rt_status wcopies_alloc(rt_model_ctx *ctx, conv_wcopies *w, bool defer) {
+    const size_t bytes = wcopies_es(w) * w->elems, tb = sizeof *w->host * (size_t)w->n;
+    cudaError_t e = cudaMalloc(&w->copies, bytes);
+    if (e == cudaSuccess && defer) e = cudaMalloc(&w->dws, bytes);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&w->table, tb);
+    /* on the model's stream, then waited for: a pageable cudaMemcpy may return before the
+     * copy lands, and the refresh runs on the non-blocking model stream (DESIGN.md, Streams) */
+    if (e == cudaSuccess) e = cudaMemcpyAsync(w->table, w->host, tb, cudaMemcpyHostToDevice, cuda_state(ctx)->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cuda_state(ctx)->stream);
+    RT_REQUIRE(e == cudaSuccess, RT_ERR_CUDA, "conv2d weight copies of %d layers (%zu bytes%s): %s", w->n, bytes,
+               defer ? ", twice with the deferred dW" : "", cudaGetErrorString(e));
+    w->bytes = bytes * (defer ? 2 : 1) + tb;
+    cuda_state(ctx)->wcopies_bytes += w->bytes;
+    for (int i = 0; defer && i < w->n; i++)
+        ((conv_priv *)w->ls[i]->priv)->dw_own = (char *)w->dws + wcopies_es(w) * w->host[i].dst;
+    return RT_OK;
+}
+
+rt_status rt_cuda_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, bool defer_grads,
+                                         void **state) {
     *state = NULL;
     if (ctx->act.layout != RT_ACT_NHWC) return RT_OK; /* fp32 NCHW: cuDNN reads the fp32 weights */
     RT_CHECK(rt_cuda_bind(ctx));
@@ -1217,24 +1272,12 @@ rt_status rt_cuda_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls
     w->bf16 = ctx->act.dtype == RT_BF16;
     w->ls = calloc((size_t)n, sizeof *w->ls);
     w->privs = calloc((size_t)n, sizeof *w->privs);
-    w->dst = calloc((size_t)n, sizeof *w->dst);
-    rt_cuk_wcopy *t = calloc((size_t)n, sizeof *t);
-    rt_status st = w->ls && w->privs && w->dst && t ? RT_OK : RT_ERROR(RT_ERR_NOMEM, "conv2d weight copies of %d layers", n);
+    w->host = calloc((size_t)n, sizeof *w->host);
+    rt_status st =
+        w->ls && w->privs && w->host ? RT_OK : RT_ERROR(RT_ERR_NOMEM, "conv2d weight copies of %d layers", n);
     for (int i = 0; st == RT_OK && i < n; i++) w->ls[i] = ls[i];
-    if (st == RT_OK) st = wcopies_plan(w, t);
-    const size_t es = w->bf16 ? sizeof(uint16_t) : sizeof(float);
-    const size_t bytes = es * w->elems;
-    cudaError_t e = cudaSuccess;
-    if (st == RT_OK) e = cudaMalloc(&w->copies, bytes);
-    if (st == RT_OK && e == cudaSuccess) e = cudaMalloc((void **)&w->table, sizeof *t * (size_t)n);
-    /* on the model's stream, then waited for: a pageable cudaMemcpy may return before the
-     * copy lands, and the refresh runs on the non-blocking model stream (DESIGN.md, Streams) */
-    if (st == RT_OK && e == cudaSuccess)
-        e = cudaMemcpyAsync(w->table, t, sizeof *t * (size_t)n, cudaMemcpyHostToDevice, cuda_state(ctx)->stream);
-    if (st == RT_OK && e == cudaSuccess) e = cudaStreamSynchronize(cuda_state(ctx)->stream);
-    if (st == RT_OK && e != cudaSuccess)
-        st = RT_ERROR(RT_ERR_CUDA, "conv2d weight copies of %d layers (%zu bytes): %s", n, bytes, cudaGetErrorString(e));
-    free(t);
+    if (st == RT_OK) st = wcopies_plan(w, defer_grads);
+    if (st == RT_OK) st = wcopies_alloc(ctx, w, defer_grads);
     if (st != RT_OK) {
         rt_cuda_conv2d_weights_release(ctx, w);
         return st;
@@ -1245,17 +1288,32 @@ rt_status rt_cuda_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls
 
 rt_status rt_cuda_conv2d_weights_refresh(rt_model_ctx *ctx, void *state) {
     conv_wcopies *w = state;
-    const size_t es = w->bf16 ? sizeof(uint16_t) : sizeof(float);
     for (int i = 0; i < w->n; i++) {
-        conv_priv *p = w->ls[i]->priv;
-        RT_REQUIRE(p == w->privs[i], RT_ERR_INVALID,
-                   "conv2d weight copies: convolution %d (%d->%d k%d) was prepared again (or released) since "
-                   "rt_conv2d_weights_prepare: prepare the copies again",
-                   i, w->ls[i]->in_c, w->ls[i]->out_c, w->ls[i]->k);
-        p->wcopy = (const char *)w->copies + es * w->dst[i];
+        RT_CHECK(wcopies_current(w, i));
+        ((conv_priv *)w->ls[i]->priv)->wcopy = (const char *)w->copies + wcopies_es(w) * w->host[i].dst;
     }
     RT_CHECK(rt_cuda_bind(ctx));
     RT_CHECK_CUDA(rt_cuk_convw_refresh(cuda_state(ctx)->stream, w->n, w->table, w->wbase, w->copies, w->bf16,
                                        w->src_total, w->copy_total, w->largest));
+    return RT_OK;
+}
+
+rt_status rt_cuda_conv2d_weights_grads(rt_model_ctx *ctx, void *state, int first, int count) {
+    conv_wcopies *w = state;
+    RT_REQUIRE(w->dws != NULL, RT_ERR_INVALID,
+               "conv2d weight gradients: the copies were prepared without defer_grads (each backward writes dW)");
+    RT_REQUIRE(first >= 0 && count >= 0 && first <= w->n - count, RT_ERR_INVALID,
+               "conv2d weight gradients of convolutions %d..%d: the copies cover 0..%d", first, first + count - 1,
+               w->n - 1);
+    size_t total = 0, largest = 0;
+    for (int i = first; i < first + count; i++) {
+        RT_CHECK(wcopies_current(w, i));
+        const size_t c = (size_t)w->host[i].out_c * w->host[i].in_c * w->host[i].taps;
+        total += c;
+        if (c > largest) largest = c;
+    }
+    RT_CHECK(rt_cuda_bind(ctx));
+    RT_CHECK_CUDA(
+        rt_cuk_convw_grads(cuda_state(ctx)->stream, first, count, w->table, w->dws, w->gbase, w->bf16, total, largest));
     return RT_OK;
 }

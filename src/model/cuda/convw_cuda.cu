@@ -1,7 +1,8 @@
 /* The kernels of the convolutions in an NHWC activation format (conv_cuda.c; docs/gpu.md,
  * "Activation formats: convolutions"): the weight copies (all convolutions of a model in
- * one launch), dW back into the fp32 OIHW gradient, the bias pieces, and the NCHW <->
- * NHWC conversions of the fallback (a layer whose NHWC shape cuDNN refuses).
+ * one launch), dW back into the fp32 OIHW gradient (per convolution, or deferred: many
+ * convolutions in one launch), the bias pieces, and the NCHW <-> NHWC conversions of the
+ * fallback (a layer whose NHWC shape cuDNN refuses).
  *
  * Activations are fp32 or bf16 (`bf16` parameter: a void pointer's elements are uint16_t
  * then, else float); bf16 is rounded to nearest even once where it is stored (core/bf16.h's
@@ -65,15 +66,32 @@ static __global__ void convw_refresh_kernel(int nconvs, const rt_cuk_wcopy *tabl
     }
 }
 
+/* where element i of a (out_c, in_c, taps) gradient is in the copy's layout (x_c channels) */
+static __device__ __forceinline__ size_t dw_at(size_t i, int in_c, int x_c, int taps, int nhwc) {
+    const int t = (int)(i % (size_t)taps), c = (int)((i / (size_t)taps) % (size_t)in_c);
+    const size_t o = i / ((size_t)taps * in_c);
+    return nhwc ? (o * taps + t) * x_c + c : (o * x_c + c) * taps + t;
+}
+
 /* dw (out_c, in_c, taps) fp32 = the copy-layout gradient dwc (x_c channels; the padded
  * ones dropped), widened where bf16 */
 static __global__ void convw_dw_kernel(size_t total, int in_c, int x_c, int taps, int nhwc, int bf16, const void *dwc,
                                        float *dw) {
-    GRID_STRIDE(i, total) {
-        const int t = (int)(i % (size_t)taps), c = (int)((i / (size_t)taps) % (size_t)in_c);
-        const size_t o = i / ((size_t)taps * in_c);
-        const size_t j = nhwc ? (o * taps + t) * x_c + c : (o * x_c + c) * taps + t;
-        dw[i] = act_load(dwc, j, bf16);
+    GRID_STRIDE(i, total) { dw[i] = act_load(dwc, dw_at(i, in_c, x_c, taps, nhwc), bf16); }
+}
+
+/* The same for the table's entries first..first+count-1 in one launch (the deferred dW of
+ * a model block, rt_conv2d_weights_grads): block row blockIdx.y writes entry first +
+ * blockIdx.y's gradient (gbase + gsrc) from its dW in the copy's layout (dws + dst).
+ * grad_total (the elements written over the entries) is for the ledger only. */
+static __global__ void convw_grads_kernel(int first, int count, const rt_cuk_wcopy *table, const void *dws,
+                                          float *gbase, int bf16, size_t grad_total) {
+    (void)grad_total;
+    if ((int)blockIdx.y >= count) return;
+    const rt_cuk_wcopy e = table[first + (int)blockIdx.y];
+    float *dw = gbase + e.gsrc;
+    GRID_STRIDE(i, (size_t)e.out_c * e.in_c * e.taps) {
+        dw[i] = act_load(dws, e.dst + dw_at(i, e.in_c, e.x_c, e.taps, e.nhwc), bf16);
     }
 }
 
@@ -132,6 +150,14 @@ extern "C" cudaError_t rt_cuk_convw_dw(cudaStream_t s, int out_c, int in_c, int 
                                        const void *dwc, float *dw) {
     const size_t total = (size_t)out_c * in_c * taps;
     convw_dw_kernel<<<grid_for(total), THREADS, 0, s>>>(total, in_c, x_c, taps, nhwc ? 1 : 0, bf16 ? 1 : 0, dwc, dw);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t rt_cuk_convw_grads(cudaStream_t s, int first, int count, const rt_cuk_wcopy *table,
+                                          const void *dws, float *gbase, bool bf16, size_t grad_total, size_t largest) {
+    if (count <= 0) return cudaSuccess;
+    const dim3 grid(grid_for(largest), (unsigned)count);
+    convw_grads_kernel<<<grid, THREADS, 0, s>>>(first, count, table, dws, gbase, bf16 ? 1 : 0, grad_total);
     return cudaGetLastError();
 }
 

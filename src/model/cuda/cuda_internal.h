@@ -38,6 +38,7 @@ typedef struct rt_cuda_state {
     size_t blas_ws_bytes;
     int *bad_labels;         /* device counter of out-of-range labels seen by the loss kernels */
     size_t bn_scratch_bytes; /* the prepared batch-norm layers' scratch (backend_cuda.c) */
+    size_t wcopies_bytes;    /* the convolutions' weight copies and deferred dW (conv_cuda.c) */
     rt_cuda_conv_algos algos[RT_CUDA_ALGO_CACHE];
     int nalgos;
 } rt_cuda_state;
@@ -62,7 +63,8 @@ rt_status rt_cuda_conv2d_backward(rt_model_ctx *ctx, rt_conv2d *l, int n, const 
                                   bool accumulate);
 
 /* mem_cuda.c: the table's `memory` (rt_model_ctx_memory). *backend: device bytes the
- * backend holds besides the model and ctx->work (the cuBLAS workspace, counters); *used:
+ * backend holds besides the model and ctx->work (the cuBLAS workspace, counters, the
+ * batch norms' scratch, the weight copies and deferred dW of conv_cuda.c); *used:
  * bytes of ctx's GPU in use (total - free, cudaMemGetInfo): all processes, the CUDA
  * context and library code included; differences between two calls isolate a run. */
 rt_status rt_cuda_memory(rt_model_ctx *ctx, size_t *used, size_t *backend);
@@ -222,10 +224,12 @@ cudaError_t rt_cuk_nll_loss(cudaStream_t s, int n, int k, const float *logp, con
 /* One convolution's weight copy (rt_conv2d_weights_prepare): its fp32 OIHW weights at
  * wbase + src (floats), its copy at copies + dst (elements of the activations' dtype):
  * out_c rows of x_c channels (in_c of them the weights', the rest zero) x taps, KRSC
- * (nhwc) or KCRS (a layer on the NCHW fallback). Offsets, not pointers: a kernel
- * parameter's pointers are what a launch passes (the emulated GPUs map only those). */
+ * (nhwc) or KCRS (a layer on the NCHW fallback). Deferred dW (rt_conv2d_weights_grads):
+ * cuDNN's dW in the copy's layout at dws + dst, its fp32 OIHW gradient at gbase + gsrc.
+ * Offsets, not pointers: a kernel parameter's pointers are what a launch passes (the
+ * emulated GPUs map only those). */
 typedef struct rt_cuk_wcopy {
-    size_t src, dst;
+    size_t src, dst, gsrc;
     int out_c, in_c, x_c, taps, nhwc;
 } rt_cuk_wcopy;
 /* every copy of the table (device memory, nconvs entries) in one launch; src_total,
@@ -235,6 +239,10 @@ cudaError_t rt_cuk_convw_refresh(cudaStream_t s, int nconvs, const rt_cuk_wcopy 
 /* dw (out_c, in_c, taps) fp32 from a gradient in the copy's layout and dtype (x_c channels) */
 cudaError_t rt_cuk_convw_dw(cudaStream_t s, int out_c, int in_c, int x_c, int taps, bool nhwc, bool bf16,
                             const void *dwc, float *dw);
+/* the same for entries first..first+count-1 of the table in one launch: gbase + gsrc from
+ * dws + dst; grad_total: the gradient elements written over them, largest: the most of one */
+cudaError_t rt_cuk_convw_grads(cudaStream_t s, int first, int count, const rt_cuk_wcopy *table, const void *dws,
+                               float *gbase, bool bf16, size_t grad_total, size_t largest);
 /* y (n, c, plane) or (n, plane, c) = b[channel] (rounded to bf16 where bf16); db[c] = the
  * fp32 (double-summed) channel sums of dy */
 cudaError_t rt_cuk_conv_bias_fill(cudaStream_t s, int n, int c, size_t plane, bool nhwc, bool bf16, const float *b,
@@ -245,8 +253,10 @@ cudaError_t rt_cuk_conv_bias_sums(cudaStream_t s, int n, int c, size_t plane, bo
 cudaError_t rt_cuk_act_relayout(cudaStream_t s, int n, int c, size_t plane, bool to_nhwc, bool bf16, const void *x,
                                 void *y);
 /* conv_cuda.c: the backend's conv2d_weights_* entries (layers.h) */
-rt_status rt_cuda_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, void **state);
+rt_status rt_cuda_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, bool defer_grads,
+                                         void **state);
 rt_status rt_cuda_conv2d_weights_refresh(rt_model_ctx *ctx, void *state);
+rt_status rt_cuda_conv2d_weights_grads(rt_model_ctx *ctx, void *state, int first, int count);
 void rt_cuda_conv2d_weights_release(rt_model_ctx *ctx, void *state);
 
 #ifdef __cplusplus

@@ -59,9 +59,12 @@ typedef struct rt_model_backend {
                                  bool accumulate);
 
     /* optional (NULL: no weight copies), rt_conv2d_weights_* (layers.h); prepare may
-     * allocate and sets *state (NULL: nothing to copy); refresh enqueues the copies */
-    rt_status (*conv2d_weights_prepare)(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, void **state);
+     * allocate and sets *state (NULL: nothing to copy); refresh enqueues the copies;
+     * grads (optional: NULL where prepare never defers dW) enqueues the deferred dW of
+     * the state's convolutions first..first+count-1 */
+    rt_status (*conv2d_weights_prepare)(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, bool defer_grads, void **state);
     rt_status (*conv2d_weights_refresh)(rt_model_ctx *ctx, void *state);
+    rt_status (*conv2d_weights_grads)(rt_model_ctx *ctx, void *state, int first, int count);
     void (*conv2d_weights_release)(rt_model_ctx *ctx, void *state);
 
     rt_status (*batchnorm2d_prepare)(rt_model_ctx *ctx, rt_batchnorm2d *l, int max_n);

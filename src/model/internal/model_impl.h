@@ -76,9 +76,11 @@ struct rt_model {
     double flops_fwd;       /* per image: convolutions and linear layers (rt_model_add_conv/_linear) */
     double flops_input;     /* per image: the first convolution's forward (it sees the input) */
     const float *input;     /* the last forward's input (kept by the caller until backward) */
-    rt_conv2d **convs; /* every convolution, in preparation order (rt_model_prepare_conv) */
+    rt_conv2d **convs;      /* every convolution, by block (rt_model_convs_by_block) */
     int nconvs, cap_convs;
-    void *wcopies; /* rt_conv2d_weights_prepare's state: refreshed at every forward */
+    int *conv_first;        /* nblocks + 1: block b's convolutions are convs[conv_first[b]..conv_first[b + 1]) */
+    void *wcopies;          /* rt_conv2d_weights_prepare's state (dW deferred): refreshed at every forward */
+    int dw_pending;         /* in a backward: convs[0..dw_pending) have their deferred dW still to write */
     rt_act *x_act;          /* the input in the context's format (NULL: fp32 NCHW, input itself) */
     int x_c;                /* channels x_act is stored with (rt_act_input_channels) */
     int last_n;
@@ -108,7 +110,15 @@ void rt_model_arenas_free(rt_model *m);
 rt_status rt_model_prepare_conv(rt_model *m, rt_conv2d *l);
 rt_status rt_model_prepare_bn(rt_model *m, rt_batchnorm2d *l);
 rt_status rt_model_prepare_linear(rt_model *m, rt_linear *l);
-/* tell the callback that block b's gradients are final */
+/* order m->convs by the block of their weights (the order they were prepared in within
+ * a block) and set m->conv_first; after the architecture's prepare */
+rt_status rt_model_convs_by_block(rt_model *m);
+/* Block b's backward is done (an architecture's backward calls it for every block, from
+ * the last to the first): with a callback, the deferred dW of the blocks done since the
+ * last call with one is written (one launch, rt_conv2d_weights_grads) and the callback
+ * told that block b's gradients are final; without one nothing is written yet:
+ * rt_model_grads_flush at the end of the backward writes the rest (one launch). */
 rt_status rt_model_block_done(rt_model *m, int b, rt_grad_ready_fn ready, void *user);
+rt_status rt_model_grads_flush(rt_model *m);
 
 #endif
