@@ -161,13 +161,6 @@ rt_status rt_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int
                ? ctx->ops->conv2d_weights_prepare(ctx, ls, n, defer_grads && ctx->ops->conv2d_weights_grads, state)
                : RT_OK;
 }
-rt_status rt_conv2d_weights_refresh(rt_model_ctx *ctx, void *state) {
-    return state && ctx->ops->conv2d_weights_refresh ? ctx->ops->conv2d_weights_refresh(ctx, state) : RT_OK;
-}
-rt_status rt_conv2d_weights_grads(rt_model_ctx *ctx, void *state, int first, int count) {
-    if (!state || count == 0 || !ctx->ops->conv2d_weights_grads) return RT_OK;
-    return ctx->ops->conv2d_weights_grads(ctx, state, first, count);
-}
 void rt_conv2d_weights_release(rt_model_ctx *ctx, void *state) {
     if (state && ctx->ops->conv2d_weights_release) ctx->ops->conv2d_weights_release(ctx, state);
 }
@@ -291,6 +284,24 @@ static rt_status prof_end(rt_model_ctx *ctx, prof_call c, rt_status st, const vo
         rt_status st_ = (call);                                                                                        \
         return prof_end(ctx, pc_, st_, layer, kind, pass, count, flops, __VA_ARGS__);                                  \
     } while (0)
+
+/* ---- the model's own operations, timed as rows of their own (profile.h: the rows and the
+ * optimizer are the whole step): the weight copies, their gradients, the input conversion ---- */
+
+rt_status rt_conv2d_weights_refresh(rt_model_ctx *ctx, void *state) {
+    if (!state || !ctx->ops->conv2d_weights_refresh) return RT_OK;
+    TIMED(ctx, ctx->ops->conv2d_weights_refresh(ctx, state), state, "conv2d weight copies", RT_PROF_FORWARD, 1, 0,
+          "all convolutions");
+}
+rt_status rt_conv2d_weights_grads(rt_model_ctx *ctx, void *state, int first, int count) {
+    if (!state || count == 0 || !ctx->ops->conv2d_weights_grads) return RT_OK;
+    TIMED(ctx, ctx->ops->conv2d_weights_grads(ctx, state, first, count), state, "conv2d weight grads",
+          RT_PROF_BACKWARD, (size_t)count, 0, "convolutions %d..%d", first, first + count - 1);
+}
+rt_status rt_act_input(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src, rt_act *dst) {
+    TIMED(ctx, rt_act_from_nchw(ctx, n, c, h, w, stored_c, src, dst), NULL, "input", RT_PROF_FORWARD, (size_t)n, 0,
+          "%dx%dx%d as %d channels, n %d", c, h, w, stored_c, n);
+}
 
 static double conv_flops(const rt_conv2d *l, int n) {
     return 2.0 * n * l->out_c * l->out_h * l->out_w * (double)l->in_c * l->k * l->k;

@@ -127,6 +127,8 @@ void rt_linear_release(rt_model_ctx *ctx, rt_linear *l);
  * Release the state before the layers. */
 rt_status rt_conv2d_weights_prepare(rt_model_ctx *ctx, rt_conv2d *const *ls, int n, bool defer_grads, void **state);
 rt_status rt_conv2d_weights_refresh(rt_model_ctx *ctx, void *state);
+/* The model's input conversion (rt_act_from_nchw), timed as a profile row of its own. */
+rt_status rt_act_input(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src, rt_act *dst);
 rt_status rt_conv2d_weights_grads(rt_model_ctx *ctx, void *state, int first, int count);
 void rt_conv2d_weights_release(rt_model_ctx *ctx, void *state);
 

@@ -199,7 +199,7 @@ rt_status rt_model_forward(rt_model *m, const float *x, int n, bool training) {
     /* the weights' copies from the parameters as they are now (layers.h) */
     RT_CHECK(rt_conv2d_weights_refresh(m->ctx, m->wcopies));
     if (m->x_act)
-        RT_CHECK(rt_act_from_nchw(m->ctx, n, m->cfg.in_channels, m->cfg.in_h, m->cfg.in_w, m->x_c, x, m->x_act));
+        RT_CHECK(rt_act_input(m->ctx, n, m->cfg.in_channels, m->cfg.in_h, m->cfg.in_w, m->x_c, x, m->x_act));
     RT_CHECK(m->ops->forward(m, rt_model_input_act(m), n, training));
     return RT_OK;
 }
