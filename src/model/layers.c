@@ -360,15 +360,21 @@ static rt_status bn_backward_check(rt_batchnorm2d *l, int n, const rt_act *x, co
  * forms are replaced by its sync pieces, which fuse the same residual add and ReLU. */
 static bool bn_synced(const rt_model_ctx *ctx) { return ctx->bn_sync.all_reduce != NULL; }
 
-static rt_status bn_sync_reduce(rt_model_ctx *ctx, rt_batchnorm2d *l) {
+/* before the sums are written into the context's buffer: it must hold the layer's */
+static rt_status bn_sync_fits(const rt_model_ctx *ctx, const rt_batchnorm2d *l) {
     RT_REQUIRE(l->c <= ctx->bn_sync_channels, RT_ERR_INVALID,
                "synchronised batchnorm2d of %d channels: the context's buffer holds %d (rt_model_ctx_set_bn_sync)",
                l->c, ctx->bn_sync_channels);
+    return RT_OK;
+}
+
+static rt_status bn_sync_reduce(rt_model_ctx *ctx, rt_batchnorm2d *l) {
     return ctx->bn_sync.all_reduce(ctx->bn_sync.user, ctx->bn_sync_buf, 2 * (size_t)l->c + 1, ctx->stream);
 }
 
 static rt_status bn_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *residual,
                                  rt_act *y, bool relu) {
+    RT_CHECK(bn_sync_fits(ctx, l));
     RT_CHECK(ctx->ops->batchnorm2d_sync_stats(ctx, l, n, x, ctx->bn_sync_buf));
     RT_CHECK(bn_sync_reduce(ctx, l));
     return ctx->ops->batchnorm2d_sync_forward(ctx, l, n, x, residual, y, relu, ctx->bn_sync_buf);
@@ -376,6 +382,7 @@ static rt_status bn_sync_forward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, co
 
 static rt_status bn_sync_backward(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, const rt_act *x, const rt_act *act,
                                   const rt_act *dy, rt_act *dx, bool accumulate) {
+    RT_CHECK(bn_sync_fits(ctx, l));
     RT_CHECK(ctx->ops->batchnorm2d_sync_dsums(ctx, l, n, x, act, dy, ctx->bn_sync_buf));
     RT_CHECK(bn_sync_reduce(ctx, l));
     return ctx->ops->batchnorm2d_sync_dx(ctx, l, n, x, act, dy, dx, accumulate, ctx->bn_sync_buf);

@@ -117,7 +117,8 @@ struct entry {
     cost_fn fn;
 };
 
-double words32(double n) { return (double)(((uint64_t)n + 31) / 32); } /* a bit mask's uint32 words */
+double words32(double n) { return (double)(((uint64_t)n + 31) / 32); }               /* a bit mask's uint32 words */
+double blocks_of(const params &p) { return (double)p.grid.x * p.grid.y * p.grid.z; } /* the launch's blocks */
 
 /* the casts' three arrays: counts n0, n1 and the rest of total */
 void set_counts(const params &p, double n[3]) {
@@ -204,6 +205,15 @@ const entry kTable[] = {
          t.wr(8, c), t.wr(9, c), t.rw(10, 1), t.wr(11, 2 * c);
          t.fl(3 * all + 2 * blocks + 20 * c);
      }},
+    /* NHWC (bn_nhwc_cuda.h): a block per (channel group, row tile), s.splits tiles; each
+     * (channel, tile) stores its two double partials, each block takes its group's ticket once */
+    {"bn_stats_nhwc_kernel", 14, [](const params &p, tally &t) { /* the parameters of bn_stats_kernel */
+         const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
+         const double all = (double)s.n * s.c * s.plane, c = s.c, parts = c * s.splits;
+         t.rda(1, all, s.bf16), t.rw(2, 2 * parts), t.rw(3, blocks_of(p)), t.rd(4, c), t.rd(5, c), t.rw(6, c);
+         t.rw(7, c), t.wr(8, c), t.wr(9, c), t.rw(10, 1), t.wr(11, 2 * c);
+         t.fl(3 * all + 2 * parts + 20 * c);
+     }},
     {"bn_eval_factors_kernel", 7, [](const params &p, tally &t) { /* (c, weight, bias, rmean, rvar, eps, factors) */
          const double c = p.num(0);
          t.rd(1, c), t.rd(2, c), t.rd(3, c), t.rd(4, c), t.wr(6, 2 * c), t.fl(8 * c);
@@ -221,6 +231,14 @@ const entry kTable[] = {
          t.rda(1, all, s.bf16), t.rda(2, all, s.bf16), t.rda(3, all, s.bf16), t.rw(4, 2 * blocks), t.rw(5, blocks);
          t.rd(6, c), t.rd(7, c), t.rd(8, c), t.wr(9, c), t.wr(10, c), t.wr(11, 4 * c);
          t.fl(all * (4 + (p.null(2) ? 0 : 1)) + 2 * blocks + 10 * c);
+         if (!p.null(12)) t.wra(12, all, s.bf16);
+     }},
+    {"bn_dsums_nhwc_kernel", 13, [](const params &p, tally &t) { /* the parameters of bn_dsums_kernel */
+         const rt_cuk_bn_shape s = p.get<rt_cuk_bn_shape>(0);
+         const double all = (double)s.n * s.c * s.plane, c = s.c, parts = c * s.splits;
+         t.rda(1, all, s.bf16), t.rda(2, all, s.bf16), t.rda(3, all, s.bf16), t.rw(4, 2 * parts);
+         t.rw(5, blocks_of(p)), t.rd(6, c), t.rd(7, c), t.rd(8, c), t.wr(9, c), t.wr(10, c), t.wr(11, 4 * c);
+         t.fl(all * (4 + (p.null(2) ? 0 : 1)) + 2 * parts + 10 * c);
          if (!p.null(12)) t.wra(12, all, s.bf16);
      }},
     {"bn_dx_kernel", 7, [](const params &p, tally &t) { /* (s, x, act, dy, factors, dx, accumulate) */
@@ -383,6 +401,14 @@ const entry kTable[] = {
          const double all = p.num(0) * p.num(1) * p.num(2);
          t.rda(5, all, p.num(3) != 0), t.wr(6, 2 * p.num(1) + 1), t.fl(3 * all);
      }},
+    /* NHWC (bn_nhwc_cuda.h): a block per (channel group, row tile), `tiles` tiles; partials
+     * and tickets as bn_stats_nhwc_kernel's */
+    {"syncbn_stats_nhwc_kernel", 9, [](const params &p, tally &t) {
+         /* (n, c, plane, bf16, x, partial, tickets, tiles, sums) */
+         const double all = p.num(0) * p.num(1) * p.num(2), parts = p.num(1) * p.num(7);
+         t.rda(4, all, p.num(3) != 0), t.rw(5, 2 * parts), t.rw(6, blocks_of(p)), t.wr(8, 2 * p.num(1) + 1);
+         t.fl(3 * all + 2 * parts);
+     }},
     {"syncbn_finish_kernel", 9, [](const params &p, tally &t) { /* (c, eps, momentum, sums, mean, invstd, rm, rv, nbt) */
          const double c = p.num(0);
          t.rd(3, 2 * c + 1), t.wr(4, c), t.wr(5, c), t.rw(6, c), t.rw(7, c), t.rw(8, 1), t.fl(16 * c);
@@ -400,6 +426,13 @@ const entry kTable[] = {
          const bool h = p.num(3) != 0;
          t.rda(5, all, h), t.rda(6, all, h), t.rda(7, all, h), t.rd(8, c), t.rd(9, c);
          t.wr(10, 2 * c + 1), t.wr(11, c), t.wr(12, c), t.fl(4 * all);
+     }},
+    {"syncbn_dsums_nhwc_kernel", 15, [](const params &p, tally &t) {
+         /* (n, c, plane, bf16, x, act, dy, mean, invstd, partial, tickets, tiles, sums, dw, db) */
+         const double all = p.num(0) * p.num(1) * p.num(2), c = p.num(1), parts = c * p.num(11);
+         const bool h = p.num(3) != 0;
+         t.rda(4, all, h), t.rda(5, all, h), t.rda(6, all, h), t.rd(7, c), t.rd(8, c), t.rw(9, 2 * parts);
+         t.rw(10, blocks_of(p)), t.wr(12, 2 * c + 1), t.wr(13, c), t.wr(14, c), t.fl(4 * all + 2 * parts);
      }},
     {"syncbn_dx_kernel", 14, [](const params &p, tally &t) {
          /* (count, c, plane, bf16, nhwc, x, act, dy, mean, invstd, g, sums, dx, acc) */

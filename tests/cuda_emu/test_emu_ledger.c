@@ -32,6 +32,7 @@
 #include "core/rng.h"
 #include "dist/internal/bf16_cuda.h"
 #include "model/cuda/cuda_internal.h"
+#include "model/cuda/syncbn_cuda.h"
 #include "optim/clip.h"
 #include "optim/internal/optim_kernels.h"
 #include "rt_emu_ledger.h"
@@ -246,7 +247,7 @@ static void test_bn_kernels(void **state) {
     (void)state;
     begin(2);
     const size_t F = sizeof(float), D = sizeof(double), I = sizeof(int), L = sizeof(int64_t), C = 3, N = 30;
-    assert_int_equal(rt_cuk_bn_splits(2, 5), 1);
+    assert_int_equal(rt_cuk_bn_splits(2, 3, 5, false), 1);
     float *x = dev(N * F), *r = dev(N * F), *y = dev(N * F), *dy = dev(N * F), *v = dev(16 * C * F);
     rt_cuk_bn_args a = {.weight = v,
                         .bias = v + C,
@@ -277,6 +278,50 @@ static void test_bn_kernels(void **state) {
     expect_op(6, "bn_dsums_kernel", 2 * N * F + part + 3 * C * F, part + 2 * C * F + 4 * C * F);
     expect_op(7, "bn_dx_kernel", 3 * N * F + 4 * C * F, N * F);
     assert_int_equal(recorded(), 8);
+}
+
+/* batch norm in bf16 NHWC over (2, 40, 300): 600 rows of 40 channels, so 2 channel groups
+ * (32 + 8 lanes' channels) x 3 row tiles (rt_cuk_bn_splits: 256 rows each at least) = 6
+ * blocks; each (channel, tile) stores its two double partials, each block takes its
+ * group's ticket once. The synchronised sums take the same tiling. */
+static void test_bn_nhwc_kernels(void **state) {
+    (void)state;
+    begin(2);
+    const size_t F = sizeof(float), D = sizeof(double), I = sizeof(int), L = sizeof(int64_t), H = sizeof(uint16_t);
+    const size_t C = 40, N = 2 * C * 300, T = 3, B = 2 * T;
+    assert_int_equal(rt_cuk_bn_splits(2, (int)C, 300, true), (int)T);
+    uint16_t *x = dev(N * H), *y = dev(N * H), *dy = dev(N * H), *g = dev(N * H);
+    float *v = dev(16 * C * F);
+    double *sums = dev((2 * C + 1) * D);
+    rt_cuk_bn_args a = {.weight = v,
+                        .bias = v + C,
+                        .running_mean = v + 2 * C,
+                        .running_var = v + 3 * C,
+                        .save_mean = v + 4 * C,
+                        .save_invstd = v + 5 * C,
+                        .dweight = v + 6 * C,
+                        .dbias = v + 7 * C,
+                        .num_batches_tracked = dev(L),
+                        .momentum = 0.1f,
+                        .eps = 1e-5f,
+                        .partial = dev(2 * C * T * D),
+                        .factors = v + 8 * C,
+                        .tickets = dev(C * I)};
+    const rt_cuk_bn_shape sh = {.n = 2, .c = (int)C, .plane = 300, .bf16 = 1, .nhwc = 1};
+    const double part = 2 * C * T * D + B * I; /* partials and tickets, each read and written */
+    assert_cuda(rt_cuk_bn_forward(g_s, &a, sh, x, NULL, y, true, false));
+    expect_op(0, "bn_stats_nhwc_kernel", N * H + part + 4 * C * F + L, part + 4 * C * F + L + 2 * C * F);
+    expect_op(1, "bn_apply_kernel", N * H + 2 * C * F, N * H);
+    assert_cuda(rt_cuk_bn_backward(g_s, &a, sh, x, y, dy, dy, false, g)); /* through y's relu, g kept */
+    expect_op(2, "bn_dsums_nhwc_kernel", 3 * N * H + part + 3 * C * F, part + 2 * C * F + 4 * C * F + N * H);
+    expect_op(3, "bn_dx_kernel", 2 * N * H + 4 * C * F, N * H); /* x and g: the kept g replaces dy and act */
+    const rt_act_format f = {RT_BF16, RT_ACT_NHWC, 1};
+    assert_cuda(rt_cuk_syncbn_stats(g_s, f, 2, (int)C, 300, x, a.partial, a.tickets, sums));
+    expect_op(4, "syncbn_stats_nhwc_kernel", N * H + part, part + (2 * C + 1) * D);
+    assert_cuda(rt_cuk_syncbn_dsums(g_s, f, 2, (int)C, 300, x, y, dy, a.save_mean, a.save_invstd, a.partial,
+                                    a.tickets, sums, a.dweight, a.dbias));
+    expect_op(5, "syncbn_dsums_nhwc_kernel", 3 * N * H + 2 * C * F + part, part + (2 * C + 1) * D + 2 * C * F);
+    assert_int_equal(recorded(), 6);
 }
 
 static void test_cast_set_kernels(void **state) {
@@ -622,6 +667,7 @@ int main(void) {
         cmocka_unit_test(test_model_kernels),
         cmocka_unit_test(test_pool_and_bias_kernels),
         cmocka_unit_test(test_bn_kernels),
+        cmocka_unit_test(test_bn_nhwc_kernels),
         cmocka_unit_test(test_convw_kernels),
         cmocka_unit_test(test_cast_set_kernels),
         cmocka_unit_test(test_loss_kernels),

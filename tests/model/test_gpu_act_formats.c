@@ -319,9 +319,10 @@ static rt_status one_rank_all_reduce(void *user, double *buf, size_t count, rt_s
 }
 
 static void bn_cases(void) {
-    /* n, C, H, W: channels not a multiple of 8, a 1x1 plane, and n * plane past one
-     * block's slice (8192: 2 slices per channel) */
-    const int shapes[][4] = {{4, 5, 3, 5}, {6, 12, 1, 1}, {4, 3, 48, 48}};
+    /* n, C, H, W: channels not a multiple of 8, a 1x1 plane, n * plane past one block's
+     * slice (8192: 2 slices per channel; NHWC: 5 row tiles of 2048 rows), and in NHWC two
+     * channel groups (32 + 8 channels) of 2 row tiles (256 rows each) */
+    const int shapes[][4] = {{4, 5, 3, 5}, {6, 12, 1, 1}, {4, 3, 48, 48}, {3, 40, 12, 12}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int k = 0; k < 4; k += 3) /* plain, and + residual + relu */
             bn_fmt_case(shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3], k & 1, k & 2);
@@ -350,7 +351,7 @@ static void test_formats_syncbn(void **state) {
     const rt_bn_sync sync = {.all_reduce = one_rank_all_reduce};
     for (int f = 0; f < N_FORMATS; f++) {
         use_format(&k_formats[f]);
-        assert_rt_ok(rt_model_ctx_set_bn_sync(g_gpu, &sync, 16));
+        assert_rt_ok(rt_model_ctx_set_bn_sync(g_gpu, &sync, 64));
         bn_cases();
     }
 }

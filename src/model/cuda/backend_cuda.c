@@ -124,7 +124,8 @@ static void cuda_bn_release(rt_model_ctx *ctx, rt_batchnorm2d *l) {
 }
 
 static rt_status bn_prepare(rt_model_ctx *ctx, rt_batchnorm2d *l, bn_priv *p, int max_n) {
-    const size_t c = (size_t)l->c, splits = (size_t)rt_cuk_bn_splits(max_n, (size_t)l->h * l->w);
+    const size_t c = (size_t)l->c,
+                 splits = (size_t)rt_cuk_bn_splits(max_n, l->c, (size_t)l->h * l->w, ctx->act.layout == RT_ACT_NHWC);
     p->max_n = max_n;
     p->off_factors = align256(2 * c * splits * sizeof(double));
     p->off_tickets = p->off_factors + align256(4 * c * sizeof(float));
@@ -152,12 +153,22 @@ static rt_status cuda_bn_prepare(rt_model_ctx *ctx, rt_batchnorm2d *l, int max_n
     return RT_OK;
 }
 
-/* the kernels' view of layer l at batch n */
-static rt_status bn_args(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, rt_cuk_bn_args *a, rt_cuk_bn_shape *sh) {
+rt_status rt_cuda_bn_scratch(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, double **partial, int **tickets) {
     bn_priv *p = l->priv;
     RT_REQUIRE(p != NULL, RT_ERR_INVALID, "batchnorm2d on cuda: layer not prepared (rt_batchnorm2d_prepare)");
     RT_REQUIRE(n <= p->max_n, RT_ERR_INVALID, "batchnorm2d: batch %d larger than the prepared %d", n, p->max_n);
     RT_CHECK(rt_cuda_bind(ctx));
+    *partial = p->scratch;
+    *tickets = (int *)((char *)p->scratch + p->off_tickets);
+    return RT_OK;
+}
+
+/* the kernels' view of layer l at batch n */
+static rt_status bn_args(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, rt_cuk_bn_args *a, rt_cuk_bn_shape *sh) {
+    double *partial;
+    int *tickets;
+    RT_CHECK(rt_cuda_bn_scratch(ctx, l, n, &partial, &tickets));
+    bn_priv *p = l->priv;
     *a = (rt_cuk_bn_args){
         .weight = rt_tensor_data(&l->weight),
         .bias = rt_tensor_data(&l->bias),
@@ -170,9 +181,9 @@ static rt_status bn_args(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, rt_cuk_bn_
         .num_batches_tracked = rt_tensor_data(&l->num_batches_tracked),
         .momentum = l->momentum,
         .eps = l->eps,
-        .partial = p->scratch,
+        .partial = partial,
         .factors = (float *)((char *)p->scratch + p->off_factors),
-        .tickets = (int *)((char *)p->scratch + p->off_tickets),
+        .tickets = tickets,
     };
     *sh = (rt_cuk_bn_shape){.n = n,
                             .c = l->c,

@@ -55,6 +55,11 @@ bool rt_cuda_conv2d_nhwc(const rt_conv2d *l);
 /* Make the context's GPU current for the calling thread (cheap, no synchronisation). */
 rt_status rt_cuda_bind(rt_model_ctx *ctx);
 
+/* backend_cuda.c: prepared batch-norm layer l's reduction scratch for a batch of n
+ * (rt_cuk_bn_args' partial and tickets), which the synchronised batch norm's NHWC sums
+ * use too (syncbn_cuda.c); an error when l is not prepared for n */
+rt_status rt_cuda_bn_scratch(rt_model_ctx *ctx, rt_batchnorm2d *l, int n, double **partial, int **tickets);
+
 /* conv_cuda.c */
 rt_status rt_cuda_conv2d_prepare(rt_model_ctx *ctx, rt_conv2d *l, int max_n, size_t *workspace);
 void rt_cuda_conv2d_release(rt_model_ctx *ctx, rt_conv2d *l);
@@ -174,19 +179,22 @@ cudaError_t rt_cuk_bf16_channel_sums(cudaStream_t s, int n, int c, size_t plane,
 /* Batch norm (training and evaluation), with the residual add and the ReLU fused
  * (kernels_cuda.cu, "batch norm"). The activations' shape and format: (n, c, plane),
  * NCHW or (nhwc 1) NHWC, fp32 or (bf16 1) bf16 elements; `splits` blocks share each
- * channel's reduction (rt_cuk_bn_splits: a function of n and plane alone, so the
- * reduction order, and every bit of the result, is the same on every run and every
- * device). Statistics, factors and parameter gradients are fp32 (sums in double) in
- * every format. */
+ * channel's reduction (rt_cuk_bn_splits: a function of the shape alone, so the reduction
+ * order, and every bit of the result, is the same on every run and every device): in
+ * NCHW slices of a channel, one block per (channel, slice); in NHWC row tiles of the
+ * (n * plane) x c matrix, one block per (group of up to 32 adjacent channels, tile), its
+ * threads along the channels (bn_nhwc_cuda.h). Statistics, factors and parameter
+ * gradients are fp32 (sums in double) in every format. */
 typedef struct rt_cuk_bn_shape {
     int n, c, splits;
     int bf16, nhwc;
     size_t plane;
 } rt_cuk_bn_shape;
-int rt_cuk_bn_splits(int n, size_t plane);
+int rt_cuk_bn_splits(int n, int c, size_t plane, bool nhwc);
 /* a layer's tensors (device pointers) and its per-layer scratch, allocated at prepare:
  * partial (2 * c * splits doubles for the largest batch), factors (4 * c floats), tickets
- * (c ints, zero between launches: the last block of a channel resets its ticket) */
+ * (c ints, zero between launches: the last block of a channel, or in NHWC of a channel
+ * group, resets its ticket) */
 typedef struct rt_cuk_bn_args {
     const float *weight, *bias;
     float *running_mean, *running_var, *save_mean, *save_invstd, *dweight, *dbias;

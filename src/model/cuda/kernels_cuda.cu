@@ -17,6 +17,7 @@
  * launcher allocates or synchronises.
  */
 #include "core/philox.h"
+#include "model/cuda/bn_nhwc_cuda.h"
 #include "model/cuda/cuda_internal.h"
 
 #include <math.h>
@@ -419,10 +420,10 @@ extern "C" cudaError_t rt_cuk_dropout_backward(cudaStream_t s, rt_act_format f, 
 
 typedef rt_cuk_bn_shape bn_shape;
 
-/* THE activation layout, in one place: where value j (in [0, n * plane)) of channel c
- * lies, and the channel of a flat index: NCHW (n, c, plane) or NHWC (n, plane, c). */
+/* where value j (in [0, n * plane)) of channel c lies in NCHW (n, c, plane): the
+ * per-channel reductions' layout (NHWC's reduce along rows: bn_nhwc_cuda.h); and the
+ * channel of a flat index, NCHW or NHWC (n, plane, c) */
 static __device__ __forceinline__ size_t bn_at(const bn_shape s, int c, size_t j) {
-    if (s.nhwc) return j * (size_t)s.c + (size_t)c;
     const size_t i = j / s.plane;
     return (i * (size_t)s.c + (size_t)c) * s.plane + (j - i * s.plane);
 }
@@ -475,6 +476,23 @@ static __device__ void bn_set_affine(float *factors, int c, float gamma, float b
     factors[2 * c + 1] = (float)(beta - mean * gamma * invstd);
 }
 
+/* the last block of channel c, with the channel's sum and sum of squares: the batch and
+ * running statistics, the scale and shift, and (channel 0) the step counter */
+static __device__ void bn_stats_finish(const bn_shape s, int c, double s1, double s2, const float *weight,
+                                       const float *bias, float *running_mean, float *running_var, float *save_mean,
+                                       float *save_invstd, int64_t *nbt, float *factors, float momentum, float eps) {
+    const double m = (double)s.n * (double)s.plane, mean = s1 / m, mo = momentum;
+    double var = s2 / m - mean * mean;
+    if (var < 0) var = 0;
+    const double invstd = 1.0 / sqrt(var + (double)eps);
+    save_mean[c] = (float)mean;
+    save_invstd[c] = (float)invstd;
+    running_mean[c] = (float)((1.0 - mo) * running_mean[c] + mo * mean);
+    running_var[c] = (float)((1.0 - mo) * running_var[c] + mo * var * m / (m - 1.0)); /* unbiased */
+    bn_set_affine(factors, c, weight[c], bias[c], mean, invstd);
+    if (c == 0) *nbt += 1;
+}
+
 static __global__ void bn_stats_kernel(const bn_shape s, const void *x, double *partial, int *tickets,
                                        const float *weight, const float *bias, float *running_mean, float *running_var,
                                        float *save_mean, float *save_invstd, int64_t *nbt, float *factors,
@@ -491,16 +509,28 @@ static __global__ void bn_stats_kernel(const bn_shape s, const void *x, double *
     }
     bn_block_sums(&s1, &s2, sa, sb);
     if (threadIdx.x != 0 || !bn_channel_done(&s1, &s2, partial, tickets, c, s.splits)) return;
-    const double m = (double)s.n * (double)s.plane, mean = s1 / m, mo = momentum;
-    double var = s2 / m - mean * mean;
-    if (var < 0) var = 0;
-    const double invstd = 1.0 / sqrt(var + (double)eps);
-    save_mean[c] = (float)mean;
-    save_invstd[c] = (float)invstd;
-    running_mean[c] = (float)((1.0 - mo) * running_mean[c] + mo * mean);
-    running_var[c] = (float)((1.0 - mo) * running_var[c] + mo * var * m / (m - 1.0)); /* unbiased */
-    bn_set_affine(factors, c, weight[c], bias[c], mean, invstd);
-    if (c == 0) *nbt += 1;
+    bn_stats_finish(s, c, s1, s2, weight, bias, running_mean, running_var, save_mean, save_invstd, nbt, factors,
+                    momentum, eps);
+}
+
+/* the same in NHWC, threads along the channels (bn_nhwc_cuda.h): a block per (channel
+ * group, row tile), s.splits tiles */
+static __global__ void bn_stats_nhwc_kernel(const bn_shape s, const void *x, double *partial, int *tickets,
+                                            const float *weight, const float *bias, float *running_mean,
+                                            float *running_var, float *save_mean, float *save_invstd, int64_t *nbt,
+                                            float *factors, float momentum, float eps) {
+    __shared__ double sa[BN_NHWC_THREADS], sb[BN_NHWC_THREADS];
+    __shared__ int last;
+    const bn_tile T = bn_tile_of(s.c, (size_t)s.n * s.plane, s.splits);
+    double s1 = 0, s2 = 0;
+    for (size_t r = T.r0 + T.y; r < T.r1; r += T.rl) {
+        const double v = (double)act_ld(x, s.bf16, r * (size_t)s.c + (size_t)T.ch);
+        s1 += v;
+        s2 = __fma_rn(v, v, s2);
+    }
+    if (!bn_tile_done(T, &s1, &s2, sa, sb, &last, partial, tickets)) return;
+    bn_stats_finish(s, T.ch, s1, s2, weight, bias, running_mean, running_var, save_mean, save_invstd, nbt, factors,
+                    momentum, eps);
 }
 
 static __global__ void bn_eval_factors_kernel(int c, const float *weight, const float *bias, const float *running_mean,
@@ -528,6 +558,32 @@ static __device__ __forceinline__ float bn_relu_grad(const bn_shape s, const voi
 
 /* keep, when not NULL, gets g (dy through the ReLU: exact in either dtype; it may be dy: each
  * element is read, then written, by the one thread that owns it) */
+/* the last block of channel c, with the channel's sum g and sum g (x - mean): dweight,
+ * dbias and the dx factors (the CPU's bn_dfactors: s2 * invstd = sum g * xhat) */
+static __device__ void bn_dsums_finish(const bn_shape s, int c, double s1, double s2, const float *weight,
+                                       const float *save_mean, const float *save_invstd, float *dweight, float *dbias,
+                                       float *factors) {
+    const double m = (double)s.n * (double)s.plane, invstd = save_invstd[c], sgx = s2 * invstd;
+    dweight[c] = (float)sgx;
+    dbias[c] = (float)s1;
+    float *f = factors + 4 * (size_t)c;
+    f[0] = (float)(weight[c] * invstd);
+    f[1] = (float)(s1 / m);
+    f[2] = save_mean[c];
+    f[3] = __fmul_rn((float)invstd, (float)(sgx / m));
+}
+
+/* element o's share of the backward's sums (keep, when not NULL, gets g) */
+static __device__ __forceinline__ void bn_dsums_add(const bn_shape s, const void *x, const void *act, const void *dy,
+                                                    void *keep, double mean, size_t o, double *s1, double *s2) {
+    const double g = bn_relu_grad(s, act, dy, o);
+    if (keep) act_st(keep, s.bf16, o, (float)g);
+    *s1 += g;
+    *s2 = __fma_rn(g, (double)act_ld(x, s.bf16, o) - mean, *s2);
+}
+
+/* keep, when not NULL, gets g (dy through the ReLU: exact in either dtype; it may be dy: each
+ * element is read, then written, by the one thread that owns it) */
 static __global__ void bn_dsums_kernel(const bn_shape s, const void *x, const void *act, const void *dy,
                                        double *partial, int *tickets, const float *weight, const float *save_mean,
                                        const float *save_invstd, float *dweight, float *dbias, float *factors,
@@ -538,24 +594,28 @@ static __global__ void bn_dsums_kernel(const bn_shape s, const void *x, const vo
     double s1 = 0, s2 = 0;
     size_t j0, j1;
     bn_slice(s, &j0, &j1);
-    for (size_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
-        const size_t o = bn_at(s, c, j);
-        const double g = bn_relu_grad(s, act, dy, o);
-        if (keep) act_st(keep, s.bf16, o, (float)g);
-        s1 += g;
-        s2 = __fma_rn(g, (double)act_ld(x, s.bf16, o) - mean, s2);
-    }
+    for (size_t j = j0 + threadIdx.x; j < j1; j += blockDim.x)
+        bn_dsums_add(s, x, act, dy, keep, mean, bn_at(s, c, j), &s1, &s2);
     bn_block_sums(&s1, &s2, sa, sb);
     if (threadIdx.x != 0 || !bn_channel_done(&s1, &s2, partial, tickets, c, s.splits)) return;
-    /* the CPU's bn_dfactors: s2 * invstd = sum g * xhat */
-    const double m = (double)s.n * (double)s.plane, invstd = save_invstd[c], sgx = s2 * invstd;
-    dweight[c] = (float)sgx;
-    dbias[c] = (float)s1;
-    float *f = factors + 4 * (size_t)c;
-    f[0] = (float)(weight[c] * invstd);
-    f[1] = (float)(s1 / m);
-    f[2] = save_mean[c];
-    f[3] = __fmul_rn((float)invstd, (float)(sgx / m));
+    bn_dsums_finish(s, c, s1, s2, weight, save_mean, save_invstd, dweight, dbias, factors);
+}
+
+/* the same in NHWC, threads along the channels (bn_nhwc_cuda.h); each element of keep is
+ * written by the one lane that sums it */
+static __global__ void bn_dsums_nhwc_kernel(const bn_shape s, const void *x, const void *act, const void *dy,
+                                            double *partial, int *tickets, const float *weight, const float *save_mean,
+                                            const float *save_invstd, float *dweight, float *dbias, float *factors,
+                                            void *keep) {
+    __shared__ double sa[BN_NHWC_THREADS], sb[BN_NHWC_THREADS];
+    __shared__ int last;
+    const bn_tile T = bn_tile_of(s.c, (size_t)s.n * s.plane, s.splits);
+    const double mean = T.ch < s.c ? save_mean[T.ch] : 0.0;
+    double s1 = 0, s2 = 0;
+    for (size_t r = T.r0 + T.y; r < T.r1; r += T.rl)
+        bn_dsums_add(s, x, act, dy, keep, mean, r * (size_t)s.c + (size_t)T.ch, &s1, &s2);
+    if (!bn_tile_done(T, &s1, &s2, sa, sb, &last, partial, tickets)) return;
+    bn_dsums_finish(s, T.ch, s1, s2, weight, save_mean, save_invstd, dweight, dbias, factors);
 }
 
 /* dx may be dy (each element is read before it is written, by the same thread) */
@@ -570,19 +630,34 @@ static __global__ void bn_dx_kernel(const bn_shape s, const void *x, const void 
     }
 }
 
-extern "C" int rt_cuk_bn_splits(int n, size_t plane) {
+extern "C" int rt_cuk_bn_splits(int n, int c, size_t plane, bool nhwc) {
+    if (nhwc) return bn_nhwc_tiles(c, (size_t)n * plane);
     const size_t k = ((size_t)n * plane + BN_CHUNK - 1) / BN_CHUNK;
     return k < 1 ? 1 : k > BN_MAX_SPLITS ? BN_MAX_SPLITS : (int)k;
 }
 
-extern "C" cudaError_t rt_cuk_bn_forward(cudaStream_t st, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const void *x,
-                                         const void *residual, void *y, bool training, bool relu) {
-    sh.splits = rt_cuk_bn_splits(sh.n, sh.plane);
-    if (bn_count(sh) == 0) return cudaSuccess;
-    if (training)
-        bn_stats_kernel<<<dim3((unsigned)sh.c, (unsigned)sh.splits), BN_THREADS, 0, st>>>(
+/* the reductions' grid: (channel, slice) in NCHW, (channel group, row tile) in NHWC */
+static dim3 bn_sums_grid(const bn_shape s) {
+    return dim3((unsigned)(s.nhwc ? bn_nhwc_groups(s.c) : s.c), (unsigned)s.splits);
+}
+
+static void bn_stats(cudaStream_t st, const rt_cuk_bn_args *a, const bn_shape sh, const void *x) {
+    if (sh.nhwc)
+        bn_stats_nhwc_kernel<<<bn_sums_grid(sh), BN_NHWC_THREADS, 0, st>>>(
             sh, x, a->partial, a->tickets, a->weight, a->bias, a->running_mean, a->running_var, a->save_mean,
             a->save_invstd, a->num_batches_tracked, a->factors, a->momentum, a->eps);
+    else
+        bn_stats_kernel<<<bn_sums_grid(sh), BN_THREADS, 0, st>>>(
+            sh, x, a->partial, a->tickets, a->weight, a->bias, a->running_mean, a->running_var, a->save_mean,
+            a->save_invstd, a->num_batches_tracked, a->factors, a->momentum, a->eps);
+}
+
+extern "C" cudaError_t rt_cuk_bn_forward(cudaStream_t st, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const void *x,
+                                         const void *residual, void *y, bool training, bool relu) {
+    sh.splits = rt_cuk_bn_splits(sh.n, sh.c, sh.plane, sh.nhwc != 0);
+    if (bn_count(sh) == 0) return cudaSuccess;
+    if (training)
+        bn_stats(st, a, sh, x);
     else
         bn_eval_factors_kernel<<<grid_for((size_t)sh.c), THREADS, 0, st>>>(sh.c, a->weight, a->bias, a->running_mean,
                                                                            a->running_var, a->eps, a->factors);
@@ -594,11 +669,16 @@ extern "C" cudaError_t rt_cuk_bn_forward(cudaStream_t st, const rt_cuk_bn_args *
 
 extern "C" cudaError_t rt_cuk_bn_backward(cudaStream_t st, const rt_cuk_bn_args *a, rt_cuk_bn_shape sh, const void *x,
                                           const void *act, const void *dy, void *dx, bool accumulate, void *keep) {
-    sh.splits = rt_cuk_bn_splits(sh.n, sh.plane);
+    sh.splits = rt_cuk_bn_splits(sh.n, sh.c, sh.plane, sh.nhwc != 0);
     if (bn_count(sh) == 0) return cudaSuccess;
-    bn_dsums_kernel<<<dim3((unsigned)sh.c, (unsigned)sh.splits), BN_THREADS, 0, st>>>(
-        sh, x, act, dy, a->partial, a->tickets, a->weight, a->save_mean, a->save_invstd, a->dweight, a->dbias,
-        a->factors, keep);
+    if (sh.nhwc)
+        bn_dsums_nhwc_kernel<<<bn_sums_grid(sh), BN_NHWC_THREADS, 0, st>>>(sh, x, act, dy, a->partial, a->tickets,
+                                                                           a->weight, a->save_mean, a->save_invstd,
+                                                                           a->dweight, a->dbias, a->factors, keep);
+    else
+        bn_dsums_kernel<<<bn_sums_grid(sh), BN_THREADS, 0, st>>>(sh, x, act, dy, a->partial, a->tickets, a->weight,
+                                                                 a->save_mean, a->save_invstd, a->dweight, a->dbias,
+                                                                 a->factors, keep);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     /* with keep, the dx pass reads g (kept) instead of dy and act: one read fewer */

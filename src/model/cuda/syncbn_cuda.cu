@@ -1,9 +1,13 @@
 /* Synchronised batch norm's kernels (syncbn_cuda.h): the CPU backend's arithmetic
  * (src/model/cpu/ops_cpu.c, bn_stats / bn_affine / bn_dfactors), split at the sums that
  * are all-reduced between the passes. A channel's sums are one block's, in double (the
- * CPU sums in double too); the elementwise passes read the per-channel factors. Every
+ * CPU sums in double too); in NHWC a block per (group of adjacent channels, row tile), its
+ * threads along the channels, the last block of a group adding the tiles' partials in order
+ * (bn_nhwc_cuda.h: the layer's scratch, no floating-point atomics). The elementwise passes
+ * read the per-channel factors. Every
  * launcher enqueues on `s` and returns cudaGetLastError(); none allocates or synchronises. */
 #include "core/bf16.h"
+#include "model/cuda/bn_nhwc_cuda.h"
 #include "model/cuda/syncbn_cuda.h"
 
 #include <math.h>
@@ -73,6 +77,25 @@ static __global__ void syncbn_stats_kernel(int n, int c, int plane, int bf16, in
     }
 }
 
+/* the same in NHWC (bn_nhwc_cuda.h): a block per (channel group, row tile) of `tiles` */
+static __global__ void syncbn_stats_nhwc_kernel(int n, int c, int plane, int bf16, const void *x, double *partial,
+                                                int *tickets, int tiles, double *sums) {
+    __shared__ double a[BN_NHWC_THREADS], b[BN_NHWC_THREADS];
+    __shared__ int last;
+    const size_t m = (size_t)n * plane;
+    const bn_tile T = bn_tile_of(c, m, tiles);
+    double s = 0, ss = 0;
+    for (size_t r = T.r0 + T.y; r < T.r1; r += T.rl) {
+        const double v = sb_ld(x, bf16, r * (size_t)c + (size_t)T.ch);
+        s += v;
+        ss += v * v;
+    }
+    if (!bn_tile_done(T, &s, &ss, a, b, &last, partial, tickets)) return;
+    sums[T.ch] = s;
+    sums[c + T.ch] = ss;
+    if (T.ch == 0) sums[2 * c] = (double)m;
+}
+
 static __global__ void syncbn_finish_kernel(int c, float eps, float momentum, const double *sums, float *save_mean,
                                             float *save_invstd, float *rm, float *rv, int64_t *tracked) {
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
@@ -127,6 +150,30 @@ static __global__ void syncbn_dsums_kernel(int n, int c, int plane, int bf16, in
     }
 }
 
+/* the same in NHWC (bn_nhwc_cuda.h): a block per (channel group, row tile) of `tiles` */
+static __global__ void syncbn_dsums_nhwc_kernel(int n, int c, int plane, int bf16, const void *x, const void *act,
+                                                const void *dy, const float *mean, const float *invstd, double *partial,
+                                                int *tickets, int tiles, double *sums, float *dweight, float *dbias) {
+    __shared__ double a[BN_NHWC_THREADS], b[BN_NHWC_THREADS];
+    __shared__ int last;
+    const size_t m = (size_t)n * plane;
+    const bn_tile T = bn_tile_of(c, m, tiles);
+    const float mu = T.ch < c ? mean[T.ch] : 0.0f;
+    double s = 0, sx = 0;
+    for (size_t r = T.r0 + T.y; r < T.r1; r += T.rl) {
+        const size_t i = r * (size_t)c + (size_t)T.ch;
+        const float g = sb_grad(dy, act, bf16, i);
+        s += g;
+        sx += (double)g * (sb_ld(x, bf16, i) - mu);
+    }
+    if (!bn_tile_done(T, &s, &sx, a, b, &last, partial, tickets)) return;
+    sums[T.ch] = s;
+    sums[c + T.ch] = sx;
+    dweight[T.ch] = (float)(sx * invstd[T.ch]);
+    dbias[T.ch] = (float)s;
+    if (T.ch == 0) sums[2 * c] = (double)m;
+}
+
 static __global__ void syncbn_dx_kernel(size_t count, int c, int plane, int bf16, int nhwc, const void *x,
                                         const void *act, const void *dy, const float *mean, const float *invstd,
                                         const float *gamma, const double *sums, void *dx, int accumulate) {
@@ -143,9 +190,17 @@ static __global__ void syncbn_dx_kernel(size_t count, int c, int plane, int bf16
 static int sb_bf16(rt_act_format f) { return f.dtype == RT_BF16 ? 1 : 0; }
 static int sb_nhwc(rt_act_format f) { return f.layout == RT_ACT_NHWC ? 1 : 0; }
 
+/* NHWC's grid: (channel group, row tile) */
+static dim3 sb_nhwc_grid(int c, int tiles) { return dim3((unsigned)bn_nhwc_groups(c), (unsigned)tiles); }
+
 extern "C" cudaError_t rt_cuk_syncbn_stats(cudaStream_t s, rt_act_format f, int n, int c, int plane, const void *x,
-                                           double *sums) {
-    syncbn_stats_kernel<<<c, SB_THREADS, 0, s>>>(n, c, plane, sb_bf16(f), sb_nhwc(f), x, sums);
+                                           double *partial, int *tickets, double *sums) {
+    const int tiles = bn_nhwc_tiles(c, (size_t)n * plane);
+    if (sb_nhwc(f))
+        syncbn_stats_nhwc_kernel<<<sb_nhwc_grid(c, tiles), BN_NHWC_THREADS, 0, s>>>(n, c, plane, sb_bf16(f), x, partial,
+                                                                                    tickets, tiles, sums);
+    else
+        syncbn_stats_kernel<<<c, SB_THREADS, 0, s>>>(n, c, plane, sb_bf16(f), sb_nhwc(f), x, sums);
     return cudaGetLastError();
 }
 
@@ -168,9 +223,14 @@ extern "C" cudaError_t rt_cuk_syncbn_apply(cudaStream_t s, rt_act_format f, int 
 
 extern "C" cudaError_t rt_cuk_syncbn_dsums(cudaStream_t s, rt_act_format f, int n, int c, int plane, const void *x,
                                            const void *act, const void *dy, const float *mean, const float *invstd,
-                                           double *sums, float *dweight, float *dbias) {
-    syncbn_dsums_kernel<<<c, SB_THREADS, 0, s>>>(n, c, plane, sb_bf16(f), sb_nhwc(f), x, act, dy, mean, invstd, sums,
-                                                 dweight, dbias);
+                                           double *partial, int *tickets, double *sums, float *dweight, float *dbias) {
+    const int tiles = bn_nhwc_tiles(c, (size_t)n * plane);
+    if (sb_nhwc(f))
+        syncbn_dsums_nhwc_kernel<<<sb_nhwc_grid(c, tiles), BN_NHWC_THREADS, 0, s>>>(
+            n, c, plane, sb_bf16(f), x, act, dy, mean, invstd, partial, tickets, tiles, sums, dweight, dbias);
+    else
+        syncbn_dsums_kernel<<<c, SB_THREADS, 0, s>>>(n, c, plane, sb_bf16(f), sb_nhwc(f), x, act, dy, mean, invstd,
+                                                     sums, dweight, dbias);
     return cudaGetLastError();
 }
 

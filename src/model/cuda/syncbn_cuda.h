@@ -13,8 +13,11 @@ extern "C" {
 
 /* x, dy, act, y, dx (n, c, plane) activations in format f (NCHW or NHWC, fp32 or bf16:
  * read in their dtype, y and dx rounded once when stored); sums (2c + 1) doubles; act
- * NULL: no ReLU mask */
-cudaError_t rt_cuk_syncbn_stats(cudaStream_t s, rt_act_format f, int n, int c, int plane, const void *x, double *sums);
+ * NULL: no ReLU mask. partial, tickets: the layer's batch-norm scratch (rt_cuda_bn_scratch:
+ * 2 * c * rt_cuk_bn_splits(n, c, plane, true) doubles, c ints at 0), used in NHWC only
+ * (NULL allowed in NCHW) */
+cudaError_t rt_cuk_syncbn_stats(cudaStream_t s, rt_act_format f, int n, int c, int plane, const void *x,
+                                double *partial, int *tickets, double *sums);
 /* the statistics from every rank's sums: save_mean, save_invstd, the running statistics
  * (momentum, unbiased variance) and num_batches_tracked + 1 */
 cudaError_t rt_cuk_syncbn_finish(cudaStream_t s, int c, float eps, float momentum, const double *sums, float *save_mean,
@@ -25,8 +28,8 @@ cudaError_t rt_cuk_syncbn_apply(cudaStream_t s, rt_act_format f, int n, int c, i
                                 const float *beta, void *y, bool relu);
 /* this rank's sum g, sum g (x - mean), count; dweight, dbias */
 cudaError_t rt_cuk_syncbn_dsums(cudaStream_t s, rt_act_format f, int n, int c, int plane, const void *x,
-                                const void *act, const void *dy, const float *mean, const float *invstd, double *sums,
-                                float *dweight, float *dbias);
+                                const void *act, const void *dy, const float *mean, const float *invstd,
+                                double *partial, int *tickets, double *sums, float *dweight, float *dbias);
 cudaError_t rt_cuk_syncbn_dx(cudaStream_t s, rt_act_format f, int n, int c, int plane, const void *x, const void *act,
                              const void *dy, const float *mean, const float *invstd, const float *gamma,
                              const double *sums, void *dx, bool accumulate);
