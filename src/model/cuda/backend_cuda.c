@@ -385,35 +385,33 @@ static rt_status need_format(rt_act_format f, const char *what) {
     return RT_OK;
 }
 
-/* fp32 NCHW unpadded is a copy (as it always was); any other format a conversion kernel */
-static rt_status cuda_act_from_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src,
-                                    rt_act *dst) {
+/* fp32 NCHW unpadded is a copy (as it always was); any other format a conversion kernel
+ * (to: activations -> fp32 NCHW) */
+static rt_status act_convert(rt_model_ctx *ctx, bool to, int n, int c, int h, int w, int stored_c, const void *src,
+                             void *dst) {
     RT_CHECK(rt_cuda_bind(ctx));
     if (rt_act_is_nchw_f32(ctx) && stored_c == c) {
-        if ((const void *)src != (const void *)dst)
+        if (src != dst)
             RT_CHECK_CUDA(cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n * c * h * w, cudaMemcpyDeviceToDevice,
                                           stream_of(ctx)));
         return RT_OK;
     }
-    RT_REQUIRE((const void *)src != (const void *)dst, RT_ERR_INVALID,
+    RT_REQUIRE(src != dst, RT_ERR_INVALID,
                "activation conversion on cuda: output aliases the input (only fp32 NCHW unpadded may)");
-    RT_CHECK_CUDA(rt_cuk_act_from_nchw(stream_of(ctx), ctx->act, n, c, (size_t)h * w, stored_c, src, dst));
+    const size_t plane = (size_t)h * w;
+    RT_CHECK_CUDA(to ? rt_cuk_act_to_nchw(stream_of(ctx), ctx->act, n, c, plane, stored_c, src, dst)
+                     : rt_cuk_act_from_nchw(stream_of(ctx), ctx->act, n, c, plane, stored_c, src, dst));
     return RT_OK;
+}
+
+static rt_status cuda_act_from_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const float *src,
+                                    rt_act *dst) {
+    return act_convert(ctx, false, n, c, h, w, stored_c, src, dst);
 }
 
 static rt_status cuda_act_to_nchw(rt_model_ctx *ctx, int n, int c, int h, int w, int stored_c, const rt_act *src,
                                   float *dst) {
-    RT_CHECK(rt_cuda_bind(ctx));
-    if (rt_act_is_nchw_f32(ctx) && stored_c == c) {
-        if ((const void *)src != (const void *)dst)
-            RT_CHECK_CUDA(cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n * c * h * w, cudaMemcpyDeviceToDevice,
-                                          stream_of(ctx)));
-        return RT_OK;
-    }
-    RT_REQUIRE((const void *)src != (const void *)dst, RT_ERR_INVALID,
-               "activation conversion on cuda: output aliases the input (only fp32 NCHW unpadded may)");
-    RT_CHECK_CUDA(rt_cuk_act_to_nchw(stream_of(ctx), ctx->act, n, c, (size_t)h * w, stored_c, src, dst));
-    return RT_OK;
+    return act_convert(ctx, true, n, c, h, w, stored_c, src, dst);
 }
 
 static rt_status cuda_relu_forward(rt_model_ctx *ctx, rt_dtype dt, size_t count, const void *x, void *y) {

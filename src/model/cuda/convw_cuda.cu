@@ -10,28 +10,10 @@
  * (the emulated GPUs rewrite the launches): the dtype and the layout are int parameters.
  */
 #include "core/bf16.h"
+#include "model/cuda/act_cuda.h"
 #include "model/cuda/cuda_internal.h"
 
-#define THREADS 256
-
-static unsigned grid_for(size_t count) {
-    size_t g = (count + THREADS - 1) / THREADS;
-    if (g > ((size_t)1 << 20)) g = (size_t)1 << 20; /* grid-stride loops cover the rest */
-    return g ? (unsigned)g : 1u;
-}
-
-#define GRID_STRIDE(i, count)                                                                                          \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (count); i += (size_t)gridDim.x * blockDim.x)
-
-static __device__ __forceinline__ float act_load(const void *p, size_t i, int bf16) {
-    return bf16 ? rt_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-static __device__ __forceinline__ void act_store(void *p, size_t i, float v, int bf16) {
-    if (bf16)
-        ((uint16_t *)p)[i] = rt_bf16_from_f32(v);
-    else
-        ((float *)p)[i] = v;
-}
+#define THREADS RT_CUK_THREADS
 
 /* Element j of a copy of one convolution's filter (out_c rows of x_c channels x taps),
  * KRSC (nhwc) or KCRS: its (row o, channel c, tap t). */
@@ -62,7 +44,7 @@ static __global__ void convw_refresh_kernel(int nconvs, const rt_cuk_wcopy *tabl
         int c, t;
         copy_coords(j, e.x_c, e.taps, e.nhwc, &o, &c, &t);
         const float v = c < e.in_c ? w[(o * e.in_c + c) * e.taps + t] : 0.0f;
-        act_store(copies, e.dst + j, v, bf16);
+        act_st(copies, bf16, e.dst + j, v);
     }
 }
 
@@ -77,7 +59,7 @@ static __device__ __forceinline__ size_t dw_at(size_t i, int in_c, int x_c, int 
  * ones dropped), widened where bf16 */
 static __global__ void convw_dw_kernel(size_t total, int in_c, int x_c, int taps, int nhwc, int bf16, const void *dwc,
                                        float *dw) {
-    GRID_STRIDE(i, total) { dw[i] = act_load(dwc, dw_at(i, in_c, x_c, taps, nhwc), bf16); }
+    GRID_STRIDE(i, total) { dw[i] = act_ld(dwc, bf16, dw_at(i, in_c, x_c, taps, nhwc)); }
 }
 
 /* The same for the table's entries first..first+count-1 in one launch (the deferred dW of
@@ -91,14 +73,14 @@ static __global__ void convw_grads_kernel(int first, int count, const rt_cuk_wco
     const rt_cuk_wcopy e = table[first + (int)blockIdx.y];
     float *dw = gbase + e.gsrc;
     GRID_STRIDE(i, (size_t)e.out_c * e.in_c * e.taps) {
-        dw[i] = act_load(dws, e.dst + dw_at(i, e.in_c, e.x_c, e.taps, e.nhwc), bf16);
+        dw[i] = act_ld(dws, bf16, e.dst + dw_at(i, e.in_c, e.x_c, e.taps, e.nhwc));
     }
 }
 
 /* y (n images of c channels x plane, NHWC or NCHW) = b[channel], rounded where bf16 */
 static __global__ void conv_bias_fill_kernel(size_t total, size_t plane, int c, int nhwc, int bf16, const float *b,
                                              void *y) {
-    GRID_STRIDE(i, total) { act_store(y, i, b[nhwc ? i % (size_t)c : (i / plane) % (size_t)c], bf16); }
+    GRID_STRIDE(i, total) { act_st(y, bf16, i, b[nhwc ? i % (size_t)c : (i / plane) % (size_t)c]); }
 }
 
 /* db[ch] = sum of dy over the images and the plane, in double, rounded to fp32 once; one
@@ -109,7 +91,7 @@ static __global__ void conv_bias_sums_kernel(int n, int c, size_t plane, int nhw
         double acc = 0;
         for (size_t i = 0; i < (size_t)n * plane; i++) {
             const size_t img = i / plane, p = i % plane;
-            acc += (double)act_load(dy, nhwc ? i * c + ch : (img * c + ch) * plane + p, bf16);
+            acc += (double)act_ld(dy, bf16, nhwc ? i * c + ch : (img * c + ch) * plane + p);
         }
         db[ch] = (float)acc;
     }

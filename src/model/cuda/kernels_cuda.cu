@@ -17,23 +17,15 @@
  * launcher allocates or synchronises.
  */
 #include "core/philox.h"
+#include "model/cuda/act_cuda.h"
 #include "model/cuda/bn_nhwc_cuda.h"
 #include "model/cuda/cuda_internal.h"
 
 #include <math.h>
 #include <string.h>
 
-#define THREADS 256
+#define THREADS RT_CUK_THREADS
 #define REDUCE_THREADS 256
-
-static unsigned grid_for(size_t count) {
-    size_t g = (count + THREADS - 1) / THREADS;
-    if (g > ((size_t)1 << 20)) g = (size_t)1 << 20; /* grid-stride loops cover the rest */
-    return g ? (unsigned)g : 1u;
-}
-
-#define GRID_STRIDE(i, count)                                                                                          \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (count); i += (size_t)gridDim.x * blockDim.x)
 
 /* fp32 -> bf16, round to nearest, ties to even; NaN stays a quiet NaN: core/bf16.h's
  * rt_bf16_from_f32, line for line (a copy from when that one was host-only; it is
@@ -61,17 +53,6 @@ static __device__ __forceinline__ float bf16_to_f32(uint16_t h) {
  * double where they were), and round ONCE where they store (act_st: round to nearest
  * even, core/bf16.h's rule). fp32 NCHW takes exactly the arithmetic it took before. */
 
-/* element i, widened to fp32 */
-static __device__ __forceinline__ float act_ld(const void *p, int bf16, size_t i) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-/* element i = v, rounded once to nearest even when bf16 */
-static __device__ __forceinline__ void act_st(void *p, int bf16, size_t i, float v) {
-    if (bf16)
-        ((uint16_t *)p)[i] = bf16_from_f32(v);
-    else
-        ((float *)p)[i] = v;
-}
 /* index of (image * c + channel = ic, position p) in activations of c channels and `plane`
  * positions, in the layout */
 static __device__ __forceinline__ size_t act_index(int nhwc, int c, size_t plane, size_t ic, size_t p) {
