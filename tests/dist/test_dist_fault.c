@@ -142,7 +142,12 @@ static void kill_shm_named_3(void **s) {
 /* Named segments of a rank killed during its setup: rank 1's rings are smaller than rank 0's,
  * so rank 1's setup fails when it opens rank 0's pair segment, which rank 0 made before
  * (rank 1 opens it after rank 0 published it). Rank 0 then waits inside its setup, its
- * segments on disk, until rank 1 SIGKILLs it: the exact window. The launcher removes them. */
+ * segments on disk, until rank 1 SIGKILLs it: the exact window. The launcher removes them.
+ * The window can be missed: rank 1's failed setup unlinks its own bell page, and a rank 0
+ * slower to open it (a loaded machine) ends its setup with that error and removes its own
+ * segments first. Both ranks then exit MISSED and the test runs the scenario again. */
+enum { MISSED = 3 };
+
 static int body_setup_kill(int rank, int world, int port, void *arg) {
     const cfg *c = arg;
     setenv("RINGTRAIN_SHM_TAG", c->tag, 1);
@@ -160,14 +165,15 @@ static int body_setup_kill(int rank, int world, int port, void *arg) {
     mp_pg_options(&o, method, rank, world, port, RT_TRANSPORT_SHM, 40);
     rt_pg *pg = NULL;
     rt_status s = rt_pg_init(&o, &pg);
-    MP_CHECK(rank == 1, "rank 0's setup ended (%s) instead of waiting for rank 1", rt_status_name(s));
+    if (rank == 0) return s != RT_OK ? MISSED : 1; /* a rank 0 still in the window is killed in there */
     MP_CHECK(s == RT_ERR_PEER && strstr(rt_error_message(), "RINGTRAIN_SHM_RING_BYTES"),
              "rank 1's setup with other ring sizes: %s: %s", rt_status_name(s), rt_error_message());
     /* rank 0 is inside its setup, past its shm_open()s; the names carry the launch's id */
     char want[96];
     snprintf(want, sizeof want, "ringtrain-%s-%s-", getenv("RINGTRAIN_LAUNCH_ID"), c->tag);
-    MP_CHECK(segments(c->tag, "-b0", false) == 1 && segments(c->tag, "-p0-1", false) == 1,
-             "rank 0's segments are not in /dev/shm");
+    /* not both there: rank 0 left its setup (and is removing them), or never made them (then it
+     * waits until its timeout and exits MISSED too: 8 misses fail the test) */
+    if (segments(c->tag, "-b0", false) != 1 || segments(c->tag, "-p0-1", false) != 1) return MISSED;
     DIR *d = opendir("/dev/shm");
     int named = 0;
     for (struct dirent *e; d && (e = readdir(d));) named += strncmp(e->d_name, want, strlen(want)) == 0;
@@ -183,16 +189,24 @@ static int body_setup_kill(int rank, int world, int port, void *arg) {
 
 static void kill_in_named_setup(void **s) {
     (void)s;
-    cfg c = {.transport = RT_TRANSPORT_SHM};
-    snprintf(c.tag, sizeof c.tag, "setup%d", (int)getpid());
-    int codes[2];
-    mp_run(2, body_setup_kill, &c, 60, codes);
-    char pidfile[128];
-    snprintf(pidfile, sizeof pidfile, "/tmp/%s.pid", c.tag);
-    unlink(pidfile);
-    assert_int_equal(codes[1], 0);
-    assert_int_equal(codes[0], 128 + SIGKILL);
-    assert_int_equal(leftovers(c.tag), 0);
+    for (int attempt = 0; attempt < 8; attempt++) {
+        cfg c = {.transport = RT_TRANSPORT_SHM};
+        snprintf(c.tag, sizeof c.tag, "setup%d-%d", (int)getpid(), attempt);
+        int codes[2];
+        mp_run(2, body_setup_kill, &c, 60, codes);
+        char pidfile[128];
+        snprintf(pidfile, sizeof pidfile, "/tmp/%s.pid", c.tag);
+        unlink(pidfile);
+        assert_int_equal(leftovers(c.tag), 0); /* whichever way it went, nothing is left */
+        if (codes[1] == MISSED && codes[0] == MISSED) {
+            printf("kill_in_named_setup: attempt %d missed the window (rank 0's setup ended first)\n", attempt + 1);
+            continue;
+        }
+        assert_int_equal(codes[1], 0);
+        assert_int_equal(codes[0], 128 + SIGKILL);
+        return;
+    }
+    fail_msg("rank 0's setup window was missed 8 times in a row");
 }
 
 static void kill_tcp_3(void **s) {
