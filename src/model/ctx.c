@@ -29,6 +29,35 @@ static const rt_model_backend *const k_backends[] = {
 #endif
 };
 
+/* the activation format of a new context: opts->act_format (checked against the backend), or
+ * the backend's for the precision, or fp32 NCHW */
+static rt_status act_format_of(const rt_model_ctx_options *opts, const rt_model_backend *ops, rt_act_format *out) {
+    *out = (rt_act_format){RT_F32, RT_ACT_NCHW, 1};
+    const rt_act_format *f = opts->act_format;
+    if (!f) {
+        if (ops->act_format) ops->act_format(opts->precision, out);
+        return RT_OK;
+    }
+    RT_REQUIRE(f->layout != RT_ACT_NCHW_WIDE || f->dtype == RT_BF16, RT_ERR_INVALID,
+               "activation format: the widened NCHW layout holds bf16 values in floats (the CPU's bf16 oracle), "
+               "not dtype %d",
+               (int)f->dtype);
+    const bool nchw_f32 = f->dtype == RT_F32 && f->layout == RT_ACT_NCHW && f->input_channel_align == 1;
+    RT_REQUIRE(nchw_f32 || (ops->act_supported && ops->act_supported(f)), RT_ERR_UNSUPPORTED,
+               "activation format %s %s (input channels padded to %d): not one the %s model backend has",
+               f->dtype == RT_BF16  ? "bf16"
+               : f->dtype == RT_F32 ? "fp32"
+                                    : "?",
+               f->layout == RT_ACT_NHWC        ? "NHWC"
+               : f->layout == RT_ACT_NCHW_WIDE ? "NCHW held in fp32"
+                                               : "NCHW",
+               f->input_channel_align, ops->name);
+    RT_REQUIRE(f->input_channel_align >= 1 && f->input_channel_align <= 64, RT_ERR_INVALID,
+               "activation format: input channel alignment %d (expected 1..64)", f->input_channel_align);
+    *out = *f;
+    return RT_OK;
+}
+
 rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **out) {
     *out = NULL;
     const size_t nkinds = sizeof k_backends / sizeof k_backends[0];
@@ -44,6 +73,8 @@ rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **o
     char names[64];
     RT_REQUIRE((unsigned)opts->precision < RT_PRECISION_COUNT_, RT_ERR_INVALID, "precision %d (expected %s)",
                (int)opts->precision, rt_names_list(&rt_precision_names, names, sizeof names));
+    rt_act_format act; /* checked before anything is allocated */
+    RT_CHECK(act_format_of(opts, ops, &act));
     rt_model_ctx *ctx = calloc(1, sizeof *ctx);
     RT_CHECK_ALLOC(ctx, sizeof *ctx);
     ctx->device = opts->device;
@@ -52,29 +83,7 @@ rt_status rt_model_ctx_create(const rt_model_ctx_options *opts, rt_model_ctx **o
     ctx->deterministic = opts->deterministic;
     ctx->benchmark = opts->benchmark;
     ctx->ops = ops;
-    ctx->act = (rt_act_format){RT_F32, RT_ACT_NCHW, 1};
-    if (opts->act_format) {
-        const rt_act_format *f = opts->act_format;
-        RT_REQUIRE(f->layout != RT_ACT_NCHW_WIDE || f->dtype == RT_BF16, RT_ERR_INVALID,
-                   "activation format: the widened NCHW layout holds bf16 values in floats (the CPU's bf16 oracle), "
-                   "not dtype %d",
-                   (int)f->dtype);
-        const bool nchw_f32 = f->dtype == RT_F32 && f->layout == RT_ACT_NCHW && f->input_channel_align == 1;
-        RT_REQUIRE(nchw_f32 || (ops->act_supported && ops->act_supported(f)), RT_ERR_UNSUPPORTED,
-                   "activation format %s %s (input channels padded to %d): not one the %s model backend has",
-                   f->dtype == RT_BF16  ? "bf16"
-                   : f->dtype == RT_F32 ? "fp32"
-                                        : "?",
-                   f->layout == RT_ACT_NHWC        ? "NHWC"
-                   : f->layout == RT_ACT_NCHW_WIDE ? "NCHW held in fp32"
-                                                   : "NCHW",
-                   f->input_channel_align, ops->name);
-        RT_REQUIRE(f->input_channel_align >= 1 && f->input_channel_align <= 64, RT_ERR_INVALID,
-                   "activation format: input channel alignment %d (expected 1..64)", f->input_channel_align);
-        ctx->act = *f;
-    } else if (ops->act_format) {
-        ops->act_format(opts->precision, &ctx->act);
-    }
+    ctx->act = act;
     rt_status st;
     ctx->conv_preset = calloc(1, sizeof *ctx->conv_preset);
     ctx->conv_chosen = calloc(1, sizeof *ctx->conv_chosen);
